@@ -1,0 +1,292 @@
+//! The job specification (Ymir Table 1 + DESIGN.md step 1) and the job state
+//! machine.
+//!
+//! `JobSpec` is the one representation of what a user asked for: fmctl parses
+//! YAML into it, the gRPC layer converts protobuf into it, and the scheduler
+//! stores it as JSON. Unknown YAML keys are rejected so a typo never silently
+//! drops a setting.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::str::FromStr;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+/// Lifecycle of a job. See [`JobState::can_transition_to`] for the edges.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum JobState {
+    /// Accepted and persisted; waiting for a profiling allocation.
+    Submitted,
+    /// Running its profiling allocation.
+    Profiling,
+    /// Waiting for GPUs in the plan (after profiling, or suspended).
+    Queued,
+    /// Holds GPUs in the current plan.
+    Running,
+    Completed,
+    Failed,
+    Cancelled,
+}
+
+impl JobState {
+    pub const ALL: [JobState; 7] = [
+        JobState::Submitted,
+        JobState::Profiling,
+        JobState::Queued,
+        JobState::Running,
+        JobState::Completed,
+        JobState::Failed,
+        JobState::Cancelled,
+    ];
+
+    /// Completed, failed and cancelled jobs never change state again.
+    pub fn is_terminal(self) -> bool {
+        matches!(
+            self,
+            JobState::Completed | JobState::Failed | JobState::Cancelled
+        )
+    }
+
+    /// The edges of the state machine:
+    /// `submitted → profiling → queued ⇄ running → completed`, any live state
+    /// → failed / cancelled, and back to an earlier live state when a node is
+    /// lost (profiling → submitted, running → queued).
+    pub fn can_transition_to(self, next: JobState) -> bool {
+        use JobState::*;
+        if self.is_terminal() {
+            return false;
+        }
+        matches!(
+            (self, next),
+            (_, Failed | Cancelled)
+                | (Submitted, Profiling | Queued)
+                | (Profiling, Submitted | Queued | Running)
+                | (Queued, Running | Profiling)
+                | (Running, Queued | Completed)
+        )
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobState::Submitted => "submitted",
+            JobState::Profiling => "profiling",
+            JobState::Queued => "queued",
+            JobState::Running => "running",
+            JobState::Completed => "completed",
+            JobState::Failed => "failed",
+            JobState::Cancelled => "cancelled",
+        }
+    }
+}
+
+impl fmt::Display for JobState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for JobState {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        JobState::ALL
+            .into_iter()
+            .find(|st| st.as_str().eq_ignore_ascii_case(s.trim()))
+            .ok_or_else(|| {
+                let names: Vec<_> = JobState::ALL.iter().map(|s| s.as_str()).collect();
+                format!(
+                    "unknown job state {s:?}; expected one of {}",
+                    names.join(", ")
+                )
+            })
+    }
+}
+
+/// Where the data lives and what is learned from it (a task = dataset + objective).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DatasetSpec {
+    pub uri: String,
+    pub task: String,
+    #[serde(default)]
+    pub objective: String,
+    /// Training samples per epoch, if known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub num_samples: Option<u64>,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Optimizer {
+    #[default]
+    Adamw,
+    Adam,
+    Sgd,
+    Adafactor,
+    Lamb,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PetlMethod {
+    /// Full fine-tuning.
+    #[default]
+    None,
+    Lora,
+    Adapter,
+    PrefixTuning,
+    PromptTuning,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SloClass {
+    #[default]
+    BestEffort,
+    /// Must finish before its deadline (UniSched).
+    Slo,
+}
+
+/// Ymir Table 1 "Hyperparam".
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HyperParameters {
+    pub global_batch_size: u32,
+    pub learning_rate: f64,
+    #[serde(default)]
+    pub optimizer: Optimizer,
+    #[serde(default)]
+    pub amp: bool,
+    #[serde(default)]
+    pub gradient_checkpointing: bool,
+    #[serde(default)]
+    pub petl: PetlMethod,
+    #[serde(default)]
+    pub weight_decay: f64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MetricTarget {
+    pub name: String,
+    pub value: f64,
+    #[serde(default)]
+    pub lower_is_better: bool,
+}
+
+/// Completion criteria: the first one met completes the job.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Target {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_iterations: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_epochs: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metric: Option<MetricTarget>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Resources {
+    pub min_gpus: u32,
+    pub max_gpus: u32,
+    #[serde(default)]
+    pub pipeline_parallel: bool,
+    /// Restrict to one GPU model (None = any).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_model: Option<String>,
+}
+
+/// Inclusive range of frozen layers (ICEFROG).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FrozenLayers {
+    pub first: u32,
+    pub last: u32,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Launch {
+    pub command: Vec<String>,
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub working_dir: Option<String>,
+}
+
+fn default_true() -> bool {
+    true
+}
+
+/// Everything a user specifies about a fine-tuning job.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JobSpec {
+    #[serde(default)]
+    pub name: String,
+    pub model: String,
+    pub dataset: DatasetSpec,
+    pub hyperparameters: HyperParameters,
+    pub target: Target,
+    pub resources: Resources,
+    /// May this job be merged with others? Default true; false is the privacy
+    /// opt-out of Ymir §9.
+    #[serde(default = "default_true")]
+    pub sharing: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deadline: Option<DateTime<Utc>>,
+    #[serde(default)]
+    pub slo_class: SloClass,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub frozen_layers: Option<FrozenLayers>,
+    pub launch: Launch,
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn terminal_states_have_no_exits() {
+        for from in [JobState::Completed, JobState::Failed, JobState::Cancelled] {
+            for to in JobState::ALL {
+                assert!(!from.can_transition_to(to), "{from} -> {to}");
+            }
+        }
+    }
+
+    #[test]
+    fn main_path_and_requeue_are_allowed() {
+        use JobState::*;
+        for (a, b) in [
+            (Submitted, Profiling),
+            (Profiling, Queued),
+            (Queued, Running),
+            (Running, Queued),
+            (Running, Completed),
+            (Queued, Cancelled),
+        ] {
+            assert!(a.can_transition_to(b), "{a} -> {b}");
+        }
+        assert!(!Submitted.can_transition_to(Completed));
+        assert!(!Queued.can_transition_to(Submitted));
+    }
+
+    #[test]
+    fn state_names_round_trip() {
+        for s in JobState::ALL {
+            assert_eq!(s.as_str().parse::<JobState>().unwrap(), s);
+        }
+        assert!(
+            "bogus"
+                .parse::<JobState>()
+                .unwrap_err()
+                .contains("expected one of")
+        );
+    }
+}

@@ -1,0 +1,21 @@
+//! Pure core of fmsched: domain types, validation, the job state machine and
+//! node liveness rules. Scheduling policies live here too as they land.
+//!
+//! This crate does no IO: no tokio, sqlx, tonic or NVML, and it never reads
+//! the clock — callers pass `now`. The scheduler service and the simulator
+//! both build on it, so a decision made here is made the same way in both.
+
+pub mod ids;
+pub mod job;
+pub mod models;
+pub mod node;
+pub mod validate;
+
+pub use ids::{GpuUuid, JobId, NodeId, UserName};
+pub use job::{
+    DatasetSpec, FrozenLayers, HyperParameters, JobSpec, JobState, Launch, MetricTarget, Optimizer,
+    PetlMethod, Resources, SloClass, Target,
+};
+pub use models::{ModelCatalog, ModelInfo};
+pub use node::{Liveness, NodeState};
+pub use validate::{FieldError, Limits, ValidationContext};

@@ -1,0 +1,486 @@
+//! Validation of a job spec. Every error names the field (as a path rooted at
+//! `spec`) so a user can fix it without reading server logs.
+
+use std::fmt;
+
+use chrono::{DateTime, Utc};
+
+use crate::job::{JobSpec, SloClass};
+use crate::models::ModelCatalog;
+
+/// A rejected input: which field, and why.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub struct FieldError {
+    pub field: String,
+    pub message: String,
+}
+
+impl FieldError {
+    pub fn new(field: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            field: field.into(),
+            message: message.into(),
+        }
+    }
+}
+
+impl fmt::Display for FieldError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.field, self.message)
+    }
+}
+
+/// Size limits on user input. Defaults follow the API documentation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// Longest accepted string, in bytes.
+    pub max_string_bytes: usize,
+    /// Longest accepted identifier-like string (names, tasks, label keys).
+    pub max_name_bytes: usize,
+    pub max_env_vars: usize,
+    pub max_labels: usize,
+    pub max_command_args: usize,
+    pub max_gpus_per_job: u32,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_string_bytes: 64 * 1024,
+            max_name_bytes: 253,
+            max_env_vars: 256,
+            max_labels: 64,
+            max_command_args: 1024,
+            max_gpus_per_job: 4096,
+        }
+    }
+}
+
+/// What validation needs from the outside world, passed in so this stays pure.
+pub struct ValidationContext<'a> {
+    pub now: DateTime<Utc>,
+    pub models: &'a ModelCatalog,
+    pub limits: Limits,
+}
+
+type R = Result<(), FieldError>;
+
+fn err(field: &str, msg: impl Into<String>) -> R {
+    Err(FieldError::new(format!("spec.{field}"), msg))
+}
+
+fn string(field: &str, value: &str, max: usize, required: bool) -> R {
+    if required && value.trim().is_empty() {
+        return err(field, "must not be empty");
+    }
+    if value.len() > max {
+        return err(
+            field,
+            format!("is {} bytes; at most {max} are allowed", value.len()),
+        );
+    }
+    if value.contains('\0') {
+        return err(field, "must not contain NUL characters");
+    }
+    Ok(())
+}
+
+fn finite(field: &str, v: f64) -> R {
+    if !v.is_finite() {
+        return err(field, format!("must be a finite number, got {v}"));
+    }
+    Ok(())
+}
+
+fn is_env_key(k: &str) -> bool {
+    let mut chars = k.chars();
+    matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+impl JobSpec {
+    /// Checks every field; returns the first problem found.
+    pub fn validate(&self, ctx: &ValidationContext<'_>) -> Result<(), FieldError> {
+        let l = &ctx.limits;
+        string("name", &self.name, l.max_name_bytes, false)?;
+
+        // Model: known to the cluster.
+        string("model", &self.model, l.max_name_bytes, true)?;
+        let Some(model) = ctx.models.get(&self.model) else {
+            let known: Vec<&str> = ctx.models.names().collect();
+            return err(
+                "model",
+                format!(
+                    "unknown model {:?}; this cluster knows: {}",
+                    self.model,
+                    known.join(", ")
+                ),
+            );
+        };
+
+        // Dataset.
+        string("dataset.uri", &self.dataset.uri, l.max_string_bytes, true)?;
+        string("dataset.task", &self.dataset.task, l.max_name_bytes, true)?;
+        string(
+            "dataset.objective",
+            &self.dataset.objective,
+            l.max_name_bytes,
+            false,
+        )?;
+        if self.dataset.num_samples == Some(0) {
+            return err("dataset.num_samples", "must be > 0 when given");
+        }
+
+        // Hyper-parameters.
+        let hp = &self.hyperparameters;
+        if hp.global_batch_size == 0 {
+            return err("hyperparameters.global_batch_size", "must be > 0");
+        }
+        finite("hyperparameters.learning_rate", hp.learning_rate)?;
+        if hp.learning_rate <= 0.0 {
+            return err(
+                "hyperparameters.learning_rate",
+                format!("must be > 0, got {}", hp.learning_rate),
+            );
+        }
+        finite("hyperparameters.weight_decay", hp.weight_decay)?;
+        if hp.weight_decay < 0.0 {
+            return err("hyperparameters.weight_decay", "must be >= 0");
+        }
+
+        // Target: something must end the job.
+        let t = &self.target;
+        if t.max_iterations.is_none() && t.max_epochs.is_none() {
+            return err(
+                "target",
+                "set max_iterations or max_epochs (a metric target alone may never be reached)",
+            );
+        }
+        if t.max_iterations == Some(0) {
+            return err("target.max_iterations", "must be > 0");
+        }
+        if t.max_epochs == Some(0) {
+            return err("target.max_epochs", "must be > 0");
+        }
+        if let Some(m) = &t.metric {
+            string("target.metric.name", &m.name, l.max_name_bytes, true)?;
+            finite("target.metric.value", m.value)?;
+        }
+
+        // Resources.
+        let r = &self.resources;
+        if r.min_gpus == 0 {
+            return err("resources.min_gpus", "must be >= 1");
+        }
+        if r.min_gpus > r.max_gpus {
+            return err(
+                "resources.min_gpus",
+                format!(
+                    "must be <= resources.max_gpus (got min {} > max {})",
+                    r.min_gpus, r.max_gpus
+                ),
+            );
+        }
+        if r.max_gpus > l.max_gpus_per_job {
+            return err(
+                "resources.max_gpus",
+                format!("must be <= {}", l.max_gpus_per_job),
+            );
+        }
+        if r.pipeline_parallel && r.max_gpus < 4 {
+            return err(
+                "resources.max_gpus",
+                "pipeline-parallel jobs run on whole 4-GPU servers; must be >= 4",
+            );
+        }
+        if let Some(m) = &r.gpu_model {
+            string("resources.gpu_model", m, l.max_name_bytes, true)?;
+        }
+
+        // Deadline and SLO class (UniSched).
+        if let Some(d) = self.deadline
+            && d <= ctx.now
+        {
+            return err(
+                "deadline",
+                format!("{} is not in the future", d.to_rfc3339()),
+            );
+        }
+        if self.slo_class == SloClass::Slo && self.deadline.is_none() {
+            return err("slo_class", "SLO jobs need a deadline");
+        }
+
+        // Frozen layers (ICEFROG).
+        if let Some(f) = self.frozen_layers {
+            if f.first > f.last {
+                return err(
+                    "frozen_layers.first",
+                    format!("must be <= last (got {} > {})", f.first, f.last),
+                );
+            }
+            if f.last >= model.layers {
+                return err(
+                    "frozen_layers.last",
+                    format!(
+                        "{} has {} layers (0..{}), got {}",
+                        model.name,
+                        model.layers,
+                        model.layers - 1,
+                        f.last
+                    ),
+                );
+            }
+        }
+
+        // Launch.
+        let la = &self.launch;
+        if la.command.is_empty() {
+            return err("launch.command", "must not be empty");
+        }
+        if la.command.len() > l.max_command_args {
+            return err(
+                "launch.command",
+                format!("at most {} arguments", l.max_command_args),
+            );
+        }
+        string(
+            "launch.command[0]",
+            &la.command[0],
+            l.max_string_bytes,
+            true,
+        )?;
+        for (i, a) in la.command.iter().enumerate().skip(1) {
+            string(
+                &format!("launch.command[{i}]"),
+                a,
+                l.max_string_bytes,
+                false,
+            )?;
+        }
+        if la.env.len() > l.max_env_vars {
+            return err(
+                "launch.env",
+                format!("has {} variables; at most {}", la.env.len(), l.max_env_vars),
+            );
+        }
+        for (k, v) in &la.env {
+            if !is_env_key(k) || k.len() > l.max_name_bytes {
+                return err(
+                    &format!("launch.env[{k:?}]"),
+                    "key must match [A-Za-z_][A-Za-z0-9_]*",
+                );
+            }
+            string(&format!("launch.env[{k:?}]"), v, l.max_string_bytes, false)?;
+        }
+        if let Some(w) = &la.working_dir {
+            string("launch.working_dir", w, l.max_string_bytes, false)?;
+        }
+
+        // Labels.
+        if self.labels.len() > l.max_labels {
+            return err(
+                "labels",
+                format!(
+                    "has {} entries; at most {}",
+                    self.labels.len(),
+                    l.max_labels
+                ),
+            );
+        }
+        for (k, v) in &self.labels {
+            string("labels (key)", k, l.max_name_bytes, true)?;
+            string(&format!("labels[{k:?}]"), v, l.max_string_bytes, false)?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::job::*;
+    use std::collections::BTreeMap;
+
+    pub fn spec() -> JobSpec {
+        JobSpec {
+            name: "qqp".into(),
+            model: "roberta-base".into(),
+            dataset: DatasetSpec {
+                uri: "s3://data/glue/qqp".into(),
+                task: "qqp".into(),
+                objective: "sequence-classification".into(),
+                num_samples: Some(90962),
+            },
+            hyperparameters: HyperParameters {
+                global_batch_size: 64,
+                learning_rate: 2e-5,
+                optimizer: Optimizer::Adamw,
+                amp: true,
+                gradient_checkpointing: false,
+                petl: PetlMethod::None,
+                weight_decay: 0.01,
+            },
+            target: Target {
+                max_iterations: None,
+                max_epochs: Some(10),
+                metric: Some(MetricTarget {
+                    name: "f1".into(),
+                    value: 0.88,
+                    lower_is_better: false,
+                }),
+            },
+            resources: Resources {
+                min_gpus: 1,
+                max_gpus: 4,
+                pipeline_parallel: false,
+                gpu_model: None,
+            },
+            sharing: true,
+            deadline: None,
+            slo_class: SloClass::BestEffort,
+            frozen_layers: None,
+            launch: Launch {
+                command: vec!["python".into(), "train.py".into()],
+                env: BTreeMap::new(),
+                working_dir: None,
+            },
+            labels: BTreeMap::new(),
+        }
+    }
+
+    fn check(s: &JobSpec) -> Result<(), FieldError> {
+        let models = ModelCatalog::builtin();
+        let now = DateTime::parse_from_rfc3339("2026-06-01T00:00:00Z")
+            .unwrap()
+            .to_utc();
+        s.validate(&ValidationContext {
+            now,
+            models: &models,
+            limits: Limits::default(),
+        })
+    }
+
+    fn field_of(s: &JobSpec) -> String {
+        check(s).expect_err("spec should be rejected").field
+    }
+
+    #[test]
+    fn a_good_spec_passes() {
+        check(&spec()).unwrap();
+    }
+
+    #[test]
+    fn each_bad_field_is_named() {
+        let mut s = spec();
+        s.model = "".into();
+        assert_eq!(field_of(&s), "spec.model");
+        s.model = "gpt-17".into();
+        let e = check(&s).unwrap_err();
+        assert_eq!(e.field, "spec.model");
+        assert!(
+            e.message.contains("roberta-base"),
+            "lists known models: {e}"
+        );
+
+        let mut s = spec();
+        s.resources.min_gpus = 5;
+        assert_eq!(field_of(&s), "spec.resources.min_gpus");
+
+        let mut s = spec();
+        s.hyperparameters.global_batch_size = 0;
+        assert_eq!(field_of(&s), "spec.hyperparameters.global_batch_size");
+
+        let mut s = spec();
+        s.hyperparameters.learning_rate = f64::NAN;
+        assert_eq!(field_of(&s), "spec.hyperparameters.learning_rate");
+        s.hyperparameters.learning_rate = f64::INFINITY;
+        assert_eq!(field_of(&s), "spec.hyperparameters.learning_rate");
+        s.hyperparameters.learning_rate = -1.0;
+        assert_eq!(field_of(&s), "spec.hyperparameters.learning_rate");
+
+        let mut s = spec();
+        s.target.metric.as_mut().unwrap().value = f64::NEG_INFINITY;
+        assert_eq!(field_of(&s), "spec.target.metric.value");
+
+        let mut s = spec();
+        s.target.max_epochs = None;
+        assert_eq!(field_of(&s), "spec.target");
+        s.target.max_iterations = Some(0);
+        assert_eq!(field_of(&s), "spec.target.max_iterations");
+
+        let mut s = spec();
+        s.dataset.uri = "x".repeat(64 * 1024 + 1);
+        assert_eq!(field_of(&s), "spec.dataset.uri");
+
+        let mut s = spec();
+        for i in 0..257 {
+            s.launch.env.insert(format!("V{i}"), "1".into());
+        }
+        assert_eq!(field_of(&s), "spec.launch.env");
+
+        let mut s = spec();
+        s.launch.env.insert("1BAD".into(), "1".into());
+        assert!(field_of(&s).starts_with("spec.launch.env["));
+
+        let mut s = spec();
+        s.deadline = Some(
+            DateTime::parse_from_rfc3339("2026-05-01T00:00:00Z")
+                .unwrap()
+                .to_utc(),
+        );
+        assert_eq!(field_of(&s), "spec.deadline");
+
+        let mut s = spec();
+        s.slo_class = SloClass::Slo;
+        assert_eq!(field_of(&s), "spec.slo_class");
+
+        let mut s = spec();
+        s.frozen_layers = Some(FrozenLayers { first: 0, last: 12 });
+        assert_eq!(field_of(&s), "spec.frozen_layers.last");
+        s.frozen_layers = Some(FrozenLayers { first: 3, last: 2 });
+        assert_eq!(field_of(&s), "spec.frozen_layers.first");
+
+        let mut s = spec();
+        s.launch.command.clear();
+        assert_eq!(field_of(&s), "spec.launch.command");
+
+        let mut s = spec();
+        s.resources.pipeline_parallel = true;
+        s.resources.max_gpus = 2;
+        assert_eq!(field_of(&s), "spec.resources.max_gpus");
+        s.resources.max_gpus = 4;
+        check(&s).unwrap();
+    }
+
+    #[test]
+    fn future_deadline_and_slo_pass() {
+        let mut s = spec();
+        s.deadline = Some(
+            DateTime::parse_from_rfc3339("2026-07-01T00:00:00Z")
+                .unwrap()
+                .to_utc(),
+        );
+        s.slo_class = SloClass::Slo;
+        check(&s).unwrap();
+    }
+
+    #[test]
+    fn yaml_rejects_unknown_keys_and_defaults_sharing_to_true() {
+        let yaml = r#"
+model: roberta-base
+dataset: { uri: s3://d/qqp, task: qqp }
+hyperparameters: { global_batch_size: 32, learning_rate: 0.00002 }
+target: { max_epochs: 3 }
+resources: { min_gpus: 1, max_gpus: 2 }
+launch: { command: [python, train.py] }
+"#;
+        let s: JobSpec = serde_yaml_ng::from_str(yaml).unwrap();
+        assert!(s.sharing);
+        check(&s).unwrap();
+        let typo = yaml.replace("max_epochs", "max_epoch");
+        let e = serde_yaml_ng::from_str::<JobSpec>(&typo)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("max_epoch"), "{e}");
+    }
+}

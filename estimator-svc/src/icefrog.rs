@@ -1,0 +1,185 @@
+//! Layer elasticity (ICEFROG §III, Eq. 1–8): frozen penalty, layer-aware
+//! throughput and effective progress, plus the derivation of unprofiled
+//! LUT variants (frozen layers, AMP, checkpointing, PETL) from a profiled one.
+//!
+//! Misprint fixed: ICEFROG Eq. 8 as printed sets the sharing slowdown
+//! `λ(s, m, ℓ) = 0` when `s = 0` (the job does not share its GPU), which
+//! would give every unshared job zero throughput through Eq. 4. The intent —
+//! λ is a slowdown *caused by sharing* — is `λ = 1` without sharing, `0` when
+//! sharing breaks the packing rules (the pair is not allowed), and `0.9`
+//! otherwise. [`sharing_slowdown`] does that; `unshared_jobs_keep_their_throughput`
+//! shows why.
+
+use crate::lut::Variant;
+
+/// ICEFROG Eq. 1: time to accuracy `T_acc = T_age + P / E`.
+pub fn time_to_accuracy(age_s: f64, remaining_samples: f64, effective_progress: f64) -> f64 {
+    if effective_progress <= 0.0 {
+        return f64::INFINITY;
+    }
+    age_s + remaining_samples / effective_progress
+}
+
+/// ICEFROG Eq. 2: effective progress `E = ψ · T`.
+pub fn effective_progress(frozen_penalty: f64, throughput: f64) -> f64 {
+    frozen_penalty * throughput
+}
+
+/// ICEFROG Eq. 3: `ψ_t(ℓ) = σ²_t[ℓ+1:L] / (σ²_{t0}[1:ℓ] + σ²_t[ℓ+1:L])`:
+/// the gradient variance the frozen layers had when frozen (`t0`) against the
+/// variance of the layers still training. No frozen variance → ψ = 1.
+pub fn frozen_penalty(frozen_var_at_freeze: f64, trainable_var_now: f64) -> f64 {
+    let f = frozen_var_at_freeze.max(0.0);
+    let t = trainable_var_now.max(0.0);
+    if f == 0.0 {
+        return 1.0;
+    }
+    t / (f + t)
+}
+
+/// ICEFROG Eq. 4: samples per second `M / T_iter · λ`.
+pub fn layer_aware_throughput(global_batch: f64, t_iter: f64, lambda: f64) -> f64 {
+    if t_iter <= 0.0 {
+        return 0.0;
+    }
+    global_batch / t_iter * lambda
+}
+
+/// ICEFROG Eq. 5: `T_iter = T_fwd + (T_bwd^γ + T_sync^γ)^{1/γ}`, γ ≥ 1
+/// (γ = 1: no overlap of backward and synchronisation; γ → ∞: full overlap).
+pub fn iteration_time(t_fwd: f64, t_bwd: f64, t_sync: f64, gamma: f64) -> f64 {
+    let g = gamma.max(1.0);
+    t_fwd + (t_bwd.max(0.0).powf(g) + t_sync.max(0.0).powf(g)).powf(1.0 / g)
+}
+
+/// ICEFROG Eq. 6: `T_bwd(m, ℓ) = α + β · θ_ℓ^γ · T_bwd(m, 0)`; θ_ℓ is the
+/// FLOPs ratio of the layers still trained.
+pub fn backward_time_frozen(alpha: f64, beta: f64, gamma_flop: f64, theta: f64, t_bwd0: f64) -> f64 {
+    alpha + beta * theta.clamp(0.0, 1.0).powf(gamma_flop) * t_bwd0
+}
+
+/// ICEFROG Eq. 7: `T_sync(a, ℓ) = α + β · ω_ℓ · T_sync(a, 0)`; ω_ℓ is the
+/// fraction of parameters still trained.
+pub fn sync_time_frozen(alpha: f64, beta: f64, omega: f64, t_sync0: f64) -> f64 {
+    alpha + beta * omega.clamp(0.0, 1.0) * t_sync0
+}
+
+/// ICEFROG Eq. 8 (fixed, see the module docs): slowdown from GPU sharing.
+/// Rules: (1) the sharers' memory fits the GPU, (2) their utilisation sums
+/// to at most 100 %.
+pub fn sharing_slowdown(shared: bool, memory_sum_gib: f64, gpu_memory_gib: f64, utilization_sum_pct: f64) -> f64 {
+    if !shared {
+        return 1.0;
+    }
+    if memory_sum_gib > gpu_memory_gib || utilization_sum_pct > 100.0 {
+        return 0.0;
+    }
+    0.9
+}
+
+/// Defaults for deriving variants, with their sources:
+/// - backward = 2 × forward FLOPs (Kaplan et al. 2020, "Scaling laws", §2.1);
+/// - Eq. 6 with α = 0, β = 1, γ_flop = 0.8: ICEFROG Fig. 5 reports sub-linear
+///   scaling (γ_flop < 1) of backward time with the trained FLOPs ratio;
+/// - Eq. 7 with α = 0, β = 1 (linear in the trained parameter fraction);
+/// - FP32 compute takes 2 × AMP compute (NVIDIA's mixed-precision guide
+///   reports 1.5–3× speedups for transformer training);
+/// - activation checkpointing re-runs the forward pass (+1 forward; Chen et
+///   al. 2016);
+/// - PETL skips weight gradients of the frozen backbone (backward ≈ ½) and
+///   synchronises only adapter parameters (~2 % of the model).
+pub const GAMMA_FLOP: f64 = 0.8;
+pub const FP32_SLOWDOWN: f64 = 2.0;
+pub const PETL_BACKWARD: f64 = 0.5;
+pub const PETL_SYNC: f64 = 0.02;
+
+/// Per-variant multipliers relative to the plain variant (AMP on, nothing
+/// frozen, no checkpointing, full fine-tuning), whose compute is one part
+/// forward and two parts backward: (compute / plain forward, sync / plain sync).
+fn variant_factors(v: &Variant, layers: u32) -> (f64, f64) {
+    let layers = layers.max(1);
+    let trained = f64::from(layers.saturating_sub(v.frozen_layers)) / f64::from(layers);
+    let (bwd, sync) = if !v.petl.is_empty() {
+        (PETL_BACKWARD, PETL_SYNC)
+    } else if v.frozen_layers > 0 {
+        // Eq. 6 and Eq. 7 with α = 0, β = 1.
+        (backward_time_frozen(0.0, 1.0, GAMMA_FLOP, trained, 1.0), sync_time_frozen(0.0, 1.0, trained, 1.0))
+    } else {
+        (1.0, 1.0)
+    };
+    let mut compute = 1.0 + 2.0 * bwd;
+    if v.gradient_checkpointing {
+        compute += 1.0;
+    }
+    if !v.amp {
+        compute *= FP32_SLOWDOWN;
+    }
+    (compute, sync)
+}
+
+/// Derives (step, sync) of variant `to` from a measured (step, sync) of
+/// variant `from` of the same model with `layers` transformer layers. The
+/// measured step is read as compute + synchronisation.
+pub fn adjust_variant(step: f64, sync: f64, from: &Variant, to: &Variant, layers: u32) -> (f64, f64) {
+    let (cf, sf) = variant_factors(from, layers);
+    let (ct, st) = variant_factors(to, layers);
+    let fwd_plain = (step - sync).max(0.0) / cf;
+    let sync_plain = if sf > 0.0 { sync / sf } else { 0.0 };
+    let compute = fwd_plain * ct;
+    let sync = sync_plain * st;
+    (compute + sync, sync)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn equations_by_hand() {
+        assert!((time_to_accuracy(100.0, 5000.0, 50.0) - 200.0).abs() < 1e-12);
+        assert_eq!(time_to_accuracy(1.0, 1.0, 0.0), f64::INFINITY);
+        assert!((effective_progress(0.8, 100.0) - 80.0).abs() < 1e-12);
+        // ψ = 3 / (1 + 3)
+        assert!((frozen_penalty(1.0, 3.0) - 0.75).abs() < 1e-12);
+        assert_eq!(frozen_penalty(0.0, 3.0), 1.0);
+        assert!((layer_aware_throughput(64.0, 0.5, 0.9) - 115.2).abs() < 1e-12);
+        // γ = 1: plain sum; γ = 2: 0.1 + sqrt(0.3² + 0.4²) = 0.6.
+        assert!((iteration_time(0.1, 0.3, 0.4, 1.0) - 0.8).abs() < 1e-12);
+        assert!((iteration_time(0.1, 0.3, 0.4, 2.0) - 0.6).abs() < 1e-12);
+        assert!((backward_time_frozen(0.01, 1.0, 1.0, 0.5, 0.4) - 0.21).abs() < 1e-12);
+        assert!((sync_time_frozen(0.0, 1.0, 0.25, 0.4) - 0.1).abs() < 1e-12);
+    }
+
+    /// Eq. 8 as printed (λ = 0 for s = 0) would make Eq. 4 zero for every
+    /// job that does not share a GPU.
+    #[test]
+    fn unshared_jobs_keep_their_throughput() {
+        let lambda = sharing_slowdown(false, 10.0, 80.0, 50.0);
+        assert_eq!(lambda, 1.0);
+        assert!(layer_aware_throughput(64.0, 0.5, lambda) > 0.0);
+        assert_eq!(sharing_slowdown(true, 10.0, 80.0, 50.0), 0.9);
+        assert_eq!(sharing_slowdown(true, 90.0, 80.0, 50.0), 0.0, "memory rule");
+        assert_eq!(sharing_slowdown(true, 10.0, 80.0, 120.0), 0.0, "utilisation rule");
+    }
+
+    #[test]
+    fn variants_speed_up_and_slow_down_as_expected() {
+        let base = Variant::base();
+        let (s0, y0) = adjust_variant(0.4, 0.1, &base, &base, 12);
+        assert!((s0 - 0.4).abs() < 1e-12 && (y0 - 0.1).abs() < 1e-12, "identity");
+        let frozen = Variant { frozen_layers: 6, ..base.clone() };
+        let (sf, yf) = adjust_variant(0.4, 0.1, &base, &frozen, 12);
+        assert!(sf < 0.4 && (yf - 0.05).abs() < 1e-12, "{sf} {yf}");
+        let fp32 = Variant { amp: false, ..base.clone() };
+        assert!(adjust_variant(0.4, 0.1, &base, &fp32, 12).0 > 0.6);
+        let ckpt = Variant { gradient_checkpointing: true, ..base.clone() };
+        assert!((adjust_variant(0.4, 0.1, &base, &ckpt, 12).0 - 0.5).abs() < 1e-12);
+        let lora = Variant { petl: "lora".into(), ..base.clone() };
+        let (sl, yl) = adjust_variant(0.4, 0.1, &base, &lora, 12);
+        assert!(sl < 0.3 && yl < 0.01);
+        // Round trip: derive a variant, then derive the base back from it.
+        let (s1, y1) = adjust_variant(0.4, 0.1, &base, &frozen, 12);
+        let (s2, y2) = adjust_variant(s1, y1, &frozen, &base, 12);
+        assert!((s2 - 0.4).abs() < 1e-9 && (y2 - 0.1).abs() < 1e-9, "{s2} {y2}");
+    }
+}

@@ -1,0 +1,790 @@
+//! Throughput lookup table (Ymir §4.3: `S(a, cfgs)`).
+//!
+//! Keyed by (model, GPU type, configuration variant — AMP, frozen layers,
+//! gradient checkpointing, PETL, pipeline) and then by placement shape and
+//! local batch. Tables come from profile CSVs: the Pollux/AdaptDL layouts
+//! published FM profiles use (`placement,local_bsz,step_time,sync_time`,
+//! `num_nodes,num_replicas,local_bsz,step_time,sync_time`, `local_bsz,gpu_memory`,
+//! `app,time_cost`) and fmsched's own layout (see `docs/profiles.md`), which
+//! the node agent's profiling runs fill.
+//!
+//! Lookup rules (those of the published simulator, so results compare):
+//! - a placement is canonicalised by dropping zero entries and taking the
+//!   smallest rotation of its digit string (`404` → `44`, `31` → `13`);
+//! - a known placement is interpolated linearly over `local_bsz`
+//!   (extrapolated linearly from the two nearest points outside the range);
+//! - an unknown placement is interpolated linearly over
+//!   (min(nodes, 16), replicas, local_bsz) in the scalability table;
+//! - a global batch `B` on `R` GPUs runs `local = ceil(B / R)` per GPU, with
+//!   gradient accumulation `s = ceil(local / max_local)` when `local` exceeds
+//!   the largest profiled (and memory-feasible) local batch; one iteration
+//!   then takes `step + (s − 1) · (step − sync)` (synchronisation happens
+//!   once per iteration).
+//! - a configuration whose memory exceeds the GPU's is infeasible, not timed.
+//!
+//! Measured step times (online updates) overlay the table per exact key:
+//! the estimate is `(w0 · table + n · mean) / (w0 + n)` with `w0 = 3`, and a
+//! sample further than 3× from the current estimate, or (after 5 samples)
+//! more than `4σ + 5 %` from the mean, is rejected as an outlier.
+
+use std::collections::BTreeMap;
+
+/// Configuration variant of Ymir's `cfgs` beyond batch and GPUs.
+#[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Variant {
+    pub amp: bool,
+    pub frozen_layers: u32,
+    pub gradient_checkpointing: bool,
+    /// "" = full fine-tuning, else the PETL method name ("lora", ...).
+    pub petl: String,
+    pub pipeline: bool,
+}
+
+impl Variant {
+    /// The variant published profiles are measured in: AMP on, nothing else.
+    pub fn base() -> Self {
+        Variant {
+            amp: true,
+            ..Default::default()
+        }
+    }
+}
+
+/// Full key of one measurement.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ThroughputKey {
+    pub model: String,
+    pub gpu_type: String,
+    /// Canonical placement (digit string of GPUs per node).
+    pub placement: String,
+    pub local_bsz: u32,
+    pub grad_accum: u32,
+    pub variant: Variant,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Point {
+    pub local_bsz: u32,
+    pub step: f64,
+    pub sync: f64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ScalePoint {
+    pub nodes: u32,
+    pub replicas: u32,
+    pub local_bsz: u32,
+    pub step: f64,
+    pub sync: f64,
+}
+
+/// One model × GPU × variant table.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Profile {
+    /// Canonical placement → points sorted by local batch.
+    pub placements: BTreeMap<String, Vec<Point>>,
+    pub scalability: Vec<ScalePoint>,
+    /// (local batch, GiB) sorted by batch.
+    pub memory: Vec<(u32, f64)>,
+    /// Seconds to stop one job and start another (the maximum measured).
+    pub context_switch_s: Option<f64>,
+}
+
+/// Result of a step-time lookup.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct StepTime {
+    pub step: f64,
+    pub sync: f64,
+    pub interpolated: bool,
+    pub feasible: bool,
+}
+
+/// Time of one optimizer iteration for a global batch on some GPUs.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct IterationTime {
+    pub seconds: f64,
+    pub local_bsz: u32,
+    pub grad_accum: u32,
+    pub feasible: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum LutError {
+    #[error("no throughput profile for model {model:?} on {gpu_type:?}")]
+    NoProfile { model: String, gpu_type: String },
+    #[error("placement {0:?} must be a non-empty string of digits with at least one GPU")]
+    BadPlacement(String),
+    #[error("{field}: must be > 0")]
+    Zero { field: &'static str },
+    #[error("{origin} line {line}: {message}")]
+    Csv { origin: String, line: usize, message: String },
+    #[error("unknown profile layout {0:?}; expected placements, scalability, memory, context_switch or fmsched")]
+    Layout(String),
+}
+
+/// Drops zeros and returns the lexicographically smallest rotation.
+pub fn canonical_placement(p: &str) -> Result<String, LutError> {
+    if p.is_empty() || !p.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(LutError::BadPlacement(p.to_string()));
+    }
+    let digits: Vec<u8> = p.bytes().filter(|&b| b != b'0').collect();
+    if digits.is_empty() {
+        return Err(LutError::BadPlacement(p.to_string()));
+    }
+    let n = digits.len();
+    let best = (0..n)
+        .map(|r| digits[r..].iter().chain(&digits[..r]).copied().collect::<Vec<u8>>())
+        .min()
+        .unwrap_or_default();
+    Ok(String::from_utf8(best).unwrap_or_default())
+}
+
+/// Placement of `gpus` GPUs packed onto as few nodes of `per_node` as possible.
+pub fn packed_placement(gpus: u32, per_node: u32) -> String {
+    let per_node = per_node.clamp(1, 9);
+    let full = gpus / per_node;
+    let rest = gpus % per_node;
+    let mut s: String = std::iter::repeat_n(char::from(b'0' + per_node as u8), full as usize).collect();
+    if rest > 0 {
+        s.insert(0, char::from(b'0' + rest as u8));
+    }
+    s
+}
+
+fn placement_shape(p: &str) -> (u32, u32) {
+    (p.len() as u32, p.bytes().map(|b| u32::from(b - b'0')).sum())
+}
+
+/// Linear interpolation of `y` over sorted `xs`; linear extrapolation from
+/// the two nearest points outside; a single point is returned as is.
+fn interp(xs: &[f64], ys: &[f64], x: f64) -> (f64, bool) {
+    debug_assert_eq!(xs.len(), ys.len());
+    match xs.len() {
+        0 => (f64::NAN, true),
+        1 => (ys[0], x != xs[0]),
+        n => {
+            if let Some(i) = xs.iter().position(|&v| v == x) {
+                return (ys[i], false);
+            }
+            let i = match xs.iter().position(|&v| v > x) {
+                Some(0) => 1,
+                Some(i) => i,
+                None => n - 1,
+            };
+            let (x0, x1, y0, y1) = (xs[i - 1], xs[i], ys[i - 1], ys[i]);
+            (y0 + (y1 - y0) * (x - x0) / (x1 - x0), true)
+        }
+    }
+}
+
+impl Profile {
+    fn points_step(&self, pts: &[Point], bsz: u32) -> (f64, f64, bool) {
+        let xs: Vec<f64> = pts.iter().map(|p| f64::from(p.local_bsz)).collect();
+        let steps: Vec<f64> = pts.iter().map(|p| p.step).collect();
+        let syncs: Vec<f64> = pts.iter().map(|p| p.sync).collect();
+        let (s, i1) = interp(&xs, &steps, f64::from(bsz));
+        let (y, i2) = interp(&xs, &syncs, f64::from(bsz));
+        (s, y.max(0.0), i1 || i2)
+    }
+
+    /// Step and sync time of a canonical placement at a local batch.
+    pub fn step(&self, placement: &str, bsz: u32) -> Option<(f64, f64, bool)> {
+        if let Some(pts) = self.placements.get(placement).filter(|p| !p.is_empty()) {
+            return Some(self.points_step(pts, bsz));
+        }
+        let (nodes, replicas) = placement_shape(placement);
+        if !self.scalability.is_empty() {
+            return Some(self.scalability_step(nodes.min(16), replicas, bsz));
+        }
+        // No scalability table: the known placement with the nearest shape.
+        let nearest = self
+            .placements
+            .iter()
+            .filter(|(_, p)| !p.is_empty())
+            .min_by_key(|(k, _)| {
+                let (n, r) = placement_shape(k);
+                (n.abs_diff(nodes) * 100 + r.abs_diff(replicas), (*k).clone())
+            })?;
+        let (s, y, _) = self.points_step(nearest.1, bsz);
+        Some((s, y, true))
+    }
+
+    /// Linear over nodes, then replicas, then local batch.
+    fn scalability_step(&self, nodes: u32, replicas: u32, bsz: u32) -> (f64, f64, bool) {
+        let mut node_vals: Vec<u32> = self.scalability.iter().map(|p| p.nodes).collect();
+        node_vals.sort_unstable();
+        node_vals.dedup();
+        let at_nodes = |n: u32| -> (f64, f64) {
+            let mut reps: Vec<u32> = self.scalability.iter().filter(|p| p.nodes == n).map(|p| p.replicas).collect();
+            reps.sort_unstable();
+            reps.dedup();
+            let per_rep: Vec<(f64, f64)> = reps
+                .iter()
+                .map(|&r| {
+                    let mut pts: Vec<Point> = self
+                        .scalability
+                        .iter()
+                        .filter(|p| p.nodes == n && p.replicas == r)
+                        .map(|p| Point { local_bsz: p.local_bsz, step: p.step, sync: p.sync })
+                        .collect();
+                    pts.sort_by_key(|p| p.local_bsz);
+                    let (s, y, _) = self.points_step(&pts, bsz);
+                    (s, y)
+                })
+                .collect();
+            let xs: Vec<f64> = reps.iter().map(|&r| f64::from(r)).collect();
+            let s = interp(&xs, &per_rep.iter().map(|v| v.0).collect::<Vec<_>>(), f64::from(replicas)).0;
+            let y = interp(&xs, &per_rep.iter().map(|v| v.1).collect::<Vec<_>>(), f64::from(replicas)).0;
+            (s, y)
+        };
+        let per_node: Vec<(f64, f64)> = node_vals.iter().map(|&n| at_nodes(n)).collect();
+        let xs: Vec<f64> = node_vals.iter().map(|&n| f64::from(n)).collect();
+        // Clamp the node dimension to the measured range (no extrapolation
+        // of network effects).
+        let n = f64::from(nodes).clamp(xs[0], xs[xs.len() - 1]);
+        let s = interp(&xs, &per_node.iter().map(|v| v.0).collect::<Vec<_>>(), n).0;
+        let y = interp(&xs, &per_node.iter().map(|v| v.1).collect::<Vec<_>>(), n).0;
+        (s, y.max(0.0), true)
+    }
+
+    /// GPU memory (GiB) at a local batch, if a memory table exists.
+    pub fn memory_gib(&self, bsz: u32) -> Option<f64> {
+        if self.memory.is_empty() {
+            return None;
+        }
+        let xs: Vec<f64> = self.memory.iter().map(|m| f64::from(m.0)).collect();
+        let ys: Vec<f64> = self.memory.iter().map(|m| m.1).collect();
+        Some(interp(&xs, &ys, f64::from(bsz)).0)
+    }
+
+    /// Largest profiled local batch of a placement (or of the whole table).
+    pub fn max_local_bsz(&self, placement: &str) -> u32 {
+        self.placements
+            .get(placement)
+            .and_then(|p| p.last().map(|p| p.local_bsz))
+            .or_else(|| self.scalability.iter().map(|p| p.local_bsz).max())
+            .or_else(|| self.placements.values().filter_map(|p| p.last()).map(|p| p.local_bsz).max())
+            .unwrap_or(1)
+    }
+}
+
+/// Running mean/variance of measured step and sync times (Welford).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Measured {
+    pub n: u64,
+    pub mean_step: f64,
+    pub m2_step: f64,
+    pub mean_sync: f64,
+}
+
+impl Measured {
+    pub fn sd_step(&self) -> f64 {
+        if self.n < 2 { 0.0 } else { (self.m2_step / (self.n - 1) as f64).sqrt() }
+    }
+}
+
+/// Weight of the table value against measurements.
+const PRIOR_WEIGHT: f64 = 3.0;
+
+/// GPU memory of known GPU types (GiB), from NVIDIA's data sheets.
+pub fn gpu_memory_gib(gpu_type: &str) -> Option<f64> {
+    let t = gpu_type.to_ascii_uppercase();
+    let known: [(&str, f64); 10] = [
+        ("H200", 141.0),
+        ("H100", 80.0),
+        ("A100-40", 40.0),
+        ("A100", 80.0),
+        ("A800", 80.0),
+        ("V100-16", 16.0),
+        ("V100", 32.0),
+        ("A10", 24.0),
+        ("L4", 24.0),
+        ("L40", 48.0),
+    ];
+    known.iter().find(|(k, _)| t.contains(k)).map(|(_, g)| *g)
+}
+
+/// The whole lookup table.
+#[derive(Clone, Debug, Default)]
+pub struct Lut {
+    profiles: BTreeMap<(String, String), BTreeMap<Variant, Profile>>,
+    measured: BTreeMap<ThroughputKey, Measured>,
+    /// Per-GPU memory limit override (GiB) by GPU type.
+    pub gpu_memory: BTreeMap<String, f64>,
+}
+
+/// Outcome of recording one sample.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Recorded {
+    Accepted,
+    Outlier,
+}
+
+impl Lut {
+    pub fn profile_mut(&mut self, model: &str, gpu_type: &str, v: &Variant) -> &mut Profile {
+        self.profiles
+            .entry((model.to_string(), gpu_type.to_string()))
+            .or_default()
+            .entry(v.clone())
+            .or_default()
+    }
+
+    pub fn profile(&self, model: &str, gpu_type: &str, v: &Variant) -> Option<&Profile> {
+        self.profiles.get(&(model.to_string(), gpu_type.to_string()))?.get(v)
+    }
+
+    /// (model, GPU type) pairs with any table.
+    pub fn models(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.profiles.keys().map(|(m, g)| (m.as_str(), g.as_str()))
+    }
+
+    pub fn has_model(&self, model: &str) -> bool {
+        self.profiles.keys().any(|(m, _)| m == model)
+    }
+
+    /// GPU types profiled for a model.
+    pub fn gpu_types(&self, model: &str) -> Vec<String> {
+        self.profiles.keys().filter(|(m, _)| m == model).map(|(_, g)| g.clone()).collect()
+    }
+
+    fn base_profile(&self, model: &str, gpu: &str, v: &Variant) -> Result<(&Profile, bool), LutError> {
+        let tables = self.profiles.get(&(model.to_string(), gpu.to_string())).ok_or_else(|| LutError::NoProfile {
+            model: model.into(),
+            gpu_type: gpu.into(),
+        })?;
+        if let Some(p) = tables.get(v) {
+            return Ok((p, true));
+        }
+        // Pipeline tables are never derived from data-parallel ones.
+        let fallback = tables
+            .iter()
+            .filter(|(k, _)| k.pipeline == v.pipeline)
+            .min_by_key(|(k, _)| (k.frozen_layers, k.gradient_checkpointing, !k.petl.is_empty(), !k.amp))
+            .map(|(_, p)| p);
+        fallback.map(|p| (p, false)).ok_or_else(|| LutError::NoProfile {
+            model: model.into(),
+            gpu_type: format!("{gpu} (pipeline={})", v.pipeline),
+        })
+    }
+
+    /// Step and sync time of one exact configuration.
+    pub fn step_time(&self, key: &ThroughputKey, layers: u32) -> Result<StepTime, LutError> {
+        if key.local_bsz == 0 {
+            return Err(LutError::Zero { field: "local_bsz" });
+        }
+        let placement = canonical_placement(&key.placement)?;
+        let (profile, exact_variant) = self.base_profile(&key.model, &key.gpu_type, &key.variant)?;
+        let (mut step, mut sync, mut interpolated) = profile.step(&placement, key.local_bsz).ok_or_else(|| {
+            LutError::NoProfile {
+                model: key.model.clone(),
+                gpu_type: key.gpu_type.clone(),
+            }
+        })?;
+        if !exact_variant {
+            let (s, y) = crate::icefrog::adjust_variant(step, sync, &Variant::base(), &key.variant, layers);
+            step = s;
+            sync = y;
+            interpolated = true;
+        }
+        let accum = key.grad_accum.max(1);
+        step += f64::from(accum - 1) * (step - sync).max(0.0);
+        let canon = ThroughputKey {
+            placement,
+            grad_accum: accum,
+            ..key.clone()
+        };
+        if let Some(m) = self.measured.get(&canon).filter(|m| m.n > 0) {
+            let n = m.n as f64;
+            step = (PRIOR_WEIGHT * step + n * m.mean_step) / (PRIOR_WEIGHT + n);
+            sync = (PRIOR_WEIGHT * sync + n * m.mean_sync) / (PRIOR_WEIGHT + n);
+            interpolated = false;
+        }
+        let feasible = match (profile.memory_gib(key.local_bsz), self.memory_limit(&key.gpu_type)) {
+            (Some(need), Some(cap)) => need <= cap,
+            _ => true,
+        };
+        Ok(StepTime {
+            step: step.max(1e-9),
+            sync: sync.clamp(0.0, step.max(1e-9)),
+            interpolated,
+            feasible,
+        })
+    }
+
+    fn memory_limit(&self, gpu: &str) -> Option<f64> {
+        self.gpu_memory.get(gpu).copied().or_else(|| gpu_memory_gib(gpu))
+    }
+
+    /// Time of one iteration of global batch `global_bsz` on `gpus` GPUs
+    /// packed onto nodes of `per_node` GPUs (see the module docs).
+    #[allow(clippy::too_many_arguments)]
+    pub fn iteration_time(
+        &self,
+        model: &str,
+        gpu_type: &str,
+        gpus: u32,
+        per_node: u32,
+        global_bsz: u32,
+        variant: &Variant,
+        layers: u32,
+    ) -> Result<IterationTime, LutError> {
+        if gpus == 0 {
+            return Err(LutError::Zero { field: "gpus" });
+        }
+        if global_bsz == 0 {
+            return Err(LutError::Zero { field: "global_batch_size" });
+        }
+        let placement = canonical_placement(&packed_placement(gpus, per_node))?;
+        let (profile, _) = self.base_profile(model, gpu_type, variant)?;
+        let mut max_local = profile.max_local_bsz(&placement).max(1);
+        if let (Some(cap), false) = (self.memory_limit(gpu_type), profile.memory.is_empty()) {
+            while max_local > 1 && profile.memory_gib(max_local).is_some_and(|m| m > cap) {
+                max_local -= 1;
+            }
+        }
+        let local = global_bsz.div_ceil(gpus);
+        let accum = local.div_ceil(max_local);
+        let local = local.div_ceil(accum);
+        let st = self.step_time(
+            &ThroughputKey {
+                model: model.into(),
+                gpu_type: gpu_type.into(),
+                placement,
+                local_bsz: local,
+                grad_accum: accum,
+                variant: variant.clone(),
+            },
+            layers,
+        )?;
+        Ok(IterationTime {
+            seconds: st.step,
+            local_bsz: local,
+            grad_accum: accum,
+            feasible: st.feasible,
+        })
+    }
+
+    /// Context-switch seconds of a model on a GPU type (the maximum measured).
+    pub fn context_switch_s(&self, model: &str, gpu_type: &str) -> Option<f64> {
+        self.profiles
+            .get(&(model.to_string(), gpu_type.to_string()))?
+            .values()
+            .filter_map(|p| p.context_switch_s)
+            .reduce(f64::max)
+    }
+
+    /// Folds one measured step time into the table (see module docs).
+    pub fn record(&mut self, key: &ThroughputKey, step: f64, sync: f64, layers: u32) -> Result<Recorded, LutError> {
+        let mut key = key.clone();
+        key.placement = canonical_placement(&key.placement)?;
+        key.grad_accum = key.grad_accum.max(1);
+        if !(step.is_finite() && step > 0.0 && sync.is_finite() && sync >= 0.0) {
+            return Ok(Recorded::Outlier);
+        }
+        let current = self.step_time(&key, layers).ok().map(|s| s.step);
+        let m = self.measured.entry(key).or_default();
+        if let Some(c) = current
+            && m.n < 5
+            && (step > 3.0 * c || step < c / 3.0)
+        {
+            return Ok(Recorded::Outlier);
+        }
+        if m.n >= 5 && (step - m.mean_step).abs() > 4.0 * m.sd_step() + 0.05 * m.mean_step {
+            return Ok(Recorded::Outlier);
+        }
+        m.n += 1;
+        let d = step - m.mean_step;
+        m.mean_step += d / m.n as f64;
+        m.m2_step += d * (step - m.mean_step);
+        m.mean_sync += (sync - m.mean_sync) / m.n as f64;
+        Ok(Recorded::Accepted)
+    }
+
+    pub fn measured(&self) -> impl Iterator<Item = (&ThroughputKey, &Measured)> {
+        self.measured.iter()
+    }
+
+    /// Restores persisted measurements.
+    pub fn restore_measured(&mut self, key: ThroughputKey, m: Measured) {
+        self.measured.insert(key, m);
+    }
+
+    /// Imports a CSV in one of the layouts (see the module docs); returns
+    /// the number of rows read. Nothing is changed on error.
+    pub fn import_csv(&mut self, model: &str, gpu_type: &str, layout: &str, origin: &str, csv: &str) -> Result<usize, LutError> {
+        let rows = parse_csv(origin, csv)?;
+        let v = Variant::base();
+        let err = |line: usize, message: String| LutError::Csv {
+            origin: origin.to_string(),
+            line,
+            message,
+        };
+        let num = |line: usize, row: &BTreeMap<String, String>, col: &str| -> Result<f64, LutError> {
+            let raw = row.get(col).ok_or_else(|| err(line, format!("missing column {col:?}")))?;
+            let x: f64 = raw.trim().parse().map_err(|_| err(line, format!("{col}: {raw:?} is not a number")))?;
+            if !x.is_finite() || x < 0.0 {
+                return Err(err(line, format!("{col}: {raw:?} must be a finite number >= 0")));
+            }
+            Ok(x)
+        };
+        let int = |line: usize, row: &BTreeMap<String, String>, col: &str| -> Result<u32, LutError> {
+            let x = num(line, row, col)?;
+            if x.fract() != 0.0 || x > f64::from(u32::MAX) {
+                return Err(err(line, format!("{col}: must be a whole number")));
+            }
+            Ok(x as u32)
+        };
+        match layout {
+            "placements" => {
+                let mut add = Vec::new();
+                for (line, r) in &rows {
+                    let p = r.get("placement").ok_or_else(|| err(*line, "missing column \"placement\"".into()))?;
+                    let p = canonical_placement(p.trim()).map_err(|e| err(*line, e.to_string()))?;
+                    let bsz = int(*line, r, "local_bsz")?;
+                    if bsz == 0 {
+                        return Err(err(*line, "local_bsz: must be > 0".into()));
+                    }
+                    add.push((p, Point { local_bsz: bsz, step: num(*line, r, "step_time")?, sync: num(*line, r, "sync_time")? }));
+                }
+                let prof = self.profile_mut(model, gpu_type, &v);
+                for (p, pt) in add {
+                    let pts = prof.placements.entry(p).or_default();
+                    pts.retain(|q| q.local_bsz != pt.local_bsz);
+                    pts.push(pt);
+                    pts.sort_by_key(|q| q.local_bsz);
+                }
+            }
+            "scalability" => {
+                let mut add = Vec::new();
+                for (line, r) in &rows {
+                    add.push(ScalePoint {
+                        nodes: int(*line, r, "num_nodes")?.max(1),
+                        replicas: int(*line, r, "num_replicas")?.max(1),
+                        local_bsz: int(*line, r, "local_bsz")?.max(1),
+                        step: num(*line, r, "step_time")?,
+                        sync: num(*line, r, "sync_time")?,
+                    });
+                }
+                self.profile_mut(model, gpu_type, &v).scalability.extend(add);
+            }
+            "memory" => {
+                let mut add = Vec::new();
+                for (line, r) in &rows {
+                    add.push((int(*line, r, "local_bsz")?, num(*line, r, "gpu_memory")?));
+                }
+                let prof = self.profile_mut(model, gpu_type, &v);
+                prof.memory.extend(add);
+                prof.memory.sort_by_key(|m| m.0);
+                prof.memory.dedup_by_key(|m| m.0);
+            }
+            "context_switch" => {
+                let mut max: Option<f64> = None;
+                for (line, r) in &rows {
+                    let t = num(*line, r, "time_cost")?;
+                    max = Some(max.map_or(t, |m: f64| m.max(t)));
+                }
+                if let Some(t) = max {
+                    let prof = self.profile_mut(model, gpu_type, &v);
+                    prof.context_switch_s = Some(prof.context_switch_s.map_or(t, |c| c.max(t)));
+                }
+            }
+            "fmsched" => {
+                let mut add = Vec::new();
+                for (line, r) in &rows {
+                    let flag = |col: &str| -> Result<bool, LutError> {
+                        match r.get(col).map(|s| s.trim()) {
+                            Some("1" | "true") => Ok(true),
+                            Some("0" | "false" | "") | None => Ok(false),
+                            Some(o) => Err(err(*line, format!("{col}: {o:?} is not a boolean"))),
+                        }
+                    };
+                    let row_model = r.get("model").map(|s| s.trim()).filter(|s| !s.is_empty()).unwrap_or(model);
+                    let row_gpu = r.get("gpu_type").map(|s| s.trim()).filter(|s| !s.is_empty()).unwrap_or(gpu_type);
+                    let variant = Variant {
+                        amp: flag("amp")?,
+                        frozen_layers: if r.contains_key("frozen_layers") { int(*line, r, "frozen_layers")? } else { 0 },
+                        gradient_checkpointing: flag("grad_ckpt")?,
+                        petl: r.get("petl").map(|s| s.trim().to_string()).filter(|s| s != "none").unwrap_or_default(),
+                        pipeline: flag("pipeline")?,
+                    };
+                    let p = canonical_placement(r.get("placement").map(|s| s.trim()).unwrap_or(""))
+                        .map_err(|e| err(*line, e.to_string()))?;
+                    let bsz = int(*line, r, "local_bsz")?;
+                    if bsz == 0 {
+                        return Err(err(*line, "local_bsz: must be > 0".into()));
+                    }
+                    let mem = if r.get("gpu_memory_gib").is_some_and(|s| !s.trim().is_empty()) {
+                        Some(num(*line, r, "gpu_memory_gib")?)
+                    } else {
+                        None
+                    };
+                    add.push((row_model.to_string(), row_gpu.to_string(), variant, p, bsz, num(*line, r, "step_time")?, num(*line, r, "sync_time")?, mem));
+                }
+                for (m, g, variant, p, bsz, step, sync, mem) in add {
+                    let prof = self.profile_mut(&m, &g, &variant);
+                    let pts = prof.placements.entry(p).or_default();
+                    pts.retain(|q| q.local_bsz != bsz);
+                    pts.push(Point { local_bsz: bsz, step, sync });
+                    pts.sort_by_key(|q| q.local_bsz);
+                    if let Some(gib) = mem {
+                        prof.memory.retain(|x| x.0 != bsz);
+                        prof.memory.push((bsz, gib));
+                        prof.memory.sort_by_key(|x| x.0);
+                    }
+                }
+            }
+            other => return Err(LutError::Layout(other.to_string())),
+        }
+        Ok(rows.len())
+    }
+}
+
+/// Parses a header-first CSV without quoting (the profile layouts need none)
+/// into (line number, column → value) rows.
+fn parse_csv(origin: &str, text: &str) -> Result<Vec<(usize, BTreeMap<String, String>)>, LutError> {
+    let mut lines = text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty() && !l.trim_start().starts_with('#'));
+    let Some((_, header)) = lines.next() else {
+        return Err(LutError::Csv { origin: origin.into(), line: 1, message: "empty file (a header row is required)".into() });
+    };
+    let cols: Vec<String> = header.split(',').map(|c| c.trim().to_string()).collect();
+    let mut out = Vec::new();
+    for (i, l) in lines {
+        let vals: Vec<&str> = l.split(',').collect();
+        if vals.len() != cols.len() {
+            return Err(LutError::Csv {
+                origin: origin.into(),
+                line: i + 1,
+                message: format!("{} fields, the header has {}", vals.len(), cols.len()),
+            });
+        }
+        out.push((i + 1, cols.iter().cloned().zip(vals.iter().map(|v| v.trim().to_string())).collect()));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lut() -> Lut {
+        let mut l = Lut::default();
+        l.import_csv(
+            "m",
+            "V100",
+            "placements",
+            "p.csv",
+            "placement,local_bsz,step_time,sync_time\n1,4,0.10,0.0\n1,8,0.18,0.0\n1,16,0.34,0.0\n44,4,0.20,0.08\n44,8,0.30,0.08\n",
+        )
+        .unwrap();
+        l.import_csv("m", "V100", "memory", "mem.csv", "local_bsz,gpu_memory\n4,2.0\n8,4.0\n16,8.0\n").unwrap();
+        l.import_csv("m", "V100", "context_switch", "cs.csv", "app,time_cost\na,12.5\nb,30.4\n").unwrap();
+        l
+    }
+
+    fn key(p: &str, b: u32) -> ThroughputKey {
+        ThroughputKey {
+            model: "m".into(),
+            gpu_type: "V100".into(),
+            placement: p.into(),
+            local_bsz: b,
+            grad_accum: 1,
+            variant: Variant::base(),
+        }
+    }
+
+    #[test]
+    fn placements_canonicalise() {
+        assert_eq!(canonical_placement("404").unwrap(), "44");
+        assert_eq!(canonical_placement("31").unwrap(), "13");
+        assert_eq!(canonical_placement("2110").unwrap(), "112");
+        assert!(canonical_placement("").is_err());
+        assert!(canonical_placement("00").is_err());
+        assert!(canonical_placement("4x").is_err());
+        assert_eq!(packed_placement(4, 4), "4");
+        assert_eq!(packed_placement(8, 4), "44");
+        assert_eq!(packed_placement(6, 4), "24");
+    }
+
+    #[test]
+    fn exact_points_interpolation_and_extrapolation() {
+        let l = lut();
+        let s = l.step_time(&key("1", 8), 12).unwrap();
+        assert_eq!((s.step, s.interpolated), (0.18, false));
+        let s = l.step_time(&key("1", 12), 12).unwrap();
+        assert!((s.step - 0.26).abs() < 1e-12 && s.interpolated);
+        // Beyond the last point: the line through (8, .18) and (16, .34).
+        assert!((l.step_time(&key("1", 20), 12).unwrap().step - 0.42).abs() < 1e-12);
+        // Rotated placement finds the same table.
+        assert_eq!(l.step_time(&key("404", 4), 12).unwrap().step, 0.20);
+    }
+
+    #[test]
+    fn accumulation_and_memory() {
+        let l = lut();
+        // 64 samples on 1 GPU: local 64 > max 16 → 4 micro-steps of 16.
+        let it = l.iteration_time("m", "V100", 1, 4, 64, &Variant::base(), 12).unwrap();
+        assert_eq!((it.local_bsz, it.grad_accum), (16, 4));
+        assert!((it.seconds - (0.34 + 3.0 * 0.34)).abs() < 1e-12);
+        // 8 GPUs, batch 32 → local 4 on "44".
+        let it = l.iteration_time("m", "V100", 8, 4, 32, &Variant::base(), 12).unwrap();
+        assert_eq!((it.local_bsz, it.grad_accum), (4, 1));
+        assert!((it.seconds - 0.20).abs() < 1e-12);
+        // Memory: 64 local needs 32 GiB on a 16 GiB GPU → infeasible.
+        let mut l2 = lut();
+        l2.gpu_memory.insert("V100".into(), 16.0);
+        assert!(!l2.step_time(&key("1", 64), 12).unwrap().feasible);
+        assert!(l2.step_time(&key("1", 16), 12).unwrap().feasible);
+        assert_eq!(l.context_switch_s("m", "V100"), Some(30.4));
+    }
+
+    #[test]
+    fn online_updates_pull_the_estimate_and_reject_outliers() {
+        let mut l = lut();
+        let k = key("1", 8);
+        for _ in 0..27 {
+            assert_eq!(l.record(&k, 0.20, 0.0, 12).unwrap(), Recorded::Accepted);
+        }
+        // (3·0.18 + 27·0.20) / 30 = 0.198
+        assert!((l.step_time(&k, 12).unwrap().step - 0.198).abs() < 1e-9);
+        assert_eq!(l.record(&k, 5.0, 0.0, 12).unwrap(), Recorded::Outlier);
+        assert_eq!(l.record(&k, f64::NAN, 0.0, 12).unwrap(), Recorded::Outlier);
+        assert!((l.step_time(&k, 12).unwrap().step - 0.198).abs() < 1e-9);
+    }
+
+    #[test]
+    fn bad_csv_names_the_line() {
+        let mut l = Lut::default();
+        let e = l.import_csv("m", "g", "placements", "x.csv", "placement,local_bsz,step_time,sync_time\n1,4,0.1,0\n1,x,0.1,0\n").unwrap_err();
+        assert_eq!(e.to_string(), "x.csv line 3: local_bsz: \"x\" is not a number");
+        let e = l.import_csv("m", "g", "placements", "x.csv", "placement,local_bsz,step_time,sync_time\n1,4,0.1\n").unwrap_err();
+        assert!(e.to_string().contains("line 2"), "{e}");
+        assert!(matches!(l.import_csv("m", "g", "weird", "x", "a\n1\n"), Err(LutError::Layout(_))));
+        assert!(l.profile("m", "g", &Variant::base()).is_none(), "nothing imported on error");
+    }
+
+    #[test]
+    fn unknown_placement_uses_the_scalability_table() {
+        let mut l = lut();
+        l.import_csv(
+            "m",
+            "V100",
+            "scalability",
+            "s.csv",
+            "num_nodes,num_replicas,local_bsz,step_time,sync_time\n2,8,4,0.2,0.08\n2,8,8,0.3,0.08\n4,16,4,0.3,0.1\n4,16,8,0.4,0.1\n",
+        )
+        .unwrap();
+        // "4444": 4 nodes, 16 replicas → exact grid point.
+        assert!((l.step_time(&key("4444", 8), 12).unwrap().step - 0.4).abs() < 1e-12);
+        // "444": 3 nodes, 12 replicas: between the two node slices.
+        let s = l.step_time(&key("444", 4), 12).unwrap().step;
+        assert!(s > 0.2 && s < 0.3, "{s}");
+    }
+
+    #[test]
+    fn interpolation_is_exact_at_profiled_points() {
+        let l = lut();
+        for (p, b, want) in [("1", 4, 0.10), ("1", 16, 0.34), ("44", 8, 0.30)] {
+            assert_eq!(l.step_time(&key(p, b), 12).unwrap().step, want);
+        }
+    }
+}

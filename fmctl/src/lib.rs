@@ -1,0 +1,367 @@
+//! Rust client SDK for fmsched, used by the `fmctl` CLI and by any program
+//! that submits or watches fine-tuning jobs.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), fmctl::ClientError> {
+//! let client = fmctl::Client::connect(fmctl::ClientConfig {
+//!     endpoint: "http://127.0.0.1:50051".into(),
+//!     token: Some("my-api-token-0123456789".into()),
+//!     ..Default::default()
+//! })
+//! .await?;
+//! let spec = fmctl::load_spec(std::path::Path::new("examples/roberta-qqp.yaml"))?;
+//! let (job, created) = client.submit(&spec, Some("qqp-run-1")).await?;
+//! println!("{} created={created}", job.id);
+//! # Ok(()) }
+//! ```
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use fmsched_core::{JobSpec, JobState, NodeState};
+use fmsched_proto::convert::{job_spec_to_proto, job_state_to_proto, node_state_to_proto};
+use fmsched_proto::v1 as pb;
+use fmsched_proto::v1::cluster_service_client::ClusterServiceClient;
+use fmsched_proto::v1::job_service_client::JobServiceClient;
+use tonic::metadata::MetadataValue;
+use tonic::service::Interceptor;
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
+
+pub mod output;
+
+/// Where and how to reach the scheduler.
+#[derive(Clone, Debug)]
+pub struct ClientConfig {
+    pub endpoint: String,
+    pub token: Option<String>,
+    /// CA certificate (PEM) for an `https://` endpoint.
+    pub ca_cert: Option<PathBuf>,
+    pub connect_timeout: Duration,
+    pub request_timeout: Option<Duration>,
+}
+
+impl Default for ClientConfig {
+    fn default() -> Self {
+        Self {
+            endpoint: "http://127.0.0.1:50051".into(),
+            token: None,
+            ca_cert: None,
+            connect_timeout: Duration::from_secs(5),
+            request_timeout: Some(Duration::from_secs(30)),
+        }
+    }
+}
+
+/// Every failure of the client, printable as one line.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("cannot reach scheduler at {endpoint}: {message}")]
+    Connect { endpoint: String, message: String },
+    #[error("{}: {message}", code_name(*.code))]
+    Rpc { code: tonic::Code, message: String },
+    #[error("{path}: {message}")]
+    Spec { path: String, message: String },
+    #[error("{0}")]
+    Usage(String),
+}
+
+fn code_name(c: tonic::Code) -> &'static str {
+    use tonic::Code::*;
+    match c {
+        InvalidArgument => "invalid argument",
+        NotFound => "not found",
+        AlreadyExists => "already exists",
+        PermissionDenied => "permission denied",
+        Unauthenticated => "unauthenticated",
+        FailedPrecondition => "failed precondition",
+        Unavailable => "unavailable",
+        DeadlineExceeded => "deadline exceeded",
+        ResourceExhausted | OutOfRange => "request too large",
+        _ => "error",
+    }
+}
+
+impl From<tonic::Status> for ClientError {
+    fn from(s: tonic::Status) -> Self {
+        ClientError::Rpc {
+            code: s.code(),
+            message: s.message().to_string(),
+        }
+    }
+}
+
+impl ClientError {
+    pub fn code(&self) -> Option<tonic::Code> {
+        match self {
+            ClientError::Rpc { code, .. } => Some(*code),
+            _ => None,
+        }
+    }
+}
+
+/// Parses a job spec from YAML (JSON is YAML too). Errors carry the line.
+pub fn parse_spec(origin: &str, yaml: &str) -> Result<JobSpec, ClientError> {
+    serde_yaml_ng::from_str(yaml).map_err(|e| ClientError::Spec {
+        path: origin.to_string(),
+        message: e.to_string(),
+    })
+}
+
+/// Reads and parses a job spec file (`-` = standard input).
+pub fn load_spec(path: &Path) -> Result<JobSpec, ClientError> {
+    let origin = path.display().to_string();
+    let text = if origin == "-" {
+        std::io::read_to_string(std::io::stdin())
+    } else {
+        std::fs::read_to_string(path)
+    }
+    .map_err(|e| ClientError::Spec {
+        path: origin.clone(),
+        message: e.to_string(),
+    })?;
+    parse_spec(&origin, &text)
+}
+
+/// Adds `authorization: Bearer <token>` to every call.
+#[derive(Clone)]
+pub struct BearerAuth(Option<MetadataValue<tonic::metadata::Ascii>>);
+
+impl Interceptor for BearerAuth {
+    fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        if let Some(v) = &self.0 {
+            req.metadata_mut().insert("authorization", v.clone());
+        }
+        Ok(req)
+    }
+}
+
+type Authed = InterceptedService<Channel, BearerAuth>;
+
+/// Filter of [`Client::list_jobs`].
+#[derive(Clone, Debug, Default)]
+pub struct JobFilter {
+    pub states: Vec<JobState>,
+    pub owner: Option<String>,
+    pub page_size: u32,
+    pub page_token: Option<String>,
+}
+
+/// A connected client. Cheap to clone; clones share the connection.
+#[derive(Clone)]
+pub struct Client {
+    jobs: JobServiceClient<Authed>,
+    cluster: ClusterServiceClient<Authed>,
+}
+
+impl Client {
+    pub async fn connect(cfg: ClientConfig) -> Result<Self, ClientError> {
+        let conn_err = |m: String| ClientError::Connect {
+            endpoint: cfg.endpoint.clone(),
+            message: m,
+        };
+        let mut ep = Endpoint::from_shared(cfg.endpoint.clone())
+            .map_err(|e| ClientError::Usage(format!("endpoint {:?}: {e}", cfg.endpoint)))?
+            .connect_timeout(cfg.connect_timeout)
+            .tcp_nodelay(true);
+        if let Some(t) = cfg.request_timeout {
+            ep = ep.timeout(t);
+        }
+        if let Some(ca) = &cfg.ca_cert {
+            let pem = std::fs::read(ca)
+                .map_err(|e| ClientError::Usage(format!("--ca-cert {}: {e}", ca.display())))?;
+            ep = ep
+                .tls_config(ClientTlsConfig::new().ca_certificate(Certificate::from_pem(pem)))
+                .map_err(|e| conn_err(e.to_string()))?;
+        }
+        let channel = ep.connect().await.map_err(|e| {
+            let mut msg = e.to_string();
+            let mut src = std::error::Error::source(&e);
+            while let Some(s) = src {
+                msg = format!("{msg}: {s}");
+                src = s.source();
+            }
+            conn_err(msg)
+        })?;
+        let token = match &cfg.token {
+            Some(t) => Some(format!("Bearer {t}").parse().map_err(|_| {
+                ClientError::Usage("token contains characters not allowed in metadata".into())
+            })?),
+            None => None,
+        };
+        let auth = BearerAuth(token);
+        Ok(Self {
+            jobs: JobServiceClient::with_interceptor(channel.clone(), auth.clone()),
+            cluster: ClusterServiceClient::with_interceptor(channel, auth),
+        })
+    }
+
+    /// Submits a job. Returns the job and whether it was newly created
+    /// (false: an earlier submission with the same idempotency key).
+    pub async fn submit(
+        &self,
+        spec: &JobSpec,
+        idempotency_key: Option<&str>,
+    ) -> Result<(pb::Job, bool), ClientError> {
+        self.submit_proto(job_spec_to_proto(spec), idempotency_key)
+            .await
+    }
+
+    /// Submits a protobuf spec as is (for tests of server-side validation).
+    pub async fn submit_proto(
+        &self,
+        spec: pb::JobSpec,
+        idempotency_key: Option<&str>,
+    ) -> Result<(pb::Job, bool), ClientError> {
+        let r = self
+            .jobs
+            .clone()
+            .submit_job(pb::SubmitJobRequest {
+                spec: Some(spec),
+                idempotency_key: idempotency_key.unwrap_or_default().to_string(),
+            })
+            .await?
+            .into_inner();
+        let job = r
+            .job
+            .ok_or_else(|| ClientError::Usage("server returned no job".into()))?;
+        Ok((job, r.created))
+    }
+
+    pub async fn get_job(&self, id: &str) -> Result<pb::Job, ClientError> {
+        Ok(self
+            .jobs
+            .clone()
+            .get_job(pb::GetJobRequest {
+                job_id: id.to_string(),
+            })
+            .await?
+            .into_inner())
+    }
+
+    /// One page of jobs, newest first, and the token of the next page.
+    pub async fn list_jobs(
+        &self,
+        f: &JobFilter,
+    ) -> Result<(Vec<pb::Job>, Option<String>), ClientError> {
+        let r = self
+            .jobs
+            .clone()
+            .list_jobs(pb::ListJobsRequest {
+                states: f
+                    .states
+                    .iter()
+                    .map(|s| job_state_to_proto(*s) as i32)
+                    .collect(),
+                owner: f.owner.clone().unwrap_or_default(),
+                page_size: f.page_size,
+                page_token: f.page_token.clone().unwrap_or_default(),
+            })
+            .await?
+            .into_inner();
+        let next = (!r.next_page_token.is_empty()).then_some(r.next_page_token);
+        Ok((r.jobs, next))
+    }
+
+    pub async fn cancel_job(&self, id: &str, reason: &str) -> Result<pb::Job, ClientError> {
+        Ok(self
+            .jobs
+            .clone()
+            .cancel_job(pb::CancelJobRequest {
+                job_id: id.to_string(),
+                reason: reason.to_string(),
+            })
+            .await?
+            .into_inner())
+    }
+
+    /// Streams a job's events (history after `after`, then live) until it
+    /// reaches a terminal state.
+    pub async fn watch_job(
+        &self,
+        id: &str,
+        after: i64,
+    ) -> Result<tonic::Streaming<pb::JobEvent>, ClientError> {
+        let mut req = tonic::Request::new(pb::WatchJobRequest {
+            job_id: id.to_string(),
+            after_sequence: after,
+        });
+        // A watch may last as long as the job: no request timeout.
+        req.set_timeout(Duration::from_secs(365 * 24 * 3600));
+        Ok(self.jobs.clone().watch_job(req).await?.into_inner())
+    }
+
+    pub async fn list_nodes(&self, states: &[NodeState]) -> Result<Vec<pb::Node>, ClientError> {
+        Ok(self
+            .cluster
+            .clone()
+            .list_nodes(pb::ListNodesRequest {
+                states: states
+                    .iter()
+                    .map(|s| node_state_to_proto(*s) as i32)
+                    .collect(),
+            })
+            .await?
+            .into_inner()
+            .nodes)
+    }
+
+    pub async fn get_node(&self, id: &str) -> Result<pb::Node, ClientError> {
+        Ok(self
+            .cluster
+            .clone()
+            .get_node(pb::GetNodeRequest {
+                node_id: id.to_string(),
+            })
+            .await?
+            .into_inner())
+    }
+
+    pub async fn cluster_summary(&self) -> Result<pb::ClusterSummary, ClientError> {
+        Ok(self
+            .cluster
+            .clone()
+            .get_cluster_summary(pb::GetClusterSummaryRequest {})
+            .await?
+            .into_inner())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spec_errors_name_file_and_line() {
+        let e = parse_spec("job.yaml", "model: roberta-base\nbogus_key: 1\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("job.yaml: "), "{e}");
+        assert!(e.contains("bogus_key"), "{e}");
+        assert!(e.contains("line 2"), "{e}");
+    }
+
+    #[test]
+    fn shipped_examples_parse_and_validate() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples");
+        let models = fmsched_core::ModelCatalog::builtin();
+        let mut n = 0;
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let p = entry.unwrap().path();
+            if p.extension().is_some_and(|e| e == "yaml") {
+                let spec = load_spec(&p).unwrap();
+                spec.validate(&fmsched_core::ValidationContext {
+                    now: chrono::Utc::now(),
+                    models: &models,
+                    limits: Default::default(),
+                })
+                .unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+                n += 1;
+            }
+        }
+        assert!(
+            n >= 3,
+            "examples/ should hold at least 3 job specs, found {n}"
+        );
+    }
+}

@@ -1,0 +1,412 @@
+//! `fmctl`: submit, inspect, watch and cancel fine-tuning jobs; inspect nodes.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use clap::{Parser, Subcommand};
+use fmctl::output::{self, Format};
+use fmctl::{Client, ClientConfig, ClientError, JobFilter};
+use fmsched_core::{JobState, NodeState};
+use serde::Deserialize;
+
+/// Command-line client of the fmsched scheduler.
+///
+/// Endpoint and token come from flags, else FMSCHED_ENDPOINT / FMSCHED_TOKEN,
+/// else the config file (~/.config/fmsched/fmctl.toml: endpoint, token, ca_cert).
+#[derive(Parser, Debug)]
+#[command(version, about)]
+struct Cli {
+    /// Scheduler endpoint [default: http://127.0.0.1:50051].
+    #[arg(long, global = true, env = "FMSCHED_ENDPOINT")]
+    endpoint: Option<String>,
+    /// API token (prefer the environment variable: flags show up in `ps`).
+    #[arg(long, global = true, env = "FMSCHED_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// CA certificate (PEM) for an https:// endpoint.
+    #[arg(long, global = true, env = "FMSCHED_CA_CERT")]
+    ca_cert: Option<PathBuf>,
+    /// Config file [default: ~/.config/fmsched/fmctl.toml].
+    #[arg(long, global = true, env = "FMCTL_CONFIG")]
+    config: Option<PathBuf>,
+    /// Output format.
+    #[arg(long, short, global = true, value_enum, default_value = "table")]
+    output: Format,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Submit job specs from YAML files (`-` reads standard input).
+    Submit {
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+        /// Make the submission safe to retry: the same key and spec return
+        /// the same job. With several files, `-<n>` is appended per file.
+        #[arg(long)]
+        idempotency_key: Option<String>,
+    },
+    /// List jobs (newest first).
+    Jobs {
+        /// Only jobs in this state (repeatable).
+        #[arg(long = "state", value_name = "STATE")]
+        states: Vec<String>,
+        /// Only this owner's jobs (admins only for other users).
+        #[arg(long)]
+        owner: Option<String>,
+        /// At most this many jobs.
+        #[arg(long, default_value_t = 100)]
+        limit: u32,
+    },
+    /// Show one job.
+    Job { id: String },
+    /// Cancel a job.
+    Cancel {
+        id: String,
+        #[arg(long, default_value = "")]
+        reason: String,
+    },
+    /// Stream a job's events until it finishes.
+    Watch {
+        id: String,
+        /// Only events after this sequence number.
+        #[arg(long, default_value_t = 0)]
+        after: i64,
+    },
+    /// List nodes with their GPUs and live telemetry.
+    Nodes {
+        /// Only nodes in this state (repeatable): available, suspect, offline.
+        #[arg(long = "state", value_name = "STATE")]
+        states: Vec<String>,
+    },
+    /// Show one node.
+    Node { id: String },
+    /// GPUs and jobs of the whole cluster at a glance.
+    Summary,
+    /// Load test: submit M jobs from N concurrent clients and print throughput
+    /// and latency; the last line is `submit_per_s=… p50_ms=… p99_ms=…`.
+    BenchSubmit {
+        #[arg(long, default_value_t = 16)]
+        clients: usize,
+        #[arg(long, default_value_t = 10_000)]
+        jobs: usize,
+        /// Spec to submit (default: a built-in roberta-base job).
+        #[arg(long)]
+        spec: Option<PathBuf>,
+    },
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileConfig {
+    endpoint: Option<String>,
+    token: Option<String>,
+    ca_cert: Option<PathBuf>,
+}
+
+fn default_config_path() -> Option<PathBuf> {
+    let base = std::env::var_os("XDG_CONFIG_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".config")))?;
+    Some(base.join("fmsched").join("fmctl.toml"))
+}
+
+fn load_file_config(explicit: Option<&Path>) -> Result<FileConfig, ClientError> {
+    let (path, required) = match explicit {
+        Some(p) => (p.to_path_buf(), true),
+        None => match default_config_path() {
+            Some(p) => (p, false),
+            None => return Ok(FileConfig::default()),
+        },
+    };
+    match std::fs::read_to_string(&path) {
+        Ok(text) => toml::from_str(&text)
+            .map_err(|e| ClientError::Usage(format!("{}: {e}", path.display()))),
+        Err(e) if !required && e.kind() == std::io::ErrorKind::NotFound => {
+            Ok(FileConfig::default())
+        }
+        Err(e) => Err(ClientError::Usage(format!("{}: {e}", path.display()))),
+    }
+}
+
+const BENCH_SPEC: &str = r#"
+name: bench
+model: roberta-base
+dataset: { uri: s3://bench/glue/sst2, task: sst2, objective: sequence-classification }
+hyperparameters: { global_batch_size: 32, learning_rate: 0.00002 }
+target: { max_epochs: 3 }
+resources: { min_gpus: 1, max_gpus: 4 }
+launch: { command: [python, train.py] }
+"#;
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("fmctl: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn parse_states<T: std::str::FromStr<Err = String>>(raw: &[String]) -> Result<Vec<T>, ClientError> {
+    raw.iter()
+        .map(|s| s.parse().map_err(ClientError::Usage))
+        .collect()
+}
+
+fn print_json(v: &serde_json::Value) {
+    println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
+}
+
+async fn run(cli: Cli) -> Result<(), ClientError> {
+    let file = load_file_config(cli.config.as_deref())?;
+    let cfg = ClientConfig {
+        endpoint: cli
+            .endpoint
+            .or(file.endpoint)
+            .unwrap_or_else(|| ClientConfig::default().endpoint),
+        token: cli.token.or(file.token),
+        ca_cert: cli.ca_cert.or(file.ca_cert),
+        ..Default::default()
+    };
+    if cfg.token.is_none() {
+        return Err(ClientError::Usage(
+            "no API token: pass --token, set FMSCHED_TOKEN, or put `token = \"...\"` in the fmctl config file".into(),
+        ));
+    }
+    let fmt = cli.output;
+    if let Cmd::BenchSubmit {
+        clients,
+        jobs,
+        spec,
+    } = cli.cmd
+    {
+        return bench_submit(cfg, clients, jobs, spec.as_deref()).await;
+    }
+    let client = Client::connect(cfg).await?;
+    match cli.cmd {
+        Cmd::Submit {
+            files,
+            idempotency_key,
+        } => {
+            let specs = files
+                .iter()
+                .map(|f| fmctl::load_spec(f))
+                .collect::<Result<Vec<_>, _>>()?;
+            let mut out = Vec::new();
+            for (i, spec) in specs.iter().enumerate() {
+                let key = idempotency_key.as_ref().map(|k| {
+                    if specs.len() > 1 {
+                        format!("{k}-{}", i + 1)
+                    } else {
+                        k.clone()
+                    }
+                });
+                let (job, created) =
+                    client
+                        .submit(spec, key.as_deref())
+                        .await
+                        .map_err(|e| match e {
+                            ClientError::Rpc { code, message } => ClientError::Rpc {
+                                code,
+                                message: format!("{}: {message}", files[i].display()),
+                            },
+                            other => other,
+                        })?;
+                match fmt {
+                    Format::Table => println!(
+                        "{} {} ({} on {})",
+                        if created {
+                            "submitted"
+                        } else {
+                            "already submitted"
+                        },
+                        job.id,
+                        spec.name,
+                        spec.model
+                    ),
+                    Format::Json => out.push(
+                        serde_json::json!({"created": created, "job": output::job_json(&job)}),
+                    ),
+                }
+            }
+            if fmt == Format::Json {
+                print_json(&serde_json::Value::Array(out));
+            }
+        }
+        Cmd::Jobs {
+            states,
+            owner,
+            limit,
+        } => {
+            let states: Vec<JobState> = parse_states(&states)?;
+            let mut all = Vec::new();
+            let mut token = None;
+            while (all.len() as u32) < limit {
+                let (page, next) = client
+                    .list_jobs(&JobFilter {
+                        states: states.clone(),
+                        owner: owner.clone(),
+                        page_size: (limit - all.len() as u32).min(1000),
+                        page_token: token,
+                    })
+                    .await?;
+                all.extend(page);
+                match next {
+                    Some(t) => token = Some(t),
+                    None => break,
+                }
+            }
+            match fmt {
+                Format::Table => println!("{}", output::jobs_table(&all)),
+                Format::Json => print_json(&serde_json::Value::Array(
+                    all.iter().map(output::job_json).collect(),
+                )),
+            }
+        }
+        Cmd::Job { id } => {
+            let job = client.get_job(&id).await?;
+            match fmt {
+                Format::Table => println!("{}", output::job_detail(&job)),
+                Format::Json => print_json(&output::job_json(&job)),
+            }
+        }
+        Cmd::Cancel { id, reason } => {
+            let job = client.cancel_job(&id, &reason).await?;
+            match fmt {
+                Format::Table => println!("{} {}", job.id, output::job_state(job.state)),
+                Format::Json => print_json(&output::job_json(&job)),
+            }
+        }
+        Cmd::Watch { id, after } => {
+            let mut stream = client.watch_job(&id, after).await?;
+            while let Some(ev) = stream.message().await? {
+                match fmt {
+                    Format::Table => println!("{}", output::event_line(&ev)),
+                    Format::Json => println!("{}", output::event_json(&ev)),
+                }
+            }
+        }
+        Cmd::Nodes { states } => {
+            let states: Vec<NodeState> = parse_states(&states)?;
+            let nodes = client.list_nodes(&states).await?;
+            match fmt {
+                Format::Table => println!("{}", output::nodes_table(&nodes)),
+                Format::Json => print_json(&serde_json::Value::Array(
+                    nodes.iter().map(output::node_json).collect(),
+                )),
+            }
+        }
+        Cmd::Node { id } => {
+            let node = client.get_node(&id).await?;
+            match fmt {
+                Format::Table => println!("{}", output::nodes_table(std::slice::from_ref(&node))),
+                Format::Json => print_json(&output::node_json(&node)),
+            }
+        }
+        Cmd::Summary => {
+            let s = client.cluster_summary().await?;
+            match fmt {
+                Format::Table => println!("{}", output::summary_table(&s)),
+                Format::Json => print_json(&output::summary_json(&s)),
+            }
+        }
+        Cmd::BenchSubmit { .. } => unreachable!("handled above"),
+    }
+    Ok(())
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+async fn bench_submit(
+    cfg: ClientConfig,
+    clients: usize,
+    jobs: usize,
+    spec: Option<&Path>,
+) -> Result<(), ClientError> {
+    if clients == 0 || jobs == 0 {
+        return Err(ClientError::Usage(
+            "--clients and --jobs must be > 0".into(),
+        ));
+    }
+    let spec = match spec {
+        Some(p) => fmctl::load_spec(p)?,
+        None => fmctl::parse_spec("built-in bench spec", BENCH_SPEC)?,
+    };
+    // One connection per client, as N independent users would have.
+    let mut conns = Vec::with_capacity(clients);
+    for _ in 0..clients {
+        conns.push(Client::connect(cfg.clone()).await?);
+    }
+    eprintln!(
+        "bench-submit: {jobs} jobs from {clients} clients against {}",
+        cfg.endpoint
+    );
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for (c, client) in conns.into_iter().enumerate() {
+        let n = jobs / clients + usize::from(c < jobs % clients);
+        let spec = spec.clone();
+        let done = done.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut lat = Vec::with_capacity(n);
+            for _ in 0..n {
+                let t = Instant::now();
+                client.submit(&spec, None).await?;
+                lat.push(t.elapsed());
+                done.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+            Ok::<_, ClientError>(lat)
+        }));
+    }
+    let progress = {
+        let done = done.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                let d = done.load(std::sync::atomic::Ordering::Relaxed);
+                eprintln!(
+                    "  {d}/{jobs} submitted ({:.0}/s)",
+                    d as f64 / started.elapsed().as_secs_f64()
+                );
+            }
+        })
+    };
+    let mut lat = Vec::with_capacity(jobs);
+    for t in tasks {
+        lat.extend(
+            t.await
+                .map_err(|e| ClientError::Usage(format!("bench task: {e}")))??,
+        );
+    }
+    let wall = started.elapsed();
+    progress.abort();
+    lat.sort();
+    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+    println!(
+        "jobs={} clients={} wall_s={:.2} mean_ms={:.2} max_ms={:.2}",
+        lat.len(),
+        clients,
+        wall.as_secs_f64(),
+        ms(lat.iter().sum::<Duration>()) / lat.len() as f64,
+        ms(*lat.last().unwrap_or(&Duration::ZERO))
+    );
+    println!(
+        "submit_per_s={:.0} p50_ms={:.2} p99_ms={:.2}",
+        lat.len() as f64 / wall.as_secs_f64(),
+        ms(percentile(&lat, 50.0)),
+        ms(percentile(&lat, 99.0))
+    );
+    Ok(())
+}

@@ -1,0 +1,355 @@
+//! Rendering of jobs, nodes and events as aligned tables or JSON.
+
+use chrono::{DateTime, Utc};
+use fmsched_proto::convert::job_spec_from_proto;
+use fmsched_proto::v1 as pb;
+use serde_json::{Value, json};
+
+/// Output format chosen with `--output`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    Table,
+    Json,
+}
+
+fn time(t: &Option<prost_types::Timestamp>) -> Option<DateTime<Utc>> {
+    t.as_ref()
+        .and_then(|t| DateTime::from_timestamp(t.seconds, t.nanos.max(0) as u32))
+}
+
+fn time_str(t: &Option<prost_types::Timestamp>) -> String {
+    time(t)
+        .map(|d| d.format("%Y-%m-%d %H:%M:%S").to_string())
+        .unwrap_or_else(|| "-".into())
+}
+
+fn rfc3339(t: &Option<prost_types::Timestamp>) -> Value {
+    time(t)
+        .map(|d| Value::String(d.to_rfc3339()))
+        .unwrap_or(Value::Null)
+}
+
+/// `JOB_STATE_RUNNING` → `running`.
+fn enum_name(full: &str, prefix: &str) -> String {
+    full.strip_prefix(prefix)
+        .unwrap_or(full)
+        .to_ascii_lowercase()
+}
+
+pub fn job_state(v: i32) -> String {
+    pb::JobState::try_from(v)
+        .map(|s| enum_name(s.as_str_name(), "JOB_STATE_"))
+        .unwrap_or_else(|_| format!("unknown({v})"))
+}
+
+pub fn node_state(v: i32) -> String {
+    pb::NodeState::try_from(v)
+        .map(|s| enum_name(s.as_str_name(), "NODE_STATE_"))
+        .unwrap_or_else(|_| format!("unknown({v})"))
+}
+
+/// Renders rows as a left-aligned table with a header.
+pub fn table(header: &[&str], rows: &[Vec<String>]) -> String {
+    let mut w: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for r in rows {
+        for (i, c) in r.iter().enumerate() {
+            w[i] = w[i].max(c.chars().count());
+        }
+    }
+    let line = |cells: Vec<&str>| {
+        let mut s = String::new();
+        for (i, c) in cells.iter().enumerate() {
+            if i + 1 == cells.len() {
+                s.push_str(c);
+            } else {
+                s.push_str(&format!("{c:<width$}  ", width = w[i]));
+            }
+        }
+        s.trim_end().to_string()
+    };
+    let mut out = vec![line(header.to_vec())];
+    for r in rows {
+        out.push(line(r.iter().map(String::as_str).collect()));
+    }
+    out.join("\n")
+}
+
+pub fn job_json(j: &pb::Job) -> Value {
+    let spec = j
+        .spec
+        .clone()
+        .and_then(|s| job_spec_from_proto(s).ok())
+        .map(|s| serde_json::to_value(s).unwrap_or(Value::Null))
+        .unwrap_or(Value::Null);
+    json!({
+        "id": j.id,
+        "owner": j.owner,
+        "state": job_state(j.state),
+        "state_reason": j.state_reason,
+        "created_at": rfc3339(&j.created_at),
+        "updated_at": rfc3339(&j.updated_at),
+        "output_path": (!j.output_path.is_empty()).then_some(&j.output_path),
+        "idempotency_key": (!j.idempotency_key.is_empty()).then_some(&j.idempotency_key),
+        "last_event_sequence": j.last_event_sequence,
+        "spec": spec,
+    })
+}
+
+pub fn jobs_table(jobs: &[pb::Job]) -> String {
+    let rows: Vec<Vec<String>> = jobs
+        .iter()
+        .map(|j| {
+            let s = j.spec.clone().unwrap_or_default();
+            let r = s.resources.unwrap_or_default();
+            vec![
+                j.id.clone(),
+                s.name,
+                j.owner.clone(),
+                s.model,
+                s.dataset.map(|d| d.task).unwrap_or_default(),
+                format!("{}-{}", r.min_gpus, r.max_gpus),
+                job_state(j.state),
+                time_str(&j.created_at),
+            ]
+        })
+        .collect();
+    table(
+        &[
+            "ID",
+            "NAME",
+            "OWNER",
+            "MODEL",
+            "TASK",
+            "GPUS",
+            "STATE",
+            "SUBMITTED",
+        ],
+        &rows,
+    )
+}
+
+pub fn job_detail(j: &pb::Job) -> String {
+    let v = job_json(j);
+    let spec_yaml = serde_yaml_ng::to_string(&v["spec"]).unwrap_or_default();
+    let mut s = format!(
+        "ID:          {}\nOwner:       {}\nState:       {}\n",
+        j.id,
+        j.owner,
+        job_state(j.state)
+    );
+    if !j.state_reason.is_empty() {
+        s.push_str(&format!("Reason:      {}\n", j.state_reason));
+    }
+    s.push_str(&format!(
+        "Submitted:   {}\nUpdated:     {}\n",
+        time_str(&j.created_at),
+        time_str(&j.updated_at)
+    ));
+    if !j.output_path.is_empty() {
+        s.push_str(&format!("Output:      {}\n", j.output_path));
+    }
+    s.push_str("Spec:\n");
+    for l in spec_yaml.lines() {
+        s.push_str(&format!("  {l}\n"));
+    }
+    s.trim_end().to_string()
+}
+
+pub fn event_line(e: &pb::JobEvent) -> String {
+    let change = if e.to_state != 0 {
+        if e.from_state != 0 {
+            format!("{} -> {}", job_state(e.from_state), job_state(e.to_state))
+        } else {
+            job_state(e.to_state)
+        }
+    } else {
+        String::new()
+    };
+    format!(
+        "{}  #{}  {:<14} {:<22} {}",
+        time_str(&e.time),
+        e.sequence,
+        e.kind,
+        change,
+        e.message
+    )
+    .trim_end()
+    .to_string()
+}
+
+pub fn event_json(e: &pb::JobEvent) -> Value {
+    json!({
+        "sequence": e.sequence,
+        "job_id": e.job_id,
+        "time": rfc3339(&e.time),
+        "kind": e.kind,
+        "from_state": (e.from_state != 0).then(|| job_state(e.from_state)),
+        "to_state": (e.to_state != 0).then(|| job_state(e.to_state)),
+        "message": e.message,
+    })
+}
+
+const GIB: f64 = (1u64 << 30) as f64;
+
+pub fn node_json(n: &pb::Node) -> Value {
+    json!({
+        "id": n.id,
+        "hostname": n.hostname,
+        "state": node_state(n.state),
+        "connected": n.connected,
+        "gpu_backend": n.gpu_backend,
+        "agent_version": n.agent_version,
+        "labels": n.labels,
+        "registered_at": rfc3339(&n.registered_at),
+        "last_heartbeat_at": rfc3339(&n.last_heartbeat_at),
+        "gpus": n.gpus.iter().map(|g| {
+            let i = g.info.clone().unwrap_or_default();
+            let t = g.telemetry.as_ref();
+            json!({
+                "uuid": i.uuid, "index": i.index, "model": i.model,
+                "memory_total_bytes": i.memory_total_bytes, "pci_bus_id": i.pci_bus_id,
+                "allocated_to_job": (!g.allocated_to_job.is_empty()).then_some(&g.allocated_to_job),
+                "telemetry": t.map(|t| json!({
+                    "utilization_percent": t.utilization_percent,
+                    "memory_used_bytes": t.memory_used_bytes,
+                    "memory_total_bytes": t.memory_total_bytes,
+                    "temperature_celsius": t.temperature_celsius,
+                    "power_watts": t.power_watts,
+                    "ecc_corrected_errors": t.ecc_corrected_errors,
+                    "ecc_uncorrected_errors": t.ecc_uncorrected_errors,
+                    "xid_errors": t.xid_errors,
+                    "processes": t.processes.iter().map(|p| json!({"pid": p.pid, "used_memory_bytes": p.used_memory_bytes})).collect::<Vec<_>>(),
+                })),
+            })
+        }).collect::<Vec<_>>(),
+    })
+}
+
+/// One row per GPU, grouped by node.
+pub fn nodes_table(nodes: &[pb::Node]) -> String {
+    let mut rows = Vec::new();
+    for n in nodes {
+        let hb = time_str(&n.last_heartbeat_at);
+        if n.gpus.is_empty() {
+            rows.push(vec![
+                n.id.clone(),
+                node_state(n.state),
+                n.gpu_backend.clone(),
+                "-".into(),
+                "-".into(),
+                "-".into(),
+                "-".into(),
+                "-".into(),
+                "-".into(),
+                hb.clone(),
+            ]);
+        }
+        for g in &n.gpus {
+            let i = g.info.clone().unwrap_or_default();
+            let (util, mem, temp, power) = match &g.telemetry {
+                Some(t) => (
+                    format!("{}%", t.utilization_percent),
+                    format!(
+                        "{:.1}/{:.0} GiB",
+                        t.memory_used_bytes as f64 / GIB,
+                        t.memory_total_bytes as f64 / GIB
+                    ),
+                    format!("{}C", t.temperature_celsius),
+                    format!("{:.0}W", t.power_watts),
+                ),
+                None => (
+                    "-".into(),
+                    format!("-/{:.0} GiB", i.memory_total_bytes as f64 / GIB),
+                    "-".into(),
+                    "-".into(),
+                ),
+            };
+            rows.push(vec![
+                n.id.clone(),
+                node_state(n.state),
+                n.gpu_backend.clone(),
+                i.index.to_string(),
+                i.model,
+                util,
+                mem,
+                temp,
+                power,
+                hb.clone(),
+            ]);
+        }
+    }
+    table(
+        &[
+            "NODE",
+            "STATE",
+            "BACKEND",
+            "GPU",
+            "MODEL",
+            "UTIL",
+            "MEMORY",
+            "TEMP",
+            "POWER",
+            "LAST HEARTBEAT",
+        ],
+        &rows,
+    )
+}
+
+pub fn summary_table(s: &pb::ClusterSummary) -> String {
+    let mut out = format!(
+        "GPUs: {} total, {} free (on available nodes)\n",
+        s.gpus_total, s.gpus_free
+    );
+    for m in &s.gpus_by_model {
+        out.push_str(&format!(
+            "  {:<16} {} total, {} free\n",
+            m.model, m.total, m.free
+        ));
+    }
+    out.push_str("Nodes:");
+    for n in &s.nodes_by_state {
+        out.push_str(&format!(" {}={}", node_state(n.state), n.count));
+    }
+    out.push_str("\nJobs: ");
+    for j in &s.jobs_by_state {
+        out.push_str(&format!(" {}={}", job_state(j.state), j.count));
+    }
+    out
+}
+
+pub fn summary_json(s: &pb::ClusterSummary) -> Value {
+    json!({
+        "gpus_total": s.gpus_total,
+        "gpus_free": s.gpus_free,
+        "gpus_by_model": s.gpus_by_model.iter().map(|m| json!({"model": m.model, "total": m.total, "free": m.free})).collect::<Vec<_>>(),
+        "nodes_by_state": s.nodes_by_state.iter().map(|n| (node_state(n.state), n.count)).collect::<std::collections::BTreeMap<_, _>>(),
+        "jobs_by_state": s.jobs_by_state.iter().map(|j| (job_state(j.state), j.count)).collect::<std::collections::BTreeMap<_, _>>(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tables_align_columns() {
+        let t = table(
+            &["A", "LONGER"],
+            &[
+                vec!["xxxx".into(), "y".into()],
+                vec!["z".into(), "w".into()],
+            ],
+        );
+        let lines: Vec<&str> = t.lines().collect();
+        assert_eq!(lines[0], "A     LONGER");
+        assert_eq!(lines[1], "xxxx  y");
+        assert_eq!(lines[2], "z     w");
+    }
+
+    #[test]
+    fn enum_names_are_short() {
+        assert_eq!(job_state(pb::JobState::Running as i32), "running");
+        assert_eq!(node_state(pb::NodeState::Suspect as i32), "suspect");
+        assert_eq!(job_state(99), "unknown(99)");
+    }
+}

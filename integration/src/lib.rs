@@ -1,0 +1,119 @@
+//! Helpers for the end-to-end tests in `tests/`: locating the workspace's
+//! binaries, running them as child processes that are killed on drop, and a
+//! throw-away Postgres database per test.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// Directory holding the workspace binaries (`target/debug` when tests run
+/// from `target/debug/deps`).
+pub fn bin_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    let deps = exe.parent().expect("deps dir");
+    let dir = if deps.ends_with("deps") {
+        deps.parent().unwrap()
+    } else {
+        deps
+    };
+    dir.to_path_buf()
+}
+
+/// Path of a workspace binary; panics with the command to build it.
+pub fn bin(name: &str) -> PathBuf {
+    let p = bin_dir().join(name);
+    assert!(
+        p.exists(),
+        "{} not found: build the binaries first with `cargo build --workspace --bins` (scripts/test.sh does)",
+        p.display()
+    );
+    p
+}
+
+/// Repository root (for examples/).
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+/// A free TCP port on 127.0.0.1 (bound then released).
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A child process killed (SIGKILL) when dropped; its output goes to a log file.
+pub struct Proc {
+    pub name: String,
+    pub child: Child,
+    pub log: PathBuf,
+}
+
+impl Proc {
+    pub fn spawn(name: &str, mut cmd: Command, log_dir: &Path) -> Proc {
+        let log = log_dir.join(format!("{name}.log"));
+        let f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .unwrap();
+        cmd.stdout(f.try_clone().unwrap())
+            .stderr(f)
+            .stdin(Stdio::null());
+        let child = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawning {name}: {e}"));
+        Proc {
+            name: name.to_string(),
+            child,
+            log,
+        }
+    }
+
+    /// `kill -9`, and reap.
+    pub fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub fn is_running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+/// Polls `f` every 100 ms until it returns `Some`, or panics after `timeout`
+/// with `what` and the last observation.
+pub fn wait_for<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Result<T, String>) -> T {
+    let start = Instant::now();
+    let mut last = String::new();
+    while start.elapsed() < timeout {
+        match f() {
+            Ok(v) => return v,
+            Err(e) => last = e,
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!("timed out after {timeout:?} waiting for {what}; last: {last}");
+}
+
+/// Runs a command to completion.
+pub fn run(cmd: &mut Command) -> Output {
+    cmd.output()
+        .unwrap_or_else(|e| panic!("running {cmd:?}: {e}"))
+}

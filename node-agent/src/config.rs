@@ -1,0 +1,207 @@
+//! Agent configuration: defaults → TOML file → `FMSCHED_AGENT_*` environment
+//! → command-line flags → [`AgentConfig::validate`]. The join token is a
+//! secret: `FMSCHED_JOIN_TOKEN` or `join_token_file`, never a config value.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use fmsched_runtime::{Layering, LogConfig};
+use serde::Deserialize;
+
+pub const NOT_KEYS: &[&str] = &["FMSCHED_AGENT_CONFIG"];
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AgentConfig {
+    /// Scheduler gRPC endpoint, `http://host:port` or `https://host:port`.
+    pub scheduler_endpoint: String,
+    /// Node id (default: the hostname).
+    pub node_id: Option<String>,
+    pub labels: BTreeMap<String, String>,
+    /// File holding the join token (`FMSCHED_JOIN_TOKEN` wins when set).
+    pub join_token_file: Option<PathBuf>,
+    /// Heartbeat interval used until the scheduler's acknowledgement says otherwise.
+    #[serde(with = "humantime_serde")]
+    pub heartbeat_interval: Duration,
+    pub reconnect: ReconnectConfig,
+    pub gpu: GpuConfig,
+    pub tls: ClientTlsConfig,
+    pub log: LogConfig,
+}
+
+impl Default for AgentConfig {
+    fn default() -> Self {
+        Self {
+            scheduler_endpoint: "http://127.0.0.1:50051".into(),
+            node_id: None,
+            labels: BTreeMap::new(),
+            join_token_file: None,
+            heartbeat_interval: Duration::from_secs(5),
+            reconnect: ReconnectConfig::default(),
+            gpu: GpuConfig::default(),
+            tls: ClientTlsConfig::default(),
+            log: LogConfig::default(),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ReconnectConfig {
+    /// First retry delay; doubles per failure up to `max_delay`, with jitter.
+    #[serde(with = "humantime_serde")]
+    pub initial_delay: Duration,
+    #[serde(with = "humantime_serde")]
+    pub max_delay: Duration,
+    #[serde(with = "humantime_serde")]
+    pub connect_timeout: Duration,
+}
+
+impl Default for ReconnectConfig {
+    fn default() -> Self {
+        Self {
+            initial_delay: Duration::from_millis(200),
+            max_delay: Duration::from_secs(10),
+            connect_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct GpuConfig {
+    /// Simulate this many GPUs instead of using NVML (0 = use NVML).
+    pub fake_count: u32,
+    /// Model the fake GPUs imitate.
+    pub fake_model: String,
+}
+
+impl Default for GpuConfig {
+    fn default() -> Self {
+        Self {
+            fake_count: 0,
+            fake_model: "A100-80GB".into(),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ClientTlsConfig {
+    /// CA certificate (PEM) that signed the scheduler's certificate.
+    pub ca_cert_path: Option<PathBuf>,
+    /// Name to verify in the scheduler's certificate (default: endpoint host).
+    pub domain_name: Option<String>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("config: {0}")]
+    Load(#[from] fmsched_runtime::ConfigError),
+    #[error("config key `{key}`: {message}")]
+    Invalid { key: &'static str, message: String },
+}
+
+impl AgentConfig {
+    pub fn load_from(
+        file: Option<&Path>,
+        env: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<Self, ConfigError> {
+        Ok(fmsched_runtime::load_layered(
+            file,
+            env,
+            &Layering {
+                env_prefix: "FMSCHED_AGENT",
+                not_keys: NOT_KEYS,
+                list_keys: &[],
+                foreign_prefixes: &[],
+            },
+        )?)
+    }
+
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let invalid = |key, message: String| Err(ConfigError::Invalid { key, message });
+        if !(self.scheduler_endpoint.starts_with("http://")
+            || self.scheduler_endpoint.starts_with("https://"))
+        {
+            return invalid(
+                "scheduler_endpoint",
+                format!(
+                    "{:?} must start with http:// or https://",
+                    self.scheduler_endpoint
+                ),
+            );
+        }
+        if self.heartbeat_interval.is_zero() {
+            return invalid("heartbeat_interval", "must be > 0".into());
+        }
+        if self.reconnect.initial_delay.is_zero()
+            || self.reconnect.max_delay < self.reconnect.initial_delay
+        {
+            return invalid(
+                "reconnect.max_delay",
+                "need 0 < initial_delay <= max_delay".into(),
+            );
+        }
+        if let Some(id) = &self.node_id
+            && let Err(e) = fmsched_core::NodeId::try_from(id.clone())
+        {
+            return invalid("node_id", e);
+        }
+        Ok(())
+    }
+
+    /// The node id to register with: configured, else the hostname.
+    pub fn resolved_node_id(&self) -> String {
+        self.node_id.clone().unwrap_or_else(hostname)
+    }
+}
+
+/// This host's name (from the kernel), or `localhost` if unknown.
+pub fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| "localhost".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn env_layer_and_validation() {
+        let cfg = AgentConfig::load_from(
+            None,
+            vec![
+                ("FMSCHED_AGENT_GPU__FAKE_COUNT".to_string(), "4".to_string()),
+                (
+                    "FMSCHED_AGENT_RECONNECT__MAX_DELAY".to_string(),
+                    "3s".to_string(),
+                ),
+            ],
+        )
+        .unwrap();
+        assert_eq!(cfg.gpu.fake_count, 4);
+        assert_eq!(cfg.reconnect.max_delay, Duration::from_secs(3));
+        cfg.validate().unwrap();
+
+        let mut bad = cfg.clone();
+        bad.scheduler_endpoint = "localhost:50051".into();
+        assert!(
+            bad.validate()
+                .unwrap_err()
+                .to_string()
+                .contains("scheduler_endpoint")
+        );
+        let mut bad = cfg;
+        bad.node_id = Some("no spaces allowed".into());
+        assert!(bad.validate().unwrap_err().to_string().contains("node_id"));
+        assert!(
+            AgentConfig::load_from(None, vec![("FMSCHED_AGENT_TYPO".into(), "1".into())]).is_err()
+        );
+    }
+}

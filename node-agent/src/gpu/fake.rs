@@ -1,0 +1,347 @@
+//! Fake GPU backend: simulated GPUs whose telemetry follows the load placed
+//! on them. Used where no NVIDIA driver exists (tests, demos, compose).
+//!
+//! Each process attached to a GPU (by the agent's process driver) adds its
+//! memory and utilisation; processes whose pid has exited are dropped at the
+//! next sample, as NVML would stop listing them. Power follows utilisation
+//! between the model's idle and board power; temperature approaches a
+//! utilisation-dependent target with a thermal time constant, so it rises
+//! and falls gradually like a real card.
+
+use std::sync::Mutex;
+use std::time::Instant;
+
+use fmsched_proto::v1 as pb;
+
+use super::GpuBackend;
+
+/// Published figures of the GPU models the fake backend can imitate.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct FakeModel {
+    pub name: &'static str,
+    pub memory_bytes: u64,
+    pub idle_watts: f64,
+    pub board_watts: f64,
+}
+
+const GIB: u64 = 1 << 30;
+
+/// Memory and board power from NVIDIA's data sheets; idle power is typical.
+pub const MODELS: &[FakeModel] = &[
+    FakeModel {
+        name: "A100-80GB",
+        memory_bytes: 80 * GIB,
+        idle_watts: 60.0,
+        board_watts: 400.0,
+    },
+    FakeModel {
+        name: "A100-40GB",
+        memory_bytes: 40 * GIB,
+        idle_watts: 55.0,
+        board_watts: 400.0,
+    },
+    FakeModel {
+        name: "H100-80GB",
+        memory_bytes: 80 * GIB,
+        idle_watts: 70.0,
+        board_watts: 700.0,
+    },
+    FakeModel {
+        name: "H200-141GB",
+        memory_bytes: 141 * GIB,
+        idle_watts: 75.0,
+        board_watts: 700.0,
+    },
+    FakeModel {
+        name: "V100-32GB",
+        memory_bytes: 32 * GIB,
+        idle_watts: 40.0,
+        board_watts: 300.0,
+    },
+    FakeModel {
+        name: "V100-16GB",
+        memory_bytes: 16 * GIB,
+        idle_watts: 40.0,
+        board_watts: 300.0,
+    },
+    FakeModel {
+        name: "A10-24GB",
+        memory_bytes: 24 * GIB,
+        idle_watts: 20.0,
+        board_watts: 150.0,
+    },
+    FakeModel {
+        name: "L4-24GB",
+        memory_bytes: 24 * GIB,
+        idle_watts: 16.0,
+        board_watts: 72.0,
+    },
+];
+
+/// Ambient temperature and the thermal time constant of the model.
+const AMBIENT_C: f64 = 32.0;
+const FULL_LOAD_RISE_C: f64 = 45.0;
+const THERMAL_TAU_S: f64 = 20.0;
+
+/// A process placed on a fake GPU.
+#[derive(Clone, Debug, PartialEq)]
+pub struct FakeLoad {
+    pub pid: u32,
+    pub gpu_index: u32,
+    pub memory_bytes: u64,
+    /// Utilisation the process drives (0–100).
+    pub utilization: u32,
+}
+
+#[derive(Debug)]
+struct State {
+    loads: Vec<FakeLoad>,
+    temperature: Vec<f64>,
+    last: Instant,
+    rng: u64,
+}
+
+/// Simulated GPUs (see the module docs).
+#[derive(Debug)]
+pub struct FakeGpuBackend {
+    model: FakeModel,
+    uuids: Vec<String>,
+    state: Mutex<State>,
+    /// Checks whether a pid is alive (replaceable in tests).
+    alive: fn(u32) -> bool,
+}
+
+fn pid_alive(pid: u32) -> bool {
+    std::path::Path::new(&format!("/proc/{pid}")).exists()
+}
+
+/// FNV-1a, for stable fake UUIDs and the noise seed.
+fn fnv(s: &str) -> u64 {
+    s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+    })
+}
+
+impl FakeGpuBackend {
+    /// `count` GPUs of `model` on node `node_id`. UUIDs are derived from the
+    /// node id so they are stable across agent restarts and unique per node.
+    pub fn new(node_id: &str, count: u32, model: &str) -> Result<Self, String> {
+        if count == 0 || count > 16 {
+            return Err(format!("--fake-gpus must be 1-16, got {count}"));
+        }
+        let m = MODELS
+            .iter()
+            .find(|m| m.name.eq_ignore_ascii_case(model))
+            .copied()
+            .ok_or_else(|| {
+                let names: Vec<_> = MODELS.iter().map(|m| m.name).collect();
+                format!(
+                    "unknown fake GPU model {model:?}; choose one of {}",
+                    names.join(", ")
+                )
+            })?;
+        let h = fnv(node_id);
+        let uuids = (0..count)
+            .map(|i| {
+                format!(
+                    "GPU-fake{:08x}-{:04x}-4000-8000-{:012x}",
+                    h as u32,
+                    i,
+                    (h >> 16) & 0xffff_ffff_ffff
+                )
+            })
+            .collect();
+        Ok(Self {
+            model: m,
+            uuids,
+            state: Mutex::new(State {
+                loads: Vec::new(),
+                temperature: vec![AMBIENT_C; count as usize],
+                last: Instant::now(),
+                rng: h | 1,
+            }),
+            alive: pid_alive,
+        })
+    }
+
+    #[cfg(test)]
+    fn with_liveness(mut self, alive: fn(u32) -> bool) -> Self {
+        self.alive = alive;
+        self
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Places a process on a GPU (replacing an earlier entry of the same pid and GPU).
+    pub fn attach(&self, load: FakeLoad) {
+        let mut st = self.lock();
+        st.loads
+            .retain(|l| !(l.pid == load.pid && l.gpu_index == load.gpu_index));
+        st.loads.push(load);
+    }
+
+    /// Removes every load of `pid`.
+    pub fn detach(&self, pid: u32) {
+        self.lock().loads.retain(|l| l.pid != pid);
+    }
+
+    pub fn model(&self) -> FakeModel {
+        self.model
+    }
+}
+
+fn xorshift(s: &mut u64) -> f64 {
+    *s ^= *s << 13;
+    *s ^= *s >> 7;
+    *s ^= *s << 17;
+    (*s >> 11) as f64 / (1u64 << 53) as f64
+}
+
+impl GpuBackend for FakeGpuBackend {
+    fn kind(&self) -> &'static str {
+        "fake"
+    }
+
+    fn inventory(&self) -> Vec<pb::GpuInfo> {
+        self.uuids
+            .iter()
+            .enumerate()
+            .map(|(i, uuid)| pb::GpuInfo {
+                uuid: uuid.clone(),
+                index: i as u32,
+                model: self.model.name.to_string(),
+                memory_total_bytes: self.model.memory_bytes,
+                pci_bus_id: format!("00000000:{:02X}:00.0", 0x10 + i),
+            })
+            .collect()
+    }
+
+    fn sample(&self) -> Vec<pb::GpuTelemetry> {
+        let alive = self.alive;
+        let mut st = self.lock();
+        st.loads.retain(|l| alive(l.pid));
+        let now = Instant::now();
+        let dt = now.duration_since(st.last).as_secs_f64();
+        st.last = now;
+        let decay = 1.0 - (-dt / THERMAL_TAU_S).exp();
+        let m = self.model;
+        let mut out = Vec::with_capacity(self.uuids.len());
+        for (i, uuid) in self.uuids.iter().enumerate() {
+            let on_gpu: Vec<&FakeLoad> = st
+                .loads
+                .iter()
+                .filter(|l| l.gpu_index == i as u32)
+                .collect();
+            let demand: u32 = on_gpu.iter().map(|l| l.utilization).sum();
+            let memory: u64 = on_gpu
+                .iter()
+                .map(|l| l.memory_bytes)
+                .sum::<u64>()
+                .min(m.memory_bytes);
+            let processes: Vec<pb::GpuProcess> = on_gpu
+                .iter()
+                .map(|l| pb::GpuProcess {
+                    pid: l.pid,
+                    used_memory_bytes: l.memory_bytes,
+                })
+                .collect();
+            let noise = xorshift(&mut st.rng) * 2.0 - 1.0;
+            let util = if demand == 0 {
+                0.0
+            } else {
+                (f64::from(demand.min(100)) + 2.0 * noise).clamp(1.0, 100.0)
+            };
+            let target = AMBIENT_C + FULL_LOAD_RISE_C * util / 100.0;
+            let t = st.temperature[i] + (target - st.temperature[i]) * decay;
+            st.temperature[i] = t;
+            let power = m.idle_watts + (m.board_watts - m.idle_watts) * util / 100.0 + noise;
+            out.push(pb::GpuTelemetry {
+                uuid: uuid.clone(),
+                utilization_percent: util.round() as u32,
+                memory_used_bytes: memory,
+                memory_total_bytes: m.memory_bytes,
+                temperature_celsius: t.round() as u32,
+                power_watts: power.max(0.0),
+                ecc_corrected_errors: 0,
+                ecc_uncorrected_errors: 0,
+                xid_errors: 0,
+                processes,
+            });
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn inventory_is_stable_and_unique_per_node() {
+        let a = FakeGpuBackend::new("node-a", 4, "A100-80GB").unwrap();
+        let a2 = FakeGpuBackend::new("node-a", 4, "a100-80gb").unwrap();
+        let b = FakeGpuBackend::new("node-b", 4, "A100-80GB").unwrap();
+        let ua: Vec<_> = a.inventory().into_iter().map(|g| g.uuid).collect();
+        assert_eq!(
+            ua,
+            a2.inventory()
+                .into_iter()
+                .map(|g| g.uuid)
+                .collect::<Vec<_>>()
+        );
+        let ub: Vec<_> = b.inventory().into_iter().map(|g| g.uuid).collect();
+        assert!(ua.iter().all(|u| !ub.contains(u)));
+        assert_eq!(a.inventory()[3].memory_total_bytes, 80 * GIB);
+        assert!(
+            FakeGpuBackend::new("n", 2, "TPUv9")
+                .unwrap_err()
+                .contains("A100-80GB")
+        );
+        assert!(FakeGpuBackend::new("n", 0, "A100-80GB").is_err());
+    }
+
+    #[test]
+    fn telemetry_follows_load() {
+        let g = FakeGpuBackend::new("n", 2, "A100-80GB")
+            .unwrap()
+            .with_liveness(|pid| pid != 999);
+        let idle = g.sample();
+        assert_eq!(idle[0].utilization_percent, 0);
+        assert_eq!(idle[0].memory_used_bytes, 0);
+        assert!(idle[0].power_watts < 70.0);
+
+        g.attach(FakeLoad {
+            pid: 42,
+            gpu_index: 0,
+            memory_bytes: 30 * GIB,
+            utilization: 95,
+        });
+        g.attach(FakeLoad {
+            pid: 999,
+            gpu_index: 1,
+            memory_bytes: 10 * GIB,
+            utilization: 50,
+        });
+        // Let some simulated time pass so the temperature moves.
+        g.lock().last -= Duration::from_secs(30);
+        let busy = g.sample();
+        assert!(busy[0].utilization_percent >= 90, "{:?}", busy[0]);
+        assert_eq!(busy[0].memory_used_bytes, 30 * GIB);
+        assert_eq!(busy[0].processes.len(), 1);
+        assert_eq!(busy[0].processes[0].pid, 42);
+        assert!(busy[0].power_watts > 350.0, "{}", busy[0].power_watts);
+        assert!(busy[0].temperature_celsius > idle[0].temperature_celsius + 20);
+        // pid 999 is not alive: dropped, GPU 1 idle.
+        assert_eq!(busy[1].utilization_percent, 0);
+        assert!(busy[1].processes.is_empty());
+
+        g.detach(42);
+        g.lock().last -= Duration::from_secs(120);
+        let cooled = g.sample();
+        assert_eq!(cooled[0].utilization_percent, 0);
+        assert!(cooled[0].temperature_celsius < busy[0].temperature_celsius);
+    }
+}

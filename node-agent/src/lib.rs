@@ -1,0 +1,7 @@
+//! fmsched node agent: discovers this host's GPUs (NVML, or the fake backend
+//! on hosts without a driver), keeps a session with the scheduler, and
+//! reports telemetry on every heartbeat.
+
+pub mod config;
+pub mod gpu;
+pub mod session;

@@ -1,0 +1,330 @@
+//! The agent's session with the scheduler: dial, register, heartbeat,
+//! receive plans; on any failure reconnect with exponential backoff and
+//! jitter. A refused join token or registration ends the agent (retrying
+//! cannot fix a configuration error).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::Duration;
+
+use fmsched_proto::convert::{duration_from_proto, timestamp_to_proto};
+use fmsched_proto::v1 as pb;
+use fmsched_proto::v1::agent_service_client::AgentServiceClient;
+use fmsched_runtime::Secret;
+use rand::Rng;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
+
+use crate::config::AgentConfig;
+use crate::gpu::GpuBackend;
+
+/// Exponential backoff with "equal jitter": half the delay fixed, half random,
+/// so a fleet of agents restarting together does not reconnect in lockstep.
+#[derive(Debug, Clone)]
+pub struct Backoff {
+    initial: Duration,
+    max: Duration,
+    current: Duration,
+}
+
+impl Backoff {
+    pub fn new(initial: Duration, max: Duration) -> Self {
+        Self {
+            initial,
+            max,
+            current: initial,
+        }
+    }
+
+    /// Next delay to wait, then doubles the base (capped).
+    pub fn next_delay(&mut self, rng: &mut impl Rng) -> Duration {
+        let base = self.current;
+        self.current = (self.current * 2).min(self.max);
+        let half = base / 2;
+        half + half.mul_f64(rng.random::<f64>())
+    }
+
+    pub fn reset(&mut self) {
+        self.current = self.initial;
+    }
+}
+
+/// Why a session ended.
+#[derive(Debug, thiserror::Error)]
+pub enum SessionError {
+    /// The scheduler refused us for a reason retrying will not fix.
+    #[error("scheduler refused the agent: {0}")]
+    Refused(String),
+    #[error("{0}")]
+    Retry(String),
+}
+
+/// A running agent: its GPUs, its identity and the newest plan generation.
+pub struct Agent {
+    cfg: AgentConfig,
+    node_id: String,
+    join_token: Secret,
+    gpus: Arc<dyn GpuBackend>,
+    applied_generation: AtomicI64,
+}
+
+impl Agent {
+    pub fn new(cfg: AgentConfig, join_token: Secret, gpus: Arc<dyn GpuBackend>) -> Self {
+        let node_id = cfg.resolved_node_id();
+        Self {
+            cfg,
+            node_id,
+            join_token,
+            gpus,
+            applied_generation: AtomicI64::new(0),
+        }
+    }
+
+    pub fn node_id(&self) -> &str {
+        &self.node_id
+    }
+
+    /// Highest plan generation accepted.
+    pub fn applied_generation(&self) -> i64 {
+        self.applied_generation.load(Ordering::SeqCst)
+    }
+
+    async fn channel(&self) -> Result<Channel, SessionError> {
+        let retry = |e: &dyn std::fmt::Display| {
+            SessionError::Retry(format!(
+                "connecting to {}: {e}",
+                self.cfg.scheduler_endpoint
+            ))
+        };
+        let mut ep = Endpoint::from_shared(self.cfg.scheduler_endpoint.clone())
+            .map_err(|e| SessionError::Refused(format!("scheduler_endpoint: {e}")))?
+            .connect_timeout(self.cfg.reconnect.connect_timeout)
+            .tcp_nodelay(true)
+            .http2_keep_alive_interval(Duration::from_secs(15))
+            .keep_alive_timeout(Duration::from_secs(10))
+            .keep_alive_while_idle(true);
+        if let Some(ca) = &self.cfg.tls.ca_cert_path {
+            let pem = std::fs::read(ca).map_err(|e| {
+                SessionError::Refused(format!("tls.ca_cert_path {}: {e}", ca.display()))
+            })?;
+            let mut tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(pem));
+            if let Some(d) = &self.cfg.tls.domain_name {
+                tls = tls.domain_name(d.clone());
+            }
+            ep = ep
+                .tls_config(tls)
+                .map_err(|e| SessionError::Refused(format!("tls: {e}")))?;
+        }
+        ep.connect().await.map_err(|e| retry(&e))
+    }
+
+    fn register_message(&self) -> pb::AgentMessage {
+        pb::AgentMessage {
+            msg: Some(pb::agent_message::Msg::Register(pb::Register {
+                node_id: self.node_id.clone(),
+                hostname: crate::config::hostname(),
+                gpus: self.gpus.inventory(),
+                labels: self.cfg.labels.clone().into_iter().collect(),
+                agent_version: env!("CARGO_PKG_VERSION").to_string(),
+                join_token: self.join_token.expose().to_string(),
+                gpu_backend: self.gpus.kind().to_string(),
+                applied_generation: self.applied_generation(),
+                tasks: Vec::new(),
+            })),
+        }
+    }
+
+    async fn heartbeat(&self, seq: u64) -> pb::AgentMessage {
+        let gpus = self.gpus.clone();
+        let telemetry = tokio::task::spawn_blocking(move || gpus.sample())
+            .await
+            .unwrap_or_default();
+        pb::AgentMessage {
+            msg: Some(pb::agent_message::Msg::Heartbeat(pb::Heartbeat {
+                sequence: seq,
+                time: Some(timestamp_to_proto(chrono::Utc::now())),
+                gpus: telemetry,
+                tasks: Vec::new(),
+                applied_generation: self.applied_generation(),
+            })),
+        }
+    }
+
+    /// Accepts a plan unless it is older than what was already applied.
+    /// Returns whether it was accepted.
+    pub fn accept_plan(&self, plan: &pb::NodePlan) -> bool {
+        let prev = self
+            .applied_generation
+            .fetch_max(plan.generation, Ordering::SeqCst);
+        if plan.generation < prev {
+            tracing::info!(
+                generation = plan.generation,
+                applied = prev,
+                "ignoring stale plan"
+            );
+            return false;
+        }
+        tracing::info!(
+            generation = plan.generation,
+            tasks = plan.tasks.len(),
+            "plan received"
+        );
+        true
+    }
+
+    /// One session: returns when the scheduler closes it or it breaks.
+    /// `on_registered` is called once the scheduler acknowledged us.
+    pub async fn session_once(
+        &self,
+        on_registered: &mut (dyn FnMut() + Send),
+    ) -> Result<(), SessionError> {
+        let channel = self.channel().await?;
+        let mut client = AgentServiceClient::new(channel);
+        let (tx, rx) = mpsc::channel::<pb::AgentMessage>(16);
+        tx.send(self.register_message())
+            .await
+            .map_err(|_| SessionError::Retry("outbound closed".into()))?;
+        let mut inbound = match client.session(ReceiverStream::new(rx)).await {
+            Ok(r) => r.into_inner(),
+            Err(s) => return Err(classify(s)),
+        };
+        let ack = match inbound.message().await {
+            Ok(Some(pb::SchedulerMessage {
+                msg: Some(pb::scheduler_message::Msg::RegisterAck(a)),
+            })) => a,
+            Ok(Some(other)) => {
+                return Err(SessionError::Retry(format!(
+                    "expected RegisterAck, got {other:?}"
+                )));
+            }
+            Ok(None) => {
+                return Err(SessionError::Retry(
+                    "scheduler closed the session before acknowledging".into(),
+                ));
+            }
+            Err(s) => return Err(classify(s)),
+        };
+        let interval = ack
+            .heartbeat_interval
+            .as_ref()
+            .and_then(duration_from_proto)
+            .filter(|d| !d.is_zero())
+            .unwrap_or(self.cfg.heartbeat_interval);
+        tracing::info!(node_id = %self.node_id, endpoint = %self.cfg.scheduler_endpoint, heartbeat = ?interval, "registered with scheduler");
+        on_registered();
+
+        let mut tick = tokio::time::interval(interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut seq = 0u64;
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {
+                    seq += 1;
+                    let hb = self.heartbeat(seq).await;
+                    if tx.send(hb).await.is_err() {
+                        return Err(SessionError::Retry("outbound stream closed".into()));
+                    }
+                }
+                msg = inbound.message() => match msg {
+                    Ok(Some(m)) => match m.msg {
+                        Some(pb::scheduler_message::Msg::Plan(p)) => { self.accept_plan(&p); }
+                        Some(pb::scheduler_message::Msg::Hint(h)) => tracing::debug!(?h, "hint received"),
+                        Some(pb::scheduler_message::Msg::RegisterAck(_)) | None => {}
+                    },
+                    Ok(None) => return Ok(()),
+                    Err(s) => return Err(classify(s)),
+                }
+            }
+        }
+    }
+
+    /// Keeps a session open until `shutdown` resolves, reconnecting with
+    /// backoff. Returns an error only when the scheduler refuses the agent.
+    pub async fn run(
+        &self,
+        shutdown: impl std::future::Future<Output = ()>,
+    ) -> Result<(), SessionError> {
+        let mut backoff = Backoff::new(
+            self.cfg.reconnect.initial_delay,
+            self.cfg.reconnect.max_delay,
+        );
+        tokio::pin!(shutdown);
+        loop {
+            let mut registered = false;
+            let mut mark = || registered = true;
+            let outcome = tokio::select! {
+                _ = &mut shutdown => return Ok(()),
+                r = self.session_once(&mut mark) => r,
+            };
+            if registered {
+                backoff.reset();
+            }
+            match outcome {
+                Ok(()) => tracing::warn!("scheduler closed the session; reconnecting"),
+                Err(SessionError::Refused(m)) => return Err(SessionError::Refused(m)),
+                Err(SessionError::Retry(m)) => tracing::warn!(error = %m, "session failed"),
+            }
+            let delay = backoff.next_delay(&mut rand::rng());
+            tracing::info!(retry_in = ?delay, "reconnecting");
+            tokio::select! {
+                _ = &mut shutdown => return Ok(()),
+                _ = tokio::time::sleep(delay) => {}
+            }
+        }
+    }
+}
+
+fn classify(s: tonic::Status) -> SessionError {
+    match s.code() {
+        tonic::Code::Unauthenticated
+        | tonic::Code::InvalidArgument
+        | tonic::Code::PermissionDenied => {
+            SessionError::Refused(format!("{}: {}", s.code(), s.message()))
+        }
+        _ => SessionError::Retry(format!("{}: {}", s.code(), s.message())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::SeedableRng;
+
+    #[test]
+    fn backoff_grows_with_jitter_and_caps() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        let mut b = Backoff::new(Duration::from_millis(100), Duration::from_secs(1));
+        let d: Vec<Duration> = (0..8).map(|_| b.next_delay(&mut rng)).collect();
+        // Each delay lies in [base/2, base] for base = 100ms·2^k capped at 1s.
+        for (k, delay) in d.iter().enumerate() {
+            let base = Duration::from_millis(100 * (1 << k)).min(Duration::from_secs(1));
+            assert!(*delay >= base / 2 && *delay <= base, "k={k} {delay:?}");
+        }
+        assert!(d.windows(2).any(|w| w[0] != w[1]));
+        b.reset();
+        assert!(b.next_delay(&mut rng) <= Duration::from_millis(100));
+    }
+
+    #[test]
+    fn stale_plans_are_ignored() {
+        let gpus = Arc::new(crate::gpu::fake::FakeGpuBackend::new("n", 1, "A100-80GB").unwrap());
+        let a = Agent::new(AgentConfig::default(), Secret::new("x"), gpus);
+        assert!(a.accept_plan(&pb::NodePlan {
+            generation: 5,
+            tasks: vec![]
+        }));
+        assert!(!a.accept_plan(&pb::NodePlan {
+            generation: 4,
+            tasks: vec![]
+        }));
+        assert!(
+            a.accept_plan(&pb::NodePlan {
+                generation: 5,
+                tasks: vec![]
+            }),
+            "same generation is idempotent"
+        );
+        assert_eq!(a.applied_generation(), 5);
+    }
+}

@@ -1,0 +1,317 @@
+//! `JobService`: submit, get, list, cancel, watch.
+
+use std::pin::Pin;
+use std::time::Duration;
+
+use chrono::Utc;
+use fmsched_core::{JobId, JobState, UserName, ValidationContext};
+use fmsched_proto::convert::{
+    job_spec_from_proto, job_spec_to_proto, job_state_from_proto, job_state_to_proto,
+    timestamp_to_proto,
+};
+use fmsched_proto::v1 as pb;
+use fmsched_proto::v1::job_service_server::JobService;
+use futures_util::Stream;
+use tokio::sync::{broadcast, mpsc};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status};
+
+use super::{ApiError, AppState, check_len};
+use crate::auth::Principal;
+use crate::persistence::{JobEventRecord, JobQuery, JobRecord, NewJob, SubmitOutcome};
+
+const DEFAULT_PAGE: u32 = 100;
+const MAX_PAGE: u32 = 1000;
+
+pub struct JobApi {
+    state: AppState,
+}
+
+impl JobApi {
+    pub fn new(state: AppState) -> Self {
+        Self { state }
+    }
+
+    fn principal<T>(&self, req: &Request<T>) -> Result<Principal, ApiError> {
+        Ok(self.state.auth.authenticate(req.metadata())?)
+    }
+
+    /// Loads a job the caller may see; other users' jobs are NOT_FOUND so
+    /// their existence does not leak.
+    async fn visible_job(&self, who: &Principal, raw_id: &str) -> Result<JobRecord, ApiError> {
+        let id = parse_job_id(raw_id)?;
+        match self.state.persistence.get_job(id).await? {
+            Some(job) if who.may_access(&job.owner.0) => Ok(job),
+            _ => Err(ApiError::NotFound(format!("job {id} not found"))),
+        }
+    }
+
+    fn notify(&self, id: JobId) {
+        // No receivers is fine: nobody is watching.
+        let _ = self.state.job_events.send(id);
+    }
+}
+
+fn parse_job_id(raw: &str) -> Result<JobId, ApiError> {
+    if raw.is_empty() {
+        return Err(ApiError::field("job_id", "is required"));
+    }
+    raw.parse()
+        .map_err(|_| ApiError::field("job_id", format!("{:?} is not a UUID", truncate(raw, 64))))
+}
+
+fn truncate(s: &str, n: usize) -> &str {
+    match s.char_indices().nth(n) {
+        Some((i, _)) => &s[..i],
+        None => s,
+    }
+}
+
+pub fn job_to_proto(j: &JobRecord) -> pb::Job {
+    pb::Job {
+        id: j.id.to_string(),
+        owner: j.owner.0.clone(),
+        spec: Some(job_spec_to_proto(&j.spec)),
+        state: job_state_to_proto(j.state) as i32,
+        state_reason: j.state_reason.clone(),
+        created_at: Some(timestamp_to_proto(j.created_at)),
+        updated_at: Some(timestamp_to_proto(j.updated_at)),
+        output_path: j.output_path.clone().unwrap_or_default(),
+        last_event_sequence: j.last_event_seq,
+        idempotency_key: j.idempotency_key.clone().unwrap_or_default(),
+    }
+}
+
+fn event_to_proto(e: &JobEventRecord) -> pb::JobEvent {
+    let st = |s: Option<JobState>| s.map(|s| job_state_to_proto(s) as i32).unwrap_or(0);
+    pb::JobEvent {
+        sequence: e.seq,
+        job_id: e.job_id.to_string(),
+        time: Some(timestamp_to_proto(e.at)),
+        kind: e.kind.clone(),
+        from_state: st(e.from_state),
+        to_state: st(e.to_state),
+        message: e.message.clone(),
+    }
+}
+
+type EventStream = Pin<Box<dyn Stream<Item = Result<pb::JobEvent, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl JobService for JobApi {
+    async fn submit_job(
+        &self,
+        req: Request<pb::SubmitJobRequest>,
+    ) -> Result<Response<pb::SubmitJobResponse>, Status> {
+        let who = self.principal(&req)?;
+        let req = req.into_inner();
+        let limits = self.state.limits;
+        check_len("idempotency_key", &req.idempotency_key, 256)?;
+        let spec = job_spec_from_proto(
+            req.spec
+                .ok_or_else(|| ApiError::field("spec", "is required"))?,
+        )
+        .map_err(ApiError::from)?;
+        let now = Utc::now();
+        spec.validate(&ValidationContext {
+            now,
+            models: &self.state.models,
+            limits,
+        })
+        .map_err(ApiError::from)?;
+
+        let key = (!req.idempotency_key.is_empty()).then_some(req.idempotency_key.as_str());
+        let id = JobId::new_v7();
+        let outcome = self
+            .state
+            .persistence
+            .submit_job(NewJob {
+                id,
+                owner: &who.user,
+                spec: &spec,
+                idempotency_key: key,
+                now,
+            })
+            .await
+            .map_err(ApiError::from)?;
+        let (job, created) = match outcome {
+            SubmitOutcome::Created(job) => {
+                tracing::info!(job_id = %job.id, owner = %who.user, model = %spec.model, task = %spec.dataset.task,
+                    min_gpus = spec.resources.min_gpus, max_gpus = spec.resources.max_gpus, "job submitted");
+                self.notify(job.id);
+                (job, true)
+            }
+            SubmitOutcome::Existing(job) if job.spec == spec => (job, false),
+            SubmitOutcome::Existing(job) => {
+                return Err(ApiError::AlreadyExists(format!(
+                    "idempotency_key {:?} was already used for job {} with a different spec",
+                    req.idempotency_key, job.id
+                ))
+                .into());
+            }
+        };
+        Ok(Response::new(pb::SubmitJobResponse {
+            job: Some(job_to_proto(&job)),
+            created,
+        }))
+    }
+
+    async fn get_job(&self, req: Request<pb::GetJobRequest>) -> Result<Response<pb::Job>, Status> {
+        let who = self.principal(&req)?;
+        let job = self.visible_job(&who, &req.get_ref().job_id).await?;
+        Ok(Response::new(job_to_proto(&job)))
+    }
+
+    async fn list_jobs(
+        &self,
+        req: Request<pb::ListJobsRequest>,
+    ) -> Result<Response<pb::ListJobsResponse>, Status> {
+        let who = self.principal(&req)?;
+        let req = req.into_inner();
+        check_len("owner", &req.owner, 253)?;
+        let owner = match (req.owner.is_empty(), who.admin) {
+            (true, true) => None,
+            (true, false) => Some(who.user.clone()),
+            (false, _) if who.may_access(&req.owner) => Some(UserName(req.owner.clone())),
+            (false, _) => {
+                return Err(ApiError::PermissionDenied(
+                    "owner: users may only list their own jobs".into(),
+                )
+                .into());
+            }
+        };
+        let mut states = Vec::new();
+        for (i, s) in req.states.iter().enumerate() {
+            if let Some(s) =
+                job_state_from_proto(&format!("states[{i}]"), *s).map_err(ApiError::from)?
+            {
+                states.push(s);
+            }
+        }
+        let before =
+            if req.page_token.is_empty() {
+                None
+            } else {
+                Some(req.page_token.parse::<JobId>().map_err(|_| {
+                    ApiError::field("page_token", "is not a token this server issued")
+                })?)
+            };
+        let limit = match req.page_size {
+            0 => DEFAULT_PAGE,
+            n => n.min(MAX_PAGE),
+        };
+        let jobs = self
+            .state
+            .persistence
+            .list_jobs(&JobQuery {
+                owner,
+                states,
+                before,
+                limit,
+            })
+            .await
+            .map_err(ApiError::from)?;
+        let next_page_token = if jobs.len() as u32 == limit {
+            jobs.last().map(|j| j.id.to_string()).unwrap_or_default()
+        } else {
+            String::new()
+        };
+        Ok(Response::new(pb::ListJobsResponse {
+            jobs: jobs.iter().map(job_to_proto).collect(),
+            next_page_token,
+        }))
+    }
+
+    async fn cancel_job(
+        &self,
+        req: Request<pb::CancelJobRequest>,
+    ) -> Result<Response<pb::Job>, Status> {
+        let who = self.principal(&req)?;
+        let req = req.into_inner();
+        check_len("reason", &req.reason, 4096)?;
+        let job = self.visible_job(&who, &req.job_id).await?;
+        let reason = if req.reason.is_empty() {
+            format!("cancelled by {}", who.user)
+        } else {
+            format!("cancelled by {}: {}", who.user, req.reason)
+        };
+        let updated = self
+            .state
+            .persistence
+            .transition_job(job.id, JobState::Cancelled, &reason, Utc::now())
+            .await
+            .map_err(ApiError::from)?;
+        if job.state != updated.state {
+            tracing::info!(job_id = %job.id, by = %who.user, from = %job.state, "job cancelled");
+            self.notify(job.id);
+        }
+        Ok(Response::new(job_to_proto(&updated)))
+    }
+
+    type WatchJobStream = EventStream;
+
+    async fn watch_job(
+        &self,
+        req: Request<pb::WatchJobRequest>,
+    ) -> Result<Response<Self::WatchJobStream>, Status> {
+        let who = self.principal(&req)?;
+        let req = req.into_inner();
+        let job = self.visible_job(&who, &req.job_id).await?;
+        let (tx, rx) = mpsc::channel(64);
+        let mut wake = self.state.job_events.subscribe();
+        let persistence = self.state.persistence.clone();
+        let id = job.id;
+        let mut after = req.after_sequence.max(0);
+        tokio::spawn(async move {
+            // Poll as a fallback so events written by another scheduler
+            // replica still arrive; in-process writes wake us at once.
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            loop {
+                let events = match persistence.job_events(id, after, 500).await {
+                    Ok(ev) => ev,
+                    Err(e) => {
+                        let _ = tx.send(Err(Status::from(ApiError::from(e)))).await;
+                        return;
+                    }
+                };
+                let mut finished = false;
+                for e in &events {
+                    after = e.seq;
+                    finished |= e.to_state.is_some_and(JobState::is_terminal);
+                    if tx.send(Ok(event_to_proto(e))).await.is_err() {
+                        return; // client went away
+                    }
+                }
+                if finished {
+                    return;
+                }
+                if events.len() == 500 {
+                    continue;
+                }
+                // History may end before a terminal event for a job that was
+                // already terminal when its events were pruned; check state.
+                if events.is_empty() {
+                    match persistence.get_job(id).await {
+                        Ok(Some(j)) if j.state.is_terminal() && j.last_event_seq <= after => return,
+                        _ => {}
+                    }
+                }
+                // Sleep until this job changes here, the poll tick fires, or
+                // the client leaves; other jobs' events do not wake us.
+                loop {
+                    tokio::select! {
+                        _ = tx.closed() => return,
+                        _ = tick.tick() => break,
+                        r = wake.recv() => match r {
+                            Ok(changed) if changed == id => break,
+                            Ok(_) => {}
+                            Err(broadcast::error::RecvError::Lagged(_)) => break,
+                            Err(broadcast::error::RecvError::Closed) => return,
+                        },
+                    }
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+}

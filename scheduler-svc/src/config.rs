@@ -1,0 +1,335 @@
+//! Scheduler configuration, layered: built-in defaults → TOML file →
+//! `FMSCHED_*` environment variables (nested keys joined with `__`, e.g.
+//! `FMSCHED_LIVENESS__SUSPECT_AFTER=20s`) → [`Config::validate`].
+//!
+//! Unknown keys are errors. Durations are written like `"120s"` or `"1m 30s"`.
+//! Secrets never live in this struct: API tokens and the agent join token are
+//! read from the environment or from files named here (see [`crate::auth`]).
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use fmsched_core::{Liveness, ModelCatalog, ModelInfo};
+use fmsched_runtime::{Layering, LogConfig};
+use serde::Deserialize;
+
+/// Variables under `FMSCHED_` that are not scheduler config keys: secrets,
+/// the config path, and fmctl's settings (often exported in the same shell).
+pub const NOT_CONFIG_KEYS: &[&str] = &[
+    "FMSCHED_API_TOKENS",
+    "FMSCHED_JOIN_TOKEN",
+    "FMSCHED_CONFIG",
+    "FMSCHED_ENDPOINT",
+    "FMSCHED_TOKEN",
+    "FMSCHED_CA_CERT",
+];
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// gRPC listen address.
+    pub listen_addr: SocketAddr,
+    /// Postgres URL. Falls back to `DATABASE_URL` when unset.
+    pub database_url: Option<String>,
+    pub database_max_connections: u32,
+    pub log: LogConfig,
+    pub auth: AuthConfig,
+    pub tls: TlsConfig,
+    pub liveness: LivenessConfig,
+    pub scheduling: SchedulingConfig,
+    /// Models accepted in addition to the built-in catalog.
+    pub extra_models: Vec<ModelInfo>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            listen_addr: "127.0.0.1:50051".parse().expect("valid default address"),
+            database_url: None,
+            database_max_connections: 32,
+            log: LogConfig::default(),
+            auth: AuthConfig::default(),
+            tls: TlsConfig::default(),
+            liveness: LivenessConfig::default(),
+            scheduling: SchedulingConfig::default(),
+            extra_models: Vec::new(),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AuthConfig {
+    /// File of API tokens, one `USER TOKEN` pair per line (`#` comments).
+    /// Tokens may also come from `FMSCHED_API_TOKENS` (`user=token,user=token`).
+    pub tokens_file: Option<PathBuf>,
+    /// Users with the admin role (see all jobs, cancel any job).
+    pub admins: Vec<String>,
+    /// File holding the agent join token. `FMSCHED_JOIN_TOKEN` wins when set.
+    pub join_token_file: Option<PathBuf>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TlsConfig {
+    /// PEM certificate chain; with `key_path`, switches TLS on.
+    pub cert_path: Option<PathBuf>,
+    pub key_path: Option<PathBuf>,
+    /// Serve plaintext on a non-loopback address. Off by default: an
+    /// unencrypted scheduler would leak bearer tokens on the network.
+    pub allow_plaintext: bool,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LivenessConfig {
+    /// Heartbeat interval the scheduler asks agents to use.
+    #[serde(with = "humantime_serde")]
+    pub heartbeat_interval: Duration,
+    #[serde(with = "humantime_serde")]
+    pub suspect_after: Duration,
+    #[serde(with = "humantime_serde")]
+    pub offline_after: Duration,
+    /// How often node liveness is re-evaluated.
+    #[serde(with = "humantime_serde")]
+    pub check_interval: Duration,
+    /// How long a new agent session may take to send `Register`.
+    #[serde(with = "humantime_serde")]
+    pub register_timeout: Duration,
+}
+
+impl Default for LivenessConfig {
+    fn default() -> Self {
+        Self {
+            heartbeat_interval: Duration::from_secs(5),
+            suspect_after: Duration::from_secs(20),
+            offline_after: Duration::from_secs(60),
+            check_interval: Duration::from_secs(1),
+            register_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+impl LivenessConfig {
+    pub fn rule(&self) -> Liveness {
+        Liveness {
+            suspect_after: self.suspect_after,
+            offline_after: self.offline_after,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SchedulingConfig {
+    /// Scheduling round interval (Ymir: 120 s).
+    #[serde(with = "humantime_serde")]
+    pub interval: Duration,
+}
+
+impl Default for SchedulingConfig {
+    fn default() -> Self {
+        Self {
+            interval: Duration::from_secs(120),
+        }
+    }
+}
+
+/// A configuration problem, naming the key.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("config: {0}")]
+    Load(#[from] fmsched_runtime::ConfigError),
+    #[error("config key `{key}`: {message}")]
+    Invalid { key: &'static str, message: String },
+}
+
+fn invalid(key: &'static str, message: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        key,
+        message: message.into(),
+    }
+}
+
+impl Config {
+    /// Loads defaults → `file` (if given) → environment, then validates.
+    pub fn load(file: Option<&Path>) -> Result<Self, ConfigError> {
+        Self::load_from(file, std::env::vars())
+    }
+
+    /// Same as [`Config::load`] with an explicit environment (for tests).
+    pub fn load_from(
+        file: Option<&Path>,
+        env: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<Self, ConfigError> {
+        let cfg: Config = fmsched_runtime::load_layered(
+            file,
+            env,
+            &Layering {
+                env_prefix: "FMSCHED",
+                not_keys: NOT_CONFIG_KEYS,
+                list_keys: &["auth.admins"],
+                foreign_prefixes: &["FMSCHED_AGENT_", "FMSCHED_ESTIMATOR_"],
+            },
+        )?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let l = &self.liveness;
+        if l.heartbeat_interval.is_zero() {
+            return Err(invalid("liveness.heartbeat_interval", "must be > 0"));
+        }
+        if l.suspect_after <= l.heartbeat_interval {
+            return Err(invalid(
+                "liveness.suspect_after",
+                format!(
+                    "must exceed liveness.heartbeat_interval ({:?} <= {:?})",
+                    l.suspect_after, l.heartbeat_interval
+                ),
+            ));
+        }
+        if l.offline_after <= l.suspect_after {
+            return Err(invalid(
+                "liveness.offline_after",
+                "must exceed liveness.suspect_after",
+            ));
+        }
+        if l.check_interval.is_zero() {
+            return Err(invalid("liveness.check_interval", "must be > 0"));
+        }
+        if self.scheduling.interval < Duration::from_millis(100) {
+            return Err(invalid("scheduling.interval", "must be >= 100ms"));
+        }
+        if self.database_max_connections == 0 {
+            return Err(invalid("database_max_connections", "must be >= 1"));
+        }
+        if self.tls.cert_path.is_some() != self.tls.key_path.is_some() {
+            return Err(invalid(
+                "tls.key_path",
+                "tls.cert_path and tls.key_path go together",
+            ));
+        }
+        if self.tls.cert_path.is_none()
+            && !self.listen_addr.ip().is_loopback()
+            && !self.tls.allow_plaintext
+        {
+            return Err(invalid(
+                "tls.allow_plaintext",
+                format!(
+                    "refusing to serve plaintext on non-loopback {}: set tls.cert_path/tls.key_path, \
+                     or tls.allow_plaintext = true if a proxy terminates TLS",
+                    self.listen_addr
+                ),
+            ));
+        }
+        for m in &self.extra_models {
+            if m.name.trim().is_empty() || m.layers == 0 {
+                return Err(invalid(
+                    "extra_models",
+                    format!("model {:?} needs a name and layers > 0", m.name),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    pub fn database_url(&self) -> Result<String, ConfigError> {
+        self.database_url
+            .clone()
+            .or_else(|| std::env::var("DATABASE_URL").ok())
+            .ok_or_else(|| {
+                invalid(
+                    "database_url",
+                    "not set (config file, FMSCHED_DATABASE_URL or DATABASE_URL)",
+                )
+            })
+    }
+
+    pub fn model_catalog(&self) -> ModelCatalog {
+        let mut c = ModelCatalog::builtin();
+        for m in &self.extra_models {
+            c.insert(m.clone());
+        }
+        c
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn layers_apply_in_order() {
+        let mut f = tempfile::NamedTempFile::new().unwrap();
+        writeln!(
+            f,
+            "listen_addr = \"127.0.0.1:6000\"\n[liveness]\nsuspect_after = \"30s\"\noffline_after = \"2m\"\n[scheduling]\ninterval = \"90s\""
+        )
+        .unwrap();
+        let cfg = Config::load_from(
+            Some(f.path()),
+            env(&[
+                ("FMSCHED_SCHEDULING__INTERVAL", "45s"),
+                ("FMSCHED_AUTH__ADMINS", "alice,bob"),
+                ("FMSCHED_JOIN_TOKEN", "secret-is-not-a-key"),
+                ("FMSCHED_TOKEN", "fmctl-token-is-not-a-key"),
+                ("FMSCHED_AGENT_GPU__FAKE_COUNT", "4"),
+                ("OTHER", "ignored"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(cfg.listen_addr.port(), 6000);
+        assert_eq!(cfg.liveness.suspect_after, Duration::from_secs(30));
+        assert_eq!(cfg.liveness.offline_after, Duration::from_secs(120));
+        assert_eq!(
+            cfg.scheduling.interval,
+            Duration::from_secs(45),
+            "env beats file"
+        );
+        assert_eq!(
+            cfg.auth.admins,
+            vec!["alice".to_string(), "bob".to_string()]
+        );
+    }
+
+    #[test]
+    fn unknown_keys_are_rejected() {
+        let mut f = tempfile::NamedTempFile::new().unwrap();
+        writeln!(f, "[liveness]\nsuspect_afterr = \"30s\"").unwrap();
+        let e = Config::load_from(Some(f.path()), env(&[]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("suspect_afterr"), "{e}");
+        let e = Config::load_from(None, env(&[("FMSCHED_NOT_A_KEY", "1")]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("not_a_key"), "{e}");
+    }
+
+    #[test]
+    fn bad_values_name_the_key() {
+        let e = Config::load_from(None, env(&[("FMSCHED_LIVENESS__OFFLINE_AFTER", "5s")]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("liveness.offline_after"), "{e}");
+        let e = Config::load_from(None, env(&[("FMSCHED_SCHEDULING__INTERVAL", "soon")]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("interval"), "{e}");
+        let e = Config::load_from(None, env(&[("FMSCHED_LISTEN_ADDR", "0.0.0.0:50051")]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("tls.allow_plaintext"), "{e}");
+    }
+}

@@ -1,0 +1,13 @@
+//! fmsched scheduler service: the job and cluster APIs, agent sessions and
+//! node liveness over cluster state kept in Postgres.
+//!
+//! Layout: [`config`] (layered settings), [`auth`] (tokens), [`persistence`]
+//! (the only sqlx user), [`registry`] (observed node state), [`api`] (gRPC
+//! handlers), [`server`] (wiring and background tasks).
+
+pub mod api;
+pub mod auth;
+pub mod config;
+pub mod persistence;
+pub mod registry;
+pub mod server;

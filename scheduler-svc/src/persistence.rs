@@ -1,0 +1,653 @@
+//! All database access. This is the only module that imports sqlx: it owns
+//! the row types, converts them to domain types, runs each operation as one
+//! transaction (or one statement), names it for logs, and retries the
+//! transient failures (serialization failure, deadlock) a bounded number of
+//! times. SQLSTATE codes are mapped in one place, [`classify`].
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use fmsched_core::{GpuUuid, JobId, JobSpec, JobState, NodeId, NodeState, UserName};
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{PgPool, Row};
+use uuid::Uuid;
+
+/// Migrations of `migrations/`, embedded at build time.
+pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");
+
+#[derive(Debug, thiserror::Error)]
+pub enum PersistenceError {
+    #[error("{0} not found")]
+    NotFound(String),
+    #[error("conflict: {0}")]
+    Conflict(String),
+    #[error("job {id} is {from}; it cannot become {to}")]
+    InvalidTransition {
+        id: JobId,
+        from: JobState,
+        to: JobState,
+    },
+    #[error("database unavailable: {0}")]
+    Unavailable(String),
+    #[error("database error in {op}: {source}")]
+    Database {
+        op: &'static str,
+        source: sqlx::Error,
+    },
+    #[error("corrupt row in {op}: {message}")]
+    Corrupt { op: &'static str, message: String },
+    #[error("migration failed: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+}
+
+/// What kind of failure a sqlx error is (the one SQLSTATE mapping).
+#[derive(Debug, PartialEq, Eq)]
+enum ErrorClass {
+    /// Serialization failure or deadlock: the transaction may be retried.
+    Retryable,
+    UniqueViolation,
+    /// Connection refused, pool timed out, server shutting down.
+    Unavailable,
+    Other,
+}
+
+fn classify(e: &sqlx::Error) -> ErrorClass {
+    match e {
+        sqlx::Error::Database(db) => match db.code().as_deref() {
+            Some("40001") | Some("40P01") => ErrorClass::Retryable,
+            Some("23505") => ErrorClass::UniqueViolation,
+            // admin_shutdown, crash_shutdown, cannot_connect_now
+            Some("57P01") | Some("57P02") | Some("57P03") => ErrorClass::Unavailable,
+            _ => ErrorClass::Other,
+        },
+        sqlx::Error::Io(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::Tls(_) => ErrorClass::Unavailable,
+        _ => ErrorClass::Other,
+    }
+}
+
+fn db_err(op: &'static str) -> impl FnOnce(sqlx::Error) -> PersistenceError {
+    move |e| match classify(&e) {
+        ErrorClass::Unavailable => PersistenceError::Unavailable(format!("{op}: {e}")),
+        _ => PersistenceError::Database { op, source: e },
+    }
+}
+
+fn corrupt(op: &'static str, message: impl Into<String>) -> PersistenceError {
+    PersistenceError::Corrupt {
+        op,
+        message: message.into(),
+    }
+}
+
+const MAX_ATTEMPTS: u32 = 5;
+
+/// Runs `f` and retries it when the database says the transaction may be
+/// retried. Each attempt must be a whole transaction.
+async fn with_retries<T, F, Fut>(op: &'static str, mut f: F) -> Result<T, PersistenceError>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, PersistenceError>>,
+{
+    let mut attempt = 1;
+    loop {
+        match f().await {
+            Err(PersistenceError::Database { source, .. })
+                if attempt < MAX_ATTEMPTS && classify(&source) == ErrorClass::Retryable =>
+            {
+                tracing::debug!(op, attempt, error = %source, "retrying transaction");
+                tokio::time::sleep(Duration::from_millis(5 << attempt)).await;
+                attempt += 1;
+            }
+            other => return other,
+        }
+    }
+}
+
+/// A job as stored.
+#[derive(Clone, Debug, PartialEq)]
+pub struct JobRecord {
+    pub id: JobId,
+    pub owner: UserName,
+    pub spec: JobSpec,
+    pub idempotency_key: Option<String>,
+    pub state: JobState,
+    pub state_reason: String,
+    pub output_path: Option<String>,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+    pub last_event_seq: i64,
+}
+
+/// One entry of a job's history.
+#[derive(Clone, Debug, PartialEq)]
+pub struct JobEventRecord {
+    pub seq: i64,
+    pub job_id: JobId,
+    pub at: DateTime<Utc>,
+    pub kind: String,
+    pub from_state: Option<JobState>,
+    pub to_state: Option<JobState>,
+    pub message: String,
+}
+
+/// A new job to insert.
+pub struct NewJob<'a> {
+    pub id: JobId,
+    pub owner: &'a UserName,
+    pub spec: &'a JobSpec,
+    pub idempotency_key: Option<&'a str>,
+    pub now: DateTime<Utc>,
+}
+
+#[derive(Debug)]
+pub enum SubmitOutcome {
+    Created(JobRecord),
+    /// An earlier submission with the same (owner, idempotency key).
+    Existing(JobRecord),
+}
+
+/// Filter and page of [`Persistence::list_jobs`].
+#[derive(Clone, Debug, Default)]
+pub struct JobQuery {
+    pub owner: Option<UserName>,
+    pub states: Vec<JobState>,
+    /// Only jobs with a smaller id (ids are time-ordered: older jobs).
+    pub before: Option<JobId>,
+    pub limit: u32,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct GpuRecord {
+    pub uuid: GpuUuid,
+    pub index: u32,
+    pub model: String,
+    pub memory_total_bytes: u64,
+    pub pci_bus_id: String,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct NodeRecord {
+    pub id: NodeId,
+    pub hostname: String,
+    pub agent_version: String,
+    pub gpu_backend: String,
+    pub labels: BTreeMap<String, String>,
+    pub state: NodeState,
+    pub registered_at: DateTime<Utc>,
+    pub last_heartbeat_at: DateTime<Utc>,
+    pub gpus: Vec<GpuRecord>,
+}
+
+/// Owns the connection pool. Cloning is cheap (the pool is shared).
+#[derive(Clone, Debug)]
+pub struct Persistence {
+    pool: PgPool,
+}
+
+const JOB_COLUMNS: &str = "id, owner, spec, idempotency_key, state, state_reason, output_path, \
+                           created_at, updated_at, last_event_seq";
+
+fn job_from_row(row: &sqlx::postgres::PgRow) -> Result<JobRecord, PersistenceError> {
+    const OP: &str = "decode job";
+    let get = |e: sqlx::Error| corrupt(OP, e.to_string());
+    let spec: serde_json::Value = row.try_get("spec").map_err(get)?;
+    let state: String = row.try_get("state").map_err(get)?;
+    Ok(JobRecord {
+        id: JobId(row.try_get("id").map_err(get)?),
+        owner: UserName(row.try_get("owner").map_err(get)?),
+        spec: serde_json::from_value(spec).map_err(|e| corrupt(OP, format!("spec: {e}")))?,
+        idempotency_key: row.try_get("idempotency_key").map_err(get)?,
+        state: state.parse().map_err(|e: String| corrupt(OP, e))?,
+        state_reason: row.try_get("state_reason").map_err(get)?,
+        output_path: row.try_get("output_path").map_err(get)?,
+        created_at: row.try_get("created_at").map_err(get)?,
+        updated_at: row.try_get("updated_at").map_err(get)?,
+        last_event_seq: row.try_get("last_event_seq").map_err(get)?,
+    })
+}
+
+fn opt_state(op: &'static str, s: Option<String>) -> Result<Option<JobState>, PersistenceError> {
+    s.map(|s| s.parse().map_err(|e: String| corrupt(op, e)))
+        .transpose()
+}
+
+impl Persistence {
+    /// Connects (failing fast if Postgres is unreachable) and returns the handle.
+    pub async fn connect(url: &str, max_connections: u32) -> Result<Self, PersistenceError> {
+        let opts: PgConnectOptions = url.parse().map_err(db_err("parse database url"))?;
+        let opts = opts.application_name("fmsched-scheduler");
+        let pool = PgPoolOptions::new()
+            .max_connections(max_connections)
+            .min_connections(1)
+            .acquire_timeout(Duration::from_secs(5))
+            .connect_with(opts)
+            .await
+            .map_err(db_err("connect"))?;
+        Ok(Self { pool })
+    }
+
+    pub fn from_pool(pool: PgPool) -> Self {
+        Self { pool }
+    }
+
+    /// Applies pending migrations (idempotent; safe with several replicas —
+    /// sqlx takes an advisory lock).
+    pub async fn migrate(&self) -> Result<(), PersistenceError> {
+        MIGRATOR.run(&self.pool).await?;
+        Ok(())
+    }
+
+    /// Cheap liveness probe of the database.
+    pub async fn ping(&self) -> Result<(), PersistenceError> {
+        sqlx::query("SELECT 1")
+            .execute(&self.pool)
+            .await
+            .map_err(db_err("ping"))?;
+        Ok(())
+    }
+
+    // ---- jobs --------------------------------------------------------------
+
+    /// Inserts a job and its `submitted` event in one statement (one round
+    /// trip, one commit). With an idempotency key already used by this owner
+    /// it returns the existing job instead; the caller compares specs.
+    pub async fn submit_job(&self, new: NewJob<'_>) -> Result<SubmitOutcome, PersistenceError> {
+        const OP: &str = "submit_job";
+        let spec = serde_json::to_value(new.spec).map_err(|e| corrupt(OP, e.to_string()))?;
+        // The event's sequence number is drawn in the jobs insert so both rows
+        // agree without a second statement.
+        let row = sqlx::query(
+            "WITH ins AS (
+                INSERT INTO jobs (id, owner, name, model, spec, idempotency_key, state,
+                                  created_at, updated_at, last_event_seq)
+                VALUES ($1, $2, $3, $4, $5, $6, 'submitted', $7, $7,
+                        nextval(pg_get_serial_sequence('job_events', 'seq')))
+                ON CONFLICT ON CONSTRAINT jobs_owner_idempotency_key DO NOTHING
+                RETURNING id, last_event_seq
+             ), ev AS (
+                INSERT INTO job_events (seq, job_id, at, kind, to_state, message)
+                SELECT last_event_seq, id, $7, 'submitted', 'submitted', 'job submitted' FROM ins
+             )
+             SELECT last_event_seq FROM ins",
+        )
+        .bind(new.id.0)
+        .bind(&new.owner.0)
+        .bind(&new.spec.name)
+        .bind(&new.spec.model)
+        .bind(&spec)
+        .bind(new.idempotency_key)
+        .bind(new.now)
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(db_err(OP))?;
+
+        if let Some(row) = row {
+            let seq: i64 = row.try_get(0).map_err(|e| corrupt(OP, e.to_string()))?;
+            return Ok(SubmitOutcome::Created(JobRecord {
+                id: new.id,
+                owner: new.owner.clone(),
+                spec: new.spec.clone(),
+                idempotency_key: new.idempotency_key.map(str::to_string),
+                state: JobState::Submitted,
+                state_reason: String::new(),
+                output_path: None,
+                created_at: new.now,
+                updated_at: new.now,
+                last_event_seq: seq,
+            }));
+        }
+        let key = new
+            .idempotency_key
+            .ok_or_else(|| corrupt(OP, "insert returned nothing without a key"))?;
+        let row = sqlx::query(&format!(
+            "SELECT {JOB_COLUMNS} FROM jobs WHERE owner = $1 AND idempotency_key = $2"
+        ))
+        .bind(&new.owner.0)
+        .bind(key)
+        .fetch_one(&self.pool)
+        .await
+        .map_err(db_err(OP))?;
+        Ok(SubmitOutcome::Existing(job_from_row(&row)?))
+    }
+
+    pub async fn get_job(&self, id: JobId) -> Result<Option<JobRecord>, PersistenceError> {
+        let row = sqlx::query(&format!("SELECT {JOB_COLUMNS} FROM jobs WHERE id = $1"))
+            .bind(id.0)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(db_err("get_job"))?;
+        row.as_ref().map(job_from_row).transpose()
+    }
+
+    /// Jobs newest first.
+    pub async fn list_jobs(&self, q: &JobQuery) -> Result<Vec<JobRecord>, PersistenceError> {
+        let states: Vec<String> = q.states.iter().map(|s| s.as_str().to_string()).collect();
+        let rows = sqlx::query(&format!(
+            "SELECT {JOB_COLUMNS} FROM jobs
+             WHERE ($1::text IS NULL OR owner = $1)
+               AND (cardinality($2::text[]) = 0 OR state = ANY($2))
+               AND ($3::uuid IS NULL OR id < $3)
+             ORDER BY id DESC
+             LIMIT $4"
+        ))
+        .bind(q.owner.as_ref().map(|o| o.0.as_str()))
+        .bind(&states)
+        .bind(q.before.map(|b| b.0))
+        .bind(i64::from(q.limit))
+        .fetch_all(&self.pool)
+        .await
+        .map_err(db_err("list_jobs"))?;
+        rows.iter().map(job_from_row).collect()
+    }
+
+    /// Moves a job to `to`, appending an event, in one transaction that holds
+    /// the job's row lock (so one job's events commit in sequence order).
+    /// Moving a job to the state it is already in is a no-op that returns it.
+    pub async fn transition_job(
+        &self,
+        id: JobId,
+        to: JobState,
+        reason: &str,
+        now: DateTime<Utc>,
+    ) -> Result<JobRecord, PersistenceError> {
+        const OP: &str = "transition_job";
+        with_retries(OP, || async {
+            let mut tx = self.pool.begin().await.map_err(db_err(OP))?;
+            let row = sqlx::query(&format!(
+                "SELECT {JOB_COLUMNS} FROM jobs WHERE id = $1 FOR UPDATE"
+            ))
+            .bind(id.0)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(db_err(OP))?
+            .ok_or_else(|| PersistenceError::NotFound(format!("job {id}")))?;
+            let job = job_from_row(&row)?;
+            if job.state == to {
+                return Ok(job);
+            }
+            if !job.state.can_transition_to(to) {
+                return Err(PersistenceError::InvalidTransition {
+                    id,
+                    from: job.state,
+                    to,
+                });
+            }
+            let row = sqlx::query(&format!(
+                "UPDATE jobs SET state = $2, state_reason = $3, updated_at = $4,
+                        last_event_seq = nextval(pg_get_serial_sequence('job_events', 'seq'))
+                 WHERE id = $1 RETURNING {JOB_COLUMNS}"
+            ))
+            .bind(id.0)
+            .bind(to.as_str())
+            .bind(reason)
+            .bind(now)
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(db_err(OP))?;
+            let updated = job_from_row(&row)?;
+            sqlx::query(
+                "INSERT INTO job_events (seq, job_id, at, kind, from_state, to_state, message)
+                 VALUES ($1, $2, $3, 'state_changed', $4, $5, $6)",
+            )
+            .bind(updated.last_event_seq)
+            .bind(id.0)
+            .bind(now)
+            .bind(job.state.as_str())
+            .bind(to.as_str())
+            .bind(reason)
+            .execute(&mut *tx)
+            .await
+            .map_err(db_err(OP))?;
+            tx.commit().await.map_err(db_err(OP))?;
+            Ok(updated)
+        })
+        .await
+    }
+
+    /// A job's events with `seq > after`, oldest first.
+    pub async fn job_events(
+        &self,
+        id: JobId,
+        after: i64,
+        limit: u32,
+    ) -> Result<Vec<JobEventRecord>, PersistenceError> {
+        const OP: &str = "job_events";
+        let rows = sqlx::query(
+            "SELECT seq, job_id, at, kind, from_state, to_state, message FROM job_events
+             WHERE job_id = $1 AND seq > $2 ORDER BY seq LIMIT $3",
+        )
+        .bind(id.0)
+        .bind(after)
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await
+        .map_err(db_err(OP))?;
+        rows.iter()
+            .map(|r| {
+                let get = |e: sqlx::Error| corrupt(OP, e.to_string());
+                Ok(JobEventRecord {
+                    seq: r.try_get("seq").map_err(get)?,
+                    job_id: JobId(r.try_get("job_id").map_err(get)?),
+                    at: r.try_get("at").map_err(get)?,
+                    kind: r.try_get("kind").map_err(get)?,
+                    from_state: opt_state(OP, r.try_get("from_state").map_err(get)?)?,
+                    to_state: opt_state(OP, r.try_get("to_state").map_err(get)?)?,
+                    message: r.try_get("message").map_err(get)?,
+                })
+            })
+            .collect()
+    }
+
+    pub async fn job_counts_by_state(&self) -> Result<BTreeMap<JobState, u64>, PersistenceError> {
+        const OP: &str = "job_counts_by_state";
+        let rows = sqlx::query("SELECT state, count(*) FROM jobs GROUP BY state")
+            .fetch_all(&self.pool)
+            .await
+            .map_err(db_err(OP))?;
+        let mut out = BTreeMap::new();
+        for r in rows {
+            let s: String = r.try_get(0).map_err(|e| corrupt(OP, e.to_string()))?;
+            let n: i64 = r.try_get(1).map_err(|e| corrupt(OP, e.to_string()))?;
+            out.insert(s.parse().map_err(|e: String| corrupt(OP, e))?, n as u64);
+        }
+        Ok(out)
+    }
+
+    // ---- nodes -------------------------------------------------------------
+
+    /// Records a (re-)registration: the node row, its GPUs (replacing the
+    /// previous list) and an event, in one transaction. The node becomes
+    /// Available.
+    pub async fn register_node(
+        &self,
+        n: &NodeRecord,
+        now: DateTime<Utc>,
+    ) -> Result<(), PersistenceError> {
+        const OP: &str = "register_node";
+        let labels = serde_json::to_value(&n.labels).map_err(|e| corrupt(OP, e.to_string()))?;
+        let uuids: Vec<&str> = n.gpus.iter().map(|g| g.uuid.0.as_str()).collect();
+        let idx: Vec<i32> = n.gpus.iter().map(|g| g.index as i32).collect();
+        let models: Vec<&str> = n.gpus.iter().map(|g| g.model.as_str()).collect();
+        let mem: Vec<i64> = n.gpus.iter().map(|g| g.memory_total_bytes as i64).collect();
+        let pci: Vec<&str> = n.gpus.iter().map(|g| g.pci_bus_id.as_str()).collect();
+        with_retries(OP, || async {
+            let mut tx = self.pool.begin().await.map_err(db_err(OP))?;
+            sqlx::query(
+                "INSERT INTO nodes (id, hostname, agent_version, gpu_backend, labels, state,
+                                    registered_at, last_heartbeat_at, state_changed_at)
+                 VALUES ($1, $2, $3, $4, $5, 'available', $6, $6, $6)
+                 ON CONFLICT (id) DO UPDATE SET
+                    hostname = EXCLUDED.hostname, agent_version = EXCLUDED.agent_version,
+                    gpu_backend = EXCLUDED.gpu_backend, labels = EXCLUDED.labels,
+                    state = 'available', registered_at = EXCLUDED.registered_at,
+                    last_heartbeat_at = EXCLUDED.last_heartbeat_at,
+                    state_changed_at = CASE WHEN nodes.state = 'available'
+                                            THEN nodes.state_changed_at ELSE EXCLUDED.state_changed_at END",
+            )
+            .bind(n.id.as_str())
+            .bind(&n.hostname)
+            .bind(&n.agent_version)
+            .bind(&n.gpu_backend)
+            .bind(&labels)
+            .bind(now)
+            .execute(&mut *tx)
+            .await
+            .map_err(db_err(OP))?;
+            // A GPU moved from another node (re-cabled host) is taken over.
+            sqlx::query("DELETE FROM gpus WHERE node_id = $1 OR uuid = ANY($2)")
+                .bind(n.id.as_str())
+                .bind(&uuids)
+                .execute(&mut *tx)
+                .await
+                .map_err(db_err(OP))?;
+            sqlx::query(
+                "INSERT INTO gpus (uuid, node_id, idx, model, memory_total_bytes, pci_bus_id)
+                 SELECT u, $1, i, m, b, p FROM UNNEST($2::text[], $3::int[], $4::text[], $5::bigint[], $6::text[])
+                      AS t(u, i, m, b, p)",
+            )
+            .bind(n.id.as_str())
+            .bind(&uuids)
+            .bind(&idx)
+            .bind(&models)
+            .bind(&mem)
+            .bind(&pci)
+            .execute(&mut *tx)
+            .await
+            .map_err(|e| match classify(&e) {
+                ErrorClass::UniqueViolation => PersistenceError::Conflict(format!("node {}: duplicate GPU index", n.id)),
+                _ => db_err(OP)(e),
+            })?;
+            sqlx::query("INSERT INTO node_events (node_id, at, kind, message) VALUES ($1, $2, 'registered', $3)")
+                .bind(n.id.as_str())
+                .bind(now)
+                .bind(format!("{} GPUs, agent {}, backend {}", n.gpus.len(), n.agent_version, n.gpu_backend))
+                .execute(&mut *tx)
+                .await
+                .map_err(db_err(OP))?;
+            tx.commit().await.map_err(db_err(OP))?;
+            Ok(())
+        })
+        .await
+    }
+
+    /// Persists a liveness transition with the heartbeat time that drove it.
+    pub async fn set_node_state(
+        &self,
+        id: &NodeId,
+        state: NodeState,
+        last_heartbeat_at: DateTime<Utc>,
+        now: DateTime<Utc>,
+    ) -> Result<(), PersistenceError> {
+        const OP: &str = "set_node_state";
+        with_retries(OP, || async {
+            let mut tx = self.pool.begin().await.map_err(db_err(OP))?;
+            let n = sqlx::query(
+                "UPDATE nodes SET state = $2, last_heartbeat_at = GREATEST(last_heartbeat_at, $3),
+                        state_changed_at = $4
+                 WHERE id = $1",
+            )
+            .bind(id.as_str())
+            .bind(state.as_str())
+            .bind(last_heartbeat_at)
+            .bind(now)
+            .execute(&mut *tx)
+            .await
+            .map_err(db_err(OP))?
+            .rows_affected();
+            if n == 0 {
+                return Err(PersistenceError::NotFound(format!("node {id}")));
+            }
+            sqlx::query("INSERT INTO node_events (node_id, at, kind, message) VALUES ($1, $2, 'state_changed', $3)")
+                .bind(id.as_str())
+                .bind(now)
+                .bind(state.as_str())
+                .execute(&mut *tx)
+                .await
+                .map_err(db_err(OP))?;
+            tx.commit().await.map_err(db_err(OP))?;
+            Ok(())
+        })
+        .await
+    }
+
+    pub async fn list_nodes(&self) -> Result<Vec<NodeRecord>, PersistenceError> {
+        const OP: &str = "list_nodes";
+        let get = |e: sqlx::Error| corrupt(OP, e.to_string());
+        let nodes = sqlx::query(
+            "SELECT id, hostname, agent_version, gpu_backend, labels, state, registered_at, last_heartbeat_at
+             FROM nodes ORDER BY id",
+        )
+        .fetch_all(&self.pool)
+        .await
+        .map_err(db_err(OP))?;
+        let gpus = sqlx::query(
+            "SELECT uuid, node_id, idx, model, memory_total_bytes, pci_bus_id FROM gpus ORDER BY node_id, idx",
+        )
+        .fetch_all(&self.pool)
+        .await
+        .map_err(db_err(OP))?;
+        let mut by_node: BTreeMap<String, Vec<GpuRecord>> = BTreeMap::new();
+        for g in gpus {
+            let node: String = g.try_get("node_id").map_err(get)?;
+            by_node.entry(node).or_default().push(GpuRecord {
+                uuid: GpuUuid(g.try_get("uuid").map_err(get)?),
+                index: g.try_get::<i32, _>("idx").map_err(get)? as u32,
+                model: g.try_get("model").map_err(get)?,
+                memory_total_bytes: g.try_get::<i64, _>("memory_total_bytes").map_err(get)? as u64,
+                pci_bus_id: g.try_get("pci_bus_id").map_err(get)?,
+            });
+        }
+        nodes
+            .iter()
+            .map(|r| {
+                let id: String = r.try_get("id").map_err(get)?;
+                let state: String = r.try_get("state").map_err(get)?;
+                let labels: serde_json::Value = r.try_get("labels").map_err(get)?;
+                Ok(NodeRecord {
+                    gpus: by_node.remove(&id).unwrap_or_default(),
+                    id: NodeId::try_from(id).map_err(|e| corrupt(OP, e))?,
+                    hostname: r.try_get("hostname").map_err(get)?,
+                    agent_version: r.try_get("agent_version").map_err(get)?,
+                    gpu_backend: r.try_get("gpu_backend").map_err(get)?,
+                    labels: serde_json::from_value(labels)
+                        .map_err(|e| corrupt(OP, e.to_string()))?,
+                    state: state.parse().map_err(|e: String| corrupt(OP, e))?,
+                    registered_at: r.try_get("registered_at").map_err(get)?,
+                    last_heartbeat_at: r.try_get("last_heartbeat_at").map_err(get)?,
+                })
+            })
+            .collect()
+    }
+
+    /// Node history (newest last), for tests and operators.
+    pub async fn node_event_kinds(
+        &self,
+        id: &NodeId,
+    ) -> Result<Vec<(String, String)>, PersistenceError> {
+        const OP: &str = "node_events";
+        let rows =
+            sqlx::query("SELECT kind, message FROM node_events WHERE node_id = $1 ORDER BY seq")
+                .bind(id.as_str())
+                .fetch_all(&self.pool)
+                .await
+                .map_err(db_err(OP))?;
+        rows.iter()
+            .map(|r| {
+                Ok((
+                    r.try_get(0).map_err(|e| corrupt(OP, e.to_string()))?,
+                    r.try_get(1).map_err(|e| corrupt(OP, e.to_string()))?,
+                ))
+            })
+            .collect()
+    }
+}
+
+/// Parses a stored UUID string (page tokens).
+pub fn parse_uuid(s: &str) -> Option<Uuid> {
+    Uuid::parse_str(s).ok()
+}

@@ -1,0 +1,336 @@
+//! In-memory view of nodes: what agents report (telemetry, observed tasks),
+//! when each was last heard from, and the open agent sessions.
+//!
+//! Owns: observed state and liveness. Does not own: anything that must
+//! survive a restart — registrations and liveness transitions are persisted
+//! by the callers through [`crate::persistence::Persistence`]; telemetry is
+//! relearned from the next heartbeat.
+//!
+//! Liveness rule: a heartbeat or registration makes a node Available; the
+//! periodic sweep only ever degrades (Available → Suspect → Offline). An
+//! Offline node's session is closed, so its agent must register again.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use chrono::{DateTime, Utc};
+use fmsched_core::{Liveness, NodeId, NodeState};
+use fmsched_proto::v1 as pb;
+use tokio::sync::mpsc;
+
+use crate::persistence::NodeRecord;
+
+/// Messages queued to one agent session.
+pub type Outbox = mpsc::Sender<Result<pb::SchedulerMessage, tonic::Status>>;
+
+/// One node as the scheduler sees it right now.
+#[derive(Clone, Debug)]
+pub struct LiveNode {
+    pub record: NodeRecord,
+    /// State in memory (authoritative while the process runs).
+    pub state: NodeState,
+    /// State last written to Postgres.
+    pub persisted_state: NodeState,
+    pub last_heartbeat: DateTime<Utc>,
+    pub telemetry: BTreeMap<String, pb::GpuTelemetry>,
+    pub observed_tasks: Vec<pb::ObservedTask>,
+    pub applied_generation: i64,
+    /// Id of the open session, if any.
+    pub session: Option<u64>,
+    outbox: Option<Outbox>,
+}
+
+/// A liveness change that must be persisted.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StateChange {
+    pub node: NodeId,
+    pub from: NodeState,
+    pub to: NodeState,
+    pub last_heartbeat: DateTime<Utc>,
+}
+
+#[derive(Debug, Default)]
+pub struct NodeRegistry {
+    nodes: Mutex<BTreeMap<NodeId, LiveNode>>,
+    next_session: AtomicU64,
+}
+
+impl NodeRegistry {
+    /// Loads persisted nodes after a restart. Each gets a fresh grace period
+    /// (`last_heartbeat = now`) to reconnect, but keeps its persisted state:
+    /// an Offline node stays Offline until its agent registers again.
+    pub fn load(records: Vec<NodeRecord>, now: DateTime<Utc>) -> Self {
+        let nodes = records
+            .into_iter()
+            .map(|r| {
+                let state = r.state;
+                (
+                    r.id.clone(),
+                    LiveNode {
+                        record: r,
+                        state,
+                        persisted_state: state,
+                        last_heartbeat: now,
+                        telemetry: BTreeMap::new(),
+                        observed_tasks: Vec::new(),
+                        applied_generation: 0,
+                        session: None,
+                        outbox: None,
+                    },
+                )
+            })
+            .collect();
+        Self {
+            nodes: Mutex::new(nodes),
+            next_session: AtomicU64::new(1),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<NodeId, LiveNode>> {
+        // A panic while holding the lock leaves plain data behind; keep serving.
+        self.nodes.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Records a registration that has been persisted; replaces any older
+    /// session of the same node (its outbox is dropped, ending that stream).
+    pub fn register(
+        &self,
+        record: NodeRecord,
+        now: DateTime<Utc>,
+        outbox: Outbox,
+        tasks: Vec<pb::ObservedTask>,
+        applied_generation: i64,
+    ) -> u64 {
+        let session = self.next_session.fetch_add(1, Ordering::Relaxed);
+        let mut nodes = self.lock();
+        let telemetry = nodes
+            .get(&record.id)
+            .map(|n| n.telemetry.clone())
+            .unwrap_or_default();
+        nodes.insert(
+            record.id.clone(),
+            LiveNode {
+                record,
+                state: NodeState::Available,
+                persisted_state: NodeState::Available,
+                last_heartbeat: now,
+                telemetry,
+                observed_tasks: tasks,
+                applied_generation,
+                session: Some(session),
+                outbox: Some(outbox),
+            },
+        );
+        session
+    }
+
+    /// Applies a heartbeat of session `session`. Returns `false` if that
+    /// session is no longer current (replaced, or closed as Offline): the
+    /// caller should end it.
+    pub fn heartbeat(
+        &self,
+        node: &NodeId,
+        session: u64,
+        hb: pb::Heartbeat,
+        now: DateTime<Utc>,
+    ) -> bool {
+        let mut nodes = self.lock();
+        let Some(n) = nodes.get_mut(node) else {
+            return false;
+        };
+        if n.session != Some(session) {
+            return false;
+        }
+        n.last_heartbeat = now;
+        if n.state == NodeState::Suspect {
+            n.state = NodeState::Available;
+        }
+        n.telemetry = hb.gpus.into_iter().map(|g| (g.uuid.clone(), g)).collect();
+        n.observed_tasks = hb.tasks;
+        n.applied_generation = hb.applied_generation;
+        true
+    }
+
+    /// Applies a task status update of session `session` (same contract as
+    /// [`NodeRegistry::heartbeat`]).
+    pub fn task_status(
+        &self,
+        node: &NodeId,
+        session: u64,
+        task: pb::ObservedTask,
+        now: DateTime<Utc>,
+    ) -> bool {
+        let mut nodes = self.lock();
+        let Some(n) = nodes.get_mut(node) else {
+            return false;
+        };
+        if n.session != Some(session) {
+            return false;
+        }
+        n.last_heartbeat = now;
+        match n
+            .observed_tasks
+            .iter_mut()
+            .find(|t| t.task_id == task.task_id)
+        {
+            Some(t) => *t = task,
+            None => n.observed_tasks.push(task),
+        }
+        true
+    }
+
+    /// The session ended (agent gone or stream broken).
+    pub fn disconnect(&self, node: &NodeId, session: u64) {
+        let mut nodes = self.lock();
+        if let Some(n) = nodes.get_mut(node)
+            && n.session == Some(session)
+        {
+            n.session = None;
+            n.outbox = None;
+        }
+    }
+
+    /// Degrades nodes that have been silent too long and returns the changes
+    /// that differ from what is persisted. Offline nodes lose their session.
+    pub fn sweep(&self, rule: &Liveness, now: DateTime<Utc>) -> Vec<StateChange> {
+        let mut nodes = self.lock();
+        let mut changes = Vec::new();
+        for (id, n) in nodes.iter_mut() {
+            let by_time = rule.state_at(n.last_heartbeat, now);
+            // Degrade only: promotion happens on heartbeat or registration.
+            let next = n.state.max(by_time);
+            if next == NodeState::Offline && n.session.is_some() {
+                n.session = None;
+                n.outbox = None;
+            }
+            n.state = next;
+            if n.state != n.persisted_state {
+                changes.push(StateChange {
+                    node: id.clone(),
+                    from: n.persisted_state,
+                    to: n.state,
+                    last_heartbeat: n.last_heartbeat,
+                });
+            }
+        }
+        changes
+    }
+
+    /// Marks a change as written to Postgres.
+    pub fn mark_persisted(&self, node: &NodeId, state: NodeState) {
+        if let Some(n) = self.lock().get_mut(node) {
+            n.persisted_state = state;
+        }
+    }
+
+    pub fn snapshot(&self) -> Vec<LiveNode> {
+        self.lock().values().cloned().collect()
+    }
+
+    pub fn get(&self, node: &NodeId) -> Option<LiveNode> {
+        self.lock().get(node).cloned()
+    }
+
+    /// Queues a message to a node's session; `false` if it has none or the
+    /// queue is full (the next full plan will carry the state anyway).
+    pub fn send(&self, node: &NodeId, msg: pb::SchedulerMessage) -> bool {
+        let outbox = self.lock().get(node).and_then(|n| n.outbox.clone());
+        outbox.is_some_and(|o| o.try_send(Ok(msg)).is_ok())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn t(s: i64) -> DateTime<Utc> {
+        DateTime::from_timestamp(1_800_000_000 + s, 0).unwrap()
+    }
+
+    fn record(id: &str, state: NodeState) -> NodeRecord {
+        NodeRecord {
+            id: NodeId::try_from(id.to_string()).unwrap(),
+            hostname: id.into(),
+            agent_version: "test".into(),
+            gpu_backend: "fake".into(),
+            labels: Default::default(),
+            state,
+            registered_at: t(0),
+            last_heartbeat_at: t(0),
+            gpus: vec![],
+        }
+    }
+
+    const RULE: Liveness = Liveness {
+        suspect_after: Duration::from_secs(10),
+        offline_after: Duration::from_secs(30),
+    };
+
+    #[test]
+    fn silent_node_degrades_then_recovers_on_heartbeat() {
+        let r = NodeRegistry::load(vec![], t(0));
+        let (tx, mut rx) = mpsc::channel(4);
+        let id = NodeId::try_from("n1".to_string()).unwrap();
+        let s = r.register(record("n1", NodeState::Available), t(0), tx, vec![], 0);
+        assert!(r.sweep(&RULE, t(5)).is_empty());
+        let ch = r.sweep(&RULE, t(12));
+        assert_eq!(ch.len(), 1);
+        assert_eq!(
+            (ch[0].from, ch[0].to),
+            (NodeState::Available, NodeState::Suspect)
+        );
+        r.mark_persisted(&id, NodeState::Suspect);
+        assert!(r.heartbeat(&id, s, pb::Heartbeat::default(), t(13)));
+        assert_eq!(r.get(&id).unwrap().state, NodeState::Available);
+        assert_eq!(r.sweep(&RULE, t(14))[0].to, NodeState::Available);
+        r.mark_persisted(&id, NodeState::Available);
+        // Silent past offline_after: Offline, and the session is closed.
+        let ch = r.sweep(&RULE, t(50));
+        assert_eq!(ch[0].to, NodeState::Offline);
+        assert!(rx.try_recv().is_err());
+        assert!(
+            !r.heartbeat(&id, s, pb::Heartbeat::default(), t(51)),
+            "closed session is refused"
+        );
+        assert_eq!(r.get(&id).unwrap().state, NodeState::Offline);
+    }
+
+    #[test]
+    fn restart_keeps_offline_nodes_offline_and_grants_grace() {
+        let r = NodeRegistry::load(
+            vec![
+                record("a", NodeState::Offline),
+                record("b", NodeState::Available),
+            ],
+            t(100),
+        );
+        assert!(
+            r.sweep(&RULE, t(105)).is_empty(),
+            "no change inside the grace period"
+        );
+        let ch = r.sweep(&RULE, t(140));
+        assert_eq!(ch.len(), 1);
+        assert_eq!(ch[0].node.as_str(), "b");
+        assert_eq!(ch[0].to, NodeState::Offline);
+    }
+
+    #[test]
+    fn a_newer_session_replaces_the_old_one() {
+        let r = NodeRegistry::load(vec![], t(0));
+        let id = NodeId::try_from("n1".to_string()).unwrap();
+        let (tx1, _rx1) = mpsc::channel(4);
+        let (tx2, _rx2) = mpsc::channel(4);
+        let s1 = r.register(record("n1", NodeState::Available), t(0), tx1, vec![], 0);
+        let s2 = r.register(record("n1", NodeState::Available), t(1), tx2, vec![], 0);
+        assert!(!r.heartbeat(&id, s1, pb::Heartbeat::default(), t(2)));
+        assert!(r.heartbeat(&id, s2, pb::Heartbeat::default(), t(2)));
+        r.disconnect(&id, s1);
+        assert_eq!(
+            r.get(&id).unwrap().session,
+            Some(s2),
+            "stale disconnect is ignored"
+        );
+    }
+}

@@ -1,0 +1,184 @@
+//! Wires the scheduler together: config → auth → Postgres (+ migrations) →
+//! registry → gRPC services (with health and reflection) → background tasks.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use chrono::Utc;
+use fmsched_core::Limits;
+use fmsched_proto::v1::agent_service_server::AgentServiceServer;
+use fmsched_proto::v1::cluster_service_server::ClusterServiceServer;
+use fmsched_proto::v1::job_service_server::JobServiceServer;
+use fmsched_proto::{FILE_DESCRIPTOR_SET, MAX_MESSAGE_BYTES};
+use tokio::net::TcpListener;
+use tokio::sync::broadcast;
+use tokio_stream::wrappers::TcpListenerStream;
+use tonic::transport::{Identity, ServerTlsConfig};
+use tonic_health::ServingStatus;
+
+use crate::api::AppState;
+use crate::api::agents::AgentApi;
+use crate::api::cluster::ClusterApi;
+use crate::api::jobs::JobApi;
+use crate::auth::Authenticator;
+use crate::config::Config;
+use crate::persistence::Persistence;
+use crate::registry::NodeRegistry;
+
+/// Connects to Postgres, retrying while it is not up yet (a scheduler
+/// started before its database should wait, not crash-loop).
+pub async fn connect_with_retry(
+    url: &str,
+    max_conns: u32,
+    patience: Duration,
+) -> anyhow::Result<Persistence> {
+    let started = tokio::time::Instant::now();
+    let mut delay = Duration::from_millis(200);
+    loop {
+        match Persistence::connect(url, max_conns).await {
+            Ok(p) => return Ok(p),
+            Err(e) if started.elapsed() < patience => {
+                tracing::warn!(error = %e, retry_in = ?delay, "Postgres not reachable yet");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(5));
+            }
+            Err(e) => return Err(e).context("connecting to Postgres"),
+        }
+    }
+}
+
+/// Runs the scheduler on `listener` until `shutdown` resolves.
+pub async fn run(
+    cfg: Config,
+    env: HashMap<String, String>,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let auth = Authenticator::from_config(&cfg.auth, &env).context("authentication setup")?;
+    let url = cfg.database_url()?;
+    let persistence =
+        connect_with_retry(&url, cfg.database_max_connections, Duration::from_secs(60)).await?;
+    persistence.migrate().await.context("applying migrations")?;
+
+    let now = Utc::now();
+    let nodes = persistence.list_nodes().await.context("loading nodes")?;
+    tracing::info!(nodes = nodes.len(), "loaded node registry");
+    let registry = Arc::new(NodeRegistry::load(nodes, now));
+    let (job_events, _) = broadcast::channel(1024);
+    let cfg = Arc::new(cfg);
+    let state = AppState {
+        persistence: persistence.clone(),
+        auth: Arc::new(auth),
+        registry: registry.clone(),
+        models: Arc::new(cfg.model_catalog()),
+        limits: Limits::default(),
+        config: cfg.clone(),
+        job_events,
+    };
+
+    let (health, health_svc) = tonic_health::server::health_reporter();
+    health.set_serving::<JobServiceServer<JobApi>>().await;
+    health
+        .set_serving::<ClusterServiceServer<ClusterApi>>()
+        .await;
+    health.set_serving::<AgentServiceServer<AgentApi>>().await;
+    health.set_service_status("", ServingStatus::Serving).await;
+
+    let reflection_v1 = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()?;
+    let reflection_v1alpha = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1alpha()?;
+
+    let background = tokio::spawn(background_tasks(
+        cfg.clone(),
+        persistence.clone(),
+        registry.clone(),
+        health.clone(),
+    ));
+
+    let mut builder = tonic::transport::Server::builder()
+        .http2_keepalive_interval(Some(Duration::from_secs(20)))
+        .http2_keepalive_timeout(Some(Duration::from_secs(10)))
+        .tcp_nodelay(true);
+    if let (Some(cert), Some(key)) = (&cfg.tls.cert_path, &cfg.tls.key_path) {
+        let cert = std::fs::read(cert)
+            .with_context(|| format!("reading tls.cert_path {}", cert.display()))?;
+        let key = std::fs::read(key)
+            .with_context(|| format!("reading tls.key_path {}", key.display()))?;
+        builder =
+            builder.tls_config(ServerTlsConfig::new().identity(Identity::from_pem(cert, key)))?;
+    }
+    let addr = listener.local_addr()?;
+    tracing::info!(%addr, tls = cfg.tls.cert_path.is_some(), "scheduler serving");
+    let result = builder
+        .add_service(health_svc)
+        .add_service(reflection_v1)
+        .add_service(reflection_v1alpha)
+        .add_service(
+            JobServiceServer::new(JobApi::new(state.clone()))
+                .max_decoding_message_size(MAX_MESSAGE_BYTES),
+        )
+        .add_service(
+            ClusterServiceServer::new(ClusterApi::new(state.clone()))
+                .max_decoding_message_size(MAX_MESSAGE_BYTES),
+        )
+        .add_service(
+            AgentServiceServer::new(AgentApi::new(state))
+                .max_decoding_message_size(MAX_MESSAGE_BYTES),
+        )
+        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+        .await;
+    background.abort();
+    result.context("gRPC server")?;
+    tracing::info!("scheduler stopped");
+    Ok(())
+}
+
+/// Liveness sweeps and the database health probe.
+async fn background_tasks(
+    cfg: Arc<Config>,
+    persistence: Persistence,
+    registry: Arc<NodeRegistry>,
+    health: tonic_health::server::HealthReporter,
+) {
+    let rule = cfg.liveness.rule();
+    let mut liveness = tokio::time::interval(cfg.liveness.check_interval);
+    liveness.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut db_probe = tokio::time::interval(Duration::from_secs(5));
+    let mut db_ok = true;
+    loop {
+        tokio::select! {
+            _ = liveness.tick() => {
+                let now = Utc::now();
+                for ch in registry.sweep(&rule, now) {
+                    match persistence.set_node_state(&ch.node, ch.to, ch.last_heartbeat, now).await {
+                        Ok(()) => {
+                            registry.mark_persisted(&ch.node, ch.to);
+                            tracing::info!(node_id = %ch.node, from = %ch.from, to = %ch.to,
+                                silent_for = ?(now - ch.last_heartbeat).to_std().unwrap_or_default(),
+                                "node liveness changed");
+                        }
+                        // Retried on the next sweep: memory still differs from Postgres.
+                        Err(e) => tracing::warn!(node_id = %ch.node, error = %e, "persisting node state failed"),
+                    }
+                }
+            }
+            _ = db_probe.tick() => {
+                let ok = persistence.ping().await.is_ok();
+                if ok != db_ok {
+                    db_ok = ok;
+                    let status = if ok { ServingStatus::Serving } else { ServingStatus::NotServing };
+                    tracing::warn!(database_ok = ok, "database health changed");
+                    health.set_service_status("", status).await;
+                }
+            }
+        }
+    }
+}

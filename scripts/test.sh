@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# Runs every check and test of fmsched, installing what is missing:
+# a Rust toolchain's rustfmt/clippy components, cargo-nextest (optional),
+# and PostgreSQL (Debian packages) when no server answers on DATABASE_URL.
+#
+#   scripts/test.sh            # fmt + clippy + all tests
+#   scripts/test.sh --quick    # tests only
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+quick=0
+[ "${1:-}" = "--quick" ] && quick=1
+
+export DATABASE_URL="${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres}"
+export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
+
+log() { printf '==> %s\n' "$*"; }
+
+as_root() {
+  if [ "$(id -u)" = 0 ]; then "$@"; elif command -v sudo >/dev/null; then sudo "$@"; else
+    echo "need root to run: $*" >&2; return 1; fi
+}
+
+pg_ready() {
+  if command -v pg_isready >/dev/null; then
+    pg_isready -q -d "$DATABASE_URL" 2>/dev/null
+  else
+    (exec 3<>/dev/tcp/127.0.0.1/5432) 2>/dev/null
+  fi
+}
+
+ensure_postgres() {
+  if pg_ready; then return; fi
+  log "PostgreSQL not answering at $DATABASE_URL; starting it"
+  if ! ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1; then
+    log "installing PostgreSQL from Debian packages"
+    as_root apt-get update -qq
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql postgresql-client >/dev/null
+  fi
+  if command -v pg_ctlcluster >/dev/null && ls /etc/postgresql/*/main >/dev/null 2>&1; then
+    ver=$(ls /etc/postgresql | sort -V | tail -n1)
+    # Trust local TCP connections for the test user, as CI machines do.
+    hba="/etc/postgresql/$ver/main/pg_hba.conf"
+    if ! as_root grep -q '^host all all 127.0.0.1/32 trust' "$hba"; then
+      as_root sed -i '1i host all all 127.0.0.1/32 trust' "$hba"
+    fi
+    as_root pg_ctlcluster --skip-systemctl-redirect "$ver" main start || as_root pg_ctlcluster "$ver" main start
+  else
+    echo "cannot start PostgreSQL automatically; set DATABASE_URL to a reachable server" >&2
+    exit 1
+  fi
+  for _ in $(seq 1 50); do pg_ready && return; sleep 0.2; done
+  echo "PostgreSQL did not come up at $DATABASE_URL" >&2
+  exit 1
+}
+
+ensure_postgres
+
+if [ "$quick" = 0 ]; then
+  rustup component add rustfmt clippy >/dev/null 2>&1 || true
+  log "cargo fmt --check"
+  cargo fmt --all -- --check
+  log "cargo clippy --all-targets -- -D warnings"
+  cargo clippy --workspace --all-targets --locked -- -D warnings
+fi
+
+log "building binaries (the integration tests run them)"
+cargo build --workspace --bins --locked
+
+if cargo nextest --version >/dev/null 2>&1; then
+  log "cargo nextest run --workspace"
+  cargo nextest run --workspace --locked --no-fail-fast
+  # nextest does not run doctests.
+  cargo test --workspace --doc --locked
+else
+  log "cargo test --workspace (install cargo-nextest for faster runs)"
+  cargo test --workspace --locked --no-fail-fast
+fi
+log "all tests passed"
