@@ -25,7 +25,8 @@ pub struct Fit {
 /// Returns `None` for a singular system.
 pub fn solve(n: usize, a: &mut [f64], b: &mut [f64]) -> Option<()> {
     for col in 0..n {
-        let piv = (col..n).max_by(|&i, &j| a[i * n + col].abs().total_cmp(&a[j * n + col].abs()))?;
+        let piv =
+            (col..n).max_by(|&i, &j| a[i * n + col].abs().total_cmp(&a[j * n + col].abs()))?;
         if a[piv * n + col].abs() < 1e-300 {
             return None;
         }
@@ -72,7 +73,14 @@ fn sse<M: Model>(m: &M, p: &[f64], xs: &[f64], ys: &[f64], w: &[f64]) -> f64 {
 }
 
 /// Bounded LM from `start`; `w` are per-point weights.
-pub fn levenberg_marquardt<M: Model>(m: &M, start: &[f64], xs: &[f64], ys: &[f64], w: &[f64], max_iter: u32) -> Fit {
+pub fn levenberg_marquardt<M: Model>(
+    m: &M,
+    start: &[f64],
+    xs: &[f64],
+    ys: &[f64],
+    w: &[f64],
+    max_iter: u32,
+) -> Fit {
     let n = M::N;
     let mut p = start.to_vec();
     clamp_into(m, &mut p);
@@ -122,7 +130,11 @@ pub fn levenberg_marquardt<M: Model>(m: &M, start: &[f64], xs: &[f64], ys: &[f64
                 lambda = (lambda * 0.3).max(1e-12);
                 improved = true;
                 if rel < 1e-10 {
-                    return Fit { params: p, sse: cost, iterations: iters };
+                    return Fit {
+                        params: p,
+                        sse: cost,
+                        iterations: iters,
+                    };
                 }
                 break;
             }
@@ -132,7 +144,11 @@ pub fn levenberg_marquardt<M: Model>(m: &M, start: &[f64], xs: &[f64], ys: &[f64
             break;
         }
     }
-    Fit { params: p, sse: cost, iterations: iters }
+    Fit {
+        params: p,
+        sse: cost,
+        iterations: iters,
+    }
 }
 
 /// Fits from several starts, then re-weights once with Huber weights
@@ -144,7 +160,11 @@ pub fn robust_fit<M: Model>(m: &M, starts: &[Vec<f64>], xs: &[f64], ys: &[f64]) 
         .map(|s| levenberg_marquardt(m, s, xs, ys, &ones, 200))
         .min_by(|a, b| a.sse.total_cmp(&b.sse))
         .expect("at least one start");
-    let mut res: Vec<f64> = xs.iter().zip(ys).map(|(&x, &y)| (y - m.eval(&best.params, x)).abs()).collect();
+    let mut res: Vec<f64> = xs
+        .iter()
+        .zip(ys)
+        .map(|(&x, &y)| (y - m.eval(&best.params, x)).abs())
+        .collect();
     let mut sorted = res.clone();
     sorted.sort_by(f64::total_cmp);
     let mad = sorted[sorted.len() / 2] / 0.6745;

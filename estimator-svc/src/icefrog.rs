@@ -54,7 +54,13 @@ pub fn iteration_time(t_fwd: f64, t_bwd: f64, t_sync: f64, gamma: f64) -> f64 {
 
 /// ICEFROG Eq. 6: `T_bwd(m, ℓ) = α + β · θ_ℓ^γ · T_bwd(m, 0)`; θ_ℓ is the
 /// FLOPs ratio of the layers still trained.
-pub fn backward_time_frozen(alpha: f64, beta: f64, gamma_flop: f64, theta: f64, t_bwd0: f64) -> f64 {
+pub fn backward_time_frozen(
+    alpha: f64,
+    beta: f64,
+    gamma_flop: f64,
+    theta: f64,
+    t_bwd0: f64,
+) -> f64 {
     alpha + beta * theta.clamp(0.0, 1.0).powf(gamma_flop) * t_bwd0
 }
 
@@ -67,7 +73,12 @@ pub fn sync_time_frozen(alpha: f64, beta: f64, omega: f64, t_sync0: f64) -> f64 
 /// ICEFROG Eq. 8 (fixed, see the module docs): slowdown from GPU sharing.
 /// Rules: (1) the sharers' memory fits the GPU, (2) their utilisation sums
 /// to at most 100 %.
-pub fn sharing_slowdown(shared: bool, memory_sum_gib: f64, gpu_memory_gib: f64, utilization_sum_pct: f64) -> f64 {
+pub fn sharing_slowdown(
+    shared: bool,
+    memory_sum_gib: f64,
+    gpu_memory_gib: f64,
+    utilization_sum_pct: f64,
+) -> f64 {
     if !shared {
         return 1.0;
     }
@@ -103,7 +114,10 @@ fn variant_factors(v: &Variant, layers: u32) -> (f64, f64) {
         (PETL_BACKWARD, PETL_SYNC)
     } else if v.frozen_layers > 0 {
         // Eq. 6 and Eq. 7 with α = 0, β = 1.
-        (backward_time_frozen(0.0, 1.0, GAMMA_FLOP, trained, 1.0), sync_time_frozen(0.0, 1.0, trained, 1.0))
+        (
+            backward_time_frozen(0.0, 1.0, GAMMA_FLOP, trained, 1.0),
+            sync_time_frozen(0.0, 1.0, trained, 1.0),
+        )
     } else {
         (1.0, 1.0)
     };
@@ -120,7 +134,13 @@ fn variant_factors(v: &Variant, layers: u32) -> (f64, f64) {
 /// Derives (step, sync) of variant `to` from a measured (step, sync) of
 /// variant `from` of the same model with `layers` transformer layers. The
 /// measured step is read as compute + synchronisation.
-pub fn adjust_variant(step: f64, sync: f64, from: &Variant, to: &Variant, layers: u32) -> (f64, f64) {
+pub fn adjust_variant(
+    step: f64,
+    sync: f64,
+    from: &Variant,
+    to: &Variant,
+    layers: u32,
+) -> (f64, f64) {
     let (cf, sf) = variant_factors(from, layers);
     let (ct, st) = variant_factors(to, layers);
     let fwd_plain = (step - sync).max(0.0) / cf;
@@ -159,27 +179,49 @@ mod tests {
         assert!(layer_aware_throughput(64.0, 0.5, lambda) > 0.0);
         assert_eq!(sharing_slowdown(true, 10.0, 80.0, 50.0), 0.9);
         assert_eq!(sharing_slowdown(true, 90.0, 80.0, 50.0), 0.0, "memory rule");
-        assert_eq!(sharing_slowdown(true, 10.0, 80.0, 120.0), 0.0, "utilisation rule");
+        assert_eq!(
+            sharing_slowdown(true, 10.0, 80.0, 120.0),
+            0.0,
+            "utilisation rule"
+        );
     }
 
     #[test]
     fn variants_speed_up_and_slow_down_as_expected() {
         let base = Variant::base();
         let (s0, y0) = adjust_variant(0.4, 0.1, &base, &base, 12);
-        assert!((s0 - 0.4).abs() < 1e-12 && (y0 - 0.1).abs() < 1e-12, "identity");
-        let frozen = Variant { frozen_layers: 6, ..base.clone() };
+        assert!(
+            (s0 - 0.4).abs() < 1e-12 && (y0 - 0.1).abs() < 1e-12,
+            "identity"
+        );
+        let frozen = Variant {
+            frozen_layers: 6,
+            ..base.clone()
+        };
         let (sf, yf) = adjust_variant(0.4, 0.1, &base, &frozen, 12);
         assert!(sf < 0.4 && (yf - 0.05).abs() < 1e-12, "{sf} {yf}");
-        let fp32 = Variant { amp: false, ..base.clone() };
+        let fp32 = Variant {
+            amp: false,
+            ..base.clone()
+        };
         assert!(adjust_variant(0.4, 0.1, &base, &fp32, 12).0 > 0.6);
-        let ckpt = Variant { gradient_checkpointing: true, ..base.clone() };
+        let ckpt = Variant {
+            gradient_checkpointing: true,
+            ..base.clone()
+        };
         assert!((adjust_variant(0.4, 0.1, &base, &ckpt, 12).0 - 0.5).abs() < 1e-12);
-        let lora = Variant { petl: "lora".into(), ..base.clone() };
+        let lora = Variant {
+            petl: "lora".into(),
+            ..base.clone()
+        };
         let (sl, yl) = adjust_variant(0.4, 0.1, &base, &lora, 12);
         assert!(sl < 0.3 && yl < 0.01);
         // Round trip: derive a variant, then derive the base back from it.
         let (s1, y1) = adjust_variant(0.4, 0.1, &base, &frozen, 12);
         let (s2, y2) = adjust_variant(s1, y1, &frozen, &base, 12);
-        assert!((s2 - 0.4).abs() < 1e-9 && (y2 - 0.1).abs() < 1e-9, "{s2} {y2}");
+        assert!(
+            (s2 - 0.4).abs() < 1e-9 && (y2 - 0.1).abs() < 1e-9,
+            "{s2} {y2}"
+        );
     }
 }

@@ -7,7 +7,7 @@
 //! directly; `persistence` and `service` are the gRPC service's parts.
 
 pub mod fit;
-pub mod loss_curve;
-pub mod transfer;
 pub mod icefrog;
+pub mod loss_curve;
 pub mod lut;
+pub mod transfer;

@@ -33,9 +33,17 @@ pub struct LossCurve {
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
 pub enum FitError {
     #[error("{field}: need at least {min} points, got {got}")]
-    TooFewPoints { field: &'static str, min: usize, got: usize },
+    TooFewPoints {
+        field: &'static str,
+        min: usize,
+        got: usize,
+    },
     #[error("iterations and {field} have different lengths ({a} vs {b})")]
-    LengthMismatch { field: &'static str, a: usize, b: usize },
+    LengthMismatch {
+        field: &'static str,
+        a: usize,
+        b: usize,
+    },
     #[error("{field}[{index}] is not a finite number")]
     NotFinite { field: &'static str, index: usize },
     #[error("iterations[{index}] must be >= 0 and strictly increasing")]
@@ -45,7 +53,11 @@ pub enum FitError {
     #[error("{field}: the trace is constant; it does not determine a curve")]
     Constant { field: &'static str },
     #[error("{field}: {max} points at most, got {got}")]
-    TooManyPoints { field: &'static str, max: usize, got: usize },
+    TooManyPoints {
+        field: &'static str,
+        max: usize,
+        got: usize,
+    },
 }
 
 /// Longest trace accepted (longer traces are an input error, not a fit).
@@ -96,17 +108,32 @@ impl Model for ScaledLoss {
 
 fn check_points(field: &'static str, xs: &[f64], ys: &[f64], min: usize) -> Result<(), FitError> {
     if xs.len() != ys.len() {
-        return Err(FitError::LengthMismatch { field, a: xs.len(), b: ys.len() });
+        return Err(FitError::LengthMismatch {
+            field,
+            a: xs.len(),
+            b: ys.len(),
+        });
     }
     if xs.len() > MAX_POINTS {
-        return Err(FitError::TooManyPoints { field, max: MAX_POINTS, got: xs.len() });
+        return Err(FitError::TooManyPoints {
+            field,
+            max: MAX_POINTS,
+            got: xs.len(),
+        });
     }
     if xs.len() < min {
-        return Err(FitError::TooFewPoints { field, min, got: xs.len() });
+        return Err(FitError::TooFewPoints {
+            field,
+            min,
+            got: xs.len(),
+        });
     }
     for (i, (&x, &y)) in xs.iter().zip(ys).enumerate() {
         if !x.is_finite() {
-            return Err(FitError::NotFinite { field: "iterations", index: i });
+            return Err(FitError::NotFinite {
+                field: "iterations",
+                index: i,
+            });
         }
         if !y.is_finite() {
             return Err(FitError::NotFinite { field, index: i });
@@ -115,7 +142,9 @@ fn check_points(field: &'static str, xs: &[f64], ys: &[f64], min: usize) -> Resu
             return Err(FitError::NotIncreasing { index: i });
         }
     }
-    let (lo, hi) = ys.iter().fold((f64::MAX, f64::MIN), |(l, h), &y| (l.min(y), h.max(y)));
+    let (lo, hi) = ys
+        .iter()
+        .fold((f64::MAX, f64::MIN), |(l, h), &y| (l.min(y), h.max(y)));
     if hi - lo <= 1e-12 * hi.abs().max(1.0) {
         return Err(FitError::Constant { field });
     }
@@ -131,14 +160,23 @@ fn bucket(xs: &[f64], ys: &[f64]) -> (Vec<f64>, Vec<f64>) {
     let per = xs.len().div_ceil(FIT_POINTS);
     xs.chunks(per)
         .zip(ys.chunks(per))
-        .map(|(a, b)| (a.iter().sum::<f64>() / a.len() as f64, b.iter().sum::<f64>() / b.len() as f64))
+        .map(|(a, b)| {
+            (
+                a.iter().sum::<f64>() / a.len() as f64,
+                b.iter().sum::<f64>() / b.len() as f64,
+            )
+        })
         .unzip()
 }
 
 fn r_squared(sse: f64, ys: &[f64]) -> f64 {
     let mean = ys.iter().sum::<f64>() / ys.len() as f64;
     let sst: f64 = ys.iter().map(|y| (y - mean).powi(2)).sum();
-    if sst <= 0.0 { 0.0 } else { (1.0 - sse / sst).clamp(0.0, 1.0) }
+    if sst <= 0.0 {
+        0.0
+    } else {
+        (1.0 - sse / sst).clamp(0.0, 1.0)
+    }
 }
 
 /// Fits Ymir Eq. 3 to a loss trace (iterations, losses). Robust: several
@@ -192,9 +230,15 @@ pub fn iterations_to_converge(c: &LossCurve, gain: f64, threshold: f64, cap: u64
     while hi - lo > 2 {
         let m1 = lo + (hi - lo) / 3;
         let m2 = hi - (hi - lo) / 3;
-        if drop(m1) < drop(m2) { lo = m1 } else { hi = m2 }
+        if drop(m1) < drop(m2) {
+            lo = m1
+        } else {
+            hi = m2
+        }
     }
-    let peak = (lo..=hi).max_by(|&a, &b| drop(a).total_cmp(&drop(b))).unwrap_or(0);
+    let peak = (lo..=hi)
+        .max_by(|&a, &b| drop(a).total_cmp(&drop(b)))
+        .unwrap_or(0);
     if drop(cap) > threshold {
         return cap;
     }
@@ -202,7 +246,11 @@ pub fn iterations_to_converge(c: &LossCurve, gain: f64, threshold: f64, cap: u64
     let (mut lo, mut hi) = (peak, cap);
     while lo < hi {
         let mid = lo + (hi - lo) / 2;
-        if drop(mid) <= threshold { hi = mid } else { lo = mid + 1 }
+        if drop(mid) <= threshold {
+            hi = mid
+        } else {
+            lo = mid + 1
+        }
     }
     lo
 }
@@ -255,9 +303,17 @@ impl MetricCurve {
 
     /// First `k ≥ 0` where the metric reaches `target`.
     pub fn first_reaching(&self, target: f64) -> TargetPrediction {
-        let t = if self.lower_is_better { -target } else { target };
+        let t = if self.lower_is_better {
+            -target
+        } else {
+            target
+        };
         if t >= self.c {
-            let asym = if self.lower_is_better { -self.c } else { self.c };
+            let asym = if self.lower_is_better {
+                -self.c
+            } else {
+                self.c
+            };
             return TargetPrediction::Unreachable { asymptote: asym };
         }
         TargetPrediction::At(((1.0 / (self.c - t) - self.b) / self.a).max(0.0))
@@ -265,14 +321,20 @@ impl MetricCurve {
 }
 
 /// Fits the saturating curve to evaluation points.
-pub fn fit_metric_curve(iterations: &[f64], values: &[f64], lower_is_better: bool) -> Result<MetricCurve, FitError> {
+pub fn fit_metric_curve(
+    iterations: &[f64],
+    values: &[f64],
+    lower_is_better: bool,
+) -> Result<MetricCurve, FitError> {
     check_points("metric_values", iterations, values, MIN_METRIC_POINTS)?;
     let (xs, ys) = bucket(iterations, values);
     let k_scale = xs.last().copied().unwrap_or(1.0).max(1.0);
     let sign = if lower_is_better { -1.0 } else { 1.0 };
     let ys: Vec<f64> = ys.iter().map(|y| sign * y).collect();
     let xs: Vec<f64> = xs.iter().map(|x| x / k_scale).collect();
-    let (lo, hi) = ys.iter().fold((f64::MAX, f64::MIN), |(l, h), &y| (l.min(y), h.max(y)));
+    let (lo, hi) = ys
+        .iter()
+        .fold((f64::MAX, f64::MIN), |(l, h), &y| (l.min(y), h.max(y)));
     let span = (hi - lo).max(1e-6);
     let mut starts = Vec::new();
     for head in [0.1, 0.5, 2.0] {
@@ -327,11 +389,17 @@ mod tests {
         let f = fit_loss_curve(&k, &l).unwrap();
         assert!(f.quality > 0.999, "{f:?}");
         for kk in [0.0, 500.0, 2999.0] {
-            assert!((f.eval(kk) - truth.eval(kk)).abs() / truth.eval(kk) < 0.01, "{kk}: {f:?}");
+            assert!(
+                (f.eval(kk) - truth.eval(kk)).abs() / truth.eval(kk) < 0.01,
+                "{kk}: {f:?}"
+            );
         }
         let kt = iterations_to_converge(&truth, 0.0, PLATEAU_THRESHOLD, 1_000_000);
         let kf = iterations_to_converge(&f, 0.0, PLATEAU_THRESHOLD, 1_000_000);
-        assert!((kf as f64 - kt as f64).abs() / (kt as f64) < 0.02, "{kf} vs {kt}");
+        assert!(
+            (kf as f64 - kt as f64).abs() / (kt as f64) < 0.02,
+            "{kf} vs {kt}"
+        );
     }
 
     #[test]
@@ -357,7 +425,10 @@ mod tests {
         assert!(helped < alone && alone < hurt, "{helped} {alone} {hurt}");
         // The wrong reading: normalise L_B/(1+G) by its own max → same K as alone.
         let scaled = LossCurve::new(b.beta0 / 1.4, b.beta1 * 1.4, b.beta2 * 1.4, b.beta3 * 1.4);
-        assert_eq!(iterations_to_converge(&scaled, 0.0, PLATEAU_THRESHOLD, 1_000_000), alone);
+        assert_eq!(
+            iterations_to_converge(&scaled, 0.0, PLATEAU_THRESHOLD, 1_000_000),
+            alone
+        );
     }
 
     #[test]
@@ -372,17 +443,38 @@ mod tests {
     #[test]
     fn bad_traces_are_rejected_with_reasons() {
         let k: Vec<f64> = (0..10).map(f64::from).collect();
-        assert!(matches!(fit_loss_curve(&k[..3], &[1.0, 0.9, 0.8]), Err(FitError::TooFewPoints { .. })));
-        assert!(matches!(fit_loss_curve(&k, &[1.0; 10]), Err(FitError::Constant { .. })));
+        assert!(matches!(
+            fit_loss_curve(&k[..3], &[1.0, 0.9, 0.8]),
+            Err(FitError::TooFewPoints { .. })
+        ));
+        assert!(matches!(
+            fit_loss_curve(&k, &[1.0; 10]),
+            Err(FitError::Constant { .. })
+        ));
         let mut nan = vec![1.0; 10];
         nan[4] = f64::NAN;
-        assert_eq!(fit_loss_curve(&k, &nan), Err(FitError::NotFinite { field: "losses", index: 4 }));
-        assert!(matches!(fit_loss_curve(&k, &[1.0; 9]), Err(FitError::LengthMismatch { .. })));
+        assert_eq!(
+            fit_loss_curve(&k, &nan),
+            Err(FitError::NotFinite {
+                field: "losses",
+                index: 4
+            })
+        );
+        assert!(matches!(
+            fit_loss_curve(&k, &[1.0; 9]),
+            Err(FitError::LengthMismatch { .. })
+        ));
         let mut back = k.clone();
         back[5] = 2.0;
-        assert_eq!(fit_loss_curve(&back, &[1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1]), Err(FitError::NotIncreasing { index: 5 }));
+        assert_eq!(
+            fit_loss_curve(&back, &[1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1]),
+            Err(FitError::NotIncreasing { index: 5 })
+        );
         let neg: Vec<f64> = (0..10).map(|i| 1.0 - 0.2 * f64::from(i)).collect();
-        assert!(matches!(fit_loss_curve(&k, &neg), Err(FitError::Negative { .. })));
+        assert!(matches!(
+            fit_loss_curve(&k, &neg),
+            Err(FitError::Negative { .. })
+        ));
     }
 
     #[test]
@@ -406,7 +498,10 @@ mod tests {
             TargetPrediction::At(k) => assert!((k - 1800.0).abs() < 20.0, "{k}"),
             other => panic!("{other:?}"),
         }
-        assert!(matches!(m.first_reaching(0.95), TargetPrediction::Unreachable { .. }));
+        assert!(matches!(
+            m.first_reaching(0.95),
+            TargetPrediction::Unreachable { .. }
+        ));
         // Lower-is-better: a loss metric 1/(0.01k+2) + 0.1 reaching 0.15.
         let loss: Vec<f64> = xs.iter().map(|&k| 0.1 + 1.0 / (0.01 * k + 2.0)).collect();
         let m = fit_metric_curve(&xs, &loss, true).unwrap();

@@ -117,8 +117,14 @@ pub enum LutError {
     #[error("{field}: must be > 0")]
     Zero { field: &'static str },
     #[error("{origin} line {line}: {message}")]
-    Csv { origin: String, line: usize, message: String },
-    #[error("unknown profile layout {0:?}; expected placements, scalability, memory, context_switch or fmsched")]
+    Csv {
+        origin: String,
+        line: usize,
+        message: String,
+    },
+    #[error(
+        "unknown profile layout {0:?}; expected placements, scalability, memory, context_switch or fmsched"
+    )]
     Layout(String),
 }
 
@@ -133,7 +139,13 @@ pub fn canonical_placement(p: &str) -> Result<String, LutError> {
     }
     let n = digits.len();
     let best = (0..n)
-        .map(|r| digits[r..].iter().chain(&digits[..r]).copied().collect::<Vec<u8>>())
+        .map(|r| {
+            digits[r..]
+                .iter()
+                .chain(&digits[..r])
+                .copied()
+                .collect::<Vec<u8>>()
+        })
         .min()
         .unwrap_or_default();
     Ok(String::from_utf8(best).unwrap_or_default())
@@ -144,7 +156,8 @@ pub fn packed_placement(gpus: u32, per_node: u32) -> String {
     let per_node = per_node.clamp(1, 9);
     let full = gpus / per_node;
     let rest = gpus % per_node;
-    let mut s: String = std::iter::repeat_n(char::from(b'0' + per_node as u8), full as usize).collect();
+    let mut s: String =
+        std::iter::repeat_n(char::from(b'0' + per_node as u8), full as usize).collect();
     if rest > 0 {
         s.insert(0, char::from(b'0' + rest as u8));
     }
@@ -215,7 +228,12 @@ impl Profile {
         node_vals.sort_unstable();
         node_vals.dedup();
         let at_nodes = |n: u32| -> (f64, f64) {
-            let mut reps: Vec<u32> = self.scalability.iter().filter(|p| p.nodes == n).map(|p| p.replicas).collect();
+            let mut reps: Vec<u32> = self
+                .scalability
+                .iter()
+                .filter(|p| p.nodes == n)
+                .map(|p| p.replicas)
+                .collect();
             reps.sort_unstable();
             reps.dedup();
             let per_rep: Vec<(f64, f64)> = reps
@@ -225,7 +243,11 @@ impl Profile {
                         .scalability
                         .iter()
                         .filter(|p| p.nodes == n && p.replicas == r)
-                        .map(|p| Point { local_bsz: p.local_bsz, step: p.step, sync: p.sync })
+                        .map(|p| Point {
+                            local_bsz: p.local_bsz,
+                            step: p.step,
+                            sync: p.sync,
+                        })
                         .collect();
                     pts.sort_by_key(|p| p.local_bsz);
                     let (s, y, _) = self.points_step(&pts, bsz);
@@ -233,8 +255,18 @@ impl Profile {
                 })
                 .collect();
             let xs: Vec<f64> = reps.iter().map(|&r| f64::from(r)).collect();
-            let s = interp(&xs, &per_rep.iter().map(|v| v.0).collect::<Vec<_>>(), f64::from(replicas)).0;
-            let y = interp(&xs, &per_rep.iter().map(|v| v.1).collect::<Vec<_>>(), f64::from(replicas)).0;
+            let s = interp(
+                &xs,
+                &per_rep.iter().map(|v| v.0).collect::<Vec<_>>(),
+                f64::from(replicas),
+            )
+            .0;
+            let y = interp(
+                &xs,
+                &per_rep.iter().map(|v| v.1).collect::<Vec<_>>(),
+                f64::from(replicas),
+            )
+            .0;
             (s, y)
         };
         let per_node: Vec<(f64, f64)> = node_vals.iter().map(|&n| at_nodes(n)).collect();
@@ -263,7 +295,13 @@ impl Profile {
             .get(placement)
             .and_then(|p| p.last().map(|p| p.local_bsz))
             .or_else(|| self.scalability.iter().map(|p| p.local_bsz).max())
-            .or_else(|| self.placements.values().filter_map(|p| p.last()).map(|p| p.local_bsz).max())
+            .or_else(|| {
+                self.placements
+                    .values()
+                    .filter_map(|p| p.last())
+                    .map(|p| p.local_bsz)
+                    .max()
+            })
             .unwrap_or(1)
     }
 }
@@ -279,7 +317,11 @@ pub struct Measured {
 
 impl Measured {
     pub fn sd_step(&self) -> f64 {
-        if self.n < 2 { 0.0 } else { (self.m2_step / (self.n - 1) as f64).sqrt() }
+        if self.n < 2 {
+            0.0
+        } else {
+            (self.m2_step / (self.n - 1) as f64).sqrt()
+        }
     }
 }
 
@@ -330,7 +372,9 @@ impl Lut {
     }
 
     pub fn profile(&self, model: &str, gpu_type: &str, v: &Variant) -> Option<&Profile> {
-        self.profiles.get(&(model.to_string(), gpu_type.to_string()))?.get(v)
+        self.profiles
+            .get(&(model.to_string(), gpu_type.to_string()))?
+            .get(v)
     }
 
     /// (model, GPU type) pairs with any table.
@@ -344,14 +388,26 @@ impl Lut {
 
     /// GPU types profiled for a model.
     pub fn gpu_types(&self, model: &str) -> Vec<String> {
-        self.profiles.keys().filter(|(m, _)| m == model).map(|(_, g)| g.clone()).collect()
+        self.profiles
+            .keys()
+            .filter(|(m, _)| m == model)
+            .map(|(_, g)| g.clone())
+            .collect()
     }
 
-    fn base_profile(&self, model: &str, gpu: &str, v: &Variant) -> Result<(&Profile, bool), LutError> {
-        let tables = self.profiles.get(&(model.to_string(), gpu.to_string())).ok_or_else(|| LutError::NoProfile {
-            model: model.into(),
-            gpu_type: gpu.into(),
-        })?;
+    fn base_profile(
+        &self,
+        model: &str,
+        gpu: &str,
+        v: &Variant,
+    ) -> Result<(&Profile, bool), LutError> {
+        let tables = self
+            .profiles
+            .get(&(model.to_string(), gpu.to_string()))
+            .ok_or_else(|| LutError::NoProfile {
+                model: model.into(),
+                gpu_type: gpu.into(),
+            })?;
         if let Some(p) = tables.get(v) {
             return Ok((p, true));
         }
@@ -359,12 +415,21 @@ impl Lut {
         let fallback = tables
             .iter()
             .filter(|(k, _)| k.pipeline == v.pipeline)
-            .min_by_key(|(k, _)| (k.frozen_layers, k.gradient_checkpointing, !k.petl.is_empty(), !k.amp))
+            .min_by_key(|(k, _)| {
+                (
+                    k.frozen_layers,
+                    k.gradient_checkpointing,
+                    !k.petl.is_empty(),
+                    !k.amp,
+                )
+            })
             .map(|(_, p)| p);
-        fallback.map(|p| (p, false)).ok_or_else(|| LutError::NoProfile {
-            model: model.into(),
-            gpu_type: format!("{gpu} (pipeline={})", v.pipeline),
-        })
+        fallback
+            .map(|p| (p, false))
+            .ok_or_else(|| LutError::NoProfile {
+                model: model.into(),
+                gpu_type: format!("{gpu} (pipeline={})", v.pipeline),
+            })
     }
 
     /// Step and sync time of one exact configuration.
@@ -373,15 +438,17 @@ impl Lut {
             return Err(LutError::Zero { field: "local_bsz" });
         }
         let placement = canonical_placement(&key.placement)?;
-        let (profile, exact_variant) = self.base_profile(&key.model, &key.gpu_type, &key.variant)?;
-        let (mut step, mut sync, mut interpolated) = profile.step(&placement, key.local_bsz).ok_or_else(|| {
-            LutError::NoProfile {
+        let (profile, exact_variant) =
+            self.base_profile(&key.model, &key.gpu_type, &key.variant)?;
+        let (mut step, mut sync, mut interpolated) = profile
+            .step(&placement, key.local_bsz)
+            .ok_or_else(|| LutError::NoProfile {
                 model: key.model.clone(),
                 gpu_type: key.gpu_type.clone(),
-            }
-        })?;
+            })?;
         if !exact_variant {
-            let (s, y) = crate::icefrog::adjust_variant(step, sync, &Variant::base(), &key.variant, layers);
+            let (s, y) =
+                crate::icefrog::adjust_variant(step, sync, &Variant::base(), &key.variant, layers);
             step = s;
             sync = y;
             interpolated = true;
@@ -399,7 +466,10 @@ impl Lut {
             sync = (PRIOR_WEIGHT * sync + n * m.mean_sync) / (PRIOR_WEIGHT + n);
             interpolated = false;
         }
-        let feasible = match (profile.memory_gib(key.local_bsz), self.memory_limit(&key.gpu_type)) {
+        let feasible = match (
+            profile.memory_gib(key.local_bsz),
+            self.memory_limit(&key.gpu_type),
+        ) {
             (Some(need), Some(cap)) => need <= cap,
             _ => true,
         };
@@ -412,7 +482,10 @@ impl Lut {
     }
 
     fn memory_limit(&self, gpu: &str) -> Option<f64> {
-        self.gpu_memory.get(gpu).copied().or_else(|| gpu_memory_gib(gpu))
+        self.gpu_memory
+            .get(gpu)
+            .copied()
+            .or_else(|| gpu_memory_gib(gpu))
     }
 
     /// Time of one iteration of global batch `global_bsz` on `gpus` GPUs
@@ -432,7 +505,9 @@ impl Lut {
             return Err(LutError::Zero { field: "gpus" });
         }
         if global_bsz == 0 {
-            return Err(LutError::Zero { field: "global_batch_size" });
+            return Err(LutError::Zero {
+                field: "global_batch_size",
+            });
         }
         let placement = canonical_placement(&packed_placement(gpus, per_node))?;
         let (profile, _) = self.base_profile(model, gpu_type, variant)?;
@@ -474,7 +549,13 @@ impl Lut {
     }
 
     /// Folds one measured step time into the table (see module docs).
-    pub fn record(&mut self, key: &ThroughputKey, step: f64, sync: f64, layers: u32) -> Result<Recorded, LutError> {
+    pub fn record(
+        &mut self,
+        key: &ThroughputKey,
+        step: f64,
+        sync: f64,
+        layers: u32,
+    ) -> Result<Recorded, LutError> {
         let mut key = key.clone();
         key.placement = canonical_placement(&key.placement)?;
         key.grad_accum = key.grad_accum.max(1);
@@ -511,7 +592,14 @@ impl Lut {
 
     /// Imports a CSV in one of the layouts (see the module docs); returns
     /// the number of rows read. Nothing is changed on error.
-    pub fn import_csv(&mut self, model: &str, gpu_type: &str, layout: &str, origin: &str, csv: &str) -> Result<usize, LutError> {
+    pub fn import_csv(
+        &mut self,
+        model: &str,
+        gpu_type: &str,
+        layout: &str,
+        origin: &str,
+        csv: &str,
+    ) -> Result<usize, LutError> {
         let rows = parse_csv(origin, csv)?;
         let v = Variant::base();
         let err = |line: usize, message: String| LutError::Csv {
@@ -519,32 +607,51 @@ impl Lut {
             line,
             message,
         };
-        let num = |line: usize, row: &BTreeMap<String, String>, col: &str| -> Result<f64, LutError> {
-            let raw = row.get(col).ok_or_else(|| err(line, format!("missing column {col:?}")))?;
-            let x: f64 = raw.trim().parse().map_err(|_| err(line, format!("{col}: {raw:?} is not a number")))?;
-            if !x.is_finite() || x < 0.0 {
-                return Err(err(line, format!("{col}: {raw:?} must be a finite number >= 0")));
-            }
-            Ok(x)
-        };
-        let int = |line: usize, row: &BTreeMap<String, String>, col: &str| -> Result<u32, LutError> {
-            let x = num(line, row, col)?;
-            if x.fract() != 0.0 || x > f64::from(u32::MAX) {
-                return Err(err(line, format!("{col}: must be a whole number")));
-            }
-            Ok(x as u32)
-        };
+        let num =
+            |line: usize, row: &BTreeMap<String, String>, col: &str| -> Result<f64, LutError> {
+                let raw = row
+                    .get(col)
+                    .ok_or_else(|| err(line, format!("missing column {col:?}")))?;
+                let x: f64 = raw
+                    .trim()
+                    .parse()
+                    .map_err(|_| err(line, format!("{col}: {raw:?} is not a number")))?;
+                if !x.is_finite() || x < 0.0 {
+                    return Err(err(
+                        line,
+                        format!("{col}: {raw:?} must be a finite number >= 0"),
+                    ));
+                }
+                Ok(x)
+            };
+        let int =
+            |line: usize, row: &BTreeMap<String, String>, col: &str| -> Result<u32, LutError> {
+                let x = num(line, row, col)?;
+                if x.fract() != 0.0 || x > f64::from(u32::MAX) {
+                    return Err(err(line, format!("{col}: must be a whole number")));
+                }
+                Ok(x as u32)
+            };
         match layout {
             "placements" => {
                 let mut add = Vec::new();
                 for (line, r) in &rows {
-                    let p = r.get("placement").ok_or_else(|| err(*line, "missing column \"placement\"".into()))?;
+                    let p = r
+                        .get("placement")
+                        .ok_or_else(|| err(*line, "missing column \"placement\"".into()))?;
                     let p = canonical_placement(p.trim()).map_err(|e| err(*line, e.to_string()))?;
                     let bsz = int(*line, r, "local_bsz")?;
                     if bsz == 0 {
                         return Err(err(*line, "local_bsz: must be > 0".into()));
                     }
-                    add.push((p, Point { local_bsz: bsz, step: num(*line, r, "step_time")?, sync: num(*line, r, "sync_time")? }));
+                    add.push((
+                        p,
+                        Point {
+                            local_bsz: bsz,
+                            step: num(*line, r, "step_time")?,
+                            sync: num(*line, r, "sync_time")?,
+                        },
+                    ));
                 }
                 let prof = self.profile_mut(model, gpu_type, &v);
                 for (p, pt) in add {
@@ -565,7 +672,9 @@ impl Lut {
                         sync: num(*line, r, "sync_time")?,
                     });
                 }
-                self.profile_mut(model, gpu_type, &v).scalability.extend(add);
+                self.profile_mut(model, gpu_type, &v)
+                    .scalability
+                    .extend(add);
             }
             "memory" => {
                 let mut add = Vec::new();
@@ -598,13 +707,29 @@ impl Lut {
                             Some(o) => Err(err(*line, format!("{col}: {o:?} is not a boolean"))),
                         }
                     };
-                    let row_model = r.get("model").map(|s| s.trim()).filter(|s| !s.is_empty()).unwrap_or(model);
-                    let row_gpu = r.get("gpu_type").map(|s| s.trim()).filter(|s| !s.is_empty()).unwrap_or(gpu_type);
+                    let row_model = r
+                        .get("model")
+                        .map(|s| s.trim())
+                        .filter(|s| !s.is_empty())
+                        .unwrap_or(model);
+                    let row_gpu = r
+                        .get("gpu_type")
+                        .map(|s| s.trim())
+                        .filter(|s| !s.is_empty())
+                        .unwrap_or(gpu_type);
                     let variant = Variant {
                         amp: flag("amp")?,
-                        frozen_layers: if r.contains_key("frozen_layers") { int(*line, r, "frozen_layers")? } else { 0 },
+                        frozen_layers: if r.contains_key("frozen_layers") {
+                            int(*line, r, "frozen_layers")?
+                        } else {
+                            0
+                        },
                         gradient_checkpointing: flag("grad_ckpt")?,
-                        petl: r.get("petl").map(|s| s.trim().to_string()).filter(|s| s != "none").unwrap_or_default(),
+                        petl: r
+                            .get("petl")
+                            .map(|s| s.trim().to_string())
+                            .filter(|s| s != "none")
+                            .unwrap_or_default(),
                         pipeline: flag("pipeline")?,
                     };
                     let p = canonical_placement(r.get("placement").map(|s| s.trim()).unwrap_or(""))
@@ -613,18 +738,34 @@ impl Lut {
                     if bsz == 0 {
                         return Err(err(*line, "local_bsz: must be > 0".into()));
                     }
-                    let mem = if r.get("gpu_memory_gib").is_some_and(|s| !s.trim().is_empty()) {
+                    let mem = if r
+                        .get("gpu_memory_gib")
+                        .is_some_and(|s| !s.trim().is_empty())
+                    {
                         Some(num(*line, r, "gpu_memory_gib")?)
                     } else {
                         None
                     };
-                    add.push((row_model.to_string(), row_gpu.to_string(), variant, p, bsz, num(*line, r, "step_time")?, num(*line, r, "sync_time")?, mem));
+                    add.push((
+                        row_model.to_string(),
+                        row_gpu.to_string(),
+                        variant,
+                        p,
+                        bsz,
+                        num(*line, r, "step_time")?,
+                        num(*line, r, "sync_time")?,
+                        mem,
+                    ));
                 }
                 for (m, g, variant, p, bsz, step, sync, mem) in add {
                     let prof = self.profile_mut(&m, &g, &variant);
                     let pts = prof.placements.entry(p).or_default();
                     pts.retain(|q| q.local_bsz != bsz);
-                    pts.push(Point { local_bsz: bsz, step, sync });
+                    pts.push(Point {
+                        local_bsz: bsz,
+                        step,
+                        sync,
+                    });
                     pts.sort_by_key(|q| q.local_bsz);
                     if let Some(gib) = mem {
                         prof.memory.retain(|x| x.0 != bsz);
@@ -641,10 +782,20 @@ impl Lut {
 
 /// Parses a header-first CSV without quoting (the profile layouts need none)
 /// into (line number, column → value) rows.
-fn parse_csv(origin: &str, text: &str) -> Result<Vec<(usize, BTreeMap<String, String>)>, LutError> {
-    let mut lines = text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty() && !l.trim_start().starts_with('#'));
+/// One CSV data row: its line number and its cells by column name.
+type CsvRow = (usize, BTreeMap<String, String>);
+
+fn parse_csv(origin: &str, text: &str) -> Result<Vec<CsvRow>, LutError> {
+    let mut lines = text
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty() && !l.trim_start().starts_with('#'));
     let Some((_, header)) = lines.next() else {
-        return Err(LutError::Csv { origin: origin.into(), line: 1, message: "empty file (a header row is required)".into() });
+        return Err(LutError::Csv {
+            origin: origin.into(),
+            line: 1,
+            message: "empty file (a header row is required)".into(),
+        });
     };
     let cols: Vec<String> = header.split(',').map(|c| c.trim().to_string()).collect();
     let mut out = Vec::new();
@@ -657,7 +808,13 @@ fn parse_csv(origin: &str, text: &str) -> Result<Vec<(usize, BTreeMap<String, St
                 message: format!("{} fields, the header has {}", vals.len(), cols.len()),
             });
         }
-        out.push((i + 1, cols.iter().cloned().zip(vals.iter().map(|v| v.trim().to_string())).collect()));
+        out.push((
+            i + 1,
+            cols.iter()
+                .cloned()
+                .zip(vals.iter().map(|v| v.trim().to_string()))
+                .collect(),
+        ));
     }
     Ok(out)
 }
@@ -676,8 +833,22 @@ mod tests {
             "placement,local_bsz,step_time,sync_time\n1,4,0.10,0.0\n1,8,0.18,0.0\n1,16,0.34,0.0\n44,4,0.20,0.08\n44,8,0.30,0.08\n",
         )
         .unwrap();
-        l.import_csv("m", "V100", "memory", "mem.csv", "local_bsz,gpu_memory\n4,2.0\n8,4.0\n16,8.0\n").unwrap();
-        l.import_csv("m", "V100", "context_switch", "cs.csv", "app,time_cost\na,12.5\nb,30.4\n").unwrap();
+        l.import_csv(
+            "m",
+            "V100",
+            "memory",
+            "mem.csv",
+            "local_bsz,gpu_memory\n4,2.0\n8,4.0\n16,8.0\n",
+        )
+        .unwrap();
+        l.import_csv(
+            "m",
+            "V100",
+            "context_switch",
+            "cs.csv",
+            "app,time_cost\na,12.5\nb,30.4\n",
+        )
+        .unwrap();
         l
     }
 
@@ -722,11 +893,15 @@ mod tests {
     fn accumulation_and_memory() {
         let l = lut();
         // 64 samples on 1 GPU: local 64 > max 16 → 4 micro-steps of 16.
-        let it = l.iteration_time("m", "V100", 1, 4, 64, &Variant::base(), 12).unwrap();
+        let it = l
+            .iteration_time("m", "V100", 1, 4, 64, &Variant::base(), 12)
+            .unwrap();
         assert_eq!((it.local_bsz, it.grad_accum), (16, 4));
         assert!((it.seconds - (0.34 + 3.0 * 0.34)).abs() < 1e-12);
         // 8 GPUs, batch 32 → local 4 on "44".
-        let it = l.iteration_time("m", "V100", 8, 4, 32, &Variant::base(), 12).unwrap();
+        let it = l
+            .iteration_time("m", "V100", 8, 4, 32, &Variant::base(), 12)
+            .unwrap();
         assert_eq!((it.local_bsz, it.grad_accum), (4, 1));
         assert!((it.seconds - 0.20).abs() < 1e-12);
         // Memory: 64 local needs 32 GiB on a 16 GiB GPU → infeasible.
@@ -754,12 +929,37 @@ mod tests {
     #[test]
     fn bad_csv_names_the_line() {
         let mut l = Lut::default();
-        let e = l.import_csv("m", "g", "placements", "x.csv", "placement,local_bsz,step_time,sync_time\n1,4,0.1,0\n1,x,0.1,0\n").unwrap_err();
-        assert_eq!(e.to_string(), "x.csv line 3: local_bsz: \"x\" is not a number");
-        let e = l.import_csv("m", "g", "placements", "x.csv", "placement,local_bsz,step_time,sync_time\n1,4,0.1\n").unwrap_err();
+        let e = l
+            .import_csv(
+                "m",
+                "g",
+                "placements",
+                "x.csv",
+                "placement,local_bsz,step_time,sync_time\n1,4,0.1,0\n1,x,0.1,0\n",
+            )
+            .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "x.csv line 3: local_bsz: \"x\" is not a number"
+        );
+        let e = l
+            .import_csv(
+                "m",
+                "g",
+                "placements",
+                "x.csv",
+                "placement,local_bsz,step_time,sync_time\n1,4,0.1\n",
+            )
+            .unwrap_err();
         assert!(e.to_string().contains("line 2"), "{e}");
-        assert!(matches!(l.import_csv("m", "g", "weird", "x", "a\n1\n"), Err(LutError::Layout(_))));
-        assert!(l.profile("m", "g", &Variant::base()).is_none(), "nothing imported on error");
+        assert!(matches!(
+            l.import_csv("m", "g", "weird", "x", "a\n1\n"),
+            Err(LutError::Layout(_))
+        ));
+        assert!(
+            l.profile("m", "g", &Variant::base()).is_none(),
+            "nothing imported on error"
+        );
     }
 
     #[test]

@@ -24,20 +24,31 @@ pub enum EmbeddingError {
     #[error("{field}: embedding is empty")]
     Empty { field: &'static str },
     #[error("{field}: length {got} differs from {expected}")]
-    Length { field: &'static str, expected: usize, got: usize },
+    Length {
+        field: &'static str,
+        expected: usize,
+        got: usize,
+    },
     #[error("{field}[{index}]: must be a finite number >= 0 (a Fisher diagonal)")]
     Value { field: &'static str, index: usize },
 }
 
 impl TaskEmbedding {
     pub fn validate(&self, dim: Option<usize>) -> Result<(), EmbeddingError> {
-        for (field, v) in [("fisher", &self.fisher), ("fisher_repeat", &self.fisher_repeat)] {
+        for (field, v) in [
+            ("fisher", &self.fisher),
+            ("fisher_repeat", &self.fisher_repeat),
+        ] {
             if v.is_empty() {
                 return Err(EmbeddingError::Empty { field });
             }
             let expected = dim.unwrap_or(self.fisher.len());
             if v.len() != expected {
-                return Err(EmbeddingError::Length { field, expected, got: v.len() });
+                return Err(EmbeddingError::Length {
+                    field,
+                    expected,
+                    got: v.len(),
+                });
             }
             if let Some(i) = v.iter().position(|x| !x.is_finite() || *x < 0.0) {
                 return Err(EmbeddingError::Value { field, index: i });
@@ -156,7 +167,11 @@ impl GainModel {
     /// (intercept, slope) of the least-squares line.
     pub fn coefficients(&self) -> (f64, f64) {
         let var = self.n * self.sxx - self.sx * self.sx;
-        let slope = if var.abs() < 1e-12 { 0.0 } else { (self.n * self.sxy - self.sx * self.sy) / var };
+        let slope = if var.abs() < 1e-12 {
+            0.0
+        } else {
+            (self.n * self.sxy - self.sx * self.sy) / var
+        };
         ((self.sy - slope * self.sx) / self.n, slope)
     }
 
@@ -199,20 +214,34 @@ mod tests {
         // fa=(3,1), fb=(1,1): u=(3/4,1/2), v=(1/4,1/2); cos = (3/16+1/4)/(|u||v|)
         let u = [0.75f64, 0.5];
         let v = [0.25f64, 0.5];
-        let cos = (u[0] * v[0] + u[1] * v[1]) / ((u[0] * u[0] + u[1] * u[1]).sqrt() * (v[0] * v[0] + v[1] * v[1]).sqrt());
+        let cos = (u[0] * v[0] + u[1] * v[1])
+            / ((u[0] * u[0] + u[1] * u[1]).sqrt() * (v[0] * v[0] + v[1] * v[1]).sqrt());
         assert!((d_sym(&[3.0, 1.0], &[1.0, 1.0]) - (1.0 - cos)).abs() < 1e-12);
     }
 
     #[test]
     fn asymmetric_score_subtracts_the_targets_self_distance() {
-        let a = TaskEmbedding { fisher: vec![3.0, 1.0], fisher_repeat: vec![3.0, 1.2] };
-        let b = TaskEmbedding { fisher: vec![1.0, 1.0], fisher_repeat: vec![1.1, 0.9] };
+        let a = TaskEmbedding {
+            fisher: vec![3.0, 1.0],
+            fisher_repeat: vec![3.0, 1.2],
+        };
+        let b = TaskEmbedding {
+            fisher: vec![1.0, 1.0],
+            fisher_repeat: vec![1.1, 0.9],
+        };
         let s_ab = temporal_score(&a, &b);
         let expected = d_sym(&[3.0, 1.0], &[1.0, 1.0]) - d_sym(&[1.0, 1.0], &[1.1, 0.9]);
         assert!((s_ab - expected).abs() < 1e-15);
-        assert_ne!(s_ab, temporal_score(&b, &a), "temporal transfer is asymmetric");
+        assert_ne!(
+            s_ab,
+            temporal_score(&b, &a),
+            "temporal transfer is asymmetric"
+        );
         let sp = spatial_score(&a, &b);
-        assert!((sp - spatial_score(&b, &a)).abs() < 1e-15, "spatial score is symmetric");
+        assert!(
+            (sp - spatial_score(&b, &a)).abs() < 1e-15,
+            "spatial score is symmetric"
+        );
         assert!((sp - 0.5 * (s_ab + temporal_score(&b, &a))).abs() < 1e-15);
     }
 
@@ -238,16 +267,41 @@ mod tests {
         // A: 1000 it × 32 / 3200 samples = 10 epochs; B: 500 × 16 / 4000 = 2 epochs.
         // Joint: max(10, 2) × (3200 + 4000) / (32 + 16) = 1500 iterations.
         assert_eq!(spatial_iterations(1000, 32, 3200, 500, 16, 4000), 1500);
-        assert_eq!(spatial_iterations(500, 16, 4000, 1000, 32, 3200), 1500, "symmetric");
+        assert_eq!(
+            spatial_iterations(500, 16, 4000, 1000, 32, 3200),
+            1500,
+            "symmetric"
+        );
     }
 
     #[test]
     fn embeddings_are_validated() {
-        let e = TaskEmbedding { fisher: vec![1.0, f64::NAN], fisher_repeat: vec![1.0, 1.0] };
-        assert_eq!(e.validate(None), Err(EmbeddingError::Value { field: "fisher", index: 1 }));
-        let e = TaskEmbedding { fisher: vec![1.0], fisher_repeat: vec![1.0, 1.0] };
-        assert!(matches!(e.validate(None), Err(EmbeddingError::Length { .. })));
-        let e = TaskEmbedding { fisher: vec![1.0, 2.0], fisher_repeat: vec![1.0, 2.0] };
-        assert!(matches!(e.validate(Some(3)), Err(EmbeddingError::Length { .. })));
+        let e = TaskEmbedding {
+            fisher: vec![1.0, f64::NAN],
+            fisher_repeat: vec![1.0, 1.0],
+        };
+        assert_eq!(
+            e.validate(None),
+            Err(EmbeddingError::Value {
+                field: "fisher",
+                index: 1
+            })
+        );
+        let e = TaskEmbedding {
+            fisher: vec![1.0],
+            fisher_repeat: vec![1.0, 1.0],
+        };
+        assert!(matches!(
+            e.validate(None),
+            Err(EmbeddingError::Length { .. })
+        ));
+        let e = TaskEmbedding {
+            fisher: vec![1.0, 2.0],
+            fisher_repeat: vec![1.0, 2.0],
+        };
+        assert!(matches!(
+            e.validate(Some(3)),
+            Err(EmbeddingError::Length { .. })
+        ));
     }
 }
