@@ -6,8 +6,13 @@
 //! The math modules are pure (no IO, no clock) so the simulator links them
 //! directly; `persistence` and `service` are the gRPC service's parts.
 
+pub mod analytic;
 pub mod fit;
 pub mod icefrog;
 pub mod loss_curve;
 pub mod lut;
+pub mod persistence;
+pub mod server;
+pub mod service;
+pub mod times;
 pub mod transfer;

@@ -738,39 +738,41 @@ impl Lut {
                     if bsz == 0 {
                         return Err(err(*line, "local_bsz: must be > 0".into()));
                     }
-                    let mem = if r
-                        .get("gpu_memory_gib")
-                        .is_some_and(|s| !s.trim().is_empty())
-                    {
-                        Some(num(*line, r, "gpu_memory_gib")?)
-                    } else {
-                        None
+                    let opt = |col: &str| -> Result<Option<f64>, LutError> {
+                        if r.get(col).is_some_and(|s| !s.trim().is_empty()) {
+                            num(*line, r, col).map(Some)
+                        } else {
+                            Ok(None)
+                        }
                     };
-                    add.push((
-                        row_model.to_string(),
-                        row_gpu.to_string(),
+                    add.push(FmschedRow {
+                        model: row_model.to_string(),
+                        gpu_type: row_gpu.to_string(),
                         variant,
-                        p,
-                        bsz,
-                        num(*line, r, "step_time")?,
-                        num(*line, r, "sync_time")?,
-                        mem,
-                    ));
-                }
-                for (m, g, variant, p, bsz, step, sync, mem) in add {
-                    let prof = self.profile_mut(&m, &g, &variant);
-                    let pts = prof.placements.entry(p).or_default();
-                    pts.retain(|q| q.local_bsz != bsz);
-                    pts.push(Point {
-                        local_bsz: bsz,
-                        step,
-                        sync,
+                        placement: p,
+                        point: Point {
+                            local_bsz: bsz,
+                            step: num(*line, r, "step_time")?,
+                            sync: num(*line, r, "sync_time")?,
+                        },
+                        memory_gib: opt("gpu_memory_gib")?,
+                        context_switch_s: opt("context_switch_s")?,
                     });
+                }
+                for row in add {
+                    let prof = self.profile_mut(&row.model, &row.gpu_type, &row.variant);
+                    let bsz = row.point.local_bsz;
+                    let pts = prof.placements.entry(row.placement).or_default();
+                    pts.retain(|q| q.local_bsz != bsz);
+                    pts.push(row.point);
                     pts.sort_by_key(|q| q.local_bsz);
-                    if let Some(gib) = mem {
+                    if let Some(gib) = row.memory_gib {
                         prof.memory.retain(|x| x.0 != bsz);
                         prof.memory.push((bsz, gib));
                         prof.memory.sort_by_key(|x| x.0);
+                    }
+                    if let Some(t) = row.context_switch_s {
+                        prof.context_switch_s = Some(prof.context_switch_s.map_or(t, |c| c.max(t)));
                     }
                 }
             }
@@ -780,11 +782,22 @@ impl Lut {
     }
 }
 
-/// Parses a header-first CSV without quoting (the profile layouts need none)
-/// into (line number, column → value) rows.
+/// One row of fmsched's own layout, parsed before anything is changed.
+struct FmschedRow {
+    model: String,
+    gpu_type: String,
+    variant: Variant,
+    placement: String,
+    point: Point,
+    memory_gib: Option<f64>,
+    context_switch_s: Option<f64>,
+}
+
 /// One CSV data row: its line number and its cells by column name.
 type CsvRow = (usize, BTreeMap<String, String>);
 
+/// Parses a header-first CSV without quoting (the profile layouts need none)
+/// into (line number, column → value) rows.
 fn parse_csv(origin: &str, text: &str) -> Result<Vec<CsvRow>, LutError> {
     let mut lines = text
         .lines()

@@ -1,19 +1,17 @@
-//! `estimator-svc` binary: serves gRPC health and reflection for the
-//! fmsched.v1 API. The estimation RPCs (`EstimatorService`) are registered
-//! once their computations exist; until then the service is not advertised,
-//! so clients get UNIMPLEMENTED from the transport rather than a fake answer.
+//! `estimator-svc` binary: serves `fmsched.v1.EstimatorService` (with gRPC
+//! health and reflection), or writes the shipped default profiles.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use anyhow::Context;
-use clap::Parser;
-use fmsched_runtime::{Layering, LogConfig};
-use serde::Deserialize;
-use tokio_stream::wrappers::TcpListenerStream;
-use tonic_health::ServingStatus;
+use clap::{Parser, Subcommand};
+use estimator_svc::analytic;
+use estimator_svc::server::{self, Config};
+use fmsched_runtime::Layering;
 
-/// fmsched estimator service.
+/// fmsched estimator service: loss-curve fits, iteration and time
+/// estimates, transferability, throughput lookup table.
 #[derive(Parser, Debug)]
 #[command(version, about)]
 struct Args {
@@ -24,22 +22,17 @@ struct Args {
     /// Listen address (overrides the config).
     #[arg(long)]
     listen_addr: Option<SocketAddr>,
+    #[command(subcommand)]
+    command: Option<Command>,
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-struct Config {
-    listen_addr: SocketAddr,
-    log: LogConfig,
-}
-
-impl Default for Config {
-    fn default() -> Self {
-        Self {
-            listen_addr: "127.0.0.1:50052".parse().expect("valid default"),
-            log: LogConfig::default(),
-        }
-    }
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Serve the API (the default).
+    Serve,
+    /// Write the default profiles of the analytic throughput model
+    /// (`default-<GPU>.csv`, fmsched layout) into DIR.
+    WriteDefaultProfiles { dir: PathBuf },
 }
 
 #[tokio::main]
@@ -51,6 +44,16 @@ async fn main() {
 }
 
 async fn run(args: Args) -> anyhow::Result<()> {
+    if let Some(Command::WriteDefaultProfiles { dir }) = &args.command {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        for g in &analytic::GPUS {
+            let path = dir.join(format!("default-{}.csv", g.name));
+            std::fs::write(&path, analytic::default_profile_csv(g))
+                .with_context(|| format!("writing {}", path.display()))?;
+            println!("wrote {}", path.display());
+        }
+        return Ok(());
+    }
     let mut cfg: Config = fmsched_runtime::load_layered(
         args.config.as_deref(),
         std::env::vars(),
@@ -65,28 +68,8 @@ async fn run(args: Args) -> anyhow::Result<()> {
         cfg.listen_addr = a;
     }
     fmsched_runtime::init_logging(&cfg.log);
-    let (health, health_svc) = tonic_health::server::health_reporter();
-    health.set_service_status("", ServingStatus::Serving).await;
-    let reflection = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(fmsched_proto::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        .build_v1()?;
-    let reflection_alpha = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(fmsched_proto::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        .build_v1alpha()?;
     let listener = tokio::net::TcpListener::bind(cfg.listen_addr)
         .await
         .with_context(|| format!("binding {}", cfg.listen_addr))?;
-    tracing::info!(addr = %listener.local_addr()?, "estimator serving");
-    tonic::transport::Server::builder()
-        .add_service(health_svc)
-        .add_service(reflection)
-        .add_service(reflection_alpha)
-        .serve_with_incoming_shutdown(
-            TcpListenerStream::new(listener),
-            fmsched_runtime::shutdown_signal(),
-        )
-        .await?;
-    Ok(())
+    server::run(cfg, listener, fmsched_runtime::shutdown_signal()).await
 }

@@ -1,0 +1,729 @@
+//! `fmsched.v1.EstimatorService`: the estimator library served over gRPC.
+//!
+//! Each RPC validates its request (INVALID_ARGUMENT naming the field), runs
+//! the pure computation, and — for the RPCs that teach the estimator
+//! something (RecordStepTimes, ImportProfile, RecordTransferOutcome) —
+//! persists what was learned *before* changing the in-memory state, so an
+//! acknowledged update survives a restart and a failed write changes
+//! nothing. CPU-heavy calls run on the blocking pool.
+
+use std::sync::{Arc, RwLock};
+
+use fmsched_proto::v1 as pb;
+use fmsched_proto::v1::estimator_service_server::EstimatorService;
+use tonic::{Request, Response, Status};
+
+use crate::analytic;
+use crate::loss_curve::{self, FitError, LossCurve, PLATEAU_THRESHOLD, TargetPrediction};
+use crate::lut::{Lut, LutError, Measured, Recorded, ThroughputKey, Variant, canonical_placement};
+use crate::persistence::{ImportedProfile, Persistence};
+use crate::times::{self, JobInput, MergeMode, PairInput, TimeError};
+use crate::transfer::{self, GainModel, TaskEmbedding};
+
+/// Largest number of tasks one ScoreTransfer call may compare.
+pub const MAX_TASKS: usize = 2_000;
+/// Largest number of jobs / pairs in one PredictJobTimes call.
+pub const MAX_TIME_JOBS: usize = 10_000;
+pub const MAX_TIME_PAIRS: usize = 200_000;
+pub const MAX_SAMPLES: usize = 10_000;
+/// Longest name (model, GPU type, layout, job id) accepted.
+const MAX_NAME: usize = 256;
+/// Largest CSV accepted by ImportProfile (the server refuses requests over
+/// 4 MiB anyway).
+const MAX_CSV: usize = 4 * 1024 * 1024;
+
+/// What the estimator knows: the LUT and the score → gain regression.
+/// Owns no IO; [`EstimatorApi`] persists before it mutates.
+#[derive(Debug, Default)]
+pub struct EstimatorState {
+    pub lut: Lut,
+    pub gain: GainModel,
+}
+
+impl EstimatorState {
+    /// The shipped default profiles plus everything learned so far.
+    pub fn with_defaults() -> Result<Self, LutError> {
+        Ok(Self {
+            lut: analytic::default_lut()?,
+            gain: GainModel::default(),
+        })
+    }
+}
+
+/// The gRPC service.
+#[derive(Clone)]
+pub struct EstimatorApi {
+    state: Arc<RwLock<EstimatorState>>,
+    persistence: Option<Persistence>,
+    /// Serialises the learn-and-persist RPCs so the stored statistics are
+    /// written in the order they were computed.
+    learn: Arc<tokio::sync::Mutex<()>>,
+}
+
+fn invalid(field: &str, msg: impl std::fmt::Display) -> Status {
+    Status::invalid_argument(format!("{field}: {msg}"))
+}
+
+fn check_name(field: &str, s: &str) -> Result<(), Status> {
+    if s.trim().is_empty() {
+        return Err(invalid(field, "must not be empty"));
+    }
+    if s.len() > MAX_NAME {
+        return Err(invalid(field, format!("longer than {MAX_NAME} bytes")));
+    }
+    Ok(())
+}
+
+fn check_finite(field: &str, x: f64) -> Result<(), Status> {
+    if x.is_finite() {
+        Ok(())
+    } else {
+        Err(invalid(field, "must be a finite number"))
+    }
+}
+
+fn fit_status(e: FitError) -> Status {
+    Status::invalid_argument(e.to_string())
+}
+
+fn lut_status(field: &str, e: LutError) -> Status {
+    match e {
+        LutError::NoProfile { .. } => Status::invalid_argument(format!("{field}: {e}")),
+        other => invalid(field, other),
+    }
+}
+
+fn curve_from_pb(field: &str, c: Option<&pb::LossCurve>) -> Result<LossCurve, Status> {
+    let c = c.ok_or_else(|| invalid(field, "is required"))?;
+    for (name, v) in [
+        ("beta0", c.beta0),
+        ("beta1", c.beta1),
+        ("beta2", c.beta2),
+        ("beta3", c.beta3),
+    ] {
+        if !v.is_finite() || v < 0.0 {
+            return Err(invalid(
+                &format!("{field}.{name}"),
+                "must be a finite number >= 0",
+            ));
+        }
+    }
+    if c.beta1 <= 0.0 {
+        return Err(invalid(
+            &format!("{field}.beta1"),
+            "must be > 0 (L(0) would be infinite)",
+        ));
+    }
+    Ok(LossCurve {
+        quality: c.quality.clamp(0.0, 1.0),
+        ..LossCurve::new(c.beta0, c.beta1, c.beta2, c.beta3)
+    })
+}
+
+fn curve_to_pb(c: &LossCurve) -> pb::LossCurve {
+    pb::LossCurve {
+        beta0: c.beta0,
+        beta1: c.beta1,
+        beta2: c.beta2,
+        beta3: c.beta3,
+        quality: c.quality,
+    }
+}
+
+fn petl_name(p: &str) -> String {
+    let p = p.trim().to_ascii_lowercase();
+    if p == "none" { String::new() } else { p }
+}
+
+/// Converts and checks a protobuf key (the model must have a profile).
+fn key_from_pb(
+    field: &str,
+    k: Option<&pb::ThroughputKey>,
+    lut: &Lut,
+) -> Result<(ThroughputKey, u32), Status> {
+    let k = k.ok_or_else(|| invalid(field, "is required"))?;
+    check_name(&format!("{field}.model"), &k.model)?;
+    check_name(&format!("{field}.gpu_type"), &k.gpu_type)?;
+    let gpu_type = analytic::gpu_family(&k.gpu_type);
+    if !lut.has_model(&k.model) {
+        return Err(invalid(
+            &format!("{field}.model"),
+            format!("unknown model {:?} (no throughput profile)", k.model),
+        ));
+    }
+    let placement =
+        canonical_placement(&k.placement).map_err(|e| invalid(&format!("{field}.placement"), e))?;
+    if k.local_batch_size == 0 {
+        return Err(invalid(&format!("{field}.local_batch_size"), "must be > 0"));
+    }
+    let layers = analytic::layers_of(&k.model).unwrap_or(24);
+    if k.frozen_layers > layers {
+        return Err(invalid(
+            &format!("{field}.frozen_layers"),
+            format!("{} exceeds the model's {layers} layers", k.frozen_layers),
+        ));
+    }
+    Ok((
+        ThroughputKey {
+            model: k.model.clone(),
+            gpu_type,
+            placement,
+            local_bsz: k.local_batch_size,
+            grad_accum: k.gradient_accumulation.max(1),
+            variant: Variant {
+                amp: k.amp,
+                frozen_layers: k.frozen_layers,
+                gradient_checkpointing: k.gradient_checkpointing,
+                petl: petl_name(&k.petl),
+                pipeline: k.pipeline_parallel,
+            },
+        },
+        layers,
+    ))
+}
+
+fn mode_from_pb(field: &str, m: i32) -> Result<MergeMode, Status> {
+    match pb::TransferMode::try_from(m) {
+        Ok(pb::TransferMode::Temporal) => Ok(MergeMode::Temporal),
+        Ok(pb::TransferMode::Spatial) => Ok(MergeMode::Spatial),
+        Ok(other) => Err(invalid(
+            field,
+            format!(
+                "{} is not a merge mode (TEMPORAL or SPATIAL)",
+                other.as_str_name()
+            ),
+        )),
+        Err(_) => Err(invalid(field, format!("unknown enum value {m}"))),
+    }
+}
+
+fn mode_to_pb(m: MergeMode) -> pb::TransferMode {
+    match m {
+        MergeMode::Temporal => pb::TransferMode::Temporal,
+        MergeMode::Spatial => pb::TransferMode::Spatial,
+    }
+}
+
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Result<T, Status> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| Status::internal(format!("estimator task failed: {e}")))
+}
+
+impl EstimatorApi {
+    pub fn new(state: EstimatorState, persistence: Option<Persistence>) -> Self {
+        Self {
+            state: Arc::new(RwLock::new(state)),
+            persistence,
+            learn: Arc::new(tokio::sync::Mutex::new(())),
+        }
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, EstimatorState> {
+        self.state.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, EstimatorState> {
+        self.state.write().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn unavailable(e: impl std::fmt::Display) -> Status {
+        Status::unavailable(format!(
+            "could not persist the update, nothing was changed: {e}"
+        ))
+    }
+}
+
+fn time_input(i: usize, j: &pb::JobTimeInput, lut: &Lut) -> Result<JobInput, Status> {
+    let f = |name: &str| format!("jobs[{i}].{name}");
+    check_name(&f("job_id"), &j.job_id)?;
+    check_name(&f("model"), &j.model)?;
+    check_name(&f("gpu_type"), &j.gpu_type)?;
+    if !lut.has_model(&j.model) {
+        return Err(invalid(
+            &f("model"),
+            format!("unknown model {:?} (no throughput profile)", j.model),
+        ));
+    }
+    if j.global_batch_size == 0 {
+        return Err(invalid(&f("global_batch_size"), "must be > 0"));
+    }
+    let layers = analytic::layers_of(&j.model).unwrap_or(24);
+    if j.frozen_layers > layers {
+        return Err(invalid(
+            &f("frozen_layers"),
+            format!("{} exceeds the model's {layers} layers", j.frozen_layers),
+        ));
+    }
+    let curve = match &j.curve {
+        Some(c) => Some(curve_from_pb(&f("curve"), Some(c))?),
+        None => None,
+    };
+    Ok(JobInput {
+        id: j.job_id.clone(),
+        model: j.model.clone(),
+        gpu_type: analytic::gpu_family(&j.gpu_type),
+        gpus_per_node: if j.gpus_per_node == 0 {
+            4
+        } else {
+            j.gpus_per_node.min(9)
+        },
+        global_batch: j.global_batch_size,
+        variant: Variant {
+            amp: j.amp,
+            frozen_layers: j.frozen_layers,
+            gradient_checkpointing: j.gradient_checkpointing,
+            petl: petl_name(&j.petl),
+            pipeline: j.pipeline_parallel,
+        },
+        layers,
+        remaining_iterations: j.remaining_iterations,
+        done_iterations: j.done_iterations,
+        curve,
+        max_iterations: j.max_iterations,
+        samples_per_epoch: j.samples_per_epoch,
+    })
+}
+
+#[tonic::async_trait]
+impl EstimatorService for EstimatorApi {
+    async fn fit_loss_curve(
+        &self,
+        req: Request<pb::FitLossCurveRequest>,
+    ) -> Result<Response<pb::FitLossCurveResponse>, Status> {
+        let r = req.into_inner();
+        let points = r.iterations.len();
+        let curve = blocking(move || loss_curve::fit_loss_curve(&r.iterations, &r.losses))
+            .await?
+            .map_err(fit_status)?;
+        Ok(Response::new(pb::FitLossCurveResponse {
+            curve: Some(curve_to_pb(&curve)),
+            points: points as u32,
+        }))
+    }
+
+    async fn predict_iterations(
+        &self,
+        req: Request<pb::PredictIterationsRequest>,
+    ) -> Result<Response<pb::PredictIterationsResponse>, Status> {
+        let r = req.into_inner();
+        let curve = curve_from_pb("curve", r.curve.as_ref())?;
+        check_finite("threshold", r.threshold)?;
+        check_finite("gain", r.gain)?;
+        if r.threshold < 0.0 || r.threshold >= 1.0 {
+            return Err(invalid(
+                "threshold",
+                "must be in [0, 1) (0 = the paper's 0.001)",
+            ));
+        }
+        if r.gain <= -1.0 {
+            return Err(invalid(
+                "gain",
+                "must be > -1 (L / (1 + G) would not be a loss)",
+            ));
+        }
+        let threshold = if r.threshold == 0.0 {
+            PLATEAU_THRESHOLD
+        } else {
+            r.threshold
+        };
+        let cap = if r.max_iterations == 0 {
+            u64::MAX / 4
+        } else {
+            r.max_iterations
+        };
+        let mut out = pb::PredictIterationsResponse {
+            iterations: loss_curve::iterations_to_converge(&curve, r.gain, threshold, cap),
+            ..Default::default()
+        };
+        if !r.metric_iterations.is_empty() || !r.metric_values.is_empty() {
+            check_finite("metric_target", r.metric_target)?;
+            let (xs, ys, lower) = (
+                r.metric_iterations,
+                r.metric_values,
+                r.metric_lower_is_better,
+            );
+            let m = blocking(move || loss_curve::fit_metric_curve(&xs, &ys, lower))
+                .await?
+                .map_err(fit_status)?;
+            match m.first_reaching(r.metric_target) {
+                TargetPrediction::At(k) => {
+                    out.metric_target_iteration = k.ceil().min(cap as f64) as u64;
+                }
+                TargetPrediction::Unreachable { .. } => out.target_unreachable = true,
+            }
+            out.metric_asymptote = if m.lower_is_better { -m.c } else { m.c };
+        }
+        Ok(Response::new(out))
+    }
+
+    async fn score_transfer(
+        &self,
+        req: Request<pb::ScoreTransferRequest>,
+    ) -> Result<Response<pb::ScoreTransferResponse>, Status> {
+        let r = req.into_inner();
+        if r.tasks.len() < 2 {
+            return Err(invalid("tasks", "need at least two tasks to score"));
+        }
+        if r.tasks.len() > MAX_TASKS {
+            return Err(invalid(
+                "tasks",
+                format!("{} tasks, {MAX_TASKS} at most", r.tasks.len()),
+            ));
+        }
+        let dim = r.tasks[0].fisher.len();
+        let mut tasks = Vec::with_capacity(r.tasks.len());
+        for (i, t) in r.tasks.into_iter().enumerate() {
+            check_name(&format!("tasks[{i}].job_id"), &t.job_id)?;
+            let e = TaskEmbedding {
+                fisher: t.fisher,
+                fisher_repeat: t.fisher_repeat,
+            };
+            e.validate(Some(dim))
+                .map_err(|err| invalid(&format!("tasks[{i}]"), err))?;
+            tasks.push((t.job_id, e));
+        }
+        let gain = self.read().gain.clone();
+        let pairs = blocking(move || {
+            let mut out = Vec::new();
+            for (i, (ida, a)) in tasks.iter().enumerate() {
+                for (j, (idb, b)) in tasks.iter().enumerate() {
+                    if i == j {
+                        continue;
+                    }
+                    let mut push = |mode: pb::TransferMode, s: f64| {
+                        let g = gain.predict(s);
+                        out.push(pb::PairScore {
+                            job_a: ida.clone(),
+                            job_b: idb.clone(),
+                            mode: mode as i32,
+                            score: s,
+                            gain: g,
+                            positive: g >= 0.0,
+                        });
+                    };
+                    push(pb::TransferMode::Temporal, transfer::temporal_score(a, b));
+                    if i < j {
+                        push(pb::TransferMode::Spatial, transfer::spatial_score(a, b));
+                    }
+                }
+            }
+            (out, gain.coefficients(), gain.observed())
+        })
+        .await?;
+        let (pairs, (intercept, slope), observed) = pairs;
+        Ok(Response::new(pb::ScoreTransferResponse {
+            pairs,
+            intercept,
+            slope,
+            observed_merges: observed,
+        }))
+    }
+
+    async fn record_transfer_outcome(
+        &self,
+        req: Request<pb::RecordTransferOutcomeRequest>,
+    ) -> Result<Response<pb::RecordTransferOutcomeResponse>, Status> {
+        let r = req.into_inner();
+        check_finite("score", r.score)?;
+        check_finite("gain", r.gain)?;
+        let _learn = self.learn.lock().await;
+        if let Some(p) = &self.persistence {
+            p.save_outcome(r.score, r.gain)
+                .await
+                .map_err(Self::unavailable)?;
+        }
+        let mut st = self.write();
+        st.gain.observe(r.score, r.gain);
+        let (intercept, slope) = st.gain.coefficients();
+        tracing::info!(
+            score = r.score,
+            gain = r.gain,
+            intercept,
+            slope,
+            "merge outcome recorded"
+        );
+        Ok(Response::new(pb::RecordTransferOutcomeResponse {
+            intercept,
+            slope,
+            observed_merges: st.gain.observed(),
+        }))
+    }
+
+    async fn predict_job_times(
+        &self,
+        req: Request<pb::PredictJobTimesRequest>,
+    ) -> Result<Response<pb::PredictJobTimesResponse>, Status> {
+        let r = req.into_inner();
+        if r.jobs.is_empty() {
+            return Err(invalid("jobs", "must not be empty"));
+        }
+        if r.jobs.len() > MAX_TIME_JOBS {
+            return Err(invalid(
+                "jobs",
+                format!("{} jobs, {MAX_TIME_JOBS} at most", r.jobs.len()),
+            ));
+        }
+        if r.pairs.len() > MAX_TIME_PAIRS {
+            return Err(invalid(
+                "pairs",
+                format!("{} pairs, {MAX_TIME_PAIRS} at most", r.pairs.len()),
+            ));
+        }
+        let allocations = if r.allocations.is_empty() {
+            if r.max_gpus == 0 {
+                return Err(invalid("max_gpus", "give allocations or max_gpus > 0"));
+            }
+            times::ymir_allocations(r.max_gpus.min(4096))
+        } else {
+            if r.allocations.len() > 1024 {
+                return Err(invalid("allocations", "1024 values at most"));
+            }
+            if let Some(i) = r.allocations.iter().position(|&a| a > 4096) {
+                return Err(invalid(&format!("allocations[{i}]"), "4096 GPUs at most"));
+            }
+            r.allocations
+        };
+        let mut pairs = Vec::with_capacity(r.pairs.len());
+        for (i, p) in r.pairs.iter().enumerate() {
+            let mode = mode_from_pb(&format!("pairs[{i}].mode"), p.mode)?;
+            check_finite(&format!("pairs[{i}].gain_ab"), p.gain_ab)?;
+            check_finite(&format!("pairs[{i}].gain_ba"), p.gain_ba)?;
+            for (name, idx) in [("job_a", p.job_a), ("job_b", p.job_b)] {
+                if idx as usize >= r.jobs.len() {
+                    return Err(invalid(
+                        &format!("pairs[{i}].{name}"),
+                        format!("index {idx} is past the {} jobs", r.jobs.len()),
+                    ));
+                }
+            }
+            if p.job_a == p.job_b {
+                return Err(invalid(
+                    &format!("pairs[{i}].job_b"),
+                    "a pair needs two different jobs",
+                ));
+            }
+            pairs.push(PairInput {
+                a: p.job_a as usize,
+                b: p.job_b as usize,
+                mode,
+                gain_ab: p.gain_ab,
+                gain_ba: p.gain_ba,
+            });
+        }
+        let state = self.state.clone();
+        let table = blocking(move || {
+            let st = state.read().unwrap_or_else(|p| p.into_inner());
+            let jobs = r
+                .jobs
+                .iter()
+                .enumerate()
+                .map(|(i, j)| time_input(i, j, &st.lut))
+                .collect::<Result<Vec<_>, Status>>()?;
+            let t =
+                times::time_table(&st.lut, &jobs, &pairs, &allocations).map_err(|e| match e {
+                    TimeError::Lut { .. } | TimeError::Pair { .. } | TimeError::Zero { .. } => {
+                        Status::invalid_argument(e.to_string())
+                    }
+                })?;
+            Ok::<_, Status>((jobs, t))
+        })
+        .await??;
+        let (jobs, t) = table;
+        let mut rows: Vec<pb::TimeRow> = jobs
+            .iter()
+            .zip(&t.jobs)
+            .map(|(j, secs)| pb::TimeRow {
+                job_a: j.id.clone(),
+                job_b: String::new(),
+                mode: pb::TransferMode::Normal as i32,
+                seconds: secs.clone(),
+                tran_wt: Vec::new(),
+                iterations: j.remaining_iterations,
+            })
+            .collect();
+        rows.extend(t.pairs.iter().map(|p| pb::TimeRow {
+            job_a: jobs[p.pair.a].id.clone(),
+            job_b: jobs[p.pair.b].id.clone(),
+            mode: mode_to_pb(p.pair.mode) as i32,
+            seconds: p.seconds.clone(),
+            tran_wt: p.tran_wt.clone(),
+            iterations: p.iterations,
+        }));
+        Ok(Response::new(pb::PredictJobTimesResponse {
+            allocations: t.allocations,
+            rows,
+        }))
+    }
+
+    async fn lookup_throughput(
+        &self,
+        req: Request<pb::LookupThroughputRequest>,
+    ) -> Result<Response<pb::LookupThroughputResponse>, Status> {
+        let r = req.into_inner();
+        let st = self.read();
+        let (key, layers) = key_from_pb("key", r.key.as_ref(), &st.lut)?;
+        let s = st
+            .lut
+            .step_time(&key, layers)
+            .map_err(|e| lut_status("key", e))?;
+        Ok(Response::new(pb::LookupThroughputResponse {
+            step_time_seconds: s.step,
+            sync_time_seconds: s.sync,
+            feasible: s.feasible,
+            interpolated: s.interpolated,
+            context_switch_seconds: st
+                .lut
+                .context_switch_s(&key.model, &key.gpu_type)
+                .unwrap_or(0.0),
+        }))
+    }
+
+    async fn record_step_times(
+        &self,
+        req: Request<pb::RecordStepTimesRequest>,
+    ) -> Result<Response<pb::RecordStepTimesResponse>, Status> {
+        let r = req.into_inner();
+        if r.samples.is_empty() {
+            return Err(invalid("samples", "must not be empty"));
+        }
+        if r.samples.len() > MAX_SAMPLES {
+            return Err(invalid(
+                "samples",
+                format!("{} samples, {MAX_SAMPLES} at most", r.samples.len()),
+            ));
+        }
+        let _learn = self.learn.lock().await;
+        // Compute on a copy; persist; then swap in — a failed write leaves
+        // the served table as it was.
+        let (updated, accepted, rejected) = {
+            let st = self.read();
+            let mut lut = st.lut.clone();
+            let (mut accepted, mut rejected) = (0u32, 0u32);
+            let mut touched = Vec::new();
+            for (i, s) in r.samples.iter().enumerate() {
+                let f = format!("samples[{i}]");
+                let (key, layers) = key_from_pb(&format!("{f}.key"), s.key.as_ref(), &lut)?;
+                check_finite(&format!("{f}.step_time_seconds"), s.step_time_seconds)?;
+                check_finite(&format!("{f}.sync_time_seconds"), s.sync_time_seconds)?;
+                if s.step_time_seconds <= 0.0 {
+                    return Err(invalid(&format!("{f}.step_time_seconds"), "must be > 0"));
+                }
+                if s.sync_time_seconds < 0.0 || s.sync_time_seconds > s.step_time_seconds {
+                    return Err(invalid(
+                        &format!("{f}.sync_time_seconds"),
+                        "must be in [0, step_time_seconds]",
+                    ));
+                }
+                match lut
+                    .record(&key, s.step_time_seconds, s.sync_time_seconds, layers)
+                    .map_err(|e| lut_status(&format!("{f}.key"), e))?
+                {
+                    Recorded::Accepted => {
+                        accepted += 1;
+                        touched.push(key);
+                    }
+                    Recorded::Outlier => rejected += 1,
+                }
+            }
+            touched.sort();
+            touched.dedup();
+            let rows: Vec<(ThroughputKey, Measured)> = lut
+                .measured()
+                .filter(|(k, _)| touched.binary_search(k).is_ok())
+                .map(|(k, m)| (k.clone(), *m))
+                .collect();
+            ((lut, rows), accepted, rejected)
+        };
+        let (lut, rows) = updated;
+        if let Some(p) = &self.persistence {
+            p.save_measurements(&rows)
+                .await
+                .map_err(Self::unavailable)?;
+        }
+        self.write().lut = lut;
+        tracing::debug!(accepted, rejected, "step times recorded");
+        Ok(Response::new(pb::RecordStepTimesResponse {
+            accepted,
+            rejected_outliers: rejected,
+        }))
+    }
+
+    async fn import_profile(
+        &self,
+        req: Request<pb::ImportProfileRequest>,
+    ) -> Result<Response<pb::ImportProfileResponse>, Status> {
+        let r = req.into_inner();
+        let layout = r.layout.trim().to_string();
+        check_name("layout", &layout)?;
+        if layout != "fmsched" {
+            check_name("model", &r.model)?;
+            check_name("gpu_type", &r.gpu_type)?;
+        }
+        if r.model.len() > MAX_NAME || r.gpu_type.len() > MAX_NAME {
+            return Err(invalid(
+                "model",
+                format!("model and gpu_type are {MAX_NAME} bytes at most"),
+            ));
+        }
+        if r.csv.len() > MAX_CSV {
+            return Err(invalid(
+                "csv",
+                format!("{} bytes, {MAX_CSV} at most", r.csv.len()),
+            ));
+        }
+        let imported = ImportedProfile {
+            model: r.model.clone(),
+            gpu_type: analytic::gpu_family(&r.gpu_type),
+            layout,
+            csv: r.csv,
+        };
+        let _learn = self.learn.lock().await;
+        let (lut, rows) = {
+            let mut lut = self.read().lut.clone();
+            let rows = lut
+                .import_csv(
+                    &imported.model,
+                    &imported.gpu_type,
+                    &imported.layout,
+                    "csv",
+                    &imported.csv,
+                )
+                .map_err(|e| match e {
+                    LutError::Layout(_) => invalid("layout", e),
+                    other => invalid("csv", other),
+                })?;
+            (lut, rows)
+        };
+        if let Some(p) = &self.persistence {
+            p.save_import(&imported).await.map_err(Self::unavailable)?;
+        }
+        self.write().lut = lut;
+        tracing::info!(model = %imported.model, gpu_type = %imported.gpu_type, layout = %imported.layout, rows, "profile imported");
+        Ok(Response::new(pb::ImportProfileResponse {
+            rows: rows as u32,
+        }))
+    }
+}
+
+/// Applies what was persisted to a fresh state (at start-up). Imports that
+/// no longer parse are skipped with a warning rather than blocking start.
+pub fn restore(state: &mut EstimatorState, learned: crate::persistence::Learned) {
+    for imp in learned.imports {
+        if let Err(e) = state.lut.import_csv(
+            &imp.model,
+            &imp.gpu_type,
+            &imp.layout,
+            "stored import",
+            &imp.csv,
+        ) {
+            tracing::warn!(model = %imp.model, gpu_type = %imp.gpu_type, error = %e, "skipping a stored profile import");
+        }
+    }
+    for (k, m) in learned.measurements {
+        state.lut.restore_measured(k, m);
+    }
+    for (s, g) in learned.outcomes {
+        state.gain.observe(s, g);
+    }
+}

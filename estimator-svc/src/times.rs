@@ -1,0 +1,462 @@
+//! Time estimates (Ymir §4.3 and §5.1): `T_{i,a} = S(a, cfgs) · K_i`
+//! (Eq. 5) for every allocation `a`, for single jobs and for temporal
+//! (`A ↦ B`) and spatial (`A ‖ B`) pairs, and the pair weights `TranWt`
+//! (Eq. 12–13). The scheduler asks once per round for the whole table, so
+//! [`time_table`] takes every pending job and candidate pair at once and
+//! shares the per-job lookups between the pairs.
+//!
+//! Conventions:
+//! - `S(a, cfgs)` is the LUT's time of one optimizer iteration with the job's
+//!   global batch split over `a` GPUs packed onto as few nodes as possible;
+//!   `a = 0`, an allocation that does not fit in GPU memory, and a
+//!   pipeline-parallel job on anything but whole 4-GPU servers take `+∞`.
+//! - `T_{A↦B,a}` is the time of B trained from A's output weights, i.e.
+//!   `S(a, cfgs_B) · K_B^{A↦B}` with `K_B^{A↦B}` from the transferred curve
+//!   `L_B / (1 + G_{A,B})` (seeds README fix of Eq. 2).
+//! - `T_{A‖B,a}` is the joint multi-task job: batch `M_A + M_B` in A's
+//!   configuration, `K` by Eq. 4 with each task's transferred iterations.
+
+use std::collections::HashMap;
+
+use crate::loss_curve::{LossCurve, PLATEAU_THRESHOLD, iterations_to_converge};
+use crate::lut::{Lut, LutError, Variant};
+use crate::transfer::spatial_iterations;
+
+/// One job as the time estimator needs it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct JobInput {
+    pub id: String,
+    pub model: String,
+    pub gpu_type: String,
+    /// GPUs per node of the cluster (placement shapes).
+    pub gpus_per_node: u32,
+    pub global_batch: u32,
+    pub variant: Variant,
+    /// Transformer layers (derives frozen-layer variants).
+    pub layers: u32,
+    /// Iterations still needed alone (`K_i` minus progress).
+    pub remaining_iterations: u64,
+    /// Iterations already done.
+    pub done_iterations: u64,
+    /// Fitted loss curve, when profiled: transferred `K` comes from it.
+    pub curve: Option<LossCurve>,
+    /// The job's iteration budget (caps every `K`; 0 = none).
+    pub max_iterations: u64,
+    /// Training samples per epoch (`D_i` of Eq. 4).
+    pub samples_per_epoch: u64,
+}
+
+/// How two jobs are merged.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum MergeMode {
+    /// `A ↦ B`: A runs, then B starts from A's output weights.
+    Temporal,
+    /// `A ‖ B`: one joint multi-task process trains both.
+    Spatial,
+}
+
+/// A candidate pair, by index into the job list.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PairInput {
+    pub a: usize,
+    pub b: usize,
+    pub mode: MergeMode,
+    /// `G_{A,B}`: gain of B from A (Eq. 1).
+    pub gain_ab: f64,
+    /// `G_{B,A}`: gain of A from B (spatial only).
+    pub gain_ba: f64,
+}
+
+/// Times of one pair at every allocation.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PairTimes {
+    pub pair: PairInput,
+    /// Iterations of the merged part (`K_B^{A↦B}` or Eq. 4's joint `K`).
+    pub iterations: u64,
+    /// `T_{A↦B,a}` or `T_{A‖B,a}` per allocation (seconds).
+    pub seconds: Vec<f64>,
+    /// `TranWt` per allocation (Eq. 12 or 13); 0 where undefined.
+    pub tran_wt: Vec<f64>,
+}
+
+/// The whole table of one round.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TimeTable {
+    pub allocations: Vec<u32>,
+    /// `T_{i,a}` per job, per allocation.
+    pub jobs: Vec<Vec<f64>>,
+    pub pairs: Vec<PairTimes>,
+}
+
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum TimeError {
+    #[error("jobs[{index}] ({id}): {source}")]
+    Lut {
+        index: usize,
+        id: String,
+        source: LutError,
+    },
+    #[error("pairs[{index}]: {message}")]
+    Pair { index: usize, message: String },
+    #[error("jobs[{index}].{field}: must be > 0")]
+    Zero { index: usize, field: &'static str },
+}
+
+/// Ymir's allocation set {0, 1, 2, 3, 4m} up to `max_gpus`.
+pub fn ymir_allocations(max_gpus: u32) -> Vec<u32> {
+    let mut v: Vec<u32> = [0, 1, 2, 3]
+        .into_iter()
+        .filter(|&a| a <= max_gpus)
+        .collect();
+    v.extend((1..=max_gpus / 4).map(|m| 4 * m));
+    v
+}
+
+/// `S(a, cfgs)`: seconds per iteration, `+∞` where the allocation is not
+/// usable (see the module docs).
+pub fn seconds_per_iteration(
+    lut: &Lut,
+    job: &JobInput,
+    batch: u32,
+    a: u32,
+) -> Result<f64, LutError> {
+    if a == 0 || (job.variant.pipeline && a % 4 != 0) {
+        return Ok(f64::INFINITY);
+    }
+    let it = lut.iteration_time(
+        &job.model,
+        &job.gpu_type,
+        a,
+        job.gpus_per_node,
+        batch,
+        &job.variant,
+        job.layers,
+    )?;
+    Ok(if it.feasible {
+        it.seconds
+    } else {
+        f64::INFINITY
+    })
+}
+
+/// Iterations of `job` when helped by a gain `g` (from its curve when it has
+/// one; else `K / (1 + G)`, the same scaling applied to the iteration count).
+pub fn transferred_iterations(job: &JobInput, g: f64) -> u64 {
+    let cap = if job.max_iterations == 0 {
+        u64::MAX / 4
+    } else {
+        job.max_iterations
+    };
+    match &job.curve {
+        Some(c) => {
+            iterations_to_converge(c, g, PLATEAU_THRESHOLD, cap).saturating_sub(job.done_iterations)
+        }
+        None => ((job.remaining_iterations as f64) / (1.0 + g.max(-0.9))).ceil() as u64,
+    }
+}
+
+/// Ymir Eq. 12: `TranWt(A,B,↦,a) = (2·min(T_A,T_B) + max(T_A,T_B)) / (2·T_A + T_{A↦B})`.
+/// The numerator is the total JCT of A and B under SRTF, the denominator the
+/// total JCT of A and then B from A's weights.
+pub fn tran_wt_temporal(t_a: f64, t_b: f64, t_ab: f64) -> f64 {
+    ratio(2.0 * t_a.min(t_b) + t_a.max(t_b), 2.0 * t_a + t_ab)
+}
+
+/// Ymir Eq. 13: `TranWt(A,B,‖,a) = (2·min(T_A,T_B) + max(T_A,T_B)) / (2·T_{A‖B})`
+/// (both jobs finish with the joint job).
+pub fn tran_wt_spatial(t_a: f64, t_b: f64, t_joint: f64) -> f64 {
+    ratio(2.0 * t_a.min(t_b) + t_a.max(t_b), 2.0 * t_joint)
+}
+
+/// `num / den`, 0 when either side is not a finite positive time (a pair
+/// that cannot run at `a` brings nothing).
+fn ratio(num: f64, den: f64) -> f64 {
+    if num.is_finite() && den.is_finite() && den > 0.0 {
+        num / den
+    } else {
+        0.0
+    }
+}
+
+/// Computes the round's table: Eq. 5 for every job and allocation, then the
+/// pairs' times and `TranWt`. Errors name the job or pair at fault.
+pub fn time_table(
+    lut: &Lut,
+    jobs: &[JobInput],
+    pairs: &[PairInput],
+    allocations: &[u32],
+) -> Result<TimeTable, TimeError> {
+    // Phase 1: S(a) per job at its own batch, and T_{i,a} (Eq. 5).
+    let mut per_iter: Vec<Vec<f64>> = Vec::with_capacity(jobs.len());
+    for (index, j) in jobs.iter().enumerate() {
+        if j.global_batch == 0 {
+            return Err(TimeError::Zero {
+                index,
+                field: "global_batch_size",
+            });
+        }
+        let row = allocations
+            .iter()
+            .map(|&a| seconds_per_iteration(lut, j, j.global_batch, a))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|source| TimeError::Lut {
+                index,
+                id: j.id.clone(),
+                source,
+            })?;
+        per_iter.push(row);
+    }
+    let job_times: Vec<Vec<f64>> = jobs
+        .iter()
+        .zip(&per_iter)
+        .map(|(j, s)| {
+            s.iter()
+                .map(|&s| times_k(s, j.remaining_iterations))
+                .collect()
+        })
+        .collect();
+
+    // Phase 2: pairs. Spatial pairs run at batch M_A + M_B in A's
+    // configuration; those lookups are shared by pairs with equal batches.
+    let mut joint_cache: HashMap<(usize, u32), Vec<f64>> = HashMap::new();
+    let mut out = Vec::with_capacity(pairs.len());
+    for (index, p) in pairs.iter().enumerate() {
+        if p.a >= jobs.len() || p.b >= jobs.len() || p.a == p.b {
+            return Err(TimeError::Pair {
+                index,
+                message: format!(
+                    "job indices ({}, {}) must be two different jobs of {}",
+                    p.a,
+                    p.b,
+                    jobs.len()
+                ),
+            });
+        }
+        if !(p.gain_ab.is_finite() && p.gain_ba.is_finite()) {
+            return Err(TimeError::Pair {
+                index,
+                message: "gains must be finite numbers".into(),
+            });
+        }
+        let (ja, jb) = (&jobs[p.a], &jobs[p.b]);
+        let (ta, tb) = (&job_times[p.a], &job_times[p.b]);
+        let (iterations, seconds, tran_wt) = match p.mode {
+            MergeMode::Temporal => {
+                let k = transferred_iterations(jb, p.gain_ab);
+                let secs: Vec<f64> = per_iter[p.b].iter().map(|&s| times_k(s, k)).collect();
+                let wt = (0..allocations.len())
+                    .map(|i| tran_wt_temporal(ta[i], tb[i], secs[i]))
+                    .collect();
+                (k, secs, wt)
+            }
+            MergeMode::Spatial => {
+                // Eq. 4 with each task's transferred iterations.
+                let k = spatial_iterations(
+                    transferred_iterations(ja, p.gain_ba),
+                    ja.global_batch,
+                    ja.samples_per_epoch.max(1),
+                    transferred_iterations(jb, p.gain_ab),
+                    jb.global_batch,
+                    jb.samples_per_epoch.max(1),
+                );
+                let batch = ja.global_batch.saturating_add(jb.global_batch);
+                let s_joint = match joint_cache.get(&(p.a, batch)) {
+                    Some(v) => v.clone(),
+                    None => {
+                        let v = allocations
+                            .iter()
+                            .map(|&a| seconds_per_iteration(lut, ja, batch, a))
+                            .collect::<Result<Vec<_>, _>>()
+                            .map_err(|source| TimeError::Lut {
+                                index: p.a,
+                                id: ja.id.clone(),
+                                source,
+                            })?;
+                        joint_cache.insert((p.a, batch), v.clone());
+                        v
+                    }
+                };
+                let secs: Vec<f64> = s_joint.iter().map(|&s| times_k(s, k)).collect();
+                let wt = (0..allocations.len())
+                    .map(|i| tran_wt_spatial(ta[i], tb[i], secs[i]))
+                    .collect();
+                (k, secs, wt)
+            }
+        };
+        out.push(PairTimes {
+            pair: *p,
+            iterations,
+            seconds,
+            tran_wt,
+        });
+    }
+    Ok(TimeTable {
+        allocations: allocations.to_vec(),
+        jobs: job_times,
+        pairs: out,
+    })
+}
+
+/// Eq. 5: `S · K` (0 iterations take 0 s even where `S` is infinite).
+fn times_k(s: f64, k: u64) -> f64 {
+    if k == 0 { 0.0 } else { s * k as f64 }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn lut() -> Lut {
+        let mut l = Lut::default();
+        l.import_csv(
+            "m",
+            "V100",
+            "placements",
+            "p.csv",
+            "placement,local_bsz,step_time,sync_time\n1,8,0.10,0\n1,16,0.20,0\n1,32,0.40,0\n2,8,0.12,0.02\n2,16,0.22,0.02\n\
+             3,8,0.13,0.03\n3,16,0.23,0.03\n4,4,0.08,0.03\n4,8,0.13,0.03\n4,16,0.23,0.03\n44,4,0.10,0.05\n44,8,0.15,0.05\n",
+        )
+        .unwrap();
+        l
+    }
+
+    fn job(id: &str, batch: u32, k: u64) -> JobInput {
+        JobInput {
+            id: id.into(),
+            model: "m".into(),
+            gpu_type: "V100".into(),
+            gpus_per_node: 4,
+            global_batch: batch,
+            variant: Variant::base(),
+            layers: 12,
+            remaining_iterations: k,
+            done_iterations: 0,
+            curve: None,
+            max_iterations: 0,
+            samples_per_epoch: 1000,
+        }
+    }
+
+    #[test]
+    fn allocation_set() {
+        assert_eq!(ymir_allocations(8), vec![0, 1, 2, 3, 4, 8]);
+        assert_eq!(ymir_allocations(2), vec![0, 1, 2]);
+    }
+
+    #[test]
+    fn eq5_by_hand() {
+        let l = lut();
+        let t = time_table(&l, &[job("a", 16, 1000)], &[], &[0, 1, 2, 4, 8]).unwrap();
+        // 1 GPU: 0.20 s × 1000; 2 GPUs: local 8 → 0.12 s; 4 GPUs: local 4 → 0.08;
+        // 8 GPUs ("44"): local 2, extrapolated from (4, .10), (8, .15) → 0.075.
+        let want = [f64::INFINITY, 200.0, 120.0, 80.0, 75.0];
+        for (got, want) in t.jobs[0].iter().zip(want) {
+            assert!(
+                (got - want).abs() < 1e-9 || (got.is_infinite() && want.is_infinite()),
+                "{got} vs {want}"
+            );
+        }
+    }
+
+    #[test]
+    fn eq12_and_eq13_by_hand() {
+        // T_A = 100, T_B = 300, T_{A↦B} = 150: (2·100 + 300) / (2·100 + 150) = 500/350.
+        assert!((tran_wt_temporal(100.0, 300.0, 150.0) - 500.0 / 350.0).abs() < 1e-12);
+        // Spatial: T_{A‖B} = 200: 500 / 400.
+        assert!((tran_wt_spatial(100.0, 300.0, 200.0) - 1.25).abs() < 1e-12);
+        assert_eq!(tran_wt_spatial(100.0, f64::INFINITY, 200.0), 0.0);
+        // A pair that takes as long as SRTF of the two has weight 1.
+        assert!((tran_wt_temporal(100.0, 300.0, 300.0) - 1.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn pairs_use_transferred_iterations() {
+        let l = lut();
+        let jobs = [job("a", 16, 1000), job("b", 16, 2000)];
+        let pairs = [
+            PairInput {
+                a: 0,
+                b: 1,
+                mode: MergeMode::Temporal,
+                gain_ab: 1.0,
+                gain_ba: 0.0,
+            },
+            PairInput {
+                a: 0,
+                b: 1,
+                mode: MergeMode::Spatial,
+                gain_ab: 1.0,
+                gain_ba: 0.25,
+            },
+        ];
+        let t = time_table(&l, &jobs, &pairs, &[1]).unwrap();
+        // Temporal: K_B = 2000 / (1 + 1) = 1000 at 0.20 s = 200 s;
+        // TranWt = (2·200 + 400) / (2·200 + 200) = 800 / 600.
+        assert_eq!(t.pairs[0].iterations, 1000);
+        assert!((t.pairs[0].seconds[0] - 200.0).abs() < 1e-9);
+        assert!((t.pairs[0].tran_wt[0] - 800.0 / 600.0).abs() < 1e-12);
+        // Spatial: K_A = 800, K_B = 1000; epochs 800·16/1000 = 12.8 and 16;
+        // joint K = 16 · 2000 / 32 = 1000 at batch 32 on 1 GPU (0.40 s) = 400 s.
+        assert_eq!(t.pairs[1].iterations, 1000);
+        assert!((t.pairs[1].seconds[0] - 400.0).abs() < 1e-9);
+        assert!((t.pairs[1].tran_wt[0] - 800.0 / 800.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn pipeline_jobs_only_run_on_whole_servers_and_errors_name_the_job() {
+        let mut l = lut();
+        let pipe = Variant {
+            pipeline: true,
+            ..Variant::base()
+        };
+        l.profile_mut("m", "V100", &pipe).placements.insert(
+            "4".into(),
+            vec![crate::lut::Point {
+                local_bsz: 16,
+                step: 0.3,
+                sync: 0.0,
+            }],
+        );
+        let mut j = job("p", 16, 10);
+        j.variant = pipe;
+        let t = time_table(&l, &[j], &[], &[1, 2, 4]).unwrap();
+        assert!(t.jobs[0][0].is_infinite() && t.jobs[0][1].is_infinite());
+        assert!((t.jobs[0][2] - 3.0).abs() < 1e-9);
+        let mut unknown = job("x", 16, 10);
+        unknown.model = "nope".into();
+        let e = time_table(&l, &[unknown], &[], &[1]).unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with("jobs[0] (x): no throughput profile"),
+            "{e}"
+        );
+        let bad = [PairInput {
+            a: 0,
+            b: 0,
+            mode: MergeMode::Spatial,
+            gain_ab: 0.0,
+            gain_ba: 0.0,
+        }];
+        assert!(matches!(
+            time_table(&l, &[job("a", 16, 1)], &bad, &[1]),
+            Err(TimeError::Pair { index: 0, .. })
+        ));
+    }
+
+    proptest! {
+        /// Eq. 13 is symmetric in A and B when the joint job is (Ymir §5.1:
+        /// "numerically equal").
+        #[test]
+        fn spatial_tran_wt_is_symmetric(ka in 1u64..5000, kb in 1u64..5000, ga in -0.5f64..2.0, gb in -0.5f64..2.0) {
+            let l = lut();
+            let jobs = [job("a", 16, ka), job("b", 16, kb)];
+            let ab = PairInput { a: 0, b: 1, mode: MergeMode::Spatial, gain_ab: gb, gain_ba: ga };
+            let ba = PairInput { a: 1, b: 0, mode: MergeMode::Spatial, gain_ab: ga, gain_ba: gb };
+            let t = time_table(&l, &jobs, &[ab, ba], &[1, 2, 4]).unwrap();
+            for i in 0..3 {
+                prop_assert!((t.pairs[0].tran_wt[i] - t.pairs[1].tran_wt[i]).abs() < 1e-9);
+            }
+        }
+    }
+}
