@@ -151,15 +151,19 @@ pub fn levenberg_marquardt<M: Model>(
     }
 }
 
-/// Fits from several starts, then re-weights once with Huber weights
+/// Fits from several starts (scouted briefly, the best one refined), then re-weights once with Huber weights
 /// (threshold 1.345·MAD/0.6745) from the best start and refits.
 pub fn robust_fit<M: Model>(m: &M, starts: &[Vec<f64>], xs: &[f64], ys: &[f64]) -> Fit {
     let ones = vec![1.0; xs.len()];
-    let best = starts
+    // Every start gets a short run; only the best one is polished. Starts
+    // that lose after 25 steps practically never win after 200, and this
+    // keeps a 1,000-point fit within a millisecond.
+    let scout = starts
         .iter()
-        .map(|s| levenberg_marquardt(m, s, xs, ys, &ones, 200))
+        .map(|s| levenberg_marquardt(m, s, xs, ys, &ones, 25))
         .min_by(|a, b| a.sse.total_cmp(&b.sse))
         .expect("at least one start");
+    let best = levenberg_marquardt(m, &scout.params, xs, ys, &ones, 200);
     let mut res: Vec<f64> = xs
         .iter()
         .zip(ys)

@@ -385,27 +385,36 @@ impl EstimatorService for EstimatorApi {
         }
         let gain = self.read().gain.clone();
         let pairs = blocking(move || {
-            let mut out = Vec::new();
-            for (i, (ida, a)) in tasks.iter().enumerate() {
-                for (j, (idb, b)) in tasks.iter().enumerate() {
-                    if i == j {
-                        continue;
-                    }
-                    let mut push = |mode: pb::TransferMode, s: f64| {
-                        let g = gain.predict(s);
-                        out.push(pb::PairScore {
-                            job_a: ida.clone(),
-                            job_b: idb.clone(),
-                            mode: mode as i32,
-                            score: s,
-                            gain: g,
-                            positive: g >= 0.0,
-                        });
-                    };
-                    push(pb::TransferMode::Temporal, transfer::temporal_score(a, b));
-                    if i < j {
-                        push(pb::TransferMode::Spatial, transfer::spatial_score(a, b));
-                    }
+            let (ids, embeddings): (Vec<String>, Vec<TaskEmbedding>) = tasks.into_iter().unzip();
+            let temporal = transfer::temporal_scores(&embeddings);
+            // S(i ↦ j) by (i, j), for the spatial means.
+            let n = ids.len();
+            let mut by_pair = vec![0.0; n * n];
+            for &(i, j, s) in &temporal {
+                by_pair[i * n + j] = s;
+            }
+            let mut out = Vec::with_capacity(temporal.len() * 3 / 2);
+            let mut push = |i: usize, j: usize, mode: pb::TransferMode, s: f64| {
+                let g = gain.predict(s);
+                out.push(pb::PairScore {
+                    job_a: ids[i].clone(),
+                    job_b: ids[j].clone(),
+                    mode: mode as i32,
+                    score: s,
+                    gain: g,
+                    positive: g >= 0.0,
+                });
+            };
+            for &(i, j, s) in &temporal {
+                push(i, j, pb::TransferMode::Temporal, s);
+                if i < j {
+                    // Spatial score: mean of both directions (Ymir §4.1).
+                    push(
+                        i,
+                        j,
+                        pb::TransferMode::Spatial,
+                        0.5 * (s + by_pair[j * n + i]),
+                    );
                 }
             }
             (out, gain.coefficients(), gain.observed())

@@ -120,7 +120,7 @@ pub fn seconds_per_iteration(
     batch: u32,
     a: u32,
 ) -> Result<f64, LutError> {
-    if a == 0 || (job.variant.pipeline && a % 4 != 0) {
+    if a == 0 || (job.variant.pipeline && !a.is_multiple_of(4)) {
         return Ok(f64::INFINITY);
     }
     let it = lut.iteration_time(
@@ -186,7 +186,45 @@ pub fn time_table(
     pairs: &[PairInput],
     allocations: &[u32],
 ) -> Result<TimeTable, TimeError> {
-    // Phase 1: S(a) per job at its own batch, and T_{i,a} (Eq. 5).
+    // Phase 1: S(a) per job at its own batch, and T_{i,a} (Eq. 5). Jobs of
+    // one configuration class (model, GPU type, variant, node size) share
+    // their LUT lookups per batch size — a round has many jobs of few kinds.
+    let mut classes: Vec<&JobInput> = Vec::new();
+    let class_of: Vec<usize> = jobs
+        .iter()
+        .map(|j| {
+            let same = |c: &&JobInput| {
+                c.model == j.model
+                    && c.gpu_type == j.gpu_type
+                    && c.variant == j.variant
+                    && c.gpus_per_node == j.gpus_per_node
+                    && c.layers == j.layers
+            };
+            classes.iter().position(same).unwrap_or_else(|| {
+                classes.push(j);
+                classes.len() - 1
+            })
+        })
+        .collect();
+    let mut cache: HashMap<(usize, u32), Vec<f64>> = HashMap::new();
+    let mut lookup = |index: usize, batch: u32| -> Result<Vec<f64>, TimeError> {
+        let key = (class_of[index], batch);
+        if let Some(v) = cache.get(&key) {
+            return Ok(v.clone());
+        }
+        let j = &jobs[index];
+        let v = allocations
+            .iter()
+            .map(|&a| seconds_per_iteration(lut, j, batch, a))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|source| TimeError::Lut {
+                index,
+                id: j.id.clone(),
+                source,
+            })?;
+        cache.insert(key, v.clone());
+        Ok(v)
+    };
     let mut per_iter: Vec<Vec<f64>> = Vec::with_capacity(jobs.len());
     for (index, j) in jobs.iter().enumerate() {
         if j.global_batch == 0 {
@@ -195,16 +233,7 @@ pub fn time_table(
                 field: "global_batch_size",
             });
         }
-        let row = allocations
-            .iter()
-            .map(|&a| seconds_per_iteration(lut, j, j.global_batch, a))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|source| TimeError::Lut {
-                index,
-                id: j.id.clone(),
-                source,
-            })?;
-        per_iter.push(row);
+        per_iter.push(lookup(index, j.global_batch)?);
     }
     let job_times: Vec<Vec<f64>> = jobs
         .iter()
@@ -217,8 +246,7 @@ pub fn time_table(
         .collect();
 
     // Phase 2: pairs. Spatial pairs run at batch M_A + M_B in A's
-    // configuration; those lookups are shared by pairs with equal batches.
-    let mut joint_cache: HashMap<(usize, u32), Vec<f64>> = HashMap::new();
+    // configuration (looked up through the same cache).
     let mut out = Vec::with_capacity(pairs.len());
     for (index, p) in pairs.iter().enumerate() {
         if p.a >= jobs.len() || p.b >= jobs.len() || p.a == p.b {
@@ -259,23 +287,7 @@ pub fn time_table(
                     jb.global_batch,
                     jb.samples_per_epoch.max(1),
                 );
-                let batch = ja.global_batch.saturating_add(jb.global_batch);
-                let s_joint = match joint_cache.get(&(p.a, batch)) {
-                    Some(v) => v.clone(),
-                    None => {
-                        let v = allocations
-                            .iter()
-                            .map(|&a| seconds_per_iteration(lut, ja, batch, a))
-                            .collect::<Result<Vec<_>, _>>()
-                            .map_err(|source| TimeError::Lut {
-                                index: p.a,
-                                id: ja.id.clone(),
-                                source,
-                            })?;
-                        joint_cache.insert((p.a, batch), v.clone());
-                        v
-                    }
-                };
+                let s_joint = lookup(p.a, ja.global_batch.saturating_add(jb.global_batch))?;
                 let secs: Vec<f64> = s_joint.iter().map(|&s| times_k(s, k)).collect();
                 let wt = (0..allocations.len())
                     .map(|i| tran_wt_spatial(ta[i], tb[i], secs[i]))

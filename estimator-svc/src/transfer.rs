@@ -104,6 +104,26 @@ pub fn spatial_score(a: &TaskEmbedding, b: &TaskEmbedding) -> f64 {
     0.5 * (temporal_score(a, b) + temporal_score(b, a))
 }
 
+/// Scores of every ordered pair of `tasks`: `(i, j, S(i ↦ j))` for `i ≠ j`.
+/// Each task's self-distance `d_sym(F_j, F'_j)` (the second term of Eq. 3.4)
+/// is computed once, not once per pair, so a round's matrix costs one
+/// `d_sym` per pair.
+pub fn temporal_scores(tasks: &[TaskEmbedding]) -> Vec<(usize, usize, f64)> {
+    let own: Vec<f64> = tasks
+        .iter()
+        .map(|t| d_sym(&t.fisher, &t.fisher_repeat))
+        .collect();
+    let mut out = Vec::with_capacity(tasks.len() * tasks.len().saturating_sub(1));
+    for (i, a) in tasks.iter().enumerate() {
+        for (j, b) in tasks.iter().enumerate() {
+            if i != j {
+                out.push((i, j, d_sym(&a.fisher, &b.fisher) - own[j]));
+            }
+        }
+    }
+    out
+}
+
 /// Linear regression `G = intercept + slope · S` (Ymir §4.1), learned online.
 ///
 /// Prior (used until merges are observed, and as a regulariser after): two
@@ -260,6 +280,32 @@ mod tests {
         assert!((a - 0.5).abs() < 0.05 && (b + 1.2).abs() < 0.1, "{a} {b}");
         m.observe(f64::NAN, 1.0);
         assert_eq!(m.observed(), 200);
+    }
+
+    #[test]
+    fn batch_scores_equal_pairwise_scores() {
+        let tasks = vec![
+            TaskEmbedding {
+                fisher: vec![3.0, 1.0, 0.5],
+                fisher_repeat: vec![3.0, 1.2, 0.4],
+            },
+            TaskEmbedding {
+                fisher: vec![1.0, 1.0, 2.0],
+                fisher_repeat: vec![1.1, 0.9, 2.0],
+            },
+            TaskEmbedding {
+                fisher: vec![0.0, 4.0, 1.0],
+                fisher_repeat: vec![0.1, 3.8, 1.0],
+            },
+        ];
+        let all = temporal_scores(&tasks);
+        assert_eq!(all.len(), 6);
+        for (i, j, s) in all {
+            assert!(
+                (s - temporal_score(&tasks[i], &tasks[j])).abs() < 1e-15,
+                "{i} {j}"
+            );
+        }
     }
 
     #[test]

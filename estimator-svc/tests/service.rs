@@ -12,12 +12,15 @@ use tonic::Code;
 use tonic::transport::Channel;
 
 fn admin_url() -> String {
-    std::env::var("DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into())
+    std::env::var("DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into())
 }
 
 fn db_url(name: &str) -> String {
     let base = admin_url();
-    let (prefix, _) = base.rsplit_once('/').expect("DATABASE_URL has a database path");
+    let (prefix, _) = base
+        .rsplit_once('/')
+        .expect("DATABASE_URL has a database path");
     format!("{prefix}/{name}")
 }
 
@@ -29,7 +32,10 @@ impl Db {
         let mut c = sqlx::PgConnection::connect(&admin_url())
             .await
             .expect("connect to Postgres (DATABASE_URL)");
-        sqlx::query(&format!("CREATE DATABASE {name}")).execute(&mut c).await.unwrap();
+        sqlx::query(&format!("CREATE DATABASE {name}"))
+            .execute(&mut c)
+            .await
+            .unwrap();
         Db(name)
     }
 
@@ -44,7 +50,10 @@ impl Db {
 
 fn uuid_like() -> String {
     use std::time::{SystemTime, UNIX_EPOCH};
-    let t = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos();
+    let t = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
     format!("{:x}{:x}", t, std::process::id())
 }
 
@@ -78,7 +87,10 @@ impl Server {
             if let Ok(c) = EstimatorServiceClient::connect(format!("http://{}", self.addr)).await {
                 // The server answers once migrations ran.
                 let mut c = c.max_decoding_message_size(64 * 1024 * 1024);
-                if c.lookup_throughput(key("roberta-base", "1", 8)).await.is_ok() {
+                if c.lookup_throughput(key("roberta-base", "1", 8))
+                    .await
+                    .is_ok()
+                {
                     return c;
                 }
             }
@@ -109,7 +121,11 @@ fn key(model: &str, placement: &str, bsz: u32) -> pb::LookupThroughputRequest {
 fn assert_invalid<T: std::fmt::Debug>(r: Result<T, tonic::Status>, field: &str) {
     let e = r.expect_err("expected INVALID_ARGUMENT");
     assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
-    assert!(e.message().contains(field), "message {:?} should name {field:?}", e.message());
+    assert!(
+        e.message().contains(field),
+        "message {:?} should name {field:?}",
+        e.message()
+    );
 }
 
 fn curve_trace() -> (Vec<f64>, Vec<f64>) {
@@ -162,8 +178,14 @@ async fn every_rpc_computes_and_rejects_bad_input() {
         .await
         .unwrap()
         .into_inner();
-    assert!(alone.iterations > 0 && helped.iterations < alone.iterations, "{alone:?} {helped:?}");
-    assert!(helped.metric_target_iteration > 400 || helped.target_unreachable, "{helped:?}");
+    assert!(
+        alone.iterations > 0 && helped.iterations < alone.iterations,
+        "{alone:?} {helped:?}"
+    );
+    assert!(
+        helped.metric_target_iteration > 400 || helped.target_unreachable,
+        "{helped:?}"
+    );
 
     // Bad traces.
     let mut nan = l.clone();
@@ -203,11 +225,15 @@ async fn every_rpc_computes_and_rejects_bad_input() {
         .await
         .unwrap_err();
     assert!(
-        matches!(e.code(), Code::InvalidArgument | Code::OutOfRange | Code::ResourceExhausted),
+        matches!(
+            e.code(),
+            Code::InvalidArgument | Code::OutOfRange | Code::ResourceExhausted
+        ),
         "{e:?}"
     );
     assert_invalid(
-        c.predict_iterations(pb::PredictIterationsRequest::default()).await,
+        c.predict_iterations(pb::PredictIterationsRequest::default())
+            .await,
         "curve",
     );
     assert_invalid(
@@ -251,7 +277,10 @@ async fn every_rpc_computes_and_rejects_bad_input() {
     };
     let close = find("a", "b", pb::TransferMode::Temporal);
     let far = find("a", "c", pb::TransferMode::Temporal);
-    assert!(close.score < far.score && close.gain > far.gain, "{close:?} {far:?}");
+    assert!(
+        close.score < far.score && close.gain > far.gain,
+        "{close:?} {far:?}"
+    );
     assert!(close.positive);
     assert_invalid(
         c.score_transfer(pb::ScoreTransferRequest {
@@ -308,10 +337,18 @@ async fn every_rpc_computes_and_rejects_bad_input() {
     assert_eq!(table.rows.len(), 4);
     let a = &table.rows[0];
     assert!(a.seconds[0].is_infinite(), "a = 0 never finishes");
-    assert!(a.seconds[1] > a.seconds[2] && a.seconds[2] > a.seconds[4], "{:?}", a.seconds);
+    assert!(
+        a.seconds[1] > a.seconds[2] && a.seconds[2] > a.seconds[4],
+        "{:?}",
+        a.seconds
+    );
     let temporal = &table.rows[2];
     assert_eq!(temporal.iterations, 2000, "3000 / (1 + 0.5)");
-    assert!(temporal.tran_wt[1] > 1.0, "a helpful temporal pair: {:?}", temporal.tran_wt);
+    assert!(
+        temporal.tran_wt[1] > 1.0,
+        "a helpful temporal pair: {:?}",
+        temporal.tran_wt
+    );
     assert_eq!(temporal.tran_wt[0], 0.0);
     assert_invalid(
         c.predict_job_times(pb::PredictJobTimesRequest {
@@ -357,12 +394,28 @@ async fn every_rpc_computes_and_rejects_bad_input() {
     );
 
     // LookupThroughput.
-    let t = c.lookup_throughput(key("roberta-base", "4", 8)).await.unwrap().into_inner();
-    assert!(t.step_time_seconds > 0.0 && t.feasible && !t.interpolated, "{t:?}");
+    let t = c
+        .lookup_throughput(key("roberta-base", "4", 8))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        t.step_time_seconds > 0.0 && t.feasible && !t.interpolated,
+        "{t:?}"
+    );
     assert!(t.context_switch_seconds > 0.0);
-    assert_invalid(c.lookup_throughput(key("no-such-model", "4", 8)).await, "key.model");
-    assert_invalid(c.lookup_throughput(key("roberta-base", "4x", 8)).await, "key.placement");
-    assert_invalid(c.lookup_throughput(key("roberta-base", "4", 0)).await, "key.local_batch_size");
+    assert_invalid(
+        c.lookup_throughput(key("no-such-model", "4", 8)).await,
+        "key.model",
+    );
+    assert_invalid(
+        c.lookup_throughput(key("roberta-base", "4x", 8)).await,
+        "key.placement",
+    );
+    assert_invalid(
+        c.lookup_throughput(key("roberta-base", "4", 0)).await,
+        "key.local_batch_size",
+    );
 
     // ImportProfile: a bad CSV names its line and changes nothing.
     let e = c
@@ -386,8 +439,15 @@ async fn every_rpc_computes_and_rejects_bad_input() {
         .await,
         "layout",
     );
-    let before = c.lookup_throughput(key("roberta-base", "1", 8)).await.unwrap().into_inner();
-    assert!((before.step_time_seconds - 0.5).abs() > 1e-6, "the failed import changed nothing");
+    let before = c
+        .lookup_throughput(key("roberta-base", "1", 8))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        (before.step_time_seconds - 0.5).abs() > 1e-6,
+        "the failed import changed nothing"
+    );
 
     // RecordStepTimes validation.
     assert_invalid(
@@ -459,17 +519,32 @@ async fn what_the_estimator_learns_survives_a_restart() {
         .unwrap()
         .into_inner();
     assert_eq!((rec.accepted, rec.rejected_outliers), (27, 1));
-    let lookup = pb::LookupThroughputRequest { key: Some(k.clone()) };
-    let learned = c.lookup_throughput(lookup.clone()).await.unwrap().into_inner();
+    let lookup = pb::LookupThroughputRequest {
+        key: Some(k.clone()),
+    };
+    let learned = c
+        .lookup_throughput(lookup.clone())
+        .await
+        .unwrap()
+        .into_inner();
     // (3 · 0.30 + 27 · 0.40) / 30 = 0.39
-    assert!((learned.step_time_seconds - 0.39).abs() < 1e-9, "{learned:?}");
+    assert!(
+        (learned.step_time_seconds - 0.39).abs() < 1e-9,
+        "{learned:?}"
+    );
     for _ in 0..10 {
-        c.record_transfer_outcome(pb::RecordTransferOutcomeRequest { score: 0.1, gain: 0.8 })
-            .await
-            .unwrap();
+        c.record_transfer_outcome(pb::RecordTransferOutcomeRequest {
+            score: 0.1,
+            gain: 0.8,
+        })
+        .await
+        .unwrap();
     }
     let outcome = c
-        .record_transfer_outcome(pb::RecordTransferOutcomeRequest { score: 0.9, gain: -0.5 })
+        .record_transfer_outcome(pb::RecordTransferOutcomeRequest {
+            score: 0.9,
+            gain: -0.5,
+        })
         .await
         .unwrap()
         .into_inner();
@@ -482,12 +557,18 @@ async fn what_the_estimator_learns_survives_a_restart() {
     let again = c.lookup_throughput(lookup).await.unwrap().into_inner();
     assert!((again.step_time_seconds - 0.39).abs() < 1e-9, "{again:?}");
     let next = c
-        .record_transfer_outcome(pb::RecordTransferOutcomeRequest { score: 0.5, gain: 0.1 })
+        .record_transfer_outcome(pb::RecordTransferOutcomeRequest {
+            score: 0.5,
+            gain: 0.1,
+        })
         .await
         .unwrap()
         .into_inner();
     assert_eq!(next.observed_merges, 12);
-    assert!(next.slope < 0.0, "the learned line falls with the score: {next:?}");
+    assert!(
+        next.slope < 0.0,
+        "the learned line falls with the score: {next:?}"
+    );
     server.stop().await;
     db.drop().await;
 }
