@@ -478,6 +478,20 @@ mod tests {
     }
 
     #[test]
+    fn ten_million_points_are_an_input_error_not_a_fit() {
+        let k: Vec<f64> = (0..10_000_000).map(f64::from).collect();
+        let l = vec![1.0; k.len()];
+        assert_eq!(
+            fit_loss_curve(&k, &l),
+            Err(FitError::TooManyPoints {
+                field: "losses",
+                max: MAX_POINTS,
+                got: 10_000_000
+            })
+        );
+    }
+
+    #[test]
     fn noisy_non_monotone_trace_still_fits() {
         let truth = LossCurve::new(0.3, 0.5, 0.004, 0.0);
         let (k, l) = trace(&truth, 200, 5.0, 0.05, 7);

@@ -1000,4 +1000,25 @@ mod tests {
             assert_eq!(l.step_time(&key(p, b), 12).unwrap().step, want);
         }
     }
+
+    proptest::proptest! {
+        /// Interpolation returns the exact value at every profiled point,
+        /// whatever the other points are.
+        #[test]
+        fn profiled_points_are_returned_exactly(
+            points in proptest::collection::btree_map(1u32..512, (0.001f64..10.0, 0.0f64..0.001), 1..20),
+        ) {
+            let mut l = Lut::default();
+            let mut csv = String::from("placement,local_bsz,step_time,sync_time\n");
+            for (b, (s, y)) in &points {
+                csv += &format!("4,{b},{s},{y}\n");
+            }
+            l.import_csv("m", "V100", "placements", "p.csv", &csv).unwrap();
+            for (b, (s, _)) in &points {
+                let got = l.step_time(&key("4", *b), 12).unwrap();
+                proptest::prop_assert_eq!(got.step, *s);
+                proptest::prop_assert!(!got.interpolated);
+            }
+        }
+    }
 }
