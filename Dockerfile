@@ -2,7 +2,7 @@
 FROM rust:1-bookworm AS build
 WORKDIR /src
 COPY . .
-RUN cargo build --release --locked --bins \
+RUN scripts/ensure-build-tools.sh && cargo build --release --locked --bins \
  && mkdir /out && cp target/release/scheduler-svc target/release/estimator-svc \
     target/release/node-agent target/release/fmctl /out/
 

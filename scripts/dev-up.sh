@@ -28,6 +28,7 @@ cleanup() {
 }
 trap cleanup EXIT INT TERM
 
+"$root/scripts/ensure-build-tools.sh"
 log "building fmsched (cargo build --bins)"
 cargo build --workspace --bins --quiet
 bin="$root/target/debug"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs every check and test of fmsched, installing what is missing:
 # a Rust toolchain's rustfmt/clippy components, cargo-nextest (optional),
-# and PostgreSQL (Debian packages) when no server answers on DATABASE_URL.
+# the build tools of the HiGHS MILP solver (cmake, libclang; Debian
+# packages), and PostgreSQL when no server answers on DATABASE_URL.
 #
 #   scripts/test.sh            # fmt + clippy + all tests
 #   scripts/test.sh --quick    # tests only
@@ -54,6 +55,7 @@ ensure_postgres() {
   exit 1
 }
 
+scripts/ensure-build-tools.sh
 ensure_postgres
 
 if [ "$quick" = 0 ]; then

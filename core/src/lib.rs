@@ -9,6 +9,7 @@ pub mod ids;
 pub mod job;
 pub mod models;
 pub mod node;
+pub mod policy;
 pub mod validate;
 
 pub use ids::{GpuUuid, JobId, NodeId, UserName};

@@ -1,0 +1,575 @@
+//! The baselines the papers compare with (thesis Ch. 2; Ymir §7.1). Each
+//! runs at the interval its paper (or the published simulator) uses and
+//! gives every job either its requested GPUs or — for the elastic ones —
+//! what its rule says; all share [`super::placement`].
+//!
+//! | policy | rule | interval |
+//! |---|---|---|
+//! | FIFO | submission order, head-of-line blocking, no preemption | on events (60 s) |
+//! | SRTF | shortest remaining time (at the requested GPUs) first, preemptive, backfilling | 300 s |
+//! | Tiresias | 2-D least attained service (GPU-seconds), discretised queues, FIFO inside a queue, starvation guard | 300 s |
+//! | Optimus | marginal gain: each GPU step goes where remaining time falls most per GPU | 300 s |
+//! | Themis | finish-time fairness ρ = T_shared / T_ideal; free (lease-expired) GPUs go to the largest ρ | 60 s, 600 s leases |
+//! | Pollux | goodput with fixed batch size (Ymir disables batch tuning): maximise the generalised mean (p = −1) of speedups | 60 s |
+
+use super::{
+    MergeMode, Plan, PlanEntry, Policy, Snapshot, requested_allocation, usable_allocations,
+};
+
+fn entry(job: usize, gpus: u32) -> PlanEntry {
+    PlanEntry {
+        jobs: vec![job],
+        mode: MergeMode::Normal,
+        gpus,
+        placement: Vec::new(),
+    }
+}
+
+/// Gives each job of `order` its requested allocation while GPUs last.
+/// With `blocking`, the first job that does not fit stops the walk (strict
+/// FIFO); else later, smaller jobs fill in (backfilling).
+fn in_order(snap: &Snapshot, order: &[usize], mut free: u32, blocking: bool, plan: &mut Plan) {
+    for &i in order {
+        let Some(a) = requested_allocation(snap, i) else {
+            continue;
+        };
+        if a <= free {
+            free -= a;
+            plan.entries.push(entry(i, a));
+        } else if blocking {
+            break;
+        }
+    }
+}
+
+fn sort_entries(mut plan: Plan) -> Plan {
+    plan.entries.sort_by_key(|e| e.jobs[0]);
+    plan
+}
+
+/// First in, first out, without preemption.
+#[derive(Clone, Debug)]
+pub struct Fifo {
+    pub interval_s: f64,
+}
+
+impl Default for Fifo {
+    fn default() -> Self {
+        Self { interval_s: 60.0 }
+    }
+}
+
+impl Policy for Fifo {
+    fn name(&self) -> &str {
+        "fifo"
+    }
+    fn interval_s(&self) -> f64 {
+        self.interval_s
+    }
+    fn allocate(&self, snap: &Snapshot) -> Plan {
+        let mut plan = Plan::default();
+        let mut free = snap.total_gpus();
+        // Running jobs keep their GPUs.
+        for (i, j) in snap.jobs.iter().enumerate() {
+            if j.current_gpus > 0 && j.current_gpus <= free {
+                free -= j.current_gpus;
+                plan.entries.push(entry(i, j.current_gpus));
+            }
+        }
+        let mut order: Vec<usize> = (0..snap.jobs.len())
+            .filter(|&i| snap.jobs[i].current_gpus == 0)
+            .collect();
+        order.sort_by(|&a, &b| {
+            let (x, y) = (&snap.jobs[a], &snap.jobs[b]);
+            x.submitted_at
+                .total_cmp(&y.submitted_at)
+                .then(x.id.cmp(&y.id))
+        });
+        in_order(snap, &order, free, true, &mut plan);
+        sort_entries(plan)
+    }
+}
+
+/// Preemptive shortest remaining time first.
+#[derive(Clone, Debug)]
+pub struct Srtf {
+    pub interval_s: f64,
+}
+
+impl Default for Srtf {
+    fn default() -> Self {
+        Self { interval_s: 300.0 }
+    }
+}
+
+fn remaining_at_request(snap: &Snapshot, i: usize) -> f64 {
+    requested_allocation(snap, i).map_or(f64::INFINITY, |a| snap.time_at(i, a))
+}
+
+impl Policy for Srtf {
+    fn name(&self) -> &str {
+        "srtf"
+    }
+    fn interval_s(&self) -> f64 {
+        self.interval_s
+    }
+    fn allocate(&self, snap: &Snapshot) -> Plan {
+        let mut order: Vec<usize> = (0..snap.jobs.len()).collect();
+        order.sort_by(|&a, &b| {
+            remaining_at_request(snap, a)
+                .total_cmp(&remaining_at_request(snap, b))
+                .then(snap.jobs[a].id.cmp(&snap.jobs[b].id))
+        });
+        let mut plan = Plan::default();
+        in_order(snap, &order, snap.total_gpus(), false, &mut plan);
+        sort_entries(plan)
+    }
+}
+
+/// Tiresias (Gu et al., NSDI'19): discretised two-dimensional least
+/// attained service.
+#[derive(Clone, Debug)]
+pub struct Tiresias {
+    pub interval_s: f64,
+    /// Queue thresholds on attained service, GPU-seconds (ascending).
+    pub thresholds_gpu_s: Vec<f64>,
+    /// A job that has waited longer than this multiple of the time it has
+    /// run goes back to the highest-priority queue.
+    pub starvation_factor: f64,
+}
+
+impl Default for Tiresias {
+    fn default() -> Self {
+        Self {
+            interval_s: 300.0,
+            // One and ten GPU-hours: three queues.
+            thresholds_gpu_s: vec![3600.0, 36_000.0],
+            starvation_factor: 2.0,
+        }
+    }
+}
+
+impl Tiresias {
+    /// The job's queue (0 = highest priority).
+    pub fn queue(&self, snap: &Snapshot, i: usize) -> usize {
+        let j = &snap.jobs[i];
+        let waited = (snap.now - j.submitted_at - j.executed_s).max(0.0);
+        if j.current_gpus == 0
+            && j.executed_s > 0.0
+            && waited > self.starvation_factor * j.executed_s
+        {
+            return 0;
+        }
+        self.thresholds_gpu_s
+            .iter()
+            .take_while(|&&t| j.attained_gpu_s >= t)
+            .count()
+    }
+}
+
+impl Policy for Tiresias {
+    fn name(&self) -> &str {
+        "tiresias"
+    }
+    fn interval_s(&self) -> f64 {
+        self.interval_s
+    }
+    fn allocate(&self, snap: &Snapshot) -> Plan {
+        let mut order: Vec<usize> = (0..snap.jobs.len()).collect();
+        order.sort_by(|&a, &b| {
+            let (x, y) = (&snap.jobs[a], &snap.jobs[b]);
+            self.queue(snap, a)
+                .cmp(&self.queue(snap, b))
+                .then(x.submitted_at.total_cmp(&y.submitted_at))
+                .then(x.id.cmp(&y.id))
+        });
+        let mut plan = Plan::default();
+        in_order(snap, &order, snap.total_gpus(), false, &mut plan);
+        sort_entries(plan)
+    }
+}
+
+/// Greedy growth shared by Optimus and Pollux: first one allocation per
+/// job in `first` order while GPUs last, then repeatedly the step with the
+/// best `gain(job, from, to)` per added GPU, while it is positive.
+fn grow(snap: &Snapshot, first: &[usize], gain: impl Fn(usize, u32, u32) -> f64) -> Plan {
+    let n = snap.jobs.len();
+    let usable: Vec<Vec<u32>> = (0..n).map(|i| usable_allocations(snap, i)).collect();
+    let mut gpus = vec![0u32; n];
+    let mut free = snap.total_gpus();
+    for &i in first {
+        if let Some(&a) = usable[i].first()
+            && a <= free
+        {
+            gpus[i] = a;
+            free -= a;
+        }
+    }
+    loop {
+        let mut best: Option<(f64, usize, u32)> = None;
+        for i in 0..n {
+            if gpus[i] == 0 {
+                continue;
+            }
+            let Some(&next) = usable[i].iter().find(|&&a| a > gpus[i]) else {
+                continue;
+            };
+            if next - gpus[i] > free {
+                continue;
+            }
+            let g = gain(i, gpus[i], next) / f64::from(next - gpus[i]);
+            if best
+                .is_none_or(|(bg, bi, _)| g > bg || (g == bg && snap.jobs[i].id < snap.jobs[bi].id))
+            {
+                best = Some((g, i, next));
+            }
+        }
+        match best {
+            Some((g, i, next)) if g > 0.0 => {
+                free -= next - gpus[i];
+                gpus[i] = next;
+            }
+            _ => break,
+        }
+    }
+    Plan {
+        entries: (0..n)
+            .filter(|&i| gpus[i] > 0)
+            .map(|i| entry(i, gpus[i]))
+            .collect(),
+        ..Default::default()
+    }
+}
+
+/// Optimus (Peng et al., EuroSys'18): marginal gain of one more GPU from
+/// the estimated remaining time.
+#[derive(Clone, Debug)]
+pub struct Optimus {
+    pub interval_s: f64,
+}
+
+impl Default for Optimus {
+    fn default() -> Self {
+        Self { interval_s: 300.0 }
+    }
+}
+
+impl Policy for Optimus {
+    fn name(&self) -> &str {
+        "optimus"
+    }
+    fn interval_s(&self) -> f64 {
+        self.interval_s
+    }
+    fn allocate(&self, snap: &Snapshot) -> Plan {
+        // Jobs that finish soonest get their first GPUs first.
+        let mut first: Vec<usize> = (0..snap.jobs.len()).collect();
+        let t_min = |i: usize| {
+            usable_allocations(snap, i)
+                .first()
+                .map_or(f64::INFINITY, |&a| snap.time_at(i, a))
+        };
+        first.sort_by(|&a, &b| {
+            t_min(a)
+                .total_cmp(&t_min(b))
+                .then(snap.jobs[a].id.cmp(&snap.jobs[b].id))
+        });
+        grow(snap, &first, |i, from, to| {
+            snap.time_at(i, from) - snap.time_at(i, to)
+        })
+    }
+}
+
+/// Themis (Mahajan et al., NSDI'20): finish-time fairness with leases.
+#[derive(Clone, Debug)]
+pub struct Themis {
+    pub interval_s: f64,
+    pub lease_s: f64,
+}
+
+impl Default for Themis {
+    fn default() -> Self {
+        Self {
+            interval_s: 60.0,
+            lease_s: 600.0,
+        }
+    }
+}
+
+impl Themis {
+    /// ρ = T_shared / T_ideal: (time since submission + remaining time at
+    /// the requested GPUs) over the whole run alone at the requested GPUs.
+    pub fn rho(&self, snap: &Snapshot, i: usize) -> f64 {
+        let j = &snap.jobs[i];
+        let remaining = remaining_at_request(snap, i);
+        let ideal = remaining / (1.0 - j.progress.clamp(0.0, 0.99));
+        if !ideal.is_finite() || ideal <= 0.0 {
+            return 0.0;
+        }
+        (snap.now - j.submitted_at + remaining) / ideal
+    }
+}
+
+impl Policy for Themis {
+    fn name(&self) -> &str {
+        "themis"
+    }
+    fn interval_s(&self) -> f64 {
+        self.interval_s
+    }
+    fn allocate(&self, snap: &Snapshot) -> Plan {
+        let mut plan = Plan::default();
+        let mut free = snap.total_gpus();
+        // GPUs under an unexpired lease stay with their job.
+        for (i, j) in snap.jobs.iter().enumerate() {
+            if j.current_gpus > 0 && j.lease_until > snap.now && j.current_gpus <= free {
+                free -= j.current_gpus;
+                plan.entries.push(entry(i, j.current_gpus));
+            }
+        }
+        let leased: Vec<bool> = {
+            let mut v = vec![false; snap.jobs.len()];
+            for e in &plan.entries {
+                v[e.jobs[0]] = true;
+            }
+            v
+        };
+        // The rest is auctioned to the worst-off jobs first.
+        let mut order: Vec<usize> = (0..snap.jobs.len()).filter(|&i| !leased[i]).collect();
+        order.sort_by(|&a, &b| {
+            self.rho(snap, b)
+                .total_cmp(&self.rho(snap, a))
+                .then(snap.jobs[a].id.cmp(&snap.jobs[b].id))
+        });
+        in_order(snap, &order, free, false, &mut plan);
+        sort_entries(plan)
+    }
+}
+
+/// Pollux-style goodput allocation with the batch size fixed.
+#[derive(Clone, Debug)]
+pub struct Pollux {
+    pub interval_s: f64,
+}
+
+impl Default for Pollux {
+    fn default() -> Self {
+        Self { interval_s: 60.0 }
+    }
+}
+
+impl Policy for Pollux {
+    fn name(&self) -> &str {
+        "pollux"
+    }
+    fn interval_s(&self) -> f64 {
+        self.interval_s
+    }
+    fn allocate(&self, snap: &Snapshot) -> Plan {
+        // Oldest jobs get their first GPU first (Pollux weighs by age).
+        let mut first: Vec<usize> = (0..snap.jobs.len()).collect();
+        first.sort_by(|&a, &b| {
+            let (x, y) = (&snap.jobs[a], &snap.jobs[b]);
+            x.submitted_at
+                .total_cmp(&y.submitted_at)
+                .then(x.id.cmp(&y.id))
+        });
+        // Speedup over one GPU; p = −1 mean: maximise −Σ 1/speedup.
+        let speedup = |i: usize, a: u32| {
+            let base = usable_allocations(snap, i)
+                .first()
+                .map_or(f64::INFINITY, |&m| snap.time_at(i, m));
+            base / snap.time_at(i, a)
+        };
+        grow(snap, &first, |i, from, to| {
+            1.0 / speedup(i, from) - 1.0 / speedup(i, to)
+        })
+    }
+}
+
+/// Every policy by name, with its paper's knobs.
+pub fn by_name(name: &str) -> Option<Box<dyn Policy + Send + Sync>> {
+    use super::ymir::{Ymir, YmirConfig};
+    Some(match name {
+        "fifo" => Box::new(Fifo::default()),
+        "srtf" => Box::new(Srtf::default()),
+        "tiresias" => Box::new(Tiresias::default()),
+        "optimus" => Box::new(Optimus::default()),
+        "themis" => Box::new(Themis::default()),
+        "pollux" => Box::new(Pollux::default()),
+        "ymir" => Box::new(Ymir::default()),
+        "ymir-no-merge" => Box::new(Ymir::new(YmirConfig {
+            merging: false,
+            ..Default::default()
+        })),
+        _ => return None,
+    })
+}
+
+/// Names accepted by [`by_name`].
+pub const POLICY_NAMES: [&str; 8] = [
+    "ymir",
+    "ymir-no-merge",
+    "fifo",
+    "srtf",
+    "tiresias",
+    "optimus",
+    "themis",
+    "pollux",
+];
+
+#[cfg(test)]
+mod tests {
+    use super::super::testkit::*;
+    use super::*;
+
+    #[test]
+    fn fifo_blocks_behind_the_head_and_never_preempts() {
+        let mut snap = cluster(1, 4, jobs(3));
+        snap.jobs[0].requested_gpus = 3;
+        snap.jobs[1].requested_gpus = 2;
+        snap.jobs[2].requested_gpus = 1;
+        for (i, j) in snap.jobs.iter_mut().enumerate() {
+            j.submitted_at = i as f64;
+        }
+        let p = Fifo::default().allocate(&snap);
+        assert_eq!(
+            p.gpus_by_job().into_iter().collect::<Vec<_>>(),
+            vec![(0, 3)],
+            "job 2 may not pass job 1"
+        );
+        snap.jobs[2].current_gpus = 1;
+        let p = Fifo::default().allocate(&snap);
+        assert_eq!(
+            p.gpus_by_job().get(&2),
+            Some(&1),
+            "running jobs keep their GPUs"
+        );
+    }
+
+    #[test]
+    fn srtf_runs_the_shortest_first_and_backfills() {
+        let mut snap = cluster(1, 4, jobs(3));
+        snap.jobs[0].requested_gpus = 4; // long
+        snap.jobs[1].requested_gpus = 2;
+        snap.jobs[2].requested_gpus = 2;
+        let t = |w: f64| {
+            snap.allocations
+                .iter()
+                .map(|&a| {
+                    if a == 0 {
+                        f64::INFINITY
+                    } else {
+                        w / f64::from(a)
+                    }
+                })
+                .collect::<Vec<_>>()
+        };
+        snap.jobs[0].remaining_s = t(100.0);
+        snap.jobs[1].remaining_s = t(10_000.0);
+        snap.jobs[2].remaining_s = t(5_000.0);
+        let p = Srtf::default().allocate(&snap);
+        assert_eq!(
+            p.gpus_by_job().into_iter().collect::<Vec<_>>(),
+            vec![(0, 4)]
+        );
+        snap.jobs[0].remaining_s = t(100_000.0);
+        let p = Srtf::default().allocate(&snap);
+        assert_eq!(
+            p.gpus_by_job().into_iter().collect::<Vec<_>>(),
+            vec![(1, 2), (2, 2)]
+        );
+    }
+
+    #[test]
+    fn tiresias_prefers_least_attained_service_and_rescues_the_starved() {
+        let mut snap = cluster(1, 1, jobs(2));
+        for j in &mut snap.jobs {
+            j.requested_gpus = 1;
+        }
+        snap.jobs[0].attained_gpu_s = 7200.0;
+        snap.jobs[0].executed_s = 7200.0;
+        let t = Tiresias::default();
+        assert_eq!(t.queue(&snap, 0), 1);
+        assert_eq!(
+            Tiresias::default()
+                .allocate(&snap)
+                .gpus_by_job()
+                .keys()
+                .copied()
+                .collect::<Vec<_>>(),
+            vec![1]
+        );
+        // Job 0 has waited three times as long as it ran: back to queue 0,
+        // and it was submitted first.
+        snap.now = 7200.0 * 4.0;
+        assert_eq!(t.queue(&snap, 0), 0);
+        assert_eq!(
+            t.allocate(&snap)
+                .gpus_by_job()
+                .keys()
+                .copied()
+                .collect::<Vec<_>>(),
+            vec![0]
+        );
+    }
+
+    #[test]
+    fn optimus_gives_gpus_where_they_shorten_most() {
+        let mut snap = cluster(1, 4, jobs(2));
+        // Job 0 scales perfectly, job 1 not at all past one GPU.
+        snap.jobs[0].remaining_s = snap
+            .allocations
+            .iter()
+            .map(|&a| {
+                if a == 0 {
+                    f64::INFINITY
+                } else {
+                    1000.0 / f64::from(a)
+                }
+            })
+            .collect();
+        snap.jobs[1].remaining_s = snap
+            .allocations
+            .iter()
+            .map(|&a| if a == 0 { f64::INFINITY } else { 1000.0 })
+            .collect();
+        let g = Optimus::default().allocate(&snap).gpus_by_job();
+        assert_eq!((g[&0], g[&1]), (3, 1));
+    }
+
+    #[test]
+    fn themis_keeps_leases_and_auctions_the_rest_by_unfairness() {
+        let mut snap = cluster(1, 2, jobs(3));
+        for j in &mut snap.jobs {
+            j.requested_gpus = 1;
+        }
+        snap.now = 1000.0;
+        snap.jobs[0].current_gpus = 1;
+        snap.jobs[0].lease_until = 1500.0;
+        snap.jobs[2].submitted_at = 0.0;
+        snap.jobs[1].submitted_at = 900.0;
+        let g = Themis::default().allocate(&snap).gpus_by_job();
+        assert_eq!(
+            g.keys().copied().collect::<Vec<_>>(),
+            vec![0, 2],
+            "the longest-waiting job is the worst off"
+        );
+        snap.jobs[0].lease_until = 900.0;
+        let th = Themis::default();
+        assert!(th.rho(&snap, 2) > th.rho(&snap, 1));
+    }
+
+    #[test]
+    fn every_policy_yields_a_sound_plan() {
+        for name in POLICY_NAMES {
+            let snap = cluster(2, 4, jobs(9));
+            let p = by_name(name).unwrap();
+            let plan = p.schedule(&snap);
+            plan.consistency_check(&snap)
+                .unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert!(!plan.entries.is_empty(), "{name} ran nothing");
+        }
+        assert!(by_name("nope").is_none());
+    }
+}

@@ -1,0 +1,457 @@
+//! Scheduling policies: pure functions from a [`Snapshot`] to a [`Plan`].
+//!
+//! The live scheduler and the simulator (`fmsim`) call exactly this code.
+//! Nothing here does IO, reads the clock, or iterates a hash map: the same
+//! snapshot always gives the same plan.
+//!
+//! Phases of every round (see `README.md` beside this file):
+//! 1. **allocate** — the policy decides how many GPUs each *group* gets (a
+//!    group is one job, or two jobs merged by Ymir's task merger);
+//! 2. **place** — [`placement::place`] maps group sizes onto nodes, keeping
+//!    running groups where they are, packing onto as few nodes as possible.
+//!
+//! Time estimates come in the snapshot (`T_{i,a}` per allocation, from the
+//! estimator), so the policies never compute throughput themselves.
+
+pub mod baselines;
+pub mod placement;
+pub mod ymir;
+
+use std::collections::BTreeMap;
+
+/// How the members of a group train.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum MergeMode {
+    /// One job alone.
+    Normal,
+    /// `A ↦ B`: A runs, then B continues from A's output weights.
+    Temporal,
+    /// `A ‖ B`: one joint multi-task process trains both.
+    Spatial,
+}
+
+impl MergeMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MergeMode::Normal => "normal",
+            MergeMode::Temporal => "temporal",
+            MergeMode::Spatial => "spatial",
+        }
+    }
+}
+
+/// One job as a policy sees it. Indices into [`Snapshot::jobs`] are the
+/// dense ordinals the policies work with; `id` only breaks ties and names
+/// jobs in plans.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SchedJob {
+    pub id: String,
+    pub model: String,
+    pub task: String,
+    /// May be merged with other users' jobs (Ymir §9 privacy opt-out).
+    pub sharing: bool,
+    /// Pipeline-parallel: whole 4-GPU servers only.
+    pub pipeline: bool,
+    /// GPUs the user asked for (baselines give exactly this).
+    pub requested_gpus: u32,
+    pub min_gpus: u32,
+    pub max_gpus: u32,
+    /// Submission time (seconds on the snapshot's clock).
+    pub submitted_at: f64,
+    /// Fraction of its work done, in [0, 1] (spatial merging needs 0).
+    pub progress: f64,
+    /// GPU-seconds received so far (Tiresias' attained service).
+    pub attained_gpu_s: f64,
+    /// Seconds of running so far (wall).
+    pub executed_s: f64,
+    /// GPUs it holds now (0 = queued).
+    pub current_gpus: u32,
+    /// Node index → GPUs it holds now.
+    pub current_placement: Vec<(usize, u32)>,
+    /// Remaining seconds to finish alone with `allocations[k]` GPUs
+    /// (`+∞` where it cannot run), i.e. `T_{i,a}` of Ymir Eq. 5.
+    pub remaining_s: Vec<f64>,
+    /// Seconds a (re)start costs this job (checkpoint + context switch).
+    pub restart_s: f64,
+    /// Themis: the lease on its current GPUs runs until this time.
+    pub lease_until: f64,
+}
+
+/// A candidate merge of two jobs, with the estimator's numbers.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PairCandidate {
+    pub a: usize,
+    pub b: usize,
+    pub mode: MergeMode,
+    /// Seconds the merged group needs at each allocation: for temporal
+    /// pairs A's remaining time plus B's transferred time (`T_A + T_{A↦B}`),
+    /// for spatial pairs the joint job's time `T_{A‖B}`.
+    pub remaining_s: Vec<f64>,
+    /// `TranWt` per allocation (Ymir Eq. 12–13).
+    pub tran_wt: Vec<f64>,
+}
+
+/// A merge that was decided earlier and is kept (only its size changes).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ExistingMerge {
+    pub a: usize,
+    pub b: usize,
+    pub mode: MergeMode,
+    pub remaining_s: Vec<f64>,
+}
+
+/// A node's capacity.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NodeCap {
+    pub id: String,
+    pub gpus: u32,
+}
+
+/// Everything a policy may look at.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Snapshot {
+    /// Seconds on the caller's clock (virtual in the simulator).
+    pub now: f64,
+    pub nodes: Vec<NodeCap>,
+    /// The allocation set; `remaining_s` vectors are indexed like it.
+    pub allocations: Vec<u32>,
+    pub jobs: Vec<SchedJob>,
+    pub candidates: Vec<PairCandidate>,
+    pub merges: Vec<ExistingMerge>,
+}
+
+impl Snapshot {
+    pub fn total_gpus(&self) -> u32 {
+        self.nodes.iter().map(|n| n.gpus).sum()
+    }
+
+    /// Index of allocation `a` in the allocation set.
+    pub fn alloc_index(&self, a: u32) -> Option<usize> {
+        self.allocations.iter().position(|&x| x == a)
+    }
+
+    /// Remaining time of job `i` at `a` GPUs (`+∞` when `a` is not in the set).
+    pub fn time_at(&self, i: usize, a: u32) -> f64 {
+        self.alloc_index(a)
+            .and_then(|k| self.jobs[i].remaining_s.get(k).copied())
+            .unwrap_or(f64::INFINITY)
+    }
+
+    /// The job's group when it is part of a kept merge.
+    pub fn merge_of(&self, i: usize) -> Option<usize> {
+        self.merges.iter().position(|m| m.a == i || m.b == i)
+    }
+}
+
+/// One group in a plan.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PlanEntry {
+    /// Job indices: one, or two for a merge (A first).
+    pub jobs: Vec<usize>,
+    pub mode: MergeMode,
+    pub gpus: u32,
+    /// Node index → GPUs. Empty until placed.
+    pub placement: Vec<(usize, u32)>,
+}
+
+/// Counters a round reports (never silent about a fallback).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SolveStats {
+    pub variables: usize,
+    pub constraints: usize,
+    pub candidate_pairs: usize,
+    /// The MILP hit its time limit (or failed) and the fallback plan was used.
+    pub fallback: bool,
+    /// Groups the placement could not fit (they wait for the next round).
+    pub unplaced: usize,
+}
+
+/// The decision of one round: the groups that hold GPUs. Jobs not in any
+/// entry are queued.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Plan {
+    pub entries: Vec<PlanEntry>,
+    pub stats: SolveStats,
+}
+
+impl Plan {
+    /// GPUs each job holds in this plan (by job index).
+    pub fn gpus_by_job(&self) -> BTreeMap<usize, u32> {
+        let mut m = BTreeMap::new();
+        for e in &self.entries {
+            for &j in &e.jobs {
+                m.insert(j, e.gpus);
+            }
+        }
+        m
+    }
+
+    /// Recounts the plan from scratch and reports the first broken rule:
+    /// no job twice, no node over capacity, placements adding up to the
+    /// group size, pairs of two distinct jobs of one model that both allow
+    /// sharing. Run by tests and by the simulator in debug builds.
+    pub fn consistency_check(&self, snap: &Snapshot) -> Result<(), String> {
+        let mut seen = vec![false; snap.jobs.len()];
+        let mut used = vec![0u32; snap.nodes.len()];
+        for (k, e) in self.entries.iter().enumerate() {
+            if e.jobs.is_empty() || e.jobs.len() > 2 {
+                return Err(format!("entry {k}: {} jobs", e.jobs.len()));
+            }
+            for &j in &e.jobs {
+                if j >= seen.len() {
+                    return Err(format!("entry {k}: job {j} does not exist"));
+                }
+                if std::mem::replace(&mut seen[j], true) {
+                    return Err(format!("job {} is in the plan twice", snap.jobs[j].id));
+                }
+            }
+            if e.jobs.len() == 2 {
+                let (a, b) = (&snap.jobs[e.jobs[0]], &snap.jobs[e.jobs[1]]);
+                if e.mode == MergeMode::Normal {
+                    return Err(format!("entry {k}: two jobs without a merge mode"));
+                }
+                if a.model != b.model || !a.sharing || !b.sharing {
+                    return Err(format!(
+                        "entry {k}: {} and {} may not be merged",
+                        a.id, b.id
+                    ));
+                }
+            }
+            let placed: u32 = e.placement.iter().map(|p| p.1).sum();
+            if !e.placement.is_empty() && placed != e.gpus {
+                return Err(format!("entry {k}: placed {placed} GPUs of {}", e.gpus));
+            }
+            for &(n, g) in &e.placement {
+                if n >= used.len() {
+                    return Err(format!("entry {k}: node {n} does not exist"));
+                }
+                used[n] += g;
+            }
+        }
+        for (n, &u) in used.iter().enumerate() {
+            if u > snap.nodes[n].gpus {
+                return Err(format!(
+                    "node {} holds {u} GPUs of {}",
+                    snap.nodes[n].id, snap.nodes[n].gpus
+                ));
+            }
+        }
+        let total: u32 = self.entries.iter().map(|e| e.gpus).sum();
+        if total > snap.total_gpus() {
+            return Err(format!("plan uses {total} GPUs of {}", snap.total_gpus()));
+        }
+        Ok(())
+    }
+}
+
+/// A scheduling policy. `allocate` decides group sizes; placement is
+/// shared (see the module docs).
+pub trait Policy {
+    fn name(&self) -> &str;
+    /// Seconds between rounds, as the policy's paper sets it.
+    fn interval_s(&self) -> f64;
+    /// Decides which groups hold how many GPUs (placement left empty).
+    fn allocate(&self, snap: &Snapshot) -> Plan;
+    /// A round: allocate, then place.
+    fn schedule(&self, snap: &Snapshot) -> Plan {
+        let plan = self.allocate(snap);
+        placement::place(snap, plan)
+    }
+}
+
+/// Ymir's allocation set {0, 1, 2, 3, 4m} up to `max_gpus` (Ymir §5.1).
+pub fn ymir_allocations(max_gpus: u32) -> Vec<u32> {
+    let mut v: Vec<u32> = [0, 1, 2, 3]
+        .into_iter()
+        .filter(|&a| a <= max_gpus)
+        .collect();
+    v.extend((1..=max_gpus / 4).map(|m| 4 * m));
+    v
+}
+
+/// The allocations a job may receive: those of the set inside its GPU
+/// range where it can run (finite time), largest last. `0` is not included.
+pub fn usable_allocations(snap: &Snapshot, i: usize) -> Vec<u32> {
+    let j = &snap.jobs[i];
+    snap.allocations
+        .iter()
+        .zip(&j.remaining_s)
+        .filter(|&(&a, &t)| a > 0 && a >= j.min_gpus && a <= j.max_gpus && t.is_finite())
+        .map(|(&a, _)| a)
+        .collect()
+}
+
+/// The allocation nearest to the job's request that it can use (the
+/// largest usable one not above the request, else the smallest usable).
+pub fn requested_allocation(snap: &Snapshot, i: usize) -> Option<u32> {
+    let usable = usable_allocations(snap, i);
+    let req = snap.jobs[i].requested_gpus;
+    usable
+        .iter()
+        .rev()
+        .find(|&&a| a <= req)
+        .or_else(|| usable.first())
+        .copied()
+}
+
+#[cfg(test)]
+pub(crate) mod testkit {
+    //! Small builders for policy tests: `cluster(nodes, gpus)`, `job(..)`.
+    use super::*;
+
+    /// Perfectly linear scaling: `work / a` seconds at `a` GPUs.
+    pub fn job(id: &str, work_gpu_s: f64, requested: u32, allocations: &[u32]) -> SchedJob {
+        SchedJob {
+            id: id.into(),
+            model: "roberta-base".into(),
+            task: id.into(),
+            sharing: true,
+            pipeline: false,
+            requested_gpus: requested,
+            min_gpus: 1,
+            max_gpus: 64,
+            submitted_at: 0.0,
+            progress: 0.0,
+            attained_gpu_s: 0.0,
+            executed_s: 0.0,
+            current_gpus: 0,
+            current_placement: Vec::new(),
+            remaining_s: allocations
+                .iter()
+                .map(|&a| {
+                    if a == 0 {
+                        f64::INFINITY
+                    } else {
+                        work_gpu_s / f64::from(a)
+                    }
+                })
+                .collect(),
+            restart_s: 30.0,
+            lease_until: 0.0,
+        }
+    }
+
+    pub fn cluster(nodes: usize, gpus: u32, jobs: Vec<SchedJob>) -> Snapshot {
+        let allocations = ymir_allocations(nodes as u32 * gpus);
+        let jobs = jobs
+            .into_iter()
+            .map(|mut j| {
+                // Re-index the times to this cluster's allocation set.
+                let work = j
+                    .remaining_s
+                    .iter()
+                    .zip(ymir_allocations(64))
+                    .find(|(t, _)| t.is_finite());
+                if let Some((&t, a)) = work {
+                    let w = t * f64::from(a);
+                    j.remaining_s = allocations
+                        .iter()
+                        .map(|&a| {
+                            if a == 0 {
+                                f64::INFINITY
+                            } else {
+                                w / f64::from(a)
+                            }
+                        })
+                        .collect();
+                }
+                j
+            })
+            .collect();
+        Snapshot {
+            now: 0.0,
+            nodes: (0..nodes)
+                .map(|n| NodeCap {
+                    id: format!("node-{n}"),
+                    gpus,
+                })
+                .collect(),
+            allocations,
+            jobs,
+            candidates: Vec::new(),
+            merges: Vec::new(),
+        }
+    }
+
+    pub fn jobs(n: usize) -> Vec<SchedJob> {
+        (0..n)
+            .map(|i| {
+                job(
+                    &format!("j{i}"),
+                    3600.0 * (1 + i % 5) as f64,
+                    1 + (i % 4) as u32,
+                    &ymir_allocations(64),
+                )
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::testkit::*;
+    use super::*;
+
+    #[test]
+    fn allocation_set() {
+        assert_eq!(ymir_allocations(8), vec![0, 1, 2, 3, 4, 8]);
+        assert_eq!(ymir_allocations(3), vec![0, 1, 2, 3]);
+    }
+
+    #[test]
+    fn consistency_check_catches_each_broken_rule() {
+        let snap = cluster(1, 4, jobs(3));
+        let entry = |jobs: Vec<usize>, gpus, placement| PlanEntry {
+            jobs,
+            mode: MergeMode::Normal,
+            gpus,
+            placement,
+        };
+        let ok = Plan {
+            entries: vec![
+                entry(vec![0], 2, vec![(0, 2)]),
+                entry(vec![1], 2, vec![(0, 2)]),
+            ],
+            ..Default::default()
+        };
+        assert_eq!(ok.consistency_check(&snap), Ok(()));
+        let twice = Plan {
+            entries: vec![
+                entry(vec![0], 1, vec![(0, 1)]),
+                entry(vec![0], 1, vec![(0, 1)]),
+            ],
+            ..Default::default()
+        };
+        assert!(
+            twice
+                .consistency_check(&snap)
+                .unwrap_err()
+                .contains("twice")
+        );
+        let over = Plan {
+            entries: vec![
+                entry(vec![0], 3, vec![(0, 3)]),
+                entry(vec![1], 2, vec![(0, 2)]),
+            ],
+            ..Default::default()
+        };
+        assert!(over.consistency_check(&snap).is_err());
+        let mut private = snap.clone();
+        private.jobs[1].sharing = false;
+        let pair = Plan {
+            entries: vec![PlanEntry {
+                jobs: vec![0, 1],
+                mode: MergeMode::Spatial,
+                gpus: 2,
+                placement: vec![(0, 2)],
+            }],
+            ..Default::default()
+        };
+        assert_eq!(pair.consistency_check(&snap), Ok(()));
+        assert!(
+            pair.consistency_check(&private)
+                .unwrap_err()
+                .contains("may not be merged")
+        );
+    }
+}
