@@ -504,12 +504,28 @@ impl Lut {
         if gpus == 0 {
             return Err(LutError::Zero { field: "gpus" });
         }
+        let placement = packed_placement(gpus, per_node);
+        self.iteration_time_on(model, gpu_type, &placement, global_bsz, variant, layers)
+    }
+
+    /// Like [`Lut::iteration_time`], on an explicit placement (digit string
+    /// of GPUs per node, e.g. "31" for a job spread over two nodes).
+    pub fn iteration_time_on(
+        &self,
+        model: &str,
+        gpu_type: &str,
+        placement: &str,
+        global_bsz: u32,
+        variant: &Variant,
+        layers: u32,
+    ) -> Result<IterationTime, LutError> {
         if global_bsz == 0 {
             return Err(LutError::Zero {
                 field: "global_batch_size",
             });
         }
-        let placement = canonical_placement(&packed_placement(gpus, per_node))?;
+        let placement = canonical_placement(placement)?;
+        let gpus: u32 = placement.bytes().map(|b| u32::from(b - b'0')).sum();
         let (profile, _) = self.base_profile(model, gpu_type, variant)?;
         let mut max_local = profile.max_local_bsz(&placement).max(1);
         if let (Some(cap), false) = (self.memory_limit(gpu_type), profile.memory.is_empty()) {

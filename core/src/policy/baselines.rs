@@ -144,7 +144,9 @@ impl Default for Tiresias {
             interval_s: 300.0,
             // One and ten GPU-hours: three queues.
             thresholds_gpu_s: vec![3600.0, 36_000.0],
-            starvation_factor: 2.0,
+            // Tiresias' STARVELIMIT: generous, or promotion and demotion
+            // thrash with every restart.
+            starvation_factor: 10.0,
         }
     }
 }
@@ -500,9 +502,9 @@ mod tests {
                 .collect::<Vec<_>>(),
             vec![1]
         );
-        // Job 0 has waited three times as long as it ran: back to queue 0,
-        // and it was submitted first.
-        snap.now = 7200.0 * 4.0;
+        // Job 0 has waited more than ten times as long as it ran: back to
+        // queue 0, and it was submitted first.
+        snap.now = 7200.0 * 12.0;
         assert_eq!(t.queue(&snap, 0), 0);
         assert_eq!(
             t.allocate(&snap)

@@ -252,6 +252,10 @@ pub trait Policy {
     fn interval_s(&self) -> f64;
     /// Decides which groups hold how many GPUs (placement left empty).
     fn allocate(&self, snap: &Snapshot) -> Plan;
+    /// Whether the policy merges jobs (callers then supply candidates).
+    fn merges(&self) -> bool {
+        false
+    }
     /// A round: allocate, then place.
     fn schedule(&self, snap: &Snapshot) -> Plan {
         let plan = self.allocate(snap);

@@ -249,6 +249,10 @@ impl Policy for Ymir {
         self.config.interval_s
     }
 
+    fn merges(&self) -> bool {
+        self.config.merging
+    }
+
     fn allocate(&self, snap: &Snapshot) -> Plan {
         let units = self.units(snap);
         let pairs = self.pairs(snap);

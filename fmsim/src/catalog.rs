@@ -1,0 +1,360 @@
+//! Task catalog: how much work each fine-tuning task is, alone and merged.
+//!
+//! Per model: per task, the samples of one epoch and the epochs to reach
+//! the target alone; per ordered pair `A->B`, the epochs B needs when it
+//! starts from A's output (temporal transfer); per pair `A|B`, the epochs
+//! each task needs inside the joint multi-task job (spatial transfer).
+//! Entries are either epochs or per-epoch metric curves (then the epochs
+//! are the first epoch reaching the job's target, else the curve's length).
+//!
+//! Two JSON layouts are read: fmsched's own (below, written by
+//! `fmsim catalog`) and the published TitanSched `task-curves.json` layout
+//! (`models.M.alone.T."lr=…,grad_accum=…".curve`, `models.M.temporal."A->B".curve`,
+//! `models.M.spatial."A|B".T.curve`).
+//!
+//! ```json
+//! {"models": {"roberta-base": {
+//!    "tasks": {"rte": {"samples_per_epoch": 2490, "epochs": 4.0}},
+//!    "temporal": {"mnli->rte": {"epochs": 1.5}},
+//!    "spatial": {"mnli|rte": {"mnli": {"epochs": 3.0}, "rte": {"epochs": 2.0}}}}}}
+//! ```
+//!
+//! The **default catalog** ([`Catalog::default_synthetic`]) ships with fmsim so
+//! it works without any published data. Tasks and their training-set sizes
+//! are public datasets' (GLUE train splits, Wang et al. 2019; CIFAR-100,
+//! Fashion-MNIST, MNIST, Food-101, Imagenette; Alpaca, Dolly, GSM8K);
+//! epochs to target alone are drawn in [2, 10]; transfer gains `G` are drawn
+//! log-normally, `1 + G = exp(0.1 + 0.8·z)` clipped to [0.5, 10], which gives
+//! what the papers publish: speedups up to 10× and a little over half of
+//! the pairs helpful (`G ≥ 0`; Ymir Fig. 3, Table 2). Every draw is a hash
+//! of the names, so the catalog is the same on every machine.
+
+use std::collections::BTreeMap;
+
+use serde_json::{Value, json};
+
+/// Epochs, or a metric curve per epoch (higher is better).
+#[derive(Clone, Debug, PartialEq)]
+pub enum Work {
+    Epochs(f64),
+    Curve(Vec<f64>),
+}
+
+impl Work {
+    /// Epochs to reach `target` (a curve without a target runs its length).
+    pub fn epochs(&self, target: Option<f64>) -> f64 {
+        match self {
+            Work::Epochs(e) => *e,
+            Work::Curve(c) => match target {
+                Some(t) => c.iter().position(|&m| m >= t).map_or(c.len() as f64, |i| (i + 1) as f64),
+                None => c.len() as f64,
+            },
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct TaskInfo {
+    pub samples_per_epoch: f64,
+    /// Alone: one entry, or one per curve key ("lr=…,grad_accum=…").
+    pub alone: BTreeMap<String, Work>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ModelTasks {
+    pub tasks: BTreeMap<String, TaskInfo>,
+    /// (A, B) → B's work after A.
+    pub temporal: BTreeMap<(String, String), Work>,
+    /// (A, B) with A < B → (A's work, B's work) in the joint job.
+    pub spatial: BTreeMap<(String, String), (Work, Work)>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Catalog {
+    pub models: BTreeMap<String, ModelTasks>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum CatalogError {
+    #[error("{0}: {1}")]
+    Invalid(String, String),
+}
+
+/// Deterministic uniform in (0, 1) from a name.
+fn unit(name: &str) -> f64 {
+    let mut h = 0xcbf2_9ce4_8422_2325u64;
+    for b in name.bytes() {
+        h = (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3);
+    }
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    h ^= h >> 33;
+    ((h >> 11) as f64 + 0.5) / (1u64 << 53) as f64
+}
+
+/// Standard normal from a name (Box–Muller).
+fn normal(name: &str) -> f64 {
+    let (u1, u2) = (unit(&format!("{name}#1")), unit(&format!("{name}#2")));
+    (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
+}
+
+/// `1 + G` of a synthetic pair.
+fn synthetic_factor(name: &str) -> f64 {
+    (0.1 + 0.8 * normal(name)).exp().clamp(0.5, 10.0)
+}
+
+const LANGUAGE: [(&str, f64); 8] = [
+    ("mnli", 392_702.0),
+    ("qqp", 363_846.0),
+    ("qnli", 104_743.0),
+    ("sst2", 67_349.0),
+    ("cola", 8_551.0),
+    ("stsb", 5_749.0),
+    ("mrpc", 3_668.0),
+    ("rte", 2_490.0),
+];
+const VISION: [(&str, f64); 6] = [
+    ("cifar100", 50_000.0),
+    ("fashion_mnist", 60_000.0),
+    ("mnist", 60_000.0),
+    ("food101", 75_750.0),
+    ("imagenette", 9_469.0),
+    ("cats_vs_dogs", 23_262.0),
+];
+const INSTRUCT: [(&str, f64); 3] = [("alpaca", 52_002.0), ("dolly", 15_011.0), ("gsm8k", 7_473.0)];
+
+impl Catalog {
+    /// The shipped synthetic catalog (see the module docs).
+    pub fn default_synthetic() -> Catalog {
+        let mut c = Catalog::default();
+        let families: [(&[&str], &[(&str, f64)]); 3] = [
+            (&["roberta-base", "roberta-large", "bert-base", "bert-large"], &LANGUAGE),
+            (&["vit-base", "vit-large"], &VISION),
+            (&["llama-2-7b", "mistral-7b"], &INSTRUCT),
+        ];
+        for (models, tasks) in families {
+            for &model in models {
+                let mut m = ModelTasks::default();
+                for &(t, n) in tasks {
+                    let epochs = (2.0 + 8.0 * unit(&format!("{model}|{t}|epochs"))).round();
+                    m.tasks.insert(
+                        t.to_string(),
+                        TaskInfo {
+                            samples_per_epoch: n,
+                            alone: BTreeMap::from([(String::new(), Work::Epochs(epochs))]),
+                        },
+                    );
+                }
+                let names: Vec<&str> = tasks.iter().map(|t| t.0).collect();
+                for &a in &names {
+                    for &b in &names {
+                        if a == b {
+                            continue;
+                        }
+                        let eb = m.tasks[b].alone[""].epochs(None);
+                        let ea = m.tasks[a].alone[""].epochs(None);
+                        let f = synthetic_factor(&format!("{model}|{a}->{b}"));
+                        m.temporal.insert((a.into(), b.into()), Work::Epochs((eb / f).max(0.25)));
+                        if a < b {
+                            let fa = synthetic_factor(&format!("{model}|{b}=>{a}|spatial"));
+                            let fb = synthetic_factor(&format!("{model}|{a}=>{b}|spatial"));
+                            m.spatial.insert(
+                                (a.into(), b.into()),
+                                (Work::Epochs((ea / fa).max(0.25)), Work::Epochs((eb / fb).max(0.25))),
+                            );
+                        }
+                    }
+                }
+                c.models.insert(model.to_string(), m);
+            }
+        }
+        c
+    }
+
+    /// Every (model, task) pair, in order.
+    pub fn tasks(&self) -> Vec<(String, String)> {
+        self.models
+            .iter()
+            .flat_map(|(m, t)| t.tasks.keys().map(move |k| (m.clone(), k.clone())))
+            .collect()
+    }
+
+    pub fn task(&self, model: &str, task: &str) -> Option<&TaskInfo> {
+        self.models.get(model)?.tasks.get(task)
+    }
+
+    /// B's work after A (temporal), if known.
+    pub fn temporal(&self, model: &str, a: &str, b: &str) -> Option<&Work> {
+        self.models.get(model)?.temporal.get(&(a.to_string(), b.to_string()))
+    }
+
+    /// (A's, B's) work in the joint job, if known.
+    pub fn spatial(&self, model: &str, a: &str, b: &str) -> Option<(&Work, &Work)> {
+        let m = self.models.get(model)?;
+        if let Some((x, y)) = m.spatial.get(&(a.to_string(), b.to_string())) {
+            return Some((x, y));
+        }
+        m.spatial.get(&(b.to_string(), a.to_string())).map(|(x, y)| (y, x))
+    }
+
+    /// Reads either layout (see the module docs).
+    pub fn from_json(origin: &str, text: &str) -> Result<Catalog, CatalogError> {
+        let bad = |m: String| CatalogError::Invalid(origin.to_string(), m);
+        let v: Value = serde_json::from_str(text).map_err(|e| bad(e.to_string()))?;
+        let models = v
+            .get("models")
+            .and_then(Value::as_object)
+            .ok_or_else(|| bad("no \"models\" object".into()))?;
+        let mut out = Catalog::default();
+        for (model, mv) in models {
+            let mut m = ModelTasks::default();
+            let work = |path: &str, w: &Value| -> Result<Work, CatalogError> {
+                if let Some(e) = w.get("epochs") {
+                    let e = e.as_f64().filter(|e| e.is_finite() && *e > 0.0);
+                    return e.map(Work::Epochs).ok_or_else(|| bad(format!("{path}.epochs must be a number > 0")));
+                }
+                let c = w.get("curve").and_then(Value::as_array).ok_or_else(|| bad(format!("{path}: needs \"epochs\" or \"curve\"")))?;
+                let pts: Option<Vec<f64>> = c
+                    .iter()
+                    .map(|p| p.as_array().and_then(|p| p.get(1)).and_then(Value::as_f64).or_else(|| p.as_f64()))
+                    .collect();
+                let pts = pts.filter(|p| !p.is_empty()).ok_or_else(|| bad(format!("{path}.curve must be a list of [epoch, metric] or metrics")))?;
+                Ok(Work::Curve(pts))
+            };
+            if let Some(tasks) = mv.get("tasks").and_then(Value::as_object) {
+                for (t, tv) in tasks {
+                    let path = format!("models.{model}.tasks.{t}");
+                    let n = tv
+                        .get("samples_per_epoch")
+                        .and_then(Value::as_f64)
+                        .filter(|n| *n > 0.0)
+                        .ok_or_else(|| bad(format!("{path}.samples_per_epoch must be a number > 0")))?;
+                    m.tasks.insert(
+                        t.clone(),
+                        TaskInfo {
+                            samples_per_epoch: n,
+                            alone: BTreeMap::from([(String::new(), work(&path, tv)?)]),
+                        },
+                    );
+                }
+            }
+            if let Some(alone) = mv.get("alone").and_then(Value::as_object) {
+                for (t, per_key) in alone {
+                    let info = m.tasks.entry(t.clone()).or_default();
+                    for (k, w) in per_key.as_object().into_iter().flatten() {
+                        info.alone.insert(k.clone(), work(&format!("models.{model}.alone.{t}.{k}"), w)?);
+                    }
+                }
+            }
+            for (k, w) in mv.get("temporal").and_then(Value::as_object).into_iter().flatten() {
+                let (a, b) = k.split_once("->").ok_or_else(|| bad(format!("models.{model}.temporal: key {k:?} is not \"A->B\"")))?;
+                m.temporal.insert((a.into(), b.into()), work(&format!("models.{model}.temporal.{k}"), w)?);
+            }
+            for (k, w) in mv.get("spatial").and_then(Value::as_object).into_iter().flatten() {
+                let (a, b) = k.split_once('|').ok_or_else(|| bad(format!("models.{model}.spatial: key {k:?} is not \"A|B\"")))?;
+                let path = format!("models.{model}.spatial.{k}");
+                let wa = work(&format!("{path}.{a}"), w.get(a).ok_or_else(|| bad(format!("{path}: no entry for {a}")))?)?;
+                let wb = work(&format!("{path}.{b}"), w.get(b).ok_or_else(|| bad(format!("{path}: no entry for {b}")))?)?;
+                let (a, b, wa, wb) = if a <= b { (a, b, wa, wb) } else { (b, a, wb, wa) };
+                m.spatial.insert((a.into(), b.into()), (wa, wb));
+            }
+            out.models.insert(model.clone(), m);
+        }
+        Ok(out)
+    }
+
+    /// fmsched's own layout.
+    pub fn to_json(&self) -> Value {
+        let work = |w: &Work| match w {
+            Work::Epochs(e) => json!({ "epochs": e }),
+            Work::Curve(c) => json!({ "curve": c }),
+        };
+        let mut models = serde_json::Map::new();
+        for (name, m) in &self.models {
+            let tasks: serde_json::Map<String, Value> = m
+                .tasks
+                .iter()
+                .map(|(t, info)| {
+                    let mut v = info.alone.values().next().map(work).unwrap_or(json!({}));
+                    v["samples_per_epoch"] = json!(info.samples_per_epoch);
+                    (t.clone(), v)
+                })
+                .collect();
+            let temporal: serde_json::Map<String, Value> =
+                m.temporal.iter().map(|((a, b), w)| (format!("{a}->{b}"), work(w))).collect();
+            let spatial: serde_json::Map<String, Value> = m
+                .spatial
+                .iter()
+                .map(|((a, b), (wa, wb))| (format!("{a}|{b}"), json!({ a: work(wa), b: work(wb) })))
+                .collect();
+            models.insert(name.clone(), json!({ "tasks": tasks, "temporal": temporal, "spatial": spatial }));
+        }
+        json!({ "models": models })
+    }
+
+    /// Fills missing samples-per-epoch from another catalog (the published
+    /// curves carry none).
+    pub fn fill_samples_from(&mut self, other: &Catalog) {
+        for (model, m) in &mut self.models {
+            for (t, info) in &mut m.tasks {
+                if info.samples_per_epoch <= 0.0
+                    && let Some(o) = other.task(model, t)
+                {
+                    info.samples_per_epoch = o.samples_per_epoch;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_catalog_matches_the_published_transfer_ranges() {
+        let c = Catalog::default_synthetic();
+        let mut pairs = 0;
+        let mut helpful = 0;
+        let mut best: f64 = 0.0;
+        for (model, m) in &c.models {
+            for ((a, b), w) in &m.temporal {
+                let alone = m.tasks[b].alone[""].epochs(None);
+                let speedup = alone / w.epochs(None);
+                pairs += 1;
+                if speedup >= 1.0 {
+                    helpful += 1;
+                }
+                best = best.max(speedup);
+                assert!(speedup <= 10.0 + 1e-9, "{model} {a}->{b}: {speedup}");
+            }
+        }
+        let share = f64::from(helpful) / f64::from(pairs);
+        assert!((0.5..0.7).contains(&share), "a little over half helpful: {share}");
+        assert!(best > 4.0, "large speedups exist: {best}");
+        // The same on every run.
+        assert_eq!(c, Catalog::default_synthetic());
+    }
+
+    #[test]
+    fn both_layouts_read_and_round_trip() {
+        let c = Catalog::default_synthetic();
+        let again = Catalog::from_json("c.json", &c.to_json().to_string()).unwrap();
+        assert_eq!(again, c);
+        let anchor = r#"{"models": {"vit": {
+            "alone": {"cifar100": {"lr=1e-3,grad_accum=1": {"curve": [[1.0, 0.5], [2.0, 0.8], [3.0, 0.9]], "metric": "eval_accuracy"}}},
+            "temporal": {"mnist->cifar100": {"curve": [[1.0, 0.85], [2.0, 0.95]]}},
+            "spatial": {"mnist|cifar100": {"mnist": {"curve": [[0.99, 0.9]]}, "cifar100": {"curve": [[0.99, 0.7], [1.99, 0.91]]}}}}}}"#;
+        let a = Catalog::from_json("task-curves.json", anchor).unwrap();
+        let alone = &a.task("vit", "cifar100").unwrap().alone["lr=1e-3,grad_accum=1"];
+        assert_eq!(alone.epochs(Some(0.85)), 3.0);
+        assert_eq!(alone.epochs(Some(0.99)), 3.0, "never reached: the curve's length");
+        assert_eq!(a.temporal("vit", "mnist", "cifar100").unwrap().epochs(Some(0.9)), 2.0);
+        let (wc, wm) = a.spatial("vit", "cifar100", "mnist").unwrap();
+        assert_eq!((wc.epochs(Some(0.9)), wm.epochs(Some(0.9))), (2.0, 1.0));
+        let e = Catalog::from_json("x.json", r#"{"models": {"m": {"temporal": {"ab": {"epochs": 1}}}}}"#).unwrap_err();
+        assert!(e.to_string().contains("\"A->B\""), "{e}");
+        let e = Catalog::from_json("x.json", r#"{"models": {"m": {"tasks": {"t": {"epochs": 1}}}}}"#).unwrap_err();
+        assert!(e.to_string().contains("samples_per_epoch"), "{e}");
+    }
+}

@@ -1,0 +1,946 @@
+//! The discrete-event simulation: a virtual clock, arrivals, a scheduling
+//! round every policy interval (the policy is `fmsched_core::policy`, the
+//! same code the scheduler runs), and jobs that progress at the speed the
+//! throughput LUT gives for their actual placement.
+//!
+//! What is modelled, and how:
+//! - **work** — a job needs `epochs × samples_per_epoch` samples (epochs from
+//!   the workload, else the catalog); it processes `batch / t_iter` samples
+//!   per second, `t_iter` from the LUT for its placement shape, its global
+//!   batch split over the GPUs with gradient accumulation when the local
+//!   batch does not fit in memory.
+//! - **restarts** — every start, resume or change of placement costs
+//!   `checkpoint_s` plus the model's context-switch time (the profile's, or
+//!   `context_switch_s`) before progress resumes.
+//! - **profiling** — a new job first runs `profile_s` seconds on 1 GPU
+//!   (4 for pipeline-parallel), never merged; it then joins the policy's
+//!   queue with zero progress (the profiling run only measures). Those GPUs
+//!   are taken from the capacity the policy sees.
+//! - **temporal transfer** `A ↦ B` — A runs to its own target; then B starts
+//!   (a new process, one restart) from A's weights and needs the catalog's
+//!   `A->B` epochs.
+//! - **spatial transfer** `A ‖ B` — one joint process at batch `M_A + M_B`,
+//!   sampling both datasets in proportion to their sizes (Ymir Eq. 4's
+//!   assumption). Each job completes when *its own* task reaches its target
+//!   (the catalog's joint epochs for it); the other then continues alone.
+//!   (The published simulator finishes both with the first — not copied.)
+//! - **merge guard** (Ymir §4.3) — after two epochs of the merged part, a
+//!   merge whose transfer does not help (merged epochs ≥ alone epochs) is
+//!   split: temporal B restarts alone from scratch, spatial jobs continue
+//!   alone from where they are.
+//! - **estimates** — the policy sees remaining times computed from the
+//!   catalog and the LUT (an oracle estimator).
+
+use std::collections::HashMap;
+use std::time::Instant;
+
+use estimator_svc::analytic;
+use estimator_svc::lut::{Lut, Variant};
+use estimator_svc::times::{tran_wt_spatial, tran_wt_temporal};
+use fmsched_core::policy::{
+    ExistingMerge, MergeMode, NodeCap, PairCandidate, Plan, Policy, SchedJob, Snapshot, ymir_allocations,
+};
+
+use crate::catalog::Catalog;
+use crate::workload::WorkloadJob;
+
+/// Simulation settings.
+#[derive(Clone, Debug)]
+pub struct SimConfig {
+    pub nodes: u32,
+    pub gpus_per_node: u32,
+    pub gpu_type: String,
+    /// Seconds to write and load a checkpoint on every (re)start.
+    pub checkpoint_s: f64,
+    /// Context-switch seconds; None = the profile's for the model.
+    pub context_switch_s: Option<f64>,
+    /// Seconds of profiling before a job is schedulable (0 = none).
+    pub profile_s: f64,
+    /// Themis lease, seconds (set on every new allocation).
+    pub lease_s: f64,
+    /// Split merges that do not help after two epochs.
+    pub merge_guard: bool,
+    /// Give up after this much virtual time.
+    pub horizon_s: f64,
+    /// Check every plan with `consistency_check`.
+    pub check_plans: bool,
+}
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        Self {
+            nodes: 8,
+            gpus_per_node: 4,
+            gpu_type: "V100".into(),
+            checkpoint_s: 30.0,
+            context_switch_s: None,
+            profile_s: 60.0,
+            lease_s: 600.0,
+            merge_guard: true,
+            horizon_s: 90.0 * 86_400.0,
+            check_plans: cfg!(debug_assertions),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SimError {
+    #[error("job {job}: {message}")]
+    Job { job: String, message: String },
+    #[error("invalid plan at t={t:.0}s: {message}")]
+    Plan { t: f64, message: String },
+    #[error("{0}")]
+    Config(String),
+}
+
+/// Per-job outcome.
+#[derive(Clone, Debug, PartialEq)]
+pub struct JobResult {
+    pub name: String,
+    pub model: String,
+    pub task: String,
+    pub submit_s: f64,
+    pub first_start_s: Option<f64>,
+    pub finish_s: f64,
+    pub jct_s: f64,
+    /// JCT over the time alone at the requested GPUs (finish-time fairness ρ).
+    pub ftf: f64,
+    pub restarts: u32,
+    /// Merge it took part in: (mode, partner).
+    pub merged: Option<(MergeMode, String)>,
+}
+
+/// A whole run.
+#[derive(Clone, Debug)]
+pub struct SimResult {
+    pub policy: String,
+    pub jobs: Vec<JobResult>,
+    pub makespan_s: f64,
+    pub gpu_utilisation: f64,
+    pub restarts: u32,
+    pub merges_temporal: u32,
+    pub merges_spatial: u32,
+    pub guard_splits: u32,
+    pub rounds: u32,
+    pub fallbacks: u32,
+    /// Wall-clock seconds of each `Policy::schedule` call.
+    pub round_wall_s: Vec<f64>,
+    /// (variables, constraints) of each round (MILP policies).
+    pub model_sizes: Vec<(usize, usize)>,
+    pub wall_s: f64,
+}
+
+/// Where a job is.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Phase {
+    NotArrived,
+    Profiling { until: f64 },
+    Waiting,
+    Done,
+}
+
+#[derive(Clone, Debug)]
+struct Alloc {
+    gpus: u32,
+    placement: Vec<(usize, u32)>,
+    /// Progress resumes at this time (restart cost).
+    ready_at: f64,
+}
+
+#[derive(Clone, Debug)]
+struct Job {
+    w: WorkloadJob,
+    /// Model name in the LUT (aliases resolved).
+    lut_model: String,
+    layers: u32,
+    variant: Variant,
+    samples_per_epoch: f64,
+    alone_epochs: f64,
+    /// Samples the current path needs, and has done.
+    target: f64,
+    done: f64,
+    phase: Phase,
+    alloc: Option<Alloc>,
+    restart_s: f64,
+    attained_gpu_s: f64,
+    executed_s: f64,
+    restarts: u32,
+    lease_until: f64,
+    first_start: Option<f64>,
+    finish: Option<f64>,
+    /// The merge it is in now (progress flows through it).
+    merged: Option<(MergeMode, usize)>,
+    /// The merge it took part in, for the report (never cleared).
+    ever_merged: Option<(MergeMode, usize)>,
+    ideal_s: f64,
+}
+
+#[derive(Clone, Debug)]
+struct Merge {
+    a: usize,
+    b: usize,
+    mode: MergeMode,
+    /// Samples of the merged part done when the guard looks.
+    guard_at: f64,
+    guard_done: bool,
+}
+
+/// The simulator over one workload.
+pub struct Simulation<'a> {
+    cfg: SimConfig,
+    lut: &'a Lut,
+    jobs: Vec<Job>,
+    merges: Vec<Merge>,
+    allocations: Vec<u32>,
+    rate_cache: HashMap<(usize, u32, String), f64>,
+    now: f64,
+    busy_gpu_s: f64,
+    stats: SimResult,
+}
+
+fn placement_string(p: &[(usize, u32)]) -> String {
+    let mut per: Vec<u32> = p.iter().map(|x| x.1).filter(|&g| g > 0).collect();
+    per.sort_unstable();
+    per.iter().map(|g| char::from(b'0' + (*g).min(9) as u8)).collect()
+}
+
+fn packed(gpus: u32, per_node: u32) -> String {
+    estimator_svc::lut::packed_placement(gpus, per_node)
+}
+
+impl<'a> Simulation<'a> {
+    /// Prepares a run: resolves every job's model, epochs and samples.
+    pub fn new(cfg: SimConfig, lut: &'a Lut, catalog: &Catalog, workload: &[WorkloadJob]) -> Result<Self, SimError> {
+        if cfg.nodes == 0 || cfg.gpus_per_node == 0 || cfg.gpus_per_node > 9 {
+            return Err(SimError::Config("the cluster needs nodes > 0 and 1-9 GPUs per node".into()));
+        }
+        let gpu_type = analytic::gpu_family(&cfg.gpu_type);
+        let total = cfg.nodes * cfg.gpus_per_node;
+        let mut jobs = Vec::with_capacity(workload.len());
+        for w in workload {
+            let err = |m: String| SimError::Job { job: w.name.clone(), message: m };
+            let lut_model = [w.model.as_str(), alias(&w.model)]
+                .into_iter()
+                .find(|m| lut.profile(m, &gpu_type, &Variant::base()).is_some() || lut.gpu_types(m).contains(&gpu_type))
+                .ok_or_else(|| err(format!("no throughput profile for model {:?} on {gpu_type}", w.model)))?
+                .to_string();
+            let info = catalog.task(&w.model, &w.task);
+            let samples = info
+                .map(|t| t.samples_per_epoch)
+                .filter(|&s| s > 0.0)
+                .ok_or_else(|| err(format!("task {:?} of model {:?} is not in the catalog", w.task, w.model)))?;
+            let epochs = match (w.epochs, info) {
+                (Some(e), _) => e,
+                (None, Some(t)) => {
+                    let work = w
+                        .curve_key
+                        .as_ref()
+                        .and_then(|k| t.alone.get(k))
+                        .or_else(|| t.alone.values().next())
+                        .ok_or_else(|| err("the catalog has no alone entry for its task".into()))?;
+                    work.epochs(w.target_metric)
+                }
+                (None, None) => unreachable!("checked above"),
+            };
+            let layers = analytic::layers_of(&lut_model).unwrap_or(12);
+            let variant = Variant {
+                pipeline: w.pipeline,
+                ..Variant::base()
+            };
+            let mut j = Job {
+                w: w.clone(),
+                lut_model,
+                layers,
+                variant,
+                samples_per_epoch: samples,
+                alone_epochs: epochs,
+                target: epochs * samples,
+                done: 0.0,
+                phase: Phase::NotArrived,
+                alloc: None,
+                restart_s: 0.0,
+                attained_gpu_s: 0.0,
+                executed_s: 0.0,
+                restarts: 0,
+                lease_until: 0.0,
+                first_start: None,
+                finish: None,
+                merged: None,
+                ever_merged: None,
+                ideal_s: 0.0,
+            };
+            // Helios / Philly: scale the epochs so the work at the trace's GPU
+            // count takes the trace's duration.
+            j.w.max_gpus = j.w.max_gpus.clamp(1, total);
+            j.w.gpus = j.w.gpus.clamp(1, total);
+            j.restart_s = cfg.checkpoint_s
+                + cfg
+                    .context_switch_s
+                    .or_else(|| lut.context_switch_s(&j.lut_model, &gpu_type))
+                    .unwrap_or(30.0);
+            jobs.push(j);
+        }
+        let mut sim = Simulation {
+            cfg: SimConfig { gpu_type, ..cfg },
+            lut,
+            jobs,
+            merges: Vec::new(),
+            allocations: ymir_allocations(total),
+            rate_cache: HashMap::new(),
+            now: 0.0,
+            busy_gpu_s: 0.0,
+            stats: SimResult {
+                policy: String::new(),
+                jobs: Vec::new(),
+                makespan_s: 0.0,
+                gpu_utilisation: 0.0,
+                restarts: 0,
+                merges_temporal: 0,
+                merges_spatial: 0,
+                guard_splits: 0,
+                rounds: 0,
+                fallbacks: 0,
+                round_wall_s: Vec::new(),
+                model_sizes: Vec::new(),
+                wall_s: 0.0,
+            },
+        };
+        for i in 0..sim.jobs.len() {
+            if let Some(gpu_s) = sim.jobs[i].w.trace_gpu_s {
+                let g = sim.jobs[i].w.gpus;
+                let rate = sim.rate(i, sim.jobs[i].w.batch, &packed(g, sim.cfg.gpus_per_node))?;
+                let secs = gpu_s / f64::from(g);
+                let j = &mut sim.jobs[i];
+                j.alone_epochs = (secs * rate / j.samples_per_epoch).max(0.01);
+                j.target = j.alone_epochs * j.samples_per_epoch;
+            }
+            let g = sim.jobs[i].w.gpus;
+            let rate = sim.rate(i, sim.jobs[i].w.batch, &packed(g, sim.cfg.gpus_per_node))?;
+            let j = &mut sim.jobs[i];
+            j.ideal_s = j.target / rate + j.restart_s;
+        }
+        Ok(sim)
+    }
+
+    /// Samples per second of job `i`'s configuration at `batch` on `placement`.
+    fn rate(&mut self, i: usize, batch: u32, placement: &str) -> Result<f64, SimError> {
+        let key = (i, batch, placement.to_string());
+        if let Some(&r) = self.rate_cache.get(&key) {
+            return Ok(r);
+        }
+        let j = &self.jobs[i];
+        let r = match self
+            .lut
+            .iteration_time_on(&j.lut_model, &self.cfg.gpu_type, placement, batch, &j.variant, j.layers)
+        {
+            Ok(it) if it.feasible && it.seconds > 0.0 => f64::from(batch) / it.seconds,
+            Ok(_) => 0.0,
+            Err(e) => {
+                return Err(SimError::Job {
+                    job: j.w.name.clone(),
+                    message: e.to_string(),
+                });
+            }
+        };
+        self.rate_cache.insert(key, r);
+        Ok(r)
+    }
+
+    /// Samples per second job `i` makes on its own task right now.
+    fn progress_rate(&mut self, i: usize) -> Result<f64, SimError> {
+        let Some(alloc) = self.jobs[i].alloc.clone() else { return Ok(0.0) };
+        let p = placement_string(&alloc.placement);
+        match self.jobs[i].merged {
+            Some((MergeMode::Spatial, m)) => {
+                let (a, b) = (self.merges[m].a, self.merges[m].b);
+                let batch = self.jobs[a].w.batch + self.jobs[b].w.batch;
+                let joint = self.rate(a, batch, &p)?;
+                let (da, db) = (self.jobs[a].samples_per_epoch, self.jobs[b].samples_per_epoch);
+                let share = if i == a { da / (da + db) } else { db / (da + db) };
+                Ok(joint * share)
+            }
+            Some((MergeMode::Temporal, m)) if self.merges[m].b == i => Ok(0.0), // waits for A
+            _ => {
+                let b = self.jobs[i].w.batch;
+                self.rate(i, b, &p)
+            }
+        }
+    }
+
+    fn remaining(&self, i: usize) -> f64 {
+        (self.jobs[i].target - self.jobs[i].done).max(0.0)
+    }
+
+    /// Remaining seconds of job `i` alone at every allocation (packed).
+    fn solo_times(&mut self, i: usize) -> Result<Vec<f64>, SimError> {
+        let allocs = self.allocations.clone();
+        let rem = self.remaining(i);
+        let per_node = self.cfg.gpus_per_node;
+        let j = &self.jobs[i];
+        let (min, max, pipeline, batch) = (1, j.w.max_gpus, j.w.pipeline, j.w.batch);
+        allocs
+            .iter()
+            .map(|&a| {
+                if a == 0 || a < min || a > max || (pipeline && !a.is_multiple_of(4)) {
+                    return Ok(f64::INFINITY);
+                }
+                let r = self.rate(i, batch, &packed(a, per_node))?;
+                Ok(if r > 0.0 { rem / r } else { f64::INFINITY })
+            })
+            .collect()
+    }
+
+    /// Joint job times (Eq. 4 with honest per-task targets) for samples
+    /// `need_a`, `need_b` still to do.
+    fn joint_times(&mut self, a: usize, b: usize, need_a: f64, need_b: f64) -> Result<Vec<f64>, SimError> {
+        let allocs = self.allocations.clone();
+        let per_node = self.cfg.gpus_per_node;
+        let batch = self.jobs[a].w.batch + self.jobs[b].w.batch;
+        let max = self.jobs[a].w.max_gpus.max(self.jobs[b].w.max_gpus);
+        let (da, db) = (self.jobs[a].samples_per_epoch, self.jobs[b].samples_per_epoch);
+        allocs
+            .iter()
+            .map(|&x| {
+                if x == 0 || x > max {
+                    return Ok(f64::INFINITY);
+                }
+                let r = self.rate(a, batch, &packed(x, per_node))?;
+                if r <= 0.0 {
+                    return Ok(f64::INFINITY);
+                }
+                Ok((need_a / (r * da / (da + db))).max(need_b / (r * db / (da + db))))
+            })
+            .collect()
+    }
+
+    fn temporal_need(&self, catalog: &Catalog, a: usize, b: usize) -> Option<f64> {
+        let (ja, jb) = (&self.jobs[a], &self.jobs[b]);
+        let w = catalog.temporal(&ja.w.model, &ja.w.task, &jb.w.task)?;
+        Some(w.epochs(jb.w.target_metric) * jb.samples_per_epoch)
+    }
+
+    fn spatial_need(&self, catalog: &Catalog, a: usize, b: usize) -> Option<(f64, f64)> {
+        let (ja, jb) = (&self.jobs[a], &self.jobs[b]);
+        let (wa, wb) = catalog.spatial(&ja.w.model, &ja.w.task, &jb.w.task)?;
+        Some((
+            wa.epochs(ja.w.target_metric) * ja.samples_per_epoch,
+            wb.epochs(jb.w.target_metric) * jb.samples_per_epoch,
+        ))
+    }
+
+    /// Runs the whole workload under `policy`.
+    pub fn run(mut self, policy: &dyn Policy, catalog: &Catalog, mut progress: impl FnMut(usize, usize)) -> Result<SimResult, SimError> {
+        let started = Instant::now();
+        self.stats.policy = policy.name().to_string();
+        let interval = policy.interval_s().max(1.0);
+        let mut order: Vec<usize> = (0..self.jobs.len()).collect();
+        order.sort_by(|&a, &b| self.jobs[a].w.submit_s.total_cmp(&self.jobs[b].w.submit_s));
+        let mut next_arrival = 0usize;
+        let t0 = order.first().map_or(0.0, |&i| self.jobs[i].w.submit_s);
+        self.now = t0;
+        let mut next_round = t0;
+        let mut finished = 0usize;
+        let n = self.jobs.len();
+        while finished < n {
+            if self.now - t0 > self.cfg.horizon_s {
+                return Err(SimError::Config(format!(
+                    "{} of {n} jobs unfinished after {:.0} simulated days: the policy starves them or the cluster cannot run them",
+                    n - finished,
+                    self.cfg.horizon_s / 86_400.0
+                )));
+            }
+            // The next event.
+            let mut t_next = next_round;
+            if let Some(&i) = order.get(next_arrival) {
+                t_next = t_next.min(self.jobs[i].w.submit_s);
+            }
+            for i in 0..n {
+                if let Phase::Profiling { until } = self.jobs[i].phase {
+                    t_next = t_next.min(until);
+                }
+                if let Some(ready_at) = self.jobs[i].alloc.as_ref().map(|a| a.ready_at) {
+                    let ready = ready_at.max(self.now);
+                    let r = self.progress_rate(i)?;
+                    if r > 0.0 {
+                        t_next = t_next.min(ready + self.remaining(i) / r);
+                    } else if ready_at > self.now {
+                        t_next = t_next.min(ready_at);
+                    }
+                }
+            }
+            for m in 0..self.merges.len() {
+                let (done, mode, a, b, guard_at) = {
+                    let mg = &self.merges[m];
+                    (mg.guard_done, mg.mode, mg.a, mg.b, mg.guard_at)
+                };
+                if !done {
+                    let i = if mode == MergeMode::Temporal { b } else { a };
+                    let r = self.progress_rate(i)?;
+                    if r > 0.0 && self.jobs[i].done < guard_at {
+                        let ready = self.jobs[i].alloc.as_ref().map_or(self.now, |a| a.ready_at.max(self.now));
+                        t_next = t_next.min(ready + (guard_at - self.jobs[i].done) / r);
+                    }
+                }
+            }
+            let t_next = t_next.max(self.now);
+            self.advance(t_next)?;
+
+            // Completions (a small tolerance absorbs rounding).
+            for i in 0..n {
+                if self.jobs[i].alloc.is_some() && self.jobs[i].finish.is_none() && self.remaining(i) <= 1e-6 * self.jobs[i].target.max(1.0) {
+                    self.complete(i);
+                    finished += 1;
+                    progress(finished, n);
+                }
+            }
+            self.guard(catalog);
+            // Profiling ends.
+            for i in 0..n {
+                if let Phase::Profiling { until } = self.jobs[i].phase
+                    && until <= self.now
+                {
+                    // The profiling run measures (loss trace, throughput,
+                    // Task2Vec); its weights are not kept, so the job starts
+                    // from zero progress and stays eligible for merging.
+                    let j = &mut self.jobs[i];
+                    j.phase = Phase::Waiting;
+                    j.alloc = None;
+                    j.done = 0.0;
+                }
+            }
+            // Arrivals.
+            while let Some(&i) = order.get(next_arrival) {
+                if self.jobs[i].w.submit_s > self.now {
+                    break;
+                }
+                next_arrival += 1;
+                self.jobs[i].phase = if self.cfg.profile_s > 0.0 {
+                    Phase::Profiling { until: f64::INFINITY }
+                } else {
+                    Phase::Waiting
+                };
+            }
+            if self.now >= next_round {
+                self.round(policy, catalog)?;
+                next_round += interval;
+            }
+        }
+        let first = self.jobs.iter().map(|j| j.w.submit_s).fold(f64::INFINITY, f64::min);
+        let last = self.jobs.iter().filter_map(|j| j.finish).fold(first, f64::max);
+        self.stats.makespan_s = (last - first).max(0.0);
+        let total = f64::from(self.cfg.nodes * self.cfg.gpus_per_node);
+        self.stats.gpu_utilisation = if self.stats.makespan_s > 0.0 {
+            self.busy_gpu_s / (total * self.stats.makespan_s)
+        } else {
+            0.0
+        };
+        self.stats.jobs = self
+            .jobs
+            .iter()
+            .enumerate()
+            .map(|(i, j)| {
+                let finish = j.finish.unwrap_or(f64::NAN);
+                JobResult {
+                    name: j.w.name.clone(),
+                    model: j.w.model.clone(),
+                    task: j.w.task.clone(),
+                    submit_s: j.w.submit_s,
+                    first_start_s: j.first_start,
+                    finish_s: finish,
+                    jct_s: finish - j.w.submit_s,
+                    ftf: (finish - j.w.submit_s) / j.ideal_s.max(1e-9),
+                    restarts: j.restarts,
+                    merged: j.ever_merged.map(|(mode, m)| {
+                        let mg = &self.merges[m];
+                        let other = if mg.a == i { mg.b } else { mg.a };
+                        (mode, self.jobs[other].w.name.clone())
+                    }),
+                }
+            })
+            .collect();
+        self.stats.restarts = self.jobs.iter().map(|j| j.restarts).sum();
+        self.stats.wall_s = started.elapsed().as_secs_f64();
+        Ok(self.stats)
+    }
+
+    /// Moves the clock to `t`, advancing every running job.
+    fn advance(&mut self, t: f64) -> Result<(), SimError> {
+        let dt = t - self.now;
+        if dt > 0.0 {
+            for i in 0..self.jobs.len() {
+                let Some(a) = self.jobs[i].alloc.clone() else { continue };
+                let holder = match self.jobs[i].merged {
+                    // A pair's GPUs are counted once, on A.
+                    Some((_, m)) => self.merges[m].a == i,
+                    None => true,
+                };
+                if holder {
+                    self.busy_gpu_s += f64::from(a.gpus) * dt;
+                }
+                self.jobs[i].attained_gpu_s += f64::from(a.gpus) * dt;
+                self.jobs[i].executed_s += dt;
+                let active = (t - a.ready_at.max(self.now)).max(0.0);
+                if active > 0.0 {
+                    let r = self.progress_rate(i)?;
+                    let j = &mut self.jobs[i];
+                    j.done = (j.done + r * active).min(j.target);
+                }
+            }
+        }
+        self.now = t;
+        Ok(())
+    }
+
+    fn complete(&mut self, i: usize) {
+        let now = self.now;
+        self.jobs[i].finish = Some(now);
+        self.jobs[i].phase = Phase::Done;
+        let alloc = self.jobs[i].alloc.take();
+        if let Some((mode, m)) = self.jobs[i].merged {
+            let (a, b) = (self.merges[m].a, self.merges[m].b);
+            let other = if i == a { b } else { a };
+            if self.jobs[other].finish.is_none() {
+                // The partner keeps the GPUs. After A of a temporal pair, B
+                // starts a new process from A's weights (one restart); a
+                // spatial partner's process simply continues alone.
+                if let Some(mut al) = alloc {
+                    if mode == MergeMode::Temporal {
+                        al.ready_at = now + self.jobs[other].restart_s;
+                        self.jobs[other].restarts += 1;
+                    }
+                    self.jobs[other].alloc = Some(al);
+                }
+                // The partner is on its own from now on.
+                self.jobs[other].merged = None;
+            }
+        }
+        self.jobs[i].merged = None;
+    }
+
+    /// Ymir §4.3: split merges whose transfer does not help after two epochs.
+    fn guard(&mut self, catalog: &Catalog) {
+        if !self.cfg.merge_guard {
+            return;
+        }
+        for m in 0..self.merges.len() {
+            if self.merges[m].guard_done {
+                continue;
+            }
+            let Merge { a, b, mode, guard_at, .. } = self.merges[m].clone();
+            let watched = if mode == MergeMode::Temporal { b } else { a };
+            if self.jobs[watched].finish.is_some() || (self.jobs[a].finish.is_some() && mode == MergeMode::Spatial) {
+                self.merges[m].guard_done = true;
+                continue;
+            }
+            if self.jobs[watched].merged.is_none() && mode == MergeMode::Spatial {
+                self.merges[m].guard_done = true;
+                continue;
+            }
+            if self.jobs[watched].done + 1e-9 < guard_at {
+                continue;
+            }
+            self.merges[m].guard_done = true;
+            let hurt = |sim: &Self, j: usize, need: Option<f64>| {
+                need.is_some_and(|n| n >= sim.jobs[j].alone_epochs * sim.jobs[j].samples_per_epoch)
+            };
+            match mode {
+                MergeMode::Temporal => {
+                    // B runs on A's output only after A finished; the guard
+                    // looks at B's first two epochs.
+                    if hurt(self, b, self.temporal_need(catalog, a, b)) {
+                        let j = &mut self.jobs[b];
+                        j.target = j.alone_epochs * j.samples_per_epoch;
+                        j.done = 0.0;
+                        if let Some(al) = &mut j.alloc {
+                            al.ready_at = self.now + j.restart_s;
+                            j.restarts += 1;
+                        }
+                        self.stats.guard_splits += 1;
+                    }
+                }
+                MergeMode::Spatial => {
+                    let need = self.spatial_need(catalog, a, b);
+                    if hurt(self, a, need.map(|n| n.0)) || hurt(self, b, need.map(|n| n.1)) {
+                        for j in [a, b] {
+                            let jj = &mut self.jobs[j];
+                            jj.target = jj.alone_epochs * jj.samples_per_epoch;
+                            jj.merged = None;
+                        }
+                        // B leaves the joint process and waits for its own GPUs.
+                        self.jobs[b].alloc = None;
+                        self.stats.guard_splits += 1;
+                    }
+                }
+                MergeMode::Normal => {}
+            }
+        }
+    }
+
+    /// One scheduling round.
+    fn round(&mut self, policy: &dyn Policy, catalog: &Catalog) -> Result<(), SimError> {
+        let n = self.jobs.len();
+        let per_node = self.cfg.gpus_per_node;
+        // Profiling allocations first: free GPUs, then GPUs taken from the
+        // capacity the policy sees.
+        let mut cap: Vec<u32> = vec![per_node; self.cfg.nodes as usize];
+        let mut held = vec![0u32; cap.len()];
+        for j in &self.jobs {
+            if let (Some(a), Phase::Profiling { .. }) = (&j.alloc, j.phase) {
+                for &(nd, g) in &a.placement {
+                    cap[nd] -= g;
+                }
+            } else if let Some(a) = &j.alloc {
+                for &(nd, g) in &a.placement {
+                    held[nd] += g;
+                }
+            }
+        }
+        for i in 0..n {
+            if !matches!(self.jobs[i].phase, Phase::Profiling { until } if until.is_infinite()) {
+                continue;
+            }
+            let need = if self.jobs[i].w.pipeline { per_node.min(4) } else { 1 };
+            // A node with enough free GPUs not held by running work, else any capacity.
+            let pick = (0..cap.len())
+                .filter(|&nd| cap[nd] >= need)
+                .min_by_key(|&nd| (cap[nd].saturating_sub(held[nd]) < need, nd));
+            let Some(nd) = pick else { break };
+            cap[nd] -= need;
+            let ready = self.now + self.jobs[i].restart_s;
+            let j = &mut self.jobs[i];
+            j.alloc = Some(Alloc {
+                gpus: need,
+                placement: vec![(nd, need)],
+                ready_at: ready,
+            });
+            j.phase = Phase::Profiling {
+                until: ready + self.cfg.profile_s,
+            };
+            j.restarts += 1;
+            j.first_start.get_or_insert(self.now);
+        }
+
+        // The snapshot.
+        let mut idx: Vec<usize> = Vec::new(); // snapshot ordinal → job
+        let mut ord = vec![usize::MAX; n];
+        for i in 0..n {
+            if self.jobs[i].phase == Phase::Waiting && self.jobs[i].finish.is_none() {
+                ord[i] = idx.len();
+                idx.push(i);
+            }
+        }
+        let mut sjobs = Vec::with_capacity(idx.len());
+        for &i in &idx {
+            let remaining_s = self.solo_times(i)?;
+            let j = &self.jobs[i];
+            sjobs.push(SchedJob {
+                id: j.w.name.clone(),
+                model: j.w.model.clone(),
+                task: j.w.task.clone(),
+                sharing: j.w.sharing,
+                pipeline: j.w.pipeline,
+                requested_gpus: j.w.gpus,
+                min_gpus: 1,
+                max_gpus: j.w.max_gpus,
+                submitted_at: j.w.submit_s,
+                progress: if j.target > 0.0 { j.done / j.target } else { 0.0 },
+                attained_gpu_s: j.attained_gpu_s,
+                executed_s: j.executed_s,
+                current_gpus: j.alloc.as_ref().map_or(0, |a| a.gpus),
+                current_placement: j.alloc.as_ref().map(|a| a.placement.clone()).unwrap_or_default(),
+                remaining_s,
+                restart_s: j.restart_s,
+                lease_until: j.lease_until,
+            });
+        }
+        // Kept merges whose two jobs are both still waiting-for-the-plan.
+        let mut kept = Vec::new();
+        for m in 0..self.merges.len() {
+            let (a, b, mode) = (self.merges[m].a, self.merges[m].b, self.merges[m].mode);
+            if ord[a] == usize::MAX || ord[b] == usize::MAX || self.jobs[a].merged.is_none() || self.jobs[b].merged.is_none() {
+                continue;
+            }
+            let remaining_s = match mode {
+                MergeMode::Temporal => {
+                    let ta = self.solo_times(a)?;
+                    let tb = self.solo_times(b)?;
+                    ta.iter().zip(&tb).map(|(x, y)| x + y + self.jobs[b].restart_s).collect()
+                }
+                _ => {
+                    let (ra, rb) = (self.remaining(a), self.remaining(b));
+                    self.joint_times(a, b, ra, rb)?
+                }
+            };
+            kept.push(ExistingMerge {
+                a: ord[a],
+                b: ord[b],
+                mode,
+                remaining_s,
+            });
+        }
+        let candidates = if policy.merges() { self.candidates(catalog, &idx, &sjobs)? } else { Vec::new() };
+        let nodes = cap
+            .iter()
+            .enumerate()
+            .map(|(k, &g)| NodeCap {
+                id: format!("node-{k}"),
+                gpus: g,
+            })
+            .collect();
+        let snap = Snapshot {
+            now: self.now,
+            nodes,
+            allocations: self.allocations.clone(),
+            jobs: sjobs,
+            candidates,
+            merges: kept,
+        };
+        let t = Instant::now();
+        let plan = policy.schedule(&snap);
+        self.stats.round_wall_s.push(t.elapsed().as_secs_f64());
+        self.stats.rounds += 1;
+        if plan.stats.variables > 0 {
+            self.stats.model_sizes.push((plan.stats.variables, plan.stats.constraints));
+        }
+        if plan.stats.fallback {
+            self.stats.fallbacks += 1;
+        }
+        if self.cfg.check_plans {
+            plan.consistency_check(&snap).map_err(|message| SimError::Plan { t: self.now, message })?;
+        }
+        self.apply(&snap, &idx, plan, catalog);
+        Ok(())
+    }
+
+    /// Candidate pairs among waiting jobs (both orders for temporal).
+    fn candidates(&mut self, catalog: &Catalog, idx: &[usize], sjobs: &[SchedJob]) -> Result<Vec<PairCandidate>, SimError> {
+        let mut out = Vec::new();
+        let mut by_model: std::collections::BTreeMap<&str, Vec<usize>> = std::collections::BTreeMap::new();
+        for (k, s) in sjobs.iter().enumerate() {
+            // A job merges once: after a merge its target is the merged one.
+            if s.sharing && self.jobs[idx[k]].ever_merged.is_none() && s.progress == 0.0 {
+                by_model.entry(s.model.as_str()).or_default().push(k);
+            }
+        }
+        let groups: Vec<Vec<usize>> = by_model.into_values().collect();
+        for ks in groups {
+            for &ka in &ks {
+                for &kb in &ks {
+                    let (a, b) = (idx[ka], idx[kb]);
+                    if ka == kb || self.jobs[a].w.task == self.jobs[b].w.task || self.jobs[a].w.pipeline != self.jobs[b].w.pipeline {
+                        continue;
+                    }
+                    let (ta, tb) = (&sjobs[ka].remaining_s, &sjobs[kb].remaining_s);
+                    if let Some(need) = self.temporal_need(catalog, a, b) {
+                        let saved = self.jobs[b].target;
+                        self.jobs[b].target = need;
+                        let tab = self.solo_times(b)?;
+                        self.jobs[b].target = saved;
+                        let restart = self.jobs[b].restart_s;
+                        let remaining_s: Vec<f64> = ta.iter().zip(&tab).map(|(x, y)| x + y + restart).collect();
+                        let tran_wt = (0..ta.len()).map(|k| tran_wt_temporal(ta[k], tb[k], tab[k])).collect();
+                        out.push(PairCandidate {
+                            a: ka,
+                            b: kb,
+                            mode: MergeMode::Temporal,
+                            remaining_s,
+                            tran_wt,
+                        });
+                    }
+                    if ka < kb
+                        && let Some((na, nb)) = self.spatial_need(catalog, a, b)
+                    {
+                        let joint = self.joint_times(a, b, na, nb)?;
+                        let tran_wt = (0..ta.len()).map(|k| tran_wt_spatial(ta[k], tb[k], joint[k])).collect();
+                        out.push(PairCandidate {
+                            a: ka,
+                            b: kb,
+                            mode: MergeMode::Spatial,
+                            remaining_s: joint,
+                            tran_wt,
+                        });
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    fn apply(&mut self, snap: &Snapshot, idx: &[usize], plan: Plan, catalog: &Catalog) {
+        let mut placed = vec![false; self.jobs.len()];
+        for e in &plan.entries {
+            let members: Vec<usize> = e.jobs.iter().map(|&k| idx[k]).collect();
+            if members.len() == 2 {
+                let (a, b) = (members[0], members[1]);
+                let existing = matches!((self.jobs[a].merged, self.jobs[b].merged), (Some((_, x)), Some((_, y))) if x == y);
+                if !existing {
+                    let m = self.merges.len();
+                    let guard_at;
+                    match e.mode {
+                        MergeMode::Temporal => {
+                            let need = self.temporal_need(catalog, a, b).unwrap_or(self.jobs[b].target);
+                            self.jobs[b].target = need;
+                            guard_at = 2.0 * self.jobs[b].samples_per_epoch;
+                            self.stats.merges_temporal += 1;
+                        }
+                        _ => {
+                            if let Some((na, nb)) = self.spatial_need(catalog, a, b) {
+                                self.jobs[a].target = na;
+                                self.jobs[b].target = nb;
+                            }
+                            // Two epochs of A's task inside the joint job.
+                            guard_at = 2.0 * self.jobs[a].samples_per_epoch;
+                            self.stats.merges_spatial += 1;
+                        }
+                    }
+                    self.merges.push(Merge {
+                        a,
+                        b,
+                        mode: e.mode,
+                        guard_at,
+                        guard_done: false,
+                    });
+                    for j in [a, b] {
+                        self.jobs[j].merged = Some((e.mode, m));
+                        self.jobs[j].ever_merged = Some((e.mode, m));
+                    }
+                }
+            }
+            for &i in &members {
+                placed[i] = true;
+                let j = &mut self.jobs[i];
+                let same = j.alloc.as_ref().is_some_and(|a| a.gpus == e.gpus && a.placement == e.placement);
+                if !same {
+                    // A temporal B waits for A inside the group: it restarts when it starts.
+                    let waiting_b = matches!(j.merged, Some((MergeMode::Temporal, m)) if self.merges[m].b == i);
+                    j.alloc = Some(Alloc {
+                        gpus: e.gpus,
+                        placement: e.placement.clone(),
+                        ready_at: self.now + if waiting_b { 0.0 } else { j.restart_s },
+                    });
+                    if !waiting_b {
+                        j.restarts += 1;
+                    }
+                    j.lease_until = self.now + self.cfg.lease_s;
+                    j.first_start.get_or_insert(self.now);
+                }
+            }
+        }
+        // Everyone else waiting in the snapshot is suspended.
+        for (k, _) in snap.jobs.iter().enumerate() {
+            let i = idx[k];
+            if !placed[i] {
+                self.jobs[i].alloc = None;
+            }
+        }
+    }
+}
+
+/// Model names of published profiles that differ from fmsched's catalog.
+fn alias(model: &str) -> &str {
+    match model {
+        "vit" => "vit-base",
+        "vit-base" => "vit",
+        other => other,
+    }
+}

@@ -1,0 +1,158 @@
+//! Workload generator in the style of Pollux's (Ymir §7.1, thesis §3.6):
+//! each job is Small (< 0.5 GPU-hours), Medium (0.5–10) or Large (10–64)
+//! with probabilities 0.3 / 0.6 / 0.1; its GPU-time is drawn log-uniformly
+//! inside its class, its task uniformly from the model's tasks in the
+//! catalog, and its epochs are set so the work takes that GPU-time on one
+//! GPU. Arrivals are Poisson over `hours / load` hours, so a higher load
+//! factor packs the same jobs closer together. Seeded: the same arguments
+//! give the same workload.
+
+use estimator_svc::lut::{Lut, Variant, packed_placement};
+
+use crate::catalog::Catalog;
+use crate::workload::WorkloadJob;
+
+#[derive(Clone, Debug)]
+pub struct GenConfig {
+    pub jobs: usize,
+    pub hours: f64,
+    pub load: f64,
+    pub seed: u64,
+    pub models: Vec<String>,
+    pub gpu_type: String,
+    /// Fraction of jobs that opt out of merging (Ymir §9).
+    pub private_fraction: f64,
+}
+
+impl Default for GenConfig {
+    fn default() -> Self {
+        Self {
+            jobs: 120,
+            hours: 8.0,
+            load: 1.0,
+            seed: 1,
+            models: vec!["roberta-base".into()],
+            gpu_type: "V100".into(),
+            private_fraction: 0.05,
+        }
+    }
+}
+
+/// SplitMix64: small, seeded, identical everywhere.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Rng(seed ^ 0x9E37_79B9_7F4A_7C15)
+    }
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    pub fn f64(&mut self) -> f64 {
+        ((self.next_u64() >> 11) as f64 + 0.5) / (1u64 << 53) as f64
+    }
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next_u64() % n.max(1) as u64) as usize
+    }
+}
+
+/// Global batch of a model's jobs (samples per step).
+fn batch_for(model: &str) -> u32 {
+    if model.contains("7b") {
+        16
+    } else if model.starts_with("vit") {
+        64
+    } else {
+        32
+    }
+}
+
+pub fn generate(cfg: &GenConfig, catalog: &Catalog, lut: &Lut) -> Result<Vec<WorkloadJob>, String> {
+    if cfg.jobs == 0 || !(cfg.hours > 0.0) || !(cfg.load > 0.0) {
+        return Err("jobs, hours and load must be > 0".into());
+    }
+    let gpu = estimator_svc::analytic::gpu_family(&cfg.gpu_type);
+    let mut tasks: Vec<(String, String, f64)> = Vec::new();
+    for m in &cfg.models {
+        let mt = catalog.models.get(m).ok_or_else(|| format!("model {m:?} is not in the task catalog"))?;
+        for (t, info) in &mt.tasks {
+            tasks.push((m.clone(), t.clone(), info.samples_per_epoch));
+        }
+    }
+    if tasks.is_empty() {
+        return Err("the chosen models have no tasks".into());
+    }
+    let mut rng = Rng::new(cfg.seed);
+    let window_s = cfg.hours * 3600.0 / cfg.load;
+    let mean_gap = window_s / cfg.jobs as f64;
+    let mut t = 0.0;
+    let mut out = Vec::with_capacity(cfg.jobs);
+    for k in 0..cfg.jobs {
+        t += -mean_gap * rng.f64().ln();
+        let (model, task, samples) = tasks[rng.below(tasks.len())].clone();
+        let u = rng.f64();
+        let ((lo, hi), gpus): ((f64, f64), &[u32]) = if u < 0.3 {
+            ((0.05, 0.5), &[1])
+        } else if u < 0.9 {
+            ((0.5, 10.0), &[1, 2, 4])
+        } else {
+            ((10.0, 64.0), &[4, 8])
+        };
+        let gpu_h = (lo.ln() + (hi.ln() - lo.ln()) * rng.f64()).exp();
+        let pipeline = model.contains("7b");
+        let mut g = gpus[rng.below(gpus.len())];
+        if pipeline {
+            g = g.max(4).next_multiple_of(4);
+        }
+        let batch = batch_for(&model);
+        let variant = Variant { pipeline, ..Variant::base() };
+        let layers = estimator_svc::analytic::layers_of(&model).unwrap_or(12);
+        let one = if pipeline { 4 } else { 1 };
+        let it = lut
+            .iteration_time_on(&model, &gpu, &packed_placement(one, 4), batch, &variant, layers)
+            .map_err(|e| format!("{model}: {e}"))?;
+        let rate = f64::from(batch) / it.seconds;
+        let epochs = (gpu_h * 3600.0 / f64::from(one) * rate / samples).max(0.01);
+        out.push(WorkloadJob {
+            name: format!("{model}@{task}-{k}"),
+            submit_s: (t * 10.0).round() / 10.0,
+            model,
+            task,
+            gpus: g,
+            max_gpus: g,
+            batch,
+            sharing: rng.f64() >= cfg.private_fraction,
+            pipeline,
+            epochs: Some((epochs * 1000.0).round() / 1000.0),
+            target_metric: None,
+            curve_key: None,
+            trace_gpu_s: None,
+        });
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classes_and_determinism() {
+        let cat = Catalog::default_synthetic();
+        let lut = estimator_svc::analytic::default_lut().unwrap();
+        let cfg = GenConfig { jobs: 2000, ..Default::default() };
+        let a = generate(&cfg, &cat, &lut).unwrap();
+        assert_eq!(a, generate(&cfg, &cat, &lut).unwrap(), "seeded");
+        let small = a.iter().filter(|j| j.gpus == 1).count() as f64 / 2000.0;
+        assert!(small > 0.3 && small < 0.7, "{small}");
+        let last = a.last().unwrap().submit_s / 3600.0;
+        assert!((last - 8.0).abs() < 1.0, "arrivals span the window: {last}");
+        let loaded = generate(&GenConfig { load: 2.0, ..cfg.clone() }, &cat, &lut).unwrap();
+        assert!(loaded.last().unwrap().submit_s < a.last().unwrap().submit_s * 0.6);
+        assert!(generate(&GenConfig { models: vec!["nope".into()], ..cfg }, &cat, &lut).is_err());
+    }
+}

@@ -1,0 +1,525 @@
+//! Workloads: the jobs a simulation replays, and the readers of every trace
+//! format `fmsim` accepts. Every reader names the file and line of a
+//! malformed row.
+//!
+//! Formats (`--format`, or guessed from the header):
+//! - **fmsim** (the project's own, written by `fmsim generate`):
+//!   `name,submit_s,model,task,gpus,batch,sharing,pipeline[,epochs]` —
+//!   `epochs` overrides the catalog's epochs-to-target for that job.
+//! - **titan** (AdaptDL/TitanSched workload CSV):
+//!   `name,submission_time,application,num_gpus,target_batch_size,target_lr,target_gradient_steps,target_metric`
+//!   with `application = model@task` (`/` written `#`).
+//! - **helios** (Helios `cluster_log.csv`): `job_id,…,gpu_num,…,submit_time,…,duration,…`;
+//!   jobs with `gpu_num > 0` keep their arrival times (seconds from the
+//!   first), GPU count and GPU-time; each is given a fine-tuning task from
+//!   the catalog (deterministically, by job id), with epochs scaled so its
+//!   work at its GPU count matches the trace's duration.
+//! - **philly** (Philly job log flattened to CSV):
+//!   `jobid,submitted_time,num_gpus,duration_s` (more columns are ignored),
+//!   mapped like Helios.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+/// One job of a workload.
+#[derive(Clone, Debug, PartialEq)]
+pub struct WorkloadJob {
+    pub name: String,
+    /// Seconds from the start of the trace.
+    pub submit_s: f64,
+    pub model: String,
+    pub task: String,
+    /// GPUs requested (also the job's maximum unless `max_gpus` is set).
+    pub gpus: u32,
+    pub max_gpus: u32,
+    pub batch: u32,
+    pub sharing: bool,
+    pub pipeline: bool,
+    /// Epochs to target alone, overriding the catalog (None = catalog).
+    pub epochs: Option<f64>,
+    /// Evaluation metric target (titan workloads), to derive epochs from
+    /// the catalog's curves.
+    pub target_metric: Option<f64>,
+    /// "lr=…,grad_accum=…" key of the catalog curve (titan workloads).
+    pub curve_key: Option<String>,
+    /// Trace GPU-seconds to match (helios / philly).
+    pub trace_gpu_s: Option<f64>,
+}
+
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum WorkloadError {
+    #[error("{file} line {line}: {message}")]
+    Row { file: String, line: usize, message: String },
+    #[error("{file}: {message}")]
+    File { file: String, message: String },
+}
+
+/// A parsed CSV: header names and rows with their line numbers.
+pub struct Csv {
+    pub file: String,
+    pub header: Vec<String>,
+    pub rows: Vec<(usize, Vec<String>)>,
+}
+
+impl Csv {
+    pub fn parse(file: &str, text: &str) -> Result<Csv, WorkloadError> {
+        let mut lines = text
+            .lines()
+            .enumerate()
+            .map(|(i, l)| (i + 1, l.trim_end_matches('\r')))
+            .filter(|(_, l)| !l.trim().is_empty() && !l.starts_with('#'));
+        let (_, header) = lines.next().ok_or_else(|| WorkloadError::File {
+            file: file.into(),
+            message: "empty file (a header row is required)".into(),
+        })?;
+        let header: Vec<String> = split_csv(header).into_iter().map(|h| h.trim().to_string()).collect();
+        let mut rows = Vec::new();
+        for (line, l) in lines {
+            let cells = split_csv(l);
+            if cells.len() < header.len() {
+                return Err(WorkloadError::Row {
+                    file: file.into(),
+                    line,
+                    message: format!("{} fields, the header has {}", cells.len(), header.len()),
+                });
+            }
+            rows.push((line, cells));
+        }
+        Ok(Csv {
+            file: file.into(),
+            header,
+            rows,
+        })
+    }
+
+    pub fn col(&self, name: &str) -> Option<usize> {
+        self.header.iter().position(|h| h == name)
+    }
+
+    fn need(&self, name: &str) -> Result<usize, WorkloadError> {
+        self.col(name).ok_or_else(|| WorkloadError::File {
+            file: self.file.clone(),
+            message: format!("missing column {name:?}"),
+        })
+    }
+
+    fn err(&self, line: usize, message: impl Into<String>) -> WorkloadError {
+        WorkloadError::Row {
+            file: self.file.clone(),
+            line,
+            message: message.into(),
+        }
+    }
+
+    fn num(&self, line: usize, row: &[String], col: usize) -> Result<f64, WorkloadError> {
+        let raw = row[col].trim();
+        let v: f64 = raw
+            .parse()
+            .map_err(|_| self.err(line, format!("{}: {raw:?} is not a number", self.header[col])))?;
+        if !v.is_finite() || v < 0.0 {
+            return Err(self.err(line, format!("{}: {raw:?} must be a finite number >= 0", self.header[col])));
+        }
+        Ok(v)
+    }
+
+    fn whole(&self, line: usize, row: &[String], col: usize) -> Result<u32, WorkloadError> {
+        let v = self.num(line, row, col)?;
+        if v.fract() != 0.0 || v > f64::from(u32::MAX) {
+            return Err(self.err(line, format!("{}: {v} is not a whole number", self.header[col])));
+        }
+        Ok(v as u32)
+    }
+
+    fn flag(&self, line: usize, row: &[String], col: usize) -> Result<bool, WorkloadError> {
+        match row[col].trim() {
+            "1" | "true" | "yes" => Ok(true),
+            "0" | "false" | "no" | "" => Ok(false),
+            o => Err(self.err(line, format!("{}: {o:?} is not a boolean", self.header[col]))),
+        }
+    }
+}
+
+/// Splits one CSV line, honouring double quotes (Helios job names have commas).
+fn split_csv(line: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut cur = String::new();
+    let mut quoted = false;
+    let mut chars = line.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '"' if quoted && chars.peek() == Some(&'"') => {
+                cur.push('"');
+                chars.next();
+            }
+            '"' => quoted = !quoted,
+            ',' if !quoted => out.push(std::mem::take(&mut cur)),
+            c => cur.push(c),
+        }
+    }
+    out.push(cur);
+    out
+}
+
+/// Which reader to use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    Fmsim,
+    Titan,
+    Helios,
+    Philly,
+}
+
+impl std::str::FromStr for Format {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "fmsim" => Ok(Format::Fmsim),
+            "titan" | "adaptdl" => Ok(Format::Titan),
+            "helios" => Ok(Format::Helios),
+            "philly" => Ok(Format::Philly),
+            o => Err(format!("unknown workload format {o:?}; expected fmsim, titan, helios or philly")),
+        }
+    }
+}
+
+/// Guesses the format from the header.
+pub fn detect(csv: &Csv) -> Option<Format> {
+    let has = |c: &str| csv.col(c).is_some();
+    if has("submit_s") && has("task") {
+        Some(Format::Fmsim)
+    } else if has("application") && has("submission_time") {
+        Some(Format::Titan)
+    } else if has("gpu_num") && has("submit_time") && has("duration") {
+        Some(Format::Helios)
+    } else if has("submitted_time") && has("num_gpus") {
+        Some(Format::Philly)
+    } else {
+        None
+    }
+}
+
+/// Reads a workload file.
+pub fn read(path: &Path, format: Option<Format>, tasks: &[(String, String)]) -> Result<Vec<WorkloadJob>, WorkloadError> {
+    let file = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|e| WorkloadError::File {
+        file: file.clone(),
+        message: e.to_string(),
+    })?;
+    parse(&file, &text, format, tasks)
+}
+
+/// Parses a workload; `tasks` are the (model, task) pairs trace formats
+/// without tasks (helios, philly) draw from.
+pub fn parse(file: &str, text: &str, format: Option<Format>, tasks: &[(String, String)]) -> Result<Vec<WorkloadJob>, WorkloadError> {
+    let csv = Csv::parse(file, text)?;
+    let format = format.or_else(|| detect(&csv)).ok_or_else(|| WorkloadError::File {
+        file: file.into(),
+        message: "cannot tell the workload format from the header; pass --format".into(),
+    })?;
+    let mut jobs = match format {
+        Format::Fmsim => parse_fmsim(&csv)?,
+        Format::Titan => parse_titan(&csv)?,
+        Format::Helios => parse_trace(&csv, tasks, "job_id", "gpu_num", "submit_time", "duration", Some("state"))?,
+        Format::Philly => parse_trace(&csv, tasks, "jobid", "num_gpus", "submitted_time", "duration_s", None)?,
+    };
+    jobs.sort_by(|a, b| a.submit_s.total_cmp(&b.submit_s).then(a.name.cmp(&b.name)));
+    let mut seen = BTreeMap::new();
+    for j in &jobs {
+        if seen.insert(j.name.clone(), ()).is_some() {
+            return Err(WorkloadError::File {
+                file: file.into(),
+                message: format!("job name {:?} appears twice", j.name),
+            });
+        }
+    }
+    Ok(jobs)
+}
+
+fn parse_fmsim(csv: &Csv) -> Result<Vec<WorkloadJob>, WorkloadError> {
+    let c = |n| csv.need(n);
+    let (name, submit, model, task, gpus, batch, sharing, pipeline) = (
+        c("name")?,
+        c("submit_s")?,
+        c("model")?,
+        c("task")?,
+        c("gpus")?,
+        c("batch")?,
+        c("sharing")?,
+        c("pipeline")?,
+    );
+    let epochs = csv.col("epochs");
+    let mut out = Vec::new();
+    for (line, r) in &csv.rows {
+        let g = csv.whole(*line, r, gpus)?;
+        let b = csv.whole(*line, r, batch)?;
+        if g == 0 || b == 0 {
+            return Err(csv.err(*line, "gpus and batch must be > 0"));
+        }
+        for (col, what) in [(name, "name"), (model, "model"), (task, "task")] {
+            if r[col].trim().is_empty() {
+                return Err(csv.err(*line, format!("{what} is empty")));
+            }
+        }
+        let ep = match epochs {
+            Some(e) if !r[e].trim().is_empty() => Some(csv.num(*line, r, e)?).filter(|&x| x > 0.0),
+            _ => None,
+        };
+        out.push(WorkloadJob {
+            name: r[name].trim().into(),
+            submit_s: csv.num(*line, r, submit)?,
+            model: r[model].trim().into(),
+            task: r[task].trim().into(),
+            gpus: g,
+            max_gpus: g,
+            batch: b,
+            sharing: csv.flag(*line, r, sharing)?,
+            pipeline: csv.flag(*line, r, pipeline)?,
+            epochs: ep,
+            target_metric: None,
+            curve_key: None,
+            trace_gpu_s: None,
+        });
+    }
+    Ok(out)
+}
+
+fn parse_titan(csv: &Csv) -> Result<Vec<WorkloadJob>, WorkloadError> {
+    let c = |n| csv.need(n);
+    let (name, submit, app, gpus, batch, lr, steps, metric) = (
+        c("name")?,
+        c("submission_time")?,
+        c("application")?,
+        c("num_gpus")?,
+        c("target_batch_size")?,
+        c("target_lr")?,
+        c("target_gradient_steps")?,
+        c("target_metric")?,
+    );
+    let mut out = Vec::new();
+    for (line, r) in &csv.rows {
+        let (model, task) = r[app]
+            .trim()
+            .split_once('@')
+            .ok_or_else(|| csv.err(*line, format!("application {:?} is not model@task", r[app])))?;
+        let g = csv.whole(*line, r, gpus)?;
+        let b = csv.whole(*line, r, batch)?;
+        if g == 0 || b == 0 {
+            return Err(csv.err(*line, "num_gpus and target_batch_size must be > 0"));
+        }
+        // Exact parse of the target (see the anchor notes: the published
+        // simulator reads it one unit in the last place high).
+        let target = csv.num(*line, r, metric).ok();
+        out.push(WorkloadJob {
+            name: r[name].trim().into(),
+            submit_s: csv.num(*line, r, submit)?,
+            model: model.into(),
+            task: task.replace('#', "/"),
+            gpus: g,
+            max_gpus: g,
+            batch: b,
+            sharing: true,
+            pipeline: false,
+            epochs: None,
+            target_metric: target,
+            curve_key: Some(format!("lr={},grad_accum={}", r[lr].trim(), r[steps].trim())),
+            trace_gpu_s: None,
+        });
+    }
+    Ok(out)
+}
+
+/// Helios / Philly: arrivals, GPU counts and GPU-time from the trace, the
+/// fine-tuning task from the catalog.
+fn parse_trace(
+    csv: &Csv,
+    tasks: &[(String, String)],
+    id: &str,
+    gpus: &str,
+    submit: &str,
+    duration: &str,
+    state: Option<&str>,
+) -> Result<Vec<WorkloadJob>, WorkloadError> {
+    if tasks.is_empty() {
+        return Err(WorkloadError::File {
+            file: csv.file.clone(),
+            message: "the task catalog has no tasks to assign".into(),
+        });
+    }
+    let (id, gpus, submit, duration) = (csv.need(id)?, csv.need(gpus)?, csv.need(submit)?, csv.need(duration)?);
+    let state = state.and_then(|s| csv.col(s));
+    let mut raw = Vec::new();
+    for (line, r) in &csv.rows {
+        let g = csv.whole(*line, r, gpus)?;
+        if g == 0 {
+            continue; // CPU-only jobs
+        }
+        if let Some(s) = state
+            && matches!(r[s].trim(), "CANCELLED" | "Killed" | "killed")
+        {
+            continue;
+        }
+        let t = parse_time(r[submit].trim()).ok_or_else(|| csv.err(*line, format!("{submit}: {:?} is not a time", r[submit])))?;
+        let d = csv.num(*line, r, duration)?;
+        raw.push((r[id].trim().to_string(), t, g, d));
+    }
+    let t0 = raw.iter().map(|r| r.1).fold(f64::INFINITY, f64::min);
+    Ok(raw
+        .into_iter()
+        .map(|(name, t, g, d)| {
+            let h = name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
+            let (model, task) = &tasks[(h % tasks.len() as u64) as usize];
+            WorkloadJob {
+                name,
+                submit_s: t - t0,
+                model: model.clone(),
+                task: task.clone(),
+                gpus: g.min(64),
+                max_gpus: g.min(64),
+                batch: 32 * g.min(64),
+                sharing: true,
+                pipeline: false,
+                epochs: None,
+                target_metric: None,
+                curve_key: None,
+                trace_gpu_s: Some(d * f64::from(g)),
+            }
+        })
+        .collect())
+}
+
+/// Seconds from a number or a `YYYY-MM-DD HH:MM:SS` timestamp (UTC).
+fn parse_time(s: &str) -> Option<f64> {
+    if let Ok(v) = s.parse::<f64>() {
+        return v.is_finite().then_some(v);
+    }
+    let (date, time) = s.split_once([' ', 'T'])?;
+    let d: Vec<i64> = date.split('-').map(|x| x.parse().ok()).collect::<Option<_>>()?;
+    let t: Vec<f64> = time.trim_end_matches('Z').split(':').map(|x| x.parse().ok()).collect::<Option<_>>()?;
+    if d.len() != 3 || t.len() != 3 {
+        return None;
+    }
+    // Days from the civil date (Howard Hinnant's algorithm).
+    let (y, m, day) = (if d[1] <= 2 { d[0] - 1 } else { d[0] }, d[1], d[2]);
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let doy = (153 * (if m > 2 { m - 3 } else { m + 9 }) + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    Some(days as f64 * 86_400.0 + t[0] * 3600.0 + t[1] * 60.0 + t[2])
+}
+
+/// Writes a workload in fmsim's format.
+pub fn to_csv(jobs: &[WorkloadJob]) -> String {
+    let mut s = String::from("name,submit_s,model,task,gpus,batch,sharing,pipeline,epochs\n");
+    for j in jobs {
+        s += &format!(
+            "{},{:.1},{},{},{},{},{},{},{}\n",
+            j.name,
+            j.submit_s,
+            j.model,
+            j.task,
+            j.gpus,
+            j.batch,
+            u8::from(j.sharing),
+            u8::from(j.pipeline),
+            j.epochs.map(|e| format!("{e:.3}")).unwrap_or_default()
+        );
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tasks() -> Vec<(String, String)> {
+        vec![("roberta-base".into(), "rte".into()), ("vit-base".into(), "cifar100".into())]
+    }
+
+    #[test]
+    fn reads_every_format() {
+        let f = parse(
+            "w.csv",
+            "name,submit_s,model,task,gpus,batch,sharing,pipeline,epochs\nb,10,roberta-base,rte,2,32,1,0,\na,5,vit-base,cifar100,1,64,0,0,3.5\n",
+            None,
+            &[],
+        )
+        .unwrap();
+        assert_eq!(f.len(), 2);
+        assert_eq!((f[0].name.as_str(), f[0].epochs, f[0].sharing), ("a", Some(3.5), false));
+        let t = parse(
+            "t.csv",
+            "name,submission_time,application,num_gpus,target_batch_size,target_lr,target_gradient_steps,target_metric\n\
+             vit@frgfm#imagenette-0,45,vit@frgfm#imagenette,1,48,4e-4,1,0.99\n",
+            None,
+            &[],
+        )
+        .unwrap();
+        assert_eq!(t[0].task, "frgfm/imagenette");
+        assert_eq!(t[0].curve_key.as_deref(), Some("lr=4e-4,grad_accum=1"));
+        let h = parse(
+            "h.csv",
+            "job_id,user,vc,jobname,gpu_num,cpu_num,node_num,state,submit_time,start_time,end_time,duration,queue\n\
+             j1,u,vc,\"a,b\",8,16,1,COMPLETED,2020-04-01 00:00:10,x,y,3600,0\n\
+             j2,u,vc,n,0,16,1,COMPLETED,2020-04-01 00:00:00,x,y,3600,0\n\
+             j3,u,vc,n,1,16,1,COMPLETED,2020-04-01 00:01:10,x,y,60,0\n",
+            None,
+            &tasks(),
+        )
+        .unwrap();
+        assert_eq!(h.len(), 2, "CPU-only jobs are skipped");
+        assert_eq!((h[0].submit_s, h[0].gpus, h[0].trace_gpu_s), (0.0, 8, Some(28_800.0)));
+        assert_eq!(h[1].submit_s, 60.0);
+        let p = parse("p.csv", "jobid,submitted_time,num_gpus,duration_s\nx,100,2,50\ny,40,1,10\n", None, &tasks()).unwrap();
+        assert_eq!((p[0].name.as_str(), p[0].submit_s), ("y", 0.0));
+    }
+
+    #[test]
+    fn malformed_rows_name_file_and_line() {
+        let e = parse(
+            "w.csv",
+            "name,submit_s,model,task,gpus,batch,sharing,pipeline\na,1,m,t,1,8,1,0\nb,x,m,t,1,8,1,0\n",
+            None,
+            &[],
+        )
+        .unwrap_err();
+        assert_eq!(e.to_string(), "w.csv line 3: submit_s: \"x\" is not a number");
+        let e = parse("w.csv", "name,submit_s,model,task,gpus,batch,sharing,pipeline\na,1,m,t\n", None, &[]).unwrap_err();
+        assert_eq!(e.to_string(), "w.csv line 2: 4 fields, the header has 8");
+        let e = parse("w.csv", "name,submit_s,model,task,gpus,batch,sharing,pipeline\na,1,m,t,0,8,1,0\n", None, &[]).unwrap_err();
+        assert!(e.to_string().contains("line 2"), "{e}");
+        let e = parse("w.csv", "name,submit_s,model,task,gpus,batch,sharing,pipeline\na,1,m,t,1,8,maybe,0\n", None, &[]).unwrap_err();
+        assert!(e.to_string().contains("sharing"), "{e}");
+        let e = parse(
+            "t.csv",
+            "name,submission_time,application,num_gpus,target_batch_size,target_lr,target_gradient_steps,target_metric\nx,1,nomodel,1,8,1,1,0.5\n",
+            None,
+            &[],
+        )
+        .unwrap_err();
+        assert!(e.to_string().starts_with("t.csv line 2: application"), "{e}");
+        assert!(parse("e.csv", "", None, &[]).is_err());
+        assert!(parse("u.csv", "a,b\n1,2\n", None, &[]).unwrap_err().to_string().contains("--format"));
+        let e = parse("h.csv", "job_id,gpu_num,submit_time,duration\nj,1,yesterday,5\n", None, &tasks()).unwrap_err();
+        assert!(e.to_string().contains("line 2") && e.to_string().contains("submit_time"), "{e}");
+    }
+
+    #[test]
+    fn generated_csv_reads_back() {
+        let jobs = parse(
+            "w.csv",
+            "name,submit_s,model,task,gpus,batch,sharing,pipeline,epochs\na,5,vit-base,cifar100,1,64,0,1,3.5\n",
+            None,
+            &[],
+        )
+        .unwrap();
+        assert_eq!(parse("again.csv", &to_csv(&jobs), None, &[]).unwrap(), jobs);
+    }
+
+    #[test]
+    fn timestamps_parse() {
+        assert_eq!(parse_time("1970-01-02 00:00:00"), Some(86_400.0));
+        assert_eq!(parse_time("12.5"), Some(12.5));
+        assert_eq!(parse_time("2020-13-01"), None);
+    }
+}
