@@ -46,7 +46,10 @@ impl Work {
         match self {
             Work::Epochs(e) => *e,
             Work::Curve(c) => match target {
-                Some(t) => c.iter().position(|&m| m >= t).map_or(c.len() as f64, |i| (i + 1) as f64),
+                Some(t) => c
+                    .iter()
+                    .position(|&m| m >= t)
+                    .map_or(c.len() as f64, |i| (i + 1) as f64),
                 None => c.len() as f64,
             },
         }
@@ -98,6 +101,11 @@ fn normal(name: &str) -> f64 {
     (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
 }
 
+/// Rounds to 4 decimals (exact through JSON).
+fn r4(x: f64) -> f64 {
+    (x * 1e4).round() / 1e4
+}
+
 /// `1 + G` of a synthetic pair.
 fn synthetic_factor(name: &str) -> f64 {
     (0.1 + 0.8 * normal(name)).exp().clamp(0.5, 10.0)
@@ -121,14 +129,23 @@ const VISION: [(&str, f64); 6] = [
     ("imagenette", 9_469.0),
     ("cats_vs_dogs", 23_262.0),
 ];
-const INSTRUCT: [(&str, f64); 3] = [("alpaca", 52_002.0), ("dolly", 15_011.0), ("gsm8k", 7_473.0)];
+const INSTRUCT: [(&str, f64); 3] = [
+    ("alpaca", 52_002.0),
+    ("dolly", 15_011.0),
+    ("gsm8k", 7_473.0),
+];
 
 impl Catalog {
     /// The shipped synthetic catalog (see the module docs).
     pub fn default_synthetic() -> Catalog {
         let mut c = Catalog::default();
-        let families: [(&[&str], &[(&str, f64)]); 3] = [
-            (&["roberta-base", "roberta-large", "bert-base", "bert-large"], &LANGUAGE),
+        // (models, their tasks with training-set sizes)
+        type Family<'a> = (&'a [&'a str], &'a [(&'a str, f64)]);
+        let families: [Family; 3] = [
+            (
+                &["roberta-base", "roberta-large", "bert-base", "bert-large"],
+                &LANGUAGE,
+            ),
             (&["vit-base", "vit-large"], &VISION),
             (&["llama-2-7b", "mistral-7b"], &INSTRUCT),
         ];
@@ -154,13 +171,17 @@ impl Catalog {
                         let eb = m.tasks[b].alone[""].epochs(None);
                         let ea = m.tasks[a].alone[""].epochs(None);
                         let f = synthetic_factor(&format!("{model}|{a}->{b}"));
-                        m.temporal.insert((a.into(), b.into()), Work::Epochs((eb / f).max(0.25)));
+                        m.temporal
+                            .insert((a.into(), b.into()), Work::Epochs(r4((eb / f).max(0.25))));
                         if a < b {
                             let fa = synthetic_factor(&format!("{model}|{b}=>{a}|spatial"));
                             let fb = synthetic_factor(&format!("{model}|{a}=>{b}|spatial"));
                             m.spatial.insert(
                                 (a.into(), b.into()),
-                                (Work::Epochs((ea / fa).max(0.25)), Work::Epochs((eb / fb).max(0.25))),
+                                (
+                                    Work::Epochs(r4((ea / fa).max(0.25))),
+                                    Work::Epochs(r4((eb / fb).max(0.25))),
+                                ),
                             );
                         }
                     }
@@ -185,7 +206,10 @@ impl Catalog {
 
     /// B's work after A (temporal), if known.
     pub fn temporal(&self, model: &str, a: &str, b: &str) -> Option<&Work> {
-        self.models.get(model)?.temporal.get(&(a.to_string(), b.to_string()))
+        self.models
+            .get(model)?
+            .temporal
+            .get(&(a.to_string(), b.to_string()))
     }
 
     /// (A's, B's) work in the joint job, if known.
@@ -194,7 +218,9 @@ impl Catalog {
         if let Some((x, y)) = m.spatial.get(&(a.to_string(), b.to_string())) {
             return Some((x, y));
         }
-        m.spatial.get(&(b.to_string(), a.to_string())).map(|(x, y)| (y, x))
+        m.spatial
+            .get(&(b.to_string(), a.to_string()))
+            .map(|(x, y)| (y, x))
     }
 
     /// Reads either layout (see the module docs).
@@ -211,14 +237,28 @@ impl Catalog {
             let work = |path: &str, w: &Value| -> Result<Work, CatalogError> {
                 if let Some(e) = w.get("epochs") {
                     let e = e.as_f64().filter(|e| e.is_finite() && *e > 0.0);
-                    return e.map(Work::Epochs).ok_or_else(|| bad(format!("{path}.epochs must be a number > 0")));
+                    return e
+                        .map(Work::Epochs)
+                        .ok_or_else(|| bad(format!("{path}.epochs must be a number > 0")));
                 }
-                let c = w.get("curve").and_then(Value::as_array).ok_or_else(|| bad(format!("{path}: needs \"epochs\" or \"curve\"")))?;
+                let c = w
+                    .get("curve")
+                    .and_then(Value::as_array)
+                    .ok_or_else(|| bad(format!("{path}: needs \"epochs\" or \"curve\"")))?;
                 let pts: Option<Vec<f64>> = c
                     .iter()
-                    .map(|p| p.as_array().and_then(|p| p.get(1)).and_then(Value::as_f64).or_else(|| p.as_f64()))
+                    .map(|p| {
+                        p.as_array()
+                            .and_then(|p| p.get(1))
+                            .and_then(Value::as_f64)
+                            .or_else(|| p.as_f64())
+                    })
                     .collect();
-                let pts = pts.filter(|p| !p.is_empty()).ok_or_else(|| bad(format!("{path}.curve must be a list of [epoch, metric] or metrics")))?;
+                let pts = pts.filter(|p| !p.is_empty()).ok_or_else(|| {
+                    bad(format!(
+                        "{path}.curve must be a list of [epoch, metric] or metrics"
+                    ))
+                })?;
                 Ok(Work::Curve(pts))
             };
             if let Some(tasks) = mv.get("tasks").and_then(Value::as_object) {
@@ -228,7 +268,9 @@ impl Catalog {
                         .get("samples_per_epoch")
                         .and_then(Value::as_f64)
                         .filter(|n| *n > 0.0)
-                        .ok_or_else(|| bad(format!("{path}.samples_per_epoch must be a number > 0")))?;
+                        .ok_or_else(|| {
+                            bad(format!("{path}.samples_per_epoch must be a number > 0"))
+                        })?;
                     m.tasks.insert(
                         t.clone(),
                         TaskInfo {
@@ -242,20 +284,54 @@ impl Catalog {
                 for (t, per_key) in alone {
                     let info = m.tasks.entry(t.clone()).or_default();
                     for (k, w) in per_key.as_object().into_iter().flatten() {
-                        info.alone.insert(k.clone(), work(&format!("models.{model}.alone.{t}.{k}"), w)?);
+                        info.alone.insert(
+                            k.clone(),
+                            work(&format!("models.{model}.alone.{t}.{k}"), w)?,
+                        );
                     }
                 }
             }
-            for (k, w) in mv.get("temporal").and_then(Value::as_object).into_iter().flatten() {
-                let (a, b) = k.split_once("->").ok_or_else(|| bad(format!("models.{model}.temporal: key {k:?} is not \"A->B\"")))?;
-                m.temporal.insert((a.into(), b.into()), work(&format!("models.{model}.temporal.{k}"), w)?);
+            for (k, w) in mv
+                .get("temporal")
+                .and_then(Value::as_object)
+                .into_iter()
+                .flatten()
+            {
+                let (a, b) = k.split_once("->").ok_or_else(|| {
+                    bad(format!(
+                        "models.{model}.temporal: key {k:?} is not \"A->B\""
+                    ))
+                })?;
+                m.temporal.insert(
+                    (a.into(), b.into()),
+                    work(&format!("models.{model}.temporal.{k}"), w)?,
+                );
             }
-            for (k, w) in mv.get("spatial").and_then(Value::as_object).into_iter().flatten() {
-                let (a, b) = k.split_once('|').ok_or_else(|| bad(format!("models.{model}.spatial: key {k:?} is not \"A|B\"")))?;
+            for (k, w) in mv
+                .get("spatial")
+                .and_then(Value::as_object)
+                .into_iter()
+                .flatten()
+            {
+                let (a, b) = k.split_once('|').ok_or_else(|| {
+                    bad(format!("models.{model}.spatial: key {k:?} is not \"A|B\""))
+                })?;
                 let path = format!("models.{model}.spatial.{k}");
-                let wa = work(&format!("{path}.{a}"), w.get(a).ok_or_else(|| bad(format!("{path}: no entry for {a}")))?)?;
-                let wb = work(&format!("{path}.{b}"), w.get(b).ok_or_else(|| bad(format!("{path}: no entry for {b}")))?)?;
-                let (a, b, wa, wb) = if a <= b { (a, b, wa, wb) } else { (b, a, wb, wa) };
+                let wa = work(
+                    &format!("{path}.{a}"),
+                    w.get(a)
+                        .ok_or_else(|| bad(format!("{path}: no entry for {a}")))?,
+                )?;
+                let wb = work(
+                    &format!("{path}.{b}"),
+                    w.get(b)
+                        .ok_or_else(|| bad(format!("{path}: no entry for {b}")))?,
+                )?;
+                let (a, b, wa, wb) = if a <= b {
+                    (a, b, wa, wb)
+                } else {
+                    (b, a, wb, wa)
+                };
                 m.spatial.insert((a.into(), b.into()), (wa, wb));
             }
             out.models.insert(model.clone(), m);
@@ -280,14 +356,20 @@ impl Catalog {
                     (t.clone(), v)
                 })
                 .collect();
-            let temporal: serde_json::Map<String, Value> =
-                m.temporal.iter().map(|((a, b), w)| (format!("{a}->{b}"), work(w))).collect();
+            let temporal: serde_json::Map<String, Value> = m
+                .temporal
+                .iter()
+                .map(|((a, b), w)| (format!("{a}->{b}"), work(w)))
+                .collect();
             let spatial: serde_json::Map<String, Value> = m
                 .spatial
                 .iter()
                 .map(|((a, b), (wa, wb))| (format!("{a}|{b}"), json!({ a: work(wa), b: work(wb) })))
                 .collect();
-            models.insert(name.clone(), json!({ "tasks": tasks, "temporal": temporal, "spatial": spatial }));
+            models.insert(
+                name.clone(),
+                json!({ "tasks": tasks, "temporal": temporal, "spatial": spatial }),
+            );
         }
         json!({ "models": models })
     }
@@ -330,7 +412,10 @@ mod tests {
             }
         }
         let share = f64::from(helpful) / f64::from(pairs);
-        assert!((0.5..0.7).contains(&share), "a little over half helpful: {share}");
+        assert!(
+            (0.5..0.7).contains(&share),
+            "a little over half helpful: {share}"
+        );
         assert!(best > 4.0, "large speedups exist: {best}");
         // The same on every run.
         assert_eq!(c, Catalog::default_synthetic());
@@ -348,13 +433,30 @@ mod tests {
         let a = Catalog::from_json("task-curves.json", anchor).unwrap();
         let alone = &a.task("vit", "cifar100").unwrap().alone["lr=1e-3,grad_accum=1"];
         assert_eq!(alone.epochs(Some(0.85)), 3.0);
-        assert_eq!(alone.epochs(Some(0.99)), 3.0, "never reached: the curve's length");
-        assert_eq!(a.temporal("vit", "mnist", "cifar100").unwrap().epochs(Some(0.9)), 2.0);
+        assert_eq!(
+            alone.epochs(Some(0.99)),
+            3.0,
+            "never reached: the curve's length"
+        );
+        assert_eq!(
+            a.temporal("vit", "mnist", "cifar100")
+                .unwrap()
+                .epochs(Some(0.9)),
+            2.0
+        );
         let (wc, wm) = a.spatial("vit", "cifar100", "mnist").unwrap();
         assert_eq!((wc.epochs(Some(0.9)), wm.epochs(Some(0.9))), (2.0, 1.0));
-        let e = Catalog::from_json("x.json", r#"{"models": {"m": {"temporal": {"ab": {"epochs": 1}}}}}"#).unwrap_err();
+        let e = Catalog::from_json(
+            "x.json",
+            r#"{"models": {"m": {"temporal": {"ab": {"epochs": 1}}}}}"#,
+        )
+        .unwrap_err();
         assert!(e.to_string().contains("\"A->B\""), "{e}");
-        let e = Catalog::from_json("x.json", r#"{"models": {"m": {"tasks": {"t": {"epochs": 1}}}}}"#).unwrap_err();
+        let e = Catalog::from_json(
+            "x.json",
+            r#"{"models": {"m": {"tasks": {"t": {"epochs": 1}}}}}"#,
+        )
+        .unwrap_err();
         assert!(e.to_string().contains("samples_per_epoch"), "{e}");
     }
 }

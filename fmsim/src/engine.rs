@@ -38,7 +38,8 @@ use estimator_svc::analytic;
 use estimator_svc::lut::{Lut, Variant};
 use estimator_svc::times::{tran_wt_spatial, tran_wt_temporal};
 use fmsched_core::policy::{
-    ExistingMerge, MergeMode, NodeCap, PairCandidate, Plan, Policy, SchedJob, Snapshot, ymir_allocations,
+    ExistingMerge, MergeMode, NodeCap, PairCandidate, Plan, Policy, SchedJob, Snapshot,
+    ymir_allocations,
 };
 
 use crate::catalog::Catalog;
@@ -193,6 +194,10 @@ pub struct Simulation<'a> {
     merges: Vec<Merge>,
     allocations: Vec<u32>,
     rate_cache: HashMap<(usize, u32, String), f64>,
+    /// Each job's current progress rate, valid while `version` is unchanged
+    /// (bumped by every change of allocations or merges).
+    current_rate: Vec<(u64, f64)>,
+    version: u64,
     now: f64,
     busy_gpu_s: f64,
     stats: SimResult,
@@ -201,7 +206,9 @@ pub struct Simulation<'a> {
 fn placement_string(p: &[(usize, u32)]) -> String {
     let mut per: Vec<u32> = p.iter().map(|x| x.1).filter(|&g| g > 0).collect();
     per.sort_unstable();
-    per.iter().map(|g| char::from(b'0' + (*g).min(9) as u8)).collect()
+    per.iter()
+        .map(|g| char::from(b'0' + (*g).min(9) as u8))
+        .collect()
 }
 
 fn packed(gpus: u32, per_node: u32) -> String {
@@ -210,25 +217,48 @@ fn packed(gpus: u32, per_node: u32) -> String {
 
 impl<'a> Simulation<'a> {
     /// Prepares a run: resolves every job's model, epochs and samples.
-    pub fn new(cfg: SimConfig, lut: &'a Lut, catalog: &Catalog, workload: &[WorkloadJob]) -> Result<Self, SimError> {
+    pub fn new(
+        cfg: SimConfig,
+        lut: &'a Lut,
+        catalog: &Catalog,
+        workload: &[WorkloadJob],
+    ) -> Result<Self, SimError> {
         if cfg.nodes == 0 || cfg.gpus_per_node == 0 || cfg.gpus_per_node > 9 {
-            return Err(SimError::Config("the cluster needs nodes > 0 and 1-9 GPUs per node".into()));
+            return Err(SimError::Config(
+                "the cluster needs nodes > 0 and 1-9 GPUs per node".into(),
+            ));
         }
         let gpu_type = analytic::gpu_family(&cfg.gpu_type);
         let total = cfg.nodes * cfg.gpus_per_node;
         let mut jobs = Vec::with_capacity(workload.len());
         for w in workload {
-            let err = |m: String| SimError::Job { job: w.name.clone(), message: m };
+            let err = |m: String| SimError::Job {
+                job: w.name.clone(),
+                message: m,
+            };
             let lut_model = [w.model.as_str(), alias(&w.model)]
                 .into_iter()
-                .find(|m| lut.profile(m, &gpu_type, &Variant::base()).is_some() || lut.gpu_types(m).contains(&gpu_type))
-                .ok_or_else(|| err(format!("no throughput profile for model {:?} on {gpu_type}", w.model)))?
+                .find(|m| {
+                    lut.profile(m, &gpu_type, &Variant::base()).is_some()
+                        || lut.gpu_types(m).contains(&gpu_type)
+                })
+                .ok_or_else(|| {
+                    err(format!(
+                        "no throughput profile for model {:?} on {gpu_type}",
+                        w.model
+                    ))
+                })?
                 .to_string();
             let info = catalog.task(&w.model, &w.task);
             let samples = info
                 .map(|t| t.samples_per_epoch)
                 .filter(|&s| s > 0.0)
-                .ok_or_else(|| err(format!("task {:?} of model {:?} is not in the catalog", w.task, w.model)))?;
+                .ok_or_else(|| {
+                    err(format!(
+                        "task {:?} of model {:?} is not in the catalog",
+                        w.task, w.model
+                    ))
+                })?;
             let epochs = match (w.epochs, info) {
                 (Some(e), _) => e,
                 (None, Some(t)) => {
@@ -287,6 +317,8 @@ impl<'a> Simulation<'a> {
             merges: Vec::new(),
             allocations: ymir_allocations(total),
             rate_cache: HashMap::new(),
+            current_rate: Vec::new(),
+            version: 1,
             now: 0.0,
             busy_gpu_s: 0.0,
             stats: SimResult {
@@ -329,10 +361,14 @@ impl<'a> Simulation<'a> {
             return Ok(r);
         }
         let j = &self.jobs[i];
-        let r = match self
-            .lut
-            .iteration_time_on(&j.lut_model, &self.cfg.gpu_type, placement, batch, &j.variant, j.layers)
-        {
+        let r = match self.lut.iteration_time_on(
+            &j.lut_model,
+            &self.cfg.gpu_type,
+            placement,
+            batch,
+            &j.variant,
+            j.layers,
+        ) {
             Ok(it) if it.feasible && it.seconds > 0.0 => f64::from(batch) / it.seconds,
             Ok(_) => 0.0,
             Err(e) => {
@@ -348,15 +384,36 @@ impl<'a> Simulation<'a> {
 
     /// Samples per second job `i` makes on its own task right now.
     fn progress_rate(&mut self, i: usize) -> Result<f64, SimError> {
-        let Some(alloc) = self.jobs[i].alloc.clone() else { return Ok(0.0) };
+        if self.current_rate.len() != self.jobs.len() {
+            self.current_rate = vec![(0, 0.0); self.jobs.len()];
+        }
+        if self.current_rate[i].0 == self.version {
+            return Ok(self.current_rate[i].1);
+        }
+        let r = self.compute_progress_rate(i)?;
+        self.current_rate[i] = (self.version, r);
+        Ok(r)
+    }
+
+    fn compute_progress_rate(&mut self, i: usize) -> Result<f64, SimError> {
+        let Some(alloc) = self.jobs[i].alloc.clone() else {
+            return Ok(0.0);
+        };
         let p = placement_string(&alloc.placement);
         match self.jobs[i].merged {
             Some((MergeMode::Spatial, m)) => {
                 let (a, b) = (self.merges[m].a, self.merges[m].b);
                 let batch = self.jobs[a].w.batch + self.jobs[b].w.batch;
                 let joint = self.rate(a, batch, &p)?;
-                let (da, db) = (self.jobs[a].samples_per_epoch, self.jobs[b].samples_per_epoch);
-                let share = if i == a { da / (da + db) } else { db / (da + db) };
+                let (da, db) = (
+                    self.jobs[a].samples_per_epoch,
+                    self.jobs[b].samples_per_epoch,
+                );
+                let share = if i == a {
+                    da / (da + db)
+                } else {
+                    db / (da + db)
+                };
                 Ok(joint * share)
             }
             Some((MergeMode::Temporal, m)) if self.merges[m].b == i => Ok(0.0), // waits for A
@@ -392,12 +449,21 @@ impl<'a> Simulation<'a> {
 
     /// Joint job times (Eq. 4 with honest per-task targets) for samples
     /// `need_a`, `need_b` still to do.
-    fn joint_times(&mut self, a: usize, b: usize, need_a: f64, need_b: f64) -> Result<Vec<f64>, SimError> {
+    fn joint_times(
+        &mut self,
+        a: usize,
+        b: usize,
+        need_a: f64,
+        need_b: f64,
+    ) -> Result<Vec<f64>, SimError> {
         let allocs = self.allocations.clone();
         let per_node = self.cfg.gpus_per_node;
         let batch = self.jobs[a].w.batch + self.jobs[b].w.batch;
         let max = self.jobs[a].w.max_gpus.max(self.jobs[b].w.max_gpus);
-        let (da, db) = (self.jobs[a].samples_per_epoch, self.jobs[b].samples_per_epoch);
+        let (da, db) = (
+            self.jobs[a].samples_per_epoch,
+            self.jobs[b].samples_per_epoch,
+        );
         allocs
             .iter()
             .map(|&x| {
@@ -429,7 +495,12 @@ impl<'a> Simulation<'a> {
     }
 
     /// Runs the whole workload under `policy`.
-    pub fn run(mut self, policy: &dyn Policy, catalog: &Catalog, mut progress: impl FnMut(usize, usize)) -> Result<SimResult, SimError> {
+    pub fn run(
+        mut self,
+        policy: &dyn Policy,
+        catalog: &Catalog,
+        mut progress: impl FnMut(usize, usize),
+    ) -> Result<SimResult, SimError> {
         let started = Instant::now();
         self.stats.policy = policy.name().to_string();
         let interval = policy.interval_s().max(1.0);
@@ -440,6 +511,7 @@ impl<'a> Simulation<'a> {
         self.now = t0;
         let mut next_round = t0;
         let mut finished = 0usize;
+        let mut stalled = 0u32;
         let n = self.jobs.len();
         while finished < n {
             if self.now - t0 > self.cfg.horizon_s {
@@ -476,18 +548,46 @@ impl<'a> Simulation<'a> {
                 if !done {
                     let i = if mode == MergeMode::Temporal { b } else { a };
                     let r = self.progress_rate(i)?;
-                    if r > 0.0 && self.jobs[i].done < guard_at {
-                        let ready = self.jobs[i].alloc.as_ref().map_or(self.now, |a| a.ready_at.max(self.now));
+                    if r > 0.0 && self.jobs[i].done < guard_at * (1.0 - 1e-9) - 1e-6 {
+                        let ready = self.jobs[i]
+                            .alloc
+                            .as_ref()
+                            .map_or(self.now, |a| a.ready_at.max(self.now));
                         t_next = t_next.min(ready + (guard_at - self.jobs[i].done) / r);
                     }
                 }
             }
             let t_next = t_next.max(self.now);
+            if t_next <= self.now {
+                stalled += 1;
+                if stalled > 100_000 {
+                    return Err(SimError::Config(format!(
+                        "the clock stopped at t={:.3}s (an event that never fires)",
+                        self.now
+                    )));
+                }
+            } else {
+                stalled = 0;
+            }
             self.advance(t_next)?;
 
-            // Completions (a small tolerance absorbs rounding).
+            // Completions. Tolerances absorb rounding: a job within a
+            // microsecond of its target is done (else the clock could stall
+            // on steps too small to move it).
             for i in 0..n {
-                if self.jobs[i].alloc.is_some() && self.jobs[i].finish.is_none() && self.remaining(i) <= 1e-6 * self.jobs[i].target.max(1.0) {
+                if self.jobs[i].alloc.is_none() || self.jobs[i].finish.is_some() {
+                    continue;
+                }
+                let rem = self.remaining(i);
+                let near = rem <= 1e-6 * self.jobs[i].target.max(1.0) || {
+                    let ready = self.jobs[i]
+                        .alloc
+                        .as_ref()
+                        .is_some_and(|a| a.ready_at <= self.now);
+                    let r = self.progress_rate(i)?;
+                    ready && r > 0.0 && rem / r <= 1e-6
+                };
+                if near {
                     self.complete(i);
                     finished += 1;
                     progress(finished, n);
@@ -502,6 +602,7 @@ impl<'a> Simulation<'a> {
                     // The profiling run measures (loss trace, throughput,
                     // Task2Vec); its weights are not kept, so the job starts
                     // from zero progress and stays eligible for merging.
+                    self.version += 1;
                     let j = &mut self.jobs[i];
                     j.phase = Phase::Waiting;
                     j.alloc = None;
@@ -515,7 +616,9 @@ impl<'a> Simulation<'a> {
                 }
                 next_arrival += 1;
                 self.jobs[i].phase = if self.cfg.profile_s > 0.0 {
-                    Phase::Profiling { until: f64::INFINITY }
+                    Phase::Profiling {
+                        until: f64::INFINITY,
+                    }
                 } else {
                     Phase::Waiting
                 };
@@ -525,8 +628,16 @@ impl<'a> Simulation<'a> {
                 next_round += interval;
             }
         }
-        let first = self.jobs.iter().map(|j| j.w.submit_s).fold(f64::INFINITY, f64::min);
-        let last = self.jobs.iter().filter_map(|j| j.finish).fold(first, f64::max);
+        let first = self
+            .jobs
+            .iter()
+            .map(|j| j.w.submit_s)
+            .fold(f64::INFINITY, f64::min);
+        let last = self
+            .jobs
+            .iter()
+            .filter_map(|j| j.finish)
+            .fold(first, f64::max);
         self.stats.makespan_s = (last - first).max(0.0);
         let total = f64::from(self.cfg.nodes * self.cfg.gpus_per_node);
         self.stats.gpu_utilisation = if self.stats.makespan_s > 0.0 {
@@ -568,7 +679,9 @@ impl<'a> Simulation<'a> {
         let dt = t - self.now;
         if dt > 0.0 {
             for i in 0..self.jobs.len() {
-                let Some(a) = self.jobs[i].alloc.clone() else { continue };
+                let Some(a) = self.jobs[i].alloc.clone() else {
+                    continue;
+                };
                 let holder = match self.jobs[i].merged {
                     // A pair's GPUs are counted once, on A.
                     Some((_, m)) => self.merges[m].a == i,
@@ -592,6 +705,7 @@ impl<'a> Simulation<'a> {
     }
 
     fn complete(&mut self, i: usize) {
+        self.version += 1;
         let now = self.now;
         self.jobs[i].finish = Some(now);
         self.jobs[i].phase = Phase::Done;
@@ -626,9 +740,17 @@ impl<'a> Simulation<'a> {
             if self.merges[m].guard_done {
                 continue;
             }
-            let Merge { a, b, mode, guard_at, .. } = self.merges[m].clone();
+            let Merge {
+                a,
+                b,
+                mode,
+                guard_at,
+                ..
+            } = self.merges[m].clone();
             let watched = if mode == MergeMode::Temporal { b } else { a };
-            if self.jobs[watched].finish.is_some() || (self.jobs[a].finish.is_some() && mode == MergeMode::Spatial) {
+            if self.jobs[watched].finish.is_some()
+                || (self.jobs[a].finish.is_some() && mode == MergeMode::Spatial)
+            {
                 self.merges[m].guard_done = true;
                 continue;
             }
@@ -636,7 +758,7 @@ impl<'a> Simulation<'a> {
                 self.merges[m].guard_done = true;
                 continue;
             }
-            if self.jobs[watched].done + 1e-9 < guard_at {
+            if self.jobs[watched].done < guard_at * (1.0 - 1e-9) - 1e-6 {
                 continue;
             }
             self.merges[m].guard_done = true;
@@ -668,6 +790,7 @@ impl<'a> Simulation<'a> {
                         }
                         // B leaves the joint process and waits for its own GPUs.
                         self.jobs[b].alloc = None;
+                        self.version += 1;
                         self.stats.guard_splits += 1;
                     }
                 }
@@ -680,6 +803,7 @@ impl<'a> Simulation<'a> {
     fn round(&mut self, policy: &dyn Policy, catalog: &Catalog) -> Result<(), SimError> {
         let n = self.jobs.len();
         let per_node = self.cfg.gpus_per_node;
+        self.version += 1;
         // Profiling allocations first: free GPUs, then GPUs taken from the
         // capacity the policy sees.
         let mut cap: Vec<u32> = vec![per_node; self.cfg.nodes as usize];
@@ -699,7 +823,11 @@ impl<'a> Simulation<'a> {
             if !matches!(self.jobs[i].phase, Phase::Profiling { until } if until.is_infinite()) {
                 continue;
             }
-            let need = if self.jobs[i].w.pipeline { per_node.min(4) } else { 1 };
+            let need = if self.jobs[i].w.pipeline {
+                per_node.min(4)
+            } else {
+                1
+            };
             // A node with enough free GPUs not held by running work, else any capacity.
             let pick = (0..cap.len())
                 .filter(|&nd| cap[nd] >= need)
@@ -723,9 +851,9 @@ impl<'a> Simulation<'a> {
         // The snapshot.
         let mut idx: Vec<usize> = Vec::new(); // snapshot ordinal → job
         let mut ord = vec![usize::MAX; n];
-        for i in 0..n {
+        for (i, o) in ord.iter_mut().enumerate() {
             if self.jobs[i].phase == Phase::Waiting && self.jobs[i].finish.is_none() {
-                ord[i] = idx.len();
+                *o = idx.len();
                 idx.push(i);
             }
         }
@@ -743,11 +871,19 @@ impl<'a> Simulation<'a> {
                 min_gpus: 1,
                 max_gpus: j.w.max_gpus,
                 submitted_at: j.w.submit_s,
-                progress: if j.target > 0.0 { j.done / j.target } else { 0.0 },
+                progress: if j.target > 0.0 {
+                    j.done / j.target
+                } else {
+                    0.0
+                },
                 attained_gpu_s: j.attained_gpu_s,
                 executed_s: j.executed_s,
                 current_gpus: j.alloc.as_ref().map_or(0, |a| a.gpus),
-                current_placement: j.alloc.as_ref().map(|a| a.placement.clone()).unwrap_or_default(),
+                current_placement: j
+                    .alloc
+                    .as_ref()
+                    .map(|a| a.placement.clone())
+                    .unwrap_or_default(),
                 remaining_s,
                 restart_s: j.restart_s,
                 lease_until: j.lease_until,
@@ -757,14 +893,21 @@ impl<'a> Simulation<'a> {
         let mut kept = Vec::new();
         for m in 0..self.merges.len() {
             let (a, b, mode) = (self.merges[m].a, self.merges[m].b, self.merges[m].mode);
-            if ord[a] == usize::MAX || ord[b] == usize::MAX || self.jobs[a].merged.is_none() || self.jobs[b].merged.is_none() {
+            if ord[a] == usize::MAX
+                || ord[b] == usize::MAX
+                || self.jobs[a].merged.is_none()
+                || self.jobs[b].merged.is_none()
+            {
                 continue;
             }
             let remaining_s = match mode {
                 MergeMode::Temporal => {
                     let ta = self.solo_times(a)?;
                     let tb = self.solo_times(b)?;
-                    ta.iter().zip(&tb).map(|(x, y)| x + y + self.jobs[b].restart_s).collect()
+                    ta.iter()
+                        .zip(&tb)
+                        .map(|(x, y)| x + y + self.jobs[b].restart_s)
+                        .collect()
                 }
                 _ => {
                     let (ra, rb) = (self.remaining(a), self.remaining(b));
@@ -778,7 +921,11 @@ impl<'a> Simulation<'a> {
                 remaining_s,
             });
         }
-        let candidates = if policy.merges() { self.candidates(catalog, &idx, &sjobs)? } else { Vec::new() };
+        let candidates = if policy.merges() {
+            self.candidates(catalog, &idx, &sjobs)?
+        } else {
+            Vec::new()
+        };
         let nodes = cap
             .iter()
             .enumerate()
@@ -798,24 +945,48 @@ impl<'a> Simulation<'a> {
         let t = Instant::now();
         let plan = policy.schedule(&snap);
         self.stats.round_wall_s.push(t.elapsed().as_secs_f64());
+        if std::env::var_os("FMSIM_DEBUG").is_some() {
+            eprintln!(
+                "round {} t={:.0} waiting={} candidates={} vars={} solve_ms={:.1} fallback={}",
+                self.stats.rounds,
+                self.now,
+                snap.jobs.len(),
+                snap.candidates.len(),
+                plan.stats.variables,
+                1000.0 * t.elapsed().as_secs_f64(),
+                plan.stats.fallback
+            );
+        }
         self.stats.rounds += 1;
         if plan.stats.variables > 0 {
-            self.stats.model_sizes.push((plan.stats.variables, plan.stats.constraints));
+            self.stats
+                .model_sizes
+                .push((plan.stats.variables, plan.stats.constraints));
         }
         if plan.stats.fallback {
             self.stats.fallbacks += 1;
         }
         if self.cfg.check_plans {
-            plan.consistency_check(&snap).map_err(|message| SimError::Plan { t: self.now, message })?;
+            plan.consistency_check(&snap)
+                .map_err(|message| SimError::Plan {
+                    t: self.now,
+                    message,
+                })?;
         }
         self.apply(&snap, &idx, plan, catalog);
         Ok(())
     }
 
     /// Candidate pairs among waiting jobs (both orders for temporal).
-    fn candidates(&mut self, catalog: &Catalog, idx: &[usize], sjobs: &[SchedJob]) -> Result<Vec<PairCandidate>, SimError> {
+    fn candidates(
+        &mut self,
+        catalog: &Catalog,
+        idx: &[usize],
+        sjobs: &[SchedJob],
+    ) -> Result<Vec<PairCandidate>, SimError> {
         let mut out = Vec::new();
-        let mut by_model: std::collections::BTreeMap<&str, Vec<usize>> = std::collections::BTreeMap::new();
+        let mut by_model: std::collections::BTreeMap<&str, Vec<usize>> =
+            std::collections::BTreeMap::new();
         for (k, s) in sjobs.iter().enumerate() {
             // A job merges once: after a merge its target is the merged one.
             if s.sharing && self.jobs[idx[k]].ever_merged.is_none() && s.progress == 0.0 {
@@ -827,7 +998,10 @@ impl<'a> Simulation<'a> {
             for &ka in &ks {
                 for &kb in &ks {
                     let (a, b) = (idx[ka], idx[kb]);
-                    if ka == kb || self.jobs[a].w.task == self.jobs[b].w.task || self.jobs[a].w.pipeline != self.jobs[b].w.pipeline {
+                    if ka == kb
+                        || self.jobs[a].w.task == self.jobs[b].w.task
+                        || self.jobs[a].w.pipeline != self.jobs[b].w.pipeline
+                    {
                         continue;
                     }
                     let (ta, tb) = (&sjobs[ka].remaining_s, &sjobs[kb].remaining_s);
@@ -837,8 +1011,11 @@ impl<'a> Simulation<'a> {
                         let tab = self.solo_times(b)?;
                         self.jobs[b].target = saved;
                         let restart = self.jobs[b].restart_s;
-                        let remaining_s: Vec<f64> = ta.iter().zip(&tab).map(|(x, y)| x + y + restart).collect();
-                        let tran_wt = (0..ta.len()).map(|k| tran_wt_temporal(ta[k], tb[k], tab[k])).collect();
+                        let remaining_s: Vec<f64> =
+                            ta.iter().zip(&tab).map(|(x, y)| x + y + restart).collect();
+                        let tran_wt = (0..ta.len())
+                            .map(|k| tran_wt_temporal(ta[k], tb[k], tab[k]))
+                            .collect();
                         out.push(PairCandidate {
                             a: ka,
                             b: kb,
@@ -851,7 +1028,9 @@ impl<'a> Simulation<'a> {
                         && let Some((na, nb)) = self.spatial_need(catalog, a, b)
                     {
                         let joint = self.joint_times(a, b, na, nb)?;
-                        let tran_wt = (0..ta.len()).map(|k| tran_wt_spatial(ta[k], tb[k], joint[k])).collect();
+                        let tran_wt = (0..ta.len())
+                            .map(|k| tran_wt_spatial(ta[k], tb[k], joint[k]))
+                            .collect();
                         out.push(PairCandidate {
                             a: ka,
                             b: kb,
@@ -867,6 +1046,7 @@ impl<'a> Simulation<'a> {
     }
 
     fn apply(&mut self, snap: &Snapshot, idx: &[usize], plan: Plan, catalog: &Catalog) {
+        self.version += 1;
         let mut placed = vec![false; self.jobs.len()];
         for e in &plan.entries {
             let members: Vec<usize> = e.jobs.iter().map(|&k| idx[k]).collect();
@@ -878,7 +1058,9 @@ impl<'a> Simulation<'a> {
                     let guard_at;
                     match e.mode {
                         MergeMode::Temporal => {
-                            let need = self.temporal_need(catalog, a, b).unwrap_or(self.jobs[b].target);
+                            let need = self
+                                .temporal_need(catalog, a, b)
+                                .unwrap_or(self.jobs[b].target);
                             self.jobs[b].target = need;
                             guard_at = 2.0 * self.jobs[b].samples_per_epoch;
                             self.stats.merges_temporal += 1;
@@ -909,10 +1091,14 @@ impl<'a> Simulation<'a> {
             for &i in &members {
                 placed[i] = true;
                 let j = &mut self.jobs[i];
-                let same = j.alloc.as_ref().is_some_and(|a| a.gpus == e.gpus && a.placement == e.placement);
+                let same = j
+                    .alloc
+                    .as_ref()
+                    .is_some_and(|a| a.gpus == e.gpus && a.placement == e.placement);
                 if !same {
                     // A temporal B waits for A inside the group: it restarts when it starts.
-                    let waiting_b = matches!(j.merged, Some((MergeMode::Temporal, m)) if self.merges[m].b == i);
+                    let waiting_b =
+                        matches!(j.merged, Some((MergeMode::Temporal, m)) if self.merges[m].b == i);
                     j.alloc = Some(Alloc {
                         gpus: e.gpus,
                         placement: e.placement.clone(),

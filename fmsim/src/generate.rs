@@ -72,13 +72,21 @@ fn batch_for(model: &str) -> u32 {
 }
 
 pub fn generate(cfg: &GenConfig, catalog: &Catalog, lut: &Lut) -> Result<Vec<WorkloadJob>, String> {
-    if cfg.jobs == 0 || !(cfg.hours > 0.0) || !(cfg.load > 0.0) {
+    if cfg.jobs == 0
+        || cfg.hours.is_nan()
+        || cfg.hours <= 0.0
+        || cfg.load.is_nan()
+        || cfg.load <= 0.0
+    {
         return Err("jobs, hours and load must be > 0".into());
     }
     let gpu = estimator_svc::analytic::gpu_family(&cfg.gpu_type);
     let mut tasks: Vec<(String, String, f64)> = Vec::new();
     for m in &cfg.models {
-        let mt = catalog.models.get(m).ok_or_else(|| format!("model {m:?} is not in the task catalog"))?;
+        let mt = catalog
+            .models
+            .get(m)
+            .ok_or_else(|| format!("model {m:?} is not in the task catalog"))?;
         for (t, info) in &mt.tasks {
             tasks.push((m.clone(), t.clone(), info.samples_per_epoch));
         }
@@ -109,11 +117,21 @@ pub fn generate(cfg: &GenConfig, catalog: &Catalog, lut: &Lut) -> Result<Vec<Wor
             g = g.max(4).next_multiple_of(4);
         }
         let batch = batch_for(&model);
-        let variant = Variant { pipeline, ..Variant::base() };
+        let variant = Variant {
+            pipeline,
+            ..Variant::base()
+        };
         let layers = estimator_svc::analytic::layers_of(&model).unwrap_or(12);
         let one = if pipeline { 4 } else { 1 };
         let it = lut
-            .iteration_time_on(&model, &gpu, &packed_placement(one, 4), batch, &variant, layers)
+            .iteration_time_on(
+                &model,
+                &gpu,
+                &packed_placement(one, 4),
+                batch,
+                &variant,
+                layers,
+            )
             .map_err(|e| format!("{model}: {e}"))?;
         let rate = f64::from(batch) / it.seconds;
         let epochs = (gpu_h * 3600.0 / f64::from(one) * rate / samples).max(0.01);
@@ -144,15 +162,36 @@ mod tests {
     fn classes_and_determinism() {
         let cat = Catalog::default_synthetic();
         let lut = estimator_svc::analytic::default_lut().unwrap();
-        let cfg = GenConfig { jobs: 2000, ..Default::default() };
+        let cfg = GenConfig {
+            jobs: 2000,
+            ..Default::default()
+        };
         let a = generate(&cfg, &cat, &lut).unwrap();
         assert_eq!(a, generate(&cfg, &cat, &lut).unwrap(), "seeded");
         let small = a.iter().filter(|j| j.gpus == 1).count() as f64 / 2000.0;
         assert!(small > 0.3 && small < 0.7, "{small}");
         let last = a.last().unwrap().submit_s / 3600.0;
         assert!((last - 8.0).abs() < 1.0, "arrivals span the window: {last}");
-        let loaded = generate(&GenConfig { load: 2.0, ..cfg.clone() }, &cat, &lut).unwrap();
+        let loaded = generate(
+            &GenConfig {
+                load: 2.0,
+                ..cfg.clone()
+            },
+            &cat,
+            &lut,
+        )
+        .unwrap();
         assert!(loaded.last().unwrap().submit_s < a.last().unwrap().submit_s * 0.6);
-        assert!(generate(&GenConfig { models: vec!["nope".into()], ..cfg }, &cat, &lut).is_err());
+        assert!(
+            generate(
+                &GenConfig {
+                    models: vec!["nope".into()],
+                    ..cfg
+                },
+                &cat,
+                &lut
+            )
+            .is_err()
+        );
     }
 }

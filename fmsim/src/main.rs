@@ -41,7 +41,10 @@ enum Cmd {
         #[command(flatten)]
         sim: SimArgs,
         /// Comma-separated policies.
-        #[arg(long, default_value = "ymir,ymir-no-merge,srtf,tiresias,optimus,themis,pollux,fifo")]
+        #[arg(
+            long,
+            default_value = "ymir,ymir-no-merge,srtf,tiresias,optimus,themis,pollux,fifo"
+        )]
         policies: String,
     },
     /// Generate a workload (Pollux-style size classes, Poisson arrivals).
@@ -75,6 +78,12 @@ enum Cmd {
         /// Write per-policy job CSVs, summary JSON and plots here.
         #[arg(long)]
         out: Option<PathBuf>,
+        /// Only these workloads (comma-separated models, e.g. vit,roberta-base).
+        #[arg(long)]
+        only: Option<String>,
+        /// Only these policies (comma-separated).
+        #[arg(long)]
+        policies: Option<String>,
     },
     /// Time the Ymir MILP per round on the anchor workloads (when present)
     /// and on a generated 60 × 4-GPU, 3,000-job, 2× load workload.
@@ -133,7 +142,12 @@ fn main() {
 }
 
 fn policy(name: &str) -> anyhow::Result<Box<dyn Policy + Send + Sync>> {
-    by_name(name.trim()).ok_or_else(|| anyhow::anyhow!("unknown policy {name:?}; expected one of {}", POLICY_NAMES.join(", ")))
+    by_name(name.trim()).ok_or_else(|| {
+        anyhow::anyhow!(
+            "unknown policy {name:?}; expected one of {}",
+            POLICY_NAMES.join(", ")
+        )
+    })
 }
 
 /// Loads a folder of profiles into a LUT.
@@ -156,17 +170,34 @@ fn load_profiles(dir: &Path) -> anyhow::Result<Lut> {
         bail!("{}: no profile CSVs", dir.display());
     }
     for f in files {
-        let text = std::fs::read_to_string(&f).with_context(|| format!("reading {}", f.display()))?;
+        let text =
+            std::fs::read_to_string(&f).with_context(|| format!("reading {}", f.display()))?;
         let stem = f.file_stem().and_then(|s| s.to_str()).unwrap_or_default();
-        let gpu = f.parent().and_then(|p| p.file_name()).and_then(|s| s.to_str()).unwrap_or_default();
-        let layout = ["placements", "scalability", "memory", "context_switch", "sharing"]
-            .into_iter()
-            .find(|l| stem.ends_with(&format!("_{l}")));
+        let gpu = f
+            .parent()
+            .and_then(|p| p.file_name())
+            .and_then(|s| s.to_str())
+            .unwrap_or_default();
+        let layout = [
+            "placements",
+            "scalability",
+            "memory",
+            "context_switch",
+            "sharing",
+        ]
+        .into_iter()
+        .find(|l| stem.ends_with(&format!("_{l}")));
         match layout {
             Some("sharing") => {}
             Some(l) => {
                 let model = &stem[..stem.len() - l.len() - 1];
-                lut.import_csv(model, &analytic::gpu_family(gpu), l, &f.display().to_string(), &text)?;
+                lut.import_csv(
+                    model,
+                    &analytic::gpu_family(gpu),
+                    l,
+                    &f.display().to_string(),
+                    &text,
+                )?;
             }
             _ => {
                 lut.import_csv("", "", "fmsched", &f.display().to_string(), &text)?;
@@ -184,7 +215,8 @@ fn load_catalog(path: Option<&Path>) -> anyhow::Result<Catalog> {
     match path {
         None => Ok(shipped),
         Some(p) => {
-            let text = std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
+            let text =
+                std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
             let mut c = Catalog::from_json(&p.display().to_string(), &text)?;
             c.fill_samples_from(&shipped);
             Ok(c)
@@ -199,11 +231,18 @@ fn progress_bar(label: String) -> impl FnMut(usize, usize) {
     let started = Instant::now();
     let mut last = Instant::now();
     move |done, total| {
-        if tty && started.elapsed().as_secs_f64() > 1.0 && (last.elapsed().as_millis() > 200 || done == total) {
+        if tty
+            && started.elapsed().as_secs_f64() > 1.0
+            && (last.elapsed().as_millis() > 200 || done == total)
+        {
             last = Instant::now();
             let width = 30;
             let filled = width * done / total.max(1);
-            eprint!("\r{label:<14} [{}{}] {done}/{total} jobs", "#".repeat(filled), ".".repeat(width - filled));
+            eprint!(
+                "\r{label:<14} [{}{}] {done}/{total} jobs",
+                "#".repeat(filled),
+                ".".repeat(width - filled)
+            );
             if done == total {
                 eprintln!();
             }
@@ -212,20 +251,39 @@ fn progress_bar(label: String) -> impl FnMut(usize, usize) {
     }
 }
 
-fn simulate(cfg: &SimConfig, lut: &Lut, catalog: &Catalog, jobs: &[WorkloadJob], p: &dyn Policy) -> anyhow::Result<SimResult> {
+fn simulate(
+    cfg: &SimConfig,
+    lut: &Lut,
+    catalog: &Catalog,
+    jobs: &[WorkloadJob],
+    p: &dyn Policy,
+) -> anyhow::Result<SimResult> {
     let sim = Simulation::new(cfg.clone(), lut, catalog, jobs)?;
     Ok(sim.run(p, catalog, progress_bar(p.name().to_string()))?)
 }
 
-fn write_outputs(out: &Path, results: &[SimResult], rows: &[report::Summary]) -> anyhow::Result<()> {
+fn write_outputs(
+    out: &Path,
+    results: &[SimResult],
+    rows: &[report::Summary],
+) -> anyhow::Result<()> {
     std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
     for r in results {
-        std::fs::write(out.join(format!("jobs-{}.csv", r.policy)), report::jobs_csv(r))?;
+        std::fs::write(
+            out.join(format!("jobs-{}.csv", r.policy)),
+            report::jobs_csv(r),
+        )?;
     }
-    std::fs::write(out.join("summary.json"), serde_json::to_string_pretty(&report::to_json(rows))?)?;
+    std::fs::write(
+        out.join("summary.json"),
+        serde_json::to_string_pretty(&report::to_json(rows))?,
+    )?;
     std::fs::write(out.join("summary.txt"), report::table(rows))?;
     std::fs::write(out.join("jct-cdf.svg"), report::svg_cdf(results))?;
-    eprintln!("wrote job CSVs, summary.json, summary.txt and jct-cdf.svg to {}", out.display());
+    eprintln!(
+        "wrote job CSVs, summary.json, summary.txt and jct-cdf.svg to {}",
+        out.display()
+    );
     Ok(())
 }
 
@@ -255,7 +313,11 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.cmd {
         Cmd::Run { sim, policy: name } => compare(&sim, &[name]),
         Cmd::Compare { sim, policies } => {
-            let names: Vec<String> = policies.split(',').map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect();
+            let names: Vec<String> = policies
+                .split(',')
+                .map(|s| s.trim().to_string())
+                .filter(|s| !s.is_empty())
+                .collect();
             compare(&sim, &names)
         }
         Cmd::Generate {
@@ -276,7 +338,12 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 gpu_type,
                 ..Default::default()
             };
-            let w = generate(&cfg, &Catalog::default_synthetic(), &analytic::default_lut()?).map_err(anyhow::Error::msg)?;
+            let w = generate(
+                &cfg,
+                &Catalog::default_synthetic(),
+                &analytic::default_lut()?,
+            )
+            .map_err(anyhow::Error::msg)?;
             let csv = workload::to_csv(&w);
             match out {
                 Some(p) => {
@@ -288,16 +355,32 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Cmd::Catalog => {
-            println!("{}", serde_json::to_string_pretty(&Catalog::default_synthetic().to_json())?);
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&Catalog::default_synthetic().to_json())?
+            );
             Ok(())
         }
-        Cmd::Fidelity { anchor_dir, out } => fidelity(&anchor_dir, out.as_deref()),
+        Cmd::Fidelity {
+            anchor_dir,
+            out,
+            only,
+            policies,
+        } => fidelity(
+            &anchor_dir,
+            out.as_deref(),
+            only.as_deref(),
+            policies.as_deref(),
+        ),
         Cmd::BenchSolver { anchor_dir, jobs } => bench_solver(&anchor_dir, jobs),
     }
 }
 
 fn compare(a: &SimArgs, names: &[String]) -> anyhow::Result<()> {
-    let policies = names.iter().map(|n| policy(n)).collect::<anyhow::Result<Vec<_>>>()?;
+    let policies = names
+        .iter()
+        .map(|n| policy(n))
+        .collect::<anyhow::Result<Vec<_>>>()?;
     let (cfg, lut, catalog, jobs) = sim_setup(a)?;
     let mut results = Vec::new();
     for p in &policies {
@@ -318,52 +401,139 @@ fn compare(a: &SimArgs, names: &[String]) -> anyhow::Result<()> {
 /// The authors' table (anchor README), hours: (Titan merging, Titan no
 /// merging, Optimus, Themis, Tiresias, SRTF) as (avg, p99).
 const AUTHORS: [(&str, [(f64, f64); 6]); 4] = [
-    ("roberta-base", [(0.141, 0.52), (0.190, 0.79), (0.224, 0.95), (0.297, 1.43), (0.358, 1.45), (0.355, 1.45)]),
-    ("roberta-large", [(0.145, 0.72), (0.185, 0.73), (0.343, 1.43), (0.452, 2.14), (0.497, 2.19), (0.492, 2.19)]),
-    ("vit", [(0.226, 0.85), (0.381, 1.55), (0.459, 1.26), (0.796, 4.04), (1.482, 4.43), (1.033, 5.59)]),
-    ("vit-large", [(0.280, 0.84), (0.421, 1.20), (0.471, 1.20), (0.726, 2.03), (0.950, 2.88), (0.846, 3.37)]),
+    (
+        "roberta-base",
+        [
+            (0.141, 0.52),
+            (0.190, 0.79),
+            (0.224, 0.95),
+            (0.297, 1.43),
+            (0.358, 1.45),
+            (0.355, 1.45),
+        ],
+    ),
+    (
+        "roberta-large",
+        [
+            (0.145, 0.72),
+            (0.185, 0.73),
+            (0.343, 1.43),
+            (0.452, 2.14),
+            (0.497, 2.19),
+            (0.492, 2.19),
+        ],
+    ),
+    (
+        "vit",
+        [
+            (0.226, 0.85),
+            (0.381, 1.55),
+            (0.459, 1.26),
+            (0.796, 4.04),
+            (1.482, 4.43),
+            (1.033, 5.59),
+        ],
+    ),
+    (
+        "vit-large",
+        [
+            (0.280, 0.84),
+            (0.421, 1.20),
+            (0.471, 1.20),
+            (0.726, 2.03),
+            (0.950, 2.88),
+            (0.846, 3.37),
+        ],
+    ),
 ];
-const FIDELITY_POLICIES: [&str; 6] = ["ymir", "ymir-no-merge", "optimus", "themis", "tiresias", "srtf"];
+const FIDELITY_POLICIES: [&str; 6] = [
+    "ymir",
+    "ymir-no-merge",
+    "optimus",
+    "themis",
+    "tiresias",
+    "srtf",
+];
 
 /// Per-job figures of the authors' simulator: (epochs, samples per epoch, max GPUs).
 fn job_epochs(dir: &Path) -> anyhow::Result<BTreeMap<String, (f64, f64, u32)>> {
     let path = dir.join("job-epochs-FM-1.csv");
-    let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let text =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
     let csv = workload::Csv::parse(&path.display().to_string(), &text)?;
-    let col = |n: &str| csv.col(n).ok_or_else(|| anyhow::anyhow!("{}: missing column {n}", path.display()));
-    let (job, ep, ppe, maxg) = (col("job")?, col("epochs_pandas_default")?, col("progress_per_epoch")?, col("max_num_gpus")?);
+    let col = |n: &str| {
+        csv.col(n)
+            .ok_or_else(|| anyhow::anyhow!("{}: missing column {n}", path.display()))
+    };
+    let (job, ep, ppe, maxg) = (
+        col("job")?,
+        col("epochs_pandas_default")?,
+        col("progress_per_epoch")?,
+        col("max_num_gpus")?,
+    );
     let mut out = BTreeMap::new();
     for (line, r) in &csv.rows {
         let num = |c: usize| -> anyhow::Result<f64> {
-            r[c].trim().parse().with_context(|| format!("{} line {line}: {:?}", path.display(), r[c]))
+            r[c].trim()
+                .parse()
+                .with_context(|| format!("{} line {line}: {:?}", path.display(), r[c]))
         };
-        out.insert(r[job].trim().to_string(), (num(ep)?, num(ppe)?, num(maxg)? as u32));
+        out.insert(
+            r[job].trim().to_string(),
+            (num(ep)?, num(ppe)?, num(maxg)? as u32),
+        );
     }
     Ok(out)
 }
 
 /// Loads the anchor workload `FM-1-<model>` with the authors' per-job epochs.
-fn anchor_workload(dir: &Path, model: &str, epochs: &BTreeMap<String, (f64, f64, u32)>, catalog: &mut Catalog) -> anyhow::Result<Vec<WorkloadJob>> {
+fn anchor_workload(
+    dir: &Path,
+    model: &str,
+    epochs: &BTreeMap<String, (f64, f64, u32)>,
+    catalog: &mut Catalog,
+) -> anyhow::Result<Vec<WorkloadJob>> {
     let path = dir.join(format!("workloads/FM-1-{model}.csv"));
     let mut jobs = workload::read(&path, Some(Format::Titan), &[])?;
     for j in &mut jobs {
-        let (e, samples, maxg) = *epochs
-            .get(&j.name)
-            .ok_or_else(|| anyhow::anyhow!("{}: job {} has no row in job-epochs-FM-1.csv", path.display(), j.name))?;
+        let (e, samples, maxg) = *epochs.get(&j.name).ok_or_else(|| {
+            anyhow::anyhow!(
+                "{}: job {} has no row in job-epochs-FM-1.csv",
+                path.display(),
+                j.name
+            )
+        })?;
         j.epochs = Some(e);
         j.max_gpus = maxg.max(j.gpus);
         // Their parser reads the target one unit in the last place high;
         // merged curves are read the same way so both paths compare.
         j.target_metric = j.target_metric.map(f64::next_up);
-        let info = catalog.models.entry(j.model.clone()).or_default().tasks.entry(j.task.clone()).or_default();
+        let info = catalog
+            .models
+            .entry(j.model.clone())
+            .or_default()
+            .tasks
+            .entry(j.task.clone())
+            .or_default();
         info.samples_per_epoch = samples;
     }
     Ok(jobs)
 }
 
-fn fidelity(dir: &Path, out: Option<&Path>) -> anyhow::Result<()> {
+fn fidelity(
+    dir: &Path,
+    out: Option<&Path>,
+    only: Option<&str>,
+    policies: Option<&str>,
+) -> anyhow::Result<()> {
+    let wanted = |list: Option<&str>, name: &str| {
+        list.is_none_or(|l| l.split(',').any(|x| x.trim() == name))
+    };
     if !dir.join("task-curves.json").exists() {
-        bail!("no anchor data at {} (task-curves.json missing)", dir.display());
+        bail!(
+            "no anchor data at {} (task-curves.json missing)",
+            dir.display()
+        );
     }
     let lut = load_profiles(&dir.join("profiles/V100"))?;
     let text = std::fs::read_to_string(dir.join("task-curves.json"))?;
@@ -386,11 +556,17 @@ fn fidelity(dir: &Path, out: Option<&Path>) -> anyhow::Result<()> {
     let mut worst_ymir_ratio: f64 = 0.0;
     let mut all = Vec::new();
     for (model, authors) in AUTHORS {
+        if !wanted(only, model) {
+            continue;
+        }
         let mut catalog = base_catalog.clone();
         let jobs = anchor_workload(dir, model, &epochs, &mut catalog)?;
         let mut results = Vec::new();
         let mut ours = BTreeMap::new();
         for name in FIDELITY_POLICIES {
+            if !wanted(policies, name) {
+                continue;
+            }
             let p = policy(name)?;
             let r = simulate(&cfg, &lut, &catalog, &jobs, p.as_ref())?;
             let s = report::summarize(&r);
@@ -420,8 +596,12 @@ fn fidelity(dir: &Path, out: Option<&Path>) -> anyhow::Result<()> {
             );
             results.push(r);
         }
-        // Ymir (no merging) against the authors' Titan without merging and every baseline.
-        let ymir = ours["ymir-no-merge"].min(ours["ymir"]);
+        // Ymir against the authors' Titan without merging and every baseline.
+        if FIDELITY_POLICIES.iter().any(|p| !ours.contains_key(p)) {
+            all.extend(results);
+            continue;
+        }
+        let ymir = ours["ymir"];
         let best_other = ["optimus", "themis", "tiresias", "srtf"]
             .iter()
             .map(|n| ours[n])
@@ -454,7 +634,10 @@ fn bench_solver(dir: &Path, jobs: usize) -> anyhow::Result<()> {
     let mut cases: Vec<(String, SimConfig, Lut, Catalog, Vec<WorkloadJob>)> = Vec::new();
     if dir.join("task-curves.json").exists() {
         let lut = load_profiles(&dir.join("profiles/V100"))?;
-        let base = Catalog::from_json("task-curves.json", &std::fs::read_to_string(dir.join("task-curves.json"))?)?;
+        let base = Catalog::from_json(
+            "task-curves.json",
+            &std::fs::read_to_string(dir.join("task-curves.json"))?,
+        )?;
         let epochs = job_epochs(dir)?;
         for (model, _) in AUTHORS {
             let mut catalog = base.clone();
@@ -467,7 +650,10 @@ fn bench_solver(dir: &Path, jobs: usize) -> anyhow::Result<()> {
             cases.push((format!("FM-1-{model}"), cfg, lut.clone(), catalog, w));
         }
     } else {
-        eprintln!("no anchor data at {}: benchmarking the generated workload only", dir.display());
+        eprintln!(
+            "no anchor data at {}: benchmarking the generated workload only",
+            dir.display()
+        );
     }
     let catalog = Catalog::default_synthetic();
     let lut = analytic::default_lut()?;
@@ -486,17 +672,35 @@ fn bench_solver(dir: &Path, jobs: usize) -> anyhow::Result<()> {
         check_plans: false,
         ..Default::default()
     };
-    cases.push((format!("generated-60x4-{jobs}jobs-2x"), cfg, lut, catalog, w));
+    cases.push((
+        format!("generated-60x4-{jobs}jobs-2x"),
+        cfg,
+        lut,
+        catalog,
+        w,
+    ));
     println!(
         "{:<30} {:>6} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}",
-        "workload", "rounds", "mean_ms", "p99_ms", "max_ms", "vars_avg", "vars_max", "cons_max", "fallback"
+        "workload",
+        "rounds",
+        "mean_ms",
+        "p99_ms",
+        "max_ms",
+        "vars_avg",
+        "vars_max",
+        "cons_max",
+        "fallback"
     );
     let mut summary = Vec::new();
     for (name, cfg, lut, catalog, w) in &cases {
         let r = simulate(cfg, lut, catalog, w, ymir.as_ref())?;
         let s = report::summarize(&r);
         let vars: Vec<usize> = r.model_sizes.iter().map(|m| m.0).collect();
-        let vars_avg = if vars.is_empty() { 0.0 } else { vars.iter().sum::<usize>() as f64 / vars.len() as f64 };
+        let vars_avg = if vars.is_empty() {
+            0.0
+        } else {
+            vars.iter().sum::<usize>() as f64 / vars.len() as f64
+        };
         println!(
             "{:<30} {:>6} {:>9.2} {:>9.2} {:>9.2} {:>9.0} {:>9} {:>9} {:>9}",
             name,
@@ -509,7 +713,10 @@ fn bench_solver(dir: &Path, jobs: usize) -> anyhow::Result<()> {
             r.model_sizes.iter().map(|m| m.1).max().unwrap_or(0),
             s.fallbacks
         );
-        summary.push(format!("{name} mean {:.1} ms max {:.1} ms", s.round_mean_ms, s.round_max_ms));
+        summary.push(format!(
+            "{name} mean {:.1} ms max {:.1} ms",
+            s.round_mean_ms, s.round_max_ms
+        ));
     }
     println!("summary: {}", summary.join("; "));
     Ok(())

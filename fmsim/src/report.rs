@@ -42,7 +42,11 @@ pub fn percentile(sorted: &[f64], p: f64) -> f64 {
 }
 
 fn mean(v: &[f64]) -> f64 {
-    if v.is_empty() { f64::NAN } else { v.iter().sum::<f64>() / v.len() as f64 }
+    if v.is_empty() {
+        f64::NAN
+    } else {
+        v.iter().sum::<f64>() / v.len() as f64
+    }
 }
 
 pub fn summarize(r: &SimResult) -> Summary {
@@ -80,7 +84,20 @@ pub fn table(rows: &[Summary]) -> String {
     let _ = writeln!(
         s,
         "{:<14} {:>5} {:>9} {:>9} {:>9} {:>10} {:>6} {:>8} {:>7} {:>7} {:>8} {:>8} {:>9} {:>8}",
-        "policy", "jobs", "avg_jct_h", "p50_h", "p99_h", "makespan_h", "util", "restarts", "m_temp", "m_spat", "ftf_avg", "ftf_max", "fallbacks", "wall_s"
+        "policy",
+        "jobs",
+        "avg_jct_h",
+        "p50_h",
+        "p99_h",
+        "makespan_h",
+        "util",
+        "restarts",
+        "m_temp",
+        "m_spat",
+        "ftf_avg",
+        "ftf_max",
+        "fallbacks",
+        "wall_s"
     );
     for r in rows {
         let _ = writeln!(
@@ -124,9 +141,14 @@ pub fn to_json(rows: &[Summary]) -> serde_json::Value {
 
 /// One row per job.
 pub fn jobs_csv(r: &SimResult) -> String {
-    let mut s = String::from("policy,name,model,task,submit_s,first_start_s,finish_s,jct_s,ftf,restarts,merge_mode,merged_with\n");
+    let mut s = String::from(
+        "policy,name,model,task,submit_s,first_start_s,finish_s,jct_s,ftf,restarts,merge_mode,merged_with\n",
+    );
     for j in &r.jobs {
-        let (mode, with) = j.merged.as_ref().map_or(("", ""), |(m, w)| (m.as_str(), w.as_str()));
+        let (mode, with) = j
+            .merged
+            .as_ref()
+            .map_or(("", ""), |(m, w)| (m.as_str(), w.as_str()));
         let _ = writeln!(
             s,
             "{},{},{},{},{:.1},{},{:.1},{:.1},{:.3},{},{},{}",
@@ -135,7 +157,9 @@ pub fn jobs_csv(r: &SimResult) -> String {
             j.model,
             j.task,
             j.submit_s,
-            j.first_start_s.map(|t| format!("{t:.1}")).unwrap_or_default(),
+            j.first_start_s
+                .map(|t| format!("{t:.1}"))
+                .unwrap_or_default(),
             j.finish_s,
             j.jct_s,
             j.ftf,
@@ -147,7 +171,9 @@ pub fn jobs_csv(r: &SimResult) -> String {
     s
 }
 
-const COLOURS: [&str; 8] = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"];
+const COLOURS: [&str; 8] = [
+    "#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
+];
 
 /// The empirical CDF of JCT per policy (log-scaled hours), as SVG.
 pub fn svg_cdf(results: &[SimResult]) -> String {
@@ -158,8 +184,21 @@ pub fn svg_cdf(results: &[SimResult]) -> String {
         .flat_map(|r| r.jobs.iter().map(|j| (j.jct_s / 3600.0).max(1e-3)))
         .filter(|x| x.is_finite())
         .collect();
-    let lo = all.iter().copied().fold(f64::INFINITY, f64::min).max(1e-3).log10().floor();
-    let hi = all.iter().copied().fold(0.0, f64::max).max(1e-2).log10().ceil().max(lo + 1.0);
+    let lo = all
+        .iter()
+        .copied()
+        .fold(f64::INFINITY, f64::min)
+        .max(1e-3)
+        .log10()
+        .floor();
+    let hi = all
+        .iter()
+        .copied()
+        .fold(0.0, f64::max)
+        .max(1e-2)
+        .log10()
+        .ceil()
+        .max(lo + 1.0);
     let x = |v: f64| left + pw * ((v.max(1e-3).log10() - lo) / (hi - lo));
     let y = |p: f64| top + ph * (1.0 - p);
     let mut s = String::new();
@@ -181,14 +220,28 @@ pub fn svg_cdf(results: &[SimResult]) -> String {
             top,
             top + ph,
             top + ph + 16.0,
-            if d >= 0 { format!("{}", v as u64) } else { format!("{v}") }
+            if d >= 0 {
+                format!("{}", v as u64)
+            } else {
+                format!("{v}")
+            }
         );
     }
     for k in 0..=4 {
         let p = f64::from(k) / 4.0;
-        let _ = writeln!(s, "<text x=\"{}\" y=\"{:.1}\" text-anchor=\"end\">{p:.2}</text>", left - 6.0, y(p) + 4.0);
+        let _ = writeln!(
+            s,
+            "<text x=\"{}\" y=\"{:.1}\" text-anchor=\"end\">{p:.2}</text>",
+            left - 6.0,
+            y(p) + 4.0
+        );
     }
-    let _ = writeln!(s, "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">JCT (hours, log scale)</text>", left + pw / 2.0, h - 10.0);
+    let _ = writeln!(
+        s,
+        "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">JCT (hours, log scale)</text>",
+        left + pw / 2.0,
+        h - 10.0
+    );
     let _ = writeln!(
         s,
         "<text x=\"14\" y=\"{}\" transform=\"rotate(-90 14 {})\" text-anchor=\"middle\">fraction of jobs</text>",
@@ -196,7 +249,12 @@ pub fn svg_cdf(results: &[SimResult]) -> String {
         top + ph / 2.0
     );
     for (k, r) in results.iter().enumerate() {
-        let mut v: Vec<f64> = r.jobs.iter().map(|j| j.jct_s / 3600.0).filter(|x| x.is_finite()).collect();
+        let mut v: Vec<f64> = r
+            .jobs
+            .iter()
+            .map(|j| j.jct_s / 3600.0)
+            .filter(|x| x.is_finite())
+            .collect();
         v.sort_by(f64::total_cmp);
         let n = v.len().max(1) as f64;
         let pts: Vec<String> = v
@@ -205,7 +263,11 @@ pub fn svg_cdf(results: &[SimResult]) -> String {
             .map(|(i, &t)| format!("{:.1},{:.1}", x(t), y((i + 1) as f64 / n)))
             .collect();
         let c = COLOURS[k % COLOURS.len()];
-        let _ = writeln!(s, "<polyline fill=\"none\" stroke=\"{c}\" stroke-width=\"2\" points=\"{}\"/>", pts.join(" "));
+        let _ = writeln!(
+            s,
+            "<polyline fill=\"none\" stroke=\"{c}\" stroke-width=\"2\" points=\"{}\"/>",
+            pts.join(" ")
+        );
         let ly = top + 16.0 + 18.0 * k as f64;
         let _ = writeln!(
             s,

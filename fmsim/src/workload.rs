@@ -49,7 +49,11 @@ pub struct WorkloadJob {
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum WorkloadError {
     #[error("{file} line {line}: {message}")]
-    Row { file: String, line: usize, message: String },
+    Row {
+        file: String,
+        line: usize,
+        message: String,
+    },
     #[error("{file}: {message}")]
     File { file: String, message: String },
 }
@@ -72,7 +76,10 @@ impl Csv {
             file: file.into(),
             message: "empty file (a header row is required)".into(),
         })?;
-        let header: Vec<String> = split_csv(header).into_iter().map(|h| h.trim().to_string()).collect();
+        let header: Vec<String> = split_csv(header)
+            .into_iter()
+            .map(|h| h.trim().to_string())
+            .collect();
         let mut rows = Vec::new();
         for (line, l) in lines {
             let cells = split_csv(l);
@@ -113,11 +120,17 @@ impl Csv {
 
     fn num(&self, line: usize, row: &[String], col: usize) -> Result<f64, WorkloadError> {
         let raw = row[col].trim();
-        let v: f64 = raw
-            .parse()
-            .map_err(|_| self.err(line, format!("{}: {raw:?} is not a number", self.header[col])))?;
+        let v: f64 = raw.parse().map_err(|_| {
+            self.err(
+                line,
+                format!("{}: {raw:?} is not a number", self.header[col]),
+            )
+        })?;
         if !v.is_finite() || v < 0.0 {
-            return Err(self.err(line, format!("{}: {raw:?} must be a finite number >= 0", self.header[col])));
+            return Err(self.err(
+                line,
+                format!("{}: {raw:?} must be a finite number >= 0", self.header[col]),
+            ));
         }
         Ok(v)
     }
@@ -125,7 +138,10 @@ impl Csv {
     fn whole(&self, line: usize, row: &[String], col: usize) -> Result<u32, WorkloadError> {
         let v = self.num(line, row, col)?;
         if v.fract() != 0.0 || v > f64::from(u32::MAX) {
-            return Err(self.err(line, format!("{}: {v} is not a whole number", self.header[col])));
+            return Err(self.err(
+                line,
+                format!("{}: {v} is not a whole number", self.header[col]),
+            ));
         }
         Ok(v as u32)
     }
@@ -134,7 +150,10 @@ impl Csv {
         match row[col].trim() {
             "1" | "true" | "yes" => Ok(true),
             "0" | "false" | "no" | "" => Ok(false),
-            o => Err(self.err(line, format!("{}: {o:?} is not a boolean", self.header[col]))),
+            o => Err(self.err(
+                line,
+                format!("{}: {o:?} is not a boolean", self.header[col]),
+            )),
         }
     }
 }
@@ -177,7 +196,9 @@ impl std::str::FromStr for Format {
             "titan" | "adaptdl" => Ok(Format::Titan),
             "helios" => Ok(Format::Helios),
             "philly" => Ok(Format::Philly),
-            o => Err(format!("unknown workload format {o:?}; expected fmsim, titan, helios or philly")),
+            o => Err(format!(
+                "unknown workload format {o:?}; expected fmsim, titan, helios or philly"
+            )),
         }
     }
 }
@@ -199,7 +220,11 @@ pub fn detect(csv: &Csv) -> Option<Format> {
 }
 
 /// Reads a workload file.
-pub fn read(path: &Path, format: Option<Format>, tasks: &[(String, String)]) -> Result<Vec<WorkloadJob>, WorkloadError> {
+pub fn read(
+    path: &Path,
+    format: Option<Format>,
+    tasks: &[(String, String)],
+) -> Result<Vec<WorkloadJob>, WorkloadError> {
     let file = path.display().to_string();
     let text = std::fs::read_to_string(path).map_err(|e| WorkloadError::File {
         file: file.clone(),
@@ -210,17 +235,40 @@ pub fn read(path: &Path, format: Option<Format>, tasks: &[(String, String)]) -> 
 
 /// Parses a workload; `tasks` are the (model, task) pairs trace formats
 /// without tasks (helios, philly) draw from.
-pub fn parse(file: &str, text: &str, format: Option<Format>, tasks: &[(String, String)]) -> Result<Vec<WorkloadJob>, WorkloadError> {
+pub fn parse(
+    file: &str,
+    text: &str,
+    format: Option<Format>,
+    tasks: &[(String, String)],
+) -> Result<Vec<WorkloadJob>, WorkloadError> {
     let csv = Csv::parse(file, text)?;
-    let format = format.or_else(|| detect(&csv)).ok_or_else(|| WorkloadError::File {
-        file: file.into(),
-        message: "cannot tell the workload format from the header; pass --format".into(),
-    })?;
+    let format = format
+        .or_else(|| detect(&csv))
+        .ok_or_else(|| WorkloadError::File {
+            file: file.into(),
+            message: "cannot tell the workload format from the header; pass --format".into(),
+        })?;
     let mut jobs = match format {
         Format::Fmsim => parse_fmsim(&csv)?,
         Format::Titan => parse_titan(&csv)?,
-        Format::Helios => parse_trace(&csv, tasks, "job_id", "gpu_num", "submit_time", "duration", Some("state"))?,
-        Format::Philly => parse_trace(&csv, tasks, "jobid", "num_gpus", "submitted_time", "duration_s", None)?,
+        Format::Helios => parse_trace(
+            &csv,
+            tasks,
+            "job_id",
+            "gpu_num",
+            "submit_time",
+            "duration",
+            Some("state"),
+        )?,
+        Format::Philly => parse_trace(
+            &csv,
+            tasks,
+            "jobid",
+            "num_gpus",
+            "submitted_time",
+            "duration_s",
+            None,
+        )?,
     };
     jobs.sort_by(|a, b| a.submit_s.total_cmp(&b.submit_s).then(a.name.cmp(&b.name)));
     let mut seen = BTreeMap::new();
@@ -321,7 +369,11 @@ fn parse_titan(csv: &Csv) -> Result<Vec<WorkloadJob>, WorkloadError> {
             pipeline: false,
             epochs: None,
             target_metric: target,
-            curve_key: Some(format!("lr={},grad_accum={}", r[lr].trim(), r[steps].trim())),
+            curve_key: Some(format!(
+                "lr={},grad_accum={}",
+                r[lr].trim(),
+                r[steps].trim()
+            )),
             trace_gpu_s: None,
         });
     }
@@ -345,7 +397,12 @@ fn parse_trace(
             message: "the task catalog has no tasks to assign".into(),
         });
     }
-    let (id, gpus, submit, duration) = (csv.need(id)?, csv.need(gpus)?, csv.need(submit)?, csv.need(duration)?);
+    let (id, gpus, submit, duration) = (
+        csv.need(id)?,
+        csv.need(gpus)?,
+        csv.need(submit)?,
+        csv.need(duration)?,
+    );
     let state = state.and_then(|s| csv.col(s));
     let mut raw = Vec::new();
     for (line, r) in &csv.rows {
@@ -358,7 +415,12 @@ fn parse_trace(
         {
             continue;
         }
-        let t = parse_time(r[submit].trim()).ok_or_else(|| csv.err(*line, format!("{submit}: {:?} is not a time", r[submit])))?;
+        let t = parse_time(r[submit].trim()).ok_or_else(|| {
+            csv.err(
+                *line,
+                format!("{}: {:?} is not a time", csv.header[submit], r[submit]),
+            )
+        })?;
         let d = csv.num(*line, r, duration)?;
         raw.push((r[id].trim().to_string(), t, g, d));
     }
@@ -366,7 +428,9 @@ fn parse_trace(
     Ok(raw
         .into_iter()
         .map(|(name, t, g, d)| {
-            let h = name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
+            let h = name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+                (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+            });
             let (model, task) = &tasks[(h % tasks.len() as u64) as usize];
             WorkloadJob {
                 name,
@@ -393,8 +457,15 @@ fn parse_time(s: &str) -> Option<f64> {
         return v.is_finite().then_some(v);
     }
     let (date, time) = s.split_once([' ', 'T'])?;
-    let d: Vec<i64> = date.split('-').map(|x| x.parse().ok()).collect::<Option<_>>()?;
-    let t: Vec<f64> = time.trim_end_matches('Z').split(':').map(|x| x.parse().ok()).collect::<Option<_>>()?;
+    let d: Vec<i64> = date
+        .split('-')
+        .map(|x| x.parse().ok())
+        .collect::<Option<_>>()?;
+    let t: Vec<f64> = time
+        .trim_end_matches('Z')
+        .split(':')
+        .map(|x| x.parse().ok())
+        .collect::<Option<_>>()?;
     if d.len() != 3 || t.len() != 3 {
         return None;
     }
@@ -433,7 +504,10 @@ mod tests {
     use super::*;
 
     fn tasks() -> Vec<(String, String)> {
-        vec![("roberta-base".into(), "rte".into()), ("vit-base".into(), "cifar100".into())]
+        vec![
+            ("roberta-base".into(), "rte".into()),
+            ("vit-base".into(), "cifar100".into()),
+        ]
     }
 
     #[test]
@@ -446,7 +520,10 @@ mod tests {
         )
         .unwrap();
         assert_eq!(f.len(), 2);
-        assert_eq!((f[0].name.as_str(), f[0].epochs, f[0].sharing), ("a", Some(3.5), false));
+        assert_eq!(
+            (f[0].name.as_str(), f[0].epochs, f[0].sharing),
+            ("a", Some(3.5), false)
+        );
         let t = parse(
             "t.csv",
             "name,submission_time,application,num_gpus,target_batch_size,target_lr,target_gradient_steps,target_metric\n\
@@ -468,9 +545,18 @@ mod tests {
         )
         .unwrap();
         assert_eq!(h.len(), 2, "CPU-only jobs are skipped");
-        assert_eq!((h[0].submit_s, h[0].gpus, h[0].trace_gpu_s), (0.0, 8, Some(28_800.0)));
+        assert_eq!(
+            (h[0].submit_s, h[0].gpus, h[0].trace_gpu_s),
+            (0.0, 8, Some(28_800.0))
+        );
         assert_eq!(h[1].submit_s, 60.0);
-        let p = parse("p.csv", "jobid,submitted_time,num_gpus,duration_s\nx,100,2,50\ny,40,1,10\n", None, &tasks()).unwrap();
+        let p = parse(
+            "p.csv",
+            "jobid,submitted_time,num_gpus,duration_s\nx,100,2,50\ny,40,1,10\n",
+            None,
+            &tasks(),
+        )
+        .unwrap();
         assert_eq!((p[0].name.as_str(), p[0].submit_s), ("y", 0.0));
     }
 
@@ -483,12 +569,33 @@ mod tests {
             &[],
         )
         .unwrap_err();
-        assert_eq!(e.to_string(), "w.csv line 3: submit_s: \"x\" is not a number");
-        let e = parse("w.csv", "name,submit_s,model,task,gpus,batch,sharing,pipeline\na,1,m,t\n", None, &[]).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "w.csv line 3: submit_s: \"x\" is not a number"
+        );
+        let e = parse(
+            "w.csv",
+            "name,submit_s,model,task,gpus,batch,sharing,pipeline\na,1,m,t\n",
+            None,
+            &[],
+        )
+        .unwrap_err();
         assert_eq!(e.to_string(), "w.csv line 2: 4 fields, the header has 8");
-        let e = parse("w.csv", "name,submit_s,model,task,gpus,batch,sharing,pipeline\na,1,m,t,0,8,1,0\n", None, &[]).unwrap_err();
+        let e = parse(
+            "w.csv",
+            "name,submit_s,model,task,gpus,batch,sharing,pipeline\na,1,m,t,0,8,1,0\n",
+            None,
+            &[],
+        )
+        .unwrap_err();
         assert!(e.to_string().contains("line 2"), "{e}");
-        let e = parse("w.csv", "name,submit_s,model,task,gpus,batch,sharing,pipeline\na,1,m,t,1,8,maybe,0\n", None, &[]).unwrap_err();
+        let e = parse(
+            "w.csv",
+            "name,submit_s,model,task,gpus,batch,sharing,pipeline\na,1,m,t,1,8,maybe,0\n",
+            None,
+            &[],
+        )
+        .unwrap_err();
         assert!(e.to_string().contains("sharing"), "{e}");
         let e = parse(
             "t.csv",
@@ -497,11 +604,28 @@ mod tests {
             &[],
         )
         .unwrap_err();
-        assert!(e.to_string().starts_with("t.csv line 2: application"), "{e}");
+        assert!(
+            e.to_string().starts_with("t.csv line 2: application"),
+            "{e}"
+        );
         assert!(parse("e.csv", "", None, &[]).is_err());
-        assert!(parse("u.csv", "a,b\n1,2\n", None, &[]).unwrap_err().to_string().contains("--format"));
-        let e = parse("h.csv", "job_id,gpu_num,submit_time,duration\nj,1,yesterday,5\n", None, &tasks()).unwrap_err();
-        assert!(e.to_string().contains("line 2") && e.to_string().contains("submit_time"), "{e}");
+        assert!(
+            parse("u.csv", "a,b\n1,2\n", None, &[])
+                .unwrap_err()
+                .to_string()
+                .contains("--format")
+        );
+        let e = parse(
+            "h.csv",
+            "job_id,gpu_num,submit_time,duration\nj,1,yesterday,5\n",
+            None,
+            &tasks(),
+        )
+        .unwrap_err();
+        assert!(
+            e.to_string().contains("line 2") && e.to_string().contains("submit_time"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -264,17 +264,15 @@ impl Policy for Optimus {
         self.interval_s
     }
     fn allocate(&self, snap: &Snapshot) -> Plan {
-        // Jobs that finish soonest get their first GPUs first.
+        // Every job's first GPU is its largest gain (T(0) = ∞); when there
+        // are more jobs than GPUs they go in arrival order, as Optimus
+        // admits jobs.
         let mut first: Vec<usize> = (0..snap.jobs.len()).collect();
-        let t_min = |i: usize| {
-            usable_allocations(snap, i)
-                .first()
-                .map_or(f64::INFINITY, |&a| snap.time_at(i, a))
-        };
         first.sort_by(|&a, &b| {
-            t_min(a)
-                .total_cmp(&t_min(b))
-                .then(snap.jobs[a].id.cmp(&snap.jobs[b].id))
+            let (x, y) = (&snap.jobs[a], &snap.jobs[b]);
+            x.submitted_at
+                .total_cmp(&y.submitted_at)
+                .then(x.id.cmp(&y.id))
         });
         grow(snap, &first, |i, from, to| {
             snap.time_at(i, from) - snap.time_at(i, to)

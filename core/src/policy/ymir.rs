@@ -340,7 +340,10 @@ impl Policy for Ymir {
             .maximise(objective)
             .using(highs)
             .set_time_limit(self.config.time_limit_s.max(0.001))
-            .set_threads(1);
+            .set_threads(1)
+            // Presolve costs more than it saves on these small, loosely
+            // coupled models (measured with `fmsim bench-solver`).
+            .set_presolve(good_lp::solvers::highs::HighsPresolveType::Off);
         model.set_verbose(false);
         let mut constraints = 0;
         // One choice per job (Eq. 9–10).
