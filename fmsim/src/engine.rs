@@ -57,8 +57,6 @@ pub struct SimConfig {
     pub context_switch_s: Option<f64>,
     /// Seconds of profiling before a job is schedulable (0 = none).
     pub profile_s: f64,
-    /// Themis lease, seconds (set on every new allocation).
-    pub lease_s: f64,
     /// Split merges that do not help after two epochs.
     pub merge_guard: bool,
     /// Give up after this much virtual time.
@@ -76,7 +74,6 @@ impl Default for SimConfig {
             checkpoint_s: 30.0,
             context_switch_s: None,
             profile_s: 60.0,
-            lease_s: 600.0,
             merge_guard: true,
             horizon_s: 90.0 * 86_400.0,
             check_plans: cfg!(debug_assertions),
@@ -973,7 +970,7 @@ impl<'a> Simulation<'a> {
                     message,
                 })?;
         }
-        self.apply(&snap, &idx, plan, catalog);
+        self.apply(&snap, &idx, plan, catalog, policy.lease_s());
         Ok(())
     }
 
@@ -1045,7 +1042,14 @@ impl<'a> Simulation<'a> {
         Ok(out)
     }
 
-    fn apply(&mut self, snap: &Snapshot, idx: &[usize], plan: Plan, catalog: &Catalog) {
+    fn apply(
+        &mut self,
+        snap: &Snapshot,
+        idx: &[usize],
+        plan: Plan,
+        catalog: &Catalog,
+        lease_s: f64,
+    ) {
         self.version += 1;
         let mut placed = vec![false; self.jobs.len()];
         for e in &plan.entries {
@@ -1107,7 +1111,7 @@ impl<'a> Simulation<'a> {
                     if !waiting_b {
                         j.restarts += 1;
                     }
-                    j.lease_until = self.now + self.cfg.lease_s;
+                    j.lease_until = self.now + lease_s;
                     j.first_start.get_or_insert(self.now);
                 }
             }

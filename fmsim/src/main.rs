@@ -11,7 +11,7 @@ use clap::{Args, Parser, Subcommand};
 use estimator_svc::analytic;
 use estimator_svc::lut::Lut;
 use fmsched_core::policy::Policy;
-use fmsched_core::policy::baselines::{POLICY_NAMES, by_name};
+use fmsched_core::policy::baselines::{POLICY_NAMES, by_name, with_knobs};
 use fmsim::catalog::Catalog;
 use fmsim::engine::{SimConfig, SimResult, Simulation};
 use fmsim::generate::{GenConfig, generate};
@@ -132,6 +132,10 @@ struct SimArgs {
     /// Print the summary as JSON instead of a table.
     #[arg(long)]
     json: bool,
+    /// Policy knob `name=value` (repeatable), e.g. `interval_s=60`,
+    /// `srtf_weight=0`, `lease_s=300`; an unknown knob lists the policy's.
+    #[arg(long = "knob", value_name = "NAME=VALUE")]
+    knobs: Vec<String>,
 }
 
 fn main() {
@@ -148,6 +152,22 @@ fn policy(name: &str) -> anyhow::Result<Box<dyn Policy + Send + Sync>> {
             POLICY_NAMES.join(", ")
         )
     })
+}
+
+/// Parses `--knob NAME=VALUE` flags.
+fn parse_knobs(raw: &[String]) -> anyhow::Result<BTreeMap<String, f64>> {
+    raw.iter()
+        .map(|k| {
+            let (n, v) = k
+                .split_once('=')
+                .ok_or_else(|| anyhow::anyhow!("--knob {k:?}: expected NAME=VALUE"))?;
+            let v: f64 = v
+                .trim()
+                .parse()
+                .map_err(|_| anyhow::anyhow!("--knob {k:?}: {v:?} is not a number"))?;
+            Ok((n.trim().to_string(), v))
+        })
+        .collect()
 }
 
 /// Loads a folder of profiles into a LUT.
@@ -377,9 +397,10 @@ fn run(cli: Cli) -> anyhow::Result<()> {
 }
 
 fn compare(a: &SimArgs, names: &[String]) -> anyhow::Result<()> {
+    let knobs = parse_knobs(&a.knobs)?;
     let policies = names
         .iter()
-        .map(|n| policy(n))
+        .map(|n| with_knobs(n.trim(), &knobs).map_err(anyhow::Error::msg))
         .collect::<anyhow::Result<Vec<_>>>()?;
     let (cfg, lut, catalog, jobs) = sim_setup(a)?;
     let mut results = Vec::new();

@@ -12,6 +12,8 @@
 //! | Themis | finish-time fairness ρ = T_shared / T_ideal; free (lease-expired) GPUs go to the largest ρ | 60 s, 600 s leases |
 //! | Pollux | goodput with fixed batch size (Ymir disables batch tuning): maximise the generalised mean (p = −1) of speedups | 60 s |
 
+use std::collections::BTreeMap;
+
 use super::{
     MergeMode, Plan, PlanEntry, Policy, Snapshot, requested_allocation, usable_allocations,
 };
@@ -142,8 +144,9 @@ impl Default for Tiresias {
     fn default() -> Self {
         Self {
             interval_s: 300.0,
-            // One and ten GPU-hours: three queues.
-            thresholds_gpu_s: vec![3600.0, 36_000.0],
+            // Two queues split at 16 GPU-hours, as in the Pollux artifact's
+            // Tiresias that the FM papers' simulators build on.
+            thresholds_gpu_s: vec![16.0 * 3600.0],
             // Tiresias' STARVELIMIT: generous, or promotion and demotion
             // thrash with every restart.
             starvation_factor: 10.0,
@@ -317,6 +320,9 @@ impl Policy for Themis {
     fn interval_s(&self) -> f64 {
         self.interval_s
     }
+    fn lease_s(&self) -> f64 {
+        self.lease_s
+    }
     fn allocate(&self, snap: &Snapshot) -> Plan {
         let mut plan = Plan::default();
         let mut free = snap.total_gpus();
@@ -389,21 +395,110 @@ impl Policy for Pollux {
 
 /// Every policy by name, with its paper's knobs.
 pub fn by_name(name: &str) -> Option<Box<dyn Policy + Send + Sync>> {
+    with_knobs(name, &BTreeMap::new()).ok()
+}
+
+/// A policy by name with some knobs changed (`knob = value`). Every policy
+/// takes `interval_s`; the others are listed in the error for a knob the
+/// policy does not have. Booleans are 0 / 1.
+pub fn with_knobs(
+    name: &str,
+    knobs: &BTreeMap<String, f64>,
+) -> Result<Box<dyn Policy + Send + Sync>, String> {
     use super::ymir::{Ymir, YmirConfig};
-    Some(match name {
-        "fifo" => Box::new(Fifo::default()),
-        "srtf" => Box::new(Srtf::default()),
-        "tiresias" => Box::new(Tiresias::default()),
-        "optimus" => Box::new(Optimus::default()),
-        "themis" => Box::new(Themis::default()),
-        "pollux" => Box::new(Pollux::default()),
-        "ymir" => Box::new(Ymir::default()),
-        "ymir-no-merge" => Box::new(Ymir::new(YmirConfig {
-            merging: false,
-            ..Default::default()
-        })),
-        _ => return None,
-    })
+    let mut left: BTreeMap<&str, f64> = knobs.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+    let mut take = |key: &str, into: &mut f64| {
+        if let Some(v) = left.remove(key) {
+            *into = v;
+        }
+    };
+    let (policy, known): (Box<dyn Policy + Send + Sync>, &[&str]) = match name {
+        "fifo" => {
+            let mut p = Fifo::default();
+            take("interval_s", &mut p.interval_s);
+            (Box::new(p), &["interval_s"])
+        }
+        "srtf" => {
+            let mut p = Srtf::default();
+            take("interval_s", &mut p.interval_s);
+            (Box::new(p), &["interval_s"])
+        }
+        "tiresias" => {
+            let mut p = Tiresias::default();
+            take("interval_s", &mut p.interval_s);
+            take("starvation_factor", &mut p.starvation_factor);
+            let mut threshold = p.thresholds_gpu_s.first().copied().unwrap_or(0.0) / 3600.0;
+            take("threshold_gpu_h", &mut threshold);
+            p.thresholds_gpu_s = vec![threshold * 3600.0];
+            (
+                Box::new(p),
+                &["interval_s", "starvation_factor", "threshold_gpu_h"],
+            )
+        }
+        "optimus" => {
+            let mut p = Optimus::default();
+            take("interval_s", &mut p.interval_s);
+            (Box::new(p), &["interval_s"])
+        }
+        "themis" => {
+            let mut p = Themis::default();
+            take("interval_s", &mut p.interval_s);
+            take("lease_s", &mut p.lease_s);
+            (Box::new(p), &["interval_s", "lease_s"])
+        }
+        "pollux" => {
+            let mut p = Pollux::default();
+            take("interval_s", &mut p.interval_s);
+            (Box::new(p), &["interval_s"])
+        }
+        "ymir" | "ymir-no-merge" => {
+            let mut c = YmirConfig {
+                merging: name == "ymir",
+                ..Default::default()
+            };
+            let mut merging = if c.merging { 1.0 } else { 0.0 };
+            let mut pairs = c.pairs_per_job as f64;
+            take("interval_s", &mut c.interval_s);
+            take("time_limit_s", &mut c.time_limit_s);
+            take("srtf_weight", &mut c.srtf_weight);
+            take("merging", &mut merging);
+            take("pairs_per_job", &mut pairs);
+            c.merging = merging != 0.0;
+            c.pairs_per_job = pairs.max(0.0) as usize;
+            (
+                Box::new(Ymir::new(c)),
+                &[
+                    "interval_s",
+                    "time_limit_s",
+                    "srtf_weight",
+                    "merging",
+                    "pairs_per_job",
+                ],
+            )
+        }
+        other => {
+            return Err(format!(
+                "unknown policy {other:?}; expected one of {}",
+                POLICY_NAMES.join(", ")
+            ));
+        }
+    };
+    if let Some((k, _)) = left.into_iter().next() {
+        return Err(format!(
+            "policy {name} has no knob {k:?}; its knobs: {}",
+            known.join(", ")
+        ));
+    }
+    if let Some((k, v)) = knobs.iter().find(|(_, v)| !v.is_finite() || **v < 0.0) {
+        return Err(format!("knob {k} = {v}: must be a finite number >= 0"));
+    }
+    if policy.interval_s() < 1.0 {
+        return Err(format!(
+            "knob interval_s = {}: must be at least 1 second",
+            policy.interval_s()
+        ));
+    }
+    Ok(policy)
 }
 
 /// Names accepted by [`by_name`].
@@ -487,7 +582,8 @@ mod tests {
         for j in &mut snap.jobs {
             j.requested_gpus = 1;
         }
-        snap.jobs[0].attained_gpu_s = 7200.0;
+        // 20 GPU-hours attained: past the 16 GPU-hour threshold.
+        snap.jobs[0].attained_gpu_s = 72_000.0;
         snap.jobs[0].executed_s = 7200.0;
         let t = Tiresias::default();
         assert_eq!(t.queue(&snap, 0), 1);
@@ -571,5 +667,26 @@ mod tests {
             assert!(!plan.entries.is_empty(), "{name} ran nothing");
         }
         assert!(by_name("nope").is_none());
+    }
+
+    #[test]
+    fn knobs_change_policies_and_unknown_knobs_are_named() {
+        let k = |pairs: &[(&str, f64)]| {
+            pairs
+                .iter()
+                .map(|(a, b)| (a.to_string(), *b))
+                .collect::<BTreeMap<_, _>>()
+        };
+        let p = with_knobs("themis", &k(&[("interval_s", 30.0), ("lease_s", 120.0)])).unwrap();
+        assert_eq!(p.interval_s(), 30.0);
+        let e = with_knobs("srtf", &k(&[("lease_s", 1.0)])).err().unwrap();
+        assert!(
+            e.contains("no knob \"lease_s\"") && e.contains("interval_s"),
+            "{e}"
+        );
+        assert!(with_knobs("ymir", &k(&[("interval_s", 0.0)])).is_err());
+        assert!(with_knobs("ymir", &k(&[("srtf_weight", f64::NAN)])).is_err());
+        let y = with_knobs("ymir", &k(&[("merging", 0.0)])).unwrap();
+        assert!(!y.merges());
     }
 }

@@ -256,6 +256,11 @@ pub trait Policy {
     fn merges(&self) -> bool {
         false
     }
+    /// Seconds a new allocation is leased for (Themis); 0 = no leases.
+    /// The caller records `lease_until` on the jobs it starts.
+    fn lease_s(&self) -> f64 {
+        0.0
+    }
     /// A round: allocate, then place.
     fn schedule(&self, snap: &Snapshot) -> Plan {
         let plan = self.allocate(snap);
