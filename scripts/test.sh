@@ -70,10 +70,12 @@ log "building binaries (the integration tests run them)"
 cargo build --workspace --bins --locked
 
 if cargo nextest --version >/dev/null 2>&1; then
+  # nextest does not run doctests; run them first so the run ends with
+  # nextest's summary of every test.
+  log "cargo test --doc"
+  cargo test --workspace --doc --locked --quiet
   log "cargo nextest run --workspace"
   cargo nextest run --workspace --locked --no-fail-fast
-  # nextest does not run doctests.
-  cargo test --workspace --doc --locked
 else
   log "cargo test --workspace (install cargo-nextest for faster runs)"
   cargo test --workspace --locked --no-fail-fast
