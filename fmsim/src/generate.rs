@@ -22,6 +22,10 @@ pub struct GenConfig {
     pub gpu_type: String,
     /// Fraction of jobs that opt out of merging (Ymir §9).
     pub private_fraction: f64,
+    /// Arrival times of a trace (seconds, any origin): when given, arrivals
+    /// follow the trace's shape (its times rescaled onto the window)
+    /// instead of a Poisson process.
+    pub arrivals: Option<Vec<f64>>,
 }
 
 impl Default for GenConfig {
@@ -34,6 +38,7 @@ impl Default for GenConfig {
             models: vec!["roberta-base".into()],
             gpu_type: "V100".into(),
             private_fraction: 0.05,
+            arrivals: None,
         }
     }
 }
@@ -97,10 +102,32 @@ pub fn generate(cfg: &GenConfig, catalog: &Catalog, lut: &Lut) -> Result<Vec<Wor
     let mut rng = Rng::new(cfg.seed);
     let window_s = cfg.hours * 3600.0 / cfg.load;
     let mean_gap = window_s / cfg.jobs as f64;
+    // Trace-shaped arrivals: the trace's k-th quantile time for job k.
+    let shaped: Option<Vec<f64>> = match &cfg.arrivals {
+        Some(times) if times.len() >= 2 => {
+            let mut v: Vec<f64> = times.iter().copied().filter(|t| t.is_finite()).collect();
+            v.sort_by(f64::total_cmp);
+            let (lo, hi) = (v[0], v[v.len() - 1]);
+            let span = (hi - lo).max(1e-9);
+            Some(
+                (0..cfg.jobs)
+                    .map(|k| {
+                        let q = v[k * (v.len() - 1) / (cfg.jobs - 1).max(1)];
+                        (q - lo) / span * window_s
+                    })
+                    .collect(),
+            )
+        }
+        Some(_) => return Err("the arrival trace needs at least two jobs".into()),
+        None => None,
+    };
     let mut t = 0.0;
     let mut out = Vec::with_capacity(cfg.jobs);
     for k in 0..cfg.jobs {
-        t += -mean_gap * rng.f64().ln();
+        t = match &shaped {
+            Some(v) => v[k],
+            None => t - mean_gap * rng.f64().ln(),
+        };
         let (model, task, samples) = tasks[rng.below(tasks.len())].clone();
         let u = rng.f64();
         let ((lo, hi), gpus): ((f64, f64), &[u32]) = if u < 0.3 {

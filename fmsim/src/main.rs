@@ -64,6 +64,9 @@ enum Cmd {
         models: String,
         #[arg(long, default_value = "V100")]
         gpu_type: String,
+        /// Shape arrivals like this trace (any workload format) instead of Poisson.
+        #[arg(long)]
+        arrivals_from: Option<PathBuf>,
         /// Output file (default: standard output).
         #[arg(long, short)]
         out: Option<PathBuf>,
@@ -347,9 +350,21 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             seed,
             models,
             gpu_type,
+            arrivals_from,
             out,
         } => {
+            let catalog = Catalog::default_synthetic();
+            let arrivals = match arrivals_from {
+                Some(p) => Some(
+                    workload::read(&p, None, &catalog.tasks())?
+                        .iter()
+                        .map(|j| j.submit_s)
+                        .collect(),
+                ),
+                None => None,
+            };
             let cfg = GenConfig {
+                arrivals,
                 jobs,
                 hours,
                 load,
@@ -358,12 +373,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 gpu_type,
                 ..Default::default()
             };
-            let w = generate(
-                &cfg,
-                &Catalog::default_synthetic(),
-                &analytic::default_lut()?,
-            )
-            .map_err(anyhow::Error::msg)?;
+            let w =
+                generate(&cfg, &catalog, &analytic::default_lut()?).map_err(anyhow::Error::msg)?;
             let csv = workload::to_csv(&w);
             match out {
                 Some(p) => {
