@@ -121,6 +121,29 @@ pub fn generate(cfg: &GenConfig, catalog: &Catalog, lut: &Lut) -> Result<Vec<Wor
         Some(_) => return Err("the arrival trace needs at least two jobs".into()),
         None => None,
     };
+    // GPU-hours of one epoch of each task on its smallest allocation.
+    let mut epoch_gpu_h = Vec::with_capacity(tasks.len());
+    for (model, _, samples) in &tasks {
+        let pipeline = model.contains("7b");
+        let one = if pipeline { 4 } else { 1 };
+        let variant = Variant {
+            pipeline,
+            ..Variant::base()
+        };
+        let layers = estimator_svc::analytic::layers_of(model).unwrap_or(12);
+        let it = lut
+            .iteration_time_on(
+                model,
+                &gpu,
+                &packed_placement(one, 4),
+                batch_for(model),
+                &variant,
+                layers,
+            )
+            .map_err(|e| format!("{model}: {e}"))?;
+        let rate = f64::from(batch_for(model)) / it.seconds;
+        epoch_gpu_h.push(samples / rate * f64::from(one) / 3600.0);
+    }
     let mut t = 0.0;
     let mut out = Vec::with_capacity(cfg.jobs);
     for k in 0..cfg.jobs {
@@ -128,7 +151,6 @@ pub fn generate(cfg: &GenConfig, catalog: &Catalog, lut: &Lut) -> Result<Vec<Wor
             Some(v) => v[k],
             None => t - mean_gap * rng.f64().ln(),
         };
-        let (model, task, samples) = tasks[rng.below(tasks.len())].clone();
         let u = rng.f64();
         let ((lo, hi), gpus): ((f64, f64), &[u32]) = if u < 0.3 {
             ((0.05, 0.5), &[1])
@@ -138,6 +160,28 @@ pub fn generate(cfg: &GenConfig, catalog: &Catalog, lut: &Lut) -> Result<Vec<Wor
             ((10.0, 64.0), &[4, 8])
         };
         let gpu_h = (lo.ln() + (hi.ln() - lo.ln()) * rng.f64()).exp();
+        // The task is picked by GPU-time (as Pollux's generator does): one
+        // of the three whose one-epoch-at-one-GPU time is closest to the
+        // drawn GPU-time in epochs between 1 and 10, so a small dataset is
+        // not asked for hundreds of epochs.
+        let mut by_fit: Vec<(f64, usize)> = tasks
+            .iter()
+            .enumerate()
+            .map(|(k, _)| {
+                let epochs = gpu_h / epoch_gpu_h[k];
+                let miss = if epochs < 1.0 {
+                    -epochs.ln()
+                } else if epochs > 10.0 {
+                    (epochs / 10.0).ln()
+                } else {
+                    0.0
+                };
+                (miss, k)
+            })
+            .collect();
+        by_fit.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+        let pick = by_fit[rng.below(by_fit.len().min(3))].1;
+        let (model, task, samples) = tasks[pick].clone();
         let pipeline = model.contains("7b");
         let mut g = gpus[rng.below(gpus.len())];
         if pipeline {
