@@ -10,6 +10,7 @@ pub mod job;
 pub mod models;
 pub mod node;
 pub mod policy;
+pub mod trainer;
 pub mod validate;
 
 pub use ids::{GpuUuid, JobId, NodeId, UserName};

@@ -3,5 +3,6 @@
 //! reports telemetry on every heartbeat.
 
 pub mod config;
+pub mod driver;
 pub mod gpu;
 pub mod session;

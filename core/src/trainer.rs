@@ -1,0 +1,151 @@
+//! The training-process contract: what the node agent gives a trainer
+//! (environment variables, signals) and what a trainer reports back (JSON
+//! lines on a unix socket). `docs/trainer-contract.md` is the prose version;
+//! the agent, the fake trainer and the Python helper all follow these names.
+
+use serde::{Deserialize, Serialize};
+
+/// Environment variables the agent sets for every training process.
+pub mod env {
+    /// The job (or, for a spatial merge, the first job) this process serves.
+    pub const JOB_ID: &str = "FMSCHED_JOB_ID";
+    /// `profile` or `train`.
+    pub const MODE: &str = "FMSCHED_MODE";
+    /// JSON list of [`super::TaskAssignment`]: one task, or two for a
+    /// spatially merged (multi-task) process.
+    pub const TASKS: &str = "FMSCHED_TASKS";
+    /// Folder the trainer writes its checkpoints into (exists, writable).
+    pub const CHECKPOINT_DIR: &str = "FMSCHED_CHECKPOINT_DIR";
+    /// A checkpoint to resume from (unset = start fresh).
+    pub const RESUME_FROM: &str = "FMSCHED_RESUME_FROM";
+    /// Weights to start from instead of the pretrained model: the output of
+    /// the first job of a temporal merge (unset = the pretrained model).
+    pub const INIT_WEIGHTS: &str = "FMSCHED_INIT_WEIGHTS";
+    /// Where the final weights go.
+    pub const OUTPUT_DIR: &str = "FMSCHED_OUTPUT_DIR";
+    /// Unix socket path for [`Report`] lines.
+    pub const REPORT_SOCKET: &str = "FMSCHED_REPORT_SOCKET";
+    /// Checkpoint at least this often (seconds).
+    pub const CHECKPOINT_INTERVAL_S: &str = "FMSCHED_CHECKPOINT_INTERVAL_S";
+    /// Seconds the trainer has after SIGTERM before SIGKILL.
+    pub const GRACE_S: &str = "FMSCHED_GRACE_S";
+    /// Torchrun-compatible rank variables.
+    pub const WORLD_SIZE: &str = "WORLD_SIZE";
+    pub const RANK: &str = "RANK";
+    pub const LOCAL_RANK: &str = "LOCAL_RANK";
+    pub const LOCAL_WORLD_SIZE: &str = "LOCAL_WORLD_SIZE";
+    pub const MASTER_ADDR: &str = "MASTER_ADDR";
+    pub const MASTER_PORT: &str = "MASTER_PORT";
+    pub const CUDA_VISIBLE_DEVICES: &str = "CUDA_VISIBLE_DEVICES";
+}
+
+/// Signals of the contract (numbers are Linux's).
+pub mod signal {
+    /// Pre-warm the data loader of the next task (pipeline switch hint).
+    pub const PREWARM: i32 = 10; // SIGUSR1
+    /// Write a checkpoint now and report it; keep training.
+    pub const CHECKPOINT: i32 = 12; // SIGUSR2
+    /// Checkpoint and exit within the grace period.
+    pub const TERMINATE: i32 = 15; // SIGTERM
+}
+
+/// One task a process trains (two for a spatial merge).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TaskAssignment {
+    pub job_id: String,
+    pub model: String,
+    pub task: String,
+    pub dataset_uri: String,
+    pub global_batch_size: u32,
+    /// Stop after this many optimizer iterations (0 = no limit).
+    #[serde(default)]
+    pub max_iterations: u64,
+    /// Stop when this evaluation metric reaches `metric_target`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metric: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metric_target: Option<f64>,
+    /// Training samples per epoch, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub samples_per_epoch: Option<u64>,
+}
+
+/// One line a trainer writes to the report socket.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Report {
+    /// Training progress of one task.
+    Progress {
+        job_id: String,
+        iteration: u64,
+        samples: u64,
+        loss: f64,
+        /// Seconds of the last optimizer step.
+        step_time_s: f64,
+    },
+    /// An evaluation.
+    Eval {
+        job_id: String,
+        iteration: u64,
+        epoch: f64,
+        metric: String,
+        value: f64,
+    },
+    /// Task2Vec embedding (diagonal Fisher, twice), usually in profile mode.
+    Embedding {
+        job_id: String,
+        fisher: Vec<f64>,
+        fisher_repeat: Vec<f64>,
+    },
+    /// A checkpoint was written and is complete.
+    Checkpoint { path: String, iteration: u64 },
+    /// The data loader of the next task is ready (answer to PREWARM).
+    Prewarmed,
+    /// A task reached its target; its weights are at `output`.
+    Done { job_id: String, output: String },
+}
+
+impl Report {
+    /// Parses one line, naming what is wrong.
+    pub fn parse(line: &str) -> Result<Report, String> {
+        serde_json::from_str(line.trim()).map_err(|e| format!("bad report line: {e}"))
+    }
+
+    pub fn to_line(&self) -> String {
+        let mut s = serde_json::to_string(self).expect("reports serialise");
+        s.push('\n');
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reports_round_trip_as_json_lines() {
+        let r = Report::Progress {
+            job_id: "j".into(),
+            iteration: 10,
+            samples: 320,
+            loss: 1.5,
+            step_time_s: 0.2,
+        };
+        let line = r.to_line();
+        assert!(line.starts_with("{\"type\":\"progress\""), "{line}");
+        assert_eq!(Report::parse(&line).unwrap(), r);
+        assert!(
+            Report::parse("{\"type\":\"nope\"}")
+                .unwrap_err()
+                .contains("bad report line")
+        );
+        let c = Report::parse(r#"{"type":"checkpoint","path":"/c/1","iteration":3}"#).unwrap();
+        assert_eq!(
+            c,
+            Report::Checkpoint {
+                path: "/c/1".into(),
+                iteration: 3
+            }
+        );
+    }
+}

@@ -1,0 +1,477 @@
+//! `fake-trainer`: a FAKE training process for tests and demos. It needs no
+//! GPU and no model, but obeys fmsched's training-process contract
+//! (`docs/trainer-contract.md`) exactly:
+//!
+//! - reads its tasks, mode, checkpoint folder, resume path, initial weights
+//!   and ranks from the environment;
+//! - advances at the speed the throughput LUT (the shipped analytic
+//!   profiles) gives for its model, batch and GPU count, divided by a time
+//!   compression factor (`FMSCHED_FAKE_TIME_COMPRESSION`, default 1000: an
+//!   hour of training takes 3.6 s);
+//! - reports loss along a Ymir Eq. 3 curve with noise, an evaluation metric
+//!   every epoch, and in profile mode a Task2Vec-style embedding;
+//! - writes real checkpoint files (periodically, on SIGUSR2 and on SIGTERM)
+//!   and resumes from them where they stopped;
+//! - answers SIGUSR1 (pre-warm) with a `prewarmed` report;
+//! - exits 0 when every task reached its target, after writing its output.
+//!
+//! Test knobs: `FMSCHED_FAKE_IGNORE_SIGTERM=1` ignores SIGTERM (to test the
+//! agent's SIGKILL), `FMSCHED_FAKE_CRASH_AT=N` exits 3 at iteration N,
+//! `FMSCHED_FAKE_GPU_TYPE` (default V100), `FMSCHED_FAKE_PROFILE_STEPS`.
+
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use estimator_svc::analytic;
+use estimator_svc::lut::{Lut, Variant, packed_placement};
+use fmsched_core::trainer::{Report, TaskAssignment, env};
+use serde::{Deserialize, Serialize};
+use tokio::io::AsyncWriteExt;
+use tokio::signal::unix::{SignalKind, signal};
+
+/// Deterministic number in [0, 1) from a name.
+fn unit(name: &str) -> f64 {
+    let mut h = 0xcbf2_9ce4_8422_2325u64;
+    for b in name.bytes() {
+        h = (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3);
+    }
+    h ^= h >> 31;
+    h = h.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    (h >> 11) as f64 / (1u64 << 53) as f64
+}
+
+/// Per-task state, also what a checkpoint stores.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+struct TaskState {
+    job_id: String,
+    iteration: u64,
+    samples: u64,
+    done: bool,
+}
+
+#[derive(Debug, Serialize, Deserialize, PartialEq)]
+struct Checkpoint {
+    format: String,
+    tasks: Vec<TaskState>,
+    /// Transfer gain inherited from the initial weights (temporal merges).
+    gain: f64,
+}
+
+/// The synthetic learning behaviour of one task.
+struct Curve {
+    beta0: f64,
+    beta1: f64,
+    beta2: f64,
+    /// Iterations to half of the metric's headroom.
+    half: f64,
+    metric_max: f64,
+}
+
+impl Curve {
+    fn for_task(model: &str, task: &str) -> Curve {
+        let k = format!("{model}|{task}");
+        let beta1 = 1.0 / (1.0 + 1.5 * unit(&format!("{k}|a")));
+        let h = 100.0 + 900.0 * unit(&format!("{k}|h"));
+        Curve {
+            beta0: 0.1 + 0.3 * unit(&format!("{k}|floor")),
+            beta1,
+            beta2: beta1 / h,
+            half: h,
+            metric_max: 0.80 + 0.18 * unit(&format!("{k}|m")),
+        }
+    }
+
+    /// Ymir Eq. 3 with β3 = 0, scaled by the transfer gain: `L/(1+G)`.
+    fn loss(&self, k: f64, gain: f64) -> f64 {
+        (1.0 / (self.beta2 * k + self.beta1) + self.beta0) / (1.0 + gain)
+    }
+
+    /// A saturating metric that a positive gain reaches sooner.
+    fn metric(&self, k: f64, gain: f64) -> f64 {
+        let k = k * (1.0 + gain.max(-0.5));
+        0.5 + (self.metric_max - 0.5) * k / (k + self.half)
+    }
+}
+
+struct Trainer {
+    tasks: Vec<TaskAssignment>,
+    state: Vec<TaskState>,
+    curves: Vec<Curve>,
+    profile: bool,
+    gain: f64,
+    ckpt_dir: PathBuf,
+    out_dir: PathBuf,
+    seconds_per_iteration: f64,
+    samples_per_epoch: Vec<u64>,
+    reporter: Reporter,
+    noise: u64,
+}
+
+/// Writes report lines to the socket (or standard output without one).
+enum Reporter {
+    Socket(tokio::net::UnixStream),
+    Stdout,
+}
+
+impl Reporter {
+    async fn send(&mut self, r: &Report) {
+        let line = r.to_line();
+        match self {
+            Reporter::Socket(s) => {
+                if s.write_all(line.as_bytes()).await.is_err() {
+                    eprintln!("fake-trainer: report socket closed; reporting on stdout");
+                    *self = Reporter::Stdout;
+                    print!("{line}");
+                }
+            }
+            Reporter::Stdout => {
+                print!("{line}");
+                let _ = std::io::stdout().flush();
+            }
+        }
+    }
+}
+
+fn var(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.trim().is_empty())
+}
+
+fn write_atomic(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, bytes).with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("renaming to {}", path.display()))?;
+    Ok(())
+}
+
+impl Trainer {
+    fn next_noise(&mut self) -> f64 {
+        self.noise ^= self.noise << 13;
+        self.noise ^= self.noise >> 7;
+        self.noise ^= self.noise << 17;
+        (self.noise >> 11) as f64 / (1u64 << 53) as f64 - 0.5
+    }
+
+    async fn checkpoint(&mut self) -> anyhow::Result<()> {
+        let it = self.state.iter().map(|s| s.iteration).max().unwrap_or(0);
+        let path = self.ckpt_dir.join(format!("ckpt-{it:09}.json"));
+        let c = Checkpoint {
+            format: "fmsched-fake-trainer/1".into(),
+            tasks: self.state.clone(),
+            gain: self.gain,
+        };
+        write_atomic(&path, &serde_json::to_vec_pretty(&c)?)?;
+        self.reporter
+            .send(&Report::Checkpoint {
+                path: path.display().to_string(),
+                iteration: it,
+            })
+            .await;
+        Ok(())
+    }
+
+    /// Advances by `steps` joint iterations; returns true when all tasks are done.
+    async fn advance(&mut self, steps: u64, crash_at: Option<u64>) -> anyhow::Result<bool> {
+        let total_epoch: u64 = self.samples_per_epoch.iter().sum();
+        for i in 0..self.tasks.len() {
+            if self.state[i].done {
+                continue;
+            }
+            // A joint (spatial) process samples both datasets in proportion.
+            let batch = u64::from(self.tasks[i].global_batch_size);
+            let share = if self.tasks.len() > 1 {
+                self.samples_per_epoch[i] as f64 / total_epoch as f64
+            } else {
+                1.0
+            };
+            let before_epoch = self.state[i].samples / self.samples_per_epoch[i];
+            self.state[i].iteration += steps;
+            let joint_batch: u64 = self
+                .tasks
+                .iter()
+                .map(|t| u64::from(t.global_batch_size))
+                .sum();
+            self.state[i].samples += if self.tasks.len() > 1 {
+                (steps as f64 * joint_batch as f64 * share).round() as u64
+            } else {
+                steps * batch
+            };
+            if let Some(c) = crash_at
+                && self.state[i].iteration >= c
+            {
+                eprintln!(
+                    "fake-trainer: simulated crash at iteration {}",
+                    self.state[i].iteration
+                );
+                std::process::exit(3);
+            }
+            let k = self.state[i].iteration as f64;
+            let noise = 1.0 + 0.03 * self.next_noise();
+            let loss = self.curves[i].loss(k, self.gain) * noise;
+            let report = Report::Progress {
+                job_id: self.tasks[i].job_id.clone(),
+                iteration: self.state[i].iteration,
+                samples: self.state[i].samples,
+                loss,
+                step_time_s: self.seconds_per_iteration,
+            };
+            self.reporter.send(&report).await;
+            let epoch = self.state[i].samples / self.samples_per_epoch[i];
+            let max_it = self.tasks[i].max_iterations;
+            let mut reached = max_it > 0 && self.state[i].iteration >= max_it;
+            if epoch > before_epoch && !self.profile {
+                let value = self.curves[i].metric(k, self.gain);
+                let metric = self.tasks[i]
+                    .metric
+                    .clone()
+                    .unwrap_or_else(|| "accuracy".into());
+                self.reporter
+                    .send(&Report::Eval {
+                        job_id: self.tasks[i].job_id.clone(),
+                        iteration: self.state[i].iteration,
+                        epoch: self.state[i].samples as f64 / self.samples_per_epoch[i] as f64,
+                        metric,
+                        value,
+                    })
+                    .await;
+                if let Some(t) = self.tasks[i].metric_target {
+                    reached |= value >= t;
+                }
+            }
+            if reached && !self.profile {
+                self.state[i].done = true;
+                let dir = self.out_dir.join(&self.tasks[i].job_id);
+                std::fs::create_dir_all(&dir)
+                    .with_context(|| format!("creating {}", dir.display()))?;
+                let out = dir.join("weights.json");
+                write_atomic(&out, &serde_json::to_vec_pretty(&self.state[i])?)?;
+                self.reporter
+                    .send(&Report::Done {
+                        job_id: self.tasks[i].job_id.clone(),
+                        output: out.display().to_string(),
+                    })
+                    .await;
+            }
+        }
+        Ok(self.state.iter().all(|s| s.done))
+    }
+}
+
+fn embedding(task: &TaskAssignment, repeat: bool) -> Vec<f64> {
+    // Tasks of one family share most of their Fisher mass; a small
+    // per-task and per-draw perturbation separates them.
+    (0..64)
+        .map(|d| {
+            let base = 0.2 + unit(&format!("{}|dim{d}", task.model));
+            let own = 0.5 * unit(&format!("{}|{}|dim{d}", task.model, task.task));
+            let draw = 0.02 * unit(&format!("{}|{}|dim{d}|{repeat}", task.model, task.task));
+            base + own + draw
+        })
+        .collect()
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() {
+    if let Err(e) = run().await {
+        eprintln!("fake-trainer: {e:#}");
+        std::process::exit(2);
+    }
+}
+
+async fn run() -> anyhow::Result<()> {
+    let tasks_json = var(env::TASKS)
+        .with_context(|| format!("{} is not set (see docs/trainer-contract.md)", env::TASKS))?;
+    let tasks: Vec<TaskAssignment> = serde_json::from_str(&tasks_json)
+        .with_context(|| format!("{}: not a JSON list of tasks", env::TASKS))?;
+    if tasks.is_empty() || tasks.len() > 2 {
+        bail!(
+            "{}: one task, or two for a spatial merge; got {}",
+            env::TASKS,
+            tasks.len()
+        );
+    }
+    let profile = match var(env::MODE).as_deref() {
+        Some("profile") => true,
+        Some("train") | None => false,
+        Some(o) => bail!("{}: {o:?} is neither profile nor train", env::MODE),
+    };
+    let ckpt_dir = PathBuf::from(
+        var(env::CHECKPOINT_DIR).with_context(|| format!("{} is not set", env::CHECKPOINT_DIR))?,
+    );
+    std::fs::create_dir_all(&ckpt_dir)
+        .with_context(|| format!("creating {}", ckpt_dir.display()))?;
+    let out_dir = var(env::OUTPUT_DIR)
+        .map(PathBuf::from)
+        .unwrap_or_else(|| ckpt_dir.join("output"));
+    let world: u32 = var(env::WORLD_SIZE)
+        .and_then(|w| w.parse().ok())
+        .unwrap_or(1)
+        .max(1);
+    let compression: f64 = var("FMSCHED_FAKE_TIME_COMPRESSION")
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(1000.0);
+    let gpu = analytic::gpu_family(&var("FMSCHED_FAKE_GPU_TYPE").unwrap_or_else(|| "V100".into()));
+    let crash_at: Option<u64> = var("FMSCHED_FAKE_CRASH_AT").and_then(|c| c.parse().ok());
+    let ignore_term = var("FMSCHED_FAKE_IGNORE_SIGTERM").is_some_and(|v| v == "1");
+    let interval = Duration::from_secs_f64(
+        var(env::CHECKPOINT_INTERVAL_S)
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(60.0),
+    );
+
+    // Speed from the LUT: the joint batch of all tasks on `world` GPUs.
+    let lut: Lut = analytic::default_lut()?;
+    let model = tasks[0].model.clone();
+    let batch: u32 = tasks.iter().map(|t| t.global_batch_size.max(1)).sum();
+    let layers = analytic::layers_of(&model).unwrap_or(12);
+    let it = lut
+        .iteration_time_on(
+            &model,
+            &gpu,
+            &packed_placement(world, 4),
+            batch,
+            &Variant::base(),
+            layers,
+        )
+        .or_else(|_| {
+            lut.iteration_time_on(
+                "roberta-base",
+                &gpu,
+                &packed_placement(world, 4),
+                batch,
+                &Variant::base(),
+                12,
+            )
+        })
+        .context("throughput lookup")?;
+    let seconds_per_iteration = it.seconds;
+
+    let mut state: Vec<TaskState> = tasks
+        .iter()
+        .map(|t| TaskState {
+            job_id: t.job_id.clone(),
+            iteration: 0,
+            samples: 0,
+            done: false,
+        })
+        .collect();
+    // Temporal transfer: the initial weights carry a gain.
+    let mut gain = 0.0;
+    if let Some(init) = var(env::INIT_WEIGHTS) {
+        let text = std::fs::read_to_string(&init)
+            .with_context(|| format!("{}: reading {init}", env::INIT_WEIGHTS))?;
+        let from: TaskState = serde_json::from_str(&text)
+            .with_context(|| format!("{}: {init} is not fake weights", env::INIT_WEIGHTS))?;
+        gain = 0.6 * unit(&format!("{}->{}", from.job_id, tasks[0].task)) - 0.1;
+    }
+    if let Some(resume) = var(env::RESUME_FROM) {
+        let text = std::fs::read_to_string(&resume)
+            .with_context(|| format!("{}: reading {resume}", env::RESUME_FROM))?;
+        let c: Checkpoint = serde_json::from_str(&text)
+            .with_context(|| format!("{}: {resume} is not a checkpoint", env::RESUME_FROM))?;
+        for s in c.tasks {
+            if let Some(mine) = state.iter_mut().find(|m| m.job_id == s.job_id) {
+                *mine = s;
+            }
+        }
+        gain = c.gain;
+        eprintln!(
+            "fake-trainer: resumed from {resume} at iteration {}",
+            state[0].iteration
+        );
+    }
+    let reporter = match var(env::REPORT_SOCKET) {
+        Some(p) => match tokio::net::UnixStream::connect(&p).await {
+            Ok(s) => Reporter::Socket(s),
+            Err(e) => {
+                eprintln!("fake-trainer: cannot connect {p}: {e}; reporting on stdout");
+                Reporter::Stdout
+            }
+        },
+        None => Reporter::Stdout,
+    };
+    let samples_per_epoch: Vec<u64> = tasks
+        .iter()
+        .map(|t| {
+            t.samples_per_epoch
+                .unwrap_or(u64::from(t.global_batch_size.max(1)) * 100)
+                .max(1)
+        })
+        .collect();
+    let curves = tasks
+        .iter()
+        .map(|t| Curve::for_task(&t.model, &t.task))
+        .collect();
+    let mut tr = Trainer {
+        noise: 0x2545_F491_4F6C_DD1D ^ state[0].iteration.wrapping_mul(0x9E37),
+        tasks,
+        state,
+        curves,
+        profile,
+        gain,
+        ckpt_dir,
+        out_dir,
+        seconds_per_iteration,
+        samples_per_epoch,
+        reporter,
+    };
+
+    let mut usr1 = signal(SignalKind::user_defined1())?;
+    let mut usr2 = signal(SignalKind::user_defined2())?;
+    let mut term = signal(SignalKind::terminate())?;
+    // Wall seconds per iteration after compression; steps are taken in
+    // ticks of at least 20 ms so a fast job does not busy-loop.
+    let wall_per_it = (seconds_per_iteration / compression).max(1e-6);
+    let tick = Duration::from_secs_f64(wall_per_it.max(0.02));
+    let steps_per_tick = ((tick.as_secs_f64() / wall_per_it).round() as u64).max(1);
+    let profile_steps: u64 = var("FMSCHED_FAKE_PROFILE_STEPS")
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(50);
+    let mut profiled = 0u64;
+    let mut last_ckpt = Instant::now();
+    let mut ticker = tokio::time::interval(tick);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = ticker.tick() => {
+                let done = tr.advance(steps_per_tick, crash_at).await?;
+                if tr.profile {
+                    profiled += steps_per_tick;
+                    if profiled >= profile_steps {
+                        for t in tr.tasks.clone() {
+                            tr.reporter.send(&Report::Embedding {
+                                job_id: t.job_id.clone(),
+                                fisher: embedding(&t, false),
+                                fisher_repeat: embedding(&t, true),
+                            }).await;
+                        }
+                        return Ok(());
+                    }
+                } else if done {
+                    tr.checkpoint().await?;
+                    return Ok(());
+                }
+                if !tr.profile && last_ckpt.elapsed() >= interval {
+                    tr.checkpoint().await?;
+                    last_ckpt = Instant::now();
+                }
+            }
+            _ = usr1.recv() => tr.reporter.send(&Report::Prewarmed).await,
+            _ = usr2.recv() => {
+                tr.checkpoint().await?;
+                last_ckpt = Instant::now();
+            }
+            _ = term.recv() => {
+                if ignore_term {
+                    eprintln!("fake-trainer: ignoring SIGTERM (test knob)");
+                    continue;
+                }
+                if !tr.profile {
+                    tr.checkpoint().await?;
+                }
+                return Ok(());
+            }
+        }
+    }
+}

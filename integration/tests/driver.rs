@@ -1,0 +1,217 @@
+//! The agent's process driver with the FAKE trainer binary: launch,
+//! checkpoint-and-suspend, resume where it stopped, pre-warm, profile mode,
+//! completion, and SIGKILL for a trainer that ignores SIGTERM.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use fmsched_core::trainer::TaskAssignment;
+use fmsched_integration::bin;
+use node_agent::driver::{DriverConfig, LaunchSpec, ProcessDriver};
+
+fn driver(dir: &std::path::Path, grace_ms: u64) -> ProcessDriver {
+    ProcessDriver::new(DriverConfig {
+        work_dir: dir.to_path_buf(),
+        checkpoint_timeout: Duration::from_secs(2),
+        grace: Duration::from_millis(grace_ms),
+        checkpoint_interval: Duration::from_secs(3600),
+    })
+}
+
+fn spec(id: &str, max_iterations: u64, env: &[(&str, &str)]) -> LaunchSpec {
+    let mut e: BTreeMap<String, String> = env
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    e.entry("FMSCHED_FAKE_TIME_COMPRESSION".into())
+        .or_insert_with(|| "100".into());
+    LaunchSpec {
+        id: id.into(),
+        command: vec![bin("fake-trainer").display().to_string()],
+        env: e,
+        profile: false,
+        tasks: vec![TaskAssignment {
+            job_id: id.into(),
+            model: "roberta-base".into(),
+            task: "rte".into(),
+            dataset_uri: "file:///data/rte".into(),
+            global_batch_size: 32,
+            max_iterations,
+            metric: Some("accuracy".into()),
+            metric_target: None,
+            samples_per_epoch: Some(3200),
+        }],
+        gpus: vec![0],
+        resume_from: None,
+        init_weights: None,
+        world_size: 1,
+        node_rank_offset: 0,
+        master_addr: "127.0.0.1".into(),
+        master_port: 29500,
+    }
+}
+
+async fn wait_for(what: &str, timeout: Duration, mut f: impl AsyncFnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !f().await {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test]
+async fn suspend_and_resume_keep_progress() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = driver(tmp.path(), 2000);
+    let s = spec("job-a", 1_000_000, &[]);
+    let t0 = Instant::now();
+    d.launch(&s).await.unwrap();
+    // A repeated plan launches nothing new.
+    let started = d.status("job-a").await.unwrap().started;
+    d.launch(&s).await.unwrap();
+    assert_eq!(
+        d.status("job-a").await.unwrap().started,
+        started,
+        "launch is idempotent"
+    );
+    wait_for("first progress", Duration::from_secs(10), async || {
+        d.status("job-a")
+            .await
+            .unwrap()
+            .observed
+            .progress
+            .get("job-a")
+            .is_some_and(|p| p.0 >= 100)
+    })
+    .await;
+    eprintln!("launch to first progress report: {:?}", t0.elapsed());
+    let t1 = Instant::now();
+    let (ckpt, at) = d
+        .suspend("job-a")
+        .await
+        .unwrap()
+        .expect("a checkpoint was written");
+    let suspend_took = t1.elapsed();
+    assert!(at >= 100, "checkpoint at iteration {at}");
+    assert!(ckpt.exists(), "{} exists", ckpt.display());
+    let st = d.status("job-a").await.unwrap();
+    assert!(!st.running && st.exit_code == Some(0), "{st:?}");
+    // Resume from the checkpoint: progress continues from `at`.
+    let t2 = Instant::now();
+    d.launch(&LaunchSpec {
+        resume_from: Some(ckpt.clone()),
+        ..s.clone()
+    })
+    .await
+    .unwrap();
+    wait_for(
+        "progress after resume",
+        Duration::from_secs(10),
+        async || {
+            d.status("job-a")
+                .await
+                .unwrap()
+                .observed
+                .progress
+                .contains_key("job-a")
+        },
+    )
+    .await;
+    let first = d.status("job-a").await.unwrap().observed.progress["job-a"].0;
+    assert!(first > at, "resumed at {first}, checkpoint was {at}");
+    eprintln!(
+        "suspend {suspend_took:?}, resume to first report {:?}",
+        t2.elapsed()
+    );
+    d.suspend("job-a").await.unwrap();
+}
+
+#[tokio::test]
+async fn a_trainer_that_ignores_sigterm_is_killed_after_the_grace() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = driver(tmp.path(), 300);
+    d.launch(&spec(
+        "stubborn",
+        1_000_000,
+        &[("FMSCHED_FAKE_IGNORE_SIGTERM", "1")],
+    ))
+    .await
+    .unwrap();
+    wait_for("progress", Duration::from_secs(10), async || {
+        d.status("stubborn")
+            .await
+            .unwrap()
+            .observed
+            .progress
+            .contains_key("stubborn")
+    })
+    .await;
+    let t = Instant::now();
+    let ckpt = d.suspend("stubborn").await.unwrap();
+    assert!(
+        t.elapsed() >= Duration::from_millis(300),
+        "waited out the grace"
+    );
+    assert!(ckpt.is_some(), "SIGUSR2 still produced a checkpoint");
+    let st = d.status("stubborn").await.unwrap();
+    assert!(!st.running, "killed");
+    assert_eq!(
+        st.exit_code, None,
+        "ended by a signal (SIGKILL), not by exiting"
+    );
+}
+
+#[tokio::test]
+async fn prewarm_profile_and_completion() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = driver(tmp.path(), 2000);
+    // Pre-warm reaches a running trainer.
+    d.launch(&spec("warm", 1_000_000, &[])).await.unwrap();
+    wait_for("progress", Duration::from_secs(10), async || {
+        d.status("warm")
+            .await
+            .unwrap()
+            .observed
+            .progress
+            .contains_key("warm")
+    })
+    .await;
+    d.prewarm("warm").await.unwrap();
+    wait_for("prewarmed report", Duration::from_secs(5), async || {
+        d.status("warm").await.unwrap().observed.prewarmed
+    })
+    .await;
+    d.suspend("warm").await.unwrap();
+
+    // Profile mode: a Task2Vec embedding, then exit 0.
+    d.launch(&LaunchSpec {
+        profile: true,
+        ..spec("prof", 0, &[("FMSCHED_FAKE_PROFILE_STEPS", "20")])
+    })
+    .await
+    .unwrap();
+    let st = d.wait("prof", Duration::from_secs(10)).await.unwrap();
+    assert_eq!(st.exit_code, Some(0), "{st:?}");
+    let (f, f2) = &st.observed.embeddings["prof"];
+    assert_eq!(f.len(), f2.len());
+    assert!(f.iter().all(|x| x.is_finite() && *x >= 0.0));
+
+    // A job with a small budget completes and leaves its output.
+    d.launch(&spec("short", 300, &[])).await.unwrap();
+    let st = d.wait("short", Duration::from_secs(20)).await.unwrap();
+    assert_eq!(st.exit_code, Some(0), "{st:?}");
+    let out = &st.observed.done["short"];
+    assert!(std::path::Path::new(out).exists(), "{out}");
+    assert!(!st.observed.evals.is_empty(), "evaluated every epoch");
+}
+
+#[tokio::test]
+async fn a_bad_command_is_a_clear_error() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = driver(tmp.path(), 100);
+    let mut s = spec("nope", 10, &[]);
+    s.command = vec!["/no/such/trainer".into()];
+    let e = d.launch(&s).await.unwrap_err().to_string();
+    assert!(e.contains("nope") && e.contains("/no/such/trainer"), "{e}");
+    assert!(d.suspend("never-started").await.is_err());
+}

@@ -1,0 +1,400 @@
+//! The process driver: runs training processes under the trainer contract
+//! (`docs/trainer-contract.md`, `fmsched_core::trainer`) and controls them
+//! with the contract's signals.
+//!
+//! - **launch** — the command runs in its own process group (so signals
+//!   reach the whole tree: torchrun and its workers), with the contract's
+//!   environment, `CUDA_VISIBLE_DEVICES` from the plan, torchrun rank
+//!   variables, stdout/stderr to files in the task's folder, and a unix
+//!   socket the trainer reports JSON lines on. Launching a task that runs
+//!   already does nothing (plans are repeated; every step is idempotent).
+//! - **suspend** — SIGUSR2 (checkpoint now), wait for the `checkpoint`
+//!   report or `checkpoint_timeout`, then SIGTERM, then SIGKILL after
+//!   `grace`. Returns the newest checkpoint, which a later launch resumes.
+//! - **prewarm** — SIGUSR1: the next task's data loader gets ready before
+//!   its GPUs free up (Ymir §6.2).
+//! - **observe** — what the reports said and whether the process lives.
+//!
+//! The driver owns no scheduling decisions; the agent's reconciler tells it
+//! what to run.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use fmsched_core::trainer::{Report, TaskAssignment, env, signal};
+use tokio::io::AsyncBufReadExt;
+use tokio::process::{Child, Command};
+
+/// What to run.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LaunchSpec {
+    /// Key of the process on this node (a job id, or the merge's id).
+    pub id: String,
+    pub command: Vec<String>,
+    pub env: BTreeMap<String, String>,
+    pub profile: bool,
+    pub tasks: Vec<TaskAssignment>,
+    /// GPU indices on this node.
+    pub gpus: Vec<u32>,
+    pub resume_from: Option<PathBuf>,
+    pub init_weights: Option<PathBuf>,
+    /// Rank layout of a multi-node job (this node's rank 0 and the total).
+    pub world_size: u32,
+    pub node_rank_offset: u32,
+    pub master_addr: String,
+    pub master_port: u16,
+}
+
+#[derive(Clone, Debug)]
+pub struct DriverConfig {
+    /// Each process gets `work_dir/<id>/` (checkpoints, logs, socket).
+    pub work_dir: PathBuf,
+    pub checkpoint_timeout: Duration,
+    pub grace: Duration,
+    pub checkpoint_interval: Duration,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DriverError {
+    #[error("task {id}: {message}")]
+    Launch { id: String, message: String },
+    #[error("task {0} is not running on this node")]
+    NotRunning(String),
+}
+
+/// What the reports of a process said.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Observed {
+    /// Per job: (iteration, samples, loss).
+    pub progress: BTreeMap<String, (u64, u64, f64)>,
+    pub step_time_s: Option<f64>,
+    /// Per job: (iteration, epoch, metric, value), in order.
+    pub evals: Vec<(String, u64, f64, String, f64)>,
+    pub embeddings: BTreeMap<String, (Vec<f64>, Vec<f64>)>,
+    pub last_checkpoint: Option<(PathBuf, u64)>,
+    pub prewarmed: bool,
+    /// Jobs that reached their target, with their output path.
+    pub done: BTreeMap<String, String>,
+    pub bad_lines: u64,
+}
+
+/// A process's state as the agent reports it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ProcessStatus {
+    pub running: bool,
+    /// Exit code once it ended (None while running or when killed by a signal).
+    pub exit_code: Option<i32>,
+    pub observed: Observed,
+    pub started: Instant,
+    pub dir: PathBuf,
+}
+
+struct Running {
+    child: Child,
+    pgid: i32,
+    observed: Arc<Mutex<Observed>>,
+    started: Instant,
+    dir: PathBuf,
+    exit: Option<std::process::ExitStatus>,
+    reader: tokio::task::JoinHandle<()>,
+}
+
+/// Runs and controls this node's training processes.
+pub struct ProcessDriver {
+    cfg: DriverConfig,
+    procs: tokio::sync::Mutex<BTreeMap<String, Running>>,
+}
+
+fn send_signal(pgid: i32, sig: i32) {
+    // SAFETY: kill(2) with a negative pid signals the process group; no
+    // memory is touched.
+    unsafe {
+        libc::kill(-pgid, sig);
+    }
+}
+
+fn lock(o: &Mutex<Observed>) -> std::sync::MutexGuard<'_, Observed> {
+    o.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn apply(o: &Mutex<Observed>, r: Report) {
+    let mut o = lock(o);
+    match r {
+        Report::Progress {
+            job_id,
+            iteration,
+            samples,
+            loss,
+            step_time_s,
+        } => {
+            o.progress.insert(job_id, (iteration, samples, loss));
+            o.step_time_s = Some(step_time_s);
+        }
+        Report::Eval {
+            job_id,
+            iteration,
+            epoch,
+            metric,
+            value,
+        } => o.evals.push((job_id, iteration, epoch, metric, value)),
+        Report::Embedding {
+            job_id,
+            fisher,
+            fisher_repeat,
+        } => {
+            o.embeddings.insert(job_id, (fisher, fisher_repeat));
+        }
+        Report::Checkpoint { path, iteration } => {
+            o.last_checkpoint = Some((PathBuf::from(path), iteration))
+        }
+        Report::Prewarmed => o.prewarmed = true,
+        Report::Done { job_id, output } => {
+            o.done.insert(job_id, output);
+        }
+    }
+}
+
+impl ProcessDriver {
+    pub fn new(cfg: DriverConfig) -> Self {
+        Self {
+            cfg,
+            procs: tokio::sync::Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    fn dir_of(&self, id: &str) -> PathBuf {
+        // Ids come from the scheduler; keep them to one path component.
+        let safe: String = id
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.' {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect();
+        self.cfg.work_dir.join(safe)
+    }
+
+    /// Starts `spec` unless it runs already (idempotent).
+    pub async fn launch(&self, spec: &LaunchSpec) -> Result<(), DriverError> {
+        let err = |m: String| DriverError::Launch {
+            id: spec.id.clone(),
+            message: m,
+        };
+        let mut procs = self.procs.lock().await;
+        if let Some(r) = procs.get_mut(&spec.id) {
+            if r.child.try_wait().ok().flatten().is_none() && r.exit.is_none() {
+                return Ok(());
+            }
+            procs.remove(&spec.id);
+        }
+        if spec.command.is_empty() {
+            return Err(err("the launch command is empty".into()));
+        }
+        let dir = self.dir_of(&spec.id);
+        let ckpt = dir.join("checkpoints");
+        std::fs::create_dir_all(&ckpt)
+            .map_err(|e| err(format!("creating {}: {e}", ckpt.display())))?;
+        let sock = dir.join("report.sock");
+        let _ = std::fs::remove_file(&sock);
+        let listener = tokio::net::UnixListener::bind(&sock)
+            .map_err(|e| err(format!("binding {}: {e}", sock.display())))?;
+        let open = |name: &str| {
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(dir.join(name))
+                .map_err(|e| err(format!("opening {name}: {e}")))
+        };
+        let (stdout, stderr) = (open("stdout.log")?, open("stderr.log")?);
+        let tasks = serde_json::to_string(&spec.tasks).map_err(|e| err(e.to_string()))?;
+        let gpus: Vec<String> = spec.gpus.iter().map(u32::to_string).collect();
+        let mut cmd = Command::new(&spec.command[0]);
+        cmd.args(&spec.command[1..])
+            .envs(&spec.env)
+            .env(
+                env::JOB_ID,
+                spec.tasks
+                    .first()
+                    .map_or(spec.id.as_str(), |t| t.job_id.as_str()),
+            )
+            .env(env::MODE, if spec.profile { "profile" } else { "train" })
+            .env(env::TASKS, tasks)
+            .env(env::CHECKPOINT_DIR, &ckpt)
+            .env(env::OUTPUT_DIR, dir.join("output"))
+            .env(env::REPORT_SOCKET, &sock)
+            .env(
+                env::CHECKPOINT_INTERVAL_S,
+                self.cfg.checkpoint_interval.as_secs_f64().to_string(),
+            )
+            .env(env::GRACE_S, self.cfg.grace.as_secs_f64().to_string())
+            .env(env::CUDA_VISIBLE_DEVICES, gpus.join(","))
+            .env(
+                env::WORLD_SIZE,
+                spec.world_size.max(gpus.len() as u32).max(1).to_string(),
+            )
+            .env(env::RANK, spec.node_rank_offset.to_string())
+            .env(env::LOCAL_RANK, "0")
+            .env(env::LOCAL_WORLD_SIZE, gpus.len().max(1).to_string())
+            .env(env::MASTER_ADDR, &spec.master_addr)
+            .env(env::MASTER_PORT, spec.master_port.to_string())
+            .env_remove(env::RESUME_FROM)
+            .env_remove(env::INIT_WEIGHTS)
+            .stdin(std::process::Stdio::null())
+            .stdout(stdout)
+            .stderr(stderr)
+            .process_group(0)
+            .kill_on_drop(false);
+        if let Some(r) = &spec.resume_from {
+            cmd.env(env::RESUME_FROM, r);
+        }
+        if let Some(w) = &spec.init_weights {
+            cmd.env(env::INIT_WEIGHTS, w);
+        }
+        let child = cmd
+            .spawn()
+            .map_err(|e| err(format!("starting {:?}: {e}", spec.command[0])))?;
+        let pgid = child
+            .id()
+            .map(|p| p as i32)
+            .ok_or_else(|| err("the process exited at once".into()))?;
+        let observed = Arc::new(Mutex::new(Observed::default()));
+        let obs = observed.clone();
+        // Every connection's lines are reports; a malformed line is counted.
+        let reader = tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let obs = obs.clone();
+                tokio::spawn(async move {
+                    let mut lines = tokio::io::BufReader::new(stream).lines();
+                    while let Ok(Some(line)) = lines.next_line().await {
+                        match Report::parse(&line) {
+                            Ok(r) => apply(&obs, r),
+                            Err(_) => lock(&obs).bad_lines += 1,
+                        }
+                    }
+                });
+            }
+        });
+        tracing::info!(task = %spec.id, pgid, gpus = ?spec.gpus, resume = ?spec.resume_from, "launched");
+        procs.insert(
+            spec.id.clone(),
+            Running {
+                child,
+                pgid,
+                observed,
+                started: Instant::now(),
+                dir,
+                exit: None,
+                reader,
+            },
+        );
+        Ok(())
+    }
+
+    /// Checkpoints and stops a process (see the module docs); returns its
+    /// newest checkpoint. Suspending a process that is not running returns
+    /// the checkpoint it left, if any (idempotent).
+    pub async fn suspend(&self, id: &str) -> Result<Option<(PathBuf, u64)>, DriverError> {
+        let mut procs = self.procs.lock().await;
+        let r = procs
+            .get_mut(id)
+            .ok_or_else(|| DriverError::NotRunning(id.to_string()))?;
+        if r.child.try_wait().ok().flatten().is_none() {
+            let before = lock(&r.observed).last_checkpoint.clone();
+            send_signal(r.pgid, signal::CHECKPOINT);
+            let deadline = Instant::now() + self.cfg.checkpoint_timeout;
+            while Instant::now() < deadline && lock(&r.observed).last_checkpoint == before {
+                if r.child.try_wait().ok().flatten().is_some() {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            send_signal(r.pgid, signal::TERMINATE);
+            match tokio::time::timeout(self.cfg.grace, r.child.wait()).await {
+                Ok(Ok(status)) => r.exit = Some(status),
+                _ => {
+                    tracing::warn!(task = id, grace = ?self.cfg.grace, "no exit after SIGTERM; killing the process group");
+                    send_signal(r.pgid, libc::SIGKILL);
+                    r.exit = r.child.wait().await.ok();
+                }
+            }
+            // The trainer may have written a checkpoint on SIGTERM: let the
+            // reader see its last lines.
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        r.reader.abort();
+        Ok(lock(&r.observed).last_checkpoint.clone())
+    }
+
+    /// Sends the pre-warm hint (SIGUSR1).
+    pub async fn prewarm(&self, id: &str) -> Result<(), DriverError> {
+        let procs = self.procs.lock().await;
+        let r = procs
+            .get(id)
+            .ok_or_else(|| DriverError::NotRunning(id.to_string()))?;
+        send_signal(r.pgid, signal::PREWARM);
+        Ok(())
+    }
+
+    /// The process's status and what it reported.
+    pub async fn status(&self, id: &str) -> Option<ProcessStatus> {
+        let mut procs = self.procs.lock().await;
+        let r = procs.get_mut(id)?;
+        if r.exit.is_none()
+            && let Ok(Some(s)) = r.child.try_wait()
+        {
+            r.exit = Some(s);
+        }
+        Some(ProcessStatus {
+            running: r.exit.is_none(),
+            exit_code: r.exit.and_then(|s| s.code()),
+            observed: lock(&r.observed).clone(),
+            started: r.started,
+            dir: r.dir.clone(),
+        })
+    }
+
+    /// Ids of the processes the driver knows.
+    pub async fn ids(&self) -> Vec<String> {
+        self.procs.lock().await.keys().cloned().collect()
+    }
+
+    /// Waits until `id` ends (or `timeout`); returns its status.
+    pub async fn wait(&self, id: &str, timeout: Duration) -> Option<ProcessStatus> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let s = self.status(id).await?;
+            if !s.running || Instant::now() >= deadline {
+                return Some(s);
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
+
+impl Drop for ProcessDriver {
+    fn drop(&mut self) {
+        // Processes outlive the agent on purpose (a restarted agent adopts
+        // them); only the report readers stop here.
+        if let Ok(procs) = self.procs.try_lock() {
+            for r in procs.values() {
+                r.reader.abort();
+            }
+        }
+    }
+}
+
+/// The folder a task's files live in (for tests and operators).
+pub fn task_dir(work_dir: &Path, id: &str) -> PathBuf {
+    ProcessDriver::new(DriverConfig {
+        work_dir: work_dir.to_path_buf(),
+        checkpoint_timeout: Duration::ZERO,
+        grace: Duration::ZERO,
+        checkpoint_interval: Duration::ZERO,
+    })
+    .dir_of(id)
+}
