@@ -28,6 +28,35 @@ pub struct AgentConfig {
     pub gpu: GpuConfig,
     pub tls: ClientTlsConfig,
     pub log: LogConfig,
+    pub processes: ProcessConfig,
+}
+
+/// `[processes]`: how training processes are run (docs/trainer-contract.md).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ProcessConfig {
+    /// Each process gets a folder here (checkpoints, logs, report socket).
+    pub work_dir: PathBuf,
+    /// How long to wait for the checkpoint a suspension asks for.
+    #[serde(with = "humantime_serde")]
+    pub checkpoint_timeout: Duration,
+    /// Seconds between SIGTERM and SIGKILL.
+    #[serde(with = "humantime_serde")]
+    pub grace: Duration,
+    /// Trainers checkpoint at least this often.
+    #[serde(with = "humantime_serde")]
+    pub checkpoint_interval: Duration,
+}
+
+impl Default for ProcessConfig {
+    fn default() -> Self {
+        Self {
+            work_dir: PathBuf::from("/var/lib/fmsched/agent"),
+            checkpoint_timeout: Duration::from_secs(120),
+            grace: Duration::from_secs(30),
+            checkpoint_interval: Duration::from_secs(600),
+        }
+    }
 }
 
 impl Default for AgentConfig {
@@ -42,6 +71,7 @@ impl Default for AgentConfig {
             gpu: GpuConfig::default(),
             tls: ClientTlsConfig::default(),
             log: LogConfig::default(),
+            processes: ProcessConfig::default(),
         }
     }
 }

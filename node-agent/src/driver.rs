@@ -83,6 +83,7 @@ pub struct Observed {
 /// A process's state as the agent reports it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ProcessStatus {
+    pub pid: u32,
     pub running: bool,
     /// Exit code once it ended (None while running or when killed by a signal).
     pub exit_code: Option<i32>,
@@ -350,6 +351,7 @@ impl ProcessDriver {
             r.exit = Some(s);
         }
         Some(ProcessStatus {
+            pid: r.pgid as u32,
             running: r.exit.is_none(),
             exit_code: r.exit.and_then(|s| s.code()),
             observed: lock(&r.observed).clone(),

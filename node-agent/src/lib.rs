@@ -5,4 +5,5 @@
 pub mod config;
 pub mod driver;
 pub mod gpu;
+pub mod reconcile;
 pub mod session;

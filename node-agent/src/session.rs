@@ -17,7 +17,9 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 
 use crate::config::AgentConfig;
+use crate::driver::{DriverConfig, ProcessDriver};
 use crate::gpu::GpuBackend;
+use crate::reconcile::Reconciler;
 
 /// Exponential backoff with "equal jitter": half the delay fixed, half random,
 /// so a fleet of agents restarting together does not reconnect in lockstep.
@@ -67,18 +69,32 @@ pub struct Agent {
     join_token: Secret,
     gpus: Arc<dyn GpuBackend>,
     applied_generation: AtomicI64,
+    reconciler: Arc<Reconciler>,
 }
 
 impl Agent {
     pub fn new(cfg: AgentConfig, join_token: Secret, gpus: Arc<dyn GpuBackend>) -> Self {
         let node_id = cfg.resolved_node_id();
+        let driver = Arc::new(ProcessDriver::new(DriverConfig {
+            work_dir: cfg.processes.work_dir.clone(),
+            checkpoint_timeout: cfg.processes.checkpoint_timeout,
+            grace: cfg.processes.grace,
+            checkpoint_interval: cfg.processes.checkpoint_interval,
+        }));
+        let reconciler = Arc::new(Reconciler::new(driver, gpus.clone()));
         Self {
             cfg,
             node_id,
             join_token,
             gpus,
             applied_generation: AtomicI64::new(0),
+            reconciler,
         }
+    }
+
+    /// The reconciler that runs this node's processes.
+    pub fn reconciler(&self) -> Arc<Reconciler> {
+        self.reconciler.clone()
     }
 
     pub fn node_id(&self) -> &str {
@@ -145,7 +161,7 @@ impl Agent {
                 sequence: seq,
                 time: Some(timestamp_to_proto(chrono::Utc::now())),
                 gpus: telemetry,
-                tasks: Vec::new(),
+                tasks: self.reconciler.observed().await,
                 applied_generation: self.applied_generation(),
             })),
         }
@@ -228,8 +244,29 @@ impl Agent {
                 }
                 msg = inbound.message() => match msg {
                     Ok(Some(m)) => match m.msg {
-                        Some(pb::scheduler_message::Msg::Plan(p)) => { self.accept_plan(&p); }
-                        Some(pb::scheduler_message::Msg::Hint(h)) => tracing::debug!(?h, "hint received"),
+                        Some(pb::scheduler_message::Msg::Plan(p)) => {
+                            if self.accept_plan(&p) {
+                                // Converge in the background: suspensions wait
+                                // for checkpoints, heartbeats must go on. The
+                                // reconciler serialises plans in arrival order.
+                                let r = self.reconciler.clone();
+                                tokio::spawn(async move {
+                                    for problem in r.apply(&p).await {
+                                        tracing::warn!(generation = p.generation, %problem, "plan not fully applied");
+                                    }
+                                });
+                            }
+                        }
+                        Some(pb::scheduler_message::Msg::Hint(h)) => {
+                            if let Some(pb::hint::Hint::PrepareSwitch(ps)) = h.hint {
+                                let r = self.reconciler.clone();
+                                tokio::spawn(async move {
+                                    if !r.prewarm(&ps.task_id).await {
+                                        tracing::debug!(task = %ps.task_id, "pre-warm hint for a task not running here");
+                                    }
+                                });
+                            }
+                        }
                         Some(pb::scheduler_message::Msg::RegisterAck(_)) | None => {}
                     },
                     Ok(None) => return Ok(()),

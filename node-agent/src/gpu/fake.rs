@@ -200,6 +200,22 @@ fn xorshift(s: &mut u64) -> f64 {
 }
 
 impl GpuBackend for FakeGpuBackend {
+    fn process_started(&self, pid: u32, gpu_indices: &[u32]) {
+        // A training process keeps its GPUs busy and holds most of their memory.
+        for &g in gpu_indices {
+            self.attach(FakeLoad {
+                pid,
+                gpu_index: g,
+                memory_bytes: self.model.memory_bytes * 6 / 10,
+                utilization: 90,
+            });
+        }
+    }
+
+    fn process_stopped(&self, pid: u32) {
+        self.detach(pid);
+    }
+
     fn kind(&self) -> &'static str {
         "fake"
     }

@@ -1,0 +1,244 @@
+//! The agent's reconciler: makes this node's processes match the newest
+//! `NodePlan` (the node's complete desired state) and reports what it
+//! observes.
+//!
+//! Per desired task, every step idempotent (plans are repeated):
+//! - `RUNNING`, not running here → launch (resuming from the plan's
+//!   checkpoint, else from the newest one this node took of the task);
+//! - `RUNNING` on other GPUs than it has → suspend (checkpoint), relaunch on
+//!   the new GPUs from that checkpoint;
+//! - `SUSPENDED`, or absent from the plan → suspend if running.
+//!
+//! A process that exits by itself is reported (`SUCCEEDED` / `FAILED` with
+//! its exit code) and not restarted until a newer plan asks again.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use fmsched_core::trainer::TaskAssignment;
+use fmsched_proto::v1 as pb;
+
+use crate::driver::{LaunchSpec, ProcessDriver};
+use crate::gpu::GpuBackend;
+
+/// What the reconciler remembers of a task between plans.
+#[derive(Clone, Debug, Default)]
+struct Known {
+    generation: i64,
+    gpus: Vec<u32>,
+    job_ids: Vec<String>,
+    /// Newest checkpoint taken here.
+    checkpoint: Option<(PathBuf, u64)>,
+    suspended: bool,
+    pid: u32,
+}
+
+pub struct Reconciler {
+    driver: Arc<ProcessDriver>,
+    gpus: Arc<dyn GpuBackend>,
+    known: tokio::sync::Mutex<BTreeMap<String, Known>>,
+}
+
+fn assignment(t: &pb::TrainerTask) -> TaskAssignment {
+    TaskAssignment {
+        job_id: t.job_id.clone(),
+        model: t.model.clone(),
+        task: t.task.clone(),
+        dataset_uri: t.dataset_uri.clone(),
+        global_batch_size: t.global_batch_size,
+        max_iterations: t.max_iterations,
+        metric: Some(t.metric.clone()).filter(|m| !m.is_empty()),
+        metric_target: Some(t.metric_target).filter(|_| !t.metric.is_empty()),
+        samples_per_epoch: Some(t.samples_per_epoch).filter(|&n| n > 0),
+    }
+}
+
+impl Reconciler {
+    pub fn new(driver: Arc<ProcessDriver>, gpus: Arc<dyn GpuBackend>) -> Self {
+        Self {
+            driver,
+            gpus,
+            known: tokio::sync::Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    /// GPU indices of the plan's UUIDs (unknown UUIDs are an error: the
+    /// plan was made for another inventory).
+    fn indices(&self, uuids: &[String]) -> Result<Vec<u32>, String> {
+        let inv = self.gpus.inventory();
+        uuids
+            .iter()
+            .map(|u| {
+                inv.iter()
+                    .find(|g| &g.uuid == u)
+                    .map(|g| g.index)
+                    .ok_or_else(|| format!("GPU {u} is not on this node"))
+            })
+            .collect()
+    }
+
+    /// Converges on `plan`. Returns the messages of tasks that could not be
+    /// started (they are also reported as FAILED).
+    pub async fn apply(&self, plan: &pb::NodePlan) -> Vec<String> {
+        let mut known = self.known.lock().await;
+        let mut problems = Vec::new();
+        let wanted: BTreeMap<&str, &pb::DesiredTask> =
+            plan.tasks.iter().map(|t| (t.task_id.as_str(), t)).collect();
+        // Stop what the plan no longer runs.
+        let running: Vec<String> = self.driver.ids().await;
+        for id in running {
+            let keep = wanted
+                .get(id.as_str())
+                .is_some_and(|t| t.phase == pb::DesiredPhase::Running as i32);
+            if !keep {
+                self.stop(&mut known, &id).await;
+            }
+        }
+        for t in &plan.tasks {
+            if t.phase != pb::DesiredPhase::Running as i32 {
+                continue;
+            }
+            let gpus = match self.indices(&t.gpu_uuids) {
+                Ok(g) => g,
+                Err(e) => {
+                    problems.push(format!("task {}: {e}", t.task_id));
+                    continue;
+                }
+            };
+            let status = self.driver.status(&t.task_id).await;
+            let entry = known.entry(t.task_id.clone()).or_default();
+            let alive = status.as_ref().is_some_and(|s| s.running);
+            if alive && entry.gpus == gpus {
+                entry.generation = plan.generation;
+                continue;
+            }
+            if alive {
+                // Moved to other GPUs: checkpoint here, resume there.
+                self.stop(&mut known, &t.task_id).await;
+            } else if let Some(s) = &status {
+                // It ended by itself since the last plan: leave it ended
+                // unless this plan is newer than the one that started it.
+                let entry = &known[&t.task_id];
+                if !entry.suspended && entry.generation >= plan.generation && s.exit_code.is_some()
+                {
+                    continue;
+                }
+            }
+            let entry = known.entry(t.task_id.clone()).or_default();
+            let resume = Some(PathBuf::from(&t.resume_path))
+                .filter(|p| !p.as_os_str().is_empty())
+                .or_else(|| entry.checkpoint.as_ref().map(|c| c.0.clone()));
+            let spec = LaunchSpec {
+                id: t.task_id.clone(),
+                command: t.command.clone(),
+                env: t.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+                profile: t.mode == pb::TaskMode::Profile as i32,
+                tasks: t.tasks.iter().map(assignment).collect(),
+                gpus: gpus.clone(),
+                resume_from: resume,
+                init_weights: Some(PathBuf::from(&t.initial_weights_path))
+                    .filter(|p| !p.as_os_str().is_empty()),
+                world_size: t.world_size.max(gpus.len() as u32),
+                node_rank_offset: t.rank_offset,
+                master_addr: if t.master_addr.is_empty() {
+                    "127.0.0.1".into()
+                } else {
+                    t.master_addr.clone()
+                },
+                master_port: u16::try_from(t.master_port)
+                    .ok()
+                    .filter(|&p| p > 0)
+                    .unwrap_or(29500),
+            };
+            match self.driver.launch(&spec).await {
+                Ok(()) => {
+                    let pid = self.driver.status(&t.task_id).await.map_or(0, |s| s.pid);
+                    self.gpus.process_started(pid, &gpus);
+                    *entry = Known {
+                        generation: plan.generation,
+                        gpus,
+                        job_ids: t.job_ids.clone(),
+                        checkpoint: entry.checkpoint.clone(),
+                        suspended: false,
+                        pid,
+                    };
+                }
+                Err(e) => problems.push(e.to_string()),
+            }
+        }
+        problems
+    }
+
+    async fn stop(&self, known: &mut BTreeMap<String, Known>, id: &str) {
+        let was_running = self.driver.status(id).await.is_some_and(|s| s.running);
+        let ckpt = self.driver.suspend(id).await.ok().flatten();
+        let entry = known.entry(id.to_string()).or_default();
+        if was_running {
+            entry.suspended = true;
+        }
+        if ckpt.is_some() {
+            entry.checkpoint = ckpt;
+        }
+        self.gpus.process_stopped(entry.pid);
+    }
+
+    /// What runs (or ran) here, for heartbeats.
+    pub async fn observed(&self) -> Vec<pb::ObservedTask> {
+        let known = self.known.lock().await;
+        let inv = self.gpus.inventory();
+        let mut out = Vec::new();
+        for (id, k) in known.iter() {
+            let Some(s) = self.driver.status(id).await else {
+                continue;
+            };
+            let phase = if s.running {
+                pb::TaskPhase::Running
+            } else if k.suspended {
+                pb::TaskPhase::Suspended
+            } else if s.exit_code == Some(0) {
+                pb::TaskPhase::Succeeded
+            } else {
+                pb::TaskPhase::Failed
+            };
+            if !s.running {
+                self.gpus.process_stopped(s.pid);
+            }
+            let (iteration, loss) = s
+                .observed
+                .progress
+                .values()
+                .map(|p| (p.0, p.2))
+                .max_by_key(|p| p.0)
+                .unwrap_or((0, 0.0));
+            let checkpoint = s.observed.last_checkpoint.clone().or(k.checkpoint.clone());
+            out.push(pb::ObservedTask {
+                task_id: id.clone(),
+                job_ids: k.job_ids.clone(),
+                phase: phase as i32,
+                pid: s.pid,
+                gpu_uuids: k
+                    .gpus
+                    .iter()
+                    .filter_map(|&g| inv.iter().find(|i| i.index == g).map(|i| i.uuid.clone()))
+                    .collect(),
+                iteration,
+                loss,
+                checkpoint_path: checkpoint
+                    .map(|c| c.0.display().to_string())
+                    .unwrap_or_default(),
+                exit_code: s
+                    .exit_code
+                    .unwrap_or(if s.running || k.suspended { 0 } else { -1 }),
+                message: String::new(),
+                generation: k.generation,
+            });
+        }
+        out
+    }
+
+    /// Sends the pre-warm hint to a task that runs here.
+    pub async fn prewarm(&self, task_id: &str) -> bool {
+        self.driver.prewarm(task_id).await.is_ok()
+    }
+}
