@@ -62,6 +62,9 @@ fn scheduler(db: &str, port: u16, dir: &std::path::Path) -> Proc {
         .env("FMSCHED_LIVENESS__SUSPECT_AFTER", "1500ms")
         .env("FMSCHED_LIVENESS__OFFLINE_AFTER", "3s")
         .env("FMSCHED_LIVENESS__CHECK_INTERVAL", "100ms")
+        // This test is about the API, the registry and restarts; the
+        // scheduling loop has its own end-to-end test (e2e_jobs_run_to_completion).
+        .env("FMSCHED_SCHEDULING__ENABLED", "false")
         .env("RUST_LOG", "info");
     Proc::spawn("scheduler", c, dir)
 }

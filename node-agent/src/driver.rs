@@ -78,6 +78,8 @@ pub struct Observed {
     /// Jobs that reached their target, with their output path.
     pub done: BTreeMap<String, String>,
     pub bad_lines: u64,
+    /// Report connections not yet at end of stream.
+    pub open_connections: u32,
 }
 
 /// A process's state as the agent reports it.
@@ -269,6 +271,7 @@ impl ProcessDriver {
         let reader = tokio::spawn(async move {
             while let Ok((stream, _)) = listener.accept().await {
                 let obs = obs.clone();
+                lock(&obs).open_connections += 1;
                 tokio::spawn(async move {
                     let mut lines = tokio::io::BufReader::new(stream).lines();
                     while let Ok(Some(line)) = lines.next_line().await {
@@ -277,6 +280,7 @@ impl ProcessDriver {
                             Err(_) => lock(&obs).bad_lines += 1,
                         }
                     }
+                    lock(&obs).open_connections -= 1;
                 });
             }
         });
@@ -325,7 +329,10 @@ impl ProcessDriver {
             }
             // The trainer may have written a checkpoint on SIGTERM: let the
             // reader see its last lines.
-            tokio::time::sleep(Duration::from_millis(20)).await;
+            let deadline = Instant::now() + Duration::from_millis(500);
+            while lock(&r.observed).open_connections > 0 && Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
         }
         r.reader.abort();
         Ok(lock(&r.observed).last_checkpoint.clone())
@@ -349,6 +356,12 @@ impl ProcessDriver {
             && let Ok(Some(s)) = r.child.try_wait()
         {
             r.exit = Some(s);
+            // The process is gone: let its report connections drain so its
+            // last lines (done, embedding, checkpoint) are not lost.
+            let deadline = Instant::now() + Duration::from_millis(500);
+            while lock(&r.observed).open_connections > 0 && Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
         }
         Some(ProcessStatus {
             pid: r.pgid as u32,

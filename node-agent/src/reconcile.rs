@@ -232,6 +232,12 @@ impl Reconciler {
                     .unwrap_or(if s.running || k.suspended { 0 } else { -1 }),
                 message: String::new(),
                 generation: k.generation,
+                outputs: s
+                    .observed
+                    .done
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect(),
             });
         }
         out

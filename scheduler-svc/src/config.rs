@@ -126,12 +126,18 @@ pub struct SchedulingConfig {
     /// Scheduling round interval (Ymir: 120 s).
     #[serde(with = "humantime_serde")]
     pub interval: Duration,
+    /// Policy deciding every round (`ymir`, `srtf`, `tiresias`, ...).
+    pub policy: String,
+    /// Run scheduling rounds (false: the API only, e.g. a read replica).
+    pub enabled: bool,
 }
 
 impl Default for SchedulingConfig {
     fn default() -> Self {
         Self {
             interval: Duration::from_secs(120),
+            policy: "ymir".into(),
+            enabled: true,
         }
     }
 }
@@ -199,6 +205,16 @@ impl Config {
         }
         if l.check_interval.is_zero() {
             return Err(invalid("liveness.check_interval", "must be > 0"));
+        }
+        if fmsched_core::policy::baselines::by_name(&self.scheduling.policy).is_none() {
+            return Err(invalid(
+                "scheduling.policy",
+                format!(
+                    "unknown policy {:?}; expected one of {}",
+                    self.scheduling.policy,
+                    fmsched_core::policy::baselines::POLICY_NAMES.join(", ")
+                ),
+            ));
         }
         if self.scheduling.interval < Duration::from_millis(100) {
             return Err(invalid("scheduling.interval", "must be >= 100ms"));

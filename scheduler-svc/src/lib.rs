@@ -3,11 +3,14 @@
 //!
 //! Layout: [`config`] (layered settings), [`auth`] (tokens), [`persistence`]
 //! (the only sqlx user), [`registry`] (observed node state), [`api`] (gRPC
-//! handlers), [`server`] (wiring and background tasks).
+//! handlers), [`scheduling`] (the scheduling loop: observe, decide with the
+//! core policies, persist intent, push plans), [`server`] (wiring and
+//! background tasks).
 
 pub mod api;
 pub mod auth;
 pub mod config;
 pub mod persistence;
 pub mod registry;
+pub mod scheduling;
 pub mod server;

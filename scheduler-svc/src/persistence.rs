@@ -108,6 +108,21 @@ where
     }
 }
 
+/// One job's GPUs in the plan.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Assignment {
+    pub job: JobId,
+    pub node: NodeId,
+    pub gpus: Vec<GpuUuid>,
+}
+
+/// The persisted intent.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StoredPlan {
+    pub generation: i64,
+    pub assignments: Vec<Assignment>,
+}
+
 /// A job as stored.
 #[derive(Clone, Debug, PartialEq)]
 pub struct JobRecord {
@@ -407,6 +422,172 @@ impl Persistence {
             Ok(updated)
         })
         .await
+    }
+
+    /// Jobs that are not finished (submitted, profiling, queued, running),
+    /// oldest first.
+    pub async fn live_jobs(&self) -> Result<Vec<JobRecord>, PersistenceError> {
+        let rows = sqlx::query(&format!(
+            "SELECT {JOB_COLUMNS} FROM jobs WHERE state IN ('submitted','profiling','queued','running') ORDER BY id"
+        ))
+        .fetch_all(&self.pool)
+        .await
+        .map_err(db_err("live_jobs"))?;
+        rows.iter().map(job_from_row).collect()
+    }
+
+    /// The current plan: generation and every assignment.
+    pub async fn current_plan(&self) -> Result<StoredPlan, PersistenceError> {
+        const OP: &str = "current_plan";
+        let generation: i64 = sqlx::query_scalar("SELECT generation FROM plan_generation")
+            .fetch_one(&self.pool)
+            .await
+            .map_err(db_err(OP))?;
+        let rows =
+            sqlx::query("SELECT job_id, node_id, gpu_uuids FROM assignments ORDER BY job_id")
+                .fetch_all(&self.pool)
+                .await
+                .map_err(db_err(OP))?;
+        let mut assignments = Vec::with_capacity(rows.len());
+        for r in rows {
+            let get = |e: sqlx::Error| corrupt(OP, e.to_string());
+            assignments.push(Assignment {
+                job: JobId(r.try_get("job_id").map_err(get)?),
+                node: NodeId::try_from(r.try_get::<String, _>("node_id").map_err(get)?)
+                    .map_err(|e| corrupt(OP, e))?,
+                gpus: r
+                    .try_get::<Vec<String>, _>("gpu_uuids")
+                    .map_err(get)?
+                    .into_iter()
+                    .map(GpuUuid)
+                    .collect(),
+            });
+        }
+        Ok(StoredPlan {
+            generation,
+            assignments,
+        })
+    }
+
+    /// Replaces the plan with `assignments` under a new generation, and moves
+    /// jobs into or out of `running`, in one transaction. Returns the new
+    /// generation.
+    pub async fn store_plan(
+        &self,
+        assignments: &[Assignment],
+        transitions: &[(JobId, JobState, String)],
+        now: DateTime<Utc>,
+    ) -> Result<i64, PersistenceError> {
+        const OP: &str = "store_plan";
+        let generation = with_retries(OP, || async {
+            let mut tx = self.pool.begin().await.map_err(db_err(OP))?;
+            let generation: i64 = sqlx::query_scalar(
+                "UPDATE plan_generation SET generation = generation + 1 RETURNING generation",
+            )
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(db_err(OP))?;
+            sqlx::query("DELETE FROM assignments")
+                .execute(&mut *tx)
+                .await
+                .map_err(db_err(OP))?;
+            for a in assignments {
+                sqlx::query(
+                    "INSERT INTO assignments (job_id, node_id, gpu_uuids, generation, assigned_at)
+                     VALUES ($1, $2, $3, $4, $5)",
+                )
+                .bind(a.job.0)
+                .bind(a.node.as_str())
+                .bind(a.gpus.iter().map(|g| g.0.clone()).collect::<Vec<_>>())
+                .bind(generation)
+                .bind(now)
+                .execute(&mut *tx)
+                .await
+                .map_err(db_err(OP))?;
+            }
+            tx.commit().await.map_err(db_err(OP))?;
+            Ok(generation)
+        })
+        .await?;
+        for (job, to, reason) in transitions {
+            match self.transition_job(*job, *to, reason, now).await {
+                Ok(_) | Err(PersistenceError::InvalidTransition { .. }) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(generation)
+    }
+
+    /// Records what a job's process reported.
+    pub async fn record_progress(
+        &self,
+        job: JobId,
+        iteration: u64,
+        checkpoint: Option<&str>,
+        now: DateTime<Utc>,
+    ) -> Result<(), PersistenceError> {
+        sqlx::query(
+            "INSERT INTO job_progress (job_id, iteration, checkpoint_path, updated_at) VALUES ($1, $2, $3, $4)
+             ON CONFLICT (job_id) DO UPDATE SET iteration = GREATEST(job_progress.iteration, EXCLUDED.iteration),
+               checkpoint_path = COALESCE(EXCLUDED.checkpoint_path, job_progress.checkpoint_path),
+               updated_at = EXCLUDED.updated_at",
+        )
+        .bind(job.0)
+        .bind(iteration.min(i64::MAX as u64) as i64)
+        .bind(checkpoint)
+        .bind(now)
+        .execute(&self.pool)
+        .await
+        .map_err(db_err("record_progress"))?;
+        Ok(())
+    }
+
+    /// Iterations done and newest checkpoint of every job that reported.
+    pub async fn progress(
+        &self,
+    ) -> Result<BTreeMap<JobId, (u64, Option<String>)>, PersistenceError> {
+        let rows = sqlx::query("SELECT job_id, iteration, checkpoint_path FROM job_progress")
+            .fetch_all(&self.pool)
+            .await
+            .map_err(db_err("progress"))?;
+        let mut out = BTreeMap::new();
+        for r in rows {
+            let get = |e: sqlx::Error| corrupt("progress", e.to_string());
+            let it: i64 = r.try_get("iteration").map_err(get)?;
+            out.insert(
+                JobId(r.try_get("job_id").map_err(get)?),
+                (it.max(0) as u64, r.try_get("checkpoint_path").map_err(get)?),
+            );
+        }
+        Ok(out)
+    }
+
+    /// Completes a job with its output path (one transaction, one event).
+    pub async fn complete_job(
+        &self,
+        id: JobId,
+        output: &str,
+        now: DateTime<Utc>,
+    ) -> Result<(), PersistenceError> {
+        sqlx::query("UPDATE jobs SET output_path = $2 WHERE id = $1")
+            .bind(id.0)
+            .bind(output)
+            .execute(&self.pool)
+            .await
+            .map_err(db_err("complete_job"))?;
+        sqlx::query("DELETE FROM assignments WHERE job_id = $1")
+            .bind(id.0)
+            .execute(&self.pool)
+            .await
+            .map_err(db_err("complete_job"))?;
+        self.transition_job(
+            id,
+            JobState::Completed,
+            &format!("target reached; weights at {output}"),
+            now,
+        )
+        .await?;
+        Ok(())
     }
 
     /// A job's events with `seq > after`, oldest first.

@@ -96,6 +96,10 @@ pub async fn run(
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1alpha()?;
 
+    let scheduler = cfg
+        .scheduling
+        .enabled
+        .then(|| tokio::spawn(crate::scheduling::scheduling_loop(state.clone())));
     let background = tokio::spawn(background_tasks(
         cfg.clone(),
         persistence.clone(),
@@ -136,6 +140,9 @@ pub async fn run(
         .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
         .await;
     background.abort();
+    if let Some(s) = scheduler {
+        s.abort();
+    }
     result.context("gRPC server")?;
     tracing::info!("scheduler stopped");
     Ok(())

@@ -70,6 +70,8 @@ pub fn test_config(db: &str) -> Config {
     cfg.liveness.offline_after = Duration::from_millis(1600);
     cfg.liveness.check_interval = Duration::from_millis(100);
     cfg.liveness.register_timeout = Duration::from_secs(2);
+    // API tests drive agent sessions by hand; no scheduling rounds.
+    cfg.scheduling.enabled = false;
     cfg
 }
 
