@@ -81,6 +81,7 @@ log "starting estimator-svc on 127.0.0.1:50052"
 "$bin/estimator-svc" --listen-addr 127.0.0.1:50052 >"$dev/logs/estimator.log" 2>&1 & pids+=($!)
 log "starting scheduler-svc on 127.0.0.1:50051"
 FMSCHED_DATABASE_URL="$DATABASE_URL" FMSCHED_AUTH__ADMINS=admin FMSCHED_LIVENESS__HEARTBEAT_INTERVAL=2s \
+  FMSCHED_SCHEDULING__INTERVAL=2s \
   "$bin/scheduler-svc" >"$dev/logs/scheduler.log" 2>&1 & pids+=($!)
 for _ in $(seq 1 100); do
   "$bin/fmctl" summary >/dev/null 2>&1 && break
@@ -88,13 +89,16 @@ for _ in $(seq 1 100); do
   sleep 0.2
 done
 log "starting two node agents with FAKE GPUs (node-a: 4x A100-80GB, node-b: 4x H100-80GB)"
-"$bin/node-agent" --scheduler "$FMSCHED_ENDPOINT" --node-id node-a --fake-gpus 4 --fake-gpu-model A100-80GB \
+# The agents find the fake trainer (the demo jobs' command) on PATH.
+PATH="$bin:$PATH" FMSCHED_AGENT_PROCESSES__WORK_DIR="$dev/node-a" \
+  "$bin/node-agent" --scheduler "$FMSCHED_ENDPOINT" --node-id node-a --fake-gpus 4 --fake-gpu-model A100-80GB \
   --label rack=r1 >"$dev/logs/node-a.log" 2>&1 & pids+=($!)
-"$bin/node-agent" --scheduler "$FMSCHED_ENDPOINT" --node-id node-b --fake-gpus 4 --fake-gpu-model H100-80GB \
+PATH="$bin:$PATH" FMSCHED_AGENT_PROCESSES__WORK_DIR="$dev/node-b" \
+  "$bin/node-agent" --scheduler "$FMSCHED_ENDPOINT" --node-id node-b --fake-gpus 4 --fake-gpu-model H100-80GB \
   --label rack=r2 >"$dev/logs/node-b.log" 2>&1 & pids+=($!)
 
-log "submitting the example jobs as alice"
-"$bin/fmctl" submit examples/*.yaml
+log "submitting the demo jobs (examples/demo/, FAKE trainer) as alice"
+"$bin/fmctl" submit examples/demo/*.yaml
 # Let both agents register and send a heartbeat with telemetry.
 for _ in $(seq 1 50); do
   n=$("$bin/fmctl" -o json nodes | grep -c '"utilization_percent"' || true)
@@ -102,6 +106,12 @@ for _ in $(seq 1 50); do
   sleep 0.2
 done
 
+log "waiting for the scheduler to place and finish them (a few seconds)"
+for _ in $(seq 1 300); do
+  jobs_json=$("$bin/fmctl" -o json jobs)
+  grep -q '"state": *"\(submitted\|queued\|running\)"' <<<"$jobs_json" || break
+  sleep 0.2
+done
 log "fmctl jobs"
 "$bin/fmctl" jobs
 echo

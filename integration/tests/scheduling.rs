@@ -182,6 +182,9 @@ async fn e2e_jobs_run_to_completion_through_a_scheduler_crash() {
         + b.log_text().matches(" launched").count();
     eprintln!("process launches on the agents: {launches} for 10 jobs");
     assert!(launches >= 10, "every job was launched");
+    // Re-sizing may relaunch a few; a relaunch storm (a finished process
+    // started again, a failover restarting healthy work) would show here.
+    assert!(launches <= 15, "{launches} launches for 10 jobs");
     let text = _sched2.log_text();
     assert!(!text.contains("inconsistent plan"), "{text}");
     drop(_sched2);

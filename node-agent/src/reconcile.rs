@@ -117,12 +117,20 @@ impl Reconciler {
                 // Moved to other GPUs: checkpoint here, resume there.
                 self.stop(&mut known, &t.task_id).await;
             } else if let Some(s) = &status {
-                // It ended by itself since the last plan: leave it ended
-                // unless this plan is newer than the one that started it.
-                let entry = &known[&t.task_id];
-                if !entry.suspended && entry.generation >= plan.generation && s.exit_code.is_some()
+                // It ended by itself. A process that finished its work
+                // (exit 0, not suspended by us) is never started again: the
+                // scheduler sees SUCCEEDED on the next heartbeat and drops
+                // it from the plan. A failed one is retried only when a
+                // newer plan than the one that started it asks again.
+                let entry = known.entry(t.task_id.clone()).or_default();
+                if !entry.suspended
+                    && (s.exit_code == Some(0) || entry.generation >= plan.generation)
                 {
                     continue;
+                }
+                // Resume from the newest checkpoint it left.
+                if let Some(c) = s.observed.last_checkpoint.clone() {
+                    entry.checkpoint = Some(c);
                 }
             }
             let entry = known.entry(t.task_id.clone()).or_default();
