@@ -4,7 +4,7 @@ WORKDIR /src
 COPY . .
 RUN scripts/ensure-build-tools.sh && cargo build --release --locked --bins \
  && mkdir /out && cp target/release/scheduler-svc target/release/estimator-svc \
-    target/release/node-agent target/release/fmctl /out/
+    target/release/node-agent target/release/fmctl target/release/fake-trainer target/release/fmsim /out/
 
 FROM debian:bookworm-slim
 RUN apt-get update && apt-get install -y --no-install-recommends ca-certificates \
