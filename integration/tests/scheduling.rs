@@ -33,6 +33,7 @@ async fn sql(q: &str) {
 
 fn scheduler(db: &str, port: u16, dir: &std::path::Path) -> Proc {
     let mut c = Command::new(bin("scheduler-svc"));
+    c.env("FMSCHED_SCHEDULING__RETRY_BACKOFF", "300ms");
     c.env("FMSCHED_DATABASE_URL", db_url(db))
         .env("FMSCHED_LISTEN_ADDR", format!("127.0.0.1:{port}"))
         .env("FMSCHED_API_TOKENS", format!("root={ROOT}"))
@@ -96,12 +97,16 @@ fn jobs(port: u16) -> Result<BTreeMap<String, (String, String)>, String> {
 }
 
 fn job_yaml(name: &str, task: &str, iterations: u64, gpus: u32) -> String {
+    job_yaml_env(name, task, iterations, gpus, "")
+}
+
+fn job_yaml_env(name: &str, task: &str, iterations: u64, gpus: u32, extra_env: &str) -> String {
     format!(
         "name: {name}\nmodel: roberta-base\ndataset: {{ uri: file:///data/{task}, task: {task}, num_samples: 3200 }}\n\
          hyperparameters: {{ global_batch_size: 32, learning_rate: 2.0e-5 }}\n\
          target: {{ max_iterations: {iterations} }}\n\
          resources: {{ min_gpus: 1, max_gpus: {gpus} }}\n\
-         launch:\n  command: [\"{}\"]\n  env: {{ FMSCHED_FAKE_TIME_COMPRESSION: \"40\" }}\n",
+         launch:\n  command: [\"{}\"]\n  env: {{ FMSCHED_FAKE_TIME_COMPRESSION: \"40\"{extra_env} }}\n",
         bin("fake-trainer").display()
     )
 }
@@ -188,5 +193,64 @@ async fn e2e_jobs_run_to_completion_through_a_scheduler_crash() {
     let text = _sched2.log_text();
     assert!(!text.contains("inconsistent plan"), "{text}");
     drop(_sched2);
+    sql(&format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)")).await;
+}
+
+#[tokio::test]
+async fn e2e_a_crashing_trainer_is_retried_then_fails_with_its_last_log_lines() {
+    let db = format!("fmsched_retry_{}", uuid::Uuid::new_v4().simple());
+    sql(&format!("CREATE DATABASE {db}")).await;
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let _sched = scheduler(&db, port, dir.path());
+    wait_for("scheduler up", Duration::from_secs(30), || {
+        fmctl(port, &["summary"]).map(|_| ())
+    });
+    let a = agent("node-a", port, dir.path());
+    let crash = dir.path().join("crash.yaml");
+    std::fs::write(
+        &crash,
+        job_yaml_env(
+            "crashes",
+            "rte",
+            100_000,
+            1,
+            ", FMSCHED_FAKE_CRASH_AT: \"50\"",
+        ),
+    )
+    .unwrap();
+    let fine = dir.path().join("fine.yaml");
+    std::fs::write(&fine, job_yaml("fine", "mrpc", 600, 1)).unwrap();
+    fmctl(
+        port,
+        &[
+            "submit",
+            &crash.display().to_string(),
+            &fine.display().to_string(),
+        ],
+    )
+    .expect("submit");
+    let states = wait_for("both jobs finished", Duration::from_secs(90), || {
+        let j = jobs(port)?;
+        if j.len() == 2 && j.values().all(|s| s.0 == "completed" || s.0 == "failed") {
+            Ok(j)
+        } else {
+            Err(format!("{j:?}"))
+        }
+    });
+    let mut by_state: Vec<&str> = states.values().map(|s| s.0.as_str()).collect();
+    by_state.sort();
+    assert_eq!(by_state, vec!["completed", "failed"], "{states:?}");
+    let failed = states.iter().find(|(_, s)| s.0 == "failed").unwrap().0;
+    let shown = fmctl(port, &["-o", "json", "job", failed]).unwrap();
+    assert!(
+        shown.contains("simulated crash"),
+        "the last log lines are in the reason: {shown}"
+    );
+    assert!(shown.contains("gave up after 3 retries"), "{shown}");
+    // 1 first run + 3 retries of the crashing job, 1 run of the other.
+    let launches =
+        a.log_text().matches(" launched").count() + a.log_text().matches("\"launched\"").count();
+    assert_eq!(launches, 5, "{launches} launches");
     sql(&format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)")).await;
 }

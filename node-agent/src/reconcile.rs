@@ -54,6 +54,21 @@ fn assignment(t: &pb::TrainerTask) -> TaskAssignment {
     }
 }
 
+/// The last `n` lines of a log file (at most its last 8 KiB).
+fn last_lines(path: &std::path::Path, n: usize) -> String {
+    use std::io::{Read, Seek, SeekFrom};
+    let Ok(mut f) = std::fs::File::open(path) else {
+        return String::new();
+    };
+    let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+    let _ = f.seek(SeekFrom::Start(len.saturating_sub(8192)));
+    let mut buf = Vec::new();
+    let _ = f.read_to_end(&mut buf);
+    let text = String::from_utf8_lossy(&buf);
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
 impl Reconciler {
     pub fn new(driver: Arc<ProcessDriver>, gpus: Arc<dyn GpuBackend>) -> Self {
         Self {
@@ -238,7 +253,11 @@ impl Reconciler {
                 exit_code: s
                     .exit_code
                     .unwrap_or(if s.running || k.suspended { 0 } else { -1 }),
-                message: String::new(),
+                message: if phase == pb::TaskPhase::Failed {
+                    last_lines(&s.dir.join("stderr.log"), 10)
+                } else {
+                    String::new()
+                },
                 generation: k.generation,
                 outputs: s
                     .observed

@@ -130,6 +130,12 @@ pub struct SchedulingConfig {
     pub policy: String,
     /// Run scheduling rounds (false: the API only, e.g. a read replica).
     pub enabled: bool,
+    /// A job whose training process fails is retried this many times
+    /// (resuming from its last checkpoint), then fails.
+    pub max_retries: u32,
+    /// Wait before a retry; doubles with every retry.
+    #[serde(with = "humantime_serde")]
+    pub retry_backoff: Duration,
 }
 
 impl Default for SchedulingConfig {
@@ -138,6 +144,8 @@ impl Default for SchedulingConfig {
             interval: Duration::from_secs(120),
             policy: "ymir".into(),
             enabled: true,
+            max_retries: 3,
+            retry_backoff: Duration::from_secs(30),
         }
     }
 }

@@ -542,6 +542,48 @@ impl Persistence {
         Ok(())
     }
 
+    /// Counts a failed process of `job` once (by its pid) and holds the job
+    /// back for `backoff · 2^(retries − 1)`. Returns the new retry count, or
+    /// None when this process's failure was counted already.
+    pub async fn note_failure(
+        &self,
+        job: JobId,
+        pid: u32,
+        backoff: std::time::Duration,
+        now: DateTime<Utc>,
+    ) -> Result<Option<u32>, PersistenceError> {
+        let n: Option<i32> = sqlx::query_scalar(
+            "INSERT INTO job_progress (job_id, iteration, updated_at, retries, last_failed_pid, retry_after)
+             VALUES ($1, 0, $3, 1, $2, $3 + make_interval(secs => $4))
+             ON CONFLICT (job_id) DO UPDATE SET retries = job_progress.retries + 1,
+               last_failed_pid = EXCLUDED.last_failed_pid,
+               retry_after = EXCLUDED.updated_at
+                 + make_interval(secs => $4 * power(2, LEAST(job_progress.retries, 10))),
+               updated_at = EXCLUDED.updated_at
+             WHERE job_progress.last_failed_pid IS DISTINCT FROM EXCLUDED.last_failed_pid
+             RETURNING retries",
+        )
+        .bind(job.0)
+        .bind(i64::from(pid))
+        .bind(now)
+        .bind(backoff.as_secs_f64())
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(db_err("note_failure"))?;
+        Ok(n.map(|n| n.max(0) as u32))
+    }
+
+    /// Jobs that may not be placed before a time (retry backoff).
+    pub async fn retry_holds(&self, now: DateTime<Utc>) -> Result<Vec<JobId>, PersistenceError> {
+        let ids: Vec<uuid::Uuid> =
+            sqlx::query_scalar("SELECT job_id FROM job_progress WHERE retry_after > $1")
+                .bind(now)
+                .fetch_all(&self.pool)
+                .await
+                .map_err(db_err("retry_holds"))?;
+        Ok(ids.into_iter().map(JobId).collect())
+    }
+
     /// Iterations done and newest checkpoint of every job that reported.
     pub async fn progress(
         &self,

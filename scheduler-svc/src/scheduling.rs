@@ -125,14 +125,42 @@ pub async fn run_round(state: &AppState, lut: &Arc<Lut>) -> Result<RoundReport, 
                         report.completed += 1;
                     }
                     pb::TaskPhase::Failed => {
-                        let reason = format!(
-                            "training process exited with code {} on node {}",
-                            t.exit_code, n.record.id
+                        let cfg = &state.config.scheduling;
+                        let what = format!(
+                            "training process exited with code {} on node {}{}",
+                            t.exit_code,
+                            n.record.id,
+                            if t.message.is_empty() {
+                                String::new()
+                            } else {
+                                format!("; last log lines:\n{}", t.message)
+                            }
                         );
-                        p.transition_job(id, JobState::Failed, &reason, now).await?;
-                        tracing::warn!(job_id = %id, %reason, "job failed");
-                        live.remove(&id);
-                        report.failed += 1;
+                        // Held back retry_backoff · 2^(retries − 1) before the next try.
+                        let Some(retries) =
+                            p.note_failure(id, t.pid, cfg.retry_backoff, now).await?
+                        else {
+                            continue; // this process's failure was counted already
+                        };
+                        if retries > cfg.max_retries {
+                            let reason =
+                                format!("{what}\n(gave up after {} retries)", cfg.max_retries);
+                            p.transition_job(id, JobState::Failed, &reason, now).await?;
+                            tracing::warn!(job_id = %id, retries, "job failed");
+                            live.remove(&id);
+                            report.failed += 1;
+                        } else {
+                            let wait = cfg.retry_backoff.saturating_mul(1 << (retries - 1).min(10));
+                            let reason = format!(
+                                "{what}\n(retry {retries} of {} in {wait:?}, from the last checkpoint)",
+                                cfg.max_retries
+                            );
+                            p.transition_job(id, JobState::Queued, &reason, now).await?;
+                            tracing::warn!(job_id = %id, retries, ?wait, "training process failed; will retry");
+                            if let Some(j) = live.get_mut(&id) {
+                                j.state = JobState::Queued;
+                            }
+                        }
                     }
                     _ => {}
                 }
@@ -167,7 +195,13 @@ pub async fn run_round(state: &AppState, lut: &Arc<Lut>) -> Result<RoundReport, 
     let allocations = ymir_allocations(total);
     let held: BTreeMap<JobId, &Assignment> =
         current.assignments.iter().map(|a| (a.job, a)).collect();
-    let ids: Vec<JobId> = live.keys().copied().collect();
+    // Jobs in their retry backoff wait outside the snapshot.
+    let held_back: BTreeSet<JobId> = p.retry_holds(now).await?.into_iter().collect();
+    let ids: Vec<JobId> = live
+        .keys()
+        .copied()
+        .filter(|id| !held_back.contains(id))
+        .collect();
     let mut jobs = Vec::with_capacity(ids.len());
     for id in &ids {
         let j = &live[id];
