@@ -40,6 +40,9 @@ fn scheduler(db: &str, port: u16, dir: &std::path::Path) -> Proc {
         .env("FMSCHED_JOIN_TOKEN", JOIN)
         .env("FMSCHED_AUTH__ADMINS", "root")
         .env("FMSCHED_LIVENESS__HEARTBEAT_INTERVAL", "200ms")
+        .env("FMSCHED_LIVENESS__SUSPECT_AFTER", "1s")
+        .env("FMSCHED_LIVENESS__OFFLINE_AFTER", "2s")
+        .env("FMSCHED_LIVENESS__CHECK_INTERVAL", "100ms")
         .env("FMSCHED_SCHEDULING__INTERVAL", "1s")
         .env("RUST_LOG", "info");
     Proc::spawn("scheduler", c, dir)
@@ -58,6 +61,7 @@ fn agent(node: &str, port: u16, dir: &std::path::Path) -> Proc {
     .env("FMSCHED_AGENT_PROCESSES__WORK_DIR", dir.join(node))
     .env("FMSCHED_AGENT_PROCESSES__GRACE", "3s")
     .env("FMSCHED_AGENT_PROCESSES__CHECKPOINT_TIMEOUT", "3s")
+    .env("FMSCHED_AGENT_PROCESSES__CHECKPOINT_INTERVAL", "1s")
     .env("FMSCHED_AGENT_RECONNECT__INITIAL_DELAY", "100ms")
     .env("FMSCHED_AGENT_RECONNECT__MAX_DELAY", "1s")
     .env("RUST_LOG", "info");
@@ -253,4 +257,159 @@ async fn e2e_a_crashing_trainer_is_retried_then_fails_with_its_last_log_lines() 
         a.log_text().matches(" launched").count() + a.log_text().matches("\"launched\"").count();
     assert_eq!(launches, 5, "{launches} launches");
     sql(&format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)")).await;
+}
+
+/// Kills every process whose environment names `needle` (the trainers a
+/// lost node was running: they are in process groups of their own).
+fn kill_processes_with_env(needle: &str) -> usize {
+    let mut killed = 0;
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(env) = std::fs::read(e.path().join("environ")) else {
+            continue;
+        };
+        if String::from_utf8_lossy(&env).contains(needle) {
+            let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+            killed += 1;
+        }
+    }
+    killed
+}
+
+#[tokio::test]
+async fn e2e_jobs_of_a_lost_node_resume_elsewhere_from_their_checkpoint() {
+    let db = format!("fmsched_lost_{}", uuid::Uuid::new_v4().simple());
+    sql(&format!("CREATE DATABASE {db}")).await;
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let _sched = scheduler(&db, port, dir.path());
+    wait_for("scheduler up", Duration::from_secs(30), || {
+        fmctl(port, &["summary"]).map(|_| ())
+    });
+    let a = agent("node-a", port, dir.path());
+    let mut b = agent("node-b", port, dir.path());
+    // Four 2-GPU jobs, long enough to be running when node-b dies.
+    let mut files = Vec::new();
+    for k in 0..4 {
+        let f = dir.path().join(format!("long-{k}.yaml"));
+        std::fs::write(
+            &f,
+            job_yaml(
+                &format!("long-{k}"),
+                ["rte", "mrpc", "stsb", "cola"][k],
+                3000,
+                2,
+            ),
+        )
+        .unwrap();
+        files.push(f.display().to_string());
+    }
+    let mut args = vec!["submit"];
+    args.extend(files.iter().map(String::as_str));
+    fmctl(port, &args).expect("submit");
+    let node_b_dir = dir.path().join("node-b").display().to_string();
+    let b_log = b.log.clone();
+    let b_log_tail = || {
+        let t = std::fs::read_to_string(&b_log).unwrap_or_default();
+        t.lines()
+            .filter(|l| !l.contains("plan received"))
+            .rev()
+            .take(12)
+            .collect::<Vec<_>>()
+            .join(" | ")
+    };
+    wait_for(
+        "work checkpointed on node-b",
+        Duration::from_secs(30),
+        || {
+            let n = std::fs::read_dir(&node_b_dir)
+                .map(|d| {
+                    d.flatten()
+                        .filter(|t| {
+                            std::fs::read_dir(t.path().join("checkpoints"))
+                                .is_ok_and(|c| c.count() > 0)
+                        })
+                        .count()
+                })
+                .unwrap_or(0);
+            if n >= 1 {
+                Ok(())
+            } else {
+                let listing: Vec<String> = walk(&dir.path().join("node-b"));
+                let errs: Vec<String> = listing
+                    .iter()
+                    .filter(|f| f.ends_with("stderr.log") || f.ends_with("stdout.log"))
+                    .map(|f| {
+                        format!(
+                            "{f}: {}",
+                            std::fs::read_to_string(f)
+                                .unwrap_or_default()
+                                .chars()
+                                .rev()
+                                .take(300)
+                                .collect::<String>()
+                                .chars()
+                                .rev()
+                                .collect::<String>()
+                        )
+                    })
+                    .collect();
+                Err(format!(
+                    "{n} tasks with checkpoints on node-b; logs: {errs:?}; files: {listing:?}; jobs: {:?}; agent log tail: {}",
+                    jobs(port),
+                    b_log_tail()
+                ))
+            }
+        },
+    );
+    // Let a heartbeat carry the checkpoint to the scheduler (a round is
+    // 1 s); then node-b dies with its processes.
+    std::thread::sleep(Duration::from_secs(2));
+    b.kill9();
+    let killed = kill_processes_with_env(&node_b_dir);
+    assert!(killed >= 1, "node-b's trainers were running");
+    let done = wait_for(
+        "every job completed on node-a",
+        Duration::from_secs(120),
+        || {
+            let j = jobs(port)?;
+            if j.len() == 4 && j.values().all(|s| s.0 == "completed") {
+                Ok(j)
+            } else {
+                Err(format!("{j:?}"))
+            }
+        },
+    );
+    assert_eq!(done.len(), 4);
+    // At least one of node-b's jobs resumed on node-a from node-b's checkpoint.
+    let node_a_dir = dir.path().join("node-a");
+    let resumed = std::fs::read_dir(&node_a_dir)
+        .unwrap()
+        .flatten()
+        .filter(|t| {
+            std::fs::read_to_string(t.path().join("stderr.log"))
+                .is_ok_and(|l| l.contains("resumed from") && l.contains(&node_b_dir))
+        })
+        .count();
+    assert!(
+        resumed >= 1,
+        "a job moved from the lost node resumed from its checkpoint"
+    );
+    drop(a);
+    sql(&format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)")).await;
+}
+
+fn walk(p: &std::path::Path) -> Vec<String> {
+    let mut out = Vec::new();
+    if let Ok(d) = std::fs::read_dir(p) {
+        for e in d.flatten() {
+            out.push(e.path().display().to_string());
+            if e.path().is_dir() {
+                out.extend(walk(&e.path()));
+            }
+        }
+    }
+    out
 }

@@ -171,9 +171,12 @@ pub async fn run_round(state: &AppState, lut: &Arc<Lut>) -> Result<RoundReport, 
     // ---- 2. prepare -------------------------------------------------------
     let progress = p.progress().await?;
     let current = p.current_plan().await?;
+    // Offline nodes are out: their jobs are re-placed from their last
+    // checkpoint. A Suspect node keeps what it runs (it may only be late)
+    // but gets nothing new: its capacity is what it holds.
     let available: Vec<_> = nodes
         .iter()
-        .filter(|n| n.state == NodeState::Available && !n.record.gpus.is_empty())
+        .filter(|n| n.state != NodeState::Offline && !n.record.gpus.is_empty())
         .collect();
     let node_index: BTreeMap<&NodeId, usize> = available
         .iter()
@@ -263,7 +266,16 @@ pub async fn run_round(state: &AppState, lut: &Arc<Lut>) -> Result<RoundReport, 
             .iter()
             .map(|n| NodeCap {
                 id: n.record.id.as_str().to_string(),
-                gpus: n.record.gpus.len() as u32,
+                gpus: if n.state == NodeState::Suspect {
+                    current
+                        .assignments
+                        .iter()
+                        .filter(|a| a.node == n.record.id && live.contains_key(&a.job))
+                        .map(|a| a.gpus.len() as u32)
+                        .sum()
+                } else {
+                    n.record.gpus.len() as u32
+                },
             })
             .collect(),
         allocations,
