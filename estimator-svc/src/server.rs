@@ -31,6 +31,8 @@ pub struct Config {
     /// Extra profile CSVs in fmsched's layout loaded over the defaults
     /// (every `*.csv` of the folder, in name order).
     pub profiles_dir: Option<PathBuf>,
+    /// Prometheus `/metrics` address (unset = no metrics endpoint).
+    pub metrics_addr: Option<SocketAddr>,
     pub log: LogConfig,
 }
 
@@ -41,6 +43,7 @@ impl Default for Config {
             database_url: None,
             database_max_connections: 8,
             profiles_dir: None,
+            metrics_addr: None,
             log: LogConfig::default(),
         }
     }
@@ -127,6 +130,18 @@ pub async fn run(
         }
     };
     let api = EstimatorApi::new(state, persistence);
+    if let Some(addr) = cfg.metrics_addr {
+        let m = api.metrics.clone();
+        let render: fmsched_runtime::metrics::Render = std::sync::Arc::new(move || {
+            let m = m.clone();
+            Box::pin(async move { m.render() })
+        });
+        tokio::spawn(async move {
+            if let Err(e) = fmsched_runtime::metrics::serve(addr, render).await {
+                tracing::error!(%addr, error = %e, "metrics endpoint failed");
+            }
+        });
+    }
     let (health, health_svc) = tonic_health::server::health_reporter();
     health.set_service_status("", ServingStatus::Serving).await;
     health

@@ -50,9 +50,103 @@ impl EstimatorState {
     }
 }
 
+/// Calls, errors and latency per RPC, for `/metrics`.
+#[derive(Debug, Default)]
+pub struct RpcMetrics {
+    by_rpc: std::sync::Mutex<std::collections::BTreeMap<&'static str, (u64, u64, f64)>>,
+}
+
+/// Records one call when dropped; an error unless [`CallGuard::ok`] ran.
+pub struct CallGuard<'a> {
+    metrics: &'a RpcMetrics,
+    rpc: &'static str,
+    started: std::time::Instant,
+    ok: bool,
+}
+
+impl CallGuard<'_> {
+    pub fn ok(mut self) {
+        self.ok = true;
+    }
+}
+
+impl Drop for CallGuard<'_> {
+    fn drop(&mut self) {
+        let mut m = self
+            .metrics
+            .by_rpc
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let e = m.entry(self.rpc).or_default();
+        e.0 += 1;
+        e.1 += u64::from(!self.ok);
+        e.2 += self.started.elapsed().as_secs_f64();
+    }
+}
+
+impl RpcMetrics {
+    pub fn start(&self, rpc: &'static str) -> CallGuard<'_> {
+        CallGuard {
+            metrics: self,
+            rpc,
+            started: std::time::Instant::now(),
+            ok: false,
+        }
+    }
+
+    /// The Prometheus exposition of the counters.
+    pub fn render(&self) -> String {
+        let m = self
+            .by_rpc
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let mut e = fmsched_runtime::metrics::Exposition::default();
+        e.family(
+            "fmsched_estimator_requests_total",
+            "counter",
+            "Requests by RPC.",
+        );
+        for (rpc, v) in &m {
+            e.sample(
+                "fmsched_estimator_requests_total",
+                &[("rpc", rpc)],
+                v.0 as f64,
+            );
+        }
+        e.family(
+            "fmsched_estimator_errors_total",
+            "counter",
+            "Requests answered with an error, by RPC.",
+        );
+        for (rpc, v) in &m {
+            e.sample(
+                "fmsched_estimator_errors_total",
+                &[("rpc", rpc)],
+                v.1 as f64,
+            );
+        }
+        e.family(
+            "fmsched_estimator_request_seconds_sum",
+            "counter",
+            "Seconds spent answering, by RPC.",
+        );
+        for (rpc, v) in &m {
+            e.sample(
+                "fmsched_estimator_request_seconds_sum",
+                &[("rpc", rpc)],
+                v.2,
+            );
+        }
+        e.finish()
+    }
+}
+
 /// The gRPC service.
 #[derive(Clone)]
 pub struct EstimatorApi {
+    /// Request counters (shared with the `/metrics` endpoint).
+    pub metrics: Arc<RpcMetrics>,
     state: Arc<RwLock<EstimatorState>>,
     persistence: Option<Persistence>,
     /// Serialises the learn-and-persist RPCs so the stored statistics are
@@ -213,6 +307,7 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> 
 impl EstimatorApi {
     pub fn new(state: EstimatorState, persistence: Option<Persistence>) -> Self {
         Self {
+            metrics: Arc::new(RpcMetrics::default()),
             state: Arc::new(RwLock::new(state)),
             persistence,
             learn: Arc::new(tokio::sync::Mutex::new(())),
@@ -291,11 +386,13 @@ impl EstimatorService for EstimatorApi {
         &self,
         req: Request<pb::FitLossCurveRequest>,
     ) -> Result<Response<pb::FitLossCurveResponse>, Status> {
+        let guard = self.metrics.start("FitLossCurve");
         let r = req.into_inner();
         let points = r.iterations.len();
         let curve = blocking(move || loss_curve::fit_loss_curve(&r.iterations, &r.losses))
             .await?
             .map_err(fit_status)?;
+        guard.ok();
         Ok(Response::new(pb::FitLossCurveResponse {
             curve: Some(curve_to_pb(&curve)),
             points: points as u32,
@@ -306,6 +403,7 @@ impl EstimatorService for EstimatorApi {
         &self,
         req: Request<pb::PredictIterationsRequest>,
     ) -> Result<Response<pb::PredictIterationsResponse>, Status> {
+        let guard = self.metrics.start("PredictIterations");
         let r = req.into_inner();
         let curve = curve_from_pb("curve", r.curve.as_ref())?;
         check_finite("threshold", r.threshold)?;
@@ -354,6 +452,7 @@ impl EstimatorService for EstimatorApi {
             }
             out.metric_asymptote = if m.lower_is_better { -m.c } else { m.c };
         }
+        guard.ok();
         Ok(Response::new(out))
     }
 
@@ -361,6 +460,7 @@ impl EstimatorService for EstimatorApi {
         &self,
         req: Request<pb::ScoreTransferRequest>,
     ) -> Result<Response<pb::ScoreTransferResponse>, Status> {
+        let guard = self.metrics.start("ScoreTransfer");
         let r = req.into_inner();
         if r.tasks.len() < 2 {
             return Err(invalid("tasks", "need at least two tasks to score"));
@@ -421,6 +521,7 @@ impl EstimatorService for EstimatorApi {
         })
         .await?;
         let (pairs, (intercept, slope), observed) = pairs;
+        guard.ok();
         Ok(Response::new(pb::ScoreTransferResponse {
             pairs,
             intercept,
@@ -433,6 +534,7 @@ impl EstimatorService for EstimatorApi {
         &self,
         req: Request<pb::RecordTransferOutcomeRequest>,
     ) -> Result<Response<pb::RecordTransferOutcomeResponse>, Status> {
+        let guard = self.metrics.start("RecordTransferOutcome");
         let r = req.into_inner();
         check_finite("score", r.score)?;
         check_finite("gain", r.gain)?;
@@ -452,6 +554,7 @@ impl EstimatorService for EstimatorApi {
             slope,
             "merge outcome recorded"
         );
+        guard.ok();
         Ok(Response::new(pb::RecordTransferOutcomeResponse {
             intercept,
             slope,
@@ -463,6 +566,7 @@ impl EstimatorService for EstimatorApi {
         &self,
         req: Request<pb::PredictJobTimesRequest>,
     ) -> Result<Response<pb::PredictJobTimesResponse>, Status> {
+        let guard = self.metrics.start("PredictJobTimes");
         let r = req.into_inner();
         if r.jobs.is_empty() {
             return Err(invalid("jobs", "must not be empty"));
@@ -559,6 +663,7 @@ impl EstimatorService for EstimatorApi {
             tran_wt: p.tran_wt.clone(),
             iterations: p.iterations,
         }));
+        guard.ok();
         Ok(Response::new(pb::PredictJobTimesResponse {
             allocations: t.allocations,
             rows,
@@ -569,6 +674,7 @@ impl EstimatorService for EstimatorApi {
         &self,
         req: Request<pb::LookupThroughputRequest>,
     ) -> Result<Response<pb::LookupThroughputResponse>, Status> {
+        let guard = self.metrics.start("LookupThroughput");
         let r = req.into_inner();
         let st = self.read();
         let (key, layers) = key_from_pb("key", r.key.as_ref(), &st.lut)?;
@@ -576,6 +682,7 @@ impl EstimatorService for EstimatorApi {
             .lut
             .step_time(&key, layers)
             .map_err(|e| lut_status("key", e))?;
+        guard.ok();
         Ok(Response::new(pb::LookupThroughputResponse {
             step_time_seconds: s.step,
             sync_time_seconds: s.sync,
@@ -592,6 +699,7 @@ impl EstimatorService for EstimatorApi {
         &self,
         req: Request<pb::RecordStepTimesRequest>,
     ) -> Result<Response<pb::RecordStepTimesResponse>, Status> {
+        let guard = self.metrics.start("RecordStepTimes");
         let r = req.into_inner();
         if r.samples.is_empty() {
             return Err(invalid("samples", "must not be empty"));
@@ -652,6 +760,7 @@ impl EstimatorService for EstimatorApi {
         }
         self.write().lut = lut;
         tracing::debug!(accepted, rejected, "step times recorded");
+        guard.ok();
         Ok(Response::new(pb::RecordStepTimesResponse {
             accepted,
             rejected_outliers: rejected,
@@ -662,6 +771,7 @@ impl EstimatorService for EstimatorApi {
         &self,
         req: Request<pb::ImportProfileRequest>,
     ) -> Result<Response<pb::ImportProfileResponse>, Status> {
+        let guard = self.metrics.start("ImportProfile");
         let r = req.into_inner();
         let layout = r.layout.trim().to_string();
         check_name("layout", &layout)?;
@@ -709,6 +819,7 @@ impl EstimatorService for EstimatorApi {
         }
         self.write().lut = lut;
         tracing::info!(model = %imported.model, gpu_type = %imported.gpu_type, layout = %imported.layout, rows, "profile imported");
+        guard.ok();
         Ok(Response::new(pb::ImportProfileResponse {
             rows: rows as u32,
         }))

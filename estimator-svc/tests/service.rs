@@ -65,10 +65,15 @@ struct Server {
 
 impl Server {
     async fn start(db: &Db) -> Server {
+        Self::start_with(db, None).await
+    }
+
+    async fn start_with(db: &Db, metrics: Option<std::net::SocketAddr>) -> Server {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let cfg = Config {
             database_url: Some(db_url(&db.0)),
+            metrics_addr: metrics,
             ..Default::default()
         };
         let (tx, rx) = oneshot::channel();
@@ -141,7 +146,11 @@ fn curve_trace() -> (Vec<f64>, Vec<f64>) {
 #[tokio::test]
 async fn every_rpc_computes_and_rejects_bad_input() {
     let db = Db::create().await;
-    let server = Server::start(&db).await;
+    let metrics = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap()
+    };
+    let server = Server::start_with(&db, Some(metrics)).await;
     let mut c = server.client().await;
 
     // FitLossCurve → PredictIterations.
@@ -470,6 +479,19 @@ async fn every_rpc_computes_and_rejects_bad_input() {
         "score",
     );
 
+    // Every call above is counted on /metrics, errors separately.
+    let m = fmsched_runtime::metrics::scrape(metrics).await.unwrap();
+    assert!(
+        m.contains("fmsched_estimator_requests_total{rpc=\"FitLossCurve\"}"),
+        "{m}"
+    );
+    let errors: f64 = m
+        .lines()
+        .find(|l| l.starts_with("fmsched_estimator_errors_total{rpc=\"FitLossCurve\"}"))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0);
+    assert!(errors >= 3.0, "bad traces are counted as errors: {m}");
     server.stop().await;
     db.drop().await;
 }

@@ -32,7 +32,14 @@ async fn sql(q: &str) {
 }
 
 fn scheduler(db: &str, port: u16, dir: &std::path::Path) -> Proc {
+    scheduler_with(db, port, dir, None)
+}
+
+fn scheduler_with(db: &str, port: u16, dir: &std::path::Path, metrics: Option<u16>) -> Proc {
     let mut c = Command::new(bin("scheduler-svc"));
+    if let Some(m) = metrics {
+        c.env("FMSCHED_METRICS_ADDR", format!("127.0.0.1:{m}"));
+    }
     c.env("FMSCHED_SCHEDULING__RETRY_BACKOFF", "300ms");
     c.env("FMSCHED_DATABASE_URL", db_url(db))
         .env("FMSCHED_LISTEN_ADDR", format!("127.0.0.1:{port}"))
@@ -49,7 +56,14 @@ fn scheduler(db: &str, port: u16, dir: &std::path::Path) -> Proc {
 }
 
 fn agent(node: &str, port: u16, dir: &std::path::Path) -> Proc {
+    agent_with(node, port, dir, None)
+}
+
+fn agent_with(node: &str, port: u16, dir: &std::path::Path, metrics: Option<u16>) -> Proc {
     let mut c = Command::new(bin("node-agent"));
+    if let Some(m) = metrics {
+        c.env("FMSCHED_AGENT_METRICS_ADDR", format!("127.0.0.1:{m}"));
+    }
     c.args([
         "--scheduler",
         &format!("http://127.0.0.1:{port}"),
@@ -125,7 +139,8 @@ async fn e2e_jobs_run_to_completion_through_a_scheduler_crash() {
     wait_for("scheduler up", Duration::from_secs(30), || {
         fmctl(port, &["summary"]).map(|_| ())
     });
-    let a = agent("node-a", port, dir.path());
+    let agent_metrics = free_port();
+    let a = agent_with("node-a", port, dir.path(), Some(agent_metrics));
     let b = agent("node-b", port, dir.path());
 
     // Ten jobs of different lengths on 8 GPUs: some wait for others.
@@ -160,7 +175,8 @@ async fn e2e_jobs_run_to_completion_through_a_scheduler_crash() {
         }
     });
     sched.kill9();
-    let mut _sched2 = scheduler(&db, port, dir.path());
+    let sched_metrics = free_port();
+    let mut _sched2 = scheduler_with(&db, port, dir.path(), Some(sched_metrics));
     wait_for("scheduler back", Duration::from_secs(30), || {
         fmctl(port, &["summary"]).map(|_| ())
     });
@@ -194,6 +210,24 @@ async fn e2e_jobs_run_to_completion_through_a_scheduler_crash() {
     // Re-sizing may relaunch a few; a relaunch storm (a finished process
     // started again, a failover restarting healthy work) would show here.
     assert!(launches <= 15, "{launches} launches for 10 jobs");
+    // Prometheus endpoints of the scheduler and an agent.
+    let scrape = |p: u16| async move {
+        fmsched_runtime::metrics::scrape(format!("127.0.0.1:{p}").parse().unwrap())
+            .await
+            .unwrap()
+    };
+    let m = scrape(sched_metrics).await;
+    assert!(m.contains("fmsched_jobs{state=\"completed\"} 10"), "{m}");
+    assert!(
+        m.contains("fmsched_rounds_total ") && m.contains("fmsched_solver_seconds_sum "),
+        "{m}"
+    );
+    let m = scrape(agent_metrics).await;
+    assert!(
+        m.contains("DCGM_FI_DEV_GPU_UTIL{gpu=\"0\",UUID=\"GPU-fake"),
+        "{m}"
+    );
+    assert!(m.contains("fmsched_agent_launches_total "), "{m}");
     let text = _sched2.log_text();
     assert!(!text.contains("inconsistent plan"), "{text}");
     drop(_sched2);

@@ -29,6 +29,8 @@ pub struct AgentConfig {
     pub tls: ClientTlsConfig,
     pub log: LogConfig,
     pub processes: ProcessConfig,
+    /// Prometheus `/metrics` address (unset = no metrics endpoint).
+    pub metrics_addr: Option<std::net::SocketAddr>,
 }
 
 /// `[processes]`: how training processes are run (docs/trainer-contract.md).
@@ -72,6 +74,7 @@ impl Default for AgentConfig {
             tls: ClientTlsConfig::default(),
             log: LogConfig::default(),
             processes: ProcessConfig::default(),
+            metrics_addr: None,
         }
     }
 }

@@ -104,10 +104,20 @@ struct Running {
     reader: tokio::task::JoinHandle<()>,
 }
 
+/// Counters of the driver, for `/metrics`.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct DriverStats {
+    pub launches: u64,
+    pub suspends: u64,
+    pub suspend_seconds_sum: f64,
+    pub kills: u64,
+}
+
 /// Runs and controls this node's training processes.
 pub struct ProcessDriver {
     cfg: DriverConfig,
     procs: tokio::sync::Mutex<BTreeMap<String, Running>>,
+    stats: Mutex<DriverStats>,
 }
 
 fn send_signal(pgid: i32, sig: i32) {
@@ -164,7 +174,23 @@ impl ProcessDriver {
         Self {
             cfg,
             procs: tokio::sync::Mutex::new(BTreeMap::new()),
+            stats: Mutex::new(DriverStats::default()),
         }
+    }
+
+    /// Counters so far.
+    pub fn stats(&self) -> DriverStats {
+        self.stats.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Processes running now.
+    pub async fn running(&self) -> usize {
+        let mut procs = self.procs.lock().await;
+        procs
+            .values_mut()
+            .map(|r| r.exit.is_none() && r.child.try_wait().ok().flatten().is_none())
+            .filter(|&alive| alive)
+            .count()
     }
 
     fn dir_of(&self, id: &str) -> PathBuf {
@@ -285,6 +311,10 @@ impl ProcessDriver {
             }
         });
         tracing::info!(task = %spec.id, pgid, gpus = ?spec.gpus, resume = ?spec.resume_from, "launched");
+        self.stats
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .launches += 1;
         procs.insert(
             spec.id.clone(),
             Running {
@@ -309,6 +339,8 @@ impl ProcessDriver {
             .get_mut(id)
             .ok_or_else(|| DriverError::NotRunning(id.to_string()))?;
         if r.child.try_wait().ok().flatten().is_none() {
+            let started = Instant::now();
+            let mut killed = false;
             let before = lock(&r.observed).last_checkpoint.clone();
             send_signal(r.pgid, signal::CHECKPOINT);
             let deadline = Instant::now() + self.cfg.checkpoint_timeout;
@@ -325,7 +357,14 @@ impl ProcessDriver {
                     tracing::warn!(task = id, grace = ?self.cfg.grace, "no exit after SIGTERM; killing the process group");
                     send_signal(r.pgid, libc::SIGKILL);
                     r.exit = r.child.wait().await.ok();
+                    killed = true;
                 }
+            }
+            {
+                let mut st = self.stats.lock().unwrap_or_else(|p| p.into_inner());
+                st.suspends += 1;
+                st.suspend_seconds_sum += started.elapsed().as_secs_f64();
+                st.kills += u64::from(killed);
             }
             // The trainer may have written a checkpoint on SIGTERM: let the
             // reader see its last lines.

@@ -5,5 +5,6 @@
 pub mod config;
 pub mod driver;
 pub mod gpu;
+pub mod metrics;
 pub mod reconcile;
 pub mod session;

@@ -88,7 +88,20 @@ async fn run(args: Args) -> anyhow::Result<()> {
     for g in gpus.inventory() {
         tracing::info!(index = g.index, uuid = %g.uuid, model = %g.model, memory_gib = g.memory_total_bytes >> 30, "GPU");
     }
-    let agent = Agent::new(cfg, token, gpus);
+    let metrics_addr = cfg.metrics_addr;
+    let agent = Agent::new(cfg, token, gpus.clone());
+    if let Some(addr) = metrics_addr {
+        let (reconciler, node) = (agent.reconciler(), agent.node_id().to_string());
+        let render: fmsched_runtime::metrics::Render = Arc::new(move || {
+            let (r, g, n) = (reconciler.clone(), gpus.clone(), node.clone());
+            Box::pin(async move { node_agent::metrics::render(&n, &g, &r).await })
+        });
+        tokio::spawn(async move {
+            if let Err(e) = fmsched_runtime::metrics::serve(addr, render).await {
+                tracing::error!(%addr, error = %e, "metrics endpoint failed");
+            }
+        });
+    }
     agent.run(fmsched_runtime::shutdown_signal()).await?;
     tracing::info!("agent stopped");
     Ok(())

@@ -270,6 +270,11 @@ impl Reconciler {
         out
     }
 
+    /// The process driver (for metrics).
+    pub fn driver(&self) -> &ProcessDriver {
+        &self.driver
+    }
+
     /// Sends the pre-warm hint to a task that runs here.
     pub async fn prewarm(&self, task_id: &str) -> bool {
         self.driver.prewarm(task_id).await.is_ok()

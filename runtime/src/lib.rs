@@ -2,6 +2,8 @@
 //! `node-agent`: layered configuration, logging, shutdown signals and a
 //! secret type that never prints.
 
+pub mod metrics;
+
 use std::fmt;
 use std::path::Path;
 

@@ -30,6 +30,8 @@ pub const NOT_CONFIG_KEYS: &[&str] = &[
 pub struct Config {
     /// gRPC listen address.
     pub listen_addr: SocketAddr,
+    /// Prometheus `/metrics` address (unset = no metrics endpoint).
+    pub metrics_addr: Option<SocketAddr>,
     /// Postgres URL. Falls back to `DATABASE_URL` when unset.
     pub database_url: Option<String>,
     pub database_max_connections: u32,
@@ -46,6 +48,7 @@ impl Default for Config {
     fn default() -> Self {
         Self {
             listen_addr: "127.0.0.1:50051".parse().expect("valid default address"),
+            metrics_addr: None,
             database_url: None,
             database_max_connections: 32,
             log: LogConfig::default(),

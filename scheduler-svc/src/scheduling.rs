@@ -40,6 +40,157 @@ use crate::persistence::{Assignment, JobRecord, PersistenceError};
 /// epochs with a known dataset size (it stops on its metric).
 const DEFAULT_ITERATIONS: u64 = 1000;
 
+/// Counters of the scheduling loop, rendered on `/metrics`.
+#[derive(Debug, Default)]
+pub struct SchedulerMetrics {
+    inner: std::sync::Mutex<MetricValues>,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct MetricValues {
+    pub rounds: u64,
+    pub round_seconds_sum: f64,
+    pub last_round_seconds: f64,
+    pub solver_seconds_sum: f64,
+    pub last_solver_seconds: f64,
+    pub fallbacks: u64,
+    pub context_switches: u64,
+    pub completed: u64,
+    pub failed: u64,
+    pub retries: u64,
+    pub queue_length: u64,
+    pub model_variables: u64,
+}
+
+impl SchedulerMetrics {
+    pub fn update(&self, f: impl FnOnce(&mut MetricValues)) {
+        f(&mut self.inner.lock().unwrap_or_else(|p| p.into_inner()));
+    }
+
+    pub fn values(&self) -> MetricValues {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
+
+/// Renders the scheduler's metrics (job counts come from Postgres).
+pub async fn render_metrics(state: &AppState) -> String {
+    use fmsched_runtime::metrics::Exposition;
+    let mut e = Exposition::default();
+    e.family("fmsched_jobs", "gauge", "Jobs by state.");
+    if let Ok(counts) = state.persistence.job_counts_by_state().await {
+        for st in JobState::ALL {
+            e.sample(
+                "fmsched_jobs",
+                &[("state", st.as_str())],
+                counts.get(&st).copied().unwrap_or(0) as f64,
+            );
+        }
+    }
+    e.family("fmsched_nodes", "gauge", "Nodes by liveness state.");
+    let nodes = state.registry.snapshot();
+    for st in ["available", "suspect", "offline"] {
+        let n = nodes.iter().filter(|x| x.state.as_str() == st).count();
+        e.sample("fmsched_nodes", &[("state", st)], n as f64);
+    }
+    let v = state.metrics.values();
+    e.family(
+        "fmsched_queue_length",
+        "gauge",
+        "Live jobs without GPUs after the last round.",
+    )
+    .sample("fmsched_queue_length", &[], v.queue_length as f64);
+    e.family("fmsched_rounds_total", "counter", "Scheduling rounds run.")
+        .sample("fmsched_rounds_total", &[], v.rounds as f64);
+    e.family(
+        "fmsched_round_duration_seconds_sum",
+        "counter",
+        "Total seconds spent in rounds.",
+    )
+    .sample(
+        "fmsched_round_duration_seconds_sum",
+        &[],
+        v.round_seconds_sum,
+    );
+    e.family(
+        "fmsched_round_duration_seconds_last",
+        "gauge",
+        "Seconds of the last round.",
+    )
+    .sample(
+        "fmsched_round_duration_seconds_last",
+        &[],
+        v.last_round_seconds,
+    );
+    e.family(
+        "fmsched_solver_seconds_sum",
+        "counter",
+        "Total seconds in the policy (MILP solve for Ymir).",
+    )
+    .sample("fmsched_solver_seconds_sum", &[], v.solver_seconds_sum);
+    e.family(
+        "fmsched_solver_seconds_last",
+        "gauge",
+        "Seconds of the last policy call.",
+    )
+    .sample("fmsched_solver_seconds_last", &[], v.last_solver_seconds);
+    e.family(
+        "fmsched_solver_fallbacks_total",
+        "counter",
+        "Rounds whose MILP hit its time limit and used the greedy fallback.",
+    )
+    .sample("fmsched_solver_fallbacks_total", &[], v.fallbacks as f64);
+    e.family(
+        "fmsched_solver_model_variables",
+        "gauge",
+        "Variables of the last MILP.",
+    )
+    .sample(
+        "fmsched_solver_model_variables",
+        &[],
+        v.model_variables as f64,
+    );
+    e.family(
+        "fmsched_merges_total",
+        "counter",
+        "Merges decided, by mode.",
+    );
+    for mode in ["temporal", "spatial"] {
+        e.sample("fmsched_merges_total", &[("mode", mode)], 0.0);
+    }
+    e.family(
+        "fmsched_context_switches_total",
+        "counter",
+        "Jobs started, moved or resized (each costs a checkpoint and a restart).",
+    )
+    .sample(
+        "fmsched_context_switches_total",
+        &[],
+        v.context_switches as f64,
+    );
+    e.family(
+        "fmsched_jobs_finished_total",
+        "counter",
+        "Jobs completed or failed by this process.",
+    )
+    .sample(
+        "fmsched_jobs_finished_total",
+        &[("outcome", "completed")],
+        v.completed as f64,
+    )
+    .sample(
+        "fmsched_jobs_finished_total",
+        &[("outcome", "failed")],
+        v.failed as f64,
+    );
+    e.family(
+        "fmsched_retries_total",
+        "counter",
+        "Failed training processes retried.",
+    )
+    .sample("fmsched_retries_total", &[], v.retries as f64);
+    e.finish()
+}
+
 /// What one round did, for logs and tests.
 #[derive(Debug, Default, PartialEq)]
 pub struct RoundReport {
@@ -157,6 +308,7 @@ pub async fn run_round(state: &AppState, lut: &Arc<Lut>) -> Result<RoundReport, 
                             );
                             p.transition_job(id, JobState::Queued, &reason, now).await?;
                             tracing::warn!(job_id = %id, retries, ?wait, "training process failed; will retry");
+                            state.metrics.update(|m| m.retries += 1);
                             if let Some(j) = live.get_mut(&id) {
                                 j.state = JobState::Queued;
                             }
@@ -288,12 +440,20 @@ pub async fn run_round(state: &AppState, lut: &Arc<Lut>) -> Result<RoundReport, 
     let policy_name = state.config.scheduling.policy.clone();
     let snap = Arc::new(snap);
     let snap2 = snap.clone();
+    let solve_started = std::time::Instant::now();
     let plan: Plan = tokio::task::spawn_blocking(move || {
         let policy = by_name(&policy_name).expect("validated at start-up");
         policy.schedule(&snap2)
     })
     .await
     .map_err(|e| RoundError::Join(e.to_string()))?;
+    let solve_s = solve_started.elapsed().as_secs_f64();
+    state.metrics.update(|m| {
+        m.solver_seconds_sum += solve_s;
+        m.last_solver_seconds = solve_s;
+        m.model_variables = plan.stats.variables as u64;
+        m.fallbacks += u64::from(plan.stats.fallback);
+    });
     if let Err(e) = plan.consistency_check(&snap) {
         // Never push a plan that breaks an invariant; keep the old one.
         tracing::error!(error = %e, "policy produced an inconsistent plan; keeping the current one");
@@ -376,6 +536,22 @@ pub async fn run_round(state: &AppState, lut: &Arc<Lut>) -> Result<RoundReport, 
         }
     }
     let generation = p.store_plan(&assignments, &transitions, now).await?;
+    // A context switch: a job whose GPUs differ from what it held.
+    let switches = assignments
+        .iter()
+        .filter(|a| {
+            held.get(&a.job)
+                .is_none_or(|h| h.node != a.node || h.gpus != a.gpus)
+        })
+        .count() as u64;
+    let queued = live.len().saturating_sub(assignments.len()) as u64;
+    let (completed, failed) = (report.completed as u64, report.failed as u64);
+    state.metrics.update(|m| {
+        m.context_switches += switches;
+        m.queue_length = queued;
+        m.completed += completed;
+        m.failed += failed;
+    });
     for (id, to, reason) in &transitions {
         tracing::info!(job_id = %id, to = %to, %reason, generation, "job state");
     }
@@ -456,7 +632,14 @@ pub async fn scheduling_loop(state: AppState) {
     loop {
         tick.tick().await;
         let started = std::time::Instant::now();
-        match run_round(&state, &lut).await {
+        let result = run_round(&state, &lut).await;
+        let took = started.elapsed().as_secs_f64();
+        state.metrics.update(|m| {
+            m.rounds += 1;
+            m.round_seconds_sum += took;
+            m.last_round_seconds = took;
+        });
+        match result {
             Ok(r) => tracing::debug!(generation = r.generation, jobs = r.jobs, running = r.running,
                 completed = r.completed, failed = r.failed, took = ?started.elapsed(), "scheduling round"),
             Err(e) => tracing::warn!(error = %e, "scheduling round failed; retrying next interval"),

@@ -77,6 +77,7 @@ pub async fn run(
         limits: Limits::default(),
         config: cfg.clone(),
         job_events,
+        metrics: Arc::new(crate::scheduling::SchedulerMetrics::default()),
     };
 
     let (health, health_svc) = tonic_health::server::health_reporter();
@@ -96,6 +97,18 @@ pub async fn run(
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1alpha()?;
 
+    let metrics = cfg.metrics_addr.map(|addr| {
+        let st = state.clone();
+        let render: fmsched_runtime::metrics::Render = Arc::new(move || {
+            let st = st.clone();
+            Box::pin(async move { crate::scheduling::render_metrics(&st).await })
+        });
+        tokio::spawn(async move {
+            if let Err(e) = fmsched_runtime::metrics::serve(addr, render).await {
+                tracing::error!(%addr, error = %e, "metrics endpoint failed");
+            }
+        })
+    });
     let scheduler = cfg
         .scheduling
         .enabled
@@ -140,8 +153,8 @@ pub async fn run(
         .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
         .await;
     background.abort();
-    if let Some(s) = scheduler {
-        s.abort();
+    for t in [scheduler, metrics].into_iter().flatten() {
+        t.abort();
     }
     result.context("gRPC server")?;
     tracing::info!("scheduler stopped");

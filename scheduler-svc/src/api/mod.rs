@@ -27,6 +27,8 @@ pub struct AppState {
     pub config: Arc<Config>,
     /// Wakes `WatchJob` streams when a job gets a new event in this process.
     pub job_events: broadcast::Sender<fmsched_core::JobId>,
+    /// Counters of the scheduling loop (rendered on `/metrics`).
+    pub metrics: Arc<crate::scheduling::SchedulerMetrics>,
 }
 
 /// Errors a handler returns; mapped to a status code in one place.

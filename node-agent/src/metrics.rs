@@ -1,0 +1,104 @@
+//! The agent's `/metrics`: per-GPU gauges with DCGM-exporter names and
+//! labels (so existing dashboards work), plus the process driver's counters.
+
+use std::sync::Arc;
+
+use fmsched_runtime::metrics::Exposition;
+
+use crate::gpu::GpuBackend;
+use crate::reconcile::Reconciler;
+
+/// Renders one scrape.
+pub async fn render(node_id: &str, gpus: &Arc<dyn GpuBackend>, reconciler: &Reconciler) -> String {
+    let inventory = gpus.inventory();
+    let g = gpus.clone();
+    let telemetry = tokio::task::spawn_blocking(move || g.sample())
+        .await
+        .unwrap_or_default();
+    let mut e = Exposition::default();
+    let families = [
+        ("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %)."),
+        ("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB)."),
+        ("DCGM_FI_DEV_FB_FREE", "Framebuffer memory free (in MiB)."),
+        ("DCGM_FI_DEV_GPU_TEMP", "GPU temperature (in C)."),
+        ("DCGM_FI_DEV_POWER_USAGE", "Power draw (in W)."),
+        (
+            "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",
+            "Total number of single-bit volatile ECC errors.",
+        ),
+        (
+            "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
+            "Total number of double-bit volatile ECC errors.",
+        ),
+        (
+            "DCGM_FI_DEV_XID_ERRORS",
+            "Xid errors seen since the agent started.",
+        ),
+    ];
+    for (name, help) in families {
+        e.family(name, "gauge", help);
+        for t in &telemetry {
+            let Some(info) = inventory.iter().find(|i| i.uuid == t.uuid) else {
+                continue;
+            };
+            let index = info.index.to_string();
+            let labels = [
+                ("gpu", index.as_str()),
+                ("UUID", t.uuid.as_str()),
+                ("modelName", info.model.as_str()),
+                ("Hostname", node_id),
+            ];
+            const MIB: f64 = 1024.0 * 1024.0;
+            let v = match name {
+                "DCGM_FI_DEV_GPU_UTIL" => f64::from(t.utilization_percent),
+                "DCGM_FI_DEV_FB_USED" => t.memory_used_bytes as f64 / MIB,
+                "DCGM_FI_DEV_FB_FREE" => {
+                    t.memory_total_bytes.saturating_sub(t.memory_used_bytes) as f64 / MIB
+                }
+                "DCGM_FI_DEV_GPU_TEMP" => f64::from(t.temperature_celsius),
+                "DCGM_FI_DEV_POWER_USAGE" => t.power_watts,
+                "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL" => t.ecc_corrected_errors as f64,
+                "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL" => t.ecc_uncorrected_errors as f64,
+                _ => t.xid_errors as f64,
+            };
+            e.sample(name, &labels, v);
+        }
+    }
+    let d = reconciler.driver();
+    let s = d.stats();
+    e.family(
+        "fmsched_agent_processes",
+        "gauge",
+        "Training processes running.",
+    )
+    .sample("fmsched_agent_processes", &[], d.running().await as f64);
+    e.family(
+        "fmsched_agent_launches_total",
+        "counter",
+        "Training processes started (fresh or resumed).",
+    )
+    .sample("fmsched_agent_launches_total", &[], s.launches as f64);
+    e.family(
+        "fmsched_agent_suspends_total",
+        "counter",
+        "Suspensions (checkpoint, then stop).",
+    )
+    .sample("fmsched_agent_suspends_total", &[], s.suspends as f64);
+    e.family(
+        "fmsched_agent_suspend_seconds_sum",
+        "counter",
+        "Seconds spent suspending processes.",
+    )
+    .sample(
+        "fmsched_agent_suspend_seconds_sum",
+        &[],
+        s.suspend_seconds_sum,
+    );
+    e.family(
+        "fmsched_agent_kills_total",
+        "counter",
+        "Processes killed after ignoring SIGTERM for the grace period.",
+    )
+    .sample("fmsched_agent_kills_total", &[], s.kills as f64);
+    e.finish()
+}
