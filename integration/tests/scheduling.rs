@@ -60,25 +60,29 @@ fn agent(node: &str, port: u16, dir: &std::path::Path) -> Proc {
 }
 
 fn agent_with(node: &str, port: u16, dir: &std::path::Path, metrics: Option<u16>) -> Proc {
+    agent_endpoints(node, &format!("http://127.0.0.1:{port}"), dir, metrics)
+}
+
+fn agent_endpoints(
+    node: &str,
+    endpoints: &str,
+    dir: &std::path::Path,
+    metrics: Option<u16>,
+) -> Proc {
     let mut c = Command::new(bin("node-agent"));
     if let Some(m) = metrics {
         c.env("FMSCHED_AGENT_METRICS_ADDR", format!("127.0.0.1:{m}"));
     }
-    c.args([
-        "--scheduler",
-        &format!("http://127.0.0.1:{port}"),
-        "--node-id",
-        node,
-    ])
-    .args(["--fake-gpus", "4", "--fake-gpu-model", "A100-80GB"])
-    .env("FMSCHED_JOIN_TOKEN", JOIN)
-    .env("FMSCHED_AGENT_PROCESSES__WORK_DIR", dir.join(node))
-    .env("FMSCHED_AGENT_PROCESSES__GRACE", "3s")
-    .env("FMSCHED_AGENT_PROCESSES__CHECKPOINT_TIMEOUT", "3s")
-    .env("FMSCHED_AGENT_PROCESSES__CHECKPOINT_INTERVAL", "1s")
-    .env("FMSCHED_AGENT_RECONNECT__INITIAL_DELAY", "100ms")
-    .env("FMSCHED_AGENT_RECONNECT__MAX_DELAY", "1s")
-    .env("RUST_LOG", "info");
+    c.args(["--scheduler", endpoints, "--node-id", node])
+        .args(["--fake-gpus", "4", "--fake-gpu-model", "A100-80GB"])
+        .env("FMSCHED_JOIN_TOKEN", JOIN)
+        .env("FMSCHED_AGENT_PROCESSES__WORK_DIR", dir.join(node))
+        .env("FMSCHED_AGENT_PROCESSES__GRACE", "3s")
+        .env("FMSCHED_AGENT_PROCESSES__CHECKPOINT_TIMEOUT", "3s")
+        .env("FMSCHED_AGENT_PROCESSES__CHECKPOINT_INTERVAL", "1s")
+        .env("FMSCHED_AGENT_RECONNECT__INITIAL_DELAY", "100ms")
+        .env("FMSCHED_AGENT_RECONNECT__MAX_DELAY", "1s")
+        .env("RUST_LOG", "info");
     Proc::spawn(node, c, dir)
 }
 
@@ -446,4 +450,81 @@ fn walk(p: &std::path::Path) -> Vec<String> {
         }
     }
     out
+}
+
+#[tokio::test]
+async fn e2e_two_replicas_the_standby_takes_over_when_the_active_dies() {
+    let db = format!("fmsched_ha_{}", uuid::Uuid::new_v4().simple());
+    sql(&format!("CREATE DATABASE {db}")).await;
+    let dir = tempfile::tempdir().unwrap();
+    let (p1, p2) = (free_port(), free_port());
+    let mut active = scheduler(&db, p1, dir.path());
+    wait_for("first replica up", Duration::from_secs(30), || {
+        fmctl(p1, &["summary"]).map(|_| ())
+    });
+    let dir2 = dir.path().join("second");
+    std::fs::create_dir_all(&dir2).unwrap();
+    let standby = scheduler(&db, p2, &dir2);
+    wait_for("second replica up", Duration::from_secs(30), || {
+        fmctl(p2, &["summary"]).map(|_| ())
+    });
+    let endpoints = format!("http://127.0.0.1:{p2},http://127.0.0.1:{p1}");
+    // The agents try the standby first: it refuses them and they move on.
+    let a = agent_endpoints("node-a", &endpoints, dir.path(), None);
+    let b = agent_endpoints("node-b", &endpoints, dir.path(), None);
+    let mut files = Vec::new();
+    for k in 0..6u64 {
+        let f = dir.path().join(format!("ha-{k}.yaml"));
+        std::fs::write(
+            &f,
+            job_yaml(
+                &format!("ha-{k}"),
+                ["rte", "mrpc", "stsb"][k as usize % 3],
+                1500,
+                1,
+            ),
+        )
+        .unwrap();
+        files.push(f.display().to_string());
+    }
+    let mut args = vec!["submit"];
+    args.extend(files.iter().map(String::as_str));
+    // Either replica takes submissions: this one goes to the standby.
+    fmctl(p2, &args).expect("submit through the standby");
+    wait_for("jobs running", Duration::from_secs(30), || {
+        let j = jobs(p1)?;
+        let running = j.values().filter(|s| s.0 == "running").count();
+        if running >= 4 {
+            Ok(())
+        } else {
+            Err(format!("{running} running"))
+        }
+    });
+    let t = Instant::now();
+    active.kill9();
+    let done = wait_for(
+        "every job completed under the new active replica",
+        Duration::from_secs(90),
+        || {
+            let j = jobs(p2)?;
+            if j.len() == 6 && j.values().all(|s| s.0 == "completed") {
+                Ok(j)
+            } else {
+                Err(format!("{j:?}"))
+            }
+        },
+    );
+    eprintln!("failover and completion took {:?}", t.elapsed());
+    assert_eq!(done.len(), 6);
+    assert!(
+        standby.log_text().contains("now the active scheduler"),
+        "the standby took over"
+    );
+    // The new active replica adopts the running processes: no relaunch storm.
+    let launches =
+        a.log_text().matches(" launched").count() + b.log_text().matches(" launched").count();
+    eprintln!("process launches: {launches} for 6 jobs");
+    assert!(launches <= 8, "{launches} launches for 6 jobs");
+    drop(standby);
+    sql(&format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)")).await;
 }

@@ -14,7 +14,9 @@ pub const NOT_KEYS: &[&str] = &["FMSCHED_AGENT_CONFIG"];
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct AgentConfig {
-    /// Scheduler gRPC endpoint, `http://host:port` or `https://host:port`.
+    /// Scheduler gRPC endpoint, `http://host:port` or `https://host:port`;
+    /// several replicas as a comma-separated list (the agent moves to the
+    /// next one when a session fails or a standby refuses it).
     pub scheduler_endpoint: String,
     /// Node id (default: the hostname).
     pub node_id: Option<String>,
@@ -153,18 +155,30 @@ impl AgentConfig {
         )?)
     }
 
+    /// The scheduler endpoints, in order of preference.
+    pub fn endpoints(&self) -> Vec<String> {
+        self.scheduler_endpoint
+            .split(',')
+            .map(|e| e.trim().to_string())
+            .filter(|e| !e.is_empty())
+            .collect()
+    }
+
     pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.endpoints().is_empty() {
+            return Err(ConfigError::Invalid {
+                key: "scheduler_endpoint",
+                message: "no endpoint given".into(),
+            });
+        }
         let invalid = |key, message: String| Err(ConfigError::Invalid { key, message });
-        if !(self.scheduler_endpoint.starts_with("http://")
-            || self.scheduler_endpoint.starts_with("https://"))
-        {
-            return invalid(
-                "scheduler_endpoint",
-                format!(
-                    "{:?} must start with http:// or https://",
-                    self.scheduler_endpoint
-                ),
-            );
+        for ep in self.endpoints() {
+            if !(ep.starts_with("http://") || ep.starts_with("https://")) {
+                return invalid(
+                    "scheduler_endpoint",
+                    format!("{ep:?} must start with http:// or https://"),
+                );
+            }
         }
         if self.heartbeat_interval.is_zero() {
             return invalid("heartbeat_interval", "must be > 0".into());

@@ -70,6 +70,8 @@ pub struct Agent {
     gpus: Arc<dyn GpuBackend>,
     applied_generation: AtomicI64,
     reconciler: Arc<Reconciler>,
+    /// Index into the endpoint list of the replica to dial next.
+    endpoint: std::sync::atomic::AtomicUsize,
 }
 
 impl Agent {
@@ -89,6 +91,7 @@ impl Agent {
             gpus,
             applied_generation: AtomicI64::new(0),
             reconciler,
+            endpoint: std::sync::atomic::AtomicUsize::new(0),
         }
     }
 
@@ -106,14 +109,18 @@ impl Agent {
         self.applied_generation.load(Ordering::SeqCst)
     }
 
+    /// The endpoint this session dials.
+    fn current_endpoint(&self) -> String {
+        let eps = self.cfg.endpoints();
+        eps[self.endpoint.load(Ordering::SeqCst) % eps.len().max(1)].clone()
+    }
+
     async fn channel(&self) -> Result<Channel, SessionError> {
+        let endpoint = self.current_endpoint();
         let retry = |e: &dyn std::fmt::Display| {
-            SessionError::Retry(format!(
-                "connecting to {}: {e}",
-                self.cfg.scheduler_endpoint
-            ))
+            SessionError::Retry(format!("connecting to {endpoint}: {e}"))
         };
-        let mut ep = Endpoint::from_shared(self.cfg.scheduler_endpoint.clone())
+        let mut ep = Endpoint::from_shared(endpoint.clone())
             .map_err(|e| SessionError::Refused(format!("scheduler_endpoint: {e}")))?
             .connect_timeout(self.cfg.reconnect.connect_timeout)
             .tcp_nodelay(true)
@@ -227,7 +234,7 @@ impl Agent {
             .and_then(duration_from_proto)
             .filter(|d| !d.is_zero())
             .unwrap_or(self.cfg.heartbeat_interval);
-        tracing::info!(node_id = %self.node_id, endpoint = %self.cfg.scheduler_endpoint, heartbeat = ?interval, "registered with scheduler");
+        tracing::info!(node_id = %self.node_id, endpoint = %self.current_endpoint(), heartbeat = ?interval, "registered with scheduler");
         on_registered();
 
         let mut tick = tokio::time::interval(interval);
@@ -300,7 +307,11 @@ impl Agent {
             match outcome {
                 Ok(()) => tracing::warn!("scheduler closed the session; reconnecting"),
                 Err(SessionError::Refused(m)) => return Err(SessionError::Refused(m)),
-                Err(SessionError::Retry(m)) => tracing::warn!(error = %m, "session failed"),
+                Err(SessionError::Retry(m)) => {
+                    tracing::warn!(error = %m, "session failed");
+                    // Try the next replica (a standby refuses sessions).
+                    self.endpoint.fetch_add(1, Ordering::SeqCst);
+                }
             }
             let delay = backoff.next_delay(&mut rand::rng());
             tracing::info!(retry_in = ?delay, "reconnecting");

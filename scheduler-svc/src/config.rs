@@ -32,6 +32,9 @@ pub struct Config {
     pub listen_addr: SocketAddr,
     /// Prometheus `/metrics` address (unset = no metrics endpoint).
     pub metrics_addr: Option<SocketAddr>,
+    /// How often a replica checks (or tries to take) the leader lock.
+    #[serde(with = "humantime_serde")]
+    pub leader_refresh: Duration,
     /// Postgres URL. Falls back to `DATABASE_URL` when unset.
     pub database_url: Option<String>,
     pub database_max_connections: u32,
@@ -49,6 +52,7 @@ impl Default for Config {
         Self {
             listen_addr: "127.0.0.1:50051".parse().expect("valid default address"),
             metrics_addr: None,
+            leader_refresh: Duration::from_secs(1),
             database_url: None,
             database_max_connections: 32,
             log: LogConfig::default(),

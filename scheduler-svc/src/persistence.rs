@@ -123,6 +123,59 @@ pub struct StoredPlan {
     pub assignments: Vec<Assignment>,
 }
 
+/// Exclusive leadership among scheduler replicas: a Postgres session-level
+/// advisory lock held on a dedicated connection (not the pool's, whose
+/// sessions are shared). If the process dies, Postgres drops the session and
+/// the lock with it, so a standby takes over within its refresh interval.
+pub struct LeaderLock {
+    url: String,
+    conn: tokio::sync::Mutex<Option<sqlx::PgConnection>>,
+}
+
+/// Advisory lock key of the active scheduler ("fmsched" in ASCII).
+const LEADER_KEY: i64 = 0x0066_6d73_6368_6564;
+
+impl LeaderLock {
+    pub fn new(url: &str) -> Self {
+        Self {
+            url: url.to_string(),
+            conn: tokio::sync::Mutex::new(None),
+        }
+    }
+
+    /// Keeps or tries to take the lock; returns whether this replica leads.
+    pub async fn refresh(&self) -> bool {
+        use sqlx::Connection;
+        let mut guard = self.conn.lock().await;
+        if let Some(c) = guard.as_mut() {
+            if sqlx::query("SELECT 1").execute(&mut *c).await.is_ok() {
+                return true;
+            }
+            // The session is gone and the lock with it.
+            *guard = None;
+            return false;
+        }
+        let Ok(opts) = self.url.parse::<PgConnectOptions>() else {
+            return false;
+        };
+        let Ok(mut c) =
+            sqlx::PgConnection::connect_with(&opts.application_name("fmsched-scheduler-leader"))
+                .await
+        else {
+            return false;
+        };
+        let got: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock($1)")
+            .bind(LEADER_KEY)
+            .fetch_one(&mut c)
+            .await
+            .unwrap_or(false);
+        if got {
+            *guard = Some(c);
+        }
+        got
+    }
+}
+
 /// A job as stored.
 #[derive(Clone, Debug, PartialEq)]
 pub struct JobRecord {

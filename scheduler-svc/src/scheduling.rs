@@ -631,6 +631,9 @@ pub async fn scheduling_loop(state: AppState) {
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
+        if !state.leader.load(std::sync::atomic::Ordering::SeqCst) {
+            continue; // a standby decides nothing
+        }
         let started = std::time::Instant::now();
         let result = run_round(&state, &lut).await;
         let took = started.elapsed().as_secs_f64();

@@ -78,6 +78,36 @@ pub async fn run(
         config: cfg.clone(),
         job_events,
         metrics: Arc::new(crate::scheduling::SchedulerMetrics::default()),
+        leader: Arc::new(std::sync::atomic::AtomicBool::new(false)),
+    };
+    // Leadership: take it now if free (a single replica leads at once),
+    // then keep refreshing; a standby takes over when the leader dies.
+    let lock = Arc::new(crate::persistence::LeaderLock::new(&url));
+    let became = lock.refresh().await;
+    state
+        .leader
+        .store(became, std::sync::atomic::Ordering::SeqCst);
+    tracing::info!(
+        leader = became,
+        "scheduler replica role: {}",
+        if became { "active" } else { "standby" }
+    );
+    let leadership = {
+        let (lock, flag) = (lock.clone(), state.leader.clone());
+        let every = cfg.leader_refresh;
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            loop {
+                tick.tick().await;
+                let now = lock.refresh().await;
+                let was = flag.swap(now, std::sync::atomic::Ordering::SeqCst);
+                if now && !was {
+                    tracing::warn!("this replica is now the active scheduler");
+                } else if was && !now {
+                    tracing::error!("lost the leader lock; standing by");
+                }
+            }
+        })
     };
 
     let (health, health_svc) = tonic_health::server::health_reporter();
@@ -118,6 +148,7 @@ pub async fn run(
         persistence.clone(),
         registry.clone(),
         health.clone(),
+        state.leader.clone(),
     ));
 
     let mut builder = tonic::transport::Server::builder()
@@ -153,6 +184,7 @@ pub async fn run(
         .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
         .await;
     background.abort();
+    leadership.abort();
     for t in [scheduler, metrics].into_iter().flatten() {
         t.abort();
     }
@@ -167,6 +199,7 @@ async fn background_tasks(
     persistence: Persistence,
     registry: Arc<NodeRegistry>,
     health: tonic_health::server::HealthReporter,
+    leader: Arc<std::sync::atomic::AtomicBool>,
 ) {
     let rule = cfg.liveness.rule();
     let mut liveness = tokio::time::interval(cfg.liveness.check_interval);
@@ -176,6 +209,11 @@ async fn background_tasks(
     loop {
         tokio::select! {
             _ = liveness.tick() => {
+                // A standby has no agent sessions: it must not mark the
+                // leader's nodes offline.
+                if !leader.load(std::sync::atomic::Ordering::SeqCst) {
+                    continue;
+                }
                 let now = Utc::now();
                 for ch in registry.sweep(&rule, now) {
                     match persistence.set_node_state(&ch.node, ch.to, ch.last_heartbeat, now).await {

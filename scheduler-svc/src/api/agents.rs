@@ -109,6 +109,12 @@ impl AgentService for AgentApi {
         &self,
         req: Request<Streaming<pb::AgentMessage>>,
     ) -> Result<Response<Self::SessionStream>, Status> {
+        if !self.state.leader.load(std::sync::atomic::Ordering::SeqCst) {
+            // Agents retry and rotate through their endpoints to the leader.
+            return Err(Status::unavailable(
+                "this scheduler replica is a standby; connect to the active one",
+            ));
+        }
         let peer = req.remote_addr();
         let mut inbound = req.into_inner();
         let timeout = self.state.config.liveness.register_timeout;

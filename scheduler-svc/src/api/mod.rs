@@ -29,6 +29,9 @@ pub struct AppState {
     pub job_events: broadcast::Sender<fmsched_core::JobId>,
     /// Counters of the scheduling loop (rendered on `/metrics`).
     pub metrics: Arc<crate::scheduling::SchedulerMetrics>,
+    /// Whether this replica holds the leader lock: only the leader runs
+    /// rounds, persists node liveness and accepts agent sessions.
+    pub leader: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// Errors a handler returns; mapped to a status code in one place.
