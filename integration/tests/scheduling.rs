@@ -69,7 +69,18 @@ fn agent_endpoints(
     dir: &std::path::Path,
     metrics: Option<u16>,
 ) -> Proc {
+    agent_env(node, endpoints, dir, metrics, &[])
+}
+
+fn agent_env(
+    node: &str,
+    endpoints: &str,
+    dir: &std::path::Path,
+    metrics: Option<u16>,
+    env: &[(&str, &str)],
+) -> Proc {
     let mut c = Command::new(bin("node-agent"));
+    c.envs(env.iter().copied());
     if let Some(m) = metrics {
         c.env("FMSCHED_AGENT_METRICS_ADDR", format!("127.0.0.1:{m}"));
     }
@@ -526,5 +537,73 @@ async fn e2e_two_replicas_the_standby_takes_over_when_the_active_dies() {
     eprintln!("process launches: {launches} for 6 jobs");
     assert!(launches <= 8, "{launches} launches for 6 jobs");
     drop(standby);
+    sql(&format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)")).await;
+}
+
+#[tokio::test]
+async fn e2e_a_node_with_gpu_errors_is_drained() {
+    let db = format!("fmsched_xid_{}", uuid::Uuid::new_v4().simple());
+    sql(&format!("CREATE DATABASE {db}")).await;
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let sched = scheduler(&db, port, dir.path());
+    wait_for("scheduler up", Duration::from_secs(30), || {
+        fmctl(port, &["summary"]).map(|_| ())
+    });
+    let ep = format!("http://127.0.0.1:{port}");
+    let a = agent_env("node-a", &ep, dir.path(), None, &[]);
+    let bad = agent_env(
+        "node-bad",
+        &ep,
+        dir.path(),
+        None,
+        &[("FMSCHED_FAKE_XID_GPUS", "2")],
+    );
+    // Let both register and report telemetry before anything is placed.
+    wait_for("two nodes", Duration::from_secs(20), || {
+        let out = fmctl(port, &["-o", "json", "nodes"])?;
+        if out.matches("\"xid_errors\"").count() >= 8
+            || out.matches("utilization_percent").count() >= 8
+        {
+            Ok(())
+        } else {
+            Err(out)
+        }
+    });
+    let mut files = Vec::new();
+    for k in 0..6u64 {
+        let f = dir.path().join(format!("x-{k}.yaml"));
+        std::fs::write(
+            &f,
+            job_yaml(
+                &format!("x-{k}"),
+                ["rte", "mrpc", "stsb"][k as usize % 3],
+                800,
+                1,
+            ),
+        )
+        .unwrap();
+        files.push(f.display().to_string());
+    }
+    let mut args = vec!["submit"];
+    args.extend(files.iter().map(String::as_str));
+    fmctl(port, &args).expect("submit");
+    wait_for("every job completed", Duration::from_secs(90), || {
+        let j = jobs(port)?;
+        if j.len() == 6 && j.values().all(|s| s.0 == "completed") {
+            Ok(())
+        } else {
+            Err(format!("{j:?}"))
+        }
+    });
+    assert!(
+        !bad.log_text().contains(" launched"),
+        "nothing ran on the faulty node"
+    );
+    assert!(a.log_text().contains(" launched"));
+    assert!(
+        sched.log_text().contains("draining node"),
+        "the drain is logged"
+    );
     sql(&format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)")).await;
 }

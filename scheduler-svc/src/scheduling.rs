@@ -243,6 +243,13 @@ fn trainer_task(job: &JobRecord) -> pb::TrainerTask {
     }
 }
 
+/// Whether any GPU of the node reports Xid or uncorrectable ECC errors.
+fn faulty(n: &crate::registry::LiveNode) -> bool {
+    n.telemetry
+        .values()
+        .any(|t| t.xid_errors > 0 || t.ecc_uncorrected_errors > 0)
+}
+
 /// One scheduling round (see the module docs).
 pub async fn run_round(state: &AppState, lut: &Arc<Lut>) -> Result<RoundReport, RoundError> {
     let p = &state.persistence;
@@ -330,6 +337,15 @@ pub async fn run_round(state: &AppState, lut: &Arc<Lut>) -> Result<RoundReport, 
         .iter()
         .filter(|n| n.state != NodeState::Offline && !n.record.gpus.is_empty())
         .collect();
+    for n in available.iter().filter(|n| faulty(n)) {
+        let bad: Vec<&str> = n
+            .telemetry
+            .values()
+            .filter(|t| t.xid_errors > 0 || t.ecc_uncorrected_errors > 0)
+            .map(|t| t.uuid.as_str())
+            .collect();
+        tracing::warn!(node_id = %n.record.id, gpus = ?bad, "draining node: GPUs report Xid or uncorrectable ECC errors");
+    }
     let node_index: BTreeMap<&NodeId, usize> = available
         .iter()
         .enumerate()
@@ -418,7 +434,11 @@ pub async fn run_round(state: &AppState, lut: &Arc<Lut>) -> Result<RoundReport, 
             .iter()
             .map(|n| NodeCap {
                 id: n.record.id.as_str().to_string(),
-                gpus: if n.state == NodeState::Suspect {
+                // A node whose GPUs report Xid or uncorrectable ECC errors is
+                // drained: nothing stays or starts there.
+                gpus: if faulty(n) {
+                    0
+                } else if n.state == NodeState::Suspect {
                     current
                         .assignments
                         .iter()

@@ -105,6 +105,8 @@ struct State {
 #[derive(Debug)]
 pub struct FakeGpuBackend {
     model: FakeModel,
+    /// GPU indices that report hardware errors (`FMSCHED_FAKE_XID_GPUS`).
+    faulty: Vec<u32>,
     uuids: Vec<String>,
     state: Mutex<State>,
     /// Checks whether a pid is alive (replaceable in tests).
@@ -151,8 +153,15 @@ impl FakeGpuBackend {
                 )
             })
             .collect();
+        // Test knob: GPUs (by index) that report an Xid error and an
+        // uncorrectable ECC error, to exercise draining a faulty node.
+        let faulty = std::env::var("FMSCHED_FAKE_XID_GPUS")
+            .ok()
+            .map(|v| v.split(',').filter_map(|x| x.trim().parse().ok()).collect())
+            .unwrap_or_default();
         Ok(Self {
             model: m,
+            faulty,
             uuids,
             state: Mutex::new(State {
                 loads: Vec::new(),
@@ -281,8 +290,8 @@ impl GpuBackend for FakeGpuBackend {
                 temperature_celsius: t.round() as u32,
                 power_watts: power.max(0.0),
                 ecc_corrected_errors: 0,
-                ecc_uncorrected_errors: 0,
-                xid_errors: 0,
+                ecc_uncorrected_errors: u64::from(self.faulty.contains(&(i as u32))),
+                xid_errors: u64::from(self.faulty.contains(&(i as u32))),
                 processes,
             });
         }
