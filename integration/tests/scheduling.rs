@@ -216,10 +216,39 @@ async fn e2e_jobs_run_to_completion_through_a_scheduler_crash() {
     }
     // Exactly once: every job ran to completion and no job failed.
     assert!(done.values().all(|s| s.0 == "completed"));
-    let launches = a.log_text().matches("\"launched\"").count()
-        + b.log_text().matches("\"launched\"").count()
-        + a.log_text().matches(" launched").count()
-        + b.log_text().matches(" launched").count();
+    // Every job was profiled first and got estimates from its loss trace.
+    {
+        let mut c = sqlx::PgConnection::connect(&db_url(&db)).await.unwrap();
+        let profiled: i64 = sqlx::query_scalar(
+            "SELECT count(DISTINCT job_id) FROM job_events WHERE to_state = 'profiling'",
+        )
+        .fetch_one(&mut c)
+        .await
+        .unwrap();
+        let fitted: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM job_estimates WHERE iterations IS NOT NULL AND cardinality(fisher) > 0",
+        )
+        .fetch_one(&mut c)
+        .await
+        .unwrap();
+        let estimated: i64 = sqlx::query_scalar("SELECT count(*) FROM job_estimates")
+            .fetch_one(&mut c)
+            .await
+            .unwrap();
+        let notes: Vec<(Option<i64>, i32, String)> =
+            sqlx::query_as("SELECT iterations, cardinality(fisher), note FROM job_estimates")
+                .fetch_all(&mut c)
+                .await
+                .unwrap();
+        assert_eq!(
+            (profiled, estimated),
+            (10, 10),
+            "every job profiled, with estimates: {notes:?}"
+        );
+        eprintln!("{fitted} of 10 profiles gave a fitted loss curve and an embedding");
+        assert!(fitted >= 5, "most profiles fit: {notes:?}");
+    }
+    let launches = training_launches(&a.log_text()) + training_launches(&b.log_text());
     eprintln!("process launches on the agents: {launches} for 10 jobs");
     assert!(launches >= 10, "every job was launched");
     // Re-sizing may relaunch a few; a relaunch storm (a finished process
@@ -302,8 +331,7 @@ async fn e2e_a_crashing_trainer_is_retried_then_fails_with_its_last_log_lines() 
     );
     assert!(shown.contains("gave up after 3 retries"), "{shown}");
     // 1 first run + 3 retries of the crashing job, 1 run of the other.
-    let launches =
-        a.log_text().matches(" launched").count() + a.log_text().matches("\"launched\"").count();
+    let launches = training_launches(&a.log_text());
     assert_eq!(launches, 5, "{launches} launches");
     sql(&format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)")).await;
 }
@@ -532,8 +560,7 @@ async fn e2e_two_replicas_the_standby_takes_over_when_the_active_dies() {
         "the standby took over"
     );
     // The new active replica adopts the running processes: no relaunch storm.
-    let launches =
-        a.log_text().matches(" launched").count() + b.log_text().matches(" launched").count();
+    let launches = training_launches(&a.log_text()) + training_launches(&b.log_text());
     eprintln!("process launches: {launches} for 6 jobs");
     assert!(launches <= 8, "{launches} launches for 6 jobs");
     drop(standby);
@@ -606,4 +633,11 @@ async fn e2e_a_node_with_gpu_errors_is_drained() {
         "the drain is logged"
     );
     sql(&format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)")).await;
+}
+
+/// Training-process launches in an agent log (profiling runs excluded).
+fn training_launches(log: &str) -> usize {
+    log.lines()
+        .filter(|l| l.contains(" launched") && !l.contains("-profile"))
+        .count()
 }

@@ -69,6 +69,9 @@ pub enum DriverError {
 pub struct Observed {
     /// Per job: (iteration, samples, loss).
     pub progress: BTreeMap<String, (u64, u64, f64)>,
+    /// (iteration, loss) of every progress report, thinned to at most
+    /// [`MAX_TRACE`] points (every other point dropped when full).
+    pub loss_trace: Vec<(u64, f64)>,
     pub step_time_s: Option<f64>,
     /// Per job: (iteration, epoch, metric, value), in order.
     pub evals: Vec<(String, u64, f64, String, f64)>,
@@ -128,6 +131,9 @@ fn send_signal(pgid: i32, sig: i32) {
     }
 }
 
+/// Longest loss trace kept per process.
+pub const MAX_TRACE: usize = 2000;
+
 fn lock(o: &Mutex<Observed>) -> std::sync::MutexGuard<'_, Observed> {
     o.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -144,6 +150,13 @@ fn apply(o: &Mutex<Observed>, r: Report) {
         } => {
             o.progress.insert(job_id, (iteration, samples, loss));
             o.step_time_s = Some(step_time_s);
+            if o.loss_trace.len() >= MAX_TRACE {
+                let thinned: Vec<(u64, f64)> = o.loss_trace.iter().copied().step_by(2).collect();
+                o.loss_trace = thinned;
+            }
+            if loss.is_finite() {
+                o.loss_trace.push((iteration, loss));
+            }
         }
         Report::Eval {
             job_id,

@@ -32,6 +32,7 @@ struct Known {
     checkpoint: Option<(PathBuf, u64)>,
     suspended: bool,
     pid: u32,
+    profile: bool,
 }
 
 pub struct Reconciler {
@@ -67,6 +68,22 @@ fn last_lines(path: &std::path::Path, n: usize) -> String {
     let text = String::from_utf8_lossy(&buf);
     let lines: Vec<&str> = text.lines().collect();
     lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+/// The measurements of an ended profiling run (empty otherwise).
+fn profile_results(ended_profile: bool, o: &crate::driver::Observed) -> pb::ObservedTask {
+    if !ended_profile {
+        return pb::ObservedTask::default();
+    }
+    let (fisher, fisher_repeat) = o.embeddings.values().next().cloned().unwrap_or_default();
+    pb::ObservedTask {
+        trace_iterations: o.loss_trace.iter().map(|p| p.0 as f64).collect(),
+        trace_losses: o.loss_trace.iter().map(|p| p.1).collect(),
+        fisher,
+        fisher_repeat,
+        step_time_s: o.step_time_s.unwrap_or(0.0),
+        ..Default::default()
+    }
 }
 
 impl Reconciler {
@@ -185,6 +202,7 @@ impl Reconciler {
                         checkpoint: entry.checkpoint.clone(),
                         suspended: false,
                         pid,
+                        profile: spec.profile,
                     };
                 }
                 Err(e) => problems.push(e.to_string()),
@@ -265,6 +283,7 @@ impl Reconciler {
                     .iter()
                     .map(|(k, v)| (k.clone(), v.clone()))
                     .collect(),
+                ..profile_results(k.profile && !s.running, &s.observed)
             });
         }
         out

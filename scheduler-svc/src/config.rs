@@ -137,6 +137,9 @@ pub struct SchedulingConfig {
     pub policy: String,
     /// Run scheduling rounds (false: the API only, e.g. a read replica).
     pub enabled: bool,
+    /// Give each new job a short profiling run (1 GPU, 4 for pipeline jobs)
+    /// before it is scheduled; its loss trace and embedding become estimates.
+    pub profiling: bool,
     /// A job whose training process fails is retried this many times
     /// (resuming from its last checkpoint), then fails.
     pub max_retries: u32,
@@ -151,6 +154,7 @@ impl Default for SchedulingConfig {
             interval: Duration::from_secs(120),
             policy: "ymir".into(),
             enabled: true,
+            profiling: true,
             max_retries: 3,
             retry_backoff: Duration::from_secs(30),
         }

@@ -114,6 +114,20 @@ pub struct Assignment {
     pub job: JobId,
     pub node: NodeId,
     pub gpus: Vec<GpuUuid>,
+    /// A profiling run (not the training run).
+    pub profile: bool,
+}
+
+/// What a profiling run taught about a job.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Estimate {
+    /// Iterations to converge (Ymir Eq. 2), None without a usable fit.
+    pub iterations: Option<u64>,
+    pub curve: Option<serde_json::Value>,
+    pub fisher: Vec<f64>,
+    pub fisher_repeat: Vec<f64>,
+    pub step_time_s: Option<f64>,
+    pub note: String,
 }
 
 /// The persisted intent.
@@ -496,11 +510,12 @@ impl Persistence {
             .fetch_one(&self.pool)
             .await
             .map_err(db_err(OP))?;
-        let rows =
-            sqlx::query("SELECT job_id, node_id, gpu_uuids FROM assignments ORDER BY job_id")
-                .fetch_all(&self.pool)
-                .await
-                .map_err(db_err(OP))?;
+        let rows = sqlx::query(
+            "SELECT job_id, node_id, gpu_uuids, profile FROM assignments ORDER BY job_id",
+        )
+        .fetch_all(&self.pool)
+        .await
+        .map_err(db_err(OP))?;
         let mut assignments = Vec::with_capacity(rows.len());
         for r in rows {
             let get = |e: sqlx::Error| corrupt(OP, e.to_string());
@@ -514,6 +529,7 @@ impl Persistence {
                     .into_iter()
                     .map(GpuUuid)
                     .collect(),
+                profile: r.try_get("profile").map_err(get)?,
             });
         }
         Ok(StoredPlan {
@@ -546,14 +562,15 @@ impl Persistence {
                 .map_err(db_err(OP))?;
             for a in assignments {
                 sqlx::query(
-                    "INSERT INTO assignments (job_id, node_id, gpu_uuids, generation, assigned_at)
-                     VALUES ($1, $2, $3, $4, $5)",
+                    "INSERT INTO assignments (job_id, node_id, gpu_uuids, generation, assigned_at, profile)
+                     VALUES ($1, $2, $3, $4, $5, $6)",
                 )
                 .bind(a.job.0)
                 .bind(a.node.as_str())
                 .bind(a.gpus.iter().map(|g| g.0.clone()).collect::<Vec<_>>())
                 .bind(generation)
                 .bind(now)
+                .bind(a.profile)
                 .execute(&mut *tx)
                 .await
                 .map_err(db_err(OP))?;
@@ -635,6 +652,60 @@ impl Persistence {
                 .await
                 .map_err(db_err("retry_holds"))?;
         Ok(ids.into_iter().map(JobId).collect())
+    }
+
+    /// Stores (replaces) a job's estimates.
+    pub async fn store_estimate(
+        &self,
+        job: JobId,
+        e: &Estimate,
+        now: DateTime<Utc>,
+    ) -> Result<(), PersistenceError> {
+        sqlx::query(
+            "INSERT INTO job_estimates (job_id, iterations, curve, fisher, fisher_repeat, step_time_s, note, estimated_at)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+             ON CONFLICT (job_id) DO UPDATE SET iterations = EXCLUDED.iterations, curve = EXCLUDED.curve,
+               fisher = EXCLUDED.fisher, fisher_repeat = EXCLUDED.fisher_repeat, step_time_s = EXCLUDED.step_time_s,
+               note = EXCLUDED.note, estimated_at = EXCLUDED.estimated_at",
+        )
+        .bind(job.0)
+        .bind(e.iterations.map(|i| i.min(i64::MAX as u64) as i64))
+        .bind(&e.curve)
+        .bind(&e.fisher)
+        .bind(&e.fisher_repeat)
+        .bind(e.step_time_s)
+        .bind(&e.note)
+        .bind(now)
+        .execute(&self.pool)
+        .await
+        .map_err(db_err("store_estimate"))?;
+        Ok(())
+    }
+
+    /// Every job's estimates.
+    pub async fn estimates(&self) -> Result<BTreeMap<JobId, Estimate>, PersistenceError> {
+        const OP: &str = "estimates";
+        let rows = sqlx::query("SELECT job_id, iterations, curve, fisher, fisher_repeat, step_time_s, note FROM job_estimates")
+            .fetch_all(&self.pool)
+            .await
+            .map_err(db_err(OP))?;
+        let mut out = BTreeMap::new();
+        for r in rows {
+            let get = |e: sqlx::Error| corrupt(OP, e.to_string());
+            let it: Option<i64> = r.try_get("iterations").map_err(get)?;
+            out.insert(
+                JobId(r.try_get("job_id").map_err(get)?),
+                Estimate {
+                    iterations: it.map(|i| i.max(0) as u64),
+                    curve: r.try_get("curve").map_err(get)?,
+                    fisher: r.try_get("fisher").map_err(get)?,
+                    fisher_repeat: r.try_get("fisher_repeat").map_err(get)?,
+                    step_time_s: r.try_get("step_time_s").map_err(get)?,
+                    note: r.try_get("note").map_err(get)?,
+                },
+            );
+        }
+        Ok(out)
     }
 
     /// Iterations done and newest checkpoint of every job that reported.

@@ -34,7 +34,7 @@ use fmsched_core::{GpuUuid, JobId, JobState, NodeId, NodeState};
 use fmsched_proto::v1 as pb;
 
 use crate::api::AppState;
-use crate::persistence::{Assignment, JobRecord, PersistenceError};
+use crate::persistence::{Assignment, Estimate, JobRecord, PersistenceError};
 
 /// Default iterations of a job whose target names neither iterations nor
 /// epochs with a known dataset size (it stops on its metric).
@@ -243,6 +243,166 @@ fn trainer_task(job: &JobRecord) -> pb::TrainerTask {
     }
 }
 
+/// Profiling allocations of this round: kept ones (job still profiling,
+/// node still usable) and new ones for submitted jobs, oldest first, 1 GPU
+/// (4 on one node for pipeline-parallel jobs). Free GPUs first; GPUs held by
+/// training jobs only while profiling holds less than an eighth of the
+/// cluster.
+fn profiling_reservations(
+    state: &AppState,
+    live: &BTreeMap<JobId, JobRecord>,
+    current: &[Assignment],
+    available: &[&crate::registry::LiveNode],
+) -> Vec<Assignment> {
+    if !state.config.scheduling.profiling {
+        return Vec::new();
+    }
+    let usable = |node: &NodeId| {
+        available
+            .iter()
+            .find(|n| &n.record.id == node)
+            .is_some_and(|n| n.state == NodeState::Available && !faulty(n))
+    };
+    let mut out: Vec<Assignment> = current
+        .iter()
+        .filter(|a| {
+            a.profile
+                && usable(&a.node)
+                && live
+                    .get(&a.job)
+                    .is_some_and(|j| j.state == JobState::Profiling)
+        })
+        .cloned()
+        .collect();
+    let total: usize = available.iter().map(|n| n.record.gpus.len()).sum();
+    let cap = (total / 8).max(1);
+    let busy: BTreeSet<String> = current
+        .iter()
+        .filter(|a| !a.profile)
+        .flat_map(|a| a.gpus.iter().map(|g| g.0.clone()))
+        .collect();
+    let mut taken: BTreeSet<String> = out
+        .iter()
+        .flat_map(|a| a.gpus.iter().map(|g| g.0.clone()))
+        .collect();
+    for (id, j) in live.iter().filter(|(_, j)| j.state == JobState::Submitted) {
+        let need = if j.spec.resources.pipeline_parallel {
+            4
+        } else {
+            1
+        };
+        let used_now: usize = out.iter().map(|a| a.gpus.len()).sum();
+        let mut pick = None;
+        for prefer_free in [true, false] {
+            if !prefer_free && used_now + need > cap {
+                break;
+            }
+            pick = available
+                .iter()
+                .filter(|n| n.state == NodeState::Available && !faulty(n))
+                .find_map(|n| {
+                    let gpus: Vec<GpuUuid> = n
+                        .record
+                        .gpus
+                        .iter()
+                        .filter(|g| {
+                            !taken.contains(&g.uuid.0)
+                                && (!prefer_free || !busy.contains(&g.uuid.0))
+                        })
+                        .take(need)
+                        .map(|g| g.uuid.clone())
+                        .collect();
+                    (gpus.len() == need).then(|| (n.record.id.clone(), gpus))
+                });
+            if pick.is_some() {
+                break;
+            }
+        }
+        let Some((node, gpus)) = pick else { break };
+        taken.extend(gpus.iter().map(|g| g.0.clone()));
+        out.push(Assignment {
+            job: *id,
+            node,
+            gpus,
+            profile: true,
+        });
+    }
+    out
+}
+
+/// Task id suffix of a job's profiling run.
+const PROFILE_SUFFIX: &str = "-profile";
+
+/// Turns an ended profiling run into estimates (Ymir §4: Eq. 3 fit, Eq. 2
+/// iterations; the Task2Vec embedding kept for transferability) and queues
+/// the job. A run that failed or whose trace cannot support a fit still
+/// queues the job, with the reason in its estimates and its event.
+async fn observe_profile(
+    state: &AppState,
+    id: JobId,
+    t: &pb::ObservedTask,
+    now: chrono::DateTime<Utc>,
+) -> Result<(), RoundError> {
+    use estimator_svc::loss_curve::{PLATEAU_THRESHOLD, fit_loss_curve, iterations_to_converge};
+    let phase = pb::TaskPhase::try_from(t.phase).unwrap_or(pb::TaskPhase::Unspecified);
+    if !matches!(phase, pb::TaskPhase::Succeeded | pb::TaskPhase::Failed) {
+        return Ok(());
+    }
+    let p = &state.persistence;
+    let job = p.get_job(id).await?;
+    let cap = job.as_ref().map_or(DEFAULT_ITERATIONS * 100, |j| {
+        j.spec
+            .target
+            .max_iterations
+            .unwrap_or(DEFAULT_ITERATIONS * 100)
+    });
+    let mut est = Estimate {
+        fisher: t.fisher.clone(),
+        fisher_repeat: t.fisher_repeat.clone(),
+        step_time_s: Some(t.step_time_s).filter(|s| *s > 0.0),
+        ..Default::default()
+    };
+    let reason = if phase == pb::TaskPhase::Failed {
+        est.note = format!(
+            "profiling run exited with code {}: {}",
+            t.exit_code, t.message
+        );
+        format!(
+            "profiling failed (exit code {}); scheduling without estimates",
+            t.exit_code
+        )
+    } else {
+        match fit_loss_curve(&t.trace_iterations, &t.trace_losses) {
+            Ok(c) => {
+                let k = iterations_to_converge(&c, 0.0, PLATEAU_THRESHOLD, cap);
+                est.iterations = Some(k);
+                est.curve = Some(serde_json::json!({
+                    "beta0": c.beta0, "beta1": c.beta1, "beta2": c.beta2, "beta3": c.beta3, "quality": c.quality
+                }));
+                est.note = format!(
+                    "fit on {} loss points, quality {:.3}",
+                    t.trace_losses.len(),
+                    c.quality
+                );
+                format!(
+                    "profiled: about {k} iterations to converge (Eq. 2; fit quality {:.2})",
+                    c.quality
+                )
+            }
+            Err(e) => {
+                est.note = format!("no loss-curve fit: {e}");
+                format!(
+                    "profiled, but the loss trace supports no fit ({e}); using the job's target"
+                )
+            }
+        }
+    };
+    p.store_estimate(id, &est, now).await?;
+    p.transition_job(id, JobState::Queued, &reason, now).await?;
+    tracing::info!(job_id = %id, %reason, "profiling done");
+    Ok(())
+}
+
 /// Whether any GPU of the node reports Xid or uncorrectable ECC errors.
 fn faulty(n: &crate::registry::LiveNode) -> bool {
     n.telemetry
@@ -266,6 +426,22 @@ pub async fn run_round(state: &AppState, lut: &Arc<Lut>) -> Result<RoundReport, 
         .collect();
     for n in &nodes {
         for t in &n.observed_tasks {
+            // Profiling runs: "<job>-profile".
+            if let Some(job_part) = t.task_id.strip_suffix(PROFILE_SUFFIX) {
+                let Ok(id) = job_part.parse::<JobId>() else {
+                    continue;
+                };
+                if live
+                    .get(&id)
+                    .is_some_and(|j| j.state == JobState::Profiling)
+                {
+                    observe_profile(state, id, t, now).await?;
+                    if let Some(j) = live.get_mut(&id) {
+                        j.state = JobState::Queued;
+                    }
+                }
+                continue;
+            }
             let Ok(id) = t.task_id.parse::<JobId>() else {
                 continue;
             };
@@ -364,20 +540,53 @@ pub async fn run_round(state: &AppState, lut: &Arc<Lut>) -> Result<RoundReport, 
         .clamp(1, 9);
     let total: u32 = available.iter().map(|n| n.record.gpus.len() as u32).sum();
     let allocations = ymir_allocations(total);
-    let held: BTreeMap<JobId, &Assignment> =
-        current.assignments.iter().map(|a| (a.job, a)).collect();
-    // Jobs in their retry backoff wait outside the snapshot.
+    let held: BTreeMap<JobId, &Assignment> = current
+        .assignments
+        .iter()
+        .filter(|a| !a.profile)
+        .map(|a| (a.job, a))
+        .collect();
+    // Profiling runs first (Ymir Fig. 6 step 2): kept where they run,
+    // new ones on free GPUs, else on GPUs taken from the policy's capacity
+    // (at most an eighth of the cluster at a time).
+    let profiling = profiling_reservations(state, &live, &current.assignments, &available);
+    let mut reserved: BTreeMap<usize, BTreeSet<String>> = BTreeMap::new();
+    for a in &profiling {
+        if let Some(&k) = node_index.get(&a.node) {
+            reserved
+                .entry(k)
+                .or_default()
+                .extend(a.gpus.iter().map(|g| g.0.clone()));
+        }
+    }
+    let estimates = p.estimates().await?;
+    // Jobs in their retry backoff wait outside the snapshot; so do jobs not
+    // profiled yet.
     let held_back: BTreeSet<JobId> = p.retry_holds(now).await?.into_iter().collect();
+    let profiling_on = state.config.scheduling.profiling;
     let ids: Vec<JobId> = live
-        .keys()
-        .copied()
-        .filter(|id| !held_back.contains(id))
+        .iter()
+        .filter(|(id, j)| {
+            let unprofiled =
+                profiling_on && matches!(j.state, JobState::Submitted | JobState::Profiling);
+            !(held_back.contains(id) || unprofiled)
+        })
+        .map(|(id, _)| *id)
         .collect();
     let mut jobs = Vec::with_capacity(ids.len());
     for id in &ids {
         let j = &live[id];
         let done = progress.get(id).map_or(0, |p| p.0);
-        let remaining = total_iterations(j).saturating_sub(done).max(1);
+        // Iterations to converge from the profile's fitted curve (Eq. 2) when
+        // the job names no iteration budget.
+        let total = match (
+            j.spec.target.max_iterations,
+            estimates.get(id).and_then(|e| e.iterations),
+        ) {
+            (None, Some(k)) => k,
+            _ => total_iterations(j),
+        };
+        let remaining = total.saturating_sub(done).max(1);
         let layers = analytic::layers_of(&j.spec.model).unwrap_or(12);
         let variant = Variant {
             pipeline: j.spec.resources.pipeline_parallel,
@@ -442,11 +651,14 @@ pub async fn run_round(state: &AppState, lut: &Arc<Lut>) -> Result<RoundReport, 
                     current
                         .assignments
                         .iter()
-                        .filter(|a| a.node == n.record.id && live.contains_key(&a.job))
+                        .filter(|a| {
+                            !a.profile && a.node == n.record.id && live.contains_key(&a.job)
+                        })
                         .map(|a| a.gpus.len() as u32)
                         .sum()
                 } else {
-                    n.record.gpus.len() as u32
+                    let k = node_index[&n.record.id];
+                    n.record.gpus.len() as u32 - reserved.get(&k).map_or(0, |r| r.len() as u32)
                 },
             })
             .collect(),
@@ -481,8 +693,9 @@ pub async fn run_round(state: &AppState, lut: &Arc<Lut>) -> Result<RoundReport, 
     }
 
     // ---- 4. apply ---------------------------------------------------------
-    // Concrete GPUs: a job that keeps its node and size keeps its GPUs.
-    let mut used: BTreeMap<usize, BTreeSet<String>> = BTreeMap::new();
+    // Concrete GPUs: a job that keeps its node and size keeps its GPUs
+    // (unless a profiling run took one of them).
+    let mut used: BTreeMap<usize, BTreeSet<String>> = reserved.clone();
     let mut assignments = Vec::new();
     let mut pending = Vec::new();
     for e in &plan.entries {
@@ -490,7 +703,12 @@ pub async fn run_round(state: &AppState, lut: &Arc<Lut>) -> Result<RoundReport, 
             let id = ids[k];
             match (held.get(&id), e.placement.as_slice()) {
                 (Some(a), [(n, g)])
-                    if node_index.get(&a.node) == Some(n) && a.gpus.len() as u32 == *g =>
+                    if node_index.get(&a.node) == Some(n)
+                        && a.gpus.len() as u32 == *g
+                        && !a
+                            .gpus
+                            .iter()
+                            .any(|u| reserved.get(n).is_some_and(|r| r.contains(&u.0))) =>
                 {
                     used.entry(*n)
                         .or_default()
@@ -519,12 +737,34 @@ pub async fn run_round(state: &AppState, lut: &Arc<Lut>) -> Result<RoundReport, 
                 job: id,
                 node: available[n].record.id.clone(),
                 gpus: free,
+                profile: false,
             });
         }
     }
     let running: BTreeSet<JobId> = assignments.iter().map(|a| a.job).collect();
     let mut transitions = Vec::new();
+    let profiled: BTreeSet<JobId> = profiling.iter().map(|a| a.job).collect();
     for (id, j) in &live {
+        if profiled.contains(id) {
+            if j.state == JobState::Submitted {
+                let a = profiling.iter().find(|a| a.job == *id).expect("reserved");
+                let reason = format!("profiling on {} ({} GPU)", a.node, a.gpus.len());
+                transitions.push((*id, JobState::Profiling, reason));
+            }
+            continue;
+        }
+        if profiling_on && j.state == JobState::Profiling {
+            // Its profiling node is gone: profile again.
+            transitions.push((
+                *id,
+                JobState::Submitted,
+                "profiling node lost; profiling again".to_string(),
+            ));
+            continue;
+        }
+        if profiling_on && j.state == JobState::Submitted {
+            continue; // waits for a profiling GPU
+        }
         let want = if running.contains(id) {
             JobState::Running
         } else {
@@ -555,6 +795,8 @@ pub async fn run_round(state: &AppState, lut: &Arc<Lut>) -> Result<RoundReport, 
             transitions.push((*id, want, reason));
         }
     }
+    let training = assignments.len();
+    assignments.extend(profiling);
     let generation = p.store_plan(&assignments, &transitions, now).await?;
     // A context switch: a job whose GPUs differ from what it held.
     let switches = assignments
@@ -564,7 +806,7 @@ pub async fn run_round(state: &AppState, lut: &Arc<Lut>) -> Result<RoundReport, 
                 .is_none_or(|h| h.node != a.node || h.gpus != a.gpus)
         })
         .count() as u64;
-    let queued = live.len().saturating_sub(assignments.len()) as u64;
+    let queued = live.len().saturating_sub(training) as u64;
     let (completed, failed) = (report.completed as u64, report.failed as u64);
     state.metrics.update(|m| {
         m.context_switches += switches;
@@ -578,7 +820,7 @@ pub async fn run_round(state: &AppState, lut: &Arc<Lut>) -> Result<RoundReport, 
     push_plans(state, &live, &assignments, &progress, generation);
     report.generation = generation;
     report.jobs = live.len();
-    report.running = assignments.len();
+    report.running = training;
     Ok(report)
 }
 
@@ -603,13 +845,23 @@ fn push_plans(
             .get(&a.job)
             .and_then(|p| p.1.clone())
             .unwrap_or_default();
+        // A profiling run is a process of its own ("<job>-profile").
+        let (task_id, mode, resume) = if a.profile {
+            (
+                format!("{}{PROFILE_SUFFIX}", a.job),
+                pb::TaskMode::Profile,
+                String::new(),
+            )
+        } else {
+            (a.job.to_string(), pb::TaskMode::Train, resume)
+        };
         per_node
             .entry(a.node.clone())
             .or_default()
             .push(pb::DesiredTask {
-                task_id: a.job.to_string(),
+                task_id,
                 job_ids: vec![a.job.to_string()],
-                mode: pb::TaskMode::Train as i32,
+                mode: mode as i32,
                 phase: pb::DesiredPhase::Running as i32,
                 gpu_uuids: a.gpus.iter().map(|g| g.0.clone()).collect(),
                 command: job.spec.launch.command.clone(),
