@@ -500,6 +500,7 @@ impl<'a> Simulation<'a> {
     ) -> Result<SimResult, SimError> {
         let started = Instant::now();
         self.stats.policy = policy.name().to_string();
+        self.allocations = policy.allocation_set(self.cfg.nodes * self.cfg.gpus_per_node);
         let interval = policy.interval_s().max(1.0);
         let mut order: Vec<usize> = (0..self.jobs.len()).collect();
         order.sort_by(|&a, &b| self.jobs[a].w.submit_s.total_cmp(&self.jobs[b].w.submit_s));

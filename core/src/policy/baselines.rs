@@ -263,6 +263,10 @@ impl Policy for Optimus {
     fn name(&self) -> &str {
         "optimus"
     }
+    /// Optimus adds one GPU at a time (any count up to the job's maximum).
+    fn allocation_set(&self, max_gpus: u32) -> Vec<u32> {
+        (0..=max_gpus).collect()
+    }
     fn interval_s(&self) -> f64 {
         self.interval_s
     }

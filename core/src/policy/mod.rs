@@ -256,6 +256,12 @@ pub trait Policy {
     fn merges(&self) -> bool {
         false
     }
+    /// The GPU counts this policy chooses among (the snapshot's
+    /// `allocations`): Ymir's {0, 1, 2, 3, 4m} unless the policy's paper
+    /// grows jobs one GPU at a time.
+    fn allocation_set(&self, max_gpus: u32) -> Vec<u32> {
+        ymir_allocations(max_gpus)
+    }
     /// Seconds a new allocation is leased for (Themis); 0 = no leases.
     /// The caller records `lease_until` on the jobs it starts.
     fn lease_s(&self) -> f64 {
