@@ -73,26 +73,6 @@ pub fn load_profiles_dir(
     Ok(rows)
 }
 
-async fn connect_with_retry(
-    url: &str,
-    max: u32,
-    patience: Duration,
-) -> anyhow::Result<Persistence> {
-    let started = tokio::time::Instant::now();
-    let mut delay = Duration::from_millis(200);
-    loop {
-        match Persistence::connect(url, max).await {
-            Ok(p) => return Ok(p),
-            Err(e) if started.elapsed() < patience => {
-                tracing::warn!(error = %e, retry_in = ?delay, "Postgres not reachable yet");
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(Duration::from_secs(5));
-            }
-            Err(e) => return Err(e).context("connecting to Postgres"),
-        }
-    }
-}
-
 /// Runs the estimator on `listener` until `shutdown` resolves.
 pub async fn run(
     cfg: Config,
@@ -109,8 +89,12 @@ pub async fn run(
         .or_else(|| std::env::var("DATABASE_URL").ok());
     let persistence = match url {
         Some(url) => {
-            let p = connect_with_retry(&url, cfg.database_max_connections, Duration::from_secs(60))
-                .await?;
+            let max = cfg.database_max_connections;
+            let p = fmsched_runtime::retry_connect("Postgres", Duration::from_secs(60), || {
+                Persistence::connect(&url, max)
+            })
+            .await
+            .context("connecting to Postgres")?;
             p.migrate().await.context("applying estimator migrations")?;
             let learned = p.load().await.context("loading learned state")?;
             tracing::info!(

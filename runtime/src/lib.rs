@@ -105,6 +105,34 @@ pub fn load_layered<T: DeserializeOwned>(
     b.add_source(source).build()?.try_deserialize()
 }
 
+/// Calls `connect` until it succeeds or `patience` runs out, waiting
+/// 200 ms, then twice as long each time (at most 5 s). A service started
+/// before its database waits for it instead of crash-looping.
+pub async fn retry_connect<T, E, F, Fut>(
+    what: &str,
+    patience: std::time::Duration,
+    mut connect: F,
+) -> Result<T, E>
+where
+    E: fmt::Display,
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, E>>,
+{
+    let started = tokio::time::Instant::now();
+    let mut delay = std::time::Duration::from_millis(200);
+    loop {
+        match connect().await {
+            Ok(v) => return Ok(v),
+            Err(e) if started.elapsed() < patience => {
+                tracing::warn!(error = %e, retry_in = ?delay, "{what} not reachable yet");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(std::time::Duration::from_secs(5));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
 /// Resolves on Ctrl-C or SIGTERM.
 pub async fn shutdown_signal() {
     let ctrl_c = tokio::signal::ctrl_c();

@@ -35,19 +35,11 @@ pub async fn connect_with_retry(
     max_conns: u32,
     patience: Duration,
 ) -> anyhow::Result<Persistence> {
-    let started = tokio::time::Instant::now();
-    let mut delay = Duration::from_millis(200);
-    loop {
-        match Persistence::connect(url, max_conns).await {
-            Ok(p) => return Ok(p),
-            Err(e) if started.elapsed() < patience => {
-                tracing::warn!(error = %e, retry_in = ?delay, "Postgres not reachable yet");
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(Duration::from_secs(5));
-            }
-            Err(e) => return Err(e).context("connecting to Postgres"),
-        }
-    }
+    fmsched_runtime::retry_connect("Postgres", patience, || {
+        Persistence::connect(url, max_conns)
+    })
+    .await
+    .context("connecting to Postgres")
 }
 
 /// Runs the scheduler on `listener` until `shutdown` resolves.

@@ -44,6 +44,18 @@ fn in_order(snap: &Snapshot, order: &[usize], mut free: u32, blocking: bool, pla
     }
 }
 
+/// Job indices oldest first (ties by id).
+fn by_arrival(snap: &Snapshot) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..snap.jobs.len()).collect();
+    order.sort_by(|&a, &b| {
+        let (x, y) = (&snap.jobs[a], &snap.jobs[b]);
+        x.submitted_at
+            .total_cmp(&y.submitted_at)
+            .then(x.id.cmp(&y.id))
+    });
+    order
+}
+
 fn sort_entries(mut plan: Plan) -> Plan {
     plan.entries.sort_by_key(|e| e.jobs[0]);
     plan
@@ -78,15 +90,10 @@ impl Policy for Fifo {
                 plan.entries.push(entry(i, j.current_gpus));
             }
         }
-        let mut order: Vec<usize> = (0..snap.jobs.len())
+        let order: Vec<usize> = by_arrival(snap)
+            .into_iter()
             .filter(|&i| snap.jobs[i].current_gpus == 0)
             .collect();
-        order.sort_by(|&a, &b| {
-            let (x, y) = (&snap.jobs[a], &snap.jobs[b]);
-            x.submitted_at
-                .total_cmp(&y.submitted_at)
-                .then(x.id.cmp(&y.id))
-        });
         in_order(snap, &order, free, true, &mut plan);
         sort_entries(plan)
     }
@@ -274,13 +281,7 @@ impl Policy for Optimus {
         // Every job's first GPU is its largest gain (T(0) = ∞); when there
         // are more jobs than GPUs they go in arrival order, as Optimus
         // admits jobs.
-        let mut first: Vec<usize> = (0..snap.jobs.len()).collect();
-        first.sort_by(|&a, &b| {
-            let (x, y) = (&snap.jobs[a], &snap.jobs[b]);
-            x.submitted_at
-                .total_cmp(&y.submitted_at)
-                .then(x.id.cmp(&y.id))
-        });
+        let first = by_arrival(snap);
         grow(snap, &first, |i, from, to| {
             snap.time_at(i, from) - snap.time_at(i, to)
         })
@@ -377,13 +378,7 @@ impl Policy for Pollux {
     }
     fn allocate(&self, snap: &Snapshot) -> Plan {
         // Oldest jobs get their first GPU first (Pollux weighs by age).
-        let mut first: Vec<usize> = (0..snap.jobs.len()).collect();
-        first.sort_by(|&a, &b| {
-            let (x, y) = (&snap.jobs[a], &snap.jobs[b]);
-            x.submitted_at
-                .total_cmp(&y.submitted_at)
-                .then(x.id.cmp(&y.id))
-        });
+        let first = by_arrival(snap);
         // Speedup over one GPU; p = −1 mean: maximise −Σ 1/speedup.
         let speedup = |i: usize, a: u32| {
             let base = usable_allocations(snap, i)
