@@ -36,6 +36,18 @@ fn scheduler(db: &str, port: u16, dir: &std::path::Path) -> Proc {
 }
 
 fn scheduler_with(db: &str, port: u16, dir: &std::path::Path, metrics: Option<u16>) -> Proc {
+    scheduler_env(db, port, dir, metrics, &[])
+}
+
+/// A scheduler; `env` overrides the defaults below (liveness is relaxed
+/// enough not to flip under a loaded test machine).
+fn scheduler_env(
+    db: &str,
+    port: u16,
+    dir: &std::path::Path,
+    metrics: Option<u16>,
+    env: &[(&str, &str)],
+) -> Proc {
     let mut c = Command::new(bin("scheduler-svc"));
     if let Some(m) = metrics {
         c.env("FMSCHED_METRICS_ADDR", format!("127.0.0.1:{m}"));
@@ -47,11 +59,12 @@ fn scheduler_with(db: &str, port: u16, dir: &std::path::Path, metrics: Option<u1
         .env("FMSCHED_JOIN_TOKEN", JOIN)
         .env("FMSCHED_AUTH__ADMINS", "root")
         .env("FMSCHED_LIVENESS__HEARTBEAT_INTERVAL", "200ms")
-        .env("FMSCHED_LIVENESS__SUSPECT_AFTER", "1s")
-        .env("FMSCHED_LIVENESS__OFFLINE_AFTER", "2s")
+        .env("FMSCHED_LIVENESS__SUSPECT_AFTER", "3s")
+        .env("FMSCHED_LIVENESS__OFFLINE_AFTER", "6s")
         .env("FMSCHED_LIVENESS__CHECK_INTERVAL", "100ms")
         .env("FMSCHED_SCHEDULING__INTERVAL", "1s")
         .env("RUST_LOG", "info");
+    c.envs(env.iter().copied());
     Proc::spawn("scheduler", c, dir)
 }
 
@@ -361,7 +374,11 @@ async fn e2e_jobs_of_a_lost_node_resume_elsewhere_from_their_checkpoint() {
     sql(&format!("CREATE DATABASE {db}")).await;
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
-    let _sched = scheduler(&db, port, dir.path());
+    let fast = [
+        ("FMSCHED_LIVENESS__SUSPECT_AFTER", "1s"),
+        ("FMSCHED_LIVENESS__OFFLINE_AFTER", "2s"),
+    ];
+    let _sched = scheduler_env(&db, port, dir.path(), None, &fast);
     wait_for("scheduler up", Duration::from_secs(30), || {
         fmctl(port, &["summary"]).map(|_| ())
     });

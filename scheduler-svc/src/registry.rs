@@ -87,6 +87,33 @@ impl NodeRegistry {
         }
     }
 
+    /// A standby became the active replica: learn the nodes registered
+    /// through the old leader and give every node without a session here a
+    /// fresh grace period to reconnect (as after a restart), so the first
+    /// rounds keep their work in place instead of re-placing it.
+    pub fn take_over(&self, records: Vec<NodeRecord>, now: DateTime<Utc>) {
+        let mut nodes = self.lock();
+        for r in records {
+            let n = nodes.entry(r.id.clone()).or_insert_with(|| LiveNode {
+                state: r.state,
+                persisted_state: r.state,
+                record: r.clone(),
+                last_heartbeat: now,
+                telemetry: BTreeMap::new(),
+                observed_tasks: Vec::new(),
+                applied_generation: 0,
+                session: None,
+                outbox: None,
+            });
+            if n.session.is_none() {
+                n.record = r;
+                n.state = n.record.state;
+                n.persisted_state = n.record.state;
+                n.last_heartbeat = now;
+            }
+        }
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<NodeId, LiveNode>> {
         // A panic while holding the lock leaves plain data behind; keep serving.
         self.nodes.lock().unwrap_or_else(|p| p.into_inner())

@@ -342,11 +342,11 @@ async fn observe_profile(
     id: JobId,
     t: &pb::ObservedTask,
     now: chrono::DateTime<Utc>,
-) -> Result<(), RoundError> {
+) -> Result<bool, RoundError> {
     use estimator_svc::loss_curve::{PLATEAU_THRESHOLD, fit_loss_curve, iterations_to_converge};
     let phase = pb::TaskPhase::try_from(t.phase).unwrap_or(pb::TaskPhase::Unspecified);
     if !matches!(phase, pb::TaskPhase::Succeeded | pb::TaskPhase::Failed) {
-        return Ok(());
+        return Ok(false);
     }
     let p = &state.persistence;
     let job = p.get_job(id).await?;
@@ -400,7 +400,7 @@ async fn observe_profile(
     p.store_estimate(id, &est, now).await?;
     p.transition_job(id, JobState::Queued, &reason, now).await?;
     tracing::info!(job_id = %id, %reason, "profiling done");
-    Ok(())
+    Ok(true)
 }
 
 /// Whether any GPU of the node reports Xid or uncorrectable ECC errors.
@@ -431,14 +431,15 @@ pub async fn run_round(state: &AppState, lut: &Arc<Lut>) -> Result<RoundReport, 
                 let Ok(id) = job_part.parse::<JobId>() else {
                     continue;
                 };
+                // Only a finished run queues the job (a running one leaves
+                // it profiling: it must not be scheduled yet).
                 if live
                     .get(&id)
                     .is_some_and(|j| j.state == JobState::Profiling)
+                    && observe_profile(state, id, t, now).await?
+                    && let Some(j) = live.get_mut(&id)
                 {
-                    observe_profile(state, id, t, now).await?;
-                    if let Some(j) = live.get_mut(&id) {
-                        j.state = JobState::Queued;
-                    }
+                    j.state = JobState::Queued;
                 }
                 continue;
             }

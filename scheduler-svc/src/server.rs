@@ -86,12 +86,23 @@ pub async fn run(
     );
     let leadership = {
         let (lock, flag) = (lock.clone(), state.leader.clone());
+        let (registry, persistence) = (registry.clone(), persistence.clone());
         let every = cfg.leader_refresh;
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(every);
             loop {
                 tick.tick().await;
                 let now = lock.refresh().await;
+                if now && !flag.load(std::sync::atomic::Ordering::SeqCst) {
+                    // Learn the current nodes before acting as the leader.
+                    match persistence.list_nodes().await {
+                        Ok(records) => registry.take_over(records, Utc::now()),
+                        Err(e) => {
+                            tracing::warn!(error = %e, "cannot load nodes; taking over later");
+                            continue;
+                        }
+                    }
+                }
                 let was = flag.swap(now, std::sync::atomic::Ordering::SeqCst);
                 if now && !was {
                     tracing::warn!("this replica is now the active scheduler");
