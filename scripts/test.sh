@@ -69,6 +69,17 @@ fi
 log "building binaries (the integration tests run them)"
 cargo build --workspace --bins --locked
 
+# The Python trainer helper (python/fmsched_trainer), without a GPU.
+if command -v python3 >/dev/null; then
+  log "python3 -m pytest python/tests"
+  python3 -m pytest --version >/dev/null 2>&1 \
+    || python3 -m pip install --quiet pytest \
+    || python3 -m pip install --quiet --break-system-packages pytest
+  (cd python && python3 -m pytest -q -p no:cacheprovider tests)
+else
+  echo "python3 not found: skipping the Python trainer helper's tests" >&2
+fi
+
 if cargo nextest --version >/dev/null 2>&1; then
   # nextest does not run doctests; run them first so the run ends with
   # nextest's summary of every test.

@@ -215,3 +215,85 @@ async fn a_bad_command_is_a_clear_error() {
     assert!(e.contains("nope") && e.contains("/no/such/trainer"), "{e}");
     assert!(d.suspend("never-started").await.is_err());
 }
+
+/// The Python trainer helper under the real process driver: the toy trainer
+/// in `python/examples` (plain Python, no GPU) is suspended and resumed.
+#[tokio::test]
+async fn the_python_helper_follows_the_contract_under_the_driver() {
+    let python = ["python3", "python"].into_iter().find(|p| {
+        std::process::Command::new(p)
+            .arg("--version")
+            .output()
+            .is_ok_and(|o| o.status.success())
+    });
+    let Some(python) = python else {
+        panic!(
+            "python3 is needed for the trainer helper's test (scripts/test.sh installs what it needs)"
+        );
+    };
+    let root = fmsched_integration::repo_root().join("python");
+    let tmp = tempfile::tempdir().unwrap();
+    let d = driver(tmp.path(), 2000);
+    let mut s = spec("py", 100_000, &[]);
+    s.command = vec![
+        python.into(),
+        root.join("examples/toy_trainer.py").display().to_string(),
+    ];
+    s.env
+        .insert("PYTHONPATH".into(), root.display().to_string());
+    d.launch(&s).await.unwrap();
+    wait_for(
+        "progress from python",
+        Duration::from_secs(20),
+        async || {
+            d.status("py")
+                .await
+                .unwrap()
+                .observed
+                .progress
+                .get("py")
+                .is_some_and(|p| p.0 >= 50)
+        },
+    )
+    .await;
+    let (ckpt, at) = d
+        .suspend("py")
+        .await
+        .unwrap()
+        .expect("SIGUSR2 checkpoint from python");
+    assert!(at >= 50 && ckpt.exists());
+    d.launch(&LaunchSpec {
+        resume_from: Some(ckpt),
+        ..s.clone()
+    })
+    .await
+    .unwrap();
+    wait_for("resumed progress", Duration::from_secs(20), async || {
+        d.status("py")
+            .await
+            .unwrap()
+            .observed
+            .progress
+            .get("py")
+            .is_some_and(|p| p.0 > at)
+    })
+    .await;
+    let first_after = d.status("py").await.unwrap().observed.progress["py"].0;
+    assert!(first_after > at);
+    d.suspend("py").await.unwrap();
+    // Profile mode: an embedding, then exit 0.
+    d.launch(&LaunchSpec {
+        id: "py-profile".into(),
+        profile: true,
+        ..s.clone()
+    })
+    .await
+    .unwrap();
+    let st = d.wait("py-profile", Duration::from_secs(20)).await.unwrap();
+    assert_eq!(st.exit_code, Some(0), "{st:?}");
+    assert!(
+        st.observed.embeddings.contains_key("py"),
+        "{:?}",
+        st.observed
+    );
+}

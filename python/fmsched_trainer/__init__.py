@@ -1,0 +1,25 @@
+"""fmsched_trainer: the training-process side of fmsched's trainer contract
+(docs/trainer-contract.md in the fmsched repository).
+
+- :class:`Contract` reads what the node agent gives a trainer (tasks, mode,
+  checkpoint folder, resume path, initial weights, ranks) and turns the
+  contract's signals into flags the training loop polls.
+- :class:`Reporter` writes the JSON-line reports (progress, eval, embedding,
+  checkpoint, prewarmed, done) to the agent's socket.
+- :func:`diagonal_fisher` is the Task2Vec probe: the diagonal of the Fisher
+  information of the trainable parameters, from per-batch gradients.
+- :mod:`fmsched_trainer.hf` has a HuggingFace ``Trainer`` callback built on
+  these (imported only when ``transformers`` is installed).
+"""
+
+from .contract import Contract, Reporter, Task, TrainingSignals
+from .fisher import diagonal_fisher, task2vec_embedding
+
+__all__ = [
+    "Contract",
+    "Reporter",
+    "Task",
+    "TrainingSignals",
+    "diagonal_fisher",
+    "task2vec_embedding",
+]

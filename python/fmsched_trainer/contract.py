@@ -1,0 +1,175 @@
+"""The trainer contract: environment, signals and reports."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import sys
+import threading
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
+
+
+@dataclass
+class Task:
+    """One task this process trains (two for a spatial merge)."""
+
+    job_id: str
+    model: str
+    task: str
+    dataset_uri: str
+    global_batch_size: int
+    max_iterations: int = 0
+    metric: Optional[str] = None
+    metric_target: Optional[float] = None
+    samples_per_epoch: Optional[int] = None
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Task":
+        missing = [k for k in ("job_id", "model", "task", "dataset_uri", "global_batch_size") if k not in d]
+        if missing:
+            raise ValueError(f"FMSCHED_TASKS: a task lacks {', '.join(missing)}")
+        return cls(
+            job_id=d["job_id"],
+            model=d["model"],
+            task=d["task"],
+            dataset_uri=d["dataset_uri"],
+            global_batch_size=int(d["global_batch_size"]),
+            max_iterations=int(d.get("max_iterations", 0) or 0),
+            metric=d.get("metric"),
+            metric_target=d.get("metric_target"),
+            samples_per_epoch=d.get("samples_per_epoch"),
+        )
+
+
+@dataclass
+class TrainingSignals:
+    """Flags set by the contract's signals; the training loop polls them.
+
+    SIGUSR1 → ``prewarm`` (get the next task's data loader ready),
+    SIGUSR2 → ``checkpoint`` (write one now, keep training),
+    SIGTERM → ``terminate`` (checkpoint and exit within the grace period).
+    """
+
+    prewarm: threading.Event = field(default_factory=threading.Event)
+    checkpoint: threading.Event = field(default_factory=threading.Event)
+    terminate: threading.Event = field(default_factory=threading.Event)
+
+    def install(self) -> "TrainingSignals":
+        signal.signal(signal.SIGUSR1, lambda *_: self.prewarm.set())
+        signal.signal(signal.SIGUSR2, lambda *_: self.checkpoint.set())
+        signal.signal(signal.SIGTERM, lambda *_: self.terminate.set())
+        return self
+
+
+class Reporter:
+    """Writes report lines to the agent's unix socket (standard output
+    when there is none, so a trainer also runs by hand)."""
+
+    def __init__(self, path: Optional[str] = None):
+        self._sock = None
+        self._lock = threading.Lock()
+        if path:
+            try:
+                s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                s.connect(path)
+                self._sock = s
+            except OSError as e:
+                print(f"fmsched_trainer: cannot connect {path}: {e}; reporting on stdout", file=sys.stderr)
+
+    def send(self, report: dict) -> None:
+        line = (json.dumps(report, separators=(",", ":")) + "\n").encode()
+        with self._lock:
+            if self._sock is not None:
+                try:
+                    self._sock.sendall(line)
+                    return
+                except OSError:
+                    self._sock = None
+            sys.stdout.write(line.decode())
+            sys.stdout.flush()
+
+    def progress(self, job_id: str, iteration: int, samples: int, loss: float, step_time_s: float) -> None:
+        self.send({"type": "progress", "job_id": job_id, "iteration": int(iteration), "samples": int(samples),
+                   "loss": float(loss), "step_time_s": float(step_time_s)})
+
+    def eval(self, job_id: str, iteration: int, epoch: float, metric: str, value: float) -> None:
+        self.send({"type": "eval", "job_id": job_id, "iteration": int(iteration), "epoch": float(epoch),
+                   "metric": metric, "value": float(value)})
+
+    def embedding(self, job_id: str, fisher: List[float], fisher_repeat: List[float]) -> None:
+        self.send({"type": "embedding", "job_id": job_id, "fisher": [float(x) for x in fisher],
+                   "fisher_repeat": [float(x) for x in fisher_repeat]})
+
+    def checkpoint(self, path: str, iteration: int) -> None:
+        self.send({"type": "checkpoint", "path": str(path), "iteration": int(iteration)})
+
+    def prewarmed(self) -> None:
+        self.send({"type": "prewarmed"})
+
+    def done(self, job_id: str, output: str) -> None:
+        self.send({"type": "done", "job_id": job_id, "output": str(output)})
+
+    def close(self) -> None:
+        with self._lock:
+            if self._sock is not None:
+                self._sock.close()
+                self._sock = None
+
+
+class Contract:
+    """What the node agent gives this process (see the module docs)."""
+
+    def __init__(self, env: Optional[Dict[str, str]] = None):
+        env = dict(os.environ if env is None else env)
+        raw = env.get("FMSCHED_TASKS")
+        if not raw:
+            raise ValueError("FMSCHED_TASKS is not set: this process was not started by an fmsched agent")
+        try:
+            tasks = json.loads(raw)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"FMSCHED_TASKS is not JSON: {e}") from None
+        if not isinstance(tasks, list) or not 1 <= len(tasks) <= 2:
+            raise ValueError("FMSCHED_TASKS: one task, or two for a spatial merge")
+        self.tasks = [Task.from_json(t) for t in tasks]
+        mode = env.get("FMSCHED_MODE", "train")
+        if mode not in ("train", "profile"):
+            raise ValueError(f"FMSCHED_MODE: {mode!r} is neither train nor profile")
+        self.mode = mode
+        ckpt = env.get("FMSCHED_CHECKPOINT_DIR")
+        if not ckpt:
+            raise ValueError("FMSCHED_CHECKPOINT_DIR is not set")
+        self.checkpoint_dir = ckpt
+        self.output_dir = env.get("FMSCHED_OUTPUT_DIR") or os.path.join(ckpt, "output")
+        self.resume_from = env.get("FMSCHED_RESUME_FROM") or None
+        self.init_weights = env.get("FMSCHED_INIT_WEIGHTS") or None
+        self.report_socket = env.get("FMSCHED_REPORT_SOCKET") or None
+        self.checkpoint_interval_s = float(env.get("FMSCHED_CHECKPOINT_INTERVAL_S", "600"))
+        self.grace_s = float(env.get("FMSCHED_GRACE_S", "30"))
+        self.world_size = int(env.get("WORLD_SIZE", "1"))
+        self.rank = int(env.get("RANK", "0"))
+        self.local_rank = int(env.get("LOCAL_RANK", "0"))
+        self.cuda_visible_devices = env.get("CUDA_VISIBLE_DEVICES", "")
+
+    @property
+    def profile(self) -> bool:
+        return self.mode == "profile"
+
+    @property
+    def is_reporter(self) -> bool:
+        """Only rank 0 reports and checkpoints."""
+        return self.rank == 0
+
+    def reporter(self) -> Reporter:
+        return Reporter(self.report_socket if self.is_reporter else None)
+
+    def checkpoint_path(self, iteration: int) -> str:
+        os.makedirs(self.checkpoint_dir, exist_ok=True)
+        return os.path.join(self.checkpoint_dir, f"ckpt-{iteration:09d}")
+
+    def output_path(self, job_id: str) -> str:
+        path = os.path.join(self.output_dir, job_id)
+        os.makedirs(path, exist_ok=True)
+        return path

@@ -1,0 +1,78 @@
+"""HuggingFace ``Trainer`` integration: a callback that follows the trainer
+contract.
+
+    from fmsched_trainer import Contract
+    from fmsched_trainer.hf import FmschedCallback
+    contract = Contract()
+    trainer = Trainer(..., callbacks=[FmschedCallback(contract)])
+    trainer.train(resume_from_checkpoint=contract.resume_from)
+
+It reports progress on every log step and evaluations as they happen,
+writes a checkpoint when the agent asks (SIGUSR2) or is about to stop the
+process (SIGTERM: checkpoint, then stop training), answers the pre-warm
+signal, and in profile mode stops after ``profile_steps`` steps. The
+Task2Vec probe is :func:`fmsched_trainer.task2vec_embedding`.
+"""
+
+from __future__ import annotations
+
+import time
+
+from .contract import Contract
+
+try:  # The callback subclasses TrainerCallback when transformers is present.
+    from transformers import TrainerCallback as _Base
+except Exception:  # pragma: no cover - exercised where transformers is absent
+    _Base = object
+
+
+class FmschedCallback(_Base):
+    def __init__(self, contract: Contract, profile_steps: int = 50):
+        self.contract = contract
+        self.signals = __import__("fmsched_trainer").TrainingSignals().install()
+        self.reporter = contract.reporter()
+        self.profile_steps = profile_steps
+        self._last_step = time.monotonic()
+        self._step_time = 0.0
+        self._job = contract.tasks[0].job_id
+        self._batch = contract.tasks[0].global_batch_size
+
+    # HF calls these with (args, state, control, **kwargs).
+    def on_step_end(self, args, state, control, **kwargs):
+        now = time.monotonic()
+        self._step_time = now - self._last_step
+        self._last_step = now
+        if self.signals.prewarm.is_set():
+            self.signals.prewarm.clear()
+            self.reporter.prewarmed()
+        if self.signals.checkpoint.is_set() or self.signals.terminate.is_set():
+            control.should_save = True
+        if self.signals.terminate.is_set():
+            control.should_training_stop = True
+        if self.contract.profile and state.global_step >= self.profile_steps:
+            control.should_training_stop = True
+        return control
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        logs = logs or {}
+        if "loss" in logs:
+            self.reporter.progress(self._job, state.global_step, state.global_step * self._batch,
+                                   logs["loss"], self._step_time)
+        return control
+
+    def on_evaluate(self, args, state, control, metrics=None, **kwargs):
+        for name, value in (metrics or {}).items():
+            if isinstance(value, (int, float)) and name.startswith("eval_") and name != "eval_loss":
+                self.reporter.eval(self._job, state.global_step, float(state.epoch or 0.0), name[5:], value)
+        return control
+
+    def on_save(self, args, state, control, **kwargs):
+        path = f"{args.output_dir}/checkpoint-{state.global_step}"
+        self.reporter.checkpoint(path, state.global_step)
+        self.signals.checkpoint.clear()
+        return control
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if not self.contract.profile and not self.signals.terminate.is_set():
+            self.reporter.done(self._job, self.contract.output_path(self._job))
+        return control

@@ -1,0 +1,136 @@
+import json
+import os
+import signal
+import socket
+import tempfile
+import threading
+import time
+
+import pytest
+
+from fmsched_trainer import Contract, Reporter, TrainingSignals, diagonal_fisher, task2vec_embedding
+from fmsched_trainer.hf import FmschedCallback
+
+
+def env(tmp, **over):
+    e = {
+        "FMSCHED_TASKS": json.dumps([{"job_id": "j1", "model": "roberta-base", "task": "rte",
+                                      "dataset_uri": "file:///d", "global_batch_size": 32,
+                                      "max_iterations": 100}]),
+        "FMSCHED_MODE": "train",
+        "FMSCHED_CHECKPOINT_DIR": os.path.join(tmp, "ckpt"),
+        "WORLD_SIZE": "2",
+        "RANK": "0",
+    }
+    e.update(over)
+    return e
+
+
+def test_contract_reads_the_environment_and_names_what_is_wrong(tmp_path):
+    c = Contract(env(str(tmp_path), FMSCHED_RESUME_FROM="/c/ckpt-1"))
+    assert c.tasks[0].job_id == "j1" and c.tasks[0].max_iterations == 100
+    assert c.resume_from == "/c/ckpt-1" and c.world_size == 2 and not c.profile
+    assert c.checkpoint_path(7).endswith("ckpt-000000007")
+    with pytest.raises(ValueError, match="FMSCHED_TASKS"):
+        Contract({})
+    with pytest.raises(ValueError, match="FMSCHED_MODE"):
+        Contract(env(str(tmp_path), FMSCHED_MODE="fly"))
+    with pytest.raises(ValueError, match="lacks"):
+        Contract(env(str(tmp_path), FMSCHED_TASKS='[{"job_id": "x"}]'))
+
+
+def test_reports_reach_the_agent_socket_as_json_lines():
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "report.sock")
+        server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        server.bind(path)
+        server.listen(1)
+        got = []
+
+        def accept():
+            conn, _ = server.accept()
+            buf = b""
+            while True:
+                chunk = conn.recv(4096)
+                if not chunk:
+                    break
+                buf += chunk
+            got.extend(json.loads(line) for line in buf.decode().splitlines())
+
+        t = threading.Thread(target=accept)
+        t.start()
+        r = Reporter(path)
+        r.progress("j1", 10, 320, 1.25, 0.2)
+        r.eval("j1", 10, 1.0, "accuracy", 0.8)
+        r.checkpoint("/c/ckpt-10", 10)
+        r.embedding("j1", [1.0, 2.0], [1.1, 2.1])
+        r.done("j1", "/out/j1")
+        r.close()
+        t.join(5)
+        server.close()
+    assert [g["type"] for g in got] == ["progress", "eval", "checkpoint", "embedding", "done"]
+    assert got[0] == {"type": "progress", "job_id": "j1", "iteration": 10, "samples": 320, "loss": 1.25,
+                      "step_time_s": 0.2}
+
+
+def test_signals_become_flags():
+    s = TrainingSignals().install()
+    os.kill(os.getpid(), signal.SIGUSR2)
+    os.kill(os.getpid(), signal.SIGUSR1)
+    deadline = time.time() + 2
+    while not (s.checkpoint.is_set() and s.prewarm.is_set()) and time.time() < deadline:
+        time.sleep(0.01)
+    assert s.checkpoint.is_set() and s.prewarm.is_set() and not s.terminate.is_set()
+    os.kill(os.getpid(), signal.SIGTERM)
+    deadline = time.time() + 2
+    while not s.terminate.is_set() and time.time() < deadline:
+        time.sleep(0.01)
+    assert s.terminate.is_set()
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def test_diagonal_fisher_by_hand_and_task2vec_halves():
+    assert diagonal_fisher([[1.0, 2.0], [3.0, 0.0]]) == [5.0, 2.0]
+    with pytest.raises(ValueError, match="no gradients"):
+        diagonal_fisher([])
+    with pytest.raises(ValueError, match="entries"):
+        diagonal_fisher([[1.0], [1.0, 2.0]])
+    batches = list(range(10))
+    f, f2 = task2vec_embedding(batches, lambda b: [float(b), 1.0], probe_batches=3, seed=1)
+    assert len(f) == len(f2) == 2 and f[1] == f2[1] == 1.0 and f != f2
+
+
+class _State:
+    def __init__(self, step, epoch=0.0):
+        self.global_step = step
+        self.epoch = epoch
+
+
+class _Control:
+    should_save = False
+    should_training_stop = False
+
+
+class _Args:
+    output_dir = "/out"
+
+
+def test_hf_callback_follows_the_contract(tmp_path, capsys):
+    cb = FmschedCallback(Contract(env(str(tmp_path))), profile_steps=5)
+    ctl = _Control()
+    cb.on_log(_Args(), _State(3), ctl, logs={"loss": 0.9})
+    cb.on_evaluate(_Args(), _State(4, 1.0), ctl, metrics={"eval_accuracy": 0.81, "eval_loss": 0.5})
+    os.kill(os.getpid(), signal.SIGUSR2)
+    time.sleep(0.05)
+    cb.on_step_end(_Args(), _State(5), ctl)
+    assert ctl.should_save and not ctl.should_training_stop
+    cb.on_save(_Args(), _State(5), ctl)
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(0.05)
+    ctl2 = _Control()
+    cb.on_step_end(_Args(), _State(6), ctl2)
+    assert ctl2.should_save and ctl2.should_training_stop, "SIGTERM: checkpoint, then stop"
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    out = [json.loads(l) for l in capsys.readouterr().out.splitlines()]
+    assert [o["type"] for o in out] == ["progress", "eval", "checkpoint"]
+    assert out[1]["metric"] == "accuracy" and out[2]["path"] == "/out/checkpoint-5"
