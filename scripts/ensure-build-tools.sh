@@ -8,6 +8,8 @@ missing=()
 command -v cmake >/dev/null || missing+=(cmake)
 command -v g++ >/dev/null || command -v clang++ >/dev/null || missing+=(g++)
 ls /usr/lib/llvm-*/lib/libclang.so* /usr/lib/x86_64-linux-gnu/libclang*.so* >/dev/null 2>&1 || missing+=(libclang-dev)
+# A test runs its own throw-away Postgres to restart it (Debian's binaries).
+ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing+=(postgresql)
 # The Python trainer helper's tests (and its test under the agent).
 command -v python3 >/dev/null || missing+=(python3 python3-pip)
 [ "${#missing[@]}" -eq 0 ] && exit 0

@@ -1,0 +1,239 @@
+//! Postgres restarts under a running cluster: the scheduler keeps serving
+//! (rounds fail while the database is down, then resume), the leader lock is
+//! taken again, and every job completes. Runs its own throw-away Postgres
+//! (Debian's binaries, as `scripts/dev-up.sh` does), so the shared test
+//! server is never restarted.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use fmsched_integration::*;
+use serde_json::Value;
+
+const ROOT: &str = "root-token-0123456789ab";
+const JOIN: &str = "join-token-0123456789abc";
+
+fn pg_bin() -> PathBuf {
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+        .expect("Debian's PostgreSQL binaries (scripts/test.sh installs them)")
+        .flatten()
+        .map(|e| e.path().join("bin"))
+        .filter(|p| p.join("initdb").exists())
+        .collect();
+    dirs.sort();
+    dirs.pop().expect("an initdb under /usr/lib/postgresql")
+}
+
+/// Runs a Postgres tool as the `postgres` user when we are root (Postgres
+/// refuses to run as root).
+fn pg(tool: &str, args: &[&str]) -> std::process::Output {
+    let bin = pg_bin().join(tool);
+    let is_root = run(Command::new("id").arg("-u")).stdout.starts_with(b"0");
+    let mut c = if is_root {
+        let mut c = Command::new("runuser");
+        c.args(["-u", "postgres", "--"]).arg(&bin);
+        c
+    } else {
+        Command::new(&bin)
+    };
+    run(c.args(args))
+}
+
+struct Cluster {
+    dir: PathBuf,
+    port: u16,
+}
+
+impl Cluster {
+    fn start(dir: &Path) -> Cluster {
+        let data = dir.join("pg");
+        std::fs::create_dir_all(&data).unwrap();
+        let _ = Command::new("chown")
+            .args(["-R", "postgres", &dir.display().to_string()])
+            .status();
+        let out = pg(
+            "initdb",
+            &[
+                "-D",
+                &data.display().to_string(),
+                "-U",
+                "postgres",
+                "--auth=trust",
+            ],
+        );
+        assert!(
+            out.status.success(),
+            "initdb: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let c = Cluster {
+            dir: data,
+            port: free_port(),
+        };
+        c.ctl("start");
+        c
+    }
+
+    fn ctl(&self, what: &str) {
+        let opts = format!("-p {} -k /tmp -c listen_addresses=127.0.0.1", self.port);
+        let log = self.dir.join("log");
+        let out = pg(
+            "pg_ctl",
+            &[
+                "-D",
+                &self.dir.display().to_string(),
+                "-l",
+                &log.display().to_string(),
+                "-w",
+                "-m",
+                "fast",
+                "-o",
+                &opts,
+                what,
+            ],
+        );
+        assert!(
+            out.status.success(),
+            "pg_ctl {what}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    fn url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let _ = pg(
+            "pg_ctl",
+            &[
+                "-D",
+                &self.dir.display().to_string(),
+                "-m",
+                "immediate",
+                "stop",
+            ],
+        );
+    }
+}
+
+fn fmctl(port: u16, args: &[&str]) -> Result<String, String> {
+    let out = run(Command::new(bin("fmctl"))
+        .args(args)
+        .env("FMSCHED_ENDPOINT", format!("http://127.0.0.1:{port}"))
+        .env("FMSCHED_TOKEN", ROOT)
+        .env("FMCTL_CONFIG", "/dev/null"));
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).into_owned())
+    }
+}
+
+fn states(port: u16) -> Result<Vec<String>, String> {
+    let v: Value =
+        serde_json::from_str(&fmctl(port, &["-o", "json", "jobs"])?).map_err(|e| e.to_string())?;
+    Ok(v.as_array()
+        .ok_or("not an array")?
+        .iter()
+        .map(|j| j["state"].as_str().unwrap_or_default().to_string())
+        .collect())
+}
+
+#[test]
+fn e2e_a_postgres_restart_loses_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let pgc = Cluster::start(dir.path());
+    let port = free_port();
+    let mut c = Command::new(bin("scheduler-svc"));
+    c.env("FMSCHED_DATABASE_URL", pgc.url())
+        .env("FMSCHED_LISTEN_ADDR", format!("127.0.0.1:{port}"))
+        .env("FMSCHED_API_TOKENS", format!("root={ROOT}"))
+        .env("FMSCHED_JOIN_TOKEN", JOIN)
+        .env("FMSCHED_AUTH__ADMINS", "root")
+        .env("FMSCHED_LIVENESS__HEARTBEAT_INTERVAL", "200ms")
+        .env("FMSCHED_SCHEDULING__INTERVAL", "1s")
+        .env("RUST_LOG", "info");
+    let sched = Proc::spawn("scheduler", c, dir.path());
+    wait_for("scheduler up", Duration::from_secs(30), || {
+        fmctl(port, &["summary"]).map(|_| ())
+    });
+    let mut a = Command::new(bin("node-agent"));
+    a.args([
+        "--scheduler",
+        &format!("http://127.0.0.1:{port}"),
+        "--node-id",
+        "node-a",
+    ])
+    .args(["--fake-gpus", "4", "--fake-gpu-model", "A100-80GB"])
+    .env("FMSCHED_JOIN_TOKEN", JOIN)
+    .env(
+        "FMSCHED_AGENT_PROCESSES__WORK_DIR",
+        dir.path().join("node-a"),
+    )
+    .env("FMSCHED_AGENT_PROCESSES__CHECKPOINT_INTERVAL", "1s")
+    .env("FMSCHED_AGENT_RECONNECT__MAX_DELAY", "1s");
+    let _agent = Proc::spawn("node-a", a, dir.path());
+    let mut files = Vec::new();
+    for k in 0..4 {
+        let f = dir.path().join(format!("j{k}.yaml"));
+        std::fs::write(
+            &f,
+            format!(
+                "name: j{k}\nmodel: roberta-base\ndataset: {{ uri: file:///d, task: t{k}, num_samples: 3200 }}\n\
+                 hyperparameters: {{ global_batch_size: 32, learning_rate: 2.0e-5 }}\ntarget: {{ max_iterations: 2500 }}\n\
+                 resources: {{ min_gpus: 1, max_gpus: 1 }}\nlaunch:\n  command: [\"{}\"]\n  env: {{ FMSCHED_FAKE_TIME_COMPRESSION: \"40\" }}\n",
+                bin("fake-trainer").display()
+            ),
+        )
+        .unwrap();
+        files.push(f.display().to_string());
+    }
+    let mut args = vec!["submit"];
+    args.extend(files.iter().map(String::as_str));
+    fmctl(port, &args).expect("submit");
+    wait_for("jobs running", Duration::from_secs(30), || {
+        let s = states(port)?;
+        if s.iter().filter(|x| *x == "running").count() >= 2 {
+            Ok(())
+        } else {
+            Err(format!("{s:?}"))
+        }
+    });
+    // Postgres goes away for a few seconds and comes back.
+    let t = Instant::now();
+    pgc.ctl("stop");
+    std::thread::sleep(Duration::from_secs(3));
+    pgc.ctl("start");
+    let done = wait_for(
+        "every job completed after the restart",
+        Duration::from_secs(120),
+        || {
+            let s = states(port)?;
+            if s.len() == 4 && s.iter().all(|x| x == "completed") {
+                Ok(s)
+            } else {
+                Err(format!("{s:?}"))
+            }
+        },
+    );
+    eprintln!(
+        "completed {} jobs {:?} after the Postgres restart",
+        done.len(),
+        t.elapsed()
+    );
+    let log = sched.log_text();
+    // The leader lock died with the database session and was taken again.
+    assert!(
+        log.contains("lost the leader lock"),
+        "the outage was noticed"
+    );
+    assert!(
+        log.contains("now the active scheduler"),
+        "leadership came back"
+    );
+    assert!(!log.contains("panicked"), "{log}");
+}
