@@ -102,15 +102,8 @@ pub enum TimeError {
     Zero { index: usize, field: &'static str },
 }
 
-/// Ymir's allocation set {0, 1, 2, 3, 4m} up to `max_gpus`.
-pub fn ymir_allocations(max_gpus: u32) -> Vec<u32> {
-    let mut v: Vec<u32> = [0, 1, 2, 3]
-        .into_iter()
-        .filter(|&a| a <= max_gpus)
-        .collect();
-    v.extend((1..=max_gpus / 4).map(|m| 4 * m));
-    v
-}
+/// Ymir's allocation set {0, 1, 2, 3, 4m} (defined once, with the policies).
+pub use fmsched_core::policy::ymir_allocations;
 
 /// `S(a, cfgs)`: seconds per iteration, `+∞` where the allocation is not
 /// usable (see the module docs).
@@ -348,12 +341,6 @@ mod tests {
             max_iterations: 0,
             samples_per_epoch: 1000,
         }
-    }
-
-    #[test]
-    fn allocation_set() {
-        assert_eq!(ymir_allocations(8), vec![0, 1, 2, 3, 4, 8]);
-        assert_eq!(ymir_allocations(2), vec![0, 1, 2]);
     }
 
     #[test]

@@ -117,3 +117,18 @@ pub fn run(cmd: &mut Command) -> Output {
     cmd.output()
         .unwrap_or_else(|e| panic!("running {cmd:?}: {e}"))
 }
+
+/// Runs `fmctl` against a scheduler on 127.0.0.1:`port` with `token`:
+/// standard output on success, standard error as the error.
+pub fn fmctl(port: u16, token: &str, args: &[&str]) -> Result<String, String> {
+    let out = run(Command::new(bin("fmctl"))
+        .args(args)
+        .env("FMSCHED_ENDPOINT", format!("http://127.0.0.1:{port}"))
+        .env("FMSCHED_TOKEN", token)
+        .env("FMCTL_CONFIG", "/dev/null"));
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).into_owned())
+    }
+}

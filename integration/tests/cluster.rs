@@ -92,19 +92,6 @@ fn agent(node: &str, port: u16, dir: &std::path::Path) -> Proc {
     Proc::spawn(node, c, dir)
 }
 
-fn fmctl(port: u16, token: &str, args: &[&str]) -> Result<String, String> {
-    let out = run(Command::new(bin("fmctl"))
-        .args(args)
-        .env("FMSCHED_ENDPOINT", format!("http://127.0.0.1:{port}"))
-        .env("FMSCHED_TOKEN", token)
-        .env("FMCTL_CONFIG", "/dev/null"));
-    if out.status.success() {
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-    } else {
-        Err(String::from_utf8_lossy(&out.stderr).into_owned())
-    }
-}
-
 fn fmctl_json(port: u16, args: &[&str]) -> Result<Value, String> {
     let mut a = vec!["-o", "json"];
     a.extend_from_slice(args);

@@ -120,19 +120,6 @@ impl Drop for Cluster {
     }
 }
 
-fn fmctl(port: u16, args: &[&str]) -> Result<String, String> {
-    let out = run(Command::new(bin("fmctl"))
-        .args(args)
-        .env("FMSCHED_ENDPOINT", format!("http://127.0.0.1:{port}"))
-        .env("FMSCHED_TOKEN", ROOT)
-        .env("FMCTL_CONFIG", "/dev/null"));
-    if out.status.success() {
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-    } else {
-        Err(String::from_utf8_lossy(&out.stderr).into_owned())
-    }
-}
-
 fn states(port: u16) -> Result<Vec<String>, String> {
     let v: Value =
         serde_json::from_str(&fmctl(port, &["-o", "json", "jobs"])?).map_err(|e| e.to_string())?;
@@ -236,4 +223,9 @@ fn e2e_a_postgres_restart_loses_nothing() {
         "leadership came back"
     );
     assert!(!log.contains("panicked"), "{log}");
+}
+
+/// `fmctl` as the admin.
+fn fmctl(port: u16, args: &[&str]) -> Result<String, String> {
+    fmsched_integration::fmctl(port, ROOT, args)
 }

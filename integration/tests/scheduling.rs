@@ -110,19 +110,6 @@ fn agent_env(
     Proc::spawn(node, c, dir)
 }
 
-fn fmctl(port: u16, args: &[&str]) -> Result<String, String> {
-    let out = run(Command::new(bin("fmctl"))
-        .args(args)
-        .env("FMSCHED_ENDPOINT", format!("http://127.0.0.1:{port}"))
-        .env("FMSCHED_TOKEN", ROOT)
-        .env("FMCTL_CONFIG", "/dev/null"));
-    if out.status.success() {
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-    } else {
-        Err(String::from_utf8_lossy(&out.stderr).into_owned())
-    }
-}
-
 /// id → (state, output path) of every job.
 fn jobs(port: u16) -> Result<BTreeMap<String, (String, String)>, String> {
     let v: Value =
@@ -657,4 +644,9 @@ fn training_launches(log: &str) -> usize {
     log.lines()
         .filter(|l| l.contains(" launched") && !l.contains("-profile"))
         .count()
+}
+
+/// `fmctl` as the admin.
+fn fmctl(port: u16, args: &[&str]) -> Result<String, String> {
+    fmsched_integration::fmctl(port, ROOT, args)
 }
