@@ -63,6 +63,10 @@ pub struct SimConfig {
     pub horizon_s: f64,
     /// Check every plan with `consistency_check`.
     pub check_plans: bool,
+    /// Estimation error given to the policy: each job's remaining times are
+    /// scaled by a fixed factor drawn uniformly from [1 − e, 1 + e] (Ymir
+    /// §7.3's sensitivity study). 0 = oracle estimates.
+    pub estimate_noise: f64,
 }
 
 impl Default for SimConfig {
@@ -77,6 +81,7 @@ impl Default for SimConfig {
             merge_guard: true,
             horizon_s: 90.0 * 86_400.0,
             check_plans: cfg!(debug_assertions),
+            estimate_noise: 0.0,
         }
     }
 }
@@ -349,6 +354,19 @@ impl<'a> Simulation<'a> {
             j.ideal_s = j.target / rate + j.restart_s;
         }
         Ok(sim)
+    }
+
+    /// The fixed estimation-error factor of job `i` (1 without noise).
+    fn noise_factor(&self, i: usize) -> f64 {
+        if self.cfg.estimate_noise <= 0.0 {
+            return 1.0;
+        }
+        let mut h = 0xcbf2_9ce4_8422_2325u64;
+        for b in self.jobs[i].w.name.bytes() {
+            h = (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3);
+        }
+        let u = (h >> 11) as f64 / (1u64 << 53) as f64;
+        (1.0 + self.cfg.estimate_noise * (2.0 * u - 1.0)).max(0.05)
     }
 
     /// Samples per second of job `i`'s configuration at `batch` on `placement`.
@@ -857,7 +875,9 @@ impl<'a> Simulation<'a> {
         }
         let mut sjobs = Vec::with_capacity(idx.len());
         for &i in &idx {
-            let remaining_s = self.solo_times(i)?;
+            let noise = self.noise_factor(i);
+            let remaining_s: Vec<f64> =
+                self.solo_times(i)?.into_iter().map(|t| t * noise).collect();
             let j = &self.jobs[i];
             sjobs.push(SchedJob {
                 id: j.w.name.clone(),

@@ -123,6 +123,10 @@ struct SimArgs {
     /// Profiling seconds per new job (0 = none).
     #[arg(long, default_value_t = 60.0)]
     profile_s: f64,
+    /// Estimation error the policy sees: each job's remaining times scaled
+    /// by a fixed factor in [1 − e, 1 + e] (0 = oracle estimates).
+    #[arg(long, default_value_t = 0.0)]
+    estimate_noise: f64,
     /// Checkpoint seconds charged on every (re)start.
     #[arg(long, default_value_t = 30.0)]
     checkpoint_s: f64,
@@ -327,8 +331,12 @@ fn sim_setup(a: &SimArgs) -> anyhow::Result<(SimConfig, Lut, Catalog, Vec<Worklo
         checkpoint_s: a.checkpoint_s,
         context_switch_s: a.context_switch_s,
         profile_s: a.profile_s,
+        estimate_noise: a.estimate_noise,
         ..Default::default()
     };
+    if !(0.0..1.0).contains(&cfg.estimate_noise) {
+        bail!("--estimate-noise must be in [0, 1)");
+    }
     Ok((cfg, lut, catalog, jobs))
 }
 
