@@ -59,6 +59,12 @@ async fn wait_for(what: &str, timeout: Duration, mut f: impl AsyncFnMut() -> boo
     }
 }
 
+/// The iteration `job` last reported to the driver, if it reported yet.
+async fn iteration(d: &ProcessDriver, job: &str) -> Option<u64> {
+    let status = d.status(job).await.expect("the driver knows the job");
+    status.observed.progress.get(job).map(|p| p.0)
+}
+
 #[tokio::test]
 async fn suspend_and_resume_keep_progress() {
     let tmp = tempfile::tempdir().unwrap();
@@ -75,13 +81,7 @@ async fn suspend_and_resume_keep_progress() {
         "launch is idempotent"
     );
     wait_for("first progress", Duration::from_secs(10), async || {
-        d.status("job-a")
-            .await
-            .unwrap()
-            .observed
-            .progress
-            .get("job-a")
-            .is_some_and(|p| p.0 >= 100)
+        iteration(&d, "job-a").await.is_some_and(|i| i >= 100)
     })
     .await;
     eprintln!("launch to first progress report: {:?}", t0.elapsed());
@@ -107,14 +107,7 @@ async fn suspend_and_resume_keep_progress() {
     wait_for(
         "progress after resume",
         Duration::from_secs(10),
-        async || {
-            d.status("job-a")
-                .await
-                .unwrap()
-                .observed
-                .progress
-                .contains_key("job-a")
-        },
+        async || iteration(&d, "job-a").await.is_some(),
     )
     .await;
     let first = d.status("job-a").await.unwrap().observed.progress["job-a"].0;
@@ -138,12 +131,7 @@ async fn a_trainer_that_ignores_sigterm_is_killed_after_the_grace() {
     .await
     .unwrap();
     wait_for("progress", Duration::from_secs(10), async || {
-        d.status("stubborn")
-            .await
-            .unwrap()
-            .observed
-            .progress
-            .contains_key("stubborn")
+        iteration(&d, "stubborn").await.is_some()
     })
     .await;
     let t = Instant::now();
@@ -168,12 +156,7 @@ async fn prewarm_profile_and_completion() {
     // Pre-warm reaches a running trainer.
     d.launch(&spec("warm", 1_000_000, &[])).await.unwrap();
     wait_for("progress", Duration::from_secs(10), async || {
-        d.status("warm")
-            .await
-            .unwrap()
-            .observed
-            .progress
-            .contains_key("warm")
+        iteration(&d, "warm").await.is_some()
     })
     .await;
     d.prewarm("warm").await.unwrap();
@@ -245,15 +228,7 @@ async fn the_python_helper_follows_the_contract_under_the_driver() {
     wait_for(
         "progress from python",
         Duration::from_secs(20),
-        async || {
-            d.status("py")
-                .await
-                .unwrap()
-                .observed
-                .progress
-                .get("py")
-                .is_some_and(|p| p.0 >= 50)
-        },
+        async || iteration(&d, "py").await.is_some_and(|i| i >= 50),
     )
     .await;
     let (ckpt, at) = d
@@ -269,13 +244,7 @@ async fn the_python_helper_follows_the_contract_under_the_driver() {
     .await
     .unwrap();
     wait_for("resumed progress", Duration::from_secs(20), async || {
-        d.status("py")
-            .await
-            .unwrap()
-            .observed
-            .progress
-            .get("py")
-            .is_some_and(|p| p.0 > at)
+        iteration(&d, "py").await.is_some_and(|i| i > at)
     })
     .await;
     let first_after = d.status("py").await.unwrap().observed.progress["py"].0;

@@ -41,6 +41,24 @@ pub struct LiveNode {
     outbox: Option<Outbox>,
 }
 
+impl LiveNode {
+    /// A node known from Postgres with no session yet; `now` starts its
+    /// grace period to reconnect.
+    fn unconnected(record: NodeRecord, now: DateTime<Utc>) -> Self {
+        Self {
+            state: record.state,
+            persisted_state: record.state,
+            record,
+            last_heartbeat: now,
+            telemetry: BTreeMap::new(),
+            observed_tasks: Vec::new(),
+            applied_generation: 0,
+            session: None,
+            outbox: None,
+        }
+    }
+}
+
 /// A liveness change that must be persisted.
 #[derive(Clone, Debug, PartialEq)]
 pub struct StateChange {
@@ -63,23 +81,7 @@ impl NodeRegistry {
     pub fn load(records: Vec<NodeRecord>, now: DateTime<Utc>) -> Self {
         let nodes = records
             .into_iter()
-            .map(|r| {
-                let state = r.state;
-                (
-                    r.id.clone(),
-                    LiveNode {
-                        record: r,
-                        state,
-                        persisted_state: state,
-                        last_heartbeat: now,
-                        telemetry: BTreeMap::new(),
-                        observed_tasks: Vec::new(),
-                        applied_generation: 0,
-                        session: None,
-                        outbox: None,
-                    },
-                )
-            })
+            .map(|r| (r.id.clone(), LiveNode::unconnected(r, now)))
             .collect();
         Self {
             nodes: Mutex::new(nodes),
@@ -94,17 +96,9 @@ impl NodeRegistry {
     pub fn take_over(&self, records: Vec<NodeRecord>, now: DateTime<Utc>) {
         let mut nodes = self.lock();
         for r in records {
-            let n = nodes.entry(r.id.clone()).or_insert_with(|| LiveNode {
-                state: r.state,
-                persisted_state: r.state,
-                record: r.clone(),
-                last_heartbeat: now,
-                telemetry: BTreeMap::new(),
-                observed_tasks: Vec::new(),
-                applied_generation: 0,
-                session: None,
-                outbox: None,
-            });
+            let n = nodes
+                .entry(r.id.clone())
+                .or_insert_with(|| LiveNode::unconnected(r.clone(), now));
             if n.session.is_none() {
                 n.record = r;
                 n.state = n.record.state;

@@ -14,18 +14,7 @@
 
 use std::collections::BTreeMap;
 
-use super::{
-    MergeMode, Plan, PlanEntry, Policy, Snapshot, requested_allocation, usable_allocations,
-};
-
-fn entry(job: usize, gpus: u32) -> PlanEntry {
-    PlanEntry {
-        jobs: vec![job],
-        mode: MergeMode::Normal,
-        gpus,
-        placement: Vec::new(),
-    }
-}
+use super::{Plan, PlanEntry, Policy, Snapshot, requested_allocation, usable_allocations};
 
 /// Gives each job of `order` its requested allocation while GPUs last.
 /// With `blocking`, the first job that does not fit stops the walk (strict
@@ -37,7 +26,7 @@ fn in_order(snap: &Snapshot, order: &[usize], mut free: u32, blocking: bool, pla
         };
         if a <= free {
             free -= a;
-            plan.entries.push(entry(i, a));
+            plan.entries.push(PlanEntry::single(i, a));
         } else if blocking {
             break;
         }
@@ -87,7 +76,7 @@ impl Policy for Fifo {
         for (i, j) in snap.jobs.iter().enumerate() {
             if j.current_gpus > 0 && j.current_gpus <= free {
                 free -= j.current_gpus;
-                plan.entries.push(entry(i, j.current_gpus));
+                plan.entries.push(PlanEntry::single(i, j.current_gpus));
             }
         }
         let order: Vec<usize> = by_arrival(snap)
@@ -247,7 +236,7 @@ fn grow(snap: &Snapshot, first: &[usize], gain: impl Fn(usize, u32, u32) -> f64)
     Plan {
         entries: (0..n)
             .filter(|&i| gpus[i] > 0)
-            .map(|i| entry(i, gpus[i]))
+            .map(|i| PlanEntry::single(i, gpus[i]))
             .collect(),
         ..Default::default()
     }
@@ -335,7 +324,7 @@ impl Policy for Themis {
         for (i, j) in snap.jobs.iter().enumerate() {
             if j.current_gpus > 0 && j.lease_until > snap.now && j.current_gpus <= free {
                 free -= j.current_gpus;
-                plan.entries.push(entry(i, j.current_gpus));
+                plan.entries.push(PlanEntry::single(i, j.current_gpus));
             }
         }
         let leased: Vec<bool> = {
@@ -547,18 +536,7 @@ mod tests {
         snap.jobs[0].requested_gpus = 4; // long
         snap.jobs[1].requested_gpus = 2;
         snap.jobs[2].requested_gpus = 2;
-        let t = |w: f64| {
-            snap.allocations
-                .iter()
-                .map(|&a| {
-                    if a == 0 {
-                        f64::INFINITY
-                    } else {
-                        w / f64::from(a)
-                    }
-                })
-                .collect::<Vec<_>>()
-        };
+        let t = |w: f64| linear_times(&snap.allocations, w);
         snap.jobs[0].remaining_s = t(100.0);
         snap.jobs[1].remaining_s = t(10_000.0);
         snap.jobs[2].remaining_s = t(5_000.0);

@@ -154,6 +154,18 @@ pub struct PlanEntry {
     pub placement: Vec<(usize, u32)>,
 }
 
+impl PlanEntry {
+    /// One job on its own (not merged), not yet placed.
+    pub fn single(job: usize, gpus: u32) -> Self {
+        Self {
+            jobs: vec![job],
+            mode: MergeMode::Normal,
+            gpus,
+            placement: Vec::new(),
+        }
+    }
+}
+
 /// Counters a round reports (never silent about a fallback).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct SolveStats {
@@ -314,6 +326,21 @@ pub(crate) mod testkit {
     //! Small builders for policy tests: `cluster(nodes, gpus)`, `job(..)`.
     use super::*;
 
+    /// Perfectly linear scaling: `work / a` seconds at each allocation `a`
+    /// (infinite at 0 GPUs).
+    pub fn linear_times(allocations: &[u32], work_gpu_s: f64) -> Vec<f64> {
+        allocations
+            .iter()
+            .map(|&a| {
+                if a == 0 {
+                    f64::INFINITY
+                } else {
+                    work_gpu_s / f64::from(a)
+                }
+            })
+            .collect()
+    }
+
     /// Perfectly linear scaling: `work / a` seconds at `a` GPUs.
     pub fn job(id: &str, work_gpu_s: f64, requested: u32, allocations: &[u32]) -> SchedJob {
         SchedJob {
@@ -331,16 +358,7 @@ pub(crate) mod testkit {
             executed_s: 0.0,
             current_gpus: 0,
             current_placement: Vec::new(),
-            remaining_s: allocations
-                .iter()
-                .map(|&a| {
-                    if a == 0 {
-                        f64::INFINITY
-                    } else {
-                        work_gpu_s / f64::from(a)
-                    }
-                })
-                .collect(),
+            remaining_s: linear_times(allocations, work_gpu_s),
             restart_s: 30.0,
             lease_until: 0.0,
         }
@@ -359,16 +377,7 @@ pub(crate) mod testkit {
                     .find(|(t, _)| t.is_finite());
                 if let Some((&t, a)) = work {
                     let w = t * f64::from(a);
-                    j.remaining_s = allocations
-                        .iter()
-                        .map(|&a| {
-                            if a == 0 {
-                                f64::INFINITY
-                            } else {
-                                w / f64::from(a)
-                            }
-                        })
-                        .collect();
+                    j.remaining_s = linear_times(&allocations, w);
                 }
                 j
             })

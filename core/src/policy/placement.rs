@@ -134,24 +134,19 @@ fn fit(snap: &Snapshot, free: &mut [u32], gpus: u32, pipeline: bool) -> Option<V
 
 #[cfg(test)]
 mod tests {
+    use super::super::PlanEntry;
     use super::super::testkit::*;
-    use super::super::{MergeMode, PlanEntry};
     use super::*;
-
-    fn entry(job: usize, gpus: u32) -> PlanEntry {
-        PlanEntry {
-            jobs: vec![job],
-            mode: MergeMode::Normal,
-            gpus,
-            placement: Vec::new(),
-        }
-    }
 
     #[test]
     fn packs_whole_nodes_and_best_fits_small_groups() {
         let snap = cluster(3, 4, jobs(4));
         let plan = Plan {
-            entries: vec![entry(0, 1), entry(1, 8), entry(2, 3)],
+            entries: vec![
+                PlanEntry::single(0, 1),
+                PlanEntry::single(1, 8),
+                PlanEntry::single(2, 3),
+            ],
             ..Default::default()
         };
         let p = place(&snap, plan);
@@ -173,7 +168,11 @@ mod tests {
         snap.jobs[0].current_gpus = 2;
         snap.jobs[1].pipeline = true;
         let plan = Plan {
-            entries: vec![entry(0, 2), entry(1, 4), entry(2, 2)],
+            entries: vec![
+                PlanEntry::single(0, 2),
+                PlanEntry::single(1, 4),
+                PlanEntry::single(2, 2),
+            ],
             ..Default::default()
         };
         let p = place(&snap, plan);
@@ -182,7 +181,11 @@ mod tests {
         assert_eq!(p.entries[2].placement, vec![(1, 2)]);
         // A second pipeline job of 4 cannot be spread over two half nodes.
         let plan = Plan {
-            entries: vec![entry(0, 2), entry(2, 2), entry(1, 4)],
+            entries: vec![
+                PlanEntry::single(0, 2),
+                PlanEntry::single(2, 2),
+                PlanEntry::single(1, 4),
+            ],
             ..Default::default()
         };
         let mut snap2 = snap.clone();
