@@ -7,8 +7,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context;
+use fmsched_proto::MAX_MESSAGE_BYTES;
 use fmsched_proto::v1::estimator_service_server::EstimatorServiceServer;
-use fmsched_proto::{FILE_DESCRIPTOR_SET, MAX_MESSAGE_BYTES};
 use fmsched_runtime::LogConfig;
 use serde::Deserialize;
 use tokio::net::TcpListener;
@@ -131,14 +131,7 @@ pub async fn run(
     health
         .set_serving::<EstimatorServiceServer<EstimatorApi>>()
         .await;
-    let reflection = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        .build_v1()?;
-    let reflection_alpha = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        .build_v1alpha()?;
+    let (reflection, reflection_alpha) = fmsched_proto::reflection_services()?;
     tracing::info!(addr = %listener.local_addr()?, "estimator serving");
     tonic::transport::Server::builder()
         .add_service(health_svc)

@@ -67,6 +67,9 @@ pub struct SimConfig {
     /// scaled by a fixed factor drawn uniformly from [1 − e, 1 + e] (Ymir
     /// §7.3's sensitivity study). 0 = oracle estimates.
     pub estimate_noise: f64,
+    /// Print one line per scheduling round on stderr (default: set when
+    /// `FMSIM_DEBUG` is in the environment).
+    pub trace_rounds: bool,
 }
 
 impl Default for SimConfig {
@@ -82,6 +85,7 @@ impl Default for SimConfig {
             horizon_s: 90.0 * 86_400.0,
             check_plans: cfg!(debug_assertions),
             estimate_noise: 0.0,
+            trace_rounds: std::env::var_os("FMSIM_DEBUG").is_some(),
         }
     }
 }
@@ -963,7 +967,7 @@ impl<'a> Simulation<'a> {
         let t = Instant::now();
         let plan = policy.schedule(&snap);
         self.stats.round_wall_s.push(t.elapsed().as_secs_f64());
-        if std::env::var_os("FMSIM_DEBUG").is_some() {
+        if self.cfg.trace_rounds {
             eprintln!(
                 "round {} t={:.0} waiting={} candidates={} vars={} solve_ms={:.1} fallback={}",
                 self.stats.rounds,

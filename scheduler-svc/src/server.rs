@@ -9,10 +9,10 @@ use std::time::Duration;
 use anyhow::Context;
 use chrono::Utc;
 use fmsched_core::Limits;
+use fmsched_proto::MAX_MESSAGE_BYTES;
 use fmsched_proto::v1::agent_service_server::AgentServiceServer;
 use fmsched_proto::v1::cluster_service_server::ClusterServiceServer;
 use fmsched_proto::v1::job_service_server::JobServiceServer;
-use fmsched_proto::{FILE_DESCRIPTOR_SET, MAX_MESSAGE_BYTES};
 use tokio::net::TcpListener;
 use tokio::sync::broadcast;
 use tokio_stream::wrappers::TcpListenerStream;
@@ -121,14 +121,7 @@ pub async fn run(
     health.set_serving::<AgentServiceServer<AgentApi>>().await;
     health.set_service_status("", ServingStatus::Serving).await;
 
-    let reflection_v1 = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        .build_v1()?;
-    let reflection_v1alpha = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        .build_v1alpha()?;
+    let (reflection_v1, reflection_v1alpha) = fmsched_proto::reflection_services()?;
 
     let metrics = cfg.metrics_addr.map(|addr| {
         let st = state.clone();
