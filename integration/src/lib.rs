@@ -118,6 +118,25 @@ pub fn run(cmd: &mut Command) -> Output {
         .unwrap_or_else(|e| panic!("running {cmd:?}: {e}"))
 }
 
+/// Writes each `(name, manifest)` to `dir/<name>.yaml` and submits them all
+/// with one `fmctl submit` (see [`fmctl`]).
+pub fn submit_manifests(
+    port: u16,
+    token: &str,
+    dir: &Path,
+    jobs: impl IntoIterator<Item = (String, String)>,
+) -> Result<String, String> {
+    let mut files = Vec::new();
+    for (name, manifest) in jobs {
+        let f = dir.join(format!("{name}.yaml"));
+        std::fs::write(&f, manifest).unwrap_or_else(|e| panic!("writing {}: {e}", f.display()));
+        files.push(f.display().to_string());
+    }
+    let mut args = vec!["submit"];
+    args.extend(files.iter().map(String::as_str));
+    fmctl(port, token, &args)
+}
+
 /// Runs `fmctl` against a scheduler on 127.0.0.1:`port` with `token`:
 /// standard output on success, standard error as the error.
 pub fn fmctl(port: u16, token: &str, args: &[&str]) -> Result<String, String> {

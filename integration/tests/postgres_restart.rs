@@ -164,24 +164,16 @@ fn e2e_a_postgres_restart_loses_nothing() {
     .env("FMSCHED_AGENT_PROCESSES__CHECKPOINT_INTERVAL", "1s")
     .env("FMSCHED_AGENT_RECONNECT__MAX_DELAY", "1s");
     let _agent = Proc::spawn("node-a", a, dir.path());
-    let mut files = Vec::new();
-    for k in 0..4 {
-        let f = dir.path().join(format!("j{k}.yaml"));
-        std::fs::write(
-            &f,
-            format!(
-                "name: j{k}\nmodel: roberta-base\ndataset: {{ uri: file:///d, task: t{k}, num_samples: 3200 }}\n\
-                 hyperparameters: {{ global_batch_size: 32, learning_rate: 2.0e-5 }}\ntarget: {{ max_iterations: 2500 }}\n\
-                 resources: {{ min_gpus: 1, max_gpus: 1 }}\nlaunch:\n  command: [\"{}\"]\n  env: {{ FMSCHED_FAKE_TIME_COMPRESSION: \"40\" }}\n",
-                bin("fake-trainer").display()
-            ),
-        )
-        .unwrap();
-        files.push(f.display().to_string());
-    }
-    let mut args = vec!["submit"];
-    args.extend(files.iter().map(String::as_str));
-    fmctl(port, &args).expect("submit");
+    let jobs = (0..4).map(|k| {
+        let manifest = format!(
+            "name: j{k}\nmodel: roberta-base\ndataset: {{ uri: file:///d, task: t{k}, num_samples: 3200 }}\n\
+             hyperparameters: {{ global_batch_size: 32, learning_rate: 2.0e-5 }}\ntarget: {{ max_iterations: 2500 }}\n\
+             resources: {{ min_gpus: 1, max_gpus: 1 }}\nlaunch:\n  command: [\"{}\"]\n  env: {{ FMSCHED_FAKE_TIME_COMPRESSION: \"40\" }}\n",
+            bin("fake-trainer").display()
+        );
+        (format!("j{k}"), manifest)
+    });
+    submit_manifests(port, ROOT, dir.path(), jobs).expect("submit");
     wait_for("jobs running", Duration::from_secs(30), || {
         let s = states(port)?;
         if s.iter().filter(|x| *x == "running").count() >= 2 {

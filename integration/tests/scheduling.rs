@@ -159,24 +159,21 @@ async fn e2e_jobs_run_to_completion_through_a_scheduler_crash() {
     let b = agent("node-b", port, dir.path());
 
     // Ten jobs of different lengths on 8 GPUs: some wait for others.
-    let mut files = Vec::new();
-    for k in 0..10u64 {
-        let f = dir.path().join(format!("job-{k}.yaml"));
-        std::fs::write(
-            &f,
-            job_yaml(
-                &format!("job-{k}"),
+    submit(
+        port,
+        dir.path(),
+        (0..10u64).map(|k| {
+            let name = format!("job-{k}");
+            let manifest = job_yaml(
+                &name,
                 ["rte", "mrpc", "stsb", "cola"][k as usize % 4],
                 800 + 400 * (k % 3),
                 1 + (k % 2) as u32,
-            ),
-        )
-        .unwrap();
-        files.push(f.display().to_string());
-    }
-    let mut args = vec!["submit"];
-    args.extend(files.iter().map(String::as_str));
-    fmctl(port, &args).expect("submit");
+            );
+            (name, manifest)
+        }),
+    )
+    .expect("submit");
     let started = Instant::now();
 
     // Some run; then kill -9 the scheduler and bring it back.
@@ -372,24 +369,16 @@ async fn e2e_jobs_of_a_lost_node_resume_elsewhere_from_their_checkpoint() {
     let a = agent("node-a", port, dir.path());
     let mut b = agent("node-b", port, dir.path());
     // Four 2-GPU jobs, long enough to be running when node-b dies.
-    let mut files = Vec::new();
-    for k in 0..4 {
-        let f = dir.path().join(format!("long-{k}.yaml"));
-        std::fs::write(
-            &f,
-            job_yaml(
-                &format!("long-{k}"),
-                ["rte", "mrpc", "stsb", "cola"][k],
-                3000,
-                2,
-            ),
-        )
-        .unwrap();
-        files.push(f.display().to_string());
-    }
-    let mut args = vec!["submit"];
-    args.extend(files.iter().map(String::as_str));
-    fmctl(port, &args).expect("submit");
+    submit(
+        port,
+        dir.path(),
+        (0..4).map(|k| {
+            let name = format!("long-{k}");
+            let manifest = job_yaml(&name, ["rte", "mrpc", "stsb", "cola"][k], 3000, 2);
+            (name, manifest)
+        }),
+    )
+    .expect("submit");
     let node_b_dir = dir.path().join("node-b").display().to_string();
     let b_log = b.log.clone();
     let b_log_tail = || {
@@ -515,25 +504,17 @@ async fn e2e_two_replicas_the_standby_takes_over_when_the_active_dies() {
     // The agents try the standby first: it refuses them and they move on.
     let a = agent_endpoints("node-a", &endpoints, dir.path(), None);
     let b = agent_endpoints("node-b", &endpoints, dir.path(), None);
-    let mut files = Vec::new();
-    for k in 0..6u64 {
-        let f = dir.path().join(format!("ha-{k}.yaml"));
-        std::fs::write(
-            &f,
-            job_yaml(
-                &format!("ha-{k}"),
-                ["rte", "mrpc", "stsb"][k as usize % 3],
-                1500,
-                1,
-            ),
-        )
-        .unwrap();
-        files.push(f.display().to_string());
-    }
-    let mut args = vec!["submit"];
-    args.extend(files.iter().map(String::as_str));
     // Either replica takes submissions: this one goes to the standby.
-    fmctl(p2, &args).expect("submit through the standby");
+    submit(
+        p2,
+        dir.path(),
+        (0..6u64).map(|k| {
+            let name = format!("ha-{k}");
+            let manifest = job_yaml(&name, ["rte", "mrpc", "stsb"][k as usize % 3], 1500, 1);
+            (name, manifest)
+        }),
+    )
+    .expect("submit through the standby");
     wait_for("jobs running", Duration::from_secs(30), || {
         let j = jobs(p1)?;
         let running = j.values().filter(|s| s.0 == "running").count();
@@ -601,24 +582,16 @@ async fn e2e_a_node_with_gpu_errors_is_drained() {
             Err(out)
         }
     });
-    let mut files = Vec::new();
-    for k in 0..6u64 {
-        let f = dir.path().join(format!("x-{k}.yaml"));
-        std::fs::write(
-            &f,
-            job_yaml(
-                &format!("x-{k}"),
-                ["rte", "mrpc", "stsb"][k as usize % 3],
-                800,
-                1,
-            ),
-        )
-        .unwrap();
-        files.push(f.display().to_string());
-    }
-    let mut args = vec!["submit"];
-    args.extend(files.iter().map(String::as_str));
-    fmctl(port, &args).expect("submit");
+    submit(
+        port,
+        dir.path(),
+        (0..6u64).map(|k| {
+            let name = format!("x-{k}");
+            let manifest = job_yaml(&name, ["rte", "mrpc", "stsb"][k as usize % 3], 800, 1);
+            (name, manifest)
+        }),
+    )
+    .expect("submit");
     wait_for("every job completed", Duration::from_secs(90), || {
         let j = jobs(port)?;
         if j.len() == 6 && j.values().all(|s| s.0 == "completed") {
@@ -644,6 +617,15 @@ fn training_launches(log: &str) -> usize {
     log.lines()
         .filter(|l| l.contains(" launched") && !l.contains("-profile"))
         .count()
+}
+
+/// `submit_manifests` as the admin.
+fn submit(
+    port: u16,
+    dir: &std::path::Path,
+    jobs: impl IntoIterator<Item = (String, String)>,
+) -> Result<String, String> {
+    submit_manifests(port, ROOT, dir, jobs)
 }
 
 /// `fmctl` as the admin.
