@@ -68,6 +68,20 @@ pub struct TaskAssignment {
     /// Training samples per epoch, when known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub samples_per_epoch: Option<u64>,
+    /// Stop after this many epochs (0 = no epoch budget).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub max_epochs: u32,
+    /// Do not train this task: evaluate its validation set with the
+    /// process's current weights once per epoch of the trained task and
+    /// report an `eval` line for it. The scheduler adds B this way to A's
+    /// process in a temporal merge `A ↦ B`, so the merge guard sees whether
+    /// A's weights help B before B starts (Ymir §4.3).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub eval_only: bool,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 /// One line a trainer writes to the report socket.

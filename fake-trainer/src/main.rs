@@ -15,9 +15,20 @@
 //! - answers SIGUSR1 (pre-warm) with a `prewarmed` report;
 //! - exits 0 when every task reached its target, after writing its output.
 //!
+//! Merges behave by one fake transfer law ([`true_gain`]): tasks whose
+//! Task2Vec-style embeddings are close help each other, as Ymir assumes.
+//! - temporal (`A ↦ B`): B started from A's weights (`FMSCHED_INIT_WEIGHTS`)
+//!   learns `1 + G` times as fast; while A trains, an `eval_only` task B is
+//!   evaluated every epoch of A and improves only when `G > 0`;
+//! - spatial (`A ‖ B`, two trained tasks): each task learns `1 + G` times as
+//!   fast from its own samples, and not at all when `G < 0` (interference:
+//!   its accuracy stalls, which the merge guard must catch).
+//!
 //! Test knobs: `FMSCHED_FAKE_IGNORE_SIGTERM=1` ignores SIGTERM (to test the
 //! agent's SIGKILL), `FMSCHED_FAKE_CRASH_AT=N` exits 3 at iteration N,
-//! `FMSCHED_FAKE_GPU_TYPE` (default V100), `FMSCHED_FAKE_PROFILE_STEPS`.
+//! `FMSCHED_FAKE_GPU_TYPE` (default V100), `FMSCHED_FAKE_PROFILE_STEPS`,
+//! `FMSCHED_FAKE_GAIN_OFFSET=x` adds `x` to every transfer gain (a negative
+//! offset makes merges harmful, to test the guard).
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
@@ -42,21 +53,69 @@ fn unit(name: &str) -> f64 {
     (h >> 11) as f64 / (1u64 << 53) as f64
 }
 
-/// Per-task state, also what a checkpoint stores.
+/// Per-task state, also what a checkpoint and the output weights store.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 struct TaskState {
     job_id: String,
     iteration: u64,
     samples: u64,
     done: bool,
+    #[serde(default)]
+    model: String,
+    #[serde(default)]
+    task: String,
+    /// Iterations' worth of learning on this task (differs from `iteration`
+    /// under a merge: faster with a positive gain, none with a negative one).
+    #[serde(default)]
+    effective: f64,
+    /// Transfer gain inherited from the initial weights (temporal merges).
+    #[serde(default)]
+    gain: f64,
 }
 
 #[derive(Debug, Serialize, Deserialize, PartialEq)]
 struct Checkpoint {
     format: String,
     tasks: Vec<TaskState>,
-    /// Transfer gain inherited from the initial weights (temporal merges).
-    gain: f64,
+}
+
+/// The Task2Vec-style embedding the fake reports for a task: tasks fall
+/// into one of three families per model (the family's heavy-tailed Fisher
+/// mass dominates, so tasks of one family are close and others far), plus a
+/// task-specific share and a small per-draw perturbation.
+fn embedding_of(model: &str, task: &str, repeat: bool) -> Vec<f64> {
+    let family = (unit(&format!("{model}|{task}|family")) * 3.0) as u32;
+    (0..64)
+        .map(|d| {
+            let shared = 2.0 * unit(&format!("{model}|family{family}|dim{d}")).powi(4);
+            let own = 0.6 * unit(&format!("{model}|{task}|dim{d}")).powi(4);
+            let draw = 0.01 * unit(&format!("{model}|{task}|dim{d}|{repeat}"));
+            0.02 + shared + own + draw
+        })
+        .collect()
+}
+
+/// The fake world's transfer law: the gain `G` that training on `from` gives
+/// `to` (Ymir Eq. 1). It follows Task2Vec's premise with the estimator's
+/// prior line (`estimator_svc::transfer::GainModel`) plus a deterministic
+/// per-pair deviation of up to ±0.08, so the estimator is good, not exact.
+fn true_gain(model: &str, from: &str, to: &str, spatial: bool) -> f64 {
+    use estimator_svc::transfer::{GainModel, TaskEmbedding, spatial_score, temporal_score};
+    let emb = |t: &str| TaskEmbedding {
+        fisher: embedding_of(model, t, false),
+        fisher_repeat: embedding_of(model, t, true),
+    };
+    let (a, b) = (emb(from), emb(to));
+    let s = if spatial {
+        spatial_score(&a, &b)
+    } else {
+        temporal_score(&a, &b)
+    };
+    let offset: f64 = var("FMSCHED_FAKE_GAIN_OFFSET")
+        .and_then(|o| o.parse().ok())
+        .unwrap_or(0.0);
+    let wobble = 0.16 * (unit(&format!("{model}|{from}->{to}")) - 0.5);
+    (GainModel::default().predict(s) + wobble + offset).max(-0.9)
 }
 
 /// The synthetic learning behaviour of one task.
@@ -83,15 +142,15 @@ impl Curve {
         }
     }
 
-    /// Ymir Eq. 3 with β3 = 0, scaled by the transfer gain: `L/(1+G)`.
-    fn loss(&self, k: f64, gain: f64) -> f64 {
-        (1.0 / (self.beta2 * k + self.beta1) + self.beta0) / (1.0 + gain)
+    /// Ymir Eq. 3 with β3 = 0 at `x` iterations' worth of learning, scaled
+    /// by an inherited transfer gain: `L/(1+G)` (seeds README fix of Eq. 2).
+    fn loss(&self, x: f64, gain: f64) -> f64 {
+        (1.0 / (self.beta2 * x + self.beta1) + self.beta0) / (1.0 + gain)
     }
 
-    /// A saturating metric that a positive gain reaches sooner.
-    fn metric(&self, k: f64, gain: f64) -> f64 {
-        let k = k * (1.0 + gain.max(-0.5));
-        0.5 + (self.metric_max - 0.5) * k / (k + self.half)
+    /// A saturating metric at `x` iterations' worth of learning.
+    fn metric(&self, x: f64) -> f64 {
+        0.5 + (self.metric_max - 0.5) * x / (x + self.half)
     }
 }
 
@@ -100,7 +159,9 @@ struct Trainer {
     state: Vec<TaskState>,
     curves: Vec<Curve>,
     profile: bool,
-    gain: f64,
+    /// Learning speed of each task in this process (1 alone; `1 + G` or 0
+    /// in a spatial merge).
+    speed: Vec<f64>,
     ckpt_dir: PathBuf,
     out_dir: PathBuf,
     seconds_per_iteration: f64,
@@ -157,9 +218,8 @@ impl Trainer {
         let it = self.state.iter().map(|s| s.iteration).max().unwrap_or(0);
         let path = self.ckpt_dir.join(format!("ckpt-{it:09}.json"));
         let c = Checkpoint {
-            format: "fmsched-fake-trainer/1".into(),
+            format: "fmsched-fake-trainer/2".into(),
             tasks: self.state.clone(),
-            gain: self.gain,
         };
         write_atomic(&path, &serde_json::to_vec_pretty(&c)?)?;
         self.reporter
@@ -171,32 +231,35 @@ impl Trainer {
         Ok(())
     }
 
-    /// Advances by `steps` joint iterations; returns true when all tasks are done.
+    /// Advances by `steps` joint iterations; returns true when every trained
+    /// task is done.
     async fn advance(&mut self, steps: u64, crash_at: Option<u64>) -> anyhow::Result<bool> {
-        let total_epoch: u64 = self.samples_per_epoch.iter().sum();
-        for i in 0..self.tasks.len() {
+        let trained: Vec<usize> = (0..self.tasks.len())
+            .filter(|&i| !self.tasks[i].eval_only)
+            .collect();
+        let total_epoch: u64 = trained.iter().map(|&i| self.samples_per_epoch[i]).sum();
+        let joint_batch: u64 = trained
+            .iter()
+            .map(|&i| u64::from(self.tasks[i].global_batch_size))
+            .sum();
+        let mut epochs_passed = false;
+        for &i in &trained {
             if self.state[i].done {
                 continue;
             }
             // A joint (spatial) process samples both datasets in proportion.
             let batch = u64::from(self.tasks[i].global_batch_size);
-            let share = if self.tasks.len() > 1 {
-                self.samples_per_epoch[i] as f64 / total_epoch as f64
-            } else {
-                1.0
-            };
             let before_epoch = self.state[i].samples / self.samples_per_epoch[i];
             self.state[i].iteration += steps;
-            let joint_batch: u64 = self
-                .tasks
-                .iter()
-                .map(|t| u64::from(t.global_batch_size))
-                .sum();
-            self.state[i].samples += if self.tasks.len() > 1 {
+            let own_samples = if trained.len() > 1 {
+                let share = self.samples_per_epoch[i] as f64 / total_epoch as f64;
                 (steps as f64 * joint_batch as f64 * share).round() as u64
             } else {
                 steps * batch
             };
+            self.state[i].samples += own_samples;
+            // Learning counted in iterations of this task's own batch.
+            self.state[i].effective += self.speed[i] * own_samples as f64 / batch.max(1) as f64;
             if let Some(c) = crash_at
                 && self.state[i].iteration >= c
             {
@@ -206,9 +269,9 @@ impl Trainer {
                 );
                 std::process::exit(3);
             }
-            let k = self.state[i].iteration as f64;
+            let x = self.state[i].effective;
             let noise = 1.0 + 0.03 * self.next_noise();
-            let loss = self.curves[i].loss(k, self.gain) * noise;
+            let loss = self.curves[i].loss(x, self.state[i].gain) * noise;
             let report = Report::Progress {
                 job_id: self.tasks[i].job_id.clone(),
                 iteration: self.state[i].iteration,
@@ -219,25 +282,14 @@ impl Trainer {
             self.reporter.send(&report).await;
             let epoch = self.state[i].samples / self.samples_per_epoch[i];
             let max_it = self.tasks[i].max_iterations;
-            let mut reached = max_it > 0 && self.state[i].iteration >= max_it;
+            let max_epochs = u64::from(self.tasks[i].max_epochs);
+            let mut reached = (max_it > 0 && self.state[i].iteration >= max_it)
+                || (max_epochs > 0 && epoch >= max_epochs);
             if epoch > before_epoch && !self.profile {
-                let value = self.curves[i].metric(k, self.gain);
-                let metric = self.tasks[i]
-                    .metric
-                    .clone()
-                    .unwrap_or_else(|| "accuracy".into());
-                self.reporter
-                    .send(&Report::Eval {
-                        job_id: self.tasks[i].job_id.clone(),
-                        iteration: self.state[i].iteration,
-                        epoch: self.state[i].samples as f64 / self.samples_per_epoch[i] as f64,
-                        metric,
-                        value,
-                    })
-                    .await;
-                if let Some(t) = self.tasks[i].metric_target {
-                    reached |= value >= t;
-                }
+                epochs_passed |= i == trained[0];
+                // An inherited gain speeds learning up (`1 + G` times).
+                let value = self.curves[i].metric(x * (1.0 + self.state[i].gain));
+                reached |= self.eval(i, value).await;
             }
             if reached && !self.profile {
                 self.state[i].done = true;
@@ -254,21 +306,47 @@ impl Trainer {
                     .await;
             }
         }
-        Ok(self.state.iter().all(|s| s.done))
+        // Watched tasks (temporal merge guard): B evaluated with A's current
+        // weights; it improves as A learns only when A's weights help B.
+        if epochs_passed {
+            let a = trained[0];
+            for i in 0..self.tasks.len() {
+                if self.tasks[i].eval_only {
+                    let g = true_gain(
+                        &self.tasks[a].model,
+                        &self.tasks[a].task,
+                        &self.tasks[i].task,
+                        false,
+                    );
+                    let value = self.curves[i].metric(g.max(0.0) * self.state[a].effective);
+                    self.eval(i, value).await;
+                }
+            }
+        }
+        Ok(trained.iter().all(|&i| self.state[i].done))
+    }
+
+    /// Reports an evaluation of task `i`; true when it reaches the metric target.
+    async fn eval(&mut self, i: usize, value: f64) -> bool {
+        let metric = self.tasks[i]
+            .metric
+            .clone()
+            .unwrap_or_else(|| "accuracy".into());
+        self.reporter
+            .send(&Report::Eval {
+                job_id: self.tasks[i].job_id.clone(),
+                iteration: self.state[i].iteration,
+                epoch: self.state[i].samples as f64 / self.samples_per_epoch[i] as f64,
+                metric,
+                value,
+            })
+            .await;
+        self.tasks[i].metric_target.is_some_and(|t| value >= t)
     }
 }
 
 fn embedding(task: &TaskAssignment, repeat: bool) -> Vec<f64> {
-    // Tasks of one family share most of their Fisher mass; a small
-    // per-task and per-draw perturbation separates them.
-    (0..64)
-        .map(|d| {
-            let base = 0.2 + unit(&format!("{}|dim{d}", task.model));
-            let own = 0.5 * unit(&format!("{}|{}|dim{d}", task.model, task.task));
-            let draw = 0.02 * unit(&format!("{}|{}|dim{d}|{repeat}", task.model, task.task));
-            base + own + draw
-        })
-        .collect()
+    embedding_of(&task.model, &task.task, repeat)
 }
 
 #[tokio::main(flavor = "current_thread")]
@@ -284,10 +362,12 @@ async fn run() -> anyhow::Result<()> {
         .with_context(|| format!("{} is not set (see docs/trainer-contract.md)", env::TASKS))?;
     let tasks: Vec<TaskAssignment> = serde_json::from_str(&tasks_json)
         .with_context(|| format!("{}: not a JSON list of tasks", env::TASKS))?;
-    if tasks.is_empty() || tasks.len() > 2 {
+    let trained = tasks.iter().filter(|t| !t.eval_only).count();
+    if trained == 0 || trained > 2 || tasks.len() > 4 {
         bail!(
-            "{}: one task, or two for a spatial merge; got {}",
+            "{}: one trained task, or two for a spatial merge (plus watched eval_only tasks); got {} trained of {}",
             env::TASKS,
+            trained,
             tasks.len()
         );
     }
@@ -323,7 +403,11 @@ async fn run() -> anyhow::Result<()> {
     // Speed from the LUT: the joint batch of all tasks on `world` GPUs.
     let lut: Lut = analytic::default_lut()?;
     let model = tasks[0].model.clone();
-    let batch: u32 = tasks.iter().map(|t| t.global_batch_size.max(1)).sum();
+    let batch: u32 = tasks
+        .iter()
+        .filter(|t| !t.eval_only)
+        .map(|t| t.global_batch_size.max(1))
+        .sum();
     let layers = analytic::layers_of(&model).unwrap_or(12);
     let it = lut
         .iteration_time_on(
@@ -354,28 +438,44 @@ async fn run() -> anyhow::Result<()> {
             iteration: 0,
             samples: 0,
             done: false,
+            model: t.model.clone(),
+            task: t.task.clone(),
+            effective: 0.0,
+            gain: 0.0,
         })
         .collect();
-    // Temporal transfer: the initial weights carry a gain.
-    let mut gain = 0.0;
+    // Temporal transfer: the initial weights carry A's gain for B.
     if let Some(init) = var(env::INIT_WEIGHTS) {
         let text = std::fs::read_to_string(&init)
             .with_context(|| format!("{}: reading {init}", env::INIT_WEIGHTS))?;
         let from: TaskState = serde_json::from_str(&text)
             .with_context(|| format!("{}: {init} is not fake weights", env::INIT_WEIGHTS))?;
-        gain = 0.6 * unit(&format!("{}->{}", from.job_id, tasks[0].task)) - 0.1;
+        let from_task = if from.task.is_empty() {
+            from.job_id.clone()
+        } else {
+            from.task.clone()
+        };
+        state[0].gain = true_gain(&tasks[0].model, &from_task, &tasks[0].task, false);
+        eprintln!(
+            "fake-trainer: starting from {init} ({from_task}); transfer gain {:.3}",
+            state[0].gain
+        );
     }
     if let Some(resume) = var(env::RESUME_FROM) {
         let text = std::fs::read_to_string(&resume)
             .with_context(|| format!("{}: reading {resume}", env::RESUME_FROM))?;
         let c: Checkpoint = serde_json::from_str(&text)
             .with_context(|| format!("{}: {resume} is not a checkpoint", env::RESUME_FROM))?;
-        for s in c.tasks {
+        for mut s in c.tasks {
             if let Some(mine) = state.iter_mut().find(|m| m.job_id == s.job_id) {
+                if s.effective == 0.0 && s.iteration > 0 {
+                    s.effective = s.iteration as f64; // a checkpoint of format 1
+                }
+                s.model.clone_from(&mine.model);
+                s.task.clone_from(&mine.task);
                 *mine = s;
             }
         }
-        gain = c.gain;
         eprintln!(
             "fake-trainer: resumed from {resume} at iteration {}",
             state[0].iteration
@@ -403,13 +503,27 @@ async fn run() -> anyhow::Result<()> {
         .iter()
         .map(|t| Curve::for_task(&t.model, &t.task))
         .collect();
+    // Spatial merge: each trained task learns at 1 + G from the other, and
+    // not at all under negative transfer.
+    let trained_tasks: Vec<&TaskAssignment> = tasks.iter().filter(|t| !t.eval_only).collect();
+    let speed = tasks
+        .iter()
+        .map(|t| match trained_tasks.as_slice() {
+            [a, b] if !t.eval_only => {
+                let other = if a.job_id == t.job_id { b } else { a };
+                let g = true_gain(&t.model, &other.task, &t.task, true);
+                if g < 0.0 { 0.0 } else { 1.0 + g }
+            }
+            _ => 1.0,
+        })
+        .collect();
     let mut tr = Trainer {
         noise: 0x2545_F491_4F6C_DD1D ^ state[0].iteration.wrapping_mul(0x9E37),
         tasks,
         state,
         curves,
         profile,
-        gain,
+        speed,
         ckpt_dir,
         out_dir,
         seconds_per_iteration,
@@ -473,5 +587,65 @@ async fn run() -> anyhow::Result<()> {
                 return Ok(());
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TASKS: [&str; 8] = ["cola", "sst2", "mrpc", "qqp", "mnli", "qnli", "rte", "stsb"];
+
+    /// The fake world has helpful and harmful pairs, as real task mixes do
+    /// (Ymir Fig. 3: gains from about −30 % to +30 %), so the merger has
+    /// something to choose and the guard something to catch.
+    #[test]
+    fn transfer_law_has_helpful_and_harmful_pairs() {
+        let mut gains = Vec::new();
+        for a in TASKS {
+            for b in TASKS {
+                if a != b {
+                    gains.push(true_gain("roberta-base", a, b, false));
+                }
+            }
+        }
+        let positive = gains.iter().filter(|&&g| g > 0.0).count();
+        let (lo, hi) = gains
+            .iter()
+            .fold((f64::MAX, f64::MIN), |(l, h), &g| (l.min(g), h.max(g)));
+        eprintln!(
+            "{positive}/{} positive, range {lo:.3}..{hi:.3}",
+            gains.len()
+        );
+        assert!(positive >= gains.len() / 4, "{positive} of {}", gains.len());
+        assert!(positive < gains.len(), "no harmful pair");
+        assert!(lo > -0.5 && hi < 0.5, "{lo}..{hi}");
+    }
+
+    /// A task learns faster from a closer task: the law follows the
+    /// embeddings it reports (what the estimator sees).
+    #[test]
+    fn closer_embeddings_transfer_better() {
+        use estimator_svc::transfer::{TaskEmbedding, temporal_score};
+        let emb = |t: &str| TaskEmbedding {
+            fisher: embedding_of("roberta-base", t, false),
+            fisher_repeat: embedding_of("roberta-base", t, true),
+        };
+        let mut pts: Vec<(f64, f64)> = Vec::new();
+        for a in TASKS {
+            for b in TASKS.iter().filter(|b| **b != a) {
+                let s = temporal_score(&emb(a), &emb(b));
+                pts.push((s, true_gain("roberta-base", a, b, false)));
+            }
+        }
+        pts.sort_by(|x, y| x.0.total_cmp(&y.0));
+        let n = pts.len() / 4;
+        let mean = |v: &[(f64, f64)]| v.iter().map(|p| p.1).sum::<f64>() / v.len() as f64;
+        assert!(
+            mean(&pts[..n]) > mean(&pts[pts.len() - n..]) + 0.1,
+            "closest quarter {:.3} vs farthest {:.3}",
+            mean(&pts[..n]),
+            mean(&pts[pts.len() - n..])
+        );
     }
 }

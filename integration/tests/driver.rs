@@ -40,6 +40,8 @@ fn spec(id: &str, max_iterations: u64, env: &[(&str, &str)]) -> LaunchSpec {
             metric: Some("accuracy".into()),
             metric_target: None,
             samples_per_epoch: Some(3200),
+            max_epochs: 0,
+            eval_only: false,
         }],
         gpus: vec![0],
         resume_from: None,

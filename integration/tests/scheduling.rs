@@ -632,3 +632,121 @@ fn submit(
 fn fmctl(port: u16, args: &[&str]) -> Result<String, String> {
     fmsched_integration::fmctl(port, ROOT, args)
 }
+
+/// A generated workload of `n` fine-tuning jobs of one model over eight
+/// tasks: sizes from 3,200 to 12,800 samples, 1–2 GPUs, an accuracy target
+/// with an epoch budget (transfer helps only a job that stops on its metric).
+fn workload(n: usize, extra_env: &str) -> Vec<(String, String)> {
+    const TASKS: [&str; 8] = ["cola", "sst2", "mrpc", "qqp", "mnli", "qnli", "rte", "stsb"];
+    (0..n)
+        .map(|k| {
+            let task = TASKS[(k * 5 + k / 8) % 8];
+            let name = format!("w{k:02}-{task}");
+            let samples = 3200 * (1 + (k * 7 % 4) as u64);
+            let manifest = format!(
+                "name: {name}\nmodel: roberta-base\ndataset: {{ uri: file:///data/{task}, task: {task}, num_samples: {samples} }}\n\
+                 hyperparameters: {{ global_batch_size: 32, learning_rate: 2.0e-5 }}\n\
+                 target: {{ max_epochs: 6, metric: {{ name: accuracy, value: 0.72 }} }}\n\
+                 resources: {{ min_gpus: 1, max_gpus: {} }}\n\
+                 launch:\n  command: [\"{}\"]\n  env: {{ FMSCHED_FAKE_TIME_COMPRESSION: \"60\"{extra_env} }}\n",
+                1 + k % 2,
+                bin("fake-trainer").display()
+            );
+            (name, manifest)
+        })
+        .collect()
+}
+
+/// Per job: name → (JCT seconds, merge mode or "normal", guard split?).
+async fn jct_table(db: &str) -> BTreeMap<String, (f64, String, bool)> {
+    let mut c = sqlx::PgConnection::connect(&db_url(db)).await.unwrap();
+    let rows: Vec<(String, f64, Option<String>, Option<String>)> = sqlx::query_as(
+        "SELECT j.spec->>'name', EXTRACT(EPOCH FROM (j.updated_at - j.created_at))::float8,
+                m.mode, m.state
+         FROM jobs j LEFT JOIN merges m ON m.job_a = j.id OR m.job_b = j.id
+         WHERE j.state = 'completed' ORDER BY 1",
+    )
+    .fetch_all(&mut c)
+    .await
+    .unwrap();
+    rows.into_iter()
+        .map(|(name, jct, mode, st)| {
+            (
+                name,
+                (
+                    jct,
+                    mode.unwrap_or_else(|| "normal".into()),
+                    st.as_deref() == Some("split"),
+                ),
+            )
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn e2e_generated_workload_merges_of_both_kinds_all_complete() {
+    let db = format!("fmsched_merge_{}", uuid::Uuid::new_v4().simple());
+    sql(&format!("CREATE DATABASE {db}")).await;
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let metrics = free_port();
+    let sched = scheduler_with(&db, port, dir.path(), Some(metrics));
+    wait_for("scheduler up", Duration::from_secs(30), || {
+        fmctl(port, &["summary"]).map(|_| ())
+    });
+    let _agents: Vec<Proc> = ["node-a", "node-b", "node-c"]
+        .iter()
+        .map(|n| agent(n, port, dir.path()))
+        .collect();
+    let n = 40;
+    submit(port, dir.path(), workload(n, "")).expect("submit");
+    let started = Instant::now();
+    let done = wait_for("every job completed", Duration::from_secs(300), || {
+        let j = jobs(port)?;
+        let finished = j.values().filter(|s| s.0 == "completed").count();
+        if j.len() == n && finished == n {
+            Ok(j)
+        } else if j.values().any(|s| s.0 == "failed") {
+            panic!("a job failed: {j:?}")
+        } else {
+            Err(format!("{finished} of {n} completed"))
+        }
+    });
+    let wall = started.elapsed();
+    for (id, (_, output)) in &done {
+        assert!(
+            std::path::Path::new(output).exists(),
+            "job {id}: output {output:?}"
+        );
+    }
+    let table = jct_table(&db).await;
+    eprintln!("{:<12} {:>8}  {:<9} guard", "job", "JCT s", "merge");
+    for (name, (jct, mode, split)) in &table {
+        eprintln!(
+            "{name:<12} {jct:>8.1}  {mode:<9} {}",
+            if *split { "split" } else { "" }
+        );
+    }
+    let avg = table.values().map(|v| v.0).sum::<f64>() / table.len() as f64;
+    let count = |m: &str| table.values().filter(|v| v.1 == m).count();
+    eprintln!(
+        "{n} jobs in {wall:?}: avg JCT {avg:.1} s; merged jobs: {} temporal, {} spatial; {} in split merges",
+        count("temporal"),
+        count("spatial"),
+        table.values().filter(|v| v.2).count()
+    );
+    assert_eq!(table.len(), n, "each job completed exactly once");
+    assert!(count("temporal") >= 2, "a temporal merge happened");
+    assert!(count("spatial") >= 2, "a spatial merge happened");
+    let m = fmsched_runtime::metrics::scrape(format!("127.0.0.1:{metrics}").parse().unwrap())
+        .await
+        .unwrap();
+    assert!(
+        !m.contains("fmsched_merges_total{mode=\"spatial\"} 0\n"),
+        "{m}"
+    );
+    let text = sched.log_text();
+    assert!(!text.contains("inconsistent plan"), "{text}");
+    drop(sched);
+    sql(&format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)")).await;
+}

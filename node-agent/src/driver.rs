@@ -241,7 +241,7 @@ impl ProcessDriver {
         let ckpt = dir.join("checkpoints");
         std::fs::create_dir_all(&ckpt)
             .map_err(|e| err(format!("creating {}: {e}", ckpt.display())))?;
-        let sock = dir.join("report.sock");
+        let sock = report_socket_path(&dir);
         let _ = std::fs::remove_file(&sock);
         let listener = tokio::net::UnixListener::bind(&sock)
             .map_err(|e| err(format!("binding {}: {e}", sock.display())))?;
@@ -455,6 +455,23 @@ impl Drop for ProcessDriver {
     }
 }
 
+/// Where a task's report socket lives: `report.sock` in its folder, or —
+/// when that path is longer than a unix socket address allows (108 bytes;
+/// deep work dirs, a spatial pair's long task id) — a name derived from the
+/// folder in the system's temporary directory.
+fn report_socket_path(dir: &Path) -> PathBuf {
+    const SUN_PATH_MAX: usize = 107;
+    let own = dir.join("report.sock");
+    if own.as_os_str().len() <= SUN_PATH_MAX {
+        return own;
+    }
+    let mut h = 0xcbf2_9ce4_8422_2325u64;
+    for b in dir.as_os_str().as_encoded_bytes() {
+        h = (h ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3);
+    }
+    std::env::temp_dir().join(format!("fmsched-report-{h:016x}.sock"))
+}
+
 /// The folder a task's files live in (for tests and operators).
 pub fn task_dir(work_dir: &Path, id: &str) -> PathBuf {
     ProcessDriver::new(DriverConfig {
@@ -464,4 +481,29 @@ pub fn task_dir(work_dir: &Path, id: &str) -> PathBuf {
         checkpoint_interval: Duration::ZERO,
     })
     .dir_of(id)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn report_socket_fits_a_unix_address_however_deep_the_work_dir() {
+        let short = Path::new("/var/lib/fmsched/job-1");
+        assert_eq!(report_socket_path(short), short.join("report.sock"));
+        let deep = Path::new("/tmp/.tmpRaAlsg/node-b").join(format!(
+            "{}_{}",
+            "01a20133-cb9c-773b-85f7-d66b0ba9df09", "01a20133-d17c-7267-afe8-1778c8d7e9b0"
+        ));
+        let p = report_socket_path(&deep);
+        assert!(p.as_os_str().len() <= 107, "{}", p.display());
+        // One folder, one socket; another folder, another socket.
+        assert_eq!(p, report_socket_path(&deep));
+        assert_ne!(p, report_socket_path(&deep.join("x")));
+        // And it can really be bound.
+        let _ = std::fs::remove_file(&p);
+        let l = std::os::unix::net::UnixListener::bind(&p).expect("binds");
+        drop(l);
+        std::fs::remove_file(&p).unwrap();
+    }
 }

@@ -52,6 +52,8 @@ fn assignment(t: &pb::TrainerTask) -> TaskAssignment {
         metric: Some(t.metric.clone()).filter(|m| !m.is_empty()),
         metric_target: Some(t.metric_target).filter(|_| !t.metric.is_empty()),
         samples_per_epoch: Some(t.samples_per_epoch).filter(|&n| n > 0),
+        max_epochs: t.max_epochs,
+        eval_only: t.eval_only,
     }
 }
 
@@ -68,6 +70,43 @@ fn last_lines(path: &std::path::Path, n: usize) -> String {
     let text = String::from_utf8_lossy(&buf);
     let lines: Vec<&str> = text.lines().collect();
     lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+/// Per-job progress and evaluation values of a process (the last
+/// [`MAX_EVALS`] evaluations per job).
+fn job_reports(o: &crate::driver::Observed) -> Vec<pb::JobReport> {
+    const MAX_EVALS: usize = 16;
+    let mut out: BTreeMap<&str, pb::JobReport> = BTreeMap::new();
+    for (job, &(iteration, samples, loss)) in &o.progress {
+        out.insert(
+            job,
+            pb::JobReport {
+                job_id: job.clone(),
+                iteration,
+                samples,
+                loss,
+                evals: Vec::new(),
+            },
+        );
+    }
+    for (job, _, _, _, value) in &o.evals {
+        out.entry(job)
+            .or_insert_with(|| pb::JobReport {
+                job_id: job.clone(),
+                ..Default::default()
+            })
+            .evals
+            .push(*value);
+    }
+    out.into_values()
+        .map(|mut r| {
+            // The guard reads the first epochs; later ones are kept short.
+            if r.evals.len() > MAX_EVALS {
+                r.evals.truncate(MAX_EVALS);
+            }
+            r
+        })
+        .collect()
 }
 
 /// The measurements of an ended profiling run (empty otherwise).
@@ -283,6 +322,7 @@ impl Reconciler {
                     .iter()
                     .map(|(k, v)| (k.clone(), v.clone()))
                     .collect(),
+                jobs: job_reports(&s.observed),
                 ..profile_results(k.profile && !s.running, &s.observed)
             });
         }

@@ -25,6 +25,11 @@ class Task:
     metric: Optional[str] = None
     metric_target: Optional[float] = None
     samples_per_epoch: Optional[int] = None
+    max_epochs: int = 0
+    # Evaluate only (never train): report an ``eval`` for this task with the
+    # current weights once per epoch of the trained task. The scheduler's
+    # merge guard watches B this way while A trains (temporal merge A -> B).
+    eval_only: bool = False
 
     @classmethod
     def from_json(cls, d: dict) -> "Task":
@@ -41,6 +46,8 @@ class Task:
             metric=d.get("metric"),
             metric_target=d.get("metric_target"),
             samples_per_epoch=d.get("samples_per_epoch"),
+            max_epochs=int(d.get("max_epochs", 0) or 0),
+            eval_only=bool(d.get("eval_only", False)),
         )
 
 
@@ -131,9 +138,13 @@ class Contract:
             tasks = json.loads(raw)
         except json.JSONDecodeError as e:
             raise ValueError(f"FMSCHED_TASKS is not JSON: {e}") from None
-        if not isinstance(tasks, list) or not 1 <= len(tasks) <= 2:
-            raise ValueError("FMSCHED_TASKS: one task, or two for a spatial merge")
-        self.tasks = [Task.from_json(t) for t in tasks]
+        trained = [t for t in tasks if isinstance(t, dict) and not t.get("eval_only")] if isinstance(tasks, list) else []
+        if not isinstance(tasks, list) or not 1 <= len(trained) <= 2 or len(tasks) > 4:
+            raise ValueError("FMSCHED_TASKS: one trained task, or two for a spatial merge (plus eval_only ones)")
+        parsed = [Task.from_json(t) for t in tasks]
+        # The tasks this process trains, and those it only evaluates.
+        self.tasks = [t for t in parsed if not t.eval_only]
+        self.watched = [t for t in parsed if t.eval_only]
         mode = env.get("FMSCHED_MODE", "train")
         if mode not in ("train", "profile"):
             raise ValueError(f"FMSCHED_MODE: {mode!r} is neither train nor profile")

@@ -134,3 +134,14 @@ def test_hf_callback_follows_the_contract(tmp_path, capsys):
     out = [json.loads(l) for l in capsys.readouterr().out.splitlines()]
     assert [o["type"] for o in out] == ["progress", "eval", "checkpoint"]
     assert out[1]["metric"] == "accuracy" and out[2]["path"] == "/out/checkpoint-5"
+
+
+def test_watched_tasks_are_evaluated_not_trained():
+    tasks = [
+        {"job_id": "a", "model": "m", "task": "rte", "dataset_uri": "-", "global_batch_size": 8, "max_epochs": 3},
+        {"job_id": "b", "model": "m", "task": "mrpc", "dataset_uri": "-", "global_batch_size": 8, "eval_only": True},
+    ]
+    c = Contract({"FMSCHED_TASKS": json.dumps(tasks), "FMSCHED_CHECKPOINT_DIR": "/tmp"})
+    assert [t.job_id for t in c.tasks] == ["a"]
+    assert c.tasks[0].max_epochs == 3
+    assert [t.job_id for t in c.watched] == ["b"]

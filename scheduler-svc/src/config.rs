@@ -140,6 +140,9 @@ pub struct SchedulingConfig {
     /// Give each new job a short profiling run (1 GPU, 4 for pipeline jobs)
     /// before it is scheduled; its loss trace and embedding become estimates.
     pub profiling: bool,
+    /// Let the policy merge jobs (Ymir's task merger; needs profiling, whose
+    /// Task2Vec embeddings give the transfer estimates).
+    pub merging: bool,
     /// A job whose training process fails is retried this many times
     /// (resuming from its last checkpoint), then fails.
     pub max_retries: u32,
@@ -155,6 +158,7 @@ impl Default for SchedulingConfig {
             policy: "ymir".into(),
             enabled: true,
             profiling: true,
+            merging: true,
             max_retries: 3,
             retry_backoff: Duration::from_secs(30),
         }

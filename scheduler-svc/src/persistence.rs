@@ -9,6 +9,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use fmsched_core::policy::MergeMode;
 use fmsched_core::{GpuUuid, JobId, JobSpec, JobState, NodeId, NodeState, UserName};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{PgPool, Row};
@@ -70,6 +71,38 @@ fn classify(e: &sqlx::Error) -> ErrorClass {
     }
 }
 
+/// Appends an event that changes no state (inside the caller's
+/// transaction), advancing the job's event sequence like a transition.
+async fn job_event(
+    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+    job: JobId,
+    kind: &str,
+    message: &str,
+    now: DateTime<Utc>,
+    op: &'static str,
+) -> Result<(), PersistenceError> {
+    let seq: i64 = sqlx::query_scalar(
+        "UPDATE jobs SET last_event_seq = nextval(pg_get_serial_sequence('job_events', 'seq'))
+         WHERE id = $1 RETURNING last_event_seq",
+    )
+    .bind(job.0)
+    .fetch_one(&mut **tx)
+    .await
+    .map_err(db_err(op))?;
+    sqlx::query(
+        "INSERT INTO job_events (seq, job_id, at, kind, message) VALUES ($1, $2, $3, $4, $5)",
+    )
+    .bind(seq)
+    .bind(job.0)
+    .bind(now)
+    .bind(kind)
+    .bind(message)
+    .execute(&mut **tx)
+    .await
+    .map_err(db_err(op))?;
+    Ok(())
+}
+
 fn db_err(op: &'static str) -> impl FnOnce(sqlx::Error) -> PersistenceError {
     move |e| match classify(&e) {
         ErrorClass::Unavailable => PersistenceError::Unavailable(format!("{op}: {e}")),
@@ -128,6 +161,32 @@ pub struct Estimate {
     pub fisher_repeat: Vec<f64>,
     pub step_time_s: Option<f64>,
     pub note: String,
+}
+
+/// A merge decided by the task merger (Ymir §5), kept until the merge guard
+/// splits it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MergeRecord {
+    pub id: i64,
+    pub a: JobId,
+    pub b: JobId,
+    pub mode: MergeMode,
+    /// Predicted `G_{A,B}` and `G_{B,A}` when decided.
+    pub gain_ab: f64,
+    pub gain_ba: f64,
+    /// False once split by the guard.
+    pub active: bool,
+    pub guard_passed: bool,
+}
+
+/// A merge to record with a plan.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NewMerge {
+    pub a: JobId,
+    pub b: JobId,
+    pub mode: MergeMode,
+    pub gain_ab: f64,
+    pub gain_ba: f64,
 }
 
 /// The persisted intent.
@@ -545,11 +604,40 @@ impl Persistence {
         &self,
         assignments: &[Assignment],
         transitions: &[(JobId, JobState, String)],
+        new_merges: &[NewMerge],
         now: DateTime<Utc>,
     ) -> Result<i64, PersistenceError> {
         const OP: &str = "store_plan";
         let generation = with_retries(OP, || async {
             let mut tx = self.pool.begin().await.map_err(db_err(OP))?;
+            for m in new_merges {
+                sqlx::query(
+                    "INSERT INTO merges (job_a, job_b, mode, gain_ab, gain_ba, decided_at)
+                     VALUES ($1, $2, $3, $4, $5, $6)",
+                )
+                .bind(m.a.0)
+                .bind(m.b.0)
+                .bind(m.mode.as_str())
+                .bind(m.gain_ab)
+                .bind(m.gain_ba)
+                .bind(now)
+                .execute(&mut *tx)
+                .await
+                .map_err(db_err(OP))?;
+                let what = match m.mode {
+                    MergeMode::Temporal => format!(
+                        "merged temporally: {} ↦ {} (B starts from A's output; predicted gain {:+.3})",
+                        m.a, m.b, m.gain_ab
+                    ),
+                    _ => format!(
+                        "merged spatially: {} ‖ {} (one joint process; predicted gains {:+.3} / {:+.3})",
+                        m.a, m.b, m.gain_ab, m.gain_ba
+                    ),
+                };
+                for job in [m.a, m.b] {
+                    job_event(&mut tx, job, "merged", &what, now, OP).await?;
+                }
+            }
             let generation: i64 = sqlx::query_scalar(
                 "UPDATE plan_generation SET generation = generation + 1 RETURNING generation",
             )
@@ -586,6 +674,89 @@ impl Persistence {
             }
         }
         Ok(generation)
+    }
+
+    /// Every merge ever decided, oldest first.
+    pub async fn merges(&self) -> Result<Vec<MergeRecord>, PersistenceError> {
+        const OP: &str = "merges";
+        let rows = sqlx::query(
+            "SELECT id, job_a, job_b, mode, gain_ab, gain_ba, state, guard_passed FROM merges ORDER BY id",
+        )
+        .fetch_all(&self.pool)
+        .await
+        .map_err(db_err(OP))?;
+        rows.iter()
+            .map(|r| {
+                let get = |e: sqlx::Error| corrupt(OP, e.to_string());
+                let mode: String = r.try_get("mode").map_err(get)?;
+                Ok(MergeRecord {
+                    id: r.try_get("id").map_err(get)?,
+                    a: JobId(r.try_get("job_a").map_err(get)?),
+                    b: JobId(r.try_get("job_b").map_err(get)?),
+                    mode: match mode.as_str() {
+                        "temporal" => MergeMode::Temporal,
+                        "spatial" => MergeMode::Spatial,
+                        o => return Err(corrupt(OP, format!("merge mode {o:?}"))),
+                    },
+                    gain_ab: r.try_get("gain_ab").map_err(get)?,
+                    gain_ba: r.try_get("gain_ba").map_err(get)?,
+                    active: r.try_get::<String, _>("state").map_err(get)? == "active",
+                    guard_passed: r.try_get("guard_passed").map_err(get)?,
+                })
+            })
+            .collect()
+    }
+
+    /// The merge guard's verdict (Ymir §4.3): `split` with the reason, or
+    /// passed. Both jobs get an event; a split merge never re-forms.
+    pub async fn guard_merge(
+        &self,
+        m: &MergeRecord,
+        split: Option<&str>,
+        now: DateTime<Utc>,
+    ) -> Result<(), PersistenceError> {
+        const OP: &str = "guard_merge";
+        with_retries(OP, || async {
+            let mut tx = self.pool.begin().await.map_err(db_err(OP))?;
+            let changed = match split {
+                Some(reason) => sqlx::query(
+                    "UPDATE merges SET state = 'split', reason = $2, split_at = $3
+                     WHERE id = $1 AND state = 'active'",
+                )
+                .bind(m.id)
+                .bind(reason)
+                .bind(now),
+                None => sqlx::query(
+                    "UPDATE merges SET guard_passed = TRUE WHERE id = $1 AND NOT guard_passed",
+                )
+                .bind(m.id),
+            }
+            .execute(&mut *tx)
+            .await
+            .map_err(db_err(OP))?
+            .rows_affected();
+            if changed > 0 {
+                let (kind, msg) = match split {
+                    Some(r) => (
+                        "merge_split",
+                        format!("merge {} split by the guard: {r}", m.id),
+                    ),
+                    None => (
+                        "merge_guard_passed",
+                        format!(
+                            "merge {}: accuracy improved in the first two epochs; kept",
+                            m.id
+                        ),
+                    ),
+                };
+                for job in [m.a, m.b] {
+                    job_event(&mut tx, job, kind, &msg, now, OP).await?;
+                }
+            }
+            tx.commit().await.map_err(db_err(OP))?;
+            Ok(())
+        })
+        .await
     }
 
     /// Records what a job's process reported.

@@ -18,23 +18,36 @@
 //! plan under a newer generation: agents keep healthy processes (a repeated
 //! desired task is a no-op for them) and nothing restarts.
 //!
-//! Not here yet: profiling runs before the first allocation (new jobs are
-//! queued directly), merges (no transfer estimates are collected yet, so no
-//! candidates), retries of failed processes, leader election.
+//! Merges (Ymir §5): profiled jobs' Task2Vec embeddings give transfer
+//! gains (§4.1), the estimator's time table gives `T` and `TranWt` (Eq. 5,
+//! 12, 13), and the policy picks pairs. A merge is persisted with the plan
+//! that decides it and kept (only its size changes) until the merge guard
+//! (§4.3) splits it. A spatial pair runs as one joint process `<a>+<b>`; a
+//! temporal pair runs A with B evaluated alongside (the guard's signal),
+//! then B from A's output weights.
+//!
+//! Not here yet: placements over several nodes (such a group waits).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use chrono::Utc;
 use estimator_svc::analytic;
-use estimator_svc::lut::{Lut, Variant, packed_placement};
+use estimator_svc::loss_curve::LossCurve;
+use estimator_svc::lut::{Lut, Variant};
+use estimator_svc::times;
+use estimator_svc::transfer::{GainModel, TaskEmbedding, spatial_score, temporal_score};
 use fmsched_core::policy::baselines::by_name;
-use fmsched_core::policy::{NodeCap, Plan, SchedJob, Snapshot, ymir_allocations};
+use fmsched_core::policy::{
+    ExistingMerge, MergeMode, NodeCap, PairCandidate, Plan, SchedJob, Snapshot, ymir_allocations,
+};
 use fmsched_core::{GpuUuid, JobId, JobState, NodeId, NodeState};
 use fmsched_proto::v1 as pb;
 
 use crate::api::AppState;
-use crate::persistence::{Assignment, Estimate, JobRecord, PersistenceError};
+use crate::persistence::{
+    Assignment, Estimate, JobRecord, MergeRecord, NewMerge, PersistenceError,
+};
 
 /// Default iterations of a job whose target names neither iterations nor
 /// epochs with a known dataset size (it stops on its metric).
@@ -60,6 +73,9 @@ pub struct MetricValues {
     pub retries: u64,
     pub queue_length: u64,
     pub model_variables: u64,
+    pub merges_temporal: u64,
+    pub merges_spatial: u64,
+    pub guard_splits: u64,
 }
 
 impl SchedulerMetrics {
@@ -154,9 +170,26 @@ pub async fn render_metrics(state: &AppState) -> String {
         "counter",
         "Merges decided, by mode.",
     );
-    for mode in ["temporal", "spatial"] {
-        e.sample("fmsched_merges_total", &[("mode", mode)], 0.0);
-    }
+    e.sample(
+        "fmsched_merges_total",
+        &[("mode", "temporal")],
+        v.merges_temporal as f64,
+    )
+    .sample(
+        "fmsched_merges_total",
+        &[("mode", "spatial")],
+        v.merges_spatial as f64,
+    );
+    e.family(
+        "fmsched_merge_guard_splits_total",
+        "counter",
+        "Merges split by the merge guard (no accuracy gain in two epochs).",
+    )
+    .sample(
+        "fmsched_merge_guard_splits_total",
+        &[],
+        v.guard_splits as f64,
+    );
     e.family(
         "fmsched_context_switches_total",
         "counter",
@@ -231,7 +264,19 @@ fn trainer_task(job: &JobRecord) -> pb::TrainerTask {
         task: s.dataset.task.clone(),
         dataset_uri: s.dataset.uri.clone(),
         global_batch_size: s.hyperparameters.global_batch_size,
-        max_iterations: s.target.max_iterations.unwrap_or(0),
+        // An epoch budget with a known dataset size is an iteration budget.
+        max_iterations: s
+            .target
+            .max_iterations
+            .or_else(|| {
+                s.target
+                    .max_epochs
+                    .and(s.dataset.num_samples)
+                    .map(|_| total_iterations(job))
+            })
+            .unwrap_or(0),
+        max_epochs: s.target.max_epochs.unwrap_or(0),
+        eval_only: false,
         metric: s
             .target
             .metric
@@ -424,6 +469,12 @@ pub async fn run_round(state: &AppState, lut: &Arc<Lut>) -> Result<RoundReport, 
         .into_iter()
         .map(|j| (j.id, j))
         .collect();
+    let merges = p.merges().await?;
+    // Evaluation values per job reported this round (the guard reads them).
+    let mut evals: BTreeMap<JobId, Vec<f64>> = BTreeMap::new();
+    // Merges split this round: their spatial jobs wait one round for the
+    // joint process's last checkpoint.
+    let mut split_now: BTreeSet<i64> = BTreeSet::new();
     for n in &nodes {
         for t in &n.observed_tasks {
             // Profiling runs: "<job>-profile".
@@ -443,66 +494,144 @@ pub async fn run_round(state: &AppState, lut: &Arc<Lut>) -> Result<RoundReport, 
                 }
                 continue;
             }
-            let Ok(id) = t.task_id.parse::<JobId>() else {
+            // A training process: one job ("<job>") or a spatial pair
+            // ("<a>+<b>", one joint process).
+            let Some(members) = members_of(&t.task_id) else {
                 continue;
             };
-            let Some(job) = live.get(&id) else { continue };
             let ckpt = Some(t.checkpoint_path.as_str()).filter(|c| !c.is_empty());
-            p.record_progress(id, t.iteration, ckpt, now).await?;
+            if t.jobs.is_empty() {
+                // An agent that reports no per-job progress.
+                if live.contains_key(&members[0]) {
+                    p.record_progress(members[0], t.iteration, ckpt, now)
+                        .await?;
+                }
+            }
+            for r in &t.jobs {
+                let Ok(j) = r.job_id.parse::<JobId>() else {
+                    continue;
+                };
+                if !r.evals.is_empty() {
+                    evals.insert(j, r.evals.clone());
+                }
+                // Watched (eval-only) jobs are not trained by this process.
+                if members.contains(&j) && live.contains_key(&j) {
+                    p.record_progress(j, r.iteration, ckpt, now).await?;
+                }
+            }
             let phase = pb::TaskPhase::try_from(t.phase).unwrap_or(pb::TaskPhase::Unspecified);
-            if job.state == JobState::Running {
-                match phase {
-                    pb::TaskPhase::Succeeded => {
-                        let output = t.outputs.get(&t.task_id).cloned().unwrap_or_default();
-                        p.complete_job(id, &output, now).await?;
-                        tracing::info!(job_id = %id, node_id = %n.record.id, %output, "job completed");
-                        live.remove(&id);
-                        report.completed += 1;
+            for &id in &members {
+                let Some(job) = live.get(&id) else { continue };
+                if job.state != JobState::Running {
+                    continue;
+                }
+                // A job completes when its own task reached its target, even
+                // while the joint process trains its partner on.
+                let output = t.outputs.get(&id.to_string()).cloned();
+                let finished = output.is_some() || phase == pb::TaskPhase::Succeeded;
+                if finished {
+                    let output = output.unwrap_or_default();
+                    p.complete_job(id, &output, now).await?;
+                    tracing::info!(job_id = %id, node_id = %n.record.id, %output, "job completed");
+                    live.remove(&id);
+                    report.completed += 1;
+                    continue;
+                }
+                if phase != pb::TaskPhase::Failed {
+                    continue;
+                }
+                if members.len() > 1
+                    && let Some(m) = merges.iter().find(|m| m.active && m.a == members[0])
+                {
+                    p.guard_merge(m, Some("the joint process failed"), now)
+                        .await?;
+                    split_now.insert(m.id);
+                }
+                let cfg = &state.config.scheduling;
+                let what = format!(
+                    "training process exited with code {} on node {}{}",
+                    t.exit_code,
+                    n.record.id,
+                    if t.message.is_empty() {
+                        String::new()
+                    } else {
+                        format!("; last log lines:\n{}", t.message)
                     }
-                    pb::TaskPhase::Failed => {
-                        let cfg = &state.config.scheduling;
-                        let what = format!(
-                            "training process exited with code {} on node {}{}",
-                            t.exit_code,
-                            n.record.id,
-                            if t.message.is_empty() {
-                                String::new()
-                            } else {
-                                format!("; last log lines:\n{}", t.message)
-                            }
-                        );
-                        // Held back retry_backoff · 2^(retries − 1) before the next try.
-                        let Some(retries) =
-                            p.note_failure(id, t.pid, cfg.retry_backoff, now).await?
-                        else {
-                            continue; // this process's failure was counted already
-                        };
-                        if retries > cfg.max_retries {
-                            let reason =
-                                format!("{what}\n(gave up after {} retries)", cfg.max_retries);
-                            p.transition_job(id, JobState::Failed, &reason, now).await?;
-                            tracing::warn!(job_id = %id, retries, "job failed");
-                            live.remove(&id);
-                            report.failed += 1;
-                        } else {
-                            let wait = cfg.retry_backoff.saturating_mul(1 << (retries - 1).min(10));
-                            let reason = format!(
-                                "{what}\n(retry {retries} of {} in {wait:?}, from the last checkpoint)",
-                                cfg.max_retries
-                            );
-                            p.transition_job(id, JobState::Queued, &reason, now).await?;
-                            tracing::warn!(job_id = %id, retries, ?wait, "training process failed; will retry");
-                            state.metrics.update(|m| m.retries += 1);
-                            if let Some(j) = live.get_mut(&id) {
-                                j.state = JobState::Queued;
-                            }
-                        }
+                );
+                // Held back retry_backoff · 2^(retries − 1) before the next try.
+                let Some(retries) = p.note_failure(id, t.pid, cfg.retry_backoff, now).await? else {
+                    continue; // this process's failure was counted already
+                };
+                if retries > cfg.max_retries {
+                    let reason = format!("{what}\n(gave up after {} retries)", cfg.max_retries);
+                    p.transition_job(id, JobState::Failed, &reason, now).await?;
+                    tracing::warn!(job_id = %id, retries, "job failed");
+                    live.remove(&id);
+                    report.failed += 1;
+                } else {
+                    let wait = cfg.retry_backoff.saturating_mul(1 << (retries - 1).min(10));
+                    let reason = format!(
+                        "{what}\n(retry {retries} of {} in {wait:?}, from the last checkpoint)",
+                        cfg.max_retries
+                    );
+                    p.transition_job(id, JobState::Queued, &reason, now).await?;
+                    tracing::warn!(job_id = %id, retries, ?wait, "training process failed; will retry");
+                    state.metrics.update(|m| m.retries += 1);
+                    if let Some(j) = live.get_mut(&id) {
+                        j.state = JobState::Queued;
                     }
-                    _ => {}
                 }
             }
         }
     }
+
+    // The merge guard (Ymir §4.3): a merge whose watched accuracy does not
+    // improve in the first two epochs is split and both jobs are scheduled
+    // on their own. Temporal A ↦ B: B's accuracy with A's weights, evaluated
+    // while A trains. Spatial A ‖ B: each task's accuracy in the joint job.
+    let unguarded: Vec<&MergeRecord> = merges
+        .iter()
+        .filter(|m| m.active && !m.guard_passed && !split_now.contains(&m.id))
+        .collect();
+    for m in unguarded {
+        let watched: Vec<JobId> = match m.mode {
+            MergeMode::Temporal => vec![m.b],
+            _ => vec![m.a, m.b],
+        };
+        let mut verdicts = Vec::new();
+        for j in watched.iter().filter(|j| live.contains_key(j)) {
+            match evals.get(j).map(Vec::as_slice) {
+                Some([first, second, ..]) => verdicts.push((*j, second > first, *first, *second)),
+                _ => verdicts.push((*j, true, f64::NAN, f64::NAN)), // not two epochs yet
+            }
+        }
+        let decided = verdicts.iter().all(|v| !v.2.is_nan());
+        if let Some(bad) = verdicts.iter().find(|v| !v.1) {
+            let reason = format!(
+                "{} accuracy did not improve in its first two epochs ({:.4} → {:.4})",
+                if m.mode == MergeMode::Temporal {
+                    format!("job {}'s (evaluated with A's weights)", bad.0)
+                } else {
+                    format!("job {}'s", bad.0)
+                },
+                bad.2,
+                bad.3
+            );
+            tracing::warn!(merge = m.id, mode = m.mode.as_str(), %reason, "merge guard: splitting");
+            p.guard_merge(m, Some(&reason), now).await?;
+            split_now.insert(m.id);
+            state.metrics.update(|x| x.guard_splits += 1);
+        } else if decided && !verdicts.is_empty() {
+            p.guard_merge(m, None, now).await?;
+        }
+    }
+    let merges: Vec<MergeRecord> = merges
+        .into_iter()
+        .map(|mut m| {
+            m.active &= !split_now.contains(&m.id);
+            m
+        })
+        .collect();
 
     // ---- 2. prepare -------------------------------------------------------
     let progress = p.progress().await?;
@@ -562,8 +691,15 @@ pub async fn run_round(state: &AppState, lut: &Arc<Lut>) -> Result<RoundReport, 
     }
     let estimates = p.estimates().await?;
     // Jobs in their retry backoff wait outside the snapshot; so do jobs not
-    // profiled yet.
-    let held_back: BTreeSet<JobId> = p.retry_holds(now).await?.into_iter().collect();
+    // profiled yet, and the jobs of a spatial merge split this round (they
+    // resume from the joint process's last checkpoint, next round).
+    let mut held_back: BTreeSet<JobId> = p.retry_holds(now).await?.into_iter().collect();
+    for m in merges
+        .iter()
+        .filter(|m| split_now.contains(&m.id) && m.mode == MergeMode::Spatial)
+    {
+        held_back.extend([m.a, m.b]);
+    }
     let profiling_on = state.config.scheduling.profiling;
     let ids: Vec<JobId> = live
         .iter()
@@ -574,50 +710,192 @@ pub async fn run_round(state: &AppState, lut: &Arc<Lut>) -> Result<RoundReport, 
         })
         .map(|(id, _)| *id)
         .collect();
-    let mut jobs = Vec::with_capacity(ids.len());
+    let ord: BTreeMap<JobId, usize> = ids.iter().enumerate().map(|(k, id)| (*id, k)).collect();
+    // The gain a merged job receives (its K is transferred, Eq. 2 with
+    // L/(1+G)): B of a temporal merge from A; each job of a spatial merge
+    // from the other.
+    let mut gain_for: BTreeMap<JobId, f64> = BTreeMap::new();
+    for m in merges.iter().filter(|m| m.active) {
+        gain_for.insert(m.b, m.gain_ab);
+        if m.mode == MergeMode::Spatial {
+            gain_for.insert(m.a, m.gain_ba);
+        }
+    }
+    let mut inputs = Vec::with_capacity(ids.len());
     for id in &ids {
         let j = &live[id];
         let done = progress.get(id).map_or(0, |p| p.0);
+        let est = estimates.get(id);
+        let curve = est.and_then(|e| e.curve.as_ref()).and_then(curve_from_json);
         // Iterations to converge from the profile's fitted curve (Eq. 2) when
         // the job names no iteration budget.
-        let total = match (
-            j.spec.target.max_iterations,
-            estimates.get(id).and_then(|e| e.iterations),
-        ) {
+        let total = match (j.spec.target.max_iterations, est.and_then(|e| e.iterations)) {
             (None, Some(k)) => k,
             _ => total_iterations(j),
         };
-        let remaining = total.saturating_sub(done).max(1);
-        let layers = analytic::layers_of(&j.spec.model).unwrap_or(12);
-        let variant = Variant {
-            pipeline: j.spec.resources.pipeline_parallel,
-            amp: true,
-            ..Default::default()
+        let mut input = times::JobInput {
+            id: id.to_string(),
+            model: j.spec.model.clone(),
+            gpu_type: gpu_family.clone(),
+            gpus_per_node: per_node,
+            global_batch: j.spec.hyperparameters.global_batch_size.max(1),
+            variant: Variant {
+                pipeline: j.spec.resources.pipeline_parallel,
+                amp: true,
+                ..Default::default()
+            },
+            layers: analytic::layers_of(&j.spec.model).unwrap_or(12),
+            remaining_iterations: total.saturating_sub(done).max(1),
+            done_iterations: done,
+            curve,
+            max_iterations: total_iterations(j),
+            samples_per_epoch: j
+                .spec
+                .dataset
+                .num_samples
+                .unwrap_or(u64::from(j.spec.hyperparameters.global_batch_size.max(1)) * 100),
         };
-        let remaining_s = allocations
-            .iter()
-            .map(|&a| {
-                if a == 0 {
-                    return f64::INFINITY;
-                }
-                lut.iteration_time_on(
-                    &j.spec.model,
-                    &gpu_family,
-                    &packed_placement(a, per_node),
-                    j.spec.hyperparameters.global_batch_size,
-                    &variant,
-                    layers,
-                )
-                .ok()
-                .filter(|it| it.feasible)
-                .map_or(f64::INFINITY, |it| it.seconds * remaining as f64)
-            })
-            .collect();
-        let placement: Vec<(usize, u32)> = held
+        if let Some(&g) = gain_for.get(id) {
+            input.remaining_iterations = times::transferred_iterations(&input, g).max(1);
+        }
+        inputs.push(input);
+    }
+    // Kept merges (both jobs in the snapshot) and new candidates: pairs of
+    // jobs of one model and different tasks that both allow sharing, have
+    // made no progress, were never merged, and were profiled (Task2Vec
+    // embeddings). Gains come from the embeddings (Ymir §4.1: score →
+    // linear regression → G, Eq. 1).
+    let gains = GainModel::default();
+    let embedding = |id: &JobId| {
+        estimates
             .get(id)
-            .and_then(|a| node_index.get(&a.node).map(|&k| (k, a.gpus.len() as u32)))
-            .into_iter()
+            .filter(|e| !e.fisher.is_empty() && e.fisher.len() == e.fisher_repeat.len())
+            .map(|e| TaskEmbedding {
+                fisher: e.fisher.clone(),
+                fisher_repeat: e.fisher_repeat.clone(),
+            })
+    };
+    let mut pairs: Vec<times::PairInput> = Vec::new();
+    let mut kept_pairs: Vec<(usize, MergeMode)> = Vec::new(); // (pair index, mode)
+    for m in merges.iter().filter(|m| m.active) {
+        if let (Some(&a), Some(&b)) = (ord.get(&m.a), ord.get(&m.b)) {
+            kept_pairs.push((pairs.len(), m.mode));
+            pairs.push(times::PairInput {
+                a,
+                b,
+                mode: time_mode(m.mode),
+                gain_ab: m.gain_ab,
+                gain_ba: m.gain_ba,
+            });
+        }
+    }
+    let first_candidate = pairs.len();
+    if state.config.scheduling.merging {
+        let ever_merged: BTreeSet<JobId> = merges.iter().flat_map(|m| [m.a, m.b]).collect();
+        let open: Vec<(usize, TaskEmbedding)> = ids
+            .iter()
+            .enumerate()
+            .filter(|(_, id)| {
+                let j = &live[*id];
+                j.spec.sharing
+                    && !ever_merged.contains(*id)
+                    && progress.get(*id).is_none_or(|p| p.0 == 0)
+            })
+            .filter_map(|(k, id)| embedding(id).map(|e| (k, e)))
             .collect();
+        for (x, (ka, ea)) in open.iter().enumerate() {
+            for (kb, eb) in open.iter().skip(x + 1) {
+                let (ja, jb) = (&live[&ids[*ka]], &live[&ids[*kb]]);
+                if ja.spec.model != jb.spec.model
+                    || ja.spec.dataset.task == jb.spec.dataset.task
+                    || ja.spec.resources.pipeline_parallel != jb.spec.resources.pipeline_parallel
+                {
+                    continue;
+                }
+                let g_ab = gains.predict(temporal_score(ea, eb));
+                let g_ba = gains.predict(temporal_score(eb, ea));
+                let g_sp = gains.predict(spatial_score(ea, eb));
+                for (a, b, mode, gab, gba) in [
+                    (*ka, *kb, times::MergeMode::Temporal, g_ab, 0.0),
+                    (*kb, *ka, times::MergeMode::Temporal, g_ba, 0.0),
+                    (*ka, *kb, times::MergeMode::Spatial, g_sp, g_sp),
+                ] {
+                    pairs.push(times::PairInput {
+                        a,
+                        b,
+                        mode,
+                        gain_ab: gab,
+                        gain_ba: gba,
+                    });
+                }
+            }
+        }
+    }
+    let table = match times::time_table(lut, &inputs, &pairs, &allocations) {
+        Ok(t) => t,
+        Err(e) => {
+            tracing::error!(error = %e, "time estimates failed; keeping the current plan");
+            return Ok(report);
+        }
+    };
+    let restart_s = 60.0;
+    // The merged group's remaining time: temporal = A, then B from A's
+    // weights (plus B's start); spatial = the joint job (Eq. 4).
+    let group_time = |pt: &times::PairTimes| -> Vec<f64> {
+        match pt.pair.mode {
+            times::MergeMode::Temporal => table.jobs[pt.pair.a]
+                .iter()
+                .zip(&pt.seconds)
+                .map(|(ta, tab)| ta + tab + restart_s)
+                .collect(),
+            times::MergeMode::Spatial => pt.seconds.clone(),
+        }
+    };
+    let kept: Vec<ExistingMerge> = kept_pairs
+        .iter()
+        .map(|&(k, mode)| {
+            let pt = &table.pairs[k];
+            ExistingMerge {
+                a: pt.pair.a,
+                b: pt.pair.b,
+                mode,
+                remaining_s: group_time(pt),
+            }
+        })
+        .collect();
+    let candidates: Vec<PairCandidate> = table.pairs[first_candidate..]
+        .iter()
+        .filter(|pt| pt.tran_wt.iter().any(|&w| w >= 1.0))
+        .map(|pt| PairCandidate {
+            a: pt.pair.a,
+            b: pt.pair.b,
+            mode: policy_mode(pt.pair.mode),
+            remaining_s: group_time(pt),
+            tran_wt: pt.tran_wt.clone(),
+        })
+        .collect();
+    // The placement each job holds now; a kept merge's jobs share their
+    // group's (a temporal B rides on A's GPUs).
+    let mut holding: BTreeMap<JobId, Vec<(usize, u32)>> = BTreeMap::new();
+    for id in &ids {
+        if let Some(a) = held.get(id)
+            && let Some(&k) = node_index.get(&a.node)
+        {
+            holding.insert(*id, vec![(k, a.gpus.len() as u32)]);
+        }
+    }
+    for m in &kept {
+        let (a, b) = (ids[m.a], ids[m.b]);
+        if let Some(pl) = holding.get(&a).or_else(|| holding.get(&b)).cloned() {
+            holding.insert(a, pl.clone());
+            holding.insert(b, pl);
+        }
+    }
+    let mut jobs = Vec::with_capacity(ids.len());
+    for (k, id) in ids.iter().enumerate() {
+        let j = &live[id];
+        let done = progress.get(id).map_or(0, |p| p.0);
+        let placement = holding.get(id).cloned().unwrap_or_default();
         jobs.push(SchedJob {
             id: id.to_string(),
             model: j.spec.model.clone(),
@@ -633,8 +911,8 @@ pub async fn run_round(state: &AppState, lut: &Arc<Lut>) -> Result<RoundReport, 
             executed_s: 0.0,
             current_gpus: placement.iter().map(|p| p.1).sum(),
             current_placement: placement,
-            remaining_s,
-            restart_s: 60.0,
+            remaining_s: table.jobs[k].clone(),
+            restart_s,
             lease_until: 0.0,
         });
     }
@@ -665,8 +943,8 @@ pub async fn run_round(state: &AppState, lut: &Arc<Lut>) -> Result<RoundReport, 
             .collect(),
         allocations,
         jobs,
-        candidates: Vec::new(),
-        merges: Vec::new(),
+        candidates,
+        merges: kept,
     };
 
     // ---- 3. decide --------------------------------------------------------
@@ -694,35 +972,56 @@ pub async fn run_round(state: &AppState, lut: &Arc<Lut>) -> Result<RoundReport, 
     }
 
     // ---- 4. apply ---------------------------------------------------------
-    // Concrete GPUs: a job that keeps its node and size keeps its GPUs
+    // Concrete GPUs: a group that keeps its node and size keeps its GPUs
     // (unless a profiling run took one of them).
+    let active_of = |a: JobId, b: JobId| merges.iter().find(|m| m.active && m.a == a && m.b == b);
     let mut used: BTreeMap<usize, BTreeSet<String>> = reserved.clone();
-    let mut assignments = Vec::new();
+    // (members, mode, node, GPUs) of every placed group.
+    let mut groups: Vec<(Vec<JobId>, MergeMode, usize, Vec<GpuUuid>)> = Vec::new();
     let mut pending = Vec::new();
+    let mut new_merges = Vec::new();
     for e in &plan.entries {
-        for &k in &e.jobs {
-            let id = ids[k];
-            match (held.get(&id), e.placement.as_slice()) {
-                (Some(a), [(n, g)])
-                    if node_index.get(&a.node) == Some(n)
-                        && a.gpus.len() as u32 == *g
-                        && !a
-                            .gpus
-                            .iter()
-                            .any(|u| reserved.get(n).is_some_and(|r| r.contains(&u.0))) =>
-                {
-                    used.entry(*n)
-                        .or_default()
-                        .extend(a.gpus.iter().map(|u| u.0.clone()));
-                    assignments.push((*a).clone());
-                }
-                // Multi-node placements are not driven yet: the job waits.
-                (_, [(n, g)]) => pending.push((id, *n, *g)),
-                _ => {}
+        let members: Vec<JobId> = e.jobs.iter().map(|&k| ids[k]).collect();
+        if let [a, b] = members[..]
+            && active_of(a, b).is_none()
+        {
+            // A new merge: the gains it was decided on are recorded with it.
+            let (ka, kb) = (e.jobs[0], e.jobs[1]);
+            let mode = time_mode(e.mode);
+            if let Some(pi) = pairs
+                .iter()
+                .find(|p| p.a == ka && p.b == kb && p.mode == mode)
+            {
+                new_merges.push(NewMerge {
+                    a,
+                    b,
+                    mode: e.mode,
+                    gain_ab: pi.gain_ab,
+                    gain_ba: pi.gain_ba,
+                });
             }
         }
+        let group_held = members.iter().find_map(|m| held.get(m));
+        match (group_held, e.placement.as_slice()) {
+            (Some(a), [(n, g)])
+                if node_index.get(&a.node) == Some(n)
+                    && a.gpus.len() as u32 == *g
+                    && !a
+                        .gpus
+                        .iter()
+                        .any(|u| reserved.get(n).is_some_and(|r| r.contains(&u.0))) =>
+            {
+                used.entry(*n)
+                    .or_default()
+                    .extend(a.gpus.iter().map(|u| u.0.clone()));
+                groups.push((members, e.mode, *n, a.gpus.clone()));
+            }
+            // Multi-node placements are not driven yet: the group waits.
+            (_, [(n, g)]) => pending.push((members, e.mode, *n, *g)),
+            _ => {}
+        }
     }
-    for (id, n, g) in pending {
+    for (members, mode, n, g) in pending {
         let taken = used.entry(n).or_default();
         let free: Vec<GpuUuid> = available[n]
             .record
@@ -734,10 +1033,23 @@ pub async fn run_round(state: &AppState, lut: &Arc<Lut>) -> Result<RoundReport, 
             .collect();
         if free.len() == g as usize {
             taken.extend(free.iter().map(|u| u.0.clone()));
+            groups.push((members, mode, n, free));
+        }
+    }
+    // One assignment per job that trains: both jobs of a spatial pair (one
+    // joint process), only A of a temporal pair (B waits for A's weights).
+    let mut assignments = Vec::new();
+    for (members, mode, n, gpus) in &groups {
+        let trains = if *mode == MergeMode::Temporal {
+            &members[..1]
+        } else {
+            &members[..]
+        };
+        for id in trains {
             assignments.push(Assignment {
-                job: id,
-                node: available[n].record.id.clone(),
-                gpus: free,
+                job: *id,
+                node: available[*n].record.id.clone(),
+                gpus: gpus.clone(),
                 profile: false,
             });
         }
@@ -798,7 +1110,9 @@ pub async fn run_round(state: &AppState, lut: &Arc<Lut>) -> Result<RoundReport, 
     }
     let training = assignments.len();
     assignments.extend(profiling);
-    let generation = p.store_plan(&assignments, &transitions, now).await?;
+    let generation = p
+        .store_plan(&assignments, &transitions, &new_merges, now)
+        .await?;
     // A context switch: a job whose GPUs differ from what it held.
     let switches = assignments
         .iter()
@@ -809,73 +1123,195 @@ pub async fn run_round(state: &AppState, lut: &Arc<Lut>) -> Result<RoundReport, 
         .count() as u64;
     let queued = live.len().saturating_sub(training) as u64;
     let (completed, failed) = (report.completed as u64, report.failed as u64);
+    let merged_temporal = new_merges
+        .iter()
+        .filter(|m| m.mode == MergeMode::Temporal)
+        .count() as u64;
+    let merged_spatial = new_merges.len() as u64 - merged_temporal;
     state.metrics.update(|m| {
         m.context_switches += switches;
         m.queue_length = queued;
         m.completed += completed;
         m.failed += failed;
+        m.merges_temporal += merged_temporal;
+        m.merges_spatial += merged_spatial;
     });
     for (id, to, reason) in &transitions {
         tracing::info!(job_id = %id, to = %to, %reason, generation, "job state");
     }
-    push_plans(state, &live, &assignments, &progress, generation);
+    for m in &new_merges {
+        tracing::info!(a = %m.a, b = %m.b, mode = m.mode.as_str(), gain_ab = m.gain_ab, gain_ba = m.gain_ba, generation, "merge decided");
+    }
+    // Everything the plan's processes need about merges: all active ones
+    // (those decided now included) and the outputs of finished A's.
+    let mut all_merges = merges.clone();
+    all_merges.extend(new_merges.iter().map(|m| MergeRecord {
+        id: 0,
+        a: m.a,
+        b: m.b,
+        mode: m.mode,
+        gain_ab: m.gain_ab,
+        gain_ba: m.gain_ba,
+        active: true,
+        guard_passed: false,
+    }));
+    let mut init_weights = BTreeMap::new();
+    for m in all_merges
+        .iter()
+        .filter(|m| m.active && m.mode == MergeMode::Temporal && running.contains(&m.b))
+    {
+        if !live.contains_key(&m.a)
+            && let Some(out) = p
+                .get_job(m.a)
+                .await?
+                .filter(|a| a.state == JobState::Completed)
+                .and_then(|a| a.output_path)
+                .filter(|o| !o.is_empty())
+        {
+            init_weights.insert(m.b, out);
+        }
+    }
+    push_plans(
+        state,
+        &PlanView {
+            live: &live,
+            assignments: &assignments,
+            progress: &progress,
+            merges: &all_merges,
+            init_weights: &init_weights,
+        },
+        generation,
+    );
     report.generation = generation;
     report.jobs = live.len();
     report.running = training;
     Ok(report)
 }
 
+/// The process of a training task: `<job>`, or `<a>+<b>` for the joint
+/// process of a spatial merge. None for anything else.
+fn members_of(task_id: &str) -> Option<Vec<JobId>> {
+    match task_id.split_once('+') {
+        Some((a, b)) => Some(vec![a.parse().ok()?, b.parse().ok()?]),
+        None => Some(vec![task_id.parse().ok()?]),
+    }
+}
+
+fn time_mode(m: MergeMode) -> times::MergeMode {
+    match m {
+        MergeMode::Spatial => times::MergeMode::Spatial,
+        _ => times::MergeMode::Temporal,
+    }
+}
+
+fn policy_mode(m: times::MergeMode) -> MergeMode {
+    match m {
+        times::MergeMode::Spatial => MergeMode::Spatial,
+        times::MergeMode::Temporal => MergeMode::Temporal,
+    }
+}
+
+/// The fitted Eq. 3 curve stored with a job's estimates.
+fn curve_from_json(v: &serde_json::Value) -> Option<LossCurve> {
+    let f = |k: &str| v.get(k).and_then(serde_json::Value::as_f64);
+    Some(LossCurve {
+        beta0: f("beta0")?,
+        beta1: f("beta1")?,
+        beta2: f("beta2")?,
+        beta3: f("beta3")?,
+        quality: f("quality").unwrap_or(0.0),
+    })
+}
+
+/// What [`push_plans`] turns into desired tasks.
+struct PlanView<'a> {
+    live: &'a BTreeMap<JobId, JobRecord>,
+    assignments: &'a [Assignment],
+    progress: &'a BTreeMap<JobId, (u64, Option<String>)>,
+    merges: &'a [MergeRecord],
+    /// B of a temporal merge whose A completed: A's output weights.
+    init_weights: &'a BTreeMap<JobId, String>,
+}
+
 /// Sends every connected node its complete desired set.
-fn push_plans(
-    state: &AppState,
-    live: &BTreeMap<JobId, JobRecord>,
-    assignments: &[Assignment],
-    progress: &BTreeMap<JobId, (u64, Option<String>)>,
-    generation: i64,
-) {
+fn push_plans(state: &AppState, v: &PlanView<'_>, generation: i64) {
     let nodes = state.registry.snapshot();
     let mut per_node: BTreeMap<NodeId, Vec<pb::DesiredTask>> = nodes
         .iter()
         .map(|n| (n.record.id.clone(), Vec::new()))
         .collect();
-    for a in assignments {
-        let Some(job) = live.get(&a.job) else {
+    let mut emitted: BTreeSet<String> = BTreeSet::new();
+    for a in v.assignments {
+        let Some(job) = v.live.get(&a.job) else {
             continue;
         };
-        let resume = progress
-            .get(&a.job)
-            .and_then(|p| p.1.clone())
-            .unwrap_or_default();
-        // A profiling run is a process of its own ("<job>-profile").
-        let (task_id, mode, resume) = if a.profile {
-            (
-                format!("{}{PROFILE_SUFFIX}", a.job),
-                pb::TaskMode::Profile,
-                String::new(),
-            )
-        } else {
-            (a.job.to_string(), pb::TaskMode::Train, resume)
+        let merge = v
+            .merges
+            .iter()
+            .find(|m| m.active && (m.a == a.job || m.b == a.job));
+        let resume_of = |id: &JobId| v.progress.get(id).and_then(|p| p.1.clone());
+        let mut task = pb::DesiredTask {
+            task_id: a.job.to_string(),
+            job_ids: vec![a.job.to_string()],
+            mode: pb::TaskMode::Train as i32,
+            phase: pb::DesiredPhase::Running as i32,
+            gpu_uuids: a.gpus.iter().map(|g| g.0.clone()).collect(),
+            command: job.spec.launch.command.clone(),
+            env: job.spec.launch.env.clone().into_iter().collect(),
+            working_dir: job.spec.launch.working_dir.clone().unwrap_or_default(),
+            resume_path: resume_of(&a.job).unwrap_or_default(),
+            initial_weights_path: String::new(),
+            world_size: a.gpus.len() as u32,
+            rank_offset: 0,
+            master_addr: String::new(),
+            master_port: 0,
+            tasks: vec![trainer_task(job)],
         };
-        per_node
-            .entry(a.node.clone())
-            .or_default()
-            .push(pb::DesiredTask {
-                task_id,
-                job_ids: vec![a.job.to_string()],
-                mode: mode as i32,
-                phase: pb::DesiredPhase::Running as i32,
-                gpu_uuids: a.gpus.iter().map(|g| g.0.clone()).collect(),
-                command: job.spec.launch.command.clone(),
-                env: job.spec.launch.env.clone().into_iter().collect(),
-                working_dir: job.spec.launch.working_dir.clone().unwrap_or_default(),
-                resume_path: resume,
-                initial_weights_path: String::new(),
-                world_size: a.gpus.len() as u32,
-                rank_offset: 0,
-                master_addr: String::new(),
-                master_port: 0,
-                tasks: vec![trainer_task(job)],
-            });
+        if a.profile {
+            // A profiling run is a process of its own ("<job>-profile").
+            task.task_id = format!("{}{PROFILE_SUFFIX}", a.job);
+            task.mode = pb::TaskMode::Profile as i32;
+            task.resume_path.clear();
+        } else if let Some(m) = merge {
+            match m.mode {
+                MergeMode::Spatial => {
+                    // One joint process for both (A's command and
+                    // environment); a partner that finished is carried by
+                    // the process's checkpoint.
+                    task.task_id = format!("{}+{}", m.a, m.b);
+                    task.job_ids = vec![m.a.to_string(), m.b.to_string()];
+                    task.tasks = [m.a, m.b]
+                        .iter()
+                        .filter_map(|id| v.live.get(id))
+                        .map(trainer_task)
+                        .collect();
+                    if let Some(lead) = v.live.get(&m.a) {
+                        task.command = lead.spec.launch.command.clone();
+                        task.env = lead.spec.launch.env.clone().into_iter().collect();
+                    }
+                    task.resume_path = resume_of(&m.a)
+                        .or_else(|| resume_of(&m.b))
+                        .unwrap_or_default();
+                }
+                MergeMode::Temporal if m.a == a.job => {
+                    // A trains; B is evaluated with A's weights every epoch
+                    // (the guard watches it).
+                    if let Some(b) = v.live.get(&m.b) {
+                        let mut watch = trainer_task(b);
+                        watch.eval_only = true;
+                        task.tasks.push(watch);
+                    }
+                }
+                _ => {
+                    if let Some(w) = v.init_weights.get(&a.job) {
+                        task.initial_weights_path.clone_from(w);
+                    }
+                }
+            }
+        }
+        if emitted.insert(task.task_id.clone()) {
+            per_node.entry(a.node.clone()).or_default().push(task);
+        }
     }
     for (node, tasks) in per_node {
         let n = tasks.len();
