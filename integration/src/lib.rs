@@ -151,3 +151,114 @@ pub fn fmctl(port: u16, token: &str, args: &[&str]) -> Result<String, String> {
         Err(String::from_utf8_lossy(&out.stderr).into_owned())
     }
 }
+
+fn pg_bin() -> PathBuf {
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+        .expect("Debian's PostgreSQL binaries (scripts/test.sh installs them)")
+        .flatten()
+        .map(|e| e.path().join("bin"))
+        .filter(|p| p.join("initdb").exists())
+        .collect();
+    dirs.sort();
+    dirs.pop().expect("an initdb under /usr/lib/postgresql")
+}
+
+/// Runs a Postgres tool as the `postgres` user when we are root (Postgres
+/// refuses to run as root).
+fn pg(tool: &str, args: &[&str]) -> std::process::Output {
+    let bin = pg_bin().join(tool);
+    let is_root = run(Command::new("id").arg("-u")).stdout.starts_with(b"0");
+    let mut c = if is_root {
+        let mut c = Command::new("runuser");
+        c.args(["-u", "postgres", "--"]).arg(&bin);
+        c
+    } else {
+        Command::new(&bin)
+    };
+    run(c.args(args))
+}
+
+/// A throw-away Postgres server of its own (Debian's binaries, as
+/// `scripts/dev-up.sh` uses), for tests that stop and start the database
+/// without touching the shared test server. Stopped when dropped.
+pub struct PrivatePostgres {
+    dir: PathBuf,
+    port: u16,
+}
+
+impl PrivatePostgres {
+    pub fn start(dir: &Path) -> PrivatePostgres {
+        let data = dir.join("pg");
+        std::fs::create_dir_all(&data).unwrap();
+        let _ = Command::new("chown")
+            .args(["-R", "postgres", &dir.display().to_string()])
+            .status();
+        let out = pg(
+            "initdb",
+            &[
+                "-D",
+                &data.display().to_string(),
+                "-U",
+                "postgres",
+                "--auth=trust",
+            ],
+        );
+        assert!(
+            out.status.success(),
+            "initdb: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let c = PrivatePostgres {
+            dir: data,
+            port: free_port(),
+        };
+        c.ctl("start");
+        c
+    }
+
+    /// `pg_ctl start` / `stop` (fast shutdown), waiting until done.
+    pub fn ctl(&self, what: &str) {
+        let opts = format!("-p {} -k /tmp -c listen_addresses=127.0.0.1", self.port);
+        let log = self.dir.join("log");
+        let out = pg(
+            "pg_ctl",
+            &[
+                "-D",
+                &self.dir.display().to_string(),
+                "-l",
+                &log.display().to_string(),
+                "-w",
+                "-m",
+                "fast",
+                "-o",
+                &opts,
+                what,
+            ],
+        );
+        assert!(
+            out.status.success(),
+            "pg_ctl {what}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// URL of its `postgres` database.
+    pub fn url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+    }
+}
+
+impl Drop for PrivatePostgres {
+    fn drop(&mut self) {
+        let _ = pg(
+            "pg_ctl",
+            &[
+                "-D",
+                &self.dir.display().to_string(),
+                "-m",
+                "immediate",
+                "stop",
+            ],
+        );
+    }
+}

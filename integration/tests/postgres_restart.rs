@@ -4,7 +4,6 @@
 //! (Debian's binaries, as `scripts/dev-up.sh` does), so the shared test
 //! server is never restarted.
 
-use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -13,112 +12,6 @@ use serde_json::Value;
 
 const ROOT: &str = "root-token-0123456789ab";
 const JOIN: &str = "join-token-0123456789abc";
-
-fn pg_bin() -> PathBuf {
-    let mut dirs: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
-        .expect("Debian's PostgreSQL binaries (scripts/test.sh installs them)")
-        .flatten()
-        .map(|e| e.path().join("bin"))
-        .filter(|p| p.join("initdb").exists())
-        .collect();
-    dirs.sort();
-    dirs.pop().expect("an initdb under /usr/lib/postgresql")
-}
-
-/// Runs a Postgres tool as the `postgres` user when we are root (Postgres
-/// refuses to run as root).
-fn pg(tool: &str, args: &[&str]) -> std::process::Output {
-    let bin = pg_bin().join(tool);
-    let is_root = run(Command::new("id").arg("-u")).stdout.starts_with(b"0");
-    let mut c = if is_root {
-        let mut c = Command::new("runuser");
-        c.args(["-u", "postgres", "--"]).arg(&bin);
-        c
-    } else {
-        Command::new(&bin)
-    };
-    run(c.args(args))
-}
-
-struct Cluster {
-    dir: PathBuf,
-    port: u16,
-}
-
-impl Cluster {
-    fn start(dir: &Path) -> Cluster {
-        let data = dir.join("pg");
-        std::fs::create_dir_all(&data).unwrap();
-        let _ = Command::new("chown")
-            .args(["-R", "postgres", &dir.display().to_string()])
-            .status();
-        let out = pg(
-            "initdb",
-            &[
-                "-D",
-                &data.display().to_string(),
-                "-U",
-                "postgres",
-                "--auth=trust",
-            ],
-        );
-        assert!(
-            out.status.success(),
-            "initdb: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let c = Cluster {
-            dir: data,
-            port: free_port(),
-        };
-        c.ctl("start");
-        c
-    }
-
-    fn ctl(&self, what: &str) {
-        let opts = format!("-p {} -k /tmp -c listen_addresses=127.0.0.1", self.port);
-        let log = self.dir.join("log");
-        let out = pg(
-            "pg_ctl",
-            &[
-                "-D",
-                &self.dir.display().to_string(),
-                "-l",
-                &log.display().to_string(),
-                "-w",
-                "-m",
-                "fast",
-                "-o",
-                &opts,
-                what,
-            ],
-        );
-        assert!(
-            out.status.success(),
-            "pg_ctl {what}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-
-    fn url(&self) -> String {
-        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
-    }
-}
-
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        let _ = pg(
-            "pg_ctl",
-            &[
-                "-D",
-                &self.dir.display().to_string(),
-                "-m",
-                "immediate",
-                "stop",
-            ],
-        );
-    }
-}
 
 fn states(port: u16) -> Result<Vec<String>, String> {
     let v: Value =
@@ -133,7 +26,7 @@ fn states(port: u16) -> Result<Vec<String>, String> {
 #[test]
 fn e2e_a_postgres_restart_loses_nothing() {
     let dir = tempfile::tempdir().unwrap();
-    let pgc = Cluster::start(dir.path());
+    let pgc = PrivatePostgres::start(dir.path());
     let port = free_port();
     let mut c = Command::new(bin("scheduler-svc"));
     c.env("FMSCHED_DATABASE_URL", pgc.url())

@@ -1096,6 +1096,14 @@ pub async fn run_round(state: &AppState, lut: &Arc<Lut>) -> Result<RoundReport, 
                     a.gpus.len(),
                     state.config.scheduling.policy
                 )
+            } else if from == JobState::Running
+                && let Some(h) = held.get(id).filter(|h| !node_index.contains_key(&h.node))
+            {
+                format!(
+                    "node {} is offline: re-queued from its last checkpoint (iteration {})",
+                    h.node,
+                    progress.get(id).map_or(0, |p| p.0)
+                )
             } else if from == JobState::Running {
                 "suspended by the plan (checkpointed)".to_string()
             } else {
