@@ -29,6 +29,8 @@ pub mod env {
     pub const CHECKPOINT_INTERVAL_S: &str = "FMSCHED_CHECKPOINT_INTERVAL_S";
     /// Seconds the trainer has after SIGTERM before SIGKILL.
     pub const GRACE_S: &str = "FMSCHED_GRACE_S";
+    /// Model name of the GPUs the process runs on (as the node reports it).
+    pub const GPU_MODEL: &str = "FMSCHED_GPU_MODEL";
     /// Torchrun-compatible rank variables.
     pub const WORLD_SIZE: &str = "WORLD_SIZE";
     pub const RANK: &str = "RANK";

@@ -26,7 +26,7 @@
 //!
 //! Test knobs: `FMSCHED_FAKE_IGNORE_SIGTERM=1` ignores SIGTERM (to test the
 //! agent's SIGKILL), `FMSCHED_FAKE_CRASH_AT=N` exits 3 at iteration N,
-//! `FMSCHED_FAKE_GPU_TYPE` (default V100), `FMSCHED_FAKE_PROFILE_STEPS`,
+//! `FMSCHED_FAKE_GPU_TYPE` (default: the node's `FMSCHED_GPU_MODEL`, else V100), `FMSCHED_FAKE_PROFILE_STEPS`,
 //! `FMSCHED_FAKE_GAIN_OFFSET=x` adds `x` to every transfer gain (a negative
 //! offset makes merges harmful, to test the guard).
 
@@ -349,8 +349,102 @@ fn embedding(task: &TaskAssignment, repeat: bool) -> Vec<f64> {
     embedding_of(&task.model, &task.task, repeat)
 }
 
+/// `fake-trainer catalog`: the fake world as an `fmsim` task catalog
+/// (fmsched layout), so the simulator can replay exactly the jobs the fake
+/// trainer runs. Epochs are whole (the trainer evaluates at epoch ends) and
+/// capped by the epoch budget; a spatial task under negative transfer makes
+/// no progress, so it runs to the cap.
+fn print_catalog(args: &[String]) -> anyhow::Result<()> {
+    let usage = "usage: fake-trainer catalog --model M --tasks T:SAMPLES[,T:SAMPLES…] \
+                 --batch B --metric-target X --max-epochs E";
+    let mut opt = std::collections::BTreeMap::new();
+    for pair in args.chunks(2) {
+        match pair {
+            [k, v] if k.starts_with("--") => {
+                opt.insert(k.trim_start_matches("--").to_string(), v.clone());
+            }
+            _ => bail!("{usage}"),
+        }
+    }
+    let get = |k: &str| {
+        opt.get(k)
+            .with_context(|| format!("--{k} is missing; {usage}"))
+    };
+    let model = get("model")?.clone();
+    let batch: f64 = get("batch")?.parse().context("--batch: not a number")?;
+    let target: f64 = get("metric-target")?
+        .parse()
+        .context("--metric-target: not a number")?;
+    let cap: f64 = get("max-epochs")?
+        .parse()
+        .context("--max-epochs: not a number")?;
+    let mut tasks = Vec::new();
+    for t in get("tasks")?.split(',') {
+        let (name, n) = t
+            .split_once(':')
+            .with_context(|| format!("--tasks: {t:?} is not TASK:SAMPLES"))?;
+        let n: f64 = n
+            .parse()
+            .with_context(|| format!("--tasks: {n:?} is not a number"))?;
+        tasks.push((name.to_string(), n));
+    }
+    // Epochs to the target when learning runs at `rate` times the alone speed.
+    let epochs = |task: &str, samples: f64, rate: f64| -> f64 {
+        let c = Curve::for_task(&model, task);
+        if rate <= 0.0 || c.metric_max <= target {
+            return cap;
+        }
+        let x = c.half * (target - 0.5) / (c.metric_max - target);
+        (x / rate / (samples / batch)).ceil().clamp(1.0, cap)
+    };
+    let mut task_json = serde_json::Map::new();
+    let mut temporal = serde_json::Map::new();
+    let mut spatial = serde_json::Map::new();
+    for (a, na) in &tasks {
+        task_json.insert(
+            a.clone(),
+            serde_json::json!({"samples_per_epoch": na, "epochs": epochs(a, *na, 1.0)}),
+        );
+        for (b, nb) in &tasks {
+            if a == b {
+                continue;
+            }
+            let g = true_gain(&model, a, b, false);
+            temporal.insert(
+                format!("{a}->{b}"),
+                serde_json::json!({"epochs": epochs(b, *nb, 1.0 + g)}),
+            );
+            if a < b {
+                let rate = |from: &str, to: &str| {
+                    let g = true_gain(&model, from, to, true);
+                    if g < 0.0 { 0.0 } else { 1.0 + g }
+                };
+                spatial.insert(
+                    format!("{a}|{b}"),
+                    serde_json::json!({
+                        a.clone(): {"epochs": epochs(a, *na, rate(b, a))},
+                        b.clone(): {"epochs": epochs(b, *nb, rate(a, b))},
+                    }),
+                );
+            }
+        }
+    }
+    let out = serde_json::json!({"models": {model.clone(): {
+        "tasks": task_json, "temporal": temporal, "spatial": spatial}}});
+    println!("{}", serde_json::to_string_pretty(&out)?);
+    Ok(())
+}
+
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some("catalog") {
+        if let Err(e) = print_catalog(&args[1..]) {
+            eprintln!("fake-trainer: {e:#}");
+            std::process::exit(2);
+        }
+        return;
+    }
     if let Err(e) = run().await {
         eprintln!("fake-trainer: {e:#}");
         std::process::exit(2);
@@ -391,7 +485,12 @@ async fn run() -> anyhow::Result<()> {
     let compression: f64 = var("FMSCHED_FAKE_TIME_COMPRESSION")
         .and_then(|c| c.parse().ok())
         .unwrap_or(1000.0);
-    let gpu = analytic::gpu_family(&var("FMSCHED_FAKE_GPU_TYPE").unwrap_or_else(|| "V100".into()));
+    // The GPU it pretends to run on: the test knob, else the node's GPUs.
+    let gpu = analytic::gpu_family(
+        &var("FMSCHED_FAKE_GPU_TYPE")
+            .or_else(|| var(env::GPU_MODEL))
+            .unwrap_or_else(|| "V100".into()),
+    );
     let crash_at: Option<u64> = var("FMSCHED_FAKE_CRASH_AT").and_then(|c| c.parse().ok());
     let ignore_term = var("FMSCHED_FAKE_IGNORE_SIGTERM").is_some_and(|v| v == "1");
     let interval = Duration::from_secs_f64(
@@ -537,8 +636,10 @@ async fn run() -> anyhow::Result<()> {
     // Wall seconds per iteration after compression; steps are taken in
     // ticks of at least 20 ms so a fast job does not busy-loop.
     let wall_per_it = (seconds_per_iteration / compression).max(1e-6);
-    let tick = Duration::from_secs_f64(wall_per_it.max(0.02));
-    let steps_per_tick = ((tick.as_secs_f64() / wall_per_it).round() as u64).max(1);
+    // Whole steps per tick, and the tick exactly that many steps long (a
+    // rounded step count over a fixed tick would run up to 25 % fast).
+    let steps_per_tick = ((0.02 / wall_per_it).ceil() as u64).max(1);
+    let tick = Duration::from_secs_f64(wall_per_it * steps_per_tick as f64);
     let profile_steps: u64 = var("FMSCHED_FAKE_PROFILE_STEPS")
         .and_then(|c| c.parse().ok())
         .unwrap_or(50);

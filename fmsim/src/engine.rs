@@ -820,6 +820,10 @@ impl<'a> Simulation<'a> {
     }
 
     /// One scheduling round.
+    ///
+    /// Profiling takes free GPUs first, and GPUs of running work only while
+    /// profiling holds at most an eighth of the cluster (as the scheduler
+    /// service does).
     fn round(&mut self, policy: &dyn Policy, catalog: &Catalog) -> Result<(), SimError> {
         let n = self.jobs.len();
         let per_node = self.cfg.gpus_per_node;
@@ -848,11 +852,22 @@ impl<'a> Simulation<'a> {
             } else {
                 1
             };
-            // A node with enough free GPUs not held by running work, else any capacity.
+            // A node with enough free GPUs not held by running work, else
+            // GPUs taken from running work — the service's rule: only while
+            // profiling holds less than an eighth of the cluster.
+            let total = per_node * cap.len() as u32;
+            let profiling: u32 = held_by_profiles(&cap, per_node);
             let pick = (0..cap.len())
                 .filter(|&nd| cap[nd] >= need)
-                .min_by_key(|&nd| (cap[nd].saturating_sub(held[nd]) < need, nd));
+                .min_by_key(|&nd| (cap[nd].saturating_sub(held[nd]) < need, nd))
+                .filter(|&nd| {
+                    cap[nd].saturating_sub(held[nd]) >= need
+                        || profiling + need <= (total / 8).max(1)
+                });
             let Some(nd) = pick else { break };
+            if cap[nd].saturating_sub(held[nd]) < need {
+                held[nd] = held[nd].saturating_sub(need);
+            }
             cap[nd] -= need;
             let ready = self.now + self.jobs[i].restart_s;
             let j = &mut self.jobs[i];
@@ -1158,4 +1173,9 @@ fn alias(model: &str) -> &str {
         "vit-base" => "vit",
         other => other,
     }
+}
+
+/// GPUs held by profiling runs: what each node's capacity lost to them.
+fn held_by_profiles(cap: &[u32], per_node: u32) -> u32 {
+    cap.iter().map(|&c| per_node - c).sum()
 }

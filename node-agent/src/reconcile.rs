@@ -211,7 +211,21 @@ impl Reconciler {
             let spec = LaunchSpec {
                 id: t.task_id.clone(),
                 command: t.command.clone(),
-                env: t.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+                env: {
+                    let mut env: BTreeMap<String, String> =
+                        t.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+                    // The GPUs' model (a job's own setting wins).
+                    if let Some(g) = self
+                        .gpus
+                        .inventory()
+                        .into_iter()
+                        .find(|g| gpus.first() == Some(&g.index))
+                    {
+                        env.entry(fmsched_core::trainer::env::GPU_MODEL.to_string())
+                            .or_insert(g.model);
+                    }
+                    env
+                },
                 profile: t.mode == pb::TaskMode::Profile as i32,
                 tasks: t.tasks.iter().map(assignment).collect(),
                 gpus: gpus.clone(),

@@ -815,18 +815,24 @@ pub async fn run_round(state: &AppState, lut: &Arc<Lut>) -> Result<RoundReport, 
                 let g_ab = gains.predict(temporal_score(ea, eb));
                 let g_ba = gains.predict(temporal_score(eb, ea));
                 let g_sp = gains.predict(spatial_score(ea, eb));
+                // Only pairs the estimator classifies as positive transfer
+                // (Ymir Table 2's G ≥ 0 class): a joint job can out-run two
+                // separate ones on throughput alone, but a merge is for
+                // transfer, and negative transfer costs accuracy.
                 for (a, b, mode, gab, gba) in [
                     (*ka, *kb, times::MergeMode::Temporal, g_ab, 0.0),
                     (*kb, *ka, times::MergeMode::Temporal, g_ba, 0.0),
                     (*ka, *kb, times::MergeMode::Spatial, g_sp, g_sp),
                 ] {
-                    pairs.push(times::PairInput {
-                        a,
-                        b,
-                        mode,
-                        gain_ab: gab,
-                        gain_ba: gba,
-                    });
+                    if gab >= 0.0 && gba >= 0.0 {
+                        pairs.push(times::PairInput {
+                            a,
+                            b,
+                            mode,
+                            gain_ab: gab,
+                            gain_ba: gba,
+                        });
+                    }
                 }
             }
         }
