@@ -290,6 +290,11 @@ impl Trainer {
                 // An inherited gain speeds learning up (`1 + G` times).
                 let value = self.curves[i].metric(x * (1.0 + self.state[i].gain));
                 reached |= self.eval(i, value).await;
+                // What a training script prints: one line per epoch.
+                println!(
+                    "epoch {epoch} {}: iteration {} loss {loss:.4} accuracy {value:.4}",
+                    self.tasks[i].task, self.state[i].iteration
+                );
             }
             if reached && !self.profile {
                 self.state[i].done = true;
@@ -529,6 +534,19 @@ async fn run() -> anyhow::Result<()> {
         })
         .context("throughput lookup")?;
     let seconds_per_iteration = it.seconds;
+    eprintln!(
+        "fake-trainer: {} {} on {world} {gpu} GPU(s): {seconds_per_iteration:.3} s/iteration, time compressed {compression}×",
+        if profile { "profiling" } else { "training" },
+        tasks
+            .iter()
+            .map(|t| format!(
+                "{}{}",
+                t.task,
+                if t.eval_only { " (eval only)" } else { "" }
+            ))
+            .collect::<Vec<_>>()
+            .join(" + ")
+    );
 
     let mut state: Vec<TaskState> = tasks
         .iter()

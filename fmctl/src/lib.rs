@@ -291,6 +291,27 @@ impl Client {
         Ok(self.jobs.clone().watch_job(req).await?.into_inner())
     }
 
+    /// A job's process output (see `JobService.GetJobLogs`).
+    pub async fn job_logs(
+        &self,
+        id: &str,
+        follow: bool,
+        stderr: bool,
+        tail_bytes: u32,
+    ) -> Result<tonic::Streaming<pb::JobLogChunk>, ClientError> {
+        let mut req = tonic::Request::new(pb::GetJobLogsRequest {
+            job_id: id.to_string(),
+            stderr,
+            follow,
+            tail_bytes,
+        });
+        if follow {
+            // Following lasts as long as the job: no request timeout.
+            req.set_timeout(Duration::from_secs(365 * 24 * 3600));
+        }
+        Ok(self.jobs.clone().get_job_logs(req).await?.into_inner())
+    }
+
     pub async fn list_nodes(&self, states: &[NodeState]) -> Result<Vec<pb::Node>, ClientError> {
         Ok(self
             .cluster

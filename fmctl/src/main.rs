@@ -74,6 +74,20 @@ enum Cmd {
         #[arg(long, default_value_t = 0)]
         after: i64,
     },
+    /// Print a job's process output, read from its node through the
+    /// scheduler.
+    Logs {
+        id: String,
+        /// Keep streaming new output until the job ends.
+        #[arg(long, short = 'f')]
+        follow: bool,
+        /// Standard error instead of standard output.
+        #[arg(long)]
+        stderr: bool,
+        /// Start with at most this many bytes from the end (default 64 KiB).
+        #[arg(long, default_value_t = 0)]
+        tail: u32,
+    },
     /// List nodes with their GPUs and live telemetry.
     Nodes {
         /// Only nodes in this state (repeatable): available, suspect, offline.
@@ -288,6 +302,26 @@ async fn run(cli: Cli) -> Result<(), ClientError> {
                 match fmt {
                     Format::Table => println!("{}", output::event_line(&ev)),
                     Format::Json => println!("{}", output::event_json(&ev)),
+                }
+            }
+        }
+        Cmd::Logs {
+            id,
+            follow,
+            stderr,
+            tail,
+        } => {
+            use std::io::Write as _;
+            let mut stream = client.job_logs(&id, follow, stderr, tail).await?;
+            let mut out = std::io::stdout().lock();
+            while let Some(chunk) = stream.message().await? {
+                // A closed pipe (`| head`) ends the command quietly.
+                if out
+                    .write_all(&chunk.data)
+                    .and_then(|()| out.flush())
+                    .is_err()
+                {
+                    break;
                 }
             }
         }

@@ -1175,3 +1175,66 @@ async fn e2e_the_merge_guard_splits_harmful_merges_and_the_jobs_still_complete()
     drop(sched);
     sql(&format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)")).await;
 }
+
+#[tokio::test]
+async fn e2e_fmctl_logs_prints_and_follows_a_jobs_output() {
+    let db = format!("fmsched_logs_{}", uuid::Uuid::new_v4().simple());
+    sql(&format!("CREATE DATABASE {db}")).await;
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let _sched = scheduler(&db, port, dir.path());
+    wait_for("scheduler up", Duration::from_secs(30), || {
+        fmctl(port, &["summary"]).map(|_| ())
+    });
+    let _a = agent("node-a", port, dir.path());
+    submit(
+        port,
+        dir.path(),
+        [("logged".to_string(), job_yaml("logged", "rte", 3000, 1))],
+    )
+    .expect("submit");
+    let id = wait_for("the job runs", Duration::from_secs(30), || {
+        let j = jobs(port)?;
+        j.iter()
+            .find(|(_, s)| s.0 == "running")
+            .map(|(id, _)| id.clone())
+            .ok_or_else(|| format!("{j:?}"))
+    });
+    // Standard error: the trainer's start-up line, from the node's log file.
+    let err = wait_for(
+        "stderr has the start-up line",
+        Duration::from_secs(10),
+        || {
+            let out = fmctl(port, &["logs", &id, "--stderr"])?;
+            if out.contains("fake-trainer: training rte on 1") {
+                Ok(out)
+            } else {
+                Err(out)
+            }
+        },
+    );
+    assert!(err.contains("s/iteration"), "{err}");
+    // Following standard output ends when the job does, with every epoch.
+    let started = Instant::now();
+    let out = fmctl(port, &["logs", &id, "--follow"]).expect("logs --follow");
+    let state = jobs(port).unwrap()[&id].0.clone();
+    assert_eq!(
+        state, "completed",
+        "--follow returned only when the job ended"
+    );
+    let epochs = out.lines().filter(|l| l.starts_with("epoch ")).count();
+    // 3000 iterations of 32 samples over 3200 samples per epoch: 30 epochs.
+    assert!(
+        epochs >= 29,
+        "{epochs} epoch lines after {:?}:\n{out}",
+        started.elapsed()
+    );
+    assert!(out.contains("epoch 30 rte"), "{out}");
+    // A bounded tail.
+    let tail = fmctl(port, &["logs", &id, "--tail", "100"]).unwrap();
+    assert!(tail.len() <= 100 && !tail.is_empty(), "{tail:?}");
+    // Errors name what is wrong.
+    let e = fmctl(port, &["logs", "01a20000-0000-7000-8000-000000000000"]).unwrap_err();
+    assert!(e.contains("not found"), "{e}");
+    sql(&format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)")).await;
+}

@@ -50,6 +50,11 @@ pub struct ProcessConfig {
     /// Trainers checkpoint at least this often.
     #[serde(with = "humantime_serde")]
     pub checkpoint_interval: Duration,
+    /// A process's `stdout.log` / `stderr.log` is rotated past this size
+    /// (copied to `.1`, older copies shifted, then truncated).
+    pub max_log_bytes: u64,
+    /// Rotated copies kept per log.
+    pub log_files: u32,
 }
 
 impl Default for ProcessConfig {
@@ -59,6 +64,8 @@ impl Default for ProcessConfig {
             checkpoint_timeout: Duration::from_secs(120),
             grace: Duration::from_secs(30),
             checkpoint_interval: Duration::from_secs(600),
+            max_log_bytes: 64 << 20,
+            log_files: 3,
         }
     }
 }
@@ -218,6 +225,17 @@ pub fn hostname() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The example shipped for operators stays in step with the code.
+    #[test]
+    fn the_shipped_example_config_parses() {
+        let path =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/config/agent.toml");
+        let cfg = AgentConfig::load_from(Some(&path), Vec::new())
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        assert_eq!(cfg.processes.max_log_bytes, 64 << 20);
+        assert_eq!(cfg.processes.log_files, 3);
+    }
 
     #[test]
     fn env_layer_and_validation() {

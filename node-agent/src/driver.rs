@@ -206,6 +206,67 @@ impl ProcessDriver {
             .count()
     }
 
+    /// Reads a task's `stdout.log` (or `stderr.log`) from byte `offset`
+    /// (negative: the last `-offset` bytes), at most `max` bytes. Returns the
+    /// bytes and the offset after them; a log rotated since (shorter than
+    /// `offset`) is read from its start.
+    pub fn read_log(
+        &self,
+        task_id: &str,
+        stderr: bool,
+        offset: i64,
+        max: usize,
+    ) -> std::io::Result<(Vec<u8>, u64)> {
+        use std::io::{Read, Seek, SeekFrom};
+        let path = self
+            .dir_of(task_id)
+            .join(if stderr { "stderr.log" } else { "stdout.log" });
+        let mut f = std::fs::File::open(path)?;
+        let len = f.metadata()?.len();
+        let start = if offset < 0 {
+            len.saturating_sub(offset.unsigned_abs())
+        } else if offset as u64 > len {
+            0
+        } else {
+            offset as u64
+        };
+        f.seek(SeekFrom::Start(start))?;
+        let mut buf = Vec::new();
+        f.take(max as u64).read_to_end(&mut buf)?;
+        let next = start + buf.len() as u64;
+        Ok((buf, next))
+    }
+
+    /// Rotates the logs of running processes that grew past `max_bytes`:
+    /// `log.{k}` → `log.{k+1}` (the oldest of `keep` dropped), the log copied
+    /// to `log.1`, then truncated. Processes write with `O_APPEND`, so they
+    /// go on at the start of the emptied file (lines written between the
+    /// copy and the truncation are lost — logrotate's `copytruncate`; the
+    /// process keeps its file and survives an agent restart). Returns how
+    /// many logs were rotated.
+    pub async fn rotate_logs(&self, max_bytes: u64, keep: u32) -> usize {
+        let ids: Vec<String> = self.ids().await;
+        let mut rotated = 0;
+        for id in ids {
+            for name in ["stdout.log", "stderr.log"] {
+                let path = self.dir_of(&id).join(name);
+                match rotate_one(&path, max_bytes, keep.max(1)) {
+                    Ok(true) => rotated += 1,
+                    Ok(false) => {}
+                    Err(e) => {
+                        tracing::warn!(task = %id, path = %path.display(), error = %e, "log rotation failed")
+                    }
+                }
+            }
+        }
+        rotated
+    }
+
+    /// Whether a task ever ran here (its folder exists).
+    pub fn has_dir(&self, task_id: &str) -> bool {
+        self.dir_of(task_id).is_dir()
+    }
+
     fn dir_of(&self, id: &str) -> PathBuf {
         // Ids come from the scheduler; keep them to one path component.
         let safe: String = id
@@ -455,6 +516,35 @@ impl Drop for ProcessDriver {
     }
 }
 
+fn rotate_one(path: &Path, max_bytes: u64, keep: u32) -> std::io::Result<bool> {
+    let len = match std::fs::metadata(path) {
+        Ok(m) => m.len(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(e),
+    };
+    if len <= max_bytes {
+        return Ok(false);
+    }
+    let numbered = |k: u32| {
+        let mut p = path.as_os_str().to_owned();
+        p.push(format!(".{k}"));
+        PathBuf::from(p)
+    };
+    let _ = std::fs::remove_file(numbered(keep));
+    for k in (1..keep).rev() {
+        let from = numbered(k);
+        if from.exists() {
+            std::fs::rename(&from, numbered(k + 1))?;
+        }
+    }
+    std::fs::copy(path, numbered(1))?;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(path)?
+        .set_len(0)?;
+    Ok(true)
+}
+
 /// Where a task's report socket lives: `report.sock` in its folder, or —
 /// when that path is longer than a unix socket address allows (108 bytes;
 /// deep work dirs, a spatial pair's long task id) — a name derived from the
@@ -486,6 +576,34 @@ pub fn task_dir(work_dir: &Path, id: &str) -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn logs_rotate_past_the_limit_keeping_n_copies_and_appending_on() {
+        use std::io::Write as _;
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("stdout.log");
+        // The process's handle: append mode, as the driver opens it.
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .unwrap();
+        for round in 0..4u8 {
+            f.write_all(&[b'a' + round; 100]).unwrap();
+            assert!(!rotate_one(&log, 150, 2).unwrap(), "under the limit");
+            f.write_all(&[b'a' + round; 100]).unwrap();
+            assert!(rotate_one(&log, 150, 2).unwrap(), "over the limit");
+            assert_eq!(std::fs::metadata(&log).unwrap().len(), 0);
+        }
+        // Two copies kept: the last two rounds, newest in `.1`.
+        let read = |n: &str| std::fs::read(dir.path().join(n)).unwrap();
+        assert_eq!(read("stdout.log.1"), vec![b'd'; 200]);
+        assert_eq!(read("stdout.log.2"), vec![b'c'; 200]);
+        assert!(!dir.path().join("stdout.log.3").exists());
+        // The process writes on at the start of the emptied file.
+        f.write_all(b"after").unwrap();
+        assert_eq!(read("stdout.log"), b"after");
+    }
 
     #[test]
     fn report_socket_fits_a_unix_address_however_deep_the_work_dir() {

@@ -348,6 +348,23 @@ impl Reconciler {
         &self.driver
     }
 
+    /// The task whose log shows `job_id` here: its newest training process
+    /// (by plan generation; a profiling run only when nothing else ran),
+    /// else a task folder named after the job (from before a restart).
+    pub async fn log_task(&self, job_id: &str) -> Option<String> {
+        let known = self.known.lock().await;
+        known
+            .iter()
+            .filter(|(_, k)| k.job_ids.iter().any(|j| j == job_id))
+            .max_by_key(|(_, k)| (!k.profile, k.generation))
+            .map(|(id, _)| id.clone())
+            .or_else(|| {
+                [job_id.to_string(), format!("{job_id}-profile")]
+                    .into_iter()
+                    .find(|t| self.driver.has_dir(t))
+            })
+    }
+
     /// Sends the pre-warm hint to a task that runs here.
     pub async fn prewarm(&self, task_id: &str) -> bool {
         self.driver.prewarm(task_id).await.is_ok()

@@ -244,6 +244,15 @@ impl Agent {
             tokio::select! {
                 _ = tick.tick() => {
                     seq += 1;
+                    let p = &self.cfg.processes;
+                    let rotated = self
+                        .reconciler
+                        .driver()
+                        .rotate_logs(p.max_log_bytes, p.log_files)
+                        .await;
+                    if rotated > 0 {
+                        tracing::info!(rotated, "process logs rotated");
+                    }
                     let hb = self.heartbeat(seq).await;
                     if tx.send(hb).await.is_err() {
                         return Err(SessionError::Retry("outbound stream closed".into()));
@@ -273,6 +282,13 @@ impl Agent {
                                     }
                                 });
                             }
+                        }
+                        Some(pb::scheduler_message::Msg::LogRequest(lr)) => {
+                            let r = self.reconciler.clone();
+                            let tx = tx.clone();
+                            tokio::spawn(async move {
+                                let _ = tx.send(log_data(&r, &lr).await).await;
+                            });
                         }
                         Some(pb::scheduler_message::Msg::RegisterAck(_)) | None => {}
                     },
@@ -331,6 +347,30 @@ fn classify(s: tonic::Status) -> SessionError {
             SessionError::Refused(format!("{}: {}", s.code(), s.message()))
         }
         _ => SessionError::Retry(format!("{}: {}", s.code(), s.message())),
+    }
+}
+
+/// Answers a log request from the task's log file.
+async fn log_data(r: &crate::reconcile::Reconciler, lr: &pb::LogRequest) -> pb::AgentMessage {
+    const MAX: usize = 1 << 20;
+    let mut out = pb::LogData {
+        request_id: lr.request_id,
+        ..Default::default()
+    };
+    if let Some(task) = r.log_task(&lr.job_id).await {
+        let max = (lr.max_bytes as usize).clamp(1, MAX);
+        match r.driver().read_log(&task, lr.stderr, lr.offset, max) {
+            Ok((data, next)) => {
+                out.data = data;
+                out.next_offset = next;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => out.error = format!("reading the log of {task}: {e}"),
+        }
+        out.task_id = task;
+    }
+    pb::AgentMessage {
+        msg: Some(pb::agent_message::Msg::LogData(out)),
     }
 }
 

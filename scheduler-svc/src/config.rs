@@ -342,6 +342,19 @@ mod tests {
         );
     }
 
+    /// The example shipped for operators stays in step with the code.
+    #[test]
+    fn the_shipped_example_config_parses() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/config/scheduler.toml");
+        let cfg = Config::load_from(
+            Some(&path),
+            env(&[("FMSCHED_JOIN_TOKEN", "join-token-0123456789abc")]),
+        )
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        assert!(cfg.scheduling.merging && cfg.scheduling.profiling);
+        assert_eq!(cfg.scheduling.policy, "ymir");
+    }
+
     #[test]
     fn unknown_keys_are_rejected() {
         let mut f = tempfile::NamedTempFile::new().unwrap();

@@ -72,6 +72,9 @@ pub struct StateChange {
 pub struct NodeRegistry {
     nodes: Mutex<BTreeMap<NodeId, LiveNode>>,
     next_session: AtomicU64,
+    /// Log requests sent to agents, waiting for their answer.
+    log_waiters: Mutex<BTreeMap<u64, tokio::sync::oneshot::Sender<pb::LogData>>>,
+    next_request: AtomicU64,
 }
 
 impl NodeRegistry {
@@ -86,6 +89,7 @@ impl NodeRegistry {
         Self {
             nodes: Mutex::new(nodes),
             next_session: AtomicU64::new(1),
+            ..Default::default()
         }
     }
 
@@ -258,6 +262,49 @@ impl NodeRegistry {
     pub fn send(&self, node: &NodeId, msg: pb::SchedulerMessage) -> bool {
         let outbox = self.lock().get(node).and_then(|n| n.outbox.clone());
         outbox.is_some_and(|o| o.try_send(Ok(msg)).is_ok())
+    }
+
+    /// Asks a node's agent for part of a job's log; None when the node is
+    /// not connected or does not answer within `timeout`.
+    pub async fn request_log(
+        &self,
+        node: &NodeId,
+        mut req: pb::LogRequest,
+        timeout: std::time::Duration,
+    ) -> Option<pb::LogData> {
+        let id = self.next_request.fetch_add(1, Ordering::Relaxed) + 1;
+        req.request_id = id;
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.waiters().insert(id, tx);
+        let sent = self.send(
+            node,
+            pb::SchedulerMessage {
+                msg: Some(pb::scheduler_message::Msg::LogRequest(req)),
+            },
+        );
+        let answer = if sent {
+            tokio::time::timeout(timeout, rx)
+                .await
+                .ok()
+                .and_then(Result::ok)
+        } else {
+            None
+        };
+        self.waiters().remove(&id);
+        answer
+    }
+
+    /// An agent's answer to [`Self::request_log`].
+    pub fn deliver_log(&self, data: pb::LogData) {
+        if let Some(tx) = self.waiters().remove(&data.request_id) {
+            let _ = tx.send(data);
+        }
+    }
+
+    fn waiters(
+        &self,
+    ) -> std::sync::MutexGuard<'_, BTreeMap<u64, tokio::sync::oneshot::Sender<pb::LogData>>> {
+        self.log_waiters.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 

@@ -185,6 +185,10 @@ impl AgentService for AgentApi {
                         Some(t) => registry.task_status(&node_id, session, t, now),
                         None => true,
                     },
+                    Some(Msg::LogData(d)) => {
+                        registry.deliver_log(d);
+                        true
+                    }
                     Some(Msg::Register(_)) => {
                         tracing::warn!(node_id = %node_id, "duplicate Register in one session; ignored");
                         true

@@ -96,6 +96,45 @@ fn event_to_proto(e: &JobEventRecord) -> pb::JobEvent {
 }
 
 type EventStream = Pin<Box<dyn Stream<Item = Result<pb::JobEvent, Status>> + Send>>;
+type LogStream = Pin<Box<dyn Stream<Item = Result<pb::JobLogChunk, Status>> + Send>>;
+
+/// How long an agent may take to answer a log request.
+const LOG_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Finds the node holding `job`'s newest process log: where it runs now,
+/// else any connected node that has one. Returns the node and its first
+/// answer (read from `offset`).
+async fn find_log(
+    state: &AppState,
+    job: JobId,
+    req: &pb::LogRequest,
+) -> Option<(fmsched_core::NodeId, pb::LogData)> {
+    let mut nodes: Vec<fmsched_core::NodeId> = Vec::new();
+    if let Ok(plan) = state.persistence.current_plan().await {
+        nodes.extend(
+            plan.assignments
+                .iter()
+                .filter(|a| a.job == job)
+                .map(|a| a.node.clone()),
+        );
+    }
+    for n in state.registry.snapshot() {
+        if !nodes.contains(&n.record.id) {
+            nodes.push(n.record.id.clone());
+        }
+    }
+    for node in nodes {
+        if let Some(d) = state
+            .registry
+            .request_log(&node, req.clone(), LOG_TIMEOUT)
+            .await
+            && !d.task_id.is_empty()
+        {
+            return Some((node, d));
+        }
+    }
+    None
+}
 
 #[tonic::async_trait]
 impl JobService for JobApi {
@@ -249,6 +288,98 @@ impl JobService for JobApi {
     }
 
     type WatchJobStream = EventStream;
+    type GetJobLogsStream = LogStream;
+
+    async fn get_job_logs(
+        &self,
+        req: Request<pb::GetJobLogsRequest>,
+    ) -> Result<Response<Self::GetJobLogsStream>, Status> {
+        let who = self.principal(&req)?;
+        let req = req.into_inner();
+        let job = self.visible_job(&who, &req.job_id).await?;
+        let tail = if req.tail_bytes == 0 {
+            64 << 10
+        } else {
+            req.tail_bytes
+        };
+        let mut lr = pb::LogRequest {
+            request_id: 0,
+            job_id: job.id.to_string(),
+            stderr: req.stderr,
+            offset: -i64::from(tail),
+            max_bytes: 1 << 20,
+        };
+        let Some((node, first)) = find_log(&self.state, job.id, &lr).await else {
+            return Err(Status::not_found(format!(
+                "no log of job {} on any connected node (it has not run yet, or its node is offline)",
+                job.id
+            )));
+        };
+        if !first.error.is_empty() {
+            return Err(Status::unavailable(first.error));
+        }
+        let (tx, rx) = mpsc::channel(16);
+        let state = self.state.clone();
+        let follow = req.follow;
+        tokio::spawn(async move {
+            let mut data = first;
+            let mut tick = tokio::time::interval(Duration::from_millis(500));
+            loop {
+                let empty = data.data.is_empty();
+                if !empty {
+                    let chunk = pb::JobLogChunk {
+                        data: std::mem::take(&mut data.data),
+                        node_id: node.to_string(),
+                        task_id: data.task_id.clone(),
+                    };
+                    if tx.send(Ok(chunk)).await.is_err() {
+                        return; // client went away
+                    }
+                }
+                lr.offset = data.next_offset as i64;
+                if empty {
+                    if !follow {
+                        return;
+                    }
+                    // Follow until the job has ended and its log is drained.
+                    match state.persistence.get_job(job.id).await {
+                        Ok(Some(j)) if j.state.is_terminal() => return,
+                        Err(e) => {
+                            let _ = tx.send(Err(Status::from(ApiError::from(e)))).await;
+                            return;
+                        }
+                        _ => {}
+                    }
+                    tokio::select! {
+                        _ = tx.closed() => return,
+                        _ = tick.tick() => {}
+                    }
+                }
+                // Read on from the node it was found on (a job that moves to
+                // another node meanwhile: run the command again).
+                data = match state
+                    .registry
+                    .request_log(&node, lr.clone(), LOG_TIMEOUT)
+                    .await
+                {
+                    Some(d) if d.error.is_empty() => d,
+                    Some(d) => {
+                        let _ = tx.send(Err(Status::unavailable(d.error))).await;
+                        return;
+                    }
+                    None => {
+                        let _ = tx
+                            .send(Err(Status::unavailable(format!(
+                                "node {node} stopped answering"
+                            ))))
+                            .await;
+                        return;
+                    }
+                };
+            }
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
 
     async fn watch_job(
         &self,
