@@ -81,7 +81,7 @@ log "starting estimator-svc on 127.0.0.1:50052"
 "$bin/estimator-svc" --listen-addr 127.0.0.1:50052 >"$dev/logs/estimator.log" 2>&1 & pids+=($!)
 log "starting scheduler-svc on 127.0.0.1:50051"
 FMSCHED_DATABASE_URL="$DATABASE_URL" FMSCHED_AUTH__ADMINS=admin FMSCHED_LIVENESS__HEARTBEAT_INTERVAL=2s \
-  FMSCHED_SCHEDULING__INTERVAL=2s \
+  FMSCHED_SCHEDULING__INTERVAL=2s FMSCHED_ESTIMATES__ENDPOINT=http://127.0.0.1:50052 \
   "$bin/scheduler-svc" >"$dev/logs/scheduler.log" 2>&1 & pids+=($!)
 for _ in $(seq 1 100); do
   "$bin/fmctl" summary >/dev/null 2>&1 && break

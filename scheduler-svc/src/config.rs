@@ -43,8 +43,32 @@ pub struct Config {
     pub tls: TlsConfig,
     pub liveness: LivenessConfig,
     pub scheduling: SchedulingConfig,
+    /// Where estimates come from.
+    pub estimates: EstimatesConfig,
     /// Models accepted in addition to the built-in catalog.
     pub extra_models: Vec<ModelInfo>,
+}
+
+/// `[estimates]`: the estimator service the scheduling loop asks for
+/// transfer gains and time tables. Unset endpoint, or a service that does
+/// not answer within `timeout`: the same estimator code runs in-process
+/// with the shipped profiles (logged and counted, never silent).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EstimatesConfig {
+    /// e.g. `http://127.0.0.1:50052`.
+    pub endpoint: Option<String>,
+    #[serde(with = "humantime_serde")]
+    pub timeout: Duration,
+}
+
+impl Default for EstimatesConfig {
+    fn default() -> Self {
+        Self {
+            endpoint: None,
+            timeout: Duration::from_secs(2),
+        }
+    }
 }
 
 impl Default for Config {
@@ -60,6 +84,7 @@ impl Default for Config {
             tls: TlsConfig::default(),
             liveness: LivenessConfig::default(),
             scheduling: SchedulingConfig::default(),
+            estimates: EstimatesConfig::default(),
             extra_models: Vec::new(),
         }
     }

@@ -10,6 +10,7 @@
 pub mod api;
 pub mod auth;
 pub mod config;
+pub mod estimates;
 pub mod persistence;
 pub mod registry;
 pub mod scheduling;

@@ -36,7 +36,7 @@ use estimator_svc::analytic;
 use estimator_svc::loss_curve::LossCurve;
 use estimator_svc::lut::{Lut, Variant};
 use estimator_svc::times;
-use estimator_svc::transfer::{GainModel, TaskEmbedding, spatial_score, temporal_score};
+use estimator_svc::transfer::TaskEmbedding;
 use fmsched_core::policy::baselines::by_name;
 use fmsched_core::policy::{
     ExistingMerge, MergeMode, NodeCap, PairCandidate, Plan, SchedJob, Snapshot, ymir_allocations,
@@ -45,6 +45,7 @@ use fmsched_core::{GpuUuid, JobId, JobState, NodeId, NodeState};
 use fmsched_proto::v1 as pb;
 
 use crate::api::AppState;
+use crate::estimates::{Estimates, local_gains, local_times};
 use crate::persistence::{
     Assignment, Estimate, JobRecord, MergeRecord, NewMerge, PersistenceError,
 };
@@ -76,6 +77,7 @@ pub struct MetricValues {
     pub merges_temporal: u64,
     pub merges_spatial: u64,
     pub guard_splits: u64,
+    pub estimator_fallbacks: u64,
 }
 
 impl SchedulerMetrics {
@@ -189,6 +191,16 @@ pub async fn render_metrics(state: &AppState) -> String {
         "fmsched_merge_guard_splits_total",
         &[],
         v.guard_splits as f64,
+    );
+    e.family(
+        "fmsched_estimator_fallbacks_total",
+        "counter",
+        "Estimator service calls that failed; the in-process estimator answered.",
+    )
+    .sample(
+        "fmsched_estimator_fallbacks_total",
+        &[],
+        v.estimator_fallbacks as f64,
     );
     e.family(
         "fmsched_context_switches_total",
@@ -456,7 +468,11 @@ fn faulty(n: &crate::registry::LiveNode) -> bool {
 }
 
 /// One scheduling round (see the module docs).
-pub async fn run_round(state: &AppState, lut: &Arc<Lut>) -> Result<RoundReport, RoundError> {
+pub async fn run_round(
+    state: &AppState,
+    lut: &Arc<Lut>,
+    est: &Estimates,
+) -> Result<RoundReport, RoundError> {
     let p = &state.persistence;
     let now = Utc::now();
     let mut report = RoundReport::default();
@@ -491,6 +507,34 @@ pub async fn run_round(state: &AppState, lut: &Arc<Lut>) -> Result<RoundReport, 
                     && let Some(j) = live.get_mut(&id)
                 {
                     j.state = JobState::Queued;
+                    // The measured step time teaches the estimator's table
+                    // (1 GPU, the job's batch; AMP as the shipped profiles).
+                    if t.step_time_s > 0.0
+                        && let Some(g) = n.record.gpus.first()
+                    {
+                        let sample = pb::StepTimeSample {
+                            key: Some(pb::ThroughputKey {
+                                model: j.spec.model.clone(),
+                                gpu_type: analytic::gpu_family(&g.model),
+                                placement: if j.spec.resources.pipeline_parallel {
+                                    "4"
+                                } else {
+                                    "1"
+                                }
+                                .into(),
+                                local_batch_size: j.spec.hyperparameters.global_batch_size,
+                                gradient_accumulation: 1,
+                                amp: true,
+                                pipeline_parallel: j.spec.resources.pipeline_parallel,
+                                ..Default::default()
+                            }),
+                            step_time_seconds: t.step_time_s,
+                            sync_time_seconds: 0.0,
+                        };
+                        if let Err(e) = est.record_step_times(vec![sample]).await {
+                            tracing::warn!(job_id = %id, error = %e, "step time not recorded");
+                        }
+                    }
                 }
                 continue;
             }
@@ -765,7 +809,6 @@ pub async fn run_round(state: &AppState, lut: &Arc<Lut>) -> Result<RoundReport, 
     // made no progress, were never merged, and were profiled (Task2Vec
     // embeddings). Gains come from the embeddings (Ymir §4.1: score →
     // linear regression → G, Eq. 1).
-    let gains = GainModel::default();
     let embedding = |id: &JobId| {
         estimates
             .get(id)
@@ -803,8 +846,23 @@ pub async fn run_round(state: &AppState, lut: &Arc<Lut>) -> Result<RoundReport, 
             })
             .filter_map(|(k, id)| embedding(id).map(|e| (k, e)))
             .collect();
-        for (x, (ka, ea)) in open.iter().enumerate() {
-            for (kb, eb) in open.iter().skip(x + 1) {
+        let named: Vec<(String, TaskEmbedding)> = open
+            .iter()
+            .map(|(k, e)| (ids[*k].to_string(), e.clone()))
+            .collect();
+        let gains = match est.gains(&named).await {
+            Ok(g) => g,
+            Err(e) => {
+                tracing::warn!(error = %e, "estimator service failed; transfer gains from the in-process estimator");
+                state.metrics.update(|m| m.estimator_fallbacks += 1);
+                local_gains(&named)
+            }
+        };
+        let gain = |m: &BTreeMap<(usize, usize), f64>, a, b| {
+            m.get(&(a, b)).copied().unwrap_or(f64::NEG_INFINITY)
+        };
+        for (x, (ka, _)) in open.iter().enumerate() {
+            for (y, (kb, _)) in open.iter().enumerate().skip(x + 1) {
                 let (ja, jb) = (&live[&ids[*ka]], &live[&ids[*kb]]);
                 if ja.spec.model != jb.spec.model
                     || ja.spec.dataset.task == jb.spec.dataset.task
@@ -812,9 +870,9 @@ pub async fn run_round(state: &AppState, lut: &Arc<Lut>) -> Result<RoundReport, 
                 {
                     continue;
                 }
-                let g_ab = gains.predict(temporal_score(ea, eb));
-                let g_ba = gains.predict(temporal_score(eb, ea));
-                let g_sp = gains.predict(spatial_score(ea, eb));
+                let g_ab = gain(&gains.temporal, x, y);
+                let g_ba = gain(&gains.temporal, y, x);
+                let g_sp = gain(&gains.spatial, x, y);
                 // Only pairs the estimator classifies as positive transfer
                 // (Ymir Table 2's G ≥ 0 class): a joint job can out-run two
                 // separate ones on throughput alone, but a merge is for
@@ -837,7 +895,19 @@ pub async fn run_round(state: &AppState, lut: &Arc<Lut>) -> Result<RoundReport, 
             }
         }
     }
-    let table = match times::time_table(lut, &inputs, &pairs, &allocations) {
+    let remote = if est.is_remote() && !inputs.is_empty() {
+        match est.times(&inputs, &pairs, &allocations).await {
+            Ok(t) => Some(t),
+            Err(e) => {
+                tracing::warn!(error = %e, "estimator service failed; time table from the in-process estimator");
+                state.metrics.update(|m| m.estimator_fallbacks += 1);
+                None
+            }
+        }
+    } else {
+        None
+    };
+    let table = match remote.map_or_else(|| local_times(lut, &inputs, &pairs, &allocations), Ok) {
         Ok(t) => t,
         Err(e) => {
             tracing::error!(error = %e, "time estimates failed; keeping the current plan");
@@ -1350,6 +1420,17 @@ pub async fn scheduling_loop(state: AppState) {
             return;
         }
     };
+    let e = &state.config.estimates;
+    let est = match Estimates::new(e.endpoint.as_deref(), e.timeout) {
+        Ok(est) => est,
+        Err(err) => {
+            tracing::error!(error = %err, "estimator client; scheduling disabled");
+            return;
+        }
+    };
+    if est.is_remote() {
+        tracing::info!(endpoint = ?e.endpoint, "estimates from the estimator service");
+    }
     let mut tick = tokio::time::interval(state.config.scheduling.interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -1358,7 +1439,7 @@ pub async fn scheduling_loop(state: AppState) {
             continue; // a standby decides nothing
         }
         let started = std::time::Instant::now();
-        let result = run_round(&state, &lut).await;
+        let result = run_round(&state, &lut, &est).await;
         let took = started.elapsed().as_secs_f64();
         state.metrics.update(|m| {
             m.rounds += 1;
