@@ -109,7 +109,7 @@ done
 log "waiting for the scheduler to place and finish them (a few seconds)"
 for _ in $(seq 1 300); do
   jobs_json=$("$bin/fmctl" -o json jobs)
-  grep -q '"state": *"\(submitted\|queued\|running\)"' <<<"$jobs_json" || break
+  grep -q '"state": *"\(submitted\|profiling\|queued\|running\)"' <<<"$jobs_json" || break
   sleep 0.2
 done
 log "fmctl jobs"
