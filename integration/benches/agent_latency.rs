@@ -1,0 +1,131 @@
+//! Agent-side latency of plans, with the FAKE GPU backend and the FAKE
+//! trainer (real processes, real checkpoints):
+//!
+//! - plan → process spawned: `Reconciler::apply` of a plan that starts a
+//!   task, until the process exists;
+//! - plan → first report: until the trainer's first progress report;
+//! - suspend: a plan without the task, until its checkpoint is written and
+//!   the process has exited;
+//! - suspend → resumed: from the suspending plan to the first progress
+//!   report of the process resumed from that checkpoint.
+//!
+//! `cargo build --release --bins && cargo bench -p fmsched-integration --bench agent_latency [-- N]`
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use fmsched_integration::bin;
+use fmsched_proto::v1 as pb;
+use node_agent::driver::{DriverConfig, ProcessDriver};
+use node_agent::gpu::GpuBackend;
+use node_agent::gpu::fake::FakeGpuBackend;
+use node_agent::reconcile::Reconciler;
+
+fn desired(id: &str, gpu: &str) -> pb::DesiredTask {
+    pb::DesiredTask {
+        task_id: id.into(),
+        job_ids: vec![id.into()],
+        mode: pb::TaskMode::Train as i32,
+        phase: pb::DesiredPhase::Running as i32,
+        gpu_uuids: vec![gpu.into()],
+        command: vec![bin("fake-trainer").display().to_string()],
+        env: [(
+            "FMSCHED_FAKE_TIME_COMPRESSION".to_string(),
+            "100".to_string(),
+        )]
+        .into(),
+        tasks: vec![pb::TrainerTask {
+            job_id: id.into(),
+            model: "roberta-base".into(),
+            task: "rte".into(),
+            dataset_uri: "file:///data/rte".into(),
+            global_batch_size: 32,
+            max_iterations: 10_000_000,
+            samples_per_epoch: 3200,
+            ..Default::default()
+        }],
+        ..Default::default()
+    }
+}
+
+/// Waits until the task reports progress beyond `after` while running.
+async fn first_report(r: &Reconciler, id: &str, after: u64) -> Duration {
+    let t = Instant::now();
+    loop {
+        if let Some(o) = r.observed().await.into_iter().find(|o| o.task_id == id)
+            && o.phase == pb::TaskPhase::Running as i32
+            && o.iteration > after
+        {
+            return t.elapsed();
+        }
+        assert!(t.elapsed() < Duration::from_secs(20), "{id} never reported");
+        tokio::time::sleep(Duration::from_micros(500)).await;
+    }
+}
+
+fn quantiles(name: &str, mut v: Vec<Duration>) {
+    v.sort();
+    let q = |p: f64| v[((v.len() - 1) as f64 * p).round() as usize].as_secs_f64() * 1000.0;
+    println!(
+        "{name:<28} p50 {:>7.2} ms   p99 {:>7.2} ms   max {:>7.2} ms   (n = {})",
+        q(0.5),
+        q(0.99),
+        q(1.0),
+        v.len()
+    );
+}
+
+#[tokio::main]
+async fn main() {
+    let n: usize = std::env::args()
+        .skip(1)
+        .find_map(|a| a.parse().ok())
+        .unwrap_or(100);
+    let tmp = tempfile::tempdir().unwrap();
+    let gpus = Arc::new(FakeGpuBackend::new("bench", 4, "A100-80GB").unwrap());
+    let uuids: Vec<String> = gpus.inventory().iter().map(|g| g.uuid.clone()).collect();
+    let driver = Arc::new(ProcessDriver::new(DriverConfig {
+        work_dir: tmp.path().to_path_buf(),
+        checkpoint_timeout: Duration::from_secs(5),
+        grace: Duration::from_secs(5),
+        checkpoint_interval: Duration::from_secs(3600),
+    }));
+    let backend: Arc<dyn GpuBackend> = gpus;
+    let r = Reconciler::new(driver, backend);
+    let (mut spawn, mut report, mut suspend, mut resume) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut generation = 0;
+    let mut plan = |tasks| {
+        generation += 1;
+        pb::NodePlan { generation, tasks }
+    };
+    eprintln!("{n} launch / suspend / resume cycles …");
+    for k in 0..n {
+        let id = format!("job-{k}");
+        let task = desired(&id, &uuids[k % uuids.len()]);
+        // Launch.
+        let t = Instant::now();
+        let problems = r.apply(&plan(vec![task.clone()])).await;
+        assert!(problems.is_empty(), "{problems:?}");
+        spawn.push(t.elapsed());
+        report.push(t.elapsed() + first_report(&r, &id, 0).await);
+        // Suspend (checkpoint, then exit).
+        let at = r
+            .observed()
+            .await
+            .into_iter()
+            .find(|o| o.task_id == id)
+            .map_or(0, |o| o.iteration);
+        let t = Instant::now();
+        r.apply(&plan(Vec::new())).await;
+        suspend.push(t.elapsed());
+        // Resume from that checkpoint: progress past where it stopped.
+        r.apply(&plan(vec![task])).await;
+        resume.push(t.elapsed() + first_report(&r, &id, at).await);
+        r.apply(&plan(Vec::new())).await;
+    }
+    quantiles("plan → process spawned", spawn);
+    quantiles("plan → first report", report);
+    quantiles("suspend (checkpoint + exit)", suspend);
+    quantiles("suspend → resumed, reporting", resume);
+}
