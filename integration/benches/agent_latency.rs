@@ -14,39 +14,12 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use fmsched_integration::bin;
+use fmsched_integration::fake_trainer_task as desired;
 use fmsched_proto::v1 as pb;
 use node_agent::driver::{DriverConfig, ProcessDriver};
 use node_agent::gpu::GpuBackend;
 use node_agent::gpu::fake::FakeGpuBackend;
 use node_agent::reconcile::Reconciler;
-
-fn desired(id: &str, gpu: &str) -> pb::DesiredTask {
-    pb::DesiredTask {
-        task_id: id.into(),
-        job_ids: vec![id.into()],
-        mode: pb::TaskMode::Train as i32,
-        phase: pb::DesiredPhase::Running as i32,
-        gpu_uuids: vec![gpu.into()],
-        command: vec![bin("fake-trainer").display().to_string()],
-        env: [(
-            "FMSCHED_FAKE_TIME_COMPRESSION".to_string(),
-            "100".to_string(),
-        )]
-        .into(),
-        tasks: vec![pb::TrainerTask {
-            job_id: id.into(),
-            model: "roberta-base".into(),
-            task: "rte".into(),
-            dataset_uri: "file:///data/rte".into(),
-            global_batch_size: 32,
-            max_iterations: 10_000_000,
-            samples_per_epoch: 3200,
-            ..Default::default()
-        }],
-        ..Default::default()
-    }
-}
 
 /// Waits until the task reports progress beyond `after` while running.
 async fn first_report(r: &Reconciler, id: &str, after: u64) -> Duration {

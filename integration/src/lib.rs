@@ -7,6 +7,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use fmsched_proto::v1 as pb;
+
 /// Directory holding the workspace binaries (`target/debug` when tests run
 /// from `target/debug/deps`).
 pub fn bin_dir() -> PathBuf {
@@ -260,5 +262,34 @@ impl Drop for PrivatePostgres {
                 "stop",
             ],
         );
+    }
+}
+
+/// A desired training task running the FAKE trainer (a long iteration
+/// budget, 100× time compression) on one GPU.
+pub fn fake_trainer_task(id: &str, gpu: &str) -> pb::DesiredTask {
+    pb::DesiredTask {
+        task_id: id.into(),
+        job_ids: vec![id.into()],
+        mode: pb::TaskMode::Train as i32,
+        phase: pb::DesiredPhase::Running as i32,
+        gpu_uuids: vec![gpu.into()],
+        command: vec![bin("fake-trainer").display().to_string()],
+        env: [(
+            "FMSCHED_FAKE_TIME_COMPRESSION".to_string(),
+            "100".to_string(),
+        )]
+        .into(),
+        tasks: vec![pb::TrainerTask {
+            job_id: id.into(),
+            model: "roberta-base".into(),
+            task: "rte".into(),
+            dataset_uri: "file:///data/rte".into(),
+            global_batch_size: 32,
+            max_iterations: 10_000_000,
+            samples_per_epoch: 3200,
+            ..Default::default()
+        }],
+        ..Default::default()
     }
 }

@@ -25,6 +25,24 @@ fn db_url(name: &str) -> String {
     format!("{}/{name}", admin_url().rsplit_once('/').unwrap().0)
 }
 
+/// A fresh database on the shared test server, named `<prefix>_<uuid>`.
+async fn new_db(prefix: &str) -> String {
+    let db = format!("{prefix}_{}", uuid::Uuid::new_v4().simple());
+    sql(&format!("CREATE DATABASE {db}")).await;
+    db
+}
+
+async fn drop_db(db: &str) {
+    sql(&format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)")).await;
+}
+
+/// Waits until a scheduler answers on `port`.
+fn wait_up(what: &str, port: u16) {
+    wait_for(what, Duration::from_secs(30), || {
+        fmctl(port, &["summary"]).map(|_| ())
+    });
+}
+
 async fn sql(q: &str) {
     let mut c = sqlx::PgConnection::connect(&admin_url())
         .await
@@ -158,17 +176,14 @@ fn job_yaml_env(name: &str, task: &str, iterations: u64, gpus: u32, extra_env: &
 
 #[tokio::test]
 async fn e2e_jobs_run_to_completion_through_a_scheduler_crash() {
-    let db = format!("fmsched_sched_{}", uuid::Uuid::new_v4().simple());
-    sql(&format!("CREATE DATABASE {db}")).await;
+    let db = new_db("fmsched_sched").await;
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
     // Merging off: launch counts below bound relaunch storms, and a merge
     // guard split adds launches of its own (the chaos test covers merges
     // through failovers by process ids).
     let mut sched = scheduler_env(&db, port, dir.path(), None, NO_MERGING);
-    wait_for("scheduler up", Duration::from_secs(30), || {
-        fmctl(port, &["summary"]).map(|_| ())
-    });
+    wait_up("scheduler up", port);
     let agent_metrics = free_port();
     let a = agent_with("node-a", port, dir.path(), Some(agent_metrics));
     let b = agent("node-b", port, dir.path());
@@ -204,9 +219,7 @@ async fn e2e_jobs_run_to_completion_through_a_scheduler_crash() {
     sched.kill9();
     let sched_metrics = free_port();
     let mut _sched2 = scheduler_env(&db, port, dir.path(), Some(sched_metrics), NO_MERGING);
-    wait_for("scheduler back", Duration::from_secs(30), || {
-        fmctl(port, &["summary"]).map(|_| ())
-    });
+    wait_up("scheduler back", port);
 
     let done = wait_for("every job completed", Duration::from_secs(120), || {
         let j = jobs(port)?;
@@ -296,19 +309,16 @@ async fn e2e_jobs_run_to_completion_through_a_scheduler_crash() {
     let text = _sched2.log_text();
     assert!(!text.contains("inconsistent plan"), "{text}");
     drop(_sched2);
-    sql(&format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)")).await;
+    drop_db(&db).await;
 }
 
 #[tokio::test]
 async fn e2e_a_crashing_trainer_is_retried_then_fails_with_its_last_log_lines() {
-    let db = format!("fmsched_retry_{}", uuid::Uuid::new_v4().simple());
-    sql(&format!("CREATE DATABASE {db}")).await;
+    let db = new_db("fmsched_retry").await;
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
     let _sched = scheduler(&db, port, dir.path());
-    wait_for("scheduler up", Duration::from_secs(30), || {
-        fmctl(port, &["summary"]).map(|_| ())
-    });
+    wait_up("scheduler up", port);
     let a = agent("node-a", port, dir.path());
     let crash = dir.path().join("crash.yaml");
     std::fs::write(
@@ -354,7 +364,7 @@ async fn e2e_a_crashing_trainer_is_retried_then_fails_with_its_last_log_lines() 
     // 1 first run + 3 retries of the crashing job, 1 run of the other.
     let launches = training_launches(&a.log_text());
     assert_eq!(launches, 5, "{launches} launches");
-    sql(&format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)")).await;
+    drop_db(&db).await;
 }
 
 /// Kills every process whose environment names `needle` (the trainers a
@@ -378,8 +388,7 @@ fn kill_processes_with_env(needle: &str) -> usize {
 
 #[tokio::test]
 async fn e2e_jobs_of_a_lost_node_resume_elsewhere_from_their_checkpoint() {
-    let db = format!("fmsched_lost_{}", uuid::Uuid::new_v4().simple());
-    sql(&format!("CREATE DATABASE {db}")).await;
+    let db = new_db("fmsched_lost").await;
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
     let fast = [
@@ -387,9 +396,7 @@ async fn e2e_jobs_of_a_lost_node_resume_elsewhere_from_their_checkpoint() {
         ("FMSCHED_LIVENESS__OFFLINE_AFTER", "2s"),
     ];
     let _sched = scheduler_env(&db, port, dir.path(), None, &fast);
-    wait_for("scheduler up", Duration::from_secs(30), || {
-        fmctl(port, &["summary"]).map(|_| ())
-    });
+    wait_up("scheduler up", port);
     let a = agent("node-a", port, dir.path());
     let mut b = agent("node-b", port, dir.path());
     // Four 2-GPU jobs, long enough to be running when node-b dies.
@@ -492,7 +499,7 @@ async fn e2e_jobs_of_a_lost_node_resume_elsewhere_from_their_checkpoint() {
         "a job moved from the lost node resumed from its checkpoint"
     );
     drop(a);
-    sql(&format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)")).await;
+    drop_db(&db).await;
 }
 
 fn walk(p: &std::path::Path) -> Vec<String> {
@@ -510,20 +517,15 @@ fn walk(p: &std::path::Path) -> Vec<String> {
 
 #[tokio::test]
 async fn e2e_two_replicas_the_standby_takes_over_when_the_active_dies() {
-    let db = format!("fmsched_ha_{}", uuid::Uuid::new_v4().simple());
-    sql(&format!("CREATE DATABASE {db}")).await;
+    let db = new_db("fmsched_ha").await;
     let dir = tempfile::tempdir().unwrap();
     let (p1, p2) = (free_port(), free_port());
     let mut active = scheduler_env(&db, p1, dir.path(), None, NO_MERGING);
-    wait_for("first replica up", Duration::from_secs(30), || {
-        fmctl(p1, &["summary"]).map(|_| ())
-    });
+    wait_up("first replica up", p1);
     let dir2 = dir.path().join("second");
     std::fs::create_dir_all(&dir2).unwrap();
     let standby = scheduler_env(&db, p2, &dir2, None, NO_MERGING);
-    wait_for("second replica up", Duration::from_secs(30), || {
-        fmctl(p2, &["summary"]).map(|_| ())
-    });
+    wait_up("second replica up", p2);
     let endpoints = format!("http://127.0.0.1:{p2},http://127.0.0.1:{p1}");
     // The agents try the standby first: it refuses them and they move on.
     let a = agent_endpoints("node-a", &endpoints, dir.path(), None);
@@ -573,19 +575,16 @@ async fn e2e_two_replicas_the_standby_takes_over_when_the_active_dies() {
     eprintln!("process launches: {launches} for 6 jobs");
     assert!(launches <= 8, "{launches} launches for 6 jobs");
     drop(standby);
-    sql(&format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)")).await;
+    drop_db(&db).await;
 }
 
 #[tokio::test]
 async fn e2e_a_node_with_gpu_errors_is_drained() {
-    let db = format!("fmsched_xid_{}", uuid::Uuid::new_v4().simple());
-    sql(&format!("CREATE DATABASE {db}")).await;
+    let db = new_db("fmsched_xid").await;
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
     let sched = scheduler(&db, port, dir.path());
-    wait_for("scheduler up", Duration::from_secs(30), || {
-        fmctl(port, &["summary"]).map(|_| ())
-    });
+    wait_up("scheduler up", port);
     let ep = format!("http://127.0.0.1:{port}");
     let a = agent_env("node-a", &ep, dir.path(), None, &[]);
     let bad = agent_env(
@@ -633,7 +632,7 @@ async fn e2e_a_node_with_gpu_errors_is_drained() {
         sched.log_text().contains("draining node"),
         "the drain is logged"
     );
-    sql(&format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)")).await;
+    drop_db(&db).await;
 }
 
 /// Training-process launches in an agent log (profiling runs excluded).
@@ -800,8 +799,7 @@ async fn jct_table_at(url: &str) -> BTreeMap<String, (f64, String, bool)> {
 
 #[tokio::test]
 async fn e2e_generated_workload_merges_of_both_kinds_all_complete() {
-    let db = format!("fmsched_merge_{}", uuid::Uuid::new_v4().simple());
-    sql(&format!("CREATE DATABASE {db}")).await;
+    let db = new_db("fmsched_merge").await;
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
     let metrics = free_port();
@@ -826,9 +824,7 @@ async fn e2e_generated_workload_merges_of_both_kinds_all_complete() {
         Some(metrics),
         &[("FMSCHED_ESTIMATES__ENDPOINT", endpoint.as_str())],
     );
-    wait_for("scheduler up", Duration::from_secs(30), || {
-        fmctl(port, &["summary"]).map(|_| ())
-    });
+    wait_up("scheduler up", port);
     let _agents: Vec<Proc> = ["node-a", "node-b", "node-c"]
         .iter()
         .map(|n| agent(n, port, dir.path()))
@@ -919,7 +915,7 @@ async fn e2e_generated_workload_merges_of_both_kinds_all_complete() {
     let text = sched.log_text();
     assert!(!text.contains("inconsistent plan"), "{text}");
     drop(sched);
-    sql(&format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)")).await;
+    drop_db(&db).await;
 }
 
 /// Live training processes of this test (found by their checkpoint folder
@@ -1062,13 +1058,9 @@ async fn e2e_chaos_scheduler_kills_an_agent_kill_and_a_postgres_restart_lose_not
     std::fs::create_dir_all(&d1).unwrap();
     std::fs::create_dir_all(&d2).unwrap();
     let mut s1 = scheduler_at(&url, p1, &d1, None, &[]);
-    wait_for("first replica up", Duration::from_secs(30), || {
-        fmctl(p1, &["summary"]).map(|_| ())
-    });
+    wait_up("first replica up", p1);
     let mut s2 = scheduler_at(&url, p2, &d2, None, &[]);
-    wait_for("second replica up", Duration::from_secs(30), || {
-        fmctl(p2, &["summary"]).map(|_| ())
-    });
+    wait_up("second replica up", p2);
     let endpoints = format!("http://127.0.0.1:{p1},http://127.0.0.1:{p2}");
     let _a = agent_endpoints("node-a", &endpoints, dir.path(), None);
     let _b = agent_endpoints("node-b", &endpoints, dir.path(), None);
@@ -1162,8 +1154,7 @@ async fn e2e_chaos_scheduler_kills_an_agent_kill_and_a_postgres_restart_lose_not
 
 #[tokio::test]
 async fn e2e_the_merge_guard_splits_harmful_merges_and_the_jobs_still_complete() {
-    let db = format!("fmsched_guard_{}", uuid::Uuid::new_v4().simple());
-    sql(&format!("CREATE DATABASE {db}")).await;
+    let db = new_db("fmsched_guard").await;
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
     // An estimator service that is down: the in-process estimator answers.
@@ -1175,9 +1166,7 @@ async fn e2e_the_merge_guard_splits_harmful_merges_and_the_jobs_still_complete()
         None,
         &[("FMSCHED_ESTIMATES__ENDPOINT", dead.as_str())],
     );
-    wait_for("scheduler up", Duration::from_secs(30), || {
-        fmctl(port, &["summary"]).map(|_| ())
-    });
+    wait_up("scheduler up", port);
     let _a = agent("node-a", port, dir.path());
     let _b = agent("node-b", port, dir.path());
     // The fake world turns every transfer harmful; the estimator, which
@@ -1229,19 +1218,16 @@ async fn e2e_the_merge_guard_splits_harmful_merges_and_the_jobs_still_complete()
         "the fallback is logged"
     );
     drop(sched);
-    sql(&format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)")).await;
+    drop_db(&db).await;
 }
 
 #[tokio::test]
 async fn e2e_fmctl_logs_prints_and_follows_a_jobs_output() {
-    let db = format!("fmsched_logs_{}", uuid::Uuid::new_v4().simple());
-    sql(&format!("CREATE DATABASE {db}")).await;
+    let db = new_db("fmsched_logs").await;
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
     let _sched = scheduler(&db, port, dir.path());
-    wait_for("scheduler up", Duration::from_secs(30), || {
-        fmctl(port, &["summary"]).map(|_| ())
-    });
+    wait_up("scheduler up", port);
     let _a = agent("node-a", port, dir.path());
     submit(
         port,
@@ -1292,5 +1278,5 @@ async fn e2e_fmctl_logs_prints_and_follows_a_jobs_output() {
     // Errors name what is wrong.
     let e = fmctl(port, &["logs", "01a20000-0000-7000-8000-000000000000"]).unwrap_err();
     assert!(e.contains("not found"), "{e}");
-    sql(&format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)")).await;
+    drop_db(&db).await;
 }

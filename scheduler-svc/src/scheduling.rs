@@ -638,35 +638,23 @@ pub async fn run_round(
         .filter(|m| m.active && !m.guard_passed && !split_now.contains(&m.id))
         .collect();
     for m in unguarded {
-        let watched: Vec<JobId> = match m.mode {
+        let watched: Vec<(JobId, Option<&[f64]>)> = match m.mode {
             MergeMode::Temporal => vec![m.b],
             _ => vec![m.a, m.b],
-        };
-        let mut verdicts = Vec::new();
-        for j in watched.iter().filter(|j| live.contains_key(j)) {
-            match evals.get(j).map(Vec::as_slice) {
-                Some([first, second, ..]) => verdicts.push((*j, second > first, *first, *second)),
-                _ => verdicts.push((*j, true, f64::NAN, f64::NAN)), // not two epochs yet
-            }
         }
-        let decided = verdicts.iter().all(|v| !v.2.is_nan());
-        if let Some(bad) = verdicts.iter().find(|v| !v.1) {
-            let reason = format!(
-                "{} accuracy did not improve in its first two epochs ({:.4} → {:.4})",
-                if m.mode == MergeMode::Temporal {
-                    format!("job {}'s (evaluated with A's weights)", bad.0)
-                } else {
-                    format!("job {}'s", bad.0)
-                },
-                bad.2,
-                bad.3
-            );
-            tracing::warn!(merge = m.id, mode = m.mode.as_str(), %reason, "merge guard: splitting");
-            p.guard_merge(m, Some(&reason), now).await?;
-            split_now.insert(m.id);
-            state.metrics.update(|x| x.guard_splits += 1);
-        } else if decided && !verdicts.is_empty() {
-            p.guard_merge(m, None, now).await?;
+        .into_iter()
+        .filter(|j| live.contains_key(j))
+        .map(|j| (j, evals.get(&j).map(Vec::as_slice)))
+        .collect();
+        match guard_verdict(m.mode, &watched) {
+            GuardVerdict::Split(reason) => {
+                tracing::warn!(merge = m.id, mode = m.mode.as_str(), %reason, "merge guard: splitting");
+                p.guard_merge(m, Some(&reason), now).await?;
+                split_now.insert(m.id);
+                state.metrics.update(|x| x.guard_splits += 1);
+            }
+            GuardVerdict::Keep => p.guard_merge(m, None, now).await?,
+            GuardVerdict::Wait => {}
         }
     }
     let merges: Vec<MergeRecord> = merges
@@ -1272,6 +1260,47 @@ pub async fn run_round(
     Ok(report)
 }
 
+/// What the merge guard decides about one merge.
+#[derive(Debug, PartialEq)]
+enum GuardVerdict {
+    /// Not two epochs of every watched job yet.
+    Wait,
+    /// Every watched job's accuracy improved from its first to its second
+    /// epoch: the guard checks no more.
+    Keep,
+    /// A watched job's accuracy did not improve: why.
+    Split(String),
+}
+
+/// The merge guard (Ymir §4.3) on the evaluation values reported so far,
+/// oldest first, of each watched job still running: B for a temporal merge
+/// (its accuracy with A's weights, evaluated while A trains), both jobs for
+/// a spatial one. One job that does not improve splits the merge at once.
+fn guard_verdict(mode: MergeMode, watched: &[(JobId, Option<&[f64]>)]) -> GuardVerdict {
+    let mut waiting = watched.is_empty();
+    for (job, evals) in watched {
+        match evals {
+            Some([first, second, ..]) if second <= first => {
+                let whose = if mode == MergeMode::Temporal {
+                    format!("job {job}'s (evaluated with A's weights)")
+                } else {
+                    format!("job {job}'s")
+                };
+                return GuardVerdict::Split(format!(
+                    "{whose} accuracy did not improve in its first two epochs ({first:.4} → {second:.4})"
+                ));
+            }
+            Some([_, _, ..]) => {}
+            _ => waiting = true,
+        }
+    }
+    if waiting {
+        GuardVerdict::Wait
+    } else {
+        GuardVerdict::Keep
+    }
+}
+
 /// The process of a training task: `<job>`, or `<a>+<b>` for the joint
 /// process of a spatial merge. None for anything else.
 fn members_of(task_id: &str) -> Option<Vec<JobId>> {
@@ -1451,5 +1480,73 @@ pub async fn scheduling_loop(state: AppState) {
                 completed = r.completed, failed = r.failed, took = ?started.elapsed(), "scheduling round"),
             Err(e) => tracing::warn!(error = %e, "scheduling round failed; retrying next interval"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job(n: u8) -> JobId {
+        format!("01a20000-0000-7000-8000-0000000000{n:02}")
+            .parse()
+            .unwrap()
+    }
+
+    #[test]
+    fn the_guard_waits_for_two_epochs_of_every_watched_job() {
+        let (a, b) = (job(1), job(2));
+        let one = [0.6];
+        let two = [0.6, 0.7];
+        assert_eq!(
+            guard_verdict(MergeMode::Temporal, &[(b, None)]),
+            GuardVerdict::Wait
+        );
+        assert_eq!(
+            guard_verdict(MergeMode::Temporal, &[(b, Some(&one))]),
+            GuardVerdict::Wait
+        );
+        // Spatial: one job improving is not enough while the other is unknown.
+        assert_eq!(
+            guard_verdict(MergeMode::Spatial, &[(a, Some(&two)), (b, Some(&one))]),
+            GuardVerdict::Wait
+        );
+        assert_eq!(
+            guard_verdict(MergeMode::Spatial, &[(a, Some(&two)), (b, Some(&two))]),
+            GuardVerdict::Keep
+        );
+        assert_eq!(
+            guard_verdict(MergeMode::Temporal, &[(b, Some(&two))]),
+            GuardVerdict::Keep
+        );
+    }
+
+    #[test]
+    fn one_task_without_gain_splits_the_merge_naming_it() {
+        let (a, b) = (job(1), job(2));
+        let flat = [0.5, 0.5];
+        let worse = [0.62, 0.58];
+        let better = [0.5, 0.7];
+        // Spatial: either task stalling splits (even before the other has
+        // two epochs), and the reason names the task.
+        let GuardVerdict::Split(why) =
+            guard_verdict(MergeMode::Spatial, &[(a, Some(&better)), (b, Some(&flat))])
+        else {
+            panic!("a stalled task must split the pair")
+        };
+        assert!(
+            why.contains(&b.to_string()) && why.contains("0.5000 → 0.5000"),
+            "{why}"
+        );
+        assert!(matches!(
+            guard_verdict(MergeMode::Spatial, &[(a, Some(&worse)), (b, None)]),
+            GuardVerdict::Split(_)
+        ));
+        // Temporal: B's accuracy with A's weights.
+        let GuardVerdict::Split(why) = guard_verdict(MergeMode::Temporal, &[(b, Some(&worse))])
+        else {
+            panic!("no gain for B must split A ↦ B")
+        };
+        assert!(why.contains("evaluated with A's weights"), "{why}");
     }
 }
