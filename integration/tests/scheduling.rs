@@ -1280,3 +1280,69 @@ async fn e2e_fmctl_logs_prints_and_follows_a_jobs_output() {
     assert!(e.contains("not found"), "{e}");
     drop_db(&db).await;
 }
+
+#[tokio::test]
+async fn e2e_a_job_wider_than_any_node_waits_and_says_why() {
+    let db = new_db("fmsched_wide").await;
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let _sched = scheduler(&db, port, dir.path());
+    wait_up("scheduler up", port);
+    let _a = agent("node-a", port, dir.path());
+    let _b = agent("node-b", port, dir.path());
+    // Up to 8 GPUs: runs on one node's 4. At least 8: cannot run yet.
+    let elastic = job_yaml("elastic", "rte", 1200, 8);
+    let huge = job_yaml("huge", "mrpc", 1200, 8).replace("min_gpus: 1", "min_gpus: 8");
+    submit(
+        port,
+        dir.path(),
+        [("elastic".to_string(), elastic), ("huge".to_string(), huge)],
+    )
+    .expect("submit");
+    let (elastic_id, huge_id) = wait_for(
+        "elastic done, huge waiting",
+        Duration::from_secs(90),
+        || {
+            let v: Value = serde_json::from_str(&fmctl(port, &["-o", "json", "jobs"])?)
+                .map_err(|e| e.to_string())?;
+            let by_name = |n: &str| {
+                v.as_array()
+                    .and_then(|a| a.iter().find(|j| j["spec"]["name"] == n))
+                    .map(|j| {
+                        (
+                            j["id"].as_str().unwrap_or_default().to_string(),
+                            j["state"].as_str().unwrap_or_default().to_string(),
+                        )
+                    })
+            };
+            match (by_name("elastic"), by_name("huge")) {
+                (Some((e, es)), Some((h, hs))) if es == "completed" && hs == "queued" => Ok((e, h)),
+                other => Err(format!("{other:?}")),
+            }
+        },
+    );
+    let mut c = sqlx::PgConnection::connect(&db_url(&db)).await.unwrap();
+    let notes: Vec<(String,)> = sqlx::query_as(
+        "SELECT message FROM job_events WHERE job_id = $1::uuid AND kind = 'unschedulable'",
+    )
+    .bind(&huge_id)
+    .fetch_all(&mut c)
+    .await
+    .unwrap();
+    assert_eq!(notes.len(), 1, "noted once, not every round: {notes:?}");
+    assert!(notes[0].0.contains("largest node has 4"), "{notes:?}");
+    let max_held: Option<i32> = sqlx::query_scalar(
+        "SELECT max((regexp_match(message, '\\((\\d+) GPUs\\)'))[1]::int) FROM job_events
+         WHERE job_id = $1::uuid AND to_state = 'running'",
+    )
+    .bind(&elastic_id)
+    .fetch_one(&mut c)
+    .await
+    .unwrap();
+    assert!(
+        max_held.is_some_and(|g| g <= 4),
+        "elastic ran on one node: {max_held:?}"
+    );
+    fmctl(port, &["cancel", &huge_id, "--reason", "test over"]).unwrap();
+    drop_db(&db).await;
+}

@@ -676,6 +676,39 @@ impl Persistence {
         Ok(generation)
     }
 
+    /// Appends an event that changes no state, unless the job's newest
+    /// event already says the same (a condition noted every round is noted
+    /// once).
+    pub async fn note_job(
+        &self,
+        job: JobId,
+        kind: &str,
+        message: &str,
+        now: DateTime<Utc>,
+    ) -> Result<(), PersistenceError> {
+        const OP: &str = "note_job";
+        with_retries(OP, || async {
+            let mut tx = self.pool.begin().await.map_err(db_err(OP))?;
+            let last: Option<(String, String)> = sqlx::query_as(
+                "SELECT kind, message FROM job_events WHERE job_id = $1 ORDER BY seq DESC LIMIT 1",
+            )
+            .bind(job.0)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(db_err(OP))?;
+            if last
+                .as_ref()
+                .is_some_and(|(k, m)| k == kind && m == message)
+            {
+                return Ok(());
+            }
+            job_event(&mut tx, job, kind, message, now, OP).await?;
+            tx.commit().await.map_err(db_err(OP))?;
+            Ok(())
+        })
+        .await
+    }
+
     /// Every merge ever decided, oldest first.
     pub async fn merges(&self) -> Result<Vec<MergeRecord>, PersistenceError> {
         const OP: &str = "merges";

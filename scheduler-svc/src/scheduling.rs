@@ -26,7 +26,9 @@
 //! temporal pair runs A with B evaluated alongside (the guard's signal),
 //! then B from A's output weights.
 //!
-//! Not here yet: placements over several nodes (such a group waits).
+//! Not here yet: placements over several nodes. A job is offered at most
+//! the largest node's GPUs; one that needs more waits with an
+//! `unschedulable` event saying so.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -733,12 +735,30 @@ pub async fn run_round(
         held_back.extend([m.a, m.b]);
     }
     let profiling_on = state.config.scheduling.profiling;
+    // Jobs run on one node (placements over several nodes are not driven
+    // yet): a job that needs more GPUs than the largest node waits, and says
+    // why; the others are offered at most one node's GPUs, so the plan never
+    // holds GPUs for a group it cannot start.
+    let largest_node = available
+        .iter()
+        .map(|n| n.record.gpus.len() as u32)
+        .max()
+        .unwrap_or(0);
+    for (id, j) in live.iter().filter(|(_, j)| j.state == JobState::Queued) {
+        if j.spec.resources.min_gpus > largest_node && largest_node > 0 {
+            let why = format!(
+                "waiting: needs at least {} GPUs on one node and the largest node has {largest_node} (jobs over several nodes are not run yet)",
+                j.spec.resources.min_gpus
+            );
+            p.note_job(*id, "unschedulable", &why, now).await?;
+        }
+    }
     let ids: Vec<JobId> = live
         .iter()
         .filter(|(id, j)| {
             let unprofiled =
                 profiling_on && matches!(j.state, JobState::Submitted | JobState::Profiling);
-            !(held_back.contains(id) || unprofiled)
+            !(held_back.contains(id) || unprofiled || j.spec.resources.min_gpus > largest_node)
         })
         .map(|(id, _)| *id)
         .collect();
@@ -966,9 +986,9 @@ pub async fn run_round(
             task: j.spec.dataset.task.clone(),
             sharing: j.spec.sharing,
             pipeline: j.spec.resources.pipeline_parallel,
-            requested_gpus: j.spec.resources.max_gpus,
+            requested_gpus: j.spec.resources.max_gpus.min(largest_node),
             min_gpus: j.spec.resources.min_gpus,
-            max_gpus: j.spec.resources.max_gpus,
+            max_gpus: j.spec.resources.max_gpus.min(largest_node),
             submitted_at: (j.created_at - now).num_milliseconds() as f64 / 1000.0,
             progress: done as f64 / total_iterations(j).max(1) as f64,
             attained_gpu_s: 0.0,
