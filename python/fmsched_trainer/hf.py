@@ -27,7 +27,13 @@ except Exception:  # pragma: no cover - exercised where transformers is absent
 
 
 class FmschedCallback(_Base):
-    def __init__(self, contract: Contract, profile_steps: int = 50):
+    """``evaluate_watched(task, model)`` (optional) returns the accuracy of
+    a watched (``eval_only``) task with the model's current weights; it is
+    called at every epoch end and reported, so the scheduler's merge guard
+    can judge a temporal merge A -> B while A trains. Without it watched
+    tasks are not evaluated and the guard keeps the merge."""
+
+    def __init__(self, contract: Contract, profile_steps: int = 50, evaluate_watched=None):
         self.contract = contract
         self.signals = __import__("fmsched_trainer").TrainingSignals().install()
         self.reporter = contract.reporter()
@@ -36,6 +42,7 @@ class FmschedCallback(_Base):
         self._step_time = 0.0
         self._job = contract.tasks[0].job_id
         self._batch = contract.tasks[0].global_batch_size
+        self.evaluate_watched = evaluate_watched
 
     # HF calls these with (args, state, control, **kwargs).
     def on_step_end(self, args, state, control, **kwargs):
@@ -64,6 +71,14 @@ class FmschedCallback(_Base):
         for name, value in (metrics or {}).items():
             if isinstance(value, (int, float)) and name.startswith("eval_") and name != "eval_loss":
                 self.reporter.eval(self._job, state.global_step, float(state.epoch or 0.0), name[5:], value)
+        return control
+
+    def on_epoch_end(self, args, state, control, model=None, **kwargs):
+        if self.evaluate_watched is not None and not self.contract.profile:
+            for task in self.contract.watched:
+                value = self.evaluate_watched(task, model)
+                self.reporter.eval(task.job_id, state.global_step, float(state.epoch or 0.0),
+                                   task.metric or "accuracy", float(value))
         return control
 
     def on_save(self, args, state, control, **kwargs):

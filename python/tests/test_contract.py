@@ -145,3 +145,27 @@ def test_watched_tasks_are_evaluated_not_trained():
     assert [t.job_id for t in c.tasks] == ["a"]
     assert c.tasks[0].max_epochs == 3
     assert [t.job_id for t in c.watched] == ["b"]
+    # The HF callback reports a watched task's accuracy at every epoch end,
+    # for the scheduler's merge guard.
+    seen = []
+
+    def evaluate(task, model):
+        seen.append((task.job_id, model))
+        return 0.5 + 0.1 * len(seen)
+
+    cb = FmschedCallback(c, evaluate_watched=evaluate)
+    for epoch in (1.0, 2.0):
+        cb.on_epoch_end(_Args(), _State(int(epoch) * 10, epoch), _Control(), model="weights")
+    assert seen == [("b", "weights"), ("b", "weights")]
+
+
+def test_watched_evaluations_reach_the_report_stream(tmp_path, capsys):
+    tasks = [
+        {"job_id": "a", "model": "m", "task": "rte", "dataset_uri": "-", "global_batch_size": 8},
+        {"job_id": "b", "model": "m", "task": "mrpc", "dataset_uri": "-", "global_batch_size": 8, "eval_only": True},
+    ]
+    c = Contract({"FMSCHED_TASKS": json.dumps(tasks), "FMSCHED_CHECKPOINT_DIR": str(tmp_path)})
+    cb = FmschedCallback(c, evaluate_watched=lambda task, model: 0.75)
+    cb.on_epoch_end(_Args(), _State(10, 1.0), _Control(), model=None)
+    out = [json.loads(l) for l in capsys.readouterr().out.splitlines()]
+    assert out == [{"type": "eval", "job_id": "b", "iteration": 10, "epoch": 1.0, "metric": "accuracy", "value": 0.75}]
