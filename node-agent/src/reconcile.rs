@@ -109,8 +109,27 @@ fn job_reports(o: &crate::driver::Observed) -> Vec<pb::JobReport> {
         .collect()
 }
 
-/// The measurements of an ended profiling run (empty otherwise).
-fn profile_results(ended_profile: bool, o: &crate::driver::Observed) -> pb::ObservedTask {
+/// Points of a running training process's loss trace sent with each
+/// heartbeat (the scheduler refits its estimate from them).
+const RUNNING_TRACE_POINTS: usize = 200;
+
+/// The measurements of an ended profiling run; for a running training
+/// process its loss trace, thinned to [`RUNNING_TRACE_POINTS`] (empty
+/// otherwise).
+fn profile_results(
+    ended_profile: bool,
+    training: bool,
+    o: &crate::driver::Observed,
+) -> pb::ObservedTask {
+    if training && !ended_profile {
+        let step = o.loss_trace.len().div_ceil(RUNNING_TRACE_POINTS).max(1);
+        let pts: Vec<&(u64, f64)> = o.loss_trace.iter().step_by(step).collect();
+        return pb::ObservedTask {
+            trace_iterations: pts.iter().map(|p| p.0 as f64).collect(),
+            trace_losses: pts.iter().map(|p| p.1).collect(),
+            ..Default::default()
+        };
+    }
     if !ended_profile {
         return pb::ObservedTask::default();
     }
@@ -337,7 +356,11 @@ impl Reconciler {
                     .map(|(k, v)| (k.clone(), v.clone()))
                     .collect(),
                 jobs: job_reports(&s.observed),
-                ..profile_results(k.profile && !s.running, &s.observed)
+                ..profile_results(
+                    k.profile && !s.running,
+                    !k.profile && s.running,
+                    &s.observed,
+                )
             });
         }
         out

@@ -462,6 +462,61 @@ async fn observe_profile(
     Ok(true)
 }
 
+/// Refits a running job's loss curve (Eq. 3) on the trace its process
+/// reported and stores the new iterations-to-converge (Eq. 2) when they moved
+/// by more than 5 % — the profile saw 50 steps, the running job sees many
+/// more. A trace too short or too noisy to fit leaves the estimate alone.
+async fn refresh_estimate(
+    p: &crate::persistence::Persistence,
+    job: &JobRecord,
+    t: &pb::ObservedTask,
+    old: Option<&Estimate>,
+    now: chrono::DateTime<Utc>,
+) -> Result<(), RoundError> {
+    use estimator_svc::loss_curve::{PLATEAU_THRESHOLD, fit_loss_curve, iterations_to_converge};
+    const MIN_POINTS: usize = 20;
+    const MIN_QUALITY: f64 = 0.5;
+    if t.trace_losses.len() < MIN_POINTS {
+        return Ok(());
+    }
+    let Ok(c) = fit_loss_curve(&t.trace_iterations, &t.trace_losses) else {
+        return Ok(());
+    };
+    if c.quality < MIN_QUALITY {
+        return Ok(());
+    }
+    let s = &job.spec;
+    let cap = s
+        .target
+        .max_iterations
+        .or_else(|| {
+            s.target
+                .max_epochs
+                .and(s.dataset.num_samples)
+                .map(|_| total_iterations(job))
+        })
+        .unwrap_or(DEFAULT_ITERATIONS * 100);
+    let k = iterations_to_converge(&c, 0.0, PLATEAU_THRESHOLD, cap);
+    let before = old.and_then(|e| e.iterations);
+    if before.is_some_and(|b| (k as f64 - b as f64).abs() <= 0.05 * b as f64) {
+        return Ok(());
+    }
+    let mut e = old.cloned().unwrap_or_default();
+    e.iterations = Some(k);
+    e.curve = Some(serde_json::json!({
+        "beta0": c.beta0, "beta1": c.beta1, "beta2": c.beta2, "beta3": c.beta3, "quality": c.quality
+    }));
+    let last = t.trace_iterations.last().copied().unwrap_or(0.0);
+    e.note = format!(
+        "refit on {} loss points of the running process (to iteration {last:.0}), quality {:.3}",
+        t.trace_losses.len(),
+        c.quality
+    );
+    p.store_estimate(job.id, &e, now).await?;
+    tracing::info!(job_id = %job.id, iterations = k, before = ?before, quality = c.quality, "estimate refreshed from the running process");
+    Ok(())
+}
+
 /// Whether any GPU of the node reports Xid or uncorrectable ECC errors.
 fn faulty(n: &crate::registry::LiveNode) -> bool {
     n.telemetry
@@ -488,6 +543,7 @@ pub async fn run_round(
         .map(|j| (j.id, j))
         .collect();
     let merges = p.merges().await?;
+    let known_estimates = p.estimates().await?;
     // Evaluation values per job reported this round (the guard reads them).
     let mut evals: BTreeMap<JobId, Vec<f64>> = BTreeMap::new();
     // Merges split this round: their spatial jobs wait one round for the
@@ -566,6 +622,15 @@ pub async fn run_round(
                 }
             }
             let phase = pb::TaskPhase::try_from(t.phase).unwrap_or(pb::TaskPhase::Unspecified);
+            // A job training alone refreshes its estimate from its own loss
+            // trace (merged jobs learn on transferred curves: left as is).
+            if let [id] = members[..]
+                && phase == pb::TaskPhase::Running
+                && !merges.iter().any(|m| m.active && (m.a == id || m.b == id))
+                && let Some(job) = live.get(&id)
+            {
+                refresh_estimate(p, job, t, known_estimates.get(&id), now).await?;
+            }
             for &id in &members {
                 let Some(job) = live.get(&id) else { continue };
                 if job.state != JobState::Running {
