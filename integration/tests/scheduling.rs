@@ -140,6 +140,22 @@ fn agent_env(
     Proc::spawn(node, c, dir)
 }
 
+/// Waits until all `n` jobs are completed (failing at once if one fails);
+/// returns id → (state, output path).
+fn all_completed(port: u16, n: usize, timeout: Duration) -> BTreeMap<String, (String, String)> {
+    wait_for("every job completed", timeout, || {
+        let j = jobs(port)?;
+        let finished = j.values().filter(|s| s.0 == "completed").count();
+        if j.len() == n && finished == n {
+            Ok(j)
+        } else if j.values().any(|s| s.0 == "failed") {
+            panic!("a job failed: {j:?}")
+        } else {
+            Err(format!("{finished} of {n} completed: {j:?}"))
+        }
+    })
+}
+
 /// id → (state, output path) of every job.
 fn jobs(port: u16) -> Result<BTreeMap<String, (String, String)>, String> {
     let v: Value =
@@ -221,14 +237,7 @@ async fn e2e_jobs_run_to_completion_through_a_scheduler_crash() {
     let mut _sched2 = scheduler_env(&db, port, dir.path(), Some(sched_metrics), NO_MERGING);
     wait_up("scheduler back", port);
 
-    let done = wait_for("every job completed", Duration::from_secs(120), || {
-        let j = jobs(port)?;
-        if j.len() == 10 && j.values().all(|s| s.0 == "completed") {
-            Ok(j)
-        } else {
-            Err(format!("{j:?}"))
-        }
-    });
+    let done = all_completed(port, 10, Duration::from_secs(120));
     eprintln!(
         "10 jobs completed in {:?} (with a scheduler kill -9)",
         started.elapsed()
@@ -615,14 +624,7 @@ async fn e2e_a_node_with_gpu_errors_is_drained() {
         }),
     )
     .expect("submit");
-    wait_for("every job completed", Duration::from_secs(90), || {
-        let j = jobs(port)?;
-        if j.len() == 6 && j.values().all(|s| s.0 == "completed") {
-            Ok(())
-        } else {
-            Err(format!("{j:?}"))
-        }
-    });
+    all_completed(port, 6, Duration::from_secs(90));
     assert!(
         !bad.log_text().contains(" launched"),
         "nothing ran on the faulty node"
@@ -837,17 +839,7 @@ async fn e2e_generated_workload_merges_of_both_kinds_all_complete() {
     let n = 40;
     submit(port, dir.path(), workload(n, "")).expect("submit");
     let started = Instant::now();
-    let done = wait_for("every job completed", Duration::from_secs(300), || {
-        let j = jobs(port)?;
-        let finished = j.values().filter(|s| s.0 == "completed").count();
-        if j.len() == n && finished == n {
-            Ok(j)
-        } else if j.values().any(|s| s.0 == "failed") {
-            panic!("a job failed: {j:?}")
-        } else {
-            Err(format!("{finished} of {n} completed"))
-        }
-    });
+    let done = all_completed(port, n, Duration::from_secs(300));
     let wall = started.elapsed();
     for (id, (_, output)) in &done {
         assert!(
@@ -1125,17 +1117,7 @@ async fn e2e_chaos_scheduler_kills_an_agent_kill_and_a_postgres_restart_lose_not
         "processes were running through the failovers"
     );
 
-    let done = wait_for("every job completed", Duration::from_secs(400), || {
-        let j = jobs(p1)?;
-        let finished = j.values().filter(|s| s.0 == "completed").count();
-        if j.len() == n && finished == n {
-            Ok(j)
-        } else if j.values().any(|s| s.0 == "failed") {
-            panic!("a job failed: {j:?}")
-        } else {
-            Err(format!("{finished} of {n} completed"))
-        }
-    });
+    let done = all_completed(p1, n, Duration::from_secs(400));
     for (id, (_, output)) in &done {
         assert!(
             std::path::Path::new(output).exists(),
@@ -1196,15 +1178,7 @@ async fn e2e_the_merge_guard_splits_harmful_merges_and_the_jobs_still_complete()
         workload(n, ", FMSCHED_FAKE_GAIN_OFFSET: \"-0.5\""),
     )
     .expect("submit");
-    wait_for("every job completed", Duration::from_secs(180), || {
-        let j = jobs(port)?;
-        let finished = j.values().filter(|s| s.0 == "completed").count();
-        if j.len() == n && finished == n {
-            Ok(())
-        } else {
-            Err(format!("{finished} of {n} completed: {j:?}"))
-        }
-    });
+    all_completed(port, n, Duration::from_secs(180));
     let mut c = sqlx::PgConnection::connect(&db_url(&db)).await.unwrap();
     let merges: Vec<(String, String, String)> =
         sqlx::query_as("SELECT mode, state, reason FROM merges ORDER BY id")

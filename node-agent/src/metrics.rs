@@ -66,39 +66,35 @@ pub async fn render(node_id: &str, gpus: &Arc<dyn GpuBackend>, reconciler: &Reco
     }
     let d = reconciler.driver();
     let s = d.stats();
-    e.family(
+    e.scalar(
         "fmsched_agent_processes",
         "gauge",
         "Training processes running.",
-    )
-    .sample("fmsched_agent_processes", &[], d.running().await as f64);
-    e.family(
+        d.running().await as f64,
+    );
+    e.scalar(
         "fmsched_agent_launches_total",
         "counter",
         "Training processes started (fresh or resumed).",
-    )
-    .sample("fmsched_agent_launches_total", &[], s.launches as f64);
-    e.family(
+        s.launches as f64,
+    );
+    e.scalar(
         "fmsched_agent_suspends_total",
         "counter",
         "Suspensions (checkpoint, then stop).",
-    )
-    .sample("fmsched_agent_suspends_total", &[], s.suspends as f64);
-    e.family(
+        s.suspends as f64,
+    );
+    e.scalar(
         "fmsched_agent_suspend_seconds_sum",
         "counter",
         "Seconds spent suspending processes.",
-    )
-    .sample(
-        "fmsched_agent_suspend_seconds_sum",
-        &[],
         s.suspend_seconds_sum,
     );
-    e.family(
+    e.scalar(
         "fmsched_agent_kills_total",
         "counter",
         "Processes killed after ignoring SIGTERM for the grace period.",
-    )
-    .sample("fmsched_agent_kills_total", &[], s.kills as f64);
+        s.kills as f64,
+    );
     e.finish()
 }

@@ -56,6 +56,11 @@ impl Exposition {
         self
     }
 
+    /// A family with one unlabeled sample (most counters and gauges).
+    pub fn scalar(&mut self, name: &str, kind: &str, help: &str, value: f64) -> &mut Self {
+        self.family(name, kind, help).sample(name, &[], value)
+    }
+
     pub fn finish(self) -> String {
         self.out
     }

@@ -27,7 +27,9 @@ pub struct Gains {
 
 /// The estimator the loop talks to.
 pub struct Estimates {
-    remote: Option<(EstimatorServiceClient<Channel>, Duration, String)>,
+    /// The client (its channel carries the timeout) and the endpoint for
+    /// error messages.
+    remote: Option<(EstimatorServiceClient<Channel>, String)>,
 }
 
 impl Estimates {
@@ -40,7 +42,7 @@ impl Estimates {
                     .connect_timeout(timeout)
                     .timeout(timeout)
                     .connect_lazy();
-                Some((EstimatorServiceClient::new(ch), timeout, e.to_string()))
+                Some((EstimatorServiceClient::new(ch), e.to_string()))
             }
             None => None,
         };
@@ -55,7 +57,7 @@ impl Estimates {
     /// regression → `G`, Eq. 1). `Err` carries why the service failed; the
     /// caller falls back to [`local_gains`].
     pub async fn gains(&self, tasks: &[(String, TaskEmbedding)]) -> Result<Gains, String> {
-        let Some((client, _, endpoint)) = &self.remote else {
+        let Some((client, endpoint)) = &self.remote else {
             return Ok(local_gains(tasks));
         };
         if tasks.len() < 2 {
@@ -108,7 +110,7 @@ impl Estimates {
         pairs: &[PairInput],
         allocations: &[u32],
     ) -> Result<TimeTable, String> {
-        let Some((client, _, endpoint)) = &self.remote else {
+        let Some((client, endpoint)) = &self.remote else {
             return Err("no estimator service configured".into());
         };
         let req = pb::PredictJobTimesRequest {
@@ -162,7 +164,7 @@ impl Estimates {
 
     /// Feeds measured step times back (the service updates its LUT online).
     pub async fn record_step_times(&self, samples: Vec<pb::StepTimeSample>) -> Result<(), String> {
-        let Some((client, _, endpoint)) = &self.remote else {
+        let Some((client, endpoint)) = &self.remote else {
             return Ok(());
         };
         if samples.is_empty() {

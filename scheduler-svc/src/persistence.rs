@@ -709,11 +709,16 @@ impl Persistence {
         .await
     }
 
-    /// Every merge ever decided, oldest first.
-    pub async fn merges(&self) -> Result<Vec<MergeRecord>, PersistenceError> {
-        const OP: &str = "merges";
+    /// The merges a live job is part of (a merge whose jobs have both ended
+    /// matters no more), oldest first.
+    pub async fn merges_of_live_jobs(&self) -> Result<Vec<MergeRecord>, PersistenceError> {
+        const OP: &str = "merges_of_live_jobs";
         let rows = sqlx::query(
-            "SELECT id, job_a, job_b, mode, gain_ab, gain_ba, state, guard_passed FROM merges ORDER BY id",
+            "SELECT m.id, m.job_a, m.job_b, m.mode, m.gain_ab, m.gain_ba, m.state, m.guard_passed
+             FROM merges m
+             WHERE EXISTS (SELECT 1 FROM jobs j WHERE j.id IN (m.job_a, m.job_b)
+                           AND j.state IN ('submitted','profiling','queued','running'))
+             ORDER BY m.id",
         )
         .fetch_all(&self.pool)
         .await

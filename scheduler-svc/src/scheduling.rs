@@ -113,60 +113,52 @@ pub async fn render_metrics(state: &AppState) -> String {
         e.sample("fmsched_nodes", &[("state", st)], n as f64);
     }
     let v = state.metrics.values();
-    e.family(
+    e.scalar(
         "fmsched_queue_length",
         "gauge",
         "Live jobs without GPUs after the last round.",
-    )
-    .sample("fmsched_queue_length", &[], v.queue_length as f64);
-    e.family("fmsched_rounds_total", "counter", "Scheduling rounds run.")
-        .sample("fmsched_rounds_total", &[], v.rounds as f64);
-    e.family(
+        v.queue_length as f64,
+    );
+    e.scalar(
+        "fmsched_rounds_total",
+        "counter",
+        "Scheduling rounds run.",
+        v.rounds as f64,
+    );
+    e.scalar(
         "fmsched_round_duration_seconds_sum",
         "counter",
         "Total seconds spent in rounds.",
-    )
-    .sample(
-        "fmsched_round_duration_seconds_sum",
-        &[],
         v.round_seconds_sum,
     );
-    e.family(
+    e.scalar(
         "fmsched_round_duration_seconds_last",
         "gauge",
         "Seconds of the last round.",
-    )
-    .sample(
-        "fmsched_round_duration_seconds_last",
-        &[],
         v.last_round_seconds,
     );
-    e.family(
+    e.scalar(
         "fmsched_solver_seconds_sum",
         "counter",
         "Total seconds in the policy (MILP solve for Ymir).",
-    )
-    .sample("fmsched_solver_seconds_sum", &[], v.solver_seconds_sum);
-    e.family(
+        v.solver_seconds_sum,
+    );
+    e.scalar(
         "fmsched_solver_seconds_last",
         "gauge",
         "Seconds of the last policy call.",
-    )
-    .sample("fmsched_solver_seconds_last", &[], v.last_solver_seconds);
-    e.family(
+        v.last_solver_seconds,
+    );
+    e.scalar(
         "fmsched_solver_fallbacks_total",
         "counter",
         "Rounds whose MILP hit its time limit and used the greedy fallback.",
-    )
-    .sample("fmsched_solver_fallbacks_total", &[], v.fallbacks as f64);
-    e.family(
+        v.fallbacks as f64,
+    );
+    e.scalar(
         "fmsched_solver_model_variables",
         "gauge",
         "Variables of the last MILP.",
-    )
-    .sample(
-        "fmsched_solver_model_variables",
-        &[],
         v.model_variables as f64,
     );
     e.family(
@@ -184,34 +176,22 @@ pub async fn render_metrics(state: &AppState) -> String {
         &[("mode", "spatial")],
         v.merges_spatial as f64,
     );
-    e.family(
+    e.scalar(
         "fmsched_merge_guard_splits_total",
         "counter",
         "Merges split by the merge guard (no accuracy gain in two epochs).",
-    )
-    .sample(
-        "fmsched_merge_guard_splits_total",
-        &[],
         v.guard_splits as f64,
     );
-    e.family(
+    e.scalar(
         "fmsched_estimator_fallbacks_total",
         "counter",
         "Estimator service calls that failed; the in-process estimator answered.",
-    )
-    .sample(
-        "fmsched_estimator_fallbacks_total",
-        &[],
         v.estimator_fallbacks as f64,
     );
-    e.family(
+    e.scalar(
         "fmsched_context_switches_total",
         "counter",
         "Jobs started, moved or resized (each costs a checkpoint and a restart).",
-    )
-    .sample(
-        "fmsched_context_switches_total",
-        &[],
         v.context_switches as f64,
     );
     e.family(
@@ -229,12 +209,12 @@ pub async fn render_metrics(state: &AppState) -> String {
         &[("outcome", "failed")],
         v.failed as f64,
     );
-    e.family(
+    e.scalar(
         "fmsched_retries_total",
         "counter",
         "Failed training processes retried.",
-    )
-    .sample("fmsched_retries_total", &[], v.retries as f64);
+        v.retries as f64,
+    );
     e.finish()
 }
 
@@ -401,11 +381,11 @@ async fn observe_profile(
     id: JobId,
     t: &pb::ObservedTask,
     now: chrono::DateTime<Utc>,
-) -> Result<bool, RoundError> {
+) -> Result<Option<Estimate>, RoundError> {
     use estimator_svc::loss_curve::{PLATEAU_THRESHOLD, fit_loss_curve, iterations_to_converge};
     let phase = pb::TaskPhase::try_from(t.phase).unwrap_or(pb::TaskPhase::Unspecified);
     if !matches!(phase, pb::TaskPhase::Succeeded | pb::TaskPhase::Failed) {
-        return Ok(false);
+        return Ok(None);
     }
     let p = &state.persistence;
     let job = p.get_job(id).await?;
@@ -459,31 +439,32 @@ async fn observe_profile(
     p.store_estimate(id, &est, now).await?;
     p.transition_job(id, JobState::Queued, &reason, now).await?;
     tracing::info!(job_id = %id, %reason, "profiling done");
-    Ok(true)
+    Ok(Some(est))
 }
 
 /// Refits a running job's loss curve (Eq. 3) on the trace its process
 /// reported and stores the new iterations-to-converge (Eq. 2) when they moved
 /// by more than 5 % — the profile saw 50 steps, the running job sees many
 /// more. A trace too short or too noisy to fit leaves the estimate alone.
+/// Returns the estimate stored, if any.
 async fn refresh_estimate(
     p: &crate::persistence::Persistence,
     job: &JobRecord,
     t: &pb::ObservedTask,
     old: Option<&Estimate>,
     now: chrono::DateTime<Utc>,
-) -> Result<(), RoundError> {
+) -> Result<Option<Estimate>, RoundError> {
     use estimator_svc::loss_curve::{PLATEAU_THRESHOLD, fit_loss_curve, iterations_to_converge};
     const MIN_POINTS: usize = 20;
     const MIN_QUALITY: f64 = 0.5;
     if t.trace_losses.len() < MIN_POINTS {
-        return Ok(());
+        return Ok(None);
     }
     let Ok(c) = fit_loss_curve(&t.trace_iterations, &t.trace_losses) else {
-        return Ok(());
+        return Ok(None);
     };
     if c.quality < MIN_QUALITY {
-        return Ok(());
+        return Ok(None);
     }
     let s = &job.spec;
     let cap = s
@@ -499,7 +480,7 @@ async fn refresh_estimate(
     let k = iterations_to_converge(&c, 0.0, PLATEAU_THRESHOLD, cap);
     let before = old.and_then(|e| e.iterations);
     if before.is_some_and(|b| (k as f64 - b as f64).abs() <= 0.05 * b as f64) {
-        return Ok(());
+        return Ok(None);
     }
     let mut e = old.cloned().unwrap_or_default();
     e.iterations = Some(k);
@@ -514,7 +495,7 @@ async fn refresh_estimate(
     );
     p.store_estimate(job.id, &e, now).await?;
     tracing::info!(job_id = %job.id, iterations = k, before = ?before, quality = c.quality, "estimate refreshed from the running process");
-    Ok(())
+    Ok(Some(e))
 }
 
 /// Whether any GPU of the node reports Xid or uncorrectable ECC errors.
@@ -542,8 +523,10 @@ pub async fn run_round(
         .into_iter()
         .map(|j| (j.id, j))
         .collect();
-    let merges = p.merges().await?;
-    let known_estimates = p.estimates().await?;
+    let merges = p.merges_of_live_jobs().await?;
+    // Read once; what this round learns (profiles, refits) is written
+    // through to Postgres and into this map.
+    let mut estimates = p.estimates().await?;
     // Evaluation values per job reported this round (the guard reads them).
     let mut evals: BTreeMap<JobId, Vec<f64>> = BTreeMap::new();
     // Merges split this round: their spatial jobs wait one round for the
@@ -561,9 +544,10 @@ pub async fn run_round(
                 if live
                     .get(&id)
                     .is_some_and(|j| j.state == JobState::Profiling)
-                    && observe_profile(state, id, t, now).await?
+                    && let Some(learned) = observe_profile(state, id, t, now).await?
                     && let Some(j) = live.get_mut(&id)
                 {
+                    estimates.insert(id, learned);
                     j.state = JobState::Queued;
                     // The measured step time teaches the estimator's table
                     // (1 GPU, the job's batch; AMP as the shipped profiles).
@@ -628,8 +612,9 @@ pub async fn run_round(
                 && phase == pb::TaskPhase::Running
                 && !merges.iter().any(|m| m.active && (m.a == id || m.b == id))
                 && let Some(job) = live.get(&id)
+                && let Some(e) = refresh_estimate(p, job, t, estimates.get(&id), now).await?
             {
-                refresh_estimate(p, job, t, known_estimates.get(&id), now).await?;
+                estimates.insert(id, e);
             }
             for &id in &members {
                 let Some(job) = live.get(&id) else { continue };
@@ -788,7 +773,6 @@ pub async fn run_round(
                 .extend(a.gpus.iter().map(|g| g.0.clone()));
         }
     }
-    let estimates = p.estimates().await?;
     // Jobs in their retry backoff wait outside the snapshot; so do jobs not
     // profiled yet, and the jobs of a spatial merge split this round (they
     // resume from the joint process's last checkpoint, next round).
