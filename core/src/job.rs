@@ -215,6 +215,13 @@ pub struct Launch {
     pub env: BTreeMap<String, String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub working_dir: Option<String>,
+    /// The trainer implements standby (`FMSCHED_STANDBY`,
+    /// `docs/trainer-contract.md`): the scheduler may start it ahead of the
+    /// round that gives it GPUs, so its data loader is ready when they free
+    /// up (Ymir §6.2). Off by default: a trainer that ignores standby would
+    /// touch GPUs another job still uses.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub prewarm: bool,
 }
 
 fn default_true() -> bool {

@@ -29,6 +29,12 @@ pub mod env {
     pub const CHECKPOINT_INTERVAL_S: &str = "FMSCHED_CHECKPOINT_INTERVAL_S";
     /// Seconds the trainer has after SIGTERM before SIGKILL.
     pub const GRACE_S: &str = "FMSCHED_GRACE_S";
+    /// `1` when the process was started ahead of a switch (Ymir §6.2
+    /// pipeline switch): prepare what needs no GPU (data loader workers,
+    /// tokenised data, weights in host memory), report
+    /// [`super::Report::Prewarmed`], then wait for [`super::signal::START`]
+    /// before touching the GPUs. SIGTERM while waiting: exit 0.
+    pub const STANDBY: &str = "FMSCHED_STANDBY";
     /// Model name of the GPUs the process runs on (as the node reports it).
     pub const GPU_MODEL: &str = "FMSCHED_GPU_MODEL";
     /// Torchrun-compatible rank variables.
@@ -43,8 +49,9 @@ pub mod env {
 
 /// Signals of the contract (numbers are Linux's).
 pub mod signal {
-    /// Pre-warm the data loader of the next task (pipeline switch hint).
-    pub const PREWARM: i32 = 10; // SIGUSR1
+    /// Start training now: the GPUs of a standby process are free
+    /// ([`super::env::STANDBY`]). Processes not in standby ignore it.
+    pub const START: i32 = 10; // SIGUSR1
     /// Write a checkpoint now and report it; keep training.
     pub const CHECKPOINT: i32 = 12; // SIGUSR2
     /// Checkpoint and exit within the grace period.
@@ -115,7 +122,8 @@ pub enum Report {
     },
     /// A checkpoint was written and is complete.
     Checkpoint { path: String, iteration: u64 },
-    /// The data loader of the next task is ready (answer to PREWARM).
+    /// A standby process is ready: everything that needs no GPU is
+    /// prepared; it waits for [`signal::START`].
     Prewarmed,
     /// A task reached its target; its weights are at `output`.
     Done { job_id: String, output: String },

@@ -343,6 +343,7 @@ pub(crate) mod tests {
                 command: vec!["python".into(), "train.py".into()],
                 env: BTreeMap::new(),
                 working_dir: None,
+                prewarm: false,
             },
             labels: BTreeMap::new(),
         }

@@ -12,7 +12,10 @@
 //!   every epoch, and in profile mode a Task2Vec-style embedding;
 //! - writes real checkpoint files (periodically, on SIGUSR2 and on SIGTERM)
 //!   and resumes from them where they stopped;
-//! - answers SIGUSR1 (pre-warm) with a `prewarmed` report;
+//! - starts up like a real trainer: its data loader takes
+//!   `FMSCHED_FAKE_LOADER_S` simulated seconds (default 2) before the first
+//!   step; launched in standby (`FMSCHED_STANDBY=1`) it does that ahead,
+//!   reports `prewarmed` and waits for SIGUSR1 (Ymir §6.2);
 //! - exits 0 when every task reached its target, after writing its output.
 //!
 //! Merges behave by one fake transfer law ([`true_gain`]): tasks whose
@@ -457,6 +460,11 @@ async fn main() {
 }
 
 async fn run() -> anyhow::Result<()> {
+    // Handlers first: a signal that arrives while starting up must not take
+    // its default action (SIGUSR1's is to terminate).
+    let mut usr1 = signal(SignalKind::user_defined1())?;
+    let mut usr2 = signal(SignalKind::user_defined2())?;
+    let mut term = signal(SignalKind::terminate())?;
     let tasks_json = var(env::TASKS)
         .with_context(|| format!("{} is not set (see docs/trainer-contract.md)", env::TASKS))?;
     let tasks: Vec<TaskAssignment> = serde_json::from_str(&tasks_json)
@@ -648,9 +656,31 @@ async fn run() -> anyhow::Result<()> {
         reporter,
     };
 
-    let mut usr1 = signal(SignalKind::user_defined1())?;
-    let mut usr2 = signal(SignalKind::user_defined2())?;
-    let mut term = signal(SignalKind::terminate())?;
+    // Start-up: the data loader (workers, tokenised data). A standby does
+    // it while another job still has the GPUs, then waits to be started.
+    let loader = Duration::from_secs_f64(
+        var("FMSCHED_FAKE_LOADER_S")
+            .and_then(|c| c.parse::<f64>().ok())
+            .unwrap_or(2.0)
+            .max(0.0)
+            / compression,
+    );
+    let standby = var(env::STANDBY).is_some_and(|v| v == "1");
+    tokio::select! {
+        () = tokio::time::sleep(loader) => {}
+        _ = term.recv() => return Ok(()), // nothing trained yet
+    }
+    if standby {
+        tr.reporter.send(&Report::Prewarmed).await;
+        eprintln!("fake-trainer: standby: data loader ready after {loader:?}; waiting for SIGUSR1");
+        tokio::select! {
+            _ = usr1.recv() => eprintln!("fake-trainer: started"),
+            _ = term.recv() => {
+                eprintln!("fake-trainer: stopped in standby");
+                return Ok(());
+            }
+        }
+    }
     // Wall seconds per iteration after compression; steps are taken in
     // ticks of at least 20 ms so a fast job does not busy-loop.
     let wall_per_it = (seconds_per_iteration / compression).max(1e-6);
@@ -690,7 +720,7 @@ async fn run() -> anyhow::Result<()> {
                     last_ckpt = Instant::now();
                 }
             }
-            _ = usr1.recv() => tr.reporter.send(&Report::Prewarmed).await,
+            _ = usr1.recv() => {} // only a standby waits for it
             _ = usr2.recv() => {
                 tr.checkpoint().await?;
                 last_ckpt = Instant::now();

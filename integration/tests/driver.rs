@@ -1,5 +1,5 @@
 //! The agent's process driver with the FAKE trainer binary: launch,
-//! checkpoint-and-suspend, resume where it stopped, pre-warm, profile mode,
+//! checkpoint-and-suspend, resume where it stopped, standby, profile mode,
 //! completion, and SIGKILL for a trainer that ignores SIGTERM.
 
 use std::collections::BTreeMap;
@@ -50,6 +50,7 @@ fn spec(id: &str, max_iterations: u64, env: &[(&str, &str)]) -> LaunchSpec {
         node_rank_offset: 0,
         master_addr: "127.0.0.1".into(),
         master_port: 29500,
+        standby: false,
     }
 }
 
@@ -152,21 +153,60 @@ async fn a_trainer_that_ignores_sigterm_is_killed_after_the_grace() {
 }
 
 #[tokio::test]
-async fn prewarm_profile_and_completion() {
+async fn standby_profile_and_completion() {
     let tmp = tempfile::tempdir().unwrap();
     let d = driver(tmp.path(), 2000);
-    // Pre-warm reaches a running trainer.
-    d.launch(&spec("warm", 1_000_000, &[])).await.unwrap();
-    wait_for("progress", Duration::from_secs(10), async || {
-        iteration(&d, "warm").await.is_some()
-    })
-    .await;
-    d.prewarm("warm").await.unwrap();
-    wait_for("prewarmed report", Duration::from_secs(5), async || {
+    // Standby: the loader (0.5 s of wall time here) is prepared, `prewarmed`
+    // reported, and nothing trains until the start signal.
+    let warm = LaunchSpec {
+        standby: true,
+        ..spec("warm", 1_000_000, &[("FMSCHED_FAKE_LOADER_S", "50")])
+    };
+    let launched = Instant::now();
+    d.launch(&warm).await.unwrap();
+    wait_for("prewarmed report", Duration::from_secs(10), async || {
         d.status("warm").await.unwrap().observed.prewarmed
     })
     .await;
+    let ready = launched.elapsed();
+    assert!(ready >= Duration::from_millis(450), "loader took {ready:?}");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let st = d.status("warm").await.unwrap();
+    assert!(st.running, "a standby waits");
+    assert!(
+        st.observed.progress.is_empty(),
+        "a standby trains nothing: {st:?}"
+    );
+    let started = Instant::now();
+    d.start("warm").await.unwrap();
+    wait_for(
+        "progress after start",
+        Duration::from_secs(10),
+        async || iteration(&d, "warm").await.is_some(),
+    )
+    .await;
+    let first = started.elapsed();
+    eprintln!("standby: loader ready after {ready:?}; start → first progress {first:?}");
+    assert!(
+        first < ready,
+        "a started standby pays no loader time again: {first:?} vs {ready:?}"
+    );
     d.suspend("warm").await.unwrap();
+    // A standby that is not wanted stops at once on SIGTERM (no checkpoint
+    // to wait for).
+    d.launch(&LaunchSpec {
+        id: "unused".into(),
+        ..warm.clone()
+    })
+    .await
+    .unwrap();
+    let t = Instant::now();
+    d.terminate("unused").await.unwrap();
+    let st = d.status("unused").await.unwrap();
+    // (Stopped so early it may die of the signal before its handler.)
+    assert!(!st.running, "{st:?}");
+    assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+    assert!(st.observed.last_checkpoint.is_none());
 
     // Profile mode: a Task2Vec embedding, then exit 0.
     d.launch(&LaunchSpec {

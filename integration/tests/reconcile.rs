@@ -112,3 +112,105 @@ async fn plans_move_suspend_and_resume_processes() {
     assert!(problems[0].contains("job-2") && problems[0].contains("GPU-nope"));
     r.apply(&plan(6, vec![])).await;
 }
+
+/// Ymir §6.2 pipeline switch: job-a trains on GPU 0; a hint starts job-b in
+/// standby there (its data loader gets ready while job-a trains; it is not
+/// reported); the plan that switches checkpoints job-a and starts *that*
+/// job-b process, which trains at once. A standby the next plan does not run
+/// is stopped and forgotten; a suspended task resumes through a standby from
+/// its checkpoint.
+#[tokio::test]
+async fn a_switch_hint_prepares_the_next_task_before_the_plan_switches() {
+    let tmp = tempfile::tempdir().unwrap();
+    let gpus = Arc::new(FakeGpuBackend::new("node-s", 2, "A100-80GB").unwrap());
+    let uuids: Vec<String> = gpus.inventory().iter().map(|g| g.uuid.clone()).collect();
+    let driver = Arc::new(ProcessDriver::new(DriverConfig {
+        work_dir: tmp.path().to_path_buf(),
+        checkpoint_timeout: Duration::from_secs(2),
+        grace: Duration::from_secs(2),
+        checkpoint_interval: Duration::from_secs(3600),
+    }));
+    let backend: Arc<dyn GpuBackend> = gpus.clone();
+    let r = Reconciler::new(driver, backend);
+    let plan = |generation, tasks| pb::NodePlan { generation, tasks };
+    // A loader of 100 simulated seconds: 1 s of wall time at 100×.
+    let loader = Duration::from_secs(1);
+    let slow = |id: &str, gpu: &str| {
+        let mut t = desired(id, gpu);
+        t.env.insert("FMSCHED_FAKE_LOADER_S".into(), "100".into());
+        t
+    };
+    let lead = Duration::from_secs(5);
+
+    r.apply(&plan(1, vec![slow("job-a", &uuids[0])])).await;
+    wait_iteration(&r, "job-a", 1).await;
+    let hinted = Instant::now();
+    assert!(r.prepare(&slow("job-b", &uuids[0]), lead).await);
+    assert!(
+        !r.prepare(&slow("job-b", &uuids[0]), lead).await,
+        "a repeated hint launches nothing"
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !r
+        .driver()
+        .status("job-b")
+        .await
+        .is_some_and(|s| s.observed.prewarmed)
+    {
+        assert!(
+            Instant::now() < deadline,
+            "standby never reported prewarmed"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    eprintln!("hint → loader ready: {:?}", hinted.elapsed());
+    let standby = r.driver().status("job-b").await.unwrap();
+    assert!(standby.running && standby.observed.progress.is_empty());
+    assert!(
+        observed(&r, "job-b").await.is_none(),
+        "a standby is not reported to the scheduler"
+    );
+    let a_before = observed(&r, "job-a").await.unwrap().iteration;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        observed(&r, "job-a").await.unwrap().iteration > a_before,
+        "job-a keeps training while job-b waits"
+    );
+
+    // The switch: job-a checkpoints, the waiting job-b process starts.
+    let switched = Instant::now();
+    assert!(
+        r.apply(&plan(2, vec![slow("job-b", &uuids[0])]))
+            .await
+            .is_empty()
+    );
+    let b = wait_iteration(&r, "job-b", 1).await;
+    let took = switched.elapsed();
+    eprintln!("plan → switched job training: {took:?} (loader {loader:?})");
+    assert_eq!(b.pid, standby.pid, "the standby process itself was started");
+    assert!(took < loader, "the switch paid the loader again: {took:?}");
+    let a = observed(&r, "job-a").await.unwrap();
+    assert_eq!(a.phase, pb::TaskPhase::Suspended as i32);
+    assert!(!a.checkpoint_path.is_empty());
+    assert_eq!(r.switch_stats().standby_started, 1);
+
+    // A hint the next plan does not follow: the standby is stopped and
+    // never reported (it must not read as a finished job).
+    assert!(r.prepare(&slow("job-c", &uuids[1]), lead).await);
+    r.apply(&plan(3, vec![slow("job-b", &uuids[0])])).await;
+    assert!(observed(&r, "job-c").await.is_none());
+    assert!(r.driver().status("job-c").await.is_none(), "forgotten");
+    assert_eq!(r.switch_stats().standby_wasted, 1);
+
+    // job-a resumes on GPU 1 through a standby, from its own checkpoint.
+    assert!(r.prepare(&slow("job-a", &uuids[1]), lead).await);
+    r.apply(&plan(
+        4,
+        vec![slow("job-b", &uuids[0]), slow("job-a", &uuids[1])],
+    ))
+    .await;
+    let resumed = wait_iteration(&r, "job-a", a.iteration).await;
+    assert!(resumed.iteration >= a.iteration);
+    assert_eq!(r.switch_stats().standby_started, 2);
+    r.apply(&plan(5, vec![])).await;
+}

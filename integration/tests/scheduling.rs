@@ -690,7 +690,7 @@ fn workload_at(n: usize, compression: f64, extra_env: &str) -> Vec<(String, Stri
                  hyperparameters: {{ global_batch_size: 32, learning_rate: 2.0e-5 }}\n\
                  target: {{ max_epochs: 6, metric: {{ name: accuracy, value: 0.72 }} }}\n\
                  resources: {{ min_gpus: 1, max_gpus: {} }}\n\
-                 launch:\n  command: [\"{}\"]\n  env: {{ FMSCHED_FAKE_TIME_COMPRESSION: \"{compression}\"{extra_env} }}\n",
+                 launch:\n  command: [\"{}\"]\n  prewarm: true\n  env: {{ FMSCHED_FAKE_TIME_COMPRESSION: \"{compression}\"{extra_env} }}\n",
                 1 + k % 2,
                 bin("fake-trainer").display()
             );
@@ -832,7 +832,7 @@ async fn e2e_generated_workload_merges_of_both_kinds_all_complete() {
         &[("FMSCHED_ESTIMATES__ENDPOINT", endpoint.as_str())],
     );
     wait_up("scheduler up", port);
-    let _agents: Vec<Proc> = ["node-a", "node-b", "node-c"]
+    let agents: Vec<Proc> = ["node-a", "node-b", "node-c"]
         .iter()
         .map(|n| agent(n, port, dir.path()))
         .collect();
@@ -918,10 +918,40 @@ async fn e2e_generated_workload_merges_of_both_kinds_all_complete() {
             .unwrap_or_else(|| panic!("no {rpc} requests: {em}"));
         eprintln!("estimator: {line}");
     }
+    // Pipeline switch (Ymir §6.2): look-ahead rounds sent standby hints and
+    // agents started switched-to jobs from their waiting processes.
+    let hints = metric_value(&m, "fmsched_prewarm_hints_total");
+    let started_warm: usize = agents
+        .iter()
+        .map(|a| {
+            a.log_text()
+                .matches("started from standby (pipeline switch)")
+                .count()
+        })
+        .sum();
+    let wasted: usize = agents
+        .iter()
+        .map(|a| a.log_text().matches("standby stopped unused").count())
+        .sum();
+    eprintln!(
+        "pipeline switch: {hints} standby hints; {started_warm} started from standby, {wasted} unused"
+    );
+    assert!(
+        hints > 0.0 && started_warm > 0,
+        "no standby switch happened"
+    );
     let text = sched.log_text();
     assert!(!text.contains("inconsistent plan"), "{text}");
     drop(sched);
     drop_db(&db).await;
+}
+
+/// The value of an unlabelled metric in a Prometheus exposition.
+fn metric_value(exposition: &str, name: &str) -> f64 {
+    exposition
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in {exposition}"))
 }
 
 /// Live training processes of this test (found by their checkpoint folder

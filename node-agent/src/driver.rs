@@ -11,8 +11,10 @@
 //! - **suspend** — SIGUSR2 (checkpoint now), wait for the `checkpoint`
 //!   report or `checkpoint_timeout`, then SIGTERM, then SIGKILL after
 //!   `grace`. Returns the newest checkpoint, which a later launch resumes.
-//! - **prewarm** — SIGUSR1: the next task's data loader gets ready before
-//!   its GPUs free up (Ymir §6.2).
+//! - **standby / start** — a task launched with `standby` prepares its data
+//!   loader while its GPUs still run another job and waits; **start**
+//!   (SIGUSR1) lets it train (Ymir §6.2 pipeline switch). **terminate** stops
+//!   a process without asking for a checkpoint (a standby has none to write).
 //! - **observe** — what the reports said and whether the process lives.
 //!
 //! The driver owns no scheduling decisions; the agent's reconciler tells it
@@ -45,6 +47,9 @@ pub struct LaunchSpec {
     pub node_rank_offset: u32,
     pub master_addr: String,
     pub master_port: u16,
+    /// Start in standby (`FMSCHED_STANDBY=1`): prepare, report `prewarmed`,
+    /// wait for [`ProcessDriver::start`].
+    pub standby: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -347,6 +352,7 @@ impl ProcessDriver {
             .env(env::MASTER_PORT, spec.master_port.to_string())
             .env_remove(env::RESUME_FROM)
             .env_remove(env::INIT_WEIGHTS)
+            .env_remove(env::STANDBY)
             .stdin(std::process::Stdio::null())
             .stdout(stdout)
             .stderr(stderr)
@@ -357,6 +363,9 @@ impl ProcessDriver {
         }
         if let Some(w) = &spec.init_weights {
             cmd.env(env::INIT_WEIGHTS, w);
+        }
+        if spec.standby {
+            cmd.env(env::STANDBY, "1");
         }
         let child = cmd
             .spawn()
@@ -384,7 +393,8 @@ impl ProcessDriver {
                 });
             }
         });
-        tracing::info!(task = %spec.id, pgid, gpus = ?spec.gpus, resume = ?spec.resume_from, "launched");
+        tracing::info!(task = %spec.id, pgid, gpus = ?spec.gpus, resume = ?spec.resume_from,
+            standby = spec.standby, "launched");
         self.stats
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -408,6 +418,20 @@ impl ProcessDriver {
     /// newest checkpoint. Suspending a process that is not running returns
     /// the checkpoint it left, if any (idempotent).
     pub async fn suspend(&self, id: &str) -> Result<Option<(PathBuf, u64)>, DriverError> {
+        self.stop(id, true).await
+    }
+
+    /// Stops a process without asking for a checkpoint first: SIGTERM, then
+    /// SIGKILL after the grace (a standby process has nothing to save).
+    pub async fn terminate(&self, id: &str) -> Result<(), DriverError> {
+        self.stop(id, false).await.map(|_| ())
+    }
+
+    async fn stop(
+        &self,
+        id: &str,
+        checkpoint: bool,
+    ) -> Result<Option<(PathBuf, u64)>, DriverError> {
         let mut procs = self.procs.lock().await;
         let r = procs
             .get_mut(id)
@@ -415,14 +439,16 @@ impl ProcessDriver {
         if r.child.try_wait().ok().flatten().is_none() {
             let started = Instant::now();
             let mut killed = false;
-            let before = lock(&r.observed).last_checkpoint.clone();
-            send_signal(r.pgid, signal::CHECKPOINT);
-            let deadline = Instant::now() + self.cfg.checkpoint_timeout;
-            while Instant::now() < deadline && lock(&r.observed).last_checkpoint == before {
-                if r.child.try_wait().ok().flatten().is_some() {
-                    break;
+            if checkpoint {
+                let before = lock(&r.observed).last_checkpoint.clone();
+                send_signal(r.pgid, signal::CHECKPOINT);
+                let deadline = Instant::now() + self.cfg.checkpoint_timeout;
+                while Instant::now() < deadline && lock(&r.observed).last_checkpoint == before {
+                    if r.child.try_wait().ok().flatten().is_some() {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(5)).await;
                 }
-                tokio::time::sleep(Duration::from_millis(5)).await;
             }
             send_signal(r.pgid, signal::TERMINATE);
             match tokio::time::timeout(self.cfg.grace, r.child.wait()).await {
@@ -436,8 +462,10 @@ impl ProcessDriver {
             }
             {
                 let mut st = self.stats.lock().unwrap_or_else(|p| p.into_inner());
-                st.suspends += 1;
-                st.suspend_seconds_sum += started.elapsed().as_secs_f64();
+                if checkpoint {
+                    st.suspends += 1;
+                    st.suspend_seconds_sum += started.elapsed().as_secs_f64();
+                }
                 st.kills += u64::from(killed);
             }
             // The trainer may have written a checkpoint on SIGTERM: let the
@@ -451,13 +479,13 @@ impl ProcessDriver {
         Ok(lock(&r.observed).last_checkpoint.clone())
     }
 
-    /// Sends the pre-warm hint (SIGUSR1).
-    pub async fn prewarm(&self, id: &str) -> Result<(), DriverError> {
+    /// Lets a standby process train (SIGUSR1).
+    pub async fn start(&self, id: &str) -> Result<(), DriverError> {
         let procs = self.procs.lock().await;
         let r = procs
             .get(id)
             .ok_or_else(|| DriverError::NotRunning(id.to_string()))?;
-        send_signal(r.pgid, signal::PREWARM);
+        send_signal(r.pgid, signal::START);
         Ok(())
     }
 
@@ -484,6 +512,19 @@ impl ProcessDriver {
             started: r.started,
             dir: r.dir.clone(),
         })
+    }
+
+    /// Drops the record of a process that ended (a standby that was never
+    /// started: nothing of it is worth reporting). A running one is kept.
+    pub async fn forget(&self, id: &str) {
+        let mut procs = self.procs.lock().await;
+        if procs
+            .get_mut(id)
+            .is_some_and(|r| r.exit.is_some() || r.child.try_wait().ok().flatten().is_some())
+            && let Some(r) = procs.remove(id)
+        {
+            r.reader.abort();
+        }
     }
 
     /// Ids of the processes the driver knows.

@@ -96,5 +96,30 @@ pub async fn render(node_id: &str, gpus: &Arc<dyn GpuBackend>, reconciler: &Reco
         "Processes killed after ignoring SIGTERM for the grace period.",
         s.kills as f64,
     );
+    let w = reconciler.switch_stats();
+    e.scalar(
+        "fmsched_agent_standby_launches_total",
+        "counter",
+        "Processes launched in standby on a pipeline-switch hint (Ymir §6.2).",
+        w.standby_launches as f64,
+    );
+    e.scalar(
+        "fmsched_agent_standby_started_total",
+        "counter",
+        "Standby processes a plan started: switches that paid no loader time.",
+        w.standby_started as f64,
+    );
+    e.scalar(
+        "fmsched_agent_standby_wasted_total",
+        "counter",
+        "Standby processes stopped unused (the next plan differed from the hint).",
+        w.standby_wasted as f64,
+    );
+    e.scalar(
+        "fmsched_agent_standby_lead_seconds_sum",
+        "counter",
+        "Seconds from standby launch to start, summed over started standbys.",
+        w.standby_lead_seconds_sum,
+    );
     e.finish()
 }

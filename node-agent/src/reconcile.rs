@@ -11,6 +11,14 @@
 //!
 //! A process that exits by itself is reported (`SUCCEEDED` / `FAILED` with
 //! its exit code) and not restarted until a newer plan asks again.
+//!
+//! Pipeline switch (Ymir §6.2): a `PrepareSwitch` hint launches the next
+//! task in *standby* while its GPUs still run the current one: it prepares
+//! its data loader and waits. The plan that then runs it with the same
+//! launch on the same GPUs starts it (SIGUSR1) after the outgoing task has
+//! checkpointed, so the switch costs no loader time. A standby the plan does
+//! not run, or runs differently, is stopped; one no plan claims expires.
+//! Standby processes are not reported (they run nothing yet).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -33,12 +41,47 @@ struct Known {
     suspended: bool,
     pid: u32,
     profile: bool,
+    /// Launched ahead of a switch and not started yet.
+    standby: Option<Standby>,
+}
+
+/// A standby process: what it was launched as, and when it expires.
+#[derive(Clone, Debug)]
+struct Standby {
+    spec: LaunchSpec,
+    since: std::time::Instant,
+    expires: std::time::Instant,
+    /// The task had no state here before its standby (forgotten on stop).
+    fresh: bool,
+}
+
+/// How long after the expected switch an unclaimed standby is kept: the
+/// plan that claims it may come a round late.
+const STANDBY_SLACK: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Longest wait, when a plan claims a standby, for its `prewarmed` report:
+/// the start signal is sent only after it (a trainer has its handler
+/// installed by then), and a cold launch would need that loader time too.
+const STANDBY_READY_WAIT: std::time::Duration = std::time::Duration::from_secs(300);
+
+/// Counters of the pipeline switch, for `/metrics`.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SwitchStats {
+    /// Standby processes launched on a `PrepareSwitch` hint.
+    pub standby_launches: u64,
+    /// Standby processes a plan started (their loader was ready or nearly).
+    pub standby_started: u64,
+    /// Standby processes stopped unused (the plan changed its mind).
+    pub standby_wasted: u64,
+    /// Seconds from the standby launch to its start, summed.
+    pub standby_lead_seconds_sum: f64,
 }
 
 pub struct Reconciler {
     driver: Arc<ProcessDriver>,
     gpus: Arc<dyn GpuBackend>,
     known: tokio::sync::Mutex<BTreeMap<String, Known>>,
+    switches: std::sync::Mutex<SwitchStats>,
 }
 
 fn assignment(t: &pb::TrainerTask) -> TaskAssignment {
@@ -150,7 +193,74 @@ impl Reconciler {
             driver,
             gpus,
             known: tokio::sync::Mutex::new(BTreeMap::new()),
+            switches: std::sync::Mutex::new(SwitchStats::default()),
         }
+    }
+
+    /// Pipeline-switch counters.
+    pub fn switch_stats(&self) -> SwitchStats {
+        self.switches
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    fn count(&self, f: impl FnOnce(&mut SwitchStats)) {
+        f(&mut self.switches.lock().unwrap_or_else(|p| p.into_inner()));
+    }
+
+    /// The launch of desired task `t` on GPU indices `gpus`.
+    fn launch_spec(
+        &self,
+        t: &pb::DesiredTask,
+        gpus: &[u32],
+        resume: Option<PathBuf>,
+    ) -> LaunchSpec {
+        LaunchSpec {
+            id: t.task_id.clone(),
+            command: t.command.clone(),
+            env: {
+                let mut env: BTreeMap<String, String> =
+                    t.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+                // The GPUs' model (a job's own setting wins).
+                if let Some(g) = self
+                    .gpus
+                    .inventory()
+                    .into_iter()
+                    .find(|g| gpus.first() == Some(&g.index))
+                {
+                    env.entry(fmsched_core::trainer::env::GPU_MODEL.to_string())
+                        .or_insert(g.model);
+                }
+                env
+            },
+            profile: t.mode == pb::TaskMode::Profile as i32,
+            tasks: t.tasks.iter().map(assignment).collect(),
+            gpus: gpus.to_vec(),
+            resume_from: resume,
+            init_weights: Some(PathBuf::from(&t.initial_weights_path))
+                .filter(|p| !p.as_os_str().is_empty()),
+            world_size: t.world_size.max(gpus.len() as u32),
+            node_rank_offset: t.rank_offset,
+            master_addr: if t.master_addr.is_empty() {
+                "127.0.0.1".into()
+            } else {
+                t.master_addr.clone()
+            },
+            master_port: u16::try_from(t.master_port)
+                .ok()
+                .filter(|&p| p > 0)
+                .unwrap_or(29500),
+            standby: false,
+        }
+    }
+
+    /// The checkpoint a launch of `t` resumes from: the plan's, else the
+    /// newest one this node took of the task.
+    fn resume_of(t: &pb::DesiredTask, entry: &Known) -> Option<PathBuf> {
+        Some(PathBuf::from(&t.resume_path))
+            .filter(|p| !p.as_os_str().is_empty())
+            .or_else(|| entry.checkpoint.as_ref().map(|c| c.0.clone()))
     }
 
     /// GPU indices of the plan's UUIDs (unknown UUIDs are an error: the
@@ -182,10 +292,19 @@ impl Reconciler {
                 .get(id.as_str())
                 .is_some_and(|t| t.phase == pb::DesiredPhase::Running as i32);
             if !keep {
-                self.stop(&mut known, &id).await;
+                if known.get(&id).is_some_and(|k| k.standby.is_some()) {
+                    self.drop_standby(&mut known, &id, "the plan does not run it")
+                        .await;
+                } else {
+                    self.stop(&mut known, &id).await;
+                }
             }
         }
-        for t in &plan.tasks {
+        // Standby starts last: they may wait for their loader, the rest
+        // should not wait for them.
+        let mut order: Vec<&pb::DesiredTask> = plan.tasks.iter().collect();
+        order.sort_by_key(|t| known.get(&t.task_id).is_some_and(|k| k.standby.is_some()));
+        for t in order {
             if t.phase != pb::DesiredPhase::Running as i32 {
                 continue;
             }
@@ -199,11 +318,47 @@ impl Reconciler {
             let status = self.driver.status(&t.task_id).await;
             let entry = known.entry(t.task_id.clone()).or_default();
             let alive = status.as_ref().is_some_and(|s| s.running);
-            if alive && entry.gpus == gpus {
+            if let Some(sb) = entry.standby.clone() {
+                // Launched ahead of this switch: start it if the plan runs it
+                // as it was launched; else stop it and launch afresh.
+                let wanted = LaunchSpec {
+                    standby: true,
+                    ..self.launch_spec(t, &gpus, Self::resume_of(t, entry))
+                };
+                if alive
+                    && sb.spec == wanted
+                    && self.ready(&t.task_id).await
+                    && self.driver.start(&t.task_id).await.is_ok()
+                {
+                    entry.standby = None;
+                    entry.suspended = false;
+                    entry.generation = plan.generation;
+                    entry.job_ids.clone_from(&t.job_ids);
+                    self.gpus.process_started(entry.pid, &gpus);
+                    let lead = sb.since.elapsed();
+                    let ready = status.as_ref().is_some_and(|s| s.observed.prewarmed);
+                    self.count(|c| {
+                        c.standby_started += 1;
+                        c.standby_lead_seconds_sum += lead.as_secs_f64();
+                    });
+                    tracing::info!(task = %t.task_id, ?lead, ready_before_plan = ready, generation = plan.generation,
+                        "started from standby (pipeline switch)");
+                    continue;
+                }
+                let why = if !alive {
+                    "it died"
+                } else if sb.spec.gpus != wanted.gpus {
+                    "the plan runs it on other GPUs"
+                } else if sb.spec != wanted {
+                    "the plan launches it differently"
+                } else {
+                    "it never reported prewarmed"
+                };
+                self.drop_standby(&mut known, &t.task_id, why).await;
+            } else if alive && entry.gpus == gpus {
                 entry.generation = plan.generation;
                 continue;
-            }
-            if alive {
+            } else if alive {
                 // Moved to other GPUs: checkpoint here, resume there.
                 self.stop(&mut known, &t.task_id).await;
             } else if let Some(s) = &status {
@@ -224,45 +379,7 @@ impl Reconciler {
                 }
             }
             let entry = known.entry(t.task_id.clone()).or_default();
-            let resume = Some(PathBuf::from(&t.resume_path))
-                .filter(|p| !p.as_os_str().is_empty())
-                .or_else(|| entry.checkpoint.as_ref().map(|c| c.0.clone()));
-            let spec = LaunchSpec {
-                id: t.task_id.clone(),
-                command: t.command.clone(),
-                env: {
-                    let mut env: BTreeMap<String, String> =
-                        t.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
-                    // The GPUs' model (a job's own setting wins).
-                    if let Some(g) = self
-                        .gpus
-                        .inventory()
-                        .into_iter()
-                        .find(|g| gpus.first() == Some(&g.index))
-                    {
-                        env.entry(fmsched_core::trainer::env::GPU_MODEL.to_string())
-                            .or_insert(g.model);
-                    }
-                    env
-                },
-                profile: t.mode == pb::TaskMode::Profile as i32,
-                tasks: t.tasks.iter().map(assignment).collect(),
-                gpus: gpus.clone(),
-                resume_from: resume,
-                init_weights: Some(PathBuf::from(&t.initial_weights_path))
-                    .filter(|p| !p.as_os_str().is_empty()),
-                world_size: t.world_size.max(gpus.len() as u32),
-                node_rank_offset: t.rank_offset,
-                master_addr: if t.master_addr.is_empty() {
-                    "127.0.0.1".into()
-                } else {
-                    t.master_addr.clone()
-                },
-                master_port: u16::try_from(t.master_port)
-                    .ok()
-                    .filter(|&p| p > 0)
-                    .unwrap_or(29500),
-            };
+            let spec = self.launch_spec(t, &gpus, Self::resume_of(t, entry));
             match self.driver.launch(&spec).await {
                 Ok(()) => {
                     let pid = self.driver.status(&t.task_id).await.map_or(0, |s| s.pid);
@@ -275,6 +392,7 @@ impl Reconciler {
                         suspended: false,
                         pid,
                         profile: spec.profile,
+                        standby: None,
                     };
                 }
                 Err(e) => problems.push(e.to_string()),
@@ -296,12 +414,117 @@ impl Reconciler {
         self.gpus.process_stopped(entry.pid);
     }
 
+    /// Waits (bounded) until a standby reported `prewarmed`; false if it
+    /// died or never did.
+    async fn ready(&self, id: &str) -> bool {
+        let deadline = std::time::Instant::now() + STANDBY_READY_WAIT;
+        loop {
+            match self.driver.status(id).await {
+                Some(s) if s.running && s.observed.prewarmed => return true,
+                Some(s) if s.running && std::time::Instant::now() < deadline => {
+                    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+                }
+                _ => return false,
+            }
+        }
+    }
+
+    /// Stops a standby process (no checkpoint: it trained nothing) and
+    /// forgets it: it is not reported (its exit must not read as a finished
+    /// or failed job). What the node knew of the task before (its newest
+    /// checkpoint) is kept for a later launch.
+    async fn drop_standby(&self, known: &mut BTreeMap<String, Known>, id: &str, why: &str) {
+        let Some(sb) = known.get_mut(id).and_then(|k| k.standby.take()) else {
+            return;
+        };
+        if let Err(e) = self.driver.terminate(id).await {
+            tracing::debug!(task = id, error = %e, "standby already gone");
+        }
+        self.driver.forget(id).await;
+        if sb.fresh {
+            known.remove(id);
+        }
+        self.count(|c| c.standby_wasted += 1);
+        tracing::info!(task = id, after = ?sb.since.elapsed(), reason = why, "standby stopped unused");
+    }
+
+    /// Launches desired task `t` in standby ahead of the round expected in
+    /// `lead` (a `PrepareSwitch` hint, Ymir §6.2). Does nothing when the task
+    /// runs here already (or waits in standby), finished here, or names GPUs
+    /// this node lacks. Returns whether a standby was launched.
+    pub async fn prepare(&self, t: &pb::DesiredTask, lead: std::time::Duration) -> bool {
+        if t.phase != pb::DesiredPhase::Running as i32 || t.mode == pb::TaskMode::Profile as i32 {
+            return false;
+        }
+        let Ok(gpus) = self.indices(&t.gpu_uuids) else {
+            return false;
+        };
+        let mut known = self.known.lock().await;
+        let status = self.driver.status(&t.task_id).await;
+        if status.as_ref().is_some_and(|s| s.running) {
+            return false;
+        }
+        let fresh = !known.contains_key(&t.task_id);
+        let entry = known.entry(t.task_id.clone()).or_default();
+        if !fresh && !entry.suspended && status.as_ref().is_some_and(|s| s.exit_code == Some(0)) {
+            return false; // finished here: the scheduler drops it
+        }
+        if let Some(s) = &status
+            && let Some(c) = s.observed.last_checkpoint.clone()
+        {
+            entry.checkpoint = Some(c);
+        }
+        let spec = LaunchSpec {
+            standby: true,
+            ..self.launch_spec(t, &gpus, Self::resume_of(t, entry))
+        };
+        match self.driver.launch(&spec).await {
+            Ok(()) => {
+                let now = std::time::Instant::now();
+                entry.pid = self.driver.status(&t.task_id).await.map_or(0, |s| s.pid);
+                entry.gpus = gpus;
+                entry.job_ids.clone_from(&t.job_ids);
+                entry.profile = false;
+                entry.standby = Some(Standby {
+                    spec,
+                    since: now,
+                    expires: now + lead + STANDBY_SLACK,
+                    fresh,
+                });
+                self.count(|c| c.standby_launches += 1);
+                true
+            }
+            Err(e) => {
+                tracing::warn!(task = %t.task_id, error = %e, "standby launch failed");
+                if fresh {
+                    known.remove(&t.task_id);
+                }
+                false
+            }
+        }
+    }
+
+    /// Stops standby processes no plan claimed in time.
+    pub async fn expire_standby(&self) {
+        let mut known = self.known.lock().await;
+        let now = std::time::Instant::now();
+        let expired: Vec<String> = known
+            .iter()
+            .filter(|(_, k)| k.standby.as_ref().is_some_and(|s| s.expires <= now))
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in expired {
+            self.drop_standby(&mut known, &id, "no plan claimed it in time")
+                .await;
+        }
+    }
+
     /// What runs (or ran) here, for heartbeats.
     pub async fn observed(&self) -> Vec<pb::ObservedTask> {
         let known = self.known.lock().await;
         let inv = self.gpus.inventory();
         let mut out = Vec::new();
-        for (id, k) in known.iter() {
+        for (id, k) in known.iter().filter(|(_, k)| k.standby.is_none()) {
             let Some(s) = self.driver.status(id).await else {
                 continue;
             };
@@ -386,10 +609,5 @@ impl Reconciler {
                     .into_iter()
                     .find(|t| self.driver.has_dir(t))
             })
-    }
-
-    /// Sends the pre-warm hint to a task that runs here.
-    pub async fn prewarm(&self, task_id: &str) -> bool {
-        self.driver.prewarm(task_id).await.is_ok()
     }
 }

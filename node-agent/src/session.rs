@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
-use fmsched_proto::convert::{duration_from_proto, timestamp_to_proto};
+use fmsched_proto::convert::{duration_from_proto, timestamp_from_proto, timestamp_to_proto};
 use fmsched_proto::v1 as pb;
 use fmsched_proto::v1::agent_service_client::AgentServiceClient;
 use fmsched_runtime::Secret;
@@ -253,6 +253,7 @@ impl Agent {
                     if rotated > 0 {
                         tracing::info!(rotated, "process logs rotated");
                     }
+                    self.reconciler.expire_standby().await;
                     let hb = self.heartbeat(seq).await;
                     if tx.send(hb).await.is_err() {
                         return Err(SessionError::Retry("outbound stream closed".into()));
@@ -274,11 +275,21 @@ impl Agent {
                             }
                         }
                         Some(pb::scheduler_message::Msg::Hint(h)) => {
-                            if let Some(pb::hint::Hint::PrepareSwitch(ps)) = h.hint {
+                            if let Some(pb::hint::Hint::PrepareSwitch(ps)) = h.hint
+                                && let Some(task) = ps.task
+                            {
+                                // Standby until the plan that runs it (Ymir §6.2).
+                                let lead = ps
+                                    .switch_at
+                                    .and_then(|t| timestamp_from_proto("switch_at", &t).ok())
+                                    .and_then(|t| (t - chrono::Utc::now()).to_std().ok())
+                                    .unwrap_or_default();
                                 let r = self.reconciler.clone();
                                 tokio::spawn(async move {
-                                    if !r.prewarm(&ps.task_id).await {
-                                        tracing::debug!(task = %ps.task_id, "pre-warm hint for a task not running here");
+                                    if r.prepare(&task, lead).await {
+                                        tracing::info!(task = %task.task_id, ?lead, "standby launched ahead of a switch");
+                                    } else {
+                                        tracing::debug!(task = %task.task_id, "switch hint: nothing to prepare");
                                     }
                                 });
                             }

@@ -215,6 +215,7 @@ pub fn job_spec_from_proto(p: pb::JobSpec) -> Result<core::JobSpec, FieldError> 
             command: launch.command,
             env: launch.env.into_iter().collect(),
             working_dir: non_empty(launch.working_dir),
+            prewarm: launch.prewarm,
         },
         labels: p.labels.into_iter().collect(),
     })
@@ -268,6 +269,7 @@ pub fn job_spec_to_proto(s: &core::JobSpec) -> pb::JobSpec {
             command: s.launch.command.clone(),
             env: s.launch.env.clone().into_iter().collect(),
             working_dir: s.launch.working_dir.clone().unwrap_or_default(),
+            prewarm: s.launch.prewarm,
         }),
         labels: s.labels.clone().into_iter().collect(),
     }

@@ -1,6 +1,6 @@
 """A toy trainer on the fmsched contract, in plain Python: fits y = 3x + 1
 by SGD. It shows the whole contract with the helper — reports, checkpoints
-on SIGUSR2 / SIGTERM / periodically, resume, pre-warm, profile mode with a
+on SIGUSR2 / SIGTERM / periodically, resume, standby (pre-warm), profile mode with a
 Task2Vec embedding, done — without a GPU or a framework. Real trainers use
 fmsched_trainer.hf.FmschedCallback instead.
 
@@ -14,7 +14,7 @@ import random
 import sys
 import time
 
-from fmsched_trainer import Contract, TrainingSignals, task2vec_embedding
+from fmsched_trainer import Contract, TrainingSignals, standby, task2vec_embedding
 
 
 def main() -> int:
@@ -33,6 +33,10 @@ def main() -> int:
     def batch():
         xs = [rng.uniform(-1, 1) for _ in range(task.global_batch_size)]
         return [(x, 3 * x + 1 + rng.gauss(0, 0.01)) for x in xs]
+
+    # Everything above needs no GPU; a standby waits here for its start.
+    if standby(c, sig, rep):
+        print("toy_trainer: started from standby", file=sys.stderr)
 
     def grad(data):
         gw = sum(2 * (w * x + b - y) * x for x, y in data) / len(data)
@@ -57,9 +61,6 @@ def main() -> int:
         it += 1
         time.sleep(0.002)
         rep.progress(task.job_id, it, it * task.global_batch_size, loss, time.monotonic() - t0)
-        if sig.prewarm.is_set():
-            sig.prewarm.clear()
-            rep.prewarmed()
         if not c.profile and (sig.checkpoint.is_set() or time.monotonic() - last_ckpt > c.checkpoint_interval_s):
             sig.checkpoint.clear()
             checkpoint()

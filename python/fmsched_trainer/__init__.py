@@ -3,7 +3,8 @@
 
 - :class:`Contract` reads what the node agent gives a trainer (tasks, mode,
   checkpoint folder, resume path, initial weights, ranks) and turns the
-  contract's signals into flags the training loop polls.
+  contract's signals into flags the training loop polls; :func:`standby`
+  waits, loader ready, for the start of a pre-warmed switch (Ymir §6.2).
 - :class:`Reporter` writes the JSON-line reports (progress, eval, embedding,
   checkpoint, prewarmed, done) to the agent's socket.
 - :func:`diagonal_fisher` is the Task2Vec probe: the diagonal of the Fisher
@@ -12,7 +13,7 @@
   these (imported only when ``transformers`` is installed).
 """
 
-from .contract import Contract, Reporter, Task, TrainingSignals
+from .contract import Contract, Reporter, Task, TrainingSignals, standby
 from .fisher import diagonal_fisher, task2vec_embedding
 
 __all__ = [
@@ -21,5 +22,6 @@ __all__ = [
     "Task",
     "TrainingSignals",
     "diagonal_fisher",
+    "standby",
     "task2vec_embedding",
 ]

@@ -55,17 +55,18 @@ class Task:
 class TrainingSignals:
     """Flags set by the contract's signals; the training loop polls them.
 
-    SIGUSR1 → ``prewarm`` (get the next task's data loader ready),
+    SIGUSR1 → ``start`` (a standby process may use its GPUs now; see
+    :func:`standby`),
     SIGUSR2 → ``checkpoint`` (write one now, keep training),
     SIGTERM → ``terminate`` (checkpoint and exit within the grace period).
     """
 
-    prewarm: threading.Event = field(default_factory=threading.Event)
+    start: threading.Event = field(default_factory=threading.Event)
     checkpoint: threading.Event = field(default_factory=threading.Event)
     terminate: threading.Event = field(default_factory=threading.Event)
 
     def install(self) -> "TrainingSignals":
-        signal.signal(signal.SIGUSR1, lambda *_: self.prewarm.set())
+        signal.signal(signal.SIGUSR1, lambda *_: self.start.set())
         signal.signal(signal.SIGUSR2, lambda *_: self.checkpoint.set())
         signal.signal(signal.SIGTERM, lambda *_: self.terminate.set())
         return self
@@ -163,6 +164,8 @@ class Contract:
         self.rank = int(env.get("RANK", "0"))
         self.local_rank = int(env.get("LOCAL_RANK", "0"))
         self.cuda_visible_devices = env.get("CUDA_VISIBLE_DEVICES", "")
+        # Started ahead of a switch: see :func:`standby`.
+        self.standby = env.get("FMSCHED_STANDBY") == "1"
 
     @property
     def profile(self) -> bool:
@@ -184,3 +187,27 @@ class Contract:
         path = os.path.join(self.output_dir, job_id)
         os.makedirs(path, exist_ok=True)
         return path
+
+
+def standby(contract: Contract, signals: TrainingSignals, reporter: Reporter) -> bool:
+    """The pipeline switch (Ymir §6.2) on the trainer's side.
+
+    When the agent started this process ahead of a switch
+    (``FMSCHED_STANDBY=1``) the GPUs in ``CUDA_VISIBLE_DEVICES`` still run
+    another job. Call this after everything that needs no GPU is ready (data
+    loader workers, tokenised data, weights in host memory) and before the
+    first CUDA call: it reports ``prewarmed`` and blocks until SIGUSR1
+    (returns True: train now) or SIGTERM (exits 0: the plan changed, nothing
+    was trained, nothing needs saving). Without standby it returns False at
+    once. ``signals`` must be installed before the data loader is built, so
+    an early SIGUSR1 is not lost.
+    """
+    if not contract.standby:
+        return False
+    reporter.prewarmed()
+    while not signals.start.wait(0.05):
+        if signals.terminate.is_set():
+            reporter.close()
+            sys.exit(0)
+    signals.start.clear()
+    return True

@@ -49,9 +49,6 @@ class FmschedCallback(_Base):
         now = time.monotonic()
         self._step_time = now - self._last_step
         self._last_step = now
-        if self.signals.prewarm.is_set():
-            self.signals.prewarm.clear()
-            self.reporter.prewarmed()
         if self.signals.checkpoint.is_set() or self.signals.terminate.is_set():
             control.should_save = True
         if self.signals.terminate.is_set():

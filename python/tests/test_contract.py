@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from fmsched_trainer import Contract, Reporter, TrainingSignals, diagonal_fisher, task2vec_embedding
+from fmsched_trainer import Contract, Reporter, TrainingSignals, diagonal_fisher, standby, task2vec_embedding
 from fmsched_trainer.hf import FmschedCallback
 
 
@@ -78,15 +78,47 @@ def test_signals_become_flags():
     os.kill(os.getpid(), signal.SIGUSR2)
     os.kill(os.getpid(), signal.SIGUSR1)
     deadline = time.time() + 2
-    while not (s.checkpoint.is_set() and s.prewarm.is_set()) and time.time() < deadline:
+    while not (s.checkpoint.is_set() and s.start.is_set()) and time.time() < deadline:
         time.sleep(0.01)
-    assert s.checkpoint.is_set() and s.prewarm.is_set() and not s.terminate.is_set()
+    assert s.checkpoint.is_set() and s.start.is_set() and not s.terminate.is_set()
     os.kill(os.getpid(), signal.SIGTERM)
     deadline = time.time() + 2
     while not s.terminate.is_set() and time.time() < deadline:
         time.sleep(0.01)
     assert s.terminate.is_set()
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+class _Recorder:
+    def __init__(self):
+        self.sent = []
+        self.closed = False
+
+    def prewarmed(self):
+        self.sent.append("prewarmed")
+
+    def close(self):
+        self.closed = True
+
+
+def test_standby_reports_prewarmed_and_waits_for_the_start(tmp_path):
+    # Without FMSCHED_STANDBY nothing waits.
+    sig = TrainingSignals()
+    rec = _Recorder()
+    assert standby(Contract(env(str(tmp_path))), sig, rec) is False and rec.sent == []
+    # In standby: prewarmed first, then blocked until SIGUSR1 (here: the flag).
+    c = Contract(env(str(tmp_path), FMSCHED_STANDBY="1"))
+    assert c.standby
+    threading.Timer(0.3, sig.start.set).start()
+    t0 = time.monotonic()
+    assert standby(c, sig, rec) is True
+    assert time.monotonic() - t0 >= 0.25, "returned before the start signal"
+    assert rec.sent == ["prewarmed"] and not sig.start.is_set()
+    # SIGTERM while waiting: exit 0 (nothing trained, nothing to save).
+    sig.terminate.set()
+    with pytest.raises(SystemExit) as e:
+        standby(c, sig, _Recorder())
+    assert e.value.code == 0
 
 
 def test_diagonal_fisher_by_hand_and_task2vec_halves():

@@ -174,6 +174,21 @@ pub struct SchedulingConfig {
     /// Wait before a retry; doubles with every retry.
     #[serde(with = "humantime_serde")]
     pub retry_backoff: Duration,
+    /// Pipeline switch (Ymir §6.2): this long before a round, the next
+    /// round's plan is predicted and jobs about to start get a standby
+    /// process on their node, so their data loader is ready when the GPUs
+    /// free up. Only jobs whose launch sets `prewarm`. `0s` turns it off; at
+    /// most half the interval is used.
+    #[serde(with = "humantime_serde")]
+    pub prewarm_lead: Duration,
+}
+
+impl SchedulingConfig {
+    /// The look-ahead actually used: `prewarm_lead`, at most half the
+    /// interval (a prediction made earlier than that is mostly stale).
+    pub fn effective_prewarm_lead(&self) -> Duration {
+        self.prewarm_lead.min(self.interval / 2)
+    }
 }
 
 impl Default for SchedulingConfig {
@@ -186,6 +201,7 @@ impl Default for SchedulingConfig {
             merging: true,
             max_retries: 3,
             retry_backoff: Duration::from_secs(30),
+            prewarm_lead: Duration::from_secs(30),
         }
     }
 }

@@ -26,6 +26,13 @@
 //! temporal pair runs A with B evaluated alongside (the guard's signal),
 //! then B from A's output weights.
 //!
+//! Pipeline switch (Ymir §6.2): `scheduling.prewarm_lead` (30 s) before a
+//! round, a *look-ahead* round predicts the next plan from what Postgres
+//! holds (it observes and writes nothing) and sends each node a
+//! `PrepareSwitch` hint for the tasks it would start there, so their
+//! processes get their data loaders ready in standby while the GPUs finish
+//! the outgoing jobs. Only jobs whose launch sets `prewarm` get hints.
+//!
 //! Not here yet: placements over several nodes. A job is offered at most
 //! the largest node's GPUs; one that needs more waits with an
 //! `unschedulable` event saying so.
@@ -33,7 +40,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use chrono::Utc;
+use chrono::{DateTime, Utc};
 use estimator_svc::analytic;
 use estimator_svc::loss_curve::LossCurve;
 use estimator_svc::lut::{Lut, Variant};
@@ -80,6 +87,7 @@ pub struct MetricValues {
     pub merges_spatial: u64,
     pub guard_splits: u64,
     pub estimator_fallbacks: u64,
+    pub prewarm_hints: u64,
 }
 
 impl SchedulerMetrics {
@@ -189,6 +197,12 @@ pub async fn render_metrics(state: &AppState) -> String {
         v.estimator_fallbacks as f64,
     );
     e.scalar(
+        "fmsched_prewarm_hints_total",
+        "counter",
+        "Pipeline-switch hints sent: tasks started in standby ahead of a round (Ymir §6.2).",
+        v.prewarm_hints as f64,
+    );
+    e.scalar(
         "fmsched_context_switches_total",
         "counter",
         "Jobs started, moved or resized (each costs a checkpoint and a restart).",
@@ -226,6 +240,26 @@ pub struct RoundReport {
     pub running: usize,
     pub completed: usize,
     pub failed: usize,
+    /// Look-ahead rounds: `PrepareSwitch` hints sent.
+    pub hints: usize,
+}
+
+/// What a round does with the plan it decides.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RoundKind {
+    /// Observe the agents' reports, decide, persist the plan under a new
+    /// generation and push it.
+    Commit,
+    /// Predict the plan of the round expected at `switch_at` from what is
+    /// persisted, and send `PrepareSwitch` hints for the tasks it would
+    /// start (Ymir §6.2). Observes nothing, writes nothing.
+    LookAhead { switch_at: DateTime<Utc> },
+}
+
+impl RoundKind {
+    fn commits(self) -> bool {
+        self == RoundKind::Commit
+    }
 }
 
 /// The round's error (logged; the next round tries again).
@@ -510,6 +544,7 @@ pub async fn run_round(
     state: &AppState,
     lut: &Arc<Lut>,
     est: &Estimates,
+    kind: RoundKind,
 ) -> Result<RoundReport, RoundError> {
     let p = &state.persistence;
     let now = Utc::now();
@@ -532,7 +567,20 @@ pub async fn run_round(
     // Merges split this round: their spatial jobs wait one round for the
     // joint process's last checkpoint.
     let mut split_now: BTreeSet<i64> = BTreeSet::new();
-    for n in &nodes {
+    // A look-ahead writes nothing: it predicts from what is persisted, and
+    // from the reports only which jobs finish before the switch.
+    let reporting = if kind.commits() { &nodes[..] } else { &[] };
+    let mut reported_outputs: BTreeMap<JobId, String> = BTreeMap::new();
+    if let RoundKind::LookAhead { switch_at } = kind {
+        let lead_s = (switch_at - now).num_milliseconds().max(0) as f64 / 1000.0;
+        for (id, output) in finishing(&nodes, &live, &estimates, lead_s) {
+            live.remove(&id);
+            if let Some(o) = output {
+                reported_outputs.insert(id, o);
+            }
+        }
+    }
+    for n in reporting {
         for t in &n.observed_tasks {
             // Profiling runs: "<job>-profile".
             if let Some(job_part) = t.task_id.strip_suffix(PROFILE_SUFFIX) {
@@ -688,6 +736,7 @@ pub async fn run_round(
     let unguarded: Vec<&MergeRecord> = merges
         .iter()
         .filter(|m| m.active && !m.guard_passed && !split_now.contains(&m.id))
+        .filter(|_| kind.commits())
         .collect();
     for m in unguarded {
         let watched: Vec<(JobId, Option<&[f64]>)> = match m.mode {
@@ -794,7 +843,7 @@ pub async fn run_round(
         .max()
         .unwrap_or(0);
     for (id, j) in live.iter().filter(|(_, j)| j.state == JobState::Queued) {
-        if j.spec.resources.min_gpus > largest_node && largest_node > 0 {
+        if j.spec.resources.min_gpus > largest_node && largest_node > 0 && kind.commits() {
             let why = format!(
                 "waiting: needs at least {} GPUs on one node and the largest node has {largest_node} (jobs over several nodes are not run yet)",
                 j.spec.resources.min_gpus
@@ -1093,6 +1142,9 @@ pub async fn run_round(
     .map_err(|e| RoundError::Join(e.to_string()))?;
     let solve_s = solve_started.elapsed().as_secs_f64();
     state.metrics.update(|m| {
+        if !kind.commits() {
+            return;
+        }
         m.solver_seconds_sum += solve_s;
         m.last_solver_seconds = solve_s;
         m.model_variables = plan.stats.variables as u64;
@@ -1188,6 +1240,51 @@ pub async fn run_round(
         }
     }
     let running: BTreeSet<JobId> = assignments.iter().map(|a| a.job).collect();
+    // Everything the plan's processes need about merges: all active ones
+    // (those decided now included) and the outputs of finished A's.
+    let mut all_merges = merges.clone();
+    all_merges.extend(new_merges.iter().map(|m| MergeRecord {
+        id: 0,
+        a: m.a,
+        b: m.b,
+        mode: m.mode,
+        gain_ab: m.gain_ab,
+        gain_ba: m.gain_ba,
+        active: true,
+        guard_passed: false,
+    }));
+    let mut init_weights = BTreeMap::new();
+    for m in all_merges
+        .iter()
+        .filter(|m| m.active && m.mode == MergeMode::Temporal && running.contains(&m.b))
+    {
+        if live.contains_key(&m.a) {
+            continue;
+        }
+        let out = match reported_outputs.get(&m.a) {
+            Some(o) => Some(o.clone()), // a look-ahead: A reported its output
+            None => p
+                .get_job(m.a)
+                .await?
+                .filter(|a| a.state == JobState::Completed)
+                .and_then(|a| a.output_path),
+        };
+        if let Some(out) = out.filter(|o| !o.is_empty()) {
+            init_weights.insert(m.b, out);
+        }
+    }
+    if let RoundKind::LookAhead { switch_at } = kind {
+        // ---- 4'. hint --------------------------------------------------------
+        let view = PlanView {
+            live: &live,
+            assignments: &assignments,
+            progress: &progress,
+            merges: &all_merges,
+            init_weights: &init_weights,
+        };
+        report.hints = send_switch_hints(state, &view, &held, switch_at);
+        return Ok(report);
+    }
     let mut transitions = Vec::new();
     let profiled: BTreeSet<JobId> = profiling.iter().map(|a| a.job).collect();
     for (id, j) in &live {
@@ -1283,35 +1380,6 @@ pub async fn run_round(
     for m in &new_merges {
         tracing::info!(a = %m.a, b = %m.b, mode = m.mode.as_str(), gain_ab = m.gain_ab, gain_ba = m.gain_ba, generation, "merge decided");
     }
-    // Everything the plan's processes need about merges: all active ones
-    // (those decided now included) and the outputs of finished A's.
-    let mut all_merges = merges.clone();
-    all_merges.extend(new_merges.iter().map(|m| MergeRecord {
-        id: 0,
-        a: m.a,
-        b: m.b,
-        mode: m.mode,
-        gain_ab: m.gain_ab,
-        gain_ba: m.gain_ba,
-        active: true,
-        guard_passed: false,
-    }));
-    let mut init_weights = BTreeMap::new();
-    for m in all_merges
-        .iter()
-        .filter(|m| m.active && m.mode == MergeMode::Temporal && running.contains(&m.b))
-    {
-        if !live.contains_key(&m.a)
-            && let Some(out) = p
-                .get_job(m.a)
-                .await?
-                .filter(|a| a.state == JobState::Completed)
-                .and_then(|a| a.output_path)
-                .filter(|o| !o.is_empty())
-        {
-            init_weights.insert(m.b, out);
-        }
-    }
     push_plans(
         state,
         &PlanView {
@@ -1327,6 +1395,55 @@ pub async fn run_round(
     report.jobs = live.len();
     report.running = training;
     Ok(report)
+}
+
+/// Jobs of training processes that finish before a switch `lead_s`
+/// seconds away, for a look-ahead round: those that reported their output
+/// (with it) or ended, and those whose remaining iterations at their
+/// reported step time take less than `lead_s` (Ymir §6.2: the next job
+/// prepares while they finish).
+fn finishing(
+    nodes: &[crate::registry::LiveNode],
+    live: &BTreeMap<JobId, JobRecord>,
+    estimates: &BTreeMap<JobId, Estimate>,
+    lead_s: f64,
+) -> Vec<(JobId, Option<String>)> {
+    let mut out = Vec::new();
+    for t in nodes.iter().flat_map(|n| &n.observed_tasks) {
+        if t.task_id.ends_with(PROFILE_SUFFIX) {
+            continue;
+        }
+        let Some(members) = members_of(&t.task_id) else {
+            continue;
+        };
+        let ended = t.phase == pb::TaskPhase::Succeeded as i32;
+        for id in members {
+            let Some(j) = live.get(&id) else { continue };
+            let key = id.to_string();
+            if let Some(o) = t.outputs.get(&key) {
+                out.push((id, Some(o.clone())));
+                continue;
+            }
+            let done = t
+                .jobs
+                .iter()
+                .find(|r| r.job_id == key)
+                .map_or(t.iteration, |r| r.iteration);
+            let total = match (
+                j.spec.target.max_iterations,
+                estimates.get(&id).and_then(|e| e.iterations),
+            ) {
+                (None, Some(k)) => k,
+                _ => total_iterations(j),
+            };
+            let soon =
+                t.step_time_s > 0.0 && total.saturating_sub(done) as f64 * t.step_time_s <= lead_s;
+            if ended || soon {
+                out.push((id, None));
+            }
+        }
+    }
+    out
 }
 
 /// What the merge guard decides about one merge.
@@ -1415,8 +1532,9 @@ struct PlanView<'a> {
     init_weights: &'a BTreeMap<JobId, String>,
 }
 
-/// Sends every connected node its complete desired set.
-fn push_plans(state: &AppState, v: &PlanView<'_>, generation: i64) {
+/// The desired set of every node the registry knows (empty for a node the
+/// plan gives nothing).
+fn desired_sets(state: &AppState, v: &PlanView<'_>) -> BTreeMap<NodeId, Vec<pb::DesiredTask>> {
     let nodes = state.registry.snapshot();
     let mut per_node: BTreeMap<NodeId, Vec<pb::DesiredTask>> = nodes
         .iter()
@@ -1495,7 +1613,12 @@ fn push_plans(state: &AppState, v: &PlanView<'_>, generation: i64) {
             per_node.entry(a.node.clone()).or_default().push(task);
         }
     }
-    for (node, tasks) in per_node {
+    per_node
+}
+
+/// Sends every connected node its complete desired set.
+fn push_plans(state: &AppState, v: &PlanView<'_>, generation: i64) {
+    for (node, tasks) in desired_sets(state, v) {
         let n = tasks.len();
         let msg = pb::SchedulerMessage {
             msg: Some(pb::scheduler_message::Msg::Plan(pb::NodePlan {
@@ -1509,7 +1632,52 @@ fn push_plans(state: &AppState, v: &PlanView<'_>, generation: i64) {
     }
 }
 
-/// Runs rounds every `scheduling.interval` until the task is aborted.
+/// Sends `PrepareSwitch` hints for the tasks a predicted plan would start:
+/// training tasks none of whose jobs holds GPUs now (a start or a resume,
+/// not a kept or moved placement), all of whose jobs' trainers implement
+/// standby (`launch.prewarm`). Returns how many were sent.
+fn send_switch_hints(
+    state: &AppState,
+    v: &PlanView<'_>,
+    held: &BTreeMap<JobId, &Assignment>,
+    switch_at: DateTime<Utc>,
+) -> usize {
+    let mut sent = 0;
+    for (node, tasks) in desired_sets(state, v) {
+        for task in tasks {
+            let jobs: Vec<JobId> = task.job_ids.iter().filter_map(|j| j.parse().ok()).collect();
+            let starts = task.mode == pb::TaskMode::Train as i32
+                && !jobs.is_empty()
+                && jobs.iter().all(|j| {
+                    !held.contains_key(j) && v.live.get(j).is_some_and(|r| r.spec.launch.prewarm)
+                });
+            if !starts {
+                continue;
+            }
+            let task_id = task.task_id.clone();
+            let msg = pb::SchedulerMessage {
+                msg: Some(pb::scheduler_message::Msg::Hint(pb::Hint {
+                    hint: Some(pb::hint::Hint::PrepareSwitch(pb::PrepareSwitch {
+                        task_id: task_id.clone(),
+                        switch_at: Some(fmsched_proto::convert::timestamp_to_proto(switch_at)),
+                        task: Some(task),
+                    })),
+                })),
+            };
+            if state.registry.send(&node, msg) {
+                tracing::info!(task = %task_id, node_id = %node, %switch_at, "pipeline switch: standby hint sent");
+                sent += 1;
+            }
+        }
+    }
+    if sent > 0 {
+        state.metrics.update(|m| m.prewarm_hints += sent as u64);
+    }
+    sent
+}
+
+/// Runs rounds every `scheduling.interval` until the task is aborted;
+/// with a `prewarm_lead`, a look-ahead round that long before each round.
 pub async fn scheduling_loop(state: AppState) {
     let lut = match analytic::default_lut() {
         Ok(l) => Arc::new(l),
@@ -1529,6 +1697,13 @@ pub async fn scheduling_loop(state: AppState) {
     if est.is_remote() {
         tracing::info!(endpoint = ?e.endpoint, "estimates from the estimator service");
     }
+    let lead = state.config.scheduling.effective_prewarm_lead();
+    if !lead.is_zero() {
+        tracing::info!(
+            ?lead,
+            "pipeline switch: look-ahead rounds send standby hints"
+        );
+    }
     let mut tick = tokio::time::interval(state.config.scheduling.interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -1537,7 +1712,7 @@ pub async fn scheduling_loop(state: AppState) {
             continue; // a standby decides nothing
         }
         let started = std::time::Instant::now();
-        let result = run_round(&state, &lut, &est).await;
+        let result = run_round(&state, &lut, &est, RoundKind::Commit).await;
         let took = started.elapsed().as_secs_f64();
         state.metrics.update(|m| {
             m.rounds += 1;
@@ -1548,6 +1723,24 @@ pub async fn scheduling_loop(state: AppState) {
             Ok(r) => tracing::debug!(generation = r.generation, jobs = r.jobs, running = r.running,
                 completed = r.completed, failed = r.failed, took = ?started.elapsed(), "scheduling round"),
             Err(e) => tracing::warn!(error = %e, "scheduling round failed; retrying next interval"),
+        }
+        // Ymir §6.2: predict the next round `lead` before it and let the
+        // tasks it starts prepare their data loaders in standby.
+        if lead.is_zero() {
+            continue;
+        }
+        let interval = state.config.scheduling.interval;
+        tokio::time::sleep_until((started + interval - lead).into()).await;
+        if !state.leader.load(std::sync::atomic::Ordering::SeqCst) {
+            continue;
+        }
+        let switch_at = Utc::now() + lead;
+        match run_round(&state, &lut, &est, RoundKind::LookAhead { switch_at }).await {
+            Ok(r) if r.hints > 0 => tracing::debug!(hints = r.hints, "look-ahead round"),
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(error = %e, "look-ahead round failed; no standby hints this round")
+            }
         }
     }
 }
