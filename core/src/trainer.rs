@@ -35,6 +35,13 @@ pub mod env {
     /// [`super::Report::Prewarmed`], then wait for [`super::signal::START`]
     /// before touching the GPUs. SIGTERM while waiting: exit 0.
     pub const STANDBY: &str = "FMSCHED_STANDBY";
+    /// Pipeline-parallel jobs: the number of stages (= GPUs on this node).
+    /// Stage `i` runs on the `i`-th device of `CUDA_VISIBLE_DEVICES`; the
+    /// agent orders those devices so that a job switched in after another
+    /// pipeline job runs its stages in reverse order (Ymir §6.2, Fig. 9):
+    /// its first stage on the GPU of the previous job's last stage, the
+    /// first one to finish its backward pass.
+    pub const PIPELINE_STAGES: &str = "FMSCHED_PIPELINE_STAGES";
     /// Model name of the GPUs the process runs on (as the node reports it).
     pub const GPU_MODEL: &str = "FMSCHED_GPU_MODEL";
     /// Torchrun-compatible rank variables.

@@ -556,6 +556,12 @@ async fn run() -> anyhow::Result<()> {
             .join(" + ")
     );
 
+    if let Some(stages) = var(env::PIPELINE_STAGES) {
+        eprintln!(
+            "fake-trainer: pipeline of {stages} stages, stage i on device i of CUDA_VISIBLE_DEVICES={}",
+            var(env::CUDA_VISIBLE_DEVICES).unwrap_or_default()
+        );
+    }
     let mut state: Vec<TaskState> = tasks
         .iter()
         .map(|t| TaskState {

@@ -51,6 +51,7 @@ fn spec(id: &str, max_iterations: u64, env: &[(&str, &str)]) -> LaunchSpec {
         master_addr: "127.0.0.1".into(),
         master_port: 29500,
         standby: false,
+        pipeline: false,
     }
 }
 

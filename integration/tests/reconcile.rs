@@ -214,3 +214,80 @@ async fn a_switch_hint_prepares_the_next_task_before_the_plan_switches() {
     assert_eq!(r.switch_stats().standby_started, 2);
     r.apply(&plan(5, vec![])).await;
 }
+
+/// An environment variable of a live process.
+fn env_of(pid: u32, name: &str) -> Option<String> {
+    let env = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
+    String::from_utf8_lossy(&env)
+        .split('\0')
+        .find_map(|kv| kv.strip_prefix(&format!("{name}=")).map(str::to_string))
+}
+
+/// Ymir §6.2 (Fig. 9), reverse-order stage switch: a pipeline-parallel job
+/// switched in after another on the same four GPUs runs its stages in
+/// reverse device order — its first stage on the GPU of the previous job's
+/// last stage, which finishes its backward pass first. Through a standby
+/// too, and back again for the next switch.
+#[tokio::test]
+async fn pipeline_jobs_switch_stages_in_reverse_order() {
+    let tmp = tempfile::tempdir().unwrap();
+    let gpus = Arc::new(FakeGpuBackend::new("node-p", 4, "A100-80GB").unwrap());
+    let uuids: Vec<String> = gpus.inventory().iter().map(|g| g.uuid.clone()).collect();
+    let driver = Arc::new(ProcessDriver::new(DriverConfig {
+        work_dir: tmp.path().to_path_buf(),
+        checkpoint_timeout: Duration::from_secs(2),
+        grace: Duration::from_secs(2),
+        checkpoint_interval: Duration::from_secs(3600),
+    }));
+    let backend: Arc<dyn GpuBackend> = gpus.clone();
+    let r = Reconciler::new(driver, backend);
+    let plan = |generation, tasks| pb::NodePlan { generation, tasks };
+    let pipe = |id: &str| {
+        let mut t = desired(id, &uuids[0]);
+        t.gpu_uuids = uuids.clone();
+        t.pipeline_parallel = true;
+        t
+    };
+    let devices = |pid| {
+        (
+            env_of(pid, "CUDA_VISIBLE_DEVICES").unwrap(),
+            env_of(pid, "FMSCHED_PIPELINE_STAGES").unwrap(),
+        )
+    };
+
+    r.apply(&plan(1, vec![pipe("pipe-a")])).await;
+    let a = wait_iteration(&r, "pipe-a", 1).await;
+    assert_eq!(devices(a.pid), ("0,1,2,3".into(), "4".into()));
+
+    // pipe-b replaces pipe-a on the same GPUs: stages in reverse.
+    r.apply(&plan(2, vec![pipe("pipe-b")])).await;
+    let b = wait_iteration(&r, "pipe-b", 1).await;
+    assert_eq!(devices(b.pid).0, "3,2,1,0");
+
+    // pipe-a comes back through a standby: reverse of pipe-b's order.
+    assert!(r.prepare(&pipe("pipe-a"), Duration::from_secs(5)).await);
+    // (Read its environment once it runs the trainer, not the forked agent.)
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !r
+        .driver()
+        .status("pipe-a")
+        .await
+        .is_some_and(|s| s.observed.prewarmed)
+    {
+        assert!(Instant::now() < deadline, "standby never prewarmed");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let standby_pid = r.driver().status("pipe-a").await.unwrap().pid;
+    assert_eq!(devices(standby_pid).0, "0,1,2,3");
+    r.apply(&plan(3, vec![pipe("pipe-a")])).await;
+    let a2 = wait_iteration(&r, "pipe-a", a.iteration).await;
+    assert_eq!(a2.pid, standby_pid, "started from its standby");
+    assert_eq!(r.switch_stats().standby_started, 1);
+
+    // A data-parallel task gets the plan's order, whatever ran before.
+    r.apply(&plan(4, vec![desired("dp", &uuids[3])])).await;
+    let dp = wait_iteration(&r, "dp", 1).await;
+    assert_eq!(env_of(dp.pid, "CUDA_VISIBLE_DEVICES").unwrap(), "3");
+    assert_eq!(env_of(dp.pid, "FMSCHED_PIPELINE_STAGES"), None);
+    r.apply(&plan(5, vec![])).await;
+}

@@ -50,6 +50,8 @@ pub struct LaunchSpec {
     /// Start in standby (`FMSCHED_STANDBY=1`): prepare, report `prewarmed`,
     /// wait for [`ProcessDriver::start`].
     pub standby: bool,
+    /// Pipeline-parallel: stage `i` on `gpus[i]` (`FMSCHED_PIPELINE_STAGES`).
+    pub pipeline: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -353,6 +355,7 @@ impl ProcessDriver {
             .env_remove(env::RESUME_FROM)
             .env_remove(env::INIT_WEIGHTS)
             .env_remove(env::STANDBY)
+            .env_remove(env::PIPELINE_STAGES)
             .stdin(std::process::Stdio::null())
             .stdout(stdout)
             .stderr(stderr)
@@ -366,6 +369,9 @@ impl ProcessDriver {
         }
         if spec.standby {
             cmd.env(env::STANDBY, "1");
+        }
+        if spec.pipeline {
+            cmd.env(env::PIPELINE_STAGES, spec.gpus.len().to_string());
         }
         let child = cmd
             .spawn()

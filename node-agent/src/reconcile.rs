@@ -19,6 +19,11 @@
 //! checkpointed, so the switch costs no loader time. A standby the plan does
 //! not run, or runs differently, is stopped; one no plan claims expires.
 //! Standby processes are not reported (they run nothing yet).
+//!
+//! Reverse-order stage switch (Ymir §6.2, Fig. 9): a pipeline-parallel task
+//! gets its GPUs in the reverse order of the last pipeline task that trained
+//! on the same GPUs, so its first stage runs where the previous job's last
+//! stage (the first to finish its backward pass) ran.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -82,6 +87,9 @@ pub struct Reconciler {
     gpus: Arc<dyn GpuBackend>,
     known: tokio::sync::Mutex<BTreeMap<String, Known>>,
     switches: std::sync::Mutex<SwitchStats>,
+    /// Per GPU set (sorted indices): the device order of the last
+    /// pipeline-parallel process that trained there.
+    stage_orders: std::sync::Mutex<BTreeMap<Vec<u32>, Vec<u32>>>,
 }
 
 fn assignment(t: &pb::TrainerTask) -> TaskAssignment {
@@ -194,7 +202,41 @@ impl Reconciler {
             gpus,
             known: tokio::sync::Mutex::new(BTreeMap::new()),
             switches: std::sync::Mutex::new(SwitchStats::default()),
+            stage_orders: std::sync::Mutex::new(BTreeMap::new()),
         }
+    }
+
+    /// The device order (stage `i` on `order[i]`) of a pipeline-parallel
+    /// task on `gpus`: the reverse of the last pipeline task that trained
+    /// on the same GPUs, else the plan's order. Ymir §6.2 (Fig. 9): the
+    /// outgoing job's last stage finishes its backward pass first, so the
+    /// incoming job's first stage goes there and the switch proceeds stage
+    /// by stage in reverse.
+    fn stage_order(&self, gpus: &[u32]) -> Vec<u32> {
+        let mut key = gpus.to_vec();
+        key.sort_unstable();
+        match self
+            .stage_orders
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&key)
+        {
+            Some(prev) => prev.iter().rev().copied().collect(),
+            None => gpus.to_vec(),
+        }
+    }
+
+    /// Remembers the device order of a pipeline task that starts training.
+    fn trained_in_order(&self, spec: &LaunchSpec) {
+        if !spec.pipeline {
+            return;
+        }
+        let mut key = spec.gpus.clone();
+        key.sort_unstable();
+        self.stage_orders
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(key, spec.gpus.clone());
     }
 
     /// Pipeline-switch counters.
@@ -236,7 +278,11 @@ impl Reconciler {
             },
             profile: t.mode == pb::TaskMode::Profile as i32,
             tasks: t.tasks.iter().map(assignment).collect(),
-            gpus: gpus.to_vec(),
+            gpus: if t.pipeline_parallel {
+                self.stage_order(gpus)
+            } else {
+                gpus.to_vec()
+            },
             resume_from: resume,
             init_weights: Some(PathBuf::from(&t.initial_weights_path))
                 .filter(|p| !p.as_os_str().is_empty()),
@@ -252,6 +298,7 @@ impl Reconciler {
                 .filter(|&p| p > 0)
                 .unwrap_or(29500),
             standby: false,
+            pipeline: t.pipeline_parallel,
         }
     }
 
@@ -335,6 +382,7 @@ impl Reconciler {
                     entry.generation = plan.generation;
                     entry.job_ids.clone_from(&t.job_ids);
                     self.gpus.process_started(entry.pid, &gpus);
+                    self.trained_in_order(&sb.spec);
                     let lead = sb.since.elapsed();
                     let ready = status.as_ref().is_some_and(|s| s.observed.prewarmed);
                     self.count(|c| {
@@ -382,6 +430,7 @@ impl Reconciler {
             let spec = self.launch_spec(t, &gpus, Self::resume_of(t, entry));
             match self.driver.launch(&spec).await {
                 Ok(()) => {
+                    self.trained_in_order(&spec);
                     let pid = self.driver.status(&t.task_id).await.map_or(0, |s| s.pid);
                     self.gpus.process_started(pid, &gpus);
                     *entry = Known {

@@ -166,6 +166,9 @@ class Contract:
         self.cuda_visible_devices = env.get("CUDA_VISIBLE_DEVICES", "")
         # Started ahead of a switch: see :func:`standby`.
         self.standby = env.get("FMSCHED_STANDBY") == "1"
+        # Pipeline-parallel: stage i on cuda:i (the agent orders the devices
+        # for the reverse-order stage switch); 0 for data-parallel jobs.
+        self.pipeline_stages = int(env.get("FMSCHED_PIPELINE_STAGES", "0") or 0)
 
     @property
     def profile(self) -> bool:

@@ -1566,6 +1566,7 @@ fn desired_sets(state: &AppState, v: &PlanView<'_>) -> BTreeMap<NodeId, Vec<pb::
             master_addr: String::new(),
             master_port: 0,
             tasks: vec![trainer_task(job)],
+            pipeline_parallel: job.spec.resources.pipeline_parallel,
         };
         if a.profile {
             // A profiling run is a process of its own ("<job>-profile").
