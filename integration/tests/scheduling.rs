@@ -917,6 +917,14 @@ async fn e2e_generated_workload_merges_of_both_kinds_all_complete() {
             .find(|l| l.starts_with("fmsched_estimator_requests_total") && l.contains(rpc))
             .unwrap_or_else(|| panic!("no {rpc} requests: {em}"));
         eprintln!("estimator: {line}");
+        if rpc == "RecordStepTimes" {
+            // One per profile, plus one per process of a job training alone.
+            let sent: f64 = line.rsplit(' ').next().unwrap().parse().unwrap();
+            assert!(
+                sent > n as f64,
+                "running jobs' step times were not sent: {line}"
+            );
+        }
     }
     // Pipeline switch (Ymir §6.2): look-ahead rounds sent standby hints and
     // agents started switched-to jobs from their waiting processes.

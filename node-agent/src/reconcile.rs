@@ -178,6 +178,7 @@ fn profile_results(
         return pb::ObservedTask {
             trace_iterations: pts.iter().map(|p| p.0 as f64).collect(),
             trace_losses: pts.iter().map(|p| p.1).collect(),
+            step_time_s: o.step_time_s.unwrap_or(0.0),
             ..Default::default()
         };
     }

@@ -30,6 +30,8 @@ pub struct Estimates {
     /// The client (its channel carries the timeout) and the endpoint for
     /// error messages.
     remote: Option<(EstimatorServiceClient<Channel>, String)>,
+    /// Processes (task id, pid) whose step time the service was sent.
+    taught: std::sync::Mutex<std::collections::BTreeSet<(String, u32)>>,
 }
 
 impl Estimates {
@@ -46,7 +48,10 @@ impl Estimates {
             }
             None => None,
         };
-        Ok(Self { remote })
+        Ok(Self {
+            remote,
+            taught: Default::default(),
+        })
     }
 
     pub fn is_remote(&self) -> bool {
@@ -163,6 +168,17 @@ impl Estimates {
     }
 
     /// Feeds measured step times back (the service updates its LUT online).
+    /// True the first time a process (task id, pid) is named: its step time
+    /// is sent once, not every round (each sample is a write on the
+    /// service). Forgets everything past 100,000 processes.
+    pub fn first_sample_of(&self, task_id: &str, pid: u32) -> bool {
+        let mut t = self.taught.lock().unwrap_or_else(|p| p.into_inner());
+        if t.len() >= 100_000 {
+            t.clear();
+        }
+        t.insert((task_id.to_string(), pid))
+    }
+
     pub async fn record_step_times(&self, samples: Vec<pb::StepTimeSample>) -> Result<(), String> {
         let Some((client, endpoint)) = &self.remote else {
             return Ok(());

@@ -654,6 +654,26 @@ pub async fn run_round(
                 }
             }
             let phase = pb::TaskPhase::try_from(t.phase).unwrap_or(pb::TaskPhase::Unspecified);
+            // A data-parallel job training alone teaches the estimator's
+            // table its measured step time, once per process (the LUT is
+            // updated online; merged and pipeline jobs are left out: their
+            // batch or layout is not one job's).
+            if let [id] = members[..]
+                && phase == pb::TaskPhase::Running
+                && t.step_time_s > 0.0
+                && est.is_remote()
+                && !merges.iter().any(|m| m.active && (m.a == id || m.b == id))
+                && let Some(job) = live.get(&id)
+                && !job.spec.resources.pipeline_parallel
+                && let Some(g) = n.record.gpus.first()
+                && est.first_sample_of(&t.task_id, t.pid)
+            {
+                let gpus = t.gpu_uuids.len().max(1) as u32;
+                let sample = running_step_time_sample(lut, job, &g.model, gpus, t.step_time_s);
+                if let Err(e) = est.record_step_times(vec![sample]).await {
+                    tracing::warn!(job_id = %id, error = %e, "step time not recorded");
+                }
+            }
             // A job training alone refreshes its estimate from its own loss
             // trace (merged jobs learn on transferred curves: left as is).
             if let [id] = members[..]
@@ -1397,6 +1417,53 @@ pub async fn run_round(
     Ok(report)
 }
 
+/// A running data-parallel job's measured step time as a sample for the
+/// estimator's table: the job's model and global batch on `gpus` GPUs of
+/// one node of `gpu_model` (AMP, as the shipped profiles), under the local
+/// batch and gradient accumulation the table itself picks for that batch
+/// (so the sample lands on the key the table is asked for).
+fn running_step_time_sample(
+    lut: &Lut,
+    job: &JobRecord,
+    gpu_model: &str,
+    gpus: u32,
+    step_time_s: f64,
+) -> pb::StepTimeSample {
+    let gpu_type = analytic::gpu_family(gpu_model);
+    let placement = gpus.clamp(1, 9).to_string();
+    let global = job.spec.hyperparameters.global_batch_size.max(1);
+    let variant = Variant {
+        amp: true,
+        ..Default::default()
+    };
+    let layers = analytic::layers_of(&job.spec.model).unwrap_or(12);
+    let (local, accum) = lut
+        .iteration_time_on(
+            &job.spec.model,
+            &gpu_type,
+            &placement,
+            global,
+            &variant,
+            layers,
+        )
+        .map_or((global.div_ceil(gpus), 1), |it| {
+            (it.local_bsz, it.grad_accum)
+        });
+    pb::StepTimeSample {
+        key: Some(pb::ThroughputKey {
+            model: job.spec.model.clone(),
+            gpu_type,
+            placement,
+            local_batch_size: local,
+            gradient_accumulation: accum,
+            amp: true,
+            ..Default::default()
+        }),
+        step_time_seconds: step_time_s,
+        sync_time_seconds: 0.0,
+    }
+}
+
 /// Jobs of training processes that finish before a switch `lead_s`
 /// seconds away, for a look-ahead round: those that reported their output
 /// (with it) or ended, and those whose remaining iterations at their
@@ -1436,8 +1503,11 @@ fn finishing(
                 (None, Some(k)) => k,
                 _ => total_iterations(j),
             };
-            let soon =
-                t.step_time_s > 0.0 && total.saturating_sub(done) as f64 * t.step_time_s <= lead_s;
+            // A job past its estimated iterations (a metric target the
+            // estimate undershot) is not predicted to finish.
+            let soon = t.step_time_s > 0.0
+                && total > done
+                && (total - done) as f64 * t.step_time_s <= lead_s;
             if ended || soon {
                 out.push((id, None));
             }
