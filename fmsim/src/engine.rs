@@ -70,6 +70,8 @@ pub struct SimConfig {
     /// Print one line per scheduling round on stderr (default: set when
     /// `FMSIM_DEBUG` is in the environment).
     pub trace_rounds: bool,
+    /// How groups that fit no single node are placed.
+    pub placement_rule: fmsched_core::policy::PlacementRule,
 }
 
 impl Default for SimConfig {
@@ -86,6 +88,7 @@ impl Default for SimConfig {
             check_plans: cfg!(debug_assertions),
             estimate_noise: 0.0,
             trace_rounds: std::env::var_os("FMSIM_DEBUG").is_some(),
+            placement_rule: Default::default(),
         }
     }
 }
@@ -978,6 +981,7 @@ impl<'a> Simulation<'a> {
             jobs: sjobs,
             candidates,
             merges: kept,
+            placement_rule: self.cfg.placement_rule,
         };
         let t = Instant::now();
         let plan = policy.schedule(&snap);

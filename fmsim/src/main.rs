@@ -586,6 +586,9 @@ fn fidelity(
         checkpoint_s: 30.0,
         context_switch_s: None,
         profile_s: 0.0,
+        // Their consolidated placement: a job waits rather than spread
+        // over more nodes than its size needs.
+        placement_rule: fmsched_core::policy::PlacementRule::FewestNodes,
         ..Default::default()
     };
     println!(

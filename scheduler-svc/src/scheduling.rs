@@ -1147,6 +1147,7 @@ pub async fn run_round(
         jobs,
         candidates,
         merges: kept,
+        placement_rule: Default::default(),
     };
 
     // ---- 3. decide --------------------------------------------------------

@@ -107,6 +107,22 @@ pub struct NodeCap {
     pub gpus: u32,
 }
 
+/// How placement treats a group that fits no single node and no set of
+/// whole nodes (see [`placement`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum PlacementRule {
+    /// Spread a data-parallel group over the nodes with the most free GPUs
+    /// (fewest nodes possible then): fmsched's rule.
+    #[default]
+    Pack,
+    /// A group must sit on the fewest nodes its size needs
+    /// (`⌈gpus / node size⌉`), else it waits for the next round: the rule of
+    /// the TitanSched simulator the Ymir authors evaluate with (their
+    /// consolidated placement rejects a placement that uses more nodes than
+    /// necessary). `fmsim fidelity` uses it to replay their runs.
+    FewestNodes,
+}
+
 /// Everything a policy may look at.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Snapshot {
@@ -118,6 +134,8 @@ pub struct Snapshot {
     pub jobs: Vec<SchedJob>,
     pub candidates: Vec<PairCandidate>,
     pub merges: Vec<ExistingMerge>,
+    /// How groups that fit no single node are placed.
+    pub placement_rule: PlacementRule,
 }
 
 impl Snapshot {
@@ -394,6 +412,7 @@ pub(crate) mod testkit {
             jobs,
             candidates: Vec::new(),
             merges: Vec::new(),
+            placement_rule: PlacementRule::Pack,
         }
     }
 

@@ -12,9 +12,11 @@
 //! 3. A data-parallel group that fits no single node and no set of whole
 //!    nodes is spread over the nodes with the most free GPUs (fewest nodes);
 //!    a pipeline-parallel group is never spread — it waits, and the round
-//!    reports it as unplaced.
+//!    reports it as unplaced. Under [`PlacementRule::FewestNodes`] (the
+//!    authors' simulator) a spread over more than `⌈gpus / node size⌉`
+//!    nodes is refused too: the group waits.
 
-use super::{Plan, Snapshot};
+use super::{PlacementRule, Plan, Snapshot};
 
 /// Places every entry of `plan`; entries that cannot be placed are dropped
 /// from the plan (their jobs stay queued) and counted in `stats.unplaced`.
@@ -56,6 +58,17 @@ pub fn place(snap: &Snapshot, mut plan: Plan) -> Plan {
         let e = &plan.entries[k];
         let pipeline = e.jobs.iter().any(|&j| snap.jobs[j].pipeline);
         placed[k] = fit(snap, &mut free, e.gpus, pipeline);
+        if snap.placement_rule == PlacementRule::FewestNodes
+            && let Some(p) = &placed[k]
+        {
+            let node_size = snap.nodes.iter().map(|n| n.gpus).max().unwrap_or(1).max(1);
+            if p.len() as u32 > e.gpus.div_ceil(node_size) {
+                for &(n, g) in p {
+                    free[n] += g;
+                }
+                placed[k] = None;
+            }
+        }
     }
 
     let mut unplaced = 0;
@@ -159,6 +172,45 @@ mod tests {
         assert_eq!(p.entries[2].placement, vec![(2, 3)]);
         assert_eq!(p.entries[0].placement, vec![(2, 1)]);
         p.consistency_check(&snap).unwrap();
+    }
+
+    #[test]
+    fn the_authors_rule_makes_a_group_wait_rather_than_spread_over_extra_nodes() {
+        // Two nodes with 2 free GPUs each (1 GPU of each held by a kept job)
+        // and a 3-GPU group: fmsched spreads it 2+1; the authors'
+        // consolidated placement refuses two nodes for 3 GPUs.
+        let mut snap = cluster(2, 4, jobs(3));
+        for (j, n) in [(0, 0), (1, 1)] {
+            snap.jobs[j].current_placement = vec![(n, 2)];
+            snap.jobs[j].current_gpus = 2;
+        }
+        let plan = || Plan {
+            entries: vec![
+                PlanEntry::single(0, 2),
+                PlanEntry::single(1, 2),
+                PlanEntry::single(2, 3),
+            ],
+            ..Default::default()
+        };
+        let packed = place(&snap, plan());
+        assert_eq!(packed.entries[2].placement, vec![(0, 2), (1, 1)]);
+        snap.placement_rule = PlacementRule::FewestNodes;
+        let strict = place(&snap, plan());
+        assert_eq!(strict.stats.unplaced, 1, "{strict:?}");
+        assert_eq!(strict.entries.len(), 2, "the 3-GPU group waits");
+        // Five GPUs on two nodes is the fewest possible: allowed.
+        let snap5 = Snapshot {
+            placement_rule: PlacementRule::FewestNodes,
+            ..cluster(2, 4, jobs(1))
+        };
+        let p = place(
+            &snap5,
+            Plan {
+                entries: vec![PlanEntry::single(0, 5)],
+                ..Default::default()
+            },
+        );
+        assert_eq!(p.entries[0].placement.len(), 2);
     }
 
     #[test]
