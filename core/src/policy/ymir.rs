@@ -343,7 +343,11 @@ impl Policy for Ymir {
             .set_threads(1)
             // Presolve costs more than it saves on these small, loosely
             // coupled models (measured with `fmsim bench-solver`).
-            .set_presolve(good_lp::solvers::highs::HighsPresolveType::Off);
+            .set_presolve(good_lp::solvers::highs::HighsPresolveType::Off)
+            // The feasibility-jump heuristic looks for a first feasible
+            // point, which this model has trivially (nothing scheduled);
+            // it took ~45 % of a whole simulation's time (perf on FM-1-vit).
+            .set_option("mip_heuristic_run_feasibility_jump", false);
         model.set_verbose(false);
         let mut constraints = 0;
         // One choice per job (Eq. 9–10).
