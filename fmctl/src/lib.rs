@@ -367,8 +367,12 @@ mod tests {
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples");
         let models = fmsched_core::ModelCatalog::builtin();
         let mut n = 0;
-        for entry in std::fs::read_dir(&dir).unwrap() {
-            let p = entry.unwrap().path();
+        let demo = dir.join("demo");
+        let files = std::fs::read_dir(&dir)
+            .unwrap()
+            .chain(std::fs::read_dir(&demo).unwrap())
+            .map(|e| e.unwrap().path());
+        for p in files {
             if p.extension().is_some_and(|e| e == "yaml") {
                 let spec = load_spec(&p).unwrap();
                 spec.validate(&fmsched_core::ValidationContext {
@@ -381,8 +385,8 @@ mod tests {
             }
         }
         assert!(
-            n >= 3,
-            "examples/ should hold at least 3 job specs, found {n}"
+            n >= 7,
+            "examples/ and examples/demo/ should hold at least 7 job specs, found {n}"
         );
     }
 }
