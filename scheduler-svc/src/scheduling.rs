@@ -573,7 +573,8 @@ pub async fn run_round(
     let mut reported_outputs: BTreeMap<JobId, String> = BTreeMap::new();
     if let RoundKind::LookAhead { switch_at } = kind {
         let lead_s = (switch_at - now).num_milliseconds().max(0) as f64 / 1000.0;
-        for (id, output) in finishing(&nodes, &live, &estimates, lead_s) {
+        let observed = nodes.iter().flat_map(|n| &n.observed_tasks);
+        for (id, output) in finishing(observed, &live, &estimates, lead_s) {
             live.remove(&id);
             if let Some(o) = output {
                 reported_outputs.insert(id, o);
@@ -1470,14 +1471,14 @@ fn running_step_time_sample(
 /// (with it) or ended, and those whose remaining iterations at their
 /// reported step time take less than `lead_s` (Ymir §6.2: the next job
 /// prepares while they finish).
-fn finishing(
-    nodes: &[crate::registry::LiveNode],
+fn finishing<'a>(
+    observed: impl IntoIterator<Item = &'a pb::ObservedTask>,
     live: &BTreeMap<JobId, JobRecord>,
     estimates: &BTreeMap<JobId, Estimate>,
     lead_s: f64,
 ) -> Vec<(JobId, Option<String>)> {
     let mut out = Vec::new();
-    for t in nodes.iter().flat_map(|n| &n.observed_tasks) {
+    for t in observed {
         if t.task_id.ends_with(PROFILE_SUFFIX) {
             continue;
         }
@@ -1825,6 +1826,87 @@ mod tests {
         format!("01a20000-0000-7000-8000-0000000000{n:02}")
             .parse()
             .unwrap()
+    }
+
+    fn record(n: u8, max_iterations: Option<u64>) -> JobRecord {
+        let spec = serde_json::json!({
+            "model": "roberta-base",
+            "dataset": { "uri": "file:///d", "task": "rte" },
+            "hyperparameters": { "global_batch_size": 32, "learning_rate": 2e-5 },
+            "target": { "max_iterations": max_iterations, "max_epochs": 3 },
+            "resources": { "min_gpus": 1, "max_gpus": 1 },
+            "launch": { "command": ["train"] }
+        });
+        JobRecord {
+            id: job(n),
+            owner: fmsched_core::UserName("u".into()),
+            spec: serde_json::from_value(spec).unwrap(),
+            idempotency_key: None,
+            state: JobState::Running,
+            state_reason: String::new(),
+            output_path: None,
+            created_at: Utc::now(),
+            updated_at: Utc::now(),
+            last_event_seq: 0,
+        }
+    }
+
+    fn running(n: u8, iteration: u64, step_time_s: f64) -> pb::ObservedTask {
+        pb::ObservedTask {
+            task_id: job(n).to_string(),
+            phase: pb::TaskPhase::Running as i32,
+            iteration,
+            step_time_s,
+            ..Default::default()
+        }
+    }
+
+    /// The look-ahead's prediction of what finishes before the switch:
+    /// reported outputs, and jobs whose remaining iterations at their step
+    /// time fit the lead — but not jobs already past their estimate.
+    #[test]
+    fn a_look_ahead_predicts_finishes_from_reports_and_step_times() {
+        let live: BTreeMap<JobId, JobRecord> = [
+            record(1, Some(1000)),
+            record(2, Some(1000)),
+            record(3, None),
+            record(4, Some(1000)),
+        ]
+        .into_iter()
+        .map(|r| (r.id, r))
+        .collect();
+        // Job 3 names no iteration budget: its estimate says 500.
+        let estimates: BTreeMap<JobId, Estimate> = [(
+            job(3),
+            Estimate {
+                iterations: Some(500),
+                curve: None,
+                fisher: Vec::new(),
+                fisher_repeat: Vec::new(),
+                step_time_s: None,
+                note: String::new(),
+            },
+        )]
+        .into_iter()
+        .collect();
+        let mut done = running(4, 1000, 0.1);
+        done.outputs
+            .insert(job(4).to_string(), "/out/4/weights.json".into());
+        let observed = [
+            running(1, 990, 0.5), // 10 iterations × 0.5 s = 5 s ≤ 30 s
+            running(2, 100, 0.5), // 450 s: not before the switch
+            running(3, 600, 0.5), // past its estimated 500: unknown
+            done,
+        ];
+        let mut got = finishing(&observed, &live, &estimates, 30.0);
+        got.sort();
+        assert_eq!(
+            got,
+            vec![(job(1), None), (job(4), Some("/out/4/weights.json".into()))]
+        );
+        // Without step times only reported outputs count.
+        let slow = [running(1, 990, 0.0)];
+        assert!(finishing(&slow, &live, &estimates, 30.0).is_empty());
     }
 
     #[test]
