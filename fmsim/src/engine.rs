@@ -45,6 +45,10 @@ use fmsched_core::policy::{
 use crate::catalog::Catalog;
 use crate::workload::WorkloadJob;
 
+/// What a job's throughput depends on: LUT model, layers, variant, global
+/// batch and placement shape.
+type RateKey = (String, u32, Variant, u32, String);
+
 /// Simulation settings.
 #[derive(Clone, Debug)]
 pub struct SimConfig {
@@ -202,7 +206,10 @@ pub struct Simulation<'a> {
     jobs: Vec<Job>,
     merges: Vec<Merge>,
     allocations: Vec<u32>,
-    rate_cache: HashMap<(usize, u32, String), f64>,
+    /// Samples per second by what determines them (model, layers, variant,
+    /// batch, placement shape): jobs of one model and batch share entries,
+    /// so a LUT interpolation runs once per distinct configuration.
+    rate_cache: HashMap<RateKey, f64>,
     /// Each job's current progress rate, valid while `version` is unchanged
     /// (bumped by every change of allocations or merges).
     current_rate: Vec<(u64, f64)>,
@@ -378,11 +385,17 @@ impl<'a> Simulation<'a> {
 
     /// Samples per second of job `i`'s configuration at `batch` on `placement`.
     fn rate(&mut self, i: usize, batch: u32, placement: &str) -> Result<f64, SimError> {
-        let key = (i, batch, placement.to_string());
+        let j = &self.jobs[i];
+        let key = (
+            j.lut_model.clone(),
+            j.layers,
+            j.variant.clone(),
+            batch,
+            placement.to_string(),
+        );
         if let Some(&r) = self.rate_cache.get(&key) {
             return Ok(r);
         }
-        let j = &self.jobs[i];
         let r = match self.lut.iteration_time_on(
             &j.lut_model,
             &self.cfg.gpu_type,
