@@ -1170,6 +1170,11 @@ impl<'a> Simulation<'a> {
                     }
                     j.lease_until = self.now + lease_s;
                     j.first_start.get_or_insert(self.now);
+                } else if j.lease_until <= self.now {
+                    // Won its GPUs again after its lease ran out: a new
+                    // lease (Themis renews the winner's lease; without it
+                    // the job would be re-auctioned every round).
+                    j.lease_until = self.now + lease_s;
                 }
             }
         }

@@ -196,3 +196,57 @@ fn estimation_noise_is_deterministic_and_ymir_stays_ahead() {
     let ymir = summarize(&a).avg_jct_h;
     assert!(ymir < srtf, "noisy ymir {ymir} vs oracle srtf {srtf}");
 }
+
+/// Themis renews the lease of a job that wins its GPUs again. Regression:
+/// fmsim renewed a lease only on a new allocation, so once its first lease
+/// ran out a running job was re-auctioned every round and lost its GPU to
+/// the first job worse off than it — long before a lease's end.
+#[test]
+fn themis_renews_the_lease_of_a_job_that_wins_its_gpus_again() {
+    let mut m = ModelTasks::default();
+    let task = |samples: f64| TaskInfo {
+        samples_per_epoch: samples,
+        alone: [(String::new(), Work::Epochs(1.0))].into(),
+    };
+    m.tasks.insert("long".into(), task(600_000.0));
+    m.tasks.insert("short".into(), task(20_000.0));
+    let mut catalog = Catalog::default();
+    catalog.models.insert("roberta-base".into(), m);
+    let job = |name: &str, task: &str, submit_s: f64| WorkloadJob {
+        name: name.into(),
+        submit_s,
+        model: "roberta-base".into(),
+        task: task.into(),
+        gpus: 1,
+        max_gpus: 1,
+        batch: 32,
+        sharing: false,
+        pipeline: false,
+        epochs: None,
+        target_metric: None,
+        curve_key: None,
+        trace_gpu_s: None,
+    };
+    // The long job starts at 0 with a 600 s lease and wins the auction at
+    // 600 s alone: a new lease to 1,200 s. The short job arrives at 700 s
+    // and soon is worse off, but waits for that lease.
+    let jobs = vec![job("long", "long", 0.0), job("short", "short", 700.0)];
+    let cfg = SimConfig {
+        nodes: 1,
+        gpus_per_node: 1,
+        profile_s: 0.0,
+        ..cluster()
+    };
+    let r = run("themis", &cfg, &catalog, &jobs);
+    let short = r.jobs.iter().find(|j| j.name == "short").unwrap();
+    let long = r.jobs.iter().find(|j| j.name == "long").unwrap();
+    assert!(
+        long.finish_s > 1_300.0,
+        "the long job outlasts the lease: {long:?}"
+    );
+    let started = short.first_start_s.expect("the short job ran");
+    assert!(
+        (1_200.0..1_300.0).contains(&started),
+        "the short job started at {started:.0} s, not when the renewed lease ran out (1,200 s)"
+    );
+}
