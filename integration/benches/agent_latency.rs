@@ -7,7 +7,11 @@
 //! - suspend: a plan without the task, until its checkpoint is written and
 //!   the process has exited;
 //! - suspend → resumed: from the suspending plan to the first progress
-//!   report of the process resumed from that checkpoint.
+//!   report of the process resumed from that checkpoint (it pays the fake
+//!   trainer's data-loader start-up, 2 simulated seconds);
+//! - standby → reporting: the same resume when a `PrepareSwitch` hint
+//!   started the process in standby beforehand (Ymir §6.2): from the plan
+//!   to its first progress report, the loader already prepared.
 //!
 //! `cargo build --release --bins && cargo bench -p fmsched-integration --bench agent_latency [-- N]`
 
@@ -65,8 +69,8 @@ async fn main() {
     }));
     let backend: Arc<dyn GpuBackend> = gpus;
     let r = Reconciler::new(driver, backend);
-    let (mut spawn, mut report, mut suspend, mut resume) =
-        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut spawn, mut report, mut suspend, mut resume, mut warm) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let mut generation = 0;
     let mut plan = |tasks| {
         generation += 1;
@@ -93,12 +97,35 @@ async fn main() {
         r.apply(&plan(Vec::new())).await;
         suspend.push(t.elapsed());
         // Resume from that checkpoint: progress past where it stopped.
-        r.apply(&plan(vec![task])).await;
+        r.apply(&plan(vec![task.clone()])).await;
         resume.push(t.elapsed() + first_report(&r, &id, at).await);
+        // Suspend again, prepare a standby, then the plan that resumes it.
+        let at = r
+            .observed()
+            .await
+            .into_iter()
+            .find(|o| o.task_id == id)
+            .map_or(0, |o| o.iteration);
+        r.apply(&plan(Vec::new())).await;
+        assert!(r.prepare(&task, Duration::from_secs(5)).await);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !r
+            .driver()
+            .status(&id)
+            .await
+            .is_some_and(|s| s.observed.prewarmed)
+        {
+            assert!(Instant::now() < deadline, "{id}: standby never ready");
+            tokio::time::sleep(Duration::from_micros(500)).await;
+        }
+        let t = Instant::now();
+        r.apply(&plan(vec![task])).await;
+        warm.push(t.elapsed() + first_report(&r, &id, at).await);
         r.apply(&plan(Vec::new())).await;
     }
     quantiles("plan → process spawned", spawn);
     quantiles("plan → first report", report);
     quantiles("suspend (checkpoint + exit)", suspend);
     quantiles("suspend → resumed, reporting", resume);
+    quantiles("standby → started, reporting", warm);
 }

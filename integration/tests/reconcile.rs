@@ -133,11 +133,11 @@ async fn a_switch_hint_prepares_the_next_task_before_the_plan_switches() {
     let backend: Arc<dyn GpuBackend> = gpus.clone();
     let r = Reconciler::new(driver, backend);
     let plan = |generation, tasks| pb::NodePlan { generation, tasks };
-    // A loader of 100 simulated seconds: 1 s of wall time at 100×.
-    let loader = Duration::from_secs(1);
+    // A loader of 200 simulated seconds: 2 s of wall time at 100×.
+    let loader = Duration::from_secs(2);
     let slow = |id: &str, gpu: &str| {
         let mut t = desired(id, gpu);
-        t.env.insert("FMSCHED_FAKE_LOADER_S".into(), "100".into());
+        t.env.insert("FMSCHED_FAKE_LOADER_S".into(), "200".into());
         t
     };
     let lead = Duration::from_secs(5);
