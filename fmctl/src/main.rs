@@ -314,7 +314,15 @@ async fn run(cli: Cli) -> Result<(), ClientError> {
             use std::io::Write as _;
             let mut stream = client.job_logs(&id, follow, stderr, tail).await?;
             let mut out = std::io::stdout().lock();
+            let mut source: Option<(String, String)> = None;
             while let Some(chunk) = stream.message().await? {
+                // Following a job that moved (another node or process): say
+                // so on stderr, the log itself stays on stdout.
+                let here = (chunk.node_id.clone(), chunk.task_id.clone());
+                if source.as_ref().is_some_and(|s| *s != here) {
+                    eprintln!("--- now node {}, process {} ---", here.0, here.1);
+                }
+                source = Some(here);
                 // A closed pipe (`| head`) ends the command quietly.
                 if out
                     .write_all(&chunk.data)

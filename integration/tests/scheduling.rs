@@ -1313,6 +1313,90 @@ async fn e2e_fmctl_logs_prints_and_follows_a_jobs_output() {
     drop_db(&db).await;
 }
 
+/// `fmctl logs --follow` follows a job to the node it resumes on when its
+/// node is lost, says so on stderr, and ends when the job completes.
+#[tokio::test]
+async fn e2e_fmctl_logs_follow_a_job_to_its_new_node() {
+    let db = new_db("fmsched_logmove").await;
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let _sched = scheduler(&db, port, dir.path());
+    wait_up("scheduler up", port);
+    let mut agents: BTreeMap<&str, Proc> = ["node-a", "node-b"]
+        .into_iter()
+        .map(|n| (n, agent(n, port, dir.path())))
+        .collect();
+    submit(
+        port,
+        dir.path(),
+        [("moving".to_string(), job_yaml("moving", "rte", 6000, 1))],
+    )
+    .expect("submit");
+    let id = wait_for("the job runs", Duration::from_secs(30), || {
+        let j = jobs(port)?;
+        j.iter()
+            .find(|(_, s)| s.0 == "running")
+            .map(|(id, _)| id.clone())
+            .ok_or_else(|| format!("{j:?}"))
+    });
+    let node = wait_for("its node", Duration::from_secs(10), || {
+        ["node-a", "node-b"]
+            .into_iter()
+            .find(|n| dir.path().join(n).join(&id).join("stdout.log").exists())
+            .ok_or_else(|| "no task folder yet".to_string())
+    });
+    let other = if node == "node-a" { "node-b" } else { "node-a" };
+    let (out_path, err_path) = (dir.path().join("follow.out"), dir.path().join("follow.err"));
+    let mut follow = Command::new(bin("fmctl"))
+        .args(["logs", &id, "--follow"])
+        .env("FMSCHED_ENDPOINT", format!("http://127.0.0.1:{port}"))
+        .env("FMSCHED_TOKEN", ROOT)
+        .env("FMCTL_CONFIG", "/dev/null")
+        .stdout(std::fs::File::create(&out_path).unwrap())
+        .stderr(std::fs::File::create(&err_path).unwrap())
+        .spawn()
+        .unwrap();
+    let read = |p: &std::path::Path| std::fs::read_to_string(p).unwrap_or_default();
+    wait_for("following", Duration::from_secs(30), || {
+        let out = read(&out_path);
+        if out.contains("epoch 2 ") {
+            Ok(())
+        } else {
+            Err(out)
+        }
+    });
+    // The node is lost: its agent and its training process.
+    agents.get_mut(node).unwrap().kill9();
+    let killed = kill_processes_with_env(&format!("{}", dir.path().join(node).display()));
+    assert!(killed >= 1, "the job's trainer was on {node}");
+    let status = wait_for(
+        "--follow ends with the job",
+        Duration::from_secs(120),
+        || {
+            follow
+                .try_wait()
+                .map_err(|e| e.to_string())?
+                .ok_or_else(|| "still following".to_string())
+        },
+    );
+    let (out, err) = (read(&out_path), read(&err_path));
+    assert!(status.success(), "{err}");
+    assert_eq!(jobs(port).unwrap()[&id].0, "completed");
+    assert!(
+        err.contains(&format!("--- now node {other}")),
+        "stderr: {err}"
+    );
+    // 6000 iterations of 32 samples over 3200 samples per epoch: 60 epochs,
+    // the last ones written on the other node.
+    assert!(out.contains("epoch 60 rte"), "{out}");
+    assert!(
+        std::fs::read_to_string(dir.path().join(other).join(&id).join("stdout.log"))
+            .unwrap()
+            .contains("epoch 60 rte")
+    );
+    drop_db(&db).await;
+}
+
 #[tokio::test]
 async fn e2e_a_job_wider_than_any_node_waits_and_says_why() {
     let db = new_db("fmsched_wide").await;

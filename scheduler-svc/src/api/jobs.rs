@@ -309,7 +309,7 @@ impl JobService for JobApi {
             offset: -i64::from(tail),
             max_bytes: 1 << 20,
         };
-        let Some((node, first)) = find_log(&self.state, job.id, &lr).await else {
+        let Some((mut node, first)) = find_log(&self.state, job.id, &lr).await else {
             return Err(Status::not_found(format!(
                 "no log of job {} on any connected node (it has not run yet, or its node is offline)",
                 job.id
@@ -337,6 +337,7 @@ impl JobService for JobApi {
                     }
                 }
                 lr.offset = data.next_offset as i64;
+                let task = data.task_id.clone();
                 if empty {
                     if !follow {
                         return;
@@ -354,9 +355,33 @@ impl JobService for JobApi {
                         _ = tx.closed() => return,
                         _ = tick.tick() => {}
                     }
+                    // The job moved to another node (resumed elsewhere after
+                    // its node went offline, a new placement): follow its
+                    // log there, from the start.
+                    if let Ok(plan) = state.persistence.current_plan().await
+                        && let Some(a) = plan
+                            .assignments
+                            .iter()
+                            .find(|a| a.job == job.id && !a.profile)
+                        && a.node != node
+                    {
+                        let fresh = pb::LogRequest {
+                            offset: 0,
+                            ..lr.clone()
+                        };
+                        if let Some(d) = state
+                            .registry
+                            .request_log(&a.node, fresh.clone(), LOG_TIMEOUT)
+                            .await
+                            .filter(|d| d.error.is_empty() && !d.task_id.is_empty())
+                        {
+                            node = a.node.clone();
+                            lr = fresh;
+                            data = d;
+                            continue;
+                        }
+                    }
                 }
-                // Read on from the node it was found on (a job that moves to
-                // another node meanwhile: run the command again).
                 data = match state
                     .registry
                     .request_log(&node, lr.clone(), LOG_TIMEOUT)
@@ -367,6 +392,13 @@ impl JobService for JobApi {
                         let _ = tx.send(Err(Status::unavailable(d.error))).await;
                         return;
                     }
+                    // The node is gone; when following, wait: it comes back,
+                    // or the job moves (checked above), or it ends.
+                    None if follow => pb::LogData {
+                        task_id: task.clone(),
+                        next_offset: lr.offset.max(0) as u64,
+                        ..Default::default()
+                    },
                     None => {
                         let _ = tx
                             .send(Err(Status::unavailable(format!(
@@ -376,6 +408,23 @@ impl JobService for JobApi {
                         return;
                     }
                 };
+                // Another process of the job here now (a merge, a split, a
+                // standby started): its log from the start.
+                if !data.task_id.is_empty() && data.task_id != task && lr.offset != 0 {
+                    lr.offset = 0;
+                    data = match state
+                        .registry
+                        .request_log(&node, lr.clone(), LOG_TIMEOUT)
+                        .await
+                    {
+                        Some(d) if d.error.is_empty() => d,
+                        // Nothing read: from the start next time.
+                        _ => pb::LogData {
+                            task_id: data.task_id.clone(),
+                            ..Default::default()
+                        },
+                    };
+                }
             }
         });
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
