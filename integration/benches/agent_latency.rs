@@ -40,6 +40,15 @@ async fn first_report(r: &Reconciler, id: &str, after: u64) -> Duration {
     }
 }
 
+/// The task's last reported iteration (0 when it is not running here).
+async fn iteration(r: &Reconciler, id: &str) -> u64 {
+    r.observed()
+        .await
+        .into_iter()
+        .find(|o| o.task_id == id)
+        .map_or(0, |o| o.iteration)
+}
+
 fn quantiles(name: &str, mut v: Vec<Duration>) {
     v.sort();
     let q = |p: f64| v[((v.len() - 1) as f64 * p).round() as usize].as_secs_f64() * 1000.0;
@@ -87,12 +96,7 @@ async fn main() {
         spawn.push(t.elapsed());
         report.push(t.elapsed() + first_report(&r, &id, 0).await);
         // Suspend (checkpoint, then exit).
-        let at = r
-            .observed()
-            .await
-            .into_iter()
-            .find(|o| o.task_id == id)
-            .map_or(0, |o| o.iteration);
+        let at = iteration(&r, &id).await;
         let t = Instant::now();
         r.apply(&plan(Vec::new())).await;
         suspend.push(t.elapsed());
@@ -100,12 +104,7 @@ async fn main() {
         r.apply(&plan(vec![task.clone()])).await;
         resume.push(t.elapsed() + first_report(&r, &id, at).await);
         // Suspend again, prepare a standby, then the plan that resumes it.
-        let at = r
-            .observed()
-            .await
-            .into_iter()
-            .find(|o| o.task_id == id)
-            .map_or(0, |o| o.iteration);
+        let at = iteration(&r, &id).await;
         r.apply(&plan(Vec::new())).await;
         assert!(r.prepare(&task, Duration::from_secs(5)).await);
         let deadline = Instant::now() + Duration::from_secs(20);

@@ -34,10 +34,19 @@ async fn wait_iteration(r: &Reconciler, id: &str, at_least: u64) -> pb::Observed
     }
 }
 
-#[tokio::test]
-async fn plans_move_suspend_and_resume_processes() {
+/// A reconciler over `n` FAKE A100 GPUs with its own work folder (kept
+/// while the returned guard lives), and the GPUs' UUIDs.
+fn node(
+    name: &str,
+    n: u32,
+) -> (
+    tempfile::TempDir,
+    Arc<FakeGpuBackend>,
+    Vec<String>,
+    Reconciler,
+) {
     let tmp = tempfile::tempdir().unwrap();
-    let gpus = Arc::new(FakeGpuBackend::new("node-r", 2, "A100-80GB").unwrap());
+    let gpus = Arc::new(FakeGpuBackend::new(name, n, "A100-80GB").unwrap());
     let uuids: Vec<String> = gpus.inventory().iter().map(|g| g.uuid.clone()).collect();
     let driver = Arc::new(ProcessDriver::new(DriverConfig {
         work_dir: tmp.path().to_path_buf(),
@@ -46,7 +55,26 @@ async fn plans_move_suspend_and_resume_processes() {
         checkpoint_interval: Duration::from_secs(3600),
     }));
     let backend: Arc<dyn GpuBackend> = gpus.clone();
-    let r = Reconciler::new(driver, backend);
+    (tmp, gpus, uuids, Reconciler::new(driver, backend))
+}
+
+/// Waits until task `id` runs in standby with its loader ready.
+async fn wait_prewarmed(r: &Reconciler, id: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !r
+        .driver()
+        .status(id)
+        .await
+        .is_some_and(|s| s.observed.prewarmed)
+    {
+        assert!(Instant::now() < deadline, "{id}: standby never prewarmed");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test]
+async fn plans_move_suspend_and_resume_processes() {
+    let (_tmp, gpus, uuids, r) = node("node-r", 2);
 
     // Generation 1: run on GPU 0; telemetry follows the process.
     let plan = |generation, tasks| pb::NodePlan { generation, tasks };
@@ -121,17 +149,7 @@ async fn plans_move_suspend_and_resume_processes() {
 /// its checkpoint.
 #[tokio::test]
 async fn a_switch_hint_prepares_the_next_task_before_the_plan_switches() {
-    let tmp = tempfile::tempdir().unwrap();
-    let gpus = Arc::new(FakeGpuBackend::new("node-s", 2, "A100-80GB").unwrap());
-    let uuids: Vec<String> = gpus.inventory().iter().map(|g| g.uuid.clone()).collect();
-    let driver = Arc::new(ProcessDriver::new(DriverConfig {
-        work_dir: tmp.path().to_path_buf(),
-        checkpoint_timeout: Duration::from_secs(2),
-        grace: Duration::from_secs(2),
-        checkpoint_interval: Duration::from_secs(3600),
-    }));
-    let backend: Arc<dyn GpuBackend> = gpus.clone();
-    let r = Reconciler::new(driver, backend);
+    let (_tmp, _, uuids, r) = node("node-s", 2);
     let plan = |generation, tasks| pb::NodePlan { generation, tasks };
     // A loader of 200 simulated seconds: 2 s of wall time at 100×.
     let loader = Duration::from_secs(2);
@@ -150,19 +168,7 @@ async fn a_switch_hint_prepares_the_next_task_before_the_plan_switches() {
         !r.prepare(&slow("job-b", &uuids[0]), lead).await,
         "a repeated hint launches nothing"
     );
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !r
-        .driver()
-        .status("job-b")
-        .await
-        .is_some_and(|s| s.observed.prewarmed)
-    {
-        assert!(
-            Instant::now() < deadline,
-            "standby never reported prewarmed"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    wait_prewarmed(&r, "job-b").await;
     eprintln!("hint → loader ready: {:?}", hinted.elapsed());
     let standby = r.driver().status("job-b").await.unwrap();
     assert!(standby.running && standby.observed.progress.is_empty());
@@ -230,17 +236,7 @@ fn env_of(pid: u32, name: &str) -> Option<String> {
 /// too, and back again for the next switch.
 #[tokio::test]
 async fn pipeline_jobs_switch_stages_in_reverse_order() {
-    let tmp = tempfile::tempdir().unwrap();
-    let gpus = Arc::new(FakeGpuBackend::new("node-p", 4, "A100-80GB").unwrap());
-    let uuids: Vec<String> = gpus.inventory().iter().map(|g| g.uuid.clone()).collect();
-    let driver = Arc::new(ProcessDriver::new(DriverConfig {
-        work_dir: tmp.path().to_path_buf(),
-        checkpoint_timeout: Duration::from_secs(2),
-        grace: Duration::from_secs(2),
-        checkpoint_interval: Duration::from_secs(3600),
-    }));
-    let backend: Arc<dyn GpuBackend> = gpus.clone();
-    let r = Reconciler::new(driver, backend);
+    let (_tmp, _, uuids, r) = node("node-p", 4);
     let plan = |generation, tasks| pb::NodePlan { generation, tasks };
     let pipe = |id: &str| {
         let mut t = desired(id, &uuids[0]);
@@ -267,16 +263,7 @@ async fn pipeline_jobs_switch_stages_in_reverse_order() {
     // pipe-a comes back through a standby: reverse of pipe-b's order.
     assert!(r.prepare(&pipe("pipe-a"), Duration::from_secs(5)).await);
     // (Read its environment once it runs the trainer, not the forked agent.)
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !r
-        .driver()
-        .status("pipe-a")
-        .await
-        .is_some_and(|s| s.observed.prewarmed)
-    {
-        assert!(Instant::now() < deadline, "standby never prewarmed");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    wait_prewarmed(&r, "pipe-a").await;
     let standby_pid = r.driver().status("pipe-a").await.unwrap().pid;
     assert_eq!(devices(standby_pid).0, "0,1,2,3");
     r.apply(&plan(3, vec![pipe("pipe-a")])).await;

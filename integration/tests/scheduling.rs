@@ -956,6 +956,17 @@ async fn e2e_generated_workload_merges_of_both_kinds_all_complete() {
     drop_db(&db).await;
 }
 
+/// Waits (30 s at most) until a job runs; returns its id.
+fn running_job(port: u16) -> String {
+    wait_for("a job runs", Duration::from_secs(30), || {
+        let j = jobs(port)?;
+        j.iter()
+            .find(|(_, s)| s.0 == "running")
+            .map(|(id, _)| id.clone())
+            .ok_or_else(|| format!("{j:?}"))
+    })
+}
+
 /// The value of an unlabelled metric in a Prometheus exposition.
 fn metric_value(exposition: &str, name: &str) -> f64 {
     exposition
@@ -1267,13 +1278,7 @@ async fn e2e_fmctl_logs_prints_and_follows_a_jobs_output() {
         [("logged".to_string(), job_yaml("logged", "rte", 3000, 1))],
     )
     .expect("submit");
-    let id = wait_for("the job runs", Duration::from_secs(30), || {
-        let j = jobs(port)?;
-        j.iter()
-            .find(|(_, s)| s.0 == "running")
-            .map(|(id, _)| id.clone())
-            .ok_or_else(|| format!("{j:?}"))
-    });
+    let id = running_job(port);
     // Standard error: the trainer's start-up line, from the node's log file.
     let err = wait_for(
         "stderr has the start-up line",
@@ -1332,13 +1337,7 @@ async fn e2e_fmctl_logs_follow_a_job_to_its_new_node() {
         [("moving".to_string(), job_yaml("moving", "rte", 6000, 1))],
     )
     .expect("submit");
-    let id = wait_for("the job runs", Duration::from_secs(30), || {
-        let j = jobs(port)?;
-        j.iter()
-            .find(|(_, s)| s.0 == "running")
-            .map(|(id, _)| id.clone())
-            .ok_or_else(|| format!("{j:?}"))
-    });
+    let id = running_job(port);
     let node = wait_for("its node", Duration::from_secs(10), || {
         ["node-a", "node-b"]
             .into_iter()
