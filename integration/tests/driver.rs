@@ -308,4 +308,37 @@ async fn the_python_helper_follows_the_contract_under_the_driver() {
         "{:?}",
         st.observed
     );
+    // Standby (the pipeline switch): the helper reports `prewarmed`, trains
+    // nothing until the start signal, then trains.
+    d.launch(&LaunchSpec {
+        id: "py-standby".into(),
+        standby: true,
+        ..s.clone()
+    })
+    .await
+    .unwrap();
+    wait_for(
+        "prewarmed from python",
+        Duration::from_secs(20),
+        async || d.status("py-standby").await.unwrap().observed.prewarmed,
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let st = d.status("py-standby").await.unwrap();
+    assert!(st.running && st.observed.progress.is_empty(), "{st:?}");
+    d.start("py-standby").await.unwrap();
+    wait_for(
+        "python progress after start",
+        Duration::from_secs(20),
+        async || {
+            !d.status("py-standby")
+                .await
+                .unwrap()
+                .observed
+                .progress
+                .is_empty()
+        },
+    )
+    .await;
+    d.suspend("py-standby").await.unwrap();
 }

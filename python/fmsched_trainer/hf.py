@@ -4,21 +4,26 @@ contract.
     from fmsched_trainer import Contract
     from fmsched_trainer.hf import FmschedCallback
     contract = Contract()
-    trainer = Trainer(..., callbacks=[FmschedCallback(contract)])
+    callback = FmschedCallback(contract)
+    train_set, eval_set = load_and_tokenise(...)   # no GPU needed
+    callback.standby()   # pipeline switch: wait here, data ready, if asked
+    trainer = Trainer(model, ..., callbacks=[callback])  # moves the model to the GPU
     trainer.train(resume_from_checkpoint=contract.resume_from)
 
 It reports progress on every log step and evaluations as they happen,
 writes a checkpoint when the agent asks (SIGUSR2) or is about to stop the
-process (SIGTERM: checkpoint, then stop training), answers the pre-warm
-signal, and in profile mode stops after ``profile_steps`` steps. The
-Task2Vec probe is :func:`fmsched_trainer.task2vec_embedding`.
+process (SIGTERM: checkpoint, then stop training), and in profile mode
+stops after ``profile_steps`` steps. :meth:`FmschedCallback.standby` is the
+pre-warm of the trainer contract (Ymir §6.2): call it after everything that
+needs no GPU and before ``Trainer(...)``, which puts the model on the GPU.
+The Task2Vec probe is :func:`fmsched_trainer.task2vec_embedding`.
 """
 
 from __future__ import annotations
 
 import time
 
-from .contract import Contract
+from .contract import Contract, standby
 
 try:  # The callback subclasses TrainerCallback when transformers is present.
     from transformers import TrainerCallback as _Base
@@ -43,6 +48,11 @@ class FmschedCallback(_Base):
         self._job = contract.tasks[0].job_id
         self._batch = contract.tasks[0].global_batch_size
         self.evaluate_watched = evaluate_watched
+
+    def standby(self) -> bool:
+        """Waits, if the agent started this process in standby, until the
+        switch starts it (see :func:`fmsched_trainer.standby`)."""
+        return standby(self.contract, self.signals, self.reporter)
 
     # HF calls these with (args, state, control, **kwargs).
     def on_step_end(self, args, state, control, **kwargs):

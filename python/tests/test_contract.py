@@ -121,6 +121,17 @@ def test_standby_reports_prewarmed_and_waits_for_the_start(tmp_path):
     assert e.value.code == 0
 
 
+def test_the_hf_callback_waits_in_standby_with_its_own_signals(tmp_path):
+    cb = FmschedCallback(Contract(env(str(tmp_path), FMSCHED_STANDBY="1")))
+    sent = []
+    cb.reporter.prewarmed = lambda: sent.append("prewarmed")
+    threading.Timer(0.2, lambda: os.kill(os.getpid(), signal.SIGUSR1)).start()
+    assert cb.standby() is True
+    assert sent == ["prewarmed"]
+    assert FmschedCallback(Contract(env(str(tmp_path)))).standby() is False
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 def test_diagonal_fisher_by_hand_and_task2vec_halves():
     assert diagonal_fisher([[1.0, 2.0], [3.0, 0.0]]) == [5.0, 2.0]
     with pytest.raises(ValueError, match="no gradients"):
