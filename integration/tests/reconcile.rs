@@ -219,6 +219,18 @@ async fn a_switch_hint_prepares_the_next_task_before_the_plan_switches() {
     assert!(resumed.iteration >= a.iteration);
     assert_eq!(r.switch_stats().standby_started, 2);
     r.apply(&plan(5, vec![])).await;
+
+    // A node keeps at most `processes.max_standby` processes waiting.
+    let (_tmp2, _, u2, r2) = node("node-m", 2);
+    let r2 = r2.with_max_standby(1);
+    assert!(r2.prepare(&slow("job-x", &u2[0]), lead).await);
+    assert!(!r2.prepare(&slow("job-y", &u2[1]), lead).await);
+    assert_eq!(r2.switch_stats().standby_refused, 1);
+    r2.apply(&plan(1, vec![])).await;
+    assert!(
+        r2.driver().status("job-x").await.is_none(),
+        "stopped unused"
+    );
 }
 
 /// An environment variable of a live process.

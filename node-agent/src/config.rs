@@ -55,6 +55,10 @@ pub struct ProcessConfig {
     pub max_log_bytes: u64,
     /// Rotated copies kept per log.
     pub log_files: u32,
+    /// At most this many processes wait in standby at once (pipeline-switch
+    /// hints, Ymir §6.2); each holds its data loader and weights in host
+    /// memory. 0 turns standby off on this node.
+    pub max_standby: u32,
 }
 
 impl Default for ProcessConfig {
@@ -66,6 +70,7 @@ impl Default for ProcessConfig {
             checkpoint_interval: Duration::from_secs(600),
             max_log_bytes: 64 << 20,
             log_files: 3,
+            max_standby: 4,
         }
     }
 }
@@ -235,6 +240,7 @@ mod tests {
             .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         assert_eq!(cfg.processes.max_log_bytes, 64 << 20);
         assert_eq!(cfg.processes.log_files, 3);
+        assert_eq!(cfg.processes.max_standby, 4);
     }
 
     #[test]

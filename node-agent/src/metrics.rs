@@ -116,6 +116,12 @@ pub async fn render(node_id: &str, gpus: &Arc<dyn GpuBackend>, reconciler: &Reco
         w.standby_wasted as f64,
     );
     e.scalar(
+        "fmsched_agent_standby_refused_total",
+        "counter",
+        "Switch hints refused: processes.max_standby processes were waiting already.",
+        w.standby_refused as f64,
+    );
+    e.scalar(
         "fmsched_agent_standby_lead_seconds_sum",
         "counter",
         "Seconds from standby launch to start, summed over started standbys.",

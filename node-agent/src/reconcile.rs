@@ -80,6 +80,8 @@ pub struct SwitchStats {
     pub standby_wasted: u64,
     /// Seconds from the standby launch to its start, summed.
     pub standby_lead_seconds_sum: f64,
+    /// Hints refused because `max_standby` processes were waiting already.
+    pub standby_refused: u64,
 }
 
 pub struct Reconciler {
@@ -90,6 +92,8 @@ pub struct Reconciler {
     /// Per GPU set (sorted indices): the device order of the last
     /// pipeline-parallel process that trained there.
     stage_orders: std::sync::Mutex<BTreeMap<Vec<u32>, Vec<u32>>>,
+    /// Most standby processes at once (`processes.max_standby`).
+    max_standby: usize,
 }
 
 fn assignment(t: &pb::TrainerTask) -> TaskAssignment {
@@ -204,7 +208,14 @@ impl Reconciler {
             known: tokio::sync::Mutex::new(BTreeMap::new()),
             switches: std::sync::Mutex::new(SwitchStats::default()),
             stage_orders: std::sync::Mutex::new(BTreeMap::new()),
+            max_standby: 4,
         }
+    }
+
+    /// At most `n` processes in standby at once (0: no standby here).
+    pub fn with_max_standby(mut self, n: u32) -> Self {
+        self.max_standby = n as usize;
+        self
     }
 
     /// The device order (stage `i` on `order[i]`) of a pipeline-parallel
@@ -512,6 +523,12 @@ impl Reconciler {
         let mut known = self.known.lock().await;
         let status = self.driver.status(&t.task_id).await;
         if status.as_ref().is_some_and(|s| s.running) {
+            return false;
+        }
+        let waiting = known.values().filter(|k| k.standby.is_some()).count();
+        if waiting >= self.max_standby {
+            self.count(|c| c.standby_refused += 1);
+            tracing::debug!(task = %t.task_id, waiting, "switch hint refused: processes.max_standby reached");
             return false;
         }
         let fresh = !known.contains_key(&t.task_id);

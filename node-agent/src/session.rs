@@ -83,7 +83,9 @@ impl Agent {
             grace: cfg.processes.grace,
             checkpoint_interval: cfg.processes.checkpoint_interval,
         }));
-        let reconciler = Arc::new(Reconciler::new(driver, gpus.clone()));
+        let reconciler = Arc::new(
+            Reconciler::new(driver, gpus.clone()).with_max_standby(cfg.processes.max_standby),
+        );
         Self {
             cfg,
             node_id,
