@@ -47,7 +47,48 @@ use crate::workload::WorkloadJob;
 
 /// What a job's throughput depends on: LUT model, layers, variant, global
 /// batch and placement shape.
-type RateKey = (String, u32, Variant, u32, String);
+type RateKey = (String, u32, Variant, u32, String, bool);
+
+/// How the remaining times the policy sees are estimated.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum EstimateModel {
+    /// From the same throughput the simulation runs at (an oracle).
+    #[default]
+    Exact,
+    /// As the TitanSched simulator the Ymir authors evaluate with predicts
+    /// them: its `predict_remaining_time` counts one compute pass more per
+    /// iteration than its progress then runs (`step + (step − sync)·(a + 1)`
+    /// against `a` gradient-accumulation steps). Over-predicting most where
+    /// an iteration is short, it makes Optimus give fewer GPUs than the true
+    /// gains warrant. `fmsim fidelity` only, to replay their runs.
+    TitanSched,
+}
+
+/// An iteration as the TitanSched simulator predicts it: the LUT's time
+/// `it` (gradient accumulation included) plus one more compute pass,
+/// `step − sync`, of one micro-batch at `it`'s local batch.
+pub fn titansched_iteration_s(
+    lut: &Lut,
+    model: &str,
+    gpu_type: &str,
+    placement: &str,
+    variant: &Variant,
+    layers: u32,
+    it: estimator_svc::lut::IterationTime,
+) -> f64 {
+    let one = estimator_svc::lut::ThroughputKey {
+        model: model.to_string(),
+        gpu_type: gpu_type.to_string(),
+        placement: placement.to_string(),
+        local_bsz: it.local_bsz,
+        grad_accum: 1,
+        variant: variant.clone(),
+    };
+    it.seconds
+        + lut
+            .step_time(&one, layers)
+            .map_or(0.0, |st| (st.step - st.sync).max(0.0))
+}
 
 /// Simulation settings.
 #[derive(Clone, Debug)]
@@ -76,6 +117,8 @@ pub struct SimConfig {
     pub trace_rounds: bool,
     /// How groups that fit no single node are placed.
     pub placement_rule: fmsched_core::policy::PlacementRule,
+    /// How the policy's remaining times are estimated.
+    pub estimate_model: EstimateModel,
 }
 
 impl Default for SimConfig {
@@ -93,6 +136,7 @@ impl Default for SimConfig {
             estimate_noise: 0.0,
             trace_rounds: std::env::var_os("FMSIM_DEBUG").is_some(),
             placement_rule: Default::default(),
+            estimate_model: EstimateModel::Exact,
         }
     }
 }
@@ -385,6 +429,17 @@ impl<'a> Simulation<'a> {
 
     /// Samples per second of job `i`'s configuration at `batch` on `placement`.
     fn rate(&mut self, i: usize, batch: u32, placement: &str) -> Result<f64, SimError> {
+        self.rate_as(i, batch, placement, EstimateModel::Exact)
+    }
+
+    /// [`Simulation::rate`] as `model` estimates it.
+    fn rate_as(
+        &mut self,
+        i: usize,
+        batch: u32,
+        placement: &str,
+        model: EstimateModel,
+    ) -> Result<f64, SimError> {
         let j = &self.jobs[i];
         let key = (
             j.lut_model.clone(),
@@ -392,6 +447,7 @@ impl<'a> Simulation<'a> {
             j.variant.clone(),
             batch,
             placement.to_string(),
+            model == EstimateModel::TitanSched,
         );
         if let Some(&r) = self.rate_cache.get(&key) {
             return Ok(r);
@@ -404,7 +460,21 @@ impl<'a> Simulation<'a> {
             &j.variant,
             j.layers,
         ) {
-            Ok(it) if it.feasible && it.seconds > 0.0 => f64::from(batch) / it.seconds,
+            Ok(it) if it.feasible && it.seconds > 0.0 => {
+                let seconds = match model {
+                    EstimateModel::Exact => it.seconds,
+                    EstimateModel::TitanSched => titansched_iteration_s(
+                        self.lut,
+                        &j.lut_model,
+                        &self.cfg.gpu_type,
+                        placement,
+                        &j.variant,
+                        j.layers,
+                        it,
+                    ),
+                };
+                f64::from(batch) / seconds
+            }
             Ok(_) => 0.0,
             Err(e) => {
                 return Err(SimError::Job {
@@ -476,7 +546,7 @@ impl<'a> Simulation<'a> {
                 if a == 0 || a < min || a > max || (pipeline && !a.is_multiple_of(4)) {
                     return Ok(f64::INFINITY);
                 }
-                let r = self.rate(i, batch, &packed(a, per_node))?;
+                let r = self.rate_as(i, batch, &packed(a, per_node), self.cfg.estimate_model)?;
                 Ok(if r > 0.0 { rem / r } else { f64::INFINITY })
             })
             .collect()

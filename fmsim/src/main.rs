@@ -611,6 +611,20 @@ fn fidelity(
                 continue;
             }
             let p = policy(name)?;
+            // Their Optimus decides on the numbers of their simulator's
+            // `predict_remaining_time` (one compute pass more per iteration
+            // than it runs); ours sees those numbers here too. The other
+            // policies see exact times (their Themis ranks by another
+            // formula than the paper's ρ ours uses; their Titan has its own
+            // estimator).
+            let cfg = SimConfig {
+                estimate_model: if name == "optimus" {
+                    fmsim::engine::EstimateModel::TitanSched
+                } else {
+                    fmsim::engine::EstimateModel::Exact
+                },
+                ..cfg.clone()
+            };
             let r = simulate(&cfg, &lut, &catalog, &jobs, p.as_ref())?;
             let s = report::summarize(&r);
             ours.insert(name, s.avg_jct_h);

@@ -250,3 +250,47 @@ fn themis_renews_the_lease_of_a_job_that_wins_its_gpus_again() {
         "the short job started at {started:.0} s, not when the renewed lease ran out (1,200 s)"
     );
 }
+
+/// The TitanSched estimate model (fidelity replays only): one compute pass
+/// more per iteration than the LUT's time, whatever the accumulation —
+/// relatively most where an iteration is shortest (many GPUs).
+#[test]
+fn titansched_estimates_add_one_compute_pass_per_iteration() {
+    use estimator_svc::lut::{ThroughputKey, Variant};
+    let lut = analytic::default_lut().unwrap();
+    let v = Variant::base();
+    let (model, gpu) = ("roberta-large", "V100");
+    let mut inflation = Vec::new();
+    for (placement, gpus) in [("1", 1u32), ("4", 4), ("44", 8)] {
+        let it = lut
+            .iteration_time_on(model, gpu, placement, 128, &v, 24)
+            .unwrap();
+        let predicted =
+            fmsim::engine::titansched_iteration_s(&lut, model, gpu, placement, &v, 24, it);
+        let one = lut
+            .step_time(
+                &ThroughputKey {
+                    model: model.into(),
+                    gpu_type: gpu.into(),
+                    placement: placement.into(),
+                    local_bsz: it.local_bsz,
+                    grad_accum: 1,
+                    variant: v.clone(),
+                },
+                24,
+            )
+            .unwrap();
+        let extra = one.step - one.sync;
+        assert!(extra > 0.0, "{placement}: a compute pass takes time");
+        assert!(
+            (predicted - it.seconds - extra).abs() < 1e-12,
+            "{placement} ({gpus} GPUs): {predicted} vs {} + {extra}",
+            it.seconds
+        );
+        inflation.push(predicted / it.seconds);
+    }
+    assert!(
+        inflation[0] < inflation[2],
+        "over-prediction grows with GPUs: {inflation:?}"
+    );
+}
