@@ -45,9 +45,11 @@ use fmsched_core::policy::{
 use crate::catalog::Catalog;
 use crate::workload::WorkloadJob;
 
-/// What a job's throughput depends on: LUT model, layers, variant, global
-/// batch and placement shape.
-type RateKey = (String, u32, Variant, u32, String, bool);
+/// What a job's throughput depends on besides its placement shape: its
+/// configuration (an index into the distinct (LUT model, layers, variant)
+/// of the workload), its global batch, and whether the TitanSched estimate
+/// model is asked for.
+type RateKey = (u32, u32, bool);
 
 /// How the remaining times the policy sees are estimated.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -212,6 +214,9 @@ struct Job {
     lut_model: String,
     layers: u32,
     variant: Variant,
+    /// Index of (lut_model, layers, variant) among the workload's distinct
+    /// configurations (the throughput cache's key).
+    config: u32,
     samples_per_epoch: f64,
     alone_epochs: f64,
     /// Samples the current path needs, and has done.
@@ -250,10 +255,11 @@ pub struct Simulation<'a> {
     jobs: Vec<Job>,
     merges: Vec<Merge>,
     allocations: Vec<u32>,
-    /// Samples per second by what determines them (model, layers, variant,
-    /// batch, placement shape): jobs of one model and batch share entries,
-    /// so a LUT interpolation runs once per distinct configuration.
-    rate_cache: HashMap<RateKey, f64>,
+    /// Samples per second by what determines them (configuration, batch,
+    /// estimate model, then placement shape): jobs of one configuration and
+    /// batch share entries, so a LUT interpolation runs once per distinct
+    /// case, and a hit allocates nothing.
+    rate_cache: HashMap<RateKey, HashMap<String, f64>>,
     /// Each job's current progress rate, valid while `version` is unchanged
     /// (bumped by every change of allocations or merges).
     current_rate: Vec<(u64, f64)>,
@@ -291,6 +297,7 @@ impl<'a> Simulation<'a> {
         let gpu_type = analytic::gpu_family(&cfg.gpu_type);
         let total = cfg.nodes * cfg.gpus_per_node;
         let mut jobs = Vec::with_capacity(workload.len());
+        let mut configs: Vec<(String, u32, Variant)> = Vec::new();
         for w in workload {
             let err = |m: String| SimError::Job {
                 job: w.name.clone(),
@@ -337,11 +344,22 @@ impl<'a> Simulation<'a> {
                 pipeline: w.pipeline,
                 ..Variant::base()
             };
+            let config = match configs
+                .iter()
+                .position(|c| c.0 == lut_model && c.1 == layers && c.2 == variant)
+            {
+                Some(k) => k,
+                None => {
+                    configs.push((lut_model.clone(), layers, variant.clone()));
+                    configs.len() - 1
+                }
+            } as u32;
             let mut j = Job {
                 w: w.clone(),
                 lut_model,
                 layers,
                 variant,
+                config,
                 samples_per_epoch: samples,
                 alone_epochs: epochs,
                 target: epochs * samples,
@@ -441,15 +459,8 @@ impl<'a> Simulation<'a> {
         model: EstimateModel,
     ) -> Result<f64, SimError> {
         let j = &self.jobs[i];
-        let key = (
-            j.lut_model.clone(),
-            j.layers,
-            j.variant.clone(),
-            batch,
-            placement.to_string(),
-            model == EstimateModel::TitanSched,
-        );
-        if let Some(&r) = self.rate_cache.get(&key) {
+        let key = (j.config, batch, model == EstimateModel::TitanSched);
+        if let Some(&r) = self.rate_cache.get(&key).and_then(|m| m.get(placement)) {
             return Ok(r);
         }
         let r = match self.lut.iteration_time_on(
@@ -483,7 +494,10 @@ impl<'a> Simulation<'a> {
                 });
             }
         };
-        self.rate_cache.insert(key, r);
+        self.rate_cache
+            .entry(key)
+            .or_default()
+            .insert(placement.to_string(), r);
         Ok(r)
     }
 

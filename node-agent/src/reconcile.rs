@@ -94,6 +94,10 @@ pub struct Reconciler {
     stage_orders: std::sync::Mutex<BTreeMap<Vec<u32>, Vec<u32>>>,
     /// Most standby processes at once (`processes.max_standby`).
     max_standby: usize,
+    /// The last [`Reconciler::observed`] report, answered while a plan is
+    /// being applied (it holds `known` through checkpoints and standby
+    /// waits; heartbeats must not stop meanwhile).
+    last_observed: std::sync::Mutex<Vec<pb::ObservedTask>>,
 }
 
 fn assignment(t: &pb::TrainerTask) -> TaskAssignment {
@@ -209,6 +213,7 @@ impl Reconciler {
             switches: std::sync::Mutex::new(SwitchStats::default()),
             stage_orders: std::sync::Mutex::new(BTreeMap::new()),
             max_standby: 4,
+            last_observed: std::sync::Mutex::new(Vec::new()),
         }
     }
 
@@ -586,9 +591,18 @@ impl Reconciler {
         }
     }
 
-    /// What runs (or ran) here, for heartbeats.
+    /// What runs (or ran) here, for heartbeats. While a plan is being
+    /// applied (suspensions wait for checkpoints, a standby for its loader)
+    /// the report from before it is repeated, so heartbeats keep the node
+    /// alive; the next one after the plan is fresh.
     pub async fn observed(&self) -> Vec<pb::ObservedTask> {
-        let known = self.known.lock().await;
+        let Ok(known) = self.known.try_lock() else {
+            return self
+                .last_observed
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone();
+        };
         let inv = self.gpus.inventory();
         let mut out = Vec::new();
         for (id, k) in known.iter().filter(|(_, k)| k.standby.is_none()) {
@@ -653,6 +667,7 @@ impl Reconciler {
                 )
             });
         }
+        out.clone_into(&mut self.last_observed.lock().unwrap_or_else(|p| p.into_inner()));
         out
     }
 

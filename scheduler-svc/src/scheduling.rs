@@ -284,6 +284,29 @@ fn total_iterations(job: &JobRecord) -> u64 {
     DEFAULT_ITERATIONS
 }
 
+/// The job's own iteration budget: its `max_iterations`, or its epoch
+/// budget in iterations when the dataset size is known.
+fn iteration_budget(job: &JobRecord) -> Option<u64> {
+    let t = &job.spec.target;
+    t.max_iterations.or_else(|| {
+        t.max_epochs
+            .and(job.spec.dataset.num_samples)
+            .map(|_| total_iterations(job))
+    })
+}
+
+/// Iterations the job is expected to need: the estimate from its fitted
+/// loss curve (Eq. 2) when it names no iteration budget, else its target.
+fn expected_iterations(job: &JobRecord, estimate: Option<&Estimate>) -> u64 {
+    match (
+        job.spec.target.max_iterations,
+        estimate.and_then(|e| e.iterations),
+    ) {
+        (None, Some(k)) => k,
+        _ => total_iterations(job),
+    }
+}
+
 fn trainer_task(job: &JobRecord) -> pb::TrainerTask {
     let s = &job.spec;
     pb::TrainerTask {
@@ -293,16 +316,7 @@ fn trainer_task(job: &JobRecord) -> pb::TrainerTask {
         dataset_uri: s.dataset.uri.clone(),
         global_batch_size: s.hyperparameters.global_batch_size,
         // An epoch budget with a known dataset size is an iteration budget.
-        max_iterations: s
-            .target
-            .max_iterations
-            .or_else(|| {
-                s.target
-                    .max_epochs
-                    .and(s.dataset.num_samples)
-                    .map(|_| total_iterations(job))
-            })
-            .unwrap_or(0),
+        max_iterations: iteration_budget(job).unwrap_or(0),
         max_epochs: s.target.max_epochs.unwrap_or(0),
         eval_only: false,
         metric: s
@@ -500,17 +514,7 @@ async fn refresh_estimate(
     if c.quality < MIN_QUALITY {
         return Ok(None);
     }
-    let s = &job.spec;
-    let cap = s
-        .target
-        .max_iterations
-        .or_else(|| {
-            s.target
-                .max_epochs
-                .and(s.dataset.num_samples)
-                .map(|_| total_iterations(job))
-        })
-        .unwrap_or(DEFAULT_ITERATIONS * 100);
+    let cap = iteration_budget(job).unwrap_or(DEFAULT_ITERATIONS * 100);
     let k = iterations_to_converge(&c, 0.0, PLATEAU_THRESHOLD, cap);
     let before = old.and_then(|e| e.iterations);
     if before.is_some_and(|b| (k as f64 - b as f64).abs() <= 0.05 * b as f64) {
@@ -898,12 +902,7 @@ pub async fn run_round(
         let done = progress.get(id).map_or(0, |p| p.0);
         let est = estimates.get(id);
         let curve = est.and_then(|e| e.curve.as_ref()).and_then(curve_from_json);
-        // Iterations to converge from the profile's fitted curve (Eq. 2) when
-        // the job names no iteration budget.
-        let total = match (j.spec.target.max_iterations, est.and_then(|e| e.iterations)) {
-            (None, Some(k)) => k,
-            _ => total_iterations(j),
-        };
+        let total = expected_iterations(j, est);
         let mut input = times::JobInput {
             id: id.to_string(),
             model: j.spec.model.clone(),
@@ -1498,13 +1497,7 @@ fn finishing<'a>(
                 .iter()
                 .find(|r| r.job_id == key)
                 .map_or(t.iteration, |r| r.iteration);
-            let total = match (
-                j.spec.target.max_iterations,
-                estimates.get(&id).and_then(|e| e.iterations),
-            ) {
-                (None, Some(k)) => k,
-                _ => total_iterations(j),
-            };
+            let total = expected_iterations(j, estimates.get(&id));
             // A job past its estimated iterations (a metric target the
             // estimate undershot) is not predicted to finish.
             let soon = t.step_time_s > 0.0

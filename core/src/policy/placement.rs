@@ -58,17 +58,6 @@ pub fn place(snap: &Snapshot, mut plan: Plan) -> Plan {
         let e = &plan.entries[k];
         let pipeline = e.jobs.iter().any(|&j| snap.jobs[j].pipeline);
         placed[k] = fit(snap, &mut free, e.gpus, pipeline);
-        if snap.placement_rule == PlacementRule::FewestNodes
-            && let Some(p) = &placed[k]
-        {
-            let node_size = snap.nodes.iter().map(|n| n.gpus).max().unwrap_or(1).max(1);
-            if p.len() as u32 > e.gpus.div_ceil(node_size) {
-                for &(n, g) in p {
-                    free[n] += g;
-                }
-                placed[k] = None;
-            }
-        }
     }
 
     let mut unplaced = 0;
@@ -130,6 +119,21 @@ fn fit(snap: &Snapshot, free: &mut [u32], gpus: u32, pipeline: bool) -> Option<V
     }
     let mut by_free: Vec<usize> = (0..free.len()).filter(|&n| free[n] > 0).collect();
     by_free.sort_by_key(|&n| (std::cmp::Reverse(free[n]), n));
+    if snap.placement_rule == PlacementRule::FewestNodes {
+        // The authors' rule: no more nodes than the size needs.
+        let mut left = gpus;
+        let used = by_free
+            .iter()
+            .take_while(|&&n| {
+                let more = left > 0;
+                left = left.saturating_sub(free[n]);
+                more
+            })
+            .count() as u32;
+        if used > gpus.div_ceil(node_size.max(1)) {
+            return None;
+        }
+    }
     let mut left = gpus;
     let mut out = Vec::new();
     for n in by_free {
