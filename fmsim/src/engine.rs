@@ -121,6 +121,11 @@ pub struct SimConfig {
     pub placement_rule: fmsched_core::policy::PlacementRule,
     /// How the policy's remaining times are estimated.
     pub estimate_model: EstimateModel,
+    /// Rounds fire at `origin + k · interval` on the workload's clock; None:
+    /// every `interval` from the first arrival. The TitanSched simulator's
+    /// rounds run from 0 (`fmsim fidelity` sets `Some(0.0)`), so a job that
+    /// arrives between two of them waits for the next one as it does there.
+    pub round_origin_s: Option<f64>,
 }
 
 impl Default for SimConfig {
@@ -139,6 +144,7 @@ impl Default for SimConfig {
             trace_rounds: std::env::var_os("FMSIM_DEBUG").is_some(),
             placement_rule: Default::default(),
             estimate_model: EstimateModel::Exact,
+            round_origin_s: None,
         }
     }
 }
@@ -227,6 +233,8 @@ struct Job {
     restart_s: f64,
     attained_gpu_s: f64,
     executed_s: f64,
+    /// Themis's deserved service: GPU-seconds of an equal share.
+    fair_share_gpu_s: f64,
     restarts: u32,
     lease_until: f64,
     first_start: Option<f64>,
@@ -369,6 +377,7 @@ impl<'a> Simulation<'a> {
                 restart_s: 0.0,
                 attained_gpu_s: 0.0,
                 executed_s: 0.0,
+                fair_share_gpu_s: 0.0,
                 restarts: 0,
                 lease_until: 0.0,
                 first_start: None,
@@ -629,7 +638,11 @@ impl<'a> Simulation<'a> {
         let mut next_arrival = 0usize;
         let t0 = order.first().map_or(0.0, |&i| self.jobs[i].w.submit_s);
         self.now = t0;
-        let mut next_round = t0;
+        let mut next_round = match self.cfg.round_origin_s {
+            // The first round at or after the first arrival.
+            Some(origin) => origin + ((t0 - origin) / interval).ceil().max(0.0) * interval,
+            None => t0,
+        };
         let mut finished = 0usize;
         let mut stalled = 0u32;
         let n = self.jobs.len();
@@ -798,6 +811,22 @@ impl<'a> Simulation<'a> {
     fn advance(&mut self, t: f64) -> Result<(), SimError> {
         let dt = t - self.now;
         if dt > 0.0 {
+            // Every job in the system deserves an equal share of the
+            // cluster, at most what it asked for (Themis's deserved service,
+            // accumulated as the TitanSched simulator does).
+            let present = self
+                .jobs
+                .iter()
+                .filter(|j| matches!(j.phase, Phase::Profiling { .. } | Phase::Waiting))
+                .count();
+            if present > 0 {
+                let share = f64::from(self.cfg.nodes * self.cfg.gpus_per_node) / present as f64;
+                for j in &mut self.jobs {
+                    if matches!(j.phase, Phase::Profiling { .. } | Phase::Waiting) {
+                        j.fair_share_gpu_s += share.min(f64::from(j.w.gpus)) * dt;
+                    }
+                }
+            }
             for i in 0..self.jobs.len() {
                 let Some(a) = self.jobs[i].alloc.clone() else {
                     continue;
@@ -1015,6 +1044,7 @@ impl<'a> Simulation<'a> {
                 },
                 attained_gpu_s: j.attained_gpu_s,
                 executed_s: j.executed_s,
+                fair_share_gpu_s: j.fair_share_gpu_s,
                 current_gpus: j.alloc.as_ref().map_or(0, |a| a.gpus),
                 current_placement: j
                     .alloc

@@ -11,9 +11,9 @@ use clap::{Args, Parser, Subcommand};
 use estimator_svc::analytic;
 use estimator_svc::lut::Lut;
 use fmsched_core::policy::Policy;
-use fmsched_core::policy::baselines::{POLICY_NAMES, by_name, with_knobs};
+use fmsched_core::policy::baselines::{POLICY_NAMES, Themis, ThemisRank, by_name, with_knobs};
 use fmsim::catalog::Catalog;
-use fmsim::engine::{SimConfig, SimResult, Simulation};
+use fmsim::engine::{EstimateModel, SimConfig, SimResult, Simulation};
 use fmsim::generate::{GenConfig, generate};
 use fmsim::report;
 use fmsim::workload::{self, Format, WorkloadJob};
@@ -76,7 +76,9 @@ enum Cmd {
     /// Replay the published FM-1 workloads as the authors' simulator does
     /// and compare with their table.
     Fidelity {
-        #[arg(long, default_value = "../shared/anchor-data/titansched")]
+        /// The published TitanSched data: `task-curves.json`,
+        /// `job-epochs-FM-1.csv`, `profiles/V100/`, `workloads/`.
+        #[arg(long, env = "FMSIM_ANCHOR_DIR")]
         anchor_dir: PathBuf,
         /// Write per-policy job CSVs, summary JSON and plots here.
         #[arg(long)]
@@ -91,8 +93,10 @@ enum Cmd {
     /// Time the Ymir MILP per round on the anchor workloads (when present)
     /// and on a generated 60 × 4-GPU, 3,000-job, 2× load workload.
     BenchSolver {
-        #[arg(long, default_value = "../shared/anchor-data/titansched")]
-        anchor_dir: PathBuf,
+        /// The published TitanSched data (as for `fidelity`); without it only
+        /// the generated workload is timed.
+        #[arg(long, env = "FMSIM_ANCHOR_DIR")]
+        anchor_dir: Option<PathBuf>,
         /// Jobs of the generated workload.
         #[arg(long, default_value_t = 3000)]
         jobs: usize,
@@ -411,7 +415,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             only.as_deref(),
             policies.as_deref(),
         ),
-        Cmd::BenchSolver { anchor_dir, jobs } => bench_solver(&anchor_dir, jobs),
+        Cmd::BenchSolver { anchor_dir, jobs } => bench_solver(anchor_dir.as_deref(), jobs),
     }
 }
 
@@ -438,59 +442,91 @@ fn compare(a: &SimArgs, names: &[String]) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The authors' table (anchor README), hours: (Titan merging, Titan no
-/// merging, Optimus, Themis, Tiresias, SRTF) as (avg, p99).
-const AUTHORS: [(&str, [(f64, f64); 6]); 4] = [
-    (
-        "roberta-base",
-        [
-            (0.141, 0.52),
-            (0.190, 0.79),
-            (0.224, 0.95),
-            (0.297, 1.43),
-            (0.358, 1.45),
-            (0.355, 1.45),
-        ],
-    ),
-    (
-        "roberta-large",
-        [
-            (0.145, 0.72),
-            (0.185, 0.73),
-            (0.343, 1.43),
-            (0.452, 2.14),
-            (0.497, 2.19),
-            (0.492, 2.19),
-        ],
-    ),
-    (
-        "vit",
-        [
-            (0.226, 0.85),
-            (0.381, 1.55),
-            (0.459, 1.26),
-            (0.796, 4.04),
-            (1.482, 4.43),
-            (1.033, 5.59),
-        ],
-    ),
-    (
-        "vit-large",
-        [
-            (0.280, 0.84),
-            (0.421, 1.20),
-            (0.471, 1.20),
-            (0.726, 2.03),
-            (0.950, 2.88),
-            (0.846, 3.37),
-        ],
-    ),
-];
-const FIDELITY_POLICIES: [&str; 6] = [
+/// The published FM-1 workloads (`workloads/FM-1-<model>.csv`).
+const FM1_MODELS: [&str; 4] = ["roberta-base", "roberta-large", "vit", "vit-large"];
+
+/// The authors' results: workload model → policy → (avg, p99) JCT in hours.
+type AuthorsTable = BTreeMap<String, BTreeMap<&'static str, (f64, f64)>>;
+
+/// Reads the authors' table of average / p99 JCT from the README that comes
+/// with their data (in `dir` or its parent): a markdown table whose header
+/// starts with `| workload |`, one column per policy, cells `avg / p99`.
+fn authors_table(dir: &Path) -> anyhow::Result<AuthorsTable> {
+    let path = [dir.join("README.md"), dir.join("../README.md")]
+        .into_iter()
+        .find(|p| p.exists())
+        .ok_or_else(|| {
+            anyhow::anyhow!(
+                "no README.md in {} or its parent: the authors' results table comes from there",
+                dir.display()
+            )
+        })?;
+    let text = std::fs::read_to_string(&path)?;
+    let column = |h: &str| -> Option<&'static str> {
+        match h.trim() {
+            "Titan (merging)" => Some("ymir"),
+            "Titan (no merging)" => Some("ymir-no-merge"),
+            "Optimus" => Some("optimus"),
+            "Themis" => Some("themis"),
+            "Tiresias" => Some("tiresias"),
+            "SRTF" => Some("srtf"),
+            _ => None,
+        }
+    };
+    let cells = |line: &str| -> Vec<String> {
+        line.trim()
+            .trim_matches('|')
+            .split('|')
+            .map(|c| c.trim().to_string())
+            .collect()
+    };
+    let mut header: Option<Vec<Option<&'static str>>> = None;
+    let mut table = AuthorsTable::new();
+    for (n, line) in text.lines().enumerate() {
+        let at = || format!("{}:{}", path.display(), n + 1);
+        if line.trim_start().starts_with("| workload |") {
+            header = Some(cells(line).iter().skip(1).map(|h| column(h)).collect());
+            continue;
+        }
+        let Some(cols) = &header else { continue };
+        if !line.trim_start().starts_with("| FM-1-") {
+            continue;
+        }
+        let row = cells(line);
+        let model = row[0]
+            .trim_start_matches("FM-1-")
+            .split_whitespace()
+            .next()
+            .unwrap_or_default()
+            .to_string();
+        let mut by_policy = BTreeMap::new();
+        for (cell, policy) in row.iter().skip(1).zip(cols) {
+            let Some(policy) = policy else { continue };
+            let (avg, p99) = cell
+                .split_once('/')
+                .and_then(|(a, p)| Some((a.trim().parse().ok()?, p.trim().parse().ok()?)))
+                .ok_or_else(|| {
+                    anyhow::anyhow!("{}: {policy} cell {cell:?} is not \"avg / p99\"", at())
+                })?;
+            by_policy.insert(*policy, (avg, p99));
+        }
+        table.insert(model, by_policy);
+    }
+    if table.is_empty() {
+        bail!(
+            "{}: no table of the authors' results (a header starting `| workload |`, rows `| FM-1-<model> ...`)",
+            path.display()
+        );
+    }
+    Ok(table)
+}
+
+const FIDELITY_POLICIES: [&str; 7] = [
     "ymir",
     "ymir-no-merge",
     "optimus",
     "themis",
+    "themis-titansched",
     "tiresias",
     "srtf",
 ];
@@ -579,6 +615,7 @@ fn fidelity(
     let text = std::fs::read_to_string(dir.join("task-curves.json"))?;
     let base_catalog = Catalog::from_json("task-curves.json", &text)?;
     let epochs = job_epochs(dir)?;
+    let authors = authors_table(dir)?;
     let cfg = SimConfig {
         nodes: 8,
         gpus_per_node: 4,
@@ -589,19 +626,24 @@ fn fidelity(
         // Their consolidated placement: a job waits rather than spread
         // over more nodes than its size needs.
         placement_rule: fmsched_core::policy::PlacementRule::FewestNodes,
+        // Their rounds run at multiples of the interval from t = 0.
+        round_origin_s: Some(0.0),
         ..Default::default()
     };
     println!(
-        "{:<14} {:<14} {:>9} {:>9} {:>11} {:>11} {:>8} {:>8}",
+        "{:<18} {:<17} {:>7} {:>7} {:>11} {:>11} {:>8} {:>7}",
         "workload", "policy", "avg_h", "p99_h", "authors_avg", "authors_p99", "dev_avg", "wall_s"
     );
-    let mut worst_baseline: f64 = 0.0;
+    let mut worst_baseline: (f64, String) = (0.0, String::new());
+    let mut worst_authors_themis: Option<f64> = None;
     let mut worst_ymir_ratio: f64 = 0.0;
-    let mut all = Vec::new();
-    for (model, authors) in AUTHORS {
+    for model in FM1_MODELS {
         if !wanted(only, model) {
             continue;
         }
+        let theirs = authors
+            .get(model)
+            .ok_or_else(|| anyhow::anyhow!("the authors' table has no row for FM-1-{model}"))?;
         let mut catalog = base_catalog.clone();
         let jobs = anchor_workload(dir, model, &epochs, &mut catalog)?;
         let mut results = Vec::new();
@@ -610,38 +652,49 @@ fn fidelity(
             if !wanted(policies, name) {
                 continue;
             }
-            let p = policy(name)?;
-            // Their Optimus decides on the numbers of their simulator's
-            // `predict_remaining_time` (one compute pass more per iteration
-            // than it runs); ours sees those numbers here too. The other
-            // policies see exact times (their Themis ranks by another
-            // formula than the paper's ρ ours uses; their Titan has its own
-            // estimator).
+            // `themis-titansched`: Themis ranked as the authors' simulator
+            // ranks it (not the paper's ρ), on that simulator's predicted
+            // remaining times; shown beside ours, not counted as a baseline.
+            let (p, estimate_model): (Box<dyn Policy + Send + Sync>, _) = match name {
+                "themis-titansched" => (
+                    Box::new(Themis {
+                        rank: ThemisRank::TitanSched,
+                        ..Default::default()
+                    }),
+                    EstimateModel::TitanSched,
+                ),
+                // Their Optimus decides on the numbers of their simulator's
+                // `predict_remaining_time` (one compute pass more per
+                // iteration than it runs); ours sees those numbers here too.
+                "optimus" => (policy(name)?, EstimateModel::TitanSched),
+                // The rest see exact times (their Titan has its own
+                // estimator).
+                _ => (policy(name)?, EstimateModel::Exact),
+            };
             let cfg = SimConfig {
-                estimate_model: if name == "optimus" {
-                    fmsim::engine::EstimateModel::TitanSched
-                } else {
-                    fmsim::engine::EstimateModel::Exact
-                },
+                estimate_model,
                 ..cfg.clone()
             };
-            let r = simulate(&cfg, &lut, &catalog, &jobs, p.as_ref())?;
+            let mut r = simulate(&cfg, &lut, &catalog, &jobs, p.as_ref())?;
+            r.policy = name.to_string();
             let s = report::summarize(&r);
             ours.insert(name, s.avg_jct_h);
-            let (aa, ap) = match name {
-                "ymir" => authors[0],
-                "ymir-no-merge" => authors[1],
-                "optimus" => authors[2],
-                "themis" => authors[3],
-                "tiresias" => authors[4],
-                _ => authors[5],
+            let column = if name == "themis-titansched" {
+                "themis"
+            } else {
+                name
             };
+            let (aa, ap) = *theirs.get(column).ok_or_else(|| {
+                anyhow::anyhow!("the authors' table has no {column} figure for FM-1-{model}")
+            })?;
             let dev = (s.avg_jct_h - aa) / aa;
-            if !name.starts_with("ymir") {
-                worst_baseline = worst_baseline.max(dev.abs());
+            if name == "themis-titansched" {
+                worst_authors_themis = Some(worst_authors_themis.unwrap_or(0.0).max(dev.abs()));
+            } else if !name.starts_with("ymir") && dev.abs() >= worst_baseline.0 {
+                worst_baseline = (dev.abs(), format!("{name} on FM-1-{model}"));
             }
             println!(
-                "{:<14} {:<14} {:>9.3} {:>9.3} {:>11.3} {:>11.3} {:>+7.1}% {:>8.3}",
+                "{:<18} {:<17} {:>7.3} {:>7.3} {:>11.3} {:>11.3} {:>+7.1}% {:>7.3}",
                 format!("FM-1-{model}"),
                 name,
                 s.avg_jct_h,
@@ -655,48 +708,59 @@ fn fidelity(
         }
         // Ymir against the authors' Titan without merging and every baseline.
         if FIDELITY_POLICIES.iter().any(|p| !ours.contains_key(p)) {
-            all.extend(results);
             continue;
         }
         let ymir = ours["ymir"];
+        let titan_no_merge = theirs.get("ymir-no-merge").map_or(f64::INFINITY, |t| t.0);
         let best_other = ["optimus", "themis", "tiresias", "srtf"]
             .iter()
             .map(|n| ours[n])
             .fold(f64::INFINITY, f64::min)
-            .min(authors[1].0);
+            .min(titan_no_merge);
         worst_ymir_ratio = worst_ymir_ratio.max(ymir / best_other);
         if let Some(o) = out {
             let rows: Vec<_> = results.iter().map(report::summarize).collect();
             write_outputs(&o.join(format!("FM-1-{model}")), &results, &rows)?;
         }
-        all.extend(results);
     }
     println!(
         "Ymir with merging vs the authors' Titan with merging: their simulator finishes a spatially merged pair when the \
          first task's samples are done (both jobs inherit that time) and never runs temporal transfer; ours trains each \
          task to its own target, so a gap in their favour is expected there."
     );
+    if let Some(w) = worst_authors_themis {
+        println!(
+            "themis-titansched (the authors' Themis rank instead of the paper's ρ): worst deviation {:.1}%",
+            100.0 * w
+        );
+    }
     println!(
-        "summary: worst baseline deviation from the authors' avg JCT {:.1}% (target ±10%); Ymir's worst ratio to the best of \
-         (authors' Titan-no-merge, our baselines) {:.3} (target < 1)",
-        100.0 * worst_baseline,
+        "summary: worst baseline deviation from the authors' avg JCT {:.1}% ({}; target ±10%); Ymir's worst ratio to the \
+         best of (authors' Titan-no-merge, our baselines) {:.3} (target < 1)",
+        100.0 * worst_baseline.0,
+        worst_baseline.1,
         worst_ymir_ratio
     );
-    let _ = all;
     Ok(())
 }
 
-fn bench_solver(dir: &Path, jobs: usize) -> anyhow::Result<()> {
+fn bench_solver(dir: Option<&Path>, jobs: usize) -> anyhow::Result<()> {
     let ymir = policy("ymir")?;
     let mut cases: Vec<(String, SimConfig, Lut, Catalog, Vec<WorkloadJob>)> = Vec::new();
-    if dir.join("task-curves.json").exists() {
+    if let Some(dir) = dir {
+        if !dir.join("task-curves.json").exists() {
+            bail!(
+                "--anchor-dir {}: no task-curves.json there (the published TitanSched data)",
+                dir.display()
+            );
+        }
         let lut = load_profiles(&dir.join("profiles/V100"))?;
         let base = Catalog::from_json(
             "task-curves.json",
             &std::fs::read_to_string(dir.join("task-curves.json"))?,
         )?;
         let epochs = job_epochs(dir)?;
-        for (model, _) in AUTHORS {
+        for model in FM1_MODELS {
             let mut catalog = base.clone();
             let w = anchor_workload(dir, model, &epochs, &mut catalog)?;
             let cfg = SimConfig {
@@ -708,8 +772,7 @@ fn bench_solver(dir: &Path, jobs: usize) -> anyhow::Result<()> {
         }
     } else {
         eprintln!(
-            "no anchor data at {}: benchmarking the generated workload only",
-            dir.display()
+            "no --anchor-dir (or FMSIM_ANCHOR_DIR): benchmarking the generated workload only"
         );
     }
     let catalog = Catalog::default_synthetic();
@@ -777,4 +840,43 @@ fn bench_solver(dir: &Path, jobs: usize) -> anyhow::Result<()> {
     }
     println!("summary: {}", summary.join("; "));
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The authors' table is read from the README beside their data, by
+    /// column name; a malformed cell is refused with its line.
+    #[test]
+    fn the_authors_table_is_read_from_the_readme_beside_the_data() {
+        let root = tempfile::tempdir().unwrap();
+        let data = root.path().join("titansched");
+        std::fs::create_dir(&data).unwrap();
+        std::fs::write(
+            root.path().join("README.md"),
+            "# Anchor\n\nSome text | with a bar.\n\n\
+             | workload | Titan (merging) | Titan (no merging) | Optimus | Themis | Tiresias | SRTF |\n\
+             |---|---|---|---|---|---|---|\n\
+             | FM-1-vit (320) | 0.2 / 0.8 | 0.4 / 1.5 | 0.5 / 1.3 | 0.8 / 4.0 | 1.5 / 4.4 | 1.0 / 5.6 |\n",
+        )
+        .unwrap();
+        let t = authors_table(&data).unwrap();
+        assert_eq!(t.keys().collect::<Vec<_>>(), vec!["vit"]);
+        assert_eq!(t["vit"]["themis"], (0.8, 4.0));
+        assert_eq!(t["vit"]["ymir-no-merge"], (0.4, 1.5));
+        assert_eq!(t["vit"]["srtf"], (1.0, 5.6));
+
+        std::fs::write(
+            data.join("README.md"),
+            "| workload | Optimus | Themis |\n|---|---|---|\n| FM-1-vit (320) | 0.5 / 1.3 | 0.8 |\n",
+        )
+        .unwrap();
+        let e = authors_table(&data).unwrap_err().to_string();
+        assert!(e.contains("README.md:3") && e.contains("themis"), "{e}");
+
+        std::fs::write(data.join("README.md"), "no table here\n").unwrap();
+        let e = authors_table(&data).unwrap_err().to_string();
+        assert!(e.contains("no table of the authors' results"), "{e}");
+    }
 }

@@ -294,3 +294,62 @@ fn titansched_estimates_add_one_compute_pass_per_iteration() {
         "over-prediction grows with GPUs: {inflation:?}"
     );
 }
+
+/// With `round_origin_s` rounds run at multiples of the interval from that
+/// origin (the TitanSched simulator's clock), so a job arriving between two
+/// rounds waits for the next; by default the first round is at the first
+/// arrival.
+#[test]
+fn rounds_run_on_the_configured_clock() {
+    let mut m = ModelTasks::default();
+    m.tasks.insert(
+        "t".into(),
+        TaskInfo {
+            samples_per_epoch: 20_000.0,
+            alone: [(String::new(), Work::Epochs(1.0))].into(),
+        },
+    );
+    let mut catalog = Catalog::default();
+    catalog.models.insert("roberta-base".into(), m);
+    let job = WorkloadJob {
+        name: "j".into(),
+        submit_s: 45.0,
+        model: "roberta-base".into(),
+        task: "t".into(),
+        gpus: 1,
+        max_gpus: 1,
+        batch: 32,
+        sharing: false,
+        pipeline: false,
+        epochs: None,
+        target_metric: None,
+        curve_key: None,
+        trace_gpu_s: None,
+    };
+    let jobs = vec![
+        job.clone(),
+        WorkloadJob {
+            name: "k".into(),
+            submit_s: 130.0,
+            ..job
+        },
+    ];
+    let start = |origin: Option<f64>| -> Vec<f64> {
+        let cfg = SimConfig {
+            nodes: 1,
+            gpus_per_node: 4,
+            profile_s: 0.0,
+            round_origin_s: origin,
+            ..cluster()
+        };
+        // Themis runs a round every 60 s.
+        let r = run("themis", &cfg, &catalog, &jobs);
+        r.jobs.iter().map(|j| j.first_start_s.unwrap()).collect()
+    };
+    assert_eq!(start(None), vec![45.0, 165.0], "rounds at 45, 105, 165 s");
+    assert_eq!(
+        start(Some(0.0)),
+        vec![60.0, 180.0],
+        "rounds at 0, 60, 120, 180 s"
+    );
+}

@@ -1111,6 +1111,7 @@ pub async fn run_round(
             progress: done as f64 / total_iterations(j).max(1) as f64,
             attained_gpu_s: 0.0,
             executed_s: 0.0,
+            fair_share_gpu_s: 0.0,
             current_gpus: placement.iter().map(|p| p.1).sum(),
             current_placement: placement,
             remaining_s: table.jobs[k].clone(),

@@ -9,7 +9,7 @@
 //! | SRTF | shortest remaining time (at the requested GPUs) first, preemptive, backfilling | 300 s |
 //! | Tiresias | 2-D least attained service (GPU-seconds), discretised queues, FIFO inside a queue, starvation guard | 300 s |
 //! | Optimus | marginal gain: each GPU step goes where remaining time falls most per GPU | 300 s |
-//! | Themis | finish-time fairness ρ = T_shared / T_ideal; free (lease-expired) GPUs go to the largest ρ | 60 s, 600 s leases |
+//! | Themis | finish-time fairness ρ = T_shared / T_ideal; free (lease-expired) GPUs go to the largest ρ (or to the TitanSched simulator's rank, [`ThemisRank`]) | 60 s, 600 s leases |
 //! | Pollux | goodput with fixed batch size (Ymir disables batch tuning): maximise the generalised mean (p = −1) of speedups | 60 s |
 
 use std::collections::BTreeMap;
@@ -282,6 +282,20 @@ impl Policy for Optimus {
 pub struct Themis {
     pub interval_s: f64,
     pub lease_s: f64,
+    pub rank: ThemisRank,
+}
+
+/// How Themis ranks the jobs that bid for free GPUs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ThemisRank {
+    /// The paper's finish-time fairness ρ = T_shared / T_ideal
+    /// ([`Themis::rho`]); the largest ρ (the worst-off job) wins.
+    #[default]
+    FinishTimeFairness,
+    /// The rank of the TitanSched simulator the Ymir authors compare with
+    /// ([`Themis::titansched_fairness`]); `fmsim fidelity` uses it to replay
+    /// their runs. It needs [`super::SchedJob::fair_share_gpu_s`].
+    TitanSched,
 }
 
 impl Default for Themis {
@@ -289,6 +303,7 @@ impl Default for Themis {
         Self {
             interval_s: 60.0,
             lease_s: 600.0,
+            rank: ThemisRank::default(),
         }
     }
 }
@@ -304,6 +319,35 @@ impl Themis {
             return 0.0;
         }
         (snap.now - j.submitted_at + remaining) / ideal
+    }
+
+    /// The TitanSched simulator's fairness, largest first:
+    /// `staying / (t_isolated + t_remaining)` with
+    /// `t_isolated = running · attained / deserved + (staying − running)`,
+    /// where `deserved` is the GPU-seconds of an equal share of the cluster
+    /// ([`super::SchedJob::fair_share_gpu_s`]); 1 while nothing is deserved
+    /// yet. Unlike ρ it is not a slowdown: it grows as a job nears its end
+    /// (small `t_remaining`), so it also favours short remaining work.
+    pub fn titansched_fairness(&self, snap: &Snapshot, i: usize) -> f64 {
+        let j = &snap.jobs[i];
+        if j.fair_share_gpu_s <= 0.0 {
+            return 1.0;
+        }
+        let staying = (snap.now - j.submitted_at).max(0.0);
+        let running = j.executed_s.min(staying);
+        let isolated = running * j.attained_gpu_s / j.fair_share_gpu_s + (staying - running);
+        let denominator = isolated + remaining_at_request(snap, i);
+        if !denominator.is_finite() || denominator <= 0.0 {
+            return 0.0;
+        }
+        staying / denominator
+    }
+
+    fn rank_of(&self, snap: &Snapshot, i: usize) -> f64 {
+        match self.rank {
+            ThemisRank::FinishTimeFairness => self.rho(snap, i),
+            ThemisRank::TitanSched => self.titansched_fairness(snap, i),
+        }
     }
 }
 
@@ -335,10 +379,19 @@ impl Policy for Themis {
             v
         };
         // The rest is auctioned to the worst-off jobs first.
+        let rank: Vec<f64> = (0..snap.jobs.len())
+            .map(|i| {
+                if leased[i] {
+                    0.0
+                } else {
+                    self.rank_of(snap, i)
+                }
+            })
+            .collect();
         let mut order: Vec<usize> = (0..snap.jobs.len()).filter(|&i| !leased[i]).collect();
         order.sort_by(|&a, &b| {
-            self.rho(snap, b)
-                .total_cmp(&self.rho(snap, a))
+            rank[b]
+                .total_cmp(&rank[a])
                 .then(snap.jobs[a].id.cmp(&snap.jobs[b].id))
         });
         in_order(snap, &order, free, false, &mut plan);
@@ -631,6 +684,43 @@ mod tests {
         snap.jobs[0].lease_until = 900.0;
         let th = Themis::default();
         assert!(th.rho(&snap, 2) > th.rho(&snap, 1));
+    }
+
+    /// The TitanSched simulator's rank, by hand: `staying / (t_isolated +
+    /// t_remaining)` with `t_isolated = running · attained / deserved +
+    /// (staying − running)`. Of two jobs alike but for the service they
+    /// got, the one that got less than its equal share wins the free GPU
+    /// (the paper's ρ cannot tell them apart: same age, same remaining).
+    #[test]
+    fn themis_titansched_rank_favours_the_job_that_got_less_than_its_share() {
+        let mut snap = cluster(1, 1, jobs(2));
+        snap.now = 1000.0;
+        for j in &mut snap.jobs {
+            j.requested_gpus = 1;
+            j.submitted_at = 0.0;
+            j.remaining_s = linear_times(&snap.allocations, 500.0);
+            j.executed_s = 400.0;
+            j.fair_share_gpu_s = 800.0;
+        }
+        // j0 got half its share, j1 all of it.
+        snap.jobs[0].attained_gpu_s = 400.0;
+        snap.jobs[1].attained_gpu_s = 800.0;
+        snap.jobs[1].executed_s = 800.0;
+        let th = Themis {
+            rank: ThemisRank::TitanSched,
+            ..Default::default()
+        };
+        // j0: isolated = 400 · 400/800 + 600 = 800 → 1000 / (800 + 500).
+        assert!((th.titansched_fairness(&snap, 0) - 1000.0 / 1300.0).abs() < 1e-12);
+        // j1: isolated = 800 · 800/800 + 200 = 1000 → 1000 / (1000 + 500).
+        assert!((th.titansched_fairness(&snap, 1) - 1000.0 / 1500.0).abs() < 1e-12);
+        let g = th.allocate(&snap).gpus_by_job();
+        assert_eq!(g.keys().copied().collect::<Vec<_>>(), vec![0]);
+        let paper = Themis::default();
+        assert_eq!(paper.rho(&snap, 0), paper.rho(&snap, 1));
+        // Nothing deserved yet (just arrived): 1, as theirs.
+        snap.jobs[1].fair_share_gpu_s = 0.0;
+        assert_eq!(th.titansched_fairness(&snap, 1), 1.0);
     }
 
     #[test]

@@ -64,6 +64,11 @@ pub struct SchedJob {
     pub attained_gpu_s: f64,
     /// Seconds of running so far (wall).
     pub executed_s: f64,
+    /// GPU-seconds an equal share of the cluster (at most its request) would
+    /// have given it since it arrived: the "deserved service" the TitanSched
+    /// simulator's Themis ranks by (see [`baselines::ThemisRank`]). 0 where
+    /// the caller does not track it.
+    pub fair_share_gpu_s: f64,
     /// GPUs it holds now (0 = queued).
     pub current_gpus: u32,
     /// Node index → GPUs it holds now.
@@ -379,6 +384,7 @@ pub(crate) mod testkit {
             remaining_s: linear_times(allocations, work_gpu_s),
             restart_s: 30.0,
             lease_until: 0.0,
+            fair_share_gpu_s: 0.0,
         }
     }
 
