@@ -1458,6 +1458,30 @@ async fn e2e_a_job_wider_than_any_node_waits_and_says_why() {
         max_held.is_some_and(|g| g <= 4),
         "elastic ran on one node: {max_held:?}"
     );
+    // The service the baselines rank by is accounted round by round: the
+    // job that ran attained GPU-seconds; the one that waited attained none
+    // but deserved its share all along.
+    let service = |id: String| {
+        let url = db_url(&db);
+        async move {
+            let mut c = sqlx::PgConnection::connect(&url).await.unwrap();
+            sqlx::query_as::<_, (f64, f64, f64)>(
+                "SELECT attained_gpu_s, executed_s, fair_share_gpu_s FROM job_service WHERE job_id = $1::uuid",
+            )
+            .bind(id)
+            .fetch_one(&mut c)
+            .await
+            .unwrap()
+        }
+    };
+    let (attained, executed, _) = service(elastic_id.clone()).await;
+    assert!(
+        executed > 0.0 && attained >= executed && attained <= 4.0 * executed + 1e-9,
+        "elastic: {attained} GPU-s over {executed} s"
+    );
+    let (attained, _, deserved) = service(huge_id.clone()).await;
+    assert_eq!(attained, 0.0);
+    assert!(deserved > 0.0, "huge deserved its share: {deserved}");
     fmctl(port, &["cancel", &huge_id, "--reason", "test over"]).unwrap();
     drop_db(&db).await;
 }

@@ -196,6 +196,25 @@ pub struct StoredPlan {
     pub assignments: Vec<Assignment>,
 }
 
+/// The service a job has received (table `job_service`).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct JobService {
+    pub attained_gpu_s: f64,
+    pub executed_s: f64,
+    pub fair_share_gpu_s: f64,
+    pub lease_until: Option<DateTime<Utc>>,
+}
+
+/// What a stored plan records about service besides the assignments.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ServiceUpdate {
+    /// GPUs each live job deserves per second until the next plan (an equal
+    /// share of the cluster, at most its request).
+    pub fair_share_gpus: Vec<(JobId, f64)>,
+    /// The leases of the new plan; every other job's lease ends.
+    pub leases: Vec<(JobId, DateTime<Utc>)>,
+}
+
 /// Exclusive leadership among scheduler replicas: a Postgres session-level
 /// advisory lock held on a dedicated connection (not the pool's, whose
 /// sessions are shared). If the process dies, Postgres drops the session and
@@ -597,19 +616,116 @@ impl Persistence {
         })
     }
 
+    /// The service of every job that has any, by job.
+    pub async fn service(&self) -> Result<BTreeMap<JobId, JobService>, PersistenceError> {
+        const OP: &str = "service";
+        let rows = sqlx::query(
+            "SELECT s.job_id, s.attained_gpu_s, s.executed_s, s.fair_share_gpu_s, s.lease_until
+             FROM job_service s JOIN jobs j ON j.id = s.job_id
+             WHERE j.state IN ('submitted','profiling','queued','running')",
+        )
+        .fetch_all(&self.pool)
+        .await
+        .map_err(db_err(OP))?;
+        let mut out = BTreeMap::new();
+        for r in rows {
+            let get = |e: sqlx::Error| corrupt(OP, e.to_string());
+            out.insert(
+                JobId(r.try_get("job_id").map_err(get)?),
+                JobService {
+                    attained_gpu_s: r.try_get("attained_gpu_s").map_err(get)?,
+                    executed_s: r.try_get("executed_s").map_err(get)?,
+                    fair_share_gpu_s: r.try_get("fair_share_gpu_s").map_err(get)?,
+                    lease_until: r.try_get("lease_until").map_err(get)?,
+                },
+            );
+        }
+        Ok(out)
+    }
+
     /// Replaces the plan with `assignments` under a new generation, and moves
-    /// jobs into or out of `running`, in one transaction. Returns the new
-    /// generation.
+    /// jobs into or out of `running`, in one transaction. Before the old plan
+    /// goes, the time since it was stored is added to the service of the jobs
+    /// it ran (and every live job's deserved share, `service`); the new
+    /// plan's leases replace the old ones. Returns the new generation.
     pub async fn store_plan(
         &self,
         assignments: &[Assignment],
         transitions: &[(JobId, JobState, String)],
         new_merges: &[NewMerge],
+        service: &ServiceUpdate,
         now: DateTime<Utc>,
     ) -> Result<i64, PersistenceError> {
         const OP: &str = "store_plan";
         let generation = with_retries(OP, || async {
             let mut tx = self.pool.begin().await.map_err(db_err(OP))?;
+            // Seconds the old plan held (none before the first; a clock that
+            // went back counts nothing).
+            let held_s: f64 = sqlx::query_scalar(
+                "SELECT COALESCE(GREATEST(EXTRACT(EPOCH FROM ($1 - stored_at))::float8, 0), 0)
+                 FROM plan_generation FOR UPDATE",
+            )
+            .bind(now)
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(db_err(OP))?;
+            if held_s > 0.0 {
+                sqlx::query(
+                    "INSERT INTO job_service (job_id, attained_gpu_s, executed_s)
+                     SELECT a.job_id, cardinality(a.gpu_uuids) * $1, $1
+                     FROM assignments a WHERE NOT a.profile
+                     ON CONFLICT (job_id) DO UPDATE SET
+                       attained_gpu_s = job_service.attained_gpu_s + EXCLUDED.attained_gpu_s,
+                       executed_s = job_service.executed_s + EXCLUDED.executed_s",
+                )
+                .bind(held_s)
+                .execute(&mut *tx)
+                .await
+                .map_err(db_err(OP))?;
+                let (jobs, gpus): (Vec<Uuid>, Vec<f64>) = service
+                    .fair_share_gpus
+                    .iter()
+                    .map(|(j, g)| (j.0, g.max(0.0)))
+                    .unzip();
+                // A job submitted since the old plan deserves only the time
+                // since it came.
+                sqlx::query(
+                    "INSERT INTO job_service (job_id, fair_share_gpu_s)
+                     SELECT u.job_id,
+                            u.gpus * LEAST($3, GREATEST(EXTRACT(EPOCH FROM ($4 - j.created_at))::float8, 0))
+                     FROM UNNEST($1::uuid[], $2::float8[]) AS u(job_id, gpus)
+                     JOIN jobs j ON j.id = u.job_id
+                     ON CONFLICT (job_id) DO UPDATE SET
+                       fair_share_gpu_s = job_service.fair_share_gpu_s + EXCLUDED.fair_share_gpu_s",
+                )
+                .bind(&jobs)
+                .bind(&gpus)
+                .bind(held_s)
+                .bind(now)
+                .execute(&mut *tx)
+                .await
+                .map_err(db_err(OP))?;
+            }
+            let (leased, until): (Vec<Uuid>, Vec<DateTime<Utc>>) =
+                service.leases.iter().map(|(j, t)| (j.0, *t)).unzip();
+            sqlx::query(
+                "UPDATE job_service SET lease_until = NULL
+                 WHERE lease_until IS NOT NULL AND job_id <> ALL($1::uuid[])",
+            )
+            .bind(&leased)
+            .execute(&mut *tx)
+            .await
+            .map_err(db_err(OP))?;
+            sqlx::query(
+                "INSERT INTO job_service (job_id, lease_until)
+                 SELECT * FROM UNNEST($1::uuid[], $2::timestamptz[])
+                 ON CONFLICT (job_id) DO UPDATE SET lease_until = EXCLUDED.lease_until",
+            )
+            .bind(&leased)
+            .bind(&until)
+            .execute(&mut *tx)
+            .await
+            .map_err(db_err(OP))?;
             for m in new_merges {
                 sqlx::query(
                     "INSERT INTO merges (job_a, job_b, mode, gain_ab, gain_ba, decided_at)
@@ -639,8 +755,9 @@ impl Persistence {
                 }
             }
             let generation: i64 = sqlx::query_scalar(
-                "UPDATE plan_generation SET generation = generation + 1 RETURNING generation",
+                "UPDATE plan_generation SET generation = generation + 1, stored_at = $1 RETURNING generation",
             )
+            .bind(now)
             .fetch_one(&mut *tx)
             .await
             .map_err(db_err(OP))?;

@@ -56,7 +56,8 @@ use fmsched_proto::v1 as pb;
 use crate::api::AppState;
 use crate::estimates::{Estimates, local_gains, local_times};
 use crate::persistence::{
-    Assignment, Estimate, JobRecord, MergeRecord, NewMerge, PersistenceError,
+    Assignment, Estimate, JobRecord, JobService, MergeRecord, NewMerge, PersistenceError,
+    ServiceUpdate,
 };
 
 /// Default iterations of a job whose target names neither iterations nor
@@ -794,6 +795,7 @@ pub async fn run_round(
     // ---- 2. prepare -------------------------------------------------------
     let progress = p.progress().await?;
     let current = p.current_plan().await?;
+    let service = p.service().await?;
     // Offline nodes are out: their jobs are re-placed from their last
     // checkpoint. A Suspect node keeps what it runs (it may only be late)
     // but gets nothing new: its capacity is what it holds.
@@ -1098,6 +1100,7 @@ pub async fn run_round(
         let j = &live[id];
         let done = progress.get(id).map_or(0, |p| p.0);
         let placement = holding.get(id).cloned().unwrap_or_default();
+        let sv = service.get(id).cloned().unwrap_or_default();
         jobs.push(SchedJob {
             id: id.to_string(),
             model: j.spec.model.clone(),
@@ -1109,14 +1112,16 @@ pub async fn run_round(
             max_gpus: j.spec.resources.max_gpus.min(largest_node),
             submitted_at: (j.created_at - now).num_milliseconds() as f64 / 1000.0,
             progress: done as f64 / total_iterations(j).max(1) as f64,
-            attained_gpu_s: 0.0,
-            executed_s: 0.0,
-            fair_share_gpu_s: 0.0,
+            attained_gpu_s: sv.attained_gpu_s,
+            executed_s: sv.executed_s,
+            fair_share_gpu_s: sv.fair_share_gpu_s,
             current_gpus: placement.iter().map(|p| p.1).sum(),
             current_placement: placement,
             remaining_s: table.jobs[k].clone(),
             restart_s,
-            lease_until: 0.0,
+            lease_until: sv
+                .lease_until
+                .map_or(0.0, |t| (t - now).num_milliseconds() as f64 / 1000.0),
         });
     }
     let snap = Snapshot {
@@ -1368,10 +1373,35 @@ pub async fn run_round(
             transitions.push((*id, want, reason));
         }
     }
+    // Service: every live job deserves an equal share of the cluster, at
+    // most its request (Themis's deserved service); the plan's leases.
+    let share = f64::from(total) / live.len().max(1) as f64;
+    let service_update = ServiceUpdate {
+        fair_share_gpus: live
+            .iter()
+            .map(|(id, j)| {
+                let request = j.spec.resources.max_gpus.min(largest_node);
+                (*id, share.min(f64::from(request)))
+            })
+            .collect(),
+        leases: leases_after(
+            &assignments,
+            &held,
+            &service,
+            by_name(&state.config.scheduling.policy).map_or(0.0, |p| p.lease_s()),
+            now,
+        ),
+    };
     let training = assignments.len();
     assignments.extend(profiling);
     let generation = p
-        .store_plan(&assignments, &transitions, &new_merges, now)
+        .store_plan(
+            &assignments,
+            &transitions,
+            &new_merges,
+            &service_update,
+            now,
+        )
         .await?;
     // A context switch: a job whose GPUs differ from what it held.
     let switches = assignments
@@ -1745,6 +1775,37 @@ fn send_switch_hints(
 
 /// Runs rounds every `scheduling.interval` until the task is aborted;
 /// with a `prewarm_lead`, a look-ahead round that long before each round.
+/// The leases of a new plan (Themis; none when `lease_s` is 0). A job that
+/// keeps its GPUs keeps its lease until it runs out; one that keeps them
+/// after its lease ran out won them again in the auction and gets a new
+/// lease, as does every job placed anew.
+fn leases_after(
+    assignments: &[Assignment],
+    held: &BTreeMap<JobId, &Assignment>,
+    service: &BTreeMap<JobId, JobService>,
+    lease_s: f64,
+    now: DateTime<Utc>,
+) -> Vec<(JobId, DateTime<Utc>)> {
+    if lease_s <= 0.0 {
+        return Vec::new();
+    }
+    let fresh = now + chrono::Duration::milliseconds((lease_s * 1000.0) as i64);
+    assignments
+        .iter()
+        .filter(|a| !a.profile)
+        .map(|a| {
+            let kept = held
+                .get(&a.job)
+                .is_some_and(|h| h.node == a.node && h.gpus == a.gpus);
+            let running_lease = service
+                .get(&a.job)
+                .and_then(|s| s.lease_until)
+                .filter(|&t| kept && t > now);
+            (a.job, running_lease.unwrap_or(fresh))
+        })
+        .collect()
+}
+
 pub async fn scheduling_loop(state: AppState) {
     let lut = match analytic::default_lut() {
         Ok(l) => Arc::new(l),
@@ -1815,6 +1876,60 @@ pub async fn scheduling_loop(state: AppState) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Themis leases in the service: kept GPUs keep their lease until it
+    /// runs out, kept GPUs past it get a new one (won again), moved or new
+    /// jobs get a new one, profiling runs none, and no lease without a
+    /// leasing policy.
+    #[test]
+    fn leases_run_out_renew_when_won_again_and_start_with_new_placements() {
+        let now = chrono::DateTime::parse_from_rfc3339("2026-01-01T00:10:00Z")
+            .unwrap()
+            .with_timezone(&Utc);
+        let at = |s: i64| now + chrono::Duration::seconds(s);
+        let node = |n: &str| NodeId::try_from(n.to_string()).unwrap();
+        let assign = |j: u8, n: &str, gpus: &[&str]| Assignment {
+            job: job(j),
+            node: node(n),
+            gpus: gpus.iter().map(|g| GpuUuid(g.to_string())).collect(),
+            profile: false,
+        };
+        let old = [
+            assign(1, "a", &["g0"]),
+            assign(2, "a", &["g1"]),
+            assign(3, "a", &["g2"]),
+        ];
+        let held: BTreeMap<JobId, &Assignment> = old.iter().map(|a| (a.job, a)).collect();
+        let lease = |t: Option<DateTime<Utc>>| JobService {
+            lease_until: t,
+            ..Default::default()
+        };
+        let service: BTreeMap<JobId, JobService> = [
+            (job(1), lease(Some(at(300)))), // running lease
+            (job(2), lease(Some(at(-1)))),  // ran out
+            (job(3), lease(Some(at(300)))), // moves
+        ]
+        .into();
+        let mut new = vec![
+            assign(1, "a", &["g0"]),
+            assign(2, "a", &["g1"]),
+            assign(3, "b", &["g0"]),
+            assign(4, "a", &["g3"]),
+        ];
+        new.push(Assignment {
+            profile: true,
+            ..assign(5, "b", &["g1"])
+        });
+        let got: BTreeMap<JobId, DateTime<Utc>> = leases_after(&new, &held, &service, 600.0, now)
+            .into_iter()
+            .collect();
+        assert_eq!(got.len(), 4, "no lease for a profiling run: {got:?}");
+        assert_eq!(got[&job(1)], at(300));
+        assert_eq!(got[&job(2)], at(600));
+        assert_eq!(got[&job(3)], at(600));
+        assert_eq!(got[&job(4)], at(600));
+        assert!(leases_after(&new, &held, &service, 0.0, now).is_empty());
+    }
 
     fn job(n: u8) -> JobId {
         format!("01a20000-0000-7000-8000-0000000000{n:02}")

@@ -6,7 +6,8 @@ use std::collections::BTreeMap;
 use chrono::{DateTime, Utc};
 use fmsched_core::{GpuUuid, JobId, JobState, NodeId, NodeState, UserName};
 use scheduler_svc::persistence::{
-    GpuRecord, JobQuery, NewJob, NodeRecord, Persistence, PersistenceError, SubmitOutcome,
+    Assignment, GpuRecord, JobQuery, NewJob, NodeRecord, Persistence, PersistenceError,
+    ServiceUpdate, SubmitOutcome,
 };
 use sqlx::PgPool;
 
@@ -334,4 +335,83 @@ async fn duplicate_gpu_index_is_a_conflict_and_writes_nothing(pool: PgPool) {
         p.list_nodes().await.unwrap().is_empty(),
         "the transaction rolled back"
     );
+}
+
+/// Every stored plan adds the time since the previous one to the service of
+/// the jobs that plan ran (GPU-seconds and seconds, not for profiling) and
+/// to every live job's deserved share (only since it came); the new plan's
+/// leases replace the old ones.
+#[sqlx::test(migrator = "scheduler_svc::persistence::MIGRATOR")]
+async fn stored_plans_account_service_and_leases(pool: PgPool) {
+    let p = Persistence::from_pool(pool);
+    p.register_node(
+        &node("a", &[("G0", 0), ("G1", 1), ("G2", 2), ("G3", 3)]),
+        t(0),
+    )
+    .await
+    .unwrap();
+    let j1 = created(submit(&p, "u", None, 0).await).id;
+    let j2 = created(submit(&p, "u", None, 0).await).id;
+    let on = |job: JobId, gpus: &[&str], profile: bool| Assignment {
+        job,
+        node: NodeId::try_from("a".to_string()).unwrap(),
+        gpus: gpus.iter().map(|g| GpuUuid(g.to_string())).collect(),
+        profile,
+    };
+    let share = |jobs: &[(JobId, f64)], leases: &[(JobId, i64)]| ServiceUpdate {
+        fair_share_gpus: jobs.to_vec(),
+        leases: leases.iter().map(|&(j, s)| (j, t(s))).collect(),
+    };
+    // The first plan: nothing held before it.
+    p.store_plan(
+        &[on(j1, &["G0", "G1"], false)],
+        &[],
+        &[],
+        &share(&[(j1, 2.0), (j2, 2.0)], &[(j1, 600)]),
+        t(0),
+    )
+    .await
+    .unwrap();
+    assert_eq!(p.service().await.unwrap()[&j1].attained_gpu_s, 0.0);
+    assert_eq!(p.service().await.unwrap()[&j1].lease_until, Some(t(600)));
+    // 100 s later: j1 held 2 GPUs all along; j2 profiles now.
+    p.store_plan(
+        &[on(j1, &["G0", "G1"], false), on(j2, &["G2"], true)],
+        &[],
+        &[],
+        &share(&[(j1, 1.5), (j2, 1.5)], &[(j1, 600)]),
+        t(100),
+    )
+    .await
+    .unwrap();
+    let j3 = created(submit(&p, "u", None, 130).await).id;
+    // 60 s later: j2's profiling counts nothing; j3 deserves 30 s only.
+    p.store_plan(
+        &[],
+        &[],
+        &[],
+        &share(&[(j1, 1.0), (j2, 1.0), (j3, 1.0)], &[]),
+        t(160),
+    )
+    .await
+    .unwrap();
+    let s = p.service().await.unwrap();
+    assert_eq!(s[&j1].attained_gpu_s, 2.0 * 160.0);
+    assert_eq!(s[&j1].executed_s, 160.0);
+    assert_eq!(s[&j1].fair_share_gpu_s, 1.5 * 100.0 + 1.0 * 60.0);
+    assert_eq!(s[&j1].lease_until, None, "the empty plan ends every lease");
+    assert_eq!(s[&j2].attained_gpu_s, 0.0, "profiling is not service");
+    assert_eq!(s[&j2].fair_share_gpu_s, 1.5 * 100.0 + 1.0 * 60.0);
+    assert_eq!(s[&j3].fair_share_gpu_s, 30.0);
+    // A clock that goes back adds nothing.
+    p.store_plan(
+        &[on(j1, &["G0"], false)],
+        &[],
+        &[],
+        &share(&[(j1, 4.0)], &[]),
+        t(150),
+    )
+    .await
+    .unwrap();
+    assert_eq!(p.service().await.unwrap()[&j1].fair_share_gpu_s, 210.0);
 }
