@@ -1485,3 +1485,74 @@ async fn e2e_a_job_wider_than_any_node_waits_and_says_why() {
     fmctl(port, &["cancel", &huge_id, "--reason", "test over"]).unwrap();
     drop_db(&db).await;
 }
+
+/// The live service under the baselines that rank by the service jobs
+/// received: Themis (leases, deserved share) and Tiresias (attained
+/// GPU-seconds) run a queue longer than the node to completion; a job
+/// Themis runs holds a lease while it runs, and every job's service is
+/// accounted.
+#[tokio::test]
+async fn e2e_the_service_baselines_run_a_queue_to_completion() {
+    for policy in ["themis", "tiresias"] {
+        let db = new_db(&format!("fmsched_{policy}")).await;
+        let dir = tempfile::tempdir().unwrap();
+        let port = free_port();
+        let _sched = scheduler_env(
+            &db,
+            port,
+            dir.path(),
+            None,
+            &[("FMSCHED_SCHEDULING__POLICY", policy)],
+        );
+        wait_up("scheduler up", port);
+        let _a = agent("node-a", port, dir.path());
+        submit(
+            port,
+            dir.path(),
+            (0..6u64).map(|k| {
+                let name = format!("{policy}-{k}");
+                let manifest = job_yaml(
+                    &name,
+                    ["rte", "mrpc", "stsb"][k as usize % 3],
+                    600 + 300 * (k % 3),
+                    1 + (k % 2) as u32,
+                );
+                (name, manifest)
+            }),
+        )
+        .expect("submit");
+        let mut c = sqlx::PgConnection::connect(&db_url(&db)).await.unwrap();
+        if policy == "themis" {
+            let deadline = Instant::now() + Duration::from_secs(60);
+            loop {
+                let leased: i64 = sqlx::query_scalar(
+                    "SELECT count(*) FROM job_service s JOIN jobs j ON j.id = s.job_id
+                     WHERE j.state = 'running' AND s.lease_until > now()",
+                )
+                .fetch_one(&mut c)
+                .await
+                .unwrap();
+                if leased > 0 {
+                    break;
+                }
+                assert!(Instant::now() < deadline, "no running job holds a lease");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+        all_completed(port, 6, Duration::from_secs(150));
+        let unserved: Vec<(String, f64, f64)> = sqlx::query_as(
+            "SELECT j.name, coalesce(s.attained_gpu_s, 0), coalesce(s.executed_s, 0)
+             FROM jobs j LEFT JOIN job_service s ON s.job_id = j.id
+             WHERE coalesce(s.attained_gpu_s, 0) <= 0 OR s.executed_s <= 0",
+        )
+        .fetch_all(&mut c)
+        .await
+        .unwrap();
+        assert!(
+            unserved.is_empty(),
+            "{policy}: jobs without accounted service: {unserved:?}"
+        );
+        drop(c);
+        drop_db(&db).await;
+    }
+}
