@@ -556,241 +556,14 @@ pub async fn run_round(
     let mut report = RoundReport::default();
 
     // ---- 1. observe -------------------------------------------------------
-    let nodes = state.registry.snapshot();
-    let mut live: BTreeMap<JobId, JobRecord> = p
-        .live_jobs()
-        .await?
-        .into_iter()
-        .map(|j| (j.id, j))
-        .collect();
-    let merges = p.merges_of_live_jobs().await?;
-    // Read once; what this round learns (profiles, refits) is written
-    // through to Postgres and into this map.
-    let mut estimates = p.estimates().await?;
-    // Evaluation values per job reported this round (the guard reads them).
-    let mut evals: BTreeMap<JobId, Vec<f64>> = BTreeMap::new();
-    // Merges split this round: their spatial jobs wait one round for the
-    // joint process's last checkpoint.
-    let mut split_now: BTreeSet<i64> = BTreeSet::new();
-    // A look-ahead writes nothing: it predicts from what is persisted, and
-    // from the reports only which jobs finish before the switch.
-    let reporting = if kind.commits() { &nodes[..] } else { &[] };
-    let mut reported_outputs: BTreeMap<JobId, String> = BTreeMap::new();
-    if let RoundKind::LookAhead { switch_at } = kind {
-        let lead_s = (switch_at - now).num_milliseconds().max(0) as f64 / 1000.0;
-        let observed = nodes.iter().flat_map(|n| &n.observed_tasks);
-        for (id, output) in finishing(observed, &live, &estimates, lead_s) {
-            live.remove(&id);
-            if let Some(o) = output {
-                reported_outputs.insert(id, o);
-            }
-        }
-    }
-    for n in reporting {
-        for t in &n.observed_tasks {
-            // Profiling runs: "<job>-profile".
-            if let Some(job_part) = t.task_id.strip_suffix(PROFILE_SUFFIX) {
-                let Ok(id) = job_part.parse::<JobId>() else {
-                    continue;
-                };
-                // Only a finished run queues the job (a running one leaves
-                // it profiling: it must not be scheduled yet).
-                if live
-                    .get(&id)
-                    .is_some_and(|j| j.state == JobState::Profiling)
-                    && let Some(learned) = observe_profile(state, id, t, now).await?
-                    && let Some(j) = live.get_mut(&id)
-                {
-                    estimates.insert(id, learned);
-                    j.state = JobState::Queued;
-                    // The measured step time teaches the estimator's table
-                    // (1 GPU, the job's batch; AMP as the shipped profiles).
-                    if t.step_time_s > 0.0
-                        && let Some(g) = n.record.gpus.first()
-                    {
-                        let sample = pb::StepTimeSample {
-                            key: Some(pb::ThroughputKey {
-                                model: j.spec.model.clone(),
-                                gpu_type: analytic::gpu_family(&g.model),
-                                placement: if j.spec.resources.pipeline_parallel {
-                                    "4"
-                                } else {
-                                    "1"
-                                }
-                                .into(),
-                                local_batch_size: j.spec.hyperparameters.global_batch_size,
-                                gradient_accumulation: 1,
-                                amp: true,
-                                pipeline_parallel: j.spec.resources.pipeline_parallel,
-                                ..Default::default()
-                            }),
-                            step_time_seconds: t.step_time_s,
-                            sync_time_seconds: 0.0,
-                        };
-                        if let Err(e) = est.record_step_times(vec![sample]).await {
-                            tracing::warn!(job_id = %id, error = %e, "step time not recorded");
-                        }
-                    }
-                }
-                continue;
-            }
-            // A training process: one job ("<job>") or a spatial pair
-            // ("<a>+<b>", one joint process).
-            let Some(members) = members_of(&t.task_id) else {
-                continue;
-            };
-            let ckpt = Some(t.checkpoint_path.as_str()).filter(|c| !c.is_empty());
-            if t.jobs.is_empty() {
-                // An agent that reports no per-job progress.
-                if live.contains_key(&members[0]) {
-                    p.record_progress(members[0], t.iteration, ckpt, now)
-                        .await?;
-                }
-            }
-            for r in &t.jobs {
-                let Ok(j) = r.job_id.parse::<JobId>() else {
-                    continue;
-                };
-                if !r.evals.is_empty() {
-                    evals.insert(j, r.evals.clone());
-                }
-                // Watched (eval-only) jobs are not trained by this process.
-                if members.contains(&j) && live.contains_key(&j) {
-                    p.record_progress(j, r.iteration, ckpt, now).await?;
-                }
-            }
-            let phase = pb::TaskPhase::try_from(t.phase).unwrap_or(pb::TaskPhase::Unspecified);
-            // A data-parallel job training alone teaches the estimator's
-            // table its measured step time, once per process (the LUT is
-            // updated online; merged and pipeline jobs are left out: their
-            // batch or layout is not one job's).
-            if let [id] = members[..]
-                && phase == pb::TaskPhase::Running
-                && t.step_time_s > 0.0
-                && est.is_remote()
-                && !merges.iter().any(|m| m.active && (m.a == id || m.b == id))
-                && let Some(job) = live.get(&id)
-                && !job.spec.resources.pipeline_parallel
-                && let Some(g) = n.record.gpus.first()
-                && est.first_sample_of(&t.task_id, t.pid)
-            {
-                let gpus = t.gpu_uuids.len().max(1) as u32;
-                let sample = running_step_time_sample(lut, job, &g.model, gpus, t.step_time_s);
-                if let Err(e) = est.record_step_times(vec![sample]).await {
-                    tracing::warn!(job_id = %id, error = %e, "step time not recorded");
-                }
-            }
-            // A job training alone refreshes its estimate from its own loss
-            // trace (merged jobs learn on transferred curves: left as is).
-            if let [id] = members[..]
-                && phase == pb::TaskPhase::Running
-                && !merges.iter().any(|m| m.active && (m.a == id || m.b == id))
-                && let Some(job) = live.get(&id)
-                && let Some(e) = refresh_estimate(p, job, t, estimates.get(&id), now).await?
-            {
-                estimates.insert(id, e);
-            }
-            for &id in &members {
-                let Some(job) = live.get(&id) else { continue };
-                if job.state != JobState::Running {
-                    continue;
-                }
-                // A job completes when its own task reached its target, even
-                // while the joint process trains its partner on.
-                let output = t.outputs.get(&id.to_string()).cloned();
-                let finished = output.is_some() || phase == pb::TaskPhase::Succeeded;
-                if finished {
-                    let output = output.unwrap_or_default();
-                    p.complete_job(id, &output, now).await?;
-                    tracing::info!(job_id = %id, node_id = %n.record.id, %output, "job completed");
-                    live.remove(&id);
-                    report.completed += 1;
-                    continue;
-                }
-                if phase != pb::TaskPhase::Failed {
-                    continue;
-                }
-                if members.len() > 1
-                    && let Some(m) = merges.iter().find(|m| m.active && m.a == members[0])
-                {
-                    p.guard_merge(m, Some("the joint process failed"), now)
-                        .await?;
-                    split_now.insert(m.id);
-                }
-                let cfg = &state.config.scheduling;
-                let what = format!(
-                    "training process exited with code {} on node {}{}",
-                    t.exit_code,
-                    n.record.id,
-                    if t.message.is_empty() {
-                        String::new()
-                    } else {
-                        format!("; last log lines:\n{}", t.message)
-                    }
-                );
-                // Held back retry_backoff · 2^(retries − 1) before the next try.
-                let Some(retries) = p.note_failure(id, t.pid, cfg.retry_backoff, now).await? else {
-                    continue; // this process's failure was counted already
-                };
-                if retries > cfg.max_retries {
-                    let reason = format!("{what}\n(gave up after {} retries)", cfg.max_retries);
-                    p.transition_job(id, JobState::Failed, &reason, now).await?;
-                    tracing::warn!(job_id = %id, retries, "job failed");
-                    live.remove(&id);
-                    report.failed += 1;
-                } else {
-                    let wait = cfg.retry_backoff.saturating_mul(1 << (retries - 1).min(10));
-                    let reason = format!(
-                        "{what}\n(retry {retries} of {} in {wait:?}, from the last checkpoint)",
-                        cfg.max_retries
-                    );
-                    p.transition_job(id, JobState::Queued, &reason, now).await?;
-                    tracing::warn!(job_id = %id, retries, ?wait, "training process failed; will retry");
-                    state.metrics.update(|m| m.retries += 1);
-                    if let Some(j) = live.get_mut(&id) {
-                        j.state = JobState::Queued;
-                    }
-                }
-            }
-        }
-    }
-
-    // The merge guard (Ymir §4.3): a merge whose watched accuracy does not
-    // improve in the first two epochs is split and both jobs are scheduled
-    // on their own. Temporal A ↦ B: B's accuracy with A's weights, evaluated
-    // while A trains. Spatial A ‖ B: each task's accuracy in the joint job.
-    let unguarded: Vec<&MergeRecord> = merges
-        .iter()
-        .filter(|m| m.active && !m.guard_passed && !split_now.contains(&m.id))
-        .filter(|_| kind.commits())
-        .collect();
-    for m in unguarded {
-        let watched: Vec<(JobId, Option<&[f64]>)> = match m.mode {
-            MergeMode::Temporal => vec![m.b],
-            _ => vec![m.a, m.b],
-        }
-        .into_iter()
-        .filter(|j| live.contains_key(j))
-        .map(|j| (j, evals.get(&j).map(Vec::as_slice)))
-        .collect();
-        match guard_verdict(m.mode, &watched) {
-            GuardVerdict::Split(reason) => {
-                tracing::warn!(merge = m.id, mode = m.mode.as_str(), %reason, "merge guard: splitting");
-                p.guard_merge(m, Some(&reason), now).await?;
-                split_now.insert(m.id);
-                state.metrics.update(|x| x.guard_splits += 1);
-            }
-            GuardVerdict::Keep => p.guard_merge(m, None, now).await?,
-            GuardVerdict::Wait => {}
-        }
-    }
-    let merges: Vec<MergeRecord> = merges
-        .into_iter()
-        .map(|mut m| {
-            m.active &= !split_now.contains(&m.id);
-            m
-        })
-        .collect();
+    let Observed {
+        nodes,
+        live,
+        merges,
+        estimates,
+        split_now,
+        reported_outputs,
+    } = observe(state, lut, est, kind, now, &mut report).await?;
 
     // ---- 2. prepare -------------------------------------------------------
     let progress = p.progress().await?;
@@ -1447,6 +1220,337 @@ pub async fn run_round(
     report.jobs = live.len();
     report.running = training;
     Ok(report)
+}
+
+/// What the observe phase leaves for the rest of the round.
+struct Observed {
+    nodes: Vec<crate::registry::LiveNode>,
+    /// Live jobs: those that finished or failed for good this round are
+    /// gone; those whose profiling ended are queued.
+    live: BTreeMap<JobId, JobRecord>,
+    /// Merges of live jobs; those split this round are inactive.
+    merges: Vec<MergeRecord>,
+    /// Estimates, with what this round learned (profiles, refits).
+    estimates: BTreeMap<JobId, Estimate>,
+    /// Merges split this round: their spatial jobs wait one round for the
+    /// joint process's last checkpoint.
+    split_now: BTreeSet<i64>,
+    /// Look-ahead rounds: the outputs of jobs predicted to finish first.
+    reported_outputs: BTreeMap<JobId, String>,
+}
+
+/// Phase 1 of a round: read the live jobs, merges and estimates; take in
+/// what agents report (progress and checkpoints, finished, failed and
+/// profiled processes, step times, evaluations) and run the merge guard.
+/// A look-ahead round writes nothing: it only predicts which jobs finish
+/// before the switch.
+async fn observe(
+    state: &AppState,
+    lut: &Lut,
+    est: &Estimates,
+    kind: RoundKind,
+    now: DateTime<Utc>,
+    report: &mut RoundReport,
+) -> Result<Observed, RoundError> {
+    let p = &state.persistence;
+    let nodes = state.registry.snapshot();
+    let mut live: BTreeMap<JobId, JobRecord> = p
+        .live_jobs()
+        .await?
+        .into_iter()
+        .map(|j| (j.id, j))
+        .collect();
+    let merges = p.merges_of_live_jobs().await?;
+    // Read once; what this round learns (profiles, refits) is written
+    // through to Postgres and into this map.
+    let mut estimates = p.estimates().await?;
+    // Evaluation values per job reported this round (the guard reads them).
+    let mut evals: BTreeMap<JobId, Vec<f64>> = BTreeMap::new();
+    // Merges split this round: their spatial jobs wait one round for the
+    // joint process's last checkpoint.
+    let mut split_now: BTreeSet<i64> = BTreeSet::new();
+    // A look-ahead writes nothing: it predicts from what is persisted, and
+    // from the reports only which jobs finish before the switch.
+    let reporting = if kind.commits() { &nodes[..] } else { &[] };
+    let mut reported_outputs: BTreeMap<JobId, String> = BTreeMap::new();
+    if let RoundKind::LookAhead { switch_at } = kind {
+        let lead_s = (switch_at - now).num_milliseconds().max(0) as f64 / 1000.0;
+        let observed = nodes.iter().flat_map(|n| &n.observed_tasks);
+        for (id, output) in finishing(observed, &live, &estimates, lead_s) {
+            live.remove(&id);
+            if let Some(o) = output {
+                reported_outputs.insert(id, o);
+            }
+        }
+    }
+    let mut cx = Observing {
+        state,
+        lut,
+        est,
+        now,
+        merges: &merges,
+        live: &mut live,
+        estimates: &mut estimates,
+        evals: &mut evals,
+        split_now: &mut split_now,
+        report,
+    };
+    for n in reporting {
+        for t in &n.observed_tasks {
+            observe_task(&mut cx, n, t).await?;
+        }
+    }
+
+    // The merge guard (Ymir §4.3): a merge whose watched accuracy does not
+    // improve in the first two epochs is split and both jobs are scheduled
+    // on their own. Temporal A ↦ B: B's accuracy with A's weights, evaluated
+    // while A trains. Spatial A ‖ B: each task's accuracy in the joint job.
+    let unguarded: Vec<&MergeRecord> = merges
+        .iter()
+        .filter(|m| m.active && !m.guard_passed && !split_now.contains(&m.id))
+        .filter(|_| kind.commits())
+        .collect();
+    for m in unguarded {
+        let watched: Vec<(JobId, Option<&[f64]>)> = match m.mode {
+            MergeMode::Temporal => vec![m.b],
+            _ => vec![m.a, m.b],
+        }
+        .into_iter()
+        .filter(|j| live.contains_key(j))
+        .map(|j| (j, evals.get(&j).map(Vec::as_slice)))
+        .collect();
+        match guard_verdict(m.mode, &watched) {
+            GuardVerdict::Split(reason) => {
+                tracing::warn!(merge = m.id, mode = m.mode.as_str(), %reason, "merge guard: splitting");
+                p.guard_merge(m, Some(&reason), now).await?;
+                split_now.insert(m.id);
+                state.metrics.update(|x| x.guard_splits += 1);
+            }
+            GuardVerdict::Keep => p.guard_merge(m, None, now).await?,
+            GuardVerdict::Wait => {}
+        }
+    }
+    let merges: Vec<MergeRecord> = merges
+        .into_iter()
+        .map(|mut m| {
+            m.active &= !split_now.contains(&m.id);
+            m
+        })
+        .collect();
+
+    Ok(Observed {
+        nodes,
+        live,
+        merges,
+        estimates,
+        split_now,
+        reported_outputs,
+    })
+}
+
+/// What observing one process reads and may change.
+struct Observing<'a> {
+    state: &'a AppState,
+    lut: &'a Lut,
+    est: &'a Estimates,
+    now: DateTime<Utc>,
+    merges: &'a [MergeRecord],
+    live: &'a mut BTreeMap<JobId, JobRecord>,
+    estimates: &'a mut BTreeMap<JobId, Estimate>,
+    /// Evaluation values per job reported this round (the guard reads them).
+    evals: &'a mut BTreeMap<JobId, Vec<f64>>,
+    split_now: &'a mut BTreeSet<i64>,
+    report: &'a mut RoundReport,
+}
+
+/// Takes in one process a node reports: a profiling run that ended queues
+/// its job with what it measured; a training process records progress and
+/// checkpoints, teaches the estimator its step time and loss trace, and
+/// completes or retries (then fails) its jobs.
+async fn observe_task(
+    cx: &mut Observing<'_>,
+    n: &crate::registry::LiveNode,
+    t: &pb::ObservedTask,
+) -> Result<(), RoundError> {
+    let (state, lut, est, now, merges) = (cx.state, cx.lut, cx.est, cx.now, cx.merges);
+    let p = &state.persistence;
+    let live = &mut *cx.live;
+    let estimates = &mut *cx.estimates;
+    let evals = &mut *cx.evals;
+    let split_now = &mut *cx.split_now;
+    let report = &mut *cx.report;
+    // Profiling runs: "<job>-profile".
+    if let Some(job_part) = t.task_id.strip_suffix(PROFILE_SUFFIX) {
+        let Ok(id) = job_part.parse::<JobId>() else {
+            return Ok(());
+        };
+        // Only a finished run queues the job (a running one leaves
+        // it profiling: it must not be scheduled yet).
+        if live
+            .get(&id)
+            .is_some_and(|j| j.state == JobState::Profiling)
+            && let Some(learned) = observe_profile(state, id, t, now).await?
+            && let Some(j) = live.get_mut(&id)
+        {
+            estimates.insert(id, learned);
+            j.state = JobState::Queued;
+            // The measured step time teaches the estimator's table
+            // (1 GPU, the job's batch; AMP as the shipped profiles).
+            if t.step_time_s > 0.0
+                && let Some(g) = n.record.gpus.first()
+            {
+                let sample = profile_step_time_sample(j, &g.model, t.step_time_s);
+                if let Err(e) = est.record_step_times(vec![sample]).await {
+                    tracing::warn!(job_id = %id, error = %e, "step time not recorded");
+                }
+            }
+        }
+        return Ok(());
+    }
+    // A training process: one job ("<job>") or a spatial pair
+    // ("<a>+<b>", one joint process).
+    let Some(members) = members_of(&t.task_id) else {
+        return Ok(());
+    };
+    let ckpt = Some(t.checkpoint_path.as_str()).filter(|c| !c.is_empty());
+    if t.jobs.is_empty() {
+        // An agent that reports no per-job progress.
+        if live.contains_key(&members[0]) {
+            p.record_progress(members[0], t.iteration, ckpt, now)
+                .await?;
+        }
+    }
+    for r in &t.jobs {
+        let Ok(j) = r.job_id.parse::<JobId>() else {
+            continue;
+        };
+        if !r.evals.is_empty() {
+            evals.insert(j, r.evals.clone());
+        }
+        // Watched (eval-only) jobs are not trained by this process.
+        if members.contains(&j) && live.contains_key(&j) {
+            p.record_progress(j, r.iteration, ckpt, now).await?;
+        }
+    }
+    let phase = pb::TaskPhase::try_from(t.phase).unwrap_or(pb::TaskPhase::Unspecified);
+    // A data-parallel job training alone teaches the estimator's
+    // table its measured step time, once per process (the LUT is
+    // updated online; merged and pipeline jobs are left out: their
+    // batch or layout is not one job's).
+    if let [id] = members[..]
+        && phase == pb::TaskPhase::Running
+        && t.step_time_s > 0.0
+        && est.is_remote()
+        && !merges.iter().any(|m| m.active && (m.a == id || m.b == id))
+        && let Some(job) = live.get(&id)
+        && !job.spec.resources.pipeline_parallel
+        && let Some(g) = n.record.gpus.first()
+        && est.first_sample_of(&t.task_id, t.pid)
+    {
+        let gpus = t.gpu_uuids.len().max(1) as u32;
+        let sample = running_step_time_sample(lut, job, &g.model, gpus, t.step_time_s);
+        if let Err(e) = est.record_step_times(vec![sample]).await {
+            tracing::warn!(job_id = %id, error = %e, "step time not recorded");
+        }
+    }
+    // A job training alone refreshes its estimate from its own loss
+    // trace (merged jobs learn on transferred curves: left as is).
+    if let [id] = members[..]
+        && phase == pb::TaskPhase::Running
+        && !merges.iter().any(|m| m.active && (m.a == id || m.b == id))
+        && let Some(job) = live.get(&id)
+        && let Some(e) = refresh_estimate(p, job, t, estimates.get(&id), now).await?
+    {
+        estimates.insert(id, e);
+    }
+    for &id in &members {
+        let Some(job) = live.get(&id) else { continue };
+        if job.state != JobState::Running {
+            continue;
+        }
+        // A job completes when its own task reached its target, even
+        // while the joint process trains its partner on.
+        let output = t.outputs.get(&id.to_string()).cloned();
+        let finished = output.is_some() || phase == pb::TaskPhase::Succeeded;
+        if finished {
+            let output = output.unwrap_or_default();
+            p.complete_job(id, &output, now).await?;
+            tracing::info!(job_id = %id, node_id = %n.record.id, %output, "job completed");
+            live.remove(&id);
+            report.completed += 1;
+            continue;
+        }
+        if phase != pb::TaskPhase::Failed {
+            continue;
+        }
+        if members.len() > 1
+            && let Some(m) = merges.iter().find(|m| m.active && m.a == members[0])
+        {
+            p.guard_merge(m, Some("the joint process failed"), now)
+                .await?;
+            split_now.insert(m.id);
+        }
+        let cfg = &state.config.scheduling;
+        let what = format!(
+            "training process exited with code {} on node {}{}",
+            t.exit_code,
+            n.record.id,
+            if t.message.is_empty() {
+                String::new()
+            } else {
+                format!("; last log lines:\n{}", t.message)
+            }
+        );
+        // Held back retry_backoff · 2^(retries − 1) before the next try.
+        let Some(retries) = p.note_failure(id, t.pid, cfg.retry_backoff, now).await? else {
+            continue; // this process's failure was counted already
+        };
+        if retries > cfg.max_retries {
+            let reason = format!("{what}\n(gave up after {} retries)", cfg.max_retries);
+            p.transition_job(id, JobState::Failed, &reason, now).await?;
+            tracing::warn!(job_id = %id, retries, "job failed");
+            live.remove(&id);
+            report.failed += 1;
+        } else {
+            let wait = cfg.retry_backoff.saturating_mul(1 << (retries - 1).min(10));
+            let reason = format!(
+                "{what}\n(retry {retries} of {} in {wait:?}, from the last checkpoint)",
+                cfg.max_retries
+            );
+            p.transition_job(id, JobState::Queued, &reason, now).await?;
+            tracing::warn!(job_id = %id, retries, ?wait, "training process failed; will retry");
+            state.metrics.update(|m| m.retries += 1);
+            if let Some(j) = live.get_mut(&id) {
+                j.state = JobState::Queued;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A profiling run's measured step time as a sample for the estimator's
+/// table: 1 GPU (4 for a pipeline job) at the job's global batch, AMP as
+/// the shipped profiles.
+fn profile_step_time_sample(
+    job: &JobRecord,
+    gpu_model: &str,
+    step_time_s: f64,
+) -> pb::StepTimeSample {
+    let pipeline = job.spec.resources.pipeline_parallel;
+    pb::StepTimeSample {
+        key: Some(pb::ThroughputKey {
+            model: job.spec.model.clone(),
+            gpu_type: analytic::gpu_family(gpu_model),
+            placement: if pipeline { "4" } else { "1" }.into(),
+            local_batch_size: job.spec.hyperparameters.global_batch_size,
+            gradient_accumulation: 1,
+            amp: true,
+            pipeline_parallel: pipeline,
+            ..Default::default()
+        }),
+        step_time_seconds: step_time_s,
+        sync_time_seconds: 0.0,
+    }
 }
 
 /// A running data-parallel job's measured step time as a sample for the
