@@ -66,8 +66,8 @@ pub struct SchedJob {
     pub executed_s: f64,
     /// GPU-seconds an equal share of the cluster (at most its request) would
     /// have given it since it arrived: the "deserved service" the TitanSched
-    /// simulator's Themis ranks by (see [`baselines::ThemisRank`]). 0 where
-    /// the caller does not track it.
+    /// simulator's Themis ranks by (see [`baselines::ThemisRank`]); fmsim
+    /// accumulates it as time passes, the service plan by plan.
     pub fair_share_gpu_s: f64,
     /// GPUs it holds now (0 = queued).
     pub current_gpus: u32,
