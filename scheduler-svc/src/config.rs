@@ -155,9 +155,11 @@ impl LivenessConfig {
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct SchedulingConfig {
-    /// Scheduling round interval (Ymir: 120 s).
+    /// Scheduling round interval; unset: the policy's own, as its paper (and
+    /// fmsim) runs it: Ymir 120 s, Themis and Pollux 60 s, SRTF, Tiresias
+    /// and Optimus 300 s. See [`SchedulingConfig::round_interval`].
     #[serde(with = "humantime_serde")]
-    pub interval: Duration,
+    pub interval: Option<Duration>,
     /// Policy deciding every round (`ymir`, `srtf`, `tiresias`, ...).
     pub policy: String,
     /// Run scheduling rounds (false: the API only, e.g. a read replica).
@@ -184,17 +186,27 @@ pub struct SchedulingConfig {
 }
 
 impl SchedulingConfig {
+    /// The interval rounds run at: `interval` if set, else the policy's own.
+    pub fn round_interval(&self) -> Duration {
+        self.interval.unwrap_or_else(|| {
+            fmsched_core::policy::baselines::by_name(&self.policy)
+                .map_or(Duration::from_secs(120), |p| {
+                    Duration::from_secs_f64(p.interval_s())
+                })
+        })
+    }
+
     /// The look-ahead actually used: `prewarm_lead`, at most half the
     /// interval (a prediction made earlier than that is mostly stale).
     pub fn effective_prewarm_lead(&self) -> Duration {
-        self.prewarm_lead.min(self.interval / 2)
+        self.prewarm_lead.min(self.round_interval() / 2)
     }
 }
 
 impl Default for SchedulingConfig {
     fn default() -> Self {
         Self {
-            interval: Duration::from_secs(120),
+            interval: None,
             policy: "ymir".into(),
             enabled: true,
             profiling: true,
@@ -280,7 +292,7 @@ impl Config {
                 ),
             ));
         }
-        if self.scheduling.interval < Duration::from_millis(100) {
+        if self.scheduling.round_interval() < Duration::from_millis(100) {
             return Err(invalid("scheduling.interval", "must be >= 100ms"));
         }
         if self.database_max_connections == 0 {
@@ -373,7 +385,7 @@ mod tests {
         assert_eq!(cfg.liveness.suspect_after, Duration::from_secs(30));
         assert_eq!(cfg.liveness.offline_after, Duration::from_secs(120));
         assert_eq!(
-            cfg.scheduling.interval,
+            cfg.scheduling.round_interval(),
             Duration::from_secs(45),
             "env beats file"
         );
@@ -381,6 +393,20 @@ mod tests {
             cfg.auth.admins,
             vec!["alice".to_string(), "bob".to_string()]
         );
+    }
+
+    /// Without `interval` rounds run at the policy's own interval.
+    #[test]
+    fn the_round_interval_defaults_to_the_policys() {
+        let interval = |policy: &str| {
+            Config::load_from(None, env(&[("FMSCHED_SCHEDULING__POLICY", policy)]))
+                .unwrap()
+                .scheduling
+                .round_interval()
+        };
+        assert_eq!(interval("ymir"), Duration::from_secs(120));
+        assert_eq!(interval("themis"), Duration::from_secs(60));
+        assert_eq!(interval("tiresias"), Duration::from_secs(300));
     }
 
     /// The example shipped for operators stays in step with the code.

@@ -1877,7 +1877,7 @@ fn send_switch_hints(
     sent
 }
 
-/// Runs rounds every `scheduling.interval` until the task is aborted;
+/// Runs rounds every `scheduling.round_interval()` until the task is aborted;
 /// with a `prewarm_lead`, a look-ahead round that long before each round.
 /// The leases of a new plan (Themis; none when `lease_s` is 0). A job that
 /// keeps its GPUs keeps its lease until it runs out; one that keeps them
@@ -1936,7 +1936,7 @@ pub async fn scheduling_loop(state: AppState) {
             "pipeline switch: look-ahead rounds send standby hints"
         );
     }
-    let mut tick = tokio::time::interval(state.config.scheduling.interval);
+    let mut tick = tokio::time::interval(state.config.scheduling.round_interval());
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
@@ -1961,7 +1961,7 @@ pub async fn scheduling_loop(state: AppState) {
         if lead.is_zero() {
             continue;
         }
-        let interval = state.config.scheduling.interval;
+        let interval = state.config.scheduling.round_interval();
         tokio::time::sleep_until((started + interval - lead).into()).await;
         if !state.leader.load(std::sync::atomic::Ordering::SeqCst) {
             continue;
