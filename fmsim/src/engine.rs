@@ -205,6 +205,13 @@ enum Phase {
     Done,
 }
 
+impl Job {
+    /// Arrived and not finished.
+    fn in_system(&self) -> bool {
+        matches!(self.phase, Phase::Profiling { .. } | Phase::Waiting)
+    }
+}
+
 #[derive(Clone, Debug)]
 struct Alloc {
     gpus: u32,
@@ -814,17 +821,11 @@ impl<'a> Simulation<'a> {
             // Every job in the system deserves an equal share of the
             // cluster, at most what it asked for (Themis's deserved service,
             // accumulated as the TitanSched simulator does).
-            let present = self
-                .jobs
-                .iter()
-                .filter(|j| matches!(j.phase, Phase::Profiling { .. } | Phase::Waiting))
-                .count();
+            let present = self.jobs.iter().filter(|j| j.in_system()).count();
             if present > 0 {
                 let share = f64::from(self.cfg.nodes * self.cfg.gpus_per_node) / present as f64;
-                for j in &mut self.jobs {
-                    if matches!(j.phase, Phase::Profiling { .. } | Phase::Waiting) {
-                        j.fair_share_gpu_s += share.min(f64::from(j.w.gpus)) * dt;
-                    }
+                for j in self.jobs.iter_mut().filter(|j| j.in_system()) {
+                    j.fair_share_gpu_s += share.min(f64::from(j.w.gpus)) * dt;
                 }
             }
             for i in 0..self.jobs.len() {

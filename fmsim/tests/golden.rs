@@ -35,6 +35,40 @@ fn run(policy: &str, cfg: &SimConfig, catalog: &Catalog, jobs: &[WorkloadJob]) -
         .unwrap_or_else(|e| panic!("{policy}: {e}"))
 }
 
+/// A one-GPU roberta-base job of `task` submitted at `submit_s`.
+fn one_gpu_job(name: &str, task: &str, submit_s: f64, sharing: bool) -> WorkloadJob {
+    WorkloadJob {
+        name: name.into(),
+        submit_s,
+        model: "roberta-base".into(),
+        task: task.into(),
+        gpus: 1,
+        max_gpus: 1,
+        batch: 32,
+        sharing,
+        pipeline: false,
+        epochs: None,
+        target_metric: None,
+        curve_key: None,
+        trace_gpu_s: None,
+    }
+}
+
+/// A task of `samples` per epoch that reaches its target alone in `epochs`.
+fn task(samples: f64, epochs: f64) -> TaskInfo {
+    TaskInfo {
+        samples_per_epoch: samples,
+        alone: [(String::new(), Work::Epochs(epochs))].into(),
+    }
+}
+
+/// A catalog of the roberta-base tasks `m`.
+fn roberta_catalog(m: ModelTasks) -> Catalog {
+    let mut catalog = Catalog::default();
+    catalog.models.insert("roberta-base".into(), m);
+    catalog
+}
+
 /// Upper bounds on average JCT (hours) of the shipped 40-job workload on
 /// 2 × 4 V100, about 15 % above what each policy achieves today.
 const BOUNDS: [(&str, f64); 8] = [
@@ -108,10 +142,6 @@ fn runs_repeat_exactly() {
 #[test]
 fn spatial_pairs_finish_each_task_on_its_own_samples() {
     let mut m = ModelTasks::default();
-    let task = |n: f64, e: f64| TaskInfo {
-        samples_per_epoch: n,
-        alone: [(String::new(), Work::Epochs(e))].into(),
-    };
     m.tasks.insert("tiny".into(), task(10_000.0, 2.0));
     m.tasks.insert("huge".into(), task(40_000.0, 2.0));
     // Joint training: the small task needs 0.4 epochs, the large one 1.1.
@@ -123,24 +153,11 @@ fn spatial_pairs_finish_each_task_on_its_own_samples() {
         ("huge".into(), "tiny".into()),
         (Work::Epochs(1.1), Work::Epochs(0.4)),
     );
-    let mut catalog = Catalog::default();
-    catalog.models.insert("roberta-base".into(), m);
-    let job = |name: &str, task: &str| WorkloadJob {
-        name: name.into(),
-        submit_s: 0.0,
-        model: "roberta-base".into(),
-        task: task.into(),
-        gpus: 1,
-        max_gpus: 1,
-        batch: 32,
-        sharing: true,
-        pipeline: false,
-        epochs: None,
-        target_metric: None,
-        curve_key: None,
-        trace_gpu_s: None,
-    };
-    let jobs = vec![job("a-tiny", "tiny"), job("b-huge", "huge")];
+    let catalog = roberta_catalog(m);
+    let jobs = vec![
+        one_gpu_job("a-tiny", "tiny", 0.0, true),
+        one_gpu_job("b-huge", "huge", 0.0, true),
+    ];
     // One GPU: the two can only run together if merged.
     let cfg = SimConfig {
         nodes: 1,
@@ -204,29 +221,10 @@ fn estimation_noise_is_deterministic_and_ymir_stays_ahead() {
 #[test]
 fn themis_renews_the_lease_of_a_job_that_wins_its_gpus_again() {
     let mut m = ModelTasks::default();
-    let task = |samples: f64| TaskInfo {
-        samples_per_epoch: samples,
-        alone: [(String::new(), Work::Epochs(1.0))].into(),
-    };
-    m.tasks.insert("long".into(), task(600_000.0));
-    m.tasks.insert("short".into(), task(20_000.0));
-    let mut catalog = Catalog::default();
-    catalog.models.insert("roberta-base".into(), m);
-    let job = |name: &str, task: &str, submit_s: f64| WorkloadJob {
-        name: name.into(),
-        submit_s,
-        model: "roberta-base".into(),
-        task: task.into(),
-        gpus: 1,
-        max_gpus: 1,
-        batch: 32,
-        sharing: false,
-        pipeline: false,
-        epochs: None,
-        target_metric: None,
-        curve_key: None,
-        trace_gpu_s: None,
-    };
+    m.tasks.insert("long".into(), task(600_000.0, 1.0));
+    m.tasks.insert("short".into(), task(20_000.0, 1.0));
+    let catalog = roberta_catalog(m);
+    let job = |name: &str, task: &str, submit_s: f64| one_gpu_job(name, task, submit_s, false);
     // The long job starts at 0 with a 600 s lease and wins the auction at
     // 600 s alone: a new lease to 1,200 s. The short job arrives at 700 s
     // and soon is worse off, but waits for that lease.
@@ -302,37 +300,11 @@ fn titansched_estimates_add_one_compute_pass_per_iteration() {
 #[test]
 fn rounds_run_on_the_configured_clock() {
     let mut m = ModelTasks::default();
-    m.tasks.insert(
-        "t".into(),
-        TaskInfo {
-            samples_per_epoch: 20_000.0,
-            alone: [(String::new(), Work::Epochs(1.0))].into(),
-        },
-    );
-    let mut catalog = Catalog::default();
-    catalog.models.insert("roberta-base".into(), m);
-    let job = WorkloadJob {
-        name: "j".into(),
-        submit_s: 45.0,
-        model: "roberta-base".into(),
-        task: "t".into(),
-        gpus: 1,
-        max_gpus: 1,
-        batch: 32,
-        sharing: false,
-        pipeline: false,
-        epochs: None,
-        target_metric: None,
-        curve_key: None,
-        trace_gpu_s: None,
-    };
+    m.tasks.insert("t".into(), task(20_000.0, 1.0));
+    let catalog = roberta_catalog(m);
     let jobs = vec![
-        job.clone(),
-        WorkloadJob {
-            name: "k".into(),
-            submit_s: 130.0,
-            ..job
-        },
+        one_gpu_job("j", "t", 45.0, false),
+        one_gpu_job("k", "t", 130.0, false),
     ];
     let start = |origin: Option<f64>| -> Vec<f64> {
         let cfg = SimConfig {

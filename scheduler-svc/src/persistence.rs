@@ -71,6 +71,87 @@ fn classify(e: &sqlx::Error) -> ErrorClass {
     }
 }
 
+/// Adds the time since the stored plan was stored to the service of the
+/// jobs it ran (training, not profiling) and to every live job's deserved
+/// share (`service.fair_share_gpus`; a job submitted since then only from
+/// when it came), and replaces the leases with `service.leases`. Part of
+/// [`Persistence::store_plan`]'s transaction, before the old plan goes.
+async fn account_service(
+    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+    service: &ServiceUpdate,
+    now: DateTime<Utc>,
+    op: &'static str,
+) -> Result<(), PersistenceError> {
+    // Seconds the old plan held (none before the first; a clock that
+    // went back counts nothing).
+    let held_s: f64 = sqlx::query_scalar(
+        "SELECT COALESCE(GREATEST(EXTRACT(EPOCH FROM ($1 - stored_at))::float8, 0), 0)
+         FROM plan_generation FOR UPDATE",
+    )
+    .bind(now)
+    .fetch_one(&mut **tx)
+    .await
+    .map_err(db_err(op))?;
+    if held_s > 0.0 {
+        sqlx::query(
+            "INSERT INTO job_service (job_id, attained_gpu_s, executed_s)
+             SELECT a.job_id, cardinality(a.gpu_uuids) * $1, $1
+             FROM assignments a WHERE NOT a.profile
+             ON CONFLICT (job_id) DO UPDATE SET
+               attained_gpu_s = job_service.attained_gpu_s + EXCLUDED.attained_gpu_s,
+               executed_s = job_service.executed_s + EXCLUDED.executed_s",
+        )
+        .bind(held_s)
+        .execute(&mut **tx)
+        .await
+        .map_err(db_err(op))?;
+        let (jobs, gpus): (Vec<Uuid>, Vec<f64>) = service
+            .fair_share_gpus
+            .iter()
+            .map(|(j, g)| (j.0, g.max(0.0)))
+            .unzip();
+        // A job submitted since the old plan deserves only the time
+        // since it came.
+        sqlx::query(
+            "INSERT INTO job_service (job_id, fair_share_gpu_s)
+             SELECT u.job_id,
+                    u.gpus * LEAST($3, GREATEST(EXTRACT(EPOCH FROM ($4 - j.created_at))::float8, 0))
+             FROM UNNEST($1::uuid[], $2::float8[]) AS u(job_id, gpus)
+             JOIN jobs j ON j.id = u.job_id
+             ON CONFLICT (job_id) DO UPDATE SET
+               fair_share_gpu_s = job_service.fair_share_gpu_s + EXCLUDED.fair_share_gpu_s",
+        )
+        .bind(&jobs)
+        .bind(&gpus)
+        .bind(held_s)
+        .bind(now)
+        .execute(&mut **tx)
+        .await
+        .map_err(db_err(op))?;
+    }
+    let (leased, until): (Vec<Uuid>, Vec<DateTime<Utc>>) =
+        service.leases.iter().map(|(j, t)| (j.0, *t)).unzip();
+    sqlx::query(
+        "UPDATE job_service SET lease_until = NULL
+         WHERE lease_until IS NOT NULL AND job_id <> ALL($1::uuid[])",
+    )
+    .bind(&leased)
+    .execute(&mut **tx)
+    .await
+    .map_err(db_err(op))?;
+    sqlx::query(
+        "INSERT INTO job_service (job_id, lease_until)
+         SELECT * FROM UNNEST($1::uuid[], $2::timestamptz[])
+         ON CONFLICT (job_id) DO UPDATE SET lease_until = EXCLUDED.lease_until",
+    )
+    .bind(&leased)
+    .bind(&until)
+    .execute(&mut **tx)
+    .await
+    .map_err(db_err(op))?;
+    Ok(())
+}
+
 /// Appends an event that changes no state (inside the caller's
 /// transaction), advancing the job's event sequence like a transition.
 async fn job_event(
@@ -616,7 +697,7 @@ impl Persistence {
         })
     }
 
-    /// The service of every job that has any, by job.
+    /// The service of every live job that has any, by job.
     pub async fn service(&self) -> Result<BTreeMap<JobId, JobService>, PersistenceError> {
         const OP: &str = "service";
         let rows = sqlx::query(
@@ -659,73 +740,7 @@ impl Persistence {
         const OP: &str = "store_plan";
         let generation = with_retries(OP, || async {
             let mut tx = self.pool.begin().await.map_err(db_err(OP))?;
-            // Seconds the old plan held (none before the first; a clock that
-            // went back counts nothing).
-            let held_s: f64 = sqlx::query_scalar(
-                "SELECT COALESCE(GREATEST(EXTRACT(EPOCH FROM ($1 - stored_at))::float8, 0), 0)
-                 FROM plan_generation FOR UPDATE",
-            )
-            .bind(now)
-            .fetch_one(&mut *tx)
-            .await
-            .map_err(db_err(OP))?;
-            if held_s > 0.0 {
-                sqlx::query(
-                    "INSERT INTO job_service (job_id, attained_gpu_s, executed_s)
-                     SELECT a.job_id, cardinality(a.gpu_uuids) * $1, $1
-                     FROM assignments a WHERE NOT a.profile
-                     ON CONFLICT (job_id) DO UPDATE SET
-                       attained_gpu_s = job_service.attained_gpu_s + EXCLUDED.attained_gpu_s,
-                       executed_s = job_service.executed_s + EXCLUDED.executed_s",
-                )
-                .bind(held_s)
-                .execute(&mut *tx)
-                .await
-                .map_err(db_err(OP))?;
-                let (jobs, gpus): (Vec<Uuid>, Vec<f64>) = service
-                    .fair_share_gpus
-                    .iter()
-                    .map(|(j, g)| (j.0, g.max(0.0)))
-                    .unzip();
-                // A job submitted since the old plan deserves only the time
-                // since it came.
-                sqlx::query(
-                    "INSERT INTO job_service (job_id, fair_share_gpu_s)
-                     SELECT u.job_id,
-                            u.gpus * LEAST($3, GREATEST(EXTRACT(EPOCH FROM ($4 - j.created_at))::float8, 0))
-                     FROM UNNEST($1::uuid[], $2::float8[]) AS u(job_id, gpus)
-                     JOIN jobs j ON j.id = u.job_id
-                     ON CONFLICT (job_id) DO UPDATE SET
-                       fair_share_gpu_s = job_service.fair_share_gpu_s + EXCLUDED.fair_share_gpu_s",
-                )
-                .bind(&jobs)
-                .bind(&gpus)
-                .bind(held_s)
-                .bind(now)
-                .execute(&mut *tx)
-                .await
-                .map_err(db_err(OP))?;
-            }
-            let (leased, until): (Vec<Uuid>, Vec<DateTime<Utc>>) =
-                service.leases.iter().map(|(j, t)| (j.0, *t)).unzip();
-            sqlx::query(
-                "UPDATE job_service SET lease_until = NULL
-                 WHERE lease_until IS NOT NULL AND job_id <> ALL($1::uuid[])",
-            )
-            .bind(&leased)
-            .execute(&mut *tx)
-            .await
-            .map_err(db_err(OP))?;
-            sqlx::query(
-                "INSERT INTO job_service (job_id, lease_until)
-                 SELECT * FROM UNNEST($1::uuid[], $2::timestamptz[])
-                 ON CONFLICT (job_id) DO UPDATE SET lease_until = EXCLUDED.lease_until",
-            )
-            .bind(&leased)
-            .bind(&until)
-            .execute(&mut *tx)
-            .await
-            .map_err(db_err(OP))?;
+            account_service(&mut tx, service, now, OP).await?;
             for m in new_merges {
                 sqlx::query(
                     "INSERT INTO merges (job_a, job_b, mode, gain_ab, gain_ba, decided_at)

@@ -868,6 +868,8 @@ pub async fn run_round(
             holding.insert(b, pl);
         }
     }
+    // What a job asks for: at most one node's GPUs (jobs run on one node).
+    let request = |j: &JobRecord| j.spec.resources.max_gpus.min(largest_node);
     let mut jobs = Vec::with_capacity(ids.len());
     for (k, id) in ids.iter().enumerate() {
         let j = &live[id];
@@ -880,9 +882,9 @@ pub async fn run_round(
             task: j.spec.dataset.task.clone(),
             sharing: j.spec.sharing,
             pipeline: j.spec.resources.pipeline_parallel,
-            requested_gpus: j.spec.resources.max_gpus.min(largest_node),
+            requested_gpus: request(j),
             min_gpus: j.spec.resources.min_gpus,
-            max_gpus: j.spec.resources.max_gpus.min(largest_node),
+            max_gpus: request(j),
             submitted_at: (j.created_at - now).num_milliseconds() as f64 / 1000.0,
             progress: done as f64 / total_iterations(j).max(1) as f64,
             attained_gpu_s: sv.attained_gpu_s,
@@ -1152,10 +1154,7 @@ pub async fn run_round(
     let service_update = ServiceUpdate {
         fair_share_gpus: live
             .iter()
-            .map(|(id, j)| {
-                let request = j.spec.resources.max_gpus.min(largest_node);
-                (*id, share.min(f64::from(request)))
-            })
+            .map(|(id, j)| (*id, share.min(f64::from(request(j)))))
             .collect(),
         leases: leases_after(
             &assignments,
@@ -1433,16 +1432,22 @@ async fn observe_task(
         }
     }
     let phase = pb::TaskPhase::try_from(t.phase).unwrap_or(pb::TaskPhase::Unspecified);
+    // One job, not merged, running: it trains alone.
+    let alone = match members[..] {
+        [id] if phase == pb::TaskPhase::Running
+            && !merges.iter().any(|m| m.active && (m.a == id || m.b == id)) =>
+        {
+            live.get(&id).map(|job| (id, job))
+        }
+        _ => None,
+    };
     // A data-parallel job training alone teaches the estimator's
     // table its measured step time, once per process (the LUT is
     // updated online; merged and pipeline jobs are left out: their
     // batch or layout is not one job's).
-    if let [id] = members[..]
-        && phase == pb::TaskPhase::Running
+    if let Some((id, job)) = alone
         && t.step_time_s > 0.0
         && est.is_remote()
-        && !merges.iter().any(|m| m.active && (m.a == id || m.b == id))
-        && let Some(job) = live.get(&id)
         && !job.spec.resources.pipeline_parallel
         && let Some(g) = n.record.gpus.first()
         && est.first_sample_of(&t.task_id, t.pid)
@@ -1455,10 +1460,7 @@ async fn observe_task(
     }
     // A job training alone refreshes its estimate from its own loss
     // trace (merged jobs learn on transferred curves: left as is).
-    if let [id] = members[..]
-        && phase == pb::TaskPhase::Running
-        && !merges.iter().any(|m| m.active && (m.a == id || m.b == id))
-        && let Some(job) = live.get(&id)
+    if let Some((id, job)) = alone
         && let Some(e) = refresh_estimate(p, job, t, estimates.get(&id), now).await?
     {
         estimates.insert(id, e);
