@@ -115,10 +115,10 @@ pub async fn run(
     };
     let api = EstimatorApi::new(state, persistence);
     if let Some(addr) = cfg.metrics_addr {
-        let m = api.metrics.clone();
+        let m = api.clone();
         let render: fmsched_runtime::metrics::Render = std::sync::Arc::new(move || {
             let m = m.clone();
-            Box::pin(async move { m.render() })
+            Box::pin(async move { m.render_metrics() })
         });
         tokio::spawn(async move {
             if let Err(e) = fmsched_runtime::metrics::serve(addr, render).await {

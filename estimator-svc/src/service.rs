@@ -322,6 +322,34 @@ impl EstimatorApi {
         self.state.write().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Everything `/metrics` shows: the RPC counters and the transfer-gain
+    /// regression as it stands (Ymir §4.1: `G = intercept + slope · S`,
+    /// learned from the merge outcomes the scheduler records).
+    pub fn render_metrics(&self) -> String {
+        let (intercept, slope) = self.read().gain.coefficients();
+        let observed = self.read().gain.observed();
+        let mut e = fmsched_runtime::metrics::Exposition::default();
+        e.scalar(
+            "fmsched_estimator_gain_intercept",
+            "gauge",
+            "Intercept of the Task2Vec score → transfer gain regression.",
+            intercept,
+        );
+        e.scalar(
+            "fmsched_estimator_gain_slope",
+            "gauge",
+            "Slope of the Task2Vec score → transfer gain regression.",
+            slope,
+        );
+        e.scalar(
+            "fmsched_estimator_gain_observed_merges",
+            "gauge",
+            "Merge outcomes the regression has learned from (RecordTransferOutcome).",
+            observed as f64,
+        );
+        self.metrics.render() + &e.finish()
+    }
+
     fn unavailable(e: impl std::fmt::Display) -> Status {
         Status::unavailable(format!(
             "could not persist the update, nothing was changed: {e}"

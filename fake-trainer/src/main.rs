@@ -38,9 +38,9 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use estimator_svc::analytic;
-use estimator_svc::lut::{Lut, Variant, packed_placement};
 use fmsched_core::trainer::{Report, TaskAssignment, env};
+use fmsched_estimator::analytic;
+use fmsched_estimator::lut::{Lut, Variant, packed_placement};
 use serde::{Deserialize, Serialize};
 use tokio::io::AsyncWriteExt;
 use tokio::signal::unix::{SignalKind, signal};
@@ -100,10 +100,10 @@ fn embedding_of(model: &str, task: &str, repeat: bool) -> Vec<f64> {
 
 /// The fake world's transfer law: the gain `G` that training on `from` gives
 /// `to` (Ymir Eq. 1). It follows Task2Vec's premise with the estimator's
-/// prior line (`estimator_svc::transfer::GainModel`) plus a deterministic
+/// prior line (`fmsched_estimator::transfer::GainModel`) plus a deterministic
 /// per-pair deviation of up to ±0.08, so the estimator is good, not exact.
 fn true_gain(model: &str, from: &str, to: &str, spatial: bool) -> f64 {
-    use estimator_svc::transfer::{GainModel, TaskEmbedding, spatial_score, temporal_score};
+    use fmsched_estimator::transfer::{GainModel, TaskEmbedding, spatial_score, temporal_score};
     let emb = |t: &str| TaskEmbedding {
         fisher: embedding_of(model, t, false),
         fisher_repeat: embedding_of(model, t, true),
@@ -781,7 +781,7 @@ mod tests {
     /// embeddings it reports (what the estimator sees).
     #[test]
     fn closer_embeddings_transfer_better() {
-        use estimator_svc::transfer::{TaskEmbedding, temporal_score};
+        use fmsched_estimator::transfer::{TaskEmbedding, temporal_score};
         let emb = |t: &str| TaskEmbedding {
             fisher: embedding_of("roberta-base", t, false),
             fisher_repeat: embedding_of("roberta-base", t, true),

@@ -500,7 +500,7 @@ mod tests {
     fn shipped_default_profiles_match_the_model() {
         for g in &GPUS {
             let path = format!(
-                "{}/profiles/default-{}.csv",
+                "{}/../estimator-svc/profiles/default-{}.csv",
                 env!("CARGO_MANIFEST_DIR"),
                 g.name
             );

@@ -207,6 +207,40 @@ impl GainModel {
     }
 }
 
+/// The transfer gain a merged job showed: the median over its reported
+/// points of `L(k) / ℓ_k − 1`, with `L` its own curve fitted alone (Ymir
+/// Eq. 3, from its profile) and `ℓ_k` the loss it reported at iteration `k`
+/// under the merge. It inverts the transferred curve the estimator predicts
+/// with, `L_{A,B}(k) = L_B(k) / (1 + G_{A,B})` (Ymir Eq. 2 as fixed in the
+/// seeds README), so the regression of [`GainModel`] learns `G` on the scale
+/// it is used on. Ymir Eq. 1 defines `G` on accuracy (`(P_{A,B} − P_B) /
+/// P_B`); a job's accuracy alone is never observed once it is merged, its
+/// loss curve alone is. Points at iteration 0, with a non-positive loss, or
+/// not finite are skipped; None without a usable point.
+pub fn observed_gain(
+    alone: &crate::loss_curve::LossCurve,
+    iterations: &[f64],
+    losses: &[f64],
+) -> Option<f64> {
+    let mut ratios: Vec<f64> = iterations
+        .iter()
+        .zip(losses)
+        .filter(|&(&k, &l)| k >= 1.0 && k.is_finite() && l > 0.0 && l.is_finite())
+        .map(|(&k, &l)| alone.eval(k) / l - 1.0)
+        .filter(|g| g.is_finite())
+        .collect();
+    if ratios.is_empty() {
+        return None;
+    }
+    ratios.sort_by(f64::total_cmp);
+    let m = ratios.len() / 2;
+    Some(if ratios.len() % 2 == 1 {
+        ratios[m]
+    } else {
+        0.5 * (ratios[m - 1] + ratios[m])
+    })
+}
+
 /// Ymir Eq. 4: iterations of a spatially merged pair (one joint job trained
 /// on both datasets; batch `M_A + M_B`):
 /// `K = max(K_A·M_A/D_A, K_B·M_B/D_B) · (D_A + D_B)/(M_A + M_B)`,
@@ -263,6 +297,28 @@ mod tests {
             "spatial score is symmetric"
         );
         assert!((sp - 0.5 * (s_ab + temporal_score(&b, &a))).abs() < 1e-15);
+    }
+
+    /// A trace that follows `L/(1+G)` with noise gives back `G`, so the
+    /// regression learns on the scale Eq. 2 uses it.
+    #[test]
+    fn observed_gain_inverts_the_transferred_curve() {
+        let alone = crate::loss_curve::LossCurve::new(0.3, 0.8, 0.004, 0.0);
+        for g in [-0.2, 0.0, 0.15, 0.3] {
+            let its: Vec<f64> = (1..=60).map(|k| f64::from(k) * 10.0).collect();
+            let losses: Vec<f64> = its
+                .iter()
+                .enumerate()
+                .map(|(n, &k)| {
+                    let noise = 1.0 + 0.03 * if n % 2 == 0 { 1.0 } else { -1.0 };
+                    alone.eval(k) / (1.0 + g) * noise
+                })
+                .collect();
+            let got = observed_gain(&alone, &its, &losses).unwrap();
+            assert!((got - g).abs() < 0.05 * (1.0 + g), "{g}: {got}");
+        }
+        assert_eq!(observed_gain(&alone, &[0.0], &[1.0]), None);
+        assert_eq!(observed_gain(&alone, &[5.0], &[0.0]), None);
     }
 
     #[test]

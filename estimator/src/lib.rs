@@ -1,0 +1,17 @@
+//! fmsched's estimator maths: everything the scheduler needs to know about
+//! a job's future — iterations to converge (loss-curve fit, Ymir §4.2),
+//! transfer gains between jobs (Task2Vec, Ymir §4.1), time per iteration
+//! (throughput lookup table, Ymir §4.3), the round's time table with
+//! `TranWt` (Eq. 5, 12–13) and layer elasticity (ICEFROG §III).
+//!
+//! Pure: no IO, no async, no clock. The simulator (`fmsim`), the scheduler's
+//! in-process fallback and the estimator service (`estimator-svc`, the gRPC
+//! and Postgres shell around this crate) all run this code.
+
+pub mod analytic;
+pub mod fit;
+pub mod icefrog;
+pub mod loss_curve;
+pub mod lut;
+pub mod times;
+pub mod transfer;
