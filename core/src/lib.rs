@@ -1,5 +1,6 @@
 //! Pure core of fmsched: domain types, validation, the job state machine and
-//! node liveness rules. Scheduling policies live here too as they land.
+//! node liveness rules, the scheduling policies, and the scheduling round
+//! the service and the simulator share (`round`).
 //!
 //! This crate does no IO: no tokio, sqlx, tonic or NVML, and it never reads
 //! the clock — callers pass `now`. The scheduler service and the simulator
@@ -10,6 +11,7 @@ pub mod job;
 pub mod models;
 pub mod node;
 pub mod policy;
+pub mod round;
 pub mod trainer;
 pub mod validate;
 

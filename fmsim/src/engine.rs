@@ -34,13 +34,15 @@
 use std::collections::HashMap;
 use std::time::Instant;
 
-use estimator_svc::analytic;
-use estimator_svc::lut::{Lut, Variant};
-use estimator_svc::times::{tran_wt_spatial, tran_wt_temporal};
-use fmsched_core::policy::{
-    ExistingMerge, MergeMode, NodeCap, PairCandidate, Plan, Policy, SchedJob, Snapshot,
-    ymir_allocations,
+use fmsched_core::policy::{MergeMode, Policy, ymir_allocations};
+use fmsched_core::round::{
+    self, ClusterView, Decision, Estimates, Gpu, JobView, MergeView, NodeView, PairEstimate,
+    Prepared, RoundConfig, RoundOutcome,
 };
+use fmsched_core::{JobState, NodeState};
+use fmsched_estimator::analytic;
+use fmsched_estimator::lut::{Lut, Variant};
+use fmsched_estimator::times::{tran_wt_spatial, tran_wt_temporal};
 
 use crate::catalog::Catalog;
 use crate::workload::WorkloadJob;
@@ -76,9 +78,9 @@ pub fn titansched_iteration_s(
     placement: &str,
     variant: &Variant,
     layers: u32,
-    it: estimator_svc::lut::IterationTime,
+    it: fmsched_estimator::lut::IterationTime,
 ) -> f64 {
-    let one = estimator_svc::lut::ThroughputKey {
+    let one = fmsched_estimator::lut::ThroughputKey {
         model: model.to_string(),
         gpu_type: gpu_type.to_string(),
         placement: placement.to_string(),
@@ -108,8 +110,6 @@ pub struct SimConfig {
     pub merge_guard: bool,
     /// Give up after this much virtual time.
     pub horizon_s: f64,
-    /// Check every plan with `consistency_check`.
-    pub check_plans: bool,
     /// Estimation error given to the policy: each job's remaining times are
     /// scaled by a fixed factor drawn uniformly from [1 − e, 1 + e] (Ymir
     /// §7.3's sensitivity study). 0 = oracle estimates.
@@ -139,7 +139,6 @@ impl Default for SimConfig {
             profile_s: 60.0,
             merge_guard: true,
             horizon_s: 90.0 * 86_400.0,
-            check_plans: cfg!(debug_assertions),
             estimate_noise: 0.0,
             trace_rounds: std::env::var_os("FMSIM_DEBUG").is_some(),
             placement_rule: Default::default(),
@@ -215,9 +214,32 @@ impl Job {
 #[derive(Clone, Debug)]
 struct Alloc {
     gpus: u32,
+    /// Node → GPUs, by node.
     placement: Vec<(usize, u32)>,
+    /// The GPUs themselves (what the shared round keeps or moves).
+    held: Vec<Gpu>,
     /// Progress resumes at this time (restart cost).
     ready_at: f64,
+}
+
+impl Alloc {
+    /// An allocation of `held` from `ready_at` on.
+    fn on(mut held: Vec<Gpu>, ready_at: f64) -> Self {
+        held.sort_unstable();
+        let mut placement: Vec<(usize, u32)> = Vec::new();
+        for g in &held {
+            match placement.last_mut() {
+                Some(p) if p.0 == g.0 => p.1 += 1,
+                _ => placement.push((g.0, 1)),
+            }
+        }
+        Self {
+            gpus: held.len() as u32,
+            placement,
+            held,
+            ready_at,
+        }
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -293,7 +315,7 @@ fn placement_string(p: &[(usize, u32)]) -> String {
 }
 
 fn packed(gpus: u32, per_node: u32) -> String {
-    estimator_svc::lut::packed_placement(gpus, per_node)
+    fmsched_estimator::lut::packed_placement(gpus, per_node)
 }
 
 impl<'a> Simulation<'a> {
@@ -397,11 +419,11 @@ impl<'a> Simulation<'a> {
             // count takes the trace's duration.
             j.w.max_gpus = j.w.max_gpus.clamp(1, total);
             j.w.gpus = j.w.gpus.clamp(1, total);
-            j.restart_s = cfg.checkpoint_s
-                + cfg
-                    .context_switch_s
-                    .or_else(|| lut.context_switch_s(&j.lut_model, &gpu_type))
-                    .unwrap_or(30.0);
+            j.restart_s = round::restart_cost(
+                cfg.checkpoint_s,
+                cfg.context_switch_s
+                    .or_else(|| lut.context_switch_s(&j.lut_model, &gpu_type)),
+            );
             jobs.push(j);
         }
         let mut sim = Simulation {
@@ -822,11 +844,9 @@ impl<'a> Simulation<'a> {
             // cluster, at most what it asked for (Themis's deserved service,
             // accumulated as the TitanSched simulator does).
             let present = self.jobs.iter().filter(|j| j.in_system()).count();
-            if present > 0 {
-                let share = f64::from(self.cfg.nodes * self.cfg.gpus_per_node) / present as f64;
-                for j in self.jobs.iter_mut().filter(|j| j.in_system()) {
-                    j.fair_share_gpu_s += share.min(f64::from(j.w.gpus)) * dt;
-                }
+            let total = self.cfg.nodes * self.cfg.gpus_per_node;
+            for j in self.jobs.iter_mut().filter(|j| j.in_system()) {
+                j.fair_share_gpu_s += round::fair_share(total, present, j.w.gpus) * dt;
             }
             for i in 0..self.jobs.len() {
                 let Some(a) = self.jobs[i].alloc.clone() else {
@@ -949,358 +969,340 @@ impl<'a> Simulation<'a> {
         }
     }
 
-    /// One scheduling round.
-    ///
-    /// Profiling takes free GPUs first, and GPUs of running work only while
-    /// profiling holds at most an eighth of the cluster (as the scheduler
-    /// service does).
+    /// One scheduling round: the shared round of `fmsched_core::round`
+    /// (profiling reservations, snapshot, policy, interpretation — the same
+    /// code as the scheduler service) on this simulation's view, with times
+    /// from the catalog and the LUT (the oracle estimator).
     fn round(&mut self, policy: &dyn Policy, catalog: &Catalog) -> Result<(), SimError> {
-        let n = self.jobs.len();
-        let per_node = self.cfg.gpus_per_node;
         self.version += 1;
-        // Profiling allocations first: free GPUs, then GPUs taken from the
-        // capacity the policy sees.
-        let mut cap: Vec<u32> = vec![per_node; self.cfg.nodes as usize];
-        let mut held = vec![0u32; cap.len()];
-        for j in &self.jobs {
-            if let (Some(a), Phase::Profiling { .. }) = (&j.alloc, j.phase) {
-                for &(nd, g) in &a.placement {
-                    cap[nd] -= g;
-                }
-            } else if let Some(a) = &j.alloc {
-                for &(nd, g) in &a.placement {
-                    held[nd] += g;
-                }
-            }
-        }
-        for i in 0..n {
-            if !matches!(self.jobs[i].phase, Phase::Profiling { until } if until.is_infinite()) {
-                continue;
-            }
-            let need = if self.jobs[i].w.pipeline {
-                per_node.min(4)
-            } else {
-                1
-            };
-            // A node with enough free GPUs not held by running work, else
-            // GPUs taken from running work — the service's rule: only while
-            // profiling holds less than an eighth of the cluster.
-            let total = per_node * cap.len() as u32;
-            let profiling: u32 = held_by_profiles(&cap, per_node);
-            let pick = (0..cap.len())
-                .filter(|&nd| cap[nd] >= need)
-                .min_by_key(|&nd| (cap[nd].saturating_sub(held[nd]) < need, nd))
-                .filter(|&nd| {
-                    cap[nd].saturating_sub(held[nd]) >= need
-                        || profiling + need <= (total / 8).max(1)
-                });
-            let Some(nd) = pick else { break };
-            if cap[nd].saturating_sub(held[nd]) < need {
-                held[nd] = held[nd].saturating_sub(need);
-            }
-            cap[nd] -= need;
-            let ready = self.now + self.jobs[i].restart_s;
-            let j = &mut self.jobs[i];
-            j.alloc = Some(Alloc {
-                gpus: need,
-                placement: vec![(nd, need)],
-                ready_at: ready,
-            });
-            j.phase = Phase::Profiling {
-                until: ready + self.cfg.profile_s,
-            };
-            j.restarts += 1;
-            j.first_start.get_or_insert(self.now);
-        }
-
-        // The snapshot.
-        let mut idx: Vec<usize> = Vec::new(); // snapshot ordinal → job
-        let mut ord = vec![usize::MAX; n];
-        for (i, o) in ord.iter_mut().enumerate() {
-            if self.jobs[i].phase == Phase::Waiting && self.jobs[i].finish.is_none() {
-                *o = idx.len();
-                idx.push(i);
-            }
-        }
-        let mut sjobs = Vec::with_capacity(idx.len());
-        for &i in &idx {
-            let noise = self.noise_factor(i);
-            let remaining_s: Vec<f64> =
-                self.solo_times(i)?.into_iter().map(|t| t * noise).collect();
-            let j = &self.jobs[i];
-            sjobs.push(SchedJob {
-                id: j.w.name.clone(),
-                model: j.w.model.clone(),
-                task: j.w.task.clone(),
-                sharing: j.w.sharing,
-                pipeline: j.w.pipeline,
-                requested_gpus: j.w.gpus,
-                min_gpus: 1,
-                max_gpus: j.w.max_gpus,
-                submitted_at: j.w.submit_s,
-                progress: if j.target > 0.0 {
-                    j.done / j.target
-                } else {
-                    0.0
-                },
-                attained_gpu_s: j.attained_gpu_s,
-                executed_s: j.executed_s,
-                fair_share_gpu_s: j.fair_share_gpu_s,
-                current_gpus: j.alloc.as_ref().map_or(0, |a| a.gpus),
-                current_placement: j
-                    .alloc
-                    .as_ref()
-                    .map(|a| a.placement.clone())
-                    .unwrap_or_default(),
-                remaining_s,
-                restart_s: j.restart_s,
-                lease_until: j.lease_until,
-            });
-        }
-        // Kept merges whose two jobs are both still waiting-for-the-plan.
-        let mut kept = Vec::new();
-        for m in 0..self.merges.len() {
-            let (a, b, mode) = (self.merges[m].a, self.merges[m].b, self.merges[m].mode);
-            if ord[a] == usize::MAX
-                || ord[b] == usize::MAX
-                || self.jobs[a].merged.is_none()
-                || self.jobs[b].merged.is_none()
-            {
-                continue;
-            }
-            let remaining_s = match mode {
-                MergeMode::Temporal => {
-                    let ta = self.solo_times(a)?;
-                    let tb = self.solo_times(b)?;
-                    ta.iter()
-                        .zip(&tb)
-                        .map(|(x, y)| x + y + self.jobs[b].restart_s)
-                        .collect()
-                }
-                _ => {
-                    let (ra, rb) = (self.remaining(a), self.remaining(b));
-                    self.joint_times(a, b, ra, rb)?
-                }
-            };
-            kept.push(ExistingMerge {
-                a: ord[a],
-                b: ord[b],
-                mode,
-                remaining_s,
-            });
-        }
-        let candidates = if policy.merges() {
-            self.candidates(catalog, &idx, &sjobs)?
-        } else {
-            Vec::new()
-        };
-        let nodes = cap
-            .iter()
-            .enumerate()
-            .map(|(k, &g)| NodeCap {
-                id: format!("node-{k}"),
-                gpus: g,
-            })
-            .collect();
-        let snap = Snapshot {
-            now: self.now,
-            nodes,
-            allocations: self.allocations.clone(),
-            jobs: sjobs,
-            candidates,
-            merges: kept,
-            placement_rule: self.cfg.placement_rule,
-        };
+        let (view, members) = self.view();
+        let cfg = round_config(&self.cfg, policy);
+        let prepared = prepare_round(&view, policy, &cfg);
+        let estimates = self.estimates(catalog, &prepared, &view, &members)?;
         let t = Instant::now();
-        let plan = policy.schedule(&snap);
+        let decision = decide_round(&view, &prepared, &estimates, policy, &cfg).map_err(|e| {
+            SimError::Plan {
+                t: self.now,
+                message: e.to_string(),
+            }
+        })?;
         self.stats.round_wall_s.push(t.elapsed().as_secs_f64());
+        let stats = &decision.outcome.stats;
         if self.cfg.trace_rounds {
             eprintln!(
                 "round {} t={:.0} waiting={} candidates={} vars={} solve_ms={:.1} fallback={}",
                 self.stats.rounds,
                 self.now,
-                snap.jobs.len(),
-                snap.candidates.len(),
-                plan.stats.variables,
+                decision.snapshot.jobs.len(),
+                decision.snapshot.candidates.len(),
+                stats.variables,
                 1000.0 * t.elapsed().as_secs_f64(),
-                plan.stats.fallback
+                stats.fallback
             );
         }
         self.stats.rounds += 1;
-        if plan.stats.variables > 0 {
+        if stats.variables > 0 {
             self.stats
                 .model_sizes
-                .push((plan.stats.variables, plan.stats.constraints));
+                .push((stats.variables, stats.constraints));
         }
-        if plan.stats.fallback {
+        if stats.fallback {
             self.stats.fallbacks += 1;
         }
-        if self.cfg.check_plans {
-            plan.consistency_check(&snap)
-                .map_err(|message| SimError::Plan {
-                    t: self.now,
-                    message,
-                })?;
-        }
-        self.apply(&snap, &idx, plan, catalog, policy.lease_s());
+        self.apply(&prepared, &decision.outcome, &members, catalog);
         Ok(())
     }
 
-    /// Candidate pairs among waiting jobs (both orders for temporal).
-    fn candidates(
+    /// The round's view of the simulation: every job that arrived and has
+    /// not finished (view index → job index in `members`), the nodes, and
+    /// the merges in force.
+    fn view(&self) -> (ClusterView, Vec<usize>) {
+        let members: Vec<usize> = (0..self.jobs.len())
+            .filter(|&i| self.jobs[i].in_system() && self.jobs[i].finish.is_none())
+            .collect();
+        let mut ord = vec![usize::MAX; self.jobs.len()];
+        for (k, &i) in members.iter().enumerate() {
+            ord[i] = k;
+        }
+        let jobs = members
+            .iter()
+            .map(|&i| {
+                let j = &self.jobs[i];
+                let state = match (j.phase, &j.alloc) {
+                    (Phase::Profiling { until }, _) if until.is_infinite() => JobState::Submitted,
+                    (Phase::Profiling { .. }, _) => JobState::Profiling,
+                    (_, Some(_)) => JobState::Running,
+                    _ => JobState::Queued,
+                };
+                JobView {
+                    id: j.w.name.clone(),
+                    state,
+                    model: j.w.model.clone(),
+                    task: j.w.task.clone(),
+                    sharing: j.w.sharing,
+                    pipeline: j.w.pipeline,
+                    min_gpus: 1,
+                    max_gpus: j.w.max_gpus,
+                    requested_gpus: j.w.gpus,
+                    submitted_at: j.w.submit_s,
+                    iteration: 0,
+                    progress: if j.target > 0.0 {
+                        j.done / j.target
+                    } else {
+                        0.0
+                    },
+                    attained_gpu_s: j.attained_gpu_s,
+                    executed_s: j.executed_s,
+                    fair_share_gpu_s: j.fair_share_gpu_s,
+                    lease_until: j.lease_until,
+                    restart_s: j.restart_s,
+                    holds: j.alloc.as_ref().map(|a| a.held.clone()).unwrap_or_default(),
+                    profiling_run: matches!(j.phase, Phase::Profiling { .. }),
+                    held_back: false,
+                    ever_merged: j.ever_merged.is_some(),
+                }
+            })
+            .collect();
+        let merges = self
+            .merges
+            .iter()
+            .filter(|m| {
+                ord[m.a] != usize::MAX
+                    && ord[m.b] != usize::MAX
+                    && self.jobs[m.a].merged.is_some()
+                    && self.jobs[m.b].merged.is_some()
+            })
+            .map(|m| MergeView {
+                a: ord[m.a],
+                b: ord[m.b],
+                mode: m.mode,
+            })
+            .collect();
+        let view = ClusterView {
+            now: self.now,
+            nodes: (0..self.cfg.nodes)
+                .map(|k| NodeView {
+                    id: format!("node-{k}"),
+                    gpus: self.cfg.gpus_per_node,
+                    state: NodeState::Available,
+                    drained: false,
+                })
+                .collect(),
+            jobs,
+            merges,
+        };
+        (view, members)
+    }
+
+    /// The oracle's estimates for a prepared round: remaining times from
+    /// the catalog's work and the LUT's speed (scaled by the job's fixed
+    /// estimation error), merged parts from the catalog's transfer entries.
+    /// A pair the catalog has no entry for is no candidate.
+    fn estimates(
         &mut self,
         catalog: &Catalog,
-        idx: &[usize],
-        sjobs: &[SchedJob],
-    ) -> Result<Vec<PairCandidate>, SimError> {
-        let mut out = Vec::new();
-        let mut by_model: std::collections::BTreeMap<&str, Vec<usize>> =
-            std::collections::BTreeMap::new();
-        for (k, s) in sjobs.iter().enumerate() {
-            // A job merges once: after a merge its target is the merged one.
-            if s.sharing && self.jobs[idx[k]].ever_merged.is_none() && s.progress == 0.0 {
-                by_model.entry(s.model.as_str()).or_default().push(k);
-            }
+        prepared: &Prepared,
+        view: &ClusterView,
+        members: &[usize],
+    ) -> Result<Estimates, SimError> {
+        let mut out = Estimates::default();
+        let mut by_job: HashMap<usize, usize> = HashMap::new();
+        for (k, &v) in prepared.jobs.iter().enumerate() {
+            let i = members[v];
+            let noise = self.noise_factor(i);
+            out.jobs
+                .push(self.solo_times(i)?.into_iter().map(|t| t * noise).collect());
+            by_job.insert(v, k);
         }
-        let groups: Vec<Vec<usize>> = by_model.into_values().collect();
-        for ks in groups {
-            for &ka in &ks {
-                for &kb in &ks {
-                    let (a, b) = (idx[ka], idx[kb]);
-                    if ka == kb
-                        || self.jobs[a].w.task == self.jobs[b].w.task
-                        || self.jobs[a].w.pipeline != self.jobs[b].w.pipeline
-                    {
+        for &m in &prepared.kept {
+            let mv = &view.merges[m];
+            let (a, b) = (members[mv.a], members[mv.b]);
+            out.kept.push(match mv.mode {
+                // B's target is already the merged one.
+                MergeMode::Temporal => self.solo_times(b)?,
+                _ => {
+                    let (ra, rb) = (self.remaining(a), self.remaining(b));
+                    self.joint_times(a, b, ra, rb)?
+                }
+            });
+        }
+        for pair in &prepared.eligible {
+            let (a, b) = (members[pair.a], members[pair.b]);
+            let ta = out.jobs[by_job[&pair.a]].clone();
+            let tb = out.jobs[by_job[&pair.b]].clone();
+            match pair.mode {
+                MergeMode::Temporal => {
+                    let Some(need) = self.temporal_need(catalog, a, b) else {
                         continue;
-                    }
-                    let (ta, tb) = (&sjobs[ka].remaining_s, &sjobs[kb].remaining_s);
-                    if let Some(need) = self.temporal_need(catalog, a, b) {
-                        let saved = self.jobs[b].target;
-                        self.jobs[b].target = need;
-                        let tab = self.solo_times(b)?;
-                        self.jobs[b].target = saved;
-                        let restart = self.jobs[b].restart_s;
-                        let remaining_s: Vec<f64> =
-                            ta.iter().zip(&tab).map(|(x, y)| x + y + restart).collect();
-                        let tran_wt = (0..ta.len())
-                            .map(|k| tran_wt_temporal(ta[k], tb[k], tab[k]))
-                            .collect();
-                        out.push(PairCandidate {
-                            a: ka,
-                            b: kb,
-                            mode: MergeMode::Temporal,
-                            remaining_s,
-                            tran_wt,
-                        });
-                    }
-                    if ka < kb
-                        && let Some((na, nb)) = self.spatial_need(catalog, a, b)
-                    {
-                        let joint = self.joint_times(a, b, na, nb)?;
-                        let tran_wt = (0..ta.len())
-                            .map(|k| tran_wt_spatial(ta[k], tb[k], joint[k]))
-                            .collect();
-                        out.push(PairCandidate {
-                            a: ka,
-                            b: kb,
-                            mode: MergeMode::Spatial,
-                            remaining_s: joint,
-                            tran_wt,
-                        });
-                    }
+                    };
+                    let saved = self.jobs[b].target;
+                    self.jobs[b].target = need;
+                    let tab = self.solo_times(b);
+                    self.jobs[b].target = saved;
+                    let tab = tab?;
+                    let tran_wt = (0..ta.len())
+                        .map(|k| tran_wt_temporal(ta[k], tb[k], tab[k]))
+                        .collect();
+                    out.candidates.push(PairEstimate {
+                        pair: *pair,
+                        seconds: tab,
+                        tran_wt,
+                        gain_ab: 0.0,
+                        gain_ba: 0.0,
+                    });
+                }
+                _ => {
+                    let Some((na, nb)) = self.spatial_need(catalog, a, b) else {
+                        continue;
+                    };
+                    let joint = self.joint_times(a, b, na, nb)?;
+                    let tran_wt = (0..ta.len())
+                        .map(|k| tran_wt_spatial(ta[k], tb[k], joint[k]))
+                        .collect();
+                    out.candidates.push(PairEstimate {
+                        pair: *pair,
+                        seconds: joint,
+                        tran_wt,
+                        gain_ab: 0.0,
+                        gain_ba: 0.0,
+                    });
                 }
             }
         }
         Ok(out)
     }
 
+    /// Carries out a round's outcome: profiling runs start, new merges set
+    /// their jobs' targets, groups that did not keep their GPUs (re)start,
+    /// and every snapshot job left out of the plan is suspended.
     fn apply(
         &mut self,
-        snap: &Snapshot,
-        idx: &[usize],
-        plan: Plan,
+        prepared: &Prepared,
+        outcome: &RoundOutcome,
+        members: &[usize],
         catalog: &Catalog,
-        lease_s: f64,
     ) {
         self.version += 1;
+        for r in outcome.profiling.iter().filter(|r| r.new) {
+            let i = members[r.job];
+            let ready = self.now + self.jobs[i].restart_s;
+            let j = &mut self.jobs[i];
+            j.alloc = Some(Alloc::on(r.gpus.clone(), ready));
+            j.phase = Phase::Profiling {
+                until: ready + self.cfg.profile_s,
+            };
+            j.restarts += 1;
+            j.first_start.get_or_insert(self.now);
+        }
+        let lease: HashMap<usize, f64> = outcome
+            .leases
+            .iter()
+            .map(|&(v, t)| (members[v], t))
+            .collect();
         let mut placed = vec![false; self.jobs.len()];
-        for e in &plan.entries {
-            let members: Vec<usize> = e.jobs.iter().map(|&k| idx[k]).collect();
-            if members.len() == 2 {
-                let (a, b) = (members[0], members[1]);
-                let existing = matches!((self.jobs[a].merged, self.jobs[b].merged), (Some((_, x)), Some((_, y))) if x == y);
-                if !existing {
-                    let m = self.merges.len();
-                    let guard_at;
-                    match e.mode {
-                        MergeMode::Temporal => {
-                            let need = self
-                                .temporal_need(catalog, a, b)
-                                .unwrap_or(self.jobs[b].target);
-                            self.jobs[b].target = need;
-                            guard_at = 2.0 * self.jobs[b].samples_per_epoch;
-                            self.stats.merges_temporal += 1;
-                        }
-                        _ => {
-                            if let Some((na, nb)) = self.spatial_need(catalog, a, b) {
-                                self.jobs[a].target = na;
-                                self.jobs[b].target = nb;
-                            }
-                            // Two epochs of A's task inside the joint job.
-                            guard_at = 2.0 * self.jobs[a].samples_per_epoch;
-                            self.stats.merges_spatial += 1;
-                        }
-                    }
-                    self.merges.push(Merge {
-                        a,
-                        b,
-                        mode: e.mode,
-                        guard_at,
-                        guard_done: false,
-                    });
-                    for j in [a, b] {
-                        self.jobs[j].merged = Some((e.mode, m));
-                        self.jobs[j].ever_merged = Some((e.mode, m));
-                    }
-                }
+        for g in &outcome.groups {
+            let ids: Vec<usize> = g.jobs.iter().map(|&v| members[v]).collect();
+            if let ([a, b], Some(_)) = (&ids[..], g.new_merge) {
+                let (a, b) = (*a, *b);
+                self.merge(catalog, a, b, g.mode);
             }
-            for &i in &members {
+            for &i in &ids {
                 placed[i] = true;
                 let j = &mut self.jobs[i];
-                let same = j
-                    .alloc
-                    .as_ref()
-                    .is_some_and(|a| a.gpus == e.gpus && a.placement == e.placement);
-                if !same {
-                    // A temporal B waits for A inside the group: it restarts when it starts.
-                    let waiting_b =
-                        matches!(j.merged, Some((MergeMode::Temporal, m)) if self.merges[m].b == i);
-                    j.alloc = Some(Alloc {
-                        gpus: e.gpus,
-                        placement: e.placement.clone(),
-                        ready_at: self.now + if waiting_b { 0.0 } else { j.restart_s },
-                    });
-                    if !waiting_b {
-                        j.restarts += 1;
-                    }
-                    j.lease_until = self.now + lease_s;
-                    j.first_start.get_or_insert(self.now);
-                } else if j.lease_until <= self.now {
-                    // Won its GPUs again after its lease ran out: a new
-                    // lease (Themis renews the winner's lease; without it
-                    // the job would be re-auctioned every round).
-                    j.lease_until = self.now + lease_s;
+                if let Some(&t) = lease.get(&i) {
+                    j.lease_until = t;
                 }
+                if g.kept {
+                    continue;
+                }
+                // A temporal B waits for A inside the group: it restarts
+                // when it starts.
+                let waiting_b =
+                    matches!(j.merged, Some((MergeMode::Temporal, m)) if self.merges[m].b == i);
+                let ready = self.now + if waiting_b { 0.0 } else { j.restart_s };
+                j.alloc = Some(Alloc::on(g.gpus.clone(), ready));
+                if !waiting_b {
+                    j.restarts += 1;
+                }
+                j.first_start.get_or_insert(self.now);
             }
         }
-        // Everyone else waiting in the snapshot is suspended.
-        for (k, _) in snap.jobs.iter().enumerate() {
-            let i = idx[k];
+        // Everyone else the policy saw is suspended.
+        for &v in &prepared.jobs {
+            let i = members[v];
             if !placed[i] {
                 self.jobs[i].alloc = None;
             }
         }
     }
+
+    /// Records a merge decided this round: B's target under transfer
+    /// (temporal), both jobs' joint targets (spatial), and where the merge
+    /// guard looks (two epochs of the merged part, Ymir §4.3).
+    fn merge(&mut self, catalog: &Catalog, a: usize, b: usize, mode: MergeMode) {
+        let m = self.merges.len();
+        let guard_at = match mode {
+            MergeMode::Temporal => {
+                let need = self
+                    .temporal_need(catalog, a, b)
+                    .unwrap_or(self.jobs[b].target);
+                self.jobs[b].target = need;
+                self.stats.merges_temporal += 1;
+                2.0 * self.jobs[b].samples_per_epoch
+            }
+            _ => {
+                if let Some((na, nb)) = self.spatial_need(catalog, a, b) {
+                    self.jobs[a].target = na;
+                    self.jobs[b].target = nb;
+                }
+                self.stats.merges_spatial += 1;
+                // Two epochs of A's task inside the joint job.
+                2.0 * self.jobs[a].samples_per_epoch
+            }
+        };
+        self.merges.push(Merge {
+            a,
+            b,
+            mode,
+            guard_at,
+            guard_done: false,
+        });
+        for j in [a, b] {
+            self.jobs[j].merged = Some((mode, m));
+            self.jobs[j].ever_merged = Some((mode, m));
+        }
+    }
+}
+
+/// The round settings a simulation runs with: profiling when it has a
+/// profiling time, merge candidates for a merging policy, groups on any
+/// number of nodes (fmsim runs gangs), the configured placement rule.
+pub fn round_config(cfg: &SimConfig, policy: &dyn Policy) -> RoundConfig {
+    RoundConfig {
+        profiling: cfg.profile_s > 0.0,
+        merging: true,
+        max_nodes_per_group: None,
+        placement_rule: cfg.placement_rule,
+        policy: policy.name().to_string(),
+    }
+}
+
+/// The shared round's first phase as the simulation runs it (a golden test
+/// holds it to the live round's).
+pub fn prepare_round(view: &ClusterView, policy: &dyn Policy, cfg: &RoundConfig) -> Prepared {
+    round::prepare(view, policy, cfg)
+}
+
+/// The shared round's decision as the simulation runs it (a golden test
+/// holds it to the live round's).
+pub fn decide_round(
+    view: &ClusterView,
+    prepared: &Prepared,
+    estimates: &Estimates,
+    policy: &dyn Policy,
+    cfg: &RoundConfig,
+) -> Result<Decision, round::RoundError> {
+    round::decide(view, prepared, estimates, policy, cfg)
 }
 
 /// Model names of published profiles that differ from fmsched's catalog.
@@ -1310,9 +1312,4 @@ fn alias(model: &str) -> &str {
         "vit-base" => "vit",
         other => other,
     }
-}
-
-/// GPUs held by profiling runs: what each node's capacity lost to them.
-fn held_by_profiles(cap: &[u32], per_node: u32) -> u32 {
-    cap.iter().map(|&c| per_node - c).sum()
 }

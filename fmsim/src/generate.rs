@@ -7,7 +7,7 @@
 //! factor packs the same jobs closer together. Seeded: the same arguments
 //! give the same workload.
 
-use estimator_svc::lut::{Lut, Variant, packed_placement};
+use fmsched_estimator::lut::{Lut, Variant, packed_placement};
 
 use crate::catalog::Catalog;
 use crate::workload::WorkloadJob;
@@ -85,7 +85,7 @@ pub fn generate(cfg: &GenConfig, catalog: &Catalog, lut: &Lut) -> Result<Vec<Wor
     {
         return Err("jobs, hours and load must be > 0".into());
     }
-    let gpu = estimator_svc::analytic::gpu_family(&cfg.gpu_type);
+    let gpu = fmsched_estimator::analytic::gpu_family(&cfg.gpu_type);
     let mut tasks: Vec<(String, String, f64)> = Vec::new();
     for m in &cfg.models {
         let mt = catalog
@@ -130,7 +130,7 @@ pub fn generate(cfg: &GenConfig, catalog: &Catalog, lut: &Lut) -> Result<Vec<Wor
             pipeline,
             ..Variant::base()
         };
-        let layers = estimator_svc::analytic::layers_of(model).unwrap_or(12);
+        let layers = fmsched_estimator::analytic::layers_of(model).unwrap_or(12);
         let it = lut
             .iteration_time_on(
                 model,
@@ -192,7 +192,7 @@ pub fn generate(cfg: &GenConfig, catalog: &Catalog, lut: &Lut) -> Result<Vec<Wor
             pipeline,
             ..Variant::base()
         };
-        let layers = estimator_svc::analytic::layers_of(&model).unwrap_or(12);
+        let layers = fmsched_estimator::analytic::layers_of(&model).unwrap_or(12);
         let one = if pipeline { 4 } else { 1 };
         let it = lut
             .iteration_time_on(
@@ -232,7 +232,7 @@ mod tests {
     #[test]
     fn classes_and_determinism() {
         let cat = Catalog::default_synthetic();
-        let lut = estimator_svc::analytic::default_lut().unwrap();
+        let lut = fmsched_estimator::analytic::default_lut().unwrap();
         let cfg = GenConfig {
             jobs: 2000,
             ..Default::default()

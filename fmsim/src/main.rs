@@ -8,10 +8,10 @@ use std::time::Instant;
 
 use anyhow::{Context, bail};
 use clap::{Args, Parser, Subcommand};
-use estimator_svc::analytic;
-use estimator_svc::lut::Lut;
 use fmsched_core::policy::Policy;
 use fmsched_core::policy::baselines::{POLICY_NAMES, Themis, ThemisRank, by_name, with_knobs};
+use fmsched_estimator::analytic;
+use fmsched_estimator::lut::Lut;
 use fmsim::catalog::Catalog;
 use fmsim::engine::{EstimateModel, SimConfig, SimResult, Simulation};
 use fmsim::generate::{GenConfig, generate};
@@ -765,7 +765,6 @@ fn bench_solver(dir: Option<&Path>, jobs: usize) -> anyhow::Result<()> {
             let w = anchor_workload(dir, model, &epochs, &mut catalog)?;
             let cfg = SimConfig {
                 profile_s: 0.0,
-                check_plans: false,
                 ..Default::default()
             };
             cases.push((format!("FM-1-{model}"), cfg, lut.clone(), catalog, w));
@@ -789,7 +788,6 @@ fn bench_solver(dir: Option<&Path>, jobs: usize) -> anyhow::Result<()> {
     let cfg = SimConfig {
         nodes: 60,
         gpus_per_node: 4,
-        check_plans: false,
         ..Default::default()
     };
     cases.push((

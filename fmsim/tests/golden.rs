@@ -4,9 +4,9 @@
 
 use std::path::Path;
 
-use estimator_svc::analytic;
 use fmsched_core::policy::MergeMode;
 use fmsched_core::policy::baselines::by_name;
+use fmsched_estimator::analytic;
 use fmsim::catalog::{Catalog, ModelTasks, TaskInfo, Work};
 use fmsim::engine::{SimConfig, SimResult, Simulation};
 use fmsim::report::summarize;
@@ -21,7 +21,6 @@ fn cluster() -> SimConfig {
     SimConfig {
         nodes: 2,
         gpus_per_node: 4,
-        check_plans: true,
         ..Default::default()
     }
 }
@@ -254,7 +253,7 @@ fn themis_renews_the_lease_of_a_job_that_wins_its_gpus_again() {
 /// relatively most where an iteration is shortest (many GPUs).
 #[test]
 fn titansched_estimates_add_one_compute_pass_per_iteration() {
-    use estimator_svc::lut::{ThroughputKey, Variant};
+    use fmsched_estimator::lut::{ThroughputKey, Variant};
     let lut = analytic::default_lut().unwrap();
     let v = Variant::base();
     let (model, gpu) = ("roberta-large", "V100");

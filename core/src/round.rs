@@ -1,0 +1,1680 @@
+//! One scheduling round, shared by the scheduler service and `fmsim`:
+//! everything between "what the cluster looks like" and "what runs where
+//! next", without the IO on either side (STYLE §7: if the simulator and the
+//! service can disagree about a rule, the rule is in the wrong place).
+//!
+//! A round has three pure phases; the caller does the IO between them:
+//! 1. **prepare** ([`prepare`]) — the nodes the round may use and their
+//!    capacity (Offline nodes are out, drained ones give nothing, a Suspect
+//!    one keeps only what it runs), profiling reservations (Ymir Fig. 6
+//!    step 2), the jobs that enter the policy's snapshot, the policy's own
+//!    allocation set, the merges kept from earlier rounds, the pairs
+//!    eligible for a new merge, and jobs no node can ever hold.
+//!
+//!    The caller then estimates times for those jobs and pairs
+//!    ([`Estimates`]): the service asks its estimator (with the logged
+//!    in-process fallback), fmsim its catalog. That is the one input that
+//!    differs between the two, by design.
+//! 2. **decide** ([`decide`]) — the policy's [`Snapshot`] (remaining times,
+//!    merged groups' times, restart costs, current placements), the plan
+//!    (`Policy::schedule`: allocate, then place) and its consistency check.
+//! 3. **interpret** (the end of [`decide`]) — concrete GPUs (a group that
+//!    keeps its node and size keeps its GPUs), new merges, job state
+//!    transitions with their reasons, leases, context switches, and the
+//!    placements the executor cannot run (each named, never dropped
+//!    silently).
+//!
+//! Everything here is deterministic: sorted vectors and `BTreeMap`s only,
+//! ties broken by index. The same view and estimates give the same outcome
+//! in the service and in fmsim.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::job::JobState;
+use crate::node::NodeState;
+use crate::policy::{
+    ExistingMerge, MergeMode, NodeCap, PairCandidate, PlacementRule, Plan, Policy, SchedJob,
+    Snapshot, SolveStats,
+};
+
+/// A GPU: (node ordinal in the [`ClusterView`], index on that node).
+pub type Gpu = (usize, u32);
+
+/// GPUs a pipeline-parallel job profiles on (Ymir §3: pipeline jobs run on
+/// whole 4-GPU servers), at most the largest usable node.
+pub const PIPELINE_PROFILE_GPUS: u32 = 4;
+
+/// Seconds a (re)start costs when the profile names no context-switch time.
+pub const DEFAULT_CONTEXT_SWITCH_S: f64 = 30.0;
+
+/// What a (re)start of a job costs: writing and loading its checkpoint plus
+/// the model's context switch (process start, weights, data loader) from its
+/// throughput profile. The service and fmsim both charge exactly this.
+pub fn restart_cost(checkpoint_s: f64, context_switch_s: Option<f64>) -> f64 {
+    checkpoint_s.max(0.0)
+        + context_switch_s
+            .unwrap_or(DEFAULT_CONTEXT_SWITCH_S)
+            .max(0.0)
+}
+
+/// GPUs per second a live job deserves: an equal share of the cluster, at
+/// most what it asked for — Themis's deserved service, accumulated by the
+/// service plan by plan and by fmsim as time passes.
+pub fn fair_share(total_gpus: u32, live_jobs: usize, requested_gpus: u32) -> f64 {
+    if live_jobs == 0 {
+        return 0.0;
+    }
+    (f64::from(total_gpus) / live_jobs as f64).min(f64::from(requested_gpus))
+}
+
+/// One node as the round sees it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NodeView {
+    pub id: String,
+    /// Number of GPUs (addressed `0..gpus`).
+    pub gpus: u32,
+    pub state: NodeState,
+    /// Its GPUs report Xid or uncorrectable ECC errors: nothing stays or
+    /// starts there.
+    pub drained: bool,
+}
+
+/// One live job (submitted, profiling, queued or running).
+#[derive(Clone, Debug, PartialEq)]
+pub struct JobView {
+    pub id: String,
+    pub state: JobState,
+    pub model: String,
+    pub task: String,
+    /// May be merged with other users' jobs (Ymir §9).
+    pub sharing: bool,
+    pub pipeline: bool,
+    pub min_gpus: u32,
+    pub max_gpus: u32,
+    /// GPUs it asks for (baselines give this; its deserved share is capped
+    /// by it).
+    pub requested_gpus: u32,
+    /// Submission time, seconds on the view's clock.
+    pub submitted_at: f64,
+    /// Iterations done (named in reasons only).
+    pub iteration: u64,
+    /// Fraction of its work done, in [0, 1].
+    pub progress: f64,
+    pub attained_gpu_s: f64,
+    pub executed_s: f64,
+    pub fair_share_gpu_s: f64,
+    /// Its lease runs until this time (seconds on the view's clock; leasing
+    /// policies only).
+    pub lease_until: f64,
+    /// Seconds a (re)start costs it ([`restart_cost`]).
+    pub restart_s: f64,
+    /// GPUs it holds in the current intent (empty = none).
+    pub holds: Vec<Gpu>,
+    /// Those GPUs run its profiling run, not its training.
+    pub profiling_run: bool,
+    /// Waits outside this round (retry backoff; a spatial pair split this
+    /// round waits for its joint process's checkpoint).
+    pub held_back: bool,
+    /// Took part in a merge before: a job merges once.
+    pub ever_merged: bool,
+}
+
+/// An active merge of two live jobs (indices into [`ClusterView::jobs`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct MergeView {
+    pub a: usize,
+    pub b: usize,
+    pub mode: MergeMode,
+}
+
+/// What a round knows about the cluster.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ClusterView {
+    /// Seconds on the view's clock (virtual in fmsim; the service counts
+    /// from the round's start, so `now = 0`).
+    pub now: f64,
+    pub nodes: Vec<NodeView>,
+    pub jobs: Vec<JobView>,
+    pub merges: Vec<MergeView>,
+}
+
+/// Settings of a round that are not the policy's.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RoundConfig {
+    /// New jobs profile before they are scheduled (Ymir Fig. 6 step 2).
+    pub profiling: bool,
+    /// Build merge candidates (for a policy that merges).
+    pub merging: bool,
+    /// The most nodes one group may span for the executor to run it (None:
+    /// any). With `Some(1)` a job is offered at most the largest node's GPUs
+    /// and one that needs more is reported as unschedulable.
+    pub max_nodes_per_group: Option<usize>,
+    pub placement_rule: PlacementRule,
+    /// Policy name, for the reasons written on jobs.
+    pub policy: String,
+}
+
+impl Default for RoundConfig {
+    fn default() -> Self {
+        Self {
+            profiling: true,
+            merging: true,
+            max_nodes_per_group: None,
+            placement_rule: PlacementRule::Pack,
+            policy: "ymir".into(),
+        }
+    }
+}
+
+/// GPUs held for a job's profiling run.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Reservation {
+    pub job: usize,
+    pub gpus: Vec<Gpu>,
+    /// Reserved this round (else kept from an earlier one).
+    pub new: bool,
+}
+
+/// A pair of jobs (view indices) and how they would merge.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct PairKey {
+    pub a: usize,
+    pub b: usize,
+    pub mode: MergeMode,
+}
+
+/// The first phase's result: what the caller must estimate, and what
+/// [`decide`] needs besides.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Prepared {
+    /// View node of each snapshot node (Offline nodes and nodes without
+    /// GPUs are left out).
+    pub nodes: Vec<usize>,
+    /// Each snapshot node's GPUs for the policy.
+    pub capacity: Vec<u32>,
+    pub profiling: Vec<Reservation>,
+    /// View job of each snapshot job.
+    pub jobs: Vec<usize>,
+    /// The policy's allocation set; estimated times are indexed like it.
+    pub allocations: Vec<u32>,
+    /// Merges kept from earlier rounds (indices into `view.merges`): both
+    /// jobs are in the snapshot.
+    pub kept: Vec<usize>,
+    /// Pairs eligible for a new merge, in the order candidates are built.
+    pub eligible: Vec<PairKey>,
+    /// Jobs no node can hold under the executor's rule, and why.
+    pub unschedulable: Vec<(usize, String)>,
+    /// GPUs of the largest node the round may use.
+    pub largest_node: u32,
+    /// GPUs of every node that is not Offline.
+    pub total_gpus: u32,
+}
+
+impl Prepared {
+    /// GPUs a job asking for `gpus` is offered: all of them, or at most the
+    /// largest node's when the executor runs a group on one node.
+    pub fn offered(&self, cfg: &RoundConfig, gpus: u32) -> u32 {
+        if cfg.max_nodes_per_group == Some(1) {
+            gpus.min(self.largest_node)
+        } else {
+            gpus
+        }
+    }
+}
+
+/// A candidate merge as the caller estimated it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PairEstimate {
+    pub pair: PairKey,
+    /// Seconds of the merged part at each allocation: `T_{A↦B}` (B from A's
+    /// weights) for a temporal pair, `T_{A‖B}` (the joint job, Ymir Eq. 4)
+    /// for a spatial one.
+    pub seconds: Vec<f64>,
+    /// `TranWt` at each allocation (Ymir Eq. 12–13).
+    pub tran_wt: Vec<f64>,
+    /// Predicted gains the merge is decided on (recorded with it).
+    pub gain_ab: f64,
+    pub gain_ba: f64,
+}
+
+/// The caller's estimates for a [`Prepared`] round.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Estimates {
+    /// Per snapshot job: remaining seconds alone at each allocation
+    /// (`T_{i,a}`, Ymir Eq. 5; `+∞` where it cannot run).
+    pub jobs: Vec<Vec<f64>>,
+    /// Per kept merge (in `Prepared::kept` order): the merged part's seconds
+    /// as in [`PairEstimate::seconds`].
+    pub kept: Vec<Vec<f64>>,
+    /// The eligible pairs the caller could estimate (others are not
+    /// candidates this round).
+    pub candidates: Vec<PairEstimate>,
+}
+
+/// A group that holds GPUs after the round.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Group {
+    /// View jobs: one, or A then B of a merge.
+    pub jobs: Vec<usize>,
+    pub mode: MergeMode,
+    /// Concrete GPUs, sorted.
+    pub gpus: Vec<Gpu>,
+    /// It holds exactly these GPUs already (no restart).
+    pub kept: bool,
+    /// The merge was decided this round: the predicted gains it rests on.
+    pub new_merge: Option<(f64, f64)>,
+}
+
+impl Group {
+    /// The jobs whose processes train on the group's GPUs: both of a
+    /// spatial pair (one joint process), only A of a temporal pair (B waits
+    /// for A's output weights).
+    pub fn trainers(&self) -> &[usize] {
+        if self.mode == MergeMode::Temporal {
+            &self.jobs[..1]
+        } else {
+            &self.jobs
+        }
+    }
+
+    /// The nodes it spans, in order.
+    pub fn nodes(&self) -> Vec<usize> {
+        let mut n: Vec<usize> = self.gpus.iter().map(|g| g.0).collect();
+        n.dedup();
+        n
+    }
+}
+
+/// A job state change the round decided, with the reason written on it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Transition {
+    pub job: usize,
+    pub to: JobState,
+    pub reason: String,
+}
+
+/// Everything a round decided, in view terms.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RoundOutcome {
+    pub groups: Vec<Group>,
+    pub profiling: Vec<Reservation>,
+    pub transitions: Vec<Transition>,
+    /// Leases after the round (job, until), for leasing policies.
+    pub leases: Vec<(usize, f64)>,
+    pub unschedulable: Vec<(usize, String)>,
+    /// Jobs the policy placed where the executor cannot run them (they
+    /// wait), and why.
+    pub unexecutable: Vec<(usize, String)>,
+    /// Trainers that start, resume or move (each costs a restart).
+    pub switches: usize,
+    /// The policy's counters (variables, fallback, unplaced groups).
+    pub stats: SolveStats,
+    /// Snapshot jobs that hold no GPUs after the round.
+    pub queued: usize,
+}
+
+/// A round that could not be decided.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum RoundError {
+    #[error("estimates do not match the prepared round: {0}")]
+    Estimates(String),
+    #[error("the policy produced an inconsistent plan: {0}")]
+    InconsistentPlan(String),
+}
+
+// ---- 1. prepare ----------------------------------------------------------
+
+/// Phase 1 (see the module docs).
+pub fn prepare(view: &ClusterView, policy: &dyn Policy, cfg: &RoundConfig) -> Prepared {
+    let present: Vec<usize> = (0..view.nodes.len())
+        .filter(|&n| view.nodes[n].state != NodeState::Offline && view.nodes[n].gpus > 0)
+        .collect();
+    let total_gpus: u32 = present.iter().map(|&n| view.nodes[n].gpus).sum();
+    let largest_node = present
+        .iter()
+        .map(|&n| view.nodes[n].gpus)
+        .max()
+        .unwrap_or(0);
+    let profiling = if cfg.profiling {
+        reserve_profiling(view, &present, total_gpus)
+    } else {
+        Vec::new()
+    };
+    let reserved: BTreeSet<Gpu> = profiling.iter().flat_map(|r| r.gpus.clone()).collect();
+    let capacity = present
+        .iter()
+        .map(|&n| {
+            let node = &view.nodes[n];
+            if node.drained {
+                0
+            } else if node.state == NodeState::Suspect {
+                // It may only be late: it keeps what it runs, gets nothing new.
+                view.jobs
+                    .iter()
+                    .filter(|j| !j.profiling_run)
+                    .flat_map(|j| &j.holds)
+                    .filter(|g| g.0 == n)
+                    .count() as u32
+            } else {
+                node.gpus - reserved.iter().filter(|g| g.0 == n).count() as u32
+            }
+        })
+        .collect();
+
+    let single_node = cfg.max_nodes_per_group == Some(1);
+    let mut unschedulable = Vec::new();
+    let mut jobs = Vec::new();
+    for (i, j) in view.jobs.iter().enumerate() {
+        if single_node && largest_node > 0 && j.min_gpus > largest_node {
+            if j.state == JobState::Queued {
+                unschedulable.push((
+                    i,
+                    format!(
+                        "waiting: needs at least {} GPUs on one node and the largest node has {largest_node} (jobs over several nodes are not run yet)",
+                        j.min_gpus
+                    ),
+                ));
+            }
+            continue;
+        }
+        let unprofiled =
+            cfg.profiling && matches!(j.state, JobState::Submitted | JobState::Profiling);
+        if !(j.held_back || unprofiled || j.state.is_terminal()) {
+            jobs.push(i);
+        }
+    }
+    let ord: BTreeMap<usize, usize> = jobs.iter().enumerate().map(|(k, &i)| (i, k)).collect();
+    let kept = (0..view.merges.len())
+        .filter(|&m| ord.contains_key(&view.merges[m].a) && ord.contains_key(&view.merges[m].b))
+        .collect();
+    let eligible = if cfg.merging && policy.merges() {
+        eligible_pairs(view, &jobs)
+    } else {
+        Vec::new()
+    };
+    Prepared {
+        nodes: present,
+        capacity,
+        profiling,
+        jobs,
+        allocations: policy.allocation_set(total_gpus),
+        kept,
+        eligible,
+        unschedulable,
+        largest_node,
+        total_gpus,
+    }
+}
+
+/// Profiling reservations: kept ones (job still profiling, every GPU on a
+/// usable node) and new ones for submitted jobs, oldest first — 1 GPU, or
+/// [`PIPELINE_PROFILE_GPUS`] on one node (at most the largest usable node)
+/// for a pipeline-parallel job. Free GPUs first; GPUs held by training only
+/// while profiling holds at most an eighth of the cluster. The first job
+/// that finds no GPUs stops the walk (later ones do not overtake it).
+fn reserve_profiling(view: &ClusterView, present: &[usize], total_gpus: u32) -> Vec<Reservation> {
+    let usable = |n: usize| view.nodes[n].state == NodeState::Available && !view.nodes[n].drained;
+    let mut out: Vec<Reservation> = view
+        .jobs
+        .iter()
+        .enumerate()
+        .filter(|(_, j)| {
+            j.state == JobState::Profiling
+                && j.profiling_run
+                && !j.holds.is_empty()
+                && j.holds
+                    .iter()
+                    .all(|g| g.0 < view.nodes.len() && usable(g.0))
+        })
+        .map(|(i, j)| Reservation {
+            job: i,
+            gpus: j.holds.clone(),
+            new: false,
+        })
+        .collect();
+    let cap = (total_gpus / 8).max(1) as usize;
+    let busy: BTreeSet<Gpu> = view
+        .jobs
+        .iter()
+        .filter(|j| !j.profiling_run)
+        .flat_map(|j| j.holds.iter().copied())
+        .collect();
+    let mut taken: BTreeSet<Gpu> = out.iter().flat_map(|r| r.gpus.clone()).collect();
+    let largest_usable = present
+        .iter()
+        .filter(|&&n| usable(n))
+        .map(|&n| view.nodes[n].gpus)
+        .max()
+        .unwrap_or(0);
+    let mut waiting: Vec<usize> = (0..view.jobs.len())
+        .filter(|&i| view.jobs[i].state == JobState::Submitted)
+        .collect();
+    waiting.sort_by(|&x, &y| {
+        view.jobs[x]
+            .submitted_at
+            .total_cmp(&view.jobs[y].submitted_at)
+            .then(x.cmp(&y))
+    });
+    for i in waiting {
+        let need = if view.jobs[i].pipeline {
+            PIPELINE_PROFILE_GPUS.min(largest_usable).max(1)
+        } else {
+            1
+        } as usize;
+        let used_now: usize = out.iter().map(|r| r.gpus.len()).sum();
+        let mut pick = None;
+        for prefer_free in [true, false] {
+            if !prefer_free && used_now + need > cap {
+                break;
+            }
+            pick = present.iter().filter(|&&n| usable(n)).find_map(|&n| {
+                let gpus: Vec<Gpu> = (0..view.nodes[n].gpus)
+                    .map(|g| (n, g))
+                    .filter(|g| !taken.contains(g) && (!prefer_free || !busy.contains(g)))
+                    .take(need)
+                    .collect();
+                (gpus.len() == need).then_some(gpus)
+            });
+            if pick.is_some() {
+                break;
+            }
+        }
+        let Some(gpus) = pick else { break };
+        taken.extend(gpus.iter().copied());
+        out.push(Reservation {
+            job: i,
+            gpus,
+            new: true,
+        });
+    }
+    out
+}
+
+/// Pairs that may merge (Ymir §5, the filter before any estimate): both in
+/// the snapshot, one model, different tasks, both allow sharing, both
+/// data-parallel or both pipeline, neither merged before, neither started.
+/// Per model, for every ordered pair: `A ↦ B`, and `A ‖ B` once.
+fn eligible_pairs(view: &ClusterView, snapshot_jobs: &[usize]) -> Vec<PairKey> {
+    let mut by_model: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
+    for &i in snapshot_jobs {
+        let j = &view.jobs[i];
+        if j.sharing && !j.ever_merged && j.progress == 0.0 {
+            by_model.entry(j.model.as_str()).or_default().push(i);
+        }
+    }
+    let mut out = Vec::new();
+    for group in by_model.values() {
+        for (x, &a) in group.iter().enumerate() {
+            for (y, &b) in group.iter().enumerate() {
+                let (ja, jb) = (&view.jobs[a], &view.jobs[b]);
+                if a == b || ja.task == jb.task || ja.pipeline != jb.pipeline {
+                    continue;
+                }
+                out.push(PairKey {
+                    a,
+                    b,
+                    mode: MergeMode::Temporal,
+                });
+                if x < y {
+                    out.push(PairKey {
+                        a,
+                        b,
+                        mode: MergeMode::Spatial,
+                    });
+                }
+            }
+        }
+    }
+    out
+}
+
+// ---- 2. decide -----------------------------------------------------------
+
+/// What [`decide`] returns: the snapshot the policy saw, its plan, and the
+/// outcome.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Decision {
+    pub snapshot: Snapshot,
+    pub plan: Plan,
+    pub outcome: RoundOutcome,
+}
+
+/// Phases 2 and 3 (see the module docs).
+pub fn decide(
+    view: &ClusterView,
+    prepared: &Prepared,
+    estimates: &Estimates,
+    policy: &dyn Policy,
+    cfg: &RoundConfig,
+) -> Result<Decision, RoundError> {
+    let snapshot = snapshot(view, prepared, estimates, cfg)?;
+    let plan = policy.schedule(&snapshot);
+    plan.consistency_check(&snapshot)
+        .map_err(RoundError::InconsistentPlan)?;
+    let outcome = interpret(view, prepared, estimates, &snapshot, &plan, policy, cfg);
+    Ok(Decision {
+        snapshot,
+        plan,
+        outcome,
+    })
+}
+
+/// The policy's snapshot of a prepared round.
+pub fn snapshot(
+    view: &ClusterView,
+    prepared: &Prepared,
+    estimates: &Estimates,
+    cfg: &RoundConfig,
+) -> Result<Snapshot, RoundError> {
+    check_estimates(prepared, estimates)?;
+    let ord: BTreeMap<usize, usize> = prepared
+        .jobs
+        .iter()
+        .enumerate()
+        .map(|(k, &i)| (i, k))
+        .collect();
+    let placements = current_placements(view, prepared, &ord);
+    let cap = |g: u32| prepared.offered(cfg, g);
+    let jobs: Vec<SchedJob> = prepared
+        .jobs
+        .iter()
+        .enumerate()
+        .map(|(k, &i)| {
+            let j = &view.jobs[i];
+            SchedJob {
+                id: j.id.clone(),
+                model: j.model.clone(),
+                task: j.task.clone(),
+                sharing: j.sharing,
+                pipeline: j.pipeline,
+                requested_gpus: cap(j.requested_gpus),
+                min_gpus: j.min_gpus,
+                max_gpus: cap(j.max_gpus),
+                submitted_at: j.submitted_at,
+                progress: j.progress,
+                attained_gpu_s: j.attained_gpu_s,
+                executed_s: j.executed_s,
+                fair_share_gpu_s: j.fair_share_gpu_s,
+                current_gpus: placements[k].iter().map(|p| p.1).sum(),
+                current_placement: placements[k].clone(),
+                remaining_s: estimates.jobs[k].clone(),
+                restart_s: j.restart_s,
+                lease_until: j.lease_until,
+            }
+        })
+        .collect();
+    let merges = prepared
+        .kept
+        .iter()
+        .zip(&estimates.kept)
+        .map(|(&m, secs)| {
+            let mv = &view.merges[m];
+            ExistingMerge {
+                a: ord[&mv.a],
+                b: ord[&mv.b],
+                mode: mv.mode,
+                remaining_s: group_time(view, estimates, &ord, mv.a, mv.b, mv.mode, secs),
+            }
+        })
+        .collect();
+    Ok(Snapshot {
+        now: view.now,
+        nodes: prepared
+            .nodes
+            .iter()
+            .zip(&prepared.capacity)
+            .map(|(&n, &gpus)| NodeCap {
+                id: view.nodes[n].id.clone(),
+                gpus,
+            })
+            .collect(),
+        allocations: prepared.allocations.clone(),
+        jobs,
+        candidates: candidates(view, prepared, estimates, &ord)?,
+        merges,
+        placement_rule: cfg.placement_rule,
+    })
+}
+
+/// Estimates must fit the prepared round: a row per snapshot job and per
+/// kept merge, a value per allocation everywhere.
+fn check_estimates(prepared: &Prepared, estimates: &Estimates) -> Result<(), RoundError> {
+    let width = prepared.allocations.len();
+    let bad = |what: String| Err(RoundError::Estimates(what));
+    if estimates.jobs.len() != prepared.jobs.len() {
+        return bad(format!(
+            "{} job rows for {} jobs",
+            estimates.jobs.len(),
+            prepared.jobs.len()
+        ));
+    }
+    if estimates.kept.len() != prepared.kept.len() {
+        return bad(format!(
+            "{} kept-merge rows for {} kept merges",
+            estimates.kept.len(),
+            prepared.kept.len()
+        ));
+    }
+    let rows = estimates.jobs.iter().chain(&estimates.kept).chain(
+        estimates
+            .candidates
+            .iter()
+            .flat_map(|c| [&c.seconds, &c.tran_wt]),
+    );
+    for r in rows {
+        if r.len() != width {
+            return bad(format!(
+                "a row of {} values for {width} allocations",
+                r.len()
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Where each snapshot job trains now (snapshot node → GPUs); both jobs of
+/// a kept merge share their group's GPUs (a temporal B rides on A's). A job
+/// whose node left the round holds nothing.
+fn current_placements(
+    view: &ClusterView,
+    prepared: &Prepared,
+    ord: &BTreeMap<usize, usize>,
+) -> Vec<Vec<(usize, u32)>> {
+    let node_ord: BTreeMap<usize, usize> = prepared
+        .nodes
+        .iter()
+        .enumerate()
+        .map(|(k, &n)| (n, k))
+        .collect();
+    let placement_of = |i: usize| -> Vec<(usize, u32)> {
+        let j = &view.jobs[i];
+        if j.profiling_run || j.holds.is_empty() {
+            return Vec::new();
+        }
+        let mut per: BTreeMap<usize, u32> = BTreeMap::new();
+        for g in &j.holds {
+            match node_ord.get(&g.0) {
+                Some(&k) => *per.entry(k).or_default() += 1,
+                None => return Vec::new(), // its node is gone
+            }
+        }
+        per.into_iter().collect()
+    };
+    let mut placements: Vec<Vec<(usize, u32)>> =
+        prepared.jobs.iter().map(|&i| placement_of(i)).collect();
+    for &m in &prepared.kept {
+        let (a, b) = (ord[&view.merges[m].a], ord[&view.merges[m].b]);
+        let shared = if placements[a].is_empty() {
+            placements[b].clone()
+        } else {
+            placements[a].clone()
+        };
+        placements[a].clone_from(&shared);
+        placements[b] = shared;
+    }
+    placements
+}
+
+/// A merged group's remaining time at each allocation: temporal = A, then
+/// B from A's weights after B's own start; spatial = the joint job (Ymir
+/// Eq. 4). `merged` is the merged part's time ([`PairEstimate::seconds`]).
+fn group_time(
+    view: &ClusterView,
+    estimates: &Estimates,
+    ord: &BTreeMap<usize, usize>,
+    a: usize,
+    b: usize,
+    mode: MergeMode,
+    merged: &[f64],
+) -> Vec<f64> {
+    match mode {
+        MergeMode::Temporal => estimates.jobs[ord[&a]]
+            .iter()
+            .zip(merged)
+            .map(|(ta, tab)| ta + tab + view.jobs[b].restart_s)
+            .collect(),
+        _ => merged.to_vec(),
+    }
+}
+
+/// The estimated pairs that may help (`TranWt ≥ 1` at some allocation, Ymir
+/// §5) as the policy's candidates; an estimate of a pair that is not
+/// eligible is refused.
+fn candidates(
+    view: &ClusterView,
+    prepared: &Prepared,
+    estimates: &Estimates,
+    ord: &BTreeMap<usize, usize>,
+) -> Result<Vec<PairCandidate>, RoundError> {
+    let eligible: BTreeSet<PairKey> = prepared.eligible.iter().copied().collect();
+    let mut out = Vec::new();
+    for c in &estimates.candidates {
+        let (a, b) = (c.pair.a, c.pair.b);
+        if !eligible.contains(&c.pair) {
+            return Err(RoundError::Estimates(format!(
+                "candidate {:?} of jobs {a} and {b} is not an eligible pair",
+                c.pair.mode
+            )));
+        }
+        if !c.tran_wt.iter().any(|&w| w >= 1.0) {
+            continue;
+        }
+        out.push(PairCandidate {
+            a: ord[&a],
+            b: ord[&b],
+            mode: c.pair.mode,
+            remaining_s: group_time(view, estimates, ord, a, b, c.pair.mode, &c.seconds),
+            tran_wt: c.tran_wt.clone(),
+        });
+    }
+    Ok(out)
+}
+
+// ---- 3. interpret --------------------------------------------------------
+
+/// Phase 3: the plan in view terms (see the module docs).
+fn interpret(
+    view: &ClusterView,
+    prepared: &Prepared,
+    estimates: &Estimates,
+    snap: &Snapshot,
+    plan: &Plan,
+    policy: &dyn Policy,
+    cfg: &RoundConfig,
+) -> RoundOutcome {
+    let (groups, unexecutable) = assign_gpus(view, prepared, estimates, plan, cfg);
+    let transitions = transitions(view, prepared, &groups, cfg);
+    let leases = leases(view, &groups, policy.lease_s());
+    let switches = groups
+        .iter()
+        .filter(|g| !g.kept)
+        .map(|g| g.trainers().len())
+        .sum();
+    let placed: usize = groups.iter().map(|g| g.jobs.len()).sum();
+    RoundOutcome {
+        groups,
+        profiling: prepared.profiling.clone(),
+        transitions,
+        leases,
+        unschedulable: prepared.unschedulable.clone(),
+        unexecutable,
+        switches,
+        stats: plan.stats.clone(),
+        queued: snap.jobs.len().saturating_sub(placed),
+    }
+}
+
+/// A plan entry whose GPUs are still to be picked.
+struct Unfilled {
+    entry: usize,
+    members: Vec<usize>,
+    /// View node → GPUs.
+    placement: Vec<(usize, u32)>,
+}
+
+/// Concrete GPUs for the plan's groups: a group that keeps its node and
+/// size keeps its GPUs (unless a profiling run took one of them); the rest
+/// take the lowest free GPUs of the nodes the placement chose. A group the
+/// executor cannot run (more nodes than `max_nodes_per_group`) waits and is
+/// named with the reason. Groups come out in plan order, new merges marked
+/// with the gains they rest on.
+fn assign_gpus(
+    view: &ClusterView,
+    prepared: &Prepared,
+    estimates: &Estimates,
+    plan: &Plan,
+    cfg: &RoundConfig,
+) -> (Vec<Group>, Vec<(usize, String)>) {
+    let reserved: BTreeSet<Gpu> = prepared
+        .profiling
+        .iter()
+        .flat_map(|r| r.gpus.iter().copied())
+        .collect();
+    let mut used: BTreeSet<Gpu> = reserved.clone();
+    let mut unexecutable = Vec::new();
+    let mut groups: Vec<(usize, Group)> = Vec::new();
+    let mut unfilled: Vec<Unfilled> = Vec::new();
+    for (k, e) in plan.entries.iter().enumerate() {
+        let members: Vec<usize> = e.jobs.iter().map(|&x| prepared.jobs[x]).collect();
+        // Snapshot node ordinals → view node ordinals.
+        let placement: Vec<(usize, u32)> = e
+            .placement
+            .iter()
+            .map(|&(n, g)| (prepared.nodes[n], g))
+            .collect();
+        if let Some(max) = cfg.max_nodes_per_group
+            && placement.len() > max
+        {
+            let names: Vec<&str> = placement
+                .iter()
+                .map(|p| view.nodes[p.0].id.as_str())
+                .collect();
+            let why = format!(
+                "waiting: {} placed it on {} GPUs over nodes {}, and jobs over several nodes are not run yet",
+                cfg.policy,
+                e.gpus,
+                names.join(", ")
+            );
+            unexecutable.extend(members.iter().map(|&i| (i, why.clone())));
+            continue;
+        }
+        let merged_before = match members[..] {
+            [a, b] => view
+                .merges
+                .iter()
+                .any(|m| (m.a, m.b) == (a, b) || (m.a, m.b) == (b, a)),
+            _ => true,
+        };
+        // A group keeps its GPUs when its first trainer held exactly them
+        // (a new joint process never does).
+        let now_held = if e.mode == MergeMode::Spatial && !merged_before {
+            Vec::new()
+        } else {
+            group_holds(view, &members[..1])
+        };
+        if !now_held.is_empty()
+            && per_node(&now_held) == placement
+            && !now_held.iter().any(|g| reserved.contains(g))
+        {
+            used.extend(now_held.iter().copied());
+            groups.push((k, Group::new(members, e.mode, now_held, true)));
+        } else {
+            unfilled.push(Unfilled {
+                entry: k,
+                members,
+                placement,
+            });
+        }
+    }
+    for u in unfilled {
+        let mut gpus = Vec::new();
+        for &(n, g) in &u.placement {
+            gpus.extend(
+                (0..view.nodes[n].gpus)
+                    .map(|x| (n, x))
+                    .filter(|x| !used.contains(x))
+                    .take(g as usize),
+            );
+        }
+        let want: u32 = u.placement.iter().map(|p| p.1).sum();
+        if gpus.len() as u32 != want {
+            // Placement respects capacity, so this is a bug; the group waits
+            // rather than sharing a GPU.
+            let why = format!(
+                "waiting: no {want} free GPUs where the plan put it (placement and GPUs disagree)"
+            );
+            unexecutable.extend(u.members.iter().map(|&i| (i, why.clone())));
+            continue;
+        }
+        used.extend(gpus.iter().copied());
+        let mode = plan.entries[u.entry].mode;
+        groups.push((u.entry, Group::new(u.members, mode, gpus, false)));
+    }
+    groups.sort_by_key(|(k, _)| *k);
+    let mut groups: Vec<Group> = groups.into_iter().map(|(_, g)| g).collect();
+    for g in &mut groups {
+        if let [a, b] = g.jobs[..]
+            && !view
+                .merges
+                .iter()
+                .any(|m| (m.a, m.b) == (a, b) || (m.a, m.b) == (b, a))
+        {
+            let est = estimates
+                .candidates
+                .iter()
+                .find(|c| c.pair.a == a && c.pair.b == b && c.pair.mode == g.mode);
+            g.new_merge = Some(est.map_or((0.0, 0.0), |c| (c.gain_ab, c.gain_ba)));
+        }
+    }
+    (groups, unexecutable)
+}
+
+/// The training GPUs `members` hold now: those of the first that holds any,
+/// sorted.
+fn group_holds(view: &ClusterView, members: &[usize]) -> Vec<Gpu> {
+    members
+        .iter()
+        .map(|&i| &view.jobs[i])
+        .find(|j| !j.profiling_run && !j.holds.is_empty())
+        .map(|j| {
+            let mut g = j.holds.clone();
+            g.sort_unstable();
+            g
+        })
+        .unwrap_or_default()
+}
+
+/// GPUs per node, by node.
+fn per_node(gpus: &[Gpu]) -> Vec<(usize, u32)> {
+    let mut per: BTreeMap<usize, u32> = BTreeMap::new();
+    for g in gpus {
+        *per.entry(g.0).or_default() += 1;
+    }
+    per.into_iter().collect()
+}
+
+impl Group {
+    fn new(jobs: Vec<usize>, mode: MergeMode, mut gpus: Vec<Gpu>, kept: bool) -> Self {
+        gpus.sort_unstable();
+        Self {
+            jobs,
+            mode,
+            gpus,
+            kept,
+            new_merge: None,
+        }
+    }
+}
+
+/// The job state changes of a round, with the reasons written on the jobs:
+/// profiling starts (or starts again when its node was lost), trainers run,
+/// everyone else waits — suspended, re-queued from a lost node, or still
+/// waiting. `submitted → running` goes through `queued`.
+fn transitions(
+    view: &ClusterView,
+    prepared: &Prepared,
+    groups: &[Group],
+    cfg: &RoundConfig,
+) -> Vec<Transition> {
+    let training: BTreeMap<usize, &Group> = groups
+        .iter()
+        .flat_map(|g| g.trainers().iter().map(move |&i| (i, g)))
+        .collect();
+    let profiled: BTreeMap<usize, &Reservation> =
+        prepared.profiling.iter().map(|r| (r.job, r)).collect();
+    let node_names = |gpus: &[Gpu]| -> String {
+        let mut n: Vec<&str> = gpus.iter().map(|g| view.nodes[g.0].id.as_str()).collect();
+        n.dedup();
+        n.join("+")
+    };
+    let mut out = Vec::new();
+    for (i, j) in view.jobs.iter().enumerate() {
+        let mut push = |to: JobState, reason: String| out.push(Transition { job: i, to, reason });
+        if let Some(r) = profiled.get(&i) {
+            if j.state == JobState::Submitted {
+                let on = node_names(&r.gpus);
+                push(
+                    JobState::Profiling,
+                    format!("profiling on {on} ({} GPU)", r.gpus.len()),
+                );
+            }
+            continue;
+        }
+        if cfg.profiling && j.state == JobState::Profiling {
+            push(
+                JobState::Submitted,
+                "profiling node lost; profiling again".into(),
+            );
+            continue;
+        }
+        if cfg.profiling && j.state == JobState::Submitted {
+            continue; // waits for a profiling GPU
+        }
+        let want = if training.contains_key(&i) {
+            JobState::Running
+        } else {
+            JobState::Queued
+        };
+        if j.state == want {
+            continue;
+        }
+        let lost = j.holds.iter().find(|g| {
+            view.nodes
+                .get(g.0)
+                .is_none_or(|n| n.state == NodeState::Offline)
+        });
+        let reason = match (training.get(&i), j.state, lost) {
+            (Some(g), ..) => format!(
+                "placed on {} ({} GPUs) by {}",
+                node_names(&g.gpus),
+                g.gpus.len(),
+                cfg.policy
+            ),
+            (None, JobState::Running, Some(lost)) => format!(
+                "node {} is offline: re-queued from its last checkpoint (iteration {})",
+                view.nodes.get(lost.0).map_or("?", |n| n.id.as_str()),
+                j.iteration
+            ),
+            (None, JobState::Running, None) => "suspended by the plan (checkpointed)".into(),
+            _ => "waiting for GPUs".into(),
+        };
+        if j.state == JobState::Submitted && want == JobState::Running {
+            push(JobState::Queued, "accepted for scheduling".into());
+        }
+        push(want, reason);
+    }
+    out
+}
+
+/// Leases after the round (Themis; none when `lease_s` is 0): a job that
+/// keeps its GPUs keeps its lease until it runs out; one that keeps them
+/// after it ran out won them again and gets a new lease, as does every job
+/// placed anew.
+fn leases(view: &ClusterView, groups: &[Group], lease_s: f64) -> Vec<(usize, f64)> {
+    if lease_s <= 0.0 {
+        return Vec::new();
+    }
+    let mut out = Vec::new();
+    for g in groups {
+        for &i in &g.jobs {
+            let running = view.jobs[i].lease_until;
+            let until = if g.kept && running > view.now {
+                running
+            } else {
+                view.now + lease_s
+            };
+            out.push((i, until));
+        }
+    }
+    out
+}
+
+/// Builders of views for tests (this crate's, and others' with the
+/// `testkit` feature): a node, a job, a view, and random views.
+#[cfg(any(test, feature = "testkit"))]
+pub mod testkit {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// An available node.
+    pub fn node(id: &str, gpus: u32) -> NodeView {
+        NodeView {
+            id: id.into(),
+            gpus,
+            state: NodeState::Available,
+            drained: false,
+        }
+    }
+
+    /// A job of `roberta-base` asking for `gpus` (1 at least), holding
+    /// nothing, submitted at 0.
+    pub fn job(id: &str, task: &str, state: JobState, gpus: u32) -> JobView {
+        JobView {
+            id: id.into(),
+            state,
+            model: "roberta-base".into(),
+            task: task.into(),
+            sharing: true,
+            pipeline: false,
+            min_gpus: 1,
+            max_gpus: gpus,
+            requested_gpus: gpus,
+            submitted_at: 0.0,
+            iteration: 0,
+            progress: 0.0,
+            attained_gpu_s: 0.0,
+            executed_s: 0.0,
+            fair_share_gpu_s: 0.0,
+            lease_until: 0.0,
+            restart_s: 30.0,
+            holds: Vec::new(),
+            profiling_run: false,
+            held_back: false,
+            ever_merged: false,
+        }
+    }
+
+    /// Linear scaling: `work / a` seconds at each allocation of the round
+    /// (`+∞` at 0 GPUs).
+    pub fn linear(p: &Prepared, work: f64) -> Vec<f64> {
+        p.allocations
+            .iter()
+            .map(|&a| {
+                if a == 0 {
+                    f64::INFINITY
+                } else {
+                    work / f64::from(a)
+                }
+            })
+            .collect()
+    }
+
+    /// Every snapshot job and kept merge scaling linearly with `work`, no
+    /// candidate.
+    pub fn estimates(p: &Prepared, work: f64) -> Estimates {
+        Estimates {
+            jobs: p.jobs.iter().map(|_| linear(p, work)).collect(),
+            kept: p.kept.iter().map(|_| linear(p, work)).collect(),
+            candidates: Vec::new(),
+        }
+    }
+
+    /// A view at time 0 without merges.
+    pub fn view(nodes: Vec<NodeView>, jobs: Vec<JobView>) -> ClusterView {
+        ClusterView {
+            now: 0.0,
+            nodes,
+            jobs,
+            merges: Vec::new(),
+        }
+    }
+
+    /// Random clusters: 1–4 nodes of 1–8 GPUs (some offline, suspect or
+    /// drained), up to 13 jobs in every live state of 1–8 GPUs, some
+    /// pipeline or private, running and profiling ones holding GPUs where
+    /// they fit, some started.
+    pub fn arb_view() -> impl Strategy<Value = ClusterView> {
+        let nodes = prop::collection::vec((1u32..=8, 0u8..10), 1..5);
+        let jobs = prop::collection::vec(
+            (
+                0u8..4,
+                1u32..=8,
+                0u8..6,
+                any::<bool>(),
+                any::<bool>(),
+                0u8..5,
+            ),
+            0..14,
+        );
+        (nodes, jobs).prop_map(|(nodes, jobs)| {
+            let nodes: Vec<NodeView> = nodes
+                .into_iter()
+                .enumerate()
+                .map(|(k, (gpus, st))| NodeView {
+                    id: format!("n{k}"),
+                    gpus,
+                    state: match st {
+                        0 => NodeState::Offline,
+                        1 => NodeState::Suspect,
+                        _ => NodeState::Available,
+                    },
+                    drained: st == 2,
+                })
+                .collect();
+            let mut free: Vec<Vec<u32>> = nodes.iter().map(|n| (0..n.gpus).collect()).collect();
+            let tasks = ["rte", "mrpc", "qqp", "sst2", "cola", "mnli"];
+            let jobs = jobs
+                .into_iter()
+                .enumerate()
+                .map(|(k, (st, gpus, task, pipeline, sharing, holds))| {
+                    let state = [
+                        JobState::Submitted,
+                        JobState::Profiling,
+                        JobState::Queued,
+                        JobState::Running,
+                    ][st as usize];
+                    let mut j = job(&format!("j{k:02}"), tasks[task as usize], state, gpus);
+                    j.pipeline = pipeline && gpus >= 4;
+                    j.sharing = sharing;
+                    j.submitted_at = -(k as f64);
+                    j.progress = f64::from(holds % 3) / 4.0;
+                    if matches!(state, JobState::Running | JobState::Profiling) {
+                        let n = holds as usize % nodes.len();
+                        let want = if state == JobState::Profiling {
+                            1
+                        } else {
+                            gpus
+                        };
+                        if free[n].len() >= want as usize {
+                            j.holds = free[n].drain(..want as usize).map(|g| (n, g)).collect();
+                            j.profiling_run = state == JobState::Profiling;
+                        }
+                    }
+                    j
+                })
+                .collect();
+            view(nodes, jobs)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::testkit::{arb_view, estimates, job, linear, node, view};
+    use super::*;
+    use crate::policy::baselines::by_name;
+    use proptest::prelude::*;
+
+    fn run(v: &ClusterView, policy: &str, cfg: &RoundConfig) -> Decision {
+        let policy = by_name(policy).unwrap();
+        let p = prepare(v, policy.as_ref(), cfg);
+        let e = estimates(&p, 3600.0);
+        decide(v, &p, &e, policy.as_ref(), cfg).unwrap()
+    }
+
+    #[test]
+    fn restart_cost_is_checkpoint_plus_the_profiles_context_switch() {
+        assert_eq!(restart_cost(30.0, Some(12.5)), 42.5);
+        assert_eq!(restart_cost(0.0, None), DEFAULT_CONTEXT_SWITCH_S);
+    }
+
+    #[test]
+    fn fair_share_is_an_equal_share_capped_by_the_request() {
+        assert_eq!(fair_share(8, 4, 4), 2.0);
+        assert_eq!(fair_share(8, 2, 1), 1.0);
+        assert_eq!(fair_share(8, 0, 4), 0.0);
+    }
+
+    /// Profiling takes free GPUs first, oldest job first, a pipeline job
+    /// `min(4, node)` GPUs on one node; the walk stops at the first job that
+    /// finds nothing, and GPUs of running work are taken only under the
+    /// eighth-of-the-cluster cap.
+    #[test]
+    fn profiling_reserves_free_gpus_oldest_first_within_the_cap() {
+        let mut running = job("r", "qqp", JobState::Running, 3);
+        running.holds = vec![(0, 0), (0, 1), (0, 2)];
+        let mut old = job("old", "rte", JobState::Submitted, 1);
+        old.submitted_at = -10.0;
+        let new = job("new", "mrpc", JobState::Submitted, 1);
+        let mut pipe = job("pipe", "sst2", JobState::Submitted, 2);
+        pipe.pipeline = true;
+        pipe.submitted_at = 5.0;
+        let v = view(
+            vec![node("a", 4), node("b", 2)],
+            vec![running, new, old, pipe],
+        );
+        let p = prepare(
+            &v,
+            by_name("ymir").unwrap().as_ref(),
+            &RoundConfig::default(),
+        );
+        let got: Vec<(usize, Vec<Gpu>)> = p
+            .profiling
+            .iter()
+            .map(|r| (r.job, r.gpus.clone()))
+            .collect();
+        // old (job 2) first on the free GPU (0,3); new takes (1,0); the
+        // pipeline job needs 2 GPUs (node b's size, the largest usable is 4:
+        // min(4, 4) = 4 on one node) — nowhere free, and taking running
+        // work's GPUs would pass the cap of 6/8 → 1: it waits.
+        assert_eq!(got, vec![(2, vec![(0, 3)]), (1, vec![(1, 0)])]);
+        // Capacity for the policy: node a loses its reserved GPU.
+        assert_eq!(p.capacity, vec![3, 1]);
+        // Unprofiled jobs stay out of the snapshot.
+        assert_eq!(p.jobs, vec![0]);
+    }
+
+    #[test]
+    fn a_suspect_node_keeps_what_it_runs_and_a_drained_one_gives_nothing() {
+        let mut a = job("a", "qqp", JobState::Running, 2);
+        a.holds = vec![(0, 0), (0, 1)];
+        let mut nodes = vec![node("s", 4), node("d", 4), node("off", 4)];
+        nodes[0].state = NodeState::Suspect;
+        nodes[1].drained = true;
+        nodes[2].state = NodeState::Offline;
+        let v = view(nodes, vec![a]);
+        let p = prepare(
+            &v,
+            by_name("ymir").unwrap().as_ref(),
+            &RoundConfig::default(),
+        );
+        assert_eq!(p.nodes, vec![0, 1], "the offline node is out");
+        assert_eq!(p.capacity, vec![2, 0]);
+        assert_eq!(p.total_gpus, 8);
+    }
+
+    #[test]
+    fn a_group_that_keeps_its_node_and_size_keeps_its_gpus() {
+        let mut a = job("a", "qqp", JobState::Running, 2);
+        a.holds = vec![(0, 1), (0, 3)];
+        let b = job("b", "rte", JobState::Queued, 2);
+        let v = view(vec![node("n", 4)], vec![a, b]);
+        let cfg = RoundConfig {
+            profiling: false,
+            ..Default::default()
+        };
+        let d = run(&v, "srtf", &cfg);
+        let ga = d.outcome.groups.iter().find(|g| g.jobs == [0]).unwrap();
+        assert!(ga.kept);
+        assert_eq!(ga.gpus, vec![(0, 1), (0, 3)]);
+        let gb = d.outcome.groups.iter().find(|g| g.jobs == [1]).unwrap();
+        assert!(!gb.kept);
+        assert_eq!(gb.gpus, vec![(0, 0), (0, 2)], "the free GPUs");
+        assert_eq!(d.outcome.switches, 1);
+        assert_eq!(
+            d.outcome.transitions,
+            vec![Transition {
+                job: 1,
+                to: JobState::Running,
+                reason: "placed on n (2 GPUs) by ymir".into()
+            }]
+        );
+    }
+
+    #[test]
+    fn jobs_of_an_offline_node_are_requeued_naming_it() {
+        let mut a = job("a", "qqp", JobState::Running, 4);
+        a.holds = (0..4).map(|g| (1, g)).collect();
+        a.iteration = 120;
+        let mut nodes = vec![node("up", 2), node("gone", 4)];
+        nodes[1].state = NodeState::Offline;
+        let cfg = RoundConfig {
+            profiling: false,
+            max_nodes_per_group: Some(1),
+            ..Default::default()
+        };
+        let d = run(&view(nodes, vec![a]), "srtf", &cfg);
+        // Offered at most the largest remaining node: 2 GPUs there.
+        assert_eq!(d.snapshot.jobs[0].max_gpus, 2);
+        assert_eq!(d.snapshot.jobs[0].current_gpus, 0);
+        assert_eq!(d.outcome.groups[0].gpus, vec![(0, 0), (0, 1)]);
+        let mut gone = job("b", "rte", JobState::Running, 4);
+        gone.holds = (0..4).map(|g| (1, g)).collect();
+        gone.iteration = 7;
+        gone.min_gpus = 4;
+        let mut nodes = vec![node("up", 2), node("gone", 4)];
+        nodes[1].state = NodeState::Offline;
+        let d = run(&view(nodes, vec![gone]), "srtf", &cfg);
+        assert_eq!(
+            d.outcome.transitions[0].reason,
+            "node gone is offline: re-queued from its last checkpoint (iteration 7)"
+        );
+    }
+
+    /// A spread the executor cannot run is named on the job, never dropped.
+    #[test]
+    fn a_placement_over_several_nodes_is_reported_when_the_executor_cannot_run_it() {
+        let mut a = job("a", "qqp", JobState::Running, 2);
+        a.holds = vec![(0, 0), (0, 1)];
+        let mut b = job("b", "rte", JobState::Running, 2);
+        b.holds = vec![(1, 0), (1, 1)];
+        let c = job("c", "mrpc", JobState::Queued, 3);
+        let v = view(vec![node("x", 4), node("y", 4)], vec![a, b, c]);
+        let single = RoundConfig {
+            profiling: false,
+            max_nodes_per_group: Some(1),
+            ..Default::default()
+        };
+        let d = run(&v, "srtf", &single);
+        assert_eq!(d.outcome.unexecutable.len(), 1, "{:?}", d.outcome);
+        assert_eq!(d.outcome.unexecutable[0].0, 2);
+        assert!(
+            d.outcome.unexecutable[0].1.contains("over nodes x, y"),
+            "{}",
+            d.outcome.unexecutable[0].1
+        );
+        assert!(d.outcome.groups.iter().all(|g| g.jobs != [2]));
+        // An executor that runs gangs runs it.
+        let any = RoundConfig {
+            max_nodes_per_group: None,
+            ..single
+        };
+        let d = run(&v, "srtf", &any);
+        assert!(d.outcome.unexecutable.is_empty());
+        let g = d.outcome.groups.iter().find(|g| g.jobs == [2]).unwrap();
+        assert_eq!(g.nodes(), vec![0, 1]);
+    }
+
+    /// The round offers the policy's own allocation set: Optimus grows
+    /// jobs one GPU at a time, so 5–7 GPUs on an 8-GPU node are offered to
+    /// it, where Ymir's set {0, 1, 2, 3, 4m} has none of them.
+    #[test]
+    fn the_policy_decides_its_own_allocation_set() {
+        let v = view(
+            vec![node("n", 8)],
+            vec![job("a", "qqp", JobState::Queued, 8)],
+        );
+        let cfg = RoundConfig {
+            profiling: false,
+            max_nodes_per_group: Some(1),
+            ..Default::default()
+        };
+        let optimus = prepare(&v, by_name("optimus").unwrap().as_ref(), &cfg);
+        assert_eq!(optimus.allocations, (0..=8).collect::<Vec<u32>>());
+        let ymir = prepare(&v, by_name("ymir").unwrap().as_ref(), &cfg);
+        assert_eq!(ymir.allocations, vec![0, 1, 2, 3, 4, 8]);
+    }
+
+    #[test]
+    fn a_job_wider_than_every_node_is_unschedulable_on_a_single_node_executor() {
+        let mut wide = job("w", "qqp", JobState::Queued, 8);
+        wide.min_gpus = 8;
+        let v = view(vec![node("x", 4), node("y", 4)], vec![wide]);
+        let cfg = RoundConfig {
+            profiling: false,
+            max_nodes_per_group: Some(1),
+            ..Default::default()
+        };
+        let d = run(&v, "ymir", &cfg);
+        assert!(d.snapshot.jobs.is_empty());
+        assert!(d.outcome.unschedulable[0].1.contains("largest node has 4"));
+    }
+
+    /// Eligible pairs: one model, different tasks, sharing, not started,
+    /// never merged; temporal both ways, spatial once.
+    #[test]
+    fn merge_candidates_are_filtered_before_anything_is_estimated() {
+        let mut jobs = vec![
+            job("a", "rte", JobState::Queued, 1),
+            job("b", "mrpc", JobState::Queued, 1),
+            job("c", "rte", JobState::Queued, 1), // same task as a
+            job("d", "qqp", JobState::Queued, 1),
+            job("e", "sst2", JobState::Queued, 1),
+        ];
+        jobs[3].sharing = false;
+        jobs[4].progress = 0.1;
+        let v = view(vec![node("n", 4)], jobs);
+        let cfg = RoundConfig {
+            profiling: false,
+            ..Default::default()
+        };
+        let p = prepare(&v, by_name("ymir").unwrap().as_ref(), &cfg);
+        let key = |a, b, mode| PairKey { a, b, mode };
+        use MergeMode::*;
+        assert_eq!(
+            p.eligible,
+            vec![
+                key(0, 1, Temporal),
+                key(0, 1, Spatial),
+                key(1, 0, Temporal),
+                key(1, 2, Temporal),
+                key(1, 2, Spatial),
+                key(2, 1, Temporal),
+            ]
+        );
+        // A baseline merges nothing: no candidates at all.
+        let p = prepare(&v, by_name("srtf").unwrap().as_ref(), &cfg);
+        assert!(p.eligible.is_empty());
+    }
+
+    /// A new merge is decided on a candidate the caller estimated; the
+    /// group's time is A's, then B's from A's weights after B's restart.
+    #[test]
+    fn a_helpful_temporal_pair_is_merged_with_the_gains_it_rests_on() {
+        let v = view(
+            vec![node("n", 2)],
+            vec![
+                job("a", "rte", JobState::Queued, 1),
+                job("b", "mrpc", JobState::Queued, 1),
+                job("c", "qqp", JobState::Queued, 1),
+                job("d", "sst2", JobState::Queued, 1),
+            ],
+        );
+        let cfg = RoundConfig {
+            profiling: false,
+            ..Default::default()
+        };
+        let policy = by_name("ymir").unwrap();
+        let p = prepare(&v, policy.as_ref(), &cfg);
+        let mut e = estimates(&p, 3600.0);
+        let ab = PairKey {
+            a: 0,
+            b: 1,
+            mode: MergeMode::Temporal,
+        };
+        e.candidates.push(PairEstimate {
+            pair: ab,
+            // B from A's weights needs a tenth of its time.
+            seconds: linear(&p, 360.0),
+            tran_wt: p
+                .allocations
+                .iter()
+                .map(|&a| if a == 0 { 0.0 } else { 1.8 })
+                .collect(),
+            gain_ab: 0.25,
+            gain_ba: 0.0,
+        });
+        let d = decide(&v, &p, &e, policy.as_ref(), &cfg).unwrap();
+        let c = &d.snapshot.candidates[0];
+        assert_eq!(c.remaining_s[1], 3600.0 + 360.0 + 30.0);
+        let g = d
+            .outcome
+            .groups
+            .iter()
+            .find(|g| g.jobs == [0, 1])
+            .expect("merged");
+        assert_eq!(g.new_merge, Some((0.25, 0.0)));
+        assert_eq!(g.trainers(), &[0]);
+        // B is not trained yet: it stays queued.
+        assert!(
+            d.outcome
+                .transitions
+                .iter()
+                .all(|t| t.job != 1 || t.to == JobState::Queued)
+        );
+    }
+
+    #[test]
+    fn estimates_that_do_not_match_the_round_are_refused() {
+        let v = view(
+            vec![node("n", 2)],
+            vec![job("a", "rte", JobState::Queued, 1)],
+        );
+        let cfg = RoundConfig {
+            profiling: false,
+            ..Default::default()
+        };
+        let policy = by_name("ymir").unwrap();
+        let p = prepare(&v, policy.as_ref(), &cfg);
+        let e = Estimates::default();
+        assert!(matches!(
+            decide(&v, &p, &e, policy.as_ref(), &cfg),
+            Err(RoundError::Estimates(_))
+        ));
+        let mut e = estimates(&p, 100.0);
+        e.candidates.push(PairEstimate {
+            pair: PairKey {
+                a: 0,
+                b: 0,
+                mode: MergeMode::Spatial,
+            },
+            seconds: linear(&p, 1.0),
+            tran_wt: linear(&p, 1.0),
+            gain_ab: 0.0,
+            gain_ba: 0.0,
+        });
+        assert!(matches!(
+            decide(&v, &p, &e, policy.as_ref(), &cfg),
+            Err(RoundError::Estimates(m)) if m.contains("not an eligible pair")
+        ));
+    }
+
+    #[test]
+    fn leases_are_kept_while_running_and_renewed_when_won_again() {
+        let mut a = job("a", "qqp", JobState::Running, 1);
+        a.holds = vec![(0, 0)];
+        a.lease_until = 100.0; // running lease
+        let mut b = job("b", "rte", JobState::Running, 1);
+        b.holds = vec![(0, 1)];
+        b.lease_until = -1.0; // ran out; wins again
+        let c = job("c", "mrpc", JobState::Queued, 1);
+        let v = view(vec![node("n", 4)], vec![a, b, c]);
+        let cfg = RoundConfig {
+            profiling: false,
+            ..Default::default()
+        };
+        let d = run(&v, "themis", &cfg);
+        let lease: BTreeMap<usize, f64> = d.outcome.leases.iter().copied().collect();
+        let new = by_name("themis").unwrap().lease_s();
+        assert_eq!(lease[&0], 100.0);
+        assert_eq!(lease[&1], new);
+        assert_eq!(lease[&2], new);
+        assert!(run(&v, "srtf", &cfg).outcome.leases.is_empty());
+    }
+
+    /// A job that cannot start is told why once its state changes: a
+    /// running job pushed out is suspended, a queued one waits.
+    #[test]
+    fn the_reasons_of_a_suspension() {
+        let mut a = job("a", "qqp", JobState::Running, 4);
+        a.holds = (0..4).map(|g| (0, g)).collect();
+        a.attained_gpu_s = 1e9; // Tiresias demotes it
+        let mut b = job("b", "rte", JobState::Queued, 4);
+        b.submitted_at = -1.0;
+        let v = view(vec![node("n", 4)], vec![a, b]);
+        let cfg = RoundConfig {
+            profiling: false,
+            ..Default::default()
+        };
+        let d = run(&v, "tiresias", &cfg);
+        let reasons: Vec<(usize, JobState, &str)> = d
+            .outcome
+            .transitions
+            .iter()
+            .map(|t| (t.job, t.to, t.reason.as_str()))
+            .collect();
+        assert!(
+            reasons.contains(&(0, JobState::Queued, "suspended by the plan (checkpointed)")),
+            "{reasons:?}"
+        );
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+
+        /// On any cluster: no GPU given twice (profiling included), every
+        /// GPU exists on a node the round may use, no job twice, merged
+        /// groups are valid pairs, a kept group keeps exactly its GPUs, and
+        /// the plan repeats on the same view.
+        #[test]
+        fn outcomes_respect_capacity_and_never_share_a_gpu(
+            v in arb_view(),
+            policy in prop::sample::select(vec!["ymir", "srtf", "tiresias", "optimus", "themis", "pollux", "fifo"]),
+            single in any::<bool>(),
+        ) {
+            let cfg = RoundConfig {
+                max_nodes_per_group: single.then_some(1),
+                ..Default::default()
+            };
+            let pol = by_name(policy).unwrap();
+            let p = prepare(&v, pol.as_ref(), &cfg);
+            let mut e = estimates(&p, 7200.0);
+            for (k, pair) in p.eligible.iter().enumerate() {
+                if k % 3 == 0 {
+                    e.candidates.push(PairEstimate {
+                        pair: *pair,
+                        seconds: linear(&p, 2000.0),
+                        tran_wt: p.allocations.iter().map(|&a| if a == 0 { 0.0 } else { 1.5 }).collect(),
+                        gain_ab: 0.2,
+                        gain_ba: 0.1,
+                    });
+                }
+            }
+            let d = decide(&v, &p, &e, pol.as_ref(), &cfg).unwrap();
+            let o = &d.outcome;
+            let mut seen_gpu = BTreeSet::new();
+            let mut seen_job = BTreeSet::new();
+            for r in &o.profiling {
+                for g in &r.gpus {
+                    prop_assert!(seen_gpu.insert(*g), "GPU {g:?} twice");
+                }
+                prop_assert!(seen_job.insert(r.job));
+            }
+            for g in &o.groups {
+                for gpu in &g.gpus {
+                    prop_assert!(gpu.1 < v.nodes[gpu.0].gpus);
+                    prop_assert!(v.nodes[gpu.0].state != NodeState::Offline);
+                    prop_assert!(!v.nodes[gpu.0].drained);
+                    prop_assert!(seen_gpu.insert(*gpu), "GPU {gpu:?} twice");
+                }
+                for &j in &g.jobs {
+                    prop_assert!(seen_job.insert(j), "job {j} twice");
+                }
+                if let [a, b] = g.jobs[..] {
+                    let (ja, jb) = (&v.jobs[a], &v.jobs[b]);
+                    prop_assert!(ja.model == jb.model && ja.sharing && jb.sharing && ja.task != jb.task);
+                }
+                if g.kept {
+                    let mut held = v.jobs[g.jobs[0]].holds.clone();
+                    held.sort_unstable();
+                    prop_assert_eq!(&held, &g.gpus);
+                }
+                if single {
+                    prop_assert!(g.nodes().len() <= 1);
+                }
+            }
+            let again = decide(&v, &p, &e, pol.as_ref(), &cfg).unwrap();
+            prop_assert_eq!(&again.outcome, o);
+        }
+    }
+}
