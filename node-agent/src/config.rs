@@ -103,6 +103,12 @@ pub struct ReconnectConfig {
     pub max_delay: Duration,
     #[serde(with = "humantime_serde")]
     pub connect_timeout: Duration,
+    /// Drop the session when the scheduler has said nothing (every heartbeat
+    /// is acknowledged) for this long, and dial the next endpoint: a frozen
+    /// or partitioned leader must not hold its agents. Unset: four heartbeat
+    /// intervals, at least 2 s.
+    #[serde(with = "humantime_serde")]
+    pub silence_timeout: Option<Duration>,
 }
 
 impl Default for ReconnectConfig {
@@ -111,7 +117,17 @@ impl Default for ReconnectConfig {
             initial_delay: Duration::from_millis(200),
             max_delay: Duration::from_secs(10),
             connect_timeout: Duration::from_secs(5),
+            silence_timeout: None,
         }
+    }
+}
+
+impl ReconnectConfig {
+    /// How long a silent scheduler keeps a session, given the heartbeat
+    /// interval in use.
+    pub fn silence_after(&self, heartbeat: Duration) -> Duration {
+        self.silence_timeout
+            .unwrap_or_else(|| (heartbeat * 4).max(Duration::from_secs(2)))
     }
 }
 
@@ -217,15 +233,7 @@ impl AgentConfig {
     }
 }
 
-/// This host's name (from the kernel), or `localhost` if unknown.
-pub fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .ok()
-        .map(|s| s.trim().to_string())
-        .filter(|s| !s.is_empty())
-        .or_else(|| std::env::var("HOSTNAME").ok())
-        .unwrap_or_else(|| "localhost".into())
-}
+pub use fmsched_runtime::hostname;
 
 #[cfg(test)]
 mod tests {

@@ -69,6 +69,9 @@ pub struct Agent {
     join_token: Secret,
     gpus: Arc<dyn GpuBackend>,
     applied_generation: AtomicI64,
+    /// Newest leadership term heard from a scheduler: plans of an older
+    /// term (a deposed leader's) are ignored.
+    leader_epoch: AtomicI64,
     reconciler: Arc<Reconciler>,
     /// Index into the endpoint list of the replica to dial next.
     endpoint: std::sync::atomic::AtomicUsize,
@@ -92,6 +95,7 @@ impl Agent {
             join_token,
             gpus,
             applied_generation: AtomicI64::new(0),
+            leader_epoch: AtomicI64::new(0),
             reconciler,
             endpoint: std::sync::atomic::AtomicUsize::new(0),
         }
@@ -176,9 +180,30 @@ impl Agent {
         }
     }
 
-    /// Accepts a plan unless it is older than what was already applied.
+    /// Newest leadership term heard from a scheduler.
+    pub fn leader_epoch(&self) -> i64 {
+        self.leader_epoch.load(Ordering::SeqCst)
+    }
+
+    /// Notes the term of the scheduler that spoke; false when it is older
+    /// than one heard before (a deposed leader).
+    fn note_epoch(&self, epoch: i64) -> bool {
+        epoch >= self.leader_epoch.fetch_max(epoch, Ordering::SeqCst)
+    }
+
+    /// Accepts a plan unless it comes from an older leadership term than
+    /// one already heard from, or is older than what was already applied.
     /// Returns whether it was accepted.
     pub fn accept_plan(&self, plan: &pb::NodePlan) -> bool {
+        if !self.note_epoch(plan.epoch) {
+            tracing::warn!(
+                generation = plan.generation,
+                epoch = plan.epoch,
+                newest_epoch = self.leader_epoch(),
+                "ignoring a plan from a deposed leader"
+            );
+            return false;
+        }
         let prev = self
             .applied_generation
             .fetch_max(plan.generation, Ordering::SeqCst);
@@ -192,6 +217,7 @@ impl Agent {
         }
         tracing::info!(
             generation = plan.generation,
+            epoch = plan.epoch,
             tasks = plan.tasks.len(),
             "plan received"
         );
@@ -230,12 +256,22 @@ impl Agent {
             }
             Err(s) => return Err(classify(s)),
         };
+        if !self.note_epoch(ack.epoch) {
+            return Err(SessionError::Retry(format!(
+                "the scheduler at {} leads an older term ({}) than one already heard ({})",
+                self.current_endpoint(),
+                ack.epoch,
+                self.leader_epoch()
+            )));
+        }
         let interval = ack
             .heartbeat_interval
             .as_ref()
             .and_then(duration_from_proto)
             .filter(|d| !d.is_zero())
             .unwrap_or(self.cfg.heartbeat_interval);
+        let silence = self.cfg.reconnect.silence_after(interval);
+        let mut heard = tokio::time::Instant::now();
         tracing::info!(node_id = %self.node_id, endpoint = %self.current_endpoint(), heartbeat = ?interval, "registered with scheduler");
         on_registered();
 
@@ -244,6 +280,12 @@ impl Agent {
         let mut seq = 0u64;
         loop {
             tokio::select! {
+                _ = tokio::time::sleep_until(heard + silence) => {
+                    return Err(SessionError::Retry(format!(
+                        "the scheduler at {} said nothing for {silence:?} (frozen or cut off)",
+                        self.current_endpoint()
+                    )));
+                }
                 _ = tick.tick() => {
                     seq += 1;
                     let p = &self.cfg.processes;
@@ -262,7 +304,15 @@ impl Agent {
                     }
                 }
                 msg = inbound.message() => match msg {
-                    Ok(Some(m)) => match m.msg {
+                    Ok(Some(m)) => { heard = tokio::time::Instant::now(); match m.msg {
+                        Some(pb::scheduler_message::Msg::HeartbeatAck(a)) => {
+                            if !self.note_epoch(a.epoch) {
+                                return Err(SessionError::Retry(format!(
+                                    "the scheduler at {} no longer leads (term {} < {})",
+                                    self.current_endpoint(), a.epoch, self.leader_epoch()
+                                )));
+                            }
+                        }
                         Some(pb::scheduler_message::Msg::Plan(p)) => {
                             if self.accept_plan(&p) {
                                 // Converge in the background: suspensions wait
@@ -304,7 +354,7 @@ impl Agent {
                             });
                         }
                         Some(pb::scheduler_message::Msg::RegisterAck(_)) | None => {}
-                    },
+                    }},
                     Ok(None) => return Ok(()),
                     Err(s) => return Err(classify(s)),
                 }
@@ -407,25 +457,59 @@ mod tests {
         assert!(b.next_delay(&mut rng) <= Duration::from_millis(100));
     }
 
+    fn agent() -> Agent {
+        let gpus = Arc::new(crate::gpu::fake::FakeGpuBackend::new("n", 1, "A100-80GB").unwrap());
+        Agent::new(AgentConfig::default(), Secret::new("x"), gpus)
+    }
+
+    fn plan(generation: i64, epoch: i64) -> pb::NodePlan {
+        pb::NodePlan {
+            generation,
+            tasks: vec![],
+            epoch,
+        }
+    }
+
     #[test]
     fn stale_plans_are_ignored() {
-        let gpus = Arc::new(crate::gpu::fake::FakeGpuBackend::new("n", 1, "A100-80GB").unwrap());
-        let a = Agent::new(AgentConfig::default(), Secret::new("x"), gpus);
-        assert!(a.accept_plan(&pb::NodePlan {
-            generation: 5,
-            tasks: vec![]
-        }));
-        assert!(!a.accept_plan(&pb::NodePlan {
-            generation: 4,
-            tasks: vec![]
-        }));
-        assert!(
-            a.accept_plan(&pb::NodePlan {
-                generation: 5,
-                tasks: vec![]
-            }),
-            "same generation is idempotent"
-        );
+        let a = agent();
+        assert!(a.accept_plan(&plan(5, 1)));
+        assert!(!a.accept_plan(&plan(4, 1)));
+        assert!(a.accept_plan(&plan(5, 1)), "same generation is idempotent");
         assert_eq!(a.applied_generation(), 5);
+    }
+
+    /// A plan of an older leadership term is a deposed leader's: ignored
+    /// even when its generation is newer than any applied.
+    #[test]
+    fn plans_of_a_deposed_leader_are_ignored() {
+        let a = agent();
+        assert!(a.accept_plan(&plan(10, 2)));
+        assert_eq!(a.leader_epoch(), 2);
+        assert!(!a.accept_plan(&plan(11, 1)), "term 1 was deposed");
+        assert_eq!(a.applied_generation(), 10);
+        assert!(a.accept_plan(&plan(12, 3)), "a newer term is followed");
+        assert_eq!(a.leader_epoch(), 3);
+    }
+
+    #[test]
+    fn a_silent_scheduler_is_dropped_after_four_heartbeats_or_two_seconds() {
+        let r = crate::config::ReconnectConfig::default();
+        assert_eq!(
+            r.silence_after(Duration::from_secs(5)),
+            Duration::from_secs(20)
+        );
+        assert_eq!(
+            r.silence_after(Duration::from_millis(200)),
+            Duration::from_secs(2)
+        );
+        let set = crate::config::ReconnectConfig {
+            silence_timeout: Some(Duration::from_secs(7)),
+            ..r
+        };
+        assert_eq!(
+            set.silence_after(Duration::from_secs(5)),
+            Duration::from_secs(7)
+        );
     }
 }

@@ -192,6 +192,16 @@ pub fn read_secret(
     }
 }
 
+/// This host's name (from the kernel), or `localhost` if unknown.
+pub fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| "localhost".into())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -32,9 +32,18 @@ pub struct Config {
     pub listen_addr: SocketAddr,
     /// Prometheus `/metrics` address (unset = no metrics endpoint).
     pub metrics_addr: Option<SocketAddr>,
-    /// How often a replica checks (or tries to take) the leader lock.
+    /// How often a replica renews (or tries to take) the leader lease.
     #[serde(with = "humantime_serde")]
     pub leader_refresh: Duration,
+    /// How long a renewal of the leader lease lasts: a leader that stops
+    /// renewing (dead, frozen, cut off from Postgres) loses leadership this
+    /// long after its last renewal, and a standby takes over.
+    #[serde(with = "humantime_serde")]
+    pub leader_lease: Duration,
+    /// This replica's name in the leader lease; unique among the replicas.
+    /// Unset: `<hostname>:<listen port>`. A restarted process of the same
+    /// replica takes its old lease over at once.
+    pub replica_name: Option<String>,
     /// Postgres URL. Falls back to `DATABASE_URL` when unset.
     pub database_url: Option<String>,
     pub database_max_connections: u32,
@@ -77,6 +86,8 @@ impl Default for Config {
             listen_addr: "127.0.0.1:50051".parse().expect("valid default address"),
             metrics_addr: None,
             leader_refresh: Duration::from_secs(1),
+            leader_lease: Duration::from_secs(10),
+            replica_name: None,
             database_url: None,
             database_max_connections: 32,
             log: LogConfig::default(),
@@ -183,6 +194,16 @@ pub struct SchedulingConfig {
     /// most half the interval is used.
     #[serde(with = "humantime_serde")]
     pub prewarm_lead: Duration,
+    /// What writing and loading a checkpoint costs a (re)started job; with
+    /// the model's context switch it is the restart cost every policy
+    /// weighs (the same rule as `fmsim --checkpoint-s`).
+    #[serde(with = "humantime_serde")]
+    pub checkpoint_cost: Duration,
+    /// A job's context switch (process start, weights, data loader); unset:
+    /// the throughput profile's for its model and GPU type (as fmsim's
+    /// default; `fmsim --context-switch-s` overrides it the same way).
+    #[serde(with = "humantime_serde")]
+    pub context_switch: Option<Duration>,
 }
 
 impl SchedulingConfig {
@@ -214,6 +235,8 @@ impl Default for SchedulingConfig {
             max_retries: 3,
             retry_backoff: Duration::from_secs(30),
             prewarm_lead: Duration::from_secs(30),
+            checkpoint_cost: Duration::from_secs(30),
+            context_switch: None,
         }
     }
 }
@@ -292,6 +315,15 @@ impl Config {
                 ),
             ));
         }
+        if self.leader_refresh.is_zero() || self.leader_refresh * 2 > self.leader_lease {
+            return Err(invalid(
+                "leader_lease",
+                format!(
+                    "must be at least twice leader_refresh ({:?} vs {:?}): a leader renews it several times before it lapses",
+                    self.leader_lease, self.leader_refresh
+                ),
+            ));
+        }
         if self.scheduling.round_interval() < Duration::from_millis(100) {
             return Err(invalid("scheduling.interval", "must be >= 100ms"));
         }
@@ -326,6 +358,17 @@ impl Config {
             }
         }
         Ok(())
+    }
+
+    /// The name this replica holds the leader lease under.
+    pub fn replica_name(&self) -> String {
+        self.replica_name.clone().unwrap_or_else(|| {
+            format!(
+                "{}:{}",
+                fmsched_runtime::hostname(),
+                self.listen_addr.port()
+            )
+        })
     }
 
     pub fn database_url(&self) -> Result<String, ConfigError> {
@@ -393,6 +436,12 @@ mod tests {
             cfg.auth.admins,
             vec!["alice".to_string(), "bob".to_string()]
         );
+        // The replica's name in the lease: host and port unless named.
+        assert!(
+            cfg.replica_name().ends_with(":6000"),
+            "{}",
+            cfg.replica_name()
+        );
     }
 
     /// Without `interval` rounds run at the policy's own interval.
@@ -450,5 +499,16 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("tls.allow_plaintext"), "{e}");
+        // A lease the leader could not renew twice before it lapses.
+        let e = Config::load_from(
+            None,
+            env(&[
+                ("FMSCHED_LEADER_LEASE", "1500ms"),
+                ("FMSCHED_LEADER_REFRESH", "1s"),
+            ]),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("leader_lease"), "{e}");
     }
 }

@@ -9,9 +9,9 @@
 
 use std::time::Duration;
 
-use estimator_svc::lut::Lut;
-use estimator_svc::times::{self, JobInput, PairInput, PairTimes, TimeTable};
-use estimator_svc::transfer::{GainModel, TaskEmbedding, spatial_score, temporal_score};
+use fmsched_estimator::lut::Lut;
+use fmsched_estimator::times::{self, JobInput, PairInput, PairTimes, TimeTable};
+use fmsched_estimator::transfer::{GainModel, TaskEmbedding, spatial_score, temporal_score};
 use fmsched_proto::v1 as pb;
 use fmsched_proto::v1::estimator_service_client::EstimatorServiceClient;
 use tonic::transport::Channel;
@@ -177,6 +177,28 @@ impl Estimates {
             t.clear();
         }
         t.insert((task_id.to_string(), pid))
+    }
+
+    /// Teaches the estimator's gain regression an observed merge outcome
+    /// (Ymir §4.1: Task2Vec score → `G`). Returns the regression after it
+    /// learned — (intercept, slope, merges observed) — or None when no
+    /// estimator service is configured (the in-process estimator keeps its
+    /// prior: it has nowhere to persist what it would learn).
+    pub async fn record_transfer_outcome(
+        &self,
+        score: f64,
+        gain: f64,
+    ) -> Result<Option<(f64, f64, u64)>, String> {
+        let Some((client, endpoint)) = &self.remote else {
+            return Ok(None);
+        };
+        let r = client
+            .clone()
+            .record_transfer_outcome(pb::RecordTransferOutcomeRequest { score, gain })
+            .await
+            .map_err(|s| format!("{endpoint}: RecordTransferOutcome: {}", s.message()))?
+            .into_inner();
+        Ok(Some((r.intercept, r.slope, r.observed_merges)))
     }
 
     pub async fn record_step_times(&self, samples: Vec<pb::StepTimeSample>) -> Result<(), String> {

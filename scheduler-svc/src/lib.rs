@@ -3,14 +3,16 @@
 //!
 //! Layout: [`config`] (layered settings), [`auth`] (tokens), [`persistence`]
 //! (the only sqlx user), [`registry`] (observed node state), [`api`] (gRPC
-//! handlers), [`scheduling`] (the scheduling loop: observe, decide with the
-//! core policies, persist intent, push plans), [`server`] (wiring and
-//! background tasks).
+//! handlers), [`leadership`] (the leader lease and the fence of its term),
+//! [`scheduling`] (the scheduling loop: observe, load inputs, decide with the
+//! shared round of `fmsched_core`, commit fenced, push plans), [`server`]
+//! (wiring and background tasks).
 
 pub mod api;
 pub mod auth;
 pub mod config;
 pub mod estimates;
+pub mod leadership;
 pub mod persistence;
 pub mod registry;
 pub mod scheduling;

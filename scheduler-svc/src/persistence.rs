@@ -6,6 +6,7 @@
 
 use std::collections::BTreeMap;
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -32,6 +33,10 @@ pub enum PersistenceError {
     },
     #[error("database unavailable: {0}")]
     Unavailable(String),
+    /// A fenced write whose writer no longer leads, or whose plan moved on
+    /// under it: nothing was written.
+    #[error("fenced: {0}")]
+    Fenced(String),
     #[error("database error in {op}: {source}")]
     Database {
         op: &'static str,
@@ -152,6 +157,270 @@ async fn account_service(
     Ok(())
 }
 
+/// Moves a job to `to` inside the caller's transaction, with its row lock
+/// and a `state_changed` event. The state it is in already: a no-op.
+async fn transition_in(
+    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+    id: JobId,
+    to: JobState,
+    reason: &str,
+    now: DateTime<Utc>,
+    op: &'static str,
+) -> Result<JobRecord, PersistenceError> {
+    let row = sqlx::query(&format!(
+        "SELECT {JOB_COLUMNS} FROM jobs WHERE id = $1 FOR UPDATE"
+    ))
+    .bind(id.0)
+    .fetch_optional(&mut **tx)
+    .await
+    .map_err(db_err(op))?
+    .ok_or_else(|| PersistenceError::NotFound(format!("job {id}")))?;
+    let job = job_from_row(&row)?;
+    if job.state == to {
+        return Ok(job);
+    }
+    if !job.state.can_transition_to(to) {
+        return Err(PersistenceError::InvalidTransition {
+            id,
+            from: job.state,
+            to,
+        });
+    }
+    let row = sqlx::query(&format!(
+        "UPDATE jobs SET state = $2, state_reason = $3, updated_at = $4,
+                last_event_seq = nextval(pg_get_serial_sequence('job_events', 'seq'))
+         WHERE id = $1 RETURNING {JOB_COLUMNS}"
+    ))
+    .bind(id.0)
+    .bind(to.as_str())
+    .bind(reason)
+    .bind(now)
+    .fetch_one(&mut **tx)
+    .await
+    .map_err(db_err(op))?;
+    let updated = job_from_row(&row)?;
+    sqlx::query(
+        "INSERT INTO job_events (seq, job_id, at, kind, from_state, to_state, message)
+         VALUES ($1, $2, $3, 'state_changed', $4, $5, $6)",
+    )
+    .bind(updated.last_event_seq)
+    .bind(id.0)
+    .bind(now)
+    .bind(job.state.as_str())
+    .bind(to.as_str())
+    .bind(reason)
+    .execute(&mut **tx)
+    .await
+    .map_err(db_err(op))?;
+    Ok(updated)
+}
+
+/// Appends an event that changes no state unless the job's newest event
+/// already says the same (a condition noted every round is noted once).
+async fn note_in(
+    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+    job: JobId,
+    kind: &str,
+    message: &str,
+    now: DateTime<Utc>,
+    op: &'static str,
+) -> Result<(), PersistenceError> {
+    let last: Option<(String, String)> = sqlx::query_as(
+        "SELECT kind, message FROM job_events WHERE job_id = $1 ORDER BY seq DESC LIMIT 1",
+    )
+    .bind(job.0)
+    .fetch_optional(&mut **tx)
+    .await
+    .map_err(db_err(op))?;
+    if last
+        .as_ref()
+        .is_some_and(|(k, m)| k == kind && m == message)
+    {
+        return Ok(());
+    }
+    job_event(tx, job, kind, message, now, op).await
+}
+
+/// The observed part of a round (see [`Persistence::commit_round`]), in the
+/// order it happened: progress and checkpoints, estimates learned, failed
+/// processes counted, completions, the merge guard's verdicts and the
+/// merge outcomes sent to the estimator.
+async fn write_observations(
+    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+    w: &RoundWrites,
+    now: DateTime<Utc>,
+    op: &'static str,
+) -> Result<(), PersistenceError> {
+    let jobs: Vec<Uuid> = w.progress.iter().map(|p| p.0.0).collect();
+    let iterations: Vec<i64> = w
+        .progress
+        .iter()
+        .map(|p| p.1.min(i64::MAX as u64) as i64)
+        .collect();
+    let checkpoints: Vec<Option<&str>> = w.progress.iter().map(|p| p.2.as_deref()).collect();
+    sqlx::query(
+        "INSERT INTO job_progress (job_id, iteration, checkpoint_path, updated_at)
+         SELECT j, i, c, $4 FROM UNNEST($1::uuid[], $2::bigint[], $3::text[]) AS t(j, i, c)
+         ON CONFLICT (job_id) DO UPDATE SET iteration = GREATEST(job_progress.iteration, EXCLUDED.iteration),
+           checkpoint_path = COALESCE(EXCLUDED.checkpoint_path, job_progress.checkpoint_path),
+           updated_at = EXCLUDED.updated_at",
+    )
+    .bind(&jobs)
+    .bind(&iterations)
+    .bind(&checkpoints)
+    .bind(now)
+    .execute(&mut **tx)
+    .await
+    .map_err(db_err(op))?;
+    for (job, e) in &w.estimates {
+        sqlx::query(
+            "INSERT INTO job_estimates (job_id, iterations, curve, fisher, fisher_repeat, step_time_s, note, estimated_at)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+             ON CONFLICT (job_id) DO UPDATE SET iterations = EXCLUDED.iterations, curve = EXCLUDED.curve,
+               fisher = EXCLUDED.fisher, fisher_repeat = EXCLUDED.fisher_repeat, step_time_s = EXCLUDED.step_time_s,
+               note = EXCLUDED.note, estimated_at = EXCLUDED.estimated_at",
+        )
+        .bind(job.0)
+        .bind(e.iterations.map(|i| i.min(i64::MAX as u64) as i64))
+        .bind(&e.curve)
+        .bind(&e.fisher)
+        .bind(&e.fisher_repeat)
+        .bind(e.step_time_s)
+        .bind(&e.note)
+        .bind(now)
+        .execute(&mut **tx)
+        .await
+        .map_err(db_err(op))?;
+    }
+    for f in &w.failures {
+        sqlx::query(
+            "INSERT INTO job_progress (job_id, iteration, updated_at, retries, last_failed_pid, retry_after)
+             VALUES ($1, 0, $2, $3, $4, $5)
+             ON CONFLICT (job_id) DO UPDATE SET retries = EXCLUDED.retries,
+               last_failed_pid = EXCLUDED.last_failed_pid, retry_after = EXCLUDED.retry_after,
+               updated_at = EXCLUDED.updated_at",
+        )
+        .bind(f.job.0)
+        .bind(now)
+        .bind(f.retries.min(i32::MAX as u32) as i32)
+        .bind(i64::from(f.pid))
+        .bind(f.retry_after)
+        .execute(&mut **tx)
+        .await
+        .map_err(db_err(op))?;
+    }
+    for (job, output) in &w.completions {
+        sqlx::query("UPDATE jobs SET output_path = $2 WHERE id = $1")
+            .bind(job.0)
+            .bind(output)
+            .execute(&mut **tx)
+            .await
+            .map_err(db_err(op))?;
+        let reason = format!("target reached; weights at {output}");
+        match transition_in(tx, *job, JobState::Completed, &reason, now, op).await {
+            Ok(_) | Err(PersistenceError::InvalidTransition { .. }) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    for (m, split) in &w.guard {
+        guard_in(tx, m, split.as_deref(), now, op).await?;
+    }
+    for (merge, gain) in &w.observed_gains {
+        sqlx::query("UPDATE merges SET observed_gain = $2 WHERE id = $1")
+            .bind(merge)
+            .bind(gain)
+            .execute(&mut **tx)
+            .await
+            .map_err(db_err(op))?;
+    }
+    Ok(())
+}
+
+/// The merge guard's verdict (Ymir §4.3): `split` with the reason, or
+/// passed. Both jobs get an event; a split merge never re-forms.
+async fn guard_in(
+    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+    m: &MergeRecord,
+    split: Option<&str>,
+    now: DateTime<Utc>,
+    op: &'static str,
+) -> Result<(), PersistenceError> {
+    let changed = match split {
+        Some(reason) => sqlx::query(
+            "UPDATE merges SET state = 'split', reason = $2, split_at = $3
+             WHERE id = $1 AND state = 'active'",
+        )
+        .bind(m.id)
+        .bind(reason)
+        .bind(now),
+        None => {
+            sqlx::query("UPDATE merges SET guard_passed = TRUE WHERE id = $1 AND NOT guard_passed")
+                .bind(m.id)
+        }
+    }
+    .execute(&mut **tx)
+    .await
+    .map_err(db_err(op))?
+    .rows_affected();
+    if changed > 0 {
+        let (kind, msg) = match split {
+            Some(r) => (
+                "merge_split",
+                format!("merge {} split by the guard: {r}", m.id),
+            ),
+            None => (
+                "merge_guard_passed",
+                format!(
+                    "merge {}: accuracy improved in the first two epochs; kept",
+                    m.id
+                ),
+            ),
+        };
+        for job in [m.a, m.b] {
+            job_event(tx, job, kind, &msg, now, op).await?;
+        }
+    }
+    Ok(())
+}
+
+/// Records the merges a round decided, each with an event on both jobs.
+async fn write_merges(
+    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+    merges: &[NewMerge],
+    now: DateTime<Utc>,
+    op: &'static str,
+) -> Result<(), PersistenceError> {
+    for m in merges {
+        sqlx::query(
+            "INSERT INTO merges (job_a, job_b, mode, gain_ab, gain_ba, decided_at)
+             VALUES ($1, $2, $3, $4, $5, $6)",
+        )
+        .bind(m.a.0)
+        .bind(m.b.0)
+        .bind(m.mode.as_str())
+        .bind(m.gain_ab)
+        .bind(m.gain_ba)
+        .bind(now)
+        .execute(&mut **tx)
+        .await
+        .map_err(db_err(op))?;
+        let what = match m.mode {
+            MergeMode::Temporal => format!(
+                "merged temporally: {} ↦ {} (B starts from A's output; predicted gain {:+.3})",
+                m.a, m.b, m.gain_ab
+            ),
+            _ => format!(
+                "merged spatially: {} ‖ {} (one joint process; predicted gains {:+.3} / {:+.3})",
+                m.a, m.b, m.gain_ab, m.gain_ba
+            ),
+        };
+        for job in [m.a, m.b] {
+            job_event(tx, job, "merged", &what, now, op).await?;
+        }
+    }
+    Ok(())
+}
+
 /// Appends an event that changes no state (inside the caller's
 /// transaction), advancing the job's event sequence like a transition.
 async fn job_event(
@@ -258,6 +527,8 @@ pub struct MergeRecord {
     /// False once split by the guard.
     pub active: bool,
     pub guard_passed: bool,
+    /// Its observed transfer gain was sent to the estimator's regression.
+    pub gain_observed: bool,
 }
 
 /// A merge to record with a plan.
@@ -296,56 +567,182 @@ pub struct ServiceUpdate {
     pub leases: Vec<(JobId, DateTime<Utc>)>,
 }
 
-/// Exclusive leadership among scheduler replicas: a Postgres session-level
-/// advisory lock held on a dedicated connection (not the pool's, whose
-/// sessions are shared). If the process dies, Postgres drops the session and
-/// the lock with it, so a standby takes over within its refresh interval.
-pub struct LeaderLock {
-    url: String,
-    conn: tokio::sync::Mutex<Option<sqlx::PgConnection>>,
+/// A failed training process, counted once (by its pid): the job's new
+/// retry count and when it may run again.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Failure {
+    pub job: JobId,
+    pub pid: u32,
+    pub retries: u32,
+    pub retry_after: DateTime<Utc>,
 }
 
-/// Advisory lock key of the active scheduler ("fmsched" in ASCII).
-const LEADER_KEY: i64 = 0x0066_6d73_6368_6564;
+/// A job's failures so far (table `job_progress`).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RetryState {
+    pub retries: u32,
+    /// The process whose failure was counted last (a report repeated in the
+    /// next heartbeat is not a new failure).
+    pub last_failed_pid: Option<u32>,
+    pub retry_after: Option<DateTime<Utc>>,
+}
 
-impl LeaderLock {
-    pub fn new(url: &str) -> Self {
+/// Everything one round writes, committed by [`Persistence::commit_round`].
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RoundWrites {
+    /// (job, iterations done, newest checkpoint).
+    pub progress: Vec<(JobId, u64, Option<String>)>,
+    pub estimates: Vec<(JobId, Estimate)>,
+    pub failures: Vec<Failure>,
+    /// (job, output weights).
+    pub completions: Vec<(JobId, String)>,
+    /// Merge guard verdicts: split (with the reason) or passed.
+    pub guard: Vec<(MergeRecord, Option<String>)>,
+    /// (merge id, observed gain) sent to the estimator's regression.
+    pub observed_gains: Vec<(i64, f64)>,
+    pub new_merges: Vec<NewMerge>,
+    /// State changes in order (the observed ones first, then the plan's).
+    pub transitions: Vec<(JobId, JobState, String)>,
+    /// Events that change no state: (job, kind, message), each written
+    /// unless the job's newest event says the same.
+    pub notes: Vec<(JobId, String, String)>,
+    /// The new plan (training and profiling).
+    pub assignments: Vec<Assignment>,
+    pub service: ServiceUpdate,
+}
+
+/// Proof of leadership that a leader-only write carries: the lease's holder
+/// and epoch. Such a write checks, in its own transaction and under a lock
+/// of the lease row, that the lease is still this holder's with this epoch
+/// and has not expired by the database's clock ([`check_fence`]); a takeover
+/// waits for that transaction, so a write is either before it or refused.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Fence {
+    pub holder: Arc<str>,
+    pub epoch: i64,
+}
+
+/// Refuses the transaction unless `fence` still holds the leader lease.
+async fn check_fence(
+    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+    fence: &Fence,
+    op: &'static str,
+) -> Result<(), PersistenceError> {
+    let held: Option<i64> = sqlx::query_scalar(
+        "SELECT epoch FROM leader_lease
+         WHERE holder = $1 AND epoch = $2 AND expires_at > clock_timestamp() FOR SHARE",
+    )
+    .bind(&*fence.holder)
+    .bind(fence.epoch)
+    .fetch_optional(&mut **tx)
+    .await
+    .map_err(db_err(op))?;
+    match held {
+        Some(_) => Ok(()),
+        None => Err(PersistenceError::Fenced(format!(
+            "{op}: this replica no longer holds the leader lease of epoch {}",
+            fence.epoch
+        ))),
+    }
+}
+
+/// Leadership among scheduler replicas: a lease in Postgres with an expiry
+/// the leader renews, taken over by a standby once it lapses, and an epoch
+/// that grows with every new term (table `leader_lease`). The database's
+/// clock decides expiry. This process also keeps a deadline on its own
+/// monotonic clock, taken *before* each renewal is sent, so it stops acting
+/// as the leader no later than the database stops believing it is — a
+/// process frozen past its lease (SIGSTOP, a long GC-like stall, a VM
+/// pause) finds its deadline passed the moment it runs again.
+pub struct LeaderLease {
+    pool: PgPool,
+    holder: Arc<str>,
+    ttl: Duration,
+    /// (epoch, local deadline) while this process holds the lease.
+    held: std::sync::Mutex<Option<(i64, std::time::Instant)>>,
+}
+
+impl LeaderLease {
+    /// `holder` names this replica (unique among the replicas; a restarted
+    /// process of the same replica takes its lease over); `ttl` is how long
+    /// a renewal lasts.
+    pub fn new(p: &Persistence, holder: String, ttl: Duration) -> Self {
         Self {
-            url: url.to_string(),
-            conn: tokio::sync::Mutex::new(None),
+            pool: p.pool.clone(),
+            holder: holder.into(),
+            ttl,
+            held: std::sync::Mutex::new(None),
         }
     }
 
-    /// Keeps or tries to take the lock; returns whether this replica leads.
-    pub async fn refresh(&self) -> bool {
-        use sqlx::Connection;
-        let mut guard = self.conn.lock().await;
-        if let Some(c) = guard.as_mut() {
-            if sqlx::query("SELECT 1").execute(&mut *c).await.is_ok() {
-                return true;
-            }
-            // The session is gone and the lock with it.
-            *guard = None;
-            return false;
-        }
-        let Ok(opts) = self.url.parse::<PgConnectOptions>() else {
-            return false;
+    pub fn holder(&self) -> &str {
+        &self.holder
+    }
+
+    fn held(&self) -> Option<(i64, std::time::Instant)> {
+        *self.held.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn set_held(&self, v: Option<(i64, std::time::Instant)>) {
+        *self.held.lock().unwrap_or_else(|p| p.into_inner()) = v;
+    }
+
+    /// Renews the lease this process holds, or takes it when it lapsed or
+    /// when this process, new, finds it held under its replica's name by an
+    /// earlier process (a replica restarted after a crash leads again at
+    /// once instead of waiting for its old lease; a process that held a term
+    /// and lost it never takes it back this way). Taking it starts a new term: the epoch grows, also for
+    /// this process when its own lease lapsed before it renewed, so nothing
+    /// an earlier term started can commit. Returns the epoch while this
+    /// process leads, None while another does. A database error keeps the
+    /// local deadline: leadership then ends when it passes.
+    pub async fn refresh(&self) -> Result<Option<i64>, PersistenceError> {
+        let mine = self.held().map_or(-1, |(e, _)| e);
+        let sent = std::time::Instant::now();
+        let got: Option<i64> = sqlx::query_scalar(
+            "UPDATE leader_lease SET
+                epoch = CASE WHEN holder = $1 AND epoch = $2 AND expires_at > clock_timestamp()
+                             THEN epoch ELSE epoch + 1 END,
+                holder = $1,
+                expires_at = clock_timestamp() + make_interval(secs => $3)
+             WHERE (holder = $1 AND epoch = $2 AND expires_at > clock_timestamp())
+                OR expires_at <= clock_timestamp()
+                OR (holder = $1 AND $2 = -1)
+             RETURNING epoch",
+        )
+        .bind(&*self.holder)
+        .bind(mine)
+        .bind(self.ttl.as_secs_f64())
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(db_err("leader_lease"))?;
+        self.set_held(got.map(|e| (e, sent + self.ttl)));
+        Ok(got)
+    }
+
+    /// The fence of this process's term, while its deadline has not passed.
+    pub fn fence(&self) -> Option<Fence> {
+        let (epoch, deadline) = self.held()?;
+        (std::time::Instant::now() < deadline).then(|| Fence {
+            holder: self.holder.clone(),
+            epoch,
+        })
+    }
+
+    /// Gives the lease up at once (a graceful shutdown), so a standby takes
+    /// over without waiting for it to expire.
+    pub async fn resign(&self) {
+        let Some((epoch, _)) = self.held() else {
+            return;
         };
-        let Ok(mut c) =
-            sqlx::PgConnection::connect_with(&opts.application_name("fmsched-scheduler-leader"))
-                .await
-        else {
-            return false;
-        };
-        let got: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock($1)")
-            .bind(LEADER_KEY)
-            .fetch_one(&mut c)
-            .await
-            .unwrap_or(false);
-        if got {
-            *guard = Some(c);
-        }
-        got
+        self.set_held(None);
+        let _ = sqlx::query(
+            "UPDATE leader_lease SET expires_at = clock_timestamp() WHERE holder = $1 AND epoch = $2",
+        )
+        .bind(&*self.holder)
+        .bind(epoch)
+        .execute(&self.pool)
+        .await;
     }
 }
 
@@ -458,10 +855,23 @@ fn opt_state(op: &'static str, s: Option<String>) -> Result<Option<JobState>, Pe
 }
 
 impl Persistence {
-    /// Connects (failing fast if Postgres is unreachable) and returns the handle.
-    pub async fn connect(url: &str, max_connections: u32) -> Result<Self, PersistenceError> {
+    /// Connects (failing fast if Postgres is unreachable) and returns the
+    /// handle. A session left idle inside a transaction for `stuck_after`
+    /// is ended by Postgres: a leader frozen mid-commit must not hold the
+    /// lease row's lock (and with it every takeover) past its lease.
+    pub async fn connect(
+        url: &str,
+        max_connections: u32,
+        stuck_after: Duration,
+    ) -> Result<Self, PersistenceError> {
         let opts: PgConnectOptions = url.parse().map_err(db_err("parse database url"))?;
-        let opts = opts.application_name("fmsched-scheduler");
+        let stuck_ms = stuck_after
+            .as_millis()
+            .clamp(1, i32::MAX as u128)
+            .to_string();
+        let opts = opts
+            .application_name("fmsched-scheduler")
+            .options([("idle_in_transaction_session_timeout", stuck_ms.as_str())]);
         let pool = PgPoolOptions::new()
             .max_connections(max_connections)
             .min_connections(1)
@@ -599,53 +1009,125 @@ impl Persistence {
         const OP: &str = "transition_job";
         with_retries(OP, || async {
             let mut tx = self.pool.begin().await.map_err(db_err(OP))?;
-            let row = sqlx::query(&format!(
-                "SELECT {JOB_COLUMNS} FROM jobs WHERE id = $1 FOR UPDATE"
-            ))
-            .bind(id.0)
-            .fetch_optional(&mut *tx)
-            .await
-            .map_err(db_err(OP))?
-            .ok_or_else(|| PersistenceError::NotFound(format!("job {id}")))?;
-            let job = job_from_row(&row)?;
-            if job.state == to {
-                return Ok(job);
+            let job = transition_in(&mut tx, id, to, reason, now, OP).await?;
+            tx.commit().await.map_err(db_err(OP))?;
+            Ok(job)
+        })
+        .await
+    }
+
+    /// What the retry rule needs of every live job that failed before.
+    pub async fn retry_state(&self) -> Result<BTreeMap<JobId, RetryState>, PersistenceError> {
+        const OP: &str = "retry_state";
+        let rows = sqlx::query(
+            "SELECT p.job_id, p.retries, p.last_failed_pid, p.retry_after FROM job_progress p
+             JOIN jobs j ON j.id = p.job_id
+             WHERE p.retries > 0 AND j.state IN ('submitted','profiling','queued','running')",
+        )
+        .fetch_all(&self.pool)
+        .await
+        .map_err(db_err(OP))?;
+        let mut out = BTreeMap::new();
+        for r in rows {
+            let get = |e: sqlx::Error| corrupt(OP, e.to_string());
+            let pid: Option<i64> = r.try_get("last_failed_pid").map_err(get)?;
+            out.insert(
+                JobId(r.try_get("job_id").map_err(get)?),
+                RetryState {
+                    retries: r.try_get::<i32, _>("retries").map_err(get)?.max(0) as u32,
+                    last_failed_pid: pid.map(|p| p.clamp(0, i64::from(u32::MAX)) as u32),
+                    retry_after: r.try_get("retry_after").map_err(get)?,
+                },
+            );
+        }
+        Ok(out)
+    }
+
+    /// Commits a whole round in one transaction: what it observed (progress,
+    /// estimates, failures, completions, guard verdicts, merge outcomes),
+    /// then its plan (new merges, state changes, notes, service accounting,
+    /// the assignments under a new generation). It succeeds only while
+    /// `fence` holds the leader lease and the plan is still the one of
+    /// generation `read_generation` the round read; otherwise nothing is
+    /// written and [`PersistenceError::Fenced`] says why. Returns the new
+    /// generation.
+    ///
+    /// State changes that a concurrent request made impossible (a job
+    /// cancelled meanwhile) are skipped, not failures: the job's own
+    /// history has the cancellation.
+    pub async fn commit_round(
+        &self,
+        fence: &Fence,
+        read_generation: i64,
+        w: &RoundWrites,
+        now: DateTime<Utc>,
+    ) -> Result<i64, PersistenceError> {
+        const OP: &str = "commit_round";
+        with_retries(OP, || async {
+            let mut tx = self.pool.begin().await.map_err(db_err(OP))?;
+            check_fence(&mut tx, fence, OP).await?;
+            let generation: i64 =
+                sqlx::query_scalar("SELECT generation FROM plan_generation FOR UPDATE")
+                    .fetch_one(&mut *tx)
+                    .await
+                    .map_err(db_err(OP))?;
+            if generation != read_generation {
+                return Err(PersistenceError::Fenced(format!(
+                    "{OP}: the plan moved on under this round (generation {generation}, the round read {read_generation})"
+                )));
             }
-            if !job.state.can_transition_to(to) {
-                return Err(PersistenceError::InvalidTransition {
-                    id,
-                    from: job.state,
-                    to,
-                });
+            write_observations(&mut tx, w, now, OP).await?;
+            write_merges(&mut tx, &w.new_merges, now, OP).await?;
+            for (job, to, reason) in &w.transitions {
+                match transition_in(&mut tx, *job, *to, reason, now, OP).await {
+                    Ok(_)
+                    | Err(PersistenceError::InvalidTransition { .. })
+                    | Err(PersistenceError::NotFound(_)) => {}
+                    Err(e) => return Err(e),
+                }
             }
-            let row = sqlx::query(&format!(
-                "UPDATE jobs SET state = $2, state_reason = $3, updated_at = $4,
-                        last_event_seq = nextval(pg_get_serial_sequence('job_events', 'seq'))
-                 WHERE id = $1 RETURNING {JOB_COLUMNS}"
-            ))
-            .bind(id.0)
-            .bind(to.as_str())
-            .bind(reason)
+            for (job, kind, message) in &w.notes {
+                note_in(&mut tx, *job, kind, message, now, OP).await?;
+            }
+            account_service(&mut tx, &w.service, now, OP).await?;
+            let generation: i64 = sqlx::query_scalar(
+                "UPDATE plan_generation SET generation = generation + 1, stored_at = $1, epoch = $2
+                 RETURNING generation",
+            )
             .bind(now)
+            .bind(fence.epoch)
             .fetch_one(&mut *tx)
             .await
             .map_err(db_err(OP))?;
-            let updated = job_from_row(&row)?;
+            sqlx::query("DELETE FROM assignments")
+                .execute(&mut *tx)
+                .await
+                .map_err(db_err(OP))?;
+            let a = &w.assignments;
+            let jobs: Vec<Uuid> = a.iter().map(|a| a.job.0).collect();
+            let nodes: Vec<&str> = a.iter().map(|a| a.node.as_str()).collect();
+            // One text per assignment: Postgres has no ragged arrays.
+            let gpus: Vec<String> = a
+                .iter()
+                .map(|a| a.gpus.iter().map(|g| g.0.as_str()).collect::<Vec<_>>().join("\n"))
+                .collect();
+            let profile: Vec<bool> = a.iter().map(|a| a.profile).collect();
             sqlx::query(
-                "INSERT INTO job_events (seq, job_id, at, kind, from_state, to_state, message)
-                 VALUES ($1, $2, $3, 'state_changed', $4, $5, $6)",
+                "INSERT INTO assignments (job_id, node_id, gpu_uuids, generation, assigned_at, profile)
+                 SELECT j, n, string_to_array(g, E'\\n'), $5, $6, p
+                 FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::bool[]) AS t(j, n, g, p)",
             )
-            .bind(updated.last_event_seq)
-            .bind(id.0)
+            .bind(&jobs)
+            .bind(&nodes)
+            .bind(&gpus)
+            .bind(&profile)
+            .bind(generation)
             .bind(now)
-            .bind(job.state.as_str())
-            .bind(to.as_str())
-            .bind(reason)
             .execute(&mut *tx)
             .await
             .map_err(db_err(OP))?;
             tx.commit().await.map_err(db_err(OP))?;
-            Ok(updated)
+            Ok(generation)
         })
         .await
     }
@@ -724,129 +1206,13 @@ impl Persistence {
         Ok(out)
     }
 
-    /// Replaces the plan with `assignments` under a new generation, and moves
-    /// jobs into or out of `running`, in one transaction. Before the old plan
-    /// goes, the time since it was stored is added to the service of the jobs
-    /// it ran (and every live job's deserved share, `service`); the new
-    /// plan's leases replace the old ones. Returns the new generation.
-    pub async fn store_plan(
-        &self,
-        assignments: &[Assignment],
-        transitions: &[(JobId, JobState, String)],
-        new_merges: &[NewMerge],
-        service: &ServiceUpdate,
-        now: DateTime<Utc>,
-    ) -> Result<i64, PersistenceError> {
-        const OP: &str = "store_plan";
-        let generation = with_retries(OP, || async {
-            let mut tx = self.pool.begin().await.map_err(db_err(OP))?;
-            account_service(&mut tx, service, now, OP).await?;
-            for m in new_merges {
-                sqlx::query(
-                    "INSERT INTO merges (job_a, job_b, mode, gain_ab, gain_ba, decided_at)
-                     VALUES ($1, $2, $3, $4, $5, $6)",
-                )
-                .bind(m.a.0)
-                .bind(m.b.0)
-                .bind(m.mode.as_str())
-                .bind(m.gain_ab)
-                .bind(m.gain_ba)
-                .bind(now)
-                .execute(&mut *tx)
-                .await
-                .map_err(db_err(OP))?;
-                let what = match m.mode {
-                    MergeMode::Temporal => format!(
-                        "merged temporally: {} ↦ {} (B starts from A's output; predicted gain {:+.3})",
-                        m.a, m.b, m.gain_ab
-                    ),
-                    _ => format!(
-                        "merged spatially: {} ‖ {} (one joint process; predicted gains {:+.3} / {:+.3})",
-                        m.a, m.b, m.gain_ab, m.gain_ba
-                    ),
-                };
-                for job in [m.a, m.b] {
-                    job_event(&mut tx, job, "merged", &what, now, OP).await?;
-                }
-            }
-            let generation: i64 = sqlx::query_scalar(
-                "UPDATE plan_generation SET generation = generation + 1, stored_at = $1 RETURNING generation",
-            )
-            .bind(now)
-            .fetch_one(&mut *tx)
-            .await
-            .map_err(db_err(OP))?;
-            sqlx::query("DELETE FROM assignments")
-                .execute(&mut *tx)
-                .await
-                .map_err(db_err(OP))?;
-            for a in assignments {
-                sqlx::query(
-                    "INSERT INTO assignments (job_id, node_id, gpu_uuids, generation, assigned_at, profile)
-                     VALUES ($1, $2, $3, $4, $5, $6)",
-                )
-                .bind(a.job.0)
-                .bind(a.node.as_str())
-                .bind(a.gpus.iter().map(|g| g.0.clone()).collect::<Vec<_>>())
-                .bind(generation)
-                .bind(now)
-                .bind(a.profile)
-                .execute(&mut *tx)
-                .await
-                .map_err(db_err(OP))?;
-            }
-            tx.commit().await.map_err(db_err(OP))?;
-            Ok(generation)
-        })
-        .await?;
-        for (job, to, reason) in transitions {
-            match self.transition_job(*job, *to, reason, now).await {
-                Ok(_) | Err(PersistenceError::InvalidTransition { .. }) => {}
-                Err(e) => return Err(e),
-            }
-        }
-        Ok(generation)
-    }
-
-    /// Appends an event that changes no state, unless the job's newest
-    /// event already says the same (a condition noted every round is noted
-    /// once).
-    pub async fn note_job(
-        &self,
-        job: JobId,
-        kind: &str,
-        message: &str,
-        now: DateTime<Utc>,
-    ) -> Result<(), PersistenceError> {
-        const OP: &str = "note_job";
-        with_retries(OP, || async {
-            let mut tx = self.pool.begin().await.map_err(db_err(OP))?;
-            let last: Option<(String, String)> = sqlx::query_as(
-                "SELECT kind, message FROM job_events WHERE job_id = $1 ORDER BY seq DESC LIMIT 1",
-            )
-            .bind(job.0)
-            .fetch_optional(&mut *tx)
-            .await
-            .map_err(db_err(OP))?;
-            if last
-                .as_ref()
-                .is_some_and(|(k, m)| k == kind && m == message)
-            {
-                return Ok(());
-            }
-            job_event(&mut tx, job, kind, message, now, OP).await?;
-            tx.commit().await.map_err(db_err(OP))?;
-            Ok(())
-        })
-        .await
-    }
-
     /// The merges a live job is part of (a merge whose jobs have both ended
     /// matters no more), oldest first.
     pub async fn merges_of_live_jobs(&self) -> Result<Vec<MergeRecord>, PersistenceError> {
         const OP: &str = "merges_of_live_jobs";
         let rows = sqlx::query(
-            "SELECT m.id, m.job_a, m.job_b, m.mode, m.gain_ab, m.gain_ba, m.state, m.guard_passed
+            "SELECT m.id, m.job_a, m.job_b, m.mode, m.gain_ab, m.gain_ba, m.state, m.guard_passed,
+                    m.observed_gain IS NOT NULL AS gain_observed
              FROM merges m
              WHERE EXISTS (SELECT 1 FROM jobs j WHERE j.id IN (m.job_a, m.job_b)
                            AND j.state IN ('submitted','profiling','queued','running'))
@@ -872,155 +1238,10 @@ impl Persistence {
                     gain_ba: r.try_get("gain_ba").map_err(get)?,
                     active: r.try_get::<String, _>("state").map_err(get)? == "active",
                     guard_passed: r.try_get("guard_passed").map_err(get)?,
+                    gain_observed: r.try_get("gain_observed").map_err(get)?,
                 })
             })
             .collect()
-    }
-
-    /// The merge guard's verdict (Ymir §4.3): `split` with the reason, or
-    /// passed. Both jobs get an event; a split merge never re-forms.
-    pub async fn guard_merge(
-        &self,
-        m: &MergeRecord,
-        split: Option<&str>,
-        now: DateTime<Utc>,
-    ) -> Result<(), PersistenceError> {
-        const OP: &str = "guard_merge";
-        with_retries(OP, || async {
-            let mut tx = self.pool.begin().await.map_err(db_err(OP))?;
-            let changed = match split {
-                Some(reason) => sqlx::query(
-                    "UPDATE merges SET state = 'split', reason = $2, split_at = $3
-                     WHERE id = $1 AND state = 'active'",
-                )
-                .bind(m.id)
-                .bind(reason)
-                .bind(now),
-                None => sqlx::query(
-                    "UPDATE merges SET guard_passed = TRUE WHERE id = $1 AND NOT guard_passed",
-                )
-                .bind(m.id),
-            }
-            .execute(&mut *tx)
-            .await
-            .map_err(db_err(OP))?
-            .rows_affected();
-            if changed > 0 {
-                let (kind, msg) = match split {
-                    Some(r) => (
-                        "merge_split",
-                        format!("merge {} split by the guard: {r}", m.id),
-                    ),
-                    None => (
-                        "merge_guard_passed",
-                        format!(
-                            "merge {}: accuracy improved in the first two epochs; kept",
-                            m.id
-                        ),
-                    ),
-                };
-                for job in [m.a, m.b] {
-                    job_event(&mut tx, job, kind, &msg, now, OP).await?;
-                }
-            }
-            tx.commit().await.map_err(db_err(OP))?;
-            Ok(())
-        })
-        .await
-    }
-
-    /// Records what a job's process reported.
-    pub async fn record_progress(
-        &self,
-        job: JobId,
-        iteration: u64,
-        checkpoint: Option<&str>,
-        now: DateTime<Utc>,
-    ) -> Result<(), PersistenceError> {
-        sqlx::query(
-            "INSERT INTO job_progress (job_id, iteration, checkpoint_path, updated_at) VALUES ($1, $2, $3, $4)
-             ON CONFLICT (job_id) DO UPDATE SET iteration = GREATEST(job_progress.iteration, EXCLUDED.iteration),
-               checkpoint_path = COALESCE(EXCLUDED.checkpoint_path, job_progress.checkpoint_path),
-               updated_at = EXCLUDED.updated_at",
-        )
-        .bind(job.0)
-        .bind(iteration.min(i64::MAX as u64) as i64)
-        .bind(checkpoint)
-        .bind(now)
-        .execute(&self.pool)
-        .await
-        .map_err(db_err("record_progress"))?;
-        Ok(())
-    }
-
-    /// Counts a failed process of `job` once (by its pid) and holds the job
-    /// back for `backoff · 2^(retries − 1)`. Returns the new retry count, or
-    /// None when this process's failure was counted already.
-    pub async fn note_failure(
-        &self,
-        job: JobId,
-        pid: u32,
-        backoff: std::time::Duration,
-        now: DateTime<Utc>,
-    ) -> Result<Option<u32>, PersistenceError> {
-        let n: Option<i32> = sqlx::query_scalar(
-            "INSERT INTO job_progress (job_id, iteration, updated_at, retries, last_failed_pid, retry_after)
-             VALUES ($1, 0, $3, 1, $2, $3 + make_interval(secs => $4))
-             ON CONFLICT (job_id) DO UPDATE SET retries = job_progress.retries + 1,
-               last_failed_pid = EXCLUDED.last_failed_pid,
-               retry_after = EXCLUDED.updated_at
-                 + make_interval(secs => $4 * power(2, LEAST(job_progress.retries, 10))),
-               updated_at = EXCLUDED.updated_at
-             WHERE job_progress.last_failed_pid IS DISTINCT FROM EXCLUDED.last_failed_pid
-             RETURNING retries",
-        )
-        .bind(job.0)
-        .bind(i64::from(pid))
-        .bind(now)
-        .bind(backoff.as_secs_f64())
-        .fetch_optional(&self.pool)
-        .await
-        .map_err(db_err("note_failure"))?;
-        Ok(n.map(|n| n.max(0) as u32))
-    }
-
-    /// Jobs that may not be placed before a time (retry backoff).
-    pub async fn retry_holds(&self, now: DateTime<Utc>) -> Result<Vec<JobId>, PersistenceError> {
-        let ids: Vec<uuid::Uuid> =
-            sqlx::query_scalar("SELECT job_id FROM job_progress WHERE retry_after > $1")
-                .bind(now)
-                .fetch_all(&self.pool)
-                .await
-                .map_err(db_err("retry_holds"))?;
-        Ok(ids.into_iter().map(JobId).collect())
-    }
-
-    /// Stores (replaces) a job's estimates.
-    pub async fn store_estimate(
-        &self,
-        job: JobId,
-        e: &Estimate,
-        now: DateTime<Utc>,
-    ) -> Result<(), PersistenceError> {
-        sqlx::query(
-            "INSERT INTO job_estimates (job_id, iterations, curve, fisher, fisher_repeat, step_time_s, note, estimated_at)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
-             ON CONFLICT (job_id) DO UPDATE SET iterations = EXCLUDED.iterations, curve = EXCLUDED.curve,
-               fisher = EXCLUDED.fisher, fisher_repeat = EXCLUDED.fisher_repeat, step_time_s = EXCLUDED.step_time_s,
-               note = EXCLUDED.note, estimated_at = EXCLUDED.estimated_at",
-        )
-        .bind(job.0)
-        .bind(e.iterations.map(|i| i.min(i64::MAX as u64) as i64))
-        .bind(&e.curve)
-        .bind(&e.fisher)
-        .bind(&e.fisher_repeat)
-        .bind(e.step_time_s)
-        .bind(&e.note)
-        .bind(now)
-        .execute(&self.pool)
-        .await
-        .map_err(db_err("store_estimate"))?;
-        Ok(())
     }
 
     /// Every job's estimates.
@@ -1067,34 +1288,6 @@ impl Persistence {
             );
         }
         Ok(out)
-    }
-
-    /// Completes a job with its output path (one transaction, one event).
-    pub async fn complete_job(
-        &self,
-        id: JobId,
-        output: &str,
-        now: DateTime<Utc>,
-    ) -> Result<(), PersistenceError> {
-        sqlx::query("UPDATE jobs SET output_path = $2 WHERE id = $1")
-            .bind(id.0)
-            .bind(output)
-            .execute(&self.pool)
-            .await
-            .map_err(db_err("complete_job"))?;
-        sqlx::query("DELETE FROM assignments WHERE job_id = $1")
-            .bind(id.0)
-            .execute(&self.pool)
-            .await
-            .map_err(db_err("complete_job"))?;
-        self.transition_job(
-            id,
-            JobState::Completed,
-            &format!("target reached; weights at {output}"),
-            now,
-        )
-        .await?;
-        Ok(())
     }
 
     /// A job's events with `seq > after`, oldest first.
@@ -1150,10 +1343,11 @@ impl Persistence {
 
     /// Records a (re-)registration: the node row, its GPUs (replacing the
     /// previous list) and an event, in one transaction. The node becomes
-    /// Available.
+    /// Available. With a fence, only while that fence leads.
     pub async fn register_node(
         &self,
         n: &NodeRecord,
+        fence: Option<&Fence>,
         now: DateTime<Utc>,
     ) -> Result<(), PersistenceError> {
         const OP: &str = "register_node";
@@ -1165,6 +1359,9 @@ impl Persistence {
         let pci: Vec<&str> = n.gpus.iter().map(|g| g.pci_bus_id.as_str()).collect();
         with_retries(OP, || async {
             let mut tx = self.pool.begin().await.map_err(db_err(OP))?;
+            if let Some(f) = fence {
+                check_fence(&mut tx, f, OP).await?;
+            }
             sqlx::query(
                 "INSERT INTO nodes (id, hostname, agent_version, gpu_backend, labels, state,
                                     registered_at, last_heartbeat_at, state_changed_at)
@@ -1223,17 +1420,22 @@ impl Persistence {
         .await
     }
 
-    /// Persists a liveness transition with the heartbeat time that drove it.
+    /// Persists a liveness transition with the heartbeat time that drove it
+    /// (with a fence, only while that fence leads).
     pub async fn set_node_state(
         &self,
         id: &NodeId,
         state: NodeState,
         last_heartbeat_at: DateTime<Utc>,
+        fence: Option<&Fence>,
         now: DateTime<Utc>,
     ) -> Result<(), PersistenceError> {
         const OP: &str = "set_node_state";
         with_retries(OP, || async {
             let mut tx = self.pool.begin().await.map_err(db_err(OP))?;
+            if let Some(f) = fence {
+                check_fence(&mut tx, f, OP).await?;
+            }
             let n = sqlx::query(
                 "UPDATE nodes SET state = $2, last_heartbeat_at = GREATEST(last_heartbeat_at, $3),
                         state_changed_at = $4

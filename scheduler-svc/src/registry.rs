@@ -216,6 +216,20 @@ impl NodeRegistry {
         }
     }
 
+    /// Closes every open agent session (this replica stopped leading): the
+    /// agents reconnect, to the new leader. Returns how many were open.
+    pub fn close_all(&self) -> usize {
+        let mut nodes = self.lock();
+        let mut n = 0;
+        for node in nodes.values_mut() {
+            if node.session.take().is_some() {
+                n += 1;
+            }
+            node.outbox = None;
+        }
+        n
+    }
+
     /// Degrades nodes that have been silent too long and returns the changes
     /// that differ from what is persisted. Offline nodes lose their session.
     pub fn sweep(&self, rule: &Liveness, now: DateTime<Utc>) -> Vec<StateChange> {

@@ -33,10 +33,11 @@ use crate::registry::NodeRegistry;
 pub async fn connect_with_retry(
     url: &str,
     max_conns: u32,
+    stuck_after: Duration,
     patience: Duration,
 ) -> anyhow::Result<Persistence> {
     fmsched_runtime::retry_connect("Postgres", patience, || {
-        Persistence::connect(url, max_conns)
+        Persistence::connect(url, max_conns, stuck_after)
     })
     .await
     .context("connecting to Postgres")
@@ -51,8 +52,13 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     let auth = Authenticator::from_config(&cfg.auth, &env).context("authentication setup")?;
     let url = cfg.database_url()?;
-    let persistence =
-        connect_with_retry(&url, cfg.database_max_connections, Duration::from_secs(60)).await?;
+    let persistence = connect_with_retry(
+        &url,
+        cfg.database_max_connections,
+        cfg.leader_lease,
+        Duration::from_secs(60),
+    )
+    .await?;
     persistence.migrate().await.context("applying migrations")?;
 
     let now = Utc::now();
@@ -70,48 +76,30 @@ pub async fn run(
         config: cfg.clone(),
         job_events,
         metrics: Arc::new(crate::scheduling::SchedulerMetrics::default()),
-        leader: Arc::new(std::sync::atomic::AtomicBool::new(false)),
+        leadership: Arc::new(crate::leadership::Leadership::new(
+            crate::persistence::LeaderLease::new(
+                &persistence,
+                cfg.replica_name(),
+                cfg.leader_lease,
+            ),
+        )),
     };
     // Leadership: take it now if free (a single replica leads at once),
-    // then keep refreshing; a standby takes over when the leader dies.
-    let lock = Arc::new(crate::persistence::LeaderLock::new(&url));
-    let became = lock.refresh().await;
-    state
-        .leader
-        .store(became, std::sync::atomic::Ordering::SeqCst);
+    // then keep renewing; a standby takes over when the leader's lease
+    // lapses (it died, froze, or lost the database).
+    let became = state.leadership.refresh(&persistence, &registry).await;
     tracing::info!(
         leader = became,
+        holder = %state.leadership.holder(),
         "scheduler replica role: {}",
         if became { "active" } else { "standby" }
     );
-    let leadership = {
-        let (lock, flag) = (lock.clone(), state.leader.clone());
-        let (registry, persistence) = (registry.clone(), persistence.clone());
-        let every = cfg.leader_refresh;
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(every);
-            loop {
-                tick.tick().await;
-                let now = lock.refresh().await;
-                if now && !flag.load(std::sync::atomic::Ordering::SeqCst) {
-                    // Learn the current nodes before acting as the leader.
-                    match persistence.list_nodes().await {
-                        Ok(records) => registry.take_over(records, Utc::now()),
-                        Err(e) => {
-                            tracing::warn!(error = %e, "cannot load nodes; taking over later");
-                            continue;
-                        }
-                    }
-                }
-                let was = flag.swap(now, std::sync::atomic::Ordering::SeqCst);
-                if now && !was {
-                    tracing::warn!("this replica is now the active scheduler");
-                } else if was && !now {
-                    tracing::error!("lost the leader lock; standing by");
-                }
-            }
-        })
-    };
+    let leadership = tokio::spawn(crate::leadership::run(
+        state.leadership.clone(),
+        persistence.clone(),
+        registry.clone(),
+        cfg.leader_refresh,
+    ));
 
     let (health, health_svc) = tonic_health::server::health_reporter();
     health.set_serving::<JobServiceServer<JobApi>>().await;
@@ -144,7 +132,7 @@ pub async fn run(
         persistence.clone(),
         registry.clone(),
         health.clone(),
-        state.leader.clone(),
+        state.leadership.clone(),
     ));
 
     let mut builder = tonic::transport::Server::builder()
@@ -174,13 +162,15 @@ pub async fn run(
                 .max_decoding_message_size(MAX_MESSAGE_BYTES),
         )
         .add_service(
-            AgentServiceServer::new(AgentApi::new(state))
+            AgentServiceServer::new(AgentApi::new(state.clone()))
                 .max_decoding_message_size(MAX_MESSAGE_BYTES),
         )
         .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
         .await;
     background.abort();
     leadership.abort();
+    // A standby takes over at once instead of waiting for the lease.
+    state.leadership.resign().await;
     for t in [scheduler, metrics].into_iter().flatten() {
         t.abort();
     }
@@ -195,7 +185,7 @@ async fn background_tasks(
     persistence: Persistence,
     registry: Arc<NodeRegistry>,
     health: tonic_health::server::HealthReporter,
-    leader: Arc<std::sync::atomic::AtomicBool>,
+    leadership: Arc<crate::leadership::Leadership>,
 ) {
     let rule = cfg.liveness.rule();
     let mut liveness = tokio::time::interval(cfg.liveness.check_interval);
@@ -206,13 +196,14 @@ async fn background_tasks(
         tokio::select! {
             _ = liveness.tick() => {
                 // A standby has no agent sessions: it must not mark the
-                // leader's nodes offline.
-                if !leader.load(std::sync::atomic::Ordering::SeqCst) {
+                // leader's nodes offline (nor may a deposed leader, whose
+                // writes its fence refuses anyway).
+                let Some(fence) = leadership.fence() else {
                     continue;
-                }
+                };
                 let now = Utc::now();
                 for ch in registry.sweep(&rule, now) {
-                    match persistence.set_node_state(&ch.node, ch.to, ch.last_heartbeat, now).await {
+                    match persistence.set_node_state(&ch.node, ch.to, ch.last_heartbeat, Some(&fence), now).await {
                         Ok(()) => {
                             registry.mark_persisted(&ch.node, ch.to);
                             tracing::info!(node_id = %ch.node, from = %ch.from, to = %ch.to,

@@ -109,12 +109,12 @@ impl AgentService for AgentApi {
         &self,
         req: Request<Streaming<pb::AgentMessage>>,
     ) -> Result<Response<Self::SessionStream>, Status> {
-        if !self.state.leader.load(std::sync::atomic::Ordering::SeqCst) {
+        let Some(fence) = self.state.leadership.fence() else {
             // Agents retry and rotate through their endpoints to the leader.
             return Err(Status::unavailable(
                 "this scheduler replica is a standby; connect to the active one",
             ));
-        }
+        };
         let peer = req.remote_addr();
         let mut inbound = req.into_inner();
         let timeout = self.state.config.liveness.register_timeout;
@@ -143,7 +143,7 @@ impl AgentService for AgentApi {
         let record = validate_register(&reg, now)?;
         self.state
             .persistence
-            .register_node(&record, now)
+            .register_node(&record, Some(&fence), now)
             .await
             .map_err(ApiError::from)?;
         let node_id = record.id.clone();
@@ -158,11 +158,13 @@ impl AgentService for AgentApi {
                     self.state.config.liveness.heartbeat_interval,
                 )),
                 server_time: Some(timestamp_to_proto(now)),
+                epoch: fence.epoch,
             })),
         }))
         .await
         .map_err(|_| Status::cancelled("agent went away"))?;
         let registry = self.state.registry.clone();
+        let leadership = self.state.leadership.clone();
         let session = registry.register(record, now, tx, reg.tasks, reg.applied_generation);
 
         tokio::spawn(async move {
@@ -179,8 +181,33 @@ impl AgentService for AgentApi {
                     }
                 };
                 let now = Utc::now();
+                // A replica that stopped leading (its lease lapsed while it
+                // was frozen, say) drops the session: the agent dials the
+                // new leader.
+                let Some(f) = leadership.fence().filter(|f| f.epoch == fence.epoch) else {
+                    tracing::warn!(node_id = %node_id, "no longer the leader; closing the agent session");
+                    break;
+                };
                 let current = match msg.msg {
-                    Some(Msg::Heartbeat(hb)) => registry.heartbeat(&node_id, session, hb, now),
+                    Some(Msg::Heartbeat(hb)) => {
+                        let sequence = hb.sequence;
+                        let ok = registry.heartbeat(&node_id, session, hb, now);
+                        if ok {
+                            // The agent's proof that its leader is alive (a
+                            // full queue drops it; the next one follows).
+                            let ack = pb::HeartbeatAck {
+                                sequence,
+                                epoch: f.epoch,
+                            };
+                            registry.send(
+                                &node_id,
+                                pb::SchedulerMessage {
+                                    msg: Some(pb::scheduler_message::Msg::HeartbeatAck(ack)),
+                                },
+                            );
+                        }
+                        ok
+                    }
                     Some(Msg::TaskStatus(ts)) => match ts.task {
                         Some(t) => registry.task_status(&node_id, session, t, now),
                         None => true,

@@ -29,9 +29,10 @@ pub struct AppState {
     pub job_events: broadcast::Sender<fmsched_core::JobId>,
     /// Counters of the scheduling loop (rendered on `/metrics`).
     pub metrics: Arc<crate::scheduling::SchedulerMetrics>,
-    /// Whether this replica holds the leader lock: only the leader runs
-    /// rounds, persists node liveness and accepts agent sessions.
-    pub leader: Arc<std::sync::atomic::AtomicBool>,
+    /// Whether this replica leads, and the fence of its term: only the
+    /// leader runs rounds, persists node liveness and accepts agent
+    /// sessions, each write fenced by its term.
+    pub leadership: Arc<crate::leadership::Leadership>,
 }
 
 /// Errors a handler returns; mapped to a status code in one place.

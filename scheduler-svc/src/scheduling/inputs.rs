@@ -1,0 +1,670 @@
+//! Phase 2 of a round: load the inputs of the shared round.
+//!
+//! The one translation layer between the service's records (job rows, the
+//! stored plan, the node registry, service accounting) and the dense view
+//! `fmsched_core::round` decides on ([`build_view`], pure), then the
+//! round's first phase (`prepare`), then every estimator call the round
+//! needs — transfer gains of the eligible pairs and the time table — with
+//! the in-process estimator as the logged and counted fallback
+//! ([`estimate`]).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use chrono::{DateTime, Utc};
+use fmsched_core::policy::MergeMode;
+use fmsched_core::round::{
+    self, ClusterView, Estimates as RoundEstimates, Gpu, JobView, MergeView, NodeView,
+    PairEstimate, Prepared, RoundConfig,
+};
+use fmsched_core::{GpuUuid, JobId, NodeId, NodeState};
+use fmsched_estimator::analytic;
+use fmsched_estimator::lut::{Lut, Variant};
+use fmsched_estimator::times::{self, PairInput};
+use fmsched_estimator::transfer::TaskEmbedding;
+
+use super::observe::{Observed, curve_from_json, embedding};
+use super::{RoundError, expected_iterations, total_iterations};
+use crate::api::AppState;
+use crate::estimates::{Estimates, local_gains, local_times};
+use crate::persistence::{Assignment, JobRecord, JobService, MergeRecord};
+use crate::registry::LiveNode;
+
+/// The view of a round and how its ordinals map back to ids.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Translated {
+    pub view: ClusterView,
+    /// View job → its id.
+    pub jobs: Vec<JobId>,
+    /// View node → its id and its GPUs by index.
+    pub nodes: Vec<(NodeId, Vec<GpuUuid>)>,
+    /// View merge → its record.
+    pub merges: Vec<MergeRecord>,
+}
+
+impl Translated {
+    pub fn job_index(&self, id: &JobId) -> Option<usize> {
+        self.jobs.binary_search(id).ok()
+    }
+
+    /// The node and GPU UUIDs of view GPUs (all on one node for a group
+    /// this service runs).
+    pub fn gpus(&self, gpus: &[Gpu]) -> Option<(NodeId, Vec<GpuUuid>)> {
+        let node = gpus.first()?.0;
+        let uuids = gpus
+            .iter()
+            .filter(|g| g.0 == node)
+            .map(|g| self.nodes[g.0].1.get(g.1 as usize).cloned())
+            .collect::<Option<Vec<_>>>()?;
+        Some((self.nodes[node].0.clone(), uuids))
+    }
+}
+
+/// What [`build_view`] reads.
+pub struct ViewSources<'a> {
+    pub nodes: &'a [LiveNode],
+    pub live: &'a BTreeMap<JobId, JobRecord>,
+    pub merges: &'a [MergeRecord],
+    pub assignments: &'a [Assignment],
+    pub progress: &'a BTreeMap<JobId, (u64, Option<String>)>,
+    pub service: &'a BTreeMap<JobId, JobService>,
+    /// Jobs that wait outside this round (retry backoff, split spatial
+    /// pairs).
+    pub held_back: &'a BTreeSet<JobId>,
+    /// Seconds a (re)start costs, per model.
+    pub restart_s: &'a dyn Fn(&str) -> f64,
+    pub now: DateTime<Utc>,
+}
+
+/// Whether any GPU of the node reports Xid or uncorrectable ECC errors.
+pub fn faulty(n: &LiveNode) -> bool {
+    n.telemetry
+        .values()
+        .any(|t| t.xid_errors > 0 || t.ecc_uncorrected_errors > 0)
+}
+
+fn secs_since(t: DateTime<Utc>, now: DateTime<Utc>) -> f64 {
+    (t - now).num_milliseconds() as f64 / 1000.0
+}
+
+/// The service's records as the shared round's view (pure). Nodes by id,
+/// GPUs by their index in the registration; live jobs by id, each holding
+/// the GPUs of its assignment (B of a temporal merge whose A completed
+/// holds A's: it continues on them, as fmsim models it); merges in force
+/// between two live jobs. The view's clock starts at `now` (0 s).
+pub fn build_view(s: &ViewSources<'_>) -> Translated {
+    let mut gpu_at: BTreeMap<&str, Gpu> = BTreeMap::new();
+    let mut nodes = Vec::with_capacity(s.nodes.len());
+    let mut node_views = Vec::with_capacity(s.nodes.len());
+    for (k, n) in s.nodes.iter().enumerate() {
+        for (x, g) in n.record.gpus.iter().enumerate() {
+            gpu_at.insert(g.uuid.0.as_str(), (k, x as u32));
+        }
+        node_views.push(NodeView {
+            id: n.record.id.as_str().to_string(),
+            gpus: n.record.gpus.len() as u32,
+            state: n.state,
+            drained: faulty(n),
+        });
+        nodes.push((
+            n.record.id.clone(),
+            n.record.gpus.iter().map(|g| g.uuid.clone()).collect(),
+        ));
+    }
+    // GPUs of an assignment, when every one is still where it was.
+    let resolve = |a: &Assignment| -> Option<Vec<Gpu>> {
+        a.gpus
+            .iter()
+            .map(|u| gpu_at.get(u.0.as_str()).copied())
+            .collect::<Option<Vec<_>>>()
+            .filter(|g| g.iter().all(|x| s.nodes[x.0].record.id == a.node))
+    };
+    let mut held: BTreeMap<JobId, (Vec<Gpu>, bool)> = BTreeMap::new();
+    for a in s.assignments {
+        if let Some(g) = resolve(a) {
+            held.insert(a.job, (g, a.profile));
+        }
+    }
+    // B of a temporal merge whose A is done rides on on A's GPUs.
+    for m in s
+        .merges
+        .iter()
+        .filter(|m| m.active && m.mode == MergeMode::Temporal)
+    {
+        if !s.live.contains_key(&m.a)
+            && s.live.contains_key(&m.b)
+            && !held.contains_key(&m.b)
+            && let Some((g, false)) = held.get(&m.a).cloned()
+        {
+            held.insert(m.b, (g, false));
+        }
+    }
+    let ever_merged: BTreeSet<JobId> = s.merges.iter().flat_map(|m| [m.a, m.b]).collect();
+    let jobs: Vec<JobId> = s.live.keys().copied().collect();
+    let job_views = s
+        .live
+        .values()
+        .map(|j| {
+            let done = s.progress.get(&j.id).map_or(0, |p| p.0);
+            let sv = s.service.get(&j.id).cloned().unwrap_or_default();
+            let (holds, profiling_run) = held.get(&j.id).cloned().unwrap_or_default();
+            let r = &j.spec.resources;
+            JobView {
+                id: j.id.to_string(),
+                state: j.state,
+                model: j.spec.model.clone(),
+                task: j.spec.dataset.task.clone(),
+                sharing: j.spec.sharing,
+                pipeline: r.pipeline_parallel,
+                min_gpus: r.min_gpus,
+                max_gpus: r.max_gpus,
+                // A spec names a GPU range; the service asks for its top.
+                requested_gpus: r.max_gpus,
+                submitted_at: secs_since(j.created_at, s.now),
+                iteration: done,
+                progress: done as f64 / total_iterations(j).max(1) as f64,
+                attained_gpu_s: sv.attained_gpu_s,
+                executed_s: sv.executed_s,
+                fair_share_gpu_s: sv.fair_share_gpu_s,
+                lease_until: sv.lease_until.map_or(0.0, |t| secs_since(t, s.now)),
+                restart_s: (s.restart_s)(&j.spec.model),
+                holds,
+                profiling_run,
+                held_back: s.held_back.contains(&j.id),
+                ever_merged: ever_merged.contains(&j.id),
+            }
+        })
+        .collect();
+    let index = |id: &JobId| jobs.binary_search(id).ok();
+    let mut merges = Vec::new();
+    let mut merge_views = Vec::new();
+    for m in s.merges.iter().filter(|m| m.active) {
+        if let (Some(a), Some(b)) = (index(&m.a), index(&m.b)) {
+            merge_views.push(MergeView { a, b, mode: m.mode });
+            merges.push(m.clone());
+        }
+    }
+    Translated {
+        view: ClusterView {
+            now: 0.0,
+            nodes: node_views,
+            jobs: job_views,
+            merges: merge_views,
+        },
+        jobs,
+        nodes,
+        merges,
+    }
+}
+
+/// Everything the decide phase needs.
+pub struct Inputs {
+    pub t: Translated,
+    pub prepared: Prepared,
+    pub estimates: RoundEstimates,
+    pub config: RoundConfig,
+}
+
+/// The GPU family estimates use: the first node's that is not Offline.
+fn gpu_family(nodes: &[LiveNode]) -> String {
+    nodes
+        .iter()
+        .filter(|n| n.state != NodeState::Offline)
+        .find_map(|n| n.record.gpus.first())
+        .map(|g| analytic::gpu_family(&g.model))
+        .unwrap_or_else(|| "V100".into())
+}
+
+/// The round's settings from the scheduler's configuration: this service
+/// runs a job on one node (gangs are not driven yet).
+pub fn round_config(config: &crate::config::Config) -> RoundConfig {
+    let s = &config.scheduling;
+    RoundConfig {
+        profiling: s.profiling,
+        merging: s.merging,
+        max_nodes_per_group: Some(1),
+        placement_rule: Default::default(),
+        policy: s.policy.clone(),
+    }
+}
+
+/// Phase 2 (see the module docs): the view, the round's preparation and
+/// its estimates. `None` when no time table could be had (the current plan
+/// stays).
+pub(crate) async fn load(
+    state: &AppState,
+    lut: &Lut,
+    est: &Estimates,
+    o: &Observed,
+    policy: &(dyn fmsched_core::policy::Policy + Send + Sync),
+    now: DateTime<Utc>,
+) -> Result<Option<Inputs>, RoundError> {
+    let family = gpu_family(&o.nodes);
+    let sched = &state.config.scheduling;
+    let checkpoint_s = sched.checkpoint_cost.as_secs_f64();
+    let switch_s = sched.context_switch.map(|d| d.as_secs_f64());
+    let restart_s = |model: &str| {
+        round::restart_cost(
+            checkpoint_s,
+            switch_s.or_else(|| lut.context_switch_s(model, &family)),
+        )
+    };
+    let mut held_back: BTreeSet<JobId> = o
+        .retries
+        .iter()
+        .filter(|(_, r)| r.retry_after.is_some_and(|t| t > now))
+        .map(|(j, _)| *j)
+        .collect();
+    for m in o
+        .merges
+        .iter()
+        .filter(|m| o.split_now.contains(&m.id) && m.mode == MergeMode::Spatial)
+    {
+        held_back.extend([m.a, m.b]);
+    }
+    let t = build_view(&ViewSources {
+        nodes: &o.nodes,
+        live: &o.live,
+        merges: &o.merges,
+        assignments: &o.current.assignments,
+        progress: &o.progress,
+        service: &o.service,
+        held_back: &held_back,
+        restart_s: &restart_s,
+        now,
+    });
+    for n in o
+        .nodes
+        .iter()
+        .filter(|n| n.state != NodeState::Offline && faulty(n))
+    {
+        let bad: Vec<&str> = n
+            .telemetry
+            .values()
+            .filter(|t| t.xid_errors > 0 || t.ecc_uncorrected_errors > 0)
+            .map(|t| t.uuid.as_str())
+            .collect();
+        tracing::warn!(node_id = %n.record.id, gpus = ?bad, "draining node: GPUs report Xid or uncorrectable ECC errors");
+    }
+    let config = round_config(&state.config);
+    let prepared = super::prepare_round(&t.view, policy, &config);
+    let Some(estimates) = estimate(state, lut, est, o, &t, &prepared, &family).await else {
+        return Ok(None);
+    };
+    Ok(Some(Inputs {
+        t,
+        prepared,
+        estimates,
+        config,
+    }))
+}
+
+/// The estimates of a prepared round: each snapshot job's remaining time
+/// (iterations from its target or its Eq. 2 estimate, transferred when it
+/// is merged), kept merges' times, and for the eligible pairs of profiled
+/// jobs the transfer gains (Ymir §4.1: score → regression → `G`, Eq. 1) —
+/// only pairs the estimator classifies as positive transfer (Table 2's
+/// `G ≥ 0`) are estimated and offered. The estimator service answers, or
+/// the same code in-process (logged and counted).
+async fn estimate(
+    state: &AppState,
+    lut: &Lut,
+    est: &Estimates,
+    o: &Observed,
+    t: &Translated,
+    prepared: &Prepared,
+    family: &str,
+) -> Option<RoundEstimates> {
+    let inputs = job_inputs(o, t, prepared, family);
+    let row: BTreeMap<usize, usize> = prepared
+        .jobs
+        .iter()
+        .enumerate()
+        .map(|(k, &v)| (v, k))
+        .collect();
+    let time_mode = |m: MergeMode| match m {
+        MergeMode::Spatial => times::MergeMode::Spatial,
+        _ => times::MergeMode::Temporal,
+    };
+    let mut pairs: Vec<PairInput> = prepared
+        .kept
+        .iter()
+        .map(|&m| {
+            let (mv, rec) = (&t.view.merges[m], &t.merges[m]);
+            PairInput {
+                a: row[&mv.a],
+                b: row[&mv.b],
+                mode: time_mode(mv.mode),
+                gain_ab: rec.gain_ab,
+                gain_ba: rec.gain_ba,
+            }
+        })
+        .collect();
+    let candidates = candidate_gains(state, est, o, t, prepared).await;
+    for (pair, gab, gba) in &candidates {
+        pairs.push(PairInput {
+            a: row[&pair.a],
+            b: row[&pair.b],
+            mode: time_mode(pair.mode),
+            gain_ab: *gab,
+            gain_ba: *gba,
+        });
+    }
+    let remote = if est.is_remote() && !inputs.is_empty() {
+        match est.times(&inputs, &pairs, &prepared.allocations).await {
+            Ok(t) => Some(t),
+            Err(e) => {
+                tracing::warn!(error = %e, "estimator service failed; time table from the in-process estimator");
+                state.metrics.update(|m| m.estimator_fallbacks += 1);
+                None
+            }
+        }
+    } else {
+        None
+    };
+    let table = match remote.map_or_else(
+        || local_times(lut, &inputs, &pairs, &prepared.allocations),
+        Ok,
+    ) {
+        Ok(t) => t,
+        Err(e) => {
+            tracing::error!(error = %e, "time estimates failed; keeping the current plan");
+            return None;
+        }
+    };
+    let kept = prepared.kept.len();
+    Some(RoundEstimates {
+        jobs: table.jobs,
+        kept: table.pairs[..kept]
+            .iter()
+            .map(|p| p.seconds.clone())
+            .collect(),
+        candidates: table.pairs[kept..]
+            .iter()
+            .zip(&candidates)
+            .map(|(pt, (pair, gab, gba))| PairEstimate {
+                pair: *pair,
+                seconds: pt.seconds.clone(),
+                tran_wt: pt.tran_wt.clone(),
+                gain_ab: *gab,
+                gain_ba: *gba,
+            })
+            .collect(),
+    })
+}
+
+/// What the time table needs of each snapshot job: its remaining
+/// iterations (its target or its Eq. 2 estimate, less what it did;
+/// transferred when it is merged — B of a temporal merge from A, each job
+/// of a spatial merge from the other, Eq. 2 with `L/(1+G)`), its model,
+/// batch and variant, on the cluster's GPU type.
+fn job_inputs(
+    o: &Observed,
+    t: &Translated,
+    prepared: &Prepared,
+    family: &str,
+) -> Vec<times::JobInput> {
+    let mut gain_for: BTreeMap<JobId, f64> = BTreeMap::new();
+    for m in o.merges.iter().filter(|m| m.active) {
+        gain_for.insert(m.b, m.gain_ab);
+        if m.mode == MergeMode::Spatial {
+            gain_for.insert(m.a, m.gain_ba);
+        }
+    }
+    let per_node = t
+        .view
+        .nodes
+        .iter()
+        .filter(|n| n.state != NodeState::Offline)
+        .map(|n| n.gpus)
+        .max()
+        .unwrap_or(4)
+        .clamp(1, 9);
+    prepared
+        .jobs
+        .iter()
+        .map(|&v| {
+            let id = t.jobs[v];
+            let j = &o.live[&id];
+            let done = o.progress.get(&id).map_or(0, |p| p.0);
+            let e = o.estimates.get(&id);
+            let total = expected_iterations(j, e);
+            let mut input =
+                times::JobInput {
+                    id: id.to_string(),
+                    model: j.spec.model.clone(),
+                    gpu_type: family.to_string(),
+                    gpus_per_node: per_node,
+                    global_batch: j.spec.hyperparameters.global_batch_size.max(1),
+                    variant: Variant {
+                        pipeline: j.spec.resources.pipeline_parallel,
+                        amp: true,
+                        ..Default::default()
+                    },
+                    layers: analytic::layers_of(&j.spec.model).unwrap_or(12),
+                    remaining_iterations: total.saturating_sub(done).max(1),
+                    done_iterations: done,
+                    curve: e.and_then(|e| e.curve.as_ref()).and_then(curve_from_json),
+                    max_iterations: total_iterations(j),
+                    samples_per_epoch: j.spec.dataset.num_samples.unwrap_or(
+                        u64::from(j.spec.hyperparameters.global_batch_size.max(1)) * 100,
+                    ),
+                };
+            if let Some(&g) = gain_for.get(&id) {
+                input.remaining_iterations = times::transferred_iterations(&input, g).max(1);
+            }
+            input
+        })
+        .collect()
+}
+
+/// The eligible pairs of profiled jobs (both have Task2Vec embeddings) that
+/// the estimator classifies as positive transfer, with their gains
+/// `(G_{A,B}, G_{B,A})` (a temporal pair's B gains; a spatial pair's both).
+async fn candidate_gains(
+    state: &AppState,
+    est: &Estimates,
+    o: &Observed,
+    t: &Translated,
+    prepared: &Prepared,
+) -> Vec<(round::PairKey, f64, f64)> {
+    if prepared.eligible.is_empty() {
+        return Vec::new();
+    }
+    let mut open: Vec<usize> = prepared
+        .eligible
+        .iter()
+        .flat_map(|p| [p.a, p.b])
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    let named: Vec<(String, TaskEmbedding)> = open
+        .iter()
+        .filter_map(|&v| {
+            let id = t.jobs[v];
+            o.estimates
+                .get(&id)
+                .and_then(embedding)
+                .map(|e| (id.to_string(), e))
+        })
+        .collect();
+    open.retain(|&v| o.estimates.get(&t.jobs[v]).and_then(embedding).is_some());
+    let at: BTreeMap<usize, usize> = open.iter().enumerate().map(|(k, &v)| (v, k)).collect();
+    let gains = match est.gains(&named).await {
+        Ok(g) => g,
+        Err(e) => {
+            tracing::warn!(error = %e, "estimator service failed; transfer gains from the in-process estimator");
+            state.metrics.update(|m| m.estimator_fallbacks += 1);
+            local_gains(&named)
+        }
+    };
+    let mut out = Vec::new();
+    for p in &prepared.eligible {
+        let (Some(&x), Some(&y)) = (at.get(&p.a), at.get(&p.b)) else {
+            continue; // not profiled: no transfer estimate
+        };
+        let g = |m: &BTreeMap<(usize, usize), f64>, a, b| {
+            m.get(&(a, b)).copied().unwrap_or(f64::NEG_INFINITY)
+        };
+        let (gab, gba) = match p.mode {
+            MergeMode::Spatial => {
+                let s = g(&gains.spatial, x.min(y), x.max(y));
+                (s, s)
+            }
+            _ => (g(&gains.temporal, x, y), 0.0),
+        };
+        // Only positive transfer (Ymir Table 2's G ≥ 0 class): a joint job
+        // can out-run two separate ones on throughput alone, but a merge is
+        // for transfer, and negative transfer costs accuracy.
+        if gab >= 0.0 && gba >= 0.0 {
+            out.push((*p, gab, gba));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::persistence::{GpuRecord, NodeRecord};
+    use fmsched_core::JobState;
+
+    fn job(n: u8) -> JobId {
+        format!("01a20000-0000-7000-8000-0000000000{n:02}")
+            .parse()
+            .unwrap()
+    }
+
+    fn record(n: u8, state: JobState) -> JobRecord {
+        let spec = serde_json::json!({
+            "model": "roberta-base",
+            "dataset": { "uri": "file:///d", "task": format!("t{n}") },
+            "hyperparameters": { "global_batch_size": 32, "learning_rate": 2e-5 },
+            "target": { "max_iterations": 1000 },
+            "resources": { "min_gpus": 1, "max_gpus": 2 },
+            "launch": { "command": ["train"] }
+        });
+        let now = DateTime::parse_from_rfc3339("2026-01-01T00:00:00Z")
+            .unwrap()
+            .with_timezone(&Utc);
+        JobRecord {
+            id: job(n),
+            owner: fmsched_core::UserName("u".into()),
+            spec: serde_json::from_value(spec).unwrap(),
+            idempotency_key: None,
+            state,
+            state_reason: String::new(),
+            output_path: None,
+            created_at: now - chrono::Duration::seconds(i64::from(n)),
+            updated_at: now,
+            last_event_seq: 0,
+        }
+    }
+
+    fn node(id: &str, gpus: u32) -> LiveNode {
+        let now = Utc::now();
+        let record = NodeRecord {
+            id: NodeId::try_from(id.to_string()).unwrap(),
+            hostname: id.into(),
+            agent_version: "t".into(),
+            gpu_backend: "fake".into(),
+            labels: Default::default(),
+            state: NodeState::Available,
+            registered_at: now,
+            last_heartbeat_at: now,
+            gpus: (0..gpus)
+                .map(|i| GpuRecord {
+                    uuid: GpuUuid(format!("{id}-G{i}")),
+                    index: i,
+                    model: "A100-80GB".into(),
+                    memory_total_bytes: 80 << 30,
+                    pci_bus_id: String::new(),
+                })
+                .collect(),
+        };
+        crate::registry::NodeRegistry::load(vec![record], now)
+            .snapshot()
+            .remove(0)
+    }
+
+    /// The translation layer: GPUs by index, holds from the stored plan
+    /// (profiling marked), an assignment whose GPU left its node holds
+    /// nothing, B of a temporal merge whose A completed rides on A's GPUs,
+    /// and the clock starts at the round.
+    #[test]
+    fn the_view_of_the_services_records() {
+        let now = DateTime::parse_from_rfc3339("2026-01-01T00:00:00Z")
+            .unwrap()
+            .with_timezone(&Utc);
+        let nodes = vec![node("a", 4), node("b", 2)];
+        let live: BTreeMap<JobId, JobRecord> = [
+            record(1, JobState::Running),
+            record(2, JobState::Profiling),
+            record(3, JobState::Running),
+            record(5, JobState::Queued),
+        ]
+        .into_iter()
+        .map(|r| (r.id, r))
+        .collect();
+        let at = |job: JobId, node: &str, gpus: &[&str], profile: bool| Assignment {
+            job,
+            node: NodeId::try_from(node.to_string()).unwrap(),
+            gpus: gpus.iter().map(|g| GpuUuid(g.to_string())).collect(),
+            profile,
+        };
+        let assignments = vec![
+            at(job(1), "a", &["a-G2", "a-G3"], false),
+            at(job(2), "b", &["b-G1"], true),
+            at(job(3), "b", &["gone-G0"], false), // its GPU is not there
+            at(job(4), "a", &["a-G0"], false),    // A, completed
+        ];
+        let merges = vec![MergeRecord {
+            id: 1,
+            a: job(4),
+            b: job(5),
+            mode: MergeMode::Temporal,
+            gain_ab: 0.2,
+            gain_ba: 0.0,
+            active: true,
+            guard_passed: true,
+            gain_observed: false,
+        }];
+        let progress: BTreeMap<JobId, (u64, Option<String>)> =
+            [(job(1), (250, None))].into_iter().collect();
+        let t = build_view(&ViewSources {
+            nodes: &nodes,
+            live: &live,
+            merges: &merges,
+            assignments: &assignments,
+            progress: &progress,
+            service: &BTreeMap::new(),
+            held_back: &[job(3)].into_iter().collect(),
+            restart_s: &|_| 42.0,
+            now,
+        });
+        let v = &t.view;
+        assert_eq!(v.nodes.len(), 2);
+        assert_eq!(t.jobs, vec![job(1), job(2), job(3), job(5)]);
+        assert_eq!(v.jobs[0].holds, vec![(0, 2), (0, 3)]);
+        assert_eq!(v.jobs[0].progress, 0.25);
+        assert_eq!(v.jobs[0].submitted_at, -1.0);
+        assert_eq!(v.jobs[0].restart_s, 42.0);
+        assert_eq!(
+            (v.jobs[1].holds.clone(), v.jobs[1].profiling_run),
+            (vec![(1, 1)], true)
+        );
+        assert!(v.jobs[2].holds.is_empty() && v.jobs[2].held_back);
+        assert_eq!(v.jobs[3].holds, vec![(0, 0)], "B rides on A's GPUs");
+        assert!(v.jobs[3].ever_merged);
+        assert!(
+            v.merges.is_empty(),
+            "A is no longer live: no merge in force"
+        );
+        assert_eq!(
+            t.gpus(&[(0, 2), (0, 3)]),
+            Some((
+                NodeId::try_from("a".to_string()).unwrap(),
+                vec![GpuUuid("a-G2".into()), GpuUuid("a-G3".into())]
+            ))
+        );
+    }
+}

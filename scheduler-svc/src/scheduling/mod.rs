@@ -1,0 +1,932 @@
+//! The scheduling loop: every interval one round (Ymir Fig. 6 steps 4–5;
+//! STYLE §1 and §7). The decisions are `fmsched_core::round`'s, the same
+//! code `fmsim` runs; this module does the IO around them.
+//!
+//! Phases of a round, each a short function:
+//! 1. **observe** ([`observe`]) — read what Postgres holds and take in what
+//!    agents report (progress, checkpoints, finished, failed and profiled
+//!    processes, loss traces, evaluations; the merge guard). Writes
+//!    nothing: every consequence is collected for the commit.
+//! 2. **load inputs** ([`inputs`]) — the one translation from records to
+//!    the round's view, the round's `prepare`, and every estimator call
+//!    (transfer gains, the time table) with the logged in-process fallback.
+//! 3. **decide** — `fmsched_core::round::decide` on the blocking pool: the
+//!    policy's snapshot, its plan, and the plan interpreted into GPUs, new
+//!    merges, state transitions, leases and what cannot run.
+//! 4. **commit** — everything the round observed and decided in one
+//!    transaction, which succeeds only while this replica holds the leader
+//!    lease with the epoch it started the round under, and while the plan is
+//!    still the generation the round read (`Persistence::commit_round`). A
+//!    deposed leader's round fails here, is logged and counted, and writes
+//!    nothing.
+//! 5. **push** ([`push`]) — every connected node its complete desired set
+//!    under the new generation and the leader's epoch.
+//!
+//! A *look-ahead* round (Ymir §6.2 pipeline switch) is observe (predicting
+//! only which jobs finish before the switch) → load → decide, then
+//! `PrepareSwitch` hints instead of a commit.
+//!
+//! The intent lives in Postgres, so a restarted scheduler pushes the same
+//! plan under a newer generation: agents keep healthy processes (a repeated
+//! desired task is a no-op for them) and nothing restarts.
+//!
+//! Merges (Ymir §5): profiled jobs' Task2Vec embeddings give transfer gains
+//! (§4.1), the estimator's time table gives `T` and `TranWt` (Eq. 5, 12,
+//! 13), and the policy picks pairs. A merge is persisted with the plan that
+//! decides it and kept (only its size changes) until the merge guard (§4.3)
+//! splits it. A spatial pair runs as one joint process `<a>+<b>`; a
+//! temporal pair runs A (with B evaluated alongside), then B from A's
+//! output weights. What a merge gained is measured on the jobs' losses and
+//! taught to the estimator's gain regression (`RecordTransferOutcome`).
+//!
+//! Not here yet: placements over several nodes. The round runs with
+//! `max_nodes_per_group = 1`: a job is offered at most the largest node's
+//! GPUs, one that needs more waits with an `unschedulable` event, and a
+//! group the policy spreads over nodes waits with one too (and
+//! `fmsched_unexecutable_placements_total`).
+
+mod inputs;
+mod observe;
+mod push;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use chrono::{DateTime, Utc};
+use fmsched_core::policy::Policy;
+use fmsched_core::policy::baselines::by_name;
+use fmsched_core::round::{self, RoundOutcome};
+use fmsched_core::{JobId, JobState};
+use fmsched_estimator::analytic;
+use fmsched_estimator::lut::Lut;
+
+pub use inputs::{Translated, ViewSources, build_view};
+
+use crate::api::AppState;
+use crate::estimates::Estimates;
+use crate::persistence::{
+    Assignment, Estimate, JobRecord, MergeRecord, NewMerge, PersistenceError, ServiceUpdate,
+};
+use observe::Observed;
+
+/// Default iterations of a job whose target names neither iterations nor
+/// epochs with a known dataset size (it stops on its metric).
+const DEFAULT_ITERATIONS: u64 = 1000;
+
+/// Counters of the scheduling loop, rendered on `/metrics`.
+#[derive(Debug, Default)]
+pub struct SchedulerMetrics {
+    inner: std::sync::Mutex<MetricValues>,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct MetricValues {
+    pub rounds: u64,
+    pub round_seconds_sum: f64,
+    pub last_round_seconds: f64,
+    pub solver_seconds_sum: f64,
+    pub last_solver_seconds: f64,
+    pub fallbacks: u64,
+    pub context_switches: u64,
+    pub completed: u64,
+    pub failed: u64,
+    pub retries: u64,
+    pub queue_length: u64,
+    pub model_variables: u64,
+    pub merges_temporal: u64,
+    pub merges_spatial: u64,
+    pub guard_splits: u64,
+    pub estimator_fallbacks: u64,
+    pub prewarm_hints: u64,
+    /// Rounds whose commit was refused: the writer no longer led, or the
+    /// plan moved on under it.
+    pub fenced_rounds: u64,
+    /// Groups the policy placed where this service cannot run them (over
+    /// several nodes): their jobs wait, with an event.
+    pub unexecutable_placements: u64,
+    /// Merge outcomes sent to the estimator's gain regression.
+    pub transfer_outcomes: u64,
+}
+
+impl SchedulerMetrics {
+    pub fn update(&self, f: impl FnOnce(&mut MetricValues)) {
+        f(&mut self.inner.lock().unwrap_or_else(|p| p.into_inner()));
+    }
+
+    pub fn values(&self) -> MetricValues {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
+
+/// Renders the scheduler's metrics (job counts come from Postgres).
+pub async fn render_metrics(state: &AppState) -> String {
+    use fmsched_runtime::metrics::Exposition;
+    let mut e = Exposition::default();
+    e.family("fmsched_jobs", "gauge", "Jobs by state.");
+    if let Ok(counts) = state.persistence.job_counts_by_state().await {
+        for st in JobState::ALL {
+            e.sample(
+                "fmsched_jobs",
+                &[("state", st.as_str())],
+                counts.get(&st).copied().unwrap_or(0) as f64,
+            );
+        }
+    }
+    e.family("fmsched_nodes", "gauge", "Nodes by liveness state.");
+    let nodes = state.registry.snapshot();
+    for st in ["available", "suspect", "offline"] {
+        let n = nodes.iter().filter(|x| x.state.as_str() == st).count();
+        e.sample("fmsched_nodes", &[("state", st)], n as f64);
+    }
+    let v = state.metrics.values();
+    e.scalar(
+        "fmsched_queue_length",
+        "gauge",
+        "Live jobs without GPUs after the last round.",
+        v.queue_length as f64,
+    );
+    e.scalar(
+        "fmsched_rounds_total",
+        "counter",
+        "Scheduling rounds run.",
+        v.rounds as f64,
+    );
+    e.scalar(
+        "fmsched_round_duration_seconds_sum",
+        "counter",
+        "Total seconds spent in rounds.",
+        v.round_seconds_sum,
+    );
+    e.scalar(
+        "fmsched_round_duration_seconds_last",
+        "gauge",
+        "Seconds of the last round.",
+        v.last_round_seconds,
+    );
+    e.scalar(
+        "fmsched_solver_seconds_sum",
+        "counter",
+        "Total seconds in the policy (MILP solve for Ymir).",
+        v.solver_seconds_sum,
+    );
+    e.scalar(
+        "fmsched_solver_seconds_last",
+        "gauge",
+        "Seconds of the last policy call.",
+        v.last_solver_seconds,
+    );
+    e.scalar(
+        "fmsched_solver_fallbacks_total",
+        "counter",
+        "Rounds whose MILP hit its time limit and used the greedy fallback.",
+        v.fallbacks as f64,
+    );
+    e.scalar(
+        "fmsched_solver_model_variables",
+        "gauge",
+        "Variables of the last MILP.",
+        v.model_variables as f64,
+    );
+    e.family(
+        "fmsched_merges_total",
+        "counter",
+        "Merges decided, by mode.",
+    );
+    e.sample(
+        "fmsched_merges_total",
+        &[("mode", "temporal")],
+        v.merges_temporal as f64,
+    )
+    .sample(
+        "fmsched_merges_total",
+        &[("mode", "spatial")],
+        v.merges_spatial as f64,
+    );
+    e.scalar(
+        "fmsched_merge_guard_splits_total",
+        "counter",
+        "Merges split by the merge guard (no accuracy gain in two epochs).",
+        v.guard_splits as f64,
+    );
+    e.scalar(
+        "fmsched_estimator_fallbacks_total",
+        "counter",
+        "Estimator service calls that failed; the in-process estimator answered.",
+        v.estimator_fallbacks as f64,
+    );
+    e.scalar(
+        "fmsched_prewarm_hints_total",
+        "counter",
+        "Pipeline-switch hints sent: tasks started in standby ahead of a round (Ymir §6.2).",
+        v.prewarm_hints as f64,
+    );
+    e.scalar(
+        "fmsched_fenced_rounds_total",
+        "counter",
+        "Rounds whose commit was refused because this replica no longer led or the plan moved on under it (nothing was written or pushed).",
+        v.fenced_rounds as f64,
+    );
+    e.scalar(
+        "fmsched_unexecutable_placements_total",
+        "counter",
+        "Groups the policy placed over several nodes, which this service does not run yet (the jobs wait, with an event).",
+        v.unexecutable_placements as f64,
+    );
+    e.scalar(
+        "fmsched_transfer_outcomes_total",
+        "counter",
+        "Observed merge gains sent to the estimator's transfer regression (RecordTransferOutcome).",
+        v.transfer_outcomes as f64,
+    );
+    e.scalar(
+        "fmsched_leader_epoch",
+        "gauge",
+        "Leadership term this replica holds (0 = standby).",
+        state.leadership.epoch() as f64,
+    );
+    e.scalar(
+        "fmsched_context_switches_total",
+        "counter",
+        "Jobs started, moved or resized (each costs a checkpoint and a restart).",
+        v.context_switches as f64,
+    );
+    e.family(
+        "fmsched_jobs_finished_total",
+        "counter",
+        "Jobs completed or failed by this process.",
+    )
+    .sample(
+        "fmsched_jobs_finished_total",
+        &[("outcome", "completed")],
+        v.completed as f64,
+    )
+    .sample(
+        "fmsched_jobs_finished_total",
+        &[("outcome", "failed")],
+        v.failed as f64,
+    );
+    e.scalar(
+        "fmsched_retries_total",
+        "counter",
+        "Failed training processes retried.",
+        v.retries as f64,
+    );
+    e.finish()
+}
+
+/// What one round did, for logs and tests.
+#[derive(Debug, Default, PartialEq)]
+pub struct RoundReport {
+    pub generation: i64,
+    pub jobs: usize,
+    pub running: usize,
+    pub completed: usize,
+    pub failed: usize,
+    /// Look-ahead rounds: `PrepareSwitch` hints sent.
+    pub hints: usize,
+}
+
+/// What a round does with the plan it decides.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RoundKind {
+    /// Observe the agents' reports, decide, persist the plan under a new
+    /// generation and push it.
+    Commit,
+    /// Predict the plan of the round expected at `switch_at` from what is
+    /// persisted, and send `PrepareSwitch` hints for the tasks it would
+    /// start (Ymir §6.2). Observes nothing, writes nothing.
+    LookAhead { switch_at: DateTime<Utc> },
+}
+
+/// The round's error (logged; the next round tries again).
+#[derive(Debug, thiserror::Error)]
+pub enum RoundError {
+    #[error(transparent)]
+    Persistence(#[from] PersistenceError),
+    #[error("policy task failed: {0}")]
+    Join(String),
+    #[error(transparent)]
+    Decide(#[from] round::RoundError),
+    #[error("this replica does not lead")]
+    NotLeader,
+}
+
+impl RoundError {
+    /// The round was refused because this replica no longer leads (or the
+    /// plan moved on under it): nothing was written or pushed.
+    pub fn is_fenced(&self) -> bool {
+        matches!(
+            self,
+            RoundError::NotLeader | RoundError::Persistence(PersistenceError::Fenced(_))
+        )
+    }
+}
+
+/// Iterations a job needs in all (from its target).
+fn total_iterations(job: &JobRecord) -> u64 {
+    let t = &job.spec.target;
+    if let Some(i) = t.max_iterations {
+        return i;
+    }
+    if let (Some(e), Some(n)) = (t.max_epochs, job.spec.dataset.num_samples) {
+        let batch = u64::from(job.spec.hyperparameters.global_batch_size.max(1));
+        return (u64::from(e) * n).div_ceil(batch);
+    }
+    DEFAULT_ITERATIONS
+}
+
+/// The job's own iteration budget: its `max_iterations`, or its epoch
+/// budget in iterations when the dataset size is known.
+fn iteration_budget(job: &JobRecord) -> Option<u64> {
+    let t = &job.spec.target;
+    t.max_iterations.or_else(|| {
+        t.max_epochs
+            .and(job.spec.dataset.num_samples)
+            .map(|_| total_iterations(job))
+    })
+}
+
+/// Iterations the job is expected to need: the estimate from its fitted
+/// loss curve (Eq. 2) when it names no iteration budget, else its target.
+fn expected_iterations(job: &JobRecord, estimate: Option<&Estimate>) -> u64 {
+    match (
+        job.spec.target.max_iterations,
+        estimate.and_then(|e| e.iterations),
+    ) {
+        (None, Some(k)) => k,
+        _ => total_iterations(job),
+    }
+}
+
+/// The scheduling policy the configuration names.
+fn policy(state: &AppState) -> Box<dyn Policy + Send + Sync> {
+    by_name(&state.config.scheduling.policy).expect("validated at start-up")
+}
+
+/// One scheduling round (see the module docs).
+pub async fn run_round(
+    state: &AppState,
+    lut: &Arc<Lut>,
+    est: &Estimates,
+    kind: RoundKind,
+) -> Result<RoundReport, RoundError> {
+    // The term this round works under: its commit is fenced by it.
+    let fence = state.leadership.fence().ok_or(RoundError::NotLeader)?;
+    let now = Utc::now();
+    let observed = observe::observe(state, lut, est, kind, now).await?;
+    let policy = policy(state);
+    let Some(inputs) = inputs::load(state, lut, est, &observed, policy.as_ref(), now).await? else {
+        return Ok(RoundReport::default()); // no time table: the plan stays
+    };
+    let (decision, solve_s) = decide(inputs.clone_parts()).await?;
+    if let RoundKind::LookAhead { switch_at } = kind {
+        let hints = hint(state, &observed, &inputs, &decision.outcome, switch_at).await?;
+        return Ok(RoundReport {
+            hints,
+            ..Default::default()
+        });
+    }
+    let writes = plan_writes(&observed, &inputs, &decision.outcome, now);
+    let generation = state
+        .persistence
+        .commit_round(&fence, observed.current.generation, &writes, now)
+        .await?;
+    // A deposed leader pushes nothing, even a plan it committed in time.
+    let leads = state.leadership.fence().as_ref() == Some(&fence);
+    if leads {
+        let (live, progress, merges, init_weights) =
+            plan_context(state, &observed, &writes).await?;
+        push::push_plans(
+            state,
+            &push::PlanView {
+                live: &live,
+                assignments: &writes.assignments,
+                progress: &progress,
+                merges: &merges,
+                init_weights: &init_weights,
+            },
+            generation,
+            fence.epoch,
+        );
+    }
+    // What was committed is accounted (and its merge outcomes taught to
+    // the estimator) once the agents have their plans.
+    after_commit(
+        state, est, &observed, &inputs, &decision, solve_s, generation,
+    )
+    .await;
+    if !leads {
+        return Err(RoundError::NotLeader);
+    }
+    Ok(RoundReport {
+        generation,
+        jobs: observed.live.len(),
+        running: writes.assignments.iter().filter(|a| !a.profile).count(),
+        completed: observed.completed,
+        failed: observed.failed,
+        hints: 0,
+    })
+}
+
+/// What decide needs, owned (it runs on the blocking pool).
+struct DecideParts {
+    view: round::ClusterView,
+    prepared: round::Prepared,
+    estimates: round::Estimates,
+    config: round::RoundConfig,
+    policy: String,
+}
+
+impl inputs::Inputs {
+    fn clone_parts(&self) -> DecideParts {
+        DecideParts {
+            view: self.t.view.clone(),
+            prepared: self.prepared.clone(),
+            estimates: self.estimates.clone(),
+            config: self.config.clone(),
+            policy: self.config.policy.clone(),
+        }
+    }
+}
+
+/// Phase 3: the shared round's decision, on the blocking pool (CPU work).
+/// Returns it with the seconds it took.
+async fn decide(p: DecideParts) -> Result<(round::Decision, f64), RoundError> {
+    tokio::task::spawn_blocking(move || {
+        let started = std::time::Instant::now();
+        let policy = by_name(&p.policy).expect("validated at start-up");
+        let d = decide_round(
+            &p.view,
+            &p.prepared,
+            &p.estimates,
+            policy.as_ref(),
+            &p.config,
+        )?;
+        Ok((d, started.elapsed().as_secs_f64()))
+    })
+    .await
+    .map_err(|e| RoundError::Join(e.to_string()))?
+}
+
+/// The shared round's first phase as the live round runs it (a golden test
+/// holds it to fmsim's).
+pub fn prepare_round(
+    view: &round::ClusterView,
+    policy: &dyn Policy,
+    config: &round::RoundConfig,
+) -> round::Prepared {
+    round::prepare(view, policy, config)
+}
+
+/// The shared round's decision as the live round runs it (a golden test
+/// holds it to fmsim's).
+pub fn decide_round(
+    view: &round::ClusterView,
+    prepared: &round::Prepared,
+    estimates: &round::Estimates,
+    policy: &dyn Policy,
+    config: &round::RoundConfig,
+) -> Result<round::Decision, round::RoundError> {
+    round::decide(view, prepared, estimates, policy, config)
+}
+
+/// The round settings and the policy the configuration gives the live
+/// round.
+pub fn round_setup(
+    config: &crate::config::Config,
+) -> (round::RoundConfig, Box<dyn Policy + Send + Sync>) {
+    (
+        inputs::round_config(config),
+        by_name(&config.scheduling.policy).expect("validated at start-up"),
+    )
+}
+
+/// The plan part of the round's writes, after what it observed: the new
+/// assignments (trainers and profiling runs), new merges, the plan's state
+/// changes, events for jobs that cannot run here, and service accounting
+/// (every live job's deserved share, the new leases).
+fn plan_writes(
+    o: &Observed,
+    inputs: &inputs::Inputs,
+    outcome: &RoundOutcome,
+    now: DateTime<Utc>,
+) -> crate::persistence::RoundWrites {
+    let t = &inputs.t;
+    let mut w = o.writes.clone();
+    for g in &outcome.groups {
+        let Some((node, gpus)) = t.gpus(&g.gpus) else {
+            continue;
+        };
+        for &v in g.trainers() {
+            w.assignments.push(Assignment {
+                job: t.jobs[v],
+                node: node.clone(),
+                gpus: gpus.clone(),
+                profile: false,
+            });
+        }
+        if let (Some((gab, gba)), [a, b]) = (g.new_merge, &g.jobs[..]) {
+            w.new_merges.push(NewMerge {
+                a: t.jobs[*a],
+                b: t.jobs[*b],
+                mode: g.mode,
+                gain_ab: gab,
+                gain_ba: gba,
+            });
+        }
+    }
+    for r in &outcome.profiling {
+        if let Some((node, gpus)) = t.gpus(&r.gpus) {
+            w.assignments.push(Assignment {
+                job: t.jobs[r.job],
+                node,
+                gpus,
+                profile: true,
+            });
+        }
+    }
+    w.transitions.extend(
+        outcome
+            .transitions
+            .iter()
+            .map(|x| (t.jobs[x.job], x.to, x.reason.clone())),
+    );
+    w.notes.extend(
+        outcome
+            .unschedulable
+            .iter()
+            .chain(&outcome.unexecutable)
+            .map(|(v, why)| (t.jobs[*v], "unschedulable".to_string(), why.clone())),
+    );
+    let live = t.view.jobs.len();
+    let at = |s: f64| now + chrono::Duration::milliseconds((s * 1000.0) as i64);
+    w.service = ServiceUpdate {
+        fair_share_gpus: t
+            .view
+            .jobs
+            .iter()
+            .enumerate()
+            .map(|(v, j)| {
+                let request = inputs.prepared.offered(&inputs.config, j.requested_gpus);
+                (
+                    t.jobs[v],
+                    round::fair_share(inputs.prepared.total_gpus, live, request),
+                )
+            })
+            .collect(),
+        leases: outcome
+            .leases
+            .iter()
+            .map(|&(v, until)| (t.jobs[v], at(until)))
+            .collect(),
+    };
+    w
+}
+
+/// After a commit: metrics, logs, and the merge outcomes taught to the
+/// estimator's gain regression.
+async fn after_commit(
+    state: &AppState,
+    est: &Estimates,
+    o: &Observed,
+    inputs: &inputs::Inputs,
+    d: &round::Decision,
+    solve_s: f64,
+    generation: i64,
+) {
+    let out = &d.outcome;
+    let t = &inputs.t;
+    let merged = |mode| {
+        out.groups
+            .iter()
+            .filter(|g| g.new_merge.is_some() && g.mode == mode)
+            .count() as u64
+    };
+    let (temporal, spatial) = (
+        merged(fmsched_core::policy::MergeMode::Temporal),
+        merged(fmsched_core::policy::MergeMode::Spatial),
+    );
+    let mut taught = 0;
+    for x in &o.outcomes {
+        match est.record_transfer_outcome(x.score, x.gain).await {
+            Ok(Some((intercept, slope, observed))) => {
+                taught += 1;
+                tracing::info!(
+                    merge = x.merge,
+                    score = x.score,
+                    gain = x.gain,
+                    intercept,
+                    slope,
+                    observed,
+                    "merge outcome taught to the estimator"
+                );
+            }
+            Ok(None) => {}
+            Err(e) => tracing::warn!(merge = x.merge, error = %e, "merge outcome not recorded"),
+        }
+    }
+    state.metrics.update(|m| {
+        m.solver_seconds_sum += solve_s;
+        m.last_solver_seconds = solve_s;
+        m.model_variables = out.stats.variables as u64;
+        m.fallbacks += u64::from(out.stats.fallback);
+        m.context_switches += out.switches as u64;
+        m.queue_length = out.queued as u64;
+        m.completed += o.completed as u64;
+        m.failed += o.failed as u64;
+        m.retries += o.retried as u64;
+        m.guard_splits += o.guard_splits as u64;
+        m.merges_temporal += temporal;
+        m.merges_spatial += spatial;
+        m.unexecutable_placements += out
+            .unexecutable
+            .iter()
+            .map(|(v, _)| *v)
+            .collect::<BTreeSet<_>>()
+            .len() as u64;
+        m.transfer_outcomes += taught;
+    });
+    for x in &out.transitions {
+        tracing::info!(job_id = %t.jobs[x.job], to = %x.to, reason = %x.reason, generation, "job state");
+    }
+    for g in out.groups.iter().filter(|g| g.new_merge.is_some()) {
+        let (gab, gba) = g.new_merge.unwrap_or_default();
+        tracing::info!(a = %t.jobs[g.jobs[0]], b = %t.jobs[g.jobs[1]], mode = g.mode.as_str(), gain_ab = gab, gain_ba = gba, generation, "merge decided");
+    }
+    for (v, why) in &out.unexecutable {
+        tracing::info!(job_id = %t.jobs[*v], %why, "placement not run");
+    }
+}
+
+/// What pushing a plan needs beyond its assignments: the live jobs and
+/// their progress (resume paths), the merges in force (decided now
+/// included), and the output weights a temporal B starts from.
+async fn plan_context(
+    state: &AppState,
+    o: &Observed,
+    w: &crate::persistence::RoundWrites,
+) -> Result<
+    (
+        BTreeMap<JobId, JobRecord>,
+        BTreeMap<JobId, (u64, Option<String>)>,
+        Vec<MergeRecord>,
+        BTreeMap<JobId, String>,
+    ),
+    RoundError,
+> {
+    let mut merges = o.merges.clone();
+    merges.extend(w.new_merges.iter().map(|m| MergeRecord {
+        id: 0,
+        a: m.a,
+        b: m.b,
+        mode: m.mode,
+        gain_ab: m.gain_ab,
+        gain_ba: m.gain_ba,
+        active: true,
+        guard_passed: false,
+        gain_observed: false,
+    }));
+    let running: BTreeSet<JobId> = w.assignments.iter().map(|a| a.job).collect();
+    let init_weights =
+        initial_weights(state, &merges, &o.live, &running, &o.reported_outputs).await?;
+    Ok((o.live.clone(), o.progress.clone(), merges, init_weights))
+}
+
+/// B of each active temporal merge that runs now and whose A is done: the
+/// weights it starts from — A's output, as A reported it (a look-ahead) or
+/// as recorded when A completed.
+async fn initial_weights(
+    state: &AppState,
+    merges: &[MergeRecord],
+    live: &BTreeMap<JobId, JobRecord>,
+    running: &BTreeSet<JobId>,
+    reported: &BTreeMap<JobId, String>,
+) -> Result<BTreeMap<JobId, String>, RoundError> {
+    let mut out = BTreeMap::new();
+    for m in merges.iter().filter(|m| {
+        m.active
+            && m.mode == fmsched_core::policy::MergeMode::Temporal
+            && running.contains(&m.b)
+            && !live.contains_key(&m.a)
+    }) {
+        let weights = match reported.get(&m.a) {
+            Some(o) => Some(o.clone()),
+            None => state
+                .persistence
+                .get_job(m.a)
+                .await?
+                .filter(|a| a.state == JobState::Completed)
+                .and_then(|a| a.output_path),
+        };
+        if let Some(w) = weights.filter(|w| !w.is_empty()) {
+            out.insert(m.b, w);
+        }
+    }
+    Ok(out)
+}
+
+/// A look-ahead's hints (Ymir §6.2): the tasks the predicted plan would
+/// start get a standby process on their node, launched exactly as the plan
+/// will run them (B of a temporal merge from A's output weights).
+async fn hint(
+    state: &AppState,
+    o: &Observed,
+    inputs: &inputs::Inputs,
+    outcome: &RoundOutcome,
+    switch_at: DateTime<Utc>,
+) -> Result<usize, RoundError> {
+    let t = &inputs.t;
+    let mut assignments = Vec::new();
+    for g in &outcome.groups {
+        if let Some((node, gpus)) = t.gpus(&g.gpus) {
+            for &v in g.trainers() {
+                assignments.push(Assignment {
+                    job: t.jobs[v],
+                    node: node.clone(),
+                    gpus: gpus.clone(),
+                    profile: false,
+                });
+            }
+        }
+    }
+    let held: BTreeSet<JobId> = o
+        .current
+        .assignments
+        .iter()
+        .filter(|a| !a.profile)
+        .map(|a| a.job)
+        .collect();
+    let running: BTreeSet<JobId> = assignments.iter().map(|a| a.job).collect();
+    let init_weights =
+        initial_weights(state, &o.merges, &o.live, &running, &o.reported_outputs).await?;
+    let view = push::PlanView {
+        live: &o.live,
+        assignments: &assignments,
+        progress: &o.progress,
+        merges: &o.merges,
+        init_weights: &init_weights,
+    };
+    if state.leadership.fence().is_none() {
+        return Ok(0); // a deposed leader sends nothing
+    }
+    Ok(push::send_switch_hints(state, &view, &held, switch_at))
+}
+
+/// Runs rounds every `scheduling.round_interval()` until the task is
+/// aborted; with a `prewarm_lead`, a look-ahead round that long before each
+/// round. A replica that does not lead runs none.
+pub async fn scheduling_loop(state: AppState) {
+    let lut = match analytic::default_lut() {
+        Ok(l) => Arc::new(l),
+        Err(e) => {
+            tracing::error!(error = %e, "no throughput table; scheduling disabled");
+            return;
+        }
+    };
+    let e = &state.config.estimates;
+    let est = match Estimates::new(e.endpoint.as_deref(), e.timeout) {
+        Ok(est) => est,
+        Err(err) => {
+            tracing::error!(error = %err, "estimator client; scheduling disabled");
+            return;
+        }
+    };
+    if est.is_remote() {
+        tracing::info!(endpoint = ?e.endpoint, "estimates from the estimator service");
+    }
+    let lead = state.config.scheduling.effective_prewarm_lead();
+    if !lead.is_zero() {
+        tracing::info!(
+            ?lead,
+            "pipeline switch: look-ahead rounds send standby hints"
+        );
+    }
+    let mut tick = tokio::time::interval(state.config.scheduling.round_interval());
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        if !state.leadership.is_leader() {
+            continue; // a standby decides nothing
+        }
+        let started = std::time::Instant::now();
+        let result = run_round(&state, &lut, &est, RoundKind::Commit).await;
+        let took = started.elapsed().as_secs_f64();
+        state.metrics.update(|m| {
+            m.rounds += 1;
+            m.round_seconds_sum += took;
+            m.last_round_seconds = took;
+        });
+        match result {
+            Ok(r) => tracing::debug!(generation = r.generation, jobs = r.jobs, running = r.running,
+                completed = r.completed, failed = r.failed, took = ?started.elapsed(), "scheduling round"),
+            Err(e) if e.is_fenced() => {
+                state.metrics.update(|m| m.fenced_rounds += 1);
+                tracing::warn!(error = %e, "round discarded: this replica no longer leads (nothing written or pushed)");
+            }
+            Err(e) => tracing::warn!(error = %e, "scheduling round failed; retrying next interval"),
+        }
+        // Ymir §6.2: predict the next round `lead` before it and let the
+        // tasks it starts prepare their data loaders in standby.
+        if lead.is_zero() {
+            continue;
+        }
+        let interval = state.config.scheduling.round_interval();
+        tokio::time::sleep_until((started + interval - lead).into()).await;
+        if !state.leadership.is_leader() {
+            continue;
+        }
+        let switch_at = Utc::now() + lead;
+        match run_round(&state, &lut, &est, RoundKind::LookAhead { switch_at }).await {
+            Ok(r) if r.hints > 0 => tracing::debug!(hints = r.hints, "look-ahead round"),
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(error = %e, "look-ahead round failed; no standby hints this round")
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fmsched_core::round::{ClusterView, JobView, RoundConfig};
+    use fmsched_core::{GpuUuid, NodeId};
+
+    fn id(n: u8) -> JobId {
+        format!("01a20000-0000-7000-8000-0000000000{n:02}")
+            .parse()
+            .unwrap()
+    }
+
+    fn job(n: u8, gpus: u32, holds: &[(usize, u32)]) -> JobView {
+        let state = if holds.is_empty() {
+            JobState::Queued
+        } else {
+            JobState::Running
+        };
+        JobView {
+            submitted_at: -f64::from(n),
+            holds: holds.to_vec(),
+            ..round::testkit::job(&id(n).to_string(), &format!("t{n}"), state, gpus)
+        }
+    }
+
+    /// A group the policy spreads over two nodes is not run by this
+    /// service: its job gets an event naming the nodes and no assignment,
+    /// never a silent drop; the others are assigned their GPUs by UUID.
+    #[test]
+    fn a_placement_this_service_cannot_run_is_an_event_not_a_silent_drop() {
+        let nodes = ["x", "y"];
+        let t = Translated {
+            view: ClusterView {
+                now: 0.0,
+                nodes: nodes.iter().map(|n| round::testkit::node(n, 4)).collect(),
+                jobs: vec![
+                    job(1, 2, &[(0, 0), (0, 1)]),
+                    job(2, 2, &[(1, 0), (1, 1)]),
+                    job(3, 3, &[]),
+                ],
+                merges: Vec::new(),
+            },
+            jobs: vec![id(1), id(2), id(3)],
+            nodes: nodes
+                .iter()
+                .map(|n| {
+                    (
+                        NodeId::try_from(n.to_string()).unwrap(),
+                        (0..4).map(|g| GpuUuid(format!("{n}-G{g}"))).collect(),
+                    )
+                })
+                .collect(),
+            merges: Vec::new(),
+        };
+        let cfg = RoundConfig {
+            profiling: false,
+            max_nodes_per_group: Some(1),
+            policy: "srtf".into(),
+            ..Default::default()
+        };
+        let policy = by_name("srtf").unwrap();
+        let prepared = prepare_round(&t.view, policy.as_ref(), &cfg);
+        let estimates = round::testkit::estimates(&prepared, 3600.0);
+        let d = decide_round(&t.view, &prepared, &estimates, policy.as_ref(), &cfg).unwrap();
+        let inputs = inputs::Inputs {
+            t,
+            prepared,
+            estimates,
+            config: cfg,
+        };
+        let o = observe::tests::empty_observed();
+        let w = plan_writes(&o, &inputs, &d.outcome, Utc::now());
+        let assigned: Vec<JobId> = w.assignments.iter().map(|a| a.job).collect();
+        assert_eq!(assigned, vec![id(1), id(2)]);
+        assert_eq!(
+            w.assignments[1].gpus,
+            vec![GpuUuid("y-G0".into()), GpuUuid("y-G1".into())]
+        );
+        assert_eq!(w.notes.len(), 1, "{:?}", w.notes);
+        let (job, kind, why) = &w.notes[0];
+        assert_eq!((job, kind.as_str()), (&id(3), "unschedulable"));
+        assert!(why.contains("over nodes x, y"), "{why}");
+    }
+}

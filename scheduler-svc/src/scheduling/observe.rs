@@ -1,0 +1,1051 @@
+//! Phase 1 of a round: read what Postgres holds and take in what agents
+//! report — progress and checkpoints, finished, failed and profiled
+//! processes, step times, loss traces, evaluations — and run the merge
+//! guard (Ymir §4.3).
+//!
+//! Nothing here writes to Postgres: every consequence is collected in
+//! [`RoundWrites`] and committed with the round's plan in one fenced
+//! transaction, so a deposed leader's observations are lost with its round
+//! (the agents report them again to the new leader). The only IO besides
+//! the reads is teaching the estimator service measured step times, which
+//! is learning, not cluster state.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use chrono::{DateTime, Utc};
+use fmsched_core::policy::MergeMode;
+use fmsched_core::{JobId, JobState};
+use fmsched_estimator::analytic;
+use fmsched_estimator::loss_curve::{
+    LossCurve, PLATEAU_THRESHOLD, fit_loss_curve, iterations_to_converge,
+};
+use fmsched_estimator::lut::{Lut, Variant};
+use fmsched_estimator::transfer::{TaskEmbedding, observed_gain, spatial_score, temporal_score};
+use fmsched_proto::v1 as pb;
+
+use super::{DEFAULT_ITERATIONS, RoundError, RoundKind, iteration_budget};
+use crate::api::AppState;
+use crate::estimates::Estimates;
+use crate::persistence::{
+    Estimate, Failure, JobRecord, JobService, MergeRecord, RetryState, RoundWrites, StoredPlan,
+};
+use crate::registry::LiveNode;
+
+/// Task id suffix of a job's profiling run.
+pub(crate) const PROFILE_SUFFIX: &str = "-profile";
+
+/// Loss points a merged job's own trace needs before its observed gain is
+/// measured (fewer at its completion: whatever it reported then).
+const GAIN_POINTS: usize = 20;
+const GAIN_POINTS_AT_END: usize = 5;
+
+/// A merge outcome for the estimator's gain regression (Ymir §4.1: Task2Vec
+/// score → linear regression → `G`), sent once the round committed.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct TransferOutcome {
+    pub merge: i64,
+    pub score: f64,
+    pub gain: f64,
+}
+
+/// What the observe phase leaves for the rest of the round.
+pub(crate) struct Observed {
+    pub nodes: Vec<LiveNode>,
+    /// Live jobs: those that finished or failed for good this round are
+    /// gone; those whose profiling ended are queued.
+    pub live: BTreeMap<JobId, JobRecord>,
+    /// Merges of live jobs; those split this round are inactive.
+    pub merges: Vec<MergeRecord>,
+    /// Estimates, with what this round learned (profiles, refits).
+    pub estimates: BTreeMap<JobId, Estimate>,
+    /// Iterations done and newest checkpoint, with this round's reports.
+    pub progress: BTreeMap<JobId, (u64, Option<String>)>,
+    /// Failures so far, with this round's.
+    pub retries: BTreeMap<JobId, RetryState>,
+    /// Merges split this round: their spatial jobs wait one round for the
+    /// joint process's last checkpoint.
+    pub split_now: BTreeSet<i64>,
+    /// Look-ahead rounds: the outputs of jobs predicted to finish first.
+    pub reported_outputs: BTreeMap<JobId, String>,
+    /// The plan in force (its generation fences this round's commit).
+    pub current: StoredPlan,
+    pub service: BTreeMap<JobId, JobService>,
+    /// What the round writes besides its plan.
+    pub writes: RoundWrites,
+    /// Merge outcomes to teach the estimator once the round committed.
+    pub outcomes: Vec<TransferOutcome>,
+    pub completed: usize,
+    pub failed: usize,
+    pub retried: usize,
+    pub guard_splits: usize,
+}
+
+/// Phase 1 (see the module docs). A look-ahead round reads the same state
+/// but takes in no report: it only predicts which jobs finish before the
+/// switch.
+pub(crate) async fn observe(
+    state: &AppState,
+    lut: &Lut,
+    est: &Estimates,
+    kind: RoundKind,
+    now: DateTime<Utc>,
+) -> Result<Observed, RoundError> {
+    let p = &state.persistence;
+    let nodes = state.registry.snapshot();
+    let live: BTreeMap<JobId, JobRecord> = p
+        .live_jobs()
+        .await?
+        .into_iter()
+        .map(|j| (j.id, j))
+        .collect();
+    let mut o = Observed {
+        live,
+        merges: p.merges_of_live_jobs().await?,
+        estimates: p.estimates().await?,
+        progress: p.progress().await?,
+        retries: p.retry_state().await?,
+        current: p.current_plan().await?,
+        service: p.service().await?,
+        split_now: BTreeSet::new(),
+        reported_outputs: BTreeMap::new(),
+        writes: RoundWrites::default(),
+        outcomes: Vec::new(),
+        completed: 0,
+        failed: 0,
+        retried: 0,
+        guard_splits: 0,
+        nodes: Vec::new(),
+    };
+    if let RoundKind::LookAhead { switch_at } = kind {
+        let lead_s = (switch_at - now).num_milliseconds().max(0) as f64 / 1000.0;
+        let observed = nodes.iter().flat_map(|n| &n.observed_tasks);
+        for (id, output) in finishing(observed, &o.live, &o.estimates, lead_s) {
+            o.live.remove(&id);
+            if let Some(out) = output {
+                o.reported_outputs.insert(id, out);
+            }
+        }
+        o.nodes = nodes;
+        return Ok(o);
+    }
+    // Evaluation values per job reported this round (the guard reads them),
+    // and each job's latest (iteration, loss) in a joint process.
+    let mut evals: BTreeMap<JobId, Vec<f64>> = BTreeMap::new();
+    let mut losses: BTreeMap<JobId, (u64, f64)> = BTreeMap::new();
+    for n in &nodes {
+        for t in &n.observed_tasks {
+            observe_task(state, lut, est, &mut o, n, t, now, &mut evals, &mut losses).await;
+        }
+    }
+    guard(&mut o, &evals, &losses);
+    o.nodes = nodes;
+    Ok(o)
+}
+
+/// The merge guard (Ymir §4.3): a merge whose watched accuracy does not
+/// improve in the first two epochs is split and both jobs are scheduled on
+/// their own. Temporal A ↦ B: B's accuracy with A's weights, evaluated while
+/// A trains. Spatial A ‖ B: each task's accuracy in the joint job. A spatial
+/// verdict also measures the pair's gain (each job's loss against its own
+/// curve); a temporal split shows no gain, not how much was lost, so it is
+/// recorded as 0 (an upper bound), and a kept temporal merge is measured
+/// later, on B's own training.
+fn guard(
+    o: &mut Observed,
+    evals: &BTreeMap<JobId, Vec<f64>>,
+    losses: &BTreeMap<JobId, (u64, f64)>,
+) {
+    let unguarded: Vec<MergeRecord> = o
+        .merges
+        .iter()
+        .filter(|m| m.active && !m.guard_passed && !o.split_now.contains(&m.id))
+        .cloned()
+        .collect();
+    for m in unguarded {
+        let watched: Vec<(JobId, Option<&[f64]>)> = match m.mode {
+            MergeMode::Temporal => vec![m.b],
+            _ => vec![m.a, m.b],
+        }
+        .into_iter()
+        .filter(|j| o.live.contains_key(j))
+        .map(|j| (j, evals.get(&j).map(Vec::as_slice)))
+        .collect();
+        let verdict = guard_verdict(m.mode, &watched);
+        let measured = match (&verdict, m.mode) {
+            (GuardVerdict::Wait, _) => None,
+            (GuardVerdict::Split(_), MergeMode::Temporal) => Some(0.0),
+            (_, MergeMode::Temporal) => None,
+            _ => spatial_gain(&o.estimates, losses, &m),
+        };
+        match verdict {
+            GuardVerdict::Split(reason) => {
+                tracing::warn!(merge = m.id, mode = m.mode.as_str(), %reason, "merge guard: splitting");
+                o.split_now.insert(m.id);
+                o.guard_splits += 1;
+                o.writes.guard.push((m.clone(), Some(reason)));
+            }
+            GuardVerdict::Keep => o.writes.guard.push((m.clone(), None)),
+            GuardVerdict::Wait => {}
+        }
+        if let Some(gain) = measured {
+            record_outcome(o, &m, gain);
+        }
+    }
+    for m in &mut o.merges {
+        m.active &= !o.split_now.contains(&m.id);
+    }
+}
+
+/// A spatial pair's observed gain: the mean over its two jobs of each one's
+/// loss against its own (alone) curve at the iterations it reached in the
+/// joint process.
+fn spatial_gain(
+    estimates: &BTreeMap<JobId, Estimate>,
+    losses: &BTreeMap<JobId, (u64, f64)>,
+    m: &MergeRecord,
+) -> Option<f64> {
+    let gains: Vec<f64> = [m.a, m.b]
+        .iter()
+        .filter_map(|j| {
+            let curve = estimates.get(j)?.curve.as_ref().and_then(curve_from_json)?;
+            let &(it, loss) = losses.get(j)?;
+            observed_gain(&curve, &[it as f64], &[loss])
+        })
+        .collect();
+    (gains.len() == 2).then(|| (gains[0] + gains[1]) / 2.0)
+}
+
+/// Queues a merge outcome (score from the two jobs' Task2Vec embeddings)
+/// and marks the merge as measured, once.
+fn record_outcome(o: &mut Observed, m: &MergeRecord, gain: f64) {
+    if m.gain_observed || o.outcomes.iter().any(|x| x.merge == m.id) {
+        return;
+    }
+    let emb = |j: &JobId| {
+        o.estimates
+            .get(j)
+            .filter(|e| !e.fisher.is_empty() && e.fisher.len() == e.fisher_repeat.len())
+            .map(|e| TaskEmbedding {
+                fisher: e.fisher.clone(),
+                fisher_repeat: e.fisher_repeat.clone(),
+            })
+    };
+    let (Some(ea), Some(eb)) = (emb(&m.a), emb(&m.b)) else {
+        return;
+    };
+    let score = match m.mode {
+        MergeMode::Spatial => spatial_score(&ea, &eb),
+        _ => temporal_score(&ea, &eb),
+    };
+    if !(score.is_finite() && gain.is_finite()) {
+        return;
+    }
+    tracing::info!(
+        merge = m.id,
+        mode = m.mode.as_str(),
+        score,
+        gain,
+        predicted = m.gain_ab,
+        "merge outcome measured"
+    );
+    o.writes.observed_gains.push((m.id, gain));
+    o.outcomes.push(TransferOutcome {
+        merge: m.id,
+        score,
+        gain,
+    });
+}
+
+/// Takes in one process a node reports: a profiling run that ended queues
+/// its job with what it measured; a training process records progress and
+/// checkpoints, teaches the estimator its step time and loss trace, and
+/// completes or retries (then fails) its jobs.
+#[allow(clippy::too_many_arguments)]
+async fn observe_task(
+    state: &AppState,
+    lut: &Lut,
+    est: &Estimates,
+    o: &mut Observed,
+    n: &LiveNode,
+    t: &pb::ObservedTask,
+    now: DateTime<Utc>,
+    evals: &mut BTreeMap<JobId, Vec<f64>>,
+    losses: &mut BTreeMap<JobId, (u64, f64)>,
+) {
+    // Profiling runs: "<job>-profile".
+    if let Some(job_part) = t.task_id.strip_suffix(PROFILE_SUFFIX) {
+        if let Ok(id) = job_part.parse::<JobId>() {
+            observe_profile_run(est, o, n, t, id).await;
+        }
+        return;
+    }
+    // A training process: one job ("<job>") or a spatial pair ("<a>+<b>",
+    // one joint process).
+    let Some(members) = members_of(&t.task_id) else {
+        return;
+    };
+    let ckpt = Some(t.checkpoint_path.clone()).filter(|c| !c.is_empty());
+    // One row per job: a job reported twice (the stale last report of a
+    // lost node beside its new process) keeps its furthest report.
+    let progressed = |o: &mut Observed, j: JobId, iteration: u64| {
+        match o.writes.progress.iter_mut().find(|p| p.0 == j) {
+            Some(p) if p.1 > iteration => {}
+            Some(p) => {
+                p.1 = iteration;
+                if ckpt.is_some() {
+                    p.2.clone_from(&ckpt);
+                }
+            }
+            None => o.writes.progress.push((j, iteration, ckpt.clone())),
+        }
+        let entry = o.progress.entry(j).or_insert((0, None));
+        if iteration >= entry.0 {
+            entry.0 = iteration;
+            if ckpt.is_some() {
+                entry.1.clone_from(&ckpt);
+            }
+        }
+    };
+    if t.jobs.is_empty() && o.live.contains_key(&members[0]) {
+        // An agent that reports no per-job progress.
+        progressed(o, members[0], t.iteration);
+    }
+    for r in &t.jobs {
+        let Ok(j) = r.job_id.parse::<JobId>() else {
+            continue;
+        };
+        if !r.evals.is_empty() {
+            evals.insert(j, r.evals.clone());
+        }
+        // Watched (eval-only) jobs are not trained by this process.
+        if members.contains(&j) && o.live.contains_key(&j) {
+            progressed(o, j, r.iteration);
+            if r.loss > 0.0 && r.iteration > 0 {
+                losses.insert(j, (r.iteration, r.loss));
+            }
+        }
+    }
+    let phase = pb::TaskPhase::try_from(t.phase).unwrap_or(pb::TaskPhase::Unspecified);
+    learn_from_running(lut, est, o, n, t, &members, phase).await;
+    for &id in &members {
+        let Some(job) = o.live.get(&id) else { continue };
+        if job.state != JobState::Running {
+            continue;
+        }
+        // A job completes when its own task reached its target, even while
+        // the joint process trains its partner on.
+        let output = t.outputs.get(&id.to_string()).cloned();
+        if output.is_some() || phase == pb::TaskPhase::Succeeded {
+            let output = output.unwrap_or_default();
+            tracing::info!(job_id = %id, node_id = %n.record.id, %output, "job completed");
+            o.writes.completions.push((id, output));
+            o.live.remove(&id);
+            o.completed += 1;
+            continue;
+        }
+        if phase == pb::TaskPhase::Failed {
+            failed(state, o, n, t, &members, id, now);
+        }
+    }
+}
+
+/// A job's profiling run: once it ended, its job is queued with what it
+/// measured (estimates; its step time teaches the estimator's table). A
+/// run still going leaves the job profiling: it must not be scheduled yet.
+async fn observe_profile_run(
+    est: &Estimates,
+    o: &mut Observed,
+    n: &LiveNode,
+    t: &pb::ObservedTask,
+    id: JobId,
+) {
+    let Some(j) = o
+        .live
+        .get_mut(&id)
+        .filter(|j| j.state == JobState::Profiling)
+    else {
+        return;
+    };
+    let Some((learned, reason)) = profile_estimate(j, t) else {
+        return;
+    };
+    tracing::info!(job_id = %id, %reason, "profiling done");
+    o.writes.estimates.push((id, learned.clone()));
+    o.writes.transitions.push((id, JobState::Queued, reason));
+    o.estimates.insert(id, learned);
+    j.state = JobState::Queued;
+    // 1 GPU, the job's batch; AMP as the shipped profiles.
+    if t.step_time_s > 0.0
+        && let Some(g) = n.record.gpus.first()
+    {
+        let sample = profile_step_time_sample(j, &g.model, t.step_time_s);
+        if let Err(e) = est.record_step_times(vec![sample]).await {
+            tracing::warn!(job_id = %id, error = %e, "step time not recorded");
+        }
+    }
+}
+
+/// A training process of `id` failed: counted once (by its pid), the job
+/// is held back `retry_backoff · 2^(retries − 1)` and retried from its last
+/// checkpoint, or fails after `max_retries`. A failed joint process splits
+/// its merge.
+fn failed(
+    state: &AppState,
+    o: &mut Observed,
+    n: &LiveNode,
+    t: &pb::ObservedTask,
+    members: &[JobId],
+    id: JobId,
+    now: DateTime<Utc>,
+) {
+    if members.len() > 1
+        && let Some(m) = o
+            .merges
+            .iter()
+            .find(|m| m.active && m.a == members[0] && !o.split_now.contains(&m.id))
+    {
+        o.writes
+            .guard
+            .push((m.clone(), Some("the joint process failed".into())));
+        o.split_now.insert(m.id);
+    }
+    let prev = o.retries.get(&id).cloned().unwrap_or_default();
+    if prev.last_failed_pid == Some(t.pid) {
+        return; // this process's failure was counted already
+    }
+    let cfg = &state.config.scheduling;
+    let retries = prev.retries + 1;
+    let wait = cfg.retry_backoff.saturating_mul(1 << (retries - 1).min(10));
+    let retry_after = now + chrono::Duration::from_std(wait).unwrap_or(chrono::Duration::MAX);
+    o.retries.insert(
+        id,
+        RetryState {
+            retries,
+            last_failed_pid: Some(t.pid),
+            retry_after: Some(retry_after),
+        },
+    );
+    o.writes.failures.push(Failure {
+        job: id,
+        pid: t.pid,
+        retries,
+        retry_after,
+    });
+    let what = format!(
+        "training process exited with code {} on node {}{}",
+        t.exit_code,
+        n.record.id,
+        if t.message.is_empty() {
+            String::new()
+        } else {
+            format!("; last log lines:\n{}", t.message)
+        }
+    );
+    if retries > cfg.max_retries {
+        let reason = format!("{what}\n(gave up after {} retries)", cfg.max_retries);
+        tracing::warn!(job_id = %id, retries, "job failed");
+        o.writes.transitions.push((id, JobState::Failed, reason));
+        o.live.remove(&id);
+        o.failed += 1;
+    } else {
+        let reason = format!(
+            "{what}\n(retry {retries} of {} in {wait:?}, from the last checkpoint)",
+            cfg.max_retries
+        );
+        tracing::warn!(job_id = %id, retries, ?wait, "training process failed; will retry");
+        o.writes.transitions.push((id, JobState::Queued, reason));
+        o.retried += 1;
+        if let Some(j) = o.live.get_mut(&id) {
+            j.state = JobState::Queued;
+        }
+    }
+}
+
+/// What a running process teaches: a data-parallel job training alone
+/// gives the estimator's table its measured step time (once per process)
+/// and refreshes its own estimate from its loss trace; B of a temporal
+/// merge, training from A's weights, shows the transfer gain it got.
+#[allow(clippy::too_many_arguments)]
+async fn learn_from_running(
+    lut: &Lut,
+    est: &Estimates,
+    o: &mut Observed,
+    n: &LiveNode,
+    t: &pb::ObservedTask,
+    members: &[JobId],
+    phase: pb::TaskPhase,
+) {
+    let [id] = members[..] else {
+        return;
+    };
+    let Some(job) = o.live.get(&id) else {
+        return;
+    };
+    let merge = o
+        .merges
+        .iter()
+        .find(|m| m.active && (m.a == id || m.b == id))
+        .cloned();
+    // B of a temporal merge trains from A's output weights: its loss
+    // against its own (alone) curve is the gain it got (Eq. 2 with
+    // L/(1+G)); measured once, with enough points or at its end.
+    if let Some(m) = &merge
+        && m.mode == MergeMode::Temporal
+        && m.b == id
+        && !o.live.contains_key(&m.a)
+    {
+        let enough = if phase == pb::TaskPhase::Succeeded {
+            GAIN_POINTS_AT_END
+        } else {
+            GAIN_POINTS
+        };
+        if t.trace_losses.len() >= enough
+            && let Some(curve) = o
+                .estimates
+                .get(&id)
+                .and_then(|e| e.curve.as_ref())
+                .and_then(curve_from_json)
+            && let Some(gain) = observed_gain(&curve, &t.trace_iterations, &t.trace_losses)
+        {
+            record_outcome(o, m, gain);
+        }
+        return;
+    }
+    if phase != pb::TaskPhase::Running || merge.is_some() {
+        return;
+    }
+    // Merged and pipeline jobs are left out of the table: their batch or
+    // layout is not one job's.
+    if t.step_time_s > 0.0
+        && est.is_remote()
+        && !job.spec.resources.pipeline_parallel
+        && let Some(g) = n.record.gpus.first()
+        && est.first_sample_of(&t.task_id, t.pid)
+    {
+        let gpus = t.gpu_uuids.len().max(1) as u32;
+        let sample = running_step_time_sample(lut, job, &g.model, gpus, t.step_time_s);
+        if let Err(e) = est.record_step_times(vec![sample]).await {
+            tracing::warn!(job_id = %id, error = %e, "step time not recorded");
+        }
+    }
+    if let Some(e) = refresh_estimate(job, t, o.estimates.get(&id)) {
+        o.writes.estimates.push((id, e.clone()));
+        o.estimates.insert(id, e);
+    }
+}
+
+/// Turns an ended profiling run into estimates (Ymir §4: Eq. 3 fit, Eq. 2
+/// iterations; the Task2Vec embedding kept for transferability) and the
+/// reason its job is queued. A run that failed or whose trace cannot
+/// support a fit still queues the job, with the reason in its estimates.
+/// None while the run has not ended.
+fn profile_estimate(job: &JobRecord, t: &pb::ObservedTask) -> Option<(Estimate, String)> {
+    let phase = pb::TaskPhase::try_from(t.phase).unwrap_or(pb::TaskPhase::Unspecified);
+    if !matches!(phase, pb::TaskPhase::Succeeded | pb::TaskPhase::Failed) {
+        return None;
+    }
+    let cap = job
+        .spec
+        .target
+        .max_iterations
+        .unwrap_or(DEFAULT_ITERATIONS * 100);
+    let mut est = Estimate {
+        fisher: t.fisher.clone(),
+        fisher_repeat: t.fisher_repeat.clone(),
+        step_time_s: Some(t.step_time_s).filter(|s| *s > 0.0),
+        ..Default::default()
+    };
+    let reason = if phase == pb::TaskPhase::Failed {
+        est.note = format!(
+            "profiling run exited with code {}: {}",
+            t.exit_code, t.message
+        );
+        format!(
+            "profiling failed (exit code {}); scheduling without estimates",
+            t.exit_code
+        )
+    } else {
+        match fit_loss_curve(&t.trace_iterations, &t.trace_losses) {
+            Ok(c) => {
+                let k = iterations_to_converge(&c, 0.0, PLATEAU_THRESHOLD, cap);
+                est.iterations = Some(k);
+                est.curve = Some(curve_to_json(&c));
+                est.note = format!(
+                    "fit on {} loss points, quality {:.3}",
+                    t.trace_losses.len(),
+                    c.quality
+                );
+                format!(
+                    "profiled: about {k} iterations to converge (Eq. 2; fit quality {:.2})",
+                    c.quality
+                )
+            }
+            Err(e) => {
+                est.note = format!("no loss-curve fit: {e}");
+                format!(
+                    "profiled, but the loss trace supports no fit ({e}); using the job's target"
+                )
+            }
+        }
+    };
+    Some((est, reason))
+}
+
+/// Refits a running job's loss curve (Eq. 3) on the trace its process
+/// reported and returns the new iterations-to-converge (Eq. 2) when they
+/// moved by more than 5 % — the profile saw 50 steps, the running job sees
+/// many more. A trace too short or too noisy to fit leaves the estimate
+/// alone.
+fn refresh_estimate(
+    job: &JobRecord,
+    t: &pb::ObservedTask,
+    old: Option<&Estimate>,
+) -> Option<Estimate> {
+    const MIN_POINTS: usize = 20;
+    const MIN_QUALITY: f64 = 0.5;
+    if t.trace_losses.len() < MIN_POINTS {
+        return None;
+    }
+    let c = fit_loss_curve(&t.trace_iterations, &t.trace_losses).ok()?;
+    if c.quality < MIN_QUALITY {
+        return None;
+    }
+    let cap = iteration_budget(job).unwrap_or(DEFAULT_ITERATIONS * 100);
+    let k = iterations_to_converge(&c, 0.0, PLATEAU_THRESHOLD, cap);
+    let before = old.and_then(|e| e.iterations);
+    if before.is_some_and(|b| (k as f64 - b as f64).abs() <= 0.05 * b as f64) {
+        return None;
+    }
+    let mut e = old.cloned().unwrap_or_default();
+    e.iterations = Some(k);
+    e.curve = Some(curve_to_json(&c));
+    let last = t.trace_iterations.last().copied().unwrap_or(0.0);
+    e.note = format!(
+        "refit on {} loss points of the running process (to iteration {last:.0}), quality {:.3}",
+        t.trace_losses.len(),
+        c.quality
+    );
+    tracing::info!(job_id = %job.id, iterations = k, before = ?before, quality = c.quality, "estimate refreshed from the running process");
+    Some(e)
+}
+
+fn curve_to_json(c: &LossCurve) -> serde_json::Value {
+    serde_json::json!({
+        "beta0": c.beta0, "beta1": c.beta1, "beta2": c.beta2, "beta3": c.beta3, "quality": c.quality
+    })
+}
+
+/// The fitted Eq. 3 curve stored with a job's estimates.
+pub(crate) fn curve_from_json(v: &serde_json::Value) -> Option<LossCurve> {
+    let f = |k: &str| v.get(k).and_then(serde_json::Value::as_f64);
+    Some(LossCurve {
+        beta0: f("beta0")?,
+        beta1: f("beta1")?,
+        beta2: f("beta2")?,
+        beta3: f("beta3")?,
+        quality: f("quality").unwrap_or(0.0),
+    })
+}
+
+/// A profiling run's measured step time as a sample for the estimator's
+/// table: 1 GPU (4 for a pipeline job) at the job's global batch, AMP as
+/// the shipped profiles.
+fn profile_step_time_sample(
+    job: &JobRecord,
+    gpu_model: &str,
+    step_time_s: f64,
+) -> pb::StepTimeSample {
+    let pipeline = job.spec.resources.pipeline_parallel;
+    pb::StepTimeSample {
+        key: Some(pb::ThroughputKey {
+            model: job.spec.model.clone(),
+            gpu_type: analytic::gpu_family(gpu_model),
+            placement: if pipeline { "4" } else { "1" }.into(),
+            local_batch_size: job.spec.hyperparameters.global_batch_size,
+            gradient_accumulation: 1,
+            amp: true,
+            pipeline_parallel: pipeline,
+            ..Default::default()
+        }),
+        step_time_seconds: step_time_s,
+        sync_time_seconds: 0.0,
+    }
+}
+
+/// A running data-parallel job's measured step time as a sample for the
+/// estimator's table: the job's model and global batch on `gpus` GPUs of
+/// one node of `gpu_model` (AMP, as the shipped profiles), under the local
+/// batch and gradient accumulation the table itself picks for that batch
+/// (so the sample lands on the key the table is asked for).
+fn running_step_time_sample(
+    lut: &Lut,
+    job: &JobRecord,
+    gpu_model: &str,
+    gpus: u32,
+    step_time_s: f64,
+) -> pb::StepTimeSample {
+    let gpu_type = analytic::gpu_family(gpu_model);
+    let placement = gpus.clamp(1, 9).to_string();
+    let global = job.spec.hyperparameters.global_batch_size.max(1);
+    let variant = Variant {
+        amp: true,
+        ..Default::default()
+    };
+    let layers = analytic::layers_of(&job.spec.model).unwrap_or(12);
+    let (local, accum) = lut
+        .iteration_time_on(
+            &job.spec.model,
+            &gpu_type,
+            &placement,
+            global,
+            &variant,
+            layers,
+        )
+        .map_or((global.div_ceil(gpus), 1), |it| {
+            (it.local_bsz, it.grad_accum)
+        });
+    pb::StepTimeSample {
+        key: Some(pb::ThroughputKey {
+            model: job.spec.model.clone(),
+            gpu_type,
+            placement,
+            local_batch_size: local,
+            gradient_accumulation: accum,
+            amp: true,
+            ..Default::default()
+        }),
+        step_time_seconds: step_time_s,
+        sync_time_seconds: 0.0,
+    }
+}
+
+/// Jobs of training processes that finish before a switch `lead_s`
+/// seconds away, for a look-ahead round: those that reported their output
+/// (with it) or ended, and those whose remaining iterations at their
+/// reported step time take less than `lead_s` (Ymir §6.2: the next job
+/// prepares while they finish).
+pub(crate) fn finishing<'a>(
+    observed: impl IntoIterator<Item = &'a pb::ObservedTask>,
+    live: &BTreeMap<JobId, JobRecord>,
+    estimates: &BTreeMap<JobId, Estimate>,
+    lead_s: f64,
+) -> Vec<(JobId, Option<String>)> {
+    let mut out = Vec::new();
+    for t in observed {
+        if t.task_id.ends_with(PROFILE_SUFFIX) {
+            continue;
+        }
+        let Some(members) = members_of(&t.task_id) else {
+            continue;
+        };
+        let ended = t.phase == pb::TaskPhase::Succeeded as i32;
+        for id in members {
+            let Some(j) = live.get(&id) else { continue };
+            let key = id.to_string();
+            if let Some(o) = t.outputs.get(&key) {
+                out.push((id, Some(o.clone())));
+                continue;
+            }
+            let done = t
+                .jobs
+                .iter()
+                .find(|r| r.job_id == key)
+                .map_or(t.iteration, |r| r.iteration);
+            let total = super::expected_iterations(j, estimates.get(&id));
+            // A job past its estimated iterations (a metric target the
+            // estimate undershot) is not predicted to finish.
+            let soon = t.step_time_s > 0.0
+                && total > done
+                && (total - done) as f64 * t.step_time_s <= lead_s;
+            if ended || soon {
+                out.push((id, None));
+            }
+        }
+    }
+    out
+}
+
+/// What the merge guard decides about one merge.
+#[derive(Debug, PartialEq)]
+pub(crate) enum GuardVerdict {
+    /// Not two epochs of every watched job yet.
+    Wait,
+    /// Every watched job's accuracy improved from its first to its second
+    /// epoch: the guard checks no more.
+    Keep,
+    /// A watched job's accuracy did not improve: why.
+    Split(String),
+}
+
+/// The merge guard (Ymir §4.3) on the evaluation values reported so far,
+/// oldest first, of each watched job still running: B for a temporal merge
+/// (its accuracy with A's weights, evaluated while A trains), both jobs for
+/// a spatial one. One job that does not improve splits the merge at once.
+pub(crate) fn guard_verdict(mode: MergeMode, watched: &[(JobId, Option<&[f64]>)]) -> GuardVerdict {
+    let mut waiting = watched.is_empty();
+    for (job, evals) in watched {
+        match evals {
+            Some([first, second, ..]) if second <= first => {
+                let whose = if mode == MergeMode::Temporal {
+                    format!("job {job}'s (evaluated with A's weights)")
+                } else {
+                    format!("job {job}'s")
+                };
+                return GuardVerdict::Split(format!(
+                    "{whose} accuracy did not improve in its first two epochs ({first:.4} → {second:.4})"
+                ));
+            }
+            Some([_, _, ..]) => {}
+            _ => waiting = true,
+        }
+    }
+    if waiting {
+        GuardVerdict::Wait
+    } else {
+        GuardVerdict::Keep
+    }
+}
+
+/// The process of a training task: `<job>`, or `<a>+<b>` for the joint
+/// process of a spatial merge. None for anything else.
+pub(crate) fn members_of(task_id: &str) -> Option<Vec<JobId>> {
+    match task_id.split_once('+') {
+        Some((a, b)) => Some(vec![a.parse().ok()?, b.parse().ok()?]),
+        None => Some(vec![task_id.parse().ok()?]),
+    }
+}
+
+/// The Task2Vec embedding of a profiled job, when it has a usable one.
+pub(crate) fn embedding(e: &Estimate) -> Option<TaskEmbedding> {
+    (!e.fisher.is_empty() && e.fisher.len() == e.fisher_repeat.len()).then(|| TaskEmbedding {
+        fisher: e.fisher.clone(),
+        fisher_repeat: e.fisher_repeat.clone(),
+    })
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    pub(crate) fn job(n: u8) -> JobId {
+        format!("01a20000-0000-7000-8000-0000000000{n:02}")
+            .parse()
+            .unwrap()
+    }
+
+    fn record(n: u8, max_iterations: Option<u64>) -> JobRecord {
+        let spec = serde_json::json!({
+            "model": "roberta-base",
+            "dataset": { "uri": "file:///d", "task": "rte" },
+            "hyperparameters": { "global_batch_size": 32, "learning_rate": 2e-5 },
+            "target": { "max_iterations": max_iterations, "max_epochs": 3 },
+            "resources": { "min_gpus": 1, "max_gpus": 1 },
+            "launch": { "command": ["train"] }
+        });
+        JobRecord {
+            id: job(n),
+            owner: fmsched_core::UserName("u".into()),
+            spec: serde_json::from_value(spec).unwrap(),
+            idempotency_key: None,
+            state: JobState::Running,
+            state_reason: String::new(),
+            output_path: None,
+            created_at: Utc::now(),
+            updated_at: Utc::now(),
+            last_event_seq: 0,
+        }
+    }
+
+    fn running(n: u8, iteration: u64, step_time_s: f64) -> pb::ObservedTask {
+        pb::ObservedTask {
+            task_id: job(n).to_string(),
+            phase: pb::TaskPhase::Running as i32,
+            iteration,
+            step_time_s,
+            ..Default::default()
+        }
+    }
+
+    /// The look-ahead's prediction of what finishes before the switch:
+    /// reported outputs, and jobs whose remaining iterations at their step
+    /// time fit the lead — but not jobs already past their estimate.
+    #[test]
+    fn a_look_ahead_predicts_finishes_from_reports_and_step_times() {
+        let live: BTreeMap<JobId, JobRecord> = [
+            record(1, Some(1000)),
+            record(2, Some(1000)),
+            record(3, None),
+            record(4, Some(1000)),
+        ]
+        .into_iter()
+        .map(|r| (r.id, r))
+        .collect();
+        // Job 3 names no iteration budget: its estimate says 500.
+        let estimates: BTreeMap<JobId, Estimate> = [(
+            job(3),
+            Estimate {
+                iterations: Some(500),
+                ..Default::default()
+            },
+        )]
+        .into_iter()
+        .collect();
+        let mut done = running(4, 1000, 0.1);
+        done.outputs
+            .insert(job(4).to_string(), "/out/4/weights.json".into());
+        let observed = [
+            running(1, 990, 0.5), // 10 iterations × 0.5 s = 5 s ≤ 30 s
+            running(2, 100, 0.5), // 450 s: not before the switch
+            running(3, 600, 0.5), // past its estimated 500: unknown
+            done,
+        ];
+        let mut got = finishing(&observed, &live, &estimates, 30.0);
+        got.sort();
+        assert_eq!(
+            got,
+            vec![(job(1), None), (job(4), Some("/out/4/weights.json".into()))]
+        );
+        // Without step times only reported outputs count.
+        let slow = [running(1, 990, 0.0)];
+        assert!(finishing(&slow, &live, &estimates, 30.0).is_empty());
+    }
+
+    #[test]
+    fn the_guard_waits_for_two_epochs_of_every_watched_job() {
+        let (a, b) = (job(1), job(2));
+        let one = [0.6];
+        let two = [0.6, 0.7];
+        assert_eq!(
+            guard_verdict(MergeMode::Temporal, &[(b, None)]),
+            GuardVerdict::Wait
+        );
+        assert_eq!(
+            guard_verdict(MergeMode::Temporal, &[(b, Some(&one))]),
+            GuardVerdict::Wait
+        );
+        // Spatial: one job improving is not enough while the other is unknown.
+        assert_eq!(
+            guard_verdict(MergeMode::Spatial, &[(a, Some(&two)), (b, Some(&one))]),
+            GuardVerdict::Wait
+        );
+        assert_eq!(
+            guard_verdict(MergeMode::Spatial, &[(a, Some(&two)), (b, Some(&two))]),
+            GuardVerdict::Keep
+        );
+        assert_eq!(
+            guard_verdict(MergeMode::Temporal, &[(b, Some(&two))]),
+            GuardVerdict::Keep
+        );
+    }
+
+    #[test]
+    fn one_task_without_gain_splits_the_merge_naming_it() {
+        let (a, b) = (job(1), job(2));
+        let flat = [0.5, 0.5];
+        let worse = [0.62, 0.58];
+        let better = [0.5, 0.7];
+        // Spatial: either task stalling splits (even before the other has
+        // two epochs), and the reason names the task.
+        let GuardVerdict::Split(why) =
+            guard_verdict(MergeMode::Spatial, &[(a, Some(&better)), (b, Some(&flat))])
+        else {
+            panic!("a stalled task must split the pair")
+        };
+        assert!(
+            why.contains(&b.to_string()) && why.contains("0.5000 → 0.5000"),
+            "{why}"
+        );
+        assert!(matches!(
+            guard_verdict(MergeMode::Spatial, &[(a, Some(&worse)), (b, None)]),
+            GuardVerdict::Split(_)
+        ));
+        // Temporal: B's accuracy with A's weights.
+        let GuardVerdict::Split(why) = guard_verdict(MergeMode::Temporal, &[(b, Some(&worse))])
+        else {
+            panic!("no gain for B must split A ↦ B")
+        };
+        assert!(why.contains("evaluated with A's weights"), "{why}");
+    }
+
+    /// A spatial pair's gain is measured at the guard's verdict from each
+    /// job's loss against its own curve, once.
+    #[test]
+    fn a_spatial_verdict_measures_the_pairs_gain_once() {
+        let curve = LossCurve {
+            beta0: 0.2,
+            beta1: 1.0,
+            beta2: 0.01,
+            beta3: 0.0,
+            quality: 1.0,
+        };
+        let emb = |x: f64| Estimate {
+            curve: Some(curve_to_json(&curve)),
+            fisher: vec![1.0, x, 0.5],
+            fisher_repeat: vec![1.0, x, 0.52],
+            ..Default::default()
+        };
+        let m = MergeRecord {
+            id: 7,
+            a: job(1),
+            b: job(2),
+            mode: MergeMode::Spatial,
+            gain_ab: 0.1,
+            gain_ba: 0.1,
+            active: true,
+            guard_passed: false,
+            gain_observed: false,
+        };
+        let estimates: BTreeMap<JobId, Estimate> = [(job(1), emb(2.0)), (job(2), emb(1.5))]
+            .into_iter()
+            .collect();
+        // Both at iteration 100 with losses 1.2× and 1.1× below their curves.
+        let l = curve.eval(100.0);
+        let losses: BTreeMap<JobId, (u64, f64)> =
+            [(job(1), (100, l / 1.2)), (job(2), (100, l / 1.1))]
+                .into_iter()
+                .collect();
+        let g = spatial_gain(&estimates, &losses, &m).unwrap();
+        assert!((g - 0.15).abs() < 1e-9, "{g}");
+        let mut o = empty_observed();
+        o.estimates = estimates;
+        record_outcome(&mut o, &m, g);
+        record_outcome(&mut o, &m, g);
+        assert_eq!(o.outcomes.len(), 1, "once per merge");
+        assert_eq!(o.writes.observed_gains, vec![(7, g)]);
+        let measured = MergeRecord {
+            gain_observed: true,
+            ..m
+        };
+        let mut o2 = empty_observed();
+        o2.estimates = o.estimates.clone();
+        record_outcome(&mut o2, &measured, g);
+        assert!(
+            o2.outcomes.is_empty(),
+            "a merge measured before is not sent again"
+        );
+    }
+
+    pub(crate) fn empty_observed() -> Observed {
+        Observed {
+            nodes: Vec::new(),
+            live: BTreeMap::new(),
+            merges: Vec::new(),
+            estimates: BTreeMap::new(),
+            progress: BTreeMap::new(),
+            retries: BTreeMap::new(),
+            split_now: BTreeSet::new(),
+            reported_outputs: BTreeMap::new(),
+            current: StoredPlan {
+                generation: 0,
+                assignments: Vec::new(),
+            },
+            service: BTreeMap::new(),
+            writes: RoundWrites::default(),
+            outcomes: Vec::new(),
+            completed: 0,
+            failed: 0,
+            retried: 0,
+            guard_splits: 0,
+        }
+    }
+}

@@ -1,0 +1,197 @@
+//! Phase 5 of a round: every connected node gets its complete desired set
+//! under the round's generation and the leader's epoch (agents ignore older
+//! generations and plans of a deposed leader), and look-ahead rounds send
+//! `PrepareSwitch` hints (Ymir §6.2) for the tasks their predicted plan
+//! would start.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use chrono::{DateTime, Utc};
+use fmsched_core::policy::MergeMode;
+use fmsched_core::{JobId, NodeId};
+use fmsched_proto::v1 as pb;
+
+use super::iteration_budget;
+use super::observe::PROFILE_SUFFIX;
+use crate::api::AppState;
+use crate::persistence::{Assignment, JobRecord, MergeRecord};
+
+/// The trainer's view of one task of a job (`FMSCHED_TASKS`).
+pub(crate) fn trainer_task(job: &JobRecord) -> pb::TrainerTask {
+    let s = &job.spec;
+    pb::TrainerTask {
+        job_id: job.id.to_string(),
+        model: s.model.clone(),
+        task: s.dataset.task.clone(),
+        dataset_uri: s.dataset.uri.clone(),
+        global_batch_size: s.hyperparameters.global_batch_size,
+        // An epoch budget with a known dataset size is an iteration budget.
+        max_iterations: iteration_budget(job).unwrap_or(0),
+        max_epochs: s.target.max_epochs.unwrap_or(0),
+        eval_only: false,
+        metric: s
+            .target
+            .metric
+            .as_ref()
+            .map(|m| m.name.clone())
+            .unwrap_or_default(),
+        metric_target: s.target.metric.as_ref().map_or(0.0, |m| m.value),
+        samples_per_epoch: s.dataset.num_samples.unwrap_or(0),
+    }
+}
+
+/// What [`push_plans`] turns into desired tasks.
+pub(crate) struct PlanView<'a> {
+    pub live: &'a BTreeMap<JobId, JobRecord>,
+    pub assignments: &'a [Assignment],
+    pub progress: &'a BTreeMap<JobId, (u64, Option<String>)>,
+    pub merges: &'a [MergeRecord],
+    /// B of a temporal merge whose A completed: A's output weights.
+    pub init_weights: &'a BTreeMap<JobId, String>,
+}
+
+/// The desired set of every node the registry knows (empty for a node the
+/// plan gives nothing).
+fn desired_sets(state: &AppState, v: &PlanView<'_>) -> BTreeMap<NodeId, Vec<pb::DesiredTask>> {
+    let nodes = state.registry.snapshot();
+    let mut per_node: BTreeMap<NodeId, Vec<pb::DesiredTask>> = nodes
+        .iter()
+        .map(|n| (n.record.id.clone(), Vec::new()))
+        .collect();
+    let mut emitted: BTreeSet<String> = BTreeSet::new();
+    for a in v.assignments {
+        let Some(job) = v.live.get(&a.job) else {
+            continue;
+        };
+        let merge = v
+            .merges
+            .iter()
+            .find(|m| m.active && (m.a == a.job || m.b == a.job));
+        let resume_of = |id: &JobId| v.progress.get(id).and_then(|p| p.1.clone());
+        let mut task = pb::DesiredTask {
+            task_id: a.job.to_string(),
+            job_ids: vec![a.job.to_string()],
+            mode: pb::TaskMode::Train as i32,
+            phase: pb::DesiredPhase::Running as i32,
+            gpu_uuids: a.gpus.iter().map(|g| g.0.clone()).collect(),
+            command: job.spec.launch.command.clone(),
+            env: job.spec.launch.env.clone().into_iter().collect(),
+            working_dir: job.spec.launch.working_dir.clone().unwrap_or_default(),
+            resume_path: resume_of(&a.job).unwrap_or_default(),
+            initial_weights_path: String::new(),
+            world_size: a.gpus.len() as u32,
+            rank_offset: 0,
+            master_addr: String::new(),
+            master_port: 0,
+            tasks: vec![trainer_task(job)],
+            pipeline_parallel: job.spec.resources.pipeline_parallel,
+        };
+        if a.profile {
+            // A profiling run is a process of its own ("<job>-profile").
+            task.task_id = format!("{}{PROFILE_SUFFIX}", a.job);
+            task.mode = pb::TaskMode::Profile as i32;
+            task.resume_path.clear();
+        } else if let Some(m) = merge {
+            match m.mode {
+                MergeMode::Spatial => {
+                    // One joint process for both (A's command and
+                    // environment); a partner that finished is carried by
+                    // the process's checkpoint.
+                    task.task_id = format!("{}+{}", m.a, m.b);
+                    task.job_ids = vec![m.a.to_string(), m.b.to_string()];
+                    task.tasks = [m.a, m.b]
+                        .iter()
+                        .filter_map(|id| v.live.get(id))
+                        .map(trainer_task)
+                        .collect();
+                    if let Some(lead) = v.live.get(&m.a) {
+                        task.command = lead.spec.launch.command.clone();
+                        task.env = lead.spec.launch.env.clone().into_iter().collect();
+                    }
+                    task.resume_path = resume_of(&m.a)
+                        .or_else(|| resume_of(&m.b))
+                        .unwrap_or_default();
+                }
+                MergeMode::Temporal if m.a == a.job => {
+                    // A trains; B is evaluated with A's weights every epoch
+                    // (the guard watches it).
+                    if let Some(b) = v.live.get(&m.b) {
+                        let mut watch = trainer_task(b);
+                        watch.eval_only = true;
+                        task.tasks.push(watch);
+                    }
+                }
+                _ => {
+                    if let Some(w) = v.init_weights.get(&a.job) {
+                        task.initial_weights_path.clone_from(w);
+                    }
+                }
+            }
+        }
+        if emitted.insert(task.task_id.clone()) {
+            per_node.entry(a.node.clone()).or_default().push(task);
+        }
+    }
+    per_node
+}
+
+/// Sends every connected node its complete desired set.
+pub(crate) fn push_plans(state: &AppState, v: &PlanView<'_>, generation: i64, epoch: i64) {
+    for (node, tasks) in desired_sets(state, v) {
+        let n = tasks.len();
+        let msg = pb::SchedulerMessage {
+            msg: Some(pb::scheduler_message::Msg::Plan(pb::NodePlan {
+                generation,
+                tasks,
+                epoch,
+            })),
+        };
+        if !state.registry.send(&node, msg) {
+            tracing::debug!(node_id = %node, tasks = n, "node not connected; it gets the plan on the next round");
+        }
+    }
+}
+
+/// Sends `PrepareSwitch` hints for the tasks a predicted plan would start:
+/// training tasks none of whose jobs holds GPUs now (a start or a resume,
+/// not a kept or moved placement), all of whose jobs' trainers implement
+/// standby (`launch.prewarm`). Returns how many were sent.
+pub(crate) fn send_switch_hints(
+    state: &AppState,
+    v: &PlanView<'_>,
+    held: &BTreeSet<JobId>,
+    switch_at: DateTime<Utc>,
+) -> usize {
+    let mut sent = 0;
+    for (node, tasks) in desired_sets(state, v) {
+        for task in tasks {
+            let jobs: Vec<JobId> = task.job_ids.iter().filter_map(|j| j.parse().ok()).collect();
+            let starts = task.mode == pb::TaskMode::Train as i32
+                && !jobs.is_empty()
+                && jobs.iter().all(|j| {
+                    !held.contains(j) && v.live.get(j).is_some_and(|r| r.spec.launch.prewarm)
+                });
+            if !starts {
+                continue;
+            }
+            let task_id = task.task_id.clone();
+            let msg = pb::SchedulerMessage {
+                msg: Some(pb::scheduler_message::Msg::Hint(pb::Hint {
+                    hint: Some(pb::hint::Hint::PrepareSwitch(pb::PrepareSwitch {
+                        task_id: task_id.clone(),
+                        switch_at: Some(fmsched_proto::convert::timestamp_to_proto(switch_at)),
+                        task: Some(task),
+                    })),
+                })),
+            };
+            if state.registry.send(&node, msg) {
+                tracing::info!(task = %task_id, node_id = %node, %switch_at, "pipeline switch: standby hint sent");
+                sent += 1;
+            }
+        }
+    }
+    if sent > 0 {
+        state.metrics.update(|m| m.prewarm_hints += sent as u64);
+    }
+    sent
+}
