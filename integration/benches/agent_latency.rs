@@ -83,7 +83,11 @@ async fn main() {
     let mut generation = 0;
     let mut plan = |tasks| {
         generation += 1;
-        pb::NodePlan { generation, tasks }
+        pb::NodePlan {
+            generation,
+            tasks,
+            epoch: 1,
+        }
     };
     eprintln!("{n} launch / suspend / resume cycles …");
     for k in 0..n {

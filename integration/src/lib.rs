@@ -94,10 +94,27 @@ impl Proc {
 }
 
 impl Drop for Proc {
+    /// Kills the process; when the test is failing, prints the end of its
+    /// log first (the test's folder is deleted with it).
     fn drop(&mut self) {
         self.kill9();
+        if std::thread::panicking() {
+            let text = self.log_text();
+            let lines: Vec<&str> = text.lines().collect();
+            let tail = &lines[lines.len().saturating_sub(LOG_TAIL)..];
+            eprintln!(
+                "---- last {} lines of {} ({}) ----\n{}",
+                tail.len(),
+                self.name,
+                self.log.display(),
+                tail.join("\n")
+            );
+        }
     }
 }
+
+/// Log lines a failing test prints of each of its processes.
+const LOG_TAIL: usize = 80;
 
 /// Polls `f` every 100 ms until it returns `Some`, or panics after `timeout`
 /// with `what` and the last observation.

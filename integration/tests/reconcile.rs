@@ -77,7 +77,11 @@ async fn plans_move_suspend_and_resume_processes() {
     let (_tmp, gpus, uuids, r) = node("node-r", 2);
 
     // Generation 1: run on GPU 0; telemetry follows the process.
-    let plan = |generation, tasks| pb::NodePlan { generation, tasks };
+    let plan = |generation, tasks| pb::NodePlan {
+        generation,
+        tasks,
+        epoch: 1,
+    };
     let t0 = Instant::now();
     assert!(
         r.apply(&plan(1, vec![desired("job-1", &uuids[0])]))
@@ -150,7 +154,11 @@ async fn plans_move_suspend_and_resume_processes() {
 #[tokio::test]
 async fn a_switch_hint_prepares_the_next_task_before_the_plan_switches() {
     let (_tmp, _, uuids, r) = node("node-s", 2);
-    let plan = |generation, tasks| pb::NodePlan { generation, tasks };
+    let plan = |generation, tasks| pb::NodePlan {
+        generation,
+        tasks,
+        epoch: 1,
+    };
     // A loader of 200 simulated seconds: 2 s of wall time at 100×.
     let loader = Duration::from_secs(2);
     let slow = |id: &str, gpu: &str| {
@@ -249,7 +257,11 @@ fn env_of(pid: u32, name: &str) -> Option<String> {
 #[tokio::test]
 async fn pipeline_jobs_switch_stages_in_reverse_order() {
     let (_tmp, _, uuids, r) = node("node-p", 4);
-    let plan = |generation, tasks| pb::NodePlan { generation, tasks };
+    let plan = |generation, tasks| pb::NodePlan {
+        generation,
+        tasks,
+        epoch: 1,
+    };
     let pipe = |id: &str| {
         let mut t = desired(id, &uuids[0]);
         t.gpu_uuids = uuids.clone();

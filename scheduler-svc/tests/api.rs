@@ -478,15 +478,44 @@ async fn agents_need_the_join_token_and_report_telemetry() {
         saw_suspect && offline,
         "suspect={saw_suspect} offline={offline}"
     );
-    let end = tokio::time::timeout(Duration::from_secs(2), inbound.next())
-        .await
-        .expect("session closed");
+    // Every heartbeat was acknowledged under the leader's term, then the
+    // session ended.
+    let mut acks = Vec::new();
+    let end = loop {
+        let m = tokio::time::timeout(Duration::from_secs(2), inbound.next())
+            .await
+            .expect("session closed");
+        match m {
+            Some(Ok(pb::SchedulerMessage {
+                msg: Some(pb::scheduler_message::Msg::HeartbeatAck(a)),
+            })) => acks.push(a),
+            other => break other,
+        }
+    };
     assert!(end.is_none() || end.unwrap().is_err());
+    assert!(ack.epoch >= 1, "the ack names the leader's term");
+    assert_eq!(
+        acks,
+        vec![pb::HeartbeatAck {
+            sequence: 1,
+            epoch: ack.epoch
+        }]
+    );
+    // The sweep changes the registry first and writes Postgres after it (a
+    // fenced write, retried on the next sweep if it fails), so the row may
+    // trail what GetNode showed by one write.
     let pool = s.pool().await;
-    let (state,): (String,) = sqlx::query_as("SELECT state FROM nodes WHERE id = 'n1'")
-        .fetch_one(&pool)
-        .await
-        .unwrap();
+    let mut state = String::new();
+    for _ in 0..100 {
+        (state,) = sqlx::query_as("SELECT state FROM nodes WHERE id = 'n1'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        if state == "offline" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     assert_eq!(state, "offline", "liveness transitions are persisted");
     pool.close().await;
 

@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 use chrono::{DateTime, Utc};
 use fmsched_core::{GpuUuid, JobId, JobState, NodeId, NodeState, UserName};
 use scheduler_svc::persistence::{
-    Assignment, GpuRecord, JobQuery, NewJob, NodeRecord, Persistence, PersistenceError,
-    ServiceUpdate, SubmitOutcome,
+    Assignment, Fence, GpuRecord, JobQuery, LeaderLease, NewJob, NodeRecord, Persistence,
+    PersistenceError, RoundWrites, ServiceUpdate, SubmitOutcome,
 };
 use sqlx::PgPool;
 
@@ -262,14 +262,14 @@ fn node(id: &str, gpus: &[(&str, u32)]) -> NodeRecord {
 #[sqlx::test(migrator = "scheduler_svc::persistence::MIGRATOR")]
 async fn node_registration_replaces_gpus_and_records_history(pool: PgPool) {
     let p = Persistence::from_pool(pool);
-    p.register_node(&node("a", &[("G0", 0), ("G1", 1)]), t(0))
+    p.register_node(&node("a", &[("G0", 0), ("G1", 1)]), None, t(0))
         .await
         .unwrap();
-    p.register_node(&node("b", &[("G2", 0)]), t(0))
+    p.register_node(&node("b", &[("G2", 0)]), None, t(0))
         .await
         .unwrap();
     // Node a comes back with one GPU swapped, and G2 moved over from b.
-    p.register_node(&node("a", &[("G0", 0), ("G3", 1), ("G2", 2)]), t(5))
+    p.register_node(&node("a", &[("G0", 0), ("G3", 1), ("G2", 2)]), None, t(5))
         .await
         .unwrap();
     let nodes = p.list_nodes().await.unwrap();
@@ -284,16 +284,16 @@ async fn node_registration_replaces_gpus_and_records_history(pool: PgPool) {
     assert!(nodes[1].gpus.is_empty(), "G2 moved to a");
 
     let id = NodeId::try_from("a".to_string()).unwrap();
-    p.set_node_state(&id, NodeState::Suspect, t(6), t(10))
+    p.set_node_state(&id, NodeState::Suspect, t(6), None, t(10))
         .await
         .unwrap();
-    p.set_node_state(&id, NodeState::Offline, t(6), t(20))
+    p.set_node_state(&id, NodeState::Offline, t(6), None, t(20))
         .await
         .unwrap();
     let a = p.list_nodes().await.unwrap().remove(0);
     assert_eq!(a.state, NodeState::Offline);
     assert_eq!(a.last_heartbeat_at, t(6));
-    p.register_node(&node("a", &[("G0", 0)]), t(30))
+    p.register_node(&node("a", &[("G0", 0)]), None, t(30))
         .await
         .unwrap();
     let a = p.list_nodes().await.unwrap().remove(0);
@@ -317,7 +317,7 @@ async fn node_registration_replaces_gpus_and_records_history(pool: PgPool) {
     );
     let missing = NodeId::try_from("zz".to_string()).unwrap();
     assert!(matches!(
-        p.set_node_state(&missing, NodeState::Offline, t(0), t(1))
+        p.set_node_state(&missing, NodeState::Offline, t(0), None, t(1))
             .await,
         Err(PersistenceError::NotFound(_))
     ));
@@ -327,7 +327,7 @@ async fn node_registration_replaces_gpus_and_records_history(pool: PgPool) {
 async fn duplicate_gpu_index_is_a_conflict_and_writes_nothing(pool: PgPool) {
     let p = Persistence::from_pool(pool);
     let e = p
-        .register_node(&node("a", &[("G0", 0), ("G1", 0)]), t(0))
+        .register_node(&node("a", &[("G0", 0), ("G1", 0)]), None, t(0))
         .await
         .unwrap_err();
     assert!(matches!(e, PersistenceError::Conflict(_)), "{e}");
@@ -346,6 +346,7 @@ async fn stored_plans_account_service_and_leases(pool: PgPool) {
     let p = Persistence::from_pool(pool);
     p.register_node(
         &node("a", &[("G0", 0), ("G1", 1), ("G2", 2), ("G3", 3)]),
+        None,
         t(0),
     )
     .await
@@ -363,38 +364,32 @@ async fn stored_plans_account_service_and_leases(pool: PgPool) {
         leases: leases.iter().map(|&(j, s)| (j, t(s))).collect(),
     };
     // The first plan: nothing held before it.
-    p.store_plan(
-        &[on(j1, &["G0", "G1"], false)],
-        &[],
-        &[],
-        &share(&[(j1, 2.0), (j2, 2.0)], &[(j1, 600)]),
+    plan(
+        &p,
+        vec![on(j1, &["G0", "G1"], false)],
+        share(&[(j1, 2.0), (j2, 2.0)], &[(j1, 600)]),
         t(0),
     )
-    .await
-    .unwrap();
+    .await;
     assert_eq!(p.service().await.unwrap()[&j1].attained_gpu_s, 0.0);
     assert_eq!(p.service().await.unwrap()[&j1].lease_until, Some(t(600)));
     // 100 s later: j1 held 2 GPUs all along; j2 profiles now.
-    p.store_plan(
-        &[on(j1, &["G0", "G1"], false), on(j2, &["G2"], true)],
-        &[],
-        &[],
-        &share(&[(j1, 1.5), (j2, 1.5)], &[(j1, 600)]),
+    plan(
+        &p,
+        vec![on(j1, &["G0", "G1"], false), on(j2, &["G2"], true)],
+        share(&[(j1, 1.5), (j2, 1.5)], &[(j1, 600)]),
         t(100),
     )
-    .await
-    .unwrap();
+    .await;
     let j3 = created(submit(&p, "u", None, 130).await).id;
     // 60 s later: j2's profiling counts nothing; j3 deserves 30 s only.
-    p.store_plan(
-        &[],
-        &[],
-        &[],
-        &share(&[(j1, 1.0), (j2, 1.0), (j3, 1.0)], &[]),
+    plan(
+        &p,
+        vec![],
+        share(&[(j1, 1.0), (j2, 1.0), (j3, 1.0)], &[]),
         t(160),
     )
-    .await
-    .unwrap();
+    .await;
     let s = p.service().await.unwrap();
     assert_eq!(s[&j1].attained_gpu_s, 2.0 * 160.0);
     assert_eq!(s[&j1].executed_s, 160.0);
@@ -404,14 +399,153 @@ async fn stored_plans_account_service_and_leases(pool: PgPool) {
     assert_eq!(s[&j2].fair_share_gpu_s, 1.5 * 100.0 + 1.0 * 60.0);
     assert_eq!(s[&j3].fair_share_gpu_s, 30.0);
     // A clock that goes back adds nothing.
-    p.store_plan(
-        &[on(j1, &["G0"], false)],
-        &[],
-        &[],
-        &share(&[(j1, 4.0)], &[]),
+    plan(
+        &p,
+        vec![on(j1, &["G0"], false)],
+        share(&[(j1, 4.0)], &[]),
         t(150),
     )
-    .await
-    .unwrap();
+    .await;
     assert_eq!(p.service().await.unwrap()[&j1].fair_share_gpu_s, 210.0);
+}
+
+/// Takes the leader lease for `holder` (it must be free).
+async fn lead(p: &Persistence, holder: &str, ttl_s: u64) -> (LeaderLease, Fence) {
+    let lease = LeaderLease::new(p, holder.into(), std::time::Duration::from_secs(ttl_s));
+    lease.refresh().await.unwrap().expect("the lease is free");
+    let fence = lease.fence().unwrap();
+    (lease, fence)
+}
+
+/// Commits a round that only replaces the plan (under a fresh lease).
+async fn plan(
+    p: &Persistence,
+    assignments: Vec<Assignment>,
+    service: ServiceUpdate,
+    at: DateTime<Utc>,
+) {
+    let lease = LeaderLease::new(p, "test-leader".into(), std::time::Duration::from_secs(60));
+    lease
+        .refresh()
+        .await
+        .unwrap()
+        .expect("the lease is free or ours");
+    let generation = p.current_plan().await.unwrap().generation;
+    let w = RoundWrites {
+        assignments,
+        service,
+        ..Default::default()
+    };
+    p.commit_round(&lease.fence().unwrap(), generation, &w, at)
+        .await
+        .unwrap();
+    lease.resign().await;
+}
+
+/// The lease: one holder at a time, renewals keep the epoch, a lapsed lease
+/// is taken over under a larger epoch, and resigning frees it at once.
+#[sqlx::test(migrator = "scheduler_svc::persistence::MIGRATOR")]
+async fn the_leader_lease_has_one_holder_and_a_growing_epoch(pool: PgPool) {
+    let p = Persistence::from_pool(pool);
+    let (a, fa) = lead(&p, "a", 1).await;
+    let b = LeaderLease::new(&p, "b".into(), std::time::Duration::from_secs(1));
+    assert_eq!(b.refresh().await.unwrap(), None, "a holds it");
+    assert!(b.fence().is_none());
+    assert_eq!(
+        a.refresh().await.unwrap(),
+        Some(fa.epoch),
+        "a renewal keeps the epoch"
+    );
+    // a stops renewing: after the lease b takes over with a larger epoch,
+    // and a's local deadline has passed too.
+    tokio::time::sleep(std::time::Duration::from_millis(1200)).await;
+    assert!(a.fence().is_none(), "a's own clock ended its term");
+    let eb = b.refresh().await.unwrap().expect("lapsed: b takes over");
+    assert!(eb > fa.epoch);
+    assert_eq!(a.refresh().await.unwrap(), None, "a is deposed");
+    // A restarted process of replica b (same name, no term of its own)
+    // takes b's lease over at once, under a new term.
+    let b2 = LeaderLease::new(&p, "b".into(), std::time::Duration::from_secs(60));
+    let eb2 = b2.refresh().await.unwrap().expect("b's own lease");
+    assert!(eb2 > eb);
+    assert_eq!(
+        b.refresh().await.unwrap(),
+        None,
+        "the old process of b is deposed"
+    );
+    b2.resign().await;
+    assert!(b2.fence().is_none());
+    let (_c, fc) = lead(&p, "c", 5).await;
+    assert!(fc.epoch > eb2, "a resigned lease is free at once");
+}
+
+/// A round commits only under the lease it started with and on the plan it
+/// read: a deposed writer (or one whose plan moved on) writes nothing at
+/// all — no plan, no state change, no progress.
+#[sqlx::test(migrator = "scheduler_svc::persistence::MIGRATOR")]
+async fn a_fenced_commit_by_a_stale_writer_writes_nothing(pool: PgPool) {
+    let p = Persistence::from_pool(pool);
+    p.register_node(&node("a", &[("G0", 0)]), None, t(0))
+        .await
+        .unwrap();
+    let j = created(submit(&p, "u", None, 0).await).id;
+    let writes = RoundWrites {
+        progress: vec![(j, 5, Some("/ckpt/5".into()))],
+        transitions: vec![(j, JobState::Queued, "accepted".into())],
+        assignments: vec![Assignment {
+            job: j,
+            node: NodeId::try_from("a".to_string()).unwrap(),
+            gpus: vec![GpuUuid("G0".into())],
+            profile: false,
+        }],
+        ..Default::default()
+    };
+    let (old, stale) = lead(&p, "old", 1).await;
+    tokio::time::sleep(std::time::Duration::from_millis(1200)).await;
+    let (_new, fresh) = lead(&p, "new", 60).await;
+    assert!(old.fence().is_none());
+    let e = p.commit_round(&stale, 0, &writes, t(1)).await.unwrap_err();
+    assert!(matches!(e, PersistenceError::Fenced(_)), "{e}");
+    assert!(
+        e.to_string().contains("no longer holds the leader lease"),
+        "{e}"
+    );
+    let nothing = |p: Persistence| async move {
+        let plan = p.current_plan().await.unwrap();
+        assert_eq!(plan.generation, 0);
+        assert!(plan.assignments.is_empty());
+        assert_eq!(
+            p.get_job(j).await.unwrap().unwrap().state,
+            JobState::Submitted
+        );
+        assert!(p.progress().await.unwrap().is_empty());
+    };
+    nothing(p.clone()).await;
+    // The leader's round reads generation 0; another write moves it on.
+    assert_eq!(
+        p.commit_round(&fresh, 0, &RoundWrites::default(), t(2))
+            .await
+            .unwrap(),
+        1
+    );
+    let e = p.commit_round(&fresh, 0, &writes, t(3)).await.unwrap_err();
+    assert!(e.to_string().contains("the plan moved on"), "{e}");
+    assert!(p.current_plan().await.unwrap().assignments.is_empty());
+    // On the plan it read, it commits everything at once.
+    assert_eq!(p.commit_round(&fresh, 1, &writes, t(4)).await.unwrap(), 2);
+    assert_eq!(p.current_plan().await.unwrap().assignments.len(), 1);
+    assert_eq!(p.get_job(j).await.unwrap().unwrap().state, JobState::Queued);
+    assert_eq!(p.progress().await.unwrap()[&j], (5, Some("/ckpt/5".into())));
+    // Fenced node writes too.
+    let e = p
+        .set_node_state(
+            &NodeId::try_from("a".to_string()).unwrap(),
+            NodeState::Offline,
+            t(0),
+            Some(&stale),
+            t(5),
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(e, PersistenceError::Fenced(_)));
 }

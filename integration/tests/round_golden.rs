@@ -1,0 +1,209 @@
+//! The live round and fmsim decide alike: the same view and estimates go
+//! through the functions the live scheduler's round calls
+//! (`scheduler_svc::scheduling`, with the settings its configuration gives)
+//! and those fmsim's engine calls (`fmsim::engine`, with a simulation's
+//! settings), and must give the same snapshot, plan and outcome — for every
+//! policy both run, on hand-built and on random views. The one setting that
+//! differs is what the executors can run — the service runs a group on one
+//! node (gangs are not driven yet), fmsim on any number — so fmsim's path is
+//! given the service's executor here, and the test checks that nothing
+//! else differs.
+
+use fmsched_core::JobState;
+use fmsched_core::NodeState;
+use fmsched_core::policy::MergeMode;
+use fmsched_core::policy::baselines::by_name;
+use fmsched_core::round::{
+    ClusterView, Decision, Estimates, JobView, MergeView, NodeView, PairEstimate, Prepared, testkit,
+};
+use proptest::prelude::*;
+use scheduler_svc::config::Config;
+
+/// A job of the golden view: `gpus` asked, holding `holds`, submitted a
+/// minute ago, a 45 s restart.
+fn job(id: &str, task: &str, state: JobState, gpus: u32, holds: &[(usize, u32)]) -> JobView {
+    JobView {
+        submitted_at: -60.0,
+        restart_s: 45.0,
+        holds: holds.to_vec(),
+        profiling_run: state == JobState::Profiling,
+        ..testkit::job(id, task, state, gpus)
+    }
+}
+
+fn node(id: &str, gpus: u32, state: NodeState) -> NodeView {
+    NodeView {
+        state,
+        ..testkit::node(id, gpus)
+    }
+}
+
+/// Times that shrink with GPUs (work / a^0.8), a merged part at 40 % of B.
+fn estimates(view: &ClusterView, p: &Prepared) -> Estimates {
+    let row = |work: f64| -> Vec<f64> {
+        p.allocations
+            .iter()
+            .map(|&a| {
+                if a == 0 {
+                    f64::INFINITY
+                } else {
+                    work / f64::from(a).powf(0.8)
+                }
+            })
+            .collect()
+    };
+    let work = |v: usize| 1800.0 * (1.0 + (v % 5) as f64) * (1.0 - view.jobs[v].progress);
+    Estimates {
+        jobs: p.jobs.iter().map(|&v| row(work(v))).collect(),
+        kept: p
+            .kept
+            .iter()
+            .map(|&m| row(0.4 * work(view.merges[m].b)))
+            .collect(),
+        candidates: p
+            .eligible
+            .iter()
+            .enumerate()
+            .filter(|(k, _)| k % 2 == 0)
+            .map(|(k, pair)| PairEstimate {
+                pair: *pair,
+                seconds: row(0.4 * work(pair.b)),
+                tran_wt: p
+                    .allocations
+                    .iter()
+                    .map(|&a| {
+                        if a == 0 {
+                            0.0
+                        } else {
+                            1.0 + 0.1 * (k % 7) as f64
+                        }
+                    })
+                    .collect(),
+                gain_ab: 0.1,
+                gain_ba: if pair.mode == MergeMode::Spatial {
+                    0.1
+                } else {
+                    0.0
+                },
+            })
+            .collect(),
+    }
+}
+
+/// (live, fmsim) decisions of a view under `policy`.
+fn both(view: &ClusterView, policy: &str) -> (Decision, Decision) {
+    let mut cfg = Config::default();
+    cfg.scheduling.policy = policy.into();
+    let (live_cfg, live_policy) = scheduler_svc::scheduling::round_setup(&cfg);
+    let p = scheduler_svc::scheduling::prepare_round(view, live_policy.as_ref(), &live_cfg);
+    let e = estimates(view, &p);
+    let live =
+        scheduler_svc::scheduling::decide_round(view, &p, &e, live_policy.as_ref(), &live_cfg)
+            .unwrap();
+    let sim_policy = by_name(policy).unwrap();
+    let mut sim_cfg = fmsim::engine::round_config(
+        &fmsim::engine::SimConfig {
+            profile_s: 60.0,
+            ..Default::default()
+        },
+        sim_policy.as_ref(),
+    );
+    // The settings differ in what the executors run, and only there.
+    assert_eq!(live_cfg.max_nodes_per_group, Some(1));
+    assert_eq!(sim_cfg.max_nodes_per_group, None);
+    sim_cfg.max_nodes_per_group = live_cfg.max_nodes_per_group;
+    assert_eq!(sim_cfg, live_cfg, "{policy}: the round settings differ");
+    let p2 = fmsim::engine::prepare_round(view, sim_policy.as_ref(), &sim_cfg);
+    assert_eq!(p, p2, "{policy}: the prepared rounds differ");
+    let e2 = estimates(view, &p2);
+    let sim = fmsim::engine::decide_round(view, &p2, &e2, sim_policy.as_ref(), &sim_cfg).unwrap();
+    (live, sim)
+}
+
+use fmsched_core::policy::baselines::POLICY_NAMES as POLICIES;
+
+/// A cluster mid-run: a kept temporal merge, running and queued jobs, a
+/// profiling run, jobs waiting to profile, a suspect node and one offline
+/// (its job re-queued), and merge candidates.
+fn golden_view() -> ClusterView {
+    let mut jobs = vec![
+        job("a-running", "qqp", JobState::Running, 2, &[(0, 0), (0, 1)]),
+        job("b-temporal-a", "rte", JobState::Running, 1, &[(0, 2)]),
+        job("c-temporal-b", "mrpc", JobState::Queued, 1, &[]),
+        job("d-profiling", "cola", JobState::Profiling, 1, &[(1, 0)]),
+        job("e-submitted", "sst2", JobState::Submitted, 2, &[]),
+        job("f-submitted", "mnli", JobState::Submitted, 1, &[]),
+        job("g-queued", "qnli", JobState::Queued, 4, &[]),
+        job("h-queued", "stsb", JobState::Queued, 2, &[]),
+        job("i-lost", "wnli", JobState::Running, 2, &[(3, 0), (3, 1)]),
+        job("j-suspect", "boolq", JobState::Running, 1, &[(2, 0)]),
+    ];
+    jobs[0].progress = 0.4;
+    jobs[0].lease_until = 120.0;
+    jobs[1].ever_merged = true;
+    jobs[2].ever_merged = true;
+    jobs[4].submitted_at = -10.0;
+    jobs[8].iteration = 900;
+    jobs[9].progress = 0.2;
+    ClusterView {
+        now: 0.0,
+        nodes: vec![
+            node("n0", 4, NodeState::Available),
+            node("n1", 4, NodeState::Available),
+            node("n2", 4, NodeState::Suspect),
+            node("n3", 4, NodeState::Offline),
+        ],
+        jobs,
+        merges: vec![MergeView {
+            a: 1,
+            b: 2,
+            mode: MergeMode::Temporal,
+        }],
+    }
+}
+
+#[test]
+fn the_live_round_and_fmsim_decide_alike_on_a_golden_view() {
+    let view = golden_view();
+    for policy in POLICIES {
+        let (live, sim) = both(&view, policy);
+        assert_eq!(live, sim, "{policy}");
+        // The golden view exercises the round: profiling starts for the
+        // oldest submitted job, the lost node's job is re-queued.
+        let o = &live.outcome;
+        assert!(
+            o.profiling
+                .iter()
+                .any(|r| r.new && view.jobs[r.job].id == "e-submitted"),
+            "{policy}: {o:?}"
+        );
+        assert!(
+            o.groups.iter().all(|g| g.gpus.iter().all(|gpu| gpu.0 != 3)),
+            "{policy}: nothing on the offline node"
+        );
+        // The lost node's job moves to a live node or is re-queued, naming
+        // the node.
+        let lost = view.jobs.iter().position(|j| j.id == "i-lost").unwrap();
+        let moved = o.groups.iter().any(|g| g.jobs.contains(&lost));
+        let requeued = o
+            .transitions
+            .iter()
+            .any(|t| t.job == lost && t.reason.contains("node n3 is offline"));
+        assert!(moved != requeued, "{policy}: {o:?}");
+    }
+    let (ymir, _) = both(&view, "ymir");
+    eprintln!("ymir on the golden view: {:#?}", ymir.outcome.groups);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    /// On random clusters, every policy decides alike.
+    #[test]
+    fn the_live_round_and_fmsim_decide_alike_on_random_views(view in testkit::arb_view()) {
+        for policy in POLICIES {
+            let (live, sim) = both(&view, policy);
+            prop_assert_eq!(live, sim, "{}", policy);
+        }
+    }
+}
