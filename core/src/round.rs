@@ -40,9 +40,9 @@ use crate::policy::{
 /// A GPU: (node ordinal in the [`ClusterView`], index on that node).
 pub type Gpu = (usize, u32);
 
-/// GPUs a pipeline-parallel job profiles on (Ymir §3: pipeline jobs run on
-/// whole 4-GPU servers), at most the largest usable node.
-pub const PIPELINE_PROFILE_GPUS: u32 = 4;
+/// GPUs a pipeline-parallel job profiles on (Ymir §5.2: "four GPUs for
+/// pipeline-parallel workloads"): one pipeline replica, on one node.
+pub const PIPELINE_PROFILE_GPUS: u32 = crate::policy::PIPELINE_STAGES;
 
 /// Seconds a (re)start costs when the profile names no context-switch time.
 pub const DEFAULT_CONTEXT_SWITCH_S: f64 = 30.0;
@@ -361,19 +361,13 @@ pub fn prepare(view: &ClusterView, policy: &dyn Policy, cfg: &RoundConfig) -> Pr
         })
         .collect();
 
-    let single_node = cfg.max_nodes_per_group == Some(1);
+    let sizes: Vec<u32> = present.iter().map(|&n| view.nodes[n].gpus).collect();
     let mut unschedulable = Vec::new();
     let mut jobs = Vec::new();
     for (i, j) in view.jobs.iter().enumerate() {
-        if single_node && largest_node > 0 && j.min_gpus > largest_node {
-            if j.state == JobState::Queued {
-                unschedulable.push((
-                    i,
-                    format!(
-                        "waiting: needs at least {} GPUs on one node and the largest node has {largest_node} (jobs over several nodes are not run yet)",
-                        j.min_gpus
-                    ),
-                ));
+        if let Some(why) = never_fits(j.pipeline, j.min_gpus, &sizes, cfg.max_nodes_per_group) {
+            if matches!(j.state, JobState::Submitted | JobState::Queued) {
+                unschedulable.push((i, format!("waiting: {why}")));
             }
             continue;
         }
@@ -404,6 +398,39 @@ pub fn prepare(view: &ClusterView, policy: &dyn Policy, cfg: &RoundConfig) -> Pr
         largest_node,
         total_gpus,
     }
+}
+
+/// Why no set of these nodes (their sizes in GPUs) can ever hold a job of
+/// at least `min_gpus` (pipeline-parallel or not) when a group may span
+/// `max_nodes_per_group` nodes, or None if one can. An empty cluster holds
+/// nothing yet and says nothing (nodes may still register). The service's
+/// round and fmsim's workload check both ask this.
+pub fn never_fits(
+    pipeline: bool,
+    min_gpus: u32,
+    node_gpus: &[u32],
+    max_nodes_per_group: Option<usize>,
+) -> Option<String> {
+    let largest = node_gpus.iter().copied().max()?;
+    let total: u32 = node_gpus.iter().sum();
+    if pipeline && !crate::policy::pipeline_fits(node_gpus.iter().copied()) {
+        return Some(format!(
+            "a pipeline-parallel job needs {} GPUs on one node (one replica of its {} stages) and the largest node has {largest}",
+            crate::policy::PIPELINE_STAGES,
+            crate::policy::PIPELINE_STAGES
+        ));
+    }
+    if max_nodes_per_group == Some(1) && min_gpus > largest {
+        return Some(format!(
+            "needs at least {min_gpus} GPUs on one node and the largest node has {largest} (jobs over several nodes are not run yet)"
+        ));
+    }
+    if min_gpus > total {
+        return Some(format!(
+            "needs at least {min_gpus} GPUs and the cluster has {total}"
+        ));
+    }
+    None
 }
 
 /// Profiling reservations: kept ones (job still profiling, every GPU on a
@@ -440,12 +467,6 @@ fn reserve_profiling(view: &ClusterView, present: &[usize], total_gpus: u32) -> 
         .flat_map(|j| j.holds.iter().copied())
         .collect();
     let mut taken: BTreeSet<Gpu> = out.iter().flat_map(|r| r.gpus.clone()).collect();
-    let largest_usable = present
-        .iter()
-        .filter(|&&n| usable(n))
-        .map(|&n| view.nodes[n].gpus)
-        .max()
-        .unwrap_or(0);
     let mut waiting: Vec<usize> = (0..view.jobs.len())
         .filter(|&i| view.jobs[i].state == JobState::Submitted)
         .collect();
@@ -457,7 +478,12 @@ fn reserve_profiling(view: &ClusterView, present: &[usize], total_gpus: u32) -> 
     });
     for i in waiting {
         let need = if view.jobs[i].pipeline {
-            PIPELINE_PROFILE_GPUS.min(largest_usable).max(1)
+            if !crate::policy::pipeline_fits(present.iter().map(|&n| view.nodes[n].gpus)) {
+                // It can never run here ([`never_fits`] says why): it
+                // must not hold up the jobs behind it.
+                continue;
+            }
+            PIPELINE_PROFILE_GPUS
         } else {
             1
         } as usize;
@@ -1246,7 +1272,7 @@ mod tests {
     }
 
     /// Profiling takes free GPUs first, oldest job first, a pipeline job
-    /// `min(4, node)` GPUs on one node; the walk stops at the first job that
+    /// one replica (4 GPUs) on one node; the walk stops at the first job that
     /// finds nothing, and GPUs of running work are taken only under the
     /// eighth-of-the-cluster cap.
     #[test]
@@ -1274,9 +1300,8 @@ mod tests {
             .map(|r| (r.job, r.gpus.clone()))
             .collect();
         // old (job 2) first on the free GPU (0,3); new takes (1,0); the
-        // pipeline job needs 2 GPUs (node b's size, the largest usable is 4:
-        // min(4, 4) = 4 on one node) — nowhere free, and taking running
-        // work's GPUs would pass the cap of 6/8 → 1: it waits.
+        // pipeline job needs 4 GPUs on one node — nowhere free, and taking
+        // running work's GPUs would pass the cap of 6/8 → 1: it waits.
         assert_eq!(got, vec![(2, vec![(0, 3)]), (1, vec![(1, 0)])]);
         // Capacity for the policy: node a loses its reserved GPU.
         assert_eq!(p.capacity, vec![3, 1]);
@@ -1428,6 +1453,65 @@ mod tests {
         let d = run(&v, "ymir", &cfg);
         assert!(d.snapshot.jobs.is_empty());
         assert!(d.outcome.unschedulable[0].1.contains("largest node has 4"));
+    }
+
+    /// Two 4-stage pipeline jobs share one 8-GPU server on the service's
+    /// single-node executor (they waited forever when "whole servers"
+    /// meant the largest node's size); on 2-GPU servers a pipeline job can
+    /// never run and says so instead of waiting silently.
+    #[test]
+    fn pipeline_jobs_take_replicas_inside_nodes_and_say_when_none_fits() {
+        let pipe = |id: &str, task: &str| {
+            let mut j = job(id, task, JobState::Queued, 4);
+            j.pipeline = true;
+            j.min_gpus = 4;
+            j.max_gpus = 4;
+            j
+        };
+        let cfg = RoundConfig {
+            profiling: false,
+            merging: false,
+            max_nodes_per_group: Some(1),
+            ..Default::default()
+        };
+        let v = view(
+            vec![node("big", 8)],
+            vec![pipe("p", "qqp"), pipe("q", "rte")],
+        );
+        let d = run(&v, "ymir", &cfg);
+        let mut got: Vec<Vec<Gpu>> = d.outcome.groups.iter().map(|g| g.gpus.clone()).collect();
+        got.sort();
+        assert_eq!(
+            got,
+            vec![
+                vec![(0, 0), (0, 1), (0, 2), (0, 3)],
+                vec![(0, 4), (0, 5), (0, 6), (0, 7)]
+            ],
+            "{d:?}"
+        );
+        let v = view(vec![node("a", 2), node("b", 2)], vec![pipe("p", "qqp")]);
+        let d = run(&v, "ymir", &cfg);
+        assert!(d.outcome.groups.is_empty());
+        let why = &d.outcome.unschedulable[0].1;
+        assert!(
+            why.contains("pipeline") && why.contains("largest node has 2"),
+            "{why}"
+        );
+        // Nor may it profile on those nodes and hold up the jobs behind it.
+        let mut sub = pipe("p", "qqp");
+        sub.state = JobState::Submitted;
+        let v = view(
+            vec![node("a", 2), node("b", 2)],
+            vec![sub, job("d", "rte", JobState::Submitted, 1)],
+        );
+        let p = prepare(
+            &v,
+            by_name("ymir").unwrap().as_ref(),
+            &RoundConfig::default(),
+        );
+        assert_eq!(p.profiling.len(), 1);
+        assert_eq!(p.profiling[0].job, 1, "the data-parallel job profiles");
+        assert_eq!(p.unschedulable.len(), 1);
     }
 
     /// Eligible pairs: one model, different tasks, sharing, not started,

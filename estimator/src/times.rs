@@ -102,6 +102,7 @@ pub enum TimeError {
     Zero { index: usize, field: &'static str },
 }
 
+use fmsched_core::policy::PIPELINE_STAGES;
 /// Ymir's allocation set {0, 1, 2, 3, 4m} (defined once, with the policies).
 pub use fmsched_core::policy::ymir_allocations;
 
@@ -113,7 +114,7 @@ pub fn seconds_per_iteration(
     batch: u32,
     a: u32,
 ) -> Result<f64, LutError> {
-    if a == 0 || (job.variant.pipeline && !a.is_multiple_of(4)) {
+    if a == 0 || (job.variant.pipeline && !a.is_multiple_of(PIPELINE_STAGES)) {
         return Ok(f64::INFINITY);
     }
     let it = lut.iteration_time(

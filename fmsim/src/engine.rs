@@ -34,7 +34,7 @@
 use std::collections::HashMap;
 use std::time::Instant;
 
-use fmsched_core::policy::{MergeMode, Policy, ymir_allocations};
+use fmsched_core::policy::{MergeMode, PIPELINE_STAGES, Policy, ymir_allocations};
 use fmsched_core::round::{
     self, ClusterView, Decision, Estimates, Gpu, JobView, MergeView, NodeView, PairEstimate,
     Prepared, RoundConfig, RoundOutcome,
@@ -419,6 +419,17 @@ impl<'a> Simulation<'a> {
             // count takes the trace's duration.
             j.w.max_gpus = j.w.max_gpus.clamp(1, total);
             j.w.gpus = j.w.gpus.clamp(1, total);
+            // Said now, not after simulating the horizon with it waiting.
+            let sizes = vec![cfg.gpus_per_node; cfg.nodes as usize];
+            if let Some(why) = round::never_fits(j.w.pipeline, 1, &sizes, None) {
+                return Err(err(format!("can never run on this cluster: {why}")));
+            }
+            if j.w.pipeline && j.w.max_gpus < PIPELINE_STAGES {
+                return Err(err(format!(
+                    "a pipeline-parallel job runs on whole replicas of {PIPELINE_STAGES} GPUs and it asks for at most {}",
+                    j.w.max_gpus
+                )));
+            }
             j.restart_s = round::restart_cost(
                 cfg.checkpoint_s,
                 cfg.context_switch_s
@@ -595,7 +606,8 @@ impl<'a> Simulation<'a> {
         allocs
             .iter()
             .map(|&a| {
-                if a == 0 || a < min || a > max || (pipeline && !a.is_multiple_of(4)) {
+                if a == 0 || a < min || a > max || (pipeline && !a.is_multiple_of(PIPELINE_STAGES))
+                {
                     return Ok(f64::INFINITY);
                 }
                 let r = self.rate_as(i, batch, &packed(a, per_node), self.cfg.estimate_model)?;

@@ -7,6 +7,7 @@
 //! factor packs the same jobs closer together. Seeded: the same arguments
 //! give the same workload.
 
+use fmsched_core::policy::PIPELINE_STAGES;
 use fmsched_estimator::lut::{Lut, Variant, packed_placement};
 
 use crate::catalog::Catalog;
@@ -185,7 +186,7 @@ pub fn generate(cfg: &GenConfig, catalog: &Catalog, lut: &Lut) -> Result<Vec<Wor
         let pipeline = model.contains("7b");
         let mut g = gpus[rng.below(gpus.len())];
         if pipeline {
-            g = g.max(4).next_multiple_of(4);
+            g = g.max(PIPELINE_STAGES).next_multiple_of(PIPELINE_STAGES);
         }
         let batch = batch_for(&model);
         let variant = Variant {

@@ -324,3 +324,78 @@ fn rounds_run_on_the_configured_clock() {
         "rounds at 0, 60, 120, 180 s"
     );
 }
+
+/// A 4-GPU llama-2-7b pipeline job of `task` submitted at `submit_s`.
+fn pipeline_job(name: &str, task: &str, submit_s: f64, max_gpus: u32) -> WorkloadJob {
+    WorkloadJob {
+        model: "llama-2-7b".into(),
+        gpus: 4,
+        max_gpus,
+        batch: 16,
+        pipeline: true,
+        epochs: Some(1.0),
+        ..one_gpu_job(name, task, submit_s, true)
+    }
+}
+
+/// Ymir's pipeline rule on 8-GPU servers: a 4-stage replica takes half a
+/// server. These jobs used to wait out the 90-day horizon on any cluster
+/// whose nodes were not 4 GPUs wide, under every policy.
+#[test]
+fn pipeline_jobs_run_on_eight_gpu_nodes_under_every_policy() {
+    let jobs: Vec<WorkloadJob> = ["alpaca", "dolly", "gsm8k", "dolly", "gsm8k"]
+        .iter()
+        .enumerate()
+        .map(|(k, t)| pipeline_job(&format!("p{k}"), t, 60.0 * k as f64, 8))
+        .collect();
+    let cfg = SimConfig {
+        nodes: 2,
+        gpus_per_node: 8,
+        gpu_type: "A100".into(),
+        ..Default::default()
+    };
+    let catalog = Catalog::default_synthetic();
+    for (policy, _) in BOUNDS {
+        let r = run(policy, &cfg, &catalog, &jobs);
+        assert_eq!(r.jobs.len(), jobs.len(), "{policy}");
+        for j in &r.jobs {
+            assert!(
+                j.finish_s.is_finite() && j.first_start_s.is_some(),
+                "{policy}: {j:?}"
+            );
+        }
+    }
+}
+
+/// A job no node set can ever hold is refused when the workload loads,
+/// naming it and why — not after simulating the horizon with it waiting.
+#[test]
+fn a_job_the_cluster_can_never_hold_is_refused_at_load_naming_it() {
+    let lut = analytic::default_lut().unwrap();
+    let catalog = Catalog::default_synthetic();
+    let narrow = SimConfig {
+        nodes: 4,
+        gpus_per_node: 2,
+        gpu_type: "A100".into(),
+        ..Default::default()
+    };
+    let jobs = vec![
+        one_gpu_job("fine", "rte", 0.0, true),
+        pipeline_job("too-wide", "alpaca", 0.0, 8),
+    ];
+    let err = Simulation::new(narrow, &lut, &catalog, &jobs)
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(
+        err.contains("too-wide") && err.contains("largest node has 2"),
+        "{err}"
+    );
+    // A pipeline job asking for fewer GPUs than one replica.
+    let jobs = vec![pipeline_job("short", "alpaca", 0.0, 2)];
+    let err = Simulation::new(cluster(), &lut, &catalog, &jobs)
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(err.contains("short") && err.contains("at most 2"), "{err}");
+}

@@ -50,7 +50,8 @@ pub struct SchedJob {
     pub task: String,
     /// May be merged with other users' jobs (Ymir §9 privacy opt-out).
     pub sharing: bool,
-    /// Pipeline-parallel: whole 4-GPU servers only.
+    /// Pipeline-parallel: allocations of whole pipeline replicas
+    /// ([`PIPELINE_STAGES`] GPUs on one node each).
     pub pipeline: bool,
     /// GPUs the user asked for (baselines give exactly this).
     pub requested_gpus: u32,
@@ -256,6 +257,17 @@ impl Plan {
             if !e.placement.is_empty() && placed != e.gpus {
                 return Err(format!("entry {k}: placed {placed} GPUs of {}", e.gpus));
             }
+            let pipeline = e.jobs.iter().any(|&j| snap.jobs[j].pipeline);
+            if pipeline
+                && e.placement
+                    .iter()
+                    .any(|p| !p.1.is_multiple_of(PIPELINE_STAGES))
+            {
+                return Err(format!(
+                    "entry {k}: a pipeline replica of {} is split across nodes",
+                    snap.jobs[e.jobs[0]].id
+                ));
+            }
             for &(n, g) in &e.placement {
                 if n >= used.len() {
                     return Err(format!("entry {k}: node {n} does not exist"));
@@ -307,6 +319,20 @@ pub trait Policy {
         let plan = self.allocate(snap);
         placement::place(snap, plan)
     }
+}
+
+/// Stages of a pipeline-parallel job, i.e. GPUs of one pipeline replica
+/// (Ymir §5.2: "we restrict the resource allocation set as A = {4m | m ∈ N},
+/// reserving entire GPU servers for each pipeline-parallel workload" — on
+/// their 4-GPU servers a replica is a server). fmsched keeps each replica's
+/// four stages on one node of any size: half an 8-GPU server, a quarter of
+/// a 16-GPU one. Allocations of a pipeline job are multiples of this.
+pub const PIPELINE_STAGES: u32 = 4;
+
+/// Whether some node of these sizes can hold one pipeline replica: a
+/// pipeline job on a cluster without one can never run.
+pub fn pipeline_fits(node_gpus: impl IntoIterator<Item = u32>) -> bool {
+    node_gpus.into_iter().any(|g| g >= PIPELINE_STAGES)
 }
 
 /// Ymir's allocation set {0, 1, 2, 3, 4m} up to `max_gpus` (Ymir §5.1).

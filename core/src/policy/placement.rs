@@ -4,19 +4,20 @@
 //! Rules, in order:
 //! 1. A group whose size did not change keeps its GPUs where they are
 //!    (moving running work costs a context switch).
-//! 2. Remaining groups are placed largest first (ties by first job index):
-//!    groups of 4 or more GPUs take whole free nodes when the size is a
-//!    multiple of the node size; smaller groups go to the node with the
-//!    fewest free GPUs that still fits them (best fit, which keeps whole
-//!    nodes free for large groups and avoids fragmenting them).
-//! 3. A data-parallel group that fits no single node and no set of whole
-//!    nodes is spread over the nodes with the most free GPUs (fewest nodes);
-//!    a pipeline-parallel group is never spread — it waits, and the round
-//!    reports it as unplaced. Under [`PlacementRule::FewestNodes`] (the
-//!    authors' simulator) a spread over more than `⌈gpus / node size⌉`
-//!    nodes is refused too: the group waits.
+//! 2. Remaining groups are placed largest first (ties by first job index)
+//!    on the node with the fewest free GPUs that still fits them (best fit,
+//!    which keeps roomier nodes whole for large groups and avoids
+//!    fragmenting them). Node size is each node's own (4, 8, 16 GPUs…).
+//! 3. A data-parallel group that fits no single node spreads over the
+//!    fewest nodes (roomiest first, the last by best fit). A
+//!    pipeline-parallel group is placed in replicas of [`PIPELINE_STAGES`]
+//!    GPUs, each inside one node, on as few nodes as that allows; if a
+//!    replica fits nowhere the group waits and the round reports it as
+//!    unplaced. Under [`PlacementRule::FewestNodes`] (the authors'
+//!    simulator) a data-parallel spread over more nodes than the cluster's
+//!    largest nodes would need is refused too: the group waits.
 
-use super::{PlacementRule, Plan, Snapshot};
+use super::{PIPELINE_STAGES, PlacementRule, Plan, Snapshot};
 
 /// Places every entry of `plan`; entries that cannot be placed are dropped
 /// from the plan (their jobs stay queued) and counted in `stats.unplaced`.
@@ -32,10 +33,14 @@ pub fn place(snap: &Snapshot, mut plan: Plan) -> Plan {
             .jobs
             .iter()
             .all(|&j| snap.jobs[j].current_placement == *current);
+        // A pipeline group whose replicas straddle nodes (placed before
+        // this rule held) is placed afresh.
+        let pipeline = e.jobs.iter().any(|&j| snap.jobs[j].pipeline);
         if held == e.gpus
             && held > 0
             && same_group
             && current.iter().all(|&(n, g)| n < free.len() && free[n] >= g)
+            && (!pipeline || current.iter().all(|p| p.1.is_multiple_of(PIPELINE_STAGES)))
         {
             for &(n, g) in current {
                 free[n] -= g;
@@ -80,66 +85,23 @@ fn fit(snap: &Snapshot, free: &mut [u32], gpus: u32, pipeline: bool) -> Option<V
     if gpus == 0 {
         return Some(Vec::new());
     }
-    let size = |n: usize| snap.nodes[n].gpus;
-    // Whole nodes for multiples of the node size (the smallest node ids).
-    let whole: Vec<usize> = (0..free.len())
-        .filter(|&n| free[n] == size(n) && size(n) > 0)
-        .collect();
-    let node_size = snap.nodes.iter().map(|n| n.gpus).max().unwrap_or(0);
-    if node_size > 0 && gpus >= node_size && gpus.is_multiple_of(node_size) {
-        let need = (gpus / node_size) as usize;
-        let full: Vec<usize> = whole
-            .iter()
-            .copied()
-            .filter(|&n| size(n) == node_size)
-            .take(need)
-            .collect();
-        if full.len() == need {
-            for &n in &full {
-                free[n] = 0;
-            }
-            return Some(full.into_iter().map(|n| (n, node_size)).collect());
-        }
-    }
     if pipeline {
-        return None;
+        return fit_pipeline(free, gpus);
     }
     // Best fit inside one node.
-    if let Some(n) = (0..free.len())
-        .filter(|&n| free[n] >= gpus)
-        .min_by_key(|&n| (free[n], n))
-    {
+    if let Some(n) = best_fit(free, gpus) {
         free[n] -= gpus;
         return Some(vec![(n, gpus)]);
     }
-    // Spread over the fewest nodes: most free first.
-    let total: u32 = free.iter().sum();
-    if total < gpus {
+    let authors = snap.placement_rule == PlacementRule::FewestNodes;
+    let nodes = fewest_nodes(free, gpus, !authors)?;
+    if authors && nodes.len() > fewest_possible(snap, gpus) {
+        // The authors' rule: no more nodes than the size needs.
         return None;
     }
-    let mut by_free: Vec<usize> = (0..free.len()).filter(|&n| free[n] > 0).collect();
-    by_free.sort_by_key(|&n| (std::cmp::Reverse(free[n]), n));
-    if snap.placement_rule == PlacementRule::FewestNodes {
-        // The authors' rule: no more nodes than the size needs.
-        let mut left = gpus;
-        let used = by_free
-            .iter()
-            .take_while(|&&n| {
-                let more = left > 0;
-                left = left.saturating_sub(free[n]);
-                more
-            })
-            .count() as u32;
-        if used > gpus.div_ceil(node_size.max(1)) {
-            return None;
-        }
-    }
     let mut left = gpus;
-    let mut out = Vec::new();
-    for n in by_free {
-        if left == 0 {
-            break;
-        }
+    let mut out = Vec::with_capacity(nodes.len());
+    for n in nodes {
         let take = free[n].min(left);
         free[n] -= take;
         left -= take;
@@ -149,10 +111,97 @@ fn fit(snap: &Snapshot, free: &mut [u32], gpus: u32, pipeline: bool) -> Option<V
     Some(out)
 }
 
+/// The node with the fewest free GPUs that still holds `gpus` (lowest id
+/// on ties): it keeps roomier nodes whole for larger groups.
+fn best_fit(free: &[u32], gpus: u32) -> Option<usize> {
+    (0..free.len())
+        .filter(|&n| free[n] >= gpus)
+        .min_by_key(|&n| (free[n], n))
+}
+
+/// The nodes a data-parallel group of `gpus` spreads over: as few as
+/// possible, the roomiest first. With `best_fit_last` the last one is
+/// chosen by best fit for what is left, so a 6-GPU group on free nodes of
+/// 4, 4, 4 and 2 GPUs takes 4 + 2 and leaves two whole nodes; without it
+/// (the authors' simulator, whose runs `fmsim fidelity` replays) the
+/// roomiest nodes are taken to the end: 4 + 4, of which 2 are used. Node
+/// sizes may differ (4, 8, 16 GPUs).
+fn fewest_nodes(free: &[u32], gpus: u32, best_fit_last: bool) -> Option<Vec<usize>> {
+    let mut by_free: Vec<usize> = (0..free.len()).filter(|&n| free[n] > 0).collect();
+    by_free.sort_by_key(|&n| (std::cmp::Reverse(free[n]), n));
+    let mut left = gpus;
+    let mut out = Vec::new();
+    for (k, &n) in by_free.iter().enumerate() {
+        if free[n] >= left {
+            let last = if best_fit_last {
+                by_free[k..]
+                    .iter()
+                    .copied()
+                    .filter(|&m| free[m] >= left)
+                    .min_by_key(|&m| (free[m], m))
+                    .unwrap_or(n)
+            } else {
+                n
+            };
+            out.push(last);
+            return Some(out);
+        }
+        left -= free[n];
+        out.push(n);
+    }
+    None
+}
+
+/// Fewest nodes of this cluster (by size, not by what is free now) that
+/// can hold `gpus`.
+fn fewest_possible(snap: &Snapshot, gpus: u32) -> usize {
+    let mut sizes: Vec<u32> = snap.nodes.iter().map(|n| n.gpus).collect();
+    sizes.sort_unstable_by(|a, b| b.cmp(a));
+    let mut left = gpus;
+    let mut k = 0;
+    for s in sizes {
+        if left == 0 {
+            break;
+        }
+        left = left.saturating_sub(s);
+        k += 1;
+    }
+    k.max(1)
+}
+
+/// A pipeline-parallel group (Ymir §5.2: allocations `{4m}`, whole GPU
+/// servers): `gpus / PIPELINE_STAGES` pipeline replicas, each of
+/// [`PIPELINE_STAGES`] GPUs on one node — the stages of a replica talk
+/// every micro-batch and must not cross the network. The whole group goes
+/// on one node when one holds it (best fit); else replica by replica, each
+/// by best fit, so on 8-GPU servers a 4-stage job takes half a server and
+/// a 16-GPU job two whole ones. A node smaller than a replica is never
+/// used (the cluster-wide check that some node can hold one is
+/// [`super::pipeline_fits`]). Nothing is taken unless every replica fits.
+fn fit_pipeline(free: &mut [u32], gpus: u32) -> Option<Vec<(usize, u32)>> {
+    let unit = PIPELINE_STAGES;
+    if !gpus.is_multiple_of(unit) {
+        return None;
+    }
+    if let Some(n) = best_fit(free, gpus) {
+        free[n] -= gpus;
+        return Some(vec![(n, gpus)]);
+    }
+    let mut trial = free.to_vec();
+    let mut per_node: std::collections::BTreeMap<usize, u32> = Default::default();
+    for _ in 0..gpus / unit {
+        let n = best_fit(&trial, unit)?;
+        trial[n] -= unit;
+        *per_node.entry(n).or_default() += unit;
+    }
+    free.copy_from_slice(&trial);
+    Some(per_node.into_iter().collect())
+}
+
 #[cfg(test)]
 mod tests {
-    use super::super::PlanEntry;
     use super::super::testkit::*;
+    use super::super::{PlanEntry, pipeline_fits};
     use super::*;
 
     #[test]
@@ -250,5 +299,135 @@ mod tests {
         let p = place(&snap2, plan);
         assert_eq!(p.stats.unplaced, 1);
         assert_eq!(p.entries.len(), 2);
+    }
+
+    /// A cluster whose nodes have these sizes.
+    fn sized(sizes: &[u32], n_jobs: usize) -> Snapshot {
+        let mut snap = cluster(sizes.len(), 1, jobs(n_jobs));
+        for (n, &g) in snap.nodes.iter_mut().zip(sizes) {
+            n.gpus = g;
+        }
+        snap
+    }
+
+    fn place_sizes(snap: &Snapshot, sizes: &[u32]) -> Plan {
+        let plan = Plan {
+            entries: sizes
+                .iter()
+                .enumerate()
+                .map(|(j, &g)| PlanEntry::single(j, g))
+                .collect(),
+            ..Default::default()
+        };
+        let p = place(snap, plan);
+        p.consistency_check(snap).unwrap();
+        p
+    }
+
+    /// Ymir's `{4m}` rule on servers that are not 4 GPUs wide: a 4-stage
+    /// pipeline takes half an 8-GPU server (two share one), and was left
+    /// waiting forever when "whole servers" meant the largest node.
+    #[test]
+    fn pipeline_replicas_fit_inside_nodes_of_any_size() {
+        let mut snap = sized(&[8, 8], 3);
+        for j in &mut snap.jobs {
+            j.pipeline = true;
+        }
+        let p = place_sizes(&snap, &[4, 4, 8]);
+        assert_eq!(p.stats.unplaced, 0, "{p:?}");
+        let at = |j: usize| {
+            p.entries
+                .iter()
+                .find(|e| e.jobs == vec![j])
+                .unwrap()
+                .placement
+                .clone()
+        };
+        assert_eq!(at(2), vec![(0, 8)], "largest first, one whole node");
+        assert_eq!(at(0), vec![(1, 4)]);
+        assert_eq!(at(1), vec![(1, 4)], "the two 4-stage jobs share node 1");
+
+        // 8 GPUs when no node has 8 free: two replicas on two nodes, each
+        // whole inside its node.
+        let mut snap = sized(&[8, 8], 3);
+        for (j, n) in [(0, 0), (1, 1)] {
+            snap.jobs[j].current_placement = vec![(n, 4)];
+            snap.jobs[j].current_gpus = 4;
+        }
+        snap.jobs[2].pipeline = true;
+        let p = place_sizes(&snap, &[4, 4, 8]);
+        assert_eq!(p.entries.len(), 3, "{p:?}");
+        let e = p.entries.iter().find(|e| e.jobs == vec![2]).unwrap();
+        assert_eq!(e.placement, vec![(0, 4), (1, 4)]);
+    }
+
+    #[test]
+    fn a_pipeline_replica_is_never_split_across_nodes() {
+        // 2 + 2 free GPUs on two nodes is not a place for 4 stages.
+        let mut snap = sized(&[4, 4], 3);
+        for (j, n) in [(0, 0), (1, 1)] {
+            snap.jobs[j].current_placement = vec![(n, 2)];
+            snap.jobs[j].current_gpus = 2;
+        }
+        snap.jobs[2].pipeline = true;
+        let p = place_sizes(&snap, &[2, 2, 4]);
+        assert_eq!(p.stats.unplaced, 1);
+        assert!(p.entries.iter().all(|e| e.jobs != vec![2]));
+        // Nor 6 (not a whole number of replicas).
+        let mut snap = sized(&[8], 1);
+        snap.jobs[0].pipeline = true;
+        assert_eq!(place_sizes(&snap, &[6]).stats.unplaced, 1);
+    }
+
+    /// Fewest nodes, then best fit for the last one: 6 GPUs over free
+    /// nodes of 4, 4, 4 and 2 take 4 + 2, leaving two whole 4-GPU nodes
+    /// for the 8-GPU group behind it.
+    #[test]
+    fn a_wide_group_spreads_over_the_fewest_nodes_then_best_fits_the_rest() {
+        let snap = sized(&[4, 4, 4, 2], 2);
+        let p = place_sizes(&snap, &[8, 6]);
+        assert_eq!(p.stats.unplaced, 0, "{p:?}");
+        assert_eq!(p.entries[0].placement, vec![(0, 4), (1, 4)]);
+        assert_eq!(p.entries[1].placement, vec![(2, 4), (3, 2)]);
+        // Mixed sizes: 12 GPUs on an 8- and a 4-GPU node, not three 4s.
+        let snap = sized(&[4, 8, 4, 4], 1);
+        let p = place_sizes(&snap, &[12]);
+        assert_eq!(p.entries[0].placement, vec![(0, 4), (1, 8)]);
+    }
+
+    #[test]
+    fn the_authors_rule_counts_the_fewest_nodes_by_each_nodes_size() {
+        // 12 GPUs need two nodes of 8 + 4 GPUs: allowed while the 8-GPU
+        // node is free; with half of it taken, 4 + 4 + 4 is one node too
+        // many and the group waits.
+        let mut snap = sized(&[8, 4, 4], 2);
+        snap.placement_rule = PlacementRule::FewestNodes;
+        let p = place_sizes(&snap, &[0, 12]);
+        assert_eq!(p.stats.unplaced, 0, "{p:?}");
+        assert_eq!(p.entries[1].placement, vec![(0, 8), (1, 4)]);
+        snap.jobs[0].current_placement = vec![(0, 4)];
+        snap.jobs[0].current_gpus = 4;
+        let p = place_sizes(&snap, &[4, 12]);
+        assert_eq!(p.stats.unplaced, 1, "{p:?}");
+        // A 16-GPU node holds 12 alone: two nodes are one too many.
+        let mut snap = sized(&[16, 4, 4], 2);
+        snap.placement_rule = PlacementRule::FewestNodes;
+        snap.jobs[0].current_placement = vec![(0, 8)];
+        snap.jobs[0].current_gpus = 8;
+        assert_eq!(place_sizes(&snap, &[8, 12]).stats.unplaced, 1);
+        snap.placement_rule = PlacementRule::Pack;
+        let p = place_sizes(&snap, &[8, 12]);
+        assert_eq!(
+            p.entries[1].placement,
+            vec![(0, 8), (1, 4)],
+            "fmsched's rule spreads"
+        );
+    }
+
+    #[test]
+    fn pipeline_fits_needs_one_node_as_wide_as_a_replica() {
+        assert!(pipeline_fits([2, 8]));
+        assert!(!pipeline_fits([2, 2, 2, 2]));
+        assert!(!pipeline_fits([]));
     }
 }
