@@ -77,6 +77,10 @@ pub struct NodeView {
     /// Its GPUs report Xid or uncorrectable ECC errors: nothing stays or
     /// starts there.
     pub drained: bool,
+    /// Its GPUs' family (`V100`, `A100`, `H100`, or the name as reported
+    /// for others; see `fmsched_estimator::analytic::gpu_family`). A group
+    /// never spans two families.
+    pub gpu_model: String,
 }
 
 /// One live job (submitted, profiling, queued or running).
@@ -89,6 +93,9 @@ pub struct JobView {
     /// May be merged with other users' jobs (Ymir §9).
     pub sharing: bool,
     pub pipeline: bool,
+    /// The GPU family it must run on (`resources.gpu_model`, as a family);
+    /// None = any, one family per group.
+    pub gpu_model: Option<String>,
     pub min_gpus: u32,
     pub max_gpus: u32,
     /// GPUs it asks for (baselines give this; its deserved share is capped
@@ -361,12 +368,25 @@ pub fn prepare(view: &ClusterView, policy: &dyn Policy, cfg: &RoundConfig) -> Pr
         })
         .collect();
 
-    let sizes: Vec<u32> = present.iter().map(|&n| view.nodes[n].gpus).collect();
+    let sizes = node_shapes(view, &present);
     let mut unschedulable = Vec::new();
     let mut jobs = Vec::new();
     for (i, j) in view.jobs.iter().enumerate() {
-        if let Some(why) = never_fits(j.pipeline, j.min_gpus, &sizes, cfg.max_nodes_per_group) {
-            if matches!(j.state, JobState::Submitted | JobState::Queued) {
+        if let Some(why) = never_fits(
+            j.pipeline,
+            j.min_gpus,
+            j.gpu_model.as_deref(),
+            &sizes,
+            cfg.max_nodes_per_group,
+        ) {
+            // Said of a queued job, and of a submitted one that cannot
+            // even profile here (the others say it once they are queued).
+            let say = match j.state {
+                JobState::Queued => true,
+                JobState::Submitted => cfg.profiling && cannot_profile(j, &sizes),
+                _ => false,
+            };
+            if say {
                 unschedulable.push((i, format!("waiting: {why}")));
             }
             continue;
@@ -400,12 +420,63 @@ pub fn prepare(view: &ClusterView, policy: &dyn Policy, cfg: &RoundConfig) -> Pr
     }
 }
 
-/// Why no set of these nodes (their sizes in GPUs) can ever hold a job of
-/// at least `min_gpus` (pipeline-parallel or not) when a group may span
-/// `max_nodes_per_group` nodes, or None if one can. An empty cluster holds
-/// nothing yet and says nothing (nodes may still register). The service's
-/// round and fmsim's workload check both ask this.
+/// No node of the cluster can hold `job`'s profiling run (one GPU, or one
+/// pipeline replica, of its GPU model).
+fn cannot_profile(job: &JobView, nodes: &[(u32, &str)]) -> bool {
+    never_fits(job.pipeline, 1, job.gpu_model.as_deref(), nodes, None).is_some()
+}
+
+/// `(GPUs, GPU family)` of these view nodes, for [`never_fits`].
+fn node_shapes<'v>(view: &'v ClusterView, nodes: &[usize]) -> Vec<(u32, &'v str)> {
+    nodes
+        .iter()
+        .map(|&n| (view.nodes[n].gpus, view.nodes[n].gpu_model.as_str()))
+        .collect()
+}
+
+/// Why no set of these nodes (`(GPUs, GPU family)` each) can ever hold a
+/// job of at least `min_gpus` (pipeline-parallel or not, on `gpu_model` or
+/// any one family) when a group may span `max_nodes_per_group` nodes, or
+/// None if one can. An empty cluster holds nothing yet and says nothing
+/// (nodes may still register). The service's round and fmsim's workload
+/// check both ask this.
 pub fn never_fits(
+    pipeline: bool,
+    min_gpus: u32,
+    gpu_model: Option<&str>,
+    nodes: &[(u32, &str)],
+    max_nodes_per_group: Option<usize>,
+) -> Option<String> {
+    if nodes.is_empty() {
+        return None;
+    }
+    let mut families: Vec<&str> = nodes.iter().map(|n| n.1).collect();
+    families.sort_unstable();
+    families.dedup();
+    if let Some(m) = gpu_model {
+        if !families.contains(&m) {
+            return Some(format!(
+                "no node has GPU model {m} (the cluster has {})",
+                families.join(", ")
+            ));
+        }
+        families = vec![m];
+    }
+    let mut why = None;
+    for fam in &families {
+        let sizes: Vec<u32> = nodes.iter().filter(|n| n.1 == *fam).map(|n| n.0).collect();
+        let w = never_fits_sizes(pipeline, min_gpus, &sizes, max_nodes_per_group)?;
+        why.get_or_insert(if families.len() > 1 || gpu_model.is_some() {
+            format!("{w} (on {fam} nodes; a job runs on one GPU model)")
+        } else {
+            w
+        });
+    }
+    why
+}
+
+/// [`never_fits`] on nodes of one family.
+fn never_fits_sizes(
     pipeline: bool,
     min_gpus: u32,
     node_gpus: &[u32],
@@ -435,10 +506,11 @@ pub fn never_fits(
 
 /// Profiling reservations: kept ones (job still profiling, every GPU on a
 /// usable node) and new ones for submitted jobs, oldest first — 1 GPU, or
-/// [`PIPELINE_PROFILE_GPUS`] on one node (at most the largest usable node)
-/// for a pipeline-parallel job. Free GPUs first; GPUs held by training only
+/// [`PIPELINE_PROFILE_GPUS`] on one node for a pipeline-parallel job, on
+/// the GPU model it asks for. Free GPUs first; GPUs held by training only
 /// while profiling holds at most an eighth of the cluster. The first job
-/// that finds no GPUs stops the walk (later ones do not overtake it).
+/// that finds no GPUs stops the walk (later ones do not overtake it); a
+/// job the cluster can never hold is passed over.
 fn reserve_profiling(view: &ClusterView, present: &[usize], total_gpus: u32) -> Vec<Reservation> {
     let usable = |n: usize| view.nodes[n].state == NodeState::Available && !view.nodes[n].drained;
     let mut out: Vec<Reservation> = view
@@ -476,31 +548,37 @@ fn reserve_profiling(view: &ClusterView, present: &[usize], total_gpus: u32) -> 
             .total_cmp(&view.jobs[y].submitted_at)
             .then(x.cmp(&y))
     });
+    let shapes = node_shapes(view, present);
     for i in waiting {
-        let need = if view.jobs[i].pipeline {
-            if !crate::policy::pipeline_fits(present.iter().map(|&n| view.nodes[n].gpus)) {
-                // It can never run here ([`never_fits`] says why): it
-                // must not hold up the jobs behind it.
-                continue;
-            }
-            PIPELINE_PROFILE_GPUS
-        } else {
-            1
-        } as usize;
+        let j = &view.jobs[i];
+        if cannot_profile(j, &shapes) {
+            // It can never run here (the round says why): it must not
+            // hold up the jobs behind it.
+            continue;
+        }
+        let need = if j.pipeline { PIPELINE_PROFILE_GPUS } else { 1 } as usize;
+        let on_its_gpus = |n: usize| {
+            j.gpu_model
+                .as_deref()
+                .is_none_or(|m| view.nodes[n].gpu_model == m)
+        };
         let used_now: usize = out.iter().map(|r| r.gpus.len()).sum();
         let mut pick = None;
         for prefer_free in [true, false] {
             if !prefer_free && used_now + need > cap {
                 break;
             }
-            pick = present.iter().filter(|&&n| usable(n)).find_map(|&n| {
-                let gpus: Vec<Gpu> = (0..view.nodes[n].gpus)
-                    .map(|g| (n, g))
-                    .filter(|g| !taken.contains(g) && (!prefer_free || !busy.contains(g)))
-                    .take(need)
-                    .collect();
-                (gpus.len() == need).then_some(gpus)
-            });
+            pick = present
+                .iter()
+                .filter(|&&n| usable(n) && on_its_gpus(n))
+                .find_map(|&n| {
+                    let gpus: Vec<Gpu> = (0..view.nodes[n].gpus)
+                        .map(|g| (n, g))
+                        .filter(|g| !taken.contains(g) && (!prefer_free || !busy.contains(g)))
+                        .take(need)
+                        .collect();
+                    (gpus.len() == need).then_some(gpus)
+                });
             if pick.is_some() {
                 break;
             }
@@ -518,7 +596,8 @@ fn reserve_profiling(view: &ClusterView, present: &[usize], total_gpus: u32) -> 
 
 /// Pairs that may merge (Ymir §5, the filter before any estimate): both in
 /// the snapshot, one model, different tasks, both allow sharing, both
-/// data-parallel or both pipeline, neither merged before, neither started.
+/// data-parallel or both pipeline, no two different GPU models asked for,
+/// neither merged before, neither started.
 /// Per model, for every ordered pair: `A ↦ B`, and `A ‖ B` once.
 fn eligible_pairs(view: &ClusterView, snapshot_jobs: &[usize]) -> Vec<PairKey> {
     let mut by_model: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
@@ -533,7 +612,11 @@ fn eligible_pairs(view: &ClusterView, snapshot_jobs: &[usize]) -> Vec<PairKey> {
         for (x, &a) in group.iter().enumerate() {
             for (y, &b) in group.iter().enumerate() {
                 let (ja, jb) = (&view.jobs[a], &view.jobs[b]);
-                if a == b || ja.task == jb.task || ja.pipeline != jb.pipeline {
+                if a == b
+                    || ja.task == jb.task
+                    || ja.pipeline != jb.pipeline
+                    || !crate::policy::same_gpus(ja.gpu_model.as_deref(), jb.gpu_model.as_deref())
+                {
                     continue;
                 }
                 out.push(PairKey {
@@ -613,6 +696,7 @@ pub fn snapshot(
                 task: j.task.clone(),
                 sharing: j.sharing,
                 pipeline: j.pipeline,
+                gpu_model: j.gpu_model.clone(),
                 requested_gpus: cap(j.requested_gpus),
                 min_gpus: j.min_gpus,
                 max_gpus: cap(j.max_gpus),
@@ -652,6 +736,7 @@ pub fn snapshot(
             .map(|(&n, &gpus)| NodeCap {
                 id: view.nodes[n].id.clone(),
                 gpus,
+                gpu_model: view.nodes[n].gpu_model.clone(),
             })
             .collect(),
         allocations: prepared.allocations.clone(),
@@ -1109,6 +1194,7 @@ pub mod testkit {
             gpus,
             state: NodeState::Available,
             drained: false,
+            gpu_model: "A100".into(),
         }
     }
 
@@ -1122,6 +1208,7 @@ pub mod testkit {
             task: task.into(),
             sharing: true,
             pipeline: false,
+            gpu_model: None,
             min_gpus: 1,
             max_gpus: gpus,
             requested_gpus: gpus,
@@ -1205,6 +1292,8 @@ pub mod testkit {
                         _ => NodeState::Available,
                     },
                     drained: st == 2,
+                    // Every third node is of another family.
+                    gpu_model: if k % 3 == 2 { "H100" } else { "A100" }.into(),
                 })
                 .collect();
             let mut free: Vec<Vec<u32>> = nodes.iter().map(|n| (0..n.gpus).collect()).collect();
@@ -1222,6 +1311,9 @@ pub mod testkit {
                     let mut j = job(&format!("j{k:02}"), tasks[task as usize], state, gpus);
                     j.pipeline = pipeline && gpus >= 4;
                     j.sharing = sharing;
+                    if k % 5 == 4 {
+                        j.gpu_model = Some("H100".into());
+                    }
                     j.submitted_at = -(k as f64);
                     j.progress = f64::from(holds % 3) / 4.0;
                     if matches!(state, JobState::Running | JobState::Profiling) {
@@ -1512,6 +1604,50 @@ mod tests {
         assert_eq!(p.profiling.len(), 1);
         assert_eq!(p.profiling[0].job, 1, "the data-parallel job profiles");
         assert_eq!(p.unschedulable.len(), 1);
+    }
+
+    /// `resources.gpu_model` acts: the job profiles and runs on its family
+    /// only, never merges with a job bound to another, and on a cluster
+    /// without that family it says so instead of waiting silently.
+    #[test]
+    fn a_job_runs_only_on_the_gpu_model_it_asks_for() {
+        let mut nodes = vec![node("a100", 4), node("h100", 4)];
+        nodes[1].gpu_model = "H100".into();
+        let mut h = job("h", "qqp", JobState::Submitted, 1);
+        h.gpu_model = Some("H100".into());
+        let v = view(nodes.clone(), vec![h.clone()]);
+        let p = prepare(
+            &v,
+            by_name("ymir").unwrap().as_ref(),
+            &RoundConfig::default(),
+        );
+        assert_eq!(
+            p.profiling[0].gpus,
+            vec![(1, 0)],
+            "profiles on the H100 node"
+        );
+
+        h.state = JobState::Queued;
+        let mut a = job("a", "rte", JobState::Queued, 1);
+        a.gpu_model = Some("A100".into());
+        let cfg = RoundConfig {
+            profiling: false,
+            ..Default::default()
+        };
+        let v = view(nodes.clone(), vec![h.clone(), a]);
+        let p = prepare(&v, by_name("ymir").unwrap().as_ref(), &cfg);
+        assert!(p.eligible.is_empty(), "no merge across GPU models");
+        let d = run(&v, "ymir", &cfg);
+        for g in &d.outcome.groups {
+            let want = if g.jobs == vec![0] { 1 } else { 0 };
+            assert!(g.gpus.iter().all(|x| x.0 == want), "{g:?}");
+        }
+
+        let v = view(vec![node("a", 8)], vec![h]);
+        let d = run(&v, "ymir", &cfg);
+        assert!(d.outcome.groups.is_empty());
+        let why = &d.outcome.unschedulable[0].1;
+        assert!(why.contains("no node has GPU model H100"), "{why}");
     }
 
     /// Eligible pairs: one model, different tasks, sharing, not started,

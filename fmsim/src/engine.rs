@@ -420,8 +420,8 @@ impl<'a> Simulation<'a> {
             j.w.max_gpus = j.w.max_gpus.clamp(1, total);
             j.w.gpus = j.w.gpus.clamp(1, total);
             // Said now, not after simulating the horizon with it waiting.
-            let sizes = vec![cfg.gpus_per_node; cfg.nodes as usize];
-            if let Some(why) = round::never_fits(j.w.pipeline, 1, &sizes, None) {
+            let nodes = vec![(cfg.gpus_per_node, gpu_type.as_str()); cfg.nodes as usize];
+            if let Some(why) = round::never_fits(j.w.pipeline, 1, None, &nodes, None) {
                 return Err(err(format!("can never run on this cluster: {why}")));
             }
             if j.w.pipeline && j.w.max_gpus < PIPELINE_STAGES {
@@ -1053,6 +1053,8 @@ impl<'a> Simulation<'a> {
                     task: j.w.task.clone(),
                     sharing: j.w.sharing,
                     pipeline: j.w.pipeline,
+                    // Workloads name no GPU model: one family per cluster.
+                    gpu_model: None,
                     min_gpus: 1,
                     max_gpus: j.w.max_gpus,
                     requested_gpus: j.w.gpus,
@@ -1098,6 +1100,7 @@ impl<'a> Simulation<'a> {
                     gpus: self.cfg.gpus_per_node,
                     state: NodeState::Available,
                     drained: false,
+                    gpu_model: self.cfg.gpu_type.clone(),
                 })
                 .collect(),
             jobs,

@@ -126,11 +126,16 @@ fn agent_env(
 ) -> Proc {
     let mut c = Command::new(bin("node-agent"));
     c.envs(env.iter().copied());
+    // Fake GPUs are A100s unless the environment names another model.
+    let model = env
+        .iter()
+        .find(|e| e.0 == "FMSCHED_AGENT_GPU__FAKE_MODEL")
+        .map_or("A100-80GB", |e| e.1);
     if let Some(m) = metrics {
         c.env("FMSCHED_AGENT_METRICS_ADDR", format!("127.0.0.1:{m}"));
     }
     c.args(["--scheduler", endpoints, "--node-id", node])
-        .args(["--fake-gpus", "4", "--fake-gpu-model", "A100-80GB"])
+        .args(["--fake-gpus", "4", "--fake-gpu-model", model])
         .env("FMSCHED_JOIN_TOKEN", JOIN)
         .env("FMSCHED_AGENT_PROCESSES__WORK_DIR", dir.join(node))
         .env("FMSCHED_AGENT_PROCESSES__GRACE", "3s")
@@ -1834,4 +1839,86 @@ async fn e2e_the_service_baselines_run_a_queue_to_completion() {
         drop(c);
         drop_db(&db).await;
     }
+}
+
+/// `resources.gpu_model` acts on a mixed cluster: jobs bound to H100s
+/// profile and train only on the H100 node, the others run anywhere, and
+/// all complete; a GPU model nobody has is refused at submit naming the
+/// field.
+#[tokio::test]
+async fn e2e_gang_heterogeneous_a_gpu_model_job_runs_only_on_its_model() {
+    let db = new_db("fmsched_hetero").await;
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let _sched = scheduler(&db, port, dir.path());
+    wait_up("scheduler up", port);
+    let ep = format!("http://127.0.0.1:{port}");
+    let _a = agent_env("node-a", &ep, dir.path(), None, &[]);
+    let _h = agent_env(
+        "node-h",
+        &ep,
+        dir.path(),
+        None,
+        &[("FMSCHED_AGENT_GPU__FAKE_MODEL", "H100-80GB")],
+    );
+    let bound = |name: &str, task: &str| {
+        job_yaml(name, task, 800, 2).replace(
+            "max_gpus: 2 }",
+            "max_gpus: 2, gpu_model: H100-80GB }",
+        )
+    };
+    let jobs: Vec<(String, String)> = vec![
+        ("h0".into(), bound("h0", "rte")),
+        ("h1".into(), bound("h1", "mrpc")),
+        ("h2".into(), bound("h2", "cola")),
+        ("any0".into(), job_yaml("any0", "stsb", 800, 2)),
+        ("any1".into(), job_yaml("any1", "qnli", 800, 2)),
+    ];
+    assert!(jobs[0].1.contains("gpu_model: H100-80GB"), "{}", jobs[0].1);
+    submit(port, dir.path(), jobs).expect("submit");
+    let ids = wait_for("all five complete", Duration::from_secs(150), || {
+        let v: Value = serde_json::from_str(&fmctl(port, &["-o", "json", "jobs"])?)
+            .map_err(|e| e.to_string())?;
+        let all = v.as_array().cloned().unwrap_or_default();
+        let done: Vec<(String, String)> = all
+            .iter()
+            .filter(|j| j["state"] == "completed")
+            .map(|j| {
+                (
+                    j["spec"]["name"].as_str().unwrap_or_default().to_string(),
+                    j["id"].as_str().unwrap_or_default().to_string(),
+                )
+            })
+            .collect();
+        if done.len() == 5 {
+            Ok(done)
+        } else {
+            Err(format!("{} of 5 completed", done.len()))
+        }
+    });
+    let mut c = sqlx::PgConnection::connect(&db_url(&db)).await.unwrap();
+    for (name, id) in ids.iter().filter(|(n, _)| n.starts_with('h')) {
+        let placed: Vec<(String,)> = sqlx::query_as(
+            "SELECT message FROM job_events WHERE job_id = $1::uuid
+             AND (message LIKE 'placed on %' OR message LIKE 'profiling on %')",
+        )
+        .bind(id)
+        .fetch_all(&mut c)
+        .await
+        .unwrap();
+        assert!(!placed.is_empty(), "{name}: no placement events");
+        for (m,) in &placed {
+            assert!(
+                m.contains("node-h") && !m.contains("node-a"),
+                "{name} ran off its GPU model: {m}"
+            );
+        }
+    }
+    // A model no node has and the estimator does not know: refused.
+    let tpu = bound("tpu", "rte").replace("H100-80GB", "TPU-v9");
+    let err = submit(port, dir.path(), [("tpu".to_string(), tpu)]).unwrap_err();
+    assert!(
+        err.contains("resources.gpu_model") && err.contains("TPU-v9"),
+        "{err}"
+    );
 }

@@ -226,6 +226,10 @@ async fn bad_input_names_the_field_and_writes_nothing() {
         ),
         ("spec.slo_class", Box::new(|p| p.slo_class = 9)),
         (
+            "spec.resources.gpu_model",
+            Box::new(|p| p.resources.as_mut().unwrap().gpu_model = "TPU-v9".into()),
+        ),
+        (
             "spec.deadline",
             Box::new(|p| {
                 p.deadline = Some(prost_types::Timestamp {

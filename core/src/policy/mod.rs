@@ -53,6 +53,8 @@ pub struct SchedJob {
     /// Pipeline-parallel: allocations of whole pipeline replicas
     /// ([`PIPELINE_STAGES`] GPUs on one node each).
     pub pipeline: bool,
+    /// The GPU family it must run on (None = any; a group never spans two).
+    pub gpu_model: Option<String>,
     /// GPUs the user asked for (baselines give exactly this).
     pub requested_gpus: u32,
     pub min_gpus: u32,
@@ -111,6 +113,8 @@ pub struct ExistingMerge {
 pub struct NodeCap {
     pub id: String,
     pub gpus: u32,
+    /// Its GPUs' family (a group never spans two).
+    pub gpu_model: String,
 }
 
 /// How placement treats a group that fits no single node and no set of
@@ -268,6 +272,12 @@ impl Plan {
                     snap.jobs[e.jobs[0]].id
                 ));
             }
+            if !placement::one_family(snap, &e.placement, placement::entry_model(snap, &e.jobs)) {
+                return Err(format!(
+                    "entry {k}: placed over two GPU models or not on the one {} asks for",
+                    snap.jobs[e.jobs[0]].id
+                ));
+            }
             for &(n, g) in &e.placement {
                 if n >= used.len() {
                     return Err(format!("entry {k}: node {n} does not exist"));
@@ -328,6 +338,15 @@ pub trait Policy {
 /// four stages on one node of any size: half an 8-GPU server, a quarter of
 /// a 16-GPU one. Allocations of a pipeline job are multiples of this.
 pub const PIPELINE_STAGES: u32 = 4;
+
+/// Whether two GPU-model requirements can share a group (a merge): equal,
+/// or at most one of them set.
+pub fn same_gpus(a: Option<&str>, b: Option<&str>) -> bool {
+    match (a, b) {
+        (Some(a), Some(b)) => a == b,
+        _ => true,
+    }
+}
 
 /// Whether some node of these sizes can hold one pipeline replica: a
 /// pipeline job on a cluster without one can never run.
@@ -398,6 +417,7 @@ pub(crate) mod testkit {
             task: id.into(),
             sharing: true,
             pipeline: false,
+            gpu_model: None,
             requested_gpus: requested,
             min_gpus: 1,
             max_gpus: 64,
@@ -438,6 +458,7 @@ pub(crate) mod testkit {
                 .map(|n| NodeCap {
                     id: format!("node-{n}"),
                     gpus,
+                    gpu_model: "A100".into(),
                 })
                 .collect(),
             allocations,

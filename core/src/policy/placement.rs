@@ -36,7 +36,9 @@ pub fn place(snap: &Snapshot, mut plan: Plan) -> Plan {
         // A pipeline group whose replicas straddle nodes (placed before
         // this rule held) is placed afresh.
         let pipeline = e.jobs.iter().any(|&j| snap.jobs[j].pipeline);
+        let model = entry_model(snap, &e.jobs);
         if held == e.gpus
+            && one_family(snap, current, model)
             && held > 0
             && same_group
             && current.iter().all(|&(n, g)| n < free.len() && free[n] >= g)
@@ -62,7 +64,13 @@ pub fn place(snap: &Snapshot, mut plan: Plan) -> Plan {
     for k in order {
         let e = &plan.entries[k];
         let pipeline = e.jobs.iter().any(|&j| snap.jobs[j].pipeline);
-        placed[k] = fit(snap, &mut free, e.gpus, pipeline);
+        placed[k] = fit_typed(
+            snap,
+            &mut free,
+            e.gpus,
+            pipeline,
+            entry_model(snap, &e.jobs),
+        );
     }
 
     let mut unplaced = 0;
@@ -79,6 +87,69 @@ pub fn place(snap: &Snapshot, mut plan: Plan) -> Plan {
     plan.entries = kept;
     plan.stats.unplaced += unplaced;
     plan
+}
+
+/// Node index → GPUs, as in [`super::PlanEntry::placement`].
+type Placement = Vec<(usize, u32)>;
+
+/// The GPU family a group must run on: the first its members ask for.
+pub(crate) fn entry_model<'s>(snap: &'s Snapshot, jobs: &[usize]) -> Option<&'s str> {
+    jobs.iter().find_map(|&j| snap.jobs[j].gpu_model.as_deref())
+}
+
+/// Whether these placed nodes are of one GPU family, and of `model` if set.
+pub(crate) fn one_family(snap: &Snapshot, placement: &[(usize, u32)], model: Option<&str>) -> bool {
+    let mut fams = placement
+        .iter()
+        .filter(|p| p.0 < snap.nodes.len())
+        .map(|p| snap.nodes[p.0].gpu_model.as_str());
+    let Some(first) = fams.next() else {
+        return true;
+    };
+    fams.all(|f| f == first) && model.is_none_or(|m| m == first)
+}
+
+/// [`fit`] on the nodes of one GPU family: `model`'s, or for a group that
+/// names none, the family where it fits on the fewest nodes with the
+/// least left over on them (best fit across families). A group never
+/// spans two families (a gang of mixed GPUs runs at its slowest member's
+/// pace, and NCCL rings over mixed NVLink generations are slower still).
+fn fit_typed(
+    snap: &Snapshot,
+    free: &mut [u32],
+    gpus: u32,
+    pipeline: bool,
+    model: Option<&str>,
+) -> Option<Vec<(usize, u32)>> {
+    let mut families: Vec<&str> = match model {
+        Some(m) => vec![m],
+        None => snap.nodes.iter().map(|n| n.gpu_model.as_str()).collect(),
+    };
+    families.sort_unstable();
+    families.dedup();
+    if model.is_none() && families.len() <= 1 {
+        return fit(snap, free, gpus, pipeline);
+    }
+    // (nodes used, GPUs left free on them) and the placement.
+    let mut best: Option<((usize, u32), Placement)> = None;
+    for fam in families {
+        let mut masked: Vec<u32> = free
+            .iter()
+            .zip(&snap.nodes)
+            .map(|(&f, n)| if n.gpu_model == fam { f } else { 0 })
+            .collect();
+        if let Some(p) = fit(snap, &mut masked, gpus, pipeline) {
+            let key = (p.len(), p.iter().map(|&(n, _)| masked[n]).sum::<u32>());
+            if best.as_ref().is_none_or(|b| key < b.0) {
+                best = Some((key, p));
+            }
+        }
+    }
+    let (_, p) = best?;
+    for &(n, g) in &p {
+        free[n] -= g;
+    }
+    Some(p)
 }
 
 fn fit(snap: &Snapshot, free: &mut [u32], gpus: u32, pipeline: bool) -> Option<Vec<(usize, u32)>> {
@@ -429,5 +500,66 @@ mod tests {
         assert!(pipeline_fits([2, 8]));
         assert!(!pipeline_fits([2, 2, 2, 2]));
         assert!(!pipeline_fits([]));
+    }
+
+    /// A group never spans two GPU families, and a job that names one runs
+    /// only there: 8 GPUs over an A100 and an H100 node with 4 free each
+    /// wait; the H100 job takes the H100 node even where an A100 node is
+    /// free.
+    #[test]
+    fn groups_stay_on_one_gpu_family_and_on_the_one_they_ask_for() {
+        let mut snap = sized(&[4, 4, 8], 3);
+        snap.nodes[1].gpu_model = "H100".into();
+        snap.jobs[1].gpu_model = Some("H100".into());
+        let p = place_sizes(&snap, &[8, 2, 2]);
+        let at = |j: usize| {
+            p.entries
+                .iter()
+                .find(|e| e.jobs == vec![j])
+                .map(|e| e.placement.clone())
+        };
+        assert_eq!(at(0), Some(vec![(2, 8)]));
+        assert_eq!(at(1), Some(vec![(1, 2)]), "on H100");
+        assert_eq!(
+            at(2),
+            Some(vec![(1, 2)]),
+            "it names no family: best fit anywhere, the H100 node's last two"
+        );
+
+        // Two half-free nodes of different families hold no 8-GPU group.
+        let mut snap = sized(&[8, 8], 3);
+        snap.nodes[1].gpu_model = "H100".into();
+        for (j, n) in [(0, 0), (1, 1)] {
+            snap.jobs[j].current_placement = vec![(n, 4)];
+            snap.jobs[j].current_gpus = 4;
+        }
+        let p = place_sizes(&snap, &[4, 4, 8]);
+        assert_eq!(p.stats.unplaced, 1, "{p:?}");
+        // The same nodes of one family do hold it.
+        snap.nodes[1].gpu_model = "A100".into();
+        assert_eq!(place_sizes(&snap, &[4, 4, 8]).stats.unplaced, 0);
+    }
+
+    /// A running group kept on the wrong family (placed before the job's
+    /// model was honoured) is placed afresh, and the consistency check
+    /// refuses a plan that mixes families.
+    #[test]
+    fn a_group_on_the_wrong_family_moves_and_a_mixed_plan_is_refused() {
+        let mut snap = sized(&[4, 4], 1);
+        snap.nodes[1].gpu_model = "H100".into();
+        snap.jobs[0].gpu_model = Some("H100".into());
+        snap.jobs[0].current_placement = vec![(0, 2)];
+        snap.jobs[0].current_gpus = 2;
+        let p = place_sizes(&snap, &[2]);
+        assert_eq!(p.entries[0].placement, vec![(1, 2)]);
+        let mixed = Plan {
+            entries: vec![PlanEntry {
+                placement: vec![(0, 1), (1, 1)],
+                ..PlanEntry::single(0, 2)
+            }],
+            ..Default::default()
+        };
+        snap.jobs[0].gpu_model = None;
+        assert!(mixed.consistency_check(&snap).is_err());
     }
 }

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use chrono::Utc;
 use fmsched_core::{JobId, JobState, UserName, ValidationContext};
+use fmsched_estimator::analytic;
 use fmsched_proto::convert::{
     job_spec_from_proto, job_spec_to_proto, job_state_from_proto, job_state_to_proto,
     timestamp_to_proto,
@@ -136,6 +137,35 @@ async fn find_log(
     None
 }
 
+impl JobApi {
+    /// A job may ask for a GPU family the estimator knows (it must estimate
+    /// the job's times there) or one a registered node reports; anything
+    /// else (a typo, a TPU) is refused rather than waiting forever. A known
+    /// family no node has yet is accepted: the job waits with an
+    /// `unschedulable` event naming it until such a node joins.
+    fn check_gpu_model(&self, model: &str) -> Result<(), ApiError> {
+        let fam = analytic::gpu_family(model);
+        let known: Vec<&str> = analytic::GPUS.iter().map(|g| g.name).collect();
+        let reported = self
+            .state
+            .registry
+            .snapshot()
+            .iter()
+            .filter_map(|n| n.record.gpus.first())
+            .any(|g| analytic::gpu_family(&g.model) == fam);
+        if known.contains(&fam.as_str()) || reported {
+            return Ok(());
+        }
+        Err(ApiError::field(
+            "spec.resources.gpu_model",
+            format!(
+                "unknown GPU model {model:?}: give one of {} or a model a node of this cluster reports",
+                known.join(", ")
+            ),
+        ))
+    }
+}
+
 #[tonic::async_trait]
 impl JobService for JobApi {
     async fn submit_job(
@@ -158,6 +188,9 @@ impl JobService for JobApi {
             limits,
         })
         .map_err(ApiError::from)?;
+        if let Some(m) = &spec.resources.gpu_model {
+            self.check_gpu_model(m)?;
+        }
 
         let key = (!req.idempotency_key.is_empty()).then_some(req.idempotency_key.as_str());
         let id = JobId::new_v7();

@@ -104,6 +104,7 @@ pub fn build_view(s: &ViewSources<'_>) -> Translated {
             gpus: n.record.gpus.len() as u32,
             state: n.state,
             drained: faulty(n),
+            gpu_model: node_family(n),
         });
         nodes.push((
             n.record.id.clone(),
@@ -155,6 +156,7 @@ pub fn build_view(s: &ViewSources<'_>) -> Translated {
                 task: j.spec.dataset.task.clone(),
                 sharing: j.spec.sharing,
                 pipeline: r.pipeline_parallel,
+                gpu_model: r.gpu_model.as_deref().map(analytic::gpu_family),
                 min_gpus: r.min_gpus,
                 max_gpus: r.max_gpus,
                 // A spec names a GPU range; the service asks for its top.
@@ -204,13 +206,23 @@ pub struct Inputs {
     pub config: RoundConfig,
 }
 
-/// The GPU family estimates use: the first node's that is not Offline.
+/// A node's GPU family (its first GPU's; a node reports one model).
+fn node_family(n: &LiveNode) -> String {
+    n.record
+        .gpus
+        .first()
+        .map(|g| analytic::gpu_family(&g.model))
+        .unwrap_or_default()
+}
+
+/// The GPU family estimates use for a job that names none: the first
+/// node's that is not Offline.
 fn gpu_family(nodes: &[LiveNode]) -> String {
     nodes
         .iter()
-        .filter(|n| n.state != NodeState::Offline)
-        .find_map(|n| n.record.gpus.first())
-        .map(|g| analytic::gpu_family(&g.model))
+        .filter(|n| n.state != NodeState::Offline && !n.record.gpus.is_empty())
+        .map(node_family)
+        .next()
         .unwrap_or_else(|| "V100".into())
 }
 
@@ -410,15 +422,18 @@ fn job_inputs(
             gain_for.insert(m.a, m.gain_ba);
         }
     }
-    let per_node = t
-        .view
-        .nodes
-        .iter()
-        .filter(|n| n.state != NodeState::Offline)
-        .map(|n| n.gpus)
-        .max()
-        .unwrap_or(4)
-        .clamp(1, 9);
+    // Estimates use the GPUs a job would run on: the family it asks for
+    // (else the cluster's), on that family's largest node.
+    let per_node = |fam: &str| {
+        t.view
+            .nodes
+            .iter()
+            .filter(|n| n.state != NodeState::Offline && n.gpu_model == fam)
+            .map(|n| n.gpus)
+            .max()
+            .unwrap_or(4)
+            .clamp(1, 9)
+    };
     prepared
         .jobs
         .iter()
@@ -428,12 +443,13 @@ fn job_inputs(
             let done = o.progress.get(&id).map_or(0, |p| p.0);
             let e = o.estimates.get(&id);
             let total = expected_iterations(j, e);
+            let fam = t.view.jobs[v].gpu_model.as_deref().unwrap_or(family);
             let mut input =
                 times::JobInput {
                     id: id.to_string(),
                     model: j.spec.model.clone(),
-                    gpu_type: family.to_string(),
-                    gpus_per_node: per_node,
+                    gpu_type: fam.to_string(),
+                    gpus_per_node: per_node(fam),
                     global_batch: j.spec.hyperparameters.global_batch_size.max(1),
                     variant: Variant {
                         pipeline: j.spec.resources.pipeline_parallel,
