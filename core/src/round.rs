@@ -213,19 +213,25 @@ pub struct Prepared {
     pub unschedulable: Vec<(usize, String)>,
     /// GPUs of the largest node the round may use.
     pub largest_node: u32,
+    /// The same per GPU family.
+    pub largest_by_model: BTreeMap<String, u32>,
     /// GPUs of every node that is not Offline.
     pub total_gpus: u32,
 }
 
 impl Prepared {
-    /// GPUs a job asking for `gpus` is offered: all of them, or at most the
-    /// largest node's when the executor runs a group on one node.
-    pub fn offered(&self, cfg: &RoundConfig, gpus: u32) -> u32 {
-        if cfg.max_nodes_per_group == Some(1) {
-            gpus.min(self.largest_node)
-        } else {
-            gpus
+    /// GPUs a job asking for `gpus` (on `gpu_model`, if it names one) is
+    /// offered: all of them, or at most the largest node's (of its family)
+    /// when the executor runs a group on one node.
+    pub fn offered(&self, cfg: &RoundConfig, gpus: u32, gpu_model: Option<&str>) -> u32 {
+        if cfg.max_nodes_per_group != Some(1) {
+            return gpus;
         }
+        let largest = match gpu_model {
+            Some(m) => self.largest_by_model.get(m).copied().unwrap_or(0),
+            None => self.largest_node,
+        };
+        gpus.min(largest)
     }
 }
 
@@ -342,6 +348,13 @@ pub fn prepare(view: &ClusterView, policy: &dyn Policy, cfg: &RoundConfig) -> Pr
         .map(|&n| view.nodes[n].gpus)
         .max()
         .unwrap_or(0);
+    let mut largest_by_model: BTreeMap<String, u32> = BTreeMap::new();
+    for &n in &present {
+        let e = largest_by_model
+            .entry(view.nodes[n].gpu_model.clone())
+            .or_default();
+        *e = (*e).max(view.nodes[n].gpus);
+    }
     let profiling = if cfg.profiling {
         reserve_profiling(view, &present, total_gpus)
     } else {
@@ -416,6 +429,7 @@ pub fn prepare(view: &ClusterView, policy: &dyn Policy, cfg: &RoundConfig) -> Pr
         eligible,
         unschedulable,
         largest_node,
+        largest_by_model,
         total_gpus,
     }
 }
@@ -683,7 +697,7 @@ pub fn snapshot(
         .map(|(k, &i)| (i, k))
         .collect();
     let placements = current_placements(view, prepared, &ord);
-    let cap = |g: u32| prepared.offered(cfg, g);
+    let cap = |g: u32, j: &JobView| prepared.offered(cfg, g, j.gpu_model.as_deref());
     let jobs: Vec<SchedJob> = prepared
         .jobs
         .iter()
@@ -697,9 +711,9 @@ pub fn snapshot(
                 sharing: j.sharing,
                 pipeline: j.pipeline,
                 gpu_model: j.gpu_model.clone(),
-                requested_gpus: cap(j.requested_gpus),
+                requested_gpus: cap(j.requested_gpus, j),
                 min_gpus: j.min_gpus,
-                max_gpus: cap(j.max_gpus),
+                max_gpus: cap(j.max_gpus, j),
                 submitted_at: j.submitted_at,
                 progress: j.progress,
                 attained_gpu_s: j.attained_gpu_s,
@@ -1642,6 +1656,23 @@ mod tests {
             let want = if g.jobs == vec![0] { 1 } else { 0 };
             assert!(g.gpus.iter().all(|x| x.0 == want), "{g:?}");
         }
+
+        // On the single-node executor it is offered its family's largest
+        // node (4 H100s), not the cluster's (8 A100s), so it runs there
+        // rather than wait for 8 H100s on one node.
+        let mut wide = h.clone();
+        wide.max_gpus = 8;
+        wide.requested_gpus = 8;
+        let mut nodes8 = nodes.clone();
+        nodes8[0].gpus = 8;
+        let single = RoundConfig {
+            max_nodes_per_group: Some(1),
+            ..cfg.clone()
+        };
+        let d = run(&view(nodes8, vec![wide]), "srtf", &single);
+        assert_eq!(d.snapshot.jobs[0].max_gpus, 4);
+        assert_eq!(d.outcome.groups[0].gpus.len(), 4, "{d:?}");
+        assert!(d.outcome.groups[0].gpus.iter().all(|g| g.0 == 1));
 
         let v = view(vec![node("a", 8)], vec![h]);
         let d = run(&v, "ymir", &cfg);

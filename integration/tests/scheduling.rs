@@ -1862,10 +1862,7 @@ async fn e2e_gang_heterogeneous_a_gpu_model_job_runs_only_on_its_model() {
         &[("FMSCHED_AGENT_GPU__FAKE_MODEL", "H100-80GB")],
     );
     let bound = |name: &str, task: &str| {
-        job_yaml(name, task, 800, 2).replace(
-            "max_gpus: 2 }",
-            "max_gpus: 2, gpu_model: H100-80GB }",
-        )
+        job_yaml(name, task, 800, 2).replace("max_gpus: 2 }", "max_gpus: 2, gpu_model: H100-80GB }")
     };
     let jobs: Vec<(String, String)> = vec![
         ("h0".into(), bound("h0", "rte")),

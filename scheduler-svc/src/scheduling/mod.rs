@@ -567,7 +567,11 @@ fn plan_writes(
             .iter()
             .enumerate()
             .map(|(v, j)| {
-                let request = inputs.prepared.offered(&inputs.config, j.requested_gpus);
+                let request = inputs.prepared.offered(
+                    &inputs.config,
+                    j.requested_gpus,
+                    j.gpu_model.as_deref(),
+                );
                 (
                     t.jobs[v],
                     round::fair_share(inputs.prepared.total_gpus, live, request),
