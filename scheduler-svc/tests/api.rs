@@ -459,7 +459,44 @@ async fn agents_need_the_join_token_and_report_telemetry() {
     );
     let sum = root.cluster_summary().await.unwrap();
     assert_eq!(sum.gpus_total, 4);
+    assert_eq!(sum.gpus_free, 4);
     assert_eq!(sum.gpus_by_model[0].model, "A100-80GB");
+    // A plan that holds two GPUs: they are no longer free, and the node
+    // names the job on them (it said "all free" while jobs ran).
+    let alice = s.client(ALICE).await.unwrap();
+    let (job, _) = alice.submit(&spec(), None).await.unwrap();
+    let pool = s.pool().await;
+    sqlx::query(
+        "INSERT INTO assignments (job_id, node_id, gpu_uuids, generation, assigned_at)
+         VALUES ($1::uuid, 'n1', ARRAY['GPU-n1-0', 'GPU-n1-1'], 1, now())",
+    )
+    .bind(&job.id)
+    .execute(&pool)
+    .await
+    .unwrap();
+    let sum = root.cluster_summary().await.unwrap();
+    assert_eq!((sum.gpus_total, sum.gpus_free), (4, 2));
+    assert_eq!(
+        (sum.gpus_by_model[0].total, sum.gpus_by_model[0].free),
+        (4, 2)
+    );
+    let held: Vec<String> = root
+        .get_node("n1")
+        .await
+        .unwrap()
+        .gpus
+        .iter()
+        .map(|g| g.allocated_to_job.clone())
+        .collect();
+    assert_eq!(
+        held,
+        vec![job.id.clone(), job.id.clone(), String::new(), String::new()]
+    );
+    sqlx::query("DELETE FROM assignments")
+        .execute(&pool)
+        .await
+        .unwrap();
+    pool.close().await;
     assert_eq!(root.get_node("n1").await.unwrap().id, "n1");
     assert_eq!(
         root.get_node("nope").await.unwrap_err().code(),

@@ -21,9 +21,28 @@ impl ClusterApi {
     pub fn new(state: AppState) -> Self {
         Self { state }
     }
+
+    /// The GPUs the stored plan holds (read from Postgres, so a standby
+    /// replica answers as the leader would).
+    async fn held(&self) -> Result<HeldGpus, Status> {
+        let plan = self
+            .state
+            .persistence
+            .current_plan()
+            .await
+            .map_err(ApiError::from)?;
+        Ok(plan
+            .assignments
+            .iter()
+            .flat_map(|a| a.gpus.iter().map(|g| (g.0.clone(), a.job.to_string())))
+            .collect())
+    }
 }
 
-pub fn node_to_proto(n: &LiveNode) -> pb::Node {
+/// GPU UUID → the job whose current plan holds it (training or profiling).
+pub type HeldGpus = BTreeMap<String, String>;
+
+pub fn node_to_proto(n: &LiveNode, held: &HeldGpus) -> pb::Node {
     let r = &n.record;
     pb::Node {
         id: r.id.to_string(),
@@ -48,9 +67,7 @@ pub fn node_to_proto(n: &LiveNode) -> pb::Node {
                     pci_bus_id: g.pci_bus_id.clone(),
                 }),
                 telemetry: n.telemetry.get(&g.uuid.0).cloned(),
-                // Allocations arrive with the scheduling loop; until then no
-                // GPU is held by a plan.
-                allocated_to_job: String::new(),
+                allocated_to_job: held.get(&g.uuid.0).cloned().unwrap_or_default(),
             })
             .collect(),
         connected: n.session.is_some(),
@@ -75,13 +92,14 @@ impl ClusterService for ClusterApi {
                 wanted.push(s);
             }
         }
+        let held = self.held().await?;
         let nodes = self
             .state
             .registry
             .snapshot()
             .iter()
             .filter(|n| wanted.is_empty() || wanted.contains(&n.state))
-            .map(node_to_proto)
+            .map(|n| node_to_proto(n, &held))
             .collect();
         Ok(Response::new(pb::ListNodesResponse { nodes }))
     }
@@ -101,7 +119,7 @@ impl ClusterService for ClusterApi {
             .registry
             .get(&id)
             .ok_or_else(|| ApiError::NotFound(format!("node {id} not found")))?;
-        Ok(Response::new(node_to_proto(&node)))
+        Ok(Response::new(node_to_proto(&node, &self.held().await?)))
     }
 
     async fn get_cluster_summary(
@@ -113,6 +131,7 @@ impl ClusterService for ClusterApi {
             .authenticate(req.metadata())
             .map_err(ApiError::from)?;
         let nodes = self.state.registry.snapshot();
+        let held = self.held().await?;
         let mut by_model: BTreeMap<String, (u32, u32)> = BTreeMap::new();
         let mut by_state: BTreeMap<NodeState, u32> = BTreeMap::new();
         for n in &nodes {
@@ -123,7 +142,8 @@ impl ClusterService for ClusterApi {
             for g in &n.record.gpus {
                 let e = by_model.entry(g.model.clone()).or_default();
                 e.0 += 1;
-                e.1 += 1; // no GPU is held by a plan yet (see node_to_proto)
+                // Free: on an Available node and held by no assignment.
+                e.1 += u32::from(!held.contains_key(&g.uuid.0));
             }
         }
         let counts = self
