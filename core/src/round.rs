@@ -1244,13 +1244,19 @@ pub mod testkit {
     /// Linear scaling: `work / a` seconds at each allocation of the round
     /// (`+∞` at 0 GPUs).
     pub fn linear(p: &Prepared, work: f64) -> Vec<f64> {
+        power_law(p, work, 1.0)
+    }
+
+    /// `work / a^k` seconds at each allocation of the round (`+∞` at 0
+    /// GPUs): `k < 1` for jobs that scale sub-linearly.
+    pub fn power_law(p: &Prepared, work: f64, k: f64) -> Vec<f64> {
         p.allocations
             .iter()
             .map(|&a| {
                 if a == 0 {
                     f64::INFINITY
                 } else {
-                    work / f64::from(a)
+                    work / f64::from(a).powf(k)
                 }
             })
             .collect()

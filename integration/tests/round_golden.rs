@@ -40,18 +40,7 @@ fn node(id: &str, gpus: u32, state: NodeState) -> NodeView {
 
 /// Times that shrink with GPUs (work / a^0.8), a merged part at 40 % of B.
 fn estimates(view: &ClusterView, p: &Prepared) -> Estimates {
-    let row = |work: f64| -> Vec<f64> {
-        p.allocations
-            .iter()
-            .map(|&a| {
-                if a == 0 {
-                    f64::INFINITY
-                } else {
-                    work / f64::from(a).powf(0.8)
-                }
-            })
-            .collect()
-    };
+    let row = |work: f64| testkit::power_law(p, work, 0.8);
     let work = |v: usize| 1800.0 * (1.0 + (v % 5) as f64) * (1.0 - view.jobs[v].progress);
     Estimates {
         jobs: p.jobs.iter().map(|&v| row(work(v))).collect(),

@@ -312,6 +312,7 @@ impl Agent {
                                     self.current_endpoint(), a.epoch, self.leader_epoch()
                                 )));
                             }
+                            tracing::trace!(sequence = a.sequence, epoch = a.epoch, "heartbeat acknowledged");
                         }
                         Some(pb::scheduler_message::Msg::Plan(p)) => {
                             if self.accept_plan(&p) {

@@ -542,7 +542,7 @@ pub struct NewMerge {
 }
 
 /// The persisted intent.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct StoredPlan {
     pub generation: i64,
     pub assignments: Vec<Assignment>,

@@ -49,6 +49,7 @@ pub(crate) struct TransferOutcome {
 }
 
 /// What the observe phase leaves for the rest of the round.
+#[derive(Default)]
 pub(crate) struct Observed {
     pub nodes: Vec<LiveNode>,
     /// Live jobs: those that finished or failed for good this round are
@@ -106,15 +107,7 @@ pub(crate) async fn observe(
         retries: p.retry_state().await?,
         current: p.current_plan().await?,
         service: p.service().await?,
-        split_now: BTreeSet::new(),
-        reported_outputs: BTreeMap::new(),
-        writes: RoundWrites::default(),
-        outcomes: Vec::new(),
-        completed: 0,
-        failed: 0,
-        retried: 0,
-        guard_splits: 0,
-        nodes: Vec::new(),
+        ..Default::default()
     };
     if let RoundKind::LookAhead { switch_at } = kind {
         let lead_s = (switch_at - now).num_milliseconds().max(0) as f64 / 1000.0;
@@ -1026,26 +1019,6 @@ pub(crate) mod tests {
     }
 
     pub(crate) fn empty_observed() -> Observed {
-        Observed {
-            nodes: Vec::new(),
-            live: BTreeMap::new(),
-            merges: Vec::new(),
-            estimates: BTreeMap::new(),
-            progress: BTreeMap::new(),
-            retries: BTreeMap::new(),
-            split_now: BTreeSet::new(),
-            reported_outputs: BTreeMap::new(),
-            current: StoredPlan {
-                generation: 0,
-                assignments: Vec::new(),
-            },
-            service: BTreeMap::new(),
-            writes: RoundWrites::default(),
-            outcomes: Vec::new(),
-            completed: 0,
-            failed: 0,
-            retried: 0,
-            guard_splits: 0,
-        }
+        Observed::default()
     }
 }
