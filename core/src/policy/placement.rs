@@ -61,16 +61,14 @@ pub fn place(snap: &Snapshot, mut plan: Plan) -> Plan {
             plan.entries[k].jobs[0],
         )
     });
+    let mut families: Vec<&str> = snap.nodes.iter().map(|n| n.gpu_model.as_str()).collect();
+    families.sort_unstable();
+    families.dedup();
     for k in order {
         let e = &plan.entries[k];
         let pipeline = e.jobs.iter().any(|&j| snap.jobs[j].pipeline);
-        placed[k] = fit_typed(
-            snap,
-            &mut free,
-            e.gpus,
-            pipeline,
-            entry_model(snap, &e.jobs),
-        );
+        let model = entry_model(snap, &e.jobs);
+        placed[k] = fit_typed(snap, &families, &mut free, e.gpus, pipeline, model);
     }
 
     let mut unplaced = 0;
@@ -114,25 +112,25 @@ pub(crate) fn one_family(snap: &Snapshot, placement: &[(usize, u32)], model: Opt
 /// least left over on them (best fit across families). A group never
 /// spans two families (a gang of mixed GPUs runs at its slowest member's
 /// pace, and NCCL rings over mixed NVLink generations are slower still).
+/// `families` are the cluster's, sorted and distinct.
 fn fit_typed(
     snap: &Snapshot,
+    families: &[&str],
     free: &mut [u32],
     gpus: u32,
     pipeline: bool,
     model: Option<&str>,
 ) -> Option<Vec<(usize, u32)>> {
-    let mut families: Vec<&str> = match model {
-        Some(m) => vec![m],
-        None => snap.nodes.iter().map(|n| n.gpu_model.as_str()).collect(),
-    };
-    families.sort_unstable();
-    families.dedup();
-    if model.is_none() && families.len() <= 1 {
-        return fit(snap, free, gpus, pipeline);
+    if let [only] = families {
+        // One family (the common case): no masking, no allocation.
+        return match model {
+            Some(m) if m != *only => None,
+            _ => fit(snap, free, gpus, pipeline),
+        };
     }
     // (nodes used, GPUs left free on them) and the placement.
     let mut best: Option<((usize, u32), Placement)> = None;
-    for fam in families {
+    for &fam in families.iter().filter(|f| model.is_none_or(|m| m == **f)) {
         let mut masked: Vec<u32> = free
             .iter()
             .zip(&snap.nodes)
