@@ -22,9 +22,10 @@
 //! 5. **push** ([`push`]) — every connected node its complete desired set
 //!    under the new generation and the leader's epoch.
 //!
-//! A *look-ahead* round (Ymir §6.2 pipeline switch) is observe (predicting
-//! only which jobs finish before the switch) → load → decide, then
-//! `PrepareSwitch` hints instead of a commit.
+//! A *look-ahead* ([`look_ahead`], Ymir §6.2 pipeline switch) shares the
+//! first three phases with [`run_round`] (its observe only predicts which
+//! jobs finish before the switch), then sends `PrepareSwitch` hints instead
+//! of a commit.
 //!
 //! The intent lives in Postgres, so a restarted scheduler pushes the same
 //! plan under a newer generation: agents keep healthy processes (a repeated
@@ -282,11 +283,10 @@ pub struct RoundReport {
     pub running: usize,
     pub completed: usize,
     pub failed: usize,
-    /// Look-ahead rounds: `PrepareSwitch` hints sent.
-    pub hints: usize,
 }
 
-/// What a round does with the plan it decides.
+/// Which round observes: a committing one takes in the agents' reports, a
+/// look-ahead only reads what is persisted.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RoundKind {
     /// Observe the agents' reports, decide, persist the plan under a new
@@ -363,29 +363,81 @@ fn policy(state: &AppState) -> Box<dyn Policy + Send + Sync> {
     by_name(&state.config.scheduling.policy).expect("validated at start-up")
 }
 
+/// What the first three phases leave: observed, loaded, decided.
+struct Decided {
+    observed: Observed,
+    inputs: inputs::Inputs,
+    decision: round::Decision,
+    solve_s: f64,
+}
+
+/// Observe, load the inputs and decide: the part a committing round and a
+/// look-ahead share. `None` when no time table could be had.
+async fn observe_and_decide(
+    state: &AppState,
+    lut: &Arc<Lut>,
+    est: &Estimates,
+    kind: RoundKind,
+    now: DateTime<Utc>,
+) -> Result<Option<Decided>, RoundError> {
+    let observed = observe::observe(state, lut, est, kind, now).await?;
+    let policy = policy(state);
+    let Some(inputs) = inputs::load(state, lut, est, &observed, policy.as_ref(), now).await? else {
+        return Ok(None);
+    };
+    let (decision, solve_s) = decide(inputs.clone_parts()).await?;
+    Ok(Some(Decided {
+        observed,
+        inputs,
+        decision,
+        solve_s,
+    }))
+}
+
+/// Ymir §6.2's look-ahead: predicts the round expected at `switch_at` from
+/// what is persisted and sends `PrepareSwitch` hints for the tasks it would
+/// start. Writes nothing. Returns the hints sent.
+pub async fn look_ahead(
+    state: &AppState,
+    lut: &Arc<Lut>,
+    est: &Estimates,
+    switch_at: DateTime<Utc>,
+) -> Result<usize, RoundError> {
+    state.leadership.fence().ok_or(RoundError::NotLeader)?;
+    let kind = RoundKind::LookAhead { switch_at };
+    match observe_and_decide(state, lut, est, kind, Utc::now()).await? {
+        Some(d) => {
+            hint(
+                state,
+                &d.observed,
+                &d.inputs,
+                &d.decision.outcome,
+                switch_at,
+            )
+            .await
+        }
+        None => Ok(0),
+    }
+}
+
 /// One scheduling round (see the module docs).
 pub async fn run_round(
     state: &AppState,
     lut: &Arc<Lut>,
     est: &Estimates,
-    kind: RoundKind,
 ) -> Result<RoundReport, RoundError> {
     // The term this round works under: its commit is fenced by it.
     let fence = state.leadership.fence().ok_or(RoundError::NotLeader)?;
     let now = Utc::now();
-    let observed = observe::observe(state, lut, est, kind, now).await?;
-    let policy = policy(state);
-    let Some(inputs) = inputs::load(state, lut, est, &observed, policy.as_ref(), now).await? else {
+    let Some(Decided {
+        observed,
+        inputs,
+        decision,
+        solve_s,
+    }) = observe_and_decide(state, lut, est, RoundKind::Commit, now).await?
+    else {
         return Ok(RoundReport::default()); // no time table: the plan stays
     };
-    let (decision, solve_s) = decide(inputs.clone_parts()).await?;
-    if let RoundKind::LookAhead { switch_at } = kind {
-        let hints = hint(state, &observed, &inputs, &decision.outcome, switch_at).await?;
-        return Ok(RoundReport {
-            hints,
-            ..Default::default()
-        });
-    }
     let writes = plan_writes(&observed, &inputs, &decision.outcome, now);
     let generation = state
         .persistence
@@ -424,7 +476,6 @@ pub async fn run_round(
         running: writes.assignments.iter().filter(|a| !a.profile).count(),
         completed: observed.completed,
         failed: observed.failed,
-        hints: 0,
     })
 }
 
@@ -813,7 +864,7 @@ pub async fn scheduling_loop(state: AppState) {
             continue; // a standby decides nothing
         }
         let started = std::time::Instant::now();
-        let result = run_round(&state, &lut, &est, RoundKind::Commit).await;
+        let result = run_round(&state, &lut, &est).await;
         let took = started.elapsed().as_secs_f64();
         state.metrics.update(|m| {
             m.rounds += 1;
@@ -840,8 +891,8 @@ pub async fn scheduling_loop(state: AppState) {
             continue;
         }
         let switch_at = Utc::now() + lead;
-        match run_round(&state, &lut, &est, RoundKind::LookAhead { switch_at }).await {
-            Ok(r) if r.hints > 0 => tracing::debug!(hints = r.hints, "look-ahead round"),
+        match look_ahead(&state, &lut, &est, switch_at).await {
+            Ok(hints) if hints > 0 => tracing::debug!(hints, "look-ahead round"),
             Ok(_) => {}
             Err(e) => {
                 tracing::warn!(error = %e, "look-ahead round failed; no standby hints this round")
