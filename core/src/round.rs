@@ -507,7 +507,7 @@ fn never_fits_sizes(
     }
     if max_nodes_per_group == Some(1) && min_gpus > largest {
         return Some(format!(
-            "needs at least {min_gpus} GPUs on one node and the largest node has {largest} (jobs over several nodes are not run yet)"
+            "needs at least {min_gpus} GPUs on one node and the largest node has {largest} (jobs do not span nodes here)"
         ));
     }
     if min_gpus > total {
@@ -975,7 +975,7 @@ fn assign_gpus(
                 .map(|p| view.nodes[p.0].id.as_str())
                 .collect();
             let why = format!(
-                "waiting: {} placed it on {} GPUs over nodes {}, and jobs over several nodes are not run yet",
+                "waiting: {} placed it on {} GPUs over nodes {}, and a job spans at most {max} node(s) here",
                 cfg.policy,
                 e.gpus,
                 names.join(", ")

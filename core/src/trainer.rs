@@ -44,11 +44,24 @@ pub mod env {
     pub const PIPELINE_STAGES: &str = "FMSCHED_PIPELINE_STAGES";
     /// Model name of the GPUs the process runs on (as the node reports it).
     pub const GPU_MODEL: &str = "FMSCHED_GPU_MODEL";
-    /// Torchrun-compatible rank variables.
+    /// Torchrun-compatible rank variables. The agent runs one process per
+    /// node (a launcher such as `torchrun` starts one worker per GPU):
+    /// `WORLD_SIZE` is the job's GPUs on all its nodes, `RANK` the global
+    /// rank of this node's first GPU, `LOCAL_RANK` 0, `LOCAL_WORLD_SIZE`
+    /// this node's GPUs, `NNODES` the job's nodes and `NODE_RANK` this
+    /// node's place among them. `MASTER_ADDR:MASTER_PORT` is where the
+    /// process of rank 0 (`NODE_RANK` 0) listens for the rendezvous; the
+    /// port is the job's own while it runs. A job over several nodes runs
+    /// all its processes or none; only rank 0 writes checkpoints and reports
+    /// progress; every other node's process, asked to checkpoint, reports
+    /// the checkpoint rank 0 wrote once it is complete, and exits (non-zero)
+    /// when rank 0 goes away.
     pub const WORLD_SIZE: &str = "WORLD_SIZE";
     pub const RANK: &str = "RANK";
     pub const LOCAL_RANK: &str = "LOCAL_RANK";
     pub const LOCAL_WORLD_SIZE: &str = "LOCAL_WORLD_SIZE";
+    pub const NNODES: &str = "NNODES";
+    pub const NODE_RANK: &str = "NODE_RANK";
     pub const MASTER_ADDR: &str = "MASTER_ADDR";
     pub const MASTER_PORT: &str = "MASTER_PORT";
     pub const CUDA_VISIBLE_DEVICES: &str = "CUDA_VISIBLE_DEVICES";

@@ -27,6 +27,16 @@
 //!   fast from its own samples, and not at all when `G < 0` (interference:
 //!   its accuracy stalls, which the merge guard must catch).
 //!
+//! Jobs over several nodes (`NNODES` > 1) rendezvous like torchrun's: the
+//! process of `NODE_RANK` 0 listens at `MASTER_ADDR:MASTER_PORT` and waits
+//! for the other nodes' processes to connect (at most
+//! `FMSCHED_FAKE_RENDEZVOUS_TIMEOUT_S`, default 60 s; then it exits 4). It
+//! trains, checkpoints and reports; it tells the others of every checkpoint
+//! it wrote and of the end. The others report nothing but the checkpoints
+//! rank 0 wrote (when asked for one), exit 0 at the end and 5 when rank 0
+//! goes away; rank 0 exits 5 when another node's process goes away and it
+//! is not stopped within its grace. A broken rendezvous fails loudly.
+//!
 //! Test knobs: `FMSCHED_FAKE_IGNORE_SIGTERM=1` ignores SIGTERM (to test the
 //! agent's SIGKILL), `FMSCHED_FAKE_CRASH_AT=N` exits 3 at iteration N,
 //! `FMSCHED_FAKE_GPU_TYPE` (default: the node's `FMSCHED_GPU_MODEL`, else V100), `FMSCHED_FAKE_PROFILE_STEPS`,
@@ -171,6 +181,8 @@ struct Trainer {
     samples_per_epoch: Vec<u64>,
     reporter: Reporter,
     noise: u64,
+    /// Rank 0 of a job over several nodes: the other nodes' processes.
+    followers: Vec<tokio::net::tcp::OwnedWriteHalf>,
 }
 
 /// Writes report lines to the socket (or standard output without one).
@@ -193,6 +205,178 @@ impl Reporter {
             Reporter::Stdout => {
                 print!("{line}");
                 let _ = std::io::stdout().flush();
+            }
+        }
+    }
+}
+
+/// This process's place in a job over several nodes (torchrun's
+/// variables, docs/trainer-contract.md).
+struct GangEnv {
+    nnodes: u32,
+    node_rank: u32,
+    master: String,
+    timeout: Duration,
+}
+
+impl GangEnv {
+    fn from_env() -> anyhow::Result<Option<GangEnv>> {
+        let nnodes: u32 = var(env::NNODES).and_then(|n| n.parse().ok()).unwrap_or(1);
+        if nnodes <= 1 {
+            return Ok(None);
+        }
+        let node_rank: u32 = var(env::NODE_RANK)
+            .and_then(|n| n.parse().ok())
+            .with_context(|| format!("{} > 1 but {} is not set", env::NNODES, env::NODE_RANK))?;
+        let addr = var(env::MASTER_ADDR)
+            .with_context(|| format!("{} > 1 but {} is not set", env::NNODES, env::MASTER_ADDR))?;
+        let port = var(env::MASTER_PORT)
+            .with_context(|| format!("{} > 1 but {} is not set", env::NNODES, env::MASTER_PORT))?;
+        let timeout = Duration::from_secs_f64(
+            var("FMSCHED_FAKE_RENDEZVOUS_TIMEOUT_S")
+                .and_then(|t| t.parse().ok())
+                .unwrap_or(60.0),
+        );
+        Ok(Some(GangEnv {
+            nnodes,
+            node_rank,
+            master: format!("{addr}:{port}"),
+            timeout,
+        }))
+    }
+}
+
+/// Rank 0's side of the rendezvous: listens at the master address and
+/// waits for every other node's process. Returns their write halves and a
+/// channel that names a node whose process went away.
+async fn lead_rendezvous(
+    g: &GangEnv,
+) -> anyhow::Result<(
+    Vec<tokio::net::tcp::OwnedWriteHalf>,
+    tokio::sync::mpsc::UnboundedReceiver<u32>,
+)> {
+    use tokio::io::AsyncBufReadExt;
+    let port = g.master.rsplit_once(':').map_or("", |p| p.1);
+    let deadline = Instant::now() + g.timeout;
+    // The port may still be held by this job's previous rank 0 for a moment.
+    let listener = loop {
+        match tokio::net::TcpListener::bind(format!("0.0.0.0:{port}")).await {
+            Ok(l) => break l,
+            Err(e) if Instant::now() < deadline => {
+                eprintln!("fake-trainer: rendezvous: binding port {port}: {e}; retrying");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => bail!("rendezvous: cannot listen on port {port}: {e}"),
+        }
+    };
+    let (lost_tx, lost_rx) = tokio::sync::mpsc::unbounded_channel();
+    let mut followers = Vec::new();
+    while followers.len() + 1 < g.nnodes as usize {
+        let accepted = tokio::time::timeout_at(deadline.into(), listener.accept()).await;
+        let Ok(Ok((stream, peer))) = accepted else {
+            eprintln!(
+                "fake-trainer: rendezvous at {} timed out after {:?}: {} of {} nodes joined",
+                g.master,
+                g.timeout,
+                followers.len() + 1,
+                g.nnodes
+            );
+            std::process::exit(4);
+        };
+        let (read, write) = stream.into_split();
+        let mut lines = tokio::io::BufReader::new(read).lines();
+        let node = match lines.next_line().await {
+            Ok(Some(l)) => l.strip_prefix("hello ").and_then(|n| n.parse::<u32>().ok()),
+            _ => None,
+        };
+        let Some(node) = node else {
+            eprintln!("fake-trainer: rendezvous: {peer} did not say hello; ignored");
+            continue;
+        };
+        eprintln!("fake-trainer: rendezvous: node {node} joined from {peer}");
+        followers.push(write);
+        let lost = lost_tx.clone();
+        tokio::spawn(async move {
+            while let Ok(Some(_)) = lines.next_line().await {}
+            let _ = lost.send(node);
+        });
+    }
+    eprintln!(
+        "fake-trainer: rendezvous at {} complete: {} nodes",
+        g.master, g.nnodes
+    );
+    Ok((followers, lost_rx))
+}
+
+/// A non-zero node's process: joins rank 0's rendezvous, then follows it
+/// (see the module docs). Never returns.
+async fn follow(
+    g: &GangEnv,
+    reporter: &mut Reporter,
+    usr2: &mut tokio::signal::unix::Signal,
+    term: &mut tokio::signal::unix::Signal,
+) -> ! {
+    use tokio::io::AsyncBufReadExt;
+    let deadline = Instant::now() + g.timeout;
+    let stream = loop {
+        match tokio::net::TcpStream::connect(&g.master).await {
+            Ok(s) => break s,
+            Err(_) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => {
+                eprintln!(
+                    "fake-trainer: rendezvous at {} timed out after {:?}: {e}",
+                    g.master, g.timeout
+                );
+                std::process::exit(4);
+            }
+        }
+    };
+    let (read, mut write) = stream.into_split();
+    if write
+        .write_all(format!("hello {}\n", g.node_rank).as_bytes())
+        .await
+        .is_err()
+    {
+        eprintln!("fake-trainer: rendezvous at {}: rank 0 went away", g.master);
+        std::process::exit(5);
+    }
+    eprintln!(
+        "fake-trainer: node {} of {} joined rank 0 at {}",
+        g.node_rank, g.nnodes, g.master
+    );
+    let mut lines = tokio::io::BufReader::new(read).lines();
+    let mut asked = false;
+    loop {
+        tokio::select! {
+            line = lines.next_line() => match line {
+                Ok(Some(l)) if l == "done" => {
+                    eprintln!("fake-trainer: rank 0 finished the job");
+                    std::process::exit(0);
+                }
+                Ok(Some(l)) => {
+                    // "ckpt <iteration> <path>": reported when asked for one.
+                    let mut it = l.splitn(3, ' ');
+                    if let (Some("ckpt"), Some(i), Some(path)) = (it.next(), it.next(), it.next())
+                        && asked
+                    {
+                        asked = false;
+                        reporter.send(&Report::Checkpoint {
+                            path: path.to_string(),
+                            iteration: i.parse().unwrap_or(0),
+                        }).await;
+                    }
+                }
+                _ => {
+                    eprintln!("fake-trainer: rank 0 at {} went away; exiting", g.master);
+                    std::process::exit(5);
+                }
+            },
+            _ = usr2.recv() => asked = true,
+            _ = term.recv() => {
+                eprintln!("fake-trainer: stopped (rank 0 writes the checkpoint)");
+                std::process::exit(0);
             }
         }
     }
@@ -231,7 +415,17 @@ impl Trainer {
                 iteration: it,
             })
             .await;
+        self.tell_followers(&format!("ckpt {it} {}\n", path.display()))
+            .await;
         Ok(())
+    }
+
+    /// Rank 0: a line to every other node's process (one gone is noticed
+    /// by its reader).
+    async fn tell_followers(&mut self, line: &str) {
+        for f in &mut self.followers {
+            let _ = f.write_all(line.as_bytes()).await;
+        }
     }
 
     /// Advances by `steps` joint iterations; returns true when every trained
@@ -660,6 +854,7 @@ async fn run() -> anyhow::Result<()> {
         seconds_per_iteration,
         samples_per_epoch,
         reporter,
+        followers: Vec::new(),
     };
 
     // Start-up: the data loader (workers, tokenised data). A standby does
@@ -687,6 +882,23 @@ async fn run() -> anyhow::Result<()> {
             }
         }
     }
+    // A job over several nodes: rendezvous first, as torchrun's workers do.
+    let gang = GangEnv::from_env()?;
+    let mut lost = None;
+    if let Some(g) = &gang {
+        if g.node_rank == 0 {
+            let (followers, rx) = lead_rendezvous(g).await?;
+            tr.followers = followers;
+            lost = Some(rx);
+        } else {
+            follow(g, &mut tr.reporter, &mut usr2, &mut term).await;
+        }
+    }
+    let grace = Duration::from_secs_f64(
+        var(env::GRACE_S)
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(3.0),
+    );
     // Wall seconds per iteration after compression; steps are taken in
     // ticks of at least 20 ms so a fast job does not busy-loop.
     let wall_per_it = (seconds_per_iteration / compression).max(1e-6);
@@ -719,11 +931,28 @@ async fn run() -> anyhow::Result<()> {
                     }
                 } else if done {
                     tr.checkpoint().await?;
+                    tr.tell_followers("done\n").await;
                     return Ok(());
                 }
                 if !tr.profile && last_ckpt.elapsed() >= interval {
                     tr.checkpoint().await?;
                     last_ckpt = Instant::now();
+                }
+            }
+            Some(node) = async { match lost.as_mut() { Some(rx) => rx.recv().await, None => None } } => {
+                // Another node's process went away: the job cannot go on
+                // (as a collective would fail). Stopped within the grace,
+                // it is a suspension, not a failure.
+                eprintln!("fake-trainer: node {node}'s process went away");
+                tokio::select! {
+                    () = tokio::time::sleep(grace) => {
+                        eprintln!("fake-trainer: the gang is broken; exiting");
+                        std::process::exit(5);
+                    }
+                    _ = term.recv() => {
+                        tr.checkpoint().await?;
+                        return Ok(());
+                    }
                 }
             }
             _ = usr1.recv() => {} // only a standby waits for it

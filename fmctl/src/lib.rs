@@ -298,12 +298,14 @@ impl Client {
         follow: bool,
         stderr: bool,
         tail_bytes: u32,
+        rank: u32,
     ) -> Result<tonic::Streaming<pb::JobLogChunk>, ClientError> {
         let mut req = tonic::Request::new(pb::GetJobLogsRequest {
             job_id: id.to_string(),
             stderr,
             follow,
             tail_bytes,
+            rank,
         });
         if follow {
             // Following lasts as long as the job: no request timeout.

@@ -87,6 +87,10 @@ enum Cmd {
         /// Start with at most this many bytes from the end (default 64 KiB).
         #[arg(long, default_value_t = 0)]
         tail: u32,
+        /// A job over several nodes: the output of the node running this
+        /// global rank (default: rank 0's).
+        #[arg(long, default_value_t = 0)]
+        rank: u32,
     },
     /// List nodes with their GPUs and live telemetry.
     Nodes {
@@ -310,9 +314,10 @@ async fn run(cli: Cli) -> Result<(), ClientError> {
             follow,
             stderr,
             tail,
+            rank,
         } => {
             use std::io::Write as _;
-            let mut stream = client.job_logs(&id, follow, stderr, tail).await?;
+            let mut stream = client.job_logs(&id, follow, stderr, tail, rank).await?;
             let mut out = std::io::stdout().lock();
             let mut source: Option<(String, String)> = None;
             while let Some(chunk) = stream.message().await? {

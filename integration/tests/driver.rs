@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use fmsched_core::trainer::TaskAssignment;
 use fmsched_integration::bin;
-use node_agent::driver::{DriverConfig, LaunchSpec, ProcessDriver};
+use node_agent::driver::{DriverConfig, LaunchSpec, ProcessDriver, Ranks};
 
 fn driver(dir: &std::path::Path, grace_ms: u64) -> ProcessDriver {
     ProcessDriver::new(DriverConfig {
@@ -46,10 +46,7 @@ fn spec(id: &str, max_iterations: u64, env: &[(&str, &str)]) -> LaunchSpec {
         gpus: vec![0],
         resume_from: None,
         init_weights: None,
-        world_size: 1,
-        node_rank_offset: 0,
-        master_addr: "127.0.0.1".into(),
-        master_port: 29500,
+        ranks: Ranks::single(1),
         standby: false,
         pipeline: false,
     }

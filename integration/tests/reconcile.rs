@@ -302,3 +302,99 @@ async fn pipeline_jobs_switch_stages_in_reverse_order() {
     assert_eq!(env_of(dp.pid, "FMSCHED_PIPELINE_STAGES"), None);
     r.apply(&plan(5, vec![])).await;
 }
+
+/// Two nodes' agents run one gang (a job over both): the part of
+/// `NODE_RANK` 0 listens for the rendezvous, the other joins it; only rank
+/// 0 reports progress, each node reports its rank layout; suspending the
+/// gang takes one checkpoint (rank 0's) that both parts report; a new rank
+/// layout on the same GPUs relaunches the part; when rank 0 goes away the
+/// other part exits as failed instead of hanging.
+#[tokio::test]
+async fn a_gang_over_two_nodes_rendezvous_suspends_and_breaks_cleanly() {
+    let (_tx, _gx, ux, x) = node("node-x", 2);
+    let (_ty, _gy, uy, y) = node("node-y", 2);
+    let port = fmsched_integration::free_port();
+    let part = |gpus: &[String], node_rank: u32, port: u16| pb::DesiredTask {
+        gpu_uuids: gpus.to_vec(),
+        world_size: 4,
+        rank_offset: 2 * node_rank,
+        nnodes: 2,
+        node_rank,
+        master_addr: "127.0.0.1".into(),
+        master_port: u32::from(port),
+        ..desired("gang-1", &gpus[0])
+    };
+    let plan = |generation, tasks| pb::NodePlan {
+        generation,
+        tasks,
+        epoch: 1,
+    };
+    assert!(x.apply(&plan(1, vec![part(&ux, 0, port)])).await.is_empty());
+    assert!(y.apply(&plan(1, vec![part(&uy, 1, port)])).await.is_empty());
+    let lead = wait_iteration(&x, "gang-1", 30).await;
+    assert_eq!((lead.rank_offset, lead.world_size), (0, 4));
+    let other = observed(&y, "gang-1").await.unwrap();
+    assert_eq!(
+        other.phase,
+        pb::TaskPhase::Running as i32,
+        "joined: {other:?}"
+    );
+    assert_eq!((other.rank_offset, other.world_size), (2, 4));
+    assert_eq!(other.iteration, 0, "only rank 0 reports progress");
+    // Suspend both (as one plan does): one checkpoint, rank 0's, on both.
+    let stop = plan(2, vec![]);
+    let (sx, sy) = tokio::join!(x.apply(&stop), y.apply(&stop));
+    assert!(sx.is_empty() && sy.is_empty());
+    let (a, b) = (
+        observed(&x, "gang-1").await.unwrap(),
+        observed(&y, "gang-1").await.unwrap(),
+    );
+    assert_eq!(a.phase, pb::TaskPhase::Suspended as i32);
+    assert_eq!(b.phase, pb::TaskPhase::Suspended as i32);
+    assert!(!a.checkpoint_path.is_empty());
+    let dir_of = |p: &str| std::path::Path::new(p).parent().map(|d| d.to_path_buf());
+    assert_eq!(
+        dir_of(&b.checkpoint_path),
+        dir_of(&a.checkpoint_path),
+        "node-y reports a checkpoint rank 0 wrote: {} vs {}",
+        b.checkpoint_path,
+        a.checkpoint_path
+    );
+    // Resume on a new port: both parts start from rank 0's checkpoint.
+    let port2 = fmsched_integration::free_port();
+    let resume = |gpus: &[String], node_rank, port| pb::DesiredTask {
+        resume_path: a.checkpoint_path.clone(),
+        ..part(gpus, node_rank, port)
+    };
+    x.apply(&plan(3, vec![resume(&ux, 0, port2)])).await;
+    y.apply(&plan(3, vec![resume(&uy, 1, port2)])).await;
+    let resumed = wait_iteration(&x, "gang-1", a.iteration + 10).await;
+    // Same GPUs, another layout (rank 0 moved its port): relaunched.
+    let port3 = fmsched_integration::free_port();
+    x.apply(&plan(4, vec![resume(&ux, 0, port3)])).await;
+    let relaunched = observed(&x, "gang-1").await.unwrap();
+    assert_ne!(
+        relaunched.pid, resumed.pid,
+        "a new rank layout is a new process"
+    );
+    // Node-y still follows the old rendezvous: rank 0 went away, so it fails.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let t = observed(&y, "gang-1").await.unwrap();
+        if t.phase == pb::TaskPhase::Failed as i32 {
+            assert!(t.message.contains("went away"), "{}", t.message);
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the orphaned part never stopped: {t:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Its newer plan joins the new rendezvous, and the gang trains again.
+    y.apply(&plan(4, vec![resume(&uy, 1, port3)])).await;
+    wait_iteration(&x, "gang-1", resumed.iteration + 10).await;
+    let stop = plan(5, vec![]);
+    let (sx, sy) = tokio::join!(x.apply(&stop), y.apply(&stop));
+    assert!(sx.is_empty() && sy.is_empty());
+}

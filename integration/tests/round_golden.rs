@@ -3,11 +3,10 @@
 //! (`scheduler_svc::scheduling`, with the settings its configuration gives)
 //! and those fmsim's engine calls (`fmsim::engine`, with a simulation's
 //! settings), and must give the same snapshot, plan and outcome — for every
-//! policy both run, on hand-built and on random views. The one setting that
-//! differs is what the executors can run — the service runs a group on one
-//! node (gangs are not driven yet), fmsim on any number — so fmsim's path is
-//! given the service's executor here, and the test checks that nothing
-//! else differs.
+//! policy both run, on hand-built and on random views. Both run groups over
+//! any number of nodes (the service as gangs), so the round settings are
+//! the same; a service configured with `scheduling.max_nodes_per_job = 1`
+//! and fmsim given the same cap decide alike too.
 
 use fmsched_core::JobState;
 use fmsched_core::NodeState;
@@ -79,10 +78,16 @@ fn estimates(view: &ClusterView, p: &Prepared) -> Estimates {
     }
 }
 
-/// (live, fmsim) decisions of a view under `policy`.
+/// (live, fmsim) decisions of a view under `policy`, with jobs over at
+/// most `max_nodes` nodes (0: any number).
 fn both(view: &ClusterView, policy: &str) -> (Decision, Decision) {
+    both_capped(view, policy, 0)
+}
+
+fn both_capped(view: &ClusterView, policy: &str, max_nodes: u32) -> (Decision, Decision) {
     let mut cfg = Config::default();
     cfg.scheduling.policy = policy.into();
+    cfg.scheduling.max_nodes_per_job = max_nodes;
     let (live_cfg, live_policy) = scheduler_svc::scheduling::round_setup(&cfg);
     let p = scheduler_svc::scheduling::prepare_round(view, live_policy.as_ref(), &live_cfg);
     let e = estimates(view, &p);
@@ -97,8 +102,10 @@ fn both(view: &ClusterView, policy: &str) -> (Decision, Decision) {
         },
         sim_policy.as_ref(),
     );
-    // The settings differ in what the executors run, and only there.
-    assert_eq!(live_cfg.max_nodes_per_group, Some(1));
+    assert_eq!(
+        live_cfg.max_nodes_per_group,
+        (max_nodes > 0).then_some(max_nodes as usize)
+    );
     assert_eq!(sim_cfg.max_nodes_per_group, None);
     sim_cfg.max_nodes_per_group = live_cfg.max_nodes_per_group;
     assert_eq!(sim_cfg, live_cfg, "{policy}: the round settings differ");
@@ -193,6 +200,9 @@ proptest! {
         for policy in POLICIES {
             let (live, sim) = both(&view, policy);
             prop_assert_eq!(live, sim, "{}", policy);
+            // A service that keeps jobs on one node, and fmsim so capped.
+            let (live, sim) = both_capped(&view, policy, 1);
+            prop_assert_eq!(live, sim, "{} (one node per job)", policy);
         }
     }
 }

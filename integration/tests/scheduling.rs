@@ -1680,93 +1680,365 @@ async fn e2e_fmctl_logs_follow_a_job_to_its_new_node() {
     drop_db(&db).await;
 }
 
-#[tokio::test]
-async fn e2e_a_job_wider_than_any_node_waits_and_says_why() {
-    let db = new_db("fmsched_wide").await;
-    let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let _sched = scheduler(&db, port, dir.path());
-    wait_up("scheduler up", port);
-    let _a = agent("node-a", port, dir.path());
-    let _b = agent("node-b", port, dir.path());
-    // Up to 8 GPUs: runs on one node's 4. At least 8: cannot run yet.
-    let elastic = job_yaml("elastic", "rte", 1200, 8);
-    let huge = job_yaml("huge", "mrpc", 1200, 8).replace("min_gpus: 1", "min_gpus: 8");
-    submit(
-        port,
-        dir.path(),
-        [("elastic".to_string(), elastic), ("huge".to_string(), huge)],
+/// A job of `gpus` GPUs (exactly) training `iterations` at time
+/// compression `compression`.
+fn gang_yaml(name: &str, task: &str, iterations: u64, gpus: u32, compression: u32) -> String {
+    job_yaml(name, task, iterations, gpus)
+        .replace("min_gpus: 1", &format!("min_gpus: {gpus}"))
+        .replace(
+            "FMSCHED_FAKE_TIME_COMPRESSION: \"40\"",
+            &format!("FMSCHED_FAKE_TIME_COMPRESSION: \"{compression}\""),
+        )
+}
+
+/// A scheduler setting that gives this test's gangs rendezvous ports of
+/// their own (tests run side by side on one host).
+fn gang_ports() -> (&'static str, String) {
+    let base = free_port().min(65000);
+    (
+        "FMSCHED_SCHEDULING__GANG_PORTS",
+        format!("{base}-{}", base + 30),
     )
-    .expect("submit");
-    let (elastic_id, huge_id) = wait_for(
-        "elastic done, huge waiting",
-        Duration::from_secs(90),
-        || {
-            let v: Value = serde_json::from_str(&fmctl(port, &["-o", "json", "jobs"])?)
-                .map_err(|e| e.to_string())?;
-            let by_name = |n: &str| {
-                v.as_array()
-                    .and_then(|a| a.iter().find(|j| j["spec"]["name"] == n))
-                    .map(|j| {
-                        (
-                            j["id"].as_str().unwrap_or_default().to_string(),
-                            j["state"].as_str().unwrap_or_default().to_string(),
-                        )
-                    })
-            };
-            match (by_name("elastic"), by_name("huge")) {
-                (Some((e, es)), Some((h, hs))) if es == "completed" && hs == "queued" => Ok((e, h)),
-                other => Err(format!("{other:?}")),
-            }
-        },
-    );
-    let mut c = sqlx::PgConnection::connect(&db_url(&db)).await.unwrap();
-    let notes: Vec<(String,)> = sqlx::query_as(
-        "SELECT message FROM job_events WHERE job_id = $1::uuid AND kind = 'unschedulable'",
+}
+
+/// Agents of a fake cluster on this host: peers reach them at 127.0.0.1.
+const LOCAL_ADDRESS: &[(&str, &str)] = &[("FMSCHED_AGENT_ADDRESS", "127.0.0.1")];
+
+/// (id, state) of the job named `name`.
+fn job_named(port: u16, name: &str) -> Result<(String, String), String> {
+    let v: Value =
+        serde_json::from_str(&fmctl(port, &["-o", "json", "jobs"])?).map_err(|e| e.to_string())?;
+    v.as_array()
+        .and_then(|a| a.iter().find(|j| j["spec"]["name"] == name))
+        .map(|j| {
+            (
+                j["id"].as_str().unwrap_or_default().to_string(),
+                j["state"].as_str().unwrap_or_default().to_string(),
+            )
+        })
+        .ok_or_else(|| format!("no job {name}"))
+}
+
+/// The training parts of `job` in the stored plan: (node, rank offset,
+/// GPUs, rendezvous port), in rank order.
+async fn parts_of(url: &str, job: &str) -> Vec<(String, i32, usize, Option<i32>)> {
+    let mut c = sqlx::PgConnection::connect(url).await.unwrap();
+    let rows: Vec<(String, i32, Vec<String>, Option<i32>)> = sqlx::query_as(
+        "SELECT node_id, rank_offset, gpu_uuids, master_port FROM assignments
+         WHERE job_id = $1::uuid AND NOT profile ORDER BY rank_offset",
     )
-    .bind(&huge_id)
+    .bind(job)
     .fetch_all(&mut c)
     .await
     .unwrap();
-    assert_eq!(notes.len(), 1, "noted once, not every round: {notes:?}");
-    assert!(notes[0].0.contains("largest node has 4"), "{notes:?}");
-    let max_held: Option<i32> = sqlx::query_scalar(
-        "SELECT max((regexp_match(message, '\\((\\d+) GPUs\\)'))[1]::int) FROM job_events
-         WHERE job_id = $1::uuid AND to_state = 'running'",
+    rows.into_iter()
+        .map(|(n, r, g, p)| (n, r, g.len(), p))
+        .collect()
+}
+
+/// Pids of processes whose environment contains every one of `needles`.
+fn pids_with_env(needles: &[&str]) -> Vec<i32> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(env) = std::fs::read(e.path().join("environ")) else {
+            continue;
+        };
+        let env = String::from_utf8_lossy(&env);
+        if needles.iter().all(|n| env.contains(n)) {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+/// Polls `f` every 200 ms (async) until it returns `Some`, or panics after
+/// `timeout` with `what`.
+async fn eventually<T, F: std::future::Future<Output = Option<T>>>(
+    what: &str,
+    timeout: Duration,
+    mut f: impl FnMut() -> F,
+) -> T {
+    let start = Instant::now();
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        assert!(
+            start.elapsed() < timeout,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// An 8-GPU job on two 4-GPU nodes runs as one gang: one part per node in
+/// rank order with one rendezvous port, rank 0 on the first node listening
+/// at the address its agent registered, the other node's process joining
+/// it; only rank 0 reports, the job completes, `fmctl logs --rank` reads
+/// either node's output, its service counts all 8 GPUs, and no process is
+/// left. A job wider than the whole cluster waits and says why.
+#[tokio::test]
+async fn e2e_gang_an_8_gpu_job_over_two_4_gpu_nodes_runs_as_one_gang() {
+    let db = new_db("fmsched_gang").await;
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let ports = gang_ports();
+    let _sched = scheduler_env(
+        &db,
+        port,
+        dir.path(),
+        None,
+        &[NO_MERGING[0], (ports.0, ports.1.as_str())],
+    );
+    wait_up("scheduler up", port);
+    let ep = format!("http://127.0.0.1:{port}");
+    let _a = agent_env("node-a", &ep, dir.path(), None, LOCAL_ADDRESS);
+    let _b = agent_env("node-b", &ep, dir.path(), None, LOCAL_ADDRESS);
+    submit(
+        port,
+        dir.path(),
+        [
+            ("wide".to_string(), gang_yaml("wide", "rte", 4_000, 8, 10)),
+            ("huge".to_string(), gang_yaml("huge", "mrpc", 1200, 16, 40)),
+        ],
     )
-    .bind(&elastic_id)
+    .expect("submit");
+    let (wide, _) = job_named(port, "wide").unwrap();
+    let url = db_url(&db);
+    let parts = eventually(
+        "wide running on both nodes",
+        Duration::from_secs(90),
+        || {
+            let (url, wide) = (url.clone(), wide.clone());
+            async move {
+                let p = parts_of(&url, &wide).await;
+                (p.len() == 2).then_some(p)
+            }
+        },
+    )
+    .await;
+    let rdv = parts[0].3.expect("a gang has a rendezvous port");
+    assert_eq!(
+        parts,
+        vec![
+            ("node-a".to_string(), 0, 4, Some(rdv)),
+            ("node-b".to_string(), 4, 4, Some(rdv)),
+        ],
+        "one part per node in rank order, one port"
+    );
+    let range_start: i32 = ports.1.split('-').next().unwrap().parse().unwrap();
+    assert!((range_start..=range_start + 30).contains(&rdv), "{rdv}");
+    // Either node's output while it runs; a rank the job does not have is
+    // refused naming it.
+    let follower = wait_for("rank 4's output", Duration::from_secs(30), || {
+        let out = fmctl(port, &["logs", &wide, "--stderr", "--rank", "4"])?;
+        if out.contains("node 1 of 2 joined rank 0") {
+            Ok(out)
+        } else {
+            Err(out)
+        }
+    });
+    assert!(
+        follower.contains(&format!("at 127.0.0.1:{rdv}")),
+        "MASTER_ADDR is the address node-a registered: {follower}"
+    );
+    let leader = fmctl(port, &["logs", &wide, "--stderr"]).unwrap();
+    assert!(
+        leader.contains("rendezvous at 127.0.0.1:") && leader.contains("complete: 2 nodes"),
+        "{leader}"
+    );
+    assert!(leader.contains("on 8 A100"), "WORLD_SIZE is 8: {leader}");
+    let e = fmctl(port, &["logs", &wide, "--rank", "8"]).unwrap_err();
+    assert!(e.contains("rank") && e.contains("0-7"), "{e}");
+    wait_for(
+        "wide completed",
+        Duration::from_secs(180),
+        || match job_named(port, "wide")? {
+            (_, s) if s == "completed" => Ok(()),
+            (_, s) if s == "failed" => panic!("wide failed: {:?}", jobs(port)),
+            other => Err(format!("{other:?}")),
+        },
+    );
+    let stderr = |node: &str| {
+        std::fs::read_to_string(dir.path().join(node).join(&wide).join("stderr.log"))
+            .unwrap_or_default()
+    };
+    assert!(
+        stderr("node-b").contains("rank 0 finished the job"),
+        "the other node's process ended with rank 0: {}",
+        stderr("node-b")
+    );
+    let mut c = sqlx::PgConnection::connect(&url).await.unwrap();
+    let placed: Vec<(String,)> = sqlx::query_as(
+        "SELECT message FROM job_events WHERE job_id = $1::uuid AND to_state = 'running'",
+    )
+    .bind(&wide)
+    .fetch_all(&mut c)
+    .await
+    .unwrap();
+    assert!(
+        placed
+            .iter()
+            .any(|m| m.0.contains("node-a+node-b (8 GPUs)")),
+        "{placed:?}"
+    );
+    let (attained, executed): (f64, f64) = sqlx::query_as(
+        "SELECT attained_gpu_s, executed_s FROM job_service WHERE job_id = $1::uuid",
+    )
+    .bind(&wide)
     .fetch_one(&mut c)
     .await
     .unwrap();
     assert!(
-        max_held.is_some_and(|g| g <= 4),
-        "elastic ran on one node: {max_held:?}"
+        executed > 0.0 && (attained - 8.0 * executed).abs() < 1e-6,
+        "a gang's service is its GPUs on both nodes: {attained} GPU-s over {executed} s"
     );
-    // The service the baselines rank by is accounted round by round: the
-    // job that ran attained GPU-seconds; the one that waited attained none
-    // but deserved its share all along.
-    let service = |id: String| {
-        let url = db_url(&db);
-        async move {
-            let mut c = sqlx::PgConnection::connect(&url).await.unwrap();
-            sqlx::query_as::<_, (f64, f64, f64)>(
-                "SELECT attained_gpu_s, executed_s, fair_share_gpu_s FROM job_service WHERE job_id = $1::uuid",
-            )
-            .bind(id)
+    assert!(
+        pids_with_env(&[&format!("FMSCHED_JOB_ID={wide}")]).is_empty(),
+        "no process of the job is left"
+    );
+    // 16 GPUs: more than the cluster has; it waits, said once.
+    let (huge, state) = job_named(port, "huge").unwrap();
+    assert!(state == "submitted" || state == "queued", "{state}");
+    let notes: Vec<(String,)> = sqlx::query_as(
+        "SELECT message FROM job_events WHERE job_id = $1::uuid AND kind = 'unschedulable'",
+    )
+    .bind(&huge)
+    .fetch_all(&mut c)
+    .await
+    .unwrap();
+    assert_eq!(notes.len(), 1, "noted once, not every round: {notes:?}");
+    assert!(notes[0].0.contains("the cluster has 8"), "{notes:?}");
+    fmctl(port, &["cancel", &huge, "--reason", "test over"]).unwrap();
+    drop_db(&db).await;
+}
+
+/// A gang loses the node of its rank 0 (agent and processes killed): the
+/// surviving node's process stops at once (its rendezvous broke), the job
+/// is re-queued once and resumes on the nodes left from rank 0's last
+/// checkpoint, completes, and no process of it is left anywhere.
+#[tokio::test]
+async fn e2e_gang_a_lost_node_stops_the_gang_and_the_job_resumes_from_its_checkpoint() {
+    let db = new_db("fmsched_ganglost").await;
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let ports = gang_ports();
+    let _sched = scheduler_env(
+        &db,
+        port,
+        dir.path(),
+        None,
+        &[
+            NO_MERGING[0],
+            (ports.0, ports.1.as_str()),
+            ("FMSCHED_LIVENESS__SUSPECT_AFTER", "1s"),
+            ("FMSCHED_LIVENESS__OFFLINE_AFTER", "2s"),
+        ],
+    );
+    wait_up("scheduler up", port);
+    let ep = format!("http://127.0.0.1:{port}");
+    let mut agents: BTreeMap<&str, Proc> = ["node-a", "node-b", "node-c"]
+        .into_iter()
+        .map(|n| (n, agent_env(n, &ep, dir.path(), None, LOCAL_ADDRESS)))
+        .collect();
+    submit(
+        port,
+        dir.path(),
+        [("wide".to_string(), gang_yaml("wide", "rte", 6_000, 8, 10))],
+    )
+    .expect("submit");
+    let (wide, _) = job_named(port, "wide").unwrap();
+    let url = db_url(&db);
+    // Running on two nodes, with a checkpoint of rank 0 recorded.
+    let parts = eventually(
+        "wide checkpointed on two nodes",
+        Duration::from_secs(90),
+        || {
+            let (url, wide) = (url.clone(), wide.clone());
+            async move {
+                let p = parts_of(&url, &wide).await;
+                let mut c = sqlx::PgConnection::connect(&url).await.unwrap();
+                let ckpt: Option<String> = sqlx::query_scalar(
+                    "SELECT checkpoint_path FROM job_progress WHERE job_id = $1::uuid",
+                )
+                .bind(&wide)
+                .fetch_optional(&mut c)
+                .await
+                .unwrap()
+                .flatten();
+                (p.len() == 2 && ckpt.is_some()).then_some(p)
+            }
+        },
+    )
+    .await;
+    let (lost, survivor) = (parts[0].0.clone(), parts[1].0.clone());
+    let lost_dir = dir.path().join(&lost).display().to_string();
+    let job_env = format!("FMSCHED_JOB_ID={wide}");
+    let survivor_dir = dir.path().join(&survivor).display().to_string();
+    let survivors = pids_with_env(&[&job_env, &survivor_dir]);
+    assert_eq!(survivors.len(), 1, "one process per node of the gang");
+    agents.get_mut(lost.as_str()).unwrap().kill9();
+    assert!(
+        kill_processes_with_env(&lost_dir) >= 1,
+        "rank 0 was running"
+    );
+    let killed_at = Instant::now();
+    // The surviving member stops within the grace (3 s): its rank 0 is gone.
+    wait_for(
+        "the surviving member stopped",
+        Duration::from_secs(5),
+        || {
+            let alive: Vec<&i32> = survivors
+                .iter()
+                .filter(|p| std::path::Path::new(&format!("/proc/{p}")).exists())
+                .collect();
+            if alive.is_empty() {
+                Ok(())
+            } else {
+                Err(format!("still running: {alive:?}"))
+            }
+        },
+    );
+    let stopped_after = killed_at.elapsed();
+    wait_for(
+        "wide completed",
+        Duration::from_secs(180),
+        || match job_named(port, "wide")? {
+            (_, s) if s == "completed" => Ok(()),
+            (_, s) if s == "failed" => panic!("wide failed: {:?}", jobs(port)),
+            other => Err(format!("{other:?}")),
+        },
+    );
+    // It resumed from the lost rank 0's checkpoint, on the two nodes left.
+    let resumed: Vec<String> = ["node-a", "node-b", "node-c"]
+        .into_iter()
+        .filter(|n| *n != lost)
+        .filter(|n| {
+            std::fs::read_to_string(dir.path().join(n).join(&wide).join("stderr.log"))
+                .is_ok_and(|l| l.contains("resumed from") && l.contains(&lost_dir))
+        })
+        .map(str::to_string)
+        .collect();
+    assert_eq!(resumed.len(), 2, "both new members resumed: {resumed:?}");
+    let mut c = sqlx::PgConnection::connect(&url).await.unwrap();
+    let retries: i32 =
+        sqlx::query_scalar("SELECT retries FROM job_progress WHERE job_id = $1::uuid")
+            .bind(&wide)
             .fetch_one(&mut c)
             .await
-            .unwrap()
-        }
-    };
-    let (attained, executed, _) = service(elastic_id.clone()).await;
+            .unwrap();
     assert!(
-        executed > 0.0 && attained >= executed && attained <= 4.0 * executed + 1e-9,
-        "elastic: {attained} GPU-s over {executed} s"
+        retries <= 1,
+        "one failure per run of the gang, not per rank: {retries}"
     );
-    let (attained, _, deserved) = service(huge_id.clone()).await;
-    assert_eq!(attained, 0.0);
-    assert!(deserved > 0.0, "huge deserved its share: {deserved}");
-    fmctl(port, &["cancel", &huge_id, "--reason", "test over"]).unwrap();
+    assert!(
+        pids_with_env(&[&job_env]).is_empty(),
+        "no process of the job is left on any node"
+    );
+    eprintln!("gang member stopped {stopped_after:?} after its rank 0's node was lost");
     drop_db(&db).await;
 }
 

@@ -20,6 +20,10 @@ pub struct AgentConfig {
     pub scheduler_endpoint: String,
     /// Node id (default: the hostname).
     pub node_id: Option<String>,
+    /// Address other nodes reach this one at (host name or IP; default: the
+    /// hostname): the `MASTER_ADDR` of a job over several nodes whose rank 0
+    /// runs here.
+    pub address: Option<String>,
     pub labels: BTreeMap<String, String>,
     /// File holding the join token (`FMSCHED_JOIN_TOKEN` wins when set).
     pub join_token_file: Option<PathBuf>,
@@ -80,6 +84,7 @@ impl Default for AgentConfig {
         Self {
             scheduler_endpoint: "http://127.0.0.1:50051".into(),
             node_id: None,
+            address: None,
             labels: BTreeMap::new(),
             join_token_file: None,
             heartbeat_interval: Duration::from_secs(5),
@@ -207,6 +212,13 @@ impl AgentConfig {
                     format!("{ep:?} must start with http:// or https://"),
                 );
             }
+        }
+        if let Some(a) = &self.address
+            && (a.is_empty()
+                || a.len() > 253
+                || a.contains(|c: char| c.is_whitespace() || c == '/'))
+        {
+            return invalid("address", format!("{a:?} is not a host name or IP address"));
         }
         if self.heartbeat_interval.is_zero() {
             return invalid("heartbeat_interval", "must be > 0".into());

@@ -42,16 +42,43 @@ pub struct LaunchSpec {
     pub gpus: Vec<u32>,
     pub resume_from: Option<PathBuf>,
     pub init_weights: Option<PathBuf>,
-    /// Rank layout of a multi-node job (this node's rank 0 and the total).
-    pub world_size: u32,
-    pub node_rank_offset: u32,
-    pub master_addr: String,
-    pub master_port: u16,
+    /// Rank layout (one node, or this node's part of a job over several).
+    pub ranks: Ranks,
     /// Start in standby (`FMSCHED_STANDBY=1`): prepare, report `prewarmed`,
     /// wait for [`ProcessDriver::start`].
     pub standby: bool,
     /// Pipeline-parallel: stage `i` on `gpus[i]` (`FMSCHED_PIPELINE_STAGES`).
     pub pipeline: bool,
+}
+
+/// Where a process stands in its job's rank layout (torchrun semantics,
+/// `fmsched_core::trainer::env`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Ranks {
+    /// The job's GPUs on all its nodes.
+    pub world_size: u32,
+    /// Global rank of this node's first GPU.
+    pub rank_offset: u32,
+    /// The job's nodes, and this node's place among them (0: rank 0's).
+    pub nnodes: u32,
+    pub node_rank: u32,
+    /// Where rank 0's node listens for the rendezvous.
+    pub master_addr: String,
+    pub master_port: u16,
+}
+
+impl Ranks {
+    /// A job on this node only, on `gpus` GPUs.
+    pub fn single(gpus: u32) -> Ranks {
+        Ranks {
+            world_size: gpus.max(1),
+            rank_offset: 0,
+            nnodes: 1,
+            node_rank: 0,
+            master_addr: "127.0.0.1".into(),
+            master_port: 29500,
+        }
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -345,13 +372,19 @@ impl ProcessDriver {
             .env(env::CUDA_VISIBLE_DEVICES, gpus.join(","))
             .env(
                 env::WORLD_SIZE,
-                spec.world_size.max(gpus.len() as u32).max(1).to_string(),
+                spec.ranks
+                    .world_size
+                    .max(gpus.len() as u32)
+                    .max(1)
+                    .to_string(),
             )
-            .env(env::RANK, spec.node_rank_offset.to_string())
+            .env(env::RANK, spec.ranks.rank_offset.to_string())
             .env(env::LOCAL_RANK, "0")
             .env(env::LOCAL_WORLD_SIZE, gpus.len().max(1).to_string())
-            .env(env::MASTER_ADDR, &spec.master_addr)
-            .env(env::MASTER_PORT, spec.master_port.to_string())
+            .env(env::NNODES, spec.ranks.nnodes.max(1).to_string())
+            .env(env::NODE_RANK, spec.ranks.node_rank.to_string())
+            .env(env::MASTER_ADDR, &spec.ranks.master_addr)
+            .env(env::MASTER_PORT, spec.ranks.master_port.to_string())
             .env_remove(env::RESUME_FROM)
             .env_remove(env::INIT_WEIGHTS)
             .env_remove(env::STANDBY)
@@ -383,16 +416,25 @@ impl ProcessDriver {
         let observed = Arc::new(Mutex::new(Observed::default()));
         let obs = observed.clone();
         // Every connection's lines are reports; a malformed line is counted.
+        let task = spec.id.clone();
         let reader = tokio::spawn(async move {
             while let Ok((stream, _)) = listener.accept().await {
                 let obs = obs.clone();
                 lock(&obs).open_connections += 1;
+                let task = task.clone();
                 tokio::spawn(async move {
                     let mut lines = tokio::io::BufReader::new(stream).lines();
-                    while let Ok(Some(line)) = lines.next_line().await {
-                        match Report::parse(&line) {
-                            Ok(r) => apply(&obs, r),
-                            Err(_) => lock(&obs).bad_lines += 1,
+                    loop {
+                        match lines.next_line().await {
+                            Ok(Some(line)) => match Report::parse(&line) {
+                                Ok(r) => apply(&obs, r),
+                                Err(_) => lock(&obs).bad_lines += 1,
+                            },
+                            Ok(None) => break,
+                            Err(e) => {
+                                tracing::warn!(%task, error = %e, "report connection broken");
+                                break;
+                            }
                         }
                     }
                     lock(&obs).open_connections -= 1;

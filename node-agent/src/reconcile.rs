@@ -32,7 +32,7 @@ use std::sync::Arc;
 use fmsched_core::trainer::TaskAssignment;
 use fmsched_proto::v1 as pb;
 
-use crate::driver::{LaunchSpec, ProcessDriver};
+use crate::driver::{LaunchSpec, ProcessDriver, Ranks};
 use crate::gpu::GpuBackend;
 
 /// What the reconciler remembers of a task between plans.
@@ -40,6 +40,8 @@ use crate::gpu::GpuBackend;
 struct Known {
     generation: i64,
     gpus: Vec<u32>,
+    /// The rank layout it runs under (a change relaunches it).
+    ranks: Ranks,
     job_ids: Vec<String>,
     /// Newest checkpoint taken here.
     checkpoint: Option<(PathBuf, u64)>,
@@ -113,6 +115,25 @@ fn assignment(t: &pb::TrainerTask) -> TaskAssignment {
         samples_per_epoch: Some(t.samples_per_epoch).filter(|&n| n > 0),
         max_epochs: t.max_epochs,
         eval_only: t.eval_only,
+    }
+}
+
+/// The rank layout a desired task names; a task without one (an older
+/// scheduler, a job on one node) runs alone on its GPUs.
+fn ranks_of(t: &pb::DesiredTask, gpus: u32) -> Ranks {
+    let single = Ranks::single(gpus);
+    Ranks {
+        world_size: t.world_size.max(gpus).max(1),
+        rank_offset: t.rank_offset,
+        nnodes: t.nnodes.max(1),
+        node_rank: t.node_rank,
+        master_addr: Some(t.master_addr.clone())
+            .filter(|a| !a.is_empty())
+            .unwrap_or(single.master_addr),
+        master_port: u16::try_from(t.master_port)
+            .ok()
+            .filter(|&p| p > 0)
+            .unwrap_or(single.master_port),
     }
 }
 
@@ -303,17 +324,7 @@ impl Reconciler {
             resume_from: resume,
             init_weights: Some(PathBuf::from(&t.initial_weights_path))
                 .filter(|p| !p.as_os_str().is_empty()),
-            world_size: t.world_size.max(gpus.len() as u32),
-            node_rank_offset: t.rank_offset,
-            master_addr: if t.master_addr.is_empty() {
-                "127.0.0.1".into()
-            } else {
-                t.master_addr.clone()
-            },
-            master_port: u16::try_from(t.master_port)
-                .ok()
-                .filter(|&p| p > 0)
-                .unwrap_or(29500),
+            ranks: ranks_of(t, gpus.len() as u32),
             standby: false,
             pipeline: t.pipeline_parallel,
         }
@@ -397,6 +408,7 @@ impl Reconciler {
                     entry.standby = None;
                     entry.suspended = false;
                     entry.generation = plan.generation;
+                    entry.ranks = sb.spec.ranks.clone();
                     entry.job_ids.clone_from(&t.job_ids);
                     self.gpus.process_started(entry.pid, &gpus);
                     self.trained_in_order(&sb.spec);
@@ -420,11 +432,12 @@ impl Reconciler {
                     "it never reported prewarmed"
                 };
                 self.drop_standby(&mut known, &t.task_id, why).await;
-            } else if alive && entry.gpus == gpus {
+            } else if alive && entry.gpus == gpus && entry.ranks == ranks_of(t, gpus.len() as u32) {
                 entry.generation = plan.generation;
                 continue;
             } else if alive {
-                // Moved to other GPUs: checkpoint here, resume there.
+                // Moved to other GPUs, or its job's nodes changed (a new
+                // rank layout): checkpoint here, resume there.
                 self.stop(&mut known, &t.task_id).await;
             } else if let Some(s) = &status {
                 // It ended by itself. A process that finished its work
@@ -452,6 +465,7 @@ impl Reconciler {
                     self.gpus.process_started(pid, &gpus);
                     *entry = Known {
                         generation: plan.generation,
+                        ranks: spec.ranks.clone(),
                         gpus,
                         job_ids: t.job_ids.clone(),
                         checkpoint: entry.checkpoint.clone(),
@@ -555,6 +569,7 @@ impl Reconciler {
                 let now = std::time::Instant::now();
                 entry.pid = self.driver.status(&t.task_id).await.map_or(0, |s| s.pid);
                 entry.gpus = gpus;
+                entry.ranks = spec.ranks.clone();
                 entry.job_ids.clone_from(&t.job_ids);
                 entry.profile = false;
                 entry.standby = Some(Standby {
@@ -653,6 +668,8 @@ impl Reconciler {
                     String::new()
                 },
                 generation: k.generation,
+                rank_offset: k.ranks.rank_offset,
+                world_size: k.ranks.world_size,
                 outputs: s
                     .observed
                     .done

@@ -160,6 +160,7 @@ impl Agent {
                 gpu_backend: self.gpus.kind().to_string(),
                 applied_generation: self.applied_generation(),
                 tasks: Vec::new(),
+                address: self.cfg.address.clone().unwrap_or_default(),
             })),
         }
     }

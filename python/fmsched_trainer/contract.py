@@ -76,9 +76,11 @@ class Reporter:
     """Writes report lines to the agent's unix socket (standard output
     when there is none, so a trainer also runs by hand)."""
 
-    def __init__(self, path: Optional[str] = None):
+    def __init__(self, path: Optional[str] = None, only: Optional[set] = None):
         self._sock = None
         self._lock = threading.Lock()
+        # Report types this process sends (None: all); others are dropped.
+        self._only = only
         if path:
             try:
                 s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -88,6 +90,8 @@ class Reporter:
                 print(f"fmsched_trainer: cannot connect {path}: {e}; reporting on stdout", file=sys.stderr)
 
     def send(self, report: dict) -> None:
+        if self._only is not None and report.get("type") not in self._only:
+            return
         line = (json.dumps(report, separators=(",", ":")) + "\n").encode()
         with self._lock:
             if self._sock is not None:
@@ -160,9 +164,18 @@ class Contract:
         self.report_socket = env.get("FMSCHED_REPORT_SOCKET") or None
         self.checkpoint_interval_s = float(env.get("FMSCHED_CHECKPOINT_INTERVAL_S", "600"))
         self.grace_s = float(env.get("FMSCHED_GRACE_S", "30"))
+        # Ranks (torchrun semantics). The agent starts one process per node
+        # with RANK = the global rank of the node's first GPU; a launcher
+        # such as torchrun (see :meth:`torchrun_args`) gives each of its
+        # workers its own RANK and LOCAL_RANK.
         self.world_size = int(env.get("WORLD_SIZE", "1"))
         self.rank = int(env.get("RANK", "0"))
         self.local_rank = int(env.get("LOCAL_RANK", "0"))
+        self.local_world_size = int(env.get("LOCAL_WORLD_SIZE", "1") or 1)
+        self.nnodes = int(env.get("NNODES", "1") or 1)
+        self.node_rank = int(env.get("NODE_RANK", "0") or 0)
+        self.master_addr = env.get("MASTER_ADDR", "127.0.0.1")
+        self.master_port = int(env.get("MASTER_PORT", "29500") or 29500)
         self.cuda_visible_devices = env.get("CUDA_VISIBLE_DEVICES", "")
         # Started ahead of a switch: see :func:`standby`.
         self.standby = env.get("FMSCHED_STANDBY") == "1"
@@ -176,11 +189,37 @@ class Contract:
 
     @property
     def is_reporter(self) -> bool:
-        """Only rank 0 reports and checkpoints."""
+        """Only rank 0 reports progress, evaluations and completion, and
+        writes checkpoints."""
         return self.rank == 0
 
+    @property
+    def is_node_leader(self) -> bool:
+        """The first worker on its node: on a node other than rank 0's it
+        reports the checkpoints rank 0 wrote (its agent waits for one when
+        it suspends the job) and that it is prewarmed; nothing else."""
+        return self.local_rank == 0
+
     def reporter(self) -> Reporter:
-        return Reporter(self.report_socket if self.is_reporter else None)
+        if self.is_reporter:
+            return Reporter(self.report_socket)
+        if self.is_node_leader:
+            return Reporter(self.report_socket, only={"checkpoint", "prewarmed"})
+        return Reporter(None, only=set())
+
+    def torchrun_args(self) -> List[str]:
+        """The ``torchrun`` flags of this node's part of the job, for a
+        launch command such as ``torchrun $(...) train.py``: one worker per
+        GPU of the node, the job's nodes, this node's rank among them and
+        rank 0's rendezvous address (static rendezvous, as the agents start
+        every node's part together)."""
+        return [
+            f"--nnodes={self.nnodes}",
+            f"--node_rank={self.node_rank}",
+            f"--nproc_per_node={self.local_world_size}",
+            f"--master_addr={self.master_addr}",
+            f"--master_port={self.master_port}",
+        ]
 
     def checkpoint_path(self, iteration: int) -> str:
         os.makedirs(self.checkpoint_dir, exist_ok=True)

@@ -212,3 +212,42 @@ def test_watched_evaluations_reach_the_report_stream(tmp_path, capsys):
     cb.on_epoch_end(_Args(), _State(10, 1.0), _Control(), model=None)
     out = [json.loads(l) for l in capsys.readouterr().out.splitlines()]
     assert out == [{"type": "eval", "job_id": "b", "iteration": 10, "epoch": 1.0, "metric": "accuracy", "value": 0.75}]
+
+
+def test_multi_node_ranks_report_by_role(tmp_path):
+    """A job over two nodes (torchrun semantics): rank 0 reports everything;
+    the first worker of the other node only the checkpoints rank 0 wrote
+    (its agent waits for one to suspend) and prewarmed; other workers
+    nothing. torchrun_args carries the node's part of the layout."""
+    gang = dict(WORLD_SIZE="8", LOCAL_WORLD_SIZE="4", NNODES="2", MASTER_ADDR="10.0.0.1",
+                MASTER_PORT="29501")
+    leader = Contract(env(str(tmp_path), RANK="0", LOCAL_RANK="0", NODE_RANK="0", **gang))
+    other = Contract(env(str(tmp_path), RANK="4", LOCAL_RANK="0", NODE_RANK="1", **gang))
+    worker = Contract(env(str(tmp_path), RANK="5", LOCAL_RANK="1", NODE_RANK="1", **gang))
+    assert (leader.is_reporter, other.is_reporter, other.is_node_leader, worker.is_node_leader) == (
+        True, False, True, False)
+    assert other.torchrun_args() == ["--nnodes=2", "--node_rank=1", "--nproc_per_node=4",
+                                     "--master_addr=10.0.0.1", "--master_port=29501"]
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "report.sock")
+        server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        server.bind(path)
+        server.listen(1)
+        other.report_socket = path
+        r = other.reporter()
+        conn, _ = server.accept()
+        r.progress("j1", 1, 32, 0.9, 0.1)
+        r.checkpoint("/shared/ckpt-10", 10)
+        r.done("j1", "/out")
+        r.close()
+        got = b""
+        while True:
+            chunk = conn.recv(4096)
+            if not chunk:
+                break
+            got += chunk
+        lines = [json.loads(l) for l in got.decode().splitlines()]
+        assert [l["type"] for l in lines] == ["checkpoint"], lines
+        server.close()
+    quiet = worker.reporter()
+    quiet.progress("j1", 1, 32, 0.9, 0.1)  # dropped: not on stdout either

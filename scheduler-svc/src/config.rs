@@ -204,9 +204,37 @@ pub struct SchedulingConfig {
     /// default; `fmsim --context-switch-s` overrides it the same way).
     #[serde(with = "humantime_serde")]
     pub context_switch: Option<Duration>,
+    /// Most nodes one job (or merged pair) trains on at once; 0 = no limit.
+    /// A job over several nodes is a gang: one process per node with
+    /// torchrun's rank variables, all started together
+    /// (docs/trainer-contract.md). 1 keeps every job on one node.
+    pub max_nodes_per_job: u32,
+    /// Rendezvous ports (`MASTER_PORT`) handed to jobs over several nodes,
+    /// one per running job, `first-last` inclusive.
+    pub gang_ports: String,
 }
 
 impl SchedulingConfig {
+    /// The `gang_ports` range (validated at start-up).
+    pub fn gang_port_range(&self) -> Result<std::ops::RangeInclusive<u16>, String> {
+        let (a, b) = self
+            .gang_ports
+            .split_once('-')
+            .ok_or_else(|| format!("{:?} is not first-last", self.gang_ports))?;
+        let parse = |x: &str| {
+            x.trim()
+                .parse::<u16>()
+                .ok()
+                .filter(|&p| p > 0)
+                .ok_or_else(|| format!("{x:?} is not a port"))
+        };
+        let (a, b) = (parse(a)?, parse(b)?);
+        if a > b {
+            return Err(format!("{a} > {b}"));
+        }
+        Ok(a..=b)
+    }
+
     /// The interval rounds run at: `interval` if set, else the policy's own.
     pub fn round_interval(&self) -> Duration {
         self.interval.unwrap_or_else(|| {
@@ -237,6 +265,8 @@ impl Default for SchedulingConfig {
             prewarm_lead: Duration::from_secs(30),
             checkpoint_cost: Duration::from_secs(30),
             context_switch: None,
+            max_nodes_per_job: 0,
+            gang_ports: "29500-29999".into(),
         }
     }
 }
@@ -323,6 +353,9 @@ impl Config {
                     self.leader_lease, self.leader_refresh
                 ),
             ));
+        }
+        if let Err(e) = self.scheduling.gang_port_range() {
+            return Err(invalid("scheduling.gang_ports", e));
         }
         if self.scheduling.round_interval() < Duration::from_millis(100) {
             return Err(invalid("scheduling.interval", "must be >= 100ms"));

@@ -100,8 +100,8 @@ async fn account_service(
     if held_s > 0.0 {
         sqlx::query(
             "INSERT INTO job_service (job_id, attained_gpu_s, executed_s)
-             SELECT a.job_id, cardinality(a.gpu_uuids) * $1, $1
-             FROM assignments a WHERE NOT a.profile
+             SELECT a.job_id, SUM(cardinality(a.gpu_uuids)) * $1, $1
+             FROM assignments a WHERE NOT a.profile GROUP BY a.job_id
              ON CONFLICT (job_id) DO UPDATE SET
                attained_gpu_s = job_service.attained_gpu_s + EXCLUDED.attained_gpu_s,
                executed_s = job_service.executed_s + EXCLUDED.executed_s",
@@ -294,10 +294,12 @@ async fn write_observations(
     }
     for f in &w.failures {
         sqlx::query(
-            "INSERT INTO job_progress (job_id, iteration, updated_at, retries, last_failed_pid, retry_after)
-             VALUES ($1, 0, $2, $3, $4, $5)
+            "INSERT INTO job_progress (job_id, iteration, updated_at, retries, last_failed_pid, retry_after,
+                                       last_failed_generation)
+             VALUES ($1, 0, $2, $3, $4, $5, $6)
              ON CONFLICT (job_id) DO UPDATE SET retries = EXCLUDED.retries,
                last_failed_pid = EXCLUDED.last_failed_pid, retry_after = EXCLUDED.retry_after,
+               last_failed_generation = EXCLUDED.last_failed_generation,
                updated_at = EXCLUDED.updated_at",
         )
         .bind(f.job.0)
@@ -305,6 +307,7 @@ async fn write_observations(
         .bind(f.retries.min(i32::MAX as u32) as i32)
         .bind(i64::from(f.pid))
         .bind(f.retry_after)
+        .bind(f.generation)
         .execute(&mut **tx)
         .await
         .map_err(db_err(op))?;
@@ -491,7 +494,8 @@ where
     }
 }
 
-/// One job's GPUs in the plan.
+/// One job's GPUs on one node in the plan (a job over several nodes has
+/// one per node).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Assignment {
     pub job: JobId,
@@ -499,6 +503,10 @@ pub struct Assignment {
     pub gpus: Vec<GpuUuid>,
     /// A profiling run (not the training run).
     pub profile: bool,
+    /// Global rank of this part's first GPU (0 on the node of rank 0).
+    pub rank_offset: u32,
+    /// A job over several nodes: the rendezvous port of its rank 0.
+    pub master_port: Option<u16>,
 }
 
 /// What a profiling run taught about a job.
@@ -573,6 +581,9 @@ pub struct ServiceUpdate {
 pub struct Failure {
     pub job: JobId,
     pub pid: u32,
+    /// The plan generation from which on a failure report counts again
+    /// (the one this round commits).
+    pub generation: i64,
     pub retries: u32,
     pub retry_after: DateTime<Utc>,
 }
@@ -584,6 +595,10 @@ pub struct RetryState {
     /// The process whose failure was counted last (a report repeated in the
     /// next heartbeat is not a new failure).
     pub last_failed_pid: Option<u32>,
+    /// Reports of processes that last ran under an older plan generation
+    /// than this are not new failures (the other members of a gang whose
+    /// failure was counted, stale reports of the run before).
+    pub last_failed_generation: Option<i64>,
     pub retry_after: Option<DateTime<Utc>>,
 }
 
@@ -812,6 +827,9 @@ pub struct GpuRecord {
 pub struct NodeRecord {
     pub id: NodeId,
     pub hostname: String,
+    /// Where its peers reach it ('' = the hostname): the `MASTER_ADDR` of a
+    /// gang whose rank 0 runs there.
+    pub address: String,
     pub agent_version: String,
     pub gpu_backend: String,
     pub labels: BTreeMap<String, String>,
@@ -1020,7 +1038,8 @@ impl Persistence {
     pub async fn retry_state(&self) -> Result<BTreeMap<JobId, RetryState>, PersistenceError> {
         const OP: &str = "retry_state";
         let rows = sqlx::query(
-            "SELECT p.job_id, p.retries, p.last_failed_pid, p.retry_after FROM job_progress p
+            "SELECT p.job_id, p.retries, p.last_failed_pid, p.retry_after, p.last_failed_generation
+             FROM job_progress p
              JOIN jobs j ON j.id = p.job_id
              WHERE p.retries > 0 AND j.state IN ('submitted','profiling','queued','running')",
         )
@@ -1037,6 +1056,7 @@ impl Persistence {
                     retries: r.try_get::<i32, _>("retries").map_err(get)?.max(0) as u32,
                     last_failed_pid: pid.map(|p| p.clamp(0, i64::from(u32::MAX)) as u32),
                     retry_after: r.try_get("retry_after").map_err(get)?,
+                    last_failed_generation: r.try_get("last_failed_generation").map_err(get)?,
                 },
             );
         }
@@ -1112,10 +1132,14 @@ impl Persistence {
                 .map(|a| a.gpus.iter().map(|g| g.0.as_str()).collect::<Vec<_>>().join("\n"))
                 .collect();
             let profile: Vec<bool> = a.iter().map(|a| a.profile).collect();
+            let ranks: Vec<i32> = a.iter().map(|a| a.rank_offset as i32).collect();
+            let ports: Vec<Option<i32>> = a.iter().map(|a| a.master_port.map(i32::from)).collect();
             sqlx::query(
-                "INSERT INTO assignments (job_id, node_id, gpu_uuids, generation, assigned_at, profile)
-                 SELECT j, n, string_to_array(g, E'\\n'), $5, $6, p
-                 FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::bool[]) AS t(j, n, g, p)",
+                "INSERT INTO assignments (job_id, node_id, gpu_uuids, generation, assigned_at, profile,
+                                          rank_offset, master_port)
+                 SELECT j, n, string_to_array(g, E'\\n'), $5, $6, p, r, m
+                 FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::bool[], $7::int[], $8::int[])
+                      AS t(j, n, g, p, r, m)",
             )
             .bind(&jobs)
             .bind(&nodes)
@@ -1123,6 +1147,8 @@ impl Persistence {
             .bind(&profile)
             .bind(generation)
             .bind(now)
+            .bind(&ranks)
+            .bind(&ports)
             .execute(&mut *tx)
             .await
             .map_err(db_err(OP))?;
@@ -1152,7 +1178,8 @@ impl Persistence {
             .await
             .map_err(db_err(OP))?;
         let rows = sqlx::query(
-            "SELECT job_id, node_id, gpu_uuids, profile FROM assignments ORDER BY job_id",
+            "SELECT job_id, node_id, gpu_uuids, profile, rank_offset, master_port FROM assignments
+             ORDER BY job_id, rank_offset",
         )
         .fetch_all(&self.pool)
         .await
@@ -1171,6 +1198,11 @@ impl Persistence {
                     .map(GpuUuid)
                     .collect(),
                 profile: r.try_get("profile").map_err(get)?,
+                rank_offset: r.try_get::<i32, _>("rank_offset").map_err(get)?.max(0) as u32,
+                master_port: r
+                    .try_get::<Option<i32>, _>("master_port")
+                    .map_err(get)?
+                    .and_then(|p| u16::try_from(p).ok()),
             });
         }
         Ok(StoredPlan {
@@ -1364,10 +1396,11 @@ impl Persistence {
             }
             sqlx::query(
                 "INSERT INTO nodes (id, hostname, agent_version, gpu_backend, labels, state,
-                                    registered_at, last_heartbeat_at, state_changed_at)
-                 VALUES ($1, $2, $3, $4, $5, 'available', $6, $6, $6)
+                                    registered_at, last_heartbeat_at, state_changed_at, address)
+                 VALUES ($1, $2, $3, $4, $5, 'available', $6, $6, $6, $7)
                  ON CONFLICT (id) DO UPDATE SET
-                    hostname = EXCLUDED.hostname, agent_version = EXCLUDED.agent_version,
+                    hostname = EXCLUDED.hostname, address = EXCLUDED.address,
+                    agent_version = EXCLUDED.agent_version,
                     gpu_backend = EXCLUDED.gpu_backend, labels = EXCLUDED.labels,
                     state = 'available', registered_at = EXCLUDED.registered_at,
                     last_heartbeat_at = EXCLUDED.last_heartbeat_at,
@@ -1380,6 +1413,7 @@ impl Persistence {
             .bind(&n.gpu_backend)
             .bind(&labels)
             .bind(now)
+            .bind(&n.address)
             .execute(&mut *tx)
             .await
             .map_err(db_err(OP))?;
@@ -1469,7 +1503,7 @@ impl Persistence {
         const OP: &str = "list_nodes";
         let get = |e: sqlx::Error| corrupt(OP, e.to_string());
         let nodes = sqlx::query(
-            "SELECT id, hostname, agent_version, gpu_backend, labels, state, registered_at, last_heartbeat_at
+            "SELECT id, hostname, address, agent_version, gpu_backend, labels, state, registered_at, last_heartbeat_at
              FROM nodes ORDER BY id",
         )
         .fetch_all(&self.pool)
@@ -1502,6 +1536,7 @@ impl Persistence {
                     gpus: by_node.remove(&id).unwrap_or_default(),
                     id: NodeId::try_from(id).map_err(|e| corrupt(OP, e))?,
                     hostname: r.try_get("hostname").map_err(get)?,
+                    address: r.try_get("address").map_err(get)?,
                     agent_version: r.try_get("agent_version").map_err(get)?,
                     gpu_backend: r.try_get("gpu_backend").map_err(get)?,
                     labels: serde_json::from_value(labels)

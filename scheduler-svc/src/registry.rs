@@ -335,6 +335,7 @@ mod tests {
         NodeRecord {
             id: NodeId::try_from(id.to_string()).unwrap(),
             hostname: id.into(),
+            address: String::new(),
             agent_version: "test".into(),
             gpu_backend: "fake".into(),
             labels: Default::default(),

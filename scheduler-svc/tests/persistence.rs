@@ -240,6 +240,7 @@ fn node(id: &str, gpus: &[(&str, u32)]) -> NodeRecord {
     NodeRecord {
         id: NodeId::try_from(id.to_string()).unwrap(),
         hostname: format!("{id}.example"),
+        address: String::new(),
         agent_version: "1.0".into(),
         gpu_backend: "fake".into(),
         labels: BTreeMap::from([("rack".to_string(), "r1".to_string())]),
@@ -358,6 +359,8 @@ async fn stored_plans_account_service_and_leases(pool: PgPool) {
         node: NodeId::try_from("a".to_string()).unwrap(),
         gpus: gpus.iter().map(|g| GpuUuid(g.to_string())).collect(),
         profile,
+        rank_offset: 0,
+        master_port: None,
     };
     let share = |jobs: &[(JobId, f64)], leases: &[(JobId, i64)]| ServiceUpdate {
         fair_share_gpus: jobs.to_vec(),
@@ -407,6 +410,40 @@ async fn stored_plans_account_service_and_leases(pool: PgPool) {
     )
     .await;
     assert_eq!(p.service().await.unwrap()[&j1].fair_share_gpu_s, 210.0);
+}
+
+/// A job over two nodes is stored as one assignment per node with its rank
+/// offset and rendezvous port, read back in rank order, and its service
+/// counts the GPUs of both parts once per second held.
+#[sqlx::test(migrator = "scheduler_svc::persistence::MIGRATOR")]
+async fn a_gang_is_stored_per_node_and_accounted_once(pool: PgPool) {
+    let p = Persistence::from_pool(pool);
+    for (n, g) in [("a", ["A0", "A1"]), ("b", ["B0", "B1"])] {
+        p.register_node(&node(n, &[(g[0], 0), (g[1], 1)]), None, t(0))
+            .await
+            .unwrap();
+    }
+    let j = created(submit(&p, "u", None, 0).await).id;
+    let part = |n: &str, gpus: [&str; 2], rank_offset: u32| Assignment {
+        job: j,
+        node: NodeId::try_from(n.to_string()).unwrap(),
+        gpus: gpus.iter().map(|g| GpuUuid(g.to_string())).collect(),
+        profile: false,
+        rank_offset,
+        master_port: Some(29501),
+    };
+    let gang = vec![part("b", ["B0", "B1"], 2), part("a", ["A0", "A1"], 0)];
+    let share = ServiceUpdate {
+        fair_share_gpus: vec![(j, 4.0)],
+        leases: vec![],
+    };
+    plan(&p, gang.clone(), share.clone(), t(0)).await;
+    let stored = p.current_plan().await.unwrap().assignments;
+    assert_eq!(stored, vec![gang[1].clone(), gang[0].clone()], "rank order");
+    plan(&p, gang, share, t(10)).await;
+    let s = p.service().await.unwrap();
+    assert_eq!(s[&j].attained_gpu_s, 4.0 * 10.0, "both parts' GPUs");
+    assert_eq!(s[&j].executed_s, 10.0, "seconds once, not per part");
 }
 
 /// Takes the leader lease for `holder` (it must be free).
@@ -497,6 +534,8 @@ async fn a_fenced_commit_by_a_stale_writer_writes_nothing(pool: PgPool) {
             node: NodeId::try_from("a".to_string()).unwrap(),
             gpus: vec![GpuUuid("G0".into())],
             profile: false,
+            rank_offset: 0,
+            master_port: None,
         }],
         ..Default::default()
     };

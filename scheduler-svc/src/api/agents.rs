@@ -40,6 +40,16 @@ pub fn validate_register(
     let id = NodeId::try_from(reg.node_id.clone())
         .map_err(|e| ApiError::field("register.node_id", e))?;
     check_len("register.hostname", &reg.hostname, 253)?;
+    check_len("register.address", &reg.address, 253)?;
+    if reg
+        .address
+        .contains(|c: char| c.is_whitespace() || c == '/' || c.is_control())
+    {
+        return Err(ApiError::field(
+            "register.address",
+            "must be a host name or IP address",
+        ));
+    }
     check_len("register.agent_version", &reg.agent_version, 128)?;
     if !matches!(reg.gpu_backend.as_str(), "nvml" | "fake") {
         return Err(ApiError::field(
@@ -91,6 +101,7 @@ pub fn validate_register(
     Ok(NodeRecord {
         id,
         hostname: reg.hostname.clone(),
+        address: reg.address.clone(),
         agent_version: reg.agent_version.clone(),
         gpu_backend: reg.gpu_backend.clone(),
         labels: reg.labels.clone().into_iter().collect(),

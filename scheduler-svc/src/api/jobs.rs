@@ -102,23 +102,77 @@ type LogStream = Pin<Box<dyn Stream<Item = Result<pb::JobLogChunk, Status>> + Se
 /// How long an agent may take to answer a log request.
 const LOG_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Finds the node holding `job`'s newest process log: where it runs now,
-/// else any connected node that has one. Returns the node and its first
-/// answer (read from `offset`).
+/// The node whose process serves global `rank` of `job` in `plan` (one
+/// process per node serves all its ranks): Ok(None) when the job holds no
+/// training GPUs now; an error naming the ranks when it runs on fewer.
+fn rank_node(
+    plan: &[crate::persistence::Assignment],
+    job: JobId,
+    rank: u32,
+) -> Result<Option<fmsched_core::NodeId>, String> {
+    let parts: Vec<_> = plan.iter().filter(|a| a.job == job && !a.profile).collect();
+    if parts.is_empty() {
+        return Ok(None);
+    }
+    let world: u32 = parts.iter().map(|a| a.gpus.len() as u32).sum();
+    parts
+        .iter()
+        .find(|a| (a.rank_offset..a.rank_offset + a.gpus.len() as u32).contains(&rank))
+        .map(|a| Some(a.node.clone()))
+        .ok_or_else(|| {
+            format!(
+                "the job runs {world} ranks (0-{}) now",
+                world.saturating_sub(1)
+            )
+        })
+}
+
+/// Finds the node holding `job`'s newest process log: where rank `rank`
+/// runs now, else (rank 0 only) where any part of it runs, else any
+/// connected node that has one. Returns the node and its first answer
+/// (read from `offset`).
 async fn find_log(
     state: &AppState,
     job: JobId,
+    rank: u32,
     req: &pb::LogRequest,
-) -> Option<(fmsched_core::NodeId, pb::LogData)> {
+) -> Result<Option<(fmsched_core::NodeId, pb::LogData)>, Status> {
     let mut nodes: Vec<fmsched_core::NodeId> = Vec::new();
-    if let Ok(plan) = state.persistence.current_plan().await {
-        nodes.extend(
-            plan.assignments
-                .iter()
-                .filter(|a| a.job == job)
-                .map(|a| a.node.clone()),
-        );
+    let plan = state
+        .persistence
+        .current_plan()
+        .await
+        .map(|p| p.assignments)
+        .unwrap_or_default();
+    match rank_node(&plan, job, rank) {
+        Ok(Some(n)) => nodes.push(n),
+        Ok(None) if rank > 0 => {
+            return Err(Status::failed_precondition(format!(
+                "rank: job {job} does not run now; the output of a rank other than 0 is read while the job runs"
+            )));
+        }
+        Ok(None) => {}
+        Err(e) => {
+            return Err(Status::invalid_argument(format!(
+                "rank: {rank} is not a rank of job {job}: {e}"
+            )));
+        }
     }
+    if rank > 0 {
+        // Only the node running that rank has its output.
+        for node in nodes {
+            if let Some(d) = state
+                .registry
+                .request_log(&node, req.clone(), LOG_TIMEOUT)
+                .await
+                && !d.task_id.is_empty()
+            {
+                return Ok(Some((node, d)));
+            }
+        }
+        return Ok(None);
+    }
+    nodes.extend(plan.iter().filter(|a| a.job == job).map(|a| a.node.clone()));
     for n in state.registry.snapshot() {
         if !nodes.contains(&n.record.id) {
             nodes.push(n.record.id.clone());
@@ -131,10 +185,10 @@ async fn find_log(
             .await
             && !d.task_id.is_empty()
         {
-            return Some((node, d));
+            return Ok(Some((node, d)));
         }
     }
-    None
+    Ok(None)
 }
 
 impl JobApi {
@@ -342,7 +396,8 @@ impl JobService for JobApi {
             offset: -i64::from(tail),
             max_bytes: 1 << 20,
         };
-        let Some((mut node, first)) = find_log(&self.state, job.id, &lr).await else {
+        let rank = req.rank;
+        let Some((mut node, first)) = find_log(&self.state, job.id, rank, &lr).await? else {
             return Err(Status::not_found(format!(
                 "no log of job {} on any connected node (it has not run yet, or its node is offline)",
                 job.id
@@ -392,11 +447,8 @@ impl JobService for JobApi {
                     // its node went offline, a new placement): follow its
                     // log there, from the start.
                     if let Ok(plan) = state.persistence.current_plan().await
-                        && let Some(a) = plan
-                            .assignments
-                            .iter()
-                            .find(|a| a.job == job.id && !a.profile)
-                        && a.node != node
+                        && let Ok(Some(a)) = rank_node(&plan.assignments, job.id, rank)
+                        && a != node
                     {
                         let fresh = pb::LogRequest {
                             offset: 0,
@@ -404,11 +456,11 @@ impl JobService for JobApi {
                         };
                         if let Some(d) = state
                             .registry
-                            .request_log(&a.node, fresh.clone(), LOG_TIMEOUT)
+                            .request_log(&a, fresh.clone(), LOG_TIMEOUT)
                             .await
                             .filter(|d| d.error.is_empty() && !d.task_id.is_empty())
                         {
-                            node = a.node.clone();
+                            node = a;
                             lr = fresh;
                             data = d;
                             continue;

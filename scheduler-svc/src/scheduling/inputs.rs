@@ -46,17 +46,39 @@ impl Translated {
         self.jobs.binary_search(id).ok()
     }
 
-    /// The node and GPU UUIDs of view GPUs (all on one node for a group
-    /// this service runs).
-    pub fn gpus(&self, gpus: &[Gpu]) -> Option<(NodeId, Vec<GpuUuid>)> {
-        let node = gpus.first()?.0;
-        let uuids = gpus
-            .iter()
-            .filter(|g| g.0 == node)
-            .map(|g| self.nodes[g.0].1.get(g.1 as usize).cloned())
-            .collect::<Option<Vec<_>>>()?;
-        Some((self.nodes[node].0.clone(), uuids))
+    /// View GPUs as one part per node, in rank order: nodes by id (view
+    /// nodes are), GPUs by index, each part with the global rank of its
+    /// first GPU. The order depends only on the GPUs, so a job that keeps
+    /// its GPUs keeps its rank layout, and a pipeline's stages run across
+    /// its nodes in one fixed order. None when a GPU is unknown.
+    pub fn parts(&self, gpus: &[Gpu]) -> Option<Vec<NodePart>> {
+        let mut sorted = gpus.to_vec();
+        sorted.sort_unstable();
+        let mut parts: Vec<NodePart> = Vec::new();
+        for (k, g) in sorted.iter().enumerate() {
+            let uuid = self.nodes.get(g.0)?.1.get(g.1 as usize)?.clone();
+            match parts.last_mut() {
+                Some(p) if p.view_node == g.0 => p.gpus.push(uuid),
+                _ => parts.push(NodePart {
+                    view_node: g.0,
+                    node: self.nodes[g.0].0.clone(),
+                    gpus: vec![uuid],
+                    rank_offset: k as u32,
+                }),
+            }
+        }
+        Some(parts)
     }
+}
+
+/// A group's GPUs on one node.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NodePart {
+    pub view_node: usize,
+    pub node: NodeId,
+    pub gpus: Vec<GpuUuid>,
+    /// Global rank of the part's first GPU.
+    pub rank_offset: u32,
 }
 
 /// What [`build_view`] reads.
@@ -119,10 +141,13 @@ pub fn build_view(s: &ViewSources<'_>) -> Translated {
             .collect::<Option<Vec<_>>>()
             .filter(|g| g.iter().all(|x| s.nodes[x.0].record.id == a.node))
     };
+    // A job over several nodes holds the GPUs of all its parts.
     let mut held: BTreeMap<JobId, (Vec<Gpu>, bool)> = BTreeMap::new();
     for a in s.assignments {
         if let Some(g) = resolve(a) {
-            held.insert(a.job, (g, a.profile));
+            let e = held.entry(a.job).or_insert((Vec::new(), a.profile));
+            e.0.extend(g);
+            e.0.sort_unstable();
         }
     }
     // B of a temporal merge whose A is done rides on on A's GPUs.
@@ -226,14 +251,14 @@ fn gpu_family(nodes: &[LiveNode]) -> String {
         .unwrap_or_else(|| "V100".into())
 }
 
-/// The round's settings from the scheduler's configuration: this service
-/// runs a job on one node (gangs are not driven yet).
+/// The round's settings from the scheduler's configuration: a job spans at
+/// most `scheduling.max_nodes_per_job` nodes (0: any number).
 pub fn round_config(config: &crate::config::Config) -> RoundConfig {
     let s = &config.scheduling;
     RoundConfig {
         profiling: s.profiling,
         merging: s.merging,
-        max_nodes_per_group: Some(1),
+        max_nodes_per_group: (s.max_nodes_per_job > 0).then_some(s.max_nodes_per_job as usize),
         placement_rule: Default::default(),
         policy: s.policy.clone(),
     }
@@ -581,6 +606,7 @@ mod tests {
         let record = NodeRecord {
             id: NodeId::try_from(id.to_string()).unwrap(),
             hostname: id.into(),
+            address: String::new(),
             agent_version: "t".into(),
             gpu_backend: "fake".into(),
             labels: Default::default(),
@@ -617,6 +643,7 @@ mod tests {
             record(2, JobState::Profiling),
             record(3, JobState::Running),
             record(5, JobState::Queued),
+            record(6, JobState::Running),
         ]
         .into_iter()
         .map(|r| (r.id, r))
@@ -626,12 +653,17 @@ mod tests {
             node: NodeId::try_from(node.to_string()).unwrap(),
             gpus: gpus.iter().map(|g| GpuUuid(g.to_string())).collect(),
             profile,
+            rank_offset: 0,
+            master_port: None,
         };
         let assignments = vec![
             at(job(1), "a", &["a-G2", "a-G3"], false),
             at(job(2), "b", &["b-G1"], true),
             at(job(3), "b", &["gone-G0"], false), // its GPU is not there
             at(job(4), "a", &["a-G0"], false),    // A, completed
+            // A gang: one part per node.
+            at(job(6), "a", &["a-G1"], false),
+            at(job(6), "b", &["b-G0"], false),
         ];
         let merges = vec![MergeRecord {
             id: 1,
@@ -659,7 +691,12 @@ mod tests {
         });
         let v = &t.view;
         assert_eq!(v.nodes.len(), 2);
-        assert_eq!(t.jobs, vec![job(1), job(2), job(3), job(5)]);
+        assert_eq!(t.jobs, vec![job(1), job(2), job(3), job(5), job(6)]);
+        assert_eq!(
+            v.jobs[4].holds,
+            vec![(0, 1), (1, 0)],
+            "a gang holds every part"
+        );
         assert_eq!(v.jobs[0].holds, vec![(0, 2), (0, 3)]);
         assert_eq!(v.jobs[0].progress, 0.25);
         assert_eq!(v.jobs[0].submitted_at, -1.0);
@@ -675,12 +712,25 @@ mod tests {
             v.merges.is_empty(),
             "A is no longer live: no merge in force"
         );
+        // Parts in rank order whatever order the GPUs come in: nodes by id.
+        let parts = t.parts(&[(1, 1), (0, 2), (1, 0), (0, 3)]).unwrap();
+        let got: Vec<(&str, Vec<&str>, u32)> = parts
+            .iter()
+            .map(|p| {
+                (
+                    p.node.as_str(),
+                    p.gpus.iter().map(|g| g.0.as_str()).collect(),
+                    p.rank_offset,
+                )
+            })
+            .collect();
         assert_eq!(
-            t.gpus(&[(0, 2), (0, 3)]),
-            Some((
-                NodeId::try_from("a".to_string()).unwrap(),
-                vec![GpuUuid("a-G2".into()), GpuUuid("a-G3".into())]
-            ))
+            got,
+            vec![
+                ("a", vec!["a-G2", "a-G3"], 0),
+                ("b", vec!["b-G0", "b-G1"], 2)
+            ]
         );
+        assert!(t.parts(&[(0, 9)]).is_none(), "an unknown GPU");
     }
 }

@@ -40,12 +40,16 @@
 //! output weights. What a merge gained is measured on the jobs' losses and
 //! taught to the estimator's gain regression (`RecordTransferOutcome`).
 //!
-//! Not here yet: placements over several nodes. The round runs with
-//! `max_nodes_per_group = 1`: a job is offered at most the largest node's
-//! GPUs, one that needs more waits with an `unschedulable` event, and a
-//! group the policy spreads over nodes waits with one too (and
-//! `fmsched_unexecutable_placements_total`).
+//! Jobs over several nodes ([`gangs`]): a group the placement spreads over
+//! nodes is one assignment per node, in rank order, and gets a rendezvous
+//! port; each node's agent runs its part with torchrun's rank variables
+//! (push). Only rank 0's process reports progress and completion; any
+//! member's failure re-queues the job once (observe), and the next plan
+//! stops the other members. `scheduling.max_nodes_per_job` caps the nodes
+//! a group may span: a wider placement waits with an `unschedulable` event
+//! (and `fmsched_unexecutable_placements_total`).
 
+mod gangs;
 mod inputs;
 mod observe;
 mod push;
@@ -66,7 +70,7 @@ pub use inputs::{Translated, ViewSources, build_view};
 use crate::api::AppState;
 use crate::estimates::Estimates;
 use crate::persistence::{
-    Assignment, Estimate, JobRecord, MergeRecord, NewMerge, PersistenceError, ServiceUpdate,
+    Estimate, JobRecord, MergeRecord, NewMerge, PersistenceError, ServiceUpdate,
 };
 use observe::Observed;
 
@@ -230,7 +234,7 @@ pub async fn render_metrics(state: &AppState) -> String {
     e.scalar(
         "fmsched_unexecutable_placements_total",
         "counter",
-        "Groups the policy placed over several nodes, which this service does not run yet (the jobs wait, with an event).",
+        "Groups the policy placed over more nodes than scheduling.max_nodes_per_job allows (the jobs wait, with an event).",
         v.unexecutable_placements as f64,
     );
     e.scalar(
@@ -438,7 +442,13 @@ pub async fn run_round(
     else {
         return Ok(RoundReport::default()); // no time table: the plan stays
     };
-    let writes = plan_writes(&observed, &inputs, &decision.outcome, now);
+    let writes = plan_writes(
+        &observed,
+        &inputs,
+        &decision.outcome,
+        &gang_ports(state),
+        now,
+    );
     let generation = state
         .persistence
         .commit_round(&fence, observed.current.generation, &writes, now)
@@ -560,22 +570,18 @@ fn plan_writes(
     o: &Observed,
     inputs: &inputs::Inputs,
     outcome: &RoundOutcome,
+    gang_ports: &std::ops::RangeInclusive<u16>,
     now: DateTime<Utc>,
 ) -> crate::persistence::RoundWrites {
     let t = &inputs.t;
     let mut w = o.writes.clone();
     for g in &outcome.groups {
-        let Some((node, gpus)) = t.gpus(&g.gpus) else {
+        let Some(parts) = t.parts(&g.gpus) else {
             continue;
         };
-        for &v in g.trainers() {
-            w.assignments.push(Assignment {
-                job: t.jobs[v],
-                node: node.clone(),
-                gpus: gpus.clone(),
-                profile: false,
-            });
-        }
+        let trainers: Vec<JobId> = g.trainers().iter().map(|&v| t.jobs[v]).collect();
+        w.assignments
+            .extend(gangs::assignments(&trainers, &parts, false));
         if let (Some((gab, gba)), [a, b]) = (g.new_merge, &g.jobs[..]) {
             w.new_merges.push(NewMerge {
                 a: t.jobs[*a],
@@ -587,21 +593,37 @@ fn plan_writes(
         }
     }
     for r in &outcome.profiling {
-        if let Some((node, gpus)) = t.gpus(&r.gpus) {
-            w.assignments.push(Assignment {
-                job: t.jobs[r.job],
-                node,
-                gpus,
-                profile: true,
-            });
+        if let Some(parts) = t.parts(&r.gpus) {
+            w.assignments
+                .extend(gangs::assignments(&[t.jobs[r.job]], &parts, true));
         }
     }
+    let address = |n: &fmsched_core::NodeId| master_addr(&o.nodes, n);
+    let starved = gangs::assign_ports(
+        &mut w.assignments,
+        &o.current.assignments,
+        address,
+        gang_ports,
+    );
     w.transitions.extend(
         outcome
             .transitions
             .iter()
+            .filter(|x| !(x.to == JobState::Running && starved.contains(&t.jobs[x.job])))
             .map(|x| (t.jobs[x.job], x.to, x.reason.clone())),
     );
+    for &job in &starved {
+        let why =
+            "waiting: every rendezvous port of scheduling.gang_ports is taken on its rank-0 host";
+        tracing::warn!(job_id = %job, "{why}");
+        if o.live
+            .get(&job)
+            .is_some_and(|j| j.state == JobState::Running)
+        {
+            w.transitions.push((job, JobState::Queued, why.into()));
+        }
+        w.notes.push((job, "unschedulable".into(), why.into()));
+    }
     w.notes.extend(
         outcome
             .unschedulable
@@ -713,6 +735,35 @@ async fn after_commit(
     }
 }
 
+/// `scheduling.gang_ports` (validated at start-up; the default range if
+/// not).
+fn gang_ports(state: &AppState) -> std::ops::RangeInclusive<u16> {
+    state
+        .config
+        .scheduling
+        .gang_port_range()
+        .unwrap_or(29500..=29999)
+}
+
+/// The address a node's peers reach it at: what its agent registered, else
+/// its hostname, else its id.
+pub(crate) fn master_addr(
+    nodes: &[crate::registry::LiveNode],
+    id: &fmsched_core::NodeId,
+) -> String {
+    nodes
+        .iter()
+        .find(|n| &n.record.id == id)
+        .map(|n| &n.record)
+        .and_then(|r| {
+            [&r.address, &r.hostname]
+                .into_iter()
+                .find(|a| !a.is_empty())
+                .cloned()
+        })
+        .unwrap_or_else(|| id.as_str().to_string())
+}
+
 /// What pushing a plan needs beyond its assignments: the live jobs and
 /// their progress (resume paths), the merges in force (decided now
 /// included), and the output weights a temporal B starts from.
@@ -793,17 +844,17 @@ async fn hint(
     let t = &inputs.t;
     let mut assignments = Vec::new();
     for g in &outcome.groups {
-        if let Some((node, gpus)) = t.gpus(&g.gpus) {
-            for &v in g.trainers() {
-                assignments.push(Assignment {
-                    job: t.jobs[v],
-                    node: node.clone(),
-                    gpus: gpus.clone(),
-                    profile: false,
-                });
-            }
+        if let Some(parts) = t.parts(&g.gpus) {
+            let trainers: Vec<JobId> = g.trainers().iter().map(|&v| t.jobs[v]).collect();
+            assignments.extend(gangs::assignments(&trainers, &parts, false));
         }
     }
+    gangs::assign_ports(
+        &mut assignments,
+        &o.current.assignments,
+        |n| master_addr(&o.nodes, n),
+        &gang_ports(state),
+    );
     let held: BTreeSet<JobId> = o
         .current
         .assignments
@@ -972,7 +1023,7 @@ mod tests {
             config: cfg,
         };
         let o = observe::tests::empty_observed();
-        let w = plan_writes(&o, &inputs, &d.outcome, Utc::now());
+        let w = plan_writes(&o, &inputs, &d.outcome, &(29500..=29999), Utc::now());
         let assigned: Vec<JobId> = w.assignments.iter().map(|a| a.job).collect();
         assert_eq!(assigned, vec![id(1), id(2)]);
         assert_eq!(

@@ -277,6 +277,23 @@ async fn observe_task(
     let Some(members) = members_of(&t.task_id) else {
         return;
     };
+    let phase = pb::TaskPhase::try_from(t.phase).unwrap_or(pb::TaskPhase::Unspecified);
+    // A non-zero member of a gang: rank 0 reports progress, checkpoints and
+    // completion; this process only counts when it fails (its job's gang
+    // broke: the job is re-queued from rank 0's last checkpoint).
+    if t.rank_offset > 0 {
+        if phase == pb::TaskPhase::Failed {
+            for &id in &members {
+                if o.live
+                    .get(&id)
+                    .is_some_and(|j| j.state == JobState::Running)
+                {
+                    failed(state, o, n, t, &members, id, now);
+                }
+            }
+        }
+        return;
+    }
     let ckpt = Some(t.checkpoint_path.clone()).filter(|c| !c.is_empty());
     // One row per job: a job reported twice (the stale last report of a
     // lost node beside its new process) keeps its furthest report.
@@ -318,7 +335,6 @@ async fn observe_task(
             }
         }
     }
-    let phase = pb::TaskPhase::try_from(t.phase).unwrap_or(pb::TaskPhase::Unspecified);
     learn_from_running(lut, est, o, n, t, &members, phase).await;
     for &id in &members {
         let Some(job) = o.live.get(&id) else { continue };
@@ -406,6 +422,19 @@ fn failed(
     if prev.last_failed_pid == Some(t.pid) {
         return; // this process's failure was counted already
     }
+    // A process that last ran under an older plan than the one that
+    // re-queued the job: another member of a gang whose failure was
+    // counted, or the run before's. One failure per run, not per rank.
+    if t.generation > 0
+        && prev
+            .last_failed_generation
+            .is_some_and(|g| t.generation < g)
+    {
+        return;
+    }
+    // This round's plan (the generation after the one in force) is the
+    // first a new run of the job can start under.
+    let generation = o.current.generation + 1;
     let cfg = &state.config.scheduling;
     let retries = prev.retries + 1;
     let wait = cfg.retry_backoff.saturating_mul(1 << (retries - 1).min(10));
@@ -416,11 +445,13 @@ fn failed(
             retries,
             last_failed_pid: Some(t.pid),
             retry_after: Some(retry_after),
+            last_failed_generation: Some(generation),
         },
     );
     o.writes.failures.push(Failure {
         job: id,
         pid: t.pid,
+        generation,
         retries,
         retry_after,
     });
@@ -507,11 +538,12 @@ async fn learn_from_running(
     if phase != pb::TaskPhase::Running || merge.is_some() {
         return;
     }
-    // Merged and pipeline jobs are left out of the table: their batch or
-    // layout is not one job's.
+    // Merged, pipeline and multi-node jobs are left out of the table: their
+    // batch or layout is not one job's on one node.
     if t.step_time_s > 0.0
         && est.is_remote()
         && !job.spec.resources.pipeline_parallel
+        && t.world_size as usize <= t.gpu_uuids.len().max(1)
         && let Some(g) = n.record.gpus.first()
         && est.first_sample_of(&t.task_id, t.pid)
     {

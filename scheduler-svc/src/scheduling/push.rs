@@ -58,8 +58,26 @@ fn desired_sets(state: &AppState, v: &PlanView<'_>) -> BTreeMap<NodeId, Vec<pb::
         .iter()
         .map(|n| (n.record.id.clone(), Vec::new()))
         .collect();
-    let mut emitted: BTreeSet<String> = BTreeSet::new();
+    // Each job's parts (one per node for a gang), in rank order.
+    let mut parts: BTreeMap<(JobId, bool), Vec<&Assignment>> = BTreeMap::new();
     for a in v.assignments {
+        parts.entry((a.job, a.profile)).or_default().push(a);
+    }
+    for p in parts.values_mut() {
+        p.sort_by_key(|a| a.rank_offset);
+    }
+    let mut emitted: BTreeSet<(NodeId, String)> = BTreeSet::new();
+    for a in v.assignments {
+        let gang = &parts[&(a.job, a.profile)];
+        let node_rank = gang.iter().position(|x| x.node == a.node).unwrap_or(0);
+        let (world_size, master_addr) = if gang.len() > 1 {
+            (
+                gang.iter().map(|x| x.gpus.len() as u32).sum(),
+                super::master_addr(&nodes, &gang[0].node),
+            )
+        } else {
+            (a.gpus.len() as u32, String::new())
+        };
         let Some(job) = v.live.get(&a.job) else {
             continue;
         };
@@ -79,10 +97,12 @@ fn desired_sets(state: &AppState, v: &PlanView<'_>) -> BTreeMap<NodeId, Vec<pb::
             working_dir: job.spec.launch.working_dir.clone().unwrap_or_default(),
             resume_path: resume_of(&a.job).unwrap_or_default(),
             initial_weights_path: String::new(),
-            world_size: a.gpus.len() as u32,
-            rank_offset: 0,
-            master_addr: String::new(),
-            master_port: 0,
+            world_size,
+            rank_offset: a.rank_offset,
+            master_addr,
+            master_port: a.master_port.map_or(0, u32::from),
+            nnodes: gang.len() as u32,
+            node_rank: node_rank as u32,
             tasks: vec![trainer_task(job)],
             pipeline_parallel: job.spec.resources.pipeline_parallel,
         };
@@ -128,7 +148,7 @@ fn desired_sets(state: &AppState, v: &PlanView<'_>) -> BTreeMap<NodeId, Vec<pb::
                 }
             }
         }
-        if emitted.insert(task.task_id.clone()) {
+        if emitted.insert((a.node.clone(), task.task_id.clone())) {
             per_node.entry(a.node.clone()).or_default().push(task);
         }
     }
