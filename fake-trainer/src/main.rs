@@ -321,8 +321,9 @@ async fn follow(
     let stream = loop {
         match tokio::net::TcpStream::connect(&g.master).await {
             Ok(s) => break s,
+            // Rank 0 may not listen yet (its loader is still starting).
             Err(_) if Instant::now() < deadline => {
-                tokio::time::sleep(Duration::from_millis(100)).await;
+                tokio::time::sleep(Duration::from_millis(10)).await;
             }
             Err(e) => {
                 eprintln!(

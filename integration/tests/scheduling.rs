@@ -1916,6 +1916,92 @@ async fn e2e_gang_an_8_gpu_job_over_two_4_gpu_nodes_runs_as_one_gang() {
     drop_db(&db).await;
 }
 
+/// `text` without terminal colour sequences (`ESC [ … m`).
+fn strip_ansi(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for d in chars.by_ref() {
+                if d.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// Two 8-GPU pipeline jobs on two 4-GPU nodes run as gangs of one 4-stage
+/// replica per node, one after the other. On each node every pipeline
+/// process — profiling runs included — lists its GPUs in the reverse order
+/// of the one before it on those GPUs (Ymir §6.2 reverse-order switch), so
+/// the second job's first stage sits where the first job's last stage ran.
+#[tokio::test]
+async fn e2e_gang_pipeline_jobs_over_two_nodes_switch_stages_in_reverse_order() {
+    let db = new_db("fmsched_gangpipe").await;
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let ports = gang_ports();
+    let _sched = scheduler_env(
+        &db,
+        port,
+        dir.path(),
+        None,
+        &[NO_MERGING[0], (ports.0, ports.1.as_str())],
+    );
+    wait_up("scheduler up", port);
+    let ep = format!("http://127.0.0.1:{port}");
+    let a = agent_env("node-a", &ep, dir.path(), None, LOCAL_ADDRESS);
+    let b = agent_env("node-b", &ep, dir.path(), None, LOCAL_ADDRESS);
+    let pipeline = |name: &str, task: &str| {
+        gang_yaml(name, task, 1500, 8, 40)
+            .replace("max_gpus: 8 }", "max_gpus: 8, pipeline_parallel: true }")
+    };
+    submit(
+        port,
+        dir.path(),
+        [
+            ("pipe-1".to_string(), pipeline("pipe-1", "rte")),
+            ("pipe-2".to_string(), pipeline("pipe-2", "mrpc")),
+        ],
+    )
+    .expect("submit");
+    all_completed(port, 2, Duration::from_secs(180));
+    let mut c = sqlx::PgConnection::connect(&db_url(&db)).await.unwrap();
+    let placed: Vec<(String,)> =
+        sqlx::query_as("SELECT message FROM job_events WHERE to_state = 'running' ORDER BY seq")
+            .fetch_all(&mut c)
+            .await
+            .unwrap();
+    assert!(
+        placed.len() >= 2
+            && placed
+                .iter()
+                .all(|m| m.0.contains("node-a+node-b (8 GPUs)")),
+        "each ran over both nodes: {placed:?}"
+    );
+    for agent in [&a, &b] {
+        // Stage orders of the node's pipeline launches, in launch order.
+        let orders: Vec<Vec<u32>> = strip_ansi(&agent.log_text())
+            .lines()
+            .filter(|l| l.contains(" launched"))
+            .filter_map(|l| {
+                let g = l.split("gpus=[").nth(1)?.split(']').next()?;
+                Some(g.split(", ").filter_map(|x| x.parse().ok()).collect())
+            })
+            .collect();
+        assert!(orders.len() >= 2, "{}: {orders:?}", agent.name);
+        for w in orders.windows(2) {
+            let reversed: Vec<u32> = w[0].iter().rev().copied().collect();
+            assert_eq!(w[1], reversed, "{}: {orders:?}", agent.name);
+        }
+    }
+    drop_db(&db).await;
+}
+
 /// A gang loses the node of its rank 0 (agent and processes killed): the
 /// surviving node's process stops at once (its rendezvous broke), the job
 /// is re-queued once and resumes on the nodes left from rank 0's last
