@@ -158,24 +158,14 @@ async fn find_log(
             )));
         }
     }
-    if rank > 0 {
-        // Only the node running that rank has its output.
-        for node in nodes {
-            if let Some(d) = state
-                .registry
-                .request_log(&node, req.clone(), LOG_TIMEOUT)
-                .await
-                && !d.task_id.is_empty()
-            {
-                return Ok(Some((node, d)));
+    // Only the node running a rank other than 0 has its output; rank 0's
+    // (or a job's that runs nowhere now) may be on any node.
+    if rank == 0 {
+        nodes.extend(plan.iter().filter(|a| a.job == job).map(|a| a.node.clone()));
+        for n in state.registry.snapshot() {
+            if !nodes.contains(&n.record.id) {
+                nodes.push(n.record.id.clone());
             }
-        }
-        return Ok(None);
-    }
-    nodes.extend(plan.iter().filter(|a| a.job == job).map(|a| a.node.clone()));
-    for n in state.registry.snapshot() {
-        if !nodes.contains(&n.record.id) {
-            nodes.push(n.record.id.clone());
         }
     }
     for node in nodes {
