@@ -50,7 +50,7 @@ pub(crate) fn assign_ports(
     // Each gang's rank-0 host.
     let host: BTreeMap<JobId, String> = plan
         .iter()
-        .filter(|a| !a.profile && a.rank_offset == 0 && nodes.get(&a.job) > Some(&1))
+        .filter(|a| !a.profile && a.rank_offset == 0 && nodes.get(&a.job).is_some_and(|&n| n > 1))
         .map(|a| (a.job, address(&a.node)))
         .collect();
     let before: BTreeMap<JobId, (String, u16)> = previous

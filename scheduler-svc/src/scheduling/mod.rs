@@ -70,7 +70,7 @@ pub use inputs::{Translated, ViewSources, build_view};
 use crate::api::AppState;
 use crate::estimates::Estimates;
 use crate::persistence::{
-    Estimate, JobRecord, MergeRecord, NewMerge, PersistenceError, ServiceUpdate,
+    Assignment, Estimate, JobRecord, MergeRecord, NewMerge, PersistenceError, ServiceUpdate,
 };
 use observe::Observed;
 
@@ -575,13 +575,8 @@ fn plan_writes(
 ) -> crate::persistence::RoundWrites {
     let t = &inputs.t;
     let mut w = o.writes.clone();
+    w.assignments.extend(training_assignments(t, outcome));
     for g in &outcome.groups {
-        let Some(parts) = t.parts(&g.gpus) else {
-            continue;
-        };
-        let trainers: Vec<JobId> = g.trainers().iter().map(|&v| t.jobs[v]).collect();
-        w.assignments
-            .extend(gangs::assignments(&trainers, &parts, false));
         if let (Some((gab, gba)), [a, b]) = (g.new_merge, &g.jobs[..]) {
             w.new_merges.push(NewMerge {
                 a: t.jobs[*a],
@@ -735,6 +730,22 @@ async fn after_commit(
     }
 }
 
+/// The trainers' assignments of the outcome's groups: one per trainer and
+/// node (a gang has one per node), in rank order. A group's GPUs come from
+/// the view, so every one resolves.
+fn training_assignments(t: &inputs::Translated, outcome: &RoundOutcome) -> Vec<Assignment> {
+    outcome
+        .groups
+        .iter()
+        .filter_map(|g| {
+            let parts = t.parts(&g.gpus)?;
+            let trainers: Vec<JobId> = g.trainers().iter().map(|&v| t.jobs[v]).collect();
+            Some(gangs::assignments(&trainers, &parts, false))
+        })
+        .flatten()
+        .collect()
+}
+
 /// `scheduling.gang_ports` (validated at start-up; the default range if
 /// not).
 fn gang_ports(state: &AppState) -> std::ops::RangeInclusive<u16> {
@@ -842,13 +853,7 @@ async fn hint(
     switch_at: DateTime<Utc>,
 ) -> Result<usize, RoundError> {
     let t = &inputs.t;
-    let mut assignments = Vec::new();
-    for g in &outcome.groups {
-        if let Some(parts) = t.parts(&g.gpus) {
-            let trainers: Vec<JobId> = g.trainers().iter().map(|&v| t.jobs[v]).collect();
-            assignments.extend(gangs::assignments(&trainers, &parts, false));
-        }
-    }
+    let mut assignments = training_assignments(t, outcome);
     gangs::assign_ports(
         &mut assignments,
         &o.current.assignments,
