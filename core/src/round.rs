@@ -489,6 +489,53 @@ pub fn never_fits(
     why
 }
 
+/// The GPU family and node size a job's times are estimated on: a job's
+/// remaining time at each allocation is one number per round, not one per
+/// family, so it is estimated on the family it asks for; else the one it
+/// holds GPUs on now (keeping them costs nothing); else the cluster's
+/// ([`default_shape`]). The node size is that family's largest present
+/// node. None when no node of the family is present. The service's
+/// estimates and fmsim's ask this.
+pub fn estimate_shape(view: &ClusterView, job: &JobView) -> Option<(String, u32)> {
+    if job.gpu_model.is_none() {
+        let held = job.holds.first().and_then(|g| view.nodes.get(g.0));
+        if let Some(shape) = held.and_then(|n| largest_of(&view.nodes, &n.gpu_model)) {
+            return Some(shape);
+        }
+    }
+    default_shape(&view.nodes, job.gpu_model.as_deref())
+}
+
+/// [`estimate_shape`] of a job that holds no GPUs: the family it asks for,
+/// else the one with the most GPUs on nodes that are not Offline (ties: the
+/// first by name), and that family's largest present node.
+pub fn default_shape(nodes: &[NodeView], gpu_model: Option<&str>) -> Option<(String, u32)> {
+    if let Some(m) = gpu_model {
+        return largest_of(nodes, m);
+    }
+    let mut gpus: BTreeMap<&str, u32> = BTreeMap::new();
+    for n in nodes
+        .iter()
+        .filter(|n| n.state != NodeState::Offline && n.gpus > 0)
+    {
+        *gpus.entry(n.gpu_model.as_str()).or_default() += n.gpus;
+    }
+    // max_by_key keeps the last of equals: walk the names backwards.
+    let (family, _) = gpus.iter().rev().max_by_key(|e| *e.1)?;
+    largest_of(nodes, family)
+}
+
+/// `family` and the GPUs of its largest node that is not Offline.
+fn largest_of(nodes: &[NodeView], family: &str) -> Option<(String, u32)> {
+    nodes
+        .iter()
+        .filter(|n| n.state != NodeState::Offline && n.gpu_model == family)
+        .map(|n| n.gpus)
+        .max()
+        .filter(|&g| g > 0)
+        .map(|g| (family.to_string(), g))
+}
+
 /// [`never_fits`] on nodes of one family.
 fn never_fits_sizes(
     pipeline: bool,
@@ -1368,6 +1415,51 @@ mod tests {
         let p = prepare(v, policy.as_ref(), cfg);
         let e = estimates(&p, 3600.0);
         decide(v, &p, &e, policy.as_ref(), cfg).unwrap()
+    }
+
+    /// A job is estimated on the family it asks for, else the one it runs
+    /// on, else the cluster's most plentiful; the node size is that
+    /// family's largest present node.
+    #[test]
+    fn estimates_use_the_asked_then_the_held_then_the_most_plentiful_family() {
+        let fam = |id: &str, gpus: u32, m: &str| NodeView {
+            gpu_model: m.into(),
+            ..node(id, gpus)
+        };
+        let mut offline = fam("t-off", 8, "T4");
+        offline.state = NodeState::Offline;
+        let v = view(
+            vec![
+                fam("v0", 4, "V100"),
+                fam("v1", 4, "V100"),
+                fam("v2", 2, "V100"),
+                fam("a0", 8, "A100"),
+                fam("h0", 4, "H100"),
+                offline,
+            ],
+            vec![],
+        );
+        let free = job("free", "rte", JobState::Queued, 1);
+        assert_eq!(estimate_shape(&v, &free), Some(("V100".into(), 4)));
+        let mut held = free.clone();
+        held.holds = vec![(4, 0)];
+        assert_eq!(estimate_shape(&v, &held), Some(("H100".into(), 4)));
+        let mut asks = held.clone();
+        asks.gpu_model = Some("A100".into());
+        assert_eq!(estimate_shape(&v, &asks), Some(("A100".into(), 8)));
+        asks.gpu_model = Some("T4".into());
+        assert_eq!(
+            estimate_shape(&v, &asks),
+            None,
+            "only an Offline node has T4"
+        );
+        // Holding GPUs of an Offline node whose family no present node has:
+        // the cluster's family instead.
+        held.holds = vec![(5, 0)];
+        assert_eq!(estimate_shape(&v, &held), Some(("V100".into(), 4)));
+        // Ties go to the first name.
+        let tie = view(vec![fam("h", 8, "H100"), fam("a", 8, "A100")], vec![]);
+        assert_eq!(estimate_shape(&tie, &free), Some(("A100".into(), 8)));
     }
 
     #[test]

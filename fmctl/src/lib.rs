@@ -30,6 +30,16 @@ use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 
 pub mod output;
 
+/// What a submission returned.
+#[derive(Clone, Debug)]
+pub struct Submitted {
+    pub job: pb::Job,
+    /// False: an earlier submission with the same idempotency key.
+    pub created: bool,
+    /// What the scheduler already knows will hold the job back.
+    pub warnings: Vec<String>,
+}
+
 /// Where and how to reach the scheduler.
 #[derive(Clone, Debug)]
 pub struct ClientConfig {
@@ -203,7 +213,18 @@ impl Client {
         spec: &JobSpec,
         idempotency_key: Option<&str>,
     ) -> Result<(pb::Job, bool), ClientError> {
-        self.submit_proto(job_spec_to_proto(spec), idempotency_key)
+        let s = self.submit_with_warnings(spec, idempotency_key).await?;
+        Ok((s.job, s.created))
+    }
+
+    /// Submits a job and returns the scheduler's warnings with it (e.g. that
+    /// no set of the registered nodes can ever hold it).
+    pub async fn submit_with_warnings(
+        &self,
+        spec: &JobSpec,
+        idempotency_key: Option<&str>,
+    ) -> Result<Submitted, ClientError> {
+        self.submit_proto_full(job_spec_to_proto(spec), idempotency_key)
             .await
     }
 
@@ -213,6 +234,15 @@ impl Client {
         spec: pb::JobSpec,
         idempotency_key: Option<&str>,
     ) -> Result<(pb::Job, bool), ClientError> {
+        let s = self.submit_proto_full(spec, idempotency_key).await?;
+        Ok((s.job, s.created))
+    }
+
+    async fn submit_proto_full(
+        &self,
+        spec: pb::JobSpec,
+        idempotency_key: Option<&str>,
+    ) -> Result<Submitted, ClientError> {
         let r = self
             .jobs
             .clone()
@@ -225,7 +255,11 @@ impl Client {
         let job = r
             .job
             .ok_or_else(|| ClientError::Usage("server returned no job".into()))?;
-        Ok((job, r.created))
+        Ok(Submitted {
+            job,
+            created: r.created,
+            warnings: r.warnings,
+        })
     }
 
     pub async fn get_job(&self, id: &str) -> Result<pb::Job, ClientError> {

@@ -224,17 +224,23 @@ async fn run(cli: Cli) -> Result<(), ClientError> {
                         k.clone()
                     }
                 });
-                let (job, created) =
-                    client
-                        .submit(spec, key.as_deref())
-                        .await
-                        .map_err(|e| match e {
-                            ClientError::Rpc { code, message } => ClientError::Rpc {
-                                code,
-                                message: format!("{}: {message}", files[i].display()),
-                            },
-                            other => other,
-                        })?;
+                let fmctl::Submitted {
+                    job,
+                    created,
+                    warnings,
+                } = client
+                    .submit_with_warnings(spec, key.as_deref())
+                    .await
+                    .map_err(|e| match e {
+                        ClientError::Rpc { code, message } => ClientError::Rpc {
+                            code,
+                            message: format!("{}: {message}", files[i].display()),
+                        },
+                        other => other,
+                    })?;
+                for w in &warnings {
+                    eprintln!("warning: {}: job {}: {w}", files[i].display(), job.id);
+                }
                 match fmt {
                     Format::Table => println!(
                         "{} {} ({} on {})",
@@ -248,7 +254,7 @@ async fn run(cli: Cli) -> Result<(), ClientError> {
                         spec.model
                     ),
                     Format::Json => out.push(
-                        serde_json::json!({"created": created, "job": output::job_json(&job)}),
+                        serde_json::json!({"created": created, "warnings": warnings, "job": output::job_json(&job)}),
                     ),
                 }
             }

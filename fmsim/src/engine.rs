@@ -49,9 +49,9 @@ use crate::workload::WorkloadJob;
 
 /// What a job's throughput depends on besides its placement shape: its
 /// configuration (an index into the distinct (LUT model, layers, variant)
-/// of the workload), its global batch, and whether the TitanSched estimate
-/// model is asked for.
-type RateKey = (u32, u32, bool);
+/// of the workload), its global batch, whether the TitanSched estimate
+/// model is asked for, and the GPU family (an index).
+type RateKey = (u32, u32, bool, usize);
 
 /// How the remaining times the policy sees are estimated.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -94,12 +94,32 @@ pub fn titansched_iteration_s(
             .map_or(0.0, |st| (st.step - st.sync).max(0.0))
 }
 
+/// Nodes of one kind: `count` nodes of `gpus` GPUs of `gpu_type` each.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NodeGroup {
+    /// A GPU model or family (`V100`, `A100-80GB`, …; reduced to its family
+    /// by `fmsched_estimator::analytic::gpu_family`).
+    pub gpu_type: String,
+    pub count: u32,
+    pub gpus: u32,
+}
+
+impl NodeGroup {
+    pub fn new(gpu_type: &str, count: u32, gpus: u32) -> Self {
+        Self {
+            gpu_type: gpu_type.to_string(),
+            count,
+            gpus,
+        }
+    }
+}
+
 /// Simulation settings.
 #[derive(Clone, Debug)]
 pub struct SimConfig {
-    pub nodes: u32,
-    pub gpus_per_node: u32,
-    pub gpu_type: String,
+    /// The cluster: node groups in order (node ids count up through them).
+    /// A group never mixes GPU families, as in the service.
+    pub cluster: Vec<NodeGroup>,
     /// Seconds to write and load a checkpoint on every (re)start.
     pub checkpoint_s: f64,
     /// Context-switch seconds; None = the profile's for the model.
@@ -131,9 +151,7 @@ pub struct SimConfig {
 impl Default for SimConfig {
     fn default() -> Self {
         Self {
-            nodes: 8,
-            gpus_per_node: 4,
-            gpu_type: "V100".into(),
+            cluster: vec![NodeGroup::new("V100", 8, 4)],
             checkpoint_s: 30.0,
             context_switch_s: None,
             profile_s: 60.0,
@@ -145,6 +163,39 @@ impl Default for SimConfig {
             estimate_model: EstimateModel::Exact,
             round_origin_s: None,
         }
+    }
+}
+
+impl SimConfig {
+    /// A cluster of `nodes` nodes of `gpus_per_node` `gpu_type` GPUs.
+    pub fn uniform(nodes: u32, gpus_per_node: u32, gpu_type: &str) -> Self {
+        Self {
+            cluster: vec![NodeGroup::new(gpu_type, nodes, gpus_per_node)],
+            ..Default::default()
+        }
+    }
+
+    /// GPUs of the whole cluster.
+    pub fn total_gpus(&self) -> u32 {
+        self.cluster.iter().map(|g| g.count * g.gpus).sum()
+    }
+
+    /// Every node as the round sees it (families resolved).
+    fn node_views(&self) -> Vec<NodeView> {
+        let mut out = Vec::new();
+        for g in &self.cluster {
+            let family = analytic::gpu_family(&g.gpu_type);
+            for _ in 0..g.count {
+                out.push(NodeView {
+                    id: format!("node-{}", out.len()),
+                    gpus: g.gpus,
+                    state: NodeState::Available,
+                    drained: false,
+                    gpu_model: family.clone(),
+                });
+            }
+        }
+        out
     }
 }
 
@@ -173,6 +224,8 @@ pub struct JobResult {
     pub restarts: u32,
     /// Merge it took part in: (mode, partner).
     pub merged: Option<(MergeMode, String)>,
+    /// GPU families it ran on (profiling included), sorted; one per run.
+    pub gpu_types: Vec<String>,
 }
 
 /// A whole run.
@@ -252,6 +305,11 @@ struct Job {
     /// Index of (lut_model, layers, variant) among the workload's distinct
     /// configurations (the throughput cache's key).
     config: u32,
+    /// The GPU family (index into `Simulation::families`) and node size
+    /// of its ideal time and trace matching: where it would run alone
+    /// ([`round::default_shape`]).
+    family: usize,
+    per_node: u32,
     samples_per_epoch: f64,
     alone_epochs: f64,
     /// Samples the current path needs, and has done.
@@ -273,6 +331,8 @@ struct Job {
     /// The merge it took part in, for the report (never cleared).
     ever_merged: Option<(MergeMode, usize)>,
     ideal_s: f64,
+    /// GPU families it ran on (indices into `Simulation::families`).
+    ran_on: Vec<usize>,
 }
 
 #[derive(Clone, Debug)]
@@ -289,6 +349,12 @@ struct Merge {
 pub struct Simulation<'a> {
     cfg: SimConfig,
     lut: &'a Lut,
+    /// Every node as the round sees it.
+    nodes: Vec<NodeView>,
+    /// The cluster's GPU families, sorted, and each node's (an index).
+    families: Vec<String>,
+    node_family: Vec<usize>,
+    total_gpus: u32,
     jobs: Vec<Job>,
     merges: Vec<Merge>,
     allocations: Vec<u32>,
@@ -326,13 +392,28 @@ impl<'a> Simulation<'a> {
         catalog: &Catalog,
         workload: &[WorkloadJob],
     ) -> Result<Self, SimError> {
-        if cfg.nodes == 0 || cfg.gpus_per_node == 0 || cfg.gpus_per_node > 9 {
+        let nodes = cfg.node_views();
+        if nodes.is_empty() || nodes.iter().any(|n| n.gpus == 0 || n.gpus > 9) {
             return Err(SimError::Config(
-                "the cluster needs nodes > 0 and 1-9 GPUs per node".into(),
+                "the cluster needs at least one node, each of 1-9 GPUs".into(),
             ));
         }
-        let gpu_type = analytic::gpu_family(&cfg.gpu_type);
-        let total = cfg.nodes * cfg.gpus_per_node;
+        let mut families: Vec<String> = nodes.iter().map(|n| n.gpu_model.clone()).collect();
+        families.sort_unstable();
+        families.dedup();
+        let node_family: Vec<usize> = nodes
+            .iter()
+            .map(|n| families.iter().position(|f| *f == n.gpu_model).unwrap_or(0))
+            .collect();
+        let shapes: Vec<(u32, &str)> = nodes
+            .iter()
+            .map(|n| (n.gpus, n.gpu_model.as_str()))
+            .collect();
+        let total = cfg.total_gpus();
+        let has_profile = |m: &str, fam: &str| {
+            lut.profile(m, fam, &Variant::base()).is_some()
+                || lut.gpu_types(m).iter().any(|g| g == fam)
+        };
         let mut jobs = Vec::with_capacity(workload.len());
         let mut configs: Vec<(String, u32, Variant)> = Vec::new();
         for w in workload {
@@ -340,19 +421,38 @@ impl<'a> Simulation<'a> {
                 job: w.name.clone(),
                 message: m,
             };
+            let asked = w.gpu_model.as_deref().map(analytic::gpu_family);
+            // Said now, not after simulating the horizon with it waiting.
+            if let Some(why) = round::never_fits(w.pipeline, 1, asked.as_deref(), &shapes, None) {
+                return Err(err(format!("can never run on this cluster: {why}")));
+            }
+            // It may run on the family it asks for, else on any.
+            let allowed: Vec<&str> = match &asked {
+                Some(m) => vec![m.as_str()],
+                None => families.iter().map(String::as_str).collect(),
+            };
             let lut_model = [w.model.as_str(), alias(&w.model)]
                 .into_iter()
-                .find(|m| {
-                    lut.profile(m, &gpu_type, &Variant::base()).is_some()
-                        || lut.gpu_types(m).contains(&gpu_type)
-                })
+                .find(|m| allowed.iter().all(|f| has_profile(m, f)))
                 .ok_or_else(|| {
+                    let missing = allowed
+                        .iter()
+                        .find(|f| !has_profile(&w.model, f))
+                        .unwrap_or(&allowed[0]);
                     err(format!(
-                        "no throughput profile for model {:?} on {gpu_type}",
-                        w.model
+                        "no throughput profile for model {:?} on {missing}{}",
+                        w.model,
+                        if allowed.len() > 1 {
+                            " (a job that names no gpu_model may run on every GPU type of the cluster)"
+                        } else {
+                            ""
+                        }
                     ))
                 })?
                 .to_string();
+            let (family, per_node) = round::default_shape(&nodes, asked.as_deref())
+                .ok_or_else(|| err("no node of its GPU model".into()))?;
+            let family = families.iter().position(|f| *f == family).unwrap_or(0);
             let info = catalog.task(&w.model, &w.task);
             let samples = info
                 .map(|t| t.samples_per_epoch)
@@ -397,6 +497,8 @@ impl<'a> Simulation<'a> {
                 layers,
                 variant,
                 config,
+                family,
+                per_node,
                 samples_per_epoch: samples,
                 alone_epochs: epochs,
                 target: epochs * samples,
@@ -414,16 +516,12 @@ impl<'a> Simulation<'a> {
                 merged: None,
                 ever_merged: None,
                 ideal_s: 0.0,
+                ran_on: Vec::new(),
             };
             // Helios / Philly: scale the epochs so the work at the trace's GPU
             // count takes the trace's duration.
             j.w.max_gpus = j.w.max_gpus.clamp(1, total);
             j.w.gpus = j.w.gpus.clamp(1, total);
-            // Said now, not after simulating the horizon with it waiting.
-            let nodes = vec![(cfg.gpus_per_node, gpu_type.as_str()); cfg.nodes as usize];
-            if let Some(why) = round::never_fits(j.w.pipeline, 1, None, &nodes, None) {
-                return Err(err(format!("can never run on this cluster: {why}")));
-            }
             if j.w.pipeline && j.w.max_gpus < PIPELINE_STAGES {
                 return Err(err(format!(
                     "a pipeline-parallel job runs on whole replicas of {PIPELINE_STAGES} GPUs and it asks for at most {}",
@@ -433,13 +531,17 @@ impl<'a> Simulation<'a> {
             j.restart_s = round::restart_cost(
                 cfg.checkpoint_s,
                 cfg.context_switch_s
-                    .or_else(|| lut.context_switch_s(&j.lut_model, &gpu_type)),
+                    .or_else(|| lut.context_switch_s(&j.lut_model, &families[j.family])),
             );
             jobs.push(j);
         }
         let mut sim = Simulation {
-            cfg: SimConfig { gpu_type, ..cfg },
+            cfg,
             lut,
+            nodes,
+            families,
+            node_family,
+            total_gpus: total,
             jobs,
             merges: Vec::new(),
             allocations: ymir_allocations(total),
@@ -465,16 +567,17 @@ impl<'a> Simulation<'a> {
             },
         };
         for i in 0..sim.jobs.len() {
+            let (fam, per_node) = (sim.jobs[i].family, sim.jobs[i].per_node);
             if let Some(gpu_s) = sim.jobs[i].w.trace_gpu_s {
                 let g = sim.jobs[i].w.gpus;
-                let rate = sim.rate(i, sim.jobs[i].w.batch, &packed(g, sim.cfg.gpus_per_node))?;
+                let rate = sim.rate(i, sim.jobs[i].w.batch, fam, &packed(g, per_node))?;
                 let secs = gpu_s / f64::from(g);
                 let j = &mut sim.jobs[i];
                 j.alone_epochs = (secs * rate / j.samples_per_epoch).max(0.01);
                 j.target = j.alone_epochs * j.samples_per_epoch;
             }
             let g = sim.jobs[i].w.gpus;
-            let rate = sim.rate(i, sim.jobs[i].w.batch, &packed(g, sim.cfg.gpus_per_node))?;
+            let rate = sim.rate(i, sim.jobs[i].w.batch, fam, &packed(g, per_node))?;
             let j = &mut sim.jobs[i];
             j.ideal_s = j.target / rate + j.restart_s;
         }
@@ -494,9 +597,10 @@ impl<'a> Simulation<'a> {
         (1.0 + self.cfg.estimate_noise * (2.0 * u - 1.0)).max(0.05)
     }
 
-    /// Samples per second of job `i`'s configuration at `batch` on `placement`.
-    fn rate(&mut self, i: usize, batch: u32, placement: &str) -> Result<f64, SimError> {
-        self.rate_as(i, batch, placement, EstimateModel::Exact)
+    /// Samples per second of job `i`'s configuration at `batch` on
+    /// `placement` of GPU family `fam` (an index into `families`).
+    fn rate(&mut self, i: usize, batch: u32, fam: usize, placement: &str) -> Result<f64, SimError> {
+        self.rate_as(i, batch, fam, placement, EstimateModel::Exact)
     }
 
     /// [`Simulation::rate`] as `model` estimates it.
@@ -504,17 +608,19 @@ impl<'a> Simulation<'a> {
         &mut self,
         i: usize,
         batch: u32,
+        fam: usize,
         placement: &str,
         model: EstimateModel,
     ) -> Result<f64, SimError> {
         let j = &self.jobs[i];
-        let key = (j.config, batch, model == EstimateModel::TitanSched);
+        let key = (j.config, batch, model == EstimateModel::TitanSched, fam);
+        let gpu_type = &self.families[fam];
         if let Some(&r) = self.rate_cache.get(&key).and_then(|m| m.get(placement)) {
             return Ok(r);
         }
         let r = match self.lut.iteration_time_on(
             &j.lut_model,
-            &self.cfg.gpu_type,
+            gpu_type,
             placement,
             batch,
             &j.variant,
@@ -526,7 +632,7 @@ impl<'a> Simulation<'a> {
                     EstimateModel::TitanSched => titansched_iteration_s(
                         self.lut,
                         &j.lut_model,
-                        &self.cfg.gpu_type,
+                        gpu_type,
                         placement,
                         &j.variant,
                         j.layers,
@@ -568,11 +674,12 @@ impl<'a> Simulation<'a> {
             return Ok(0.0);
         };
         let p = placement_string(&alloc.placement);
+        let fam = alloc.held.first().map_or(0, |g| self.node_family[g.0]);
         match self.jobs[i].merged {
             Some((MergeMode::Spatial, m)) => {
                 let (a, b) = (self.merges[m].a, self.merges[m].b);
                 let batch = self.jobs[a].w.batch + self.jobs[b].w.batch;
-                let joint = self.rate(a, batch, &p)?;
+                let joint = self.rate(a, batch, fam, &p)?;
                 let (da, db) = (
                     self.jobs[a].samples_per_epoch,
                     self.jobs[b].samples_per_epoch,
@@ -587,7 +694,7 @@ impl<'a> Simulation<'a> {
             Some((MergeMode::Temporal, m)) if self.merges[m].b == i => Ok(0.0), // waits for A
             _ => {
                 let b = self.jobs[i].w.batch;
-                self.rate(i, b, &p)
+                self.rate(i, b, fam, &p)
             }
         }
     }
@@ -596,11 +703,15 @@ impl<'a> Simulation<'a> {
         (self.jobs[i].target - self.jobs[i].done).max(0.0)
     }
 
-    /// Remaining seconds of job `i` alone at every allocation (packed).
-    fn solo_times(&mut self, i: usize) -> Result<Vec<f64>, SimError> {
+    /// Remaining seconds of job `i` alone at every allocation, packed on
+    /// nodes of `per_node` GPUs of family `fam`.
+    fn solo_times(
+        &mut self,
+        i: usize,
+        (fam, per_node): (usize, u32),
+    ) -> Result<Vec<f64>, SimError> {
         let allocs = self.allocations.clone();
         let rem = self.remaining(i);
-        let per_node = self.cfg.gpus_per_node;
         let j = &self.jobs[i];
         let (min, max, pipeline, batch) = (1, j.w.max_gpus, j.w.pipeline, j.w.batch);
         allocs
@@ -610,23 +721,23 @@ impl<'a> Simulation<'a> {
                 {
                     return Ok(f64::INFINITY);
                 }
-                let r = self.rate_as(i, batch, &packed(a, per_node), self.cfg.estimate_model)?;
+                let r =
+                    self.rate_as(i, batch, fam, &packed(a, per_node), self.cfg.estimate_model)?;
                 Ok(if r > 0.0 { rem / r } else { f64::INFINITY })
             })
             .collect()
     }
 
     /// Joint job times (Eq. 4 with honest per-task targets) for samples
-    /// `need_a`, `need_b` still to do.
+    /// `need_a`, `need_b` still to do, on `shape` as in [`Self::solo_times`].
     fn joint_times(
         &mut self,
         a: usize,
         b: usize,
-        need_a: f64,
-        need_b: f64,
+        (need_a, need_b): (f64, f64),
+        (fam, per_node): (usize, u32),
     ) -> Result<Vec<f64>, SimError> {
         let allocs = self.allocations.clone();
-        let per_node = self.cfg.gpus_per_node;
         let batch = self.jobs[a].w.batch + self.jobs[b].w.batch;
         let max = self.jobs[a].w.max_gpus.max(self.jobs[b].w.max_gpus);
         let (da, db) = (
@@ -639,7 +750,7 @@ impl<'a> Simulation<'a> {
                 if x == 0 || x > max {
                     return Ok(f64::INFINITY);
                 }
-                let r = self.rate(a, batch, &packed(x, per_node))?;
+                let r = self.rate(a, batch, fam, &packed(x, per_node))?;
                 if r <= 0.0 {
                     return Ok(f64::INFINITY);
                 }
@@ -672,7 +783,7 @@ impl<'a> Simulation<'a> {
     ) -> Result<SimResult, SimError> {
         let started = Instant::now();
         self.stats.policy = policy.name().to_string();
-        self.allocations = policy.allocation_set(self.cfg.nodes * self.cfg.gpus_per_node);
+        self.allocations = policy.allocation_set(self.total_gpus);
         let interval = policy.interval_s().max(1.0);
         let mut order: Vec<usize> = (0..self.jobs.len()).collect();
         order.sort_by(|&a, &b| self.jobs[a].w.submit_s.total_cmp(&self.jobs[b].w.submit_s));
@@ -813,7 +924,7 @@ impl<'a> Simulation<'a> {
             .filter_map(|j| j.finish)
             .fold(first, f64::max);
         self.stats.makespan_s = (last - first).max(0.0);
-        let total = f64::from(self.cfg.nodes * self.cfg.gpus_per_node);
+        let total = f64::from(self.total_gpus);
         self.stats.gpu_utilisation = if self.stats.makespan_s > 0.0 {
             self.busy_gpu_s / (total * self.stats.makespan_s)
         } else {
@@ -840,6 +951,12 @@ impl<'a> Simulation<'a> {
                         let other = if mg.a == i { mg.b } else { mg.a };
                         (mode, self.jobs[other].w.name.clone())
                     }),
+                    gpu_types: {
+                        let mut f = j.ran_on.clone();
+                        f.sort_unstable();
+                        f.dedup();
+                        f.iter().map(|&k| self.families[k].clone()).collect()
+                    },
                 }
             })
             .collect();
@@ -856,7 +973,7 @@ impl<'a> Simulation<'a> {
             // cluster, at most what it asked for (Themis's deserved service,
             // accumulated as the TitanSched simulator does).
             let present = self.jobs.iter().filter(|j| j.in_system()).count();
-            let total = self.cfg.nodes * self.cfg.gpus_per_node;
+            let total = self.total_gpus;
             for j in self.jobs.iter_mut().filter(|j| j.in_system()) {
                 j.fair_share_gpu_s += round::fair_share(total, present, j.w.gpus) * dt;
             }
@@ -1021,8 +1138,7 @@ impl<'a> Simulation<'a> {
         if stats.fallback {
             self.stats.fallbacks += 1;
         }
-        self.apply(&prepared, &decision.outcome, &members, catalog);
-        Ok(())
+        self.apply(&prepared, &decision.outcome, &members, catalog)
     }
 
     /// The round's view of the simulation: every job that arrived and has
@@ -1053,8 +1169,7 @@ impl<'a> Simulation<'a> {
                     task: j.w.task.clone(),
                     sharing: j.w.sharing,
                     pipeline: j.w.pipeline,
-                    // Workloads name no GPU model: one family per cluster.
-                    gpu_model: None,
+                    gpu_model: j.w.gpu_model.as_deref().map(analytic::gpu_family),
                     min_gpus: 1,
                     max_gpus: j.w.max_gpus,
                     requested_gpus: j.w.gpus,
@@ -1094,15 +1209,7 @@ impl<'a> Simulation<'a> {
             .collect();
         let view = ClusterView {
             now: self.now,
-            nodes: (0..self.cfg.nodes)
-                .map(|k| NodeView {
-                    id: format!("node-{k}"),
-                    gpus: self.cfg.gpus_per_node,
-                    state: NodeState::Available,
-                    drained: false,
-                    gpu_model: self.cfg.gpu_type.clone(),
-                })
-                .collect(),
+            nodes: self.nodes.clone(),
             jobs,
             merges,
         };
@@ -1122,11 +1229,24 @@ impl<'a> Simulation<'a> {
     ) -> Result<Estimates, SimError> {
         let mut out = Estimates::default();
         let mut by_job: HashMap<usize, usize> = HashMap::new();
+        // The GPUs each job would run on (one rule with the service's); a
+        // pair is estimated on A's.
+        let shape: Vec<(usize, u32)> = view
+            .jobs
+            .iter()
+            .map(|j| {
+                let (family, per_node) = round::estimate_shape(view, j)
+                    .unwrap_or_else(|| (self.families[0].clone(), self.nodes[0].gpus));
+                let fam = self.families.iter().position(|f| *f == family).unwrap_or(0);
+                (fam, per_node)
+            })
+            .collect();
         for (k, &v) in prepared.jobs.iter().enumerate() {
             let i = members[v];
             let noise = self.noise_factor(i);
+            let times = self.solo_times(i, shape[v])?;
             out.jobs
-                .push(self.solo_times(i)?.into_iter().map(|t| t * noise).collect());
+                .push(times.into_iter().map(|t| t * noise).collect());
             by_job.insert(v, k);
         }
         for &m in &prepared.kept {
@@ -1134,10 +1254,10 @@ impl<'a> Simulation<'a> {
             let (a, b) = (members[mv.a], members[mv.b]);
             out.kept.push(match mv.mode {
                 // B's target is already the merged one.
-                MergeMode::Temporal => self.solo_times(b)?,
+                MergeMode::Temporal => self.solo_times(b, shape[mv.a])?,
                 _ => {
-                    let (ra, rb) = (self.remaining(a), self.remaining(b));
-                    self.joint_times(a, b, ra, rb)?
+                    let need = (self.remaining(a), self.remaining(b));
+                    self.joint_times(a, b, need, shape[mv.a])?
                 }
             });
         }
@@ -1152,7 +1272,7 @@ impl<'a> Simulation<'a> {
                     };
                     let saved = self.jobs[b].target;
                     self.jobs[b].target = need;
-                    let tab = self.solo_times(b);
+                    let tab = self.solo_times(b, shape[pair.a]);
                     self.jobs[b].target = saved;
                     let tab = tab?;
                     let tran_wt = (0..ta.len())
@@ -1170,7 +1290,7 @@ impl<'a> Simulation<'a> {
                     let Some((na, nb)) = self.spatial_need(catalog, a, b) else {
                         continue;
                     };
-                    let joint = self.joint_times(a, b, na, nb)?;
+                    let joint = self.joint_times(a, b, (na, nb), shape[pair.a])?;
                     let tran_wt = (0..ta.len())
                         .map(|k| tran_wt_spatial(ta[k], tb[k], joint[k]))
                         .collect();
@@ -1196,8 +1316,49 @@ impl<'a> Simulation<'a> {
         outcome: &RoundOutcome,
         members: &[usize],
         catalog: &Catalog,
-    ) {
+    ) -> Result<(), SimError> {
         self.version += 1;
+        // The executor's rule, checked on every plan: one GPU family per
+        // group, and the family a job asks for.
+        let sets = outcome
+            .profiling
+            .iter()
+            .map(|r| (vec![r.job], &r.gpus))
+            .chain(outcome.groups.iter().map(|g| (g.jobs.clone(), &g.gpus)));
+        for (jobs, gpus) in sets {
+            let mut fams: Vec<usize> = gpus.iter().map(|g| self.node_family[g.0]).collect();
+            fams.dedup();
+            let names = || {
+                jobs.iter()
+                    .map(|&v| self.jobs[members[v]].w.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(" + ")
+            };
+            if fams.len() > 1 {
+                return Err(SimError::Plan {
+                    t: self.now,
+                    message: format!("{} placed over GPU families {fams:?}", names()),
+                });
+            }
+            for &v in &jobs {
+                let j = &self.jobs[members[v]];
+                let asked = j.w.gpu_model.as_deref().map(analytic::gpu_family);
+                if let (Some(m), Some(&f)) = (asked, fams.first())
+                    && self.families[f] != m
+                {
+                    return Err(SimError::Plan {
+                        t: self.now,
+                        message: format!(
+                            "{} asks for {m} and was placed on {}",
+                            j.w.name, self.families[f]
+                        ),
+                    });
+                }
+            }
+            for &v in &jobs {
+                self.jobs[members[v]].ran_on.extend(fams.first());
+            }
+        }
         for r in outcome.profiling.iter().filter(|r| r.new) {
             let i = members[r.job];
             let ready = self.now + self.jobs[i].restart_s;
@@ -1249,6 +1410,7 @@ impl<'a> Simulation<'a> {
                 self.jobs[i].alloc = None;
             }
         }
+        Ok(())
     }
 
     /// Records a merge decided this round: B's target under transfer

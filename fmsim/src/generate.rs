@@ -221,6 +221,7 @@ pub fn generate(cfg: &GenConfig, catalog: &Catalog, lut: &Lut) -> Result<Vec<Wor
             target_metric: None,
             curve_key: None,
             trace_gpu_s: None,
+            gpu_model: None,
         });
     }
     Ok(out)

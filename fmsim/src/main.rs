@@ -13,7 +13,7 @@ use fmsched_core::policy::baselines::{POLICY_NAMES, Themis, ThemisRank, by_name,
 use fmsched_estimator::analytic;
 use fmsched_estimator::lut::Lut;
 use fmsim::catalog::Catalog;
-use fmsim::engine::{EstimateModel, SimConfig, SimResult, Simulation};
+use fmsim::engine::{EstimateModel, NodeGroup, SimConfig, SimResult, Simulation};
 use fmsim::generate::{GenConfig, generate};
 use fmsim::report;
 use fmsim::workload::{self, Format, WorkloadJob};
@@ -118,12 +118,21 @@ struct SimArgs {
     /// default: the shipped analytic profiles.
     #[arg(long)]
     profiles: Option<PathBuf>,
-    #[arg(long, default_value_t = 8)]
-    nodes: u32,
+    /// Nodes: a count (of `--gpus-per-node` `--gpu-type` GPUs each; default
+    /// 8), or `TYPE:COUNT:GPUS` for one group of a mixed cluster,
+    /// repeatable: `--nodes V100:8:4 --nodes A100:4:8`.
+    #[arg(long, value_name = "COUNT|TYPE:COUNT:GPUS")]
+    nodes: Vec<String>,
+    /// GPUs of each node when `--nodes` is a count.
     #[arg(long, default_value_t = 4)]
     gpus_per_node: u32,
+    /// GPU type of every node when `--nodes` is a count.
     #[arg(long, default_value = "V100")]
     gpu_type: String,
+    /// Cluster CSV, one node group per row: `gpu_type,count,gpus_per_node`
+    /// (instead of `--nodes`).
+    #[arg(long, conflicts_with = "nodes")]
+    cluster: Option<PathBuf>,
     /// Profiling seconds per new job (0 = none).
     #[arg(long, default_value_t = 60.0)]
     profile_s: f64,
@@ -318,6 +327,67 @@ fn write_outputs(
     Ok(())
 }
 
+/// The node groups `--nodes` or `--cluster` describe.
+fn cluster_of(a: &SimArgs) -> anyhow::Result<Vec<NodeGroup>> {
+    let group = |ty: &str, count: &str, gpus: &str, what: &str| -> anyhow::Result<NodeGroup> {
+        let num =
+            |v: &str, field: &str| -> anyhow::Result<u32> {
+                v.trim().parse().ok().filter(|&n| n > 0).ok_or_else(|| {
+                    anyhow::anyhow!("{what}: {field} {v:?} is not a whole number > 0")
+                })
+            };
+        if ty.trim().is_empty() {
+            bail!("{what}: the GPU type is empty");
+        }
+        let g = num(gpus, "GPUs per node")?;
+        if g > 9 {
+            bail!("{what}: {g} GPUs per node; fmsim models nodes of 1-9 GPUs");
+        }
+        Ok(NodeGroup::new(ty.trim(), num(count, "node count")?, g))
+    };
+    if let Some(path) = &a.cluster {
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let csv = workload::Csv::parse(&path.display().to_string(), &text)?;
+        let col = |n: &str| {
+            csv.col(n).ok_or_else(|| {
+                anyhow::anyhow!(
+                    "{}: missing column {n:?} (expected gpu_type,count,gpus_per_node)",
+                    path.display()
+                )
+            })
+        };
+        let (ty, count, gpus) = (col("gpu_type")?, col("count")?, col("gpus_per_node")?);
+        let groups = csv
+            .rows
+            .iter()
+            .map(|(line, r)| {
+                let what = format!("{} line {line}", path.display());
+                group(&r[ty], &r[count], &r[gpus], &what)
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        if groups.is_empty() {
+            bail!("{}: no node groups", path.display());
+        }
+        return Ok(groups);
+    }
+    match a.nodes.as_slice() {
+        [] => group(&a.gpu_type, "8", &a.gpus_per_node.to_string(), "--nodes").map(|g| vec![g]),
+        [n] if !n.contains(':') => {
+            group(&a.gpu_type, n, &a.gpus_per_node.to_string(), "--nodes").map(|g| vec![g])
+        }
+        many => many
+            .iter()
+            .map(|n| match n.split(':').collect::<Vec<_>>()[..] {
+                [ty, count, gpus] => group(ty, count, gpus, &format!("--nodes {n}")),
+                _ => bail!(
+                    "--nodes {n:?}: expected TYPE:COUNT:GPUS (e.g. A100:4:8); a bare count is for a cluster of one GPU type"
+                ),
+            })
+            .collect(),
+    }
+}
+
 fn sim_setup(a: &SimArgs) -> anyhow::Result<(SimConfig, Lut, Catalog, Vec<WorkloadJob>)> {
     let lut = match &a.profiles {
         Some(d) => load_profiles(d)?,
@@ -329,9 +399,7 @@ fn sim_setup(a: &SimArgs) -> anyhow::Result<(SimConfig, Lut, Catalog, Vec<Worklo
         bail!("{}: the workload has no jobs", a.workload.display());
     }
     let cfg = SimConfig {
-        nodes: a.nodes,
-        gpus_per_node: a.gpus_per_node,
-        gpu_type: a.gpu_type.clone(),
+        cluster: cluster_of(a)?,
         checkpoint_s: a.checkpoint_s,
         context_switch_s: a.context_switch_s,
         profile_s: a.profile_s,
@@ -617,9 +685,7 @@ fn fidelity(
     let epochs = job_epochs(dir)?;
     let authors = authors_table(dir)?;
     let cfg = SimConfig {
-        nodes: 8,
-        gpus_per_node: 4,
-        gpu_type: "V100".into(),
+        cluster: vec![NodeGroup::new("V100", 8, 4)],
         checkpoint_s: 30.0,
         context_switch_s: None,
         profile_s: 0.0,
@@ -785,11 +851,7 @@ fn bench_solver(dir: Option<&Path>, jobs: usize) -> anyhow::Result<()> {
         ..Default::default()
     };
     let w = generate(&generated, &catalog, &lut).map_err(anyhow::Error::msg)?;
-    let cfg = SimConfig {
-        nodes: 60,
-        gpus_per_node: 4,
-        ..Default::default()
-    };
+    let cfg = SimConfig::uniform(60, 4, "V100");
     cases.push((
         format!("generated-60x4-{jobs}jobs-2x"),
         cfg,
@@ -843,6 +905,71 @@ fn bench_solver(dir: Option<&Path>, jobs: usize) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn sim_args(flags: &[&str]) -> SimArgs {
+        let argv = [&["fmsim", "run", "--workload", "w.csv"][..], flags].concat();
+        match Cli::try_parse_from(argv).unwrap().cmd {
+            Cmd::Run { sim, .. } => sim,
+            other => unreachable!("{other:?}"),
+        }
+    }
+
+    /// `--nodes` is a count of one kind of node or `TYPE:COUNT:GPUS` groups;
+    /// `--cluster` reads the same from a CSV; a bad group names the flag
+    /// (or file and line) and the field.
+    #[test]
+    fn nodes_and_cluster_files_give_the_node_groups() {
+        let groups = |flags: &[&str]| cluster_of(&sim_args(flags)).map_err(|e| e.to_string());
+        assert_eq!(groups(&[]).unwrap(), vec![NodeGroup::new("V100", 8, 4)]);
+        assert_eq!(
+            groups(&["--nodes", "3", "--gpus-per-node", "8", "--gpu-type", "A100"]).unwrap(),
+            vec![NodeGroup::new("A100", 3, 8)]
+        );
+        assert_eq!(
+            groups(&["--nodes", "V100:2:4", "--nodes", "H100:1:8"]).unwrap(),
+            vec![NodeGroup::new("V100", 2, 4), NodeGroup::new("H100", 1, 8)]
+        );
+        for (flags, want) in [
+            (&["--nodes", "V100:2"][..], "expected TYPE:COUNT:GPUS"),
+            (
+                &["--nodes", "3", "--nodes", "A100:1:8"],
+                "expected TYPE:COUNT:GPUS",
+            ),
+            (&["--nodes", "A100:1:16"], "16 GPUs per node"),
+            (&["--nodes", "A100:0:8"], "node count \"0\""),
+            (&["--nodes", ":1:8"], "GPU type is empty"),
+        ] {
+            let e = groups(flags).unwrap_err();
+            assert!(e.contains(want), "{flags:?}: {e}");
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("cluster.csv");
+        std::fs::write(&f, "gpu_type,count,gpus_per_node\nV100,4,4\nA100,2,8\n").unwrap();
+        let path = f.display().to_string();
+        assert_eq!(
+            groups(&["--cluster", &path]).unwrap(),
+            vec![NodeGroup::new("V100", 4, 4), NodeGroup::new("A100", 2, 8)]
+        );
+        std::fs::write(&f, "gpu_type,count,gpus_per_node\nV100,4,4\nA100,x,8\n").unwrap();
+        let e = groups(&["--cluster", &path]).unwrap_err();
+        assert!(e.contains("line 3") && e.contains("node count"), "{e}");
+        std::fs::write(&f, "gpu,count\nV100,4\n").unwrap();
+        let e = groups(&["--cluster", &path]).unwrap_err();
+        assert!(e.contains("missing column \"gpu_type\""), "{e}");
+        assert!(
+            Cli::try_parse_from([
+                "fmsim",
+                "run",
+                "--workload",
+                "w",
+                "--nodes",
+                "2",
+                "--cluster",
+                &path
+            ])
+            .is_err()
+        );
+    }
 
     /// The authors' table is read from the README beside their data, by
     /// column name; a malformed cell is refused with its line.

@@ -142,7 +142,7 @@ pub fn to_json(rows: &[Summary]) -> serde_json::Value {
 /// One row per job.
 pub fn jobs_csv(r: &SimResult) -> String {
     let mut s = String::from(
-        "policy,name,model,task,submit_s,first_start_s,finish_s,jct_s,ftf,restarts,merge_mode,merged_with\n",
+        "policy,name,model,task,submit_s,first_start_s,finish_s,jct_s,ftf,restarts,merge_mode,merged_with,gpu_types\n",
     );
     for j in &r.jobs {
         let (mode, with) = j
@@ -151,7 +151,7 @@ pub fn jobs_csv(r: &SimResult) -> String {
             .map_or(("", ""), |(m, w)| (m.as_str(), w.as_str()));
         let _ = writeln!(
             s,
-            "{},{},{},{},{:.1},{},{:.1},{:.1},{:.3},{},{},{}",
+            "{},{},{},{},{:.1},{},{:.1},{:.1},{:.3},{},{},{},{}",
             r.policy,
             j.name,
             j.model,
@@ -165,7 +165,8 @@ pub fn jobs_csv(r: &SimResult) -> String {
             j.ftf,
             j.restarts,
             mode,
-            with
+            with,
+            j.gpu_types.join("+")
         );
     }
     s

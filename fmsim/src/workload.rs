@@ -4,8 +4,9 @@
 //!
 //! Formats (`--format`, or guessed from the header):
 //! - **fmsim** (the project's own, written by `fmsim generate`):
-//!   `name,submit_s,model,task,gpus,batch,sharing,pipeline[,epochs]` —
-//!   `epochs` overrides the catalog's epochs-to-target for that job.
+//!   `name,submit_s,model,task,gpus,batch,sharing,pipeline[,epochs][,gpu_model]` —
+//!   `epochs` overrides the catalog's epochs-to-target for that job;
+//!   `gpu_model` pins it to one GPU model (empty: any, one per job).
 //! - **titan** (AdaptDL/TitanSched workload CSV):
 //!   `name,submission_time,application,num_gpus,target_batch_size,target_lr,target_gradient_steps,target_metric`
 //!   with `application = model@task` (`/` written `#`).
@@ -44,6 +45,9 @@ pub struct WorkloadJob {
     pub curve_key: Option<String>,
     /// Trace GPU-seconds to match (helios / philly).
     pub trace_gpu_s: Option<f64>,
+    /// The GPU model it must run on (`resources.gpu_model`); None = any,
+    /// one model per job.
+    pub gpu_model: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq)]
@@ -296,6 +300,7 @@ fn parse_fmsim(csv: &Csv) -> Result<Vec<WorkloadJob>, WorkloadError> {
         c("pipeline")?,
     );
     let epochs = csv.col("epochs");
+    let gpu_model = csv.col("gpu_model");
     let mut out = Vec::new();
     for (line, r) in &csv.rows {
         let g = csv.whole(*line, r, gpus)?;
@@ -326,6 +331,10 @@ fn parse_fmsim(csv: &Csv) -> Result<Vec<WorkloadJob>, WorkloadError> {
             target_metric: None,
             curve_key: None,
             trace_gpu_s: None,
+            gpu_model: gpu_model
+                .map(|c| r[c].trim())
+                .filter(|m| !m.is_empty())
+                .map(String::from),
         });
     }
     Ok(out)
@@ -375,6 +384,7 @@ fn parse_titan(csv: &Csv) -> Result<Vec<WorkloadJob>, WorkloadError> {
                 r[steps].trim()
             )),
             trace_gpu_s: None,
+            gpu_model: None,
         });
     }
     Ok(out)
@@ -446,6 +456,7 @@ fn parse_trace(
                 target_metric: None,
                 curve_key: None,
                 trace_gpu_s: Some(d * f64::from(g)),
+                gpu_model: None,
             }
         })
         .collect())
@@ -481,10 +492,11 @@ fn parse_time(s: &str) -> Option<f64> {
 
 /// Writes a workload in fmsim's format.
 pub fn to_csv(jobs: &[WorkloadJob]) -> String {
-    let mut s = String::from("name,submit_s,model,task,gpus,batch,sharing,pipeline,epochs\n");
+    let mut s =
+        String::from("name,submit_s,model,task,gpus,batch,sharing,pipeline,epochs,gpu_model\n");
     for j in jobs {
         s += &format!(
-            "{},{:.1},{},{},{},{},{},{},{}\n",
+            "{},{:.1},{},{},{},{},{},{},{},{}\n",
             j.name,
             j.submit_s,
             j.model,
@@ -493,7 +505,8 @@ pub fn to_csv(jobs: &[WorkloadJob]) -> String {
             j.batch,
             u8::from(j.sharing),
             u8::from(j.pipeline),
-            j.epochs.map(|e| format!("{e:.3}")).unwrap_or_default()
+            j.epochs.map(|e| format!("{e:.3}")).unwrap_or_default(),
+            j.gpu_model.as_deref().unwrap_or_default()
         );
     }
     s

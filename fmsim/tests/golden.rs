@@ -8,7 +8,7 @@ use fmsched_core::policy::MergeMode;
 use fmsched_core::policy::baselines::by_name;
 use fmsched_estimator::analytic;
 use fmsim::catalog::{Catalog, ModelTasks, TaskInfo, Work};
-use fmsim::engine::{SimConfig, SimResult, Simulation};
+use fmsim::engine::{NodeGroup, SimConfig, SimResult, Simulation};
 use fmsim::report::summarize;
 use fmsim::workload::{self, WorkloadJob};
 
@@ -18,11 +18,7 @@ fn small() -> Vec<WorkloadJob> {
 }
 
 fn cluster() -> SimConfig {
-    SimConfig {
-        nodes: 2,
-        gpus_per_node: 4,
-        ..Default::default()
-    }
+    SimConfig::uniform(2, 4, "V100")
 }
 
 fn run(policy: &str, cfg: &SimConfig, catalog: &Catalog, jobs: &[WorkloadJob]) -> SimResult {
@@ -50,6 +46,7 @@ fn one_gpu_job(name: &str, task: &str, submit_s: f64, sharing: bool) -> Workload
         target_metric: None,
         curve_key: None,
         trace_gpu_s: None,
+        gpu_model: None,
     }
 }
 
@@ -159,10 +156,8 @@ fn spatial_pairs_finish_each_task_on_its_own_samples() {
     ];
     // One GPU: the two can only run together if merged.
     let cfg = SimConfig {
-        nodes: 1,
-        gpus_per_node: 1,
         profile_s: 0.0,
-        ..cluster()
+        ..SimConfig::uniform(1, 1, "V100")
     };
     let r = run("ymir", &cfg, &catalog, &jobs);
     assert_eq!(r.merges_spatial, 1, "the pair is merged");
@@ -229,10 +224,8 @@ fn themis_renews_the_lease_of_a_job_that_wins_its_gpus_again() {
     // and soon is worse off, but waits for that lease.
     let jobs = vec![job("long", "long", 0.0), job("short", "short", 700.0)];
     let cfg = SimConfig {
-        nodes: 1,
-        gpus_per_node: 1,
         profile_s: 0.0,
-        ..cluster()
+        ..SimConfig::uniform(1, 1, "V100")
     };
     let r = run("themis", &cfg, &catalog, &jobs);
     let short = r.jobs.iter().find(|j| j.name == "short").unwrap();
@@ -307,11 +300,9 @@ fn rounds_run_on_the_configured_clock() {
     ];
     let start = |origin: Option<f64>| -> Vec<f64> {
         let cfg = SimConfig {
-            nodes: 1,
-            gpus_per_node: 4,
             profile_s: 0.0,
             round_origin_s: origin,
-            ..cluster()
+            ..SimConfig::uniform(1, 4, "V100")
         };
         // Themis runs a round every 60 s.
         let r = run("themis", &cfg, &catalog, &jobs);
@@ -348,12 +339,7 @@ fn pipeline_jobs_run_on_eight_gpu_nodes_under_every_policy() {
         .enumerate()
         .map(|(k, t)| pipeline_job(&format!("p{k}"), t, 60.0 * k as f64, 8))
         .collect();
-    let cfg = SimConfig {
-        nodes: 2,
-        gpus_per_node: 8,
-        gpu_type: "A100".into(),
-        ..Default::default()
-    };
+    let cfg = SimConfig::uniform(2, 8, "A100");
     let catalog = Catalog::default_synthetic();
     for (policy, _) in BOUNDS {
         let r = run(policy, &cfg, &catalog, &jobs);
@@ -373,12 +359,7 @@ fn pipeline_jobs_run_on_eight_gpu_nodes_under_every_policy() {
 fn a_job_the_cluster_can_never_hold_is_refused_at_load_naming_it() {
     let lut = analytic::default_lut().unwrap();
     let catalog = Catalog::default_synthetic();
-    let narrow = SimConfig {
-        nodes: 4,
-        gpus_per_node: 2,
-        gpu_type: "A100".into(),
-        ..Default::default()
-    };
+    let narrow = SimConfig::uniform(4, 2, "A100");
     let jobs = vec![
         one_gpu_job("fine", "rte", 0.0, true),
         pipeline_job("too-wide", "alpaca", 0.0, 8),
@@ -398,4 +379,98 @@ fn a_job_the_cluster_can_never_hold_is_refused_at_load_naming_it() {
         .expect("refused")
         .to_string();
     assert!(err.contains("short") && err.contains("at most 2"), "{err}");
+}
+
+/// A mixed cluster (2 × 4 V100, 1 × 8 A100, 1 × 4 H100): under every
+/// policy each job runs on one GPU family per run, a job pinned to a model
+/// only ever runs on it, and jobs wider than any node of a family still
+/// run (gangs within a family) — the executor's rule, which the engine
+/// also checks on every plan.
+#[test]
+fn a_mixed_cluster_keeps_groups_on_one_family_and_pinned_jobs_on_theirs() {
+    let cfg = SimConfig {
+        cluster: vec![
+            NodeGroup::new("V100", 2, 4),
+            NodeGroup::new("NVIDIA A100-SXM4-80GB", 1, 8),
+            NodeGroup::new("H100", 1, 4),
+        ],
+        ..Default::default()
+    };
+    let mut jobs = small();
+    for (k, j) in jobs.iter_mut().enumerate() {
+        j.gpu_model = match k % 5 {
+            0 => Some("A100-80GB".into()),
+            1 => Some("NVIDIA H100 80GB HBM3".into()),
+            _ => None,
+        };
+        if k % 7 == 3 {
+            // Wider than any V100 or H100 node.
+            j.gpus = 8;
+            j.max_gpus = 8;
+        }
+    }
+    let catalog = Catalog::default_synthetic();
+    for (policy, _) in BOUNDS {
+        let r = run(policy, &cfg, &catalog, &jobs);
+        assert_eq!(r.jobs.len(), jobs.len(), "{policy}");
+        for (w, j) in jobs.iter().zip(&r.jobs) {
+            assert_eq!(w.name, j.name);
+            assert!(j.finish_s.is_finite(), "{policy}: {j:?}");
+            let want: &[&str] = match &w.gpu_model {
+                Some(m) if m.contains("A100") => &["A100"],
+                Some(_) => &["H100"],
+                None => &[],
+            };
+            if !want.is_empty() {
+                assert_eq!(j.gpu_types, want, "{policy}: {} ran elsewhere", j.name);
+            } else {
+                assert!(!j.gpu_types.is_empty(), "{policy}: {j:?}");
+            }
+        }
+    }
+}
+
+/// The same workload finishes sooner on faster GPUs, and a mixed cluster
+/// lands in between: the engine runs each group at its own family's speed.
+#[test]
+fn jobs_run_at_the_speed_of_the_gpus_they_are_placed_on() {
+    let catalog = Catalog::default_synthetic();
+    let jobs = small();
+    let avg = |cfg: &SimConfig| {
+        let r = run("ymir", cfg, &catalog, &jobs);
+        r.jobs.iter().map(|j| j.jct_s).sum::<f64>() / r.jobs.len() as f64
+    };
+    let v100 = avg(&SimConfig::uniform(4, 4, "V100"));
+    let h100 = avg(&SimConfig::uniform(4, 4, "H100"));
+    let mixed = avg(&SimConfig {
+        cluster: vec![NodeGroup::new("V100", 2, 4), NodeGroup::new("H100", 2, 4)],
+        ..Default::default()
+    });
+    assert!(
+        h100 < mixed && mixed < v100,
+        "avg JCT V100 {v100:.0} s, mixed {mixed:.0} s, H100 {h100:.0} s"
+    );
+}
+
+/// A job pinned to a GPU model the cluster lacks is refused when the
+/// workload loads, naming the job, the model and what the cluster has.
+#[test]
+fn a_job_pinned_to_a_missing_gpu_model_is_refused_at_load() {
+    let lut = analytic::default_lut().unwrap();
+    let catalog = Catalog::default_synthetic();
+    let mut pinned = one_gpu_job("pinned", "rte", 0.0, true);
+    pinned.gpu_model = Some("H100".into());
+    let jobs = vec![one_gpu_job("free", "rte", 0.0, true), pinned];
+    let cfg = SimConfig {
+        cluster: vec![NodeGroup::new("V100", 2, 4), NodeGroup::new("A100", 1, 8)],
+        ..Default::default()
+    };
+    let err = Simulation::new(cfg, &lut, &catalog, &jobs)
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(
+        err.contains("pinned") && err.contains("H100") && err.contains("A100, V100"),
+        "{err}"
+    );
 }

@@ -2193,7 +2193,8 @@ async fn e2e_the_service_baselines_run_a_queue_to_completion() {
 /// `resources.gpu_model` acts on a mixed cluster: jobs bound to H100s
 /// profile and train only on the H100 node, the others run anywhere, and
 /// all complete; a GPU model nobody has is refused at submit naming the
-/// field.
+/// field; a job no set of the registered nodes can hold is kept and said
+/// at submit.
 #[tokio::test]
 async fn e2e_gang_heterogeneous_a_gpu_model_job_runs_only_on_its_model() {
     let db = new_db("fmsched_hetero").await;
@@ -2267,4 +2268,30 @@ async fn e2e_gang_heterogeneous_a_gpu_model_job_runs_only_on_its_model() {
         err.contains("resources.gpu_model") && err.contains("TPU-v9"),
         "{err}"
     );
+    // A known model no node has, and more GPUs than the cluster has: kept,
+    // and said at submit (the job waits for such nodes to join).
+    let v100 = bound("v100", "rte").replace("H100-80GB", "V100");
+    let wide = job_yaml("wide", "rte", 800, 64).replace("min_gpus: 1", "min_gpus: 64");
+    for (name, yaml, why) in [
+        ("v100", v100, "no node has GPU model V100"),
+        ("wide", wide, "needs at least 64 GPUs and the cluster has"),
+    ] {
+        let f = dir.path().join(format!("{name}.yaml"));
+        std::fs::write(&f, yaml).unwrap();
+        let out = fmctl(port, &["-o", "json", "submit", &f.display().to_string()]).unwrap();
+        let v: Value = serde_json::from_str(&out).unwrap();
+        let warnings = v[0]["warnings"].as_array().cloned().unwrap_or_default();
+        assert!(
+            v[0]["created"] == true
+                && warnings.len() == 1
+                && warnings[0].as_str().unwrap_or_default().contains(why),
+            "{name}: {out}"
+        );
+    }
+    // A job that fits says nothing.
+    let f = dir.path().join("fits.yaml");
+    std::fs::write(&f, job_yaml("fits", "rte", 800, 2)).unwrap();
+    let out = fmctl(port, &["-o", "json", "submit", &f.display().to_string()]).unwrap();
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v[0]["warnings"], serde_json::json!([]), "{out}");
 }

@@ -250,10 +250,22 @@ impl JobService for JobApi {
             })
             .await
             .map_err(ApiError::from)?;
+        // Said at once, not only by the round once the job is queued.
+        let warnings: Vec<String> = crate::scheduling::never_fits_on(
+            &self.state.config,
+            &self.state.registry.snapshot(),
+            &spec,
+        )
+        .map(|why| format!("no set of the registered nodes can ever hold this job: {why}; it waits until such nodes join"))
+        .into_iter()
+        .collect();
         let (job, created) = match outcome {
             SubmitOutcome::Created(job) => {
                 tracing::info!(job_id = %job.id, owner = %who.user, model = %spec.model, task = %spec.dataset.task,
                     min_gpus = spec.resources.min_gpus, max_gpus = spec.resources.max_gpus, "job submitted");
+                for w in &warnings {
+                    tracing::warn!(job_id = %job.id, "{w}");
+                }
                 self.notify(job.id);
                 (job, true)
             }
@@ -269,6 +281,7 @@ impl JobService for JobApi {
         Ok(Response::new(pb::SubmitJobResponse {
             job: Some(job_to_proto(&job)),
             created,
+            warnings,
         }))
     }
 

@@ -232,7 +232,7 @@ pub struct Inputs {
 }
 
 /// A node's GPU family (its first GPU's; a node reports one model).
-fn node_family(n: &LiveNode) -> String {
+pub(crate) fn node_family(n: &LiveNode) -> String {
     n.record
         .gpus
         .first()
@@ -240,8 +240,9 @@ fn node_family(n: &LiveNode) -> String {
         .unwrap_or_default()
 }
 
-/// The GPU family estimates use for a job that names none: the first
-/// node's that is not Offline.
+/// The GPU family of restart costs (context-switch times), and of a job's
+/// estimates when no node can hold it: the first node's that is not
+/// Offline.
 fn gpu_family(nodes: &[LiveNode]) -> String {
     nodes
         .iter()
@@ -433,7 +434,7 @@ async fn estimate(
 /// iterations (its target or its Eq. 2 estimate, less what it did;
 /// transferred when it is merged — B of a temporal merge from A, each job
 /// of a spatial merge from the other, Eq. 2 with `L/(1+G)`), its model,
-/// batch and variant, on the cluster's GPU type.
+/// batch and variant, on the GPUs it would run on ([`round::estimate_shape`]).
 fn job_inputs(
     o: &Observed,
     t: &Translated,
@@ -447,18 +448,6 @@ fn job_inputs(
             gain_for.insert(m.a, m.gain_ba);
         }
     }
-    // Estimates use the GPUs a job would run on: the family it asks for
-    // (else the cluster's), on that family's largest node.
-    let per_node = |fam: &str| {
-        t.view
-            .nodes
-            .iter()
-            .filter(|n| n.state != NodeState::Offline && n.gpu_model == fam)
-            .map(|n| n.gpus)
-            .max()
-            .unwrap_or(4)
-            .clamp(1, 9)
-    };
     prepared
         .jobs
         .iter()
@@ -468,13 +457,15 @@ fn job_inputs(
             let done = o.progress.get(&id).map_or(0, |p| p.0);
             let e = o.estimates.get(&id);
             let total = expected_iterations(j, e);
-            let fam = t.view.jobs[v].gpu_model.as_deref().unwrap_or(family);
+            // The GPUs it would run on (one rule with fmsim's).
+            let (fam, per_node) = round::estimate_shape(&t.view, &t.view.jobs[v])
+                .unwrap_or_else(|| (family.to_string(), 4));
             let mut input =
                 times::JobInput {
                     id: id.to_string(),
                     model: j.spec.model.clone(),
-                    gpu_type: fam.to_string(),
-                    gpus_per_node: per_node(fam),
+                    gpu_type: fam,
+                    gpus_per_node: per_node.clamp(1, 9),
                     global_batch: j.spec.hyperparameters.global_batch_size.max(1),
                     variant: Variant {
                         pipeline: j.spec.resources.pipeline_parallel,

@@ -562,6 +562,37 @@ pub fn round_setup(
     )
 }
 
+/// Why no set of `nodes` can ever hold a job of `spec` under the
+/// configuration's round settings (the round's own rule,
+/// [`round::never_fits`]), or None if one can. Every registered node counts,
+/// in any state (an Offline node may come back); with none registered yet
+/// nothing is said. Submission reports it; the job is kept and waits for
+/// such nodes with an `unschedulable` event.
+pub fn never_fits_on(
+    config: &crate::config::Config,
+    nodes: &[crate::registry::LiveNode],
+    spec: &fmsched_core::JobSpec,
+) -> Option<String> {
+    let families: Vec<(u32, String)> = nodes
+        .iter()
+        .filter(|n| !n.record.gpus.is_empty())
+        .map(|n| (n.record.gpus.len() as u32, inputs::node_family(n)))
+        .collect();
+    let shapes: Vec<(u32, &str)> = families.iter().map(|(g, f)| (*g, f.as_str())).collect();
+    let asked = spec
+        .resources
+        .gpu_model
+        .as_deref()
+        .map(fmsched_estimator::analytic::gpu_family);
+    round::never_fits(
+        spec.resources.pipeline_parallel,
+        spec.resources.min_gpus,
+        asked.as_deref(),
+        &shapes,
+        inputs::round_config(config).max_nodes_per_group,
+    )
+}
+
 /// The plan part of the round's writes, after what it observed: the new
 /// assignments (trainers and profiling runs), new merges, the plan's state
 /// changes, events for jobs that cannot run here, and service accounting
