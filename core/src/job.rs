@@ -194,9 +194,26 @@ pub struct Resources {
     pub max_gpus: u32,
     #[serde(default)]
     pub pipeline_parallel: bool,
+    /// Expert parallelism of an MoE model: its experts are spread over
+    /// groups of this many GPUs, each group on one node (0 or 1 = none).
+    /// The job runs on whole groups.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub expert_parallel: u32,
     /// Restrict to one GPU model (None = any).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpu_model: Option<String>,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
+impl Resources {
+    /// GPUs of one replica, which must sit on one node: a pipeline's
+    /// stages, an expert-parallel group, or 1.
+    pub fn replica_gpus(&self) -> u32 {
+        crate::policy::replica_gpus(self.pipeline_parallel, self.expert_parallel)
+    }
 }
 
 /// Inclusive range of frozen layers (ICEFROG).

@@ -17,6 +17,25 @@ pub struct ModelInfo {
     pub layers: u32,
     /// Parameter count, in millions.
     pub parameters_millions: u32,
+    /// Mixture-of-Experts: experts per MoE layer (0 = a dense model). An
+    /// MoE model may be trained expert-parallel
+    /// (`resources.expert_parallel`).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub experts: u32,
+    /// Experts each token is routed to (top-k gating; MoE models only).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub top_k: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
+impl ModelInfo {
+    /// A Mixture-of-Experts model.
+    pub fn is_moe(&self) -> bool {
+        self.experts > 0
+    }
 }
 
 /// Known models by name. Lookups are case-sensitive: names are identifiers.
@@ -30,21 +49,26 @@ impl ModelCatalog {
     /// counts from the models' published configurations).
     pub fn builtin() -> Self {
         let mut c = ModelCatalog::default();
-        for (name, layers, params) in [
-            ("roberta-base", 12, 125),
-            ("roberta-large", 24, 355),
-            ("bert-base", 12, 110),
-            ("bert-large", 24, 340),
-            ("vit-base", 12, 86),
-            ("vit-large", 24, 307),
-            ("gpt2", 12, 124),
-            ("llama-2-7b", 32, 6738),
-            ("mistral-7b", 32, 7242),
+        for (name, layers, params, experts, top_k) in [
+            ("roberta-base", 12, 125, 0, 0),
+            ("roberta-large", 24, 355, 0, 0),
+            ("bert-base", 12, 110, 0, 0),
+            ("bert-large", 24, 340, 0, 0),
+            ("vit-base", 12, 86, 0, 0),
+            ("vit-large", 24, 307, 0, 0),
+            ("gpt2", 12, 124, 0, 0),
+            ("llama-2-7b", 32, 6738, 0, 0),
+            ("mistral-7b", 32, 7242, 0, 0),
+            // Switch Transformers (Fedus et al. 2022): top-1 gating.
+            ("switch-base-8", 24, 620, 8, 1),
+            ("switch-base-16", 24, 1073, 16, 1),
         ] {
             c.insert(ModelInfo {
                 name: name.to_string(),
                 layers,
                 parameters_millions: params,
+                experts,
+                top_k,
             });
         }
         c

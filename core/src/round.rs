@@ -33,8 +33,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use crate::job::JobState;
 use crate::node::NodeState;
 use crate::policy::{
-    ExistingMerge, MergeMode, NodeCap, PairCandidate, PlacementRule, Plan, Policy, SchedJob,
-    Snapshot, SolveStats,
+    ExistingMerge, MergeMode, NodeCap, PairCandidate, PlacementRule, Plan, Policy, Replica,
+    SchedJob, Snapshot, SolveStats,
 };
 
 /// A GPU: (node ordinal in the [`ClusterView`], index on that node).
@@ -93,6 +93,9 @@ pub struct JobView {
     /// May be merged with other users' jobs (Ymir §9).
     pub sharing: bool,
     pub pipeline: bool,
+    /// Expert-parallel group size (`resources.expert_parallel`; 0 or 1 =
+    /// none): whole groups, each on one node.
+    pub expert_parallel: u32,
     /// The GPU family it must run on (`resources.gpu_model`, as a family);
     /// None = any, one family per group.
     pub gpu_model: Option<String>,
@@ -124,6 +127,13 @@ pub struct JobView {
     pub held_back: bool,
     /// Took part in a merge before: a job merges once.
     pub ever_merged: bool,
+}
+
+impl JobView {
+    /// GPUs that must sit together on one node.
+    pub fn replica(&self) -> Replica {
+        Replica::of(self.pipeline, self.expert_parallel)
+    }
 }
 
 /// An active merge of two live jobs (indices into [`ClusterView::jobs`]).
@@ -386,7 +396,7 @@ pub fn prepare(view: &ClusterView, policy: &dyn Policy, cfg: &RoundConfig) -> Pr
     let mut jobs = Vec::new();
     for (i, j) in view.jobs.iter().enumerate() {
         if let Some(why) = never_fits(
-            j.pipeline,
+            j.replica(),
             j.min_gpus,
             j.gpu_model.as_deref(),
             &sizes,
@@ -437,7 +447,7 @@ pub fn prepare(view: &ClusterView, policy: &dyn Policy, cfg: &RoundConfig) -> Pr
 /// No node of the cluster can hold `job`'s profiling run (one GPU, or one
 /// pipeline replica, of its GPU model).
 fn cannot_profile(job: &JobView, nodes: &[(u32, &str)]) -> bool {
-    never_fits(job.pipeline, 1, job.gpu_model.as_deref(), nodes, None).is_some()
+    never_fits(job.replica(), 1, job.gpu_model.as_deref(), nodes, None).is_some()
 }
 
 /// `(GPUs, GPU family)` of these view nodes, for [`never_fits`].
@@ -449,13 +459,13 @@ fn node_shapes<'v>(view: &'v ClusterView, nodes: &[usize]) -> Vec<(u32, &'v str)
 }
 
 /// Why no set of these nodes (`(GPUs, GPU family)` each) can ever hold a
-/// job of at least `min_gpus` (pipeline-parallel or not, on `gpu_model` or
-/// any one family) when a group may span `max_nodes_per_group` nodes, or
-/// None if one can. An empty cluster holds nothing yet and says nothing
+/// job of at least `min_gpus` in replicas of `replica` (each on one node),
+/// on `gpu_model` or any one family, when a group may span
+/// `max_nodes_per_group` nodes, or None if one can. An empty cluster holds nothing yet and says nothing
 /// (nodes may still register). The service's round and fmsim's workload
 /// check both ask this.
 pub fn never_fits(
-    pipeline: bool,
+    replica: Replica,
     min_gpus: u32,
     gpu_model: Option<&str>,
     nodes: &[(u32, &str)],
@@ -479,7 +489,7 @@ pub fn never_fits(
     let mut why = None;
     for fam in &families {
         let sizes: Vec<u32> = nodes.iter().filter(|n| n.1 == *fam).map(|n| n.0).collect();
-        let w = never_fits_sizes(pipeline, min_gpus, &sizes, max_nodes_per_group)?;
+        let w = never_fits_sizes(replica, min_gpus, &sizes, max_nodes_per_group)?;
         why.get_or_insert(if families.len() > 1 || gpu_model.is_some() {
             format!("{w} (on {fam} nodes; a job runs on one GPU model)")
         } else {
@@ -538,19 +548,27 @@ fn largest_of(nodes: &[NodeView], family: &str) -> Option<(String, u32)> {
 
 /// [`never_fits`] on nodes of one family.
 fn never_fits_sizes(
-    pipeline: bool,
+    replica: Replica,
     min_gpus: u32,
     node_gpus: &[u32],
     max_nodes_per_group: Option<usize>,
 ) -> Option<String> {
     let largest = node_gpus.iter().copied().max()?;
     let total: u32 = node_gpus.iter().sum();
-    if pipeline && !crate::policy::pipeline_fits(node_gpus.iter().copied()) {
-        return Some(format!(
-            "a pipeline-parallel job needs {} GPUs on one node (one replica of its {} stages) and the largest node has {largest}",
-            crate::policy::PIPELINE_STAGES,
-            crate::policy::PIPELINE_STAGES
-        ));
+    match replica {
+        Replica::Pipeline if !crate::policy::pipeline_fits(node_gpus.iter().copied()) => {
+            return Some(format!(
+                "a pipeline-parallel job needs {} GPUs on one node (one replica of its {} stages) and the largest node has {largest}",
+                crate::policy::PIPELINE_STAGES,
+                crate::policy::PIPELINE_STAGES
+            ));
+        }
+        Replica::Experts(ep) if ep > largest => {
+            return Some(format!(
+                "an expert-parallel job needs {ep} GPUs on one node (one group of its experts) and the largest node has {largest}"
+            ));
+        }
+        _ => {}
     }
     if max_nodes_per_group == Some(1) && min_gpus > largest {
         return Some(format!(
@@ -617,7 +635,8 @@ fn reserve_profiling(view: &ClusterView, present: &[usize], total_gpus: u32) -> 
             // hold up the jobs behind it.
             continue;
         }
-        let need = if j.pipeline { PIPELINE_PROFILE_GPUS } else { 1 } as usize;
+        // One replica: a pipeline's stages, an expert group, or 1 GPU.
+        let need = j.replica().gpus() as usize;
         let on_its_gpus = |n: usize| {
             j.gpu_model
                 .as_deref()
@@ -657,7 +676,8 @@ fn reserve_profiling(view: &ClusterView, present: &[usize], total_gpus: u32) -> 
 
 /// Pairs that may merge (Ymir §5, the filter before any estimate): both in
 /// the snapshot, one model, different tasks, both allow sharing, both
-/// data-parallel or both pipeline, no two different GPU models asked for,
+/// data-parallel or both pipeline (of one expert-parallel degree), no two
+/// different GPU models asked for,
 /// neither merged before, neither started.
 /// Per model, for every ordered pair: `A ↦ B`, and `A ‖ B` once.
 fn eligible_pairs(view: &ClusterView, snapshot_jobs: &[usize]) -> Vec<PairKey> {
@@ -675,7 +695,7 @@ fn eligible_pairs(view: &ClusterView, snapshot_jobs: &[usize]) -> Vec<PairKey> {
                 let (ja, jb) = (&view.jobs[a], &view.jobs[b]);
                 if a == b
                     || ja.task == jb.task
-                    || ja.pipeline != jb.pipeline
+                    || ja.replica() != jb.replica()
                     || !crate::policy::same_gpus(ja.gpu_model.as_deref(), jb.gpu_model.as_deref())
                 {
                     continue;
@@ -737,6 +757,7 @@ pub fn snapshot(
     cfg: &RoundConfig,
 ) -> Result<Snapshot, RoundError> {
     check_estimates(prepared, estimates)?;
+    let estimates = &whole_replicas(view, prepared, estimates);
     let ord: BTreeMap<usize, usize> = prepared
         .jobs
         .iter()
@@ -757,6 +778,7 @@ pub fn snapshot(
                 task: j.task.clone(),
                 sharing: j.sharing,
                 pipeline: j.pipeline,
+                expert_parallel: j.expert_parallel,
                 gpu_model: j.gpu_model.clone(),
                 requested_gpus: cap(j.requested_gpus, j),
                 min_gpus: j.min_gpus,
@@ -806,6 +828,50 @@ pub fn snapshot(
         merges,
         placement_rule: cfg.placement_rule,
     })
+}
+
+/// The estimates with every allocation that is not a whole number of a
+/// job's replicas ([`JobView::replica`]; a merge's are its jobs') made
+/// `+∞`: it cannot run there, whatever the caller estimated. One rule for
+/// the service and fmsim.
+fn whole_replicas(view: &ClusterView, prepared: &Prepared, estimates: &Estimates) -> Estimates {
+    let allocs = &prepared.allocations;
+    let mask = |unit: u32, row: &[f64]| -> Vec<f64> {
+        allocs
+            .iter()
+            .zip(row)
+            .map(|(&a, &t)| {
+                if a.is_multiple_of(unit) {
+                    t
+                } else {
+                    f64::INFINITY
+                }
+            })
+            .collect()
+    };
+    let unit = |v: usize| view.jobs[v].replica().gpus();
+    Estimates {
+        jobs: prepared
+            .jobs
+            .iter()
+            .zip(&estimates.jobs)
+            .map(|(&v, row)| mask(unit(v), row))
+            .collect(),
+        kept: prepared
+            .kept
+            .iter()
+            .zip(&estimates.kept)
+            .map(|(&m, row)| mask(unit(view.merges[m].a), row))
+            .collect(),
+        candidates: estimates
+            .candidates
+            .iter()
+            .map(|c| PairEstimate {
+                seconds: mask(unit(c.pair.a), &c.seconds),
+                ..c.clone()
+            })
+            .collect(),
+    }
 }
 
 /// Estimates must fit the prepared round: a row per snapshot job and per
@@ -1269,6 +1335,7 @@ pub mod testkit {
             task: task.into(),
             sharing: true,
             pipeline: false,
+            expert_parallel: 0,
             gpu_model: None,
             min_gpus: 1,
             max_gpus: gpus,
@@ -1460,6 +1527,38 @@ mod tests {
         // Ties go to the first name.
         let tie = view(vec![fam("h", 8, "H100"), fam("a", 8, "A100")], vec![]);
         assert_eq!(estimate_shape(&tie, &free), Some(("A100".into(), 8)));
+    }
+
+    /// Whatever the caller estimated, an expert-parallel (or pipeline) job
+    /// cannot run on a part of a replica: those allocations are `+∞` in the
+    /// policy's snapshot; a cluster without a node wide enough for one
+    /// group says so.
+    #[test]
+    fn allocations_that_are_not_whole_replicas_are_infinite() {
+        let policy = by_name("ymir").unwrap();
+        let cfg = RoundConfig {
+            profiling: false,
+            ..Default::default()
+        };
+        let mut moe = job("moe", "rte", JobState::Queued, 8);
+        moe.expert_parallel = 4;
+        let dense = job("dense", "mrpc", JobState::Queued, 8);
+        let v = view(vec![node("a", 4), node("b", 4)], vec![moe, dense]);
+        let p = prepare(&v, policy.as_ref(), &cfg);
+        let snap = snapshot(&v, &p, &estimates(&p, 3600.0), &cfg).unwrap();
+        for (k, &a) in snap.allocations.iter().enumerate() {
+            let (m, d) = (snap.jobs[0].remaining_s[k], snap.jobs[1].remaining_s[k]);
+            assert_eq!(m.is_finite(), a > 0 && a % 4 == 0, "moe at {a}: {m}");
+            assert_eq!(d.is_finite(), a > 0, "dense at {a}: {d}");
+        }
+        let why = never_fits(
+            Replica::Experts(8),
+            1,
+            None,
+            &[(4, "A100"), (4, "A100")],
+            None,
+        );
+        assert!(why.is_some_and(|w| w.contains("needs 8 GPUs on one node")));
     }
 
     #[test]

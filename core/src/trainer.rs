@@ -42,6 +42,10 @@ pub mod env {
     /// its first stage on the GPU of the previous job's last stage, the
     /// first one to finish its backward pass.
     pub const PIPELINE_STAGES: &str = "FMSCHED_PIPELINE_STAGES";
+    /// Expert-parallel MoE jobs (`resources.expert_parallel`): GPUs per
+    /// expert group. Every group lies on one node: consecutive local ranks
+    /// form a group (this node's GPUs are a whole number of them).
+    pub const EXPERT_PARALLEL: &str = "FMSCHED_EXPERT_PARALLEL";
     /// Model name of the GPUs the process runs on (as the node reports it).
     pub const GPU_MODEL: &str = "FMSCHED_GPU_MODEL";
     /// Torchrun-compatible rank variables. The agent runs one process per

@@ -98,6 +98,20 @@ fn is_env_key(k: &str) -> bool {
         && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
 }
 
+/// The cluster's Mixture-of-Experts models, for messages.
+fn moe_models(ctx: &ValidationContext<'_>) -> String {
+    let moe: Vec<&str> = ctx
+        .models
+        .names()
+        .filter(|n| ctx.models.get(n).is_some_and(|m| m.is_moe()))
+        .collect();
+    if moe.is_empty() {
+        "this cluster knows none".into()
+    } else {
+        format!("this cluster knows {}", moe.join(", "))
+    }
+}
+
 impl JobSpec {
     /// Checks every field; returns the first problem found.
     pub fn validate(&self, ctx: &ValidationContext<'_>) -> Result<(), FieldError> {
@@ -192,6 +206,42 @@ impl JobSpec {
                 "resources.max_gpus",
                 "pipeline-parallel jobs run on whole 4-GPU servers; must be >= 4",
             );
+        }
+        if r.expert_parallel > 1 {
+            let ep = r.expert_parallel;
+            if !model.is_moe() {
+                return err(
+                    "resources.expert_parallel",
+                    format!(
+                        "{} is a dense model; expert parallelism needs a Mixture-of-Experts model ({})",
+                        self.model,
+                        moe_models(ctx)
+                    ),
+                );
+            }
+            if !model.experts.is_multiple_of(ep) {
+                return err(
+                    "resources.expert_parallel",
+                    format!(
+                        "must divide the {} experts of {} (got {ep})",
+                        model.experts, self.model
+                    ),
+                );
+            }
+            if r.pipeline_parallel {
+                return err(
+                    "resources.expert_parallel",
+                    "cannot be combined with resources.pipeline_parallel",
+                );
+            }
+            if r.max_gpus < ep {
+                return err(
+                    "resources.max_gpus",
+                    format!(
+                        "an expert-parallel job runs on whole groups of {ep} GPUs; must be >= {ep}"
+                    ),
+                );
+            }
         }
         if let Some(m) = &r.gpu_model {
             string("resources.gpu_model", m, l.max_name_bytes, true)?;
@@ -333,6 +383,7 @@ pub(crate) mod tests {
                 min_gpus: 1,
                 max_gpus: 4,
                 pipeline_parallel: false,
+                expert_parallel: 0,
                 gpu_model: None,
             },
             sharing: true,
@@ -450,6 +501,24 @@ pub(crate) mod tests {
         s.resources.max_gpus = 2;
         assert_eq!(field_of(&s), "spec.resources.max_gpus");
         s.resources.max_gpus = 4;
+        check(&s).unwrap();
+
+        // Expert parallelism: MoE models only, dividing their experts, not
+        // with a pipeline, on at least one whole group.
+        let mut s = spec();
+        s.resources.expert_parallel = 4;
+        assert_eq!(field_of(&s), "spec.resources.expert_parallel");
+        s.model = "switch-base-8".into();
+        check(&s).unwrap();
+        s.resources.expert_parallel = 3;
+        assert_eq!(field_of(&s), "spec.resources.expert_parallel");
+        s.resources.expert_parallel = 8;
+        assert_eq!(field_of(&s), "spec.resources.max_gpus");
+        s.resources.expert_parallel = 2;
+        s.resources.pipeline_parallel = true;
+        assert_eq!(field_of(&s), "spec.resources.expert_parallel");
+        s.resources.pipeline_parallel = false;
+        s.resources.expert_parallel = 1;
         check(&s).unwrap();
     }
 

@@ -28,6 +28,14 @@ pub struct ModelArch {
     pub heads: u32,
     /// Tokens per training sample.
     pub seq_len: u32,
+    /// Mixture-of-Experts: experts per MoE layer (0 = a dense model).
+    pub experts: u32,
+    /// Experts each token is routed to (top-k gating).
+    pub top_k: u32,
+    /// Layers whose FFN is an MoE layer.
+    pub moe_layers: u32,
+    /// Parameters of one expert summed over the MoE layers.
+    pub expert_params: f64,
 }
 
 /// Published architectures (parameter, layer, hidden and head counts from
@@ -40,7 +48,12 @@ pub struct ModelArch {
 /// - GPT-2 small (Radford et al. 2019): 12×768, 1,024-token context.
 /// - Llama-2-7B (Touvron et al. 2023, Table 1) and Mistral-7B (Jiang et al.
 ///   2023): 32×4096, 32 heads; 2,048-token fine-tuning samples.
-pub const MODELS: [ModelArch; 9] = [
+/// - Switch Transformers (Fedus et al. 2022; the released `switch-base-8` and
+///   `switch-base-16`): T5-base, 12 encoder + 12 decoder layers of 768, 12
+///   heads, every other FFN an MoE layer (12 of them) of 8 / 16 experts
+///   (768→3,072→768: 4.7 M parameters each per layer), top-1 gating; 620 M
+///   and 1.07 B parameters.
+pub const MODELS: [ModelArch; 11] = [
     arch("roberta-base", 125e6, 12, 768, 12, 512),
     arch("roberta-large", 355e6, 24, 1024, 16, 512),
     arch("bert-base", 110e6, 12, 768, 12, 512),
@@ -50,7 +63,30 @@ pub const MODELS: [ModelArch; 9] = [
     arch("gpt2", 124e6, 12, 768, 12, 1024),
     arch("llama-2-7b", 6.738e9, 32, 4096, 32, 2048),
     arch("mistral-7b", 7.242e9, 32, 4096, 32, 2048),
+    moe("switch-base-8", 620e6, 24, 768, 12, 512, 8),
+    moe("switch-base-16", 1.073e9, 24, 768, 12, 512, 16),
 ];
+
+/// A Switch-style MoE model (see [`MODELS`]): top-1 gating, MoE FFNs on
+/// half of the layers, experts of `2·h·4h` parameters per MoE layer.
+const fn moe(
+    name: &'static str,
+    params: f64,
+    layers: u32,
+    hidden: u32,
+    heads: u32,
+    seq_len: u32,
+    experts: u32,
+) -> ModelArch {
+    let h = hidden as f64;
+    ModelArch {
+        experts,
+        top_k: 1,
+        moe_layers: layers / 2,
+        expert_params: (layers / 2) as f64 * 8.0 * h * h,
+        ..arch(name, params, layers, hidden, heads, seq_len)
+    }
+}
 
 const fn arch(
     name: &'static str,
@@ -67,6 +103,10 @@ const fn arch(
         hidden,
         heads,
         seq_len,
+        experts: 0,
+        top_k: 0,
+        moe_layers: 0,
+        expert_params: 0.0,
     }
 }
 
@@ -154,13 +194,37 @@ pub const LORA_TRAINABLE: f64 = 0.005;
 const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
 
 impl ModelArch {
+    /// A Mixture-of-Experts model.
+    pub fn is_moe(&self) -> bool {
+        self.experts > 0
+    }
+
+    /// Parameters a token passes through: all of a dense model's; of an MoE
+    /// model, the dense part and `top_k` experts. A batch's MoE layer waits
+    /// for its tokens routed to the most experts, so this is the gating's
+    /// *maximum* k, never an average: with adaptive gating sending 80 % of
+    /// the tokens to one expert, compute falls to 0.6× while the MoE layer's
+    /// time only falls to 0.76× (Lina thesis Table 5.1) — time is not
+    /// scaled by FLOPs saved.
+    pub fn active_params(&self) -> f64 {
+        self.params - f64::from(self.experts.saturating_sub(self.top_k)) * self.expert_params
+    }
+
+    /// Parameters one GPU holds when the experts are spread over `ep` GPUs
+    /// (expert parallelism) and the rest is replicated.
+    pub fn params_per_gpu(&self, ep: u32) -> f64 {
+        let experts = f64::from(self.experts) * self.expert_params;
+        self.params - experts + experts / f64::from(ep.clamp(1, self.experts.max(1)))
+    }
+
     /// Training FLOPs of one sample: 6·P per token (Kaplan et al. 2020,
-    /// §2.1) plus attention scores, 12·L·s·h per token (forward 4·L·s·h,
-    /// backward twice that).
+    /// §2.1; P the parameters a token passes through,
+    /// [`ModelArch::active_params`]) plus attention scores, 12·L·s·h per
+    /// token (forward 4·L·s·h, backward twice that).
     pub fn flops_per_sample(&self) -> f64 {
         let s = f64::from(self.seq_len);
         let attn = 12.0 * f64::from(self.layers) * s * f64::from(self.hidden);
-        s * (6.0 * self.params + attn)
+        s * (6.0 * self.active_params() + attn)
     }
 
     /// Activation bytes of one sample (Korthikanti et al. 2022, Eq. 1).
@@ -215,11 +279,21 @@ fn data_parallel_step(
     let tokens = f64::from(bsz) * f64::from(m.seq_len);
     let mfu = MFU_MAX * tokens / (tokens + MFU_HALF_TOKENS);
     let compute = cost.compute * f64::from(bsz) * m.flops_per_sample() / (g.peak_flops * mfu);
-    let optimizer = 2.0 * ADAM_STATE_BYTES * m.params * cost.synced / g.hbm_bytes_s;
+    // An MoE model spreads its experts over each node's GPUs (expert
+    // parallelism never crosses a node: the scheduler keeps every expert
+    // group on one node); a dense one holds everything everywhere.
+    let ep = if m.is_moe() {
+        (gpus / nodes.max(1)).max(1)
+    } else {
+        1
+    };
+    let held = m.params_per_gpu(ep);
+    let optimizer = 2.0 * ADAM_STATE_BYTES * held * cost.synced / g.hbm_bytes_s;
     let overhead = LAUNCH_S_PER_LAYER * f64::from(m.layers) + optimizer;
+    let all_to_all = all_to_all_s(m, g, ep, bsz);
     // Ring all-reduce of fp16 gradients: 2·(R−1)/R · bytes / bus bandwidth.
     let sync = if gpus > 1 {
-        let bytes = 2.0 * m.params * cost.synced;
+        let bytes = 2.0 * held * cost.synced;
         let bw = if nodes > 1 {
             g.inter_bytes_s
         } else {
@@ -230,16 +304,37 @@ fn data_parallel_step(
         0.0
     };
     // ICEFROG Eq. 5 with forward = 1/3 and backward = 2/3 of the compute.
-    let step = iteration_time(compute / 3.0, 2.0 * compute / 3.0, sync, OVERLAP_GAMMA) + overhead;
+    let step = iteration_time(compute / 3.0, 2.0 * compute / 3.0, sync, OVERLAP_GAMMA)
+        + overhead
+        + all_to_all;
     // What synchronisation adds to the step (the LUT's `sync_time`).
     let exposed_sync = if sync > 0.0 {
-        step - compute - overhead
+        step - compute - overhead - all_to_all
     } else {
         0.0
     };
-    let memory = (cost.state_bytes * m.params + f64::from(bsz) * m.activation_bytes()) / GIB
-        + CUDA_RESERVE_GIB;
+    let memory =
+        (cost.state_bytes * held + f64::from(bsz) * m.activation_bytes()) / GIB + CUDA_RESERVE_GIB;
     (step, exposed_sync.max(0.0), memory)
+}
+
+/// Seconds of expert-parallel all-to-all in one step at local batch `bsz`
+/// with the experts spread over `ep` GPUs of one node: every MoE layer
+/// sends each token to its experts and back, forward and backward (4
+/// all-to-alls of `top_k` fp16 hidden vectors per token; Lina thesis
+/// §4.2.1); the `(ep−1)/ep` that leaves a GPU crosses NVLink and the step
+/// waits for it (no overlap). Bandwidth-only: the analytic table leaves out
+/// the small-message latency and the contention with the gradient
+/// all-reduce that made all-to-all 34.1 % of Lina's measured step times
+/// (Table 4.1) — measured profiles (`docs/profiles.md`) carry those.
+pub fn all_to_all_s(m: &ModelArch, g: &GpuSpec, ep: u32, bsz: u32) -> f64 {
+    if !m.is_moe() || ep <= 1 {
+        return 0.0;
+    }
+    let tokens = f64::from(bsz) * f64::from(m.seq_len);
+    let bytes =
+        4.0 * f64::from(m.moe_layers) * tokens * f64::from(m.top_k) * f64::from(m.hidden) * 2.0;
+    bytes * f64::from(ep - 1) / f64::from(ep) / g.intra_bytes_s
 }
 
 /// Pipeline-parallel step (GPipe, Huang et al. 2019): the model split over
@@ -294,18 +389,19 @@ pub const PIPELINE_PLACEMENTS: [&str; 4] = ["4", "44", "4444", "44444444"];
 /// their memory, so the table says *why* a batch is infeasible).
 pub const LOCAL_BATCHES: [u32; 9] = [1, 2, 4, 8, 16, 32, 64, 128, 256];
 
-/// The variants profiled for a model: full fine-tuning (AMP) and pipeline
-/// for all; LoRA for models of a billion parameters or more, whose full
+/// The variants profiled for a model: full fine-tuning (AMP) for all,
+/// pipeline for dense ones; LoRA for models of a billion parameters or more, whose full
 /// fine-tuning does not fit a single GPU.
 pub fn variants(m: &ModelArch) -> Vec<Variant> {
     let base = Variant::base();
-    let mut v = vec![
-        base.clone(),
-        Variant {
+    let mut v = vec![base.clone()];
+    // MoE models train data- and expert-parallel, not in a pipeline.
+    if !m.is_moe() {
+        v.push(Variant {
             pipeline: true,
             ..base.clone()
-        },
-    ];
+        });
+    }
     if m.params >= 1e9 {
         v.push(Variant {
             petl: "lora".into(),
@@ -445,6 +541,46 @@ mod tests {
         let (s16, _, mem16) = data_parallel_step(m, g, &v, 1, 1, 16);
         let (_, _, mem8) = data_parallel_step(m, g, &v, 1, 1, 8);
         assert!(s16 > s1 && mem16 > mem8);
+    }
+
+    /// An MoE model's compute is its dense part plus the gating's top-k
+    /// experts per token; its experts are spread over a node's GPUs, so
+    /// each GPU holds fewer parameters as the node share grows, and the
+    /// all-to-all appears only with expert parallelism (ep > 1).
+    #[test]
+    fn moe_steps_count_active_experts_and_all_to_all() {
+        let m = model("switch-base-8");
+        assert!(m.is_moe() && m.top_k == 1 && m.moe_layers == 12);
+        let expert = m.expert_params;
+        assert!((expert - 12.0 * 8.0 * 768.0 * 768.0).abs() < 1.0);
+        // Dense part + one expert, not all eight.
+        assert!((m.active_params() - (m.params - 7.0 * expert)).abs() < 1.0);
+        assert!(m.params_per_gpu(4) < m.params_per_gpu(1));
+        assert!((m.params_per_gpu(8) - (m.params - 7.0 * expert)).abs() < 1.0);
+        let g = &GPUS[1];
+        let v = Variant::base();
+        let (s1, _, mem1) = data_parallel_step(m, g, &v, 1, 1, 8);
+        let (s4, _, mem4) = data_parallel_step(m, g, &v, 1, 4, 8);
+        assert!(mem4 < mem1, "experts spread over 4 GPUs: {mem4} < {mem1}");
+        assert!(32.0 / s4 > 8.0 / s1, "more GPUs, more samples per second");
+        // All-to-all: none without expert parallelism or for a dense
+        // model; by hand at ep = 4: 4 · 12 layers · 8·512 tokens · 768 · 2
+        // bytes · 3/4 over NVLink.
+        assert_eq!(all_to_all_s(m, g, 1, 8), 0.0);
+        assert_eq!(all_to_all_s(model("roberta-base"), g, 4, 8), 0.0);
+        let want = 4.0 * 12.0 * 4096.0 * 768.0 * 2.0 * 0.75 / g.intra_bytes_s;
+        assert!((all_to_all_s(m, g, 4, 8) - want).abs() < 1e-12);
+        assert!(all_to_all_s(m, g, 8, 8) > all_to_all_s(m, g, 4, 8));
+        // Dense models pay no all-to-all; no pipeline variant for MoE.
+        assert!(!model("roberta-base").is_moe());
+        assert!(variants(m).iter().all(|v| !v.pipeline));
+        let lut = default_lut().unwrap();
+        for gpu in ["V100", "A100", "H100"] {
+            for name in ["switch-base-8", "switch-base-16"] {
+                let it = lut.iteration_time(name, gpu, 4, 4, 32, &v, 24).unwrap();
+                assert!(it.feasible && it.seconds > 0.0, "{name} on {gpu}: {it:?}");
+            }
+        }
     }
 
     #[test]

@@ -143,7 +143,14 @@ impl Catalog {
         type Family<'a> = (&'a [&'a str], &'a [(&'a str, f64)]);
         let families: [Family; 3] = [
             (
-                &["roberta-base", "roberta-large", "bert-base", "bert-large"],
+                &[
+                    "roberta-base",
+                    "roberta-large",
+                    "bert-base",
+                    "bert-large",
+                    "switch-base-8",
+                    "switch-base-16",
+                ],
                 &LANGUAGE,
             ),
             (&["vit-base", "vit-large"], &VISION),

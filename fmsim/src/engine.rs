@@ -34,7 +34,7 @@
 use std::collections::HashMap;
 use std::time::Instant;
 
-use fmsched_core::policy::{MergeMode, PIPELINE_STAGES, Policy, ymir_allocations};
+use fmsched_core::policy::{MergeMode, PIPELINE_STAGES, Policy, Replica, ymir_allocations};
 use fmsched_core::round::{
     self, ClusterView, Decision, Estimates, Gpu, JobView, MergeView, NodeView, PairEstimate,
     Prepared, RoundConfig, RoundOutcome,
@@ -423,7 +423,8 @@ impl<'a> Simulation<'a> {
             };
             let asked = w.gpu_model.as_deref().map(analytic::gpu_family);
             // Said now, not after simulating the horizon with it waiting.
-            if let Some(why) = round::never_fits(w.pipeline, 1, asked.as_deref(), &shapes, None) {
+            let replica = Replica::of(w.pipeline, w.expert_parallel);
+            if let Some(why) = round::never_fits(replica, 1, asked.as_deref(), &shapes, None) {
                 return Err(err(format!("can never run on this cluster: {why}")));
             }
             // It may run on the family it asks for, else on any.
@@ -525,6 +526,14 @@ impl<'a> Simulation<'a> {
             if j.w.pipeline && j.w.max_gpus < PIPELINE_STAGES {
                 return Err(err(format!(
                     "a pipeline-parallel job runs on whole replicas of {PIPELINE_STAGES} GPUs and it asks for at most {}",
+                    j.w.max_gpus
+                )));
+            }
+            if let Replica::Experts(ep) = replica
+                && j.w.max_gpus < ep
+            {
+                return Err(err(format!(
+                    "an expert-parallel job runs on whole groups of {ep} GPUs and it asks for at most {}",
                     j.w.max_gpus
                 )));
             }
@@ -713,12 +722,12 @@ impl<'a> Simulation<'a> {
         let allocs = self.allocations.clone();
         let rem = self.remaining(i);
         let j = &self.jobs[i];
-        let (min, max, pipeline, batch) = (1, j.w.max_gpus, j.w.pipeline, j.w.batch);
+        let (min, max, batch) = (1, j.w.max_gpus, j.w.batch);
+        let unit = Replica::of(j.w.pipeline, j.w.expert_parallel).gpus();
         allocs
             .iter()
             .map(|&a| {
-                if a == 0 || a < min || a > max || (pipeline && !a.is_multiple_of(PIPELINE_STAGES))
-                {
+                if a == 0 || a < min || a > max || !a.is_multiple_of(unit) {
                     return Ok(f64::INFINITY);
                 }
                 let r =
@@ -1169,6 +1178,7 @@ impl<'a> Simulation<'a> {
                     task: j.w.task.clone(),
                     sharing: j.w.sharing,
                     pipeline: j.w.pipeline,
+                    expert_parallel: j.w.expert_parallel,
                     gpu_model: j.w.gpu_model.as_deref().map(analytic::gpu_family),
                     min_gpus: 1,
                     max_gpus: j.w.max_gpus,

@@ -222,6 +222,7 @@ pub fn generate(cfg: &GenConfig, catalog: &Catalog, lut: &Lut) -> Result<Vec<Wor
             curve_key: None,
             trace_gpu_s: None,
             gpu_model: None,
+            expert_parallel: 0,
         });
     }
     Ok(out)

@@ -4,9 +4,11 @@
 //!
 //! Formats (`--format`, or guessed from the header):
 //! - **fmsim** (the project's own, written by `fmsim generate`):
-//!   `name,submit_s,model,task,gpus,batch,sharing,pipeline[,epochs][,gpu_model]` —
+//!   `name,submit_s,model,task,gpus,batch,sharing,pipeline[,epochs][,gpu_model][,expert_parallel]` —
 //!   `epochs` overrides the catalog's epochs-to-target for that job;
-//!   `gpu_model` pins it to one GPU model (empty: any, one per job).
+//!   `gpu_model` pins it to one GPU model (empty: any, one per job);
+//!   `expert_parallel` runs an MoE job in expert groups of that many GPUs,
+//!   each on one node (empty or 0: none).
 //! - **titan** (AdaptDL/TitanSched workload CSV):
 //!   `name,submission_time,application,num_gpus,target_batch_size,target_lr,target_gradient_steps,target_metric`
 //!   with `application = model@task` (`/` written `#`).
@@ -48,6 +50,9 @@ pub struct WorkloadJob {
     /// The GPU model it must run on (`resources.gpu_model`); None = any,
     /// one model per job.
     pub gpu_model: Option<String>,
+    /// Expert-parallel group size of an MoE model (0 = none): whole groups,
+    /// each on one node.
+    pub expert_parallel: u32,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq)]
@@ -301,6 +306,7 @@ fn parse_fmsim(csv: &Csv) -> Result<Vec<WorkloadJob>, WorkloadError> {
     );
     let epochs = csv.col("epochs");
     let gpu_model = csv.col("gpu_model");
+    let expert_parallel = csv.col("expert_parallel");
     let mut out = Vec::new();
     for (line, r) in &csv.rows {
         let g = csv.whole(*line, r, gpus)?;
@@ -335,6 +341,10 @@ fn parse_fmsim(csv: &Csv) -> Result<Vec<WorkloadJob>, WorkloadError> {
                 .map(|c| r[c].trim())
                 .filter(|m| !m.is_empty())
                 .map(String::from),
+            expert_parallel: match expert_parallel {
+                Some(c) if !r[c].trim().is_empty() => csv.whole(*line, r, c)?,
+                _ => 0,
+            },
         });
     }
     Ok(out)
@@ -385,6 +395,7 @@ fn parse_titan(csv: &Csv) -> Result<Vec<WorkloadJob>, WorkloadError> {
             )),
             trace_gpu_s: None,
             gpu_model: None,
+            expert_parallel: 0,
         });
     }
     Ok(out)
@@ -457,6 +468,7 @@ fn parse_trace(
                 curve_key: None,
                 trace_gpu_s: Some(d * f64::from(g)),
                 gpu_model: None,
+                expert_parallel: 0,
             }
         })
         .collect())
@@ -492,11 +504,12 @@ fn parse_time(s: &str) -> Option<f64> {
 
 /// Writes a workload in fmsim's format.
 pub fn to_csv(jobs: &[WorkloadJob]) -> String {
-    let mut s =
-        String::from("name,submit_s,model,task,gpus,batch,sharing,pipeline,epochs,gpu_model\n");
+    let mut s = String::from(
+        "name,submit_s,model,task,gpus,batch,sharing,pipeline,epochs,gpu_model,expert_parallel\n",
+    );
     for j in jobs {
         s += &format!(
-            "{},{:.1},{},{},{},{},{},{},{},{}\n",
+            "{},{:.1},{},{},{},{},{},{},{},{},{}\n",
             j.name,
             j.submit_s,
             j.model,
@@ -506,7 +519,8 @@ pub fn to_csv(jobs: &[WorkloadJob]) -> String {
             u8::from(j.sharing),
             u8::from(j.pipeline),
             j.epochs.map(|e| format!("{e:.3}")).unwrap_or_default(),
-            j.gpu_model.as_deref().unwrap_or_default()
+            j.gpu_model.as_deref().unwrap_or_default(),
+            j.expert_parallel
         );
     }
     s

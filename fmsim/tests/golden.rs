@@ -47,6 +47,7 @@ fn one_gpu_job(name: &str, task: &str, submit_s: f64, sharing: bool) -> Workload
         curve_key: None,
         trace_gpu_s: None,
         gpu_model: None,
+        expert_parallel: 0,
     }
 }
 

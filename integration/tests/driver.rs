@@ -49,6 +49,7 @@ fn spec(id: &str, max_iterations: u64, env: &[(&str, &str)]) -> LaunchSpec {
         ranks: Ranks::single(1),
         standby: false,
         pipeline: false,
+        expert_parallel: 0,
     }
 }
 

@@ -2007,6 +2007,91 @@ async fn e2e_gang_pipeline_jobs_over_two_nodes_switch_stages_in_reverse_order() 
     drop_db(&db).await;
 }
 
+/// An expert-parallel MoE job (switch-base-8, expert groups of 4 GPUs) of 8
+/// GPUs on two 4-GPU nodes: it profiles on one whole group, runs as a gang
+/// whose part on each node is a whole group, every process is told
+/// `FMSCHED_EXPERT_PARALLEL=4`, and it completes. Expert parallelism on a
+/// dense model, or one that does not divide the experts, is refused at
+/// submit naming the field.
+#[tokio::test]
+async fn e2e_gang_an_expert_parallel_job_is_never_split_across_nodes() {
+    let db = new_db("fmsched_gangmoe").await;
+    let dir = tempfile::tempdir().unwrap();
+    let (port, _, _sched, _agents) = gang_cluster(&db, dir.path(), &["node-a", "node-b"], &[]);
+    let moe = |name: &str, model: &str, ep: u32| {
+        gang_yaml(name, "rte", 3000, 8, 40)
+            .replace("model: roberta-base", &format!("model: {model}"))
+            .replace(
+                "max_gpus: 8 }",
+                &format!("max_gpus: 8, expert_parallel: {ep} }}"),
+            )
+    };
+    for (name, model, ep, why) in [
+        ("dense", "roberta-base", 4, "dense model"),
+        ("odd", "switch-base-8", 3, "must divide the 8 experts"),
+    ] {
+        let err = submit(port, dir.path(), [(name.to_string(), moe(name, model, ep))]).unwrap_err();
+        assert!(
+            err.contains("resources.expert_parallel") && err.contains(why),
+            "{name}: {err}"
+        );
+    }
+    submit(
+        port,
+        dir.path(),
+        [("moe".to_string(), moe("moe", "switch-base-8", 4))],
+    )
+    .expect("submit");
+    let (id, _) = job_named(port, "moe").unwrap();
+    let url = db_url(&db);
+    let parts = eventually("moe running on two nodes", Duration::from_secs(90), || {
+        let (url, id) = (url.clone(), id.clone());
+        async move {
+            let p = parts_of(&url, &id).await;
+            (p.len() == 2).then_some(p)
+        }
+    })
+    .await;
+    assert!(
+        parts.iter().all(|p| p.2 == 4),
+        "a whole group per node: {parts:?}"
+    );
+    let job_env = format!("FMSCHED_JOB_ID={id}");
+    let procs = eventually(
+        "both parts told their group size",
+        Duration::from_secs(30),
+        || {
+            let job_env = job_env.clone();
+            async move {
+                let p = pids_with_env(&[&job_env, "FMSCHED_EXPERT_PARALLEL=4"]);
+                (p.len() == 2).then_some(p)
+            }
+        },
+    )
+    .await;
+    assert_eq!(procs.len(), 2);
+    all_completed(port, 1, Duration::from_secs(180));
+    let mut c = sqlx::PgConnection::connect(&url).await.unwrap();
+    let placed: Vec<(String,)> = sqlx::query_as(
+        "SELECT message FROM job_events WHERE job_id = $1::uuid
+         AND (message LIKE 'placed on %' OR message LIKE 'profiling on %')",
+    )
+    .bind(&id)
+    .fetch_all(&mut c)
+    .await
+    .unwrap();
+    assert!(!placed.is_empty(), "no placement events");
+    for (m,) in &placed {
+        assert!(
+            m.contains("(4 GPUs)")
+                || m.contains("node-a+node-b (8 GPUs)")
+                || m.starts_with("profiling on"),
+            "placed off whole groups: {m}"
+        );
+    }
+    drop_db(&db).await;
+}
+
 /// A gang loses the node of its rank 0 (agent and processes killed): the
 /// surviving node's process stops at once (its rendezvous broke), the job
 /// is re-queued once and resumes on the nodes left from rank 0's last

@@ -49,6 +49,9 @@ pub struct LaunchSpec {
     pub standby: bool,
     /// Pipeline-parallel: stage `i` on `gpus[i]` (`FMSCHED_PIPELINE_STAGES`).
     pub pipeline: bool,
+    /// Expert-parallel: GPUs per expert group (`FMSCHED_EXPERT_PARALLEL`;
+    /// 0 = none).
+    pub expert_parallel: u32,
 }
 
 /// Where a process stands in its job's rank layout (torchrun semantics,
@@ -389,6 +392,7 @@ impl ProcessDriver {
             .env_remove(env::INIT_WEIGHTS)
             .env_remove(env::STANDBY)
             .env_remove(env::PIPELINE_STAGES)
+            .env_remove(env::EXPERT_PARALLEL)
             .stdin(std::process::Stdio::null())
             .stdout(stdout)
             .stderr(stderr)
@@ -405,6 +409,9 @@ impl ProcessDriver {
         }
         if spec.pipeline {
             cmd.env(env::PIPELINE_STAGES, spec.gpus.len().to_string());
+        }
+        if spec.expert_parallel > 1 {
+            cmd.env(env::EXPERT_PARALLEL, spec.expert_parallel.to_string());
         }
         let child = cmd
             .spawn()

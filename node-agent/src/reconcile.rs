@@ -327,6 +327,7 @@ impl Reconciler {
             ranks: ranks_of(t, gpus.len() as u32),
             standby: false,
             pipeline: t.pipeline_parallel,
+            expert_parallel: t.expert_parallel,
         }
     }
 

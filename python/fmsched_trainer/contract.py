@@ -182,6 +182,9 @@ class Contract:
         # Pipeline-parallel: stage i on cuda:i (the agent orders the devices
         # for the reverse-order stage switch); 0 for data-parallel jobs.
         self.pipeline_stages = int(env.get("FMSCHED_PIPELINE_STAGES", "0") or 0)
+        # Expert-parallel MoE job: GPUs per expert group (0 = none). Groups
+        # are consecutive local ranks and never cross a node.
+        self.expert_parallel = int(env.get("FMSCHED_EXPERT_PARALLEL", "0") or 0)
 
     @property
     def profile(self) -> bool:

@@ -108,7 +108,8 @@ def test_standby_reports_prewarmed_and_waits_for_the_start(tmp_path):
     assert standby(Contract(env(str(tmp_path))), sig, rec) is False and rec.sent == []
     # In standby: prewarmed first, then blocked until SIGUSR1 (here: the flag).
     c = Contract(env(str(tmp_path), FMSCHED_STANDBY="1", FMSCHED_PIPELINE_STAGES="4"))
-    assert c.standby and c.pipeline_stages == 4
+    assert c.standby and c.pipeline_stages == 4 and c.expert_parallel == 0
+    assert Contract(env(str(tmp_path), FMSCHED_EXPERT_PARALLEL="4")).expert_parallel == 4
     threading.Timer(0.3, sig.start.set).start()
     t0 = time.monotonic()
     assert standby(c, sig, rec) is True

@@ -389,6 +389,15 @@ impl Config {
                     format!("model {:?} needs a name and layers > 0", m.name),
                 ));
             }
+            if (m.experts == 0) != (m.top_k == 0) || m.top_k > m.experts {
+                return Err(invalid(
+                    "extra_models",
+                    format!(
+                        "model {:?}: an MoE model needs experts > 0 and 1 <= top_k <= experts (a dense one neither)",
+                        m.name
+                    ),
+                ));
+            }
         }
         Ok(())
     }

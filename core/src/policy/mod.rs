@@ -53,6 +53,9 @@ pub struct SchedJob {
     /// Pipeline-parallel: allocations of whole pipeline replicas
     /// ([`PIPELINE_STAGES`] GPUs on one node each).
     pub pipeline: bool,
+    /// Expert-parallel group size (0 or 1 = none): allocations of whole
+    /// groups, each on one node.
+    pub expert_parallel: u32,
     /// The GPU family it must run on (None = any; a group never spans two).
     pub gpu_model: Option<String>,
     /// GPUs the user asked for (baselines give exactly this).
@@ -261,14 +264,10 @@ impl Plan {
             if !e.placement.is_empty() && placed != e.gpus {
                 return Err(format!("entry {k}: placed {placed} GPUs of {}", e.gpus));
             }
-            let pipeline = e.jobs.iter().any(|&j| snap.jobs[j].pipeline);
-            if pipeline
-                && e.placement
-                    .iter()
-                    .any(|p| !p.1.is_multiple_of(PIPELINE_STAGES))
-            {
+            let unit = entry_replica(snap, &e.jobs);
+            if e.placement.iter().any(|p| !p.1.is_multiple_of(unit)) {
                 return Err(format!(
-                    "entry {k}: a pipeline replica of {} is split across nodes",
+                    "entry {k}: a replica of {} ({unit} GPUs) is split across nodes",
                     snap.jobs[e.jobs[0]].id
                 ));
             }
@@ -354,6 +353,61 @@ pub fn pipeline_fits(node_gpus: impl IntoIterator<Item = u32>) -> bool {
     node_gpus.into_iter().any(|g| g >= PIPELINE_STAGES)
 }
 
+/// GPUs of one replica of a job, which must sit on one node: a pipeline's
+/// [`PIPELINE_STAGES`], an expert-parallel group's `expert_parallel` GPUs
+/// (Lina: the all-to-all between experts is a third of a step's time even
+/// over NVLink, Table 4.1 — across the network it would dominate), else
+/// 1. A job's allocations are multiples of it.
+pub fn replica_gpus(pipeline: bool, expert_parallel: u32) -> u32 {
+    Replica::of(pipeline, expert_parallel).gpus()
+}
+
+impl SchedJob {
+    /// GPUs that must sit together on one node.
+    pub fn replica(&self) -> Replica {
+        Replica::of(self.pipeline, self.expert_parallel)
+    }
+}
+
+/// GPUs of one replica of a group: the largest of its jobs' (a merge's
+/// jobs have the same).
+pub fn entry_replica(snap: &Snapshot, jobs: &[usize]) -> u32 {
+    jobs.iter()
+        .map(|&j| snap.jobs[j].replica().gpus())
+        .max()
+        .unwrap_or(1)
+}
+
+/// What one replica of a job is ([`replica_gpus`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Replica {
+    Gpu,
+    /// [`PIPELINE_STAGES`] stages.
+    Pipeline,
+    /// An expert-parallel group of this many GPUs (> 1).
+    Experts(u32),
+}
+
+impl Replica {
+    pub fn of(pipeline: bool, expert_parallel: u32) -> Self {
+        if pipeline {
+            Replica::Pipeline
+        } else if expert_parallel > 1 {
+            Replica::Experts(expert_parallel)
+        } else {
+            Replica::Gpu
+        }
+    }
+
+    pub fn gpus(self) -> u32 {
+        match self {
+            Replica::Gpu => 1,
+            Replica::Pipeline => PIPELINE_STAGES,
+            Replica::Experts(n) => n,
+        }
+    }
+}
+
 /// Ymir's allocation set {0, 1, 2, 3, 4m} up to `max_gpus` (Ymir §5.1).
 pub fn ymir_allocations(max_gpus: u32) -> Vec<u32> {
     let mut v: Vec<u32> = [0, 1, 2, 3]
@@ -417,6 +471,7 @@ pub(crate) mod testkit {
             task: id.into(),
             sharing: true,
             pipeline: false,
+            expert_parallel: 0,
             gpu_model: None,
             requested_gpus: requested,
             min_gpus: 1,

@@ -11,13 +11,16 @@
 //! 3. A data-parallel group that fits no single node spreads over the
 //!    fewest nodes (roomiest first, the last by best fit). A
 //!    pipeline-parallel group is placed in replicas of [`PIPELINE_STAGES`]
-//!    GPUs, each inside one node, on as few nodes as that allows; if a
-//!    replica fits nowhere the group waits and the round reports it as
-//!    unplaced. Under [`PlacementRule::FewestNodes`] (the authors'
+//!    GPUs, an expert-parallel one in its expert groups
+//!    ([`super::replica_gpus`]), each inside one node, on as few nodes as
+//!    that allows; if a replica fits nowhere the group waits and the round
+//!    reports it as unplaced. Under [`PlacementRule::FewestNodes`] (the authors'
 //!    simulator) a data-parallel spread over more nodes than the cluster's
 //!    largest nodes would need is refused too: the group waits.
 
-use super::{PIPELINE_STAGES, PlacementRule, Plan, Snapshot};
+#[cfg(doc)]
+use super::PIPELINE_STAGES;
+use super::{PlacementRule, Plan, Snapshot};
 
 /// Places every entry of `plan`; entries that cannot be placed are dropped
 /// from the plan (their jobs stay queued) and counted in `stats.unplaced`.
@@ -35,14 +38,14 @@ pub fn place(snap: &Snapshot, mut plan: Plan) -> Plan {
             .all(|&j| snap.jobs[j].current_placement == *current);
         // A pipeline group whose replicas straddle nodes (placed before
         // this rule held) is placed afresh.
-        let pipeline = e.jobs.iter().any(|&j| snap.jobs[j].pipeline);
+        let unit = super::entry_replica(snap, &e.jobs);
         let model = entry_model(snap, &e.jobs);
         if held == e.gpus
             && one_family(snap, current, model)
             && held > 0
             && same_group
             && current.iter().all(|&(n, g)| n < free.len() && free[n] >= g)
-            && (!pipeline || current.iter().all(|p| p.1.is_multiple_of(PIPELINE_STAGES)))
+            && current.iter().all(|p| p.1.is_multiple_of(unit))
         {
             for &(n, g) in current {
                 free[n] -= g;
@@ -66,9 +69,9 @@ pub fn place(snap: &Snapshot, mut plan: Plan) -> Plan {
     families.dedup();
     for k in order {
         let e = &plan.entries[k];
-        let pipeline = e.jobs.iter().any(|&j| snap.jobs[j].pipeline);
+        let unit = super::entry_replica(snap, &e.jobs);
         let model = entry_model(snap, &e.jobs);
-        placed[k] = fit_typed(snap, &families, &mut free, e.gpus, pipeline, model);
+        placed[k] = fit_typed(snap, &families, &mut free, e.gpus, unit, model);
     }
 
     let mut unplaced = 0;
@@ -118,14 +121,14 @@ fn fit_typed(
     families: &[&str],
     free: &mut [u32],
     gpus: u32,
-    pipeline: bool,
+    unit: u32,
     model: Option<&str>,
 ) -> Option<Vec<(usize, u32)>> {
     if let [only] = families {
         // One family (the common case): no masking, no allocation.
         return match model {
             Some(m) if m != *only => None,
-            _ => fit(snap, free, gpus, pipeline),
+            _ => fit(snap, free, gpus, unit),
         };
     }
     // (nodes used, GPUs left free on them) and the placement.
@@ -136,7 +139,7 @@ fn fit_typed(
             .zip(&snap.nodes)
             .map(|(&f, n)| if n.gpu_model == fam { f } else { 0 })
             .collect();
-        if let Some(p) = fit(snap, &mut masked, gpus, pipeline) {
+        if let Some(p) = fit(snap, &mut masked, gpus, unit) {
             let key = (p.len(), p.iter().map(|&(n, _)| masked[n]).sum::<u32>());
             if best.as_ref().is_none_or(|b| key < b.0) {
                 best = Some((key, p));
@@ -150,12 +153,13 @@ fn fit_typed(
     Some(p)
 }
 
-fn fit(snap: &Snapshot, free: &mut [u32], gpus: u32, pipeline: bool) -> Option<Vec<(usize, u32)>> {
+/// Places `gpus` in replicas of `unit` GPUs, each inside one node.
+fn fit(snap: &Snapshot, free: &mut [u32], gpus: u32, unit: u32) -> Option<Vec<(usize, u32)>> {
     if gpus == 0 {
         return Some(Vec::new());
     }
-    if pipeline {
-        return fit_pipeline(free, gpus);
+    if unit > 1 {
+        return fit_replicas(free, gpus, unit);
     }
     // Best fit inside one node.
     if let Some(n) = best_fit(free, gpus) {
@@ -238,17 +242,18 @@ fn fewest_possible(snap: &Snapshot, gpus: u32) -> usize {
     k.max(1)
 }
 
-/// A pipeline-parallel group (Ymir §5.2: allocations `{4m}`, whole GPU
-/// servers): `gpus / PIPELINE_STAGES` pipeline replicas, each of
-/// [`PIPELINE_STAGES`] GPUs on one node — the stages of a replica talk
-/// every micro-batch and must not cross the network. The whole group goes
-/// on one node when one holds it (best fit); else replica by replica, each
-/// by best fit, so on 8-GPU servers a 4-stage job takes half a server and
-/// a 16-GPU job two whole ones. A node smaller than a replica is never
-/// used (the cluster-wide check that some node can hold one is
-/// [`super::pipeline_fits`]). Nothing is taken unless every replica fits.
-fn fit_pipeline(free: &mut [u32], gpus: u32) -> Option<Vec<(usize, u32)>> {
-    let unit = PIPELINE_STAGES;
+/// A group of replicas of `unit` GPUs that must each sit on one node: a
+/// pipeline-parallel group (Ymir §5.2: allocations `{4m}`, whole GPU
+/// servers) of `gpus / PIPELINE_STAGES` pipeline replicas — the stages of
+/// a replica talk every micro-batch and must not cross the network — or an
+/// expert-parallel group of `gpus / ep` expert groups (Lina: the experts'
+/// all-to-all stays on NVLink). The whole group goes on one node when one
+/// holds it (best fit); else replica by replica, each by best fit, so on
+/// 8-GPU servers a 4-stage job takes half a server and a 16-GPU job two
+/// whole ones. A node smaller than a replica is never used (the
+/// cluster-wide check that some node can hold one is in
+/// `round::never_fits`). Nothing is taken unless every replica fits.
+fn fit_replicas(free: &mut [u32], gpus: u32, unit: u32) -> Option<Vec<(usize, u32)>> {
     if !gpus.is_multiple_of(unit) {
         return None;
     }
@@ -446,6 +451,39 @@ mod tests {
         let mut snap = sized(&[8], 1);
         snap.jobs[0].pipeline = true;
         assert_eq!(place_sizes(&snap, &[6]).stats.unplaced, 1);
+    }
+
+    /// Lina: an expert-parallel group's all-to-all stays on one node. Free
+    /// GPUs of 2 + 2 hold a data-parallel 4 (split) but not one expert
+    /// group of 4; they do hold two groups of 2, one per node; 6 over
+    /// 4 + 4 free takes whole groups of 2 on each, never 3 + 3.
+    #[test]
+    fn an_expert_group_is_never_split_across_nodes() {
+        let mut snap = sized(&[4, 4], 3);
+        for (j, n) in [(0, 0), (1, 1)] {
+            snap.jobs[j].current_placement = vec![(n, 2)];
+            snap.jobs[j].current_gpus = 2;
+        }
+        let dp = place_sizes(&snap, &[2, 2, 4]);
+        assert_eq!(dp.stats.unplaced, 0, "a data-parallel 4 spreads: {dp:?}");
+        snap.jobs[2].expert_parallel = 4;
+        let p = place_sizes(&snap, &[2, 2, 4]);
+        assert_eq!(p.stats.unplaced, 1);
+        assert!(p.entries.iter().all(|e| e.jobs != vec![2]));
+        snap.jobs[2].expert_parallel = 2;
+        let p = place_sizes(&snap, &[2, 2, 4]);
+        assert_eq!(p.stats.unplaced, 0);
+        let e = p.entries.iter().find(|e| e.jobs == vec![2]).unwrap();
+        assert_eq!(e.placement, vec![(0, 2), (1, 2)]);
+        let mut snap = sized(&[4, 4], 1);
+        snap.jobs[0].expert_parallel = 2;
+        let p = place_sizes(&snap, &[6]);
+        assert!(p.entries[0].placement.iter().all(|x| x.1 % 2 == 0), "{p:?}");
+        // The consistency check refuses a plan that splits a group.
+        let mut bad = p.clone();
+        bad.entries[0].placement = vec![(0, 3), (1, 3)];
+        let err = bad.consistency_check(&snap).unwrap_err();
+        assert!(err.contains("split across nodes"), "{err}");
     }
 
     /// Fewest nodes, then best fit for the last one: 6 GPUs over free

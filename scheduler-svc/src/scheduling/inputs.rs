@@ -181,6 +181,7 @@ pub fn build_view(s: &ViewSources<'_>) -> Translated {
                 task: j.spec.dataset.task.clone(),
                 sharing: j.spec.sharing,
                 pipeline: r.pipeline_parallel,
+                expert_parallel: r.expert_parallel,
                 gpu_model: r.gpu_model.as_deref().map(analytic::gpu_family),
                 min_gpus: r.min_gpus,
                 max_gpus: r.max_gpus,

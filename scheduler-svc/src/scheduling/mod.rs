@@ -585,7 +585,10 @@ pub fn never_fits_on(
         .as_deref()
         .map(fmsched_estimator::analytic::gpu_family);
     round::never_fits(
-        spec.resources.pipeline_parallel,
+        fmsched_core::policy::Replica::of(
+            spec.resources.pipeline_parallel,
+            spec.resources.expert_parallel,
+        ),
         spec.resources.min_gpus,
         asked.as_deref(),
         &shapes,

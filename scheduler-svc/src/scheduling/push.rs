@@ -105,6 +105,7 @@ fn desired_sets(state: &AppState, v: &PlanView<'_>) -> BTreeMap<NodeId, Vec<pb::
             node_rank: node_rank as u32,
             tasks: vec![trainer_task(job)],
             pipeline_parallel: job.spec.resources.pipeline_parallel,
+            expert_parallel: job.spec.resources.expert_parallel,
         };
         if a.profile {
             // A profiling run is a process of its own ("<job>-profile").
