@@ -208,14 +208,6 @@ fn is_zero(n: &u32) -> bool {
     *n == 0
 }
 
-impl Resources {
-    /// GPUs of one replica, which must sit on one node: a pipeline's
-    /// stages, an expert-parallel group, or 1.
-    pub fn replica_gpus(&self) -> u32 {
-        crate::policy::replica_gpus(self.pipeline_parallel, self.expert_parallel)
-    }
-}
-
 /// Inclusive range of frozen layers (ICEFROG).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -40,10 +40,6 @@ use crate::policy::{
 /// A GPU: (node ordinal in the [`ClusterView`], index on that node).
 pub type Gpu = (usize, u32);
 
-/// GPUs a pipeline-parallel job profiles on (Ymir §5.2: "four GPUs for
-/// pipeline-parallel workloads"): one pipeline replica, on one node.
-pub const PIPELINE_PROFILE_GPUS: u32 = crate::policy::PIPELINE_STAGES;
-
 /// Seconds a (re)start costs when the profile names no context-switch time.
 pub const DEFAULT_CONTEXT_SWITCH_S: f64 = 30.0;
 
@@ -584,9 +580,10 @@ fn never_fits_sizes(
 }
 
 /// Profiling reservations: kept ones (job still profiling, every GPU on a
-/// usable node) and new ones for submitted jobs, oldest first — 1 GPU, or
-/// [`PIPELINE_PROFILE_GPUS`] on one node for a pipeline-parallel job, on
-/// the GPU model it asks for. Free GPUs first; GPUs held by training only
+/// usable node) and new ones for submitted jobs, oldest first — one
+/// replica on one node ([`JobView::replica`]: 1 GPU, a pipeline's 4 stages
+/// as Ymir §5.2 profiles them, or an expert group), on the GPU model it
+/// asks for. Free GPUs first; GPUs held by training only
 /// while profiling holds at most an eighth of the cluster. The first job
 /// that finds no GPUs stops the walk (later ones do not overtake it); a
 /// job the cluster can never hold is passed over.

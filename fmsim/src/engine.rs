@@ -331,7 +331,8 @@ struct Job {
     /// The merge it took part in, for the report (never cleared).
     ever_merged: Option<(MergeMode, usize)>,
     ideal_s: f64,
-    /// GPU families it ran on (indices into `Simulation::families`).
+    /// GPU families it ran on, each once (indices into
+    /// `Simulation::families`).
     ran_on: Vec<usize>,
 }
 
@@ -961,9 +962,9 @@ impl<'a> Simulation<'a> {
                         (mode, self.jobs[other].w.name.clone())
                     }),
                     gpu_types: {
+                        // Distinct already; families are sorted by name.
                         let mut f = j.ran_on.clone();
                         f.sort_unstable();
-                        f.dedup();
                         f.iter().map(|&k| self.families[k].clone()).collect()
                     },
                 }
@@ -1366,7 +1367,10 @@ impl<'a> Simulation<'a> {
                 }
             }
             for &v in &jobs {
-                self.jobs[members[v]].ran_on.extend(fams.first());
+                let ran_on = &mut self.jobs[members[v]].ran_on;
+                if let Some(f) = fams.first().filter(|f| !ran_on.contains(f)) {
+                    ran_on.push(*f);
+                }
             }
         }
         for r in outcome.profiling.iter().filter(|r| r.new) {

@@ -1765,6 +1765,19 @@ async fn parts_of(url: &str, job: &str) -> Vec<(String, i32, usize, Option<i32>)
         .collect()
 }
 
+/// [`parts_of`] once `job` runs on two nodes (within 90 s).
+async fn running_on_two_nodes(url: &str, job: &str) -> Vec<(String, i32, usize, Option<i32>)> {
+    eventually(
+        &format!("{job} running on two nodes"),
+        Duration::from_secs(90),
+        || async move {
+            let p = parts_of(url, job).await;
+            (p.len() == 2).then_some(p)
+        },
+    )
+    .await
+}
+
 /// Pids of processes whose environment contains every one of `needles`.
 fn pids_with_env(needles: &[&str]) -> Vec<i32> {
     let mut out = Vec::new();
@@ -1826,18 +1839,7 @@ async fn e2e_gang_an_8_gpu_job_over_two_4_gpu_nodes_runs_as_one_gang() {
     .expect("submit");
     let (wide, _) = job_named(port, "wide").unwrap();
     let url = db_url(&db);
-    let parts = eventually(
-        "wide running on both nodes",
-        Duration::from_secs(90),
-        || {
-            let (url, wide) = (url.clone(), wide.clone());
-            async move {
-                let p = parts_of(&url, &wide).await;
-                (p.len() == 2).then_some(p)
-            }
-        },
-    )
-    .await;
+    let parts = running_on_two_nodes(&url, &wide).await;
     let rdv = parts[0].3.expect("a gang has a rendezvous port");
     assert_eq!(
         parts,
@@ -2044,14 +2046,7 @@ async fn e2e_gang_an_expert_parallel_job_is_never_split_across_nodes() {
     .expect("submit");
     let (id, _) = job_named(port, "moe").unwrap();
     let url = db_url(&db);
-    let parts = eventually("moe running on two nodes", Duration::from_secs(90), || {
-        let (url, id) = (url.clone(), id.clone());
-        async move {
-            let p = parts_of(&url, &id).await;
-            (p.len() == 2).then_some(p)
-        }
-    })
-    .await;
+    let parts = running_on_two_nodes(&url, &id).await;
     assert!(
         parts.iter().all(|p| p.2 == 4),
         "a whole group per node: {parts:?}"

@@ -353,15 +353,6 @@ pub fn pipeline_fits(node_gpus: impl IntoIterator<Item = u32>) -> bool {
     node_gpus.into_iter().any(|g| g >= PIPELINE_STAGES)
 }
 
-/// GPUs of one replica of a job, which must sit on one node: a pipeline's
-/// [`PIPELINE_STAGES`], an expert-parallel group's `expert_parallel` GPUs
-/// (Lina: the all-to-all between experts is a third of a step's time even
-/// over NVLink, Table 4.1 — across the network it would dominate), else
-/// 1. A job's allocations are multiples of it.
-pub fn replica_gpus(pipeline: bool, expert_parallel: u32) -> u32 {
-    Replica::of(pipeline, expert_parallel).gpus()
-}
-
 impl SchedJob {
     /// GPUs that must sit together on one node.
     pub fn replica(&self) -> Replica {
@@ -378,7 +369,11 @@ pub fn entry_replica(snap: &Snapshot, jobs: &[usize]) -> u32 {
         .unwrap_or(1)
 }
 
-/// What one replica of a job is ([`replica_gpus`]).
+/// One replica of a job: GPUs that must sit on one node — a pipeline's
+/// [`PIPELINE_STAGES`], an expert-parallel group's `expert_parallel` GPUs
+/// (Lina: the all-to-all between experts is a third of a step's time even
+/// over NVLink, Table 4.1 — across the network it would dominate), else
+/// one GPU. A job's allocations are multiples of [`Replica::gpus`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Replica {
     Gpu,

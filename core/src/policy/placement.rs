@@ -12,7 +12,7 @@
 //!    fewest nodes (roomiest first, the last by best fit). A
 //!    pipeline-parallel group is placed in replicas of [`PIPELINE_STAGES`]
 //!    GPUs, an expert-parallel one in its expert groups
-//!    ([`super::replica_gpus`]), each inside one node, on as few nodes as
+//!    ([`super::Replica`]), each inside one node, on as few nodes as
 //!    that allows; if a replica fits nowhere the group waits and the round
 //!    reports it as unplaced. Under [`PlacementRule::FewestNodes`] (the authors'
 //!    simulator) a data-parallel spread over more nodes than the cluster's
