@@ -127,6 +127,19 @@ pub enum Optimizer {
     Lamb,
 }
 
+impl Optimizer {
+    /// The name in specs and in the trainer's `FMSCHED_TASKS`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Optimizer::Adamw => "adamw",
+            Optimizer::Adam => "adam",
+            Optimizer::Sgd => "sgd",
+            Optimizer::Adafactor => "adafactor",
+            Optimizer::Lamb => "lamb",
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum PetlMethod {
@@ -137,6 +150,20 @@ pub enum PetlMethod {
     Adapter,
     PrefixTuning,
     PromptTuning,
+}
+
+impl PetlMethod {
+    /// The name in specs and in the trainer's `FMSCHED_TASKS`; "" for full
+    /// fine-tuning (the throughput table's `petl` key).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PetlMethod::None => "",
+            PetlMethod::Lora => "lora",
+            PetlMethod::Adapter => "adapter",
+            PetlMethod::PrefixTuning => "prefix_tuning",
+            PetlMethod::PromptTuning => "prompt_tuning",
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -175,6 +202,32 @@ pub struct MetricTarget {
     pub lower_is_better: bool,
 }
 
+impl MetricTarget {
+    /// Does an evaluation `value` reach the target (`≤` when lower is
+    /// better, e.g. a loss or perplexity; `≥` otherwise)?
+    pub fn reached(&self, value: f64) -> bool {
+        metric_reached(value, self.value, self.lower_is_better)
+    }
+}
+
+/// `value` reaches `target` in the metric's sense.
+pub fn metric_reached(value: f64, target: f64, lower_is_better: bool) -> bool {
+    if lower_is_better {
+        value <= target
+    } else {
+        value >= target
+    }
+}
+
+/// `later` is better than `earlier` in the metric's sense (strictly).
+pub fn metric_improved(earlier: f64, later: f64, lower_is_better: bool) -> bool {
+    if lower_is_better {
+        later < earlier
+    } else {
+        later > earlier
+    }
+}
+
 /// Completion criteria: the first one met completes the job.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -208,12 +261,45 @@ fn is_zero(n: &u32) -> bool {
     *n == 0
 }
 
-/// Inclusive range of frozen layers (ICEFROG).
+/// Inclusive range of frozen layers (ICEFROG §III): the transformer layers
+/// `first..=last` (counted from the input, 0-based) get no weight updates.
+/// Layers freeze from the input side, so `first` is 0: the backward pass
+/// then stops at layer `last + 1` — a range that starts later saves no
+/// backward work below it and is refused at submit.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct FrozenLayers {
     pub first: u32,
     pub last: u32,
+}
+
+impl FrozenLayers {
+    /// ℓ of ICEFROG: how many layers (from the input) are frozen.
+    pub fn count(&self) -> u32 {
+        self.last.saturating_sub(self.first) + 1
+    }
+}
+
+impl JobSpec {
+    /// ℓ: the frozen layers (0 = none).
+    pub fn frozen_count(&self) -> u32 {
+        self.frozen_layers.map_or(0, |f| f.count())
+    }
+
+    /// The process-wide training settings two jobs must share to merge
+    /// (one process trains both tasks of a spatial merge; a temporal merge
+    /// hands A's weights — full or adapter — to B): precision, activation
+    /// checkpointing, PETL method and frozen layers.
+    pub fn merge_setup(&self) -> String {
+        let h = &self.hyperparameters;
+        format!(
+            "amp={} ckpt={} petl={} frozen={}",
+            h.amp,
+            h.gradient_checkpointing,
+            h.petl.as_str(),
+            self.frozen_count()
+        )
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

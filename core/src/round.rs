@@ -123,6 +123,10 @@ pub struct JobView {
     pub held_back: bool,
     /// Took part in a merge before: a job merges once.
     pub ever_merged: bool,
+    /// Its process-wide training settings (precision, checkpointing, PETL,
+    /// frozen layers; [`crate::job::JobSpec::merge_setup`]): only jobs
+    /// that train alike merge.
+    pub merge_setup: String,
 }
 
 impl JobView {
@@ -674,8 +678,10 @@ fn reserve_profiling(view: &ClusterView, present: &[usize], total_gpus: u32) -> 
 /// Pairs that may merge (Ymir §5, the filter before any estimate): both in
 /// the snapshot, one model, different tasks, both allow sharing, both
 /// data-parallel or both pipeline (of one expert-parallel degree), no two
-/// different GPU models asked for,
-/// neither merged before, neither started.
+/// different GPU models asked for, the same training setup (precision,
+/// checkpointing, PETL, frozen layers: one process trains a spatial pair,
+/// and A's weights start B of a temporal one), neither merged before,
+/// neither started.
 /// Per model, for every ordered pair: `A ↦ B`, and `A ‖ B` once.
 fn eligible_pairs(view: &ClusterView, snapshot_jobs: &[usize]) -> Vec<PairKey> {
     let mut by_model: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
@@ -693,6 +699,7 @@ fn eligible_pairs(view: &ClusterView, snapshot_jobs: &[usize]) -> Vec<PairKey> {
                 if a == b
                     || ja.task == jb.task
                     || ja.replica() != jb.replica()
+                    || ja.merge_setup != jb.merge_setup
                     || !crate::policy::same_gpus(ja.gpu_model.as_deref(), jb.gpu_model.as_deref())
                 {
                     continue;
@@ -1349,6 +1356,7 @@ pub mod testkit {
             profiling_run: false,
             held_back: false,
             ever_merged: false,
+            merge_setup: String::new(),
         }
     }
 
@@ -1876,7 +1884,7 @@ mod tests {
     }
 
     /// Eligible pairs: one model, different tasks, sharing, not started,
-    /// never merged; temporal both ways, spatial once.
+    /// never merged, one training setup; temporal both ways, spatial once.
     #[test]
     fn merge_candidates_are_filtered_before_anything_is_estimated() {
         let mut jobs = vec![
@@ -1885,9 +1893,11 @@ mod tests {
             job("c", "rte", JobState::Queued, 1), // same task as a
             job("d", "qqp", JobState::Queued, 1),
             job("e", "sst2", JobState::Queued, 1),
+            job("f", "cola", JobState::Queued, 1), // trains differently
         ];
         jobs[3].sharing = false;
         jobs[4].progress = 0.1;
+        jobs[5].merge_setup = "amp=true ckpt=false petl=lora frozen=0".into();
         let v = view(vec![node("n", 4)], jobs);
         let cfg = RoundConfig {
             profiling: false,

@@ -111,6 +111,92 @@ pub struct TaskAssignment {
     /// A's weights help B before B starts (Ymir §4.3).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub eval_only: bool,
+    /// How to train it (the spec's hyper-parameters, objective and frozen
+    /// layers), in the same JSON object.
+    #[serde(flatten)]
+    pub settings: TrainingSettings,
+}
+
+impl TaskAssignment {
+    /// Does an evaluation `value` reach this task's metric target?
+    pub fn metric_reached(&self, value: f64) -> bool {
+        self.metric_target.is_some_and(|t| {
+            crate::job::metric_reached(value, t, self.settings.metric_lower_is_better)
+        })
+    }
+}
+
+/// How a task trains: everything in the job spec that the trainer, not the
+/// scheduler, acts on — plus the settings the scheduler also estimates
+/// with (precision, checkpointing, PETL, frozen layers: the throughput
+/// variant). Missing keys (an older scheduler) read as defaults.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct TrainingSettings {
+    /// `hyperparameters.learning_rate` (0 = not given: the trainer's own).
+    pub learning_rate: f64,
+    /// `hyperparameters.optimizer`: adamw, adam, sgd, adafactor, lamb ("" =
+    /// the trainer's own).
+    pub optimizer: String,
+    pub weight_decay: f64,
+    /// Mixed precision (fp16/bf16 autocast).
+    pub amp: bool,
+    /// Activation (gradient) checkpointing.
+    pub gradient_checkpointing: bool,
+    /// "" = full fine-tuning; else lora, adapter, prefix_tuning, prompt_tuning.
+    pub petl: String,
+    /// ICEFROG ℓ: freeze the first this-many transformer layers (from the
+    /// input); 0 = none.
+    pub frozen_layers: u32,
+    /// `dataset.objective` (e.g. sequence-classification, causal-lm).
+    pub objective: String,
+    /// The metric target is reached from above (a loss, a perplexity).
+    pub metric_lower_is_better: bool,
+}
+
+/// `amp=… gradient_checkpointing=… petl=… frozen_layers=… optimizer=…
+/// learning_rate=… weight_decay=… objective=… metric_lower_is_better=…`
+/// (empty names as `none` / `default`), for logs.
+impl std::fmt::Display for TrainingSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let or = |s: &'_ str, d: &'static str| if s.is_empty() { d } else { s }.to_string();
+        write!(
+            f,
+            "amp={} gradient_checkpointing={} petl={} frozen_layers={} optimizer={} \
+             learning_rate={} weight_decay={} objective={} metric_lower_is_better={}",
+            self.amp,
+            self.gradient_checkpointing,
+            or(&self.petl, "none"),
+            self.frozen_layers,
+            or(&self.optimizer, "default"),
+            self.learning_rate,
+            self.weight_decay,
+            or(&self.objective, "default"),
+            self.metric_lower_is_better,
+        )
+    }
+}
+
+impl TrainingSettings {
+    /// The settings a job spec asks for.
+    pub fn of(spec: &crate::job::JobSpec) -> Self {
+        let h = &spec.hyperparameters;
+        TrainingSettings {
+            learning_rate: h.learning_rate,
+            optimizer: h.optimizer.as_str().into(),
+            weight_decay: h.weight_decay,
+            amp: h.amp,
+            gradient_checkpointing: h.gradient_checkpointing,
+            petl: h.petl.as_str().into(),
+            frozen_layers: spec.frozen_count(),
+            objective: spec.dataset.objective.clone(),
+            metric_lower_is_better: spec
+                .target
+                .metric
+                .as_ref()
+                .is_some_and(|m| m.lower_is_better),
+        }
+    }
 }
 
 fn is_zero(n: &u32) -> bool {
@@ -169,6 +255,52 @@ impl Report {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A spec's settings reach the task JSON flat, under the contract's
+    /// names; a task of an older scheduler (no settings) reads as defaults.
+    #[test]
+    fn training_settings_come_from_the_spec_and_read_flat() {
+        use crate::job::{FrozenLayers, PetlMethod};
+        let mut spec = crate::validate::tests::spec();
+        spec.hyperparameters.petl = PetlMethod::PrefixTuning;
+        spec.hyperparameters.gradient_checkpointing = true;
+        spec.frozen_layers = Some(FrozenLayers { first: 0, last: 3 });
+        spec.target.metric.as_mut().unwrap().lower_is_better = true;
+        let s = TrainingSettings::of(&spec);
+        assert_eq!(
+            s.to_string(),
+            "amp=true gradient_checkpointing=true petl=prefix_tuning frozen_layers=4 \
+             optimizer=adamw learning_rate=0.00002 weight_decay=0.01 \
+             objective=sequence-classification metric_lower_is_better=true"
+        );
+        let t = TaskAssignment {
+            job_id: "j".into(),
+            model: spec.model.clone(),
+            task: "qqp".into(),
+            dataset_uri: "s3://d".into(),
+            global_batch_size: 64,
+            max_iterations: 0,
+            metric: Some("loss".into()),
+            metric_target: Some(0.5),
+            samples_per_epoch: None,
+            max_epochs: 0,
+            eval_only: false,
+            settings: s,
+        };
+        let json = serde_json::to_value(&t).unwrap();
+        assert_eq!(json["frozen_layers"], 4);
+        assert_eq!(json["petl"], "prefix_tuning");
+        assert_eq!(serde_json::from_value::<TaskAssignment>(json).unwrap(), t);
+        assert!(
+            t.metric_reached(0.4) && !t.metric_reached(0.6),
+            "a loss is reached from above"
+        );
+        let old: TaskAssignment = serde_json::from_str(
+            r#"{"job_id":"j","model":"m","task":"t","dataset_uri":"d","global_batch_size":8}"#,
+        )
+        .unwrap();
+        assert_eq!(old.settings, TrainingSettings::default());
+    }
 
     #[test]
     fn reports_round_trip_as_json_lines() {

@@ -262,6 +262,18 @@ impl JobSpec {
 
         // Frozen layers (ICEFROG).
         if let Some(f) = self.frozen_layers {
+            if f.first != 0 {
+                return err(
+                    "frozen_layers.first",
+                    format!(
+                        "must be 0: layers freeze from the input side (ICEFROG §III), so the \
+                         backward pass stops below the first trained layer; a range starting \
+                         at layer {} would still run the backward pass through it and save \
+                         nothing the scheduler or the trainer can act on",
+                        f.first
+                    ),
+                );
+            }
             if f.first > f.last {
                 return err(
                     "frozen_layers.first",
@@ -491,6 +503,15 @@ pub(crate) mod tests {
         assert_eq!(field_of(&s), "spec.frozen_layers.last");
         s.frozen_layers = Some(FrozenLayers { first: 3, last: 2 });
         assert_eq!(field_of(&s), "spec.frozen_layers.first");
+        // A range that does not start at the input saves no backward pass:
+        // nothing could act on it.
+        s.frozen_layers = Some(FrozenLayers { first: 2, last: 5 });
+        let e = check(&s).unwrap_err();
+        assert_eq!(e.field, "spec.frozen_layers.first");
+        assert!(e.message.contains("must be 0"), "{e}");
+        s.frozen_layers = Some(FrozenLayers { first: 0, last: 5 });
+        check(&s).unwrap();
+        assert_eq!(s.frozen_count(), 6);
 
         let mut s = spec();
         s.launch.command.clear();

@@ -608,6 +608,35 @@ mod tests {
                 .unwrap()
                 .feasible
         );
+        // A spec's variant acts on memory too (it is derived, not
+        // profiled): freezing 28 of 32 layers leaves 4 layers' optimizer
+        // state, and full fine-tuning of the rest fits one GPU.
+        let spec_variant = |frozen: u32, amp: bool| {
+            let spec: fmsched_core::job::JobSpec = serde_json::from_value(serde_json::json!({
+                "model": "llama-2-7b",
+                "dataset": { "uri": "file:///d", "task": "sft" },
+                "hyperparameters": { "global_batch_size": 8, "learning_rate": 2e-5, "amp": amp },
+                "target": { "max_iterations": 100 },
+                "resources": { "min_gpus": 1, "max_gpus": 1 },
+                "frozen_layers": { "first": 0, "last": frozen - 1 },
+                "launch": { "command": ["train"] }
+            }))
+            .unwrap();
+            Variant::of_spec(&spec)
+        };
+        let frozen = lut
+            .iteration_time("llama-2-7b", "A100", 1, 4, 8, &spec_variant(28, true), 32)
+            .unwrap();
+        assert!(frozen.feasible, "{frozen:?}");
+        assert!(frozen.seconds < full.seconds, "{frozen:?} vs {full:?}");
+        // fp32 (amp: false) about doubles a step.
+        let fp32 = lut
+            .iteration_time("llama-2-7b", "A100", 1, 4, 8, &spec_variant(28, false), 32)
+            .unwrap();
+        assert!(
+            fp32.seconds > 1.8 * frozen.seconds,
+            "{fp32:?} vs {frozen:?}"
+        );
     }
 
     #[test]

@@ -109,18 +109,19 @@ pub const PETL_SYNC: f64 = 0.02;
 /// forward and two parts backward: (compute / plain forward, sync / plain sync).
 fn variant_factors(v: &Variant, layers: u32) -> (f64, f64) {
     let layers = layers.max(1);
+    // θ_ℓ = ω_ℓ: the share of layers still trained (uniform layers).
     let trained = f64::from(layers.saturating_sub(v.frozen_layers)) / f64::from(layers);
-    let (bwd, sync) = if !v.petl.is_empty() {
-        (PETL_BACKWARD, PETL_SYNC)
-    } else if v.frozen_layers > 0 {
-        // Eq. 6 and Eq. 7 with α = 0, β = 1.
-        (
-            backward_time_frozen(0.0, 1.0, GAMMA_FLOP, trained, 1.0),
-            sync_time_frozen(0.0, 1.0, trained, 1.0),
-        )
-    } else {
-        (1.0, 1.0)
-    };
+    // Eq. 6 and Eq. 7 with α = 0, β = 1: the backward pass stops at the
+    // first trained layer and only trained layers synchronise (1 when
+    // nothing is frozen).
+    let mut bwd = backward_time_frozen(0.0, 1.0, GAMMA_FLOP, trained, 1.0);
+    let mut sync = sync_time_frozen(0.0, 1.0, trained, 1.0);
+    // PETL on the layers still trained: activation gradients only, and
+    // only the adapters synchronise.
+    if !v.petl.is_empty() {
+        bwd *= PETL_BACKWARD;
+        sync *= PETL_SYNC;
+    }
     let mut compute = 1.0 + 2.0 * bwd;
     if v.gradient_checkpointing {
         compute += 1.0;
@@ -148,6 +149,60 @@ pub fn adjust_variant(
     let compute = fwd_plain * ct;
     let sync = sync_plain * st;
     (compute + sync, sync)
+}
+
+/// Bytes per parameter of mixed-precision (or fp32) Adam training: fp16
+/// weight and gradient, fp32 master weight and two moments (ZeRO,
+/// Rajbhandari et al. 2020, §3.1); a frozen parameter keeps only its 2-byte
+/// weight.
+pub const TRAINED_STATE_BYTES: f64 = 16.0;
+pub const FROZEN_STATE_BYTES: f64 = 2.0;
+/// Activation checkpointing keeps each layer's input, 2 bytes of the
+/// `34 + 5·a·s/h` bytes per `s·h` a layer stores (Korthikanti et al. 2022,
+/// Eq. 1; ≈ 1/17 for the models here), plus one layer's full activations
+/// while it is recomputed.
+pub const CKPT_KEPT: f64 = 2.0 / 34.0;
+
+/// Per-variant memory multipliers relative to the plain variant: (state
+/// per parameter, activations per sample).
+fn memory_factors(v: &Variant, layers: u32) -> (f64, f64) {
+    let layers = f64::from(layers.max(1));
+    let trained = ((layers - f64::from(v.frozen_layers)) / layers).clamp(0.0, 1.0);
+    // Trained parameters: of a PETL job only its adapters (PETL_SYNC of
+    // the model), each at full state; everything else at its weight alone.
+    let trained_params = if v.petl.is_empty() {
+        trained
+    } else {
+        trained * PETL_SYNC
+    };
+    let state = (FROZEN_STATE_BYTES + (TRAINED_STATE_BYTES - FROZEN_STATE_BYTES) * trained_params)
+        / TRAINED_STATE_BYTES;
+    // The backward pass needs the activations of the layers it crosses
+    // (at least one layer's, transiently).
+    let mut act = trained.max(1.0 / layers);
+    if v.gradient_checkpointing {
+        act = act * CKPT_KEPT + 1.0 / layers;
+    }
+    if !v.amp {
+        act *= 2.0; // fp32 activations
+    }
+    (state, act)
+}
+
+/// GPU memory (GiB) of variant `to` at local batch `bsz`, from a table of
+/// variant `from` read as `fixed + bsz · per_sample` (its state and its
+/// activations).
+pub fn adjust_memory(
+    fixed_gib: f64,
+    per_sample_gib: f64,
+    from: &Variant,
+    to: &Variant,
+    layers: u32,
+    bsz: u32,
+) -> f64 {
+    let (sf, af) = memory_factors(from, layers);
+    let (st, at) = memory_factors(to, layers);
+    fixed_gib * st / sf + f64::from(bsz) * per_sample_gib * at / af
 }
 
 #[cfg(test)]
@@ -184,6 +239,38 @@ mod tests {
             0.0,
             "utilisation rule"
         );
+    }
+
+    /// Checkpointing and freezing shrink activations, PETL the optimizer
+    /// state, fp32 doubles activations; the identity is exact.
+    #[test]
+    fn variant_memory_moves_the_right_way() {
+        let base = Variant::base();
+        let at = |v: &Variant, b| adjust_memory(10.0, 1.0, &base, v, 24, b);
+        assert!((at(&base, 8) - 18.0).abs() < 1e-12);
+        let ckpt = Variant {
+            gradient_checkpointing: true,
+            ..base.clone()
+        };
+        assert!(
+            at(&ckpt, 64) < at(&base, 8),
+            "64 checkpointed samples fit where 8 did"
+        );
+        let lora = Variant {
+            petl: "lora".into(),
+            ..base.clone()
+        };
+        assert!(at(&lora, 8) < 8.0 + 10.0 * 0.2, "{}", at(&lora, 8));
+        let frozen = Variant {
+            frozen_layers: 12,
+            ..base.clone()
+        };
+        assert!((at(&frozen, 8) - (10.0 * (2.0 + 14.0 * 0.5) / 16.0 + 4.0)).abs() < 1e-12);
+        let fp32 = Variant {
+            amp: false,
+            ..base.clone()
+        };
+        assert!((at(&fp32, 8) - 26.0).abs() < 1e-12);
     }
 
     #[test]

@@ -48,6 +48,27 @@ impl Variant {
             ..Default::default()
         }
     }
+
+    /// The variant a task trains in: its precision, activation
+    /// checkpointing, PETL method and frozen layers, in a pipeline or not.
+    pub fn of_settings(s: &fmsched_core::trainer::TrainingSettings, pipeline: bool) -> Self {
+        Variant {
+            amp: s.amp,
+            frozen_layers: s.frozen_layers,
+            gradient_checkpointing: s.gradient_checkpointing,
+            petl: s.petl.clone(),
+            pipeline,
+        }
+    }
+
+    /// The variant a job spec asks for (the scheduler estimates with it;
+    /// the trainer gets the same settings).
+    pub fn of_spec(spec: &fmsched_core::job::JobSpec) -> Self {
+        Self::of_settings(
+            &fmsched_core::trainer::TrainingSettings::of(spec),
+            spec.resources.pipeline_parallel,
+        )
+    }
 }
 
 /// Full key of one measurement.
@@ -328,6 +349,27 @@ impl Measured {
 /// Weight of the table value against measurements.
 const PRIOR_WEIGHT: f64 = 3.0;
 
+/// GPU memory (GiB) of variant `to` at a local batch, from `profile`'s
+/// memory table — its own, or (`from`) a profiled variant's adjusted by
+/// ICEFROG's memory factors.
+fn variant_memory(
+    profile: &Profile,
+    from: Option<&Variant>,
+    to: &Variant,
+    layers: u32,
+    bsz: u32,
+) -> Option<f64> {
+    let Some(from) = from else {
+        return profile.memory_gib(bsz);
+    };
+    let (m1, m2) = (profile.memory_gib(1)?, profile.memory_gib(2)?);
+    let per_sample = (m2 - m1).max(0.0);
+    let fixed = (m1 - per_sample).max(0.0);
+    Some(crate::icefrog::adjust_memory(
+        fixed, per_sample, from, to, layers, bsz,
+    ))
+}
+
 /// GPU memory of known GPU types (GiB), from NVIDIA's data sheets.
 pub fn gpu_memory_gib(gpu_type: &str) -> Option<f64> {
     let t = gpu_type.to_ascii_uppercase();
@@ -400,7 +442,7 @@ impl Lut {
         model: &str,
         gpu: &str,
         v: &Variant,
-    ) -> Result<(&Profile, bool), LutError> {
+    ) -> Result<(&Profile, Option<&Variant>), LutError> {
         let tables = self
             .profiles
             .get(&(model.to_string(), gpu.to_string()))
@@ -409,7 +451,7 @@ impl Lut {
                 gpu_type: gpu.into(),
             })?;
         if let Some(p) = tables.get(v) {
-            return Ok((p, true));
+            return Ok((p, None));
         }
         // Pipeline tables are never derived from data-parallel ones.
         let fallback = tables
@@ -423,13 +465,11 @@ impl Lut {
                     !k.amp,
                 )
             })
-            .map(|(_, p)| p);
-        fallback
-            .map(|p| (p, false))
-            .ok_or_else(|| LutError::NoProfile {
-                model: model.into(),
-                gpu_type: format!("{gpu} (pipeline={})", v.pipeline),
-            })
+            .map(|(k, p)| (p, Some(k)));
+        fallback.ok_or_else(|| LutError::NoProfile {
+            model: model.into(),
+            gpu_type: format!("{gpu} (pipeline={})", v.pipeline),
+        })
     }
 
     /// Step and sync time of one exact configuration.
@@ -438,17 +478,15 @@ impl Lut {
             return Err(LutError::Zero { field: "local_bsz" });
         }
         let placement = canonical_placement(&key.placement)?;
-        let (profile, exact_variant) =
-            self.base_profile(&key.model, &key.gpu_type, &key.variant)?;
+        let (profile, derived_from) = self.base_profile(&key.model, &key.gpu_type, &key.variant)?;
         let (mut step, mut sync, mut interpolated) = profile
             .step(&placement, key.local_bsz)
             .ok_or_else(|| LutError::NoProfile {
                 model: key.model.clone(),
                 gpu_type: key.gpu_type.clone(),
             })?;
-        if !exact_variant {
-            let (s, y) =
-                crate::icefrog::adjust_variant(step, sync, &Variant::base(), &key.variant, layers);
+        if let Some(from) = derived_from {
+            let (s, y) = crate::icefrog::adjust_variant(step, sync, from, &key.variant, layers);
             step = s;
             sync = y;
             interpolated = true;
@@ -467,7 +505,7 @@ impl Lut {
             interpolated = false;
         }
         let feasible = match (
-            profile.memory_gib(key.local_bsz),
+            variant_memory(profile, derived_from, &key.variant, layers, key.local_bsz),
             self.memory_limit(&key.gpu_type),
         ) {
             (Some(need), Some(cap)) => need <= cap,
@@ -526,10 +564,18 @@ impl Lut {
         }
         let placement = canonical_placement(placement)?;
         let gpus: u32 = placement.bytes().map(|b| u32::from(b - b'0')).sum();
-        let (profile, _) = self.base_profile(model, gpu_type, variant)?;
+        let (profile, derived_from) = self.base_profile(model, gpu_type, variant)?;
         let mut max_local = profile.max_local_bsz(&placement).max(1);
         if let (Some(cap), false) = (self.memory_limit(gpu_type), profile.memory.is_empty()) {
-            while max_local > 1 && profile.memory_gib(max_local).is_some_and(|m| m > cap) {
+            let need = |b| variant_memory(profile, derived_from, variant, layers, b);
+            // A variant that needs less memory per sample (checkpointing,
+            // frozen layers) may run local batches past the profiled ones.
+            if derived_from.is_some() {
+                while max_local < 1024 && need(max_local * 2).is_some_and(|m| m <= cap) {
+                    max_local *= 2;
+                }
+            }
+            while max_local > 1 && need(max_local).is_some_and(|m| m > cap) {
                 max_local -= 1;
             }
         }

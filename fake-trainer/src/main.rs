@@ -5,9 +5,18 @@
 //! - reads its tasks, mode, checkpoint folder, resume path, initial weights
 //!   and ranks from the environment;
 //! - advances at the speed the throughput LUT (the shipped analytic
-//!   profiles) gives for its model, batch and GPU count, divided by a time
-//!   compression factor (`FMSCHED_FAKE_TIME_COMPRESSION`, default 1000: an
-//!   hour of training takes 3.6 s);
+//!   profiles) gives for its model, batch, GPU count and training settings
+//!   (precision, activation checkpointing, PETL, frozen layers — the same
+//!   variant the scheduler estimates with), divided by a time compression
+//!   factor (`FMSCHED_FAKE_TIME_COMPRESSION`, default 1000: an hour of
+//!   training takes 3.6 s);
+//! - learns less per iteration with frozen layers: ICEFROG's frozen penalty
+//!   ψ (Eq. 3) of a fake per-layer gradient variance that grows with depth
+//!   ([`frozen_penalty_of`]), so freezing trades faster steps for more of
+//!   them, as the paper measures;
+//! - evaluates its target metric every epoch — an accuracy that rises, or,
+//!   for a target with `lower_is_better`, a validation loss that falls — and
+//!   stops when it reaches the target in that sense;
 //! - reports loss along a Ymir Eq. 3 curve with noise, an evaluation metric
 //!   every epoch, and in profile mode a Task2Vec-style embedding;
 //! - writes real checkpoint files (periodically, on SIGUSR2 and on SIGTERM)
@@ -165,6 +174,28 @@ impl Curve {
     fn metric(&self, x: f64) -> f64 {
         0.5 + (self.metric_max - 0.5) * x / (x + self.half)
     }
+
+    /// The evaluation at `x`: the accuracy-like [`Curve::metric`], or for a
+    /// lower-is-better target the validation loss (the noiseless curve).
+    fn evaluation(&self, x: f64, lower_is_better: bool) -> f64 {
+        if lower_is_better {
+            self.loss(x, 0.0)
+        } else {
+            self.metric(x)
+        }
+    }
+}
+
+/// ICEFROG Eq. 3 for the fake world: `ψ(ℓ) = σ²[ℓ+1:L] / (σ²[1:ℓ] +
+/// σ²[ℓ+1:L])` with a per-layer gradient variance `σ²[i] ∝ i` (layers near
+/// the input settle first; the variance at freezing equals today's, the
+/// world being stationary). Freezing half of 12 layers gives ψ = 57/78 ≈ 0.73.
+fn frozen_penalty_of(frozen: u32, layers: u32) -> f64 {
+    let l = u64::from(frozen.min(layers));
+    let n = u64::from(layers.max(1));
+    let frozen_var = (l * (l + 1) / 2) as f64;
+    let trained_var = (n * (n + 1) / 2) as f64 - frozen_var;
+    fmsched_estimator::icefrog::frozen_penalty(frozen_var, trained_var)
 }
 
 struct Trainer {
@@ -486,12 +517,15 @@ impl Trainer {
             if epoch > before_epoch && !self.profile {
                 epochs_passed |= i == trained[0];
                 // An inherited gain speeds learning up (`1 + G` times).
-                let value = self.curves[i].metric(x * (1.0 + self.state[i].gain));
+                let lower = self.tasks[i].settings.metric_lower_is_better;
+                let value = self.curves[i].evaluation(x * (1.0 + self.state[i].gain), lower);
                 reached |= self.eval(i, value).await;
                 // What a training script prints: one line per epoch.
                 println!(
-                    "epoch {epoch} {}: iteration {} loss {loss:.4} accuracy {value:.4}",
-                    self.tasks[i].task, self.state[i].iteration
+                    "epoch {epoch} {}: iteration {} loss {loss:.4} {} {value:.4}",
+                    self.tasks[i].task,
+                    self.state[i].iteration,
+                    self.tasks[i].metric.as_deref().unwrap_or("accuracy")
                 );
             }
             if reached && !self.profile {
@@ -521,7 +555,9 @@ impl Trainer {
                         &self.tasks[i].task,
                         false,
                     );
-                    let value = self.curves[i].metric(g.max(0.0) * self.state[a].effective);
+                    let lower = self.tasks[i].settings.metric_lower_is_better;
+                    let value =
+                        self.curves[i].evaluation(g.max(0.0) * self.state[a].effective, lower);
                     self.eval(i, value).await;
                 }
             }
@@ -544,7 +580,7 @@ impl Trainer {
                 value,
             })
             .await;
-        self.tasks[i].metric_target.is_some_and(|t| value >= t)
+        self.tasks[i].metric_reached(value)
     }
 }
 
@@ -716,13 +752,17 @@ async fn run() -> anyhow::Result<()> {
         .map(|t| t.global_batch_size.max(1))
         .sum();
     let layers = analytic::layers_of(&model).unwrap_or(12);
+    // The variant it trains in: one process, one setting (the scheduler
+    // merges only jobs that train alike).
+    let settings = &tasks[0].settings;
+    let variant = Variant::of_settings(settings, var(env::PIPELINE_STAGES).is_some());
     let it = lut
         .iteration_time_on(
             &model,
             &gpu,
             &packed_placement(world, 4),
             batch,
-            &Variant::base(),
+            &variant,
             layers,
         )
         .or_else(|_| {
@@ -731,7 +771,7 @@ async fn run() -> anyhow::Result<()> {
                 &gpu,
                 &packed_placement(world, 4),
                 batch,
-                &Variant::base(),
+                &variant,
                 12,
             )
         })
@@ -751,6 +791,7 @@ async fn run() -> anyhow::Result<()> {
             .join(" + ")
     );
 
+    eprintln!("fake-trainer: settings: {settings}");
     if let Some(stages) = var(env::PIPELINE_STAGES) {
         eprintln!(
             "fake-trainer: pipeline of {stages} stages, stage i on device i of CUDA_VISIBLE_DEVICES={}",
@@ -832,15 +873,20 @@ async fn run() -> anyhow::Result<()> {
     // Spatial merge: each trained task learns at 1 + G from the other, and
     // not at all under negative transfer.
     let trained_tasks: Vec<&TaskAssignment> = tasks.iter().filter(|t| !t.eval_only).collect();
+    // Frozen layers: each iteration teaches ψ(ℓ) as much (ICEFROG Eq. 2:
+    // effective progress E = ψ · T).
+    let psi = frozen_penalty_of(settings.frozen_layers, layers);
     let speed = tasks
         .iter()
-        .map(|t| match trained_tasks.as_slice() {
-            [a, b] if !t.eval_only => {
-                let other = if a.job_id == t.job_id { b } else { a };
-                let g = true_gain(&t.model, &other.task, &t.task, true);
-                if g < 0.0 { 0.0 } else { 1.0 + g }
+        .map(|t| {
+            psi * match trained_tasks.as_slice() {
+                [a, b] if !t.eval_only => {
+                    let other = if a.job_id == t.job_id { b } else { a };
+                    let g = true_gain(&t.model, &other.task, &t.task, true);
+                    if g < 0.0 { 0.0 } else { 1.0 + g }
+                }
+                _ => 1.0,
             }
-            _ => 1.0,
         })
         .collect();
     let mut tr = Trainer {
@@ -980,6 +1026,65 @@ mod tests {
     use super::*;
 
     const TASKS: [&str; 8] = ["cola", "sst2", "mrpc", "qqp", "mnli", "qnli", "rte", "stsb"];
+
+    /// ψ by hand (Eq. 3 on σ²[i] ∝ i): 1 with nothing frozen, 57/78 with
+    /// half of 12 layers, 0 with all. Freezing half of roberta-base makes a
+    /// step faster and each step teach less: effective progress per second
+    /// (Eq. 2) stays near full training's, the trade ICEFROG's tuner
+    /// weighs.
+    #[test]
+    fn frozen_layers_trade_step_time_for_learning_per_step() {
+        assert_eq!(frozen_penalty_of(0, 12), 1.0);
+        assert!((frozen_penalty_of(6, 12) - 57.0 / 78.0).abs() < 1e-12);
+        assert_eq!(frozen_penalty_of(12, 12), 0.0);
+        assert!(frozen_penalty_of(3, 12) > frozen_penalty_of(9, 12));
+        let lut = analytic::default_lut().unwrap();
+        let step = |frozen| {
+            let v = Variant {
+                frozen_layers: frozen,
+                ..Variant::base()
+            };
+            lut.iteration_time_on("roberta-base", "A100", "1", 32, &v, 12)
+                .unwrap()
+                .seconds
+        };
+        let (full, half) = (step(0), step(6));
+        assert!(
+            half < full,
+            "frozen layers make a step faster ({half} < {full})"
+        );
+        // Effective progress (Eq. 2) per second, relative to full training.
+        let e = frozen_penalty_of(6, 12) * full / half;
+        assert!(e > 0.9 && e < 1.3, "{e}");
+    }
+
+    /// A loss target is evaluated as a falling validation loss and reached
+    /// from above; an accuracy target from below.
+    #[test]
+    fn a_lower_is_better_target_is_reached_from_above() {
+        let c = Curve::for_task("roberta-base", "rte");
+        let (early, late) = (c.evaluation(10.0, true), c.evaluation(5000.0, true));
+        assert!(late < early, "a validation loss falls: {early} → {late}");
+        assert!(c.evaluation(5000.0, false) > c.evaluation(10.0, false));
+        let mut t = TaskAssignment {
+            job_id: "j".into(),
+            model: "roberta-base".into(),
+            task: "rte".into(),
+            dataset_uri: "file:///d".into(),
+            global_batch_size: 32,
+            max_iterations: 0,
+            metric: Some("loss".into()),
+            metric_target: Some((early + late) / 2.0),
+            samples_per_epoch: None,
+            max_epochs: 0,
+            eval_only: false,
+            settings: Default::default(),
+        };
+        t.settings.metric_lower_is_better = true;
+        assert!(!t.metric_reached(early) && t.metric_reached(late));
+        t.settings.metric_lower_is_better = false;
+        assert!(t.metric_reached(early) && !t.metric_reached(late));
+    }
 
     /// The fake world has helpful and harmful pairs, as real task mixes do
     /// (Ymir Fig. 3: gains from about −30 % to +30 %), so the merger has

@@ -1200,6 +1200,9 @@ impl<'a> Simulation<'a> {
                     profiling_run: matches!(j.phase, Phase::Profiling { .. }),
                     held_back: false,
                     ever_merged: j.ever_merged.is_some(),
+                    // The fmsim workload has one training setup (AMP, full
+                    // fine-tuning): every job trains alike.
+                    merge_setup: String::new(),
                 }
             })
             .collect();

@@ -42,6 +42,7 @@ fn spec(id: &str, max_iterations: u64, env: &[(&str, &str)]) -> LaunchSpec {
             samples_per_epoch: Some(3200),
             max_epochs: 0,
             eval_only: false,
+            settings: Default::default(),
         }],
         gpus: vec![0],
         resume_from: None,

@@ -61,7 +61,7 @@ fn e2e_a_postgres_restart_loses_nothing() {
     let jobs = (0..4).map(|k| {
         let manifest = format!(
             "name: j{k}\nmodel: roberta-base\ndataset: {{ uri: file:///d, task: t{k}, num_samples: 3200 }}\n\
-             hyperparameters: {{ global_batch_size: 32, learning_rate: 2.0e-5 }}\ntarget: {{ max_iterations: 2500 }}\n\
+             hyperparameters: {{ global_batch_size: 32, learning_rate: 2.0e-5, amp: true }}\ntarget: {{ max_iterations: 2500 }}\n\
              resources: {{ min_gpus: 1, max_gpus: 1 }}\nlaunch:\n  command: [\"{}\"]\n  env: {{ FMSCHED_FAKE_TIME_COMPRESSION: \"40\" }}\n",
             bin("fake-trainer").display()
         );

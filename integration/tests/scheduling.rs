@@ -192,7 +192,7 @@ fn job_yaml(name: &str, task: &str, iterations: u64, gpus: u32) -> String {
 fn job_yaml_env(name: &str, task: &str, iterations: u64, gpus: u32, extra_env: &str) -> String {
     format!(
         "name: {name}\nmodel: roberta-base\ndataset: {{ uri: file:///data/{task}, task: {task}, num_samples: 3200 }}\n\
-         hyperparameters: {{ global_batch_size: 32, learning_rate: 2.0e-5 }}\n\
+         hyperparameters: {{ global_batch_size: 32, learning_rate: 2.0e-5, amp: true }}\n\
          target: {{ max_iterations: {iterations} }}\n\
          resources: {{ min_gpus: 1, max_gpus: {gpus} }}\n\
          launch:\n  command: [\"{}\"]\n  env: {{ FMSCHED_FAKE_TIME_COMPRESSION: \"40\"{extra_env} }}\n",
@@ -914,7 +914,7 @@ fn workload_at(n: usize, compression: f64, extra_env: &str) -> Vec<(String, Stri
             let name = format!("w{k:02}-{task}");
             let manifest = format!(
                 "name: {name}\nmodel: roberta-base\ndataset: {{ uri: file:///data/{task}, task: {task}, num_samples: {samples} }}\n\
-                 hyperparameters: {{ global_batch_size: 32, learning_rate: 2.0e-5 }}\n\
+                 hyperparameters: {{ global_batch_size: 32, learning_rate: 2.0e-5, amp: true }}\n\
                  target: {{ max_epochs: 6, metric: {{ name: accuracy, value: 0.72 }} }}\n\
                  resources: {{ min_gpus: 1, max_gpus: {} }}\n\
                  launch:\n  command: [\"{}\"]\n  prewarm: true\n  env: {{ FMSCHED_FAKE_TIME_COMPRESSION: \"{compression}\"{extra_env} }}\n",
@@ -1612,6 +1612,90 @@ async fn e2e_fmctl_logs_prints_and_follows_a_jobs_output() {
     // Errors name what is wrong.
     let e = fmctl(port, &["logs", "01a20000-0000-7000-8000-000000000000"]).unwrap_err();
     assert!(e.contains("not found"), "{e}");
+    drop_db(&db).await;
+}
+
+/// Every training setting of a spec acts (ICEFROG issue, item 1): a frozen
+/// range nothing could act on is refused at submit naming the field, and
+/// nothing is stored; a job with fp32, activation checkpointing, SGD, six
+/// frozen layers and a *loss* target reaches its trainer with all of them
+/// and stops when the loss falls below the target. The fake trainer's
+/// world fixes when: rte's validation loss falls below 0.9 after 940
+/// iterations' worth of learning, which with ψ(6 of 12) = 57/78 per
+/// iteration (ICEFROG Eq. 2–3) takes 13 epochs of 100 iterations — 10
+/// without the frozen penalty, 1 if the target were read upwards.
+#[tokio::test]
+async fn e2e_icefrog_training_settings_act_and_a_field_nothing_acts_on_is_refused() {
+    let db = new_db("fmsched_settings").await;
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let _sched = scheduler(&db, port, dir.path());
+    wait_up("scheduler up", port);
+    let _a = agent("node-a", port, dir.path());
+    let manifest = |name: &str, frozen: &str| {
+        format!(
+            "name: {name}\nmodel: roberta-base\n\
+             dataset: {{ uri: file:///data/rte, task: rte, num_samples: 3200, objective: sequence-classification }}\n\
+             hyperparameters: {{ global_batch_size: 32, learning_rate: 0.05, optimizer: sgd, weight_decay: 0.01, \
+             amp: false, gradient_checkpointing: true }}\n\
+             target: {{ max_epochs: 40, metric: {{ name: loss, value: 0.9, lower_is_better: true }} }}\n\
+             resources: {{ min_gpus: 1, max_gpus: 1 }}\n\
+             frozen_layers: {frozen}\n\
+             launch:\n  command: [\"{}\"]\n  env: {{ FMSCHED_FAKE_TIME_COMPRESSION: \"200\" }}\n",
+            bin("fake-trainer").display()
+        )
+    };
+    // A frozen range that does not start at the input: refused, named.
+    let e = submit(
+        port,
+        dir.path(),
+        [(
+            "middle".to_string(),
+            manifest("middle", "{ first: 2, last: 5 }"),
+        )],
+    )
+    .unwrap_err();
+    assert!(
+        e.contains("spec.frozen_layers.first") && e.contains("must be 0"),
+        "{e}"
+    );
+    assert!(
+        jobs(port).unwrap().is_empty(),
+        "a refused spec stores nothing"
+    );
+
+    submit(
+        port,
+        dir.path(),
+        [(
+            "loss".to_string(),
+            manifest("loss", "{ first: 0, last: 5 }"),
+        )],
+    )
+    .expect("submit");
+    let done = all_completed(port, 1, Duration::from_secs(90));
+    let (id, (_, output)) = done.into_iter().next().unwrap();
+    let err = fmctl(port, &["logs", &id, "--stderr"]).unwrap();
+    assert!(
+        err.contains(
+            "settings: amp=false gradient_checkpointing=true petl=none frozen_layers=6 \
+             optimizer=sgd learning_rate=0.05 weight_decay=0.01 objective=sequence-classification \
+             metric_lower_is_better=true"
+        ),
+        "the trainer got every setting:\n{err}"
+    );
+    // It stopped on its loss target, at the epoch the frozen penalty sets.
+    let weights: Value = serde_json::from_str(&std::fs::read_to_string(&output).unwrap()).unwrap();
+    let iteration = weights["iteration"].as_u64().unwrap();
+    assert!(
+        (1300..1400).contains(&iteration),
+        "stopped at iteration {iteration}, expected the 13th epoch (1300–1399)"
+    );
+    let out = fmctl(port, &["logs", &id]).unwrap();
+    assert!(
+        out.contains("epoch 13 rte") && !out.contains("epoch 14 rte"),
+        "{out}"
+    );
     drop_db(&db).await;
 }
 

@@ -29,7 +29,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use fmsched_core::trainer::TaskAssignment;
+use fmsched_core::trainer::{TaskAssignment, TrainingSettings};
 use fmsched_proto::v1 as pb;
 
 use crate::driver::{LaunchSpec, ProcessDriver, Ranks};
@@ -50,6 +50,9 @@ struct Known {
     profile: bool,
     /// Launched ahead of a switch and not started yet.
     standby: Option<Standby>,
+    /// Job → the metric its target names: only that metric's evaluations
+    /// are reported for it (a trainer may evaluate several per epoch).
+    metrics: BTreeMap<String, String>,
 }
 
 /// A standby process: what it was launched as, and when it expires.
@@ -115,6 +118,17 @@ fn assignment(t: &pb::TrainerTask) -> TaskAssignment {
         samples_per_epoch: Some(t.samples_per_epoch).filter(|&n| n > 0),
         max_epochs: t.max_epochs,
         eval_only: t.eval_only,
+        settings: TrainingSettings {
+            learning_rate: t.learning_rate,
+            optimizer: t.optimizer.clone(),
+            weight_decay: t.weight_decay,
+            amp: t.amp,
+            gradient_checkpointing: t.gradient_checkpointing,
+            petl: t.petl.clone(),
+            frozen_layers: t.frozen_layers,
+            objective: t.objective.clone(),
+            metric_lower_is_better: t.metric_lower_is_better,
+        },
     }
 }
 
@@ -152,9 +166,22 @@ fn last_lines(path: &std::path::Path, n: usize) -> String {
     lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
-/// Per-job progress and evaluation values of a process (the last
-/// [`MAX_EVALS`] evaluations per job).
-fn job_reports(o: &crate::driver::Observed) -> Vec<pb::JobReport> {
+/// Job → the metric its target names, of the tasks of a process.
+fn target_metrics(tasks: &[TaskAssignment]) -> BTreeMap<String, String> {
+    tasks
+        .iter()
+        .filter_map(|t| Some((t.job_id.clone(), t.metric.clone()?)))
+        .collect()
+}
+
+/// Per-job progress and evaluation values of a process (the first
+/// [`MAX_EVALS`] evaluations per job) — of the metric its target names
+/// (`metrics`), else of the first metric it reported: one series per job,
+/// which the merge guard compares epoch to epoch.
+fn job_reports(
+    o: &crate::driver::Observed,
+    metrics: &BTreeMap<String, String>,
+) -> Vec<pb::JobReport> {
     const MAX_EVALS: usize = 16;
     let mut out: BTreeMap<&str, pb::JobReport> = BTreeMap::new();
     for (job, &(iteration, samples, loss)) in &o.progress {
@@ -169,7 +196,14 @@ fn job_reports(o: &crate::driver::Observed) -> Vec<pb::JobReport> {
             },
         );
     }
-    for (job, _, _, _, value) in &o.evals {
+    let mut series: BTreeMap<&str, &str> = metrics
+        .iter()
+        .map(|(j, m)| (j.as_str(), m.as_str()))
+        .collect();
+    for (job, _, _, metric, value) in &o.evals {
+        if *series.entry(job.as_str()).or_insert(metric.as_str()) != metric.as_str() {
+            continue;
+        }
         out.entry(job)
             .or_insert_with(|| pb::JobReport {
                 job_id: job.clone(),
@@ -474,6 +508,7 @@ impl Reconciler {
                         pid,
                         profile: spec.profile,
                         standby: None,
+                        metrics: target_metrics(&spec.tasks),
                     };
                 }
                 Err(e) => problems.push(e.to_string()),
@@ -677,7 +712,7 @@ impl Reconciler {
                     .iter()
                     .map(|(k, v)| (k.clone(), v.clone()))
                     .collect(),
-                jobs: job_reports(&s.observed),
+                jobs: job_reports(&s.observed, &k.metrics),
                 ..profile_results(
                     k.profile && !s.running,
                     !k.profile && s.running,
@@ -709,5 +744,40 @@ impl Reconciler {
                     .into_iter()
                     .find(|t| self.driver.has_dir(t))
             })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A trainer that evaluates several metrics per epoch: the job's report
+    /// carries only its target's series (else the first metric it named),
+    /// so the merge guard never compares an accuracy with an F1.
+    #[test]
+    fn only_the_target_metric_is_reported_per_job() {
+        let ev = |job: &str, metric: &str, value: f64| {
+            (job.to_string(), 0, 1.0, metric.to_string(), value)
+        };
+        let o = crate::driver::Observed {
+            evals: vec![
+                ev("a", "accuracy", 0.70),
+                ev("a", "f1", 0.60),
+                ev("b", "accuracy", 0.50),
+                ev("b", "f1", 0.40),
+                ev("a", "accuracy", 0.72),
+                ev("a", "f1", 0.65),
+                ev("b", "accuracy", 0.55),
+                ev("b", "f1", 0.45),
+            ],
+            ..Default::default()
+        };
+        let metrics: BTreeMap<String, String> = [("a".to_string(), "f1".to_string())].into();
+        let got: BTreeMap<String, Vec<f64>> = job_reports(&o, &metrics)
+            .into_iter()
+            .map(|r| (r.job_id, r.evals))
+            .collect();
+        assert_eq!(got["a"], vec![0.60, 0.65], "the target's metric");
+        assert_eq!(got["b"], vec![0.50, 0.55], "no target: the first metric");
     }
 }

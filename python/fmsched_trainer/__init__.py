@@ -7,6 +7,8 @@
   waits, loader ready, for the start of a pre-warmed switch (Ymir §6.2).
 - :class:`Reporter` writes the JSON-line reports (progress, eval, embedding,
   checkpoint, prewarmed, done) to the agent's socket.
+- :func:`freeze_first_layers` freezes a task's ``frozen_layers`` (ICEFROG)
+  in a model, by parameter name.
 - :func:`diagonal_fisher` is the Task2Vec probe: the diagonal of the Fisher
   information of the trainable parameters, from per-batch gradients.
 - :mod:`fmsched_trainer.hf` has a HuggingFace ``Trainer`` callback built on
@@ -15,6 +17,7 @@
 
 from .contract import Contract, Reporter, Task, TrainingSignals, standby
 from .fisher import diagonal_fisher, task2vec_embedding
+from .layers import freeze_first_layers, layer_index
 
 __all__ = [
     "Contract",
@@ -22,6 +25,8 @@ __all__ = [
     "Task",
     "TrainingSignals",
     "diagonal_fisher",
+    "freeze_first_layers",
+    "layer_index",
     "standby",
     "task2vec_embedding",
 ]

@@ -30,6 +30,36 @@ class Task:
     # current weights once per epoch of the trained task. The scheduler's
     # merge guard watches B this way while A trains (temporal merge A -> B).
     eval_only: bool = False
+    # How to train it (the job spec's settings). The scheduler estimates
+    # with amp, gradient_checkpointing, petl and frozen_layers; a trainer
+    # that cannot honour a setting must fail at start, naming it
+    # (:meth:`check_supported`), never train differently from the spec.
+    learning_rate: float = 0.0  # 0 = not given: the trainer's own
+    optimizer: str = ""  # adamw, adam, sgd, adafactor, lamb; "" = own
+    weight_decay: float = 0.0
+    amp: bool = False
+    gradient_checkpointing: bool = False
+    petl: str = ""  # "" = full fine-tuning; lora, adapter, prefix_tuning, prompt_tuning
+    frozen_layers: int = 0  # ICEFROG l: freeze the first this-many layers
+    objective: str = ""
+    metric_lower_is_better: bool = False
+
+    def metric_reached(self, value: float) -> bool:
+        """Does an evaluation of the target metric reach the target (from
+        above for a lower-is-better metric such as a loss)?"""
+        if self.metric_target is None:
+            return False
+        if self.metric_lower_is_better:
+            return value <= self.metric_target
+        return value >= self.metric_target
+
+    def check_supported(self, optimizers=("adamw", "adam", "sgd", "adafactor"), petl=("", "lora")) -> None:
+        """Raises ValueError naming a setting this trainer cannot act on
+        (by default: LAMB, and PETL methods other than LoRA)."""
+        if self.optimizer and self.optimizer not in optimizers:
+            raise ValueError(f"optimizer {self.optimizer!r}: this trainer supports {', '.join(optimizers)}")
+        if self.petl not in petl:
+            raise ValueError(f"petl {self.petl!r}: this trainer supports {', '.join(p or 'none' for p in petl)}")
 
     @classmethod
     def from_json(cls, d: dict) -> "Task":
@@ -48,6 +78,15 @@ class Task:
             samples_per_epoch=d.get("samples_per_epoch"),
             max_epochs=int(d.get("max_epochs", 0) or 0),
             eval_only=bool(d.get("eval_only", False)),
+            learning_rate=float(d.get("learning_rate", 0.0) or 0.0),
+            optimizer=str(d.get("optimizer", "") or ""),
+            weight_decay=float(d.get("weight_decay", 0.0) or 0.0),
+            amp=bool(d.get("amp", False)),
+            gradient_checkpointing=bool(d.get("gradient_checkpointing", False)),
+            petl=str(d.get("petl", "") or ""),
+            frozen_layers=int(d.get("frozen_layers", 0) or 0),
+            objective=str(d.get("objective", "") or ""),
+            metric_lower_is_better=bool(d.get("metric_lower_is_better", False)),
         )
 
 

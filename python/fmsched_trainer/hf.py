@@ -10,7 +10,13 @@ contract.
     trainer = Trainer(model, ..., callbacks=[callback])  # moves the model to the GPU
     trainer.train(resume_from_checkpoint=contract.resume_from)
 
+:func:`training_arguments` turns the task's settings (learning rate,
+optimizer, weight decay, AMP, gradient checkpointing) into
+``TrainingArguments`` keywords, refusing what it cannot honour; freeze
+``frozen_layers`` with :func:`fmsched_trainer.freeze_first_layers`.
+
 It reports progress on every log step and evaluations as they happen,
+stops when the target metric is reached (in its sense: a loss from above),
 writes a checkpoint when the agent asks (SIGUSR2) or is about to stop the
 process (SIGTERM: checkpoint, then stop training), and in profile mode
 stops after ``profile_steps`` steps. :meth:`FmschedCallback.standby` is the
@@ -31,6 +37,38 @@ except Exception:  # pragma: no cover - exercised where transformers is absent
     _Base = object
 
 
+# The spec's optimizer → TrainingArguments.optim.
+_OPTIM = {"adamw": "adamw_torch", "sgd": "sgd", "adafactor": "adafactor"}
+
+
+def training_arguments(task, bf16: bool = False) -> dict:
+    """``TrainingArguments`` keywords for the task's settings. Raises
+    ValueError naming a setting HF's Trainer cannot honour (LAMB; Adam
+    with weight decay, which HF only has decoupled, as AdamW), so a spec
+    never trains differently from what the scheduler estimated. ``bf16``
+    picks bf16 over fp16 for AMP (GPUs that have it)."""
+    task.check_supported()
+    kw = {}
+    if task.learning_rate > 0:
+        kw["learning_rate"] = task.learning_rate
+    kw["weight_decay"] = task.weight_decay
+    if task.optimizer == "adam":
+        if task.weight_decay > 0:
+            raise ValueError("optimizer 'adam' with weight_decay > 0: HF's Trainer has only decoupled "
+                             "weight decay (use adamw)")
+        kw["optim"] = "adamw_torch"
+    elif task.optimizer:
+        kw["optim"] = _OPTIM[task.optimizer]
+    if task.amp:
+        kw["bf16" if bf16 else "fp16"] = True
+    if task.gradient_checkpointing:
+        kw["gradient_checkpointing"] = True
+    if task.metric:
+        kw["metric_for_best_model"] = task.metric
+        kw["greater_is_better"] = not task.metric_lower_is_better
+    return kw
+
+
 class FmschedCallback(_Base):
     """``evaluate_watched(task, model)`` (optional) returns the accuracy of
     a watched (``eval_only``) task with the model's current weights; it is
@@ -45,7 +83,8 @@ class FmschedCallback(_Base):
         self.profile_steps = profile_steps
         self._last_step = time.monotonic()
         self._step_time = 0.0
-        self._job = contract.tasks[0].job_id
+        self._task = contract.tasks[0]
+        self._job = self._task.job_id
         self._batch = contract.tasks[0].global_batch_size
         self.evaluate_watched = evaluate_watched
 
@@ -75,9 +114,17 @@ class FmschedCallback(_Base):
         return control
 
     def on_evaluate(self, args, state, control, metrics=None, **kwargs):
+        target = self._task.metric
         for name, value in (metrics or {}).items():
-            if isinstance(value, (int, float)) and name.startswith("eval_") and name != "eval_loss":
-                self.reporter.eval(self._job, state.global_step, float(state.epoch or 0.0), name[5:], value)
+            if not (isinstance(value, (int, float)) and name.startswith("eval_")):
+                continue
+            metric = name[5:]
+            # The validation loss is reported only when it is the target.
+            if metric == "loss" and target != "loss":
+                continue
+            self.reporter.eval(self._job, state.global_step, float(state.epoch or 0.0), metric, value)
+            if metric == target and self._task.metric_reached(float(value)) and not self.contract.profile:
+                control.should_training_stop = True
         return control
 
     def on_epoch_end(self, args, state, control, model=None, **kwargs):

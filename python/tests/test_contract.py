@@ -252,3 +252,88 @@ def test_multi_node_ranks_report_by_role(tmp_path):
         server.close()
     quiet = worker.reporter()
     quiet.progress("j1", 1, 32, 0.9, 0.1)  # dropped: not on stdout either
+
+
+def _task_env(tmp, **task):
+    t = {"job_id": "j1", "model": "roberta-base", "task": "rte", "dataset_uri": "file:///d",
+         "global_batch_size": 32, "max_iterations": 100}
+    t.update(task)
+    return env(tmp, FMSCHED_TASKS=json.dumps([t]))
+
+
+def test_task_settings_arrive_and_unsupported_ones_are_named(tmp_path):
+    from fmsched_trainer.hf import training_arguments
+
+    c = Contract(_task_env(str(tmp_path), learning_rate=1e-4, optimizer="sgd", weight_decay=0.01, amp=True,
+                           gradient_checkpointing=True, petl="lora", frozen_layers=6,
+                           objective="sequence-classification", metric="loss", metric_target=0.3,
+                           metric_lower_is_better=True))
+    t = c.tasks[0]
+    assert (t.learning_rate, t.optimizer, t.frozen_layers, t.petl, t.objective) == (
+        1e-4, "sgd", 6, "lora", "sequence-classification")
+    kw = training_arguments(t)
+    assert kw == {"learning_rate": 1e-4, "weight_decay": 0.01, "optim": "sgd", "fp16": True,
+                  "gradient_checkpointing": True, "metric_for_best_model": "loss", "greater_is_better": False}
+    assert training_arguments(t, bf16=True)["bf16"] is True
+    # Missing keys (an older scheduler) read as defaults.
+    assert Contract(_task_env(str(tmp_path))).tasks[0].frozen_layers == 0
+    for bad, field in ((dict(optimizer="lamb"), "optimizer 'lamb'"), (dict(petl="adapter"), "petl 'adapter'"),
+                       (dict(optimizer="adam", weight_decay=0.1), "optimizer 'adam' with weight_decay")):
+        with pytest.raises(ValueError, match=field):
+            training_arguments(Contract(_task_env(str(tmp_path), **bad)).tasks[0])
+
+
+def test_a_target_is_reached_in_its_metrics_sense_and_stops_training(tmp_path, capsys):
+    loss = Contract(_task_env(str(tmp_path), metric="loss", metric_target=0.3,
+                              metric_lower_is_better=True)).tasks[0]
+    assert loss.metric_reached(0.29) and not loss.metric_reached(0.31)
+    acc = Contract(_task_env(str(tmp_path), metric="accuracy", metric_target=0.8)).tasks[0]
+    assert acc.metric_reached(0.81) and not acc.metric_reached(0.79)
+    cb = FmschedCallback(Contract(_task_env(str(tmp_path), metric="loss", metric_target=0.3,
+                                            metric_lower_is_better=True)))
+    ctl = _Control()
+    cb.on_evaluate(_Args(), _State(4, 1.0), ctl, metrics={"eval_loss": 0.5, "eval_accuracy": 0.7})
+    assert not ctl.should_training_stop
+    cb.on_evaluate(_Args(), _State(8, 2.0), ctl, metrics={"eval_loss": 0.25, "eval_accuracy": 0.75})
+    assert ctl.should_training_stop, "a loss below its target stops training"
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    out = [json.loads(l) for l in capsys.readouterr().out.splitlines()]
+    # The loss is reported because it is the target; accuracy too.
+    assert [(o["metric"], o["value"]) for o in out if o["metric"] == "loss"] == [("loss", 0.5), ("loss", 0.25)]
+
+
+class _Param:
+    def __init__(self):
+        self.requires_grad = True
+
+
+class _Model:
+    """Parameter names as a HF encoder has them."""
+
+    def __init__(self, names):
+        self.params = [(n, _Param()) for n in names]
+
+    def named_parameters(self):
+        return iter(self.params)
+
+
+def test_freeze_first_layers_freezes_embeddings_and_the_first_layers():
+    from fmsched_trainer import freeze_first_layers, layer_index
+
+    names = (["roberta.embeddings.word_embeddings.weight"]
+             + [f"roberta.encoder.layer.{i}.attention.self.query.weight" for i in range(12)]
+             + [f"roberta.encoder.layer.{i}.output.dense.bias" for i in range(12)]
+             + ["classifier.dense.weight"])
+    m = _Model(names)
+    assert layer_index("model.layers.10.mlp.up_proj.weight") == 10 and layer_index("transformer.h.3.attn.c_attn.weight") == 3
+    assert layer_index("classifier.dense.weight") is None
+    frozen, trainable = freeze_first_layers(m, 4)
+    assert (frozen, trainable) == (1 + 2 * 4, 2 * 8 + 1)
+    state = {n: p.requires_grad for n, p in m.params}
+    assert not state["roberta.embeddings.word_embeddings.weight"]
+    assert not state["roberta.encoder.layer.3.output.dense.bias"]
+    assert state["roberta.encoder.layer.4.attention.self.query.weight"] and state["classifier.dense.weight"]
+    # Nothing frozen at 0; more layers than the model has is named.
+    assert freeze_first_layers(_Model(names), 0) == (0, len(names))
+    with pytest.raises(ValueError, match="13 asked, the model has 12"):
+        freeze_first_layers(_Model(names), 13)

@@ -199,6 +199,7 @@ pub fn build_view(s: &ViewSources<'_>) -> Translated {
                 profiling_run,
                 held_back: s.held_back.contains(&j.id),
                 ever_merged: ever_merged.contains(&j.id),
+                merge_setup: j.spec.merge_setup(),
             }
         })
         .collect();
@@ -468,11 +469,7 @@ fn job_inputs(
                     gpu_type: fam,
                     gpus_per_node: per_node.clamp(1, 9),
                     global_batch: j.spec.hyperparameters.global_batch_size.max(1),
-                    variant: Variant {
-                        pipeline: j.spec.resources.pipeline_parallel,
-                        amp: true,
-                        ..Default::default()
-                    },
+                    variant: Variant::of_spec(&j.spec),
                     layers: analytic::layers_of(&j.spec.model).unwrap_or(12),
                     remaining_iterations: total.saturating_sub(done).max(1),
                     done_iterations: done,

@@ -155,13 +155,23 @@ fn guard(
         .cloned()
         .collect();
     for m in unguarded {
-        let watched: Vec<(JobId, Option<&[f64]>)> = match m.mode {
+        let watched: Vec<Watched<'_>> = match m.mode {
             MergeMode::Temporal => vec![m.b],
             _ => vec![m.a, m.b],
         }
         .into_iter()
-        .filter(|j| o.live.contains_key(j))
-        .map(|j| (j, evals.get(&j).map(Vec::as_slice)))
+        .filter_map(|j| {
+            let spec = &o.live.get(&j)?.spec;
+            Some(Watched {
+                job: j,
+                evals: evals.get(&j).map(Vec::as_slice),
+                lower_is_better: spec
+                    .target
+                    .metric
+                    .as_ref()
+                    .is_some_and(|t| t.lower_is_better),
+            })
+        })
         .collect();
         let verdict = guard_verdict(m.mode, &watched);
         let measured = match (&verdict, m.mode) {
@@ -673,8 +683,8 @@ pub(crate) fn curve_from_json(v: &serde_json::Value) -> Option<LossCurve> {
 }
 
 /// A profiling run's measured step time as a sample for the estimator's
-/// table: 1 GPU (4 for a pipeline job) at the job's global batch, AMP as
-/// the shipped profiles.
+/// table: 1 GPU (4 for a pipeline job) at the job's global batch, in the
+/// job's own variant (precision, checkpointing, PETL, frozen layers).
 fn profile_step_time_sample(
     job: &JobRecord,
     gpu_model: &str,
@@ -688,18 +698,28 @@ fn profile_step_time_sample(
             placement: if pipeline { "4" } else { "1" }.into(),
             local_batch_size: job.spec.hyperparameters.global_batch_size,
             gradient_accumulation: 1,
-            amp: true,
-            pipeline_parallel: pipeline,
-            ..Default::default()
+            ..variant_key(&Variant::of_spec(&job.spec))
         }),
         step_time_seconds: step_time_s,
         sync_time_seconds: 0.0,
     }
 }
 
+/// A throughput key naming only a variant (the rest left default).
+fn variant_key(v: &Variant) -> pb::ThroughputKey {
+    pb::ThroughputKey {
+        amp: v.amp,
+        frozen_layers: v.frozen_layers,
+        gradient_checkpointing: v.gradient_checkpointing,
+        petl: v.petl.clone(),
+        pipeline_parallel: v.pipeline,
+        ..Default::default()
+    }
+}
+
 /// A running data-parallel job's measured step time as a sample for the
 /// estimator's table: the job's model and global batch on `gpus` GPUs of
-/// one node of `gpu_model` (AMP, as the shipped profiles), under the local
+/// one node of `gpu_model` in the job's variant, under the local
 /// batch and gradient accumulation the table itself picks for that batch
 /// (so the sample lands on the key the table is asked for).
 fn running_step_time_sample(
@@ -712,10 +732,7 @@ fn running_step_time_sample(
     let gpu_type = analytic::gpu_family(gpu_model);
     let placement = gpus.clamp(1, 9).to_string();
     let global = job.spec.hyperparameters.global_batch_size.max(1);
-    let variant = Variant {
-        amp: true,
-        ..Default::default()
-    };
+    let variant = Variant::of_spec(&job.spec);
     let layers = analytic::layers_of(&job.spec.model).unwrap_or(12);
     let (local, accum) = lut
         .iteration_time_on(
@@ -736,8 +753,7 @@ fn running_step_time_sample(
             placement,
             local_batch_size: local,
             gradient_accumulation: accum,
-            amp: true,
-            ..Default::default()
+            ..variant_key(&variant)
         }),
         step_time_seconds: step_time_s,
         sync_time_seconds: 0.0,
@@ -802,22 +818,42 @@ pub(crate) enum GuardVerdict {
     Split(String),
 }
 
-/// The merge guard (Ymir §4.3) on the evaluation values reported so far,
-/// oldest first, of each watched job still running: B for a temporal merge
-/// (its accuracy with A's weights, evaluated while A trains), both jobs for
-/// a spatial one. One job that does not improve splits the merge at once.
-pub(crate) fn guard_verdict(mode: MergeMode, watched: &[(JobId, Option<&[f64]>)]) -> GuardVerdict {
+/// One job the merge guard watches: its evaluation values so far, oldest
+/// first, and the sense of its metric (`target.metric.lower_is_better`: a
+/// loss or perplexity improves downwards; without a metric target the
+/// trainer reports accuracy, which improves upwards).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Watched<'a> {
+    pub job: JobId,
+    pub evals: Option<&'a [f64]>,
+    pub lower_is_better: bool,
+}
+
+/// The merge guard (Ymir §4.3) on the evaluation values reported so far of
+/// each watched job still running: B for a temporal merge (its metric with
+/// A's weights, evaluated while A trains), both jobs for a spatial one. One
+/// job that does not improve, in its metric's sense, splits the merge at
+/// once.
+pub(crate) fn guard_verdict(mode: MergeMode, watched: &[Watched<'_>]) -> GuardVerdict {
     let mut waiting = watched.is_empty();
-    for (job, evals) in watched {
-        match evals {
-            Some([first, second, ..]) if second <= first => {
+    for w in watched {
+        let job = w.job;
+        match w.evals {
+            Some(&[first, second, ..])
+                if !fmsched_core::job::metric_improved(first, second, w.lower_is_better) =>
+            {
                 let whose = if mode == MergeMode::Temporal {
                     format!("job {job}'s (evaluated with A's weights)")
                 } else {
                     format!("job {job}'s")
                 };
+                let sense = if w.lower_is_better {
+                    "metric (lower is better)"
+                } else {
+                    "metric"
+                };
                 return GuardVerdict::Split(format!(
-                    "{whose} accuracy did not improve in its first two epochs ({first:.4} → {second:.4})"
+                    "{whose} {sense} did not improve in its first two epochs ({first:.4} → {second:.4})"
                 ));
             }
             Some([_, _, ..]) => {}
@@ -935,30 +971,78 @@ pub(crate) mod tests {
         assert!(finishing(&slow, &live, &estimates, 30.0).is_empty());
     }
 
+    /// A watched job whose metric improves upwards.
+    fn w(job: JobId, evals: Option<&[f64]>) -> Watched<'_> {
+        Watched {
+            job,
+            evals,
+            lower_is_better: false,
+        }
+    }
+
+    /// A loss target (`lower_is_better`) improves downwards: a falling
+    /// loss keeps the merge, a rising or flat one splits it — the opposite
+    /// of an accuracy with the same numbers.
+    #[test]
+    fn the_guard_reads_a_loss_target_downwards() {
+        let (a, b) = (job(1), job(2));
+        let falling = [0.9, 0.7];
+        let rising = [0.7, 0.9];
+        let loss = |job, evals| Watched {
+            job,
+            evals: Some(evals),
+            lower_is_better: true,
+        };
+        assert_eq!(
+            guard_verdict(MergeMode::Temporal, &[loss(b, &falling)]),
+            GuardVerdict::Keep
+        );
+        assert!(matches!(
+            guard_verdict(MergeMode::Temporal, &[w(b, Some(&falling))]),
+            GuardVerdict::Split(_)
+        ));
+        let GuardVerdict::Split(why) =
+            guard_verdict(MergeMode::Spatial, &[loss(a, &falling), loss(b, &rising)])
+        else {
+            panic!("a rising loss must split the pair")
+        };
+        assert!(
+            why.contains(&b.to_string()) && why.contains("lower is better"),
+            "{why}"
+        );
+        assert_eq!(
+            guard_verdict(
+                MergeMode::Spatial,
+                &[loss(a, &falling), w(b, Some(&rising))]
+            ),
+            GuardVerdict::Keep
+        );
+    }
+
     #[test]
     fn the_guard_waits_for_two_epochs_of_every_watched_job() {
         let (a, b) = (job(1), job(2));
         let one = [0.6];
         let two = [0.6, 0.7];
         assert_eq!(
-            guard_verdict(MergeMode::Temporal, &[(b, None)]),
+            guard_verdict(MergeMode::Temporal, &[w(b, None)]),
             GuardVerdict::Wait
         );
         assert_eq!(
-            guard_verdict(MergeMode::Temporal, &[(b, Some(&one))]),
+            guard_verdict(MergeMode::Temporal, &[w(b, Some(&one))]),
             GuardVerdict::Wait
         );
         // Spatial: one job improving is not enough while the other is unknown.
         assert_eq!(
-            guard_verdict(MergeMode::Spatial, &[(a, Some(&two)), (b, Some(&one))]),
+            guard_verdict(MergeMode::Spatial, &[w(a, Some(&two)), w(b, Some(&one))]),
             GuardVerdict::Wait
         );
         assert_eq!(
-            guard_verdict(MergeMode::Spatial, &[(a, Some(&two)), (b, Some(&two))]),
+            guard_verdict(MergeMode::Spatial, &[w(a, Some(&two)), w(b, Some(&two))]),
             GuardVerdict::Keep
         );
         assert_eq!(
-            guard_verdict(MergeMode::Temporal, &[(b, Some(&two))]),
+            guard_verdict(MergeMode::Temporal, &[w(b, Some(&two))]),
             GuardVerdict::Keep
         );
     }
@@ -971,9 +1055,10 @@ pub(crate) mod tests {
         let better = [0.5, 0.7];
         // Spatial: either task stalling splits (even before the other has
         // two epochs), and the reason names the task.
-        let GuardVerdict::Split(why) =
-            guard_verdict(MergeMode::Spatial, &[(a, Some(&better)), (b, Some(&flat))])
-        else {
+        let GuardVerdict::Split(why) = guard_verdict(
+            MergeMode::Spatial,
+            &[w(a, Some(&better)), w(b, Some(&flat))],
+        ) else {
             panic!("a stalled task must split the pair")
         };
         assert!(
@@ -981,11 +1066,11 @@ pub(crate) mod tests {
             "{why}"
         );
         assert!(matches!(
-            guard_verdict(MergeMode::Spatial, &[(a, Some(&worse)), (b, None)]),
+            guard_verdict(MergeMode::Spatial, &[w(a, Some(&worse)), w(b, None)]),
             GuardVerdict::Split(_)
         ));
         // Temporal: B's accuracy with A's weights.
-        let GuardVerdict::Split(why) = guard_verdict(MergeMode::Temporal, &[(b, Some(&worse))])
+        let GuardVerdict::Split(why) = guard_verdict(MergeMode::Temporal, &[w(b, Some(&worse))])
         else {
             panic!("no gain for B must split A ↦ B")
         };

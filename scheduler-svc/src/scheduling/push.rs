@@ -8,6 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use chrono::{DateTime, Utc};
 use fmsched_core::policy::MergeMode;
+use fmsched_core::trainer::TrainingSettings;
 use fmsched_core::{JobId, NodeId};
 use fmsched_proto::v1 as pb;
 
@@ -37,6 +38,23 @@ pub(crate) fn trainer_task(job: &JobRecord) -> pb::TrainerTask {
             .unwrap_or_default(),
         metric_target: s.target.metric.as_ref().map_or(0.0, |m| m.value),
         samples_per_epoch: s.dataset.num_samples.unwrap_or(0),
+        ..settings_to_proto(TrainingSettings::of(s))
+    }
+}
+
+/// The training settings of a trainer task (the rest left default).
+fn settings_to_proto(t: TrainingSettings) -> pb::TrainerTask {
+    pb::TrainerTask {
+        learning_rate: t.learning_rate,
+        optimizer: t.optimizer,
+        weight_decay: t.weight_decay,
+        amp: t.amp,
+        gradient_checkpointing: t.gradient_checkpointing,
+        petl: t.petl,
+        frozen_layers: t.frozen_layers,
+        objective: t.objective,
+        metric_lower_is_better: t.metric_lower_is_better,
+        ..Default::default()
     }
 }
 

@@ -189,7 +189,7 @@ pub const SPEC: &str = r#"
 name: qqp
 model: roberta-base
 dataset: { uri: s3://d/glue/qqp, task: qqp, objective: sequence-classification }
-hyperparameters: { global_batch_size: 64, learning_rate: 0.00002 }
+hyperparameters: { global_batch_size: 64, learning_rate: 0.00002, amp: true }
 target: { max_epochs: 3, metric: { name: f1, value: 0.88 } }
 resources: { min_gpus: 1, max_gpus: 4 }
 launch: { command: [python, train.py], env: { A: "1" } }
