@@ -281,6 +281,33 @@ impl FrozenLayers {
 }
 
 impl JobSpec {
+    /// The job's service class: the one it names, else SLO when it has a
+    /// deadline (UniSched: a deadline is what makes a job an SLO job), else
+    /// best-effort.
+    pub fn class(&self) -> SloClass {
+        self.slo_class.unwrap_or(if self.deadline.is_some() {
+            SloClass::Slo
+        } else {
+            SloClass::BestEffort
+        })
+    }
+
+    /// Iterations its budget allows: the smaller of `max_iterations` and
+    /// `max_epochs` in iterations (when the dataset size is known); None
+    /// when neither is known. A metric target may end it sooner.
+    pub fn iteration_budget(&self) -> Option<u64> {
+        let t = &self.target;
+        let batch = u64::from(self.hyperparameters.global_batch_size.max(1));
+        let epochs = t
+            .max_epochs
+            .zip(self.dataset.num_samples)
+            .map(|(e, n)| (u64::from(e) * n).div_ceil(batch));
+        match (t.max_iterations, epochs) {
+            (Some(i), Some(e)) => Some(i.min(e)),
+            (i, e) => i.or(e),
+        }
+    }
+
     /// ℓ: the frozen layers (0 = none).
     pub fn frozen_count(&self) -> u32 {
         self.frozen_layers.map_or(0, |f| f.count())
@@ -340,8 +367,10 @@ pub struct JobSpec {
     pub sharing: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deadline: Option<DateTime<Utc>>,
-    #[serde(default)]
-    pub slo_class: SloClass,
+    /// Service class; None = by the one default rule of every entry point
+    /// (gRPC, YAML, SDK): [`JobSpec::class`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slo_class: Option<SloClass>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub frozen_layers: Option<FrozenLayers>,
     pub launch: Launch,

@@ -256,7 +256,7 @@ impl JobSpec {
                 format!("{} is not in the future", d.to_rfc3339()),
             );
         }
-        if self.slo_class == SloClass::Slo && self.deadline.is_none() {
+        if self.slo_class == Some(SloClass::Slo) && self.deadline.is_none() {
             return err("slo_class", "SLO jobs need a deadline");
         }
 
@@ -400,7 +400,7 @@ pub(crate) mod tests {
             },
             sharing: true,
             deadline: None,
-            slo_class: SloClass::BestEffort,
+            slo_class: None,
             frozen_layers: None,
             launch: Launch {
                 command: vec!["python".into(), "train.py".into()],
@@ -495,7 +495,7 @@ pub(crate) mod tests {
         assert_eq!(field_of(&s), "spec.deadline");
 
         let mut s = spec();
-        s.slo_class = SloClass::Slo;
+        s.slo_class = Some(SloClass::Slo);
         assert_eq!(field_of(&s), "spec.slo_class");
 
         let mut s = spec();
@@ -551,7 +551,7 @@ pub(crate) mod tests {
                 .unwrap()
                 .to_utc(),
         );
-        s.slo_class = SloClass::Slo;
+        s.slo_class = Some(SloClass::Slo);
         check(&s).unwrap();
     }
 

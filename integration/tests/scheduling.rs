@@ -1615,6 +1615,91 @@ async fn e2e_fmctl_logs_prints_and_follows_a_jobs_output() {
     drop_db(&db).await;
 }
 
+/// Deadline admission: a job whose deadline no schedule could meet — not
+/// even alone on its fastest allocation, never suspended — is refused at
+/// submit naming `deadline` and the earliest deadline it could meet, when
+/// it is an SLO job (a deadline without a class makes one); nothing is
+/// stored, and that earliest deadline is then accepted. A best-effort job
+/// with the same deadline is kept with a warning; a metric-target SLO job
+/// is kept with a note that it could not be checked.
+#[tokio::test]
+async fn e2e_deadline_an_infeasible_strict_deadline_is_refused_at_submit() {
+    let db = new_db("fmsched_admission").await;
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let _sched = scheduler(&db, port, dir.path());
+    wait_up("scheduler up", port);
+    let _a = agent("node-a", port, dir.path());
+    wait_for("node-a registered", Duration::from_secs(10), || {
+        let out = fmctl(port, &["nodes"])?;
+        if out.contains("node-a") {
+            Ok(())
+        } else {
+            Err(out)
+        }
+    });
+    let in_s = |s: i64| (chrono::Utc::now() + chrono::Duration::seconds(s)).to_rfc3339();
+    let spec = |name: &str, iterations: u64, extra: &str| {
+        format!("{}{extra}", job_yaml(name, "rte", iterations, 2))
+    };
+    let submit_json = |name: &str, yaml: String| -> Result<Value, String> {
+        let f = dir.path().join(format!("{name}.yaml"));
+        std::fs::write(&f, yaml).unwrap();
+        let out = fmctl(port, &["-o", "json", "submit", &f.display().to_string()])?;
+        Ok(serde_json::from_str::<Value>(&out).unwrap()[0].clone())
+    };
+    // 200,000 iterations by a deadline two minutes away: refused.
+    let tight = format!("deadline: \"{}\"\n", in_s(120));
+    let err = submit_json("tight", spec("tight", 200_000, &tight)).unwrap_err();
+    assert!(
+        err.contains("spec.deadline")
+            && err.contains("cannot be met")
+            && err.contains("earliest deadline it could meet is"),
+        "{err}"
+    );
+    assert!(
+        jobs(port).unwrap().is_empty(),
+        "a refused job stores nothing"
+    );
+    // The earliest deadline it named (plus a margin for the time since) is
+    // accepted, without a warning.
+    let earliest = err
+        .split("earliest deadline it could meet is ")
+        .nth(1)
+        .and_then(|r| r.split(". ").next())
+        .and_then(|t| chrono::DateTime::parse_from_rfc3339(t.trim()).ok())
+        .unwrap_or_else(|| panic!("no earliest deadline in {err}"));
+    let ok = format!(
+        "deadline: \"{}\"\n",
+        (earliest + chrono::Duration::seconds(60)).to_rfc3339()
+    );
+    let v = submit_json("earliest", spec("earliest", 200_000, &ok)).unwrap();
+    assert!(
+        v["created"] == true && v["warnings"] == serde_json::json!([]),
+        "{v}"
+    );
+    // Best-effort with the tight deadline: kept, with a warning.
+    let be = format!("{tight}slo_class: best_effort\n");
+    let v = submit_json("be", spec("be", 200_000, &be)).unwrap();
+    let w = v["warnings"].to_string();
+    assert!(
+        v["created"] == true && w.contains("accepted as best-effort"),
+        "{v}"
+    );
+    // A metric target: its iterations are unknown at submit.
+    let metric = spec("metric", 200_000, &tight).replace(
+        "target: { max_iterations: 200000 }",
+        "target: { max_epochs: 3, metric: { name: accuracy, value: 0.7 } }",
+    );
+    let v = submit_json("metric", metric).unwrap();
+    assert!(
+        v["created"] == true && v["warnings"].to_string().contains("deadline not checked"),
+        "{v}"
+    );
+    assert_eq!(jobs(port).unwrap().len(), 3);
+    drop_db(&db).await;
+}
+
 /// Every training setting of a spec acts (ICEFROG issue, item 1): a frozen
 /// range nothing could act on is refused at submit naming the field, and
 /// nothing is stored; a job with fp32, activation checkpointing, SGD, six

@@ -167,9 +167,9 @@ pub fn job_spec_from_proto(p: pb::JobSpec) -> Result<core::JobSpec, FieldError> 
     let slo_class = match pb::SloClass::try_from(p.slo_class)
         .map_err(|_| bad_enum("spec.slo_class", p.slo_class))?
     {
-        pb::SloClass::Unspecified if deadline.is_some() => core::SloClass::Slo,
-        pb::SloClass::Unspecified | pb::SloClass::BestEffort => core::SloClass::BestEffort,
-        pb::SloClass::Slo => core::SloClass::Slo,
+        pb::SloClass::Unspecified => None,
+        pb::SloClass::BestEffort => Some(core::SloClass::BestEffort),
+        pb::SloClass::Slo => Some(core::SloClass::Slo),
     };
     Ok(core::JobSpec {
         name: p.name,
@@ -260,8 +260,9 @@ pub fn job_spec_to_proto(s: &core::JobSpec) -> pb::JobSpec {
         sharing: Some(s.sharing),
         deadline: s.deadline.map(timestamp_to_proto),
         slo_class: match s.slo_class {
-            core::SloClass::BestEffort => pb::SloClass::BestEffort,
-            core::SloClass::Slo => pb::SloClass::Slo,
+            None => pb::SloClass::Unspecified,
+            Some(core::SloClass::BestEffort) => pb::SloClass::BestEffort,
+            Some(core::SloClass::Slo) => pb::SloClass::Slo,
         } as i32,
         frozen_layers: s.frozen_layers.map(|f| pb::FrozenLayers {
             first: f.first,
@@ -327,7 +328,24 @@ mod tests {
         p.slo_class = 0;
         let s = job_spec_from_proto(p).unwrap();
         assert!(s.sharing);
-        assert_eq!(s.slo_class, core::SloClass::Slo);
+        assert_eq!(s.class(), core::SloClass::Slo);
+        // The YAML path, a spec without a class, follows the same rule.
+        let yaml: core::JobSpec = serde_json::from_value(serde_json::json!({
+            "model": "roberta-base",
+            "dataset": { "uri": "file:///d", "task": "rte" },
+            "hyperparameters": { "global_batch_size": 8, "learning_rate": 1e-4 },
+            "target": { "max_iterations": 10 },
+            "resources": { "min_gpus": 1, "max_gpus": 1 },
+            "deadline": "2030-01-01T00:00:00Z",
+            "launch": { "command": ["train"] }
+        }))
+        .unwrap();
+        assert_eq!(yaml.class(), core::SloClass::Slo);
+        assert_eq!(
+            job_spec_from_proto(job_spec_to_proto(&yaml)).unwrap(),
+            yaml,
+            "an unnamed class round-trips unnamed"
+        );
     }
 
     #[test]

@@ -235,6 +235,21 @@ impl JobService for JobApi {
         if let Some(m) = &spec.resources.gpu_model {
             self.check_gpu_model(m)?;
         }
+        // Deadline admission: a strict SLO job no schedule could finish in
+        // time is refused before anything is written.
+        let deadline_note = match crate::scheduling::shipped_lut() {
+            Ok(lut) => crate::scheduling::admission::check_deadline(
+                &lut,
+                &self.state.registry.snapshot(),
+                &spec,
+                now,
+            )
+            .verdict(spec.class()),
+            Err(e) => Some((false, format!("deadline not checked at submit: {e}"))),
+        };
+        if let Some((true, why)) = &deadline_note {
+            return Err(ApiError::FailedPrecondition(format!("spec.deadline: {why}")).into());
+        }
 
         let key = (!req.idempotency_key.is_empty()).then_some(req.idempotency_key.as_str());
         let id = JobId::new_v7();
@@ -258,6 +273,7 @@ impl JobService for JobApi {
         )
         .map(|why| format!("no set of the registered nodes can ever hold this job: {why}; it waits until such nodes join"))
         .into_iter()
+        .chain(deadline_note.map(|(_, why)| why))
         .collect();
         let (job, created) = match outcome {
             SubmitOutcome::Created(job) => {

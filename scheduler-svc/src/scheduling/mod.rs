@@ -49,6 +49,7 @@
 //! a group may span: a wider placement waits with an `unschedulable` event
 //! (and `fmsched_unexecutable_placements_total`).
 
+pub mod admission;
 mod gangs;
 mod inputs;
 mod observe;
@@ -328,26 +329,12 @@ impl RoundError {
 
 /// Iterations a job needs in all (from its target).
 fn total_iterations(job: &JobRecord) -> u64 {
-    let t = &job.spec.target;
-    if let Some(i) = t.max_iterations {
-        return i;
-    }
-    if let (Some(e), Some(n)) = (t.max_epochs, job.spec.dataset.num_samples) {
-        let batch = u64::from(job.spec.hyperparameters.global_batch_size.max(1));
-        return (u64::from(e) * n).div_ceil(batch);
-    }
-    DEFAULT_ITERATIONS
+    iteration_budget(job).unwrap_or(DEFAULT_ITERATIONS)
 }
 
-/// The job's own iteration budget: its `max_iterations`, or its epoch
-/// budget in iterations when the dataset size is known.
+/// The job's own iteration budget ([`fmsched_core::JobSpec::iteration_budget`]).
 fn iteration_budget(job: &JobRecord) -> Option<u64> {
-    let t = &job.spec.target;
-    t.max_iterations.or_else(|| {
-        t.max_epochs
-            .and(job.spec.dataset.num_samples)
-            .map(|_| total_iterations(job))
-    })
+    job.spec.iteration_budget()
 }
 
 /// Iterations the job is expected to need: the estimate from its fitted
@@ -917,12 +904,24 @@ async fn hint(
     Ok(push::send_switch_hints(state, &view, &held, switch_at))
 }
 
+/// The shipped throughput table (built once): the rounds' in-process
+/// estimates and submit-time admission read the same one.
+pub fn shipped_lut() -> Result<Arc<Lut>, String> {
+    static LUT: std::sync::OnceLock<Result<Arc<Lut>, String>> = std::sync::OnceLock::new();
+    LUT.get_or_init(|| {
+        analytic::default_lut()
+            .map(Arc::new)
+            .map_err(|e| e.to_string())
+    })
+    .clone()
+}
+
 /// Runs rounds every `scheduling.round_interval()` until the task is
 /// aborted; with a `prewarm_lead`, a look-ahead round that long before each
 /// round. A replica that does not lead runs none.
 pub async fn scheduling_loop(state: AppState) {
-    let lut = match analytic::default_lut() {
-        Ok(l) => Arc::new(l),
+    let lut = match shipped_lut() {
+        Ok(l) => l,
         Err(e) => {
             tracing::error!(error = %e, "no throughput table; scheduling disabled");
             return;
