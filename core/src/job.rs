@@ -273,6 +273,18 @@ pub struct FrozenLayers {
     pub last: u32,
 }
 
+/// ICEFROG layer elasticity (§III): the scheduler's layer tuner may freeze
+/// up to `max_frozen_layers` layers from the input, starting from
+/// `frozen_layers` (none when unset), and change it while the job runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LayerElasticity {
+    pub max_frozen_layers: u32,
+}
+
+/// ICEFROG caps the frozen layers at 90 % of the model's (§III).
+pub const MAX_FROZEN_SHARE: f64 = 0.9;
+
 impl FrozenLayers {
     /// ℓ of ICEFROG: how many layers (from the input) are frozen.
     pub fn count(&self) -> u32 {
@@ -373,6 +385,8 @@ pub struct JobSpec {
     pub slo_class: Option<SloClass>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub frozen_layers: Option<FrozenLayers>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub layer_elasticity: Option<LayerElasticity>,
     pub launch: Launch,
     #[serde(default)]
     pub labels: BTreeMap<String, String>,

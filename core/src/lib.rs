@@ -17,8 +17,8 @@ pub mod validate;
 
 pub use ids::{GpuUuid, JobId, NodeId, UserName};
 pub use job::{
-    DatasetSpec, FrozenLayers, HyperParameters, JobSpec, JobState, Launch, MetricTarget, Optimizer,
-    PetlMethod, Resources, SloClass, Target,
+    DatasetSpec, FrozenLayers, HyperParameters, JobSpec, JobState, Launch, LayerElasticity,
+    MetricTarget, Optimizer, PetlMethod, Resources, SloClass, Target,
 };
 pub use models::{ModelCatalog, ModelInfo};
 pub use node::{Liveness, NodeState};

@@ -46,6 +46,12 @@ pub mod env {
     /// expert group. Every group lies on one node: consecutive local ranks
     /// form a group (this node's GPUs are a whole number of them).
     pub const EXPERT_PARALLEL: &str = "FMSCHED_EXPERT_PARALLEL";
+    /// A JSON file ([`super::Control`]) the agent rewrites when the
+    /// scheduler changes a running process's settings (ICEFROG's layer
+    /// tuner: `frozen_layers`). The trainer reads it at every epoch start
+    /// and applies what changed there, without a restart; absent = nothing
+    /// changed.
+    pub const CONTROL_FILE: &str = "FMSCHED_CONTROL_FILE";
     /// Model name of the GPUs the process runs on (as the node reports it).
     pub const GPU_MODEL: &str = "FMSCHED_GPU_MODEL";
     /// Torchrun-compatible rank variables. The agent runs one process per
@@ -148,6 +154,11 @@ pub struct TrainingSettings {
     /// ICEFROG ℓ: freeze the first this-many transformer layers (from the
     /// input); 0 = none.
     pub frozen_layers: u32,
+    /// Layer-elastic (`layer_elasticity`): the scheduler may change
+    /// `frozen_layers` up to this many while the process runs
+    /// ([`env::CONTROL_FILE`]); the trainer reports
+    /// [`Report::LayerVariance`] every epoch. 0 = not elastic.
+    pub max_frozen_layers: u32,
     /// `dataset.objective` (e.g. sequence-classification, causal-lm).
     pub objective: String,
     /// The metric target is reached from above (a loss, a perplexity).
@@ -155,7 +166,8 @@ pub struct TrainingSettings {
 }
 
 /// `amp=… gradient_checkpointing=… petl=… frozen_layers=… optimizer=…
-/// learning_rate=… weight_decay=… objective=… metric_lower_is_better=…`
+/// learning_rate=… weight_decay=… objective=… metric_lower_is_better=…
+/// max_frozen_layers=…`
 /// (empty names as `none` / `default`), for logs.
 impl std::fmt::Display for TrainingSettings {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -163,7 +175,8 @@ impl std::fmt::Display for TrainingSettings {
         write!(
             f,
             "amp={} gradient_checkpointing={} petl={} frozen_layers={} optimizer={} \
-             learning_rate={} weight_decay={} objective={} metric_lower_is_better={}",
+             learning_rate={} weight_decay={} objective={} metric_lower_is_better={} \
+             max_frozen_layers={}",
             self.amp,
             self.gradient_checkpointing,
             or(&self.petl, "none"),
@@ -173,6 +186,7 @@ impl std::fmt::Display for TrainingSettings {
             self.weight_decay,
             or(&self.objective, "default"),
             self.metric_lower_is_better,
+            self.max_frozen_layers,
         )
     }
 }
@@ -189,6 +203,7 @@ impl TrainingSettings {
             gradient_checkpointing: h.gradient_checkpointing,
             petl: h.petl.as_str().into(),
             frozen_layers: spec.frozen_count(),
+            max_frozen_layers: spec.layer_elasticity.map_or(0, |e| e.max_frozen_layers),
             objective: spec.dataset.objective.clone(),
             metric_lower_is_better: spec
                 .target
@@ -237,6 +252,26 @@ pub enum Report {
     Prewarmed,
     /// A task reached its target; its weights are at `output`.
     Done { job_id: String, output: String },
+    /// Per-layer gradient variance of a layer-elastic task, once an epoch
+    /// (ICEFROG Eq. 3): `variance[i]` for transformer layer `i` from the
+    /// input — the epoch's for a trained layer, and for a frozen one the
+    /// value it had when it was frozen — with the frozen layers it trains
+    /// with now.
+    LayerVariance {
+        job_id: String,
+        epoch: f64,
+        frozen_layers: u32,
+        variance: Vec<f64>,
+    },
+}
+
+/// What [`env::CONTROL_FILE`] holds: the settings the scheduler changed
+/// while the process runs (absent keys: unchanged).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Control {
+    /// Freeze the first this-many layers from the next epoch on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub frozen_layers: Option<u32>,
 }
 
 impl Report {
@@ -271,7 +306,7 @@ mod tests {
             s.to_string(),
             "amp=true gradient_checkpointing=true petl=prefix_tuning frozen_layers=4 \
              optimizer=adamw learning_rate=0.00002 weight_decay=0.01 \
-             objective=sequence-classification metric_lower_is_better=true"
+             objective=sequence-classification metric_lower_is_better=true max_frozen_layers=0"
         );
         let t = TaskAssignment {
             job_id: "j".into(),

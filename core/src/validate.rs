@@ -294,6 +294,36 @@ impl JobSpec {
             }
         }
 
+        // Layer elasticity (ICEFROG): a range the tuner may move in.
+        if let Some(e) = self.layer_elasticity {
+            let cap = (f64::from(model.layers) * crate::job::MAX_FROZEN_SHARE).floor() as u32;
+            if e.max_frozen_layers > cap {
+                return err(
+                    "layer_elasticity.max_frozen_layers",
+                    format!(
+                        "at most {cap} of {}'s {} layers may be frozen (90 %, ICEFROG §III), got {}",
+                        model.name, model.layers, e.max_frozen_layers
+                    ),
+                );
+            }
+            if e.max_frozen_layers < self.frozen_count() {
+                return err(
+                    "layer_elasticity.max_frozen_layers",
+                    format!(
+                        "must be >= the {} layers frozen_layers freezes",
+                        self.frozen_count()
+                    ),
+                );
+            }
+            if self.resources.pipeline_parallel {
+                return err(
+                    "layer_elasticity",
+                    "not with resources.pipeline_parallel: a changed frozen prefix unbalances the \
+                     pipeline's stages (planned)",
+                );
+            }
+        }
+
         // Launch.
         let la = &self.launch;
         if la.command.is_empty() {
@@ -402,6 +432,7 @@ pub(crate) mod tests {
             deadline: None,
             slo_class: None,
             frozen_layers: None,
+            layer_elasticity: None,
             launch: Launch {
                 command: vec!["python".into(), "train.py".into()],
                 env: BTreeMap::new(),
@@ -512,6 +543,19 @@ pub(crate) mod tests {
         s.frozen_layers = Some(FrozenLayers { first: 0, last: 5 });
         check(&s).unwrap();
         assert_eq!(s.frozen_count(), 6);
+        // Layer elasticity: up to 90 % of the layers, from the frozen ones.
+        s.layer_elasticity = Some(LayerElasticity {
+            max_frozen_layers: 10,
+        });
+        check(&s).unwrap();
+        s.layer_elasticity = Some(LayerElasticity {
+            max_frozen_layers: 11,
+        });
+        assert_eq!(field_of(&s), "spec.layer_elasticity.max_frozen_layers");
+        s.layer_elasticity = Some(LayerElasticity {
+            max_frozen_layers: 4,
+        });
+        assert_eq!(field_of(&s), "spec.layer_elasticity.max_frozen_layers");
 
         let mut s = spec();
         s.launch.command.clear();

@@ -37,6 +37,47 @@ pub fn frozen_penalty(frozen_var_at_freeze: f64, trainable_var_now: f64) -> f64 
     t / (f + t)
 }
 
+/// ICEFROG Eq. 3 over per-layer variances: `ψ(ℓ)` with the first `ℓ`
+/// layers frozen, `variance[i]` layer `i`'s gradient variance (a frozen
+/// layer's as it was when frozen, `σ²_{t0}`; the others' now, `σ²_t`).
+pub fn frozen_penalty_of_layers(variance: &[f64], frozen: u32) -> f64 {
+    let l = (frozen as usize).min(variance.len());
+    let clean = |v: &[f64]| {
+        v.iter()
+            .filter(|x| x.is_finite())
+            .map(|x| x.max(0.0))
+            .sum::<f64>()
+    };
+    frozen_penalty(clean(&variance[..l]), clean(&variance[l..]))
+}
+
+/// ICEFROG's layer tuner (Eq. 2 with Eq. 15's choice): the frozen layers
+/// `ℓ* = argmax_ℓ ψ(ℓ) · T(ℓ)` over `range`, from the per-layer gradient
+/// variance (see [`frozen_penalty_of_layers`]) and `throughput(ℓ)`, the
+/// samples per second with `ℓ` frozen (Eq. 4; None = does not fit). Ties
+/// go to fewer frozen layers. Returns `(ℓ*, E(ℓ*))`; None when nothing in
+/// the range runs or no variance was reported.
+pub fn tune_frozen_layers(
+    variance: &[f64],
+    range: std::ops::RangeInclusive<u32>,
+    throughput: impl Fn(u32) -> Option<f64>,
+) -> Option<(u32, f64)> {
+    if variance.is_empty() {
+        return None;
+    }
+    let mut best: Option<(u32, f64)> = None;
+    for l in range {
+        let Some(t) = throughput(l).filter(|t| t.is_finite() && *t > 0.0) else {
+            continue;
+        };
+        let e = effective_progress(frozen_penalty_of_layers(variance, l), t);
+        if best.is_none_or(|(_, b)| e > b * (1.0 + 1e-9)) {
+            best = Some((l, e));
+        }
+    }
+    best
+}
+
 /// ICEFROG Eq. 4: samples per second `M / T_iter · λ`.
 pub fn layer_aware_throughput(global_batch: f64, t_iter: f64, lambda: f64) -> f64 {
     if t_iter <= 0.0 {
@@ -239,6 +280,28 @@ mod tests {
             0.0,
             "utilisation rule"
         );
+    }
+
+    /// The tuner freezes nothing when the early layers still carry the
+    /// gradient variance (ψ falls faster than throughput rises), freezes
+    /// the settled early layers when the variance sits deep, and never
+    /// picks an ℓ that does not fit.
+    #[test]
+    fn the_layer_tuner_weighs_the_penalty_against_throughput() {
+        // Throughput rises 5 % per frozen layer of 12.
+        let t = |l: u32| Some(100.0 * (1.0 + 0.05 * f64::from(l)));
+        let early: Vec<f64> = (0..12).map(|i| f64::from(12 - i).powi(3)).collect();
+        assert_eq!(tune_frozen_layers(&early, 0..=10, t).unwrap().0, 0);
+        let deep: Vec<f64> = (0..12).map(|i| f64::from(i + 1).powi(3)).collect();
+        let (l, e) = tune_frozen_layers(&deep, 0..=10, t).unwrap();
+        assert!(l > 0 && l <= 10, "{l}");
+        assert!(e > 100.0, "better than training everything: {e}");
+        // Eq. 3 by hand: variance 1, 2, 3 with one layer frozen: 5 / 6.
+        assert!((frozen_penalty_of_layers(&[1.0, 2.0, 3.0], 1) - 5.0 / 6.0).abs() < 1e-12);
+        // Only ℓ ≥ 3 fits: the tuner stays there.
+        let fits = |l: u32| (l >= 3).then(|| t(l).unwrap());
+        assert_eq!(tune_frozen_layers(&early, 0..=10, fits).unwrap().0, 3);
+        assert_eq!(tune_frozen_layers(&[], 0..=10, t), None);
     }
 
     /// Checkpointing and freezing shrink activations, PETL the optimizer

@@ -57,7 +57,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use fmsched_core::trainer::{Report, TaskAssignment, env};
+use fmsched_core::trainer::{Control, Report, TaskAssignment, env};
 use fmsched_estimator::analytic;
 use fmsched_estimator::lut::{Lut, Variant, packed_placement};
 use serde::{Deserialize, Serialize};
@@ -186,17 +186,22 @@ impl Curve {
     }
 }
 
-/// ICEFROG Eq. 3 for the fake world: `ψ(ℓ) = σ²[ℓ+1:L] / (σ²[1:ℓ] +
-/// σ²[ℓ+1:L])` with a per-layer gradient variance `σ²[i] ∝ i` (layers near
-/// the input settle first; the variance at freezing equals today's, the
-/// world being stationary). Freezing half of 12 layers gives ψ = 57/78 ≈ 0.73.
-fn frozen_penalty_of(frozen: u32, layers: u32) -> f64 {
-    let l = u64::from(frozen.min(layers));
-    let n = u64::from(layers.max(1));
-    let frozen_var = (l * (l + 1) / 2) as f64;
-    let trained_var = (n * (n + 1) / 2) as f64 - frozen_var;
-    fmsched_estimator::icefrog::frozen_penalty(frozen_var, trained_var)
+/// The fake world's per-layer gradient variance: `σ²[i] ∝ i + 1` (layers
+/// near the input settle first), stationary — a frozen layer's variance
+/// when frozen equals today's. It is what a layer-elastic fake trainer
+/// reports each epoch.
+fn fake_layer_variance(layers: u32) -> Vec<f64> {
+    (1..=layers.max(1)).map(f64::from).collect()
 }
+
+/// ICEFROG Eq. 3 for the fake world: `ψ(ℓ)` over [`fake_layer_variance`].
+/// Freezing half of 12 layers gives ψ = 57/78 ≈ 0.73.
+fn frozen_penalty_of(frozen: u32, layers: u32) -> f64 {
+    fmsched_estimator::icefrog::frozen_penalty_of_layers(&fake_layer_variance(layers), frozen)
+}
+
+/// Seconds per iteration with `ℓ` frozen layers (None: no profile fits).
+type StepOf = Box<dyn Fn(u32) -> Option<f64>>;
 
 struct Trainer {
     tasks: Vec<TaskAssignment>,
@@ -212,6 +217,14 @@ struct Trainer {
     samples_per_epoch: Vec<u64>,
     reporter: Reporter,
     noise: u64,
+    /// Layer elasticity: the frozen layers it trains with, the model's
+    /// layers, the speed of each task without the frozen penalty, the step
+    /// time by frozen layers, and the control file it reads each epoch.
+    frozen: u32,
+    layers: u32,
+    base_speed: Vec<f64>,
+    step_of: StepOf,
+    control: Option<PathBuf>,
     /// Rank 0 of a job over several nodes: the other nodes' processes.
     followers: Vec<tokio::net::tcp::OwnedWriteHalf>,
 }
@@ -543,6 +556,9 @@ impl Trainer {
                     .await;
             }
         }
+        if epochs_passed && !self.profile {
+            self.epoch_start().await;
+        }
         // Watched tasks (temporal merge guard): B evaluated with A's current
         // weights; it improves as A learns only when A's weights help B.
         if epochs_passed {
@@ -563,6 +579,66 @@ impl Trainer {
             }
         }
         Ok(trained.iter().all(|&i| self.state[i].done))
+    }
+
+    /// At an epoch boundary: report the per-layer gradient variance
+    /// (ICEFROG Eq. 3), then apply a changed `frozen_layers` from the
+    /// control file — the step time and the learning per step change, the
+    /// process goes on.
+    async fn epoch_start(&mut self) {
+        if self.tasks.iter().all(|t| t.settings.max_frozen_layers == 0) {
+            return; // not layer-elastic
+        }
+        let a = self
+            .tasks
+            .iter()
+            .position(|t| !t.eval_only)
+            .unwrap_or_default();
+        let epoch = self.state[a].samples as f64 / self.samples_per_epoch[a] as f64;
+        self.reporter
+            .send(&Report::LayerVariance {
+                job_id: self.tasks[a].job_id.clone(),
+                epoch,
+                frozen_layers: self.frozen,
+                variance: fake_layer_variance(self.layers),
+            })
+            .await;
+        let Some(path) = &self.control else { return };
+        let Ok(text) = std::fs::read_to_string(path) else {
+            return; // nothing changed yet
+        };
+        let c: Control = match serde_json::from_str(&text) {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("fake-trainer: {}: {e}; ignored", path.display());
+                return;
+            }
+        };
+        let Some(l) = c.frozen_layers.filter(|&l| l != self.frozen) else {
+            return;
+        };
+        let Some(step) = (self.step_of)(l) else {
+            eprintln!(
+                "fake-trainer: frozen layers {l}: no profile fits; kept {}",
+                self.frozen
+            );
+            return;
+        };
+        eprintln!(
+            "fake-trainer: frozen layers {} → {l} at epoch {epoch:.0}: {:.3} → {step:.3} s/iteration, ψ {:.3}",
+            self.frozen,
+            self.seconds_per_iteration,
+            frozen_penalty_of(l, self.layers)
+        );
+        self.frozen = l;
+        self.seconds_per_iteration = step;
+        let psi = frozen_penalty_of(l, self.layers);
+        for (s, b) in self.speed.iter_mut().zip(&self.base_speed) {
+            *s = b * psi;
+        }
+        for t in &mut self.tasks {
+            t.settings.frozen_layers = l;
+        }
     }
 
     /// Reports an evaluation of task `i`; true when it reaches the metric target.
@@ -754,8 +830,8 @@ async fn run() -> anyhow::Result<()> {
     let layers = analytic::layers_of(&model).unwrap_or(12);
     // The variant it trains in: one process, one setting (the scheduler
     // merges only jobs that train alike).
-    let settings = &tasks[0].settings;
-    let variant = Variant::of_settings(settings, var(env::PIPELINE_STAGES).is_some());
+    let settings = tasks[0].settings.clone();
+    let variant = Variant::of_settings(&settings, var(env::PIPELINE_STAGES).is_some());
     let it = lut
         .iteration_time_on(
             &model,
@@ -876,19 +952,32 @@ async fn run() -> anyhow::Result<()> {
     // Frozen layers: each iteration teaches ψ(ℓ) as much (ICEFROG Eq. 2:
     // effective progress E = ψ · T).
     let psi = frozen_penalty_of(settings.frozen_layers, layers);
-    let speed = tasks
+    let base_speed: Vec<f64> = tasks
         .iter()
-        .map(|t| {
-            psi * match trained_tasks.as_slice() {
-                [a, b] if !t.eval_only => {
-                    let other = if a.job_id == t.job_id { b } else { a };
-                    let g = true_gain(&t.model, &other.task, &t.task, true);
-                    if g < 0.0 { 0.0 } else { 1.0 + g }
-                }
-                _ => 1.0,
+        .map(|t| match trained_tasks.as_slice() {
+            [a, b] if !t.eval_only => {
+                let other = if a.job_id == t.job_id { b } else { a };
+                let g = true_gain(&t.model, &other.task, &t.task, true);
+                if g < 0.0 { 0.0 } else { 1.0 + g }
             }
+            _ => 1.0,
         })
         .collect();
+    let speed = base_speed.iter().map(|b| psi * b).collect();
+    let step_of: StepOf = {
+        let (model, gpu, variant) = (model.clone(), gpu.clone(), variant.clone());
+        let placement = packed_placement(world, 4);
+        Box::new(move |l| {
+            let v = Variant {
+                frozen_layers: l,
+                ..variant.clone()
+            };
+            lut.iteration_time_on(&model, &gpu, &placement, batch, &v, layers)
+                .ok()
+                .filter(|it| it.feasible)
+                .map(|it| it.seconds)
+        })
+    };
     let mut tr = Trainer {
         noise: 0x2545_F491_4F6C_DD1D ^ state[0].iteration.wrapping_mul(0x9E37),
         tasks,
@@ -902,6 +991,11 @@ async fn run() -> anyhow::Result<()> {
         samples_per_epoch,
         reporter,
         followers: Vec::new(),
+        frozen: settings.frozen_layers,
+        layers,
+        base_speed,
+        step_of,
+        control: var(env::CONTROL_FILE).map(PathBuf::from),
     };
 
     // Start-up: the data loader (workers, tokenised data). A standby does
@@ -948,11 +1042,15 @@ async fn run() -> anyhow::Result<()> {
     );
     // Wall seconds per iteration after compression; steps are taken in
     // ticks of at least 20 ms so a fast job does not busy-loop.
-    let wall_per_it = (seconds_per_iteration / compression).max(1e-6);
     // Whole steps per tick, and the tick exactly that many steps long (a
     // rounded step count over a fixed tick would run up to 25 % fast).
-    let steps_per_tick = ((0.02 / wall_per_it).ceil() as u64).max(1);
-    let tick = Duration::from_secs_f64(wall_per_it * steps_per_tick as f64);
+    let pace = |seconds_per_iteration: f64| {
+        let wall_per_it = (seconds_per_iteration / compression).max(1e-6);
+        let steps = ((0.02 / wall_per_it).ceil() as u64).max(1);
+        (steps, Duration::from_secs_f64(wall_per_it * steps as f64))
+    };
+    let (mut steps_per_tick, tick) = pace(tr.seconds_per_iteration);
+    let mut paced_at = tr.seconds_per_iteration;
     let profile_steps: u64 = var("FMSCHED_FAKE_PROFILE_STEPS")
         .and_then(|c| c.parse().ok())
         .unwrap_or(50);
@@ -964,6 +1062,15 @@ async fn run() -> anyhow::Result<()> {
         tokio::select! {
             _ = ticker.tick() => {
                 let done = tr.advance(steps_per_tick, crash_at).await?;
+                // A new frozen-layer count changed the step time.
+                if tr.seconds_per_iteration != paced_at {
+                    paced_at = tr.seconds_per_iteration;
+                    let (steps, tick) = pace(paced_at);
+                    steps_per_tick = steps;
+                    ticker = tokio::time::interval(tick);
+                    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                    ticker.tick().await;
+                }
                 if tr.profile {
                     profiled += steps_per_tick;
                     if profiled >= profile_steps {

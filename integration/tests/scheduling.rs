@@ -1700,6 +1700,41 @@ async fn e2e_deadline_an_infeasible_strict_deadline_is_refused_at_submit() {
     drop_db(&db).await;
 }
 
+/// ICEFROG layer elasticity live: a job that opts in reports its
+/// per-layer gradient variance every epoch; the scheduler's layer tuner
+/// picks `ℓ* = argmax ψ(ℓ)·T(ℓ)` (Eq. 2, 15) — 3 of roberta-base's 12
+/// layers on one A100 in the fake world (variance ∝ depth) — and the
+/// running trainer takes it at an epoch start through its control file,
+/// without a restart.
+#[tokio::test]
+async fn e2e_icefrog_a_layer_elastic_job_gets_a_new_l_without_a_restart() {
+    let db = new_db("fmsched_elastic").await;
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let _sched = scheduler(&db, port, dir.path());
+    wait_up("scheduler up", port);
+    let _a = agent("node-a", port, dir.path());
+    let yaml = format!(
+        "{}layer_elasticity: {{ max_frozen_layers: 10 }}\n",
+        job_yaml_env("elastic", "rte", 2000, 1, "")
+    )
+    .replace("\"40\"", "\"20\"");
+    submit(port, dir.path(), [("elastic".to_string(), yaml)]).expect("submit");
+    let done = all_completed(port, 1, Duration::from_secs(120));
+    let (id, _) = done.into_iter().next().unwrap();
+    let err = fmctl(port, &["logs", &id, "--stderr"]).unwrap();
+    assert!(
+        err.contains("fake-trainer: frozen layers 0 → 3 at epoch"),
+        "the tuner's ℓ reached the running trainer:\n{err}"
+    );
+    assert_eq!(
+        err.matches("fake-trainer: training rte").count(),
+        1,
+        "one training process, never restarted:\n{err}"
+    );
+    drop_db(&db).await;
+}
+
 /// Every training setting of a spec acts (ICEFROG issue, item 1): a frozen
 /// range nothing could act on is refused at submit naming the field, and
 /// nothing is stored; a job with fp32, activation checkpointing, SGD, six

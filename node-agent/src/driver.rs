@@ -118,6 +118,9 @@ pub struct Observed {
     /// Jobs that reached their target, with their output path.
     pub done: BTreeMap<String, String>,
     pub bad_lines: u64,
+    /// Per layer-elastic job: the frozen layers it trains with and its
+    /// latest per-layer gradient variance (ICEFROG Eq. 3).
+    pub layer_variance: BTreeMap<String, (u32, Vec<f64>)>,
     /// Report connections not yet at end of stream.
     pub open_connections: u32,
 }
@@ -215,6 +218,14 @@ fn apply(o: &Mutex<Observed>, r: Report) {
         Report::Prewarmed => o.prewarmed = true,
         Report::Done { job_id, output } => {
             o.done.insert(job_id, output);
+        }
+        Report::LayerVariance {
+            job_id,
+            frozen_layers,
+            variance,
+            ..
+        } => {
+            o.layer_variance.insert(job_id, (frozen_layers, variance));
         }
     }
 }
@@ -341,6 +352,9 @@ impl ProcessDriver {
             .map_err(|e| err(format!("creating {}: {e}", ckpt.display())))?;
         let sock = report_socket_path(&dir);
         let _ = std::fs::remove_file(&sock);
+        // A new process starts from its launch settings.
+        let control = dir.join(CONTROL_FILE_NAME);
+        let _ = std::fs::remove_file(&control);
         let listener = tokio::net::UnixListener::bind(&sock)
             .map_err(|e| err(format!("binding {}: {e}", sock.display())))?;
         let open = |name: &str| {
@@ -367,6 +381,7 @@ impl ProcessDriver {
             .env(env::CHECKPOINT_DIR, &ckpt)
             .env(env::OUTPUT_DIR, dir.join("output"))
             .env(env::REPORT_SOCKET, &sock)
+            .env(env::CONTROL_FILE, &control)
             .env(
                 env::CHECKPOINT_INTERVAL_S,
                 self.cfg.checkpoint_interval.as_secs_f64().to_string(),
@@ -534,6 +549,29 @@ impl ProcessDriver {
         Ok(lock(&r.observed).last_checkpoint.clone())
     }
 
+    /// Changes a running process's settings: rewrites its control file
+    /// ([`env::CONTROL_FILE`]), which it reads at its next epoch start.
+    pub async fn set_control(
+        &self,
+        id: &str,
+        control: &fmsched_core::trainer::Control,
+    ) -> Result<(), DriverError> {
+        let procs = self.procs.lock().await;
+        let r = procs
+            .get(id)
+            .ok_or_else(|| DriverError::NotRunning(id.to_string()))?;
+        let err = |m: String| DriverError::Launch {
+            id: id.to_string(),
+            message: m,
+        };
+        let path = r.dir.join(CONTROL_FILE_NAME);
+        let tmp = r.dir.join(format!("{CONTROL_FILE_NAME}.tmp"));
+        let bytes = serde_json::to_vec(control).map_err(|e| err(e.to_string()))?;
+        std::fs::write(&tmp, bytes)
+            .and_then(|()| std::fs::rename(&tmp, &path))
+            .map_err(|e| err(format!("writing {}: {e}", path.display())))
+    }
+
     /// Lets a standby process train (SIGUSR1).
     pub async fn start(&self, id: &str) -> Result<(), DriverError> {
         let procs = self.procs.lock().await;
@@ -645,6 +683,9 @@ fn rotate_one(path: &Path, max_bytes: u64, keep: u32) -> std::io::Result<bool> {
 /// when that path is longer than a unix socket address allows (108 bytes;
 /// deep work dirs, a spatial pair's long task id) — a name derived from the
 /// folder in the system's temporary directory.
+/// The control file of a process, in its directory.
+const CONTROL_FILE_NAME: &str = "control.json";
+
 fn report_socket_path(dir: &Path) -> PathBuf {
     const SUN_PATH_MAX: usize = 107;
     let own = dir.join("report.sock");

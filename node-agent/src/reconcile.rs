@@ -53,6 +53,9 @@ struct Known {
     /// Job → the metric its target names: only that metric's evaluations
     /// are reported for it (a trainer may evaluate several per epoch).
     metrics: BTreeMap<String, String>,
+    /// The frozen layers the process was launched with or last told
+    /// (ICEFROG's layer tuner changes them without a restart).
+    frozen_layers: u32,
 }
 
 /// A standby process: what it was launched as, and when it expires.
@@ -126,6 +129,7 @@ fn assignment(t: &pb::TrainerTask) -> TaskAssignment {
             gradient_checkpointing: t.gradient_checkpointing,
             petl: t.petl.clone(),
             frozen_layers: t.frozen_layers,
+            max_frozen_layers: t.max_frozen_layers,
             objective: t.objective.clone(),
             metric_lower_is_better: t.metric_lower_is_better,
         },
@@ -166,6 +170,14 @@ fn last_lines(path: &std::path::Path, n: usize) -> String {
     lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
+/// The frozen layers a process trains with (its trained task's).
+fn frozen_of(tasks: &[TaskAssignment]) -> u32 {
+    tasks
+        .iter()
+        .find(|t| !t.eval_only)
+        .map_or(0, |t| t.settings.frozen_layers)
+}
+
 /// Job → the metric its target names, of the tasks of a process.
 fn target_metrics(tasks: &[TaskAssignment]) -> BTreeMap<String, String> {
     tasks
@@ -192,9 +204,17 @@ fn job_reports(
                 iteration,
                 samples,
                 loss,
-                evals: Vec::new(),
+                ..Default::default()
             },
         );
+    }
+    for (job, (frozen, variance)) in &o.layer_variance {
+        let r = out.entry(job).or_insert_with(|| pb::JobReport {
+            job_id: job.clone(),
+            ..Default::default()
+        });
+        r.frozen_layers = *frozen;
+        r.layer_variance.clone_from(variance);
     }
     let mut series: BTreeMap<&str, &str> = metrics
         .iter()
@@ -469,6 +489,22 @@ impl Reconciler {
                 self.drop_standby(&mut known, &t.task_id, why).await;
             } else if alive && entry.gpus == gpus && entry.ranks == ranks_of(t, gpus.len() as u32) {
                 entry.generation = plan.generation;
+                // The layer tuner's new ℓ: told through the control file,
+                // applied at the trainer's next epoch, no restart.
+                let wanted = t.tasks.first().map_or(0, |x| x.frozen_layers);
+                if t.tasks.len() == 1 && wanted != entry.frozen_layers && !entry.profile {
+                    let c = fmsched_core::trainer::Control {
+                        frozen_layers: Some(wanted),
+                    };
+                    match self.driver.set_control(&t.task_id, &c).await {
+                        Ok(()) => {
+                            tracing::info!(task = %t.task_id, from = entry.frozen_layers, to = wanted,
+                                "frozen layers changed (applied at the next epoch)");
+                            entry.frozen_layers = wanted;
+                        }
+                        Err(e) => problems.push(e.to_string()),
+                    }
+                }
                 continue;
             } else if alive {
                 // Moved to other GPUs, or its job's nodes changed (a new
@@ -509,6 +545,7 @@ impl Reconciler {
                         profile: spec.profile,
                         standby: None,
                         metrics: target_metrics(&spec.tasks),
+                        frozen_layers: frozen_of(&spec.tasks),
                     };
                 }
                 Err(e) => problems.push(e.to_string()),
@@ -608,6 +645,8 @@ impl Reconciler {
                 entry.ranks = spec.ranks.clone();
                 entry.job_ids.clone_from(&t.job_ids);
                 entry.profile = false;
+                entry.metrics = target_metrics(&spec.tasks);
+                entry.frozen_layers = frozen_of(&spec.tasks);
                 entry.standby = Some(Standby {
                     spec,
                     since: now,

@@ -208,6 +208,9 @@ pub fn job_spec_from_proto(p: pb::JobSpec) -> Result<core::JobSpec, FieldError> 
         sharing: p.sharing.unwrap_or(true),
         deadline,
         slo_class,
+        layer_elasticity: p.layer_elasticity.map(|e| core::LayerElasticity {
+            max_frozen_layers: e.max_frozen_layers,
+        }),
         frozen_layers: p.frozen_layers.map(|f| core::FrozenLayers {
             first: f.first,
             last: f.last,
@@ -264,6 +267,9 @@ pub fn job_spec_to_proto(s: &core::JobSpec) -> pb::JobSpec {
             Some(core::SloClass::BestEffort) => pb::SloClass::BestEffort,
             Some(core::SloClass::Slo) => pb::SloClass::Slo,
         } as i32,
+        layer_elasticity: s.layer_elasticity.map(|e| pb::LayerElasticity {
+            max_frozen_layers: e.max_frozen_layers,
+        }),
         frozen_layers: s.frozen_layers.map(|f| pb::FrozenLayers {
             first: f.first,
             last: f.last,

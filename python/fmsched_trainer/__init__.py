@@ -17,7 +17,7 @@
 
 from .contract import Contract, Reporter, Task, TrainingSignals, standby
 from .fisher import diagonal_fisher, task2vec_embedding
-from .layers import freeze_first_layers, layer_index
+from .layers import LayerVariance, freeze_first_layers, layer_index, read_control, set_frozen_layers
 
 __all__ = [
     "Contract",
@@ -27,6 +27,9 @@ __all__ = [
     "diagonal_fisher",
     "freeze_first_layers",
     "layer_index",
+    "LayerVariance",
+    "read_control",
+    "set_frozen_layers",
     "standby",
     "task2vec_embedding",
 ]

@@ -41,6 +41,10 @@ class Task:
     gradient_checkpointing: bool = False
     petl: str = ""  # "" = full fine-tuning; lora, adapter, prefix_tuning, prompt_tuning
     frozen_layers: int = 0  # ICEFROG l: freeze the first this-many layers
+    # Layer-elastic: the scheduler may change frozen_layers up to this many
+    # while the job runs (read the control file each epoch; report the
+    # per-layer gradient variance). 0 = not elastic.
+    max_frozen_layers: int = 0
     objective: str = ""
     metric_lower_is_better: bool = False
 
@@ -85,6 +89,7 @@ class Task:
             gradient_checkpointing=bool(d.get("gradient_checkpointing", False)),
             petl=str(d.get("petl", "") or ""),
             frozen_layers=int(d.get("frozen_layers", 0) or 0),
+            max_frozen_layers=int(d.get("max_frozen_layers", 0) or 0),
             objective=str(d.get("objective", "") or ""),
             metric_lower_is_better=bool(d.get("metric_lower_is_better", False)),
         )
@@ -154,6 +159,10 @@ class Reporter:
         self.send({"type": "embedding", "job_id": job_id, "fisher": [float(x) for x in fisher],
                    "fisher_repeat": [float(x) for x in fisher_repeat]})
 
+    def layer_variance(self, job_id: str, epoch: float, frozen_layers: int, variance: List[float]) -> None:
+        self.send({"type": "layer_variance", "job_id": job_id, "epoch": float(epoch),
+                   "frozen_layers": int(frozen_layers), "variance": [float(v) for v in variance]})
+
     def checkpoint(self, path: str, iteration: int) -> None:
         self.send({"type": "checkpoint", "path": str(path), "iteration": int(iteration)})
 
@@ -201,6 +210,8 @@ class Contract:
         self.resume_from = env.get("FMSCHED_RESUME_FROM") or None
         self.init_weights = env.get("FMSCHED_INIT_WEIGHTS") or None
         self.report_socket = env.get("FMSCHED_REPORT_SOCKET") or None
+        # The scheduler's changes while the process runs (layer tuner).
+        self.control_file = env.get("FMSCHED_CONTROL_FILE") or None
         self.checkpoint_interval_s = float(env.get("FMSCHED_CHECKPOINT_INTERVAL_S", "600"))
         self.grace_s = float(env.get("FMSCHED_GRACE_S", "30"))
         # Ranks (torchrun semantics). The agent starts one process per node

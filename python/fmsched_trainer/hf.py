@@ -30,6 +30,7 @@ from __future__ import annotations
 import time
 
 from .contract import Contract, standby
+from .layers import LayerVariance, layer_index, read_control, set_frozen_layers
 
 try:  # The callback subclasses TrainerCallback when transformers is present.
     from transformers import TrainerCallback as _Base
@@ -63,6 +64,9 @@ def training_arguments(task, bf16: bool = False) -> dict:
         kw["bf16" if bf16 else "fp16"] = True
     if task.gradient_checkpointing:
         kw["gradient_checkpointing"] = True
+    if task.frozen_layers or task.max_frozen_layers:
+        # Frozen parameters get no gradients; DDP must not wait for them.
+        kw["ddp_find_unused_parameters"] = True
     if task.metric:
         kw["metric_for_best_model"] = task.metric
         kw["greater_is_better"] = not task.metric_lower_is_better
@@ -87,6 +91,11 @@ class FmschedCallback(_Base):
         self._job = self._task.job_id
         self._batch = contract.tasks[0].global_batch_size
         self.evaluate_watched = evaluate_watched
+        # Layer freezing (ICEFROG): applied at train begin, changed by the
+        # scheduler's tuner at epoch begins (layer-elastic tasks).
+        self.frozen_layers = self._task.frozen_layers
+        self._trainable = None
+        self._variance = None
 
     def standby(self) -> bool:
         """Waits, if the agent started this process in standby, until the
@@ -94,6 +103,30 @@ class FmschedCallback(_Base):
         return standby(self.contract, self.signals, self.reporter)
 
     # HF calls these with (args, state, control, **kwargs).
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        if model is not None and (self._task.frozen_layers or self._task.max_frozen_layers):
+            self._trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+            set_frozen_layers(model, self.frozen_layers, self._trainable)
+            if self._task.max_frozen_layers:
+                layers = len({i for n, _ in model.named_parameters() if (i := layer_index(n)) is not None})
+                self._variance = LayerVariance(layers)
+        return control
+
+    def on_epoch_begin(self, args, state, control, model=None, **kwargs):
+        """A layer-elastic task takes the tuner's frozen layers here."""
+        if model is None or not self._task.max_frozen_layers or self._trainable is None:
+            return control
+        wanted = read_control(self.contract.control_file).get("frozen_layers")
+        if isinstance(wanted, int) and wanted != self.frozen_layers:
+            set_frozen_layers(model, wanted, self._trainable)
+            self.frozen_layers = wanted
+        return control
+
+    def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
+        if self._variance is not None and model is not None:
+            self._variance.observe(model)
+        return control
+
     def on_step_end(self, args, state, control, **kwargs):
         now = time.monotonic()
         self._step_time = now - self._last_step
@@ -128,6 +161,9 @@ class FmschedCallback(_Base):
         return control
 
     def on_epoch_end(self, args, state, control, model=None, **kwargs):
+        if self._variance is not None and not self.contract.profile:
+            self.reporter.layer_variance(self._job, float(state.epoch or 0.0), self.frozen_layers,
+                                         self._variance.report())
         if self.evaluate_watched is not None and not self.contract.profile:
             for task in self.contract.watched:
                 value = self.evaluate_watched(task, model)

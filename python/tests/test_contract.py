@@ -273,7 +273,8 @@ def test_task_settings_arrive_and_unsupported_ones_are_named(tmp_path):
         1e-4, "sgd", 6, "lora", "sequence-classification")
     kw = training_arguments(t)
     assert kw == {"learning_rate": 1e-4, "weight_decay": 0.01, "optim": "sgd", "fp16": True,
-                  "gradient_checkpointing": True, "metric_for_best_model": "loss", "greater_is_better": False}
+                  "gradient_checkpointing": True, "ddp_find_unused_parameters": True,
+                  "metric_for_best_model": "loss", "greater_is_better": False}
     assert training_arguments(t, bf16=True)["bf16"] is True
     # Missing keys (an older scheduler) read as defaults.
     assert Contract(_task_env(str(tmp_path))).tasks[0].frozen_layers == 0
@@ -337,3 +338,68 @@ def test_freeze_first_layers_freezes_embeddings_and_the_first_layers():
     assert freeze_first_layers(_Model(names), 0) == (0, len(names))
     with pytest.raises(ValueError, match="13 asked, the model has 12"):
         freeze_first_layers(_Model(names), 13)
+
+
+def test_set_frozen_layers_moves_the_prefix_both_ways_and_keeps_a_petl_backbone_frozen():
+    from fmsched_trainer import set_frozen_layers
+
+    names = ([f"bert.encoder.layer.{i}.attention.weight" for i in range(4)]
+             + [f"bert.encoder.layer.{i}.lora_A.weight" for i in range(4)] + ["classifier.weight"])
+    m = _Model(names)
+    for n, p in m.params:  # a PETL backbone: only adapters and the head train
+        p.requires_grad = "lora" in n or n.startswith("classifier")
+    trainable = {n for n, p in m.params if p.requires_grad}
+    set_frozen_layers(m, 2, trainable)
+    state = {n: p.requires_grad for n, p in m.params}
+    assert not state["bert.encoder.layer.1.lora_A.weight"] and state["bert.encoder.layer.2.lora_A.weight"]
+    set_frozen_layers(m, 0, trainable)
+    state = {n: p.requires_grad for n, p in m.params}
+    assert state["bert.encoder.layer.1.lora_A.weight"], "unfrozen again"
+    assert not state["bert.encoder.layer.1.attention.weight"], "the backbone stays frozen"
+    with pytest.raises(ValueError, match="5 asked, the model has 4"):
+        set_frozen_layers(m, 5, trainable)
+
+
+def test_layer_variance_per_epoch_keeps_a_frozen_layers_value():
+    from fmsched_trainer import LayerVariance
+
+    class P:
+        def __init__(self, grad):
+            self.grad = grad
+            self.requires_grad = True
+
+    class M:
+        def __init__(self, grads):
+            self.grads = grads
+
+        def named_parameters(self):
+            return iter([(f"encoder.layer.{i}.w", P(g)) for i, g in enumerate(self.grads)])
+
+    lv = LayerVariance(2)
+    lv.observe(M([[1.0, 3.0], [0.0, 4.0]]))  # variances 1 and 4
+    lv.observe(M([[2.0, 2.0], [1.0, 3.0]]))  # variances 0 and 1
+    assert lv.report() == [0.5, 2.5]
+    lv.observe(M([None, [0.0, 2.0]]))  # layer 0 frozen: no gradient
+    assert lv.report() == [0.5, 1.0], "a frozen layer keeps its variance when frozen"
+
+
+def test_the_hf_callback_takes_the_tuners_frozen_layers_at_an_epoch_begin(tmp_path, capsys):
+    control = tmp_path / "control.json"
+    c = Contract({**_task_env(str(tmp_path), max_frozen_layers=3), "FMSCHED_CONTROL_FILE": str(control)})
+    assert c.tasks[0].max_frozen_layers == 3 and c.control_file == str(control)
+    cb = FmschedCallback(c)
+    names = [f"encoder.layer.{i}.w" for i in range(4)] + ["classifier.weight"]
+    m = _Model(names)
+    ctl = _Control()
+    cb.on_train_begin(_Args(), _State(0), ctl, model=m)
+    cb.on_epoch_begin(_Args(), _State(0), ctl, model=m)  # no control file yet
+    assert all(p.requires_grad for _, p in m.params)
+    control.write_text('{"frozen_layers": 2}')
+    cb.on_epoch_begin(_Args(), _State(100, 1.0), ctl, model=m)
+    state = {n: p.requires_grad for n, p in m.params}
+    assert not state["encoder.layer.1.w"] and state["encoder.layer.2.w"] and cb.frozen_layers == 2
+    cb.on_epoch_end(_Args(), _State(200, 2.0), ctl, model=m)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    out = [json.loads(l) for l in capsys.readouterr().out.splitlines()]
+    lv = [o for o in out if o["type"] == "layer_variance"]
+    assert lv and lv[0]["frozen_layers"] == 2 and len(lv[0]["variance"]) == 4

@@ -469,7 +469,16 @@ fn job_inputs(
                     gpu_type: fam,
                     gpus_per_node: per_node.clamp(1, 9),
                     global_batch: j.spec.hyperparameters.global_batch_size.max(1),
-                    variant: Variant::of_spec(&j.spec),
+                    // A layer-elastic job at the frozen layers the tuner
+                    // picked for it.
+                    variant: Variant {
+                        frozen_layers: o
+                            .frozen_layers
+                            .get(&id)
+                            .copied()
+                            .unwrap_or(j.spec.frozen_count()),
+                        ..Variant::of_spec(&j.spec)
+                    },
                     layers: analytic::layers_of(&j.spec.model).unwrap_or(12),
                     remaining_iterations: total.saturating_sub(done).max(1),
                     done_iterations: done,

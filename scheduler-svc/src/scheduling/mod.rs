@@ -453,6 +453,7 @@ pub async fn run_round(
                 progress: &progress,
                 merges: &merges,
                 init_weights: &init_weights,
+                frozen_layers: &observed.frozen_layers,
             },
             generation,
             fence.epoch,
@@ -897,6 +898,7 @@ async fn hint(
         progress: &o.progress,
         merges: &o.merges,
         init_weights: &init_weights,
+        frozen_layers: &o.frozen_layers,
     };
     if state.leadership.fence().is_none() {
         return Ok(0); // a deposed leader sends nothing

@@ -79,6 +79,9 @@ pub(crate) struct Observed {
     pub failed: usize,
     pub retried: usize,
     pub guard_splits: usize,
+    /// Layer-elastic jobs running alone in their process: the frozen layers
+    /// ICEFROG's tuner picked this round (the plan tells their trainers).
+    pub frozen_layers: BTreeMap<JobId, u32>,
 }
 
 /// Phase 1 (see the module docs). A look-ahead round reads the same state
@@ -548,6 +551,20 @@ async fn learn_from_running(
     if phase != pb::TaskPhase::Running || merge.is_some() {
         return;
     }
+    let report = t.jobs.iter().find(|r| r.job_id == id.to_string());
+    // The frozen layers the process trains with now (its spec's until its
+    // trainer reports them).
+    let trains_with = report
+        .filter(|r| !r.layer_variance.is_empty())
+        .map_or(job.spec.frozen_count(), |r| r.frozen_layers);
+    if let (Some(r), Some(g)) = (report, n.record.gpus.first())
+        && let Some(l) = tune_layers(lut, job, r, &analytic::gpu_family(&g.model), t)
+    {
+        if l != r.frozen_layers {
+            tracing::info!(job_id = %id, from = r.frozen_layers, to = l, "layer tuner: new frozen layers");
+        }
+        o.frozen_layers.insert(id, l);
+    }
     // Merged, pipeline and multi-node jobs are left out of the table: their
     // batch or layout is not one job's on one node.
     if t.step_time_s > 0.0
@@ -558,7 +575,7 @@ async fn learn_from_running(
         && est.first_sample_of(&t.task_id, t.pid)
     {
         let gpus = t.gpu_uuids.len().max(1) as u32;
-        let sample = running_step_time_sample(lut, job, &g.model, gpus, t.step_time_s);
+        let sample = running_step_time_sample(lut, job, &g.model, gpus, trains_with, t.step_time_s);
         if let Err(e) = est.record_step_times(vec![sample]).await {
             tracing::warn!(job_id = %id, error = %e, "step time not recorded");
         }
@@ -705,6 +722,53 @@ fn profile_step_time_sample(
     }
 }
 
+/// ICEFROG's layer tuner (Eq. 2, 15) for a layer-elastic job running alone
+/// in its process, from the per-layer gradient variance its trainer
+/// reported: `ℓ* = argmax ψ(ℓ)·T(a, s, m, ℓ)` over its frozen layers'
+/// range (`frozen_layers` .. `layer_elasticity.max_frozen_layers`), `T` on
+/// this node's part of its allocation in the throughput table. Run every
+/// round, so at every reallocation and every epoch's new variance.
+fn tune_layers(
+    lut: &Lut,
+    job: &JobRecord,
+    r: &pb::JobReport,
+    family: &str,
+    t: &pb::ObservedTask,
+) -> Option<u32> {
+    let e = job.spec.layer_elasticity?;
+    if r.layer_variance.is_empty() {
+        return None;
+    }
+    let model = &job.spec.model;
+    let batch = job.spec.hyperparameters.global_batch_size.max(1);
+    let layers = analytic::layers_of(model).unwrap_or(r.layer_variance.len() as u32);
+    let placement = (t.gpu_uuids.len().clamp(1, 9)).to_string();
+    let base = Variant::of_spec(&job.spec);
+    let from = job.spec.frozen_count().min(e.max_frozen_layers);
+    fmsched_estimator::icefrog::tune_frozen_layers(
+        &r.layer_variance,
+        from..=e.max_frozen_layers,
+        |l| {
+            let v = Variant {
+                frozen_layers: l,
+                ..base.clone()
+            };
+            lut.iteration_time_on(model, family, &placement, batch, &v, layers)
+                .ok()
+                .filter(|it| it.feasible)
+                // Eq. 4 without sharing (λ = 1, the Eq. 8 fix).
+                .map(|it| {
+                    fmsched_estimator::icefrog::layer_aware_throughput(
+                        f64::from(batch),
+                        it.seconds,
+                        1.0,
+                    )
+                })
+        },
+    )
+    .map(|(l, _)| l)
+}
+
 /// A throughput key naming only a variant (the rest left default).
 fn variant_key(v: &Variant) -> pb::ThroughputKey {
     pb::ThroughputKey {
@@ -727,12 +791,16 @@ fn running_step_time_sample(
     job: &JobRecord,
     gpu_model: &str,
     gpus: u32,
+    frozen_layers: u32,
     step_time_s: f64,
 ) -> pb::StepTimeSample {
     let gpu_type = analytic::gpu_family(gpu_model);
     let placement = gpus.clamp(1, 9).to_string();
     let global = job.spec.hyperparameters.global_batch_size.max(1);
-    let variant = Variant::of_spec(&job.spec);
+    let variant = Variant {
+        frozen_layers,
+        ..Variant::of_spec(&job.spec)
+    };
     let layers = analytic::layers_of(&job.spec.model).unwrap_or(12);
     let (local, accum) = lut
         .iteration_time_on(

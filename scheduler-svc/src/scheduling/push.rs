@@ -52,6 +52,7 @@ fn settings_to_proto(t: TrainingSettings) -> pb::TrainerTask {
         gradient_checkpointing: t.gradient_checkpointing,
         petl: t.petl,
         frozen_layers: t.frozen_layers,
+        max_frozen_layers: t.max_frozen_layers,
         objective: t.objective,
         metric_lower_is_better: t.metric_lower_is_better,
         ..Default::default()
@@ -66,6 +67,9 @@ pub(crate) struct PlanView<'a> {
     pub merges: &'a [MergeRecord],
     /// B of a temporal merge whose A completed: A's output weights.
     pub init_weights: &'a BTreeMap<JobId, String>,
+    /// Layer-elastic jobs: the frozen layers the tuner picked (else their
+    /// spec's).
+    pub frozen_layers: &'a BTreeMap<JobId, u32>,
 }
 
 /// The desired set of every node the registry knows (empty for a node the
@@ -166,6 +170,11 @@ fn desired_sets(state: &AppState, v: &PlanView<'_>) -> BTreeMap<NodeId, Vec<pb::
                     }
                 }
             }
+        }
+        if !a.profile
+            && let ([t], Some(&l)) = (&mut task.tasks[..], v.frozen_layers.get(&a.job))
+        {
+            t.frozen_layers = l;
         }
         if emitted.insert((a.node.clone(), task.task_id.clone())) {
             per_node.entry(a.node.clone()).or_default().push(task);
