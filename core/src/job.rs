@@ -171,8 +171,27 @@ impl PetlMethod {
 pub enum SloClass {
     #[default]
     BestEffort,
-    /// Must finish before its deadline (UniSched).
+    /// Must finish before its deadline (UniSched's strict SLO).
     Slo,
+    /// Should finish by its deadline; finishing by 1.1 / 1.2 / 1.5 × it
+    /// still earns part of the reward (UniSched's soft SLO,
+    /// [`crate::slo::SOFT_STEPS`]).
+    SoftSlo,
+}
+
+impl SloClass {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SloClass::BestEffort => "best_effort",
+            SloClass::Slo => "slo",
+            SloClass::SoftSlo => "soft_slo",
+        }
+    }
+
+    /// A class with a deadline to meet.
+    pub fn has_deadline(self) -> bool {
+        !matches!(self, SloClass::BestEffort)
+    }
 }
 
 /// Ymir Table 1 "Hyperparam".

@@ -12,6 +12,7 @@ pub mod models;
 pub mod node;
 pub mod policy;
 pub mod round;
+pub mod slo;
 pub mod trainer;
 pub mod validate;
 

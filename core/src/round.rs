@@ -36,6 +36,7 @@ use crate::policy::{
     ExistingMerge, MergeMode, NodeCap, PairCandidate, PlacementRule, Plan, Policy, Replica,
     SchedJob, Snapshot, SolveStats,
 };
+use crate::slo::RewardStep;
 
 /// A GPU: (node ordinal in the [`ClusterView`], index on that node).
 pub type Gpu = (usize, u32);
@@ -127,6 +128,9 @@ pub struct JobView {
     /// frozen layers; [`crate::job::JobSpec::merge_setup`]): only jobs
     /// that train alike merge.
     pub merge_setup: String,
+    /// Its reward steps (UniSched, [`crate::slo::reward_steps`]) on the
+    /// view's clock; empty for a best-effort job.
+    pub deadlines: Vec<RewardStep>,
 }
 
 impl JobView {
@@ -797,6 +801,7 @@ pub fn snapshot(
                 remaining_s: estimates.jobs[k].clone(),
                 restart_s: j.restart_s,
                 lease_until: j.lease_until,
+                deadlines: j.deadlines.clone(),
             }
         })
         .collect();
@@ -1026,7 +1031,7 @@ fn interpret(
 ) -> RoundOutcome {
     let (groups, unexecutable) = assign_gpus(view, prepared, estimates, plan, cfg);
     let transitions = transitions(view, prepared, &groups, cfg);
-    let leases = leases(view, &groups, policy.lease_s());
+    let leases = leases(view, &groups, policy.lease_s(), policy.slo_lease_s());
     let switches = groups
         .iter()
         .filter(|g| !g.kept)
@@ -1288,11 +1293,16 @@ fn transitions(
     out
 }
 
-/// Leases after the round (Themis; none when `lease_s` is 0): a job that
-/// keeps its GPUs keeps its lease until it runs out; one that keeps them
-/// after it ran out won them again and gets a new lease, as does every job
-/// placed anew.
-fn leases(view: &ClusterView, groups: &[Group], lease_s: f64) -> Vec<(usize, f64)> {
+/// Leases after the round (Themis, UniSched; none when `lease_s` is 0): a
+/// job that keeps its GPUs keeps its lease until it runs out; one that
+/// keeps them after it ran out won them again and gets a new lease, as does
+/// every job placed anew. A job with a deadline gets `slo_lease_s`.
+fn leases(
+    view: &ClusterView,
+    groups: &[Group],
+    lease_s: f64,
+    slo_lease_s: f64,
+) -> Vec<(usize, f64)> {
     if lease_s <= 0.0 {
         return Vec::new();
     }
@@ -1300,10 +1310,15 @@ fn leases(view: &ClusterView, groups: &[Group], lease_s: f64) -> Vec<(usize, f64
     for g in groups {
         for &i in &g.jobs {
             let running = view.jobs[i].lease_until;
+            let term = if view.jobs[i].deadlines.iter().any(|s| s.by > view.now) {
+                slo_lease_s
+            } else {
+                lease_s
+            };
             let until = if g.kept && running > view.now {
                 running
             } else {
-                view.now + lease_s
+                view.now + term
             };
             out.push((i, until));
         }
@@ -1357,6 +1372,7 @@ pub mod testkit {
             held_back: false,
             ever_merged: false,
             merge_setup: String::new(),
+            deadlines: Vec::new(),
         }
     }
 

@@ -256,8 +256,8 @@ impl JobSpec {
                 format!("{} is not in the future", d.to_rfc3339()),
             );
         }
-        if self.slo_class == Some(SloClass::Slo) && self.deadline.is_none() {
-            return err("slo_class", "SLO jobs need a deadline");
+        if self.slo_class.is_some_and(SloClass::has_deadline) && self.deadline.is_none() {
+            return err("slo_class", "SLO jobs (strict or soft) need a deadline");
         }
 
         // Frozen layers (ICEFROG).

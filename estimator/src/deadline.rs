@@ -6,37 +6,10 @@
 
 use crate::lut::{Lut, Variant};
 
-/// `C(n, k)` as a float (0 outside `0 ≤ k ≤ n`).
-fn choose(n: u64, k: u64) -> f64 {
-    if k > n {
-        return 0.0;
-    }
-    let k = k.min(n - k);
-    (0..k).fold(1.0, |c, i| c * (n - i) as f64 / (i + 1) as f64)
-}
-
-/// UniSched Eq. 5.3: the expected suspend/resume overhead of an SLO job
-/// that runs `n` lease terms before a deadline `m` terms away (`n ≤ m`),
-/// each suspension and resumption costing `t_sr` seconds, suspensions
-/// spread uniformly: `Σ_k k · t_sr · C(n−1, k) · C(m−n+1, k+1) / C(m, n)`
-/// for `k` in `0 ..= min(n−1, m−n)`. `n > m` (the deadline is already
-/// lost) counts as `m = n`: no room to be suspended.
-pub fn slo_suspend_resume_s(n: u64, m: u64, t_sr: f64) -> f64 {
-    if n == 0 {
-        return 0.0;
-    }
-    let m = m.max(n);
-    let total = choose(m, n);
-    (0..=(n - 1).min(m - n))
-        .map(|k| k as f64 * t_sr * choose(n - 1, k) * choose(m - n + 1, k + 1) / total)
-        .sum()
-}
-
-/// UniSched §5.3.2.3: a best-effort job of `n` lease terms is suspended and
-/// resumed with probability ½ per term: `n/2 · t_sr`.
-pub fn best_effort_suspend_resume_s(n: u64, t_sr: f64) -> f64 {
-    n as f64 / 2.0 * t_sr
-}
+/// Eq. 5.3 and the best-effort expectation live with the policies that
+/// use them (`fmsched_core::slo`); re-exported here for the estimator's
+/// callers.
+pub use fmsched_core::slo::{best_effort_suspend_resume_s, slo_suspend_resume_s};
 
 /// A GPU family of the cluster as admission sees it.
 #[derive(Clone, Debug, PartialEq)]
@@ -118,29 +91,6 @@ pub fn fastest_alone(lut: &Lut, job: &AloneJob<'_>, families: &[Family]) -> Opti
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// Eq. 5.3 by hand: one term never waits; two terms in three can be
-    /// split once (the middle term free: one of C(3,2) = 3 placements);
-    /// the probabilities of Eq. 5.3 sum to 1.
-    #[test]
-    fn suspend_resume_expectation_by_hand() {
-        assert_eq!(slo_suspend_resume_s(1, 10, 60.0), 0.0);
-        assert_eq!(
-            slo_suspend_resume_s(3, 3, 60.0),
-            0.0,
-            "no slack, no suspension"
-        );
-        assert!((slo_suspend_resume_s(2, 3, 60.0) - 20.0).abs() < 1e-9);
-        for (n, m) in [(3u64, 7u64), (5, 12), (10, 10), (1, 4)] {
-            let p: f64 = (0..=(n - 1).min(m - n))
-                .map(|k| choose(n - 1, k) * choose(m - n + 1, k + 1) / choose(m, n))
-                .sum();
-            assert!((p - 1.0).abs() < 1e-9, "n={n} m={m}: {p}");
-        }
-        // More slack, more expected suspensions.
-        assert!(slo_suspend_resume_s(4, 20, 1.0) > slo_suspend_resume_s(4, 6, 1.0));
-        assert_eq!(best_effort_suspend_resume_s(6, 10.0), 30.0);
-    }
 
     /// The best case picks the fastest family and allocation, in whole
     /// units, within the job's range and the family's GPUs; a model no

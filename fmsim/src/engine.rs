@@ -39,7 +39,8 @@ use fmsched_core::round::{
     self, ClusterView, Decision, Estimates, Gpu, JobView, MergeView, NodeView, PairEstimate,
     Prepared, RoundConfig, RoundOutcome,
 };
-use fmsched_core::{JobState, NodeState};
+use fmsched_core::slo::{self, RewardStep};
+use fmsched_core::{JobState, NodeState, SloClass};
 use fmsched_estimator::analytic;
 use fmsched_estimator::lut::{Lut, Variant};
 use fmsched_estimator::times::{tran_wt_spatial, tran_wt_temporal};
@@ -226,6 +227,12 @@ pub struct JobResult {
     pub merged: Option<(MergeMode, String)>,
     /// GPU families it ran on (profiling included), sorted; one per run.
     pub gpu_types: Vec<String>,
+    /// Its service class (UniSched).
+    pub class: SloClass,
+    /// Its reward steps (absolute seconds), empty for best-effort.
+    pub deadlines: Vec<RewardStep>,
+    /// The reward it earned (SLO jobs; [`slo::reward_at`]).
+    pub reward: Option<f64>,
 }
 
 /// A whole run.
@@ -334,6 +341,8 @@ struct Job {
     /// GPU families it ran on, each once (indices into
     /// `Simulation::families`).
     ran_on: Vec<usize>,
+    /// Its reward steps (UniSched), on the simulation's clock.
+    deadlines: Vec<RewardStep>,
 }
 
 #[derive(Clone, Debug)]
@@ -519,6 +528,7 @@ impl<'a> Simulation<'a> {
                 ever_merged: None,
                 ideal_s: 0.0,
                 ran_on: Vec::new(),
+                deadlines: Vec::new(),
             };
             // Helios / Philly: scale the epochs so the work at the trace's GPU
             // count takes the trace's duration.
@@ -590,6 +600,10 @@ impl<'a> Simulation<'a> {
             let rate = sim.rate(i, sim.jobs[i].w.batch, fam, &packed(g, per_node))?;
             let j = &mut sim.jobs[i];
             j.ideal_s = j.target / rate + j.restart_s;
+            // Its deadline: seconds after submission, or a multiple of this
+            // time alone (how the thesis generates them, §5.4.2).
+            let deadline = j.w.slo.deadline_after(j.ideal_s).map(|d| j.w.submit_s + d);
+            j.deadlines = slo::reward_steps(j.w.slo.class(), j.w.submit_s, deadline);
         }
         Ok(sim)
     }
@@ -967,6 +981,9 @@ impl<'a> Simulation<'a> {
                         f.sort_unstable();
                         f.iter().map(|&k| self.families[k].clone()).collect()
                     },
+                    class: j.w.slo.class(),
+                    deadlines: j.deadlines.clone(),
+                    reward: (!j.deadlines.is_empty()).then(|| slo::reward_at(&j.deadlines, finish)),
                 }
             })
             .collect();
@@ -1129,14 +1146,15 @@ impl<'a> Simulation<'a> {
         let stats = &decision.outcome.stats;
         if self.cfg.trace_rounds {
             eprintln!(
-                "round {} t={:.0} waiting={} candidates={} vars={} solve_ms={:.1} fallback={}",
+                "round {} t={:.0} waiting={} candidates={} vars={} solve_ms={:.1} fallback={} unplaced={}",
                 self.stats.rounds,
                 self.now,
                 decision.snapshot.jobs.len(),
                 decision.snapshot.candidates.len(),
                 stats.variables,
                 1000.0 * t.elapsed().as_secs_f64(),
-                stats.fallback
+                stats.fallback,
+                stats.unplaced
             );
         }
         self.stats.rounds += 1;
@@ -1203,6 +1221,7 @@ impl<'a> Simulation<'a> {
                     // The fmsim workload has one training setup (AMP, full
                     // fine-tuning): every job trains alike.
                     merge_setup: String::new(),
+                    deadlines: j.deadlines.clone(),
                 }
             })
             .collect();

@@ -223,6 +223,7 @@ pub fn generate(cfg: &GenConfig, catalog: &Catalog, lut: &Lut) -> Result<Vec<Wor
             trace_gpu_s: None,
             gpu_model: None,
             expert_parallel: 0,
+            slo: Default::default(),
         });
     }
     Ok(out)

@@ -32,7 +32,8 @@ enum Cmd {
     Run {
         #[command(flatten)]
         sim: SimArgs,
-        /// Policy: ymir, ymir-no-merge, fifo, srtf, tiresias, optimus, themis, pollux.
+        /// Policy: ymir, ymir-no-merge, fifo, srtf, tiresias, optimus, themis,
+        /// pollux, unisched, chronus, edf, hydra.
         #[arg(long, default_value = "ymir")]
         policy: String,
     },
@@ -67,6 +68,9 @@ enum Cmd {
         /// Shape arrivals like this trace (any workload format) instead of Poisson.
         #[arg(long)]
         arrivals_from: Option<PathBuf>,
+        /// Write service classes and deadlines too (see `run --slo-mix`).
+        #[arg(long, value_name = "slo|mix1|mix2")]
+        slo_mix: Option<workload::SloMix>,
         /// Output file (default: standard output).
         #[arg(long, short)]
         out: Option<PathBuf>,
@@ -152,6 +156,16 @@ struct SimArgs {
     /// Print the summary as JSON instead of a table.
     #[arg(long)]
     json: bool,
+    /// Give the workload's jobs service classes and deadlines as the
+    /// UniSched evaluation does (§5.4.2): `slo` (all strict), `mix1`
+    /// (strict and best-effort), `mix2` (strict, soft and best-effort);
+    /// deadlines U[1.1, 2] × each job's time alone. Replaces the workload's
+    /// own `slo` columns.
+    #[arg(long, value_name = "slo|mix1|mix2")]
+    slo_mix: Option<workload::SloMix>,
+    /// Seed of `--slo-mix`.
+    #[arg(long, default_value_t = 1)]
+    slo_seed: u64,
     /// Policy knob `name=value` (repeatable), e.g. `interval_s=60`,
     /// `srtf_weight=0`, `lease_s=300`; an unknown knob lists the policy's.
     #[arg(long = "knob", value_name = "NAME=VALUE")]
@@ -394,7 +408,10 @@ fn sim_setup(a: &SimArgs) -> anyhow::Result<(SimConfig, Lut, Catalog, Vec<Worklo
         None => analytic::default_lut()?,
     };
     let catalog = load_catalog(a.catalog.as_deref())?;
-    let jobs = workload::read(&a.workload, a.format, &catalog.tasks())?;
+    let mut jobs = workload::read(&a.workload, a.format, &catalog.tasks())?;
+    if let Some(mix) = a.slo_mix {
+        workload::assign_slos(&mut jobs, mix, a.slo_seed);
+    }
     if jobs.is_empty() {
         bail!("{}: the workload has no jobs", a.workload.display());
     }
@@ -431,6 +448,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             models,
             gpu_type,
             arrivals_from,
+            slo_mix,
             out,
         } => {
             let catalog = Catalog::default_synthetic();
@@ -453,8 +471,11 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 gpu_type,
                 ..Default::default()
             };
-            let w =
+            let mut w =
                 generate(&cfg, &catalog, &analytic::default_lut()?).map_err(anyhow::Error::msg)?;
+            if let Some(mix) = slo_mix {
+                workload::assign_slos(&mut w, mix, seed);
+            }
             let csv = workload::to_csv(&w);
             match out {
                 Some(p) => {

@@ -5,6 +5,8 @@ use std::fmt::Write as _;
 
 use serde_json::json;
 
+use fmsched_core::slo;
+
 use crate::engine::SimResult;
 
 /// The figures of one run.
@@ -30,6 +32,19 @@ pub struct Summary {
     pub round_p99_ms: f64,
     pub round_max_ms: f64,
     pub wall_s: f64,
+    /// SLO jobs (strict and soft) of the workload.
+    pub slo_jobs: usize,
+    /// Weighted SLO violation rate `R^slo` (Eq. 5.15 as a violation: the
+    /// mean share of its reward an SLO job lost), and the attainment, one
+    /// minus it.
+    pub slo_violation: f64,
+    pub slo_attainment: f64,
+    /// SLO jobs that missed their (first) deadline.
+    pub deadline_misses: usize,
+    /// Mean restarts (suspend/resume) per SLO job.
+    pub slo_suspensions: f64,
+    /// Mean JCT of best-effort jobs, hours.
+    pub be_avg_jct_h: f64,
 }
 
 /// Nearest-rank percentile of sorted values.
@@ -55,6 +70,13 @@ pub fn summarize(r: &SimResult) -> Summary {
     let ftf: Vec<f64> = r.jobs.iter().map(|j| j.ftf).collect();
     let mut rounds: Vec<f64> = r.round_wall_s.iter().map(|s| s * 1000.0).collect();
     rounds.sort_by(f64::total_cmp);
+    let slo: Vec<&crate::engine::JobResult> =
+        r.jobs.iter().filter(|j| !j.deadlines.is_empty()).collect();
+    let slo_violation = mean(
+        &slo.iter()
+            .map(|j| slo::violation(&j.deadlines, j.finish_s))
+            .collect::<Vec<_>>(),
+    );
     Summary {
         policy: r.policy.clone(),
         jobs: r.jobs.len(),
@@ -75,6 +97,25 @@ pub fn summarize(r: &SimResult) -> Summary {
         round_p99_ms: percentile(&rounds, 99.0),
         round_max_ms: rounds.last().copied().unwrap_or(f64::NAN),
         wall_s: r.wall_s,
+        slo_jobs: slo.len(),
+        slo_violation,
+        slo_attainment: 1.0 - slo_violation,
+        deadline_misses: slo
+            .iter()
+            .filter(|j| j.deadlines.first().is_some_and(|d| j.finish_s > d.by))
+            .count(),
+        slo_suspensions: mean(
+            &slo.iter()
+                .map(|j| f64::from(j.restarts))
+                .collect::<Vec<_>>(),
+        ),
+        be_avg_jct_h: mean(
+            &r.jobs
+                .iter()
+                .filter(|j| j.deadlines.is_empty())
+                .map(|j| j.jct_s / 3600.0)
+                .collect::<Vec<_>>(),
+        ),
     }
 }
 
@@ -119,6 +160,36 @@ pub fn table(rows: &[Summary]) -> String {
             r.wall_s
         );
     }
+    if rows.iter().any(|r| r.slo_jobs > 0) {
+        let _ = writeln!(
+            s,
+            "\n{:<14} {:>8} {:>13} {:>11} {:>7} {:>13} {:>12} {:>12} {:>12}",
+            "policy",
+            "slo_jobs",
+            "R_slo_violat",
+            "attainment",
+            "misses",
+            "susp_per_slo",
+            "be_avg_jct_h",
+            "round_avg_ms",
+            "round_max_ms"
+        );
+        for r in rows {
+            let _ = writeln!(
+                s,
+                "{:<14} {:>8} {:>12.2}% {:>10.2}% {:>7} {:>13.2} {:>12.3} {:>12.1} {:>12.1}",
+                r.policy,
+                r.slo_jobs,
+                100.0 * r.slo_violation,
+                100.0 * r.slo_attainment,
+                r.deadline_misses,
+                r.slo_suspensions,
+                r.be_avg_jct_h,
+                r.round_mean_ms,
+                r.round_max_ms
+            );
+        }
+    }
     s
 }
 
@@ -134,6 +205,9 @@ pub fn to_json(rows: &[Summary]) -> serde_json::Value {
                 "rounds": r.rounds, "solver_fallbacks": r.fallbacks,
                 "round_mean_ms": r.round_mean_ms, "round_p99_ms": r.round_p99_ms, "round_max_ms": r.round_max_ms,
                 "wall_s": r.wall_s,
+                "slo_jobs": r.slo_jobs, "slo_violation": r.slo_violation,
+                "slo_attainment": r.slo_attainment, "deadline_misses": r.deadline_misses,
+                "slo_suspensions": r.slo_suspensions, "be_avg_jct_h": r.be_avg_jct_h,
             }))
             .collect::<Vec<_>>()
     )
@@ -142,7 +216,7 @@ pub fn to_json(rows: &[Summary]) -> serde_json::Value {
 /// One row per job.
 pub fn jobs_csv(r: &SimResult) -> String {
     let mut s = String::from(
-        "policy,name,model,task,submit_s,first_start_s,finish_s,jct_s,ftf,restarts,merge_mode,merged_with,gpu_types\n",
+        "policy,name,model,task,submit_s,first_start_s,finish_s,jct_s,ftf,restarts,merge_mode,merged_with,gpu_types,slo,deadline_s,reward\n",
     );
     for j in &r.jobs {
         let (mode, with) = j
@@ -151,7 +225,7 @@ pub fn jobs_csv(r: &SimResult) -> String {
             .map_or(("", ""), |(m, w)| (m.as_str(), w.as_str()));
         let _ = writeln!(
             s,
-            "{},{},{},{},{:.1},{},{:.1},{:.1},{:.3},{},{},{},{}",
+            "{},{},{},{},{:.1},{},{:.1},{:.1},{:.3},{},{},{},{},{},{},{}",
             r.policy,
             j.name,
             j.model,
@@ -166,7 +240,13 @@ pub fn jobs_csv(r: &SimResult) -> String {
             j.restarts,
             mode,
             with,
-            j.gpu_types.join("+")
+            j.gpu_types.join("+"),
+            j.class.as_str(),
+            j.deadlines
+                .first()
+                .map(|d| format!("{:.1}", d.by))
+                .unwrap_or_default(),
+            j.reward.map(|w| format!("{w:.0}")).unwrap_or_default(),
         );
     }
     s

@@ -48,6 +48,7 @@ fn one_gpu_job(name: &str, task: &str, submit_s: f64, sharing: bool) -> Workload
         trace_gpu_s: None,
         gpu_model: None,
         expert_parallel: 0,
+        slo: Default::default(),
     }
 }
 
@@ -474,4 +475,61 @@ fn a_job_pinned_to_a_missing_gpu_model_is_refused_at_load() {
         err.contains("pinned") && err.contains("H100") && err.contains("A100, V100"),
         "{err}"
     );
+}
+
+/// The deadline policies on fmsim: a long best-effort job holds the
+/// cluster when a strict SLO job arrives with three times its time alone
+/// (room for the best-effort job's 5-minute lease to run out).
+/// UniSched, Chronus and EDF preempt and meet the deadline (no violation);
+/// FIFO and Hydra-style, which never preempt, let it wait and miss it.
+#[test]
+fn deadline_policies_preempt_best_effort_work_to_meet_a_deadline() {
+    use fmsim::workload::SloSpec;
+    let catalog = Catalog::default_synthetic();
+    let be = WorkloadJob {
+        gpus: 4,
+        max_gpus: 4,
+        batch: 128,
+        epochs: Some(40.0),
+        ..one_gpu_job("be", "qnli", 0.0, false)
+    };
+    let slo = WorkloadJob {
+        gpus: 4,
+        max_gpus: 4,
+        batch: 128,
+        epochs: Some(30.0),
+        slo: SloSpec {
+            class: None,
+            deadline_s: None,
+            deadline_x: Some(3.0),
+        },
+        ..one_gpu_job("slo", "rte", 900.0, false)
+    };
+    let jobs = [be, slo];
+    // No profiling runs: one would itself take a GPU from the best-effort job.
+    let cfg = SimConfig {
+        profile_s: 0.0,
+        ..SimConfig::uniform(1, 4, "V100")
+    };
+    for (policy, met) in [
+        ("unisched", true),
+        ("chronus", true),
+        ("edf", true),
+        ("fifo", false),
+        ("hydra", false),
+    ] {
+        let r = run(policy, &cfg, &catalog, &jobs);
+        let s = summarize(&r);
+        assert_eq!(s.slo_jobs, 1, "{policy}");
+        let job = r.jobs.iter().find(|j| j.name == "slo").unwrap();
+        assert_eq!(job.deadlines.len(), 1, "a deadline alone makes it strict");
+        if met {
+            assert_eq!(job.reward, Some(100.0), "{policy}: {job:?}");
+            assert_eq!(s.slo_violation, 0.0, "{policy}");
+        } else {
+            assert_eq!(job.reward, Some(0.0), "{policy}: {job:?}");
+            assert_eq!((s.slo_violation, s.deadline_misses), (1.0, 1), "{policy}");
+        }
+        assert!(s.be_avg_jct_h.is_finite(), "{policy}");
+    }
 }

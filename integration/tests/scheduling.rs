@@ -1615,6 +1615,132 @@ async fn e2e_fmctl_logs_prints_and_follows_a_jobs_output() {
     drop_db(&db).await;
 }
 
+/// UniSched live: two best-effort jobs fill the node; a strict SLO job
+/// submitted last takes GPUs from one of them when its lease runs out
+/// (short leases through `scheduling.knobs`) and finishes by its deadline,
+/// long before the best-effort work ends. (Under Hydra-style priorities,
+/// which never preempt, it waits for them: this test fails.)
+#[tokio::test]
+async fn e2e_deadline_a_tight_slo_job_submitted_last_preempts_best_effort_work() {
+    let db = new_db("fmsched_unisched").await;
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let _sched = scheduler_env(
+        &db,
+        port,
+        dir.path(),
+        None,
+        &[
+            ("FMSCHED_SCHEDULING__POLICY", "unisched"),
+            ("FMSCHED_SCHEDULING__KNOBS__BE_LEASE_S", "3"),
+            ("FMSCHED_SCHEDULING__KNOBS__SLO_LEASE_S", "6"),
+            // A profiling run would itself take a GPU from a running job.
+            ("FMSCHED_SCHEDULING__PROFILING", "false"),
+        ],
+    );
+    wait_up("scheduler up", port);
+    let _a = agent("node-a", port, dir.path());
+    let rigid = |name: &str, task: &str, iterations: u64, extra: &str| {
+        format!(
+            "{}{extra}",
+            job_yaml(name, task, iterations, 2).replace("min_gpus: 1", "min_gpus: 2")
+        )
+    };
+    submit(
+        port,
+        dir.path(),
+        ["mrpc", "stsb"]
+            .iter()
+            .map(|t| (format!("be-{t}"), rigid(&format!("be-{t}"), t, 40_000, ""))),
+    )
+    .expect("submit best-effort");
+    let mut c = sqlx::PgConnection::connect(&db_url(&db)).await.unwrap();
+    let until = Instant::now() + Duration::from_secs(60);
+    loop {
+        let running: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM jobs WHERE state = 'running' AND name LIKE 'be-%'",
+        )
+        .fetch_one(&mut c)
+        .await
+        .unwrap();
+        if running == 2 {
+            break;
+        }
+        assert!(
+            Instant::now() < until,
+            "the best-effort jobs never both ran"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // The SLO job: 4 minutes away, feasible by the shipped table.
+    let deadline = chrono::Utc::now() + chrono::Duration::seconds(240);
+    let slo = rigid(
+        "slo",
+        "rte",
+        2_000,
+        &format!("deadline: \"{}\"\nslo_class: slo\n", deadline.to_rfc3339()),
+    );
+    submit(port, dir.path(), [("slo".to_string(), slo)]).expect("submit the SLO job");
+    let done: chrono::DateTime<chrono::Utc> = wait_for_slo_job(
+        "the SLO job completed",
+        Duration::from_secs(150),
+        &mut c,
+        |row: Option<(String, chrono::DateTime<chrono::Utc>)>| match row {
+            Some((s, at)) if s == "completed" => Ok(at),
+            Some((s, _)) if s == "failed" => panic!("the SLO job failed"),
+            other => Err(format!("{other:?}")),
+        },
+    )
+    .await;
+    assert!(
+        done <= deadline,
+        "finished {done}, after its deadline {deadline}"
+    );
+    // It did not wait for the best-effort work (about 70 s each): it took
+    // their GPUs.
+    let be_done: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM jobs WHERE name LIKE 'be-%' AND state = 'completed'",
+    )
+    .fetch_one(&mut c)
+    .await
+    .unwrap();
+    assert_eq!(be_done, 0, "the SLO job waited for best-effort work");
+    let suspended: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM job_events e JOIN jobs j ON j.id = e.job_id
+         WHERE j.name LIKE 'be-%' AND e.from_state = 'running' AND e.to_state = 'queued'",
+    )
+    .fetch_one(&mut c)
+    .await
+    .unwrap();
+    assert!(suspended >= 1, "no best-effort job gave up its GPUs");
+    drop(c);
+    drop_db(&db).await;
+}
+
+/// Polls the SLO job's (state, updated_at) until `f` accepts it.
+async fn wait_for_slo_job<T>(
+    what: &str,
+    timeout: Duration,
+    c: &mut sqlx::PgConnection,
+    f: impl Fn(Option<(String, chrono::DateTime<chrono::Utc>)>) -> Result<T, String>,
+) -> T {
+    let until = Instant::now() + timeout;
+    loop {
+        let row: Option<(String, chrono::DateTime<chrono::Utc>)> =
+            sqlx::query_as("SELECT state, updated_at FROM jobs WHERE name = 'slo'")
+                .fetch_optional(&mut *c)
+                .await
+                .unwrap();
+        match f(row) {
+            Ok(v) => return v,
+            Err(e) => {
+                assert!(Instant::now() < until, "{what}: timed out: {e}");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    }
+}
+
 /// Deadline admission: a job whose deadline no schedule could meet — not
 /// even alone on its fastest allocation, never suspended — is refused at
 /// submit naming `deadline` and the earliest deadline it could meet, when

@@ -170,6 +170,7 @@ pub fn job_spec_from_proto(p: pb::JobSpec) -> Result<core::JobSpec, FieldError> 
         pb::SloClass::Unspecified => None,
         pb::SloClass::BestEffort => Some(core::SloClass::BestEffort),
         pb::SloClass::Slo => Some(core::SloClass::Slo),
+        pb::SloClass::SoftSlo => Some(core::SloClass::SoftSlo),
     };
     Ok(core::JobSpec {
         name: p.name,
@@ -266,6 +267,7 @@ pub fn job_spec_to_proto(s: &core::JobSpec) -> pb::JobSpec {
             None => pb::SloClass::Unspecified,
             Some(core::SloClass::BestEffort) => pb::SloClass::BestEffort,
             Some(core::SloClass::Slo) => pb::SloClass::Slo,
+            Some(core::SloClass::SoftSlo) => pb::SloClass::SoftSlo,
         } as i32,
         layer_elasticity: s.layer_elasticity.map(|e| pb::LayerElasticity {
             max_frozen_layers: e.max_frozen_layers,

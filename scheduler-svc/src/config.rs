@@ -171,8 +171,13 @@ pub struct SchedulingConfig {
     /// and Optimus 300 s. See [`SchedulingConfig::round_interval`].
     #[serde(with = "humantime_serde")]
     pub interval: Option<Duration>,
-    /// Policy deciding every round (`ymir`, `srtf`, `tiresias`, ...).
+    /// Policy deciding every round (`ymir`, `srtf`, `tiresias`, `unisched`,
+    /// ...).
     pub policy: String,
+    /// The policy's knobs (`name = value`, as `fmsim --knob`), e.g.
+    /// `slo_lease_s = 600` for `unisched`; an unknown one is refused at
+    /// start-up with the policy's list.
+    pub knobs: std::collections::BTreeMap<String, f64>,
     /// Run scheduling rounds (false: the API only, e.g. a read replica).
     pub enabled: bool,
     /// Give each new job a short profiling run (1 GPU, 4 for pipeline jobs)
@@ -235,13 +240,19 @@ impl SchedulingConfig {
         Ok(a..=b)
     }
 
+    /// The policy with its knobs.
+    pub fn build_policy(
+        &self,
+    ) -> Result<Box<dyn fmsched_core::policy::Policy + Send + Sync>, String> {
+        fmsched_core::policy::baselines::with_knobs(&self.policy, &self.knobs)
+    }
+
     /// The interval rounds run at: `interval` if set, else the policy's own.
     pub fn round_interval(&self) -> Duration {
         self.interval.unwrap_or_else(|| {
-            fmsched_core::policy::baselines::by_name(&self.policy)
-                .map_or(Duration::from_secs(120), |p| {
-                    Duration::from_secs_f64(p.interval_s())
-                })
+            self.build_policy().map_or(Duration::from_secs(120), |p| {
+                Duration::from_secs_f64(p.interval_s())
+            })
         })
     }
 
@@ -257,6 +268,7 @@ impl Default for SchedulingConfig {
         Self {
             interval: None,
             policy: "ymir".into(),
+            knobs: Default::default(),
             enabled: true,
             profiling: true,
             merging: true,
@@ -344,6 +356,9 @@ impl Config {
                     fmsched_core::policy::baselines::POLICY_NAMES.join(", ")
                 ),
             ));
+        }
+        if let Err(e) = self.scheduling.build_policy() {
+            return Err(invalid("scheduling.knobs", e));
         }
         if self.leader_refresh.is_zero() || self.leader_refresh * 2 > self.leader_lease {
             return Err(invalid(
@@ -498,6 +513,35 @@ mod tests {
         assert_eq!(interval("ymir"), Duration::from_secs(120));
         assert_eq!(interval("themis"), Duration::from_secs(60));
         assert_eq!(interval("tiresias"), Duration::from_secs(300));
+        assert_eq!(interval("unisched"), Duration::from_secs(60));
+    }
+
+    /// `scheduling.knobs` reach the policy; one it does not have is refused
+    /// at start-up naming the field and listing the policy's.
+    #[test]
+    fn policy_knobs_act_or_are_refused() {
+        let cfg = Config::load_from(
+            None,
+            env(&[
+                ("FMSCHED_SCHEDULING__POLICY", "unisched"),
+                ("FMSCHED_SCHEDULING__KNOBS__INTERVAL_S", "30"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(cfg.scheduling.round_interval(), Duration::from_secs(30));
+        let e = Config::load_from(
+            None,
+            env(&[
+                ("FMSCHED_SCHEDULING__POLICY", "srtf"),
+                ("FMSCHED_SCHEDULING__KNOBS__SLO_LEASE_S", "60"),
+            ]),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("scheduling.knobs") && e.contains("slo_lease_s") && e.contains("interval_s"),
+            "{e}"
+        );
     }
 
     /// The example shipped for operators stays in step with the code.

@@ -19,7 +19,13 @@ use super::{Plan, PlanEntry, Policy, Snapshot, requested_allocation, usable_allo
 /// Gives each job of `order` its requested allocation while GPUs last.
 /// With `blocking`, the first job that does not fit stops the walk (strict
 /// FIFO); else later, smaller jobs fill in (backfilling).
-fn in_order(snap: &Snapshot, order: &[usize], mut free: u32, blocking: bool, plan: &mut Plan) {
+pub(super) fn in_order(
+    snap: &Snapshot,
+    order: &[usize],
+    mut free: u32,
+    blocking: bool,
+    plan: &mut Plan,
+) {
     for &i in order {
         let Some(a) = requested_allocation(snap, i) else {
             continue;
@@ -34,7 +40,7 @@ fn in_order(snap: &Snapshot, order: &[usize], mut free: u32, blocking: bool, pla
 }
 
 /// Job indices oldest first (ties by id).
-fn by_arrival(snap: &Snapshot) -> Vec<usize> {
+pub(super) fn by_arrival(snap: &Snapshot) -> Vec<usize> {
     let mut order: Vec<usize> = (0..snap.jobs.len()).collect();
     order.sort_by(|&a, &b| {
         let (x, y) = (&snap.jobs[a], &snap.jobs[b]);
@@ -45,7 +51,20 @@ fn by_arrival(snap: &Snapshot) -> Vec<usize> {
     order
 }
 
-fn sort_entries(mut plan: Plan) -> Plan {
+/// Running jobs keep their GPUs (policies that do not preempt); returns
+/// the GPUs left.
+pub(super) fn keep_running(snap: &Snapshot, plan: &mut Plan) -> u32 {
+    let mut free = snap.total_gpus();
+    for (i, j) in snap.jobs.iter().enumerate() {
+        if j.current_gpus > 0 && j.current_gpus <= free {
+            free -= j.current_gpus;
+            plan.entries.push(PlanEntry::single(i, j.current_gpus));
+        }
+    }
+    free
+}
+
+pub(super) fn sort_entries(mut plan: Plan) -> Plan {
     plan.entries.sort_by_key(|e| e.jobs[0]);
     plan
 }
@@ -71,14 +90,7 @@ impl Policy for Fifo {
     }
     fn allocate(&self, snap: &Snapshot) -> Plan {
         let mut plan = Plan::default();
-        let mut free = snap.total_gpus();
-        // Running jobs keep their GPUs.
-        for (i, j) in snap.jobs.iter().enumerate() {
-            if j.current_gpus > 0 && j.current_gpus <= free {
-                free -= j.current_gpus;
-                plan.entries.push(PlanEntry::single(i, j.current_gpus));
-            }
-        }
+        let free = keep_running(snap, &mut plan);
         let order: Vec<usize> = by_arrival(snap)
             .into_iter()
             .filter(|&i| snap.jobs[i].current_gpus == 0)
@@ -100,7 +112,7 @@ impl Default for Srtf {
     }
 }
 
-fn remaining_at_request(snap: &Snapshot, i: usize) -> f64 {
+pub(super) fn remaining_at_request(snap: &Snapshot, i: usize) -> f64 {
     requested_allocation(snap, i).map_or(f64::INFINITY, |a| snap.time_at(i, a))
 }
 
@@ -446,6 +458,7 @@ pub fn with_knobs(
     name: &str,
     knobs: &BTreeMap<String, f64>,
 ) -> Result<Box<dyn Policy + Send + Sync>, String> {
+    use super::deadline::{Edf, Hydra, UniSched, UniSchedConfig};
     use super::ymir::{Ymir, YmirConfig};
     let mut left: BTreeMap<&str, f64> = knobs.iter().map(|(k, v)| (k.as_str(), *v)).collect();
     let mut take = |key: &str, into: &mut f64| {
@@ -491,6 +504,48 @@ pub fn with_knobs(
             let mut p = Pollux::default();
             take("interval_s", &mut p.interval_s);
             (Box::new(p), &["interval_s"])
+        }
+        "edf" => {
+            let mut p = Edf::default();
+            take("interval_s", &mut p.interval_s);
+            (Box::new(p), &["interval_s"])
+        }
+        "hydra" => {
+            let mut p = Hydra::default();
+            take("interval_s", &mut p.interval_s);
+            (Box::new(p), &["interval_s"])
+        }
+        "unisched" | "chronus" => {
+            let mut c = UniSchedConfig {
+                chronus: name == "chronus",
+                ..Default::default()
+            };
+            let (mut windows, mut horizon) = (c.windows as f64, f64::from(c.horizon_terms));
+            take("interval_s", &mut c.interval_s);
+            take("be_lease_s", &mut c.be_lease_s);
+            take("slo_lease_s", &mut c.slo_lease_s);
+            take("time_limit_s", &mut c.time_limit_s);
+            take("windows", &mut windows);
+            take("horizon_terms", &mut horizon);
+            take("future_capacity", &mut c.future_capacity);
+            take("slack_weight", &mut c.slack_weight);
+            take("deadline_margin_s", &mut c.deadline_margin_s);
+            c.windows = windows.max(1.0) as usize;
+            c.horizon_terms = horizon.clamp(1.0, 1e6) as u32;
+            (
+                Box::new(UniSched::new(c)),
+                &[
+                    "interval_s",
+                    "be_lease_s",
+                    "slo_lease_s",
+                    "time_limit_s",
+                    "windows",
+                    "horizon_terms",
+                    "future_capacity",
+                    "slack_weight",
+                    "deadline_margin_s",
+                ],
+            )
         }
         "ymir" | "ymir-no-merge" => {
             let mut c = YmirConfig {
@@ -543,7 +598,7 @@ pub fn with_knobs(
 }
 
 /// Names accepted by [`by_name`].
-pub const POLICY_NAMES: [&str; 8] = [
+pub const POLICY_NAMES: [&str; 12] = [
     "ymir",
     "ymir-no-merge",
     "fifo",
@@ -552,6 +607,10 @@ pub const POLICY_NAMES: [&str; 8] = [
     "optimus",
     "themis",
     "pollux",
+    "unisched",
+    "chronus",
+    "edf",
+    "hydra",
 ];
 
 #[cfg(test)]

@@ -14,10 +14,13 @@
 //! estimator), so the policies never compute throughput themselves.
 
 pub mod baselines;
+pub mod deadline;
 pub mod placement;
 pub mod ymir;
 
 use std::collections::BTreeMap;
+
+use crate::slo::RewardStep;
 
 /// How the members of a group train.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -86,6 +89,9 @@ pub struct SchedJob {
     pub restart_s: f64,
     /// Themis: the lease on its current GPUs runs until this time.
     pub lease_until: f64,
+    /// Its reward steps (UniSched), earliest first, on the snapshot's
+    /// clock; empty for a best-effort job.
+    pub deadlines: Vec<RewardStep>,
 }
 
 /// A candidate merge of two jobs, with the estimator's numbers.
@@ -207,6 +213,9 @@ pub struct SolveStats {
     pub fallback: bool,
     /// Groups the placement could not fit (they wait for the next round).
     pub unplaced: usize,
+    /// The MILP's objective at its solution (0 for greedy policies and on
+    /// a fallback).
+    pub objective: f64,
 }
 
 /// The decision of one round: the groups that hold GPUs. Jobs not in any
@@ -322,6 +331,12 @@ pub trait Policy {
     /// The caller records `lease_until` on the jobs it starts.
     fn lease_s(&self) -> f64 {
         0.0
+    }
+    /// Seconds a new allocation of a job with a deadline is leased for
+    /// (UniSched's SLO lease); the same as [`Policy::lease_s`] unless the
+    /// policy tells the classes apart.
+    fn slo_lease_s(&self) -> f64 {
+        self.lease_s()
     }
     /// A round: allocate, then place.
     fn schedule(&self, snap: &Snapshot) -> Plan {
@@ -481,6 +496,7 @@ pub(crate) mod testkit {
             restart_s: 30.0,
             lease_until: 0.0,
             fair_share_gpu_s: 0.0,
+            deadlines: Vec::new(),
         }
     }
 

@@ -44,7 +44,8 @@ impl DeadlineCheck {
     pub fn verdict(&self, class: SloClass) -> Option<(bool, String)> {
         match self {
             DeadlineCheck::Met => None,
-            DeadlineCheck::Unchecked(why) => (class == SloClass::Slo)
+            DeadlineCheck::Unchecked(why) => class
+                .has_deadline()
                 .then(|| (false, format!("deadline not checked at submit: {why}"))),
             DeadlineCheck::Missed {
                 deadline,
@@ -68,7 +69,14 @@ impl DeadlineCheck {
                         true,
                         format!(
                             "{why}. Move the deadline, allow more GPUs (resources.max_gpus), or \
-                             submit it as slo_class: best_effort"
+                             submit it as slo_class: soft_slo or best_effort"
+                        ),
+                    ),
+                    SloClass::SoftSlo => (
+                        false,
+                        format!(
+                            "deadline {why}; accepted as a soft SLO (part of its reward is left \
+                             only if it finishes by 1.5 × the deadline)"
                         ),
                     ),
                     SloClass::BestEffort => {

@@ -16,7 +16,7 @@ use fmsched_core::round::{
     self, ClusterView, Estimates as RoundEstimates, Gpu, JobView, MergeView, NodeView,
     PairEstimate, Prepared, RoundConfig,
 };
-use fmsched_core::{GpuUuid, JobId, NodeId, NodeState};
+use fmsched_core::{GpuUuid, JobId, NodeId, NodeState, slo};
 use fmsched_estimator::analytic;
 use fmsched_estimator::lut::{Lut, Variant};
 use fmsched_estimator::times::{self, PairInput};
@@ -200,6 +200,11 @@ pub fn build_view(s: &ViewSources<'_>) -> Translated {
                 held_back: s.held_back.contains(&j.id),
                 ever_merged: ever_merged.contains(&j.id),
                 merge_setup: j.spec.merge_setup(),
+                deadlines: slo::reward_steps(
+                    j.spec.class(),
+                    secs_since(j.created_at, s.now),
+                    j.spec.deadline.map(|d| secs_since(d, s.now)),
+                ),
             }
         })
         .collect();

@@ -60,7 +60,6 @@ use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 use fmsched_core::policy::Policy;
-use fmsched_core::policy::baselines::by_name;
 use fmsched_core::round::{self, RoundOutcome};
 use fmsched_core::{JobId, JobState};
 use fmsched_estimator::analytic;
@@ -351,7 +350,11 @@ fn expected_iterations(job: &JobRecord, estimate: Option<&Estimate>) -> u64 {
 
 /// The scheduling policy the configuration names.
 fn policy(state: &AppState) -> Box<dyn Policy + Send + Sync> {
-    by_name(&state.config.scheduling.policy).expect("validated at start-up")
+    state
+        .config
+        .scheduling
+        .build_policy()
+        .expect("validated at start-up")
 }
 
 /// What the first three phases leave: observed, loaded, decided.
@@ -376,7 +379,7 @@ async fn observe_and_decide(
     let Some(inputs) = inputs::load(state, lut, est, &observed, policy.as_ref(), now).await? else {
         return Ok(None);
     };
-    let (decision, solve_s) = decide(inputs.clone_parts()).await?;
+    let (decision, solve_s) = decide(inputs.clone_parts(self::policy(state))).await?;
     Ok(Some(Decided {
         observed,
         inputs,
@@ -483,17 +486,17 @@ struct DecideParts {
     prepared: round::Prepared,
     estimates: round::Estimates,
     config: round::RoundConfig,
-    policy: String,
+    policy: Box<dyn Policy + Send + Sync>,
 }
 
 impl inputs::Inputs {
-    fn clone_parts(&self) -> DecideParts {
+    fn clone_parts(&self, policy: Box<dyn Policy + Send + Sync>) -> DecideParts {
         DecideParts {
             view: self.t.view.clone(),
             prepared: self.prepared.clone(),
             estimates: self.estimates.clone(),
             config: self.config.clone(),
-            policy: self.config.policy.clone(),
+            policy,
         }
     }
 }
@@ -503,7 +506,7 @@ impl inputs::Inputs {
 async fn decide(p: DecideParts) -> Result<(round::Decision, f64), RoundError> {
     tokio::task::spawn_blocking(move || {
         let started = std::time::Instant::now();
-        let policy = by_name(&p.policy).expect("validated at start-up");
+        let policy = p.policy;
         let d = decide_round(
             &p.view,
             &p.prepared,
@@ -546,7 +549,10 @@ pub fn round_setup(
 ) -> (round::RoundConfig, Box<dyn Policy + Send + Sync>) {
     (
         inputs::round_config(config),
-        by_name(&config.scheduling.policy).expect("validated at start-up"),
+        config
+            .scheduling
+            .build_policy()
+            .expect("validated at start-up"),
     )
 }
 
@@ -1052,7 +1058,7 @@ mod tests {
             policy: "srtf".into(),
             ..Default::default()
         };
-        let policy = by_name("srtf").unwrap();
+        let policy = fmsched_core::policy::baselines::by_name("srtf").unwrap();
         let prepared = prepare_round(&t.view, policy.as_ref(), &cfg);
         let estimates = round::testkit::estimates(&prepared, 3600.0);
         let d = decide_round(&t.view, &prepared, &estimates, policy.as_ref(), &cfg).unwrap();
