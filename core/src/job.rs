@@ -192,6 +192,28 @@ impl SloClass {
     pub fn has_deadline(self) -> bool {
         !matches!(self, SloClass::BestEffort)
     }
+
+    /// The one default class rule of every entry point (gRPC, YAML, SDK,
+    /// fmsim workloads): the class named, else SLO when there is a
+    /// deadline (UniSched: a deadline is what makes a job an SLO job), else
+    /// best-effort.
+    pub fn or_default_for(named: Option<SloClass>, has_deadline: bool) -> SloClass {
+        named.unwrap_or(if has_deadline {
+            SloClass::Slo
+        } else {
+            SloClass::BestEffort
+        })
+    }
+}
+
+impl std::str::FromStr for SloClass {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        [SloClass::BestEffort, SloClass::Slo, SloClass::SoftSlo]
+            .into_iter()
+            .find(|c| c.as_str() == s)
+            .ok_or_else(|| format!("{s:?} is not best_effort, slo or soft_slo"))
+    }
 }
 
 /// Ymir Table 1 "Hyperparam".
@@ -312,15 +334,9 @@ impl FrozenLayers {
 }
 
 impl JobSpec {
-    /// The job's service class: the one it names, else SLO when it has a
-    /// deadline (UniSched: a deadline is what makes a job an SLO job), else
-    /// best-effort.
+    /// The job's service class ([`SloClass::or_default_for`]).
     pub fn class(&self) -> SloClass {
-        self.slo_class.unwrap_or(if self.deadline.is_some() {
-            SloClass::Slo
-        } else {
-            SloClass::BestEffort
-        })
+        SloClass::or_default_for(self.slo_class, self.deadline.is_some())
     }
 
     /// Iterations its budget allows: the smaller of `max_iterations` and

@@ -231,8 +231,13 @@ pub struct JobResult {
     pub class: SloClass,
     /// Its reward steps (absolute seconds), empty for best-effort.
     pub deadlines: Vec<RewardStep>,
+}
+
+impl JobResult {
     /// The reward it earned (SLO jobs; [`slo::reward_at`]).
-    pub reward: Option<f64>,
+    pub fn reward(&self) -> Option<f64> {
+        (!self.deadlines.is_empty()).then(|| slo::reward_at(&self.deadlines, self.finish_s))
+    }
 }
 
 /// A whole run.
@@ -983,7 +988,6 @@ impl<'a> Simulation<'a> {
                     },
                     class: j.w.slo.class(),
                     deadlines: j.deadlines.clone(),
-                    reward: (!j.deadlines.is_empty()).then(|| slo::reward_at(&j.deadlines, finish)),
                 }
             })
             .collect();

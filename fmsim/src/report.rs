@@ -246,7 +246,7 @@ pub fn jobs_csv(r: &SimResult) -> String {
                 .first()
                 .map(|d| format!("{:.1}", d.by))
                 .unwrap_or_default(),
-            j.reward.map(|w| format!("{w:.0}")).unwrap_or_default(),
+            j.reward().map(|w| format!("{w:.0}")).unwrap_or_default(),
         );
     }
     s

@@ -76,15 +76,12 @@ pub struct SloSpec {
 }
 
 impl SloSpec {
-    /// The class: the one named, else SLO with a deadline, else best-effort
-    /// (the rule of `JobSpec::class`).
+    /// The class, by the service's one rule ([`SloClass::or_default_for`]).
     pub fn class(&self) -> SloClass {
-        self.class
-            .unwrap_or(if self.deadline_s.is_some() || self.deadline_x.is_some() {
-                SloClass::Slo
-            } else {
-                SloClass::BestEffort
-            })
+        SloClass::or_default_for(
+            self.class,
+            self.deadline_s.is_some() || self.deadline_x.is_some(),
+        )
     }
 
     /// The deadline, seconds after submission, for a job `alone_s` long.
@@ -450,18 +447,10 @@ fn slo_of(
     deadline_x: Option<usize>,
 ) -> Result<SloSpec, WorkloadError> {
     let cell = |c: Option<usize>| c.map(|c| r[c].trim()).filter(|v| !v.is_empty());
-    let class = match cell(class) {
-        None => None,
-        Some("best_effort") => Some(SloClass::BestEffort),
-        Some("slo") => Some(SloClass::Slo),
-        Some("soft_slo") => Some(SloClass::SoftSlo),
-        Some(o) => {
-            return Err(csv.err(
-                line,
-                format!("slo: {o:?} is not best_effort, slo or soft_slo"),
-            ));
-        }
-    };
+    let class = cell(class)
+        .map(str::parse::<SloClass>)
+        .transpose()
+        .map_err(|e| csv.err(line, format!("slo: {e}")))?;
     let num = |c: Option<usize>| -> Result<Option<f64>, WorkloadError> {
         match c {
             Some(c) if !r[c].trim().is_empty() => Ok(Some(csv.num(line, r, c)?)),

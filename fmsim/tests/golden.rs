@@ -524,10 +524,10 @@ fn deadline_policies_preempt_best_effort_work_to_meet_a_deadline() {
         let job = r.jobs.iter().find(|j| j.name == "slo").unwrap();
         assert_eq!(job.deadlines.len(), 1, "a deadline alone makes it strict");
         if met {
-            assert_eq!(job.reward, Some(100.0), "{policy}: {job:?}");
+            assert_eq!(job.reward(), Some(100.0), "{policy}: {job:?}");
             assert_eq!(s.slo_violation, 0.0, "{policy}");
         } else {
-            assert_eq!(job.reward, Some(0.0), "{policy}: {job:?}");
+            assert_eq!(job.reward(), Some(0.0), "{policy}: {job:?}");
             assert_eq!((s.slo_violation, s.deadline_misses), (1.0, 1), "{policy}");
         }
         assert!(s.be_avg_jct_h.is_finite(), "{policy}");

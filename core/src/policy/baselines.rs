@@ -112,8 +112,18 @@ impl Default for Srtf {
     }
 }
 
-pub(super) fn remaining_at_request(snap: &Snapshot, i: usize) -> f64 {
+fn remaining_at_request(snap: &Snapshot, i: usize) -> f64 {
     requested_allocation(snap, i).map_or(f64::INFINITY, |a| snap.time_at(i, a))
+}
+
+/// Sorts job indices shortest remaining time (at the requested GPUs) first,
+/// ties by id.
+pub(super) fn srtf_sort(snap: &Snapshot, order: &mut [usize]) {
+    order.sort_by(|&a, &b| {
+        remaining_at_request(snap, a)
+            .total_cmp(&remaining_at_request(snap, b))
+            .then(snap.jobs[a].id.cmp(&snap.jobs[b].id))
+    });
 }
 
 impl Policy for Srtf {
@@ -125,11 +135,7 @@ impl Policy for Srtf {
     }
     fn allocate(&self, snap: &Snapshot) -> Plan {
         let mut order: Vec<usize> = (0..snap.jobs.len()).collect();
-        order.sort_by(|&a, &b| {
-            remaining_at_request(snap, a)
-                .total_cmp(&remaining_at_request(snap, b))
-                .then(snap.jobs[a].id.cmp(&snap.jobs[b].id))
-        });
+        srtf_sort(snap, &mut order);
         let mut plan = Plan::default();
         in_order(snap, &order, snap.total_gpus(), false, &mut plan);
         sort_entries(plan)

@@ -89,7 +89,7 @@ use good_lp::{
     Expression, ProblemVariables, Solution, SolutionStatus, SolverModel, Variable, variable,
 };
 
-use super::baselines::{by_arrival, in_order, keep_running, remaining_at_request, sort_entries};
+use super::baselines::{by_arrival, in_order, keep_running, sort_entries, srtf_sort};
 use super::{
     Plan, PlanEntry, Policy, Snapshot, SolveStats, requested_allocation, usable_allocations,
 };
@@ -176,12 +176,9 @@ impl Policy for Hydra {
         let mut order: Vec<usize> = (0..snap.jobs.len())
             .filter(|&i| snap.jobs[i].current_gpus == 0)
             .collect();
-        order.sort_by(|&a, &b| {
-            is_slo(snap, b)
-                .cmp(&is_slo(snap, a))
-                .then(remaining_at_request(snap, a).total_cmp(&remaining_at_request(snap, b)))
-                .then(snap.jobs[a].id.cmp(&snap.jobs[b].id))
-        });
+        srtf_sort(snap, &mut order);
+        // SLO jobs first; the sort is stable, so SRTF holds inside a class.
+        order.sort_by_key(|&i| !is_slo(snap, i));
         in_order(snap, &order, free, false, &mut plan);
         sort_entries(plan)
     }
@@ -566,6 +563,7 @@ impl UniSched {
             for (used, &len) in window_used.into_iter().zip(&window_len) {
                 model = model.with(used.leq(self.config.future_capacity * f64::from(total) * len));
             }
+            stats.constraints = constraints.len() + 1 + bounds.len() + top + 1;
             {
                 // Eq. 5.14 for every level i: Σ_{g≥i} 2^{g−i}·N^con_g ≤ Σ 2^{g−i}·N^cell_g.
                 for i in 0..=top {
@@ -579,7 +577,6 @@ impl UniSched {
                     model = model.with(need.leq(have));
                 }
             }
-            stats.constraints = constraints.len() + 1 + bounds.len();
             for c in constraints {
                 model = model.with(c);
             }
@@ -616,11 +613,7 @@ impl UniSched {
                 .filter(|e| !in_model(e) && !placed.contains(&e.job))
                 .map(|e| e.job)
                 .collect();
-            order.sort_by(|&a, &b| {
-                remaining_at_request(snap, a)
-                    .total_cmp(&remaining_at_request(snap, b))
-                    .then(snap.jobs[a].id.cmp(&snap.jobs[b].id))
-            });
+            srtf_sort(snap, &mut order);
             in_order(snap, &order, free, false, &mut plan);
         }
         plan.stats = stats;
