@@ -334,6 +334,15 @@ impl FrozenLayers {
 }
 
 impl JobSpec {
+    /// A job submitted without a name (or a blank one) is named
+    /// `<dataset.task>-<model>`, e.g. `qqp-roberta-base`: every listing
+    /// shows something a user recognises. The API applies it at submit.
+    pub fn default_name(&mut self) {
+        if self.name.trim().is_empty() {
+            self.name = format!("{}-{}", self.dataset.task.trim(), self.model.trim());
+        }
+    }
+
     /// The job's service class ([`SloClass::or_default_for`]).
     pub fn class(&self) -> SloClass {
         SloClass::or_default_for(self.slo_class, self.deadline.is_some())
@@ -430,6 +439,17 @@ pub struct JobSpec {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_blank_name_defaults_to_task_and_model_and_a_given_one_is_kept() {
+        let mut s = crate::validate::tests::spec();
+        s.name = "  ".into();
+        s.default_name();
+        assert_eq!(s.name, "qqp-roberta-base");
+        s.name = "mine".into();
+        s.default_name();
+        assert_eq!(s.name, "mine");
+    }
 
     #[test]
     fn terminal_states_have_no_exits() {

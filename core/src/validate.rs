@@ -41,6 +41,13 @@ pub struct Limits {
     pub max_labels: usize,
     pub max_command_args: usize,
     pub max_gpus_per_job: u32,
+    /// Bounds on counts the scheduler multiplies (iterations × step time,
+    /// epochs × samples ÷ batch): far beyond any fine-tuning job, and small
+    /// enough that no product of them overflows.
+    pub max_iterations: u64,
+    pub max_epochs: u32,
+    pub max_global_batch_size: u32,
+    pub max_num_samples: u64,
 }
 
 impl Default for Limits {
@@ -52,6 +59,10 @@ impl Default for Limits {
             max_labels: 64,
             max_command_args: 1024,
             max_gpus_per_job: 4096,
+            max_iterations: 1_000_000_000_000,
+            max_epochs: 100_000,
+            max_global_batch_size: 1 << 20,
+            max_num_samples: 1_000_000_000_000,
         }
     }
 }
@@ -81,6 +92,40 @@ fn string(field: &str, value: &str, max: usize, required: bool) -> R {
     }
     if value.contains('\0') {
         return err(field, "must not contain NUL characters");
+    }
+    Ok(())
+}
+
+fn at_most<T: PartialOrd + fmt::Display>(field: &str, v: T, max: T) -> R {
+    if v > max {
+        return err(field, format!("is {v}; at most {max} is accepted"));
+    }
+    Ok(())
+}
+
+/// A dataset location: a URI with a scheme (`s3://`, `gs://`, `hf://`,
+/// `file://`, `https://` …) or an absolute path, with no `..` segment (a
+/// trainer resolves it on a shared host: `../../etc/passwd` is not data).
+fn dataset_uri(field: &str, uri: &str) -> R {
+    let scheme = uri.split_once("://").map(|(s, _)| s).filter(|s| {
+        let mut c = s.chars();
+        c.next().is_some_and(|c| c.is_ascii_alphabetic())
+            && c.all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'))
+    });
+    if scheme.is_none() && !uri.starts_with('/') {
+        return err(
+            field,
+            format!(
+                "{uri:?} must be a URI with a scheme (s3://, gs://, hf://, file://, https://…) or an absolute path"
+            ),
+        );
+    }
+    let lower = uri.to_ascii_lowercase().replace("%2e", ".");
+    if lower.split(['/', '\\']).any(|seg| seg == "..") {
+        return err(field, format!("{uri:?} must not contain a `..` segment"));
+    }
+    if uri.chars().any(char::is_control) {
+        return err(field, "must not contain control characters");
     }
     Ok(())
 }
@@ -117,6 +162,12 @@ impl JobSpec {
     pub fn validate(&self, ctx: &ValidationContext<'_>) -> Result<(), FieldError> {
         let l = &ctx.limits;
         string("name", &self.name, l.max_name_bytes, false)?;
+        if self.name.chars().any(char::is_control) {
+            return err(
+                "name",
+                "must not contain control characters (newlines, tabs…)",
+            );
+        }
 
         // Model: known to the cluster.
         string("model", &self.model, l.max_name_bytes, true)?;
@@ -134,6 +185,7 @@ impl JobSpec {
 
         // Dataset.
         string("dataset.uri", &self.dataset.uri, l.max_string_bytes, true)?;
+        dataset_uri("dataset.uri", &self.dataset.uri)?;
         string("dataset.task", &self.dataset.task, l.max_name_bytes, true)?;
         string(
             "dataset.objective",
@@ -144,12 +196,20 @@ impl JobSpec {
         if self.dataset.num_samples == Some(0) {
             return err("dataset.num_samples", "must be > 0 when given");
         }
+        if let Some(n) = self.dataset.num_samples {
+            at_most("dataset.num_samples", n, l.max_num_samples)?;
+        }
 
         // Hyper-parameters.
         let hp = &self.hyperparameters;
         if hp.global_batch_size == 0 {
             return err("hyperparameters.global_batch_size", "must be > 0");
         }
+        at_most(
+            "hyperparameters.global_batch_size",
+            hp.global_batch_size,
+            l.max_global_batch_size,
+        )?;
         finite("hyperparameters.learning_rate", hp.learning_rate)?;
         if hp.learning_rate <= 0.0 {
             return err(
@@ -175,6 +235,12 @@ impl JobSpec {
         }
         if t.max_epochs == Some(0) {
             return err("target.max_epochs", "must be > 0");
+        }
+        if let Some(n) = t.max_iterations {
+            at_most("target.max_iterations", n, l.max_iterations)?;
+        }
+        if let Some(n) = t.max_epochs {
+            at_most("target.max_epochs", n, l.max_epochs)?;
         }
         if let Some(m) = &t.metric {
             string("target.metric.name", &m.name, l.max_name_bytes, true)?;
@@ -462,6 +528,85 @@ pub(crate) mod tests {
     #[test]
     fn a_good_spec_passes() {
         check(&spec()).unwrap();
+    }
+
+    /// The inputs a hardening pass found accepted: each is refused naming
+    /// its field, and the limits themselves still pass.
+    #[test]
+    fn numbers_past_the_limits_and_unsafe_uris_are_refused() {
+        let l = Limits::default();
+        type Mutation = Box<dyn Fn(&mut JobSpec)>;
+        let cases: Vec<(&str, Mutation)> = vec![
+            (
+                "spec.target.max_iterations",
+                Box::new(|s| s.target.max_iterations = Some(i64::MAX as u64)),
+            ),
+            (
+                "spec.target.max_epochs",
+                Box::new(|s| s.target.max_epochs = Some(u32::MAX)),
+            ),
+            (
+                "spec.hyperparameters.global_batch_size",
+                Box::new(|s| s.hyperparameters.global_batch_size = 1 << 31),
+            ),
+            (
+                "spec.dataset.num_samples",
+                Box::new(|s| s.dataset.num_samples = Some(u64::MAX)),
+            ),
+            (
+                "spec.dataset.uri",
+                Box::new(|s| s.dataset.uri = "../../etc/passwd".into()),
+            ),
+            (
+                "spec.dataset.uri",
+                Box::new(|s| s.dataset.uri = "file:///data/../../etc/passwd".into()),
+            ),
+            (
+                "spec.dataset.uri",
+                Box::new(|s| s.dataset.uri = "s3://b/%2E%2E/x".into()),
+            ),
+            (
+                "spec.dataset.uri",
+                Box::new(|s| s.dataset.uri = "glue/qqp".into()),
+            ),
+            (
+                "spec.dataset.uri",
+                Box::new(|s| s.dataset.uri = "://x".into()),
+            ),
+            (
+                "spec.dataset.uri",
+                Box::new(|s| s.dataset.uri = "s3://b/x\n".into()),
+            ),
+            ("spec.name", Box::new(|s| s.name = "two\nlines".into())),
+        ];
+        for (field, mutate) in &cases {
+            let mut s = spec();
+            mutate(&mut s);
+            let e = check(&s).expect_err(field);
+            assert_eq!(&e.field, field, "{e}");
+        }
+        let mut s = spec();
+        s.target.max_iterations = Some(l.max_iterations);
+        s.hyperparameters.global_batch_size = l.max_global_batch_size;
+        s.dataset.num_samples = Some(l.max_num_samples);
+        s.target.max_epochs = Some(l.max_epochs);
+        check(&s).unwrap();
+        // The largest product the estimates form stays finite and exact
+        // enough in f64, and samples × epochs fits u64.
+        assert!(
+            l.max_num_samples
+                .checked_mul(u64::from(l.max_epochs))
+                .is_some()
+        );
+        for uri in [
+            "/data/glue/qqp",
+            "hf://glue/qqp",
+            "s3://b/a..b/c",
+            "file:///d",
+        ] {
+            s.dataset.uri = uri.into();
+            check(&s).unwrap_or_else(|e| panic!("{uri}: {e}"));
+        }
     }
 
     #[test]

@@ -9,6 +9,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use fmsched_integration::*;
+use fmsched_proto::v1 as pb;
 use serde_json::Value;
 use sqlx::Connection;
 
@@ -134,9 +135,9 @@ fn agent_env(
         c.env("FMSCHED_AGENT_METRICS_ADDR", format!("127.0.0.1:{m}"));
     }
     // Every test node runs on this host: peers reach it at 127.0.0.1 (the
-    // MASTER_ADDR of a gang whose rank 0 runs there); `env` may say otherwise.
+    // MASTER_ADDR of a gang whose rank 0 runs there); `env` may say
+    // otherwise, and overrides every default below (an empty value unsets).
     c.env("FMSCHED_AGENT_ADDRESS", "127.0.0.1");
-    c.envs(env.iter().copied());
     c.args(["--scheduler", endpoints, "--node-id", node])
         .args(["--fake-gpus", "4", "--fake-gpu-model", model])
         .env("FMSCHED_JOIN_TOKEN", JOIN)
@@ -147,6 +148,13 @@ fn agent_env(
         .env("FMSCHED_AGENT_RECONNECT__INITIAL_DELAY", "100ms")
         .env("FMSCHED_AGENT_RECONNECT__MAX_DELAY", "1s")
         .env("RUST_LOG", "info");
+    for (k, v) in env {
+        if v.is_empty() {
+            c.env_remove(k);
+        } else {
+            c.env(k, v);
+        }
+    }
     Proc::spawn(node, c, dir)
 }
 
@@ -2704,4 +2712,340 @@ async fn e2e_gang_heterogeneous_a_gpu_model_job_runs_only_on_its_model() {
     let out = fmctl(port, &["-o", "json", "submit", &f.display().to_string()]).unwrap();
     let v: Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v[0]["warnings"], serde_json::json!([]), "{out}");
+}
+
+// ---- hardening: node identity and report provenance ----------------------
+
+/// A registration as a raw client (no node-agent process) would send it:
+/// 4 GPUs of its own, the given credentials.
+fn raw_register(node: &str, join: &str, node_token: &str, instance: &str) -> pb::Register {
+    pb::Register {
+        node_id: node.into(),
+        hostname: format!("{node}-raw"),
+        gpus: (0..4)
+            .map(|i| pb::GpuInfo {
+                uuid: format!("GPU-{node}-raw-{i}"),
+                index: i,
+                model: "A100-80GB".into(),
+                memory_total_bytes: 80 << 30,
+                pci_bus_id: format!("0000:2{i}:00.0"),
+            })
+            .collect(),
+        agent_version: "raw".into(),
+        join_token: join.into(),
+        node_token: node_token.into(),
+        instance_id: instance.into(),
+        gpu_backend: "fake".into(),
+        ..Default::default()
+    }
+}
+
+/// Opens a raw agent session: the sender for its next messages, the
+/// scheduler's stream and its acknowledgement, or the refusal.
+async fn raw_session(
+    port: u16,
+    reg: pb::Register,
+) -> Result<
+    (
+        tokio::sync::mpsc::Sender<pb::AgentMessage>,
+        tonic::Streaming<pb::SchedulerMessage>,
+        pb::RegisterAck,
+    ),
+    tonic::Status,
+> {
+    use fmsched_proto::v1::agent_service_client::AgentServiceClient;
+    let mut client = AgentServiceClient::connect(format!("http://127.0.0.1:{port}"))
+        .await
+        .expect("scheduler reachable");
+    let (tx, rx) = tokio::sync::mpsc::channel(16);
+    tx.send(pb::AgentMessage {
+        msg: Some(pb::agent_message::Msg::Register(reg)),
+    })
+    .await
+    .unwrap();
+    let mut inbound = client
+        .session(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await?
+        .into_inner();
+    match inbound.message().await?.and_then(|m| m.msg) {
+        Some(pb::scheduler_message::Msg::RegisterAck(ack)) => Ok((tx, inbound, ack)),
+        other => panic!("expected a RegisterAck, got {other:?}"),
+    }
+}
+
+/// A node as `fmctl nodes` shows it: (connected, GPU models).
+fn node_view(port: u16, id: &str) -> Result<(bool, Vec<String>), String> {
+    let out = fmctl(port, &["-o", "json", "nodes"])?;
+    let v: Value = serde_json::from_str(&out).map_err(|e| format!("{e}: {out}"))?;
+    let n = v
+        .as_array()
+        .and_then(|a| a.iter().find(|n| n["id"] == id))
+        .ok_or_else(|| format!("no node {id}: {out}"))?;
+    let models = n["gpus"]
+        .as_array()
+        .map(|g| {
+            g.iter()
+                .map(|g| g["model"].as_str().unwrap_or("").to_string())
+                .collect()
+        })
+        .unwrap_or_default();
+    Ok((n["connected"] == true, models))
+}
+
+async fn scrape(port: u16) -> String {
+    fmsched_runtime::metrics::scrape(([127, 0, 0, 1], port).into())
+        .await
+        .expect("metrics endpoint")
+}
+
+/// Two agents started with one node id (a cloned host image): the second
+/// is refused with ALREADY_EXISTS while the first one's session lives — the
+/// node never flips between their inventories — and is accepted once the
+/// first has gone. Counted in a metric and written as a node event.
+#[tokio::test]
+async fn e2e_hardening_a_duplicate_node_id_is_refused_while_the_first_session_lives() {
+    let db = new_db("fmsched_dup").await;
+    let dir = tempfile::tempdir().unwrap();
+    let (port, mport) = (free_port(), free_port());
+    let _sched = scheduler_env(
+        &db,
+        port,
+        dir.path(),
+        Some(mport),
+        &[("FMSCHED_SCHEDULING__ENABLED", "false")],
+    );
+    wait_up("scheduler up", port);
+    let ep = format!("http://127.0.0.1:{port}");
+    let a100 = vec!["A100-80GB".to_string(); 4];
+    let h100 = vec!["H100-80GB".to_string(); 4];
+    let mut first = agent("n1", port, dir.path());
+    wait_for(
+        "n1 registered",
+        Duration::from_secs(20),
+        || match node_view(port, "n1")? {
+            (true, m) if m == a100 => Ok(()),
+            other => Err(format!("{other:?}")),
+        },
+    );
+    // The clone: same node id, its own disk (no node token) and GPUs.
+    let clone_dir = dir.path().join("clone");
+    std::fs::create_dir_all(&clone_dir).unwrap();
+    let clone = agent_env(
+        "n1",
+        &ep,
+        &clone_dir,
+        None,
+        &[("FMSCHED_AGENT_GPU__FAKE_MODEL", "H100-80GB")],
+    );
+    wait_for("the clone is refused", Duration::from_secs(20), || {
+        let log = clone.log_text();
+        if log.contains("already has a live session") {
+            Ok(())
+        } else {
+            Err(log)
+        }
+    });
+    // While both run (the clone retrying every second), n1 stays the first
+    // agent's node: connected, its 4 A100s, never the clone's H100s.
+    for _ in 0..10 {
+        assert_eq!(node_view(port, "n1").unwrap(), (true, a100.clone()));
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let m = scrape(mport).await;
+    let refused = metric_value(&m, "fmsched_agent_duplicate_registrations_total");
+    assert!(refused >= 2.0, "the clone's retries are counted: {refused}");
+    let mut c = sqlx::PgConnection::connect(&db_url(&db)).await.unwrap();
+    let (events, registrations): (i64, i64) = sqlx::query_as(
+        "SELECT count(*) FILTER (WHERE kind = 'duplicate_refused'),
+                count(*) FILTER (WHERE kind = 'registered')
+         FROM node_events WHERE node_id = 'n1'",
+    )
+    .fetch_one(&mut c)
+    .await
+    .unwrap();
+    assert!(events >= 1, "a node event says so");
+    assert_eq!(registrations, 1, "the clone never registered");
+    // The first agent goes away: the clone's next try is accepted.
+    first.kill9();
+    wait_for(
+        "the clone took over",
+        Duration::from_secs(20),
+        || match node_view(port, "n1")? {
+            (true, m) if m == h100 => Ok(()),
+            other => Err(format!("{other:?}")),
+        },
+    );
+    c.close().await.unwrap();
+    drop_db(&db).await;
+}
+
+/// Kubelet-style bootstrap: an agent enrolls with the join token and keeps
+/// the node token it is issued (file mode 0600; Postgres keeps only its
+/// hash); restarted without the join token it registers with that token;
+/// the token admits no other node id, and a wrong one is refused.
+#[tokio::test]
+async fn e2e_hardening_a_node_token_works_only_for_its_own_node() {
+    use std::os::unix::fs::PermissionsExt;
+    let db = new_db("fmsched_ntok").await;
+    let dir = tempfile::tempdir().unwrap();
+    let (port, mport) = (free_port(), free_port());
+    let _sched = scheduler_env(
+        &db,
+        port,
+        dir.path(),
+        Some(mport),
+        &[("FMSCHED_SCHEDULING__ENABLED", "false")],
+    );
+    wait_up("scheduler up", port);
+    let ep = format!("http://127.0.0.1:{port}");
+    let mut n1 = agent("n1", port, dir.path());
+    let file = dir.path().join("n1").join("node-n1.token");
+    let token = wait_for("n1 enrolled", Duration::from_secs(20), || {
+        std::fs::read_to_string(&file).map_err(|e| e.to_string())
+    });
+    assert!(token.starts_with("fmn_"), "{token}");
+    let mode = std::fs::metadata(&file).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600);
+    let mut c = sqlx::PgConnection::connect(&db_url(&db)).await.unwrap();
+    let stored: String = sqlx::query_scalar("SELECT token_sha256 FROM nodes WHERE id = 'n1'")
+        .fetch_one(&mut c)
+        .await
+        .unwrap();
+    assert_eq!(stored.len(), 64, "a SHA-256 in hex");
+    assert!(
+        !stored.contains(&token[4..20]),
+        "the token itself is not stored"
+    );
+
+    // n1's token presented for n2: refused, and nothing of n2 is written.
+    let e = raw_session(port, raw_register("n2", "", &token, "x"))
+        .await
+        .expect_err("refused");
+    assert_eq!(e.code(), tonic::Code::Unauthenticated, "{e:?}");
+    assert!(e.message().contains("not valid for node n2"), "{e:?}");
+    let n2: i64 = sqlx::query_scalar("SELECT count(*) FROM nodes WHERE id = 'n2'")
+        .fetch_one(&mut c)
+        .await
+        .unwrap();
+    assert_eq!(n2, 0);
+    // A wrong token for n1 without the join token: refused too.
+    let e = raw_session(port, raw_register("n1", "", "fmn_guessed", "x"))
+        .await
+        .expect_err("refused");
+    assert_eq!(e.code(), tonic::Code::Unauthenticated, "{e:?}");
+
+    // Restarted without the join token, n1 comes back with its own token.
+    n1.kill9();
+    let _n1 = agent_env("n1", &ep, dir.path(), None, &[("FMSCHED_JOIN_TOKEN", "")]);
+    wait_for("n1 back", Duration::from_secs(20), || {
+        let (connected, _) = node_view(port, "n1")?;
+        let log = _n1.log_text();
+        if connected && log.contains("registered with scheduler") {
+            Ok(())
+        } else {
+            Err(log)
+        }
+    });
+    let (enrolled, registered): (i64, i64) = sqlx::query_as(
+        "SELECT count(*) FILTER (WHERE kind = 'enrolled'), count(*) FILTER (WHERE kind = 'registered')
+         FROM node_events WHERE node_id = 'n1'",
+    )
+    .fetch_one(&mut c)
+    .await
+    .unwrap();
+    assert_eq!(
+        (enrolled, registered),
+        (1, 2),
+        "enrolled once, registered twice"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&file).unwrap(),
+        token,
+        "the same token"
+    );
+    let m = scrape(mport).await;
+    assert!(metric_value(&m, "fmsched_agent_refused_registrations_total") >= 2.0);
+    c.close().await.unwrap();
+    drop_db(&db).await;
+}
+
+/// A registered node reports a job it was never given as finished, with
+/// forged output weights: the scheduler ignores it (and counts it), the job
+/// keeps running on its node and completes there with its own output.
+#[tokio::test]
+async fn e2e_hardening_a_forged_completion_report_changes_nothing() {
+    let db = new_db("fmsched_forged").await;
+    let dir = tempfile::tempdir().unwrap();
+    let (port, mport) = (free_port(), free_port());
+    let sched = scheduler_env(
+        &db,
+        port,
+        dir.path(),
+        Some(mport),
+        &[
+            ("FMSCHED_SCHEDULING__PROFILING", "false"),
+            ("FMSCHED_SCHEDULING__MERGING", "false"),
+        ],
+    );
+    wait_up("scheduler up", port);
+    let honest = agent("honest", port, dir.path());
+    wait_for("honest registered", Duration::from_secs(20), || {
+        node_view(port, "honest").map(|_| ())
+    });
+    submit(
+        port,
+        dir.path(),
+        [(
+            "victim".to_string(),
+            job_yaml("victim", "rte", 12_000, 4).replace("min_gpus: 1", "min_gpus: 4"),
+        )],
+    )
+    .expect("submit");
+    let id = running_job(port);
+    // The forger joins with the join token and reports the victim's
+    // process as succeeded, every heartbeat.
+    let (tx, _inbound, _ack) = raw_session(port, raw_register("forger", JOIN, "", "forger-1"))
+        .await
+        .expect("the forger may join: it holds the join token");
+    let forged = pb::ObservedTask {
+        task_id: id.clone(),
+        job_ids: vec![id.clone()],
+        phase: pb::TaskPhase::Succeeded as i32,
+        pid: 4242,
+        gpu_uuids: (0..4).map(|i| format!("GPU-forger-raw-{i}")).collect(),
+        iteration: 12_000,
+        outputs: [(id.clone(), "/forged/weights".to_string())].into(),
+        ..Default::default()
+    };
+    for seq in 1..=20u64 {
+        tx.send(pb::AgentMessage {
+            msg: Some(pb::agent_message::Msg::Heartbeat(pb::Heartbeat {
+                sequence: seq,
+                tasks: vec![forged.clone()],
+                ..Default::default()
+            })),
+        })
+        .await
+        .unwrap();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let state = &jobs(port).unwrap()[&id].0;
+        assert_eq!(state, "running", "a forged report moved the job");
+    }
+    let ignored = metric_value(&scrape(mport).await, "fmsched_agent_ignored_reports_total");
+    assert!(ignored >= 1.0, "the forged report is counted: {ignored}");
+    assert!(
+        sched
+            .log_text()
+            .contains("never given (forged or misrouted)")
+    );
+    drop(tx);
+    let done = all_completed(port, 1, Duration::from_secs(120));
+    let (state, output) = &done[&id];
+    assert_eq!(state, "completed");
+    assert!(
+        !output.is_empty() && !output.contains("forged"),
+        "completed with its own output: {output}"
+    );
+    assert!(honest.log_text().contains(&id));
+    drop_db(&db).await;
 }

@@ -26,7 +26,13 @@ pub struct AgentConfig {
     pub address: Option<String>,
     pub labels: BTreeMap<String, String>,
     /// File holding the join token (`FMSCHED_JOIN_TOKEN` wins when set).
+    /// Needed to enroll the node; once it holds a node token (below) the
+    /// join token may be removed from the host.
     pub join_token_file: Option<PathBuf>,
+    /// Where the node's own token is kept (mode 0600): issued by the
+    /// scheduler when the node enrolls with the join token, presented on
+    /// every registration after. Default: `<processes.work_dir>/node-<node_id>.token`.
+    pub node_token_file: Option<PathBuf>,
     /// Heartbeat interval used until the scheduler's acknowledgement says otherwise.
     #[serde(with = "humantime_serde")]
     pub heartbeat_interval: Duration,
@@ -87,6 +93,7 @@ impl Default for AgentConfig {
             address: None,
             labels: BTreeMap::new(),
             join_token_file: None,
+            node_token_file: None,
             heartbeat_interval: Duration::from_secs(5),
             reconnect: ReconnectConfig::default(),
             gpu: GpuConfig::default(),
@@ -242,6 +249,15 @@ impl AgentConfig {
     /// The node id to register with: configured, else the hostname.
     pub fn resolved_node_id(&self) -> String {
         self.node_id.clone().unwrap_or_else(hostname)
+    }
+
+    /// Where the node token is kept (see [`AgentConfig::node_token_file`]).
+    pub fn resolved_node_token_file(&self) -> PathBuf {
+        self.node_token_file.clone().unwrap_or_else(|| {
+            self.processes
+                .work_dir
+                .join(format!("node-{}.token", self.resolved_node_id()))
+        })
     }
 }
 

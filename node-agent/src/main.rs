@@ -72,8 +72,13 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let env: HashMap<String, String> = std::env::vars().collect();
     let token =
         fmsched_runtime::read_secret(&env, "FMSCHED_JOIN_TOKEN", cfg.join_token_file.as_deref())
-            .context("reading join_token_file")?
-            .context("no join token: set FMSCHED_JOIN_TOKEN or join_token_file")?;
+            .context("reading join_token_file")?;
+    if token.is_none() && !node_agent::session::node_token_on_file(&cfg) {
+        bail!(
+            "no join token: set FMSCHED_JOIN_TOKEN or join_token_file (a node that enrolled before may instead keep its node token at {})",
+            cfg.resolved_node_token_file().display()
+        );
+    }
 
     let node_id = cfg.resolved_node_id();
     let gpus: Arc<dyn GpuBackend> = if cfg.gpu.fake_count > 0 {

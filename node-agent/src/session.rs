@@ -66,7 +66,13 @@ pub enum SessionError {
 pub struct Agent {
     cfg: AgentConfig,
     node_id: String,
-    join_token: Secret,
+    /// Random id of this process: the scheduler refuses a second agent with
+    /// the same node id while this one's session lives.
+    instance_id: String,
+    join_token: Option<Secret>,
+    /// The node's own credential (issued at enrolment, kept in
+    /// `node_token_file`).
+    node_token: std::sync::Mutex<Option<Secret>>,
     gpus: Arc<dyn GpuBackend>,
     applied_generation: AtomicI64,
     /// Newest leadership term heard from a scheduler: plans of an older
@@ -78,8 +84,11 @@ pub struct Agent {
 }
 
 impl Agent {
-    pub fn new(cfg: AgentConfig, join_token: Secret, gpus: Arc<dyn GpuBackend>) -> Self {
+    /// `join_token` may be None when the node holds a node token
+    /// (`node_token_file`); [`Agent::new`] reads that file.
+    pub fn new(cfg: AgentConfig, join_token: Option<Secret>, gpus: Arc<dyn GpuBackend>) -> Self {
         let node_id = cfg.resolved_node_id();
+        let node_token = read_node_token(&cfg.resolved_node_token_file());
         let driver = Arc::new(ProcessDriver::new(DriverConfig {
             work_dir: cfg.processes.work_dir.clone(),
             checkpoint_timeout: cfg.processes.checkpoint_timeout,
@@ -92,7 +101,9 @@ impl Agent {
         Self {
             cfg,
             node_id,
+            instance_id: format!("{:032x}", rand::random::<u128>()),
             join_token,
+            node_token: std::sync::Mutex::new(node_token),
             gpus,
             applied_generation: AtomicI64::new(0),
             leader_epoch: AtomicI64::new(0),
@@ -156,12 +167,43 @@ impl Agent {
                 gpus: self.gpus.inventory(),
                 labels: self.cfg.labels.clone().into_iter().collect(),
                 agent_version: env!("CARGO_PKG_VERSION").to_string(),
-                join_token: self.join_token.expose().to_string(),
+                join_token: self
+                    .join_token
+                    .as_ref()
+                    .map(|t| t.expose().to_string())
+                    .unwrap_or_default(),
                 gpu_backend: self.gpus.kind().to_string(),
                 applied_generation: self.applied_generation(),
                 tasks: Vec::new(),
                 address: self.cfg.address.clone().unwrap_or_default(),
+                node_token: self
+                    .node_token()
+                    .map(|t| t.expose().to_string())
+                    .unwrap_or_default(),
+                instance_id: self.instance_id.clone(),
             })),
+        }
+    }
+
+    /// The node token held now, if any.
+    pub fn node_token(&self) -> Option<Secret> {
+        self.node_token
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Keeps a node token the scheduler issued: in memory for the next
+    /// registrations, and in `node_token_file` for the next start. A file
+    /// that cannot be written is a warning: the node enrolls again with the
+    /// join token next time.
+    fn keep_node_token(&self, token: &str) {
+        *self.node_token.lock().unwrap_or_else(|p| p.into_inner()) = Some(Secret::new(token));
+        let path = self.cfg.resolved_node_token_file();
+        match write_node_token(&path, token) {
+            Ok(()) => tracing::info!(path = %path.display(), "enrolled: node token kept"),
+            Err(e) => tracing::warn!(path = %path.display(), error = %e,
+                "enrolled, but the node token could not be saved; the join token will be needed after a restart"),
         }
     }
 
@@ -257,6 +299,9 @@ impl Agent {
             }
             Err(s) => return Err(classify(s)),
         };
+        if !ack.node_token.is_empty() {
+            self.keep_node_token(&ack.node_token);
+        }
         if !self.note_epoch(ack.epoch) {
             return Err(SessionError::Retry(format!(
                 "the scheduler at {} leads an older term ({}) than one already heard ({})",
@@ -404,6 +449,46 @@ impl Agent {
     }
 }
 
+/// Reads a kept node token; None when there is none (or it is unreadable,
+/// with a warning: the join token enrolls the node again).
+fn read_node_token(path: &std::path::Path) -> Option<Secret> {
+    match std::fs::read_to_string(path) {
+        Ok(t) if !t.trim().is_empty() => Some(Secret::new(t.trim())),
+        Ok(_) => None,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => {
+            tracing::warn!(path = %path.display(), error = %e, "node token not readable");
+            None
+        }
+    }
+}
+
+/// Writes a node token readable by its owner only, replacing any earlier
+/// one atomically (a crash leaves the old token or the new one).
+fn write_node_token(path: &std::path::Path, token: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let tmp = path.with_extension("token.tmp");
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)?;
+    f.write_all(token.as_bytes())?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, path)
+}
+
+/// Whether a node token is on file, so the agent may start without the
+/// join token.
+pub fn node_token_on_file(cfg: &AgentConfig) -> bool {
+    read_node_token(&cfg.resolved_node_token_file()).is_some()
+}
+
 fn classify(s: tonic::Status) -> SessionError {
     match s.code() {
         tonic::Code::Unauthenticated
@@ -461,7 +546,36 @@ mod tests {
 
     fn agent() -> Agent {
         let gpus = Arc::new(crate::gpu::fake::FakeGpuBackend::new("n", 1, "A100-80GB").unwrap());
-        Agent::new(AgentConfig::default(), Secret::new("x"), gpus)
+        Agent::new(AgentConfig::default(), Some(Secret::new("x")), gpus)
+    }
+
+    #[test]
+    fn a_node_token_is_kept_owner_only_and_read_back() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state/node-n1.token");
+        assert!(read_node_token(&path).is_none());
+        write_node_token(&path, "fmn_first").unwrap();
+        write_node_token(&path, "fmn_second").unwrap();
+        assert_eq!(read_node_token(&path).unwrap().expose(), "fmn_second");
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600, "only its owner reads the token");
+        let cfg = AgentConfig {
+            node_id: Some("n1".into()),
+            node_token_file: Some(path),
+            ..AgentConfig::default()
+        };
+        assert!(node_token_on_file(&cfg));
+        let gpus = Arc::new(crate::gpu::fake::FakeGpuBackend::new("n1", 1, "A100-80GB").unwrap());
+        let a = Agent::new(cfg, None, gpus);
+        let Some(pb::agent_message::Msg::Register(r)) = a.register_message().msg else {
+            panic!("a register message")
+        };
+        assert_eq!(
+            (r.node_token.as_str(), r.join_token.as_str()),
+            ("fmn_second", "")
+        );
+        assert_eq!(r.instance_id.len(), 32);
     }
 
     fn plan(generation: i64, epoch: i64) -> pb::NodePlan {

@@ -217,6 +217,77 @@ impl Authenticator {
     pub fn check_join_token(&self, presented: &str) -> bool {
         constant_time_eq(self.join_token.expose().as_bytes(), presented.as_bytes())
     }
+
+    /// Who a registering agent is (kubelet-style bootstrap): a node token
+    /// valid for `node` (`stored` is the SHA-256 on record for it) admits
+    /// the node as itself; otherwise the join token enrolls it, with a new
+    /// node token that replaces (revokes) any earlier one. A node token
+    /// presented for another node id never admits, whatever it is.
+    pub fn authenticate_node(
+        &self,
+        node: &str,
+        node_token: &str,
+        join_token: &str,
+        stored: Option<&str>,
+    ) -> Result<NodeAuth, NodeAuthError> {
+        if !node_token.is_empty()
+            && stored.is_some_and(|h| {
+                constant_time_eq(h.as_bytes(), token_sha256(node_token).as_bytes())
+            })
+        {
+            return Ok(NodeAuth::NodeToken);
+        }
+        if self.check_join_token(join_token) {
+            let token = new_node_token();
+            let sha256 = token_sha256(token.expose());
+            return Ok(NodeAuth::Enroll { token, sha256 });
+        }
+        if node_token.is_empty() {
+            Err(NodeAuthError::InvalidJoinToken)
+        } else {
+            Err(NodeAuthError::WrongNodeToken(node.to_string()))
+        }
+    }
+}
+
+/// How a registering agent proved who it is.
+#[derive(Debug)]
+pub enum NodeAuth {
+    /// Its own node token.
+    NodeToken,
+    /// The join token: `token` is issued to it (Postgres keeps `sha256`).
+    Enroll { token: Secret, sha256: String },
+}
+
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum NodeAuthError {
+    #[error(
+        "the node token is not valid for node {0}: a node token admits only the node it was issued to \
+         (present the join token to enroll the node again)"
+    )]
+    WrongNodeToken(String),
+    #[error("invalid join token")]
+    InvalidJoinToken,
+}
+
+/// A fresh node token: 244 random bits (two v4 UUIDs) behind a prefix that
+/// tells it from user and join tokens in a leaked log.
+pub fn new_node_token() -> Secret {
+    Secret::new(format!(
+        "fmn_{}{}",
+        uuid::Uuid::new_v4().simple(),
+        uuid::Uuid::new_v4().simple()
+    ))
+}
+
+/// Hex SHA-256 of a token: what Postgres keeps of a node token. A plain
+/// hash suffices: node tokens are random, not passwords.
+pub fn token_sha256(token: &str) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(token.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 #[cfg(test)]
@@ -240,6 +311,52 @@ mod tests {
         let mut m = MetadataMap::new();
         m.insert("authorization", MetadataValue::try_from(v).unwrap());
         m
+    }
+
+    #[test]
+    fn a_node_token_admits_only_its_own_node_and_the_join_token_enrolls() {
+        let a = auth();
+        let join = "join-token-0123456789";
+        let NodeAuth::Enroll { token, sha256 } = a.authenticate_node("n1", "", join, None).unwrap()
+        else {
+            panic!("the join token enrolls")
+        };
+        assert!(token.expose().starts_with("fmn_") && token.expose().len() == 68);
+        assert_eq!(sha256, token_sha256(token.expose()));
+        assert_ne!(
+            sha256,
+            token.expose(),
+            "Postgres keeps the hash, not the token"
+        );
+        let t = token.expose();
+        // Its own node: admitted as itself, with or without the join token.
+        assert!(matches!(
+            a.authenticate_node("n1", t, "", Some(&sha256)),
+            Ok(NodeAuth::NodeToken)
+        ));
+        // Another node id (whose record holds another hash, or none).
+        let other = token_sha256("fmn_other");
+        assert_eq!(
+            a.authenticate_node("n2", t, "", Some(&other)).unwrap_err(),
+            NodeAuthError::WrongNodeToken("n2".into())
+        );
+        assert_eq!(
+            a.authenticate_node("n2", t, "", None).unwrap_err(),
+            NodeAuthError::WrongNodeToken("n2".into())
+        );
+        assert_eq!(
+            a.authenticate_node("n1", "", "wrong-join-token-000", Some(&sha256))
+                .unwrap_err(),
+            NodeAuthError::InvalidJoinToken
+        );
+        // A stale token beside the join token: enrolled again, new token.
+        let NodeAuth::Enroll { token: t2, .. } = a
+            .authenticate_node("n1", "fmn_stale", join, Some(&sha256))
+            .unwrap()
+        else {
+            panic!("re-enrolled")
+        };
+        assert_ne!(t2.expose(), t);
     }
 
     #[test]

@@ -4,7 +4,7 @@
 //! transient failures (serialization failure, deadlock) a bounded number of
 //! times. SQLSTATE codes are mapped in one place, [`classify`].
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -984,6 +984,25 @@ impl Persistence {
         Ok(SubmitOutcome::Existing(job_from_row(&row)?))
     }
 
+    /// Adds an event to a job's history (skipped when it repeats the last
+    /// one), outside any round: what the API says at submit.
+    pub async fn note(
+        &self,
+        job: JobId,
+        kind: &str,
+        message: &str,
+        now: DateTime<Utc>,
+    ) -> Result<(), PersistenceError> {
+        const OP: &str = "note";
+        with_retries(OP, || async {
+            let mut tx = self.pool.begin().await.map_err(db_err(OP))?;
+            note_in(&mut tx, job, kind, message, now, OP).await?;
+            tx.commit().await.map_err(db_err(OP))?;
+            Ok(())
+        })
+        .await
+    }
+
     pub async fn get_job(&self, id: JobId) -> Result<Option<JobRecord>, PersistenceError> {
         let row = sqlx::query(&format!("SELECT {JOB_COLUMNS} FROM jobs WHERE id = $1"))
             .bind(id.0)
@@ -1152,10 +1171,85 @@ impl Persistence {
             .execute(&mut *tx)
             .await
             .map_err(db_err(OP))?;
+            sqlx::query(
+                "INSERT INTO job_placements (job_id, node_id)
+                 SELECT DISTINCT j, n FROM UNNEST($1::uuid[], $2::text[]) AS t(j, n)
+                 ON CONFLICT DO NOTHING",
+            )
+            .bind(&jobs)
+            .bind(&nodes)
+            .execute(&mut *tx)
+            .await
+            .map_err(db_err(OP))?;
             tx.commit().await.map_err(db_err(OP))?;
             Ok(generation)
         })
         .await
+    }
+
+    /// The SHA-256 (hex) of a node's token; None when the node is unknown
+    /// or has not enrolled with the join token yet.
+    pub async fn node_token_sha256(
+        &self,
+        node: &NodeId,
+    ) -> Result<Option<String>, PersistenceError> {
+        sqlx::query_scalar::<_, Option<String>>("SELECT token_sha256 FROM nodes WHERE id = $1")
+            .bind(node.as_str())
+            .fetch_optional(&self.pool)
+            .await
+            .map(Option::flatten)
+            .map_err(db_err("node_token_sha256"))
+    }
+
+    /// Writes one node event (the node must be registered), fenced.
+    pub async fn node_event(
+        &self,
+        node: &NodeId,
+        kind: &str,
+        message: &str,
+        fence: &Fence,
+        now: DateTime<Utc>,
+    ) -> Result<(), PersistenceError> {
+        const OP: &str = "node_event";
+        with_retries(OP, || async {
+            let mut tx = self.pool.begin().await.map_err(db_err(OP))?;
+            check_fence(&mut tx, fence, OP).await?;
+            sqlx::query(
+                "INSERT INTO node_events (node_id, at, kind, message)
+                 SELECT $1, $2, $3, $4 WHERE EXISTS (SELECT 1 FROM nodes WHERE id = $1)",
+            )
+            .bind(node.as_str())
+            .bind(now)
+            .bind(kind)
+            .bind(message)
+            .execute(&mut *tx)
+            .await
+            .map_err(db_err(OP))?;
+            tx.commit().await.map_err(db_err(OP))?;
+            Ok(())
+        })
+        .await
+    }
+
+    /// Every node each live job has been placed on (see migration 0009):
+    /// reports of a job's process count only from these.
+    pub async fn placements_of_live_jobs(
+        &self,
+    ) -> Result<BTreeMap<JobId, BTreeSet<NodeId>>, PersistenceError> {
+        const OP: &str = "placements_of_live_jobs";
+        let rows: Vec<(Uuid, String)> = sqlx::query_as(
+            "SELECT p.job_id, p.node_id FROM job_placements p JOIN jobs j ON j.id = p.job_id
+             WHERE j.state IN ('submitted','profiling','queued','running')",
+        )
+        .fetch_all(&self.pool)
+        .await
+        .map_err(db_err(OP))?;
+        let mut out: BTreeMap<JobId, BTreeSet<NodeId>> = BTreeMap::new();
+        for (job, node) in rows {
+            let node = NodeId::try_from(node).map_err(|e| corrupt(OP, e))?;
+            out.entry(JobId(job)).or_default().insert(node);
+        }
+        Ok(out)
     }
 
     /// Jobs that are not finished (submitted, profiling, queued, running),
@@ -1376,9 +1470,13 @@ impl Persistence {
     /// Records a (re-)registration: the node row, its GPUs (replacing the
     /// previous list) and an event, in one transaction. The node becomes
     /// Available. With a fence, only while that fence leads.
+    /// Persists a registration. `enrolled`: the SHA-256 of the node token
+    /// just issued (the node enrolled with the join token); it replaces,
+    /// and so revokes, any earlier one.
     pub async fn register_node(
         &self,
         n: &NodeRecord,
+        enrolled: Option<&str>,
         fence: Option<&Fence>,
         now: DateTime<Utc>,
     ) -> Result<(), PersistenceError> {
@@ -1448,6 +1546,32 @@ impl Persistence {
                 .execute(&mut *tx)
                 .await
                 .map_err(db_err(OP))?;
+            if let Some(hash) = enrolled {
+                let before: Option<String> =
+                    sqlx::query_scalar("SELECT token_sha256 FROM nodes WHERE id = $1 FOR UPDATE")
+                        .bind(n.id.as_str())
+                        .fetch_one(&mut *tx)
+                        .await
+                        .map_err(db_err(OP))?;
+                sqlx::query("UPDATE nodes SET token_sha256 = $2 WHERE id = $1")
+                    .bind(n.id.as_str())
+                    .bind(hash)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(db_err(OP))?;
+                let message = if before.is_some() {
+                    "enrolled again with the join token: a new node token was issued and the previous one revoked"
+                } else {
+                    "enrolled with the join token: node token issued"
+                };
+                sqlx::query("INSERT INTO node_events (node_id, at, kind, message) VALUES ($1, $2, 'enrolled', $3)")
+                    .bind(n.id.as_str())
+                    .bind(now)
+                    .bind(message)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(db_err(OP))?;
+            }
             tx.commit().await.map_err(db_err(OP))?;
             Ok(())
         })

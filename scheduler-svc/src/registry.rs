@@ -38,7 +38,18 @@ pub struct LiveNode {
     pub applied_generation: i64,
     /// Id of the open session, if any.
     pub session: Option<u64>,
+    /// The agent process that opened it (`Register.instance_id`).
+    pub instance: String,
     outbox: Option<Outbox>,
+}
+
+/// Another agent's live session on a node id (see
+/// [`NodeRegistry::live_session_of_another`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct LiveSession {
+    pub instance: String,
+    pub hostname: String,
+    pub last_heard: DateTime<Utc>,
 }
 
 impl LiveNode {
@@ -54,6 +65,7 @@ impl LiveNode {
             observed_tasks: Vec::new(),
             applied_generation: 0,
             session: None,
+            instance: String::new(),
             outbox: None,
         }
     }
@@ -117,11 +129,36 @@ impl NodeRegistry {
         self.nodes.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// A session on `node` that is open, heard from within `within`, and
+    /// belongs to another agent process than `instance` (an empty instance
+    /// id matches none): a second agent with the same node id — a cloned
+    /// host image, or anyone holding the join token — must not replace it.
+    /// The same process may replace its own session (it reconnected before
+    /// this side saw the old stream break).
+    pub fn live_session_of_another(
+        &self,
+        node: &NodeId,
+        instance: &str,
+        now: DateTime<Utc>,
+        within: std::time::Duration,
+    ) -> Option<LiveSession> {
+        let nodes = self.lock();
+        let n = nodes.get(node)?;
+        let same = !instance.is_empty() && n.instance == instance;
+        let silent = (now - n.last_heartbeat).to_std().unwrap_or_default();
+        (n.session.is_some() && !same && silent < within).then(|| LiveSession {
+            instance: n.instance.clone(),
+            hostname: n.record.hostname.clone(),
+            last_heard: n.last_heartbeat,
+        })
+    }
+
     /// Records a registration that has been persisted; replaces any older
     /// session of the same node (its outbox is dropped, ending that stream).
     pub fn register(
         &self,
         record: NodeRecord,
+        instance: &str,
         now: DateTime<Utc>,
         outbox: Outbox,
         tasks: Vec<pb::ObservedTask>,
@@ -144,6 +181,7 @@ impl NodeRegistry {
                 observed_tasks: tasks,
                 applied_generation,
                 session: Some(session),
+                instance: instance.to_string(),
                 outbox: Some(outbox),
             },
         );
@@ -203,6 +241,20 @@ impl NodeRegistry {
             None => n.observed_tasks.push(task),
         }
         true
+    }
+
+    /// Ends session `session` with an error the agent reads (a message it
+    /// sent was refused).
+    pub fn close_with(&self, node: &NodeId, session: u64, status: tonic::Status) {
+        let mut nodes = self.lock();
+        if let Some(n) = nodes.get_mut(node)
+            && n.session == Some(session)
+        {
+            if let Some(o) = n.outbox.take() {
+                let _ = o.try_send(Err(status));
+            }
+            n.session = None;
+        }
     }
 
     /// The session ended (agent gone or stream broken).
@@ -356,7 +408,14 @@ mod tests {
         let r = NodeRegistry::load(vec![], t(0));
         let (tx, mut rx) = mpsc::channel(4);
         let id = NodeId::try_from("n1".to_string()).unwrap();
-        let s = r.register(record("n1", NodeState::Available), t(0), tx, vec![], 0);
+        let s = r.register(
+            record("n1", NodeState::Available),
+            "i1",
+            t(0),
+            tx,
+            vec![],
+            0,
+        );
         assert!(r.sweep(&RULE, t(5)).is_empty());
         let ch = r.sweep(&RULE, t(12));
         assert_eq!(ch.len(), 1);
@@ -400,13 +459,61 @@ mod tests {
     }
 
     #[test]
+    fn a_live_session_of_another_instance_blocks_a_second_agent() {
+        let r = NodeRegistry::load(vec![], t(0));
+        let id = NodeId::try_from("n1".to_string()).unwrap();
+        let within = Duration::from_secs(10);
+        assert_eq!(r.live_session_of_another(&id, "b", t(0), within), None);
+        let (tx, _rx) = mpsc::channel(4);
+        let s = r.register(record("n1", NodeState::Available), "a", t(0), tx, vec![], 0);
+        let held = r.live_session_of_another(&id, "b", t(5), within).unwrap();
+        assert_eq!((held.instance.as_str(), held.last_heard), ("a", t(0)));
+        assert!(
+            r.live_session_of_another(&id, "", t(5), within).is_some(),
+            "an agent without an instance id is another agent"
+        );
+        assert_eq!(
+            r.live_session_of_another(&id, "a", t(5), within),
+            None,
+            "the same process may replace its own session"
+        );
+        assert_eq!(
+            r.live_session_of_another(&id, "b", t(10), within),
+            None,
+            "silent for the whole window: no longer live"
+        );
+        assert!(r.heartbeat(&id, s, pb::Heartbeat::default(), t(9)));
+        assert!(r.live_session_of_another(&id, "b", t(10), within).is_some());
+        r.disconnect(&id, s);
+        assert_eq!(
+            r.live_session_of_another(&id, "b", t(10), within),
+            None,
+            "a closed session holds nothing"
+        );
+    }
+
+    #[test]
     fn a_newer_session_replaces_the_old_one() {
         let r = NodeRegistry::load(vec![], t(0));
         let id = NodeId::try_from("n1".to_string()).unwrap();
         let (tx1, _rx1) = mpsc::channel(4);
         let (tx2, _rx2) = mpsc::channel(4);
-        let s1 = r.register(record("n1", NodeState::Available), t(0), tx1, vec![], 0);
-        let s2 = r.register(record("n1", NodeState::Available), t(1), tx2, vec![], 0);
+        let s1 = r.register(
+            record("n1", NodeState::Available),
+            "i1",
+            t(0),
+            tx1,
+            vec![],
+            0,
+        );
+        let s2 = r.register(
+            record("n1", NodeState::Available),
+            "i1",
+            t(1),
+            tx2,
+            vec![],
+            0,
+        );
         assert!(!r.heartbeat(&id, s1, pb::Heartbeat::default(), t(2)));
         assert!(r.heartbeat(&id, s2, pb::Heartbeat::default(), t(2)));
         r.disconnect(&id, s1);

@@ -578,6 +578,65 @@ async fn agents_need_the_join_token_and_report_telemetry() {
     s.teardown().await;
 }
 
+/// A heartbeat past the protocol's limits ends the session with
+/// INVALID_ARGUMENT naming the field; the node keeps what it had.
+#[tokio::test]
+async fn an_agent_message_over_the_limits_closes_its_session_naming_the_field() {
+    let s = TestScheduler::start().await;
+    let mut agents = AgentServiceClient::new(s.channel().await);
+    let (tx, rx) = tokio::sync::mpsc::channel(8);
+    tx.send(register("n1", JOIN)).await.unwrap();
+    let mut inbound = agents
+        .session(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    let Some(Ok(pb::SchedulerMessage {
+        msg: Some(pb::scheduler_message::Msg::RegisterAck(ack)),
+    })) = inbound.next().await
+    else {
+        panic!("expected ack")
+    };
+    assert!(
+        ack.node_token.starts_with("fmn_"),
+        "enrolled with the join token"
+    );
+    let task = pb::ObservedTask {
+        task_id: "t".into(),
+        ..Default::default()
+    };
+    tx.send(pb::AgentMessage {
+        msg: Some(pb::agent_message::Msg::Heartbeat(pb::Heartbeat {
+            sequence: 1,
+            tasks: vec![task; 1025],
+            ..Default::default()
+        })),
+    })
+    .await
+    .unwrap();
+    let end = tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            match inbound.next().await {
+                Some(Ok(_)) => continue,
+                other => break other,
+            }
+        }
+    })
+    .await
+    .expect("the session ends");
+    let status = end.expect("an error, not a silent close").unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument);
+    assert!(
+        status.message().starts_with("heartbeat.tasks"),
+        "{status:?}"
+    );
+    let root = s.client(ROOT).await.unwrap();
+    let n = root.get_node("n1").await.unwrap();
+    assert!(!n.connected);
+    assert_eq!(n.gpus.len(), 4);
+    s.teardown().await;
+}
+
 #[tokio::test]
 async fn health_and_reflection() {
     use tonic_health::pb::health_client::HealthClient;

@@ -263,16 +263,21 @@ fn node(id: &str, gpus: &[(&str, u32)]) -> NodeRecord {
 #[sqlx::test(migrator = "scheduler_svc::persistence::MIGRATOR")]
 async fn node_registration_replaces_gpus_and_records_history(pool: PgPool) {
     let p = Persistence::from_pool(pool);
-    p.register_node(&node("a", &[("G0", 0), ("G1", 1)]), None, t(0))
+    p.register_node(&node("a", &[("G0", 0), ("G1", 1)]), None, None, t(0))
         .await
         .unwrap();
-    p.register_node(&node("b", &[("G2", 0)]), None, t(0))
+    p.register_node(&node("b", &[("G2", 0)]), None, None, t(0))
         .await
         .unwrap();
     // Node a comes back with one GPU swapped, and G2 moved over from b.
-    p.register_node(&node("a", &[("G0", 0), ("G3", 1), ("G2", 2)]), None, t(5))
-        .await
-        .unwrap();
+    p.register_node(
+        &node("a", &[("G0", 0), ("G3", 1), ("G2", 2)]),
+        None,
+        None,
+        t(5),
+    )
+    .await
+    .unwrap();
     let nodes = p.list_nodes().await.unwrap();
     assert_eq!(nodes.len(), 2);
     let a = &nodes[0];
@@ -294,7 +299,7 @@ async fn node_registration_replaces_gpus_and_records_history(pool: PgPool) {
     let a = p.list_nodes().await.unwrap().remove(0);
     assert_eq!(a.state, NodeState::Offline);
     assert_eq!(a.last_heartbeat_at, t(6));
-    p.register_node(&node("a", &[("G0", 0)]), None, t(30))
+    p.register_node(&node("a", &[("G0", 0)]), None, None, t(30))
         .await
         .unwrap();
     let a = p.list_nodes().await.unwrap().remove(0);
@@ -328,7 +333,7 @@ async fn node_registration_replaces_gpus_and_records_history(pool: PgPool) {
 async fn duplicate_gpu_index_is_a_conflict_and_writes_nothing(pool: PgPool) {
     let p = Persistence::from_pool(pool);
     let e = p
-        .register_node(&node("a", &[("G0", 0), ("G1", 0)]), None, t(0))
+        .register_node(&node("a", &[("G0", 0), ("G1", 0)]), None, None, t(0))
         .await
         .unwrap_err();
     assert!(matches!(e, PersistenceError::Conflict(_)), "{e}");
@@ -347,6 +352,7 @@ async fn stored_plans_account_service_and_leases(pool: PgPool) {
     let p = Persistence::from_pool(pool);
     p.register_node(
         &node("a", &[("G0", 0), ("G1", 1), ("G2", 2), ("G3", 3)]),
+        None,
         None,
         t(0),
     )
@@ -419,7 +425,7 @@ async fn stored_plans_account_service_and_leases(pool: PgPool) {
 async fn a_gang_is_stored_per_node_and_accounted_once(pool: PgPool) {
     let p = Persistence::from_pool(pool);
     for (n, g) in [("a", ["A0", "A1"]), ("b", ["B0", "B1"])] {
-        p.register_node(&node(n, &[(g[0], 0), (g[1], 1)]), None, t(0))
+        p.register_node(&node(n, &[(g[0], 0), (g[1], 1)]), None, None, t(0))
             .await
             .unwrap();
     }
@@ -444,6 +450,98 @@ async fn a_gang_is_stored_per_node_and_accounted_once(pool: PgPool) {
     let s = p.service().await.unwrap();
     assert_eq!(s[&j].attained_gpu_s, 4.0 * 10.0, "both parts' GPUs");
     assert_eq!(s[&j].executed_s, 10.0, "seconds once, not per part");
+}
+
+/// Every node a live job was placed on is remembered after the plan moves
+/// it (its suspension reports from there), and only live jobs are read.
+#[sqlx::test(migrator = "scheduler_svc::persistence::MIGRATOR")]
+async fn placements_remember_every_node_a_live_job_ran_on(pool: PgPool) {
+    let p = Persistence::from_pool(pool);
+    for (n, g) in [("a", "A0"), ("b", "B0")] {
+        p.register_node(&node(n, &[(g, 0)]), None, None, t(0))
+            .await
+            .unwrap();
+    }
+    let j = created(submit(&p, "u", None, 0).await).id;
+    let k = created(submit(&p, "u", None, 0).await).id;
+    let on = |job: JobId, n: &str, g: &str| Assignment {
+        job,
+        node: NodeId::try_from(n.to_string()).unwrap(),
+        gpus: vec![GpuUuid(g.to_string())],
+        profile: false,
+        rank_offset: 0,
+        master_port: None,
+    };
+    let none = ServiceUpdate {
+        fair_share_gpus: vec![],
+        leases: vec![],
+    };
+    plan(&p, vec![on(j, "a", "A0")], none.clone(), t(0)).await;
+    plan(
+        &p,
+        vec![on(j, "b", "B0"), on(k, "a", "A0")],
+        none.clone(),
+        t(10),
+    )
+    .await;
+    plan(&p, vec![], none, t(20)).await;
+    let placed = p.placements_of_live_jobs().await.unwrap();
+    let names = |job: &JobId| -> Vec<&str> { placed[job].iter().map(|n| n.as_str()).collect() };
+    assert_eq!(names(&j), ["a", "b"]);
+    assert_eq!(names(&k), ["a"]);
+    assert_eq!(placed.len(), 2);
+}
+
+/// Enrolment stores the token's hash and says so; enrolling again replaces
+/// it (the old token is revoked) and says that.
+#[sqlx::test(migrator = "scheduler_svc::persistence::MIGRATOR")]
+async fn enrolment_keeps_the_token_hash_and_a_second_one_revokes_the_first(pool: PgPool) {
+    let p = Persistence::from_pool(pool.clone());
+    let id = NodeId::try_from("a".to_string()).unwrap();
+    assert_eq!(
+        p.node_token_sha256(&id).await.unwrap(),
+        None,
+        "unknown node"
+    );
+    p.register_node(&node("a", &[("G0", 0)]), None, None, t(0))
+        .await
+        .unwrap();
+    assert_eq!(
+        p.node_token_sha256(&id).await.unwrap(),
+        None,
+        "not enrolled"
+    );
+    p.register_node(&node("a", &[("G0", 0)]), Some("h1"), None, t(1))
+        .await
+        .unwrap();
+    assert_eq!(
+        p.node_token_sha256(&id).await.unwrap().as_deref(),
+        Some("h1")
+    );
+    p.register_node(&node("a", &[("G0", 0)]), Some("h2"), None, t(2))
+        .await
+        .unwrap();
+    assert_eq!(
+        p.node_token_sha256(&id).await.unwrap().as_deref(),
+        Some("h2")
+    );
+    p.register_node(&node("a", &[("G0", 0)]), None, None, t(3))
+        .await
+        .unwrap();
+    assert_eq!(
+        p.node_token_sha256(&id).await.unwrap().as_deref(),
+        Some("h2"),
+        "a registration with the node token keeps it"
+    );
+    let events: Vec<String> = sqlx::query_scalar(
+        "SELECT message FROM node_events WHERE node_id = 'a' AND kind = 'enrolled' ORDER BY seq",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(events.len(), 2);
+    assert!(events[0].contains("node token issued"), "{events:?}");
+    assert!(events[1].contains("previous one revoked"), "{events:?}");
 }
 
 /// Takes the leader lease for `holder` (it must be free).
@@ -522,7 +620,7 @@ async fn the_leader_lease_has_one_holder_and_a_growing_epoch(pool: PgPool) {
 #[sqlx::test(migrator = "scheduler_svc::persistence::MIGRATOR")]
 async fn a_fenced_commit_by_a_stale_writer_writes_nothing(pool: PgPool) {
     let p = Persistence::from_pool(pool);
-    p.register_node(&node("a", &[("G0", 0)]), None, t(0))
+    p.register_node(&node("a", &[("G0", 0)]), None, None, t(0))
         .await
         .unwrap();
     let j = created(submit(&p, "u", None, 0).await).id;

@@ -20,15 +20,22 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::{ApiError, AppState, check_len};
+use crate::auth::NodeAuth;
 use crate::persistence::{GpuRecord, NodeRecord};
 
 pub struct AgentApi {
     state: AppState,
+    /// Held from a registration's duplicate check to its session being
+    /// recorded (registrations are rare; heartbeats never take it).
+    registering: tokio::sync::Mutex<()>,
 }
 
 impl AgentApi {
     pub fn new(state: AppState) -> Self {
-        Self { state }
+        Self {
+            state,
+            registering: tokio::sync::Mutex::new(()),
+        }
     }
 }
 
@@ -64,8 +71,22 @@ pub fn validate_register(
         check_len("register.labels (key)", k, 253)?;
         check_len(&format!("register.labels[{k:?}]"), v, 1024)?;
     }
-    if reg.gpus.len() > 64 {
-        return Err(ApiError::field("register.gpus", "at most 64 GPUs per node"));
+    if reg.gpus.len() > limits::GPUS {
+        return Err(ApiError::field(
+            "register.gpus",
+            format!("at most {} GPUs per node", limits::GPUS),
+        ));
+    }
+    check_len("register.node_token", &reg.node_token, 256)?;
+    check_len("register.instance_id", &reg.instance_id, 128)?;
+    if reg.tasks.len() > limits::TASKS {
+        return Err(ApiError::field(
+            "register.tasks",
+            format!("at most {} processes", limits::TASKS),
+        ));
+    }
+    for (i, t) in reg.tasks.iter().enumerate() {
+        validate_observed_task(&format!("register.tasks[{i}]"), t)?;
     }
     let mut seen_uuid = BTreeSet::new();
     let mut seen_idx = BTreeSet::new();
@@ -112,6 +133,159 @@ pub fn validate_register(
     })
 }
 
+/// Limits on what one agent message may carry. Generous for any real node
+/// (a node runs a few processes on at most 64 GPUs); they bound the memory
+/// and work a broken or hostile agent can cause, and every count the
+/// scheduler does arithmetic on.
+pub mod limits {
+    /// Processes in one heartbeat or registration.
+    pub const TASKS: usize = 1024;
+    /// GPUs per node (registration and telemetry).
+    pub const GPUS: usize = 64;
+    /// Bytes of one log chunk (an agent sends at most 1 MiB per request).
+    pub const LOG_CHUNK: usize = 1 << 20;
+    /// Jobs one process trains or evaluates, and its outputs.
+    pub const JOBS_PER_TASK: usize = 16;
+    /// Points of a loss trace, an embedding or one job's evaluations.
+    pub const SERIES: usize = 1 << 16;
+    /// Per-layer values of one job.
+    pub const LAYERS: usize = 4096;
+    /// Bytes of a process's message (its last log lines) and of a path.
+    pub const MESSAGE: usize = 64 * 1024;
+    pub const PATH: usize = 4096;
+}
+
+/// Checks one process report against [`limits`], naming the field.
+pub fn validate_observed_task(field: &str, t: &pb::ObservedTask) -> Result<(), ApiError> {
+    use limits::*;
+    let f = |name: &str| format!("{field}.{name}");
+    let count = |name: &str, n: usize, max: usize| {
+        if n > max {
+            Err(ApiError::field(
+                f(name),
+                format!("has {n} entries; at most {max} are allowed"),
+            ))
+        } else {
+            Ok(())
+        }
+    };
+    check_len(&f("task_id"), &t.task_id, 256)?;
+    count("job_ids", t.job_ids.len(), JOBS_PER_TASK)?;
+    for j in &t.job_ids {
+        check_len(&f("job_ids"), j, 64)?;
+    }
+    count("gpu_uuids", t.gpu_uuids.len(), GPUS)?;
+    for g in &t.gpu_uuids {
+        check_len(&f("gpu_uuids"), g, 128)?;
+    }
+    check_len(&f("checkpoint_path"), &t.checkpoint_path, PATH)?;
+    check_len(&f("message"), &t.message, MESSAGE)?;
+    count("outputs", t.outputs.len(), JOBS_PER_TASK)?;
+    for (k, v) in &t.outputs {
+        check_len(&f("outputs (key)"), k, 64)?;
+        check_len(&format!("{field}.outputs[{k:?}]"), v, PATH)?;
+    }
+    count("trace_iterations", t.trace_iterations.len(), SERIES)?;
+    count("trace_losses", t.trace_losses.len(), SERIES)?;
+    count("fisher", t.fisher.len(), SERIES)?;
+    count("fisher_repeat", t.fisher_repeat.len(), SERIES)?;
+    count("jobs", t.jobs.len(), JOBS_PER_TASK)?;
+    // Iterations are stored as BIGINT and added to and multiplied in f64.
+    if t.iteration > i64::MAX as u64 {
+        return Err(ApiError::field(
+            f("iteration"),
+            format!("must be at most {}", i64::MAX),
+        ));
+    }
+    if !(t.step_time_s.is_finite() && t.step_time_s >= 0.0) {
+        return Err(ApiError::field(
+            f("step_time_s"),
+            format!("must be a finite number >= 0, got {}", t.step_time_s),
+        ));
+    }
+    if t.world_size as usize > GPUS * 4096 || t.rank_offset >= t.world_size.max(1) {
+        return Err(ApiError::field(
+            f("rank_offset"),
+            format!(
+                "rank {} does not fit a world of {} ranks",
+                t.rank_offset, t.world_size
+            ),
+        ));
+    }
+    for (i, r) in t.jobs.iter().enumerate() {
+        let g = |name: &str| format!("{field}.jobs[{i}].{name}");
+        check_len(&g("job_id"), &r.job_id, 64)?;
+        if r.iteration > i64::MAX as u64 {
+            return Err(ApiError::field(
+                g("iteration"),
+                format!("must be at most {}", i64::MAX),
+            ));
+        }
+        if r.evals.len() > SERIES {
+            return Err(ApiError::field(
+                g("evals"),
+                format!("at most {SERIES} values"),
+            ));
+        }
+        if r.layer_variance.len() > LAYERS {
+            return Err(ApiError::field(
+                g("layer_variance"),
+                format!("at most {LAYERS} values"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Checks a heartbeat against [`limits`], naming the field.
+pub fn validate_heartbeat(hb: &pb::Heartbeat) -> Result<(), ApiError> {
+    if hb.gpus.len() > limits::GPUS {
+        return Err(ApiError::field(
+            "heartbeat.gpus",
+            format!("at most {} GPUs per node", limits::GPUS),
+        ));
+    }
+    if hb.tasks.len() > limits::TASKS {
+        return Err(ApiError::field(
+            "heartbeat.tasks",
+            format!("at most {} processes per heartbeat", limits::TASKS),
+        ));
+    }
+    for (i, t) in hb.tasks.iter().enumerate() {
+        validate_observed_task(&format!("heartbeat.tasks[{i}]"), t)?;
+    }
+    Ok(())
+}
+
+/// Checks a log chunk against [`limits`], naming the field.
+pub fn validate_log_data(d: &pb::LogData) -> Result<(), ApiError> {
+    if d.data.len() > limits::LOG_CHUNK {
+        return Err(ApiError::field(
+            "log_data.data",
+            format!(
+                "is {} bytes; at most {} per chunk",
+                d.data.len(),
+                limits::LOG_CHUNK
+            ),
+        ));
+    }
+    check_len("log_data.task_id", &d.task_id, 256)?;
+    check_len("log_data.error", &d.error, limits::MESSAGE)
+}
+
+/// Checks one message of an open session (see [`limits`]).
+pub fn validate_agent_message(m: &pb::AgentMessage) -> Result<(), ApiError> {
+    match &m.msg {
+        Some(Msg::Heartbeat(hb)) => validate_heartbeat(hb),
+        Some(Msg::TaskStatus(ts)) => match &ts.task {
+            Some(t) => validate_observed_task("task_status.task", t),
+            None => Ok(()),
+        },
+        Some(Msg::LogData(d)) => validate_log_data(d),
+        Some(Msg::Register(_)) | None => Ok(()),
+    }
+}
+
 #[tonic::async_trait]
 impl AgentService for AgentApi {
     type SessionStream = ReceiverStream<Result<pb::SchedulerMessage, Status>>;
@@ -146,20 +320,72 @@ impl AgentService for AgentApi {
             )
             .into());
         };
-        if !self.state.auth.check_join_token(&reg.join_token) {
-            tracing::warn!(node_id = %reg.node_id, ?peer, "agent refused: invalid join token");
-            return Err(Status::unauthenticated("invalid join token"));
-        }
         let now = Utc::now();
         let record = validate_register(&reg, now)?;
-        self.state
+        let node_id = record.id.clone();
+        // One registration at a time: the duplicate check, the write and
+        // the session it opens are one step, so two agents racing for one
+        // node id cannot both pass, nor leave the loser's inventory behind.
+        let _one_at_a_time = self.registering.lock().await;
+        let stored = self
+            .state
             .persistence
-            .register_node(&record, Some(&fence), now)
+            .node_token_sha256(&node_id)
             .await
             .map_err(ApiError::from)?;
-        let node_id = record.id.clone();
+        let how = self
+            .state
+            .auth
+            .authenticate_node(
+                node_id.as_str(),
+                &reg.node_token,
+                &reg.join_token,
+                stored.as_deref(),
+            )
+            .map_err(|e| {
+                tracing::warn!(node_id = %node_id, ?peer, error = %e, "agent refused");
+                self.state.metrics.update(|m| m.refused_registrations += 1);
+                Status::unauthenticated(e.to_string())
+            })?;
+        let within = self.state.config.liveness.suspect_after;
+        if let Some(held) =
+            self.state
+                .registry
+                .live_session_of_another(&node_id, &reg.instance_id, now, within)
+        {
+            let ago = (now - held.last_heard).num_milliseconds().max(0) as f64 / 1000.0;
+            let message = format!(
+                "node {node_id} already has a live session (agent instance {:?} on host {:?}, heard {ago:.1} s ago); \
+                 a second agent with the same node id (host {:?}, instance {:?}) is refused until that session ends \
+                 (a cloned host image? give each host its own node_id)",
+                held.instance, held.hostname, record.hostname, reg.instance_id
+            );
+            tracing::warn!(node_id = %node_id, ?peer, "{message}");
+            self.state
+                .metrics
+                .update(|m| m.duplicate_registrations += 1);
+            if let Err(e) = self
+                .state
+                .persistence
+                .node_event(&node_id, "duplicate_refused", &message, &fence, now)
+                .await
+            {
+                tracing::warn!(node_id = %node_id, error = %e, "duplicate-registration event not written");
+            }
+            return Err(ApiError::AlreadyExists(message).into());
+        }
+        let (issued, enrolled) = match how {
+            NodeAuth::NodeToken => (None, None),
+            NodeAuth::Enroll { token, sha256 } => (Some(token), Some(sha256)),
+        };
+        self.state
+            .persistence
+            .register_node(&record, enrolled.as_deref(), Some(&fence), now)
+            .await
+            .map_err(ApiError::from)?;
         tracing::info!(node_id = %node_id, gpus = record.gpus.len(), backend = %record.gpu_backend,
-            agent_version = %record.agent_version, ?peer, running_tasks = reg.tasks.len(), "agent registered");
+            agent_version = %record.agent_version, ?peer, running_tasks = reg.tasks.len(),
+            enrolled = issued.is_some(), "agent registered");
 
         let (tx, rx) = mpsc::channel(64);
         tx.send(Ok(pb::SchedulerMessage {
@@ -170,13 +396,26 @@ impl AgentService for AgentApi {
                 )),
                 server_time: Some(timestamp_to_proto(now)),
                 epoch: fence.epoch,
+                node_token: issued
+                    .as_ref()
+                    .map(|t| t.expose().to_string())
+                    .unwrap_or_default(),
             })),
         }))
         .await
         .map_err(|_| Status::cancelled("agent went away"))?;
         let registry = self.state.registry.clone();
         let leadership = self.state.leadership.clone();
-        let session = registry.register(record, now, tx, reg.tasks, reg.applied_generation);
+        let metrics = self.state.metrics.clone();
+        let session = registry.register(
+            record,
+            &reg.instance_id,
+            now,
+            tx,
+            reg.tasks,
+            reg.applied_generation,
+        );
+        drop(_one_at_a_time);
 
         tokio::spawn(async move {
             loop {
@@ -191,6 +430,13 @@ impl AgentService for AgentApi {
                         break;
                     }
                 };
+                if let Err(e) = validate_agent_message(&msg) {
+                    // A broken or hostile agent: told why, and dropped.
+                    tracing::warn!(node_id = %node_id, error = %e, "agent message refused; closing the session");
+                    metrics.update(|m| m.refused_messages += 1);
+                    registry.close_with(&node_id, session, Status::from(e));
+                    break;
+                }
                 let now = Utc::now();
                 // A replica that stopped leading (its lease lapsed while it
                 // was frozen, say) drops the session: the agent dials the

@@ -220,11 +220,12 @@ impl JobService for JobApi {
         let req = req.into_inner();
         let limits = self.state.limits;
         check_len("idempotency_key", &req.idempotency_key, 256)?;
-        let spec = job_spec_from_proto(
+        let mut spec = job_spec_from_proto(
             req.spec
                 .ok_or_else(|| ApiError::field("spec", "is required"))?,
         )
         .map_err(ApiError::from)?;
+        spec.default_name();
         let now = Utc::now();
         spec.validate(&ValidationContext {
             now,
@@ -266,17 +267,29 @@ impl JobService for JobApi {
             .await
             .map_err(ApiError::from)?;
         // Said at once, not only by the round once the job is queued.
-        let warnings: Vec<String> = crate::scheduling::never_fits_on(
+        let never_fits = crate::scheduling::never_fits_on(
             &self.state.config,
             &self.state.registry.snapshot(),
             &spec,
         )
-        .map(|why| format!("no set of the registered nodes can ever hold this job: {why}; it waits until such nodes join"))
-        .into_iter()
-        .chain(deadline_note.map(|(_, why)| why))
-        .collect();
+        .map(|why| format!("no set of the registered nodes can ever hold this job: {why}; it waits until such nodes join"));
+        let warnings: Vec<String> = never_fits
+            .clone()
+            .into_iter()
+            .chain(deadline_note.map(|(_, why)| why))
+            .collect();
         let (job, created) = match outcome {
             SubmitOutcome::Created(job) => {
+                if let Some(why) = &never_fits
+                    && let Err(e) = self
+                        .state
+                        .persistence
+                        .note(job.id, "unschedulable", why, now)
+                        .await
+                {
+                    // The round says it again once the job is queued.
+                    tracing::warn!(job_id = %job.id, error = %e, "unschedulable event not written at submit");
+                }
                 tracing::info!(job_id = %job.id, owner = %who.user, model = %spec.model, task = %spec.dataset.task,
                     min_gpus = spec.resources.min_gpus, max_gpus = spec.resources.max_gpus, "job submitted");
                 for w in &warnings {

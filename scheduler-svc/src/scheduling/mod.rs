@@ -111,6 +111,17 @@ pub struct MetricValues {
     pub unexecutable_placements: u64,
     /// Merge outcomes sent to the estimator's gain regression.
     pub transfer_outcomes: u64,
+    /// Registrations refused because another agent process holds a live
+    /// session on the node id.
+    pub duplicate_registrations: u64,
+    /// Registrations refused for their credentials (a node token for
+    /// another node, a wrong join token).
+    pub refused_registrations: u64,
+    /// Agent messages over the limits (the session was closed).
+    pub refused_messages: u64,
+    /// Process reports ignored because the reporting node was never given
+    /// the job (forged or misrouted), counted once per round they appear in.
+    pub ignored_reports: u64,
 }
 
 impl SchedulerMetrics {
@@ -242,6 +253,30 @@ pub async fn render_metrics(state: &AppState) -> String {
         "counter",
         "Observed merge gains sent to the estimator's transfer regression (RecordTransferOutcome).",
         v.transfer_outcomes as f64,
+    );
+    e.scalar(
+        "fmsched_agent_duplicate_registrations_total",
+        "counter",
+        "Registrations refused with ALREADY_EXISTS: another agent process holds a live session on the node id.",
+        v.duplicate_registrations as f64,
+    );
+    e.scalar(
+        "fmsched_agent_refused_registrations_total",
+        "counter",
+        "Registrations refused for their credentials (a node token of another node, a wrong join token).",
+        v.refused_registrations as f64,
+    );
+    e.scalar(
+        "fmsched_agent_refused_messages_total",
+        "counter",
+        "Agent messages over the protocol's limits (the session was closed with INVALID_ARGUMENT).",
+        v.refused_messages as f64,
+    );
+    e.scalar(
+        "fmsched_agent_ignored_reports_total",
+        "counter",
+        "Process reports ignored because the reporting node was never given the job (forged or misrouted), per round.",
+        v.ignored_reports as f64,
     );
     e.scalar(
         "fmsched_leader_epoch",

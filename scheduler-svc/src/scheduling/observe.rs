@@ -102,6 +102,25 @@ pub(crate) async fn observe(
         .into_iter()
         .map(|j| (j.id, j))
         .collect();
+    // Reports count only from a node the job was placed on: drop the rest
+    // (forged, or misrouted) before anything reads them.
+    let placed = p.placements_of_live_jobs().await?;
+    let mut nodes = nodes;
+    let mut ignored = 0u64;
+    for n in &mut nodes {
+        n.observed_tasks.retain(|t| {
+            let ok = reported_by_its_node(&placed, &live, &n.record.id, &t.task_id);
+            if !ok && kind == RoundKind::Commit {
+                ignored += 1;
+                tracing::warn!(node_id = %n.record.id, task = %t.task_id, phase = t.phase,
+                    "ignoring a report of a process this node was never given (forged or misrouted)");
+            }
+            ok
+        });
+    }
+    if ignored > 0 {
+        state.metrics.update(|m| m.ignored_reports += ignored);
+    }
     let mut o = Observed {
         live,
         merges: p.merges_of_live_jobs().await?,
@@ -333,11 +352,22 @@ async fn observe_task(
         // An agent that reports no per-job progress.
         progressed(o, members[0], t.iteration);
     }
+    // Evaluations count for the process's own jobs and, in a temporal
+    // merge, for the partner it evaluates; a report naming any other job is
+    // not this process's to make.
+    let watched = |o: &Observed, j: JobId| {
+        members.contains(&j)
+            || o.merges.iter().any(|m| {
+                m.active
+                    && ((m.a == j && members.contains(&m.b))
+                        || (m.b == j && members.contains(&m.a)))
+            })
+    };
     for r in &t.jobs {
         let Ok(j) = r.job_id.parse::<JobId>() else {
             continue;
         };
-        if !r.evals.is_empty() {
+        if !r.evals.is_empty() && watched(o, j) {
             evals.insert(j, r.evals.clone());
         }
         // Watched (eval-only) jobs are not trained by this process.
@@ -933,6 +963,28 @@ pub(crate) fn guard_verdict(mode: MergeMode, watched: &[Watched<'_>]) -> GuardVe
     } else {
         GuardVerdict::Keep
     }
+}
+
+/// Whether `node` may report process `task_id`: every live job of the
+/// process (a training task's members, a profiling run's job) was placed on
+/// that node by some plan. A job's own suspension or a lost node's last
+/// report comes from such a node, even after the plan moved the job; any
+/// other report is forged or misrouted. Tasks of unknown or finished jobs
+/// pass: nothing reads them.
+pub(crate) fn reported_by_its_node(
+    placed: &BTreeMap<JobId, BTreeSet<fmsched_core::NodeId>>,
+    live: &BTreeMap<JobId, JobRecord>,
+    node: &fmsched_core::NodeId,
+    task_id: &str,
+) -> bool {
+    let jobs = match task_id.strip_suffix(PROFILE_SUFFIX) {
+        Some(job) => job.parse::<JobId>().ok().map(|j| vec![j]),
+        None => members_of(task_id),
+    };
+    jobs.unwrap_or_default()
+        .iter()
+        .filter(|j| live.contains_key(j))
+        .all(|j| placed.get(j).is_some_and(|nodes| nodes.contains(node)))
 }
 
 /// The process of a training task: `<job>`, or `<a>+<b>` for the joint
