@@ -271,11 +271,10 @@ impl JobService for JobApi {
             &self.state.config,
             &self.state.registry.snapshot(),
             &spec,
-        )
-        .map(|why| format!("no set of the registered nodes can ever hold this job: {why}; it waits until such nodes join"));
+        );
         let warnings: Vec<String> = never_fits
-            .clone()
-            .into_iter()
+            .iter()
+            .map(|why| format!("no set of the registered nodes can ever hold this job: {why}; it waits until such nodes join"))
             .chain(deadline_note.map(|(_, why)| why))
             .collect();
         let (job, created) = match outcome {
@@ -284,7 +283,7 @@ impl JobService for JobApi {
                     && let Err(e) = self
                         .state
                         .persistence
-                        .note(job.id, "unschedulable", why, now)
+                        .note(job.id, "unschedulable", &format!("waiting: {why}"), now)
                         .await
                 {
                     // The round says it again once the job is queued.
