@@ -29,6 +29,7 @@ use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 
 pub mod output;
+pub mod swarm;
 
 /// What a submission returned.
 #[derive(Clone, Debug)]
@@ -164,35 +165,42 @@ pub struct Client {
     cluster: ClusterServiceClient<Authed>,
 }
 
+/// A connection to the scheduler at `cfg.endpoint` (TLS when `ca_cert`
+/// is set; `request_timeout` bounds every call on it).
+pub async fn channel(cfg: &ClientConfig) -> Result<Channel, ClientError> {
+    let conn_err = |m: String| ClientError::Connect {
+        endpoint: cfg.endpoint.clone(),
+        message: m,
+    };
+    let mut ep = Endpoint::from_shared(cfg.endpoint.clone())
+        .map_err(|e| ClientError::Usage(format!("endpoint {:?}: {e}", cfg.endpoint)))?
+        .connect_timeout(cfg.connect_timeout)
+        .tcp_nodelay(true);
+    if let Some(t) = cfg.request_timeout {
+        ep = ep.timeout(t);
+    }
+    if let Some(ca) = &cfg.ca_cert {
+        let pem = std::fs::read(ca)
+            .map_err(|e| ClientError::Usage(format!("--ca-cert {}: {e}", ca.display())))?;
+        ep = ep
+            .tls_config(ClientTlsConfig::new().ca_certificate(Certificate::from_pem(pem)))
+            .map_err(|e| conn_err(e.to_string()))?;
+    }
+    let channel = ep.connect().await.map_err(|e| {
+        let mut msg = e.to_string();
+        let mut src = std::error::Error::source(&e);
+        while let Some(s) = src {
+            msg = format!("{msg}: {s}");
+            src = s.source();
+        }
+        conn_err(msg)
+    })?;
+    Ok(channel)
+}
+
 impl Client {
     pub async fn connect(cfg: ClientConfig) -> Result<Self, ClientError> {
-        let conn_err = |m: String| ClientError::Connect {
-            endpoint: cfg.endpoint.clone(),
-            message: m,
-        };
-        let mut ep = Endpoint::from_shared(cfg.endpoint.clone())
-            .map_err(|e| ClientError::Usage(format!("endpoint {:?}: {e}", cfg.endpoint)))?
-            .connect_timeout(cfg.connect_timeout)
-            .tcp_nodelay(true);
-        if let Some(t) = cfg.request_timeout {
-            ep = ep.timeout(t);
-        }
-        if let Some(ca) = &cfg.ca_cert {
-            let pem = std::fs::read(ca)
-                .map_err(|e| ClientError::Usage(format!("--ca-cert {}: {e}", ca.display())))?;
-            ep = ep
-                .tls_config(ClientTlsConfig::new().ca_certificate(Certificate::from_pem(pem)))
-                .map_err(|e| conn_err(e.to_string()))?;
-        }
-        let channel = ep.connect().await.map_err(|e| {
-            let mut msg = e.to_string();
-            let mut src = std::error::Error::source(&e);
-            while let Some(s) = src {
-                msg = format!("{msg}: {s}");
-                src = s.source();
-            }
-            conn_err(msg)
-        })?;
+        let channel = channel(&cfg).await?;
         let token = match &cfg.token {
             Some(t) => Some(format!("Bearer {t}").parse().map_err(|_| {
                 ClientError::Usage("token contains characters not allowed in metadata".into())

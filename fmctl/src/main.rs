@@ -113,6 +113,70 @@ enum Cmd {
         #[arg(long)]
         spec: Option<PathBuf>,
     },
+    /// Load test of the agent protocol: N simulated agents (fake GPUs,
+    /// simulated training) in this process against a scheduler, M jobs
+    /// submitted to them; prints heartbeat and round latency, the
+    /// scheduler's CPU and memory, and agents that had to register again.
+    /// The last line is `agents=… hb_p99_ms=… round_p99_ms=… …`.
+    BenchAgents {
+        #[arg(long, default_value_t = 100)]
+        agents: usize,
+        /// GPUs per simulated node.
+        #[arg(long, default_value_t = 8)]
+        gpus: u32,
+        #[arg(long, default_value = "A100-80GB")]
+        gpu_model: String,
+        /// Heartbeat interval (e.g. 1s, 500ms).
+        #[arg(long, default_value = "1s", value_parser = parse_duration)]
+        interval: Duration,
+        /// Jobs to submit once every agent registered.
+        #[arg(long, default_value_t = 0)]
+        jobs: usize,
+        /// Iterations of each job, and how fast a simulated process makes them.
+        #[arg(long, default_value_t = 300)]
+        iterations: u64,
+        #[arg(long, default_value_t = 100.0)]
+        it_per_s: f64,
+        /// How long a simulated profiling run takes.
+        #[arg(long, default_value = "2s", value_parser = parse_duration)]
+        profile: Duration,
+        /// Stop after this long, or once every job completed.
+        #[arg(long, default_value = "60s", value_parser = parse_duration)]
+        duration: Duration,
+        /// The scheduler's metrics address (host:port of its `/metrics`):
+        /// round latency, CPU and memory are read there.
+        #[arg(long)]
+        scheduler_metrics: Option<String>,
+        #[arg(long, env = "FMSCHED_JOIN_TOKEN", hide_env_values = true)]
+        join_token: String,
+        /// Simulated node ids are `<prefix>-<index>`.
+        #[arg(long, default_value = "swarm")]
+        prefix: String,
+        /// HTTP/2 connections the agents share.
+        #[arg(long, default_value_t = 64)]
+        connections: usize,
+    },
+}
+
+/// `1s`, `500ms`, `2.5s`, `1m`.
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let (num, unit) = s
+        .find(|c: char| c.is_ascii_alphabetic())
+        .map_or((s, "s"), |i| s.split_at(i));
+    let v: f64 = num
+        .trim()
+        .parse()
+        .map_err(|_| format!("{s:?}: expected a duration like 1s or 500ms"))?;
+    let secs = match unit {
+        "ms" => v / 1000.0,
+        "s" => v,
+        "m" => v * 60.0,
+        _ => return Err(format!("{s:?}: unit must be ms, s or m")),
+    };
+    if !(secs.is_finite() && secs > 0.0) {
+        return Err(format!("{s:?}: must be > 0"));
+    }
+    Ok(Duration::from_secs_f64(secs))
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -204,6 +268,36 @@ async fn run(cli: Cli) -> Result<(), ClientError> {
     } = cli.cmd
     {
         return bench_submit(cfg, clients, jobs, spec.as_deref()).await;
+    }
+    if let Cmd::BenchAgents {
+        agents,
+        gpus,
+        gpu_model,
+        interval,
+        jobs,
+        iterations,
+        it_per_s,
+        profile,
+        duration,
+        scheduler_metrics,
+        join_token,
+        prefix,
+        connections,
+    } = cli.cmd
+    {
+        let swarm = fmctl::swarm::SwarmConfig {
+            endpoint: cfg.endpoint.clone(),
+            join_token,
+            agents,
+            gpus,
+            gpu_model,
+            interval,
+            prefix,
+            profile_s: profile.as_secs_f64(),
+            it_per_s,
+            connections,
+        };
+        return bench_agents(cfg, swarm, jobs, iterations, duration, scheduler_metrics).await;
     }
     let client = Client::connect(cfg).await?;
     match cli.cmd {
@@ -368,7 +462,7 @@ async fn run(cli: Cli) -> Result<(), ClientError> {
                 Format::Json => print_json(&output::summary_json(&s)),
             }
         }
-        Cmd::BenchSubmit { .. } => unreachable!("handled above"),
+        Cmd::BenchSubmit { .. } | Cmd::BenchAgents { .. } => unreachable!("handled above"),
     }
     Ok(())
 }
@@ -462,4 +556,221 @@ async fn bench_submit(
         ms(percentile(&lat, 99.0))
     );
     Ok(())
+}
+
+/// What the scheduler's `/metrics` said at one moment.
+#[derive(Clone, Copy, Debug, Default)]
+struct SchedulerSample {
+    rounds: f64,
+    round_sum_s: f64,
+    last_round_s: f64,
+    cpu_s: f64,
+    rss: f64,
+    suspect: f64,
+    offline: f64,
+}
+
+async fn sample_scheduler(addr: &str) -> Option<SchedulerSample> {
+    use fmctl::swarm::metric;
+    let e = fmctl::swarm::scrape(addr).await?;
+    Some(SchedulerSample {
+        rounds: metric(&e, "fmsched_rounds_total", None)?,
+        round_sum_s: metric(&e, "fmsched_round_duration_seconds_sum", None)?,
+        last_round_s: metric(&e, "fmsched_round_duration_seconds_last", None)?,
+        cpu_s: metric(&e, "process_cpu_seconds_total", None).unwrap_or(0.0),
+        rss: metric(&e, "process_resident_memory_bytes", None).unwrap_or(0.0),
+        suspect: metric(&e, "fmsched_nodes", Some("state=\"suspect\"")).unwrap_or(0.0),
+        offline: metric(&e, "fmsched_nodes", Some("state=\"offline\"")).unwrap_or(0.0),
+    })
+}
+
+async fn bench_agents(
+    cfg: ClientConfig,
+    swarm: fmctl::swarm::SwarmConfig,
+    jobs: usize,
+    iterations: u64,
+    duration: Duration,
+    metrics: Option<String>,
+) -> Result<(), ClientError> {
+    use fmctl::swarm::{SwarmStats, run_agent};
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    if swarm.agents == 0 || swarm.gpus == 0 || swarm.connections == 0 {
+        return Err(ClientError::Usage(
+            "--agents, --gpus and --connections must be > 0".into(),
+        ));
+    }
+    if swarm.join_token.is_empty() {
+        return Err(ClientError::Usage(
+            "no join token: pass --join-token or set FMSCHED_JOIN_TOKEN".into(),
+        ));
+    }
+    if !(swarm.it_per_s.is_finite() && swarm.it_per_s > 0.0) || iterations == 0 {
+        return Err(ClientError::Usage(
+            "--it-per-s and --iterations must be > 0".into(),
+        ));
+    }
+    let client = Client::connect(cfg.clone()).await?;
+    // Sessions live as long as the bench: no per-call timeout on them.
+    let session_cfg = ClientConfig {
+        request_timeout: None,
+        ..cfg.clone()
+    };
+    let mut channels = Vec::new();
+    for _ in 0..swarm.connections.min(swarm.agents) {
+        channels.push(fmctl::channel(&session_cfg).await?);
+    }
+    let swarm = Arc::new(swarm);
+    let stats = Arc::new(SwarmStats::default());
+    let stop = Arc::new(AtomicBool::new(false));
+    eprintln!(
+        "bench-agents: {} agents x {} GPUs, heartbeat every {:?}, {} connections, against {}",
+        swarm.agents,
+        swarm.gpus,
+        swarm.interval,
+        channels.len(),
+        cfg.endpoint
+    );
+    let started = Instant::now();
+    let mut handles = Vec::new();
+    for i in 0..swarm.agents {
+        handles.push(tokio::spawn(run_agent(
+            swarm.clone(),
+            i,
+            channels[i % channels.len()].clone(),
+            stats.clone(),
+            stop.clone(),
+        )));
+    }
+    let deadline = started + swarm.interval * 2 + Duration::from_secs(60);
+    while stats.registered.load(Ordering::Relaxed) < swarm.agents {
+        if Instant::now() > deadline {
+            stop.store(true, Ordering::Relaxed);
+            return Err(ClientError::Usage(format!(
+                "only {} of {} agents registered within a minute ({} refusals)",
+                stats.registered.load(Ordering::Relaxed),
+                swarm.agents,
+                stats.refusals.load(Ordering::Relaxed)
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let registered_after = started.elapsed();
+    eprintln!(
+        "  {} agents registered in {:.1} s",
+        swarm.agents,
+        registered_after.as_secs_f64()
+    );
+    // The jobs: the built-in spec, `iterations` long, one GPU each.
+    let mut spec = fmctl::parse_spec("built-in bench spec", BENCH_SPEC)?;
+    spec.target.max_epochs = None;
+    spec.target.max_iterations = Some(iterations);
+    spec.resources.max_gpus = 1;
+    let before: u64 = completed_jobs(&client).await?;
+    for k in 0..jobs {
+        spec.name = format!("{}-job-{k}", swarm.prefix);
+        client.submit(&spec, None).await?;
+    }
+    if jobs > 0 {
+        eprintln!(
+            "  {jobs} jobs submitted in {:.1} s",
+            (started.elapsed() - registered_after).as_secs_f64()
+        );
+    }
+    let t0 = Instant::now();
+    let first = match &metrics {
+        Some(a) => sample_scheduler(a).await,
+        None => None,
+    };
+    let mut prev = first;
+    let mut rounds_ms: Vec<f64> = Vec::new();
+    let (mut rss_max, mut suspect_max, mut offline_max) = (0f64, 0f64, 0f64);
+    let mut done = 0u64;
+    while t0.elapsed() < duration {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        if let Some(a) = &metrics
+            && let Some(s) = sample_scheduler(a).await
+        {
+            if let Some(p) = prev
+                && s.rounds > p.rounds
+            {
+                // One sample per new round; a busy second with several
+                // rounds adds their mean for each.
+                let n = (s.rounds - p.rounds) as usize;
+                let mean = (s.round_sum_s - p.round_sum_s) / n as f64;
+                rounds_ms.push(s.last_round_s * 1000.0);
+                rounds_ms.extend(std::iter::repeat_n(mean * 1000.0, n - 1));
+            }
+            rss_max = rss_max.max(s.rss);
+            suspect_max = suspect_max.max(s.suspect);
+            offline_max = offline_max.max(s.offline);
+            prev = Some(s);
+        }
+        done = completed_jobs(&client).await?.saturating_sub(before);
+        let (p50, p99, _) = stats.heartbeat_ms();
+        eprintln!(
+            "  t={:>4.0}s jobs completed {done}/{jobs}  heartbeat p50 {p50:.1} ms p99 {p99:.1} ms  re-registrations {}",
+            t0.elapsed().as_secs_f64(),
+            stats.reregistrations.load(Ordering::Relaxed)
+        );
+        if jobs > 0 && done >= jobs as u64 {
+            break;
+        }
+    }
+    let wall = t0.elapsed().as_secs_f64();
+    stop.store(true, Ordering::Relaxed);
+    for h in handles {
+        h.abort();
+    }
+    let (hb50, hb99, hbmax) = stats.heartbeat_ms();
+    rounds_ms.sort_by(f64::total_cmp);
+    let q = |f: f64| {
+        rounds_ms
+            .get(((rounds_ms.len() as f64 * f) as usize).min(rounds_ms.len().saturating_sub(1)))
+            .copied()
+            .unwrap_or(0.0)
+    };
+    let cpu = match (first, prev) {
+        (Some(a), Some(b)) => (b.cpu_s - a.cpu_s) / wall,
+        _ => 0.0,
+    };
+    println!(
+        "agents={} gpus={} jobs={jobs} completed={done} wall_s={wall:.1} heartbeats={}",
+        swarm.agents,
+        swarm.agents as u64 * u64::from(swarm.gpus),
+        stats.heartbeat_us.lock().map_or(0, |v| v.len())
+    );
+    println!(
+        "heartbeat_ack_ms p50={hb50:.2} p99={hb99:.2} max={hbmax:.2}  rounds={} round_ms p50={:.1} p99={:.1} max={:.1}",
+        rounds_ms.len(),
+        q(0.5),
+        q(0.99),
+        rounds_ms.last().copied().unwrap_or(0.0)
+    );
+    println!(
+        "scheduler cpu_cores={cpu:.2} rss_max_mib={:.0}  suspect_max={suspect_max} offline_max={offline_max} re_registrations={} refusals={} plans={} suspended={}",
+        rss_max / (1 << 20) as f64,
+        stats.reregistrations.load(Ordering::Relaxed),
+        stats.refusals.load(Ordering::Relaxed),
+        stats.plans.load(Ordering::Relaxed),
+        stats.suspended.load(Ordering::Relaxed),
+    );
+    println!(
+        "agents={} jobs={jobs} completed={done} hb_p50_ms={hb50:.2} hb_p99_ms={hb99:.2} round_p50_ms={:.1} round_p99_ms={:.1} sched_cpu_cores={cpu:.2} sched_rss_mib={:.0} suspect_max={suspect_max} re_registrations={}",
+        swarm.agents,
+        q(0.5),
+        q(0.99),
+        rss_max / (1 << 20) as f64,
+        stats.reregistrations.load(Ordering::Relaxed),
+    );
+    Ok(())
+}
+
+/// Completed jobs in the cluster summary.
+async fn completed_jobs(client: &Client) -> Result<u64, ClientError> {
+    let s = client.cluster_summary().await?;
+    Ok(s.jobs_by_state
+        .iter()
+        .find(|c| c.state == fmsched_proto::v1::JobState::Completed as i32)
+        .map_or(0, |c| c.count))
 }

@@ -3059,3 +3059,72 @@ async fn e2e_hardening_a_forged_completion_report_changes_nothing() {
     assert!(honest.log_text().contains(&id));
     drop_db(&db).await;
 }
+
+/// `fmctl bench-agents` drives a small swarm of simulated agents over the
+/// real protocol: every agent registers once and stays (no flap), every
+/// submitted job is profiled, placed and completed by the simulated
+/// processes, and the figures it prints come from what it measured.
+#[tokio::test]
+async fn e2e_hardening_bench_agents_runs_a_small_swarm_to_completion() {
+    let db = new_db("fmsched_swarm").await;
+    let dir = tempfile::tempdir().unwrap();
+    let (port, mport) = (free_port(), free_port());
+    let _sched = scheduler_env(&db, port, dir.path(), Some(mport), &[]);
+    wait_up("scheduler up", port);
+    let metrics = format!("127.0.0.1:{mport}");
+    let out = fmctl(
+        port,
+        &[
+            "bench-agents",
+            "--agents",
+            "10",
+            "--gpus",
+            "4",
+            "--interval",
+            "200ms",
+            "--jobs",
+            "12",
+            "--iterations",
+            "100",
+            "--it-per-s",
+            "200",
+            "--profile",
+            "300ms",
+            "--duration",
+            "90s",
+            "--join-token",
+            JOIN,
+            "--scheduler-metrics",
+            &metrics,
+        ],
+    )
+    .expect("bench-agents runs");
+    let last = out.lines().last().unwrap_or_default();
+    let field = |k: &str| -> f64 {
+        last.split_whitespace()
+            .find_map(|kv| kv.strip_prefix(&format!("{k}="))?.parse().ok())
+            .unwrap_or_else(|| panic!("no {k} in {last:?}"))
+    };
+    assert_eq!(field("agents"), 10.0, "{out}");
+    assert_eq!(field("completed"), 12.0, "every job completed: {out}");
+    assert_eq!(field("re_registrations"), 0.0, "no agent flapped: {out}");
+    assert_eq!(field("suspect_max"), 0.0, "{out}");
+    assert!(
+        field("hb_p99_ms") > 0.0 && field("round_p99_ms") > 0.0,
+        "{out}"
+    );
+    assert!(
+        field("sched_rss_mib") > 0.0,
+        "read from the scheduler's metrics: {out}"
+    );
+    let nodes: Value =
+        serde_json::from_str(&fmctl(port, &["-o", "json", "nodes"]).unwrap()).unwrap();
+    let swarm = nodes
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|n| n["id"].as_str().is_some_and(|id| id.starts_with("swarm-")))
+        .count();
+    assert_eq!(swarm, 10, "one node per simulated agent: {nodes}");
+    drop_db(&db).await;
+}

@@ -109,6 +109,59 @@ pub async fn serve_on(listener: tokio::net::TcpListener, render: Render) -> std:
     }
 }
 
+/// CPU time and resident memory of this process (Linux `/proc/self`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ProcessStats {
+    pub cpu_seconds: f64,
+    pub resident_bytes: u64,
+}
+
+/// Reads [`ProcessStats`]; None where `/proc` is not there.
+pub fn process_stats() -> Option<ProcessStats> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // Fields after the command name (which may hold spaces): state is the
+    // 3rd field of the line, utime and stime the 14th and 15th.
+    let rest: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let ticks: f64 = rest.get(11)?.parse::<f64>().ok()? + rest.get(12)?.parse::<f64>().ok()?;
+    // SAFETY: sysconf reads a constant of the running system.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let rss_kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    Some(ProcessStats {
+        cpu_seconds: ticks / hz,
+        resident_bytes: rss_kib * 1024,
+    })
+}
+
+impl Exposition {
+    /// The standard `process_cpu_seconds_total` and
+    /// `process_resident_memory_bytes` of this process.
+    pub fn process(&mut self) -> &mut Self {
+        if let Some(p) = process_stats() {
+            self.scalar(
+                "process_cpu_seconds_total",
+                "counter",
+                "User and system CPU time of this process, in seconds.",
+                p.cpu_seconds,
+            );
+            self.scalar(
+                "process_resident_memory_bytes",
+                "gauge",
+                "Resident memory of this process, in bytes.",
+                p.resident_bytes as f64,
+            );
+        }
+        self
+    }
+}
+
 /// Fetches `http://addr/metrics` (for tests and health checks).
 pub async fn scrape(addr: SocketAddr) -> std::io::Result<String> {
     let mut s = tokio::net::TcpStream::connect(addr).await?;

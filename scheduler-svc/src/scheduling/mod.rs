@@ -311,6 +311,7 @@ pub async fn render_metrics(state: &AppState) -> String {
         "Failed training processes retried.",
         v.retries as f64,
     );
+    e.process();
     e.finish()
 }
 
