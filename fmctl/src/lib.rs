@@ -165,6 +165,16 @@ pub struct Client {
     cluster: ClusterServiceClient<Authed>,
 }
 
+/// The nearest-rank `p`-th percentile (0 < p ≤ 100) of sorted values; the
+/// default when there are none.
+pub fn percentile<T: Copy + Default>(sorted: &[T], p: f64) -> T {
+    if sorted.is_empty() {
+        return T::default();
+    }
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
 /// A connection to the scheduler at `cfg.endpoint` (TLS when `ca_cert`
 /// is set; `request_timeout` bounds every call on it).
 pub async fn channel(cfg: &ClientConfig) -> Result<Channel, ClientError> {

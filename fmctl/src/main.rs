@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand};
 use fmctl::output::{self, Format};
-use fmctl::{Client, ClientConfig, ClientError, JobFilter};
+use fmctl::{Client, ClientConfig, ClientError, JobFilter, percentile};
 use fmsched_core::{JobState, NodeState};
 use serde::Deserialize;
 
@@ -467,14 +467,6 @@ async fn run(cli: Cli) -> Result<(), ClientError> {
     Ok(())
 }
 
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    if sorted.is_empty() {
-        return Duration::ZERO;
-    }
-    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
-    sorted[rank.clamp(1, sorted.len()) - 1]
-}
-
 async fn bench_submit(
     cfg: ClientConfig,
     clients: usize,
@@ -724,12 +716,7 @@ async fn bench_agents(
     }
     let (hb50, hb99, hbmax) = stats.heartbeat_ms();
     rounds_ms.sort_by(f64::total_cmp);
-    let q = |f: f64| {
-        rounds_ms
-            .get(((rounds_ms.len() as f64 * f) as usize).min(rounds_ms.len().saturating_sub(1)))
-            .copied()
-            .unwrap_or(0.0)
-    };
+    let q = |f: f64| percentile(&rounds_ms, f * 100.0);
     let cpu = match (first, prev) {
         (Some(a), Some(b)) => (b.cpu_s - a.cpu_s) / wall,
         _ => 0.0,
@@ -738,7 +725,7 @@ async fn bench_agents(
         "agents={} gpus={} jobs={jobs} completed={done} wall_s={wall:.1} heartbeats={}",
         swarm.agents,
         swarm.agents as u64 * u64::from(swarm.gpus),
-        stats.heartbeat_us.lock().map_or(0, |v| v.len())
+        stats.heartbeats.lock().map_or(0, |v| v.len())
     );
     println!(
         "heartbeat_ack_ms p50={hb50:.2} p99={hb99:.2} max={hbmax:.2}  rounds={} round_ms p50={:.1} p99={:.1} max={:.1}",

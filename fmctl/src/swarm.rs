@@ -45,8 +45,8 @@ pub struct SwarmConfig {
 /// What the agents saw, shared by all of them.
 #[derive(Debug, Default)]
 pub struct SwarmStats {
-    /// Heartbeat send → acknowledgement, in microseconds.
-    pub heartbeat_us: std::sync::Mutex<Vec<u64>>,
+    /// Heartbeat send → acknowledgement.
+    pub heartbeats: std::sync::Mutex<Vec<Duration>>,
     pub registered: AtomicUsize,
     /// Registrations after an agent's first: its session was dropped.
     pub reregistrations: AtomicUsize,
@@ -60,26 +60,29 @@ impl SwarmStats {
     /// (p50, p99, max) of the heartbeat latencies so far, in ms.
     pub fn heartbeat_ms(&self) -> (f64, f64, f64) {
         let mut v = self
-            .heartbeat_us
+            .heartbeats
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone();
         v.sort_unstable();
-        let q = |f: f64| {
-            v.get(((v.len() as f64 * f) as usize).min(v.len().saturating_sub(1)))
-                .map_or(0.0, |&us| us as f64 / 1000.0)
-        };
+        let ms = |d: Duration| d.as_secs_f64() * 1000.0;
         (
-            q(0.5),
-            q(0.99),
-            v.last().map_or(0.0, |&us| us as f64 / 1000.0),
+            ms(crate::percentile(&v, 50.0)),
+            ms(crate::percentile(&v, 99.0)),
+            ms(crate::percentile(&v, 100.0)),
         )
     }
 }
 
-/// `SimTask::stopped`'s count for a process that reached its budget: it
-/// reports success until the plan drops it.
-const SUCCEEDED: u32 = u32::MAX;
+/// How a simulated process ended.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Stop {
+    /// It reached its budget: it reports success until the plan drops it
+    /// (the scheduler reads only the newest heartbeat of each round).
+    Succeeded { at: u64 },
+    /// The plan dropped it: it reports its checkpoint a few more times.
+    Checkpointed { at: u64, reports_left: u32 },
+}
 
 /// One process as the simulated agent runs it.
 struct SimTask {
@@ -87,9 +90,7 @@ struct SimTask {
     started: Instant,
     start_iteration: u64,
     budget: u64,
-    /// Set once the plan dropped it: the iteration it checkpointed at and
-    /// how many more heartbeats report it.
-    stopped: Option<(u64, u32)>,
+    stopped: Option<Stop>,
 }
 
 impl SimTask {
@@ -158,8 +159,8 @@ impl SimTask {
             return t;
         }
         let (iteration, phase) = match self.stopped {
-            Some((at, SUCCEEDED)) => (at, pb::TaskPhase::Succeeded),
-            Some((at, _)) => (at, pb::TaskPhase::Suspended),
+            Some(Stop::Succeeded { at }) => (at, pb::TaskPhase::Succeeded),
+            Some(Stop::Checkpointed { at, .. }) => (at, pb::TaskPhase::Suspended),
             None => {
                 let it = self.iteration(cfg.it_per_s);
                 let phase = if it >= self.budget {
@@ -306,16 +307,16 @@ pub async fn run_agent(
                             if let Some(s) = tasks.get_mut(&t.task_id)
                                 && s.stopped.is_none()
                             {
-                                s.stopped = Some((t.iteration, SUCCEEDED));
+                                s.stopped = Some(Stop::Succeeded { at: t.iteration });
                                 stats.succeeded.fetch_add(1, Ordering::Relaxed);
                             }
                         }
                     }
                     // Stopped processes are reported a few times, then forgotten.
                     tasks.retain(|_, t| match &mut t.stopped {
-                        Some((_, left)) if *left != SUCCEEDED => {
-                            *left = left.saturating_sub(1);
-                            *left > 0
+                        Some(Stop::Checkpointed { reports_left, .. }) => {
+                            *reports_left = reports_left.saturating_sub(1);
+                            *reports_left > 0
                         }
                         _ => true,
                     });
@@ -333,8 +334,7 @@ pub async fn run_agent(
                 m = inbound.message() => match m {
                     Ok(Some(pb::SchedulerMessage { msg: Some(SMsg::HeartbeatAck(a)) })) => {
                         if let Some(t) = sent.remove(&a.sequence) {
-                            let us = t.elapsed().as_micros() as u64;
-                            stats.heartbeat_us.lock().unwrap_or_else(|p| p.into_inner()).push(us);
+                            stats.heartbeats.lock().unwrap_or_else(|p| p.into_inner()).push(t.elapsed());
                         }
                         sent.retain(|&s, _| s > a.sequence);
                     }
@@ -366,17 +366,22 @@ fn apply_plan(
         .map(|t| (t.task_id.clone(), t))
         .collect();
     // A finished process the plan dropped is gone (its job completed).
-    tasks.retain(|id, t| !matches!(t.stopped, Some((_, SUCCEEDED))) || wanted.contains_key(id));
+    tasks.retain(|id, t| {
+        !matches!(t.stopped, Some(Stop::Succeeded { .. })) || wanted.contains_key(id)
+    });
     for (id, t) in tasks.iter_mut() {
         if t.stopped.is_none() && !wanted.contains_key(id) {
-            t.stopped = Some((t.iteration(cfg.it_per_s), 3));
+            t.stopped = Some(Stop::Checkpointed {
+                at: t.iteration(cfg.it_per_s),
+                reports_left: 3,
+            });
             stats.suspended.fetch_add(1, Ordering::Relaxed);
         }
     }
     for (id, d) in wanted {
         let start = match tasks.get(&id) {
             None => true,
-            Some(t) => matches!(t.stopped, Some((_, left)) if left != SUCCEEDED),
+            Some(t) => matches!(t.stopped, Some(Stop::Checkpointed { .. })),
         };
         if start {
             tasks.insert(id, SimTask::new(d));
@@ -397,16 +402,10 @@ pub fn metric(exposition: &str, name: &str, label: Option<&str>) -> Option<f64> 
     })
 }
 
-/// Fetches `http://addr/metrics`.
+/// Fetches `http://addr/metrics` (`addr` = host:port).
 pub async fn scrape(addr: &str) -> Option<String> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(addr).await.ok()?;
-    s.write_all(format!("GET /metrics HTTP/1.1\r\nHost: {addr}\r\n\r\n").as_bytes())
-        .await
-        .ok()?;
-    let mut out = String::new();
-    s.read_to_string(&mut out).await.ok()?;
-    out.split_once("\r\n\r\n").map(|(_, b)| b.to_string())
+    let at = tokio::net::lookup_host(addr).await.ok()?.next()?;
+    fmsched_runtime::metrics::scrape(at).await.ok()
 }
 
 #[cfg(test)]
@@ -455,7 +454,7 @@ mod tests {
             (500, "/swarm/out/j")
         );
         let mut done = SimTask::new(desired("j", pb::TaskMode::Train, ""));
-        done.stopped = Some((500, SUCCEEDED));
+        done.stopped = Some(Stop::Succeeded { at: 500 });
         assert_eq!(
             done.observed(&c).phase,
             pb::TaskPhase::Succeeded as i32,

@@ -456,6 +456,29 @@ async fn job_event(
     Ok(())
 }
 
+/// Appends to a node's history (nothing when the node is not registered).
+async fn node_event_in(
+    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+    node: &NodeId,
+    kind: &str,
+    message: &str,
+    now: DateTime<Utc>,
+    op: &'static str,
+) -> Result<(), PersistenceError> {
+    sqlx::query(
+        "INSERT INTO node_events (node_id, at, kind, message)
+         SELECT $1, $2, $3, $4 WHERE EXISTS (SELECT 1 FROM nodes WHERE id = $1)",
+    )
+    .bind(node.as_str())
+    .bind(now)
+    .bind(kind)
+    .bind(message)
+    .execute(&mut **tx)
+    .await
+    .map_err(db_err(op))?;
+    Ok(())
+}
+
 fn db_err(op: &'static str) -> impl FnOnce(sqlx::Error) -> PersistenceError {
     move |e| match classify(&e) {
         ErrorClass::Unavailable => PersistenceError::Unavailable(format!("{op}: {e}")),
@@ -1214,17 +1237,7 @@ impl Persistence {
         with_retries(OP, || async {
             let mut tx = self.pool.begin().await.map_err(db_err(OP))?;
             check_fence(&mut tx, fence, OP).await?;
-            sqlx::query(
-                "INSERT INTO node_events (node_id, at, kind, message)
-                 SELECT $1, $2, $3, $4 WHERE EXISTS (SELECT 1 FROM nodes WHERE id = $1)",
-            )
-            .bind(node.as_str())
-            .bind(now)
-            .bind(kind)
-            .bind(message)
-            .execute(&mut *tx)
-            .await
-            .map_err(db_err(OP))?;
+            node_event_in(&mut tx, node, kind, message, now, OP).await?;
             tx.commit().await.map_err(db_err(OP))?;
             Ok(())
         })
@@ -1539,13 +1552,8 @@ impl Persistence {
                 ErrorClass::UniqueViolation => PersistenceError::Conflict(format!("node {}: duplicate GPU index", n.id)),
                 _ => db_err(OP)(e),
             })?;
-            sqlx::query("INSERT INTO node_events (node_id, at, kind, message) VALUES ($1, $2, 'registered', $3)")
-                .bind(n.id.as_str())
-                .bind(now)
-                .bind(format!("{} GPUs, agent {}, backend {}", n.gpus.len(), n.agent_version, n.gpu_backend))
-                .execute(&mut *tx)
-                .await
-                .map_err(db_err(OP))?;
+            let registered = format!("{} GPUs, agent {}, backend {}", n.gpus.len(), n.agent_version, n.gpu_backend);
+            node_event_in(&mut tx, &n.id, "registered", &registered, now, OP).await?;
             if let Some(hash) = enrolled {
                 let before: Option<String> =
                     sqlx::query_scalar("SELECT token_sha256 FROM nodes WHERE id = $1 FOR UPDATE")
@@ -1564,13 +1572,7 @@ impl Persistence {
                 } else {
                     "enrolled with the join token: node token issued"
                 };
-                sqlx::query("INSERT INTO node_events (node_id, at, kind, message) VALUES ($1, $2, 'enrolled', $3)")
-                    .bind(n.id.as_str())
-                    .bind(now)
-                    .bind(message)
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(db_err(OP))?;
+                node_event_in(&mut tx, &n.id, "enrolled", message, now, OP).await?;
             }
             tx.commit().await.map_err(db_err(OP))?;
             Ok(())
@@ -1610,13 +1612,7 @@ impl Persistence {
             if n == 0 {
                 return Err(PersistenceError::NotFound(format!("node {id}")));
             }
-            sqlx::query("INSERT INTO node_events (node_id, at, kind, message) VALUES ($1, $2, 'state_changed', $3)")
-                .bind(id.as_str())
-                .bind(now)
-                .bind(state.as_str())
-                .execute(&mut *tx)
-                .await
-                .map_err(db_err(OP))?;
+            node_event_in(&mut tx, id, "state_changed", state.as_str(), now, OP).await?;
             tx.commit().await.map_err(db_err(OP))?;
             Ok(())
         })

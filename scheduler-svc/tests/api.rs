@@ -389,6 +389,25 @@ fn register(node: &str, token: &str) -> pb::AgentMessage {
     }
 }
 
+/// Opens an agent session that registers `node` with the join token: the
+/// sender for its next messages and the scheduler's answers.
+async fn open_session(
+    agents: &mut AgentServiceClient<tonic::transport::Channel>,
+    node: &str,
+) -> (
+    tokio::sync::mpsc::Sender<pb::AgentMessage>,
+    tonic::Streaming<pb::SchedulerMessage>,
+) {
+    let (tx, rx) = tokio::sync::mpsc::channel(8);
+    tx.send(register(node, JOIN)).await.unwrap();
+    let inbound = agents
+        .session(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    (tx, inbound)
+}
+
 fn heartbeat(node: &str, util: u32) -> pb::AgentMessage {
     pb::AgentMessage {
         msg: Some(pb::agent_message::Msg::Heartbeat(pb::Heartbeat {
@@ -431,13 +450,7 @@ async fn agents_need_the_join_token_and_report_telemetry() {
     assert!(root.list_nodes(&[]).await.unwrap().is_empty());
 
     // Right token: acknowledged with the heartbeat interval.
-    let (tx, rx) = tokio::sync::mpsc::channel(8);
-    tx.send(register("n1", JOIN)).await.unwrap();
-    let mut inbound = agents
-        .session(tokio_stream::wrappers::ReceiverStream::new(rx))
-        .await
-        .unwrap()
-        .into_inner();
+    let (tx, mut inbound) = open_session(&mut agents, "n1").await;
     let ack = inbound.next().await.unwrap().unwrap();
     let Some(pb::scheduler_message::Msg::RegisterAck(ack)) = ack.msg else {
         panic!("expected ack")
@@ -561,13 +574,7 @@ async fn agents_need_the_join_token_and_report_telemetry() {
     pool.close().await;
 
     // Re-registering brings it back.
-    let (tx2, rx2) = tokio::sync::mpsc::channel(8);
-    tx2.send(register("n1", JOIN)).await.unwrap();
-    let mut inbound2 = agents
-        .session(tokio_stream::wrappers::ReceiverStream::new(rx2))
-        .await
-        .unwrap()
-        .into_inner();
+    let (tx2, mut inbound2) = open_session(&mut agents, "n1").await;
     inbound2.next().await.unwrap().unwrap();
     assert_eq!(
         root.get_node("n1").await.unwrap().state,
@@ -584,13 +591,7 @@ async fn agents_need_the_join_token_and_report_telemetry() {
 async fn an_agent_message_over_the_limits_closes_its_session_naming_the_field() {
     let s = TestScheduler::start().await;
     let mut agents = AgentServiceClient::new(s.channel().await);
-    let (tx, rx) = tokio::sync::mpsc::channel(8);
-    tx.send(register("n1", JOIN)).await.unwrap();
-    let mut inbound = agents
-        .session(tokio_stream::wrappers::ReceiverStream::new(rx))
-        .await
-        .unwrap()
-        .into_inner();
+    let (tx, mut inbound) = open_session(&mut agents, "n1").await;
     let Some(Ok(pb::SchedulerMessage {
         msg: Some(pb::scheduler_message::Msg::RegisterAck(ack)),
     })) = inbound.next().await
@@ -718,13 +719,7 @@ async fn restart_keeps_jobs_and_nodes() {
     let alice = s.client(ALICE).await.unwrap();
     let (job, _) = alice.submit(&spec(), Some("k")).await.unwrap();
     let mut agents = AgentServiceClient::new(s.channel().await);
-    let (tx, rx) = tokio::sync::mpsc::channel(8);
-    tx.send(register("n9", JOIN)).await.unwrap();
-    let mut inbound = agents
-        .session(tokio_stream::wrappers::ReceiverStream::new(rx))
-        .await
-        .unwrap()
-        .into_inner();
+    let (tx, mut inbound) = open_session(&mut agents, "n9").await;
     inbound.next().await.unwrap().unwrap();
     drop(tx);
     s.stop().await;
