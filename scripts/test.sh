@@ -2,7 +2,9 @@
 # Runs every check and test of fmsched, installing what is missing:
 # a Rust toolchain's rustfmt/clippy components, cargo-nextest (optional),
 # the build tools of the HiGHS MILP solver (cmake, libclang; Debian
-# packages), and PostgreSQL when no server answers on DATABASE_URL.
+# packages), PostgreSQL when no server answers on DATABASE_URL, and the
+# cached Python environment of the real example trainers (PyTorch,
+# transformers; scripts/trainer-venv.sh).
 #
 #   scripts/test.sh            # fmt + clippy + all tests
 #   scripts/test.sh --quick    # tests only
@@ -75,10 +77,20 @@ if command -v python3 >/dev/null; then
   python3 -m pytest --version >/dev/null 2>&1 \
     || python3 -m pip install --quiet pytest \
     || python3 -m pip install --quiet --break-system-packages pytest
-  (cd python && python3 -m pytest -q -p no:cacheprovider tests)
+  (cd python && python3 -m pytest -q -p no:cacheprovider tests --ignore=tests/test_examples.py)
 else
   echo "python3 not found: skipping the Python trainer helper's tests" >&2
 fi
+
+# The real example trainers (PyTorch + HF transformers, on the CPU): their
+# own tests, and the e2e test that runs one under the real scheduler and
+# agent. Their virtual environment is created once and cached outside the
+# checkout (scripts/trainer-venv.sh).
+log "the real trainer environment (scripts/trainer-venv.sh)"
+REAL_TRAINER_PYTHON="$(scripts/trainer-venv.sh)"
+export REAL_TRAINER_PYTHON REQUIRE_REAL_TRAINER=1
+log "real example trainers: pytest python/tests/test_examples.py"
+(cd python && "$REAL_TRAINER_PYTHON" -m pytest -q -p no:cacheprovider tests/test_examples.py)
 
 if cargo nextest --version >/dev/null 2>&1; then
   # nextest does not run doctests; run them first so the run ends with

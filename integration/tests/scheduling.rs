@@ -3128,3 +3128,280 @@ async fn e2e_hardening_bench_agents_runs_a_small_swarm_to_completion() {
     assert_eq!(swarm, 10, "one node per simulated agent: {nodes}");
     drop_db(&db).await;
 }
+
+/// The Python that runs the real example trainers (`scripts/trainer-venv.sh`
+/// prints it; `scripts/test.sh` exports it as `REAL_TRAINER_PYTHON`).
+/// `None` — and the test returns — only when it is not given and
+/// `REQUIRE_REAL_TRAINER` is not `1`; `scripts/test.sh` sets both,
+/// so CI always runs the real path.
+fn real_trainer_python() -> Option<String> {
+    match std::env::var("REAL_TRAINER_PYTHON") {
+        Ok(p) if !p.is_empty() => Some(p),
+        _ => {
+            assert!(
+                std::env::var("REQUIRE_REAL_TRAINER").as_deref() != Ok("1"),
+                "REQUIRE_REAL_TRAINER=1 but REAL_TRAINER_PYTHON is not set \
+                 (python=$(scripts/trainer-venv.sh))"
+            );
+            eprintln!(
+                "SKIPPED: set REAL_TRAINER_PYTHON=$(scripts/trainer-venv.sh) to run the real trainer"
+            );
+            None
+        }
+    }
+}
+
+/// A job of the real `glue` example trainer (PyTorch + HF `Trainer`, a tiny
+/// randomly initialised RoBERTa, bytes as tokens) on 4 fake GPUs.
+fn real_glue_job(
+    python: &str,
+    name: &str,
+    data: &std::path::Path,
+    target: &str,
+    extra: &str,
+) -> String {
+    format!(
+        "name: {name}\nmodel: roberta-base\n\
+         dataset: {{ uri: \"file://{}\", task: {name}, num_samples: 512, objective: sequence-classification }}\n\
+         hyperparameters: {{ global_batch_size: 16, learning_rate: 0.001, amp: false }}\n\
+         target: {target}\n\
+         resources: {{ min_gpus: 4, max_gpus: 4 }}\n{extra}\
+         launch:\n  command: [\"{python}\", -m, fmsched_trainer.examples.glue, --tiny, --profile-steps, \"40\", --logging-steps, \"5\"]\n\
+         \x20 env: {{ PYTHONPATH: \"{}\", HF_HUB_OFFLINE: \"1\", OMP_NUM_THREADS: \"1\" }}\n",
+        data.display(),
+        repo_root().join("python").display()
+    )
+}
+
+/// The losses HF's `Trainer` printed (`{'loss': '0.69', …}` lines).
+fn printed_losses(stdout: &str) -> Vec<f64> {
+    stdout
+        .lines()
+        .filter_map(|l| {
+            let rest = l.split("'loss': ").nth(1)?;
+            rest.trim_start_matches(['\'', '"'])
+                .split(['\'', '"', ','])
+                .next()?
+                .parse()
+                .ok()
+        })
+        .collect()
+}
+
+/// The real path on this machine's CPU: a PyTorch/HF trainer under the
+/// real scheduler (UniSched, short leases) and agent. Job A is profiled
+/// (real gradients → a Task2Vec embedding, step times → the estimate),
+/// runs, checkpoints; a strict-SLO job B takes its GPUs, so A is suspended
+/// (SIGUSR2 → checkpoint → SIGTERM) and later resumed from that checkpoint
+/// with its iteration counter going on; both complete with their weights
+/// written and A's loss going down.
+#[tokio::test]
+async fn e2e_real_trainer_profile_run_suspend_resume_complete() {
+    let Some(python) = real_trainer_python() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    for (name, flip) in [("sent-a", false), ("sent-b", true)] {
+        let out = run(Command::new(&python)
+            .args(["-m", "fmsched_trainer.examples.synthetic", "glue"])
+            .arg(dir.path().join(name))
+            .args(if flip { &["--flip"][..] } else { &[][..] })
+            .env("PYTHONPATH", repo_root().join("python")));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let db = new_db("fmsched_real").await;
+    let port = free_port();
+    let _sched = scheduler_env(
+        &db,
+        port,
+        dir.path(),
+        None,
+        &[
+            ("FMSCHED_SCHEDULING__POLICY", "unisched"),
+            // Leases well above a Python trainer's start-up (about 10 s
+            // here): shorter ones hand the GPUs back and forth faster than
+            // either process starts.
+            ("FMSCHED_SCHEDULING__KNOBS__BE_LEASE_S", "20"),
+            ("FMSCHED_SCHEDULING__KNOBS__SLO_LEASE_S", "60"),
+        ],
+    );
+    wait_up("scheduler up", port);
+    let _agent = agent_env(
+        "node-a",
+        &format!("http://127.0.0.1:{port}"),
+        dir.path(),
+        None,
+        &[
+            // Python with torch starts in seconds, not milliseconds.
+            ("FMSCHED_AGENT_PROCESSES__GRACE", "30s"),
+            ("FMSCHED_AGENT_PROCESSES__CHECKPOINT_TIMEOUT", "30s"),
+            ("FMSCHED_AGENT_PROCESSES__CHECKPOINT_INTERVAL", "2s"),
+        ],
+    );
+    let a = real_glue_job(
+        &python,
+        "real-a",
+        &dir.path().join("sent-a"),
+        "{ max_iterations: 1500 }",
+        "",
+    );
+    submit(port, dir.path(), [("real-a".to_string(), a)]).expect("submit A");
+    let mut c = sqlx::PgConnection::connect(&db_url(&db)).await.unwrap();
+    // A runs and has written a checkpoint.
+    let until = Instant::now() + Duration::from_secs(120);
+    let (a_id, first_ckpt) = loop {
+        let row: Option<(uuid::Uuid, String, Option<i64>)> = sqlx::query_as(
+            "SELECT j.id, j.state, p.iteration FROM jobs j LEFT JOIN job_progress p ON p.job_id = j.id
+             WHERE j.name = 'real-a' AND p.checkpoint_path IS NOT NULL",
+        )
+        .fetch_optional(&mut c)
+        .await
+        .unwrap();
+        match row {
+            Some((id, s, Some(it))) if s == "running" && it > 0 => break (id, it),
+            Some((_, s, _)) if s == "failed" => panic!(
+                "A failed: {:?}",
+                fmctl(port, &["logs", "real-a", "--stderr"])
+            ),
+            _ => {}
+        }
+        assert!(
+            Instant::now() < until,
+            "A never ran with a checkpoint: {:?}",
+            jobs(port)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let deadline = chrono::Utc::now() + chrono::Duration::seconds(300);
+    let b = real_glue_job(
+        &python,
+        "real-b",
+        &dir.path().join("sent-b"),
+        "{ max_iterations: 300 }",
+        &format!("deadline: \"{}\"\nslo_class: slo\n", deadline.to_rfc3339()),
+    );
+    submit(port, dir.path(), [("real-b".to_string(), b)]).expect("submit B");
+    let done = all_completed(port, 2, Duration::from_secs(300));
+    let a_key = a_id.to_string();
+    // Profiling: the real probe's embedding and measured step time.
+    let (fisher, step_time): (Vec<f64>, Option<f64>) =
+        sqlx::query_as("SELECT fisher, step_time_s FROM job_estimates WHERE job_id = $1")
+            .bind(a_id)
+            .fetch_one(&mut c)
+            .await
+            .unwrap();
+    assert!(
+        !fisher.is_empty() && fisher.iter().all(|x| x.is_finite()),
+        "no Task2Vec embedding"
+    );
+    assert!(step_time.is_some_and(|s| s > 0.0), "no measured step time");
+    // Suspended and resumed.
+    let events: Vec<(String, String, chrono::DateTime<chrono::Utc>)> = sqlx::query_as(
+        "SELECT coalesce(from_state, ''), coalesce(to_state, ''), at FROM job_events WHERE job_id = $1 ORDER BY seq",
+    )
+    .bind(a_id)
+    .fetch_all(&mut c)
+    .await
+    .unwrap();
+    let suspended = events
+        .iter()
+        .position(|e| e.0 == "running" && e.1 == "queued");
+    let Some(s) = suspended else {
+        panic!("A was never suspended: {events:?}")
+    };
+    let resumed = events[s..]
+        .iter()
+        .find(|e| e.0 == "queued" && e.1 == "running")
+        .expect("A resumed");
+    let err = fmctl(port, &["logs", &a_key, "--stderr"]).unwrap();
+    let out = fmctl(port, &["logs", &a_key]).unwrap();
+    // The resumed process started from a checkpoint at or after the first
+    // one seen, and went on counting from there.
+    let resumes: Vec<u64> = err
+        .lines()
+        .filter_map(|l| {
+            l.split("fmsched_trainer: train from iteration ")
+                .nth(1)?
+                .trim()
+                .parse()
+                .ok()
+        })
+        .collect();
+    assert!(
+        resumes.iter().any(|&it| it >= first_ckpt as u64),
+        "no training run started from A's checkpoint ({first_ckpt}): {resumes:?}\n{err}"
+    );
+    assert!(err.contains("resuming from "), "{err}");
+    let losses = printed_losses(&out);
+    assert!(losses.len() >= 10, "{out}");
+    let (first, last) = (losses[0], losses[losses.len() - 1]);
+    assert!(
+        last < 0.5 * first,
+        "the loss did not go down: {first} → {last}"
+    );
+    for (id, (_, output)) in &done {
+        let weights = std::path::Path::new(output).join("model.safetensors");
+        assert!(
+            weights.exists(),
+            "job {id}: no weights at {}",
+            weights.display()
+        );
+    }
+    // Figures for the record.
+    let ckpt: Vec<&str> = err
+        .lines()
+        .filter(|l| l.contains(": checkpoint "))
+        .collect();
+    let stop: Vec<&str> = err
+        .lines()
+        .filter(|l| l.contains("stopped on SIGTERM"))
+        .collect();
+    let progress_after: Option<chrono::DateTime<chrono::Utc>> = sqlx::query_scalar(
+        "SELECT max(at) FROM job_events WHERE job_id = $1 AND to_state = 'completed'",
+    )
+    .bind(a_id)
+    .fetch_one(&mut c)
+    .await
+    .unwrap();
+    eprintln!(
+        "real trainer: Task2Vec dimension {}, profiled step {:.4} s; suspended {}, resumed after {:.1} s; \
+         runs started at iterations {resumes:?}; loss {first:.3} → {last:.3} over {} reports; A done {:.1} s after its resume",
+        fisher.len(),
+        step_time.unwrap_or_default(),
+        events[s].2,
+        (resumed.2 - events[s].2).num_milliseconds() as f64 / 1000.0,
+        losses.len(),
+        progress_after.map_or(0.0, |t| (t - resumed.2).num_milliseconds() as f64 / 1000.0)
+    );
+    let all: Vec<(String, String, String, String, chrono::DateTime<chrono::Utc>)> = sqlx::query_as(
+        "SELECT j.name, e.kind, coalesce(e.from_state, ''), coalesce(e.to_state, '') || ' ' || e.message, e.at
+         FROM job_events e JOIN jobs j ON j.id = e.job_id ORDER BY e.seq",
+    )
+    .fetch_all(&mut c)
+    .await
+    .unwrap();
+    for e in &all {
+        eprintln!(
+            "{} {} {} {} -> {}",
+            e.4.format("%H:%M:%S%.3f"),
+            e.0,
+            e.1,
+            e.2,
+            e.3
+        );
+    }
+    // A real trainer never failed on the way.
+    let failures: Vec<_> = all
+        .iter()
+        .filter(|e| e.3.contains("exited with code"))
+        .collect();
+    assert!(failures.is_empty(), "a trainer failed: {failures:#?}");
+    eprintln!("checkpoints: {}", ckpt.last().copied().unwrap_or("none"));
+    eprintln!("suspend: {}", stop.first().copied().unwrap_or("none"));
+    drop(c);
+    drop_db(&db).await;
+}

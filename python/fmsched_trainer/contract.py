@@ -8,6 +8,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
@@ -109,10 +110,19 @@ class TrainingSignals:
     checkpoint: threading.Event = field(default_factory=threading.Event)
     terminate: threading.Event = field(default_factory=threading.Event)
 
+    # When each signal last arrived (time.monotonic()), for latency logs.
+    received: Dict[str, float] = field(default_factory=dict)
+
     def install(self) -> "TrainingSignals":
-        signal.signal(signal.SIGUSR1, lambda *_: self.start.set())
-        signal.signal(signal.SIGUSR2, lambda *_: self.checkpoint.set())
-        signal.signal(signal.SIGTERM, lambda *_: self.terminate.set())
+        def on(name: str, flag: threading.Event):
+            def handler(*_):
+                self.received[name] = time.monotonic()
+                flag.set()
+            return handler
+
+        signal.signal(signal.SIGUSR1, on("start", self.start))
+        signal.signal(signal.SIGUSR2, on("checkpoint", self.checkpoint))
+        signal.signal(signal.SIGTERM, on("terminate", self.terminate))
         return self
 
 

@@ -27,6 +27,8 @@ The Task2Vec probe is :func:`fmsched_trainer.task2vec_embedding`.
 
 from __future__ import annotations
 
+import os
+import sys
 import time
 
 from .contract import Contract, standby
@@ -37,6 +39,9 @@ try:  # The callback subclasses TrainerCallback when transformers is present.
 except Exception:  # pragma: no cover - exercised where transformers is absent
     _Base = object
 
+
+# What HF's evaluate() adds to the metrics that is no quality measure.
+_TIMINGS = {"runtime", "samples_per_second", "steps_per_second", "epoch", "model_preparation_time"}
 
 # The spec's optimizer → TrainingArguments.optim.
 _OPTIM = {"adamw": "adamw_torch", "sgd": "sgd", "adafactor": "adafactor"}
@@ -73,6 +78,21 @@ def training_arguments(task, bf16: bool = False) -> dict:
     return kw
 
 
+def _log(message: str) -> None:
+    print(f"fmsched_trainer: {message}", file=sys.stderr, flush=True)
+
+
+def _size_mib(path: str) -> float:
+    total = 0
+    for root, _, files in os.walk(path):
+        for f in files:
+            try:
+                total += os.path.getsize(os.path.join(root, f))
+            except OSError:
+                pass
+    return total / (1 << 20)
+
+
 class FmschedCallback(_Base):
     """``evaluate_watched(task, model)`` (optional) returns the accuracy of
     a watched (``eval_only``) task with the model's current weights; it is
@@ -80,10 +100,20 @@ class FmschedCallback(_Base):
     can judge a temporal merge A -> B while A trains. Without it watched
     tasks are not evaluated and the guard keeps the merge."""
 
-    def __init__(self, contract: Contract, profile_steps: int = 50, evaluate_watched=None):
+    def __init__(self, contract: Contract, profile_steps: int = 50, evaluate_watched=None, save_output=None,
+                 signals=None, reporter=None):
         self.contract = contract
-        self.signals = __import__("fmsched_trainer").TrainingSignals().install()
-        self.reporter = contract.reporter()
+        # ``save_output(model, path)`` writes the final weights where the
+        # ``done`` report points (default: ``model.save_pretrained(path)``);
+        # they are complete before ``done`` is sent, as a temporal merge's
+        # second job starts from them.
+        self.save_output = save_output
+        self._last_checkpoint = time.monotonic()
+        self._save_asked = None
+        # Signals installed (and a reporter opened) earlier — before the data
+        # loader, as a standby process must — are passed in.
+        self.signals = signals or __import__("fmsched_trainer").TrainingSignals().install()
+        self.reporter = reporter or contract.reporter()
         self.profile_steps = profile_steps
         self._last_step = time.monotonic()
         self._step_time = 0.0
@@ -104,6 +134,9 @@ class FmschedCallback(_Base):
 
     # HF calls these with (args, state, control, **kwargs).
     def on_train_begin(self, args, state, control, model=None, **kwargs):
+        # After a resume HF has restored the step count: the iteration
+        # counter continues from the checkpoint.
+        _log(f"{self.contract.mode} from iteration {state.global_step}")
         if model is not None and (self._task.frozen_layers or self._task.max_frozen_layers):
             self._trainable = {n for n, p in model.named_parameters() if p.requires_grad}
             set_frozen_layers(model, self.frozen_layers, self._trainable)
@@ -133,6 +166,11 @@ class FmschedCallback(_Base):
         self._last_step = now
         if self.signals.checkpoint.is_set() or self.signals.terminate.is_set():
             control.should_save = True
+        # FMSCHED_CHECKPOINT_INTERVAL_S: at least this often.
+        if not self.contract.profile and now - self._last_checkpoint >= self.contract.checkpoint_interval_s:
+            control.should_save = True
+        if control.should_save:
+            self._save_asked = now
         if self.signals.terminate.is_set():
             control.should_training_stop = True
         if self.contract.profile and state.global_step >= self.profile_steps:
@@ -152,8 +190,9 @@ class FmschedCallback(_Base):
             if not (isinstance(value, (int, float)) and name.startswith("eval_")):
                 continue
             metric = name[5:]
-            # The validation loss is reported only when it is the target.
-            if metric == "loss" and target != "loss":
+            # The validation loss is reported only when it is the target;
+            # HF's timings are not metrics.
+            if (metric == "loss" and target != "loss") or metric in _TIMINGS:
                 continue
             self.reporter.eval(self._job, state.global_step, float(state.epoch or 0.0), metric, value)
             if metric == target and self._task.metric_reached(float(value)) and not self.contract.profile:
@@ -173,11 +212,20 @@ class FmschedCallback(_Base):
 
     def on_save(self, args, state, control, **kwargs):
         path = f"{args.output_dir}/checkpoint-{state.global_step}"
+        took = time.monotonic() - (self._save_asked or time.monotonic())
+        _log(f"checkpoint {state.global_step}: {_size_mib(path):.2f} MiB written in {took:.2f} s")
         self.reporter.checkpoint(path, state.global_step)
         self.signals.checkpoint.clear()
+        self._last_checkpoint = time.monotonic()
         return control
 
-    def on_train_end(self, args, state, control, **kwargs):
+    def on_train_end(self, args, state, control, model=None, **kwargs):
         if not self.contract.profile and not self.signals.terminate.is_set():
-            self.reporter.done(self._job, self.contract.output_path(self._job))
+            out = self.contract.output_path(self._job)
+            if model is not None and self.contract.is_reporter:
+                if self.save_output is not None:
+                    self.save_output(model, out)
+                elif hasattr(model, "save_pretrained"):
+                    model.save_pretrained(out)
+            self.reporter.done(self._job, out)
         return control

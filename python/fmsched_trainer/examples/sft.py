@@ -1,0 +1,156 @@
+"""Supervised fine-tuning of a causal language model (Llama/GPT-2 style)
+with HF's ``Trainer`` on the fmsched trainer contract.
+
+    launch:
+      command: [python, -m, fmsched_trainer.examples.sft]
+
+Each example (``train.jsonl`` / ``validation.jsonl``, see
+:mod:`fmsched_trainer.examples.common`) is ``{"prompt": …, "response": …}``
+(the loss is taken on the response only) or ``{"text": …}`` (on all of it).
+Metrics: ``token_accuracy`` (next-token accuracy on the trained tokens) and
+``loss`` (set ``lower_is_better: true`` on a loss target). A temporal
+merge's watched task is scored by its token accuracy with the current
+weights: both tasks share the language-model head.
+"""
+
+from __future__ import annotations
+
+from ..contract import Contract, TrainingSignals, standby
+from .common import (ByteTokenizer, arguments, fail, final_weights, load_model, log, prepare, read_split,
+                     single_process, train, weights_source)
+
+IGNORE = -100
+
+
+class Encoder:
+    def __init__(self, source, max_length: int):
+        self.max_length = max_length
+        self.hf = None
+        if source is not None:
+            from transformers import AutoTokenizer
+
+            self.hf = AutoTokenizer.from_pretrained(source)
+        self.pad_id = ByteTokenizer.pad if self.hf is None else (self.hf.pad_token_id or self.hf.eos_token_id or 0)
+
+    def ids(self, text: str, first: bool):
+        if self.hf is None:
+            return ([ByteTokenizer.start] if first else []) + [b + 3 for b in text.encode()]
+        return self.hf(text, add_special_tokens=first)["input_ids"]
+
+    def end(self):
+        return [ByteTokenizer.sep if self.hf is None else (self.hf.eos_token_id or 0)]
+
+    def save(self, path):
+        if self.hf is not None:
+            self.hf.save_pretrained(path)
+
+
+def encode(examples, enc: Encoder, where: str):
+    out = []
+    for n, e in enumerate(examples):
+        if "prompt" in e and "response" in e:
+            p = enc.ids(str(e["prompt"]) + "\n", True)
+            r = enc.ids(str(e["response"]), False) + enc.end()
+            ids, labels = p + r, [IGNORE] * len(p) + r
+        elif "text" in e:
+            ids = enc.ids(str(e["text"]), True) + enc.end()
+            labels = list(ids)
+        else:
+            fail(f"{where}: example {n + 1} has neither prompt/response nor text")
+        out.append({"input_ids": ids[:enc.max_length], "labels": labels[:enc.max_length]})
+    return out
+
+
+def collator(pad_id: int):
+    import torch
+
+    def collate(features):
+        width = max(len(f["input_ids"]) for f in features)
+        ids = torch.full((len(features), width), pad_id, dtype=torch.long)
+        labels = torch.full((len(features), width), IGNORE, dtype=torch.long)
+        mask = torch.zeros((len(features), width), dtype=torch.long)
+        for i, f in enumerate(features):
+            n = len(f["input_ids"])
+            ids[i, :n] = torch.tensor(f["input_ids"])
+            labels[i, :n] = torch.tensor(f["labels"])
+            mask[i, :n] = 1
+        return {"input_ids": ids, "attention_mask": mask, "labels": labels}
+
+    return collate
+
+
+def token_accuracy(predicted, labels) -> float:
+    """Next-token accuracy on the trained (labelled) positions: the token
+    at position t is predicted from position t-1."""
+    import numpy as np
+
+    p, y = np.asarray(predicted)[:, :-1], np.asarray(labels)[:, 1:]
+    keep = y != IGNORE
+    return float((p[keep] == y[keep]).mean()) if keep.any() else 0.0
+
+
+def main() -> int:
+    args = arguments(__doc__.splitlines()[0])
+    contract = Contract()
+    signals = TrainingSignals().install()
+    reporter = contract.reporter()
+    single_process(contract)
+    if len(contract.tasks) > 1:
+        fail("two trained tasks (a spatial merge): this example trains one task per process; "
+             "set sharing: false in the job spec")
+    task = contract.tasks[0]
+    try:
+        task.check_supported()
+    except ValueError as e:
+        fail(str(e))
+    if task.metric and task.metric not in ("token_accuracy", "loss"):
+        fail(f"target.metric {task.metric!r}: this trainer computes token_accuracy and loss")
+    from transformers import AutoModelForCausalLM
+
+    enc = Encoder(weights_source(contract, args), args.max_length)
+    train_set = encode(read_split(task.dataset_uri, "train"), enc, task.dataset_uri + " train")
+    eval_set = encode(read_split(task.dataset_uri, "validation"), enc, task.dataset_uri + " validation")
+    collate = collator(enc.pad_id)
+    if standby(contract, signals, reporter):
+        log("started from standby")
+    model, origin = load_model(AutoModelForCausalLM, contract, args)
+    log(f"weights from {origin}; {len(train_set)} training and {len(eval_set)} validation examples")
+    model = prepare(model, task, peft_task_type="CAUSAL_LM")
+
+    def compute(pred):
+        return {"token_accuracy": token_accuracy(pred.predictions, pred.label_ids)}
+
+    watched = {w.job_id: encode(read_split(w.dataset_uri, "validation"), enc, w.dataset_uri)[:256]
+               for w in contract.watched}
+
+    def evaluate_watched(w, m):
+        import torch
+
+        device = next(m.parameters()).device
+        rows = watched[w.job_id]
+        right = total = 0
+        was = m.training
+        m.eval()
+        with torch.no_grad():
+            for i in range(0, len(rows), 32):
+                b = collate(rows[i:i + 32])
+                logits = m(input_ids=b["input_ids"].to(device), attention_mask=b["attention_mask"].to(device)).logits
+                p, y = logits.argmax(-1)[:, :-1].cpu(), b["labels"][:, 1:]
+                keep = y != IGNORE
+                right += int((p[keep] == y[keep]).sum())
+                total += int(keep.sum())
+        m.train(was)
+        return right / max(1, total)
+
+    def save_output(m, path):
+        final_weights(m).save_pretrained(path)
+        enc.save(path)
+
+    return train(contract, args, model, train_set, eval_set, collate, compute,
+                 preprocess_logits=lambda logits, labels: logits.argmax(-1),
+                 evaluate_watched=evaluate_watched if watched else None, save_output=save_output,
+                 signals=signals, reporter=reporter)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

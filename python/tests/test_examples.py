@@ -1,0 +1,250 @@
+"""The real example trainers (PyTorch + HF ``Trainer``) run as the agent
+runs them: a process with the contract's environment, reports on a unix
+socket, signals. Tiny randomly initialised models (``--tiny``) on the
+synthetic datasets, on the CPU.
+
+Skipped where torch and transformers are missing; ``scripts/test.sh`` runs
+this file with the Python of ``scripts/trainer-venv.sh``, which has them.
+"""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+pytest.importorskip("accelerate")
+
+from fmsched_trainer.examples import synthetic  # noqa: E402
+
+PYTHON_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class Agent:
+    """The agent's side of one process: its report socket and environment."""
+
+    def __init__(self, tmp, tasks, mode="train", **env):
+        self.path = str(tmp / f"r-{time.monotonic_ns()}.sock")
+        self.server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.server.bind(self.path)
+        self.server.listen(4)
+        self.reports = []
+        threading.Thread(target=self._accept, daemon=True).start()
+        self.env = dict(os.environ)
+        self.env.update({
+            "FMSCHED_TASKS": json.dumps(tasks),
+            "FMSCHED_MODE": mode,
+            "FMSCHED_CHECKPOINT_DIR": str(tmp / "ckpt"),
+            "FMSCHED_OUTPUT_DIR": str(tmp / "out"),
+            "FMSCHED_REPORT_SOCKET": self.path,
+            "FMSCHED_CHECKPOINT_INTERVAL_S": "600",
+            "PYTHONPATH": PYTHON_DIR,
+            "OMP_NUM_THREADS": "1",
+            # What the agent gives a 4-GPU node's process (no torchrun).
+            "WORLD_SIZE": "4", "RANK": "0", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "4",
+        })
+        self.env.update({k: str(v) for k, v in env.items()})
+
+    def _accept(self):
+        while True:
+            try:
+                conn, _ = self.server.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._read, args=(conn,), daemon=True).start()
+
+    def _read(self, conn):
+        buf = b""
+        while True:
+            data = conn.recv(65536)
+            if not data:
+                return
+            buf += data
+            while b"\n" in buf:
+                line, buf = buf.split(b"\n", 1)
+                self.reports.append(json.loads(line))
+
+    def start(self, module, *args):
+        return subprocess.Popen([sys.executable, "-m", f"fmsched_trainer.examples.{module}", "--tiny", *args],
+                                env=self.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def run(self, module, *args, timeout=240):
+        p = self.start(module, *args)
+        out, err = p.communicate(timeout=timeout)
+        time.sleep(0.2)  # the last reports
+        return p.returncode, out, err
+
+    def of(self, kind):
+        return [r for r in self.reports if r["type"] == kind]
+
+
+def sub(path, name):
+    d = path / name
+    d.mkdir()
+    return d
+
+
+def task(job, data, **kw):
+    t = {"job_id": job, "model": "roberta-base", "task": "sent", "dataset_uri": f"file://{data}",
+         "global_batch_size": 16, "learning_rate": 0.001}
+    t.update(kw)
+    return t
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    d = tmp_path_factory.mktemp("data")
+    synthetic.glue(str(d / "a"), 1, 512, 128)
+    synthetic.glue(str(d / "b"), 2, 512, 128, flip=True)
+    synthetic.vision(str(d / "img"), 1, 512, 128)
+    synthetic.sft(str(d / "echo"), 1, 512, 128)
+    return d
+
+
+def test_profile_reports_step_times_and_a_task2vec_embedding_from_real_gradients(tmp_path, data):
+    a = Agent(tmp_path, [task("p", data / "a", max_iterations=1000)], mode="profile")
+    rc, _, err = a.run("glue", "--profile-steps", "20", "--logging-steps", "5")
+    assert rc == 0, err
+    progress = a.of("progress")
+    assert [p["iteration"] for p in progress] == [5, 10, 15, 20]
+    assert all(p["step_time_s"] > 0 for p in progress)
+    (emb,) = a.of("embedding")
+    assert len(emb["fisher"]) == len(emb["fisher_repeat"]) > 100
+    assert all(x >= 0 for x in emb["fisher"]) and any(x > 0 for x in emb["fisher"])
+    assert emb["fisher"] != emb["fisher_repeat"], "F and F' come from different batches"
+    assert not a.of("done") and not a.of("checkpoint"), "a profile run trains nothing for keeps"
+
+
+def test_a_metric_target_stops_training_and_the_weights_are_written_before_done(tmp_path, data):
+    a = Agent(tmp_path, [task("m", data / "a", max_epochs=20, metric="accuracy", metric_target=0.95)])
+    rc, _, err = a.run("glue", "--logging-steps", "10")
+    assert rc == 0, err
+    evals = [e for e in a.of("eval") if e["metric"] == "accuracy"]
+    assert evals and evals[-1]["value"] >= 0.95
+    assert len(evals) < 20, "stopped at the target, not at the epoch budget"
+    assert {e["metric"] for e in a.of("eval")} <= {"accuracy", "f1", "mcc"}, "no timings as metrics"
+    (done,) = a.of("done")
+    assert os.path.exists(os.path.join(done["output"], "model.safetensors"))
+    losses = [p["loss"] for p in a.of("progress")]
+    assert losses[-1] < losses[0]
+
+
+def test_suspend_checkpoints_on_the_signals_and_resume_continues_the_iteration_count(tmp_path, data):
+    a = Agent(tmp_path, [task("s", data / "a", max_iterations=100000)])
+    p = a.start("glue", "--logging-steps", "10")
+    deadline = time.monotonic() + 120
+    while not any(r["iteration"] >= 50 for r in a.of("progress")):
+        assert p.poll() is None, p.communicate()[1]
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    p.send_signal(signal.SIGUSR2)
+    while not a.of("checkpoint"):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    p.send_signal(signal.SIGTERM)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 0, err
+    assert "stopped on SIGTERM" in err
+    last = a.of("checkpoint")[-1]
+    assert os.path.isdir(last["path"]) and last["iteration"] >= 50
+    assert not a.of("done")
+    b = Agent(tmp_path, [task("s", data / "a", max_iterations=last["iteration"] + 20)],
+              FMSCHED_RESUME_FROM=last["path"])
+    rc, _, err = b.run("glue", "--logging-steps", "10")
+    assert rc == 0, err
+    assert f"train from iteration {last['iteration']}" in err
+    assert min(r["iteration"] for r in b.of("progress")) > last["iteration"]
+    assert b.of("done")
+
+
+def test_a_temporal_merge_trains_b_from_as_output_and_a_watches_b(tmp_path, data):
+    import torch
+    from safetensors.torch import load_file
+
+    a = Agent(sub(tmp_path, "a"),
+              [task("A", data / "a", max_epochs=2),
+               task("B", data / "b", max_epochs=2, metric="accuracy", eval_only=True)])
+    rc, _, err = a.run("glue", "--logging-steps", "10")
+    assert rc == 0, err
+    watched = [e for e in a.of("eval") if e["job_id"] == "B"]
+    assert len(watched) == 2 and all(0 <= e["value"] <= 1 for e in watched), a.reports
+    (done,) = a.of("done")
+    b = Agent(sub(tmp_path, "b"),
+              [task("B", data / "b", max_iterations=1)], FMSCHED_INIT_WEIGHTS=done["output"])
+    rc, _, err = b.run("glue", "--logging-steps", "1")
+    assert rc == 0, err
+    assert f"weights from {done['output']}" in err
+    # B's encoder starts as A's output: one step at lr 1e-3 stays close.
+    wa = load_file(os.path.join(done["output"], "model.safetensors"))
+    wb = load_file(os.path.join(b.of("done")[0]["output"], "model.safetensors"))
+    k = next(k for k in wa if "embeddings.word_embeddings" in k)
+    assert torch.allclose(wa[k], wb[k], atol=5e-3)
+
+
+def test_vision_and_sft_examples_train_and_report(tmp_path, data):
+    v = Agent(sub(tmp_path, "v"),
+              [task("V", data / "img", model="vit-base", max_epochs=2)])
+    rc, _, err = v.run("vision", "--logging-steps", "10")
+    assert rc == 0, err
+    assert v.of("done") and any(e["metric"] == "accuracy" for e in v.of("eval"))
+    s = Agent(sub(tmp_path, "s"),
+              [task("S", data / "echo", model="llama-2-7b", max_epochs=2, metric="token_accuracy",
+                    metric_target=0.999)])
+    rc, _, err = s.run("sft", "--logging-steps", "10")
+    assert rc == 0, err
+    accs = [e["value"] for e in s.of("eval") if e["metric"] == "token_accuracy"]
+    assert len(accs) == 2 and accs[-1] > accs[0], accs
+
+
+def test_bad_input_fails_at_start_naming_the_field(tmp_path, data):
+    a = Agent(tmp_path, [task("x", "s3://bucket/data", max_iterations=10)])
+    a.env["FMSCHED_TASKS"] = json.dumps([dict(task("x", data / "a", max_iterations=10),
+                                              dataset_uri="s3://bucket/data")])
+    rc, _, err = a.run("glue")
+    assert rc == 2 and "dataset.uri s3://bucket/data" in err
+    b = Agent(tmp_path, [task("y", data / "a", max_iterations=10, metric="bleu", metric_target=1.0)])
+    rc, _, err = b.run("glue")
+    assert rc == 2 and "target.metric 'bleu'" in err
+    c = Agent(tmp_path, [task("z", data / "a", max_iterations=10, optimizer="lamb")])
+    rc, _, err = c.run("glue")
+    assert rc == 2 and "optimizer 'lamb'" in err
+
+
+def test_a_spatial_merge_trains_two_tasks_on_one_encoder_and_finishes_each_on_its_own(tmp_path, data):
+    a = Agent(tmp_path, [task("A", data / "a", max_epochs=6, metric="accuracy", metric_target=0.95),
+                         dict(task("B", data / "b", max_iterations=120), global_batch_size=8)])
+    rc, _, err = a.run("glue", "--logging-steps", "20")
+    assert rc == 0, err
+    assert "spatial merge" in err
+    done = {d["job_id"]: d["output"] for d in a.of("done")}
+    assert set(done) == {"A", "B"} and len(a.of("done")) == 2, a.of("done")
+    for job in ("A", "B"):
+        assert any(p["job_id"] == job for p in a.of("progress"))
+        assert os.path.exists(os.path.join(done[job], "model.safetensors"))
+    # A stops at its target; B goes on alone to its budget.
+    a_done = next(i for i, r in enumerate(a.reports) if r["type"] == "done" and r["job_id"] == "A")
+    assert any(r["type"] == "progress" and r["job_id"] == "B" for r in a.reports[a_done:])
+    assert not any(r["type"] == "progress" and r["job_id"] == "A" for r in a.reports[a_done:])
+    # B's epochs follow its own batch (8 of 512 examples: 64 iterations).
+    b_evals = [e for e in a.of("eval") if e["job_id"] == "B"]
+    assert [e["iteration"] for e in b_evals][:1] == [64], b_evals
+
+
+def test_lora_trains_adapters_and_writes_merged_weights(tmp_path, data):
+    a = Agent(tmp_path, [task("L", data / "a", max_epochs=3, petl="lora", learning_rate=0.005)],
+              FMSCHED_CHECKPOINT_INTERVAL_S="1")
+    rc, _, err = a.run("glue", "--logging-steps", "10")
+    assert rc == 0, err
+    assert "LoRA: training" in err
+    ckpt = a.of("checkpoint")[-1]["path"]
+    assert os.path.exists(os.path.join(ckpt, "adapter_model.safetensors")), os.listdir(ckpt)
+    out = a.of("done")[0]["output"]
+    assert os.path.exists(os.path.join(out, "model.safetensors"))
+    assert not os.path.exists(os.path.join(out, "adapter_config.json")), "the output is a plain model"
