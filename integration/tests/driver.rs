@@ -341,3 +341,65 @@ async fn the_python_helper_follows_the_contract_under_the_driver() {
     .await;
     d.suspend("py-standby").await.unwrap();
 }
+
+/// A stop waits for the trainer's checkpoint and exit — seconds for a
+/// real trainer — without holding up the rest of the node: while one
+/// process is being stopped, another's status, the running count and a
+/// launch answer at once (the heartbeat reads them), and the process being
+/// stopped reads as running until it has ended.
+#[tokio::test]
+async fn a_slow_suspend_holds_up_nothing_else() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = std::sync::Arc::new(ProcessDriver::new(DriverConfig {
+        work_dir: tmp.path().to_path_buf(),
+        // The stopped process never checkpoints: the stop waits this long.
+        checkpoint_timeout: Duration::from_secs(6),
+        grace: Duration::from_secs(3),
+        checkpoint_interval: Duration::from_secs(3600),
+    }));
+    let ready = tmp.path().join("ready");
+    let slow = LaunchSpec {
+        command: vec![
+            "sh".into(),
+            "-c".into(),
+            format!("trap '' USR2; touch {}; sleep 60", ready.display()),
+        ],
+        ..spec("slow", 1, &[])
+    };
+    d.launch(&slow).await.unwrap();
+    d.launch(&spec("other", 1_000_000, &[])).await.unwrap();
+    // Its handler is in place (a signal before that would end it).
+    wait_for(
+        "the slow process ignores SIGUSR2",
+        Duration::from_secs(10),
+        async || ready.exists(),
+    )
+    .await;
+    let stopping = {
+        let d = d.clone();
+        tokio::spawn(async move { d.suspend("slow").await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let t = Instant::now();
+    let other = d.status("other").await.expect("other is known");
+    let slow_now = d.status("slow").await.expect("slow is known");
+    let running = d.running().await;
+    d.launch(&spec("third", 1_000_000, &[])).await.unwrap();
+    let took = t.elapsed();
+    assert!(other.running && slow_now.running, "{other:?} {slow_now:?}");
+    assert_eq!(running, 2);
+    // Holding the table across the stop would take the 6 s timeout.
+    assert!(
+        took < Duration::from_secs(3),
+        "status and launch waited {took:?} for a stop"
+    );
+    assert!(
+        !stopping.is_finished(),
+        "the stop is still waiting for a checkpoint"
+    );
+    stopping.await.unwrap().unwrap();
+    assert!(!d.status("slow").await.unwrap().running);
+    for id in ["other", "third"] {
+        d.terminate(id).await.unwrap();
+    }
+}

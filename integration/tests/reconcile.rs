@@ -398,3 +398,63 @@ async fn a_gang_over_two_nodes_rendezvous_suspends_and_breaks_cleanly() {
     let (sx, sy) = tokio::join!(x.apply(&stop), y.apply(&stop));
     assert!(sx.is_empty() && sy.is_empty());
 }
+
+/// A trainer suspended before its first progress report (a real one
+/// starting up) still wrote a checkpoint at some iteration: the node
+/// reports that iteration with it, so the scheduler counts the job as
+/// started (a temporal merge must not restart it from another job's
+/// weights).
+#[tokio::test]
+async fn a_checkpoint_before_any_progress_report_counts_as_progress() {
+    let (_tmp, _gpus, uuids, r) = node("node-ck", 1);
+    // Reports nothing until SIGUSR2, then a checkpoint at iteration 7 and
+    // an evaluation (no progress report).
+    let script = r#"
+import json, os, signal, socket, sys, time
+s = socket.socket(socket.AF_UNIX); s.connect(os.environ["FMSCHED_REPORT_SOCKET"])
+d = os.environ["FMSCHED_CHECKPOINT_DIR"]
+def send(r): s.sendall((json.dumps(r) + "\n").encode())
+def ckpt(*_):
+    open(os.path.join(d, "ck-7"), "w").write("7")
+    send({"type": "checkpoint", "path": os.path.join(d, "ck-7"), "iteration": 7})
+    send({"type": "eval", "job_id": "early", "iteration": 7, "epoch": 0.2, "metric": "accuracy", "value": 0.5})
+signal.signal(signal.SIGUSR2, ckpt)
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+open(os.path.join(d, "ready"), "w").write("1")
+while True: time.sleep(0.05)
+"#;
+    let mut t = desired("early", &uuids[0]);
+    t.command = vec!["python3".into(), "-c".into(), script.into()];
+    r.apply(&pb::NodePlan {
+        generation: 1,
+        tasks: vec![t],
+        epoch: 1,
+    })
+    .await;
+    let ready = r
+        .driver()
+        .status("early")
+        .await
+        .unwrap()
+        .dir
+        .join("checkpoints/ready");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !ready.exists() {
+        assert!(Instant::now() < deadline, "the trainer never started");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // The next plan leaves it out: suspended with its checkpoint.
+    r.apply(&pb::NodePlan {
+        generation: 2,
+        tasks: vec![],
+        epoch: 1,
+    })
+    .await;
+    let t = observed(&r, "early").await.expect("still reported");
+    assert_eq!(t.phase, pb::TaskPhase::Suspended as i32, "{t:?}");
+    assert!(t.checkpoint_path.ends_with("ck-7"), "{t:?}");
+    assert_eq!(t.iteration, 7, "the checkpoint's iteration is progress");
+    // So is the job's own row, which an evaluation created.
+    assert_eq!(t.jobs.len(), 1, "{t:?}");
+    assert_eq!(t.jobs[0].iteration, 7, "{t:?}");
+}

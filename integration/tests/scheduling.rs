@@ -125,6 +125,18 @@ fn agent_env(
     metrics: Option<u16>,
     env: &[(&str, &str)],
 ) -> Proc {
+    agent_gpus(node, endpoints, dir, metrics, 4, env)
+}
+
+/// [`agent_env`] with `gpus` fake GPUs.
+fn agent_gpus(
+    node: &str,
+    endpoints: &str,
+    dir: &std::path::Path,
+    metrics: Option<u16>,
+    gpus: u32,
+    env: &[(&str, &str)],
+) -> Proc {
     let mut c = Command::new(bin("node-agent"));
     // Fake GPUs are A100s unless the environment names another model.
     let model = env
@@ -139,7 +151,7 @@ fn agent_env(
     // otherwise, and overrides every default below (an empty value unsets).
     c.env("FMSCHED_AGENT_ADDRESS", "127.0.0.1");
     c.args(["--scheduler", endpoints, "--node-id", node])
-        .args(["--fake-gpus", "4", "--fake-gpu-model", model])
+        .args(["--fake-gpus", &gpus.to_string(), "--fake-gpu-model", model])
         .env("FMSCHED_JOIN_TOKEN", JOIN)
         .env("FMSCHED_AGENT_PROCESSES__WORK_DIR", dir.join(node))
         .env("FMSCHED_AGENT_PROCESSES__GRACE", "3s")
@@ -3173,6 +3185,38 @@ fn real_glue_job(
     )
 }
 
+/// Prints every job event (name, kind, from → to and message) and returns
+/// them as (name, kind, from, to + message, at).
+async fn print_events(
+    c: &mut sqlx::PgConnection,
+) -> Vec<(
+    String,
+    String,
+    String,
+    String,
+    chrono::DateTime<chrono::Utc>,
+)> {
+    let all: Vec<(String, String, String, String, chrono::DateTime<chrono::Utc>)> =
+        sqlx::query_as(
+            "SELECT j.name, e.kind, coalesce(e.from_state, ''), coalesce(e.to_state, '') || ' ' || e.message, e.at
+             FROM job_events e JOIN jobs j ON j.id = e.job_id ORDER BY e.seq",
+        )
+        .fetch_all(c)
+        .await
+        .unwrap();
+    for e in &all {
+        let msg: String = e.3.chars().take(160).collect();
+        eprintln!(
+            "{} {} {} {} -> {msg}",
+            e.4.format("%H:%M:%S%.3f"),
+            e.0,
+            e.1,
+            e.2
+        );
+    }
+    all
+}
+
 /// The losses HF's `Trainer` printed (`{'loss': '0.69', …}` lines).
 fn printed_losses(stdout: &str) -> Vec<f64> {
     stdout
@@ -3326,7 +3370,8 @@ async fn e2e_real_trainer_profile_run_suspend_resume_complete() {
         .filter_map(|l| {
             l.split("fmsched_trainer: train from iteration ")
                 .nth(1)?
-                .trim()
+                .split_whitespace()
+                .next()?
                 .parse()
                 .ok()
         })
@@ -3377,31 +3422,134 @@ async fn e2e_real_trainer_profile_run_suspend_resume_complete() {
         losses.len(),
         progress_after.map_or(0.0, |t| (t - resumed.2).num_milliseconds() as f64 / 1000.0)
     );
-    let all: Vec<(String, String, String, String, chrono::DateTime<chrono::Utc>)> = sqlx::query_as(
-        "SELECT j.name, e.kind, coalesce(e.from_state, ''), coalesce(e.to_state, '') || ' ' || e.message, e.at
-         FROM job_events e JOIN jobs j ON j.id = e.job_id ORDER BY e.seq",
-    )
-    .fetch_all(&mut c)
-    .await
-    .unwrap();
-    for e in &all {
-        eprintln!(
-            "{} {} {} {} -> {}",
-            e.4.format("%H:%M:%S%.3f"),
-            e.0,
-            e.1,
-            e.2,
-            e.3
-        );
-    }
+    let all = print_events(&mut c).await;
     // A real trainer never failed on the way.
     let failures: Vec<_> = all
         .iter()
         .filter(|e| e.3.contains("exited with code"))
         .collect();
     assert!(failures.is_empty(), "a trainer failed: {failures:#?}");
+    // The node's heartbeats went on while a trainer took seconds to
+    // checkpoint and exit.
+    let suspect: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM node_events WHERE kind = 'state_changed' AND message = 'suspect'",
+    )
+    .fetch_one(&mut c)
+    .await
+    .unwrap();
+    assert_eq!(suspect, 0, "the node went suspect during a suspension");
     eprintln!("checkpoints: {}", ckpt.last().copied().unwrap_or("none"));
     eprintln!("suspend: {}", stop.first().copied().unwrap_or("none"));
+    for l in err
+        .lines()
+        .filter(|l| l.contains("after the process started"))
+    {
+        eprintln!("start-up: {l}");
+    }
+    drop(c);
+    drop_db(&db).await;
+}
+
+/// Merges with the real trainer under Ymir: two jobs of one model on
+/// related data arrive together on a node that holds one at a time. The
+/// merger pairs them, and the pair runs as decided: a temporal merge A ↦ B
+/// has A's process score B every epoch (the merge guard's input) and B's
+/// process start from A's output weights; a spatial merge trains both in
+/// one process, each finishing on its own.
+#[tokio::test]
+async fn e2e_real_trainer_a_merged_pair_runs_as_the_merger_decided() {
+    let Some(python) = real_trainer_python() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    // Two samples of one sentiment task: each gains from the other.
+    for (name, seed) in [("sent-a", "1"), ("sent-b", "2")] {
+        let out = run(Command::new(&python)
+            .args(["-m", "fmsched_trainer.examples.synthetic", "glue"])
+            .arg(dir.path().join(name))
+            .args(["--train", "2048", "--seed", seed])
+            .env("PYTHONPATH", repo_root().join("python")));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let db = new_db("fmsched_real").await;
+    let port = free_port();
+    let _sched = scheduler_env(&db, port, dir.path(), None, &[]);
+    wait_up("scheduler up", port);
+    let _agent = agent_env(
+        "node-a",
+        &format!("http://127.0.0.1:{port}"),
+        dir.path(),
+        None,
+        &[
+            ("FMSCHED_AGENT_PROCESSES__GRACE", "30s"),
+            ("FMSCHED_AGENT_PROCESSES__CHECKPOINT_TIMEOUT", "30s"),
+            ("FMSCHED_AGENT_PROCESSES__CHECKPOINT_INTERVAL", "5s"),
+        ],
+    );
+    let target = "{ max_epochs: 4, metric: { name: accuracy, value: 0.999 } }";
+    let job = |name: &str, data: &str| {
+        let spec = real_glue_job(&python, name, &dir.path().join(data), target, "")
+            .replace("num_samples: 512", "num_samples: 2048");
+        (name.to_string(), spec)
+    };
+    submit(
+        port,
+        dir.path(),
+        [job("real-a", "sent-a"), job("real-b", "sent-b")],
+    )
+    .expect("submit");
+    let done = all_completed(port, 2, Duration::from_secs(300));
+    let mut c = sqlx::PgConnection::connect(&db_url(&db)).await.unwrap();
+    let merges: Vec<(String, String, String, String, bool)> = sqlx::query_as(
+        "SELECT job_a::text, job_b::text, mode, state, guard_passed FROM merges ORDER BY id",
+    )
+    .fetch_all(&mut c)
+    .await
+    .unwrap();
+    eprintln!("merges: {merges:?}");
+    let events = print_events(&mut c).await;
+    let failures: Vec<_> = events
+        .iter()
+        .filter(|e| e.3.contains("exited with code"))
+        .collect();
+    assert!(failures.is_empty(), "a trainer failed: {failures:#?}");
+    let (first, second, mode) = merges
+        .iter()
+        .find(|m| m.3 == "active")
+        .map(|m| (m.0.clone(), m.1.clone(), m.2.clone()))
+        .unwrap_or_else(|| panic!("no kept merge of the two: {merges:?}"));
+    let first_err = fmctl(port, &["logs", &first, "--stderr"]).unwrap();
+    eprintln!("{mode} merge; the first job's log:\n{first_err}");
+    if mode == "temporal" {
+        assert!(
+            first_err.contains(&format!("watching {second}")),
+            "A's process did not score B:\n{first_err}"
+        );
+        // B starts from A's output, not from a checkpoint of its own.
+        let first_out = &done[&first].1;
+        let second_err = fmctl(port, &["logs", &second, "--stderr"]).unwrap();
+        eprintln!("the second job's log:\n{second_err}");
+        assert!(
+            second_err.contains(&format!("weights from {first_out}")),
+            "B did not start from A's output {first_out}:\n{second_err}"
+        );
+        assert!(!second_err.contains("resuming from"), "{second_err}");
+    } else {
+        // One process trained both, and each finished with its own weights.
+        assert!(first_err.contains("spatial merge"), "{first_err}");
+        for id in [&first, &second] {
+            assert!(
+                first_err.contains(&format!("({id}) done")),
+                "{id} did not finish in the joint process:\n{first_err}"
+            );
+            let w = std::path::Path::new(&done[id].1).join("model.safetensors");
+            assert!(w.exists(), "{}", w.display());
+        }
+    }
     drop(c);
     drop_db(&db).await;
 }

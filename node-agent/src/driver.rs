@@ -138,13 +138,39 @@ pub struct ProcessStatus {
 }
 
 struct Running {
-    child: Child,
     pgid: i32,
     observed: Arc<Mutex<Observed>>,
     started: Instant,
     dir: PathBuf,
-    exit: Option<std::process::ExitStatus>,
     reader: tokio::task::JoinHandle<()>,
+    /// The child and how it ended. A stop holds this lock while the
+    /// trainer checkpoints and exits (seconds for a real one), never the
+    /// table's: heartbeats and other tasks' work go on meanwhile.
+    life: tokio::sync::Mutex<Life>,
+}
+
+struct Life {
+    child: Child,
+    exit: Option<std::process::ExitStatus>,
+}
+
+impl Life {
+    /// Still running (records the exit when it has just ended).
+    fn alive(&mut self) -> bool {
+        if self.exit.is_none()
+            && let Ok(Some(s)) = self.child.try_wait()
+        {
+            self.exit = Some(s);
+        }
+        self.exit.is_none()
+    }
+}
+
+impl Running {
+    /// Whether the process runs; one being stopped still does.
+    fn alive_now(&self) -> bool {
+        self.life.try_lock().map_or(true, |mut l| l.alive())
+    }
 }
 
 /// Counters of the driver, for `/metrics`.
@@ -159,7 +185,7 @@ pub struct DriverStats {
 /// Runs and controls this node's training processes.
 pub struct ProcessDriver {
     cfg: DriverConfig,
-    procs: tokio::sync::Mutex<BTreeMap<String, Running>>,
+    procs: tokio::sync::Mutex<BTreeMap<String, Arc<Running>>>,
     stats: Mutex<DriverStats>,
 }
 
@@ -246,12 +272,13 @@ impl ProcessDriver {
 
     /// Processes running now.
     pub async fn running(&self) -> usize {
-        let mut procs = self.procs.lock().await;
-        procs
-            .values_mut()
-            .map(|r| r.exit.is_none() && r.child.try_wait().ok().flatten().is_none())
-            .filter(|&alive| alive)
-            .count()
+        let procs: Vec<Arc<Running>> = self.procs.lock().await.values().cloned().collect();
+        procs.iter().filter(|r| r.alive_now()).count()
+    }
+
+    /// The process record of `id` (the table is locked only to look).
+    async fn entry(&self, id: &str) -> Option<Arc<Running>> {
+        self.procs.lock().await.get(id).cloned()
     }
 
     /// Reads a task's `stdout.log` (or `stderr.log`) from byte `offset`
@@ -336,13 +363,24 @@ impl ProcessDriver {
             id: spec.id.clone(),
             message: m,
         };
-        let mut procs = self.procs.lock().await;
-        if let Some(r) = procs.get_mut(&spec.id) {
-            if r.child.try_wait().ok().flatten().is_none() && r.exit.is_none() {
-                return Ok(());
+        let mut procs = loop {
+            let mut procs = self.procs.lock().await;
+            let Some(r) = procs.get(&spec.id).cloned() else {
+                break procs;
+            };
+            match r.life.try_lock().map(|mut l| l.alive()) {
+                Ok(true) => return Ok(()),
+                Ok(false) => {
+                    procs.remove(&spec.id);
+                    break procs;
+                }
+                // Being stopped: launch again once it has ended.
+                Err(_) => {
+                    drop(procs);
+                    drop(r.life.lock().await);
+                }
             }
-            procs.remove(&spec.id);
-        }
+        };
         if spec.command.is_empty() {
             return Err(err("the launch command is empty".into()));
         }
@@ -471,15 +509,14 @@ impl ProcessDriver {
             .launches += 1;
         procs.insert(
             spec.id.clone(),
-            Running {
-                child,
+            Arc::new(Running {
                 pgid,
                 observed,
                 started: Instant::now(),
                 dir,
-                exit: None,
                 reader,
-            },
+                life: tokio::sync::Mutex::new(Life { child, exit: None }),
+            }),
         );
         Ok(())
     }
@@ -502,11 +539,12 @@ impl ProcessDriver {
         id: &str,
         checkpoint: bool,
     ) -> Result<Option<(PathBuf, u64)>, DriverError> {
-        let mut procs = self.procs.lock().await;
-        let r = procs
-            .get_mut(id)
+        let r = self
+            .entry(id)
+            .await
             .ok_or_else(|| DriverError::NotRunning(id.to_string()))?;
-        if r.child.try_wait().ok().flatten().is_none() {
+        let mut life = r.life.lock().await;
+        if life.child.try_wait().ok().flatten().is_none() {
             let started = Instant::now();
             let mut killed = false;
             if checkpoint {
@@ -514,19 +552,19 @@ impl ProcessDriver {
                 send_signal(r.pgid, signal::CHECKPOINT);
                 let deadline = Instant::now() + self.cfg.checkpoint_timeout;
                 while Instant::now() < deadline && lock(&r.observed).last_checkpoint == before {
-                    if r.child.try_wait().ok().flatten().is_some() {
+                    if life.child.try_wait().ok().flatten().is_some() {
                         break;
                     }
                     tokio::time::sleep(Duration::from_millis(5)).await;
                 }
             }
             send_signal(r.pgid, signal::TERMINATE);
-            match tokio::time::timeout(self.cfg.grace, r.child.wait()).await {
-                Ok(Ok(status)) => r.exit = Some(status),
+            match tokio::time::timeout(self.cfg.grace, life.child.wait()).await {
+                Ok(Ok(status)) => life.exit = Some(status),
                 _ => {
                     tracing::warn!(task = id, grace = ?self.cfg.grace, "no exit after SIGTERM; killing the process group");
                     send_signal(r.pgid, libc::SIGKILL);
-                    r.exit = r.child.wait().await.ok();
+                    life.exit = life.child.wait().await.ok();
                     killed = true;
                 }
             }
@@ -556,9 +594,9 @@ impl ProcessDriver {
         id: &str,
         control: &fmsched_core::trainer::Control,
     ) -> Result<(), DriverError> {
-        let procs = self.procs.lock().await;
-        let r = procs
-            .get(id)
+        let r = self
+            .entry(id)
+            .await
             .ok_or_else(|| DriverError::NotRunning(id.to_string()))?;
         let err = |m: String| DriverError::Launch {
             id: id.to_string(),
@@ -574,9 +612,9 @@ impl ProcessDriver {
 
     /// Lets a standby process train (SIGUSR1).
     pub async fn start(&self, id: &str) -> Result<(), DriverError> {
-        let procs = self.procs.lock().await;
-        let r = procs
-            .get(id)
+        let r = self
+            .entry(id)
+            .await
             .ok_or_else(|| DriverError::NotRunning(id.to_string()))?;
         send_signal(r.pgid, signal::START);
         Ok(())
@@ -584,12 +622,17 @@ impl ProcessDriver {
 
     /// The process's status and what it reported.
     pub async fn status(&self, id: &str) -> Option<ProcessStatus> {
-        let mut procs = self.procs.lock().await;
-        let r = procs.get_mut(id)?;
-        if r.exit.is_none()
-            && let Ok(Some(s)) = r.child.try_wait()
-        {
-            r.exit = Some(s);
+        let r = self.entry(id).await?;
+        // A process being stopped is reported running until it has ended.
+        let (exit, just_ended) = match r.life.try_lock() {
+            Ok(mut l) => {
+                let before = l.exit.is_some();
+                l.alive();
+                (l.exit, !before && l.exit.is_some())
+            }
+            Err(_) => (None, false),
+        };
+        if just_ended {
             // The process is gone: let its report connections drain so its
             // last lines (done, embedding, checkpoint) are not lost.
             let deadline = Instant::now() + Duration::from_millis(500);
@@ -599,8 +642,8 @@ impl ProcessDriver {
         }
         Some(ProcessStatus {
             pid: r.pgid as u32,
-            running: r.exit.is_none(),
-            exit_code: r.exit.and_then(|s| s.code()),
+            running: exit.is_none(),
+            exit_code: exit.and_then(|s| s.code()),
             observed: lock(&r.observed).clone(),
             started: r.started,
             dir: r.dir.clone(),
@@ -611,9 +654,7 @@ impl ProcessDriver {
     /// started: nothing of it is worth reporting). A running one is kept.
     pub async fn forget(&self, id: &str) {
         let mut procs = self.procs.lock().await;
-        if procs
-            .get_mut(id)
-            .is_some_and(|r| r.exit.is_some() || r.child.try_wait().ok().flatten().is_some())
+        if procs.get(id).is_some_and(|r| !r.alive_now())
             && let Some(r) = procs.remove(id)
         {
             r.reader.abort();

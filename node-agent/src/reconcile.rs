@@ -666,9 +666,13 @@ impl Reconciler {
         }
     }
 
-    /// Stops standby processes no plan claimed in time.
+    /// Stops standby processes no plan claimed in time. Skipped while a
+    /// plan is being applied (the next call catches up): the heartbeat
+    /// calls this, and must not wait for a plan's checkpoints.
     pub async fn expire_standby(&self) {
-        let mut known = self.known.lock().await;
+        let Ok(mut known) = self.known.try_lock() else {
+            return;
+        };
         let now = std::time::Instant::now();
         let expired: Vec<String> = known
             .iter()
@@ -719,6 +723,10 @@ impl Reconciler {
                 .max_by_key(|p| p.0)
                 .unwrap_or((0, 0.0));
             let checkpoint = s.observed.last_checkpoint.clone().or(k.checkpoint.clone());
+            // A checkpoint at iteration N means N iterations are done, even
+            // before the first progress report (a trainer suspended early).
+            let ckpt_iteration = checkpoint.as_ref().map_or(0, |c| c.1);
+            let iteration = iteration.max(ckpt_iteration);
             out.push(pb::ObservedTask {
                 task_id: id.clone(),
                 job_ids: k.job_ids.clone(),
@@ -751,7 +759,18 @@ impl Reconciler {
                     .iter()
                     .map(|(k, v)| (k.clone(), v.clone()))
                     .collect(),
-                jobs: job_reports(&s.observed, &k.metrics),
+                jobs: job_reports(&s.observed, &k.metrics)
+                    .into_iter()
+                    .map(|mut r| {
+                        // A job of this process with evaluations but no
+                        // progress report yet did the checkpoint's
+                        // iterations.
+                        if r.iteration == 0 && k.job_ids.contains(&r.job_id) {
+                            r.iteration = ckpt_iteration;
+                        }
+                        r
+                    })
+                    .collect(),
                 ..profile_results(
                     k.profile && !s.running,
                     !k.profile && s.running,

@@ -343,7 +343,10 @@ impl Agent {
                     if rotated > 0 {
                         tracing::info!(rotated, "process logs rotated");
                     }
-                    self.reconciler.expire_standby().await;
+                    // Stopping an expired standby waits for its exit: off
+                    // the heartbeat's path.
+                    let r = self.reconciler.clone();
+                    tokio::spawn(async move { r.expire_standby().await });
                     let hb = self.heartbeat(seq).await;
                     if tx.send(hb).await.is_err() {
                         return Err(SessionError::Retry("outbound stream closed".into()));

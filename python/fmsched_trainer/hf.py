@@ -78,6 +78,11 @@ def training_arguments(task, bf16: bool = False) -> dict:
     return kw
 
 
+# When this process imported the helper (within a fraction of a second of
+# its start): start-up latency in the logs.
+_STARTED = time.monotonic()
+
+
 def _log(message: str) -> None:
     print(f"fmsched_trainer: {message}", file=sys.stderr, flush=True)
 
@@ -136,7 +141,8 @@ class FmschedCallback(_Base):
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         # After a resume HF has restored the step count: the iteration
         # counter continues from the checkpoint.
-        _log(f"{self.contract.mode} from iteration {state.global_step}")
+        _log(f"{self.contract.mode} from iteration {state.global_step} "
+             f"({time.monotonic() - _STARTED:.1f} s after the process started)")
         if model is not None and (self._task.frozen_layers or self._task.max_frozen_layers):
             self._trainable = {n for n, p in model.named_parameters() if p.requires_grad}
             set_frozen_layers(model, self.frozen_layers, self._trainable)
@@ -200,6 +206,12 @@ class FmschedCallback(_Base):
         return control
 
     def on_epoch_end(self, args, state, control, model=None, **kwargs):
+        if self.signals.terminate.is_set():
+            # Stopping to be suspended: the epoch did not end, HF's
+            # end-of-loop evaluation would report a fractional epoch (and
+            # delay the exit).
+            control.should_evaluate = False
+            return control
         if self._variance is not None and not self.contract.profile:
             self.reporter.layer_variance(self._job, float(state.epoch or 0.0), self.frozen_layers,
                                          self._variance.report())

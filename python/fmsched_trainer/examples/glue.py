@@ -191,6 +191,7 @@ def main() -> int:
     for w in contract.watched:
         raw_t, raw_v = read_split(w.dataset_uri, "train"), read_split(w.dataset_uri, "validation")
         watched[w.job_id] = (encode(raw_t, encoder, w.dataset_uri, False), encode(raw_v, encoder, w.dataset_uri, False))
+        log(f"watching {w.job_id} ({w.task}) for the merge guard: scored every epoch with these weights")
 
     def evaluate_watched(w, m):
         import torch

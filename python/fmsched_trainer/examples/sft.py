@@ -122,6 +122,8 @@ def main() -> int:
 
     watched = {w.job_id: encode(read_split(w.dataset_uri, "validation"), enc, w.dataset_uri)[:256]
                for w in contract.watched}
+    for w in contract.watched:
+        log(f"watching {w.job_id} ({w.task}) for the merge guard: scored every epoch with these weights")
 
     def evaluate_watched(w, m):
         import torch

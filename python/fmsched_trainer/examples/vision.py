@@ -90,6 +90,8 @@ def main() -> int:
 
     watched = {w.job_id: (read_images(w.dataset_uri, "train"), read_images(w.dataset_uri, "validation"))
                for w in contract.watched}
+    for w in contract.watched:
+        log(f"watching {w.job_id} ({w.task}) for the merge guard: scored every epoch with these weights")
 
     def evaluate_watched(w, m):
         import torch

@@ -165,7 +165,12 @@ fn desired_sets(state: &AppState, v: &PlanView<'_>) -> BTreeMap<NodeId, Vec<pb::
                     }
                 }
                 _ => {
-                    if let Some(w) = v.init_weights.get(&a.job) {
+                    // B of a temporal merge starts from A's output; once it
+                    // has a checkpoint of its own (trained from them) it
+                    // resumes from that alone.
+                    if let Some(w) = v.init_weights.get(&a.job)
+                        && task.resume_path.is_empty()
+                    {
                         task.initial_weights_path.clone_from(w);
                     }
                 }
