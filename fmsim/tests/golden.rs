@@ -306,15 +306,15 @@ fn rounds_run_on_the_configured_clock() {
             round_origin_s: origin,
             ..SimConfig::uniform(1, 4, "V100")
         };
-        // Themis runs a round every 60 s.
+        // Themis runs a round every 120 s (Ymir §7.1).
         let r = run("themis", &cfg, &catalog, &jobs);
         r.jobs.iter().map(|j| j.first_start_s.unwrap()).collect()
     };
-    assert_eq!(start(None), vec![45.0, 165.0], "rounds at 45, 105, 165 s");
+    assert_eq!(start(None), vec![45.0, 165.0], "rounds at 45, 165 s");
     assert_eq!(
         start(Some(0.0)),
-        vec![60.0, 180.0],
-        "rounds at 0, 60, 120, 180 s"
+        vec![120.0, 240.0],
+        "rounds at 0, 120, 240 s"
     );
 }
 

@@ -77,6 +77,8 @@ pub struct Fifo {
 
 impl Default for Fifo {
     fn default() -> Self {
+        // No paper sets it: FIFO never preempts, so the interval only delays
+        // starts; a minute keeps that short.
         Self { interval_s: 60.0 }
     }
 }
@@ -108,7 +110,8 @@ pub struct Srtf {
 
 impl Default for Srtf {
     fn default() -> Self {
-        Self { interval_s: 300.0 }
+        // Ymir §7.1: SRTF, Tiresias and Themis every 120 s.
+        Self { interval_s: 120.0 }
     }
 }
 
@@ -157,7 +160,8 @@ pub struct Tiresias {
 impl Default for Tiresias {
     fn default() -> Self {
         Self {
-            interval_s: 300.0,
+            // Ymir §7.1: Tiresias, Themis and SRTF every 120 s.
+            interval_s: 120.0,
             // Two queues split at 16 GPU-hours, as in the Pollux artifact's
             // Tiresias that the FM papers' simulators build on.
             thresholds_gpu_s: vec![16.0 * 3600.0],
@@ -269,6 +273,8 @@ pub struct Optimus {
 
 impl Default for Optimus {
     fn default() -> Self {
+        // Ymir §7.1: Pollux and Optimus every 300 s (their context switches
+        // are expensive).
         Self { interval_s: 300.0 }
     }
 }
@@ -319,7 +325,8 @@ pub enum ThemisRank {
 impl Default for Themis {
     fn default() -> Self {
         Self {
-            interval_s: 60.0,
+            // Ymir §7.1: every 120 s, with 600 s lease terms.
+            interval_s: 120.0,
             lease_s: 600.0,
             rank: ThemisRank::default(),
         }
@@ -425,7 +432,9 @@ pub struct Pollux {
 
 impl Default for Pollux {
     fn default() -> Self {
-        Self { interval_s: 60.0 }
+        // Ymir §7.1: Pollux and Optimus every 300 s (the authors' simulator
+        // too); Pollux's own paper re-allocates every 60 s.
+        Self { interval_s: 300.0 }
     }
 }
 
