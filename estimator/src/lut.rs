@@ -424,6 +424,24 @@ impl Lut {
         self.profiles.keys().map(|(m, g)| (m.as_str(), g.as_str()))
     }
 
+    /// Whether the model runs data-parallel (not as a pipeline) on GPU type
+    /// `gpu_type`: a table, and its smallest local batch fits the GPU's
+    /// memory. A job of it can run there on any GPU count.
+    pub fn data_parallel(&self, model: &str, gpu_type: &str) -> bool {
+        let limit = self.memory_limit(gpu_type);
+        self.profiles
+            .get(&(model.to_string(), gpu_type.to_string()))
+            .is_some_and(|variants| {
+                variants.iter().any(|(v, p)| {
+                    !v.pipeline
+                        && match (limit, p.memory.first()) {
+                            (Some(l), Some(&(_, gib))) => gib <= l,
+                            _ => true,
+                        }
+                })
+            })
+    }
+
     pub fn has_model(&self, model: &str) -> bool {
         self.profiles.keys().any(|(m, _)| m == model)
     }

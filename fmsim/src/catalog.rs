@@ -207,6 +207,25 @@ impl Catalog {
             .collect()
     }
 
+    /// The tasks cluster traces without tasks (pollux, helios, philly)
+    /// draw from: those of models that run data-parallel on every GPU type
+    /// of `cluster`, as a trace job may ask for any GPU count (a model that
+    /// runs only as a pipeline there takes whole 4-GPU groups).
+    pub fn trace_tasks(
+        &self,
+        lut: &fmsched_estimator::lut::Lut,
+        cluster: &[crate::engine::NodeGroup],
+    ) -> Vec<(String, String)> {
+        self.tasks()
+            .into_iter()
+            .filter(|(m, _)| {
+                cluster.iter().all(|g| {
+                    lut.data_parallel(m, &fmsched_estimator::analytic::gpu_family(&g.gpu_type))
+                })
+            })
+            .collect()
+    }
+
     pub fn task(&self, model: &str, task: &str) -> Option<&TaskInfo> {
         self.models.get(model)?.tasks.get(task)
     }
@@ -379,6 +398,22 @@ impl Catalog {
             );
         }
         json!({ "models": models })
+    }
+
+    /// Sets the samples per epoch of `task` (of `model`, or of every model
+    /// that has it); returns how many entries it set.
+    pub fn set_samples_per_epoch(&mut self, model: Option<&str>, task: &str, n: f64) -> usize {
+        let mut set = 0;
+        for (m, tasks) in &mut self.models {
+            if model.is_some_and(|want| want != m) {
+                continue;
+            }
+            if let Some(info) = tasks.tasks.get_mut(task) {
+                info.samples_per_epoch = n;
+                set += 1;
+            }
+        }
+        set
     }
 
     /// Fills missing samples-per-epoch from another catalog (the published

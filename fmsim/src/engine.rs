@@ -470,15 +470,22 @@ impl<'a> Simulation<'a> {
                 .ok_or_else(|| err("no node of its GPU model".into()))?;
             let family = families.iter().position(|f| *f == family).unwrap_or(0);
             let info = catalog.task(&w.model, &w.task);
-            let samples = info
-                .map(|t| t.samples_per_epoch)
-                .filter(|&s| s > 0.0)
-                .ok_or_else(|| {
-                    err(format!(
+            let samples = match info {
+                None => {
+                    return Err(err(format!(
                         "task {:?} of model {:?} is not in the catalog",
                         w.task, w.model
-                    ))
-                })?;
+                    )));
+                }
+                Some(t) if t.samples_per_epoch <= 0.0 => {
+                    return Err(err(format!(
+                        "task {:?} of model {:?} has no samples per epoch in the catalog (published \
+                         curves carry none): give them with --samples-per-epoch {}=N",
+                        w.task, w.model, w.task
+                    )));
+                }
+                Some(t) => t.samples_per_epoch,
+            };
             let epochs = match (w.epochs, info) {
                 (Some(e), _) => e,
                 (None, Some(t)) => {
@@ -829,10 +836,33 @@ impl<'a> Simulation<'a> {
         let n = self.jobs.len();
         while finished < n {
             if self.now - t0 > self.cfg.horizon_s {
+                // Name a few, with what they asked for.
+                let left: Vec<String> = self
+                    .jobs
+                    .iter()
+                    .filter(|j| !matches!(j.phase, Phase::Done))
+                    .take(5)
+                    .map(|j| {
+                        format!(
+                            "{} ({} {}, {} GPU{})",
+                            j.w.name,
+                            j.w.model,
+                            j.w.task,
+                            j.w.gpus,
+                            if j.w.gpus == 1 { "" } else { "s" }
+                        )
+                    })
+                    .collect();
                 return Err(SimError::Config(format!(
-                    "{} of {n} jobs unfinished after {:.0} simulated days: the policy starves them or the cluster cannot run them",
+                    "{} of {n} jobs unfinished after {:.0} simulated days: the policy starves them or the cluster cannot run them: {}{}",
                     n - finished,
-                    self.cfg.horizon_s / 86_400.0
+                    self.cfg.horizon_s / 86_400.0,
+                    left.join(", "),
+                    if n - finished > left.len() {
+                        ", …"
+                    } else {
+                        ""
+                    }
                 )));
             }
             // The next event.

@@ -118,6 +118,12 @@ struct SimArgs {
     /// Task catalog JSON (fmsched or task-curves.json layout); default: the shipped one.
     #[arg(long)]
     catalog: Option<PathBuf>,
+    /// Training samples per epoch of a task, `TASK=N` or `MODEL/TASK=N`
+    /// (repeatable), or a file of such lines: the published TitanSched
+    /// curves carry none, and a task the shipped catalog does not know
+    /// needs one to count its epochs.
+    #[arg(long, value_name = "TASK=N|FILE")]
+    samples_per_epoch: Vec<String>,
     /// Folder of profile CSVs (fmsched layout, or <GPU>/<model>_<layout>.csv);
     /// default: the shipped analytic profiles.
     #[arg(long)]
@@ -264,18 +270,73 @@ fn load_profiles(dir: &Path) -> anyhow::Result<Lut> {
     Ok(lut)
 }
 
-fn load_catalog(path: Option<&Path>) -> anyhow::Result<Catalog> {
+fn load_catalog(path: Option<&Path>, samples: &[String]) -> anyhow::Result<Catalog> {
     let shipped = Catalog::default_synthetic();
-    match path {
-        None => Ok(shipped),
+    let mut c = match path {
+        None => shipped,
         Some(p) => {
             let text =
                 std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
             let mut c = Catalog::from_json(&p.display().to_string(), &text)?;
             c.fill_samples_from(&shipped);
-            Ok(c)
+            c
+        }
+    };
+    for (model, task, n) in samples_per_epoch(samples)? {
+        let set = c.set_samples_per_epoch(model.as_deref(), &task, n);
+        if set == 0 {
+            bail!(
+                "--samples-per-epoch {task}={n}: no task {task:?}{} in the catalog",
+                model
+                    .map(|m| format!(" of model {m:?}"))
+                    .unwrap_or_default()
+            );
         }
     }
+    Ok(c)
+}
+
+/// `--samples-per-epoch` values: `TASK=N`, `MODEL/TASK=N`, or a file of
+/// such lines (`#` comments; `,` works as `=`).
+fn samples_per_epoch(args: &[String]) -> anyhow::Result<Vec<(Option<String>, String, f64)>> {
+    let mut out = Vec::new();
+    let mut one = |what: &str, item: &str| -> anyhow::Result<()> {
+        let (key, n) = item
+            .split_once(['=', ','])
+            .with_context(|| format!("{what}: {item:?} is not TASK=N"))?;
+        let n: f64 = n
+            .trim()
+            .parse()
+            .ok()
+            .filter(|n: &f64| n.is_finite() && *n > 0.0)
+            .with_context(|| format!("{what}: {:?} is not a number > 0", n.trim()))?;
+        // Model names have no '/'; task names may (frgfm/imagenette).
+        let key = key.trim();
+        let (model, task) = match key.split_once('/') {
+            Some((m, t))
+                if !m.is_empty() && Catalog::default_synthetic().models.contains_key(m) =>
+            {
+                (Some(m.to_string()), t.to_string())
+            }
+            _ => (None, key.to_string()),
+        };
+        out.push((model, task, n));
+        Ok(())
+    };
+    for a in args {
+        if a.contains('=') {
+            one("--samples-per-epoch", a)?;
+            continue;
+        }
+        let text = std::fs::read_to_string(a).with_context(|| format!("reading {a}"))?;
+        for (i, line) in text.lines().enumerate() {
+            let line = line.trim();
+            if !line.is_empty() && !line.starts_with('#') {
+                one(&format!("{a} line {}", i + 1), line)?;
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// Prints "done/total" on stderr for runs longer than a second.
@@ -407,16 +468,40 @@ fn sim_setup(a: &SimArgs) -> anyhow::Result<(SimConfig, Lut, Catalog, Vec<Worklo
         Some(d) => load_profiles(d)?,
         None => analytic::default_lut()?,
     };
-    let catalog = load_catalog(a.catalog.as_deref())?;
-    let mut jobs = workload::read(&a.workload, a.format, &catalog.tasks())?;
+    let catalog = load_catalog(a.catalog.as_deref(), &a.samples_per_epoch)?;
+    let cluster = cluster_of(a)?;
+    let mut jobs = workload::read(&a.workload, a.format, &catalog.trace_tasks(&lut, &cluster))?;
     if let Some(mix) = a.slo_mix {
         workload::assign_slos(&mut jobs, mix, a.slo_seed);
     }
     if jobs.is_empty() {
         bail!("{}: the workload has no jobs", a.workload.display());
     }
+    // Every task without samples per epoch at once, not one per run.
+    let missing: std::collections::BTreeSet<(&str, &str)> = jobs
+        .iter()
+        .filter(|j| {
+            catalog
+                .task(&j.model, &j.task)
+                .is_some_and(|t| t.samples_per_epoch <= 0.0)
+        })
+        .map(|j| (j.model.as_str(), j.task.as_str()))
+        .collect();
+    if !missing.is_empty() {
+        let names: Vec<String> = missing.iter().map(|(m, t)| format!("{m}/{t}")).collect();
+        let flags: Vec<String> = missing
+            .iter()
+            .map(|(_, t)| format!("--samples-per-epoch {t}=N"))
+            .collect();
+        bail!(
+            "{} task(s) of the workload have no samples per epoch in the catalog (published curves carry none): {}; give them with {} (or a file of TASK=N lines)",
+            missing.len(),
+            names.join(", "),
+            flags.join(" ")
+        );
+    }
     let cfg = SimConfig {
-        cluster: cluster_of(a)?,
+        cluster,
         checkpoint_s: a.checkpoint_s,
         context_switch_s: a.context_switch_s,
         profile_s: a.profile_s,
@@ -925,6 +1010,44 @@ fn bench_solver(dir: Option<&Path>, jobs: usize) -> anyhow::Result<()> {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn samples_per_epoch_come_from_flags_and_files_and_name_what_is_wrong() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("samples.txt");
+        std::fs::write(&f, "# GLUE train sets\nwnli=635\nroberta-base/snli, 1000\n").unwrap();
+        let got = samples_per_epoch(&["rte=2490".into(), f.display().to_string()]).unwrap();
+        assert_eq!(
+            got,
+            vec![
+                (None, "rte".to_string(), 2490.0),
+                (None, "wnli".to_string(), 635.0),
+                (Some("roberta-base".to_string()), "snli".to_string(), 1000.0),
+            ]
+        );
+        // A task name with '/' that is no model prefix stays whole.
+        let got = samples_per_epoch(&["frgfm/imagenette=9469".into()]).unwrap();
+        assert_eq!(got[0], (None, "frgfm/imagenette".to_string(), 9469.0));
+        let e = samples_per_epoch(&["rte=-1".into()])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("\"-1\" is not a number > 0"), "{e}");
+        std::fs::write(&f, "wnli=635\nsnli\n").unwrap();
+        let e = samples_per_epoch(&[f.display().to_string()])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("line 2") && e.contains("is not TASK=N"), "{e}");
+        // Setting a task the catalog lacks is refused, naming it.
+        let e = load_catalog(None, &["no-such-task=5".into()])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("no task \"no-such-task\""), "{e}");
+        let c = load_catalog(None, &["rte=7".into()]).unwrap();
+        assert_eq!(
+            c.task("roberta-base", "rte").unwrap().samples_per_epoch,
+            7.0
+        );
+    }
     use super::*;
 
     fn sim_args(flags: &[&str]) -> SimArgs {

@@ -12,17 +12,27 @@
 //!   `soft_slo`; empty: `slo` when a deadline is given) with `deadline_s`
 //!   (seconds after submission) or `deadline_x` (a multiple of the job's
 //!   time alone at its requested GPUs) make it an SLO job (UniSched).
-//! - **titan** (AdaptDL/TitanSched workload CSV):
+//! - **titan** (TitanSched workload CSV):
 //!   `name,submission_time,application,num_gpus,target_batch_size,target_lr,target_gradient_steps,target_metric`
 //!   with `application = model@task` (`/` written `#`).
+//! - **pollux** (`adaptdl`; the Pollux/AdaptDL simulator's workload CSV):
+//!   `name,time,application,num_replicas,batch_size` — `time` is the
+//!   arrival in seconds, `num_replicas` the GPUs, `batch_size` the global
+//!   batch. Its applications (cifar10, bert, …) are not fine-tuning tasks:
+//!   each application is given one task of the catalog (deterministically,
+//!   by its name, so its jobs share it), trained to the catalog's epochs.
 //! - **helios** (Helios `cluster_log.csv`): `job_id,…,gpu_num,…,submit_time,…,duration,…`;
 //!   jobs with `gpu_num > 0` keep their arrival times (seconds from the
 //!   first), GPU count and GPU-time; each is given a fine-tuning task from
 //!   the catalog (deterministically, by job id), with epochs scaled so its
 //!   work at its GPU count matches the trace's duration.
-//! - **philly** (Philly job log flattened to CSV):
-//!   `jobid,submitted_time,num_gpus,duration_s` (more columns are ignored),
-//!   mapped like Helios.
+//! - **philly**: the published Philly job log (`cluster_job_log`, a JSON
+//!   array of jobs: `jobid`, `status`, `submitted_time`, `attempts` with
+//!   `start_time`, `end_time` and `detail[].gpus`), or that log flattened to
+//!   CSV (`jobid,submitted_time,num_gpus,duration_s`; more columns are
+//!   ignored); mapped like Helios. From the JSON: the GPUs of the last
+//!   attempt, the run time summed over attempts that ended; jobs that never
+//!   ran or were killed are left out.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -279,6 +289,7 @@ pub enum Format {
     Titan,
     Helios,
     Philly,
+    Pollux,
 }
 
 impl std::str::FromStr for Format {
@@ -286,11 +297,12 @@ impl std::str::FromStr for Format {
     fn from_str(s: &str) -> Result<Self, String> {
         match s {
             "fmsim" => Ok(Format::Fmsim),
-            "titan" | "adaptdl" => Ok(Format::Titan),
+            "titan" => Ok(Format::Titan),
+            "pollux" | "adaptdl" => Ok(Format::Pollux),
             "helios" => Ok(Format::Helios),
             "philly" => Ok(Format::Philly),
             o => Err(format!(
-                "unknown workload format {o:?}; expected fmsim, titan, helios or philly"
+                "unknown workload format {o:?}; expected fmsim, titan, pollux, helios or philly"
             )),
         }
     }
@@ -303,6 +315,8 @@ pub fn detect(csv: &Csv) -> Option<Format> {
         Some(Format::Fmsim)
     } else if has("application") && has("submission_time") {
         Some(Format::Titan)
+    } else if has("application") && has("num_replicas") && has("time") {
+        Some(Format::Pollux)
     } else if has("gpu_num") && has("submit_time") && has("duration") {
         Some(Format::Helios)
     } else if has("submitted_time") && has("num_gpus") {
@@ -334,6 +348,16 @@ pub fn parse(
     format: Option<Format>,
     tasks: &[(String, String)],
 ) -> Result<Vec<WorkloadJob>, WorkloadError> {
+    if text.trim_start().starts_with(['[', '{']) {
+        if !matches!(format, None | Some(Format::Philly)) {
+            return Err(WorkloadError::File {
+                file: file.into(),
+                message: "a JSON workload is read as the Philly job log (--format philly)".into(),
+            });
+        }
+        let mut jobs = trace_jobs(philly_json(file, text)?, tasks, file)?;
+        return finish(file, &mut jobs).map(|()| jobs);
+    }
     let csv = Csv::parse(file, text)?;
     let format = format
         .or_else(|| detect(&csv))
@@ -362,10 +386,17 @@ pub fn parse(
             "duration_s",
             None,
         )?,
+        Format::Pollux => parse_pollux(&csv, tasks)?,
     };
+    finish(file, &mut jobs)?;
+    Ok(jobs)
+}
+
+/// Orders jobs by arrival and refuses a name used twice.
+fn finish(file: &str, jobs: &mut [WorkloadJob]) -> Result<(), WorkloadError> {
     jobs.sort_by(|a, b| a.submit_s.total_cmp(&b.submit_s).then(a.name.cmp(&b.name)));
     let mut seen = BTreeMap::new();
-    for j in &jobs {
+    for j in jobs.iter() {
         if seen.insert(j.name.clone(), ()).is_some() {
             return Err(WorkloadError::File {
                 file: file.into(),
@@ -373,7 +404,139 @@ pub fn parse(
             });
         }
     }
-    Ok(jobs)
+    Ok(())
+}
+
+/// FNV-1a of a name: picks a catalog task for a trace job, the same on
+/// every run.
+fn name_hash(name: &str) -> u64 {
+    name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+    })
+}
+
+/// The Pollux/AdaptDL simulator's workload CSV (see the module docs).
+fn parse_pollux(csv: &Csv, tasks: &[(String, String)]) -> Result<Vec<WorkloadJob>, WorkloadError> {
+    if tasks.is_empty() {
+        return Err(WorkloadError::File {
+            file: csv.file.clone(),
+            message: "the task catalog has no tasks to assign".into(),
+        });
+    }
+    let (name, time, app, replicas, batch) = (
+        csv.need("name")?,
+        csv.need("time")?,
+        csv.need("application")?,
+        csv.need("num_replicas")?,
+        csv.need("batch_size")?,
+    );
+    let mut out = Vec::new();
+    for (line, r) in &csv.rows {
+        let (g, b) = (csv.whole(*line, r, replicas)?, csv.whole(*line, r, batch)?);
+        if g == 0 || b == 0 {
+            return Err(csv.err(*line, "num_replicas and batch_size must be > 0"));
+        }
+        for (col, what) in [(name, "name"), (app, "application")] {
+            if r[col].trim().is_empty() {
+                return Err(csv.err(*line, format!("{what} is empty")));
+            }
+        }
+        let (model, task) = &tasks[(name_hash(r[app].trim()) % tasks.len() as u64) as usize];
+        out.push(WorkloadJob {
+            name: r[name].trim().into(),
+            submit_s: csv.num(*line, r, time)?,
+            model: model.clone(),
+            task: task.clone(),
+            gpus: g.min(64),
+            max_gpus: g.min(64),
+            batch: b,
+            sharing: true,
+            pipeline: false,
+            epochs: None,
+            target_metric: None,
+            curve_key: None,
+            trace_gpu_s: None,
+            gpu_model: None,
+            expert_parallel: 0,
+            slo: SloSpec::default(),
+        });
+    }
+    Ok(out)
+}
+
+/// The published Philly job log (JSON): (job id, submitted at, GPUs, run
+/// seconds) of every job that ran and was not killed.
+fn philly_json(file: &str, text: &str) -> Result<Vec<(String, f64, u32, f64)>, WorkloadError> {
+    let v: serde_json::Value = serde_json::from_str(text).map_err(|e| WorkloadError::Row {
+        file: file.into(),
+        line: e.line(),
+        message: format!("not JSON: {e}"),
+    })?;
+    let jobs = v.as_array().ok_or_else(|| WorkloadError::File {
+        file: file.into(),
+        message: "the Philly job log is a JSON array of jobs".into(),
+    })?;
+    let mut out = Vec::new();
+    for (k, j) in jobs.iter().enumerate() {
+        let id = j.get("jobid").and_then(|x| x.as_str()).unwrap_or_default();
+        let bad = |what: String| WorkloadError::File {
+            file: file.into(),
+            message: format!(
+                "job {} ({}): {what}",
+                k + 1,
+                if id.is_empty() { "no jobid" } else { id }
+            ),
+        };
+        if id.is_empty() {
+            return Err(bad("jobid is missing".into()));
+        }
+        if j.get("status").and_then(|x| x.as_str()) == Some("Killed") {
+            continue;
+        }
+        let submitted = j
+            .get("submitted_time")
+            .and_then(|x| x.as_str())
+            .ok_or_else(|| bad("submitted_time is missing".into()))?;
+        let t = parse_time(submitted)
+            .ok_or_else(|| bad(format!("submitted_time {submitted:?} is not a time")))?;
+        let attempts = j
+            .get("attempts")
+            .and_then(|x| x.as_array())
+            .ok_or_else(|| bad("attempts is missing".into()))?;
+        let (mut ran, mut gpus) = (0.0, 0u32);
+        for (n, a) in attempts.iter().enumerate() {
+            let time = |key: &str| -> Result<Option<f64>, WorkloadError> {
+                match a.get(key) {
+                    None | Some(serde_json::Value::Null) => Ok(None),
+                    Some(serde_json::Value::String(s)) => {
+                        parse_time(s).map(Some).ok_or_else(|| {
+                            bad(format!("attempt {}: {key} {s:?} is not a time", n + 1))
+                        })
+                    }
+                    Some(o) => Err(bad(format!("attempt {}: {key} {o} is not a time", n + 1))),
+                }
+            };
+            if let (Some(s), Some(e)) = (time("start_time")?, time("end_time")?) {
+                ran += (e - s).max(0.0);
+            }
+            let detail = a.get("detail").and_then(|d| d.as_array());
+            let g: usize = detail
+                .map(|d| {
+                    d.iter()
+                        .filter_map(|m| m.get("gpus").and_then(|g| g.as_array()))
+                        .map(Vec::len)
+                        .sum()
+                })
+                .unwrap_or(0);
+            if g > 0 {
+                gpus = g as u32;
+            }
+        }
+        if gpus > 0 && ran > 0.0 {
+            out.push((id.to_string(), t, gpus, ran));
+        }
+    }
+    Ok(out)
 }
 
 fn parse_fmsim(csv: &Csv) -> Result<Vec<WorkloadJob>, WorkloadError> {
@@ -570,14 +733,27 @@ fn parse_trace(
         let d = csv.num(*line, r, duration)?;
         raw.push((r[id].trim().to_string(), t, g, d));
     }
+    trace_jobs(raw, tasks, &csv.file)
+}
+
+/// Jobs of a cluster trace — (id, submitted at, GPUs, run seconds) — each
+/// given a catalog task by its id, arrivals from the first one.
+fn trace_jobs(
+    raw: Vec<(String, f64, u32, f64)>,
+    tasks: &[(String, String)],
+    file: &str,
+) -> Result<Vec<WorkloadJob>, WorkloadError> {
+    if tasks.is_empty() {
+        return Err(WorkloadError::File {
+            file: file.into(),
+            message: "the task catalog has no tasks to assign".into(),
+        });
+    }
     let t0 = raw.iter().map(|r| r.1).fold(f64::INFINITY, f64::min);
     Ok(raw
         .into_iter()
         .map(|(name, t, g, d)| {
-            let h = name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-                (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
-            });
-            let (model, task) = &tasks[(h % tasks.len() as u64) as usize];
+            let (model, task) = &tasks[(name_hash(&name) % tasks.len() as u64) as usize];
             WorkloadJob {
                 name,
                 submit_s: t - t0,
@@ -868,6 +1044,101 @@ mod tests {
             e.to_string().contains("line 2") && e.to_string().contains("submit_time"),
             "{e}"
         );
+    }
+
+    /// The shipped samples of each published layout (`fmsim/data/formats`).
+    fn shipped(name: &str) -> Vec<WorkloadJob> {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("data/formats")
+            .join(name);
+        read(&path, None, &tasks()).unwrap_or_else(|e| panic!("{name}: {e}"))
+    }
+
+    #[test]
+    fn published_layouts_read_as_published() {
+        // Pollux/AdaptDL: arrivals, replicas and batches as given; one task
+        // per application (both cifar10 jobs share theirs).
+        let p = shipped("pollux-workload.csv");
+        assert_eq!(p.len(), 5);
+        assert_eq!(
+            (p[1].name.as_str(), p[1].submit_s, p[1].gpus, p[1].batch),
+            ("sweep-01", 310.0, 2, 24)
+        );
+        assert_eq!(p[0].task, p[2].task, "one task per application");
+        assert!(
+            p.iter()
+                .all(|j| j.trace_gpu_s.is_none() && j.epochs.is_none())
+        );
+        // Philly's JSON log: killed jobs and jobs that never ran (or never
+        // ended) are left out; GPUs of the last attempt; run time summed
+        // over the attempts; arrivals from the first.
+        let j = shipped("philly-job-log.json");
+        let names: Vec<&str> = j.iter().map(|j| j.name.as_str()).collect();
+        assert_eq!(names, ["application_0001_a", "application_0002_b"]);
+        assert_eq!((j[0].submit_s, j[0].gpus), (0.0, 4));
+        assert_eq!(j[0].trace_gpu_s, Some(4.0 * 3600.0));
+        assert_eq!((j[1].submit_s, j[1].gpus), (600.0, 4));
+        assert_eq!(
+            j[1].trace_gpu_s,
+            Some(4.0 * 1800.0),
+            "10 + 20 minutes on 4 GPUs"
+        );
+        // Helios: CPU-only and cancelled jobs are left out.
+        let h = shipped("helios-cluster-log.csv");
+        let names: Vec<&str> = h.iter().map(|j| j.name.as_str()).collect();
+        assert_eq!(names, ["h-001", "h-003", "h-005"]);
+        assert_eq!(h[2].submit_s, 1800.0);
+        // The format is told from the content; --format adaptdl is Pollux's.
+        assert_eq!("adaptdl".parse::<Format>(), Ok(Format::Pollux));
+        assert_eq!("titan".parse::<Format>(), Ok(Format::Titan));
+    }
+
+    #[test]
+    fn malformed_published_layouts_name_where() {
+        let e = parse(
+            "p.csv",
+            "name,time,application,num_replicas,batch_size\na,0,bert,2,8\nb,10,bert,0,8\n",
+            None,
+            &tasks(),
+        )
+        .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "p.csv line 3: num_replicas and batch_size must be > 0"
+        );
+        let e = parse(
+            "l.json",
+            "[{\"jobid\": \"x\",\n  \"status\": }]",
+            None,
+            &tasks(),
+        )
+        .unwrap_err();
+        assert!(e.to_string().starts_with("l.json line 2: not JSON"), "{e}");
+        let e = parse(
+            "l.json",
+            r#"[{"jobid": "x", "status": "Pass", "submitted_time": "soon", "attempts": []}]"#,
+            None,
+            &tasks(),
+        )
+        .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "l.json: job 1 (x): submitted_time \"soon\" is not a time"
+        );
+        let e = parse(
+            "l.json",
+            r#"[{"jobid": "x", "submitted_time": "2017-10-02 08:00:00",
+                 "attempts": [{"start_time": 5, "end_time": null}]}]"#,
+            None,
+            &tasks(),
+        )
+        .unwrap_err();
+        assert!(
+            e.to_string().contains("job 1 (x): attempt 1: start_time 5"),
+            "{e}"
+        );
+        let e = parse("l.json", "[]", Some(Format::Helios), &tasks()).unwrap_err();
+        assert!(e.to_string().contains("--format philly"), "{e}");
     }
 
     #[test]

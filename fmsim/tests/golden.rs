@@ -533,3 +533,36 @@ fn deadline_policies_preempt_best_effort_work_to_meet_a_deadline() {
         assert!(s.be_avg_jct_h.is_finite(), "{policy}");
     }
 }
+
+/// The shipped samples of the published trace layouts (`data/formats`)
+/// run to completion: their jobs get tasks the cluster can run at any GPU
+/// count.
+#[test]
+fn published_trace_layouts_simulate_to_completion() {
+    let lut = analytic::default_lut().unwrap();
+    let catalog = Catalog::default_synthetic();
+    let cfg = cluster();
+    let tasks = catalog.trace_tasks(&lut, &cfg.cluster);
+    assert!(
+        tasks.iter().all(|(m, _)| !m.starts_with("llama")),
+        "a 7B model runs only as a pipeline on 16 GiB V100s"
+    );
+    for f in [
+        "pollux-workload.csv",
+        "philly-job-log.json",
+        "helios-cluster-log.csv",
+    ] {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("data/formats")
+            .join(f);
+        let jobs = workload::read(&path, None, &tasks).unwrap_or_else(|e| panic!("{f}: {e}"));
+        let r = run("ymir", &cfg, &catalog, &jobs);
+        assert_eq!(r.jobs.len(), jobs.len(), "{f}");
+        assert!(
+            r.jobs
+                .iter()
+                .all(|j| j.finish_s.is_finite() && j.finish_s >= j.submit_s),
+            "{f}: every job finished"
+        );
+    }
+}
