@@ -770,6 +770,17 @@ fn anchor_workload(
     Ok(jobs)
 }
 
+/// The round interval of the authors' simulator for each replayed policy
+/// (Titan 120 s, Themis 60 s, SRTF, Optimus and Tiresias 300 s) — not
+/// ours, which follow Ymir §7.1 (core/src/policy/README.md).
+fn authors_interval_s(policy: &str) -> f64 {
+    match policy {
+        "ymir" | "ymir-no-merge" => 120.0,
+        "themis" | "themis-titansched" => 60.0,
+        _ => 300.0,
+    }
+}
+
 fn fidelity(
     dir: &Path,
     out: Option<&Path>,
@@ -827,10 +838,14 @@ fn fidelity(
             // `themis-titansched`: Themis ranked as the authors' simulator
             // ranks it (not the paper's ρ), on that simulator's predicted
             // remaining times; shown beside ours, not counted as a baseline.
+            // Their simulator's intervals, whatever ours default to.
+            let interval_s = authors_interval_s(name);
+            let theirs_knobs = BTreeMap::from([("interval_s".to_string(), interval_s)]);
             let (p, estimate_model): (Box<dyn Policy + Send + Sync>, _) = match name {
                 "themis-titansched" => (
                     Box::new(Themis {
                         rank: ThemisRank::TitanSched,
+                        interval_s,
                         ..Default::default()
                     }),
                     EstimateModel::TitanSched,
@@ -838,10 +853,16 @@ fn fidelity(
                 // Their Optimus decides on the numbers of their simulator's
                 // `predict_remaining_time` (one compute pass more per
                 // iteration than it runs); ours sees those numbers here too.
-                "optimus" => (policy(name)?, EstimateModel::TitanSched),
+                "optimus" => (
+                    with_knobs(name, &theirs_knobs).map_err(anyhow::Error::msg)?,
+                    EstimateModel::TitanSched,
+                ),
                 // The rest see exact times (their Titan has its own
                 // estimator).
-                _ => (policy(name)?, EstimateModel::Exact),
+                _ => (
+                    with_knobs(name, &theirs_knobs).map_err(anyhow::Error::msg)?,
+                    EstimateModel::Exact,
+                ),
             };
             let cfg = SimConfig {
                 estimate_model,
