@@ -282,7 +282,13 @@ fn load_catalog(path: Option<&Path>, samples: &[String]) -> anyhow::Result<Catal
             c
         }
     };
-    for (model, task, n) in samples_per_epoch(samples)? {
+    for (key, n) in samples_per_epoch(samples)? {
+        // `MODEL/TASK` when the part before the first '/' is a model of the
+        // catalog; task names may hold '/' themselves (frgfm/imagenette).
+        let (model, task) = match key.split_once('/') {
+            Some((m, t)) if c.models.contains_key(m) => (Some(m.to_string()), t.to_string()),
+            _ => (None, key.clone()),
+        };
         let set = c.set_samples_per_epoch(model.as_deref(), &task, n);
         if set == 0 {
             bail!(
@@ -298,7 +304,7 @@ fn load_catalog(path: Option<&Path>, samples: &[String]) -> anyhow::Result<Catal
 
 /// `--samples-per-epoch` values: `TASK=N`, `MODEL/TASK=N`, or a file of
 /// such lines (`#` comments; `,` works as `=`).
-fn samples_per_epoch(args: &[String]) -> anyhow::Result<Vec<(Option<String>, String, f64)>> {
+fn samples_per_epoch(args: &[String]) -> anyhow::Result<Vec<(String, f64)>> {
     let mut out = Vec::new();
     let mut one = |what: &str, item: &str| -> anyhow::Result<()> {
         let (key, n) = item
@@ -310,17 +316,7 @@ fn samples_per_epoch(args: &[String]) -> anyhow::Result<Vec<(Option<String>, Str
             .ok()
             .filter(|n: &f64| n.is_finite() && *n > 0.0)
             .with_context(|| format!("{what}: {:?} is not a number > 0", n.trim()))?;
-        // Model names have no '/'; task names may (frgfm/imagenette).
-        let key = key.trim();
-        let (model, task) = match key.split_once('/') {
-            Some((m, t))
-                if !m.is_empty() && Catalog::default_synthetic().models.contains_key(m) =>
-            {
-                (Some(m.to_string()), t.to_string())
-            }
-            _ => (None, key.to_string()),
-        };
-        out.push((model, task, n));
+        out.push((key.trim().to_string(), n));
         Ok(())
     };
     for a in args {
@@ -1041,14 +1037,11 @@ mod tests {
         assert_eq!(
             got,
             vec![
-                (None, "rte".to_string(), 2490.0),
-                (None, "wnli".to_string(), 635.0),
-                (Some("roberta-base".to_string()), "snli".to_string(), 1000.0),
+                ("rte".to_string(), 2490.0),
+                ("wnli".to_string(), 635.0),
+                ("roberta-base/snli".to_string(), 1000.0),
             ]
         );
-        // A task name with '/' that is no model prefix stays whole.
-        let got = samples_per_epoch(&["frgfm/imagenette=9469".into()]).unwrap();
-        assert_eq!(got[0], (None, "frgfm/imagenette".to_string(), 9469.0));
         let e = samples_per_epoch(&["rte=-1".into()])
             .unwrap_err()
             .to_string();
@@ -1063,11 +1056,12 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("no task \"no-such-task\""), "{e}");
-        let c = load_catalog(None, &["rte=7".into()]).unwrap();
+        let c = load_catalog(None, &["rte=7".into(), "bert-base/rte=9".into()]).unwrap();
         assert_eq!(
             c.task("roberta-base", "rte").unwrap().samples_per_epoch,
             7.0
         );
+        assert_eq!(c.task("bert-base", "rte").unwrap().samples_per_epoch, 9.0);
     }
     use super::*;
 
