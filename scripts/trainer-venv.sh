@@ -7,8 +7,9 @@
 # The environment lives outside the checkout, so every clone reuses it:
 #   ${FMSCHED_TRAINER_VENV:-${XDG_CACHE_HOME:-~/.cache}/fmsched/trainer-venv}
 # First creation downloads PyTorch with its CUDA libraries from PyPI
-# (about 5.7 GiB installed; 2–3 minutes on a fast link); later runs only
-# compare the requirements file.
+# (5.6 GiB installed; about 80 s with pip's download cache warm, plus the
+# download of about 3 GiB on a fresh machine); later runs only compare the
+# requirements file.
 #
 #   python=$(scripts/trainer-venv.sh)   # progress on stderr, path on stdout
 set -euo pipefail
