@@ -13,6 +13,25 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
 
+_IMPORTED = time.monotonic()
+
+
+def process_age_s() -> float:
+    """Seconds since this process started (Linux: from /proc, so the
+    interpreter's and the imports' start-up count; elsewhere: since this
+    module was imported)."""
+    try:
+        with open("/proc/self/stat") as f:
+            # Field 22 (after the parenthesised command name): start time
+            # in clock ticks after boot.
+            start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        return max(0.0, uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return time.monotonic() - _IMPORTED
+
+
 @dataclass
 class Task:
     """One task this process trains (two for a spatial merge)."""

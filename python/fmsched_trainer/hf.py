@@ -31,7 +31,7 @@ import os
 import sys
 import time
 
-from .contract import Contract, standby
+from .contract import Contract, process_age_s, standby
 from .layers import LayerVariance, layer_index, read_control, set_frozen_layers
 
 try:  # The callback subclasses TrainerCallback when transformers is present.
@@ -76,11 +76,6 @@ def training_arguments(task, bf16: bool = False) -> dict:
         kw["metric_for_best_model"] = task.metric
         kw["greater_is_better"] = not task.metric_lower_is_better
     return kw
-
-
-# When this process imported the helper (within a fraction of a second of
-# its start): start-up latency in the logs.
-_STARTED = time.monotonic()
 
 
 def _log(message: str) -> None:
@@ -142,7 +137,7 @@ class FmschedCallback(_Base):
         # After a resume HF has restored the step count: the iteration
         # counter continues from the checkpoint.
         _log(f"{self.contract.mode} from iteration {state.global_step} "
-             f"({time.monotonic() - _STARTED:.1f} s after the process started)")
+             f"({process_age_s():.1f} s after the process started)")
         if model is not None and (self._task.frozen_layers or self._task.max_frozen_layers):
             self._trainable = {n for n, p in model.named_parameters() if p.requires_grad}
             set_frozen_layers(model, self.frozen_layers, self._trainable)
