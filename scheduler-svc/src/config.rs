@@ -166,9 +166,10 @@ impl LivenessConfig {
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct SchedulingConfig {
-    /// Scheduling round interval; unset: the policy's own, as its paper (and
-    /// fmsim) runs it: Ymir 120 s, Themis and Pollux 60 s, SRTF, Tiresias
-    /// and Optimus 300 s. See [`SchedulingConfig::round_interval`].
+    /// Scheduling round interval; unset: the policy's own, as fmsim runs
+    /// it, from Ymir §7.1's settings: Ymir, SRTF, Tiresias and Themis 120 s,
+    /// Optimus and Pollux 300 s, FIFO and the deadline policies 60 s
+    /// (core/src/policy/README.md). See [`SchedulingConfig::round_interval`].
     #[serde(with = "humantime_serde")]
     pub interval: Option<Duration>,
     /// Policy deciding every round (`ymir`, `srtf`, `tiresias`, `unisched`,
@@ -511,8 +512,10 @@ mod tests {
                 .round_interval()
         };
         assert_eq!(interval("ymir"), Duration::from_secs(120));
-        assert_eq!(interval("themis"), Duration::from_secs(60));
-        assert_eq!(interval("tiresias"), Duration::from_secs(300));
+        // Ymir §7.1's settings (core/src/policy/README.md).
+        assert_eq!(interval("themis"), Duration::from_secs(120));
+        assert_eq!(interval("tiresias"), Duration::from_secs(120));
+        assert_eq!(interval("pollux"), Duration::from_secs(300));
         assert_eq!(interval("unisched"), Duration::from_secs(60));
     }
 
