@@ -249,3 +249,46 @@ def test_lora_trains_adapters_and_writes_merged_weights(tmp_path, data):
     out = a.of("done")[0]["output"]
     assert os.path.exists(os.path.join(out, "model.safetensors"))
     assert not os.path.exists(os.path.join(out, "adapter_config.json")), "the output is a plain model"
+
+
+def test_vision_and_sft_train_spatial_pairs_too(tmp_path, data):
+    v = Agent(sub(tmp_path, "v"), [task("V1", data / "img", model="vit-base", max_epochs=2),
+                                   task("V2", data / "img", model="vit-base", max_iterations=40)])
+    rc, _, err = v.run("vision", "--logging-steps", "10")
+    assert rc == 0, err
+    assert "spatial merge" in err
+    assert {d["job_id"] for d in v.of("done")} == {"V1", "V2"}
+    s = Agent(sub(tmp_path, "s"), [task("S1", data / "echo", model="llama-2-7b", max_epochs=2),
+                                   task("S2", data / "echo", model="llama-2-7b", max_iterations=30)])
+    rc, _, err = s.run("sft", "--logging-steps", "10")
+    assert rc == 0, err
+    assert {d["job_id"] for d in s.of("done")} == {"S1", "S2"}
+    assert all(e["metric"] == "token_accuracy" for e in s.of("eval")), s.of("eval")
+    for d in s.of("done"):
+        assert os.path.exists(os.path.join(d["output"], "model.safetensors")), d
+
+
+def test_a_spatial_pair_suspends_and_resumes_from_its_joint_checkpoint(tmp_path, data):
+    pair = [task("A", data / "a", max_iterations=100000),
+            dict(task("B", data / "b", max_iterations=100000), global_batch_size=8)]
+    a = Agent(sub(tmp_path, "1"), pair)
+    p = a.start("glue", "--logging-steps", "10")
+    deadline = time.monotonic() + 120
+    while not any(r["type"] == "progress" and r["iteration"] >= 30 for r in a.reports):
+        assert p.poll() is None and time.monotonic() < deadline, p.communicate()[1]
+        time.sleep(0.1)
+    p.send_signal(signal.SIGUSR2)
+    while not a.of("checkpoint"):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    p.send_signal(signal.SIGTERM)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 0, err
+    ck = a.of("checkpoint")[-1]
+    b = Agent(sub(tmp_path, "2"), [dict(t, max_iterations=ck["iteration"] + 20) for t in pair],
+              FMSCHED_RESUME_FROM=ck["path"])
+    rc, _, err = b.run("glue", "--logging-steps", "10")
+    assert rc == 0, err
+    assert f"train from iteration {ck['iteration']} (" in err
+    assert {d["job_id"] for d in b.of("done")} == {"A", "B"}
+

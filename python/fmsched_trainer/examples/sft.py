@@ -89,23 +89,78 @@ def token_accuracy(predicted, labels) -> float:
     return float((p[keep] == y[keep]).mean()) if keep.any() else 0.0
 
 
+def token_accuracy_of(m, rows, collate) -> float:
+    """Next-token accuracy of model ``m`` on ``rows`` (trained positions)."""
+    import torch
+
+    device = next(m.parameters()).device
+    right = total = 0
+    was = m.training
+    m.eval()
+    with torch.no_grad():
+        for i in range(0, len(rows), 32):
+            b = collate(rows[i:i + 32])
+            logits = m(input_ids=b["input_ids"].to(device), attention_mask=b["attention_mask"].to(device)).logits
+            p, y = logits.argmax(-1)[:, :-1].cpu(), b["labels"][:, 1:]
+            keep = y != IGNORE
+            right += int((p[keep] == y[keep]).sum())
+            total += int(keep.sum())
+    m.train(was)
+    return right / max(1, total)
+
+
+def spatial(contract, args, signals, reporter) -> int:
+    """Two trained tasks: a spatial merge (see
+    :mod:`fmsched_trainer.examples.spatial`): one shared decoder, a
+    language-model head per task. Token accuracy is the metric (a loss
+    target is not supported here)."""
+    from transformers import AutoModelForCausalLM
+
+    from .spatial import train_spatial
+
+    for t in contract.tasks:
+        if t.metric == "loss":
+            fail(f"target.metric 'loss' of {t.job_id}: a spatial merge here stops on token_accuracy")
+    enc = Encoder(weights_source(contract, args), args.max_length)
+    rows, evals, models = [], [], []
+    for t in contract.tasks:
+        rows.append(encode(read_split(t.dataset_uri, "train"), enc, t.dataset_uri + " train"))
+        evals.append(encode(read_split(t.dataset_uri, "validation"), enc, t.dataset_uri + " validation")[:512])
+        m, origin = load_model(AutoModelForCausalLM, contract, args)
+        models.append(m)
+    log(f"weights from {origin}")
+    if standby(contract, signals, reporter):
+        log("started from standby")
+    models[0] = prepare(models[0], contract.tasks[0], peft_task_type="CAUSAL_LM")
+    collate = collator(enc.pad_id)
+
+    def save(m, path):
+        final_weights(m).save_pretrained(path)
+        enc.save(path)
+
+    return train_spatial(contract, args, models, rows, lambda k: token_accuracy_of(models[k], evals[k], collate),
+                         collate, save, signals, reporter, metric="token_accuracy")
+
+
 def main() -> int:
     args = arguments(__doc__.splitlines()[0])
     contract = Contract()
     signals = TrainingSignals().install()
     reporter = contract.reporter()
     single_process(contract)
-    if len(contract.tasks) > 1:
-        fail("two trained tasks (a spatial merge): this example trains one task per process; "
-             "set sharing: false in the job spec")
     task = contract.tasks[0]
     try:
-        task.check_supported()
+        for t in contract.tasks:
+            t.check_supported()
     except ValueError as e:
         fail(str(e))
-    if task.metric and task.metric not in ("token_accuracy", "loss"):
-        fail(f"target.metric {task.metric!r}: this trainer computes token_accuracy and loss")
+    for t in contract.tasks:
+        if t.metric and t.metric not in ("token_accuracy", "loss"):
+            fail(f"target.metric {t.metric!r}: this trainer computes token_accuracy and loss")
     from transformers import AutoModelForCausalLM
+
+    if len(contract.tasks) == 2:
+        return spatial(contract, args, signals, reporter)
 
     enc = Encoder(weights_source(contract, args), args.max_length)
     train_set = encode(read_split(task.dataset_uri, "train"), enc, task.dataset_uri + " train")
@@ -126,23 +181,7 @@ def main() -> int:
         log(f"watching {w.job_id} ({w.task}) for the merge guard: scored every epoch with these weights")
 
     def evaluate_watched(w, m):
-        import torch
-
-        device = next(m.parameters()).device
-        rows = watched[w.job_id]
-        right = total = 0
-        was = m.training
-        m.eval()
-        with torch.no_grad():
-            for i in range(0, len(rows), 32):
-                b = collate(rows[i:i + 32])
-                logits = m(input_ids=b["input_ids"].to(device), attention_mask=b["attention_mask"].to(device)).logits
-                p, y = logits.argmax(-1)[:, :-1].cpu(), b["labels"][:, 1:]
-                keep = y != IGNORE
-                right += int((p[keep] == y[keep]).sum())
-                total += int(keep.sum())
-        m.train(was)
-        return right / max(1, total)
+        return token_accuracy_of(m, watched[w.job_id], collate)
 
     def save_output(m, path):
         final_weights(m).save_pretrained(path)

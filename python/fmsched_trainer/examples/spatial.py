@@ -1,5 +1,7 @@
-"""A spatial merge (Ymir A ‖ B) in one process: two classification tasks of
-one model share its encoder; each keeps its own head.
+"""A spatial merge (Ymir A ‖ B) in one process: two tasks of one model
+share its encoder (the model's ``base_model_prefix`` module); each keeps
+its own head — a classifier (glue, vision) or its own language-model head
+(sft).
 
 Every training step takes one batch of each live task (its own global
 batch size) and sums their losses, so one *iteration* advances every live
@@ -35,6 +37,10 @@ def joint_module(models: Sequence, live: List[bool]):
     import torch
 
     class Joint(torch.nn.Module):
+        # HF's Trainer reads this after loading a checkpoint; the keys it
+        # misses are the shared encoder's second names (stored once).
+        _keys_to_ignore_on_save = None
+
         def __init__(self):
             super().__init__()
             self.models = torch.nn.ModuleList(models)
@@ -48,19 +54,33 @@ def joint_module(models: Sequence, live: List[bool]):
         def forward(self, **batch):
             total, count = 0.0, 0
             for k, m in enumerate(self.models):
-                ids = batch.get(f"t{k}_input_ids")
-                if ids is None or not live[k]:
+                # Task k's tensors arrive as "t<k>_<name>".
+                prefix = f"t{k}_"
+                inputs = {n[len(prefix):]: v for n, v in batch.items() if n.startswith(prefix)}
+                if not inputs or not live[k]:
                     continue
-                out = m(input_ids=ids, attention_mask=batch[f"t{k}_attention_mask"], labels=batch[f"t{k}_labels"])
+                out = m(**inputs)
                 self.last_loss[k] = float(out.loss.detach())
                 total = total + out.loss
                 count += 1
             return {"loss": total / max(1, count)}
 
         # The shared encoder is stored once (under the first task's model).
+        # (and a tensor tied to one already kept, e.g. a language-model
+        # head tied to the shared embeddings, once).
         def state_dict(self, *args, **kwargs):
             sd = super().state_dict(*args, **kwargs)
-            return {k: v for k, v in sd.items() if not any(k.startswith(s) for s in self._shared)}
+            out, seen = {}, set()
+            for k, v in sd.items():
+                if any(k.startswith(s) for s in self._shared):
+                    continue
+                ptr = (v.data_ptr(), v.shape) if hasattr(v, "data_ptr") else None
+                if ptr is not None and ptr in seen:
+                    continue
+                if ptr is not None:
+                    seen.add(ptr)
+                out[k] = v
+            return out
 
     return Joint()
 
@@ -103,6 +123,8 @@ class SpatialCallback(FmschedCallback):
         super().__init__(contract, **kw)
         self.models, self.joint, self.live, self.sizes = models, joint, live, sizes
         self.evaluate, self.save = evaluate, save
+        # The metric ``evaluate`` computes, for tasks whose target names none.
+        self.metric = "accuracy"
         self.n = [t.samples_per_epoch for t in contract.tasks]
         self.budget = [step_budget(t, n) for t, n in zip(contract.tasks, self.n)]
 
@@ -125,7 +147,7 @@ class SpatialCallback(FmschedCallback):
                 continue
             if math.floor(self.epoch_of(k, step)) > math.floor(self.epoch_of(k, step - 1)):
                 value = self.evaluate(k)
-                self.reporter.eval(task.job_id, step, self.epoch_of(k, step), task.metric or "accuracy", value)
+                self.reporter.eval(task.job_id, step, self.epoch_of(k, step), task.metric or self.metric, value)
                 if task.metric and task.metric_reached(value):
                     self.finish(k, f"{task.metric} {value:.4f} reached its target")
                     continue
@@ -158,10 +180,11 @@ class SpatialCallback(FmschedCallback):
         return control
 
 
-def train_spatial(contract: Contract, args, models, rows_train, evaluate, collate_task, save, signals, reporter):
+def train_spatial(contract: Contract, args, models, rows_train, evaluate, collate_task, save, signals, reporter,
+                  metric: str = "accuracy"):
     """Trains ``models`` (one per task, built from the same weights) as a
     spatial merge. ``collate_task(rows)`` turns one task's examples into
-    its ``input_ids``/``attention_mask``/``labels`` tensors."""
+    the keyword tensors its model takes (with ``labels``)."""
     import torch
     from transformers import Trainer, TrainingArguments
 
@@ -188,6 +211,7 @@ def train_spatial(contract: Contract, args, models, rows_train, evaluate, collat
 
     callback = SpatialCallback(contract, models, joint, live, sizes, evaluate, save, signals=signals,
                                reporter=reporter)
+    callback.metric = metric
     targs = TrainingArguments(
         output_dir=contract.checkpoint_dir, per_device_train_batch_size=1, max_steps=max(callback.budget),
         eval_strategy="no", save_strategy="no", save_total_limit=2, logging_strategy="steps",

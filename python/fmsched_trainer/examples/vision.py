@@ -9,7 +9,9 @@ The dataset folder (``dataset.uri``, see
 ``validation.npz``, each with ``images`` (N×H×W×C, uint8) and ``labels``
 (N integers); images are scaled to the model's ``image_size``. Metrics:
 ``accuracy``, ``f1``, ``mcc``. A temporal merge's watched task is scored
-with a nearest-centroid probe of the current encoder's [CLS] features.
+with a nearest-centroid probe of the current encoder's [CLS] features; a
+spatial merge trains two tasks on one encoder
+(:mod:`fmsched_trainer.examples.spatial`).
 """
 
 from __future__ import annotations
@@ -59,21 +61,73 @@ class Images:
         return {"pixel_values": self.x[i], "labels": self.y[i]}
 
 
+def spatial(contract, args, signals, reporter) -> int:
+    """Two trained tasks: a spatial merge (see
+    :mod:`fmsched_trainer.examples.spatial`)."""
+    import torch
+    from transformers import AutoModelForImageClassification
+
+    from .spatial import train_spatial
+
+    rows, evals, models = [], [], []
+    for t in contract.tasks:
+        (tx, ty), (vx, vy) = read_images(t.dataset_uri, "train"), read_images(t.dataset_uri, "validation")
+        if t.metric and t.metric not in ("accuracy", "f1", "mcc"):
+            fail(f"target.metric {t.metric!r} of {t.job_id}: a spatial merge computes accuracy, f1, mcc")
+        extra = {"image_size": int(tx.shape[1]), "patch_size": 4, "num_channels": int(tx.shape[3])}
+        m, origin = load_model(AutoModelForImageClassification, contract, args, num_labels=int(ty.max()) + 1,
+                               **(extra if args.tiny and not contract.init_weights else {}))
+        models.append(m)
+        size = m.config.image_size
+        train_set, eval_set = Images(tx, ty, size), Images(vx, vy, size)
+        rows.append([train_set[i] for i in range(len(train_set))])
+        evals.append(eval_set)
+    log(f"weights from {origin}")
+    if standby(contract, signals, reporter):
+        log("started from standby")
+    models[0] = prepare(models[0], contract.tasks[0], head=["classifier"])
+    metrics = [accuracy_metrics(t) for t in contract.tasks]
+
+    def collate_task(items):
+        return {"pixel_values": torch.stack([r["pixel_values"] for r in items]),
+                "labels": torch.stack([r["labels"] for r in items])}
+
+    def evaluate(k: int) -> float:
+        m, ds = models[k], evals[k]
+        device = next(m.parameters()).device
+        was = m.training
+        m.eval()
+        with torch.no_grad():
+            logits = torch.cat([m(pixel_values=ds.x[i:i + 64].to(device)).logits.cpu()
+                                for i in range(0, len(ds), 64)])
+        m.train(was)
+
+        class P:
+            predictions = logits.numpy()
+            label_ids = ds.y.numpy()
+
+        return metrics[k](P)[contract.tasks[k].metric or "accuracy"]
+
+    return train_spatial(contract, args, models, rows, evaluate, collate_task,
+                         lambda m, path: final_weights(m).save_pretrained(path), signals, reporter)
+
+
 def main() -> int:
     args = arguments(__doc__.splitlines()[0])
     contract = Contract()
     signals = TrainingSignals().install()
     reporter = contract.reporter()
     single_process(contract)
-    if len(contract.tasks) > 1:
-        fail("two trained tasks (a spatial merge): this example trains one task per process; "
-             "set sharing: false in the job spec")
     task = contract.tasks[0]
     try:
-        task.check_supported()
+        for t in contract.tasks:
+            t.check_supported()
     except ValueError as e:
         fail(str(e))
     from transformers import AutoModelForImageClassification
+
+    if len(contract.tasks) == 2:
+        return spatial(contract, args, signals, reporter)
 
     train_x, train_y = read_images(task.dataset_uri, "train")
     eval_x, eval_y = read_images(task.dataset_uri, "validation")
