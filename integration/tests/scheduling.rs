@@ -3166,6 +3166,40 @@ fn real_trainer_python() -> Option<String> {
     }
 }
 
+/// Writes a synthetic sentiment dataset (`fmsched_trainer.examples.synthetic
+/// glue`) to `dir`.
+fn synthetic_glue(python: &str, dir: &std::path::Path, args: &[&str]) {
+    let out = run(Command::new(python)
+        .args(["-m", "fmsched_trainer.examples.synthetic", "glue"])
+        .arg(dir)
+        .args(args)
+        .env("PYTHONPATH", repo_root().join("python")));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// An agent (4 fake GPUs) for real trainers: Python with torch starts,
+/// checkpoints and exits in seconds, not milliseconds.
+fn real_trainer_agent(port: u16, dir: &std::path::Path, checkpoint_interval: &str) -> Proc {
+    agent_env(
+        "node-a",
+        &format!("http://127.0.0.1:{port}"),
+        dir,
+        None,
+        &[
+            ("FMSCHED_AGENT_PROCESSES__GRACE", "30s"),
+            ("FMSCHED_AGENT_PROCESSES__CHECKPOINT_TIMEOUT", "30s"),
+            (
+                "FMSCHED_AGENT_PROCESSES__CHECKPOINT_INTERVAL",
+                checkpoint_interval,
+            ),
+        ],
+    )
+}
+
 /// A job of the real `glue` example trainer (PyTorch + HF `Trainer`, a tiny
 /// randomly initialised RoBERTa, bytes as tokens) on 4 fake GPUs.
 fn real_glue_job(
@@ -3248,18 +3282,8 @@ async fn e2e_real_trainer_profile_run_suspend_resume_complete() {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
-    for (name, flip) in [("sent-a", false), ("sent-b", true)] {
-        let out = run(Command::new(&python)
-            .args(["-m", "fmsched_trainer.examples.synthetic", "glue"])
-            .arg(dir.path().join(name))
-            .args(if flip { &["--flip"][..] } else { &[][..] })
-            .env("PYTHONPATH", repo_root().join("python")));
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
+    synthetic_glue(&python, &dir.path().join("sent-a"), &[]);
+    synthetic_glue(&python, &dir.path().join("sent-b"), &["--flip"]);
     let db = new_db("fmsched_real").await;
     let port = free_port();
     let _sched = scheduler_env(
@@ -3277,18 +3301,7 @@ async fn e2e_real_trainer_profile_run_suspend_resume_complete() {
         ],
     );
     wait_up("scheduler up", port);
-    let _agent = agent_env(
-        "node-a",
-        &format!("http://127.0.0.1:{port}"),
-        dir.path(),
-        None,
-        &[
-            // Python with torch starts in seconds, not milliseconds.
-            ("FMSCHED_AGENT_PROCESSES__GRACE", "30s"),
-            ("FMSCHED_AGENT_PROCESSES__CHECKPOINT_TIMEOUT", "30s"),
-            ("FMSCHED_AGENT_PROCESSES__CHECKPOINT_INTERVAL", "2s"),
-        ],
-    );
+    let _agent = real_trainer_agent(port, dir.path(), "2s");
     let a = real_glue_job(
         &python,
         "real-a",
@@ -3467,32 +3480,17 @@ async fn e2e_real_trainer_a_merged_pair_runs_as_the_merger_decided() {
     let dir = tempfile::tempdir().unwrap();
     // Two samples of one sentiment task: each gains from the other.
     for (name, seed) in [("sent-a", "1"), ("sent-b", "2")] {
-        let out = run(Command::new(&python)
-            .args(["-m", "fmsched_trainer.examples.synthetic", "glue"])
-            .arg(dir.path().join(name))
-            .args(["--train", "2048", "--seed", seed])
-            .env("PYTHONPATH", repo_root().join("python")));
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
+        synthetic_glue(
+            &python,
+            &dir.path().join(name),
+            &["--train", "2048", "--seed", seed],
         );
     }
     let db = new_db("fmsched_real").await;
     let port = free_port();
     let _sched = scheduler_env(&db, port, dir.path(), None, &[]);
     wait_up("scheduler up", port);
-    let _agent = agent_env(
-        "node-a",
-        &format!("http://127.0.0.1:{port}"),
-        dir.path(),
-        None,
-        &[
-            ("FMSCHED_AGENT_PROCESSES__GRACE", "30s"),
-            ("FMSCHED_AGENT_PROCESSES__CHECKPOINT_TIMEOUT", "30s"),
-            ("FMSCHED_AGENT_PROCESSES__CHECKPOINT_INTERVAL", "5s"),
-        ],
-    );
+    let _agent = real_trainer_agent(port, dir.path(), "5s");
     let target = "{ max_epochs: 4, metric: { name: accuracy, value: 0.999 } }";
     let job = |name: &str, data: &str| {
         let spec = real_glue_job(&python, name, &dir.path().join(data), target, "")

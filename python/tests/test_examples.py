@@ -85,6 +85,25 @@ class Agent:
         return [r for r in self.reports if r["type"] == kind]
 
 
+def suspend_after(agent, p, iteration):
+    """Suspends process ``p`` as the agent does once it reported
+    ``iteration``: SIGUSR2, its checkpoint report, SIGTERM; it must exit 0.
+    Returns its standard error."""
+    deadline = time.monotonic() + 120
+    while not any(r["iteration"] >= iteration for r in agent.of("progress")):
+        assert p.poll() is None, p.communicate()[1]
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    p.send_signal(signal.SIGUSR2)
+    while not agent.of("checkpoint"):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    p.send_signal(signal.SIGTERM)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 0, err
+    return err
+
+
 def sub(path, name):
     d = path / name
     d.mkdir()
@@ -138,19 +157,7 @@ def test_a_metric_target_stops_training_and_the_weights_are_written_before_done(
 
 def test_suspend_checkpoints_on_the_signals_and_resume_continues_the_iteration_count(tmp_path, data):
     a = Agent(tmp_path, [task("s", data / "a", max_iterations=100000)])
-    p = a.start("glue", "--logging-steps", "10")
-    deadline = time.monotonic() + 120
-    while not any(r["iteration"] >= 50 for r in a.of("progress")):
-        assert p.poll() is None, p.communicate()[1]
-        assert time.monotonic() < deadline
-        time.sleep(0.1)
-    p.send_signal(signal.SIGUSR2)
-    while not a.of("checkpoint"):
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
-    p.send_signal(signal.SIGTERM)
-    _, err = p.communicate(timeout=60)
-    assert p.returncode == 0, err
+    err = suspend_after(a, a.start("glue", "--logging-steps", "10"), 50)
     assert "stopped on SIGTERM" in err
     assert all(float(e["epoch"]).is_integer() for e in a.of("eval")), "no evaluation mid-epoch on a stop"
     last = a.of("checkpoint")[-1]
@@ -272,18 +279,7 @@ def test_a_spatial_pair_suspends_and_resumes_from_its_joint_checkpoint(tmp_path,
     pair = [task("A", data / "a", max_iterations=100000),
             dict(task("B", data / "b", max_iterations=100000), global_batch_size=8)]
     a = Agent(sub(tmp_path, "1"), pair)
-    p = a.start("glue", "--logging-steps", "10")
-    deadline = time.monotonic() + 120
-    while not any(r["type"] == "progress" and r["iteration"] >= 30 for r in a.reports):
-        assert p.poll() is None and time.monotonic() < deadline, p.communicate()[1]
-        time.sleep(0.1)
-    p.send_signal(signal.SIGUSR2)
-    while not a.of("checkpoint"):
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
-    p.send_signal(signal.SIGTERM)
-    _, err = p.communicate(timeout=60)
-    assert p.returncode == 0, err
+    suspend_after(a, a.start("glue", "--logging-steps", "10"), 30)
     ck = a.of("checkpoint")[-1]
     b = Agent(sub(tmp_path, "2"), [dict(t, max_iterations=ck["iteration"] + 20) for t in pair],
               FMSCHED_RESUME_FROM=ck["path"])

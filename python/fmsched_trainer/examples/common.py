@@ -30,14 +30,14 @@ import math
 import os
 import sys
 import time
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, NoReturn, Optional, Sequence
 
 from ..contract import Contract, Task
 from ..fisher import task2vec_embedding
 from ..layers import freeze_first_layers
 
 
-def fail(message: str) -> "NoReturn":  # noqa: F821
+def fail(message: str) -> NoReturn:
     """Exit non-zero with a message the agent keeps in the job's last log
     lines (the scheduler shows them when the job fails)."""
     print(f"fmsched_trainer: {message}", file=sys.stderr, flush=True)
@@ -62,6 +62,28 @@ def arguments(description: str, extra: Optional[Callable[[argparse.ArgumentParse
     if extra:
         extra(p)
     return p.parse_args()
+
+
+def start(description: str):
+    """What every example does first: its arguments, the contract, the
+    signal handlers (before any data is read: a pre-warmed process must not
+    lose an early SIGUSR1), its reporter, the single-process launch, and
+    every trained task's settings checked (a setting the trainer cannot
+    honour fails the start, naming it). Returns (args, contract, signals,
+    reporter)."""
+    from ..contract import TrainingSignals
+
+    args = arguments(description)
+    contract = Contract()
+    signals = TrainingSignals().install()
+    reporter = contract.reporter()
+    single_process(contract)
+    try:
+        for t in contract.tasks:
+            t.check_supported()
+    except ValueError as e:
+        fail(str(e))
+    return args, contract, signals, reporter
 
 
 def single_process(contract: Contract) -> None:

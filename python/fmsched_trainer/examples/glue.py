@@ -19,9 +19,9 @@ scored with a nearest-centroid probe of A's current encoder on B's data
 
 from __future__ import annotations
 
-from ..contract import Contract, TrainingSignals, standby
-from .common import (ByteTokenizer, accuracy_metrics, arguments, centroid_accuracy, fail, final_weights, load_model, log,
-                     prepare, read_split, single_process, train, weights_source)
+from ..contract import standby
+from .common import (ByteTokenizer, accuracy_metrics, centroid_accuracy, fail, final_weights, load_model, log, prepare,
+                     read_split, start, train, weights_source)
 
 PAIRS = [("sentence1", "sentence2"), ("question", "sentence"), ("question1", "question2"),
          ("premise", "hypothesis"), ("sentence", None), ("text", None)]
@@ -148,19 +148,8 @@ def spatial(contract, args, signals, reporter) -> int:
 
 
 def main() -> int:
-    args = arguments(__doc__.splitlines()[0])
-    contract = Contract()
-    # First the signal handlers: a pre-warmed process must not lose an
-    # early SIGUSR1 while it reads its data.
-    signals = TrainingSignals().install()
-    reporter = contract.reporter()
-    single_process(contract)
+    args, contract, signals, reporter = start(__doc__.splitlines()[0])
     task = contract.tasks[0]
-    try:
-        for t in contract.tasks:
-            t.check_supported()
-    except ValueError as e:
-        fail(str(e))
     from transformers import AutoModelForSequenceClassification
 
     if len(contract.tasks) == 2:

@@ -15,9 +15,9 @@ weights: both tasks share the language-model head.
 
 from __future__ import annotations
 
-from ..contract import Contract, TrainingSignals, standby
-from .common import (ByteTokenizer, arguments, fail, final_weights, load_model, log, prepare, read_split,
-                     single_process, train, weights_source)
+from ..contract import standby
+from .common import (ByteTokenizer, fail, final_weights, load_model, log, prepare, read_split, start, train,
+                     weights_source)
 
 IGNORE = -100
 
@@ -143,17 +143,8 @@ def spatial(contract, args, signals, reporter) -> int:
 
 
 def main() -> int:
-    args = arguments(__doc__.splitlines()[0])
-    contract = Contract()
-    signals = TrainingSignals().install()
-    reporter = contract.reporter()
-    single_process(contract)
+    args, contract, signals, reporter = start(__doc__.splitlines()[0])
     task = contract.tasks[0]
-    try:
-        for t in contract.tasks:
-            t.check_supported()
-    except ValueError as e:
-        fail(str(e))
     for t in contract.tasks:
         if t.metric and t.metric not in ("token_accuracy", "loss"):
             fail(f"target.metric {t.metric!r}: this trainer computes token_accuracy and loss")

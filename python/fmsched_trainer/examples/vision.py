@@ -18,10 +18,9 @@ from __future__ import annotations
 
 import os
 
-from ..contract import Contract, TrainingSignals, standby
-from .common import (accuracy_metrics, arguments, centroid_accuracy, fail, final_weights, load_model, local_path, log,
-                     prepare,
-                     single_process, train)
+from ..contract import standby
+from .common import (accuracy_metrics, centroid_accuracy, fail, final_weights, load_model, local_path, log, prepare,
+                     start, train)
 
 
 def read_images(uri: str, split: str):
@@ -113,17 +112,8 @@ def spatial(contract, args, signals, reporter) -> int:
 
 
 def main() -> int:
-    args = arguments(__doc__.splitlines()[0])
-    contract = Contract()
-    signals = TrainingSignals().install()
-    reporter = contract.reporter()
-    single_process(contract)
+    args, contract, signals, reporter = start(__doc__.splitlines()[0])
     task = contract.tasks[0]
-    try:
-        for t in contract.tasks:
-            t.check_supported()
-    except ValueError as e:
-        fail(str(e))
     from transformers import AutoModelForImageClassification
 
     if len(contract.tasks) == 2:
