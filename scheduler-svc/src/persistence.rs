@@ -1482,10 +1482,9 @@ impl Persistence {
 
     /// Records a (re-)registration: the node row, its GPUs (replacing the
     /// previous list) and an event, in one transaction. The node becomes
-    /// Available. With a fence, only while that fence leads.
-    /// Persists a registration. `enrolled`: the SHA-256 of the node token
-    /// just issued (the node enrolled with the join token); it replaces,
-    /// and so revokes, any earlier one.
+    /// Available. With a fence, only while that fence leads. `enrolled`:
+    /// the SHA-256 of the node token just issued (the node enrolled with
+    /// the join token); it replaces, and so revokes, any earlier one.
     pub async fn register_node(
         &self,
         n: &NodeRecord,

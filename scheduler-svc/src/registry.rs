@@ -246,25 +246,26 @@ impl NodeRegistry {
     /// Ends session `session` with an error the agent reads (a message it
     /// sent was refused).
     pub fn close_with(&self, node: &NodeId, session: u64, status: tonic::Status) {
-        let mut nodes = self.lock();
-        if let Some(n) = nodes.get_mut(node)
-            && n.session == Some(session)
-        {
-            if let Some(o) = n.outbox.take() {
-                let _ = o.try_send(Err(status));
-            }
-            n.session = None;
-        }
+        self.end_session(node, session, Some(status));
     }
 
     /// The session ended (agent gone or stream broken).
     pub fn disconnect(&self, node: &NodeId, session: u64) {
+        self.end_session(node, session, None);
+    }
+
+    /// Ends `session` if it is still the node's, telling the agent
+    /// `status` first when there is one (dropping the outbox ends its
+    /// stream).
+    fn end_session(&self, node: &NodeId, session: u64, status: Option<tonic::Status>) {
         let mut nodes = self.lock();
         if let Some(n) = nodes.get_mut(node)
             && n.session == Some(session)
         {
+            if let (Some(o), Some(status)) = (n.outbox.take(), status) {
+                let _ = o.try_send(Err(status));
+            }
             n.session = None;
-            n.outbox = None;
         }
     }
 

@@ -30,7 +30,7 @@ import math
 import os
 import sys
 import time
-from typing import Callable, Dict, List, NoReturn, Optional, Sequence
+from typing import Dict, List, NoReturn, Optional, Sequence
 
 from ..contract import Contract, Task
 from ..fisher import task2vec_embedding
@@ -48,7 +48,7 @@ def log(message: str) -> None:
     print(f"fmsched_trainer: {message}", file=sys.stderr, flush=True)
 
 
-def arguments(description: str, extra: Optional[Callable[[argparse.ArgumentParser], None]] = None):
+def arguments(description: str):
     p = argparse.ArgumentParser(description=description)
     p.add_argument("--model-path", help="local folder with the pretrained weights (default: the job's model "
                    "as a HuggingFace id from the local cache)")
@@ -59,8 +59,6 @@ def arguments(description: str, extra: Optional[Callable[[argparse.ArgumentParse
     p.add_argument("--probe-batches", type=int, default=4, help="batches per half of the Task2Vec probe")
     p.add_argument("--logging-steps", type=int, default=5, help="steps between progress reports")
     p.add_argument("--seed", type=int, default=17)
-    if extra:
-        extra(p)
     return p.parse_args()
 
 
@@ -385,10 +383,11 @@ def train(contract: Contract, args, model, train_set, eval_set, collate, compute
     callback = FmschedCallback(contract, profile_steps=args.profile_steps, evaluate_watched=evaluate_watched,
                                save_output=save_output, signals=signals, reporter=reporter)
     epochs = task.max_epochs or (100 if task.metric_target is not None else 1)
+    batch = per_device_batch(task)
     targs = TrainingArguments(
         output_dir=contract.checkpoint_dir,
-        per_device_train_batch_size=per_device_batch(task),
-        per_device_eval_batch_size=max(8, per_device_batch(task)),
+        per_device_train_batch_size=batch,
+        per_device_eval_batch_size=max(8, batch),
         num_train_epochs=epochs,
         max_steps=(args.profile_steps if contract.profile else (task.max_iterations or -1)),
         eval_strategy="no" if contract.profile or eval_set is None else "epoch",
@@ -473,6 +472,15 @@ def accuracy_metrics(task: Task, regression: bool = False):
         return out
 
     return compute
+
+
+def metric_value(compute, logits, labels, name: str) -> float:
+    """One metric of ``compute`` (an :func:`accuracy_metrics` function) on
+    predictions made outside HF's ``Trainer`` (a spatial merge's own
+    evaluation)."""
+    from types import SimpleNamespace
+
+    return compute(SimpleNamespace(predictions=logits, label_ids=labels))[name]
 
 
 def centroid_accuracy(features_of, train_batches, eval_batches) -> float:

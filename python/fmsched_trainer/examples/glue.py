@@ -20,8 +20,8 @@ scored with a nearest-centroid probe of A's current encoder on B's data
 from __future__ import annotations
 
 from ..contract import standby
-from .common import (ByteTokenizer, accuracy_metrics, centroid_accuracy, fail, final_weights, load_model, log, prepare,
-                     read_split, start, train, weights_source)
+from .common import (ByteTokenizer, accuracy_metrics, centroid_accuracy, fail, final_weights, load_model, log,
+                     metric_value, prepare, read_split, start, train, weights_source)
 
 PAIRS = [("sentence1", "sentence2"), ("question", "sentence"), ("question1", "question2"),
          ("premise", "hypothesis"), ("sentence", None), ("text", None)]
@@ -134,11 +134,8 @@ def spatial(contract, args, signals, reporter) -> int:
                 labels.append(b["labels"])
         m.train(was)
 
-        class P:
-            predictions = torch.cat(preds).numpy()
-            label_ids = torch.cat(labels).numpy()
-
-        return metrics[k](P)[contract.tasks[k].metric or "accuracy"]
+        return metric_value(metrics[k], torch.cat(preds).numpy(), torch.cat(labels).numpy(),
+                            contract.tasks[k].metric or "accuracy")
 
     def save(m, path):
         final_weights(m).save_pretrained(path)

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import math
 import random
-import time
 from typing import Callable, List, Sequence
 
 from ..contract import Contract, Task
@@ -85,33 +84,33 @@ def joint_module(models: Sequence, live: List[bool]):
     return Joint()
 
 
-class Batches:
-    """An endless stream of joint batches: one batch of every live task."""
+def joint_batches(rows: Sequence[Sequence[dict]], sizes: Sequence[int], live: List[bool], seed: int):
+    """An endless stream (a torch ``IterableDataset``) of joint batches:
+    one batch of every live task, each task's examples in a shuffled order
+    per pass."""
+    import torch
 
-    def __init__(self, rows: Sequence[Sequence[dict]], sizes: Sequence[int], live: List[bool], seed: int):
-        import torch
+    class Stream(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            rng = random.Random(seed)
+            orders = [list(range(len(r))) for r in rows]
+            cursor = [len(o) for o in orders]
+            while True:
+                joint = {}
+                for k, r in enumerate(rows):
+                    if not live[k]:
+                        continue
+                    batch = []
+                    for _ in range(sizes[k]):
+                        if cursor[k] >= len(orders[k]):
+                            rng.shuffle(orders[k])
+                            cursor[k] = 0
+                        batch.append(r[orders[k][cursor[k]]])
+                        cursor[k] += 1
+                    joint[k] = batch
+                yield joint
 
-        class Stream(torch.utils.data.IterableDataset):
-            def __iter__(inner):
-                rng = random.Random(seed + int(time.time()))
-                orders = [list(range(len(r))) for r in rows]
-                cursor = [len(o) for o in orders]
-                while True:
-                    joint = {}
-                    for k, r in enumerate(rows):
-                        if not live[k]:
-                            continue
-                        batch = []
-                        for _ in range(sizes[k]):
-                            if cursor[k] >= len(orders[k]):
-                                rng.shuffle(orders[k])
-                                cursor[k] = 0
-                            batch.append(r[orders[k][cursor[k]]])
-                            cursor[k] += 1
-                        joint[k] = batch
-                    yield joint
-
-        self.dataset = Stream()
+    return Stream()
 
 
 class SpatialCallback(FmschedCallback):
@@ -218,7 +217,7 @@ def train_spatial(contract: Contract, args, models, rows_train, evaluate, collat
         logging_steps=max(1, args.logging_steps), report_to=[], use_cpu=not torch.cuda.is_available(),
         dataloader_num_workers=0, disable_tqdm=True, seed=args.seed, ignore_data_skip=True,
         remove_unused_columns=False, **kw)
-    trainer = Trainer(model=joint, args=targs, train_dataset=Batches(rows_train, sizes, live, args.seed).dataset,
+    trainer = Trainer(model=joint, args=targs, train_dataset=joint_batches(rows_train, sizes, live, args.seed),
                       data_collator=collate, callbacks=[callback])
     log(f"spatial merge: {tasks[0].task} ‖ {tasks[1].task}, batches {sizes[0]} + {sizes[1]}, "
         f"budgets {callback.budget} iterations")

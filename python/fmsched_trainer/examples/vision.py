@@ -19,8 +19,8 @@ from __future__ import annotations
 import os
 
 from ..contract import standby
-from .common import (accuracy_metrics, centroid_accuracy, fail, final_weights, load_model, local_path, log, prepare,
-                     start, train)
+from .common import (accuracy_metrics, centroid_accuracy, fail, final_weights, load_model, local_path, log,
+                     metric_value, prepare, start, train)
 
 
 def read_images(uri: str, split: str):
@@ -101,11 +101,7 @@ def spatial(contract, args, signals, reporter) -> int:
                                 for i in range(0, len(ds), 64)])
         m.train(was)
 
-        class P:
-            predictions = logits.numpy()
-            label_ids = ds.y.numpy()
-
-        return metrics[k](P)[contract.tasks[k].metric or "accuracy"]
+        return metric_value(metrics[k], logits.numpy(), ds.y.numpy(), contract.tasks[k].metric or "accuracy")
 
     return train_spatial(contract, args, models, rows, evaluate, collate_task,
                          lambda m, path: final_weights(m).save_pretrained(path), signals, reporter)

@@ -155,48 +155,54 @@ pub mod limits {
     pub const PATH: usize = 4096;
 }
 
+/// `field` holds `n` entries; at most `max` are allowed.
+fn at_most(field: String, n: usize, max: usize) -> Result<(), ApiError> {
+    if n > max {
+        return Err(ApiError::field(
+            field,
+            format!("has {n} entries; at most {max} are allowed"),
+        ));
+    }
+    Ok(())
+}
+
+/// An iteration count fits Postgres' BIGINT (and f64 arithmetic).
+fn fits_bigint(field: String, v: u64) -> Result<(), ApiError> {
+    if v > i64::MAX as u64 {
+        return Err(ApiError::field(
+            field,
+            format!("must be at most {}", i64::MAX),
+        ));
+    }
+    Ok(())
+}
+
 /// Checks one process report against [`limits`], naming the field.
 pub fn validate_observed_task(field: &str, t: &pb::ObservedTask) -> Result<(), ApiError> {
     use limits::*;
     let f = |name: &str| format!("{field}.{name}");
-    let count = |name: &str, n: usize, max: usize| {
-        if n > max {
-            Err(ApiError::field(
-                f(name),
-                format!("has {n} entries; at most {max} are allowed"),
-            ))
-        } else {
-            Ok(())
-        }
-    };
     check_len(&f("task_id"), &t.task_id, 256)?;
-    count("job_ids", t.job_ids.len(), JOBS_PER_TASK)?;
+    at_most(f("job_ids"), t.job_ids.len(), JOBS_PER_TASK)?;
     for j in &t.job_ids {
         check_len(&f("job_ids"), j, 64)?;
     }
-    count("gpu_uuids", t.gpu_uuids.len(), GPUS)?;
+    at_most(f("gpu_uuids"), t.gpu_uuids.len(), GPUS)?;
     for g in &t.gpu_uuids {
         check_len(&f("gpu_uuids"), g, 128)?;
     }
     check_len(&f("checkpoint_path"), &t.checkpoint_path, PATH)?;
     check_len(&f("message"), &t.message, MESSAGE)?;
-    count("outputs", t.outputs.len(), JOBS_PER_TASK)?;
+    at_most(f("outputs"), t.outputs.len(), JOBS_PER_TASK)?;
     for (k, v) in &t.outputs {
         check_len(&f("outputs (key)"), k, 64)?;
         check_len(&format!("{field}.outputs[{k:?}]"), v, PATH)?;
     }
-    count("trace_iterations", t.trace_iterations.len(), SERIES)?;
-    count("trace_losses", t.trace_losses.len(), SERIES)?;
-    count("fisher", t.fisher.len(), SERIES)?;
-    count("fisher_repeat", t.fisher_repeat.len(), SERIES)?;
-    count("jobs", t.jobs.len(), JOBS_PER_TASK)?;
-    // Iterations are stored as BIGINT and added to and multiplied in f64.
-    if t.iteration > i64::MAX as u64 {
-        return Err(ApiError::field(
-            f("iteration"),
-            format!("must be at most {}", i64::MAX),
-        ));
-    }
+    at_most(f("trace_iterations"), t.trace_iterations.len(), SERIES)?;
+    at_most(f("trace_losses"), t.trace_losses.len(), SERIES)?;
+    at_most(f("fisher"), t.fisher.len(), SERIES)?;
+    at_most(f("fisher_repeat"), t.fisher_repeat.len(), SERIES)?;
+    at_most(f("jobs"), t.jobs.len(), JOBS_PER_TASK)?;
+    fits_bigint(f("iteration"), t.iteration)?;
     if !(t.step_time_s.is_finite() && t.step_time_s >= 0.0) {
         return Err(ApiError::field(
             f("step_time_s"),
@@ -215,24 +221,9 @@ pub fn validate_observed_task(field: &str, t: &pb::ObservedTask) -> Result<(), A
     for (i, r) in t.jobs.iter().enumerate() {
         let g = |name: &str| format!("{field}.jobs[{i}].{name}");
         check_len(&g("job_id"), &r.job_id, 64)?;
-        if r.iteration > i64::MAX as u64 {
-            return Err(ApiError::field(
-                g("iteration"),
-                format!("must be at most {}", i64::MAX),
-            ));
-        }
-        if r.evals.len() > SERIES {
-            return Err(ApiError::field(
-                g("evals"),
-                format!("at most {SERIES} values"),
-            ));
-        }
-        if r.layer_variance.len() > LAYERS {
-            return Err(ApiError::field(
-                g("layer_variance"),
-                format!("at most {LAYERS} values"),
-            ));
-        }
+        fits_bigint(g("iteration"), r.iteration)?;
+        at_most(g("evals"), r.evals.len(), SERIES)?;
+        at_most(g("layer_variance"), r.layer_variance.len(), LAYERS)?;
     }
     Ok(())
 }

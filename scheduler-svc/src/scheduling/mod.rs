@@ -868,19 +868,29 @@ async fn plan_context(
         gain_observed: false,
     }));
     let running: BTreeSet<JobId> = w.assignments.iter().map(|a| a.job).collect();
-    let init_weights =
-        initial_weights(state, &merges, &o.live, &running, &o.reported_outputs).await?;
+    let init_weights = initial_weights(
+        state,
+        &merges,
+        &o.live,
+        &running,
+        &o.progress,
+        &o.reported_outputs,
+    )
+    .await?;
     Ok((o.live.clone(), o.progress.clone(), merges, init_weights))
 }
 
-/// B of each active temporal merge that runs now and whose A is done: the
-/// weights it starts from — A's output, as A reported it (a look-ahead) or
-/// as recorded when A completed.
+/// B of each active temporal merge that runs now, whose A is done and
+/// which has no checkpoint of its own yet: the weights it starts from — A's
+/// output, as A reported it (a look-ahead) or as recorded when A completed.
+/// Once B has a checkpoint (trained from those weights) it resumes from
+/// that alone.
 async fn initial_weights(
     state: &AppState,
     merges: &[MergeRecord],
     live: &BTreeMap<JobId, JobRecord>,
     running: &BTreeSet<JobId>,
+    progress: &BTreeMap<JobId, (u64, Option<String>)>,
     reported: &BTreeMap<JobId, String>,
 ) -> Result<BTreeMap<JobId, String>, RoundError> {
     let mut out = BTreeMap::new();
@@ -889,6 +899,7 @@ async fn initial_weights(
             && m.mode == fmsched_core::policy::MergeMode::Temporal
             && running.contains(&m.b)
             && !live.contains_key(&m.a)
+            && progress.get(&m.b).and_then(|p| p.1.as_ref()).is_none()
     }) {
         let weights = match reported.get(&m.a) {
             Some(o) => Some(o.clone()),
@@ -932,8 +943,15 @@ async fn hint(
         .map(|a| a.job)
         .collect();
     let running: BTreeSet<JobId> = assignments.iter().map(|a| a.job).collect();
-    let init_weights =
-        initial_weights(state, &o.merges, &o.live, &running, &o.reported_outputs).await?;
+    let init_weights = initial_weights(
+        state,
+        &o.merges,
+        &o.live,
+        &running,
+        &o.progress,
+        &o.reported_outputs,
+    )
+    .await?;
     let view = push::PlanView {
         live: &o.live,
         assignments: &assignments,

@@ -165,12 +165,7 @@ fn desired_sets(state: &AppState, v: &PlanView<'_>) -> BTreeMap<NodeId, Vec<pb::
                     }
                 }
                 _ => {
-                    // B of a temporal merge starts from A's output; once it
-                    // has a checkpoint of its own (trained from them) it
-                    // resumes from that alone.
-                    if let Some(w) = v.init_weights.get(&a.job)
-                        && task.resume_path.is_empty()
-                    {
+                    if let Some(w) = v.init_weights.get(&a.job) {
                         task.initial_weights_path.clone_from(w);
                     }
                 }
