@@ -82,6 +82,19 @@ def _log(message: str) -> None:
     print(f"fmsched_trainer: {message}", file=sys.stderr, flush=True)
 
 
+def _device_of(args) -> str:
+    """`` on cuda:0 (NVIDIA H100 80GB HBM3)``: where HF's Trainer puts the
+    model; empty where the arguments do not say."""
+    device = getattr(args, "device", None)
+    if device is None or not hasattr(device, "type"):
+        return ""
+    if device.type == "cuda":
+        import torch
+
+        return f" on {device} ({torch.cuda.get_device_name(device)})"
+    return f" on {device}"
+
+
 def _size_mib(path: str) -> float:
     total = 0
     for root, _, files in os.walk(path):
@@ -136,7 +149,7 @@ class FmschedCallback(_Base):
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         # After a resume HF has restored the step count: the iteration
         # counter continues from the checkpoint.
-        _log(f"{self.contract.mode} from iteration {state.global_step} "
+        _log(f"{self.contract.mode} from iteration {state.global_step}{_device_of(args)} "
              f"({process_age_s():.1f} s after the process started)")
         if model is not None and (self._task.frozen_layers or self._task.max_frozen_layers):
             self._trainable = {n for n, p in model.named_parameters() if p.requires_grad}

@@ -380,6 +380,8 @@ def train(contract: Contract, args, model, train_set, eval_set, collate, compute
         log("amp: no GPU here; training in fp32")
         kw.pop("fp16", None)
         kw.pop("bf16", None)
+    elif task.amp:
+        log(f"amp: {'bf16' if kw.get('bf16') else 'fp16'} mixed precision")
     callback = FmschedCallback(contract, profile_steps=args.profile_steps, evaluate_watched=evaluate_watched,
                                save_output=save_output, signals=signals, reporter=reporter)
     epochs = task.max_epochs or (100 if task.metric_target is not None else 1)
