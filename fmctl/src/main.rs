@@ -8,6 +8,8 @@ use clap::{Parser, Subcommand};
 use fmctl::output::{self, Format};
 use fmctl::{Client, ClientConfig, ClientError, JobFilter, percentile};
 use fmsched_core::{JobState, NodeState};
+use fmsched_proto::convert::job_state_from_proto;
+use fmsched_proto::v1 as pb;
 use serde::Deserialize;
 
 /// Command-line client of the fmsched scheduler.
@@ -46,6 +48,12 @@ enum Cmd {
         /// the same job. With several files, `-<n>` is appended per file.
         #[arg(long)]
         idempotency_key: Option<String>,
+        /// Stream the jobs' events until each is completed, failed or
+        /// cancelled (reconnecting if the scheduler goes away for a while).
+        /// Exit status: 0 all completed, 3 one failed, 4 one was cancelled
+        /// (and none failed), 1 fmctl's own error.
+        #[arg(long)]
+        wait: bool,
     },
     /// List jobs (newest first).
     Jobs {
@@ -58,6 +66,13 @@ enum Cmd {
         /// At most this many jobs.
         #[arg(long, default_value_t = 100)]
         limit: u32,
+        /// Keep showing the list: redrawn in place on a terminal, printed
+        /// again when it changed otherwise; Ctrl-C stops.
+        #[arg(long, short = 'w')]
+        watch: bool,
+        /// How often `--watch` asks (e.g. 2s, 500ms).
+        #[arg(long, value_parser = parse_duration, default_value = "2s")]
+        interval: Duration,
     },
     /// Show one job.
     Job { id: String },
@@ -102,6 +117,10 @@ enum Cmd {
     Node { id: String },
     /// GPUs and jobs of the whole cluster at a glance.
     Summary,
+    /// Print a shell completion script, e.g. `fmctl completions bash >
+    /// /etc/bash_completion.d/fmctl` or `fmctl completions zsh >
+    /// "${fpath[1]}/_fmctl"`.
+    Completions { shell: clap_complete::Shell },
     /// Load test: submit M jobs from N concurrent clients and print throughput
     /// and latency; the last line is `submit_per_s=… p50_ms=… p99_ms=…`.
     BenchSubmit {
@@ -222,11 +241,21 @@ resources: { min_gpus: 1, max_gpus: 4 }
 launch: { command: [python, train.py] }
 "#;
 
+/// `submit --wait`'s exit status when a job failed.
+const EXIT_FAILED: u8 = 3;
+/// `submit --wait`'s exit status when a job was cancelled (and none failed).
+const EXIT_CANCELLED: u8 = 4;
+
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Cmd::Completions { shell } = cli.cmd {
+        use clap::CommandFactory as _;
+        clap_complete::generate(shell, &mut Cli::command(), "fmctl", &mut std::io::stdout());
+        return ExitCode::SUCCESS;
+    }
     match run(cli).await {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => ExitCode::from(code),
         Err(e) => {
             eprintln!("fmctl: {e}");
             ExitCode::FAILURE
@@ -244,7 +273,7 @@ fn print_json(v: &serde_json::Value) {
     println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
 }
 
-async fn run(cli: Cli) -> Result<(), ClientError> {
+async fn run(cli: Cli) -> Result<u8, ClientError> {
     let file = load_file_config(cli.config.as_deref())?;
     let cfg = ClientConfig {
         endpoint: cli
@@ -267,7 +296,9 @@ async fn run(cli: Cli) -> Result<(), ClientError> {
         spec,
     } = cli.cmd
     {
-        return bench_submit(cfg, clients, jobs, spec.as_deref()).await;
+        return bench_submit(cfg, clients, jobs, spec.as_deref())
+            .await
+            .map(|()| 0);
     }
     if let Cmd::BenchAgents {
         agents,
@@ -297,19 +328,23 @@ async fn run(cli: Cli) -> Result<(), ClientError> {
             it_per_s,
             connections,
         };
-        return bench_agents(cfg, swarm, jobs, iterations, duration, scheduler_metrics).await;
+        return bench_agents(cfg, swarm, jobs, iterations, duration, scheduler_metrics)
+            .await
+            .map(|()| 0);
     }
     let client = Client::connect(cfg).await?;
     match cli.cmd {
         Cmd::Submit {
             files,
             idempotency_key,
+            wait,
         } => {
             let specs = files
                 .iter()
                 .map(|f| fmctl::load_spec(f))
                 .collect::<Result<Vec<_>, _>>()?;
             let mut out = Vec::new();
+            let mut submitted = Vec::new();
             for (i, spec) in specs.iter().enumerate() {
                 let key = idempotency_key.as_ref().map(|k| {
                     if specs.len() > 1 {
@@ -335,6 +370,7 @@ async fn run(cli: Cli) -> Result<(), ClientError> {
                 for w in &warnings {
                     eprintln!("warning: {}: job {}: {w}", files[i].display(), job.id);
                 }
+                submitted.push((spec.name.clone(), job.id.clone()));
                 match fmt {
                     Format::Table => println!(
                         "{} {} ({} on {})",
@@ -355,36 +391,39 @@ async fn run(cli: Cli) -> Result<(), ClientError> {
             if fmt == Format::Json {
                 print_json(&serde_json::Value::Array(out));
             }
+            if wait {
+                return wait_for(&client, submitted, fmt).await;
+            }
         }
         Cmd::Jobs {
             states,
             owner,
             limit,
+            watch,
+            interval,
         } => {
-            let states: Vec<JobState> = parse_states(&states)?;
-            let mut all = Vec::new();
-            let mut token = None;
-            while (all.len() as u32) < limit {
-                let (page, next) = client
-                    .list_jobs(&JobFilter {
-                        states: states.clone(),
-                        owner: owner.clone(),
-                        page_size: (limit - all.len() as u32).min(1000),
-                        page_token: token,
-                    })
-                    .await?;
-                all.extend(page);
-                match next {
-                    Some(t) => token = Some(t),
-                    None => break,
+            let filter = JobFilter {
+                states: parse_states(&states)?,
+                owner,
+                ..Default::default()
+            };
+            let render = |all: &[pb::Job]| match fmt {
+                Format::Table => output::jobs_table(all),
+                Format::Json => {
+                    serde_json::Value::Array(all.iter().map(output::job_json).collect()).to_string()
                 }
+            };
+            if !watch {
+                let all = list_jobs(&client, &filter, limit).await?;
+                match fmt {
+                    Format::Table => println!("{}", render(&all)),
+                    Format::Json => print_json(&serde_json::Value::Array(
+                        all.iter().map(output::job_json).collect(),
+                    )),
+                }
+                return Ok(0);
             }
-            match fmt {
-                Format::Table => println!("{}", output::jobs_table(&all)),
-                Format::Json => print_json(&serde_json::Value::Array(
-                    all.iter().map(output::job_json).collect(),
-                )),
-            }
+            watch_jobs(&client, &filter, limit, interval, render).await?;
         }
         Cmd::Job { id } => {
             let job = client.get_job(&id).await?;
@@ -462,9 +501,196 @@ async fn run(cli: Cli) -> Result<(), ClientError> {
                 Format::Json => print_json(&output::summary_json(&s)),
             }
         }
-        Cmd::BenchSubmit { .. } | Cmd::BenchAgents { .. } => unreachable!("handled above"),
+        Cmd::BenchSubmit { .. } | Cmd::BenchAgents { .. } | Cmd::Completions { .. } => {
+            unreachable!("handled above")
+        }
     }
-    Ok(())
+    Ok(0)
+}
+
+/// Up to `limit` jobs matching `filter`, page by page.
+async fn list_jobs(
+    client: &Client,
+    filter: &JobFilter,
+    limit: u32,
+) -> Result<Vec<pb::Job>, ClientError> {
+    let mut all = Vec::new();
+    let mut token = None;
+    while (all.len() as u32) < limit {
+        let (page, next) = client
+            .list_jobs(&JobFilter {
+                page_size: (limit - all.len() as u32).min(1000),
+                page_token: token,
+                ..filter.clone()
+            })
+            .await?;
+        all.extend(page);
+        match next {
+            Some(t) => token = Some(t),
+            None => break,
+        }
+    }
+    Ok(all)
+}
+
+/// `jobs --watch`: on a terminal the list is redrawn in place every
+/// `interval`; otherwise it is printed again, after a time stamp, whenever it
+/// changed. A scheduler that does not answer is said so on stderr and asked
+/// again; Ctrl-C stops.
+async fn watch_jobs(
+    client: &Client,
+    filter: &JobFilter,
+    limit: u32,
+    interval: Duration,
+    render: impl Fn(&[pb::Job]) -> String,
+) -> Result<(), ClientError> {
+    use std::io::{IsTerminal as _, Write as _};
+    let tty = std::io::stdout().is_terminal();
+    let mut last = String::new();
+    loop {
+        match list_jobs(client, filter, limit).await {
+            Ok(all) => {
+                let now = chrono::Local::now().format("%Y-%m-%d %H:%M:%S");
+                let text = render(&all);
+                let mut out = std::io::stdout().lock();
+                if tty {
+                    // Home, clear, then the list under a heading.
+                    let _ = write!(out, "\x1b[H\x1b[2J");
+                    let _ = writeln!(out, "every {:?}: fmctl jobs   {now}\n\n{text}", interval);
+                } else if text != last {
+                    let _ = writeln!(out, "# {now}\n{text}");
+                }
+                let _ = out.flush();
+                last = text;
+            }
+            Err(e @ (ClientError::Rpc { .. } | ClientError::Connect { .. })) if transient(&e) => {
+                eprintln!("fmctl: {e} (asking again)");
+            }
+            Err(e) => return Err(e),
+        }
+        tokio::time::sleep(interval).await;
+    }
+}
+
+/// An error worth asking again after: the scheduler is away (restarting,
+/// failing over, a dropped connection), not a refusal.
+fn transient(e: &ClientError) -> bool {
+    match e {
+        ClientError::Connect { .. } => true,
+        ClientError::Rpc { code, .. } => matches!(
+            code,
+            tonic::Code::Unavailable
+                | tonic::Code::Unknown
+                | tonic::Code::Internal
+                | tonic::Code::DeadlineExceeded
+                | tonic::Code::Aborted
+        ),
+        _ => false,
+    }
+}
+
+/// `submit --wait`: follows every submitted job to its end and returns the
+/// exit status (see [`EXIT_FAILED`], [`EXIT_CANCELLED`]).
+async fn wait_for(
+    client: &Client,
+    jobs: Vec<(String, String)>,
+    fmt: Format,
+) -> Result<u8, ClientError> {
+    let prefix = jobs.len() > 1;
+    let mut set = tokio::task::JoinSet::new();
+    for (name, id) in jobs {
+        let client = client.clone();
+        set.spawn(async move { follow_job(&client, &name, &id, prefix, fmt).await });
+    }
+    let mut code = 0;
+    while let Some(r) = set.join_next().await {
+        let state = r.map_err(|e| ClientError::Usage(format!("waiting for a job: {e}")))??;
+        code = code.max(match state {
+            JobState::Failed => EXIT_FAILED,
+            JobState::Cancelled => EXIT_CANCELLED,
+            _ => 0,
+        });
+    }
+    // Failed outranks cancelled.
+    Ok(code)
+}
+
+/// How long `submit --wait` keeps asking a scheduler that went away.
+const WAIT_RECONNECT_FOR: Duration = Duration::from_secs(120);
+
+/// Streams one job's events until it reaches a final state, watching again
+/// after the last event seen when the stream breaks (a scheduler restart or
+/// failover) for up to [`WAIT_RECONNECT_FOR`] of silence.
+async fn follow_job(
+    client: &Client,
+    name: &str,
+    id: &str,
+    prefix: bool,
+    fmt: Format,
+) -> Result<JobState, ClientError> {
+    let mut after = 0;
+    let mut away_since: Option<Instant> = None;
+    let mut delay = Duration::from_millis(250);
+    loop {
+        let broke = match client.watch_job(id, after).await {
+            Ok(mut stream) => loop {
+                match stream.message().await {
+                    Ok(Some(ev)) => {
+                        after = after.max(ev.sequence);
+                        away_since = None;
+                        delay = Duration::from_millis(250);
+                        match fmt {
+                            Format::Table if prefix => {
+                                println!("{name}: {}", output::event_line(&ev))
+                            }
+                            Format::Table => println!("{}", output::event_line(&ev)),
+                            Format::Json => println!("{}", output::event_json(&ev)),
+                        }
+                    }
+                    Ok(None) => break None,
+                    Err(status) => break Some(ClientError::from(status)),
+                }
+            },
+            Err(e) => Some(e),
+        };
+        if let Some(e) = &broke
+            && !transient(e)
+        {
+            return Err(broke.unwrap_or_else(|| unreachable!()));
+        }
+        match client.get_job(id).await {
+            Ok(job) => {
+                let state = job_state_from_proto("state", job.state)
+                    .ok()
+                    .flatten()
+                    .unwrap_or(JobState::Submitted);
+                if state.is_terminal() {
+                    if fmt == Format::Table {
+                        let why = if job.state_reason.is_empty() {
+                            String::new()
+                        } else {
+                            format!(": {}", job.state_reason)
+                        };
+                        eprintln!("job {id} ({name}) {}{why}", output::job_state(job.state));
+                    }
+                    return Ok(state);
+                }
+            }
+            Err(e) if transient(&e) => {}
+            Err(e) => return Err(e),
+        }
+        let since = *away_since.get_or_insert_with(Instant::now);
+        if since.elapsed() > WAIT_RECONNECT_FOR {
+            return Err(broke.unwrap_or(ClientError::Usage(format!(
+                "job {id}: the event stream kept ending before the job did"
+            ))));
+        }
+        if let Some(e) = &broke {
+            eprintln!("fmctl: {e}; watching job {id} again");
+        }
+        tokio::time::sleep(delay).await;
+        delay = (delay * 2).min(Duration::from_secs(5));
+    }
 }
 
 async fn bench_submit(

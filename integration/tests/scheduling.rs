@@ -3554,3 +3554,118 @@ async fn e2e_real_trainer_a_merged_pair_runs_as_the_merger_decided() {
     drop(c);
     drop_db(&db).await;
 }
+
+/// `fmctl` as the admin: exit status, stdout, stderr.
+fn fmctl_status(port: u16, args: &[&str]) -> (Option<i32>, String, String) {
+    let out = Command::new(bin("fmctl"))
+        .args(args)
+        .env("FMSCHED_ENDPOINT", format!("http://127.0.0.1:{port}"))
+        .env("FMSCHED_TOKEN", ROOT)
+        .env("FMCTL_CONFIG", "/dev/null")
+        .output()
+        .expect("fmctl runs");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// `fmctl submit --wait` streams the jobs' events to their end and exits
+/// with the outcome (0 completed, 3 failed: the worst of several); `fmctl
+/// jobs --watch` keeps printing the list when it changes; `fmctl
+/// completions` prints a shell script without a scheduler or a token.
+#[tokio::test]
+async fn e2e_fmctl_submit_wait_exits_with_the_outcome_and_jobs_watch_follows() {
+    let db = new_db("fmsched_fmctl").await;
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let _sched = scheduler_env(
+        &db,
+        port,
+        dir.path(),
+        None,
+        &[
+            ("FMSCHED_SCHEDULING__MAX_RETRIES", "0"),
+            ("FMSCHED_SCHEDULING__MERGING", "false"),
+        ],
+    );
+    wait_up("scheduler up", port);
+    let _agent = agent("node-a", port, dir.path());
+    let file = |name: &str, yaml: String| {
+        let p = dir.path().join(format!("{name}.yaml"));
+        std::fs::write(&p, yaml).unwrap();
+        p.display().to_string()
+    };
+    let ok = file("ok", job_yaml("ok", "sst2", 200, 1));
+    let bad = file(
+        "bad",
+        job_yaml_env("bad", "cola", 400, 1, ", FMSCHED_FAKE_CRASH_AT: \"50\""),
+    );
+    // jobs --watch, started first, sees the jobs come and change.
+    let mut watch = std::process::Command::new(bin("fmctl"))
+        .args(["jobs", "--watch", "--interval", "200ms"])
+        .env("FMSCHED_ENDPOINT", format!("http://127.0.0.1:{port}"))
+        .env("FMSCHED_TOKEN", ROOT)
+        .env("FMCTL_CONFIG", "/dev/null")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+
+    let (code, out, err) = fmctl_status(port, &["submit", "--wait", &ok]);
+    assert_eq!(code, Some(0), "{out}\n{err}");
+    assert!(out.contains("submitted"), "{out}");
+    assert!(out.contains("-> completed"), "no completion event:\n{out}");
+    assert!(err.contains("(ok) completed"), "{err}");
+
+    let (code, out, err) = fmctl_status(port, &["submit", "--wait", &bad]);
+    assert_eq!(code, Some(3), "a failed job exits 3:\n{out}\n{err}");
+    assert!(err.contains("(bad) failed"), "{err}");
+
+    // Several at once: events prefixed by name, the worst outcome wins.
+    let ok2 = file("ok2", job_yaml("ok2", "rte", 100, 1));
+    let bad2 = file(
+        "bad2",
+        job_yaml_env("bad2", "mrpc", 400, 1, ", FMSCHED_FAKE_CRASH_AT: \"30\""),
+    );
+    let (code, out, err) = fmctl_status(port, &["submit", "--wait", &ok2, &bad2]);
+    assert_eq!(code, Some(3), "{out}\n{err}");
+    assert!(out.contains("ok2: ") && out.contains("bad2: "), "{out}");
+    assert!(
+        err.contains("(ok2) completed") && err.contains("(bad2) failed"),
+        "{err}"
+    );
+
+    // The watch printed a list with every job in its final state, and
+    // printed again only on changes (fewer lists than 200 ms ticks).
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    watch.kill().unwrap();
+    let mut text = String::new();
+    std::io::Read::read_to_string(watch.stdout.as_mut().unwrap(), &mut text).unwrap();
+    watch.wait().unwrap();
+    let lists: Vec<&str> = text.split("\n# ").collect();
+    let last = lists.last().unwrap();
+    for name in ["ok ", "bad ", "ok2 ", "bad2 "] {
+        assert!(
+            last.contains(name),
+            "{name} missing from the last list:\n{last}"
+        );
+    }
+    assert_eq!(last.matches("completed").count(), 2, "{last}");
+    assert_eq!(last.matches("failed").count(), 2, "{last}");
+    assert!(lists.len() >= 3, "the list never changed:\n{text}");
+    let unchanged = lists
+        .windows(2)
+        .filter(|w| w[0].split_once('\n').map(|x| x.1) == w[1].split_once('\n').map(|x| x.1));
+    assert_eq!(unchanged.count(), 0, "printed an unchanged list:\n{text}");
+
+    // Completions need neither a scheduler nor a token.
+    let out = Command::new(bin("fmctl"))
+        .args(["completions", "bash"])
+        .env_remove("FMSCHED_TOKEN")
+        .output()
+        .unwrap();
+    let script = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && script.contains("_fmctl") && script.contains("submit"));
+    drop_db(&db).await;
+}
