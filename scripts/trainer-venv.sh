@@ -7,9 +7,9 @@
 # The environment lives outside the checkout, so every clone reuses it:
 #   ${FMSCHED_TRAINER_VENV:-${XDG_CACHE_HOME:-~/.cache}/fmsched/trainer-venv}
 # First creation downloads PyTorch with its CUDA libraries from PyPI
-# (5.6 GiB installed; about 80 s with pip's download cache warm, plus the
-# download of about 3 GiB on a fresh machine); later runs only compare the
-# requirements file.
+# (5.9 GiB installed; about 2½ minutes on a fresh machine, downloads
+# included); a changed pin is installed into the existing environment, and
+# later runs only compare the requirements file.
 #
 #   python=$(scripts/trainer-venv.sh)   # progress on stderr, path on stdout
 set -euo pipefail

@@ -288,3 +288,55 @@ def test_a_spatial_pair_suspends_and_resumes_from_its_joint_checkpoint(tmp_path,
     assert f"train from iteration {ck['iteration']} " in err
     assert {d["job_id"] for d in b.of("done")} == {"A", "B"}
 
+
+
+def test_standby_reports_prewarmed_and_trains_only_after_the_switch(tmp_path, data):
+    """Pre-warm (Ymir §6.2): a process started in standby loads its data
+    and weights, reports ``prewarmed`` and waits; SIGUSR1 starts training,
+    SIGTERM ends it with nothing trained and nothing saved."""
+    def prewarmed(agent, p):
+        deadline = time.monotonic() + 120
+        while not agent.of("prewarmed"):
+            assert p.poll() is None, p.communicate()[1]
+            assert time.monotonic() < deadline, "never reported prewarmed"
+            time.sleep(0.05)
+
+    a = Agent(sub(tmp_path, "go"), [task("w", data / "a", max_iterations=20)], FMSCHED_STANDBY="1")
+    p = a.start("glue", "--logging-steps", "5")
+    prewarmed(a, p)
+    time.sleep(1.0)
+    assert p.poll() is None and not a.of("progress"), "trained before the switch"
+    switched = time.monotonic()
+    p.send_signal(signal.SIGUSR1)
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 0, err
+    assert [r["iteration"] for r in a.of("progress")][-1] == 20
+    assert a.of("done")
+    print(f"standby: done {time.monotonic() - switched:.1f} s after the switch")
+
+    b = Agent(sub(tmp_path, "stop"), [task("w", data / "a", max_iterations=20)], FMSCHED_STANDBY="1")
+    p = b.start("glue", "--logging-steps", "5")
+    prewarmed(b, p)
+    p.send_signal(signal.SIGTERM)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 0, err
+    assert not b.of("progress") and not b.of("checkpoint") and not b.of("done"), b.reports
+
+
+def test_hf_uris_are_read_through_the_datasets_package(tmp_path, data):
+    """``hf://<name>`` goes through ``datasets.load_dataset`` (offline here:
+    a dataset folder by path stands in for a hub name, which would need the
+    network or a filled cache)."""
+    pytest.importorskip("datasets")
+    a = Agent(tmp_path, [task("h", data / "a", max_iterations=10)],
+              HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path / "hf"))
+    a.env["FMSCHED_TASKS"] = json.dumps([task("h", data / "a", max_iterations=10,
+                                              dataset_uri=f"hf://{data / 'a'}")])
+    rc, _, err = a.run("glue", "--logging-steps", "5")
+    assert rc == 0, err
+    assert "512 training and 128 validation examples" in err, err
+    assert a.of("done")
+    # A missing dataset is refused at start, naming the field.
+    a.env["FMSCHED_TASKS"] = json.dumps([task("h", data / "a", dataset_uri=f"hf://{tmp_path / 'none'}")])
+    rc, _, err = a.run("glue")
+    assert rc != 0 and "dataset.uri" in err, err

@@ -139,8 +139,12 @@ def read_split(uri: str, split: str) -> List[dict]:
         for s in ([split] if split == "train" else ["validation", "test"]):
             try:
                 return [dict(r) for r in datasets.load_dataset(name, config or None, split=s)]
-            except ValueError:
-                continue
+            except ValueError as e:
+                if "split" in str(e).lower():
+                    continue  # no such split: try the next name
+                fail(f"dataset.uri {uri}: {e}")
+            except Exception as e:  # not found, offline without a cache, …
+                fail(f"dataset.uri {uri}: {type(e).__name__}: {e}")
         fail(f"dataset.uri {uri}: no {split} split")
     fail(f"dataset.uri {uri}: this trainer reads local folders (file:// or an absolute path) and hf:// "
          "datasets; copy other data to the node first")
