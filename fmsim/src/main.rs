@@ -8,8 +8,8 @@ use std::time::Instant;
 
 use anyhow::{Context, bail};
 use clap::{Args, Parser, Subcommand};
-use fmsched_core::policy::Policy;
 use fmsched_core::policy::baselines::{POLICY_NAMES, Themis, ThemisRank, by_name, with_knobs};
+use fmsched_core::policy::{PlacementRule, Policy};
 use fmsched_estimator::analytic;
 use fmsched_estimator::lut::Lut;
 use fmsim::catalog::Catalog;
@@ -119,9 +119,11 @@ struct SimArgs {
     #[arg(long)]
     catalog: Option<PathBuf>,
     /// Training samples per epoch of a task, `TASK=N` or `MODEL/TASK=N`
-    /// (repeatable), or a file of such lines: the published TitanSched
-    /// curves carry none, and a task the shipped catalog does not know
-    /// needs one to count its epochs.
+    /// (repeatable), or a file of such lines, or a per-job CSV with
+    /// `application` (`<model>@<task>`) and `progress_per_epoch` columns
+    /// (the TitanSched `job-epochs-FM-1.csv`): the published curves carry
+    /// none, and a task the shipped catalog does not know needs one to
+    /// count its epochs.
     #[arg(long, value_name = "TASK=N|FILE")]
     samples_per_epoch: Vec<String>,
     /// Folder of profile CSVs (fmsched layout, or <GPU>/<model>_<layout>.csv);
@@ -176,6 +178,38 @@ struct SimArgs {
     /// `srtf_weight=0`, `lease_s=300`; an unknown knob lists the policy's.
     #[arg(long = "knob", value_name = "NAME=VALUE")]
     knobs: Vec<String>,
+    /// Each job's epochs from a per-job file (`job,epochs_pandas_default,…`:
+    /// the TitanSched `job-epochs-FM-1.csv` layout) instead of from its
+    /// task's curve; target metrics are then read one unit in the last place
+    /// high, as the authors' parser reads them.
+    #[arg(long, value_name = "FILE")]
+    job_epochs: Option<PathBuf>,
+    /// Each job may grow to its `max_num_gpus` from a per-job file (same
+    /// layout) instead of the GPUs it asks for.
+    #[arg(long, value_name = "FILE")]
+    job_max_gpus: Option<PathBuf>,
+    /// Placement of a data-parallel group: `pack` (fmsched's: over the nodes
+    /// with the most free GPUs) or `fewest-nodes` (the TitanSched
+    /// simulator's: on ⌈gpus / node size⌉ nodes, else wait).
+    #[arg(long, value_name = "RULE", default_value = "pack", value_parser = parse_placement)]
+    placement: PlacementRule,
+    /// Rounds at multiples of the interval from this time (s) instead of from
+    /// the first arrival (the TitanSched simulator: 0).
+    #[arg(long, value_name = "S")]
+    round_origin: Option<f64>,
+    /// These policies (comma-separated) decide on the remaining times the
+    /// TitanSched simulator predicts instead of exact ones (see
+    /// `EstimateModel::TitanSched`; `fidelity` gives them to Optimus).
+    #[arg(long, value_name = "POLICIES")]
+    titansched_estimates: Option<String>,
+}
+
+fn parse_placement(s: &str) -> Result<PlacementRule, String> {
+    match s {
+        "pack" => Ok(PlacementRule::Pack),
+        "fewest-nodes" => Ok(PlacementRule::FewestNodes),
+        _ => Err(format!("{s:?}: expected pack or fewest-nodes")),
+    }
 }
 
 fn main() {
@@ -325,6 +359,26 @@ fn samples_per_epoch(args: &[String]) -> anyhow::Result<Vec<(String, f64)>> {
             continue;
         }
         let text = std::fs::read_to_string(a).with_context(|| format!("reading {a}"))?;
+        if text
+            .lines()
+            .next()
+            .is_some_and(|h| h.split(',').any(|c| c.trim() == "progress_per_epoch"))
+        {
+            // A per-job file (the TitanSched `job-epochs-FM-1.csv` layout):
+            // `application` is `<model>@<task>`, with `#` for the `/` of a
+            // hub dataset's name, as in their workloads.
+            let csv = workload::Csv::parse(a, &text)?;
+            let col = |n: &str| {
+                csv.col(n)
+                    .with_context(|| format!("{a}: missing column {n}"))
+            };
+            let (app, ppe) = (col("application")?, col("progress_per_epoch")?);
+            for (line, r) in &csv.rows {
+                let key = r[app].trim().replacen('@', "/", 1).replace('#', "/");
+                one(&format!("{a} line {line}"), &format!("{key}={}", r[ppe]))?;
+            }
+            continue;
+        }
         for (i, line) in text.lines().enumerate() {
             let line = line.trim();
             if !line.is_empty() && !line.starts_with('#') {
@@ -467,6 +521,15 @@ fn sim_setup(a: &SimArgs) -> anyhow::Result<(SimConfig, Lut, Catalog, Vec<Worklo
     let catalog = load_catalog(a.catalog.as_deref(), &a.samples_per_epoch)?;
     let cluster = cluster_of(a)?;
     let mut jobs = workload::read(&a.workload, a.format, &catalog.trace_tasks(&lut, &cluster))?;
+    for (file, what) in [
+        (&a.job_epochs, PerJob::Epochs),
+        (&a.job_max_gpus, PerJob::MaxGpus),
+    ] {
+        if let Some(f) = file {
+            let table = job_file(f)?;
+            apply_job_file(&mut jobs, &table, what, &f.display().to_string())?;
+        }
+    }
     if let Some(mix) = a.slo_mix {
         workload::assign_slos(&mut jobs, mix, a.slo_seed);
     }
@@ -502,6 +565,8 @@ fn sim_setup(a: &SimArgs) -> anyhow::Result<(SimConfig, Lut, Catalog, Vec<Worklo
         context_switch_s: a.context_switch_s,
         profile_s: a.profile_s,
         estimate_noise: a.estimate_noise,
+        placement_rule: a.placement,
+        round_origin_s: a.round_origin,
         ..Default::default()
     };
     if !(0.0..1.0).contains(&cfg.estimate_noise) {
@@ -596,8 +661,27 @@ fn compare(a: &SimArgs, names: &[String]) -> anyhow::Result<()> {
         .map(|n| with_knobs(n.trim(), &knobs).map_err(anyhow::Error::msg))
         .collect::<anyhow::Result<Vec<_>>>()?;
     let (cfg, lut, catalog, jobs) = sim_setup(a)?;
+    let titansched: Vec<&str> = a
+        .titansched_estimates
+        .as_deref()
+        .map(|l| l.split(',').map(str::trim).collect())
+        .unwrap_or_default();
+    if let Some(n) = titansched
+        .iter()
+        .find(|n| !names.iter().any(|m| m.trim() == **n))
+    {
+        bail!("--titansched-estimates names {n:?}, which is not among the policies run");
+    }
     let mut results = Vec::new();
-    for p in &policies {
+    for (name, p) in names.iter().zip(&policies) {
+        let cfg = SimConfig {
+            estimate_model: if titansched.contains(&name.trim()) {
+                EstimateModel::TitanSched
+            } else {
+                EstimateModel::Exact
+            },
+            ..cfg.clone()
+        };
         results.push(simulate(&cfg, &lut, &catalog, &jobs, p.as_ref())?);
     }
     let rows: Vec<report::Summary> = results.iter().map(report::summarize).collect();
@@ -703,9 +787,48 @@ const FIDELITY_POLICIES: [&str; 7] = [
 
 /// Per-job figures of the authors' simulator: (epochs, samples per epoch, max GPUs).
 fn job_epochs(dir: &Path) -> anyhow::Result<BTreeMap<String, (f64, f64, u32)>> {
-    let path = dir.join("job-epochs-FM-1.csv");
+    job_file(&dir.join("job-epochs-FM-1.csv"))
+}
+
+/// What a per-job file replaces (`--job-epochs`, `--job-max-gpus`).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum PerJob {
+    Epochs,
+    MaxGpus,
+}
+
+/// Sets each job's epochs (and reads its target metric as the authors'
+/// parser does) or its max GPUs from a per-job table; every job must have a
+/// row.
+fn apply_job_file(
+    jobs: &mut [WorkloadJob],
+    table: &BTreeMap<String, (f64, f64, u32)>,
+    what: PerJob,
+    source: &str,
+) -> anyhow::Result<()> {
+    for j in jobs {
+        let (epochs, _, max_gpus) = *table
+            .get(&j.name)
+            .ok_or_else(|| anyhow::anyhow!("{source}: no row for job {}", j.name))?;
+        match what {
+            PerJob::Epochs => {
+                j.epochs = Some(epochs);
+                // Their parser reads the target one unit in the last place
+                // high; merged curves are read the same way so both paths
+                // compare.
+                j.target_metric = j.target_metric.map(f64::next_up);
+            }
+            PerJob::MaxGpus => j.max_gpus = max_gpus.max(j.gpus),
+        }
+    }
+    Ok(())
+}
+
+/// Reads a per-job file in the layout of the authors' `job-epochs-FM-1.csv`
+/// (`job`, `epochs_pandas_default`, `progress_per_epoch`, `max_num_gpus`).
+fn job_file(path: &Path) -> anyhow::Result<BTreeMap<String, (f64, f64, u32)>> {
     let text =
-        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     let csv = workload::Csv::parse(&path.display().to_string(), &text)?;
     let col = |n: &str| {
         csv.col(n)
@@ -741,19 +864,11 @@ fn anchor_workload(
 ) -> anyhow::Result<Vec<WorkloadJob>> {
     let path = dir.join(format!("workloads/FM-1-{model}.csv"));
     let mut jobs = workload::read(&path, Some(Format::Titan), &[])?;
-    for j in &mut jobs {
-        let (e, samples, maxg) = *epochs.get(&j.name).ok_or_else(|| {
-            anyhow::anyhow!(
-                "{}: job {} has no row in job-epochs-FM-1.csv",
-                path.display(),
-                j.name
-            )
-        })?;
-        j.epochs = Some(e);
-        j.max_gpus = maxg.max(j.gpus);
-        // Their parser reads the target one unit in the last place high;
-        // merged curves are read the same way so both paths compare.
-        j.target_metric = j.target_metric.map(f64::next_up);
+    let source = format!("job-epochs-FM-1.csv (for {})", path.display());
+    apply_job_file(&mut jobs, epochs, PerJob::Epochs, &source)?;
+    apply_job_file(&mut jobs, epochs, PerJob::MaxGpus, &source)?;
+    for j in &jobs {
+        let samples = epochs[&j.name].1;
         let info = catalog
             .models
             .entry(j.model.clone())
@@ -1051,6 +1166,16 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("line 2") && e.contains("is not TASK=N"), "{e}");
+        // The per-job layout of the published data: `<model>@<task>`.
+        std::fs::write(
+            &f,
+            "job,application,progress_per_epoch\nroberta-base@rte-0,roberta-base@rte,623\n",
+        )
+        .unwrap();
+        assert_eq!(
+            samples_per_epoch(&[f.display().to_string()]).unwrap(),
+            vec![("roberta-base/rte".to_string(), 623.0)]
+        );
         // Setting a task the catalog lacks is refused, naming it.
         let e = load_catalog(None, &["no-such-task=5".into()])
             .unwrap_err()
@@ -1071,6 +1196,85 @@ mod tests {
             Cmd::Run { sim, .. } => sim,
             other => unreachable!("{other:?}"),
         }
+    }
+
+    /// `compare`'s replay flags: each job's epochs and max GPUs from a
+    /// per-job file (a job without a row is named), the placement rule, the
+    /// round origin, and which policies see TitanSched's predicted times.
+    #[test]
+    fn replay_flags_set_per_job_figures_and_the_simulators_rules() {
+        let args = |flags: &[&str]| {
+            let argv = [
+                &["fmsim", "run", "--workload", "data/small-workload.csv"][..],
+                flags,
+            ]
+            .concat();
+            match Cli::try_parse_from(argv).unwrap().cmd {
+                Cmd::Run { sim, .. } => sim,
+                other => unreachable!("{other:?}"),
+            }
+        };
+        let (cfg, _, _, own) = sim_setup(&args(&[])).unwrap();
+        assert_eq!(cfg.placement_rule, PlacementRule::Pack);
+        assert_eq!(cfg.round_origin_s, None);
+        assert!(own.iter().all(|j| j.epochs != Some(2.5) && j.max_gpus < 16));
+
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("jobs.csv");
+        let mut rows = String::from("job,epochs_pandas_default,progress_per_epoch,max_num_gpus\n");
+        for j in &own {
+            rows += &format!("{},2.5,100,16\n", j.name);
+        }
+        std::fs::write(&f, &rows).unwrap();
+        let p = f.display().to_string();
+        let (_, _, _, jobs) = sim_setup(&args(&["--job-epochs", &p])).unwrap();
+        assert!(jobs.iter().all(|j| j.epochs == Some(2.5)));
+        assert_eq!(
+            jobs.iter().map(|j| j.max_gpus).collect::<Vec<_>>(),
+            own.iter().map(|j| j.max_gpus).collect::<Vec<_>>(),
+            "--job-epochs leaves max GPUs alone"
+        );
+        let (cfg, _, _, jobs) = sim_setup(&args(&[
+            "--job-max-gpus",
+            &p,
+            "--placement",
+            "fewest-nodes",
+            "--round-origin",
+            "0",
+        ]))
+        .unwrap();
+        assert!(jobs.iter().all(|j| j.max_gpus == 16));
+        assert_eq!(
+            jobs.iter().map(|j| j.epochs).collect::<Vec<_>>(),
+            own.iter().map(|j| j.epochs).collect::<Vec<_>>(),
+            "--job-max-gpus leaves epochs alone"
+        );
+        assert_eq!(cfg.placement_rule, PlacementRule::FewestNodes);
+        assert_eq!(cfg.round_origin_s, Some(0.0));
+
+        let last = &own.last().unwrap().name;
+        std::fs::write(&f, rows.replace(&format!("{last},"), "someone-else,")).unwrap();
+        let e = sim_setup(&args(&["--job-epochs", &p]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(&p) && e.contains(&format!("no row for job {last}")),
+            "{e}"
+        );
+        assert!(
+            Cli::try_parse_from(["fmsim", "run", "--workload", "w", "--placement", "spread"])
+                .is_err()
+        );
+        let e = compare(
+            &args(&["--titansched-estimates", "optimus"]),
+            &["ymir".to_string()],
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("\"optimus\", which is not among the policies run"),
+            "{e}"
+        );
     }
 
     /// `--nodes` is a count of one kind of node or `TYPE:COUNT:GPUS` groups;

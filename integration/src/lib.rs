@@ -159,16 +159,21 @@ pub fn submit_manifests(
 /// Runs `fmctl` against a scheduler on 127.0.0.1:`port` with `token`:
 /// standard output on success, standard error as the error.
 pub fn fmctl(port: u16, token: &str, args: &[&str]) -> Result<String, String> {
-    let out = run(Command::new(bin("fmctl"))
-        .args(args)
-        .env("FMSCHED_ENDPOINT", format!("http://127.0.0.1:{port}"))
-        .env("FMSCHED_TOKEN", token)
-        .env("FMCTL_CONFIG", "/dev/null"));
+    let out = run(fmctl_command(port, token).args(args));
     if out.status.success() {
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     } else {
         Err(String::from_utf8_lossy(&out.stderr).into_owned())
     }
+}
+
+/// `fmctl` pointed at the scheduler on `port` with `token`, no config file.
+pub fn fmctl_command(port: u16, token: &str) -> Command {
+    let mut c = Command::new(bin("fmctl"));
+    c.env("FMSCHED_ENDPOINT", format!("http://127.0.0.1:{port}"))
+        .env("FMSCHED_TOKEN", token)
+        .env("FMCTL_CONFIG", "/dev/null");
+    c
 }
 
 fn pg_bin() -> PathBuf {

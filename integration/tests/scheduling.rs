@@ -3557,11 +3557,8 @@ async fn e2e_real_trainer_a_merged_pair_runs_as_the_merger_decided() {
 
 /// `fmctl` as the admin: exit status, stdout, stderr.
 fn fmctl_status(port: u16, args: &[&str]) -> (Option<i32>, String, String) {
-    let out = Command::new(bin("fmctl"))
+    let out = fmctl_command(port, ROOT)
         .args(args)
-        .env("FMSCHED_ENDPOINT", format!("http://127.0.0.1:{port}"))
-        .env("FMSCHED_TOKEN", ROOT)
-        .env("FMCTL_CONFIG", "/dev/null")
         .output()
         .expect("fmctl runs");
     (
@@ -3603,11 +3600,8 @@ async fn e2e_fmctl_submit_wait_exits_with_the_outcome_and_jobs_watch_follows() {
         job_yaml_env("bad", "cola", 400, 1, ", FMSCHED_FAKE_CRASH_AT: \"50\""),
     );
     // jobs --watch, started first, sees the jobs come and change.
-    let mut watch = std::process::Command::new(bin("fmctl"))
+    let mut watch = fmctl_command(port, ROOT)
         .args(["jobs", "--watch", "--interval", "200ms"])
-        .env("FMSCHED_ENDPOINT", format!("http://127.0.0.1:{port}"))
-        .env("FMSCHED_TOKEN", ROOT)
-        .env("FMCTL_CONFIG", "/dev/null")
         .stdout(std::process::Stdio::piped())
         .spawn()
         .unwrap();
