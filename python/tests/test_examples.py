@@ -223,6 +223,12 @@ def test_bad_input_fails_at_start_naming_the_field(tmp_path, data):
     c = Agent(tmp_path, [task("z", data / "a", max_iterations=10, optimizer="lamb")])
     rc, _, err = c.run("glue")
     assert rc == 2 and "optimizer 'lamb'" in err
+    # A spatial pair of pipeline jobs: refused before anything is loaded.
+    d = Agent(tmp_path, [task("p", data / "a", max_iterations=10), task("q", data / "b", max_iterations=10)],
+              FMSCHED_PIPELINE_STAGES="2")
+    for module in ("glue", "sft"):
+        rc, _, err = d.run(module)
+        assert rc == 2 and "spatial merge of pipeline-parallel jobs" in err and "sharing: false" in err, err
 
 
 def test_a_spatial_merge_trains_two_tasks_on_one_encoder_and_finishes_each_on_its_own(tmp_path, data):

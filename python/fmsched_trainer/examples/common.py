@@ -81,6 +81,11 @@ def start(description: str):
             t.check_supported()
     except ValueError as e:
         fail(str(e))
+    if len(contract.tasks) == 2 and contract.pipeline_stages > 1:
+        # One joint module over pipeline stages is not built here; refused
+        # before anything is loaded rather than trained some other way.
+        fail(f"a spatial merge of pipeline-parallel jobs ({contract.pipeline_stages} stages) is not supported by "
+             "the example trainers: set `sharing: false` on such jobs (as examples/llama-sft-pipeline.yaml does)")
     return args, contract, signals, reporter
 
 
