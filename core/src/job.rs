@@ -348,6 +348,17 @@ impl JobSpec {
         SloClass::or_default_for(self.slo_class, self.deadline.is_some())
     }
 
+    /// Its reward steps on a clock where it was submitted at `submitted_at`
+    /// and its deadline is at `deadline` ([`crate::slo::reward_steps_with`]
+    /// with its own soft steps, if it gives any).
+    pub fn reward_steps(
+        &self,
+        submitted_at: f64,
+        deadline: Option<f64>,
+    ) -> Vec<crate::slo::RewardStep> {
+        crate::slo::reward_steps_with(self.class(), submitted_at, deadline, &self.reward_steps)
+    }
+
     /// Iterations its budget allows: the smaller of `max_iterations` and
     /// `max_epochs` in iterations (when the dataset size is known); None
     /// when neither is known. A metric target may end it sooner.
@@ -427,6 +438,10 @@ pub struct JobSpec {
     /// (gRPC, YAML, SDK): [`JobSpec::class`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub slo_class: Option<SloClass>,
+    /// A soft SLO job's own reward steps (empty: UniSched's 100 / 80 / 50 /
+    /// 20 at 1 / 1.1 / 1.2 / 1.5 × the deadline, [`crate::slo::SOFT_STEPS`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub reward_steps: Vec<crate::slo::SoftStep>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub frozen_layers: Option<FrozenLayers>,
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -6,7 +6,7 @@
 //! A round has three pure phases; the caller does the IO between them:
 //! 1. **prepare** ([`prepare`]) — the nodes the round may use and their
 //!    capacity (Offline nodes are out, drained ones give nothing, a Suspect
-//!    one keeps only what it runs), profiling reservations (Ymir Fig. 6
+//!    or cordoned one keeps only what it runs), profiling reservations (Ymir Fig. 6
 //!    step 2), the jobs that enter the policy's snapshot, the policy's own
 //!    allocation set, the merges kept from earlier rounds, the pairs
 //!    eligible for a new merge, and jobs no node can ever hold.
@@ -71,9 +71,13 @@ pub struct NodeView {
     /// Number of GPUs (addressed `0..gpus`).
     pub gpus: u32,
     pub state: NodeState,
-    /// Its GPUs report Xid or uncorrectable ECC errors: nothing stays or
-    /// starts there.
+    /// Nothing stays or starts there: its GPUs report Xid or uncorrectable
+    /// ECC errors, or an operator drains it (its jobs move off from their
+    /// checkpoints).
     pub drained: bool,
+    /// An operator cordoned it: what runs there stays, nothing new starts
+    /// (no new group, no new profiling run).
+    pub cordoned: bool,
     /// Its GPUs' family (`V100`, `A100`, `H100`, or the name as reported
     /// for others; see `fmsched_estimator::analytic::gpu_family`). A group
     /// never spans two families.
@@ -173,7 +177,13 @@ pub struct RoundConfig {
     pub placement_rule: PlacementRule,
     /// Policy name, for the reasons written on jobs.
     pub policy: String,
+    /// The share of the cluster's GPUs profiling runs may take from
+    /// training (at least one GPU); free GPUs are always used first.
+    pub profiling_share: f64,
 }
+
+/// Profiling may take an eighth of the cluster from training by default.
+pub const DEFAULT_PROFILING_SHARE: f64 = 0.125;
 
 impl Default for RoundConfig {
     fn default() -> Self {
@@ -183,6 +193,7 @@ impl Default for RoundConfig {
             max_nodes_per_group: None,
             placement_rule: PlacementRule::Pack,
             policy: "ymir".into(),
+            profiling_share: DEFAULT_PROFILING_SHARE,
         }
     }
 }
@@ -370,7 +381,7 @@ pub fn prepare(view: &ClusterView, policy: &dyn Policy, cfg: &RoundConfig) -> Pr
         *e = (*e).max(view.nodes[n].gpus);
     }
     let profiling = if cfg.profiling {
-        reserve_profiling(view, &present, total_gpus)
+        reserve_profiling(view, &present, total_gpus, cfg.profiling_share)
     } else {
         Vec::new()
     };
@@ -381,8 +392,9 @@ pub fn prepare(view: &ClusterView, policy: &dyn Policy, cfg: &RoundConfig) -> Pr
             let node = &view.nodes[n];
             if node.drained {
                 0
-            } else if node.state == NodeState::Suspect {
-                // It may only be late: it keeps what it runs, gets nothing new.
+            } else if node.state == NodeState::Suspect || node.cordoned {
+                // Suspect, it may only be late; cordoned, an operator holds
+                // it: either way it keeps what it runs and gets nothing new.
                 view.jobs
                     .iter()
                     .filter(|j| !j.profiling_run)
@@ -592,10 +604,16 @@ fn never_fits_sizes(
 /// replica on one node ([`JobView::replica`]: 1 GPU, a pipeline's 4 stages
 /// as Ymir §5.2 profiles them, or an expert group), on the GPU model it
 /// asks for. Free GPUs first; GPUs held by training only
-/// while profiling holds at most an eighth of the cluster. The first job
+/// while profiling holds at most `share` of the cluster (at least one
+/// GPU; [`RoundConfig::profiling_share`]). The first job
 /// that finds no GPUs stops the walk (later ones do not overtake it); a
 /// job the cluster can never hold is passed over.
-fn reserve_profiling(view: &ClusterView, present: &[usize], total_gpus: u32) -> Vec<Reservation> {
+fn reserve_profiling(
+    view: &ClusterView,
+    present: &[usize],
+    total_gpus: u32,
+    share: f64,
+) -> Vec<Reservation> {
     let usable = |n: usize| view.nodes[n].state == NodeState::Available && !view.nodes[n].drained;
     let mut out: Vec<Reservation> = view
         .jobs
@@ -615,7 +633,7 @@ fn reserve_profiling(view: &ClusterView, present: &[usize], total_gpus: u32) -> 
             new: false,
         })
         .collect();
-    let cap = (total_gpus / 8).max(1) as usize;
+    let cap = ((f64::from(total_gpus) * share.clamp(0.0, 1.0)).floor() as usize).max(1);
     let busy: BTreeSet<Gpu> = view
         .jobs
         .iter()
@@ -655,7 +673,7 @@ fn reserve_profiling(view: &ClusterView, present: &[usize], total_gpus: u32) -> 
             }
             pick = present
                 .iter()
-                .filter(|&&n| usable(n) && on_its_gpus(n))
+                .filter(|&&n| usable(n) && !view.nodes[n].cordoned && on_its_gpus(n))
                 .find_map(|&n| {
                     let gpus: Vec<Gpu> = (0..view.nodes[n].gpus)
                         .map(|g| (n, g))
@@ -986,7 +1004,10 @@ fn group_time(
 
 /// The estimated pairs that may help (`TranWt ≥ 1` at some allocation, Ymir
 /// §5) as the policy's candidates; an estimate of a pair that is not
-/// eligible is refused.
+/// eligible is refused. A pair that would make a job with a deadline miss
+/// it even at its best allocation is no candidate: B of a temporal pair
+/// finishes with the group, both of a spatial one do (A of a temporal pair
+/// trains as alone, so its deadline is unaffected).
 fn candidates(
     view: &ClusterView,
     prepared: &Prepared,
@@ -1006,11 +1027,30 @@ fn candidates(
         if !c.tran_wt.iter().any(|&w| w >= 1.0) {
             continue;
         }
+        let remaining_s = group_time(view, estimates, ord, a, b, c.pair.mode, &c.seconds);
+        let best = remaining_s
+            .iter()
+            .copied()
+            .filter(|t| t.is_finite())
+            .fold(f64::INFINITY, f64::min);
+        let finish_with_group: &[usize] = match c.pair.mode {
+            MergeMode::Temporal => &[b],
+            _ => &[a, b],
+        };
+        let misses = finish_with_group.iter().any(|&j| {
+            view.jobs[j]
+                .deadlines
+                .first()
+                .is_some_and(|s| best > s.by - view.now)
+        });
+        if misses {
+            continue;
+        }
         out.push(PairCandidate {
             a: ord[&a],
             b: ord[&b],
             mode: c.pair.mode,
-            remaining_s: group_time(view, estimates, ord, a, b, c.pair.mode, &c.seconds),
+            remaining_s,
             tran_wt: c.tran_wt.clone(),
         });
     }
@@ -1134,6 +1174,24 @@ fn assign_gpus(
         }
     }
     for u in unfilled {
+        // A cordoned node keeps what runs there; a group none of whose
+        // members held GPUs there does not start on it (its capacity is
+        // what runs there, so this is a job taking a suspended one's GPUs).
+        let new_on_cordoned = u.placement.iter().find(|&&(n, _)| {
+            view.nodes[n].cordoned
+                && !u.members.iter().any(|&i| {
+                    let j = &view.jobs[i];
+                    !j.profiling_run && j.holds.iter().any(|g| g.0 == n)
+                })
+        });
+        if let Some(&(n, _)) = new_on_cordoned {
+            let why = format!(
+                "waiting: {} placed it on node {}, which is cordoned (no new work)",
+                cfg.policy, view.nodes[n].id
+            );
+            unexecutable.extend(u.members.iter().map(|&i| (i, why.clone())));
+            continue;
+        }
         let mut gpus = Vec::new();
         for &(n, g) in &u.placement {
             gpus.extend(
@@ -1282,7 +1340,24 @@ fn transitions(
                 view.nodes.get(lost.0).map_or("?", |n| n.id.as_str()),
                 j.iteration
             ),
-            (None, JobState::Running, None) => "suspended by the plan (checkpointed)".into(),
+            (None, JobState::Running, None) => {
+                let drained = j
+                    .holds
+                    .iter()
+                    .find(|g| view.nodes.get(g.0).is_some_and(|n| n.drained));
+                match drained {
+                    Some(g) => format!(
+                        "node {} is drained: moved off from its checkpoint (iteration {})",
+                        view.nodes[g.0].id, j.iteration
+                    ),
+                    None if j.held_back => format!(
+                        "held back this round (re-queued or retrying): suspended from its \
+                         checkpoint (iteration {})",
+                        j.iteration
+                    ),
+                    None => "suspended by the plan (checkpointed)".into(),
+                }
+            }
             _ => "waiting for GPUs".into(),
         };
         if j.state == JobState::Submitted && want == JobState::Running {
@@ -1326,7 +1401,85 @@ fn leases(
     out
 }
 
-/// Builders of views for tests (this crate's, and others' with the
+/// What a round predicts of one snapshot job, for users (`fmctl jobs`)
+/// and SLO metrics.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Prediction {
+    /// View job.
+    pub job: usize,
+    /// Seconds from the view's clock until it finishes at the GPUs the
+    /// round gave it (`T_{i,a}`, its remaining time alone); None when it
+    /// waits or trains merged (a pair's finish depends on the merge).
+    pub finish_in: Option<f64>,
+    /// It has a deadline and is predicted to miss it: running, finishing
+    /// after it; waiting, unable to make it even if started now on its
+    /// fastest allocation.
+    pub at_risk: bool,
+    /// Seconds its fastest allocation alone would take from now.
+    pub best_in: Option<f64>,
+    /// Its deadline (the full reward's), seconds from the view's clock.
+    pub deadline_in: Option<f64>,
+}
+
+/// The round's predictions for its snapshot jobs (pure; the service
+/// stores them with the plan).
+pub fn predictions(
+    view: &ClusterView,
+    prepared: &Prepared,
+    estimates: &Estimates,
+    outcome: &RoundOutcome,
+) -> Vec<Prediction> {
+    let alone: BTreeMap<usize, u32> = outcome
+        .groups
+        .iter()
+        .filter(|g| g.jobs.len() == 1)
+        .map(|g| (g.jobs[0], g.gpus.len() as u32))
+        .collect();
+    let merged: BTreeSet<usize> = outcome
+        .groups
+        .iter()
+        .filter(|g| g.jobs.len() > 1)
+        .flat_map(|g| g.jobs.iter().copied())
+        .collect();
+    prepared
+        .jobs
+        .iter()
+        .enumerate()
+        .map(|(k, &i)| {
+            let times = estimates.jobs.get(k).map(Vec::as_slice).unwrap_or(&[]);
+            let at = |gpus: u32| {
+                prepared
+                    .allocations
+                    .iter()
+                    .position(|&a| a == gpus)
+                    .and_then(|x| times.get(x).copied())
+                    .filter(|t| t.is_finite())
+            };
+            let finish_in = alone.get(&i).and_then(|&g| at(g));
+            // The (first, full-reward) deadline, on the view's clock.
+            let deadline = view.jobs[i].deadlines.first().map(|s| s.by - view.now);
+            let best = times
+                .iter()
+                .copied()
+                .filter(|t| t.is_finite())
+                .fold(f64::INFINITY, f64::min);
+            let at_risk = deadline.is_some_and(|d| match finish_in {
+                Some(f) => f > d,
+                None if merged.contains(&i) => false,
+                None => best > d,
+            });
+            Prediction {
+                job: i,
+                finish_in,
+                at_risk,
+                best_in: best.is_finite().then_some(best),
+                deadline_in: deadline,
+            }
+        })
+        .collect()
+}
+
+/// Builders of views for tests (this crate's, and others' with the/// Builders of views for tests (this crate's, and others' with the
 /// `testkit` feature): a node, a job, a view, and random views.
 #[cfg(any(test, feature = "testkit"))]
 pub mod testkit {
@@ -1340,6 +1493,7 @@ pub mod testkit {
             gpus,
             state: NodeState::Available,
             drained: false,
+            cordoned: false,
             gpu_model: "A100".into(),
         }
     }
@@ -1447,6 +1601,7 @@ pub mod testkit {
                         _ => NodeState::Available,
                     },
                     drained: st == 2,
+                    cordoned: st == 3,
                     // Every third node is of another family.
                     gpu_model: if k % 3 == 2 { "H100" } else { "A100" }.into(),
                 })
@@ -1650,6 +1805,137 @@ mod tests {
         assert_eq!(p.nodes, vec![0, 1], "the offline node is out");
         assert_eq!(p.capacity, vec![2, 0]);
         assert_eq!(p.total_gpus, 8);
+    }
+
+    /// An operator's cordon: the running job keeps its GPUs, the queued
+    /// one does not start there though GPUs are free, and no new profiling
+    /// run lands there.
+    #[test]
+    fn a_cordoned_node_keeps_what_runs_there_and_takes_nothing_new() {
+        let mut a = job("a", "qqp", JobState::Running, 2);
+        a.holds = vec![(0, 0), (0, 1)];
+        let b = job("b", "rte", JobState::Queued, 2);
+        let c = job("c", "mrpc", JobState::Submitted, 1);
+        let mut nodes = vec![node("c", 4)];
+        nodes[0].cordoned = true;
+        let v = view(nodes, vec![a, b, c]);
+        let policy = by_name("srtf").unwrap();
+        let p = prepare(&v, policy.as_ref(), &RoundConfig::default());
+        assert!(
+            p.profiling.is_empty(),
+            "no new profiling run: {:?}",
+            p.profiling
+        );
+        assert_eq!(p.capacity, vec![2], "what runs there");
+        let cfg = RoundConfig {
+            profiling: false,
+            ..Default::default()
+        };
+        let d = run(&v, "srtf", &cfg);
+        let ga = d.outcome.groups.iter().find(|g| g.jobs == [0]).unwrap();
+        assert!(ga.kept);
+        assert!(d.outcome.groups.iter().all(|g| !g.jobs.contains(&1)));
+        // Uncordoned, b starts on the free GPUs.
+        let mut v = v;
+        v.nodes[0].cordoned = false;
+        let d = run(&v, "srtf", &cfg);
+        assert!(d.outcome.groups.iter().any(|g| g.jobs == [1]));
+    }
+
+    /// Predictions: a placed job finishes after its remaining time at its
+    /// GPUs; it is at risk past its deadline; a waiting job is at risk
+    /// only when even its fastest allocation started now misses.
+    #[test]
+    fn predictions_give_finish_times_and_deadline_risk() {
+        let mut a = job("a", "qqp", JobState::Queued, 4);
+        a.deadlines = crate::slo::reward_steps(crate::SloClass::Slo, 0.0, Some(3000.0));
+        let mut b = job("b", "rte", JobState::Queued, 4);
+        b.deadlines = crate::slo::reward_steps(crate::SloClass::Slo, 0.0, Some(500.0));
+        let v = view(vec![node("n", 4)], vec![a, b]);
+        let cfg = RoundConfig {
+            profiling: false,
+            ..Default::default()
+        };
+        let policy = by_name("edf").unwrap();
+        let p = prepare(&v, policy.as_ref(), &cfg);
+        let e = estimates(&p, 3600.0);
+        let d = decide(&v, &p, &e, policy.as_ref(), &cfg).unwrap();
+        let pr = predictions(&v, &p, &e, &d.outcome);
+        // EDF runs b (earliest deadline) on the node; a waits.
+        let pb = pr.iter().find(|x| x.job == 1).unwrap();
+        let pa = pr.iter().find(|x| x.job == 0).unwrap();
+        let placed = d.outcome.groups.iter().find(|g| g.jobs == [1]).unwrap();
+        let k = p
+            .allocations
+            .iter()
+            .position(|&x| x == placed.gpus.len() as u32)
+            .unwrap();
+        assert_eq!(pb.finish_in, Some(e.jobs[1][k]));
+        // 3600 GPU-seconds on 4 GPUs: 900 s, past b's 500 s.
+        assert!(
+            pb.at_risk,
+            "b needs {:?} s, its deadline is in 500 s",
+            pb.finish_in
+        );
+        assert_eq!(pa.finish_in, None);
+        let best = e.jobs[0].iter().copied().fold(f64::INFINITY, f64::min);
+        assert_eq!(pa.at_risk, best > 3000.0);
+    }
+
+    /// Profiling takes GPUs from training up to `profiling_share` of the
+    /// cluster (at least one).
+    #[test]
+    fn profiling_takes_at_most_its_share_from_training() {
+        let mut a = job("a", "qqp", JobState::Running, 8);
+        a.holds = (0..8).map(|g| (0, g)).collect();
+        let mut jobs = vec![a];
+        for (k, t) in ["rte", "mrpc", "cola", "stsb"].iter().enumerate() {
+            let mut j = job(&format!("s{k}"), t, JobState::Submitted, 1);
+            j.submitted_at = k as f64;
+            jobs.push(j);
+        }
+        let v = view(vec![node("n", 8)], jobs);
+        let policy = by_name("srtf").unwrap();
+        let reserved = |share: f64| {
+            let cfg = RoundConfig {
+                profiling_share: share,
+                ..Default::default()
+            };
+            prepare(&v, policy.as_ref(), &cfg).profiling.len()
+        };
+        assert_eq!(reserved(DEFAULT_PROFILING_SHARE), 1, "an eighth of 8");
+        assert_eq!(reserved(0.5), 4);
+        assert_eq!(reserved(0.01), 1, "at least one");
+    }
+
+    /// A drained node: its job moves to a node with room, or, with none,
+    /// is queued saying why.
+    #[test]
+    fn a_drained_nodes_jobs_move_off_or_wait_saying_why() {
+        let mut a = job("a", "qqp", JobState::Running, 2);
+        a.holds = vec![(0, 0), (0, 1)];
+        a.iteration = 40;
+        let mut nodes = vec![node("d", 4), node("n", 2)];
+        nodes[0].drained = true;
+        let cfg = RoundConfig {
+            profiling: false,
+            ..Default::default()
+        };
+        let v = view(nodes.clone(), vec![a.clone()]);
+        let d = run(&v, "srtf", &cfg);
+        let g = d.outcome.groups.iter().find(|g| g.jobs == [0]).unwrap();
+        assert_eq!(g.gpus, vec![(1, 0), (1, 1)], "moved to n");
+        let v = view(vec![nodes[0].clone()], vec![a]);
+        let d = run(&v, "srtf", &cfg);
+        assert!(d.outcome.groups.is_empty());
+        assert_eq!(
+            d.outcome.transitions,
+            vec![Transition {
+                job: 0,
+                to: JobState::Queued,
+                reason: "node d is drained: moved off from its checkpoint (iteration 40)".into()
+            }]
+        );
     }
 
     #[test]
@@ -1938,6 +2224,51 @@ mod tests {
         assert!(p.eligible.is_empty());
     }
 
+    /// Merging with deadlines: a pair whose best time would make B (of a
+    /// temporal pair) miss its deadline is no candidate; with a deadline
+    /// it can meet, or one only on A, it stays one.
+    #[test]
+    fn a_merge_that_would_miss_a_deadline_is_no_candidate() {
+        let steps = |by: f64| crate::slo::reward_steps(crate::SloClass::Slo, 0.0, Some(by));
+        let candidates = |deadline_a: Option<f64>, deadline_b: Option<f64>| {
+            let mut a = job("a", "rte", JobState::Queued, 1);
+            let mut b = job("b", "mrpc", JobState::Queued, 1);
+            a.deadlines = deadline_a.map(steps).unwrap_or_default();
+            b.deadlines = deadline_b.map(steps).unwrap_or_default();
+            let v = view(vec![node("n", 2)], vec![a, b]);
+            let cfg = RoundConfig {
+                profiling: false,
+                ..Default::default()
+            };
+            let policy = by_name("ymir").unwrap();
+            let p = prepare(&v, policy.as_ref(), &cfg);
+            let mut e = estimates(&p, 3600.0);
+            e.candidates.push(PairEstimate {
+                pair: PairKey {
+                    a: 0,
+                    b: 1,
+                    mode: MergeMode::Temporal,
+                },
+                seconds: linear(&p, 360.0),
+                tran_wt: p
+                    .allocations
+                    .iter()
+                    .map(|&x| if x == 0 { 0.0 } else { 1.8 })
+                    .collect(),
+                gain_ab: 0.25,
+                gain_ba: 0.0,
+            });
+            let d = decide(&v, &p, &e, policy.as_ref(), &cfg).unwrap();
+            d.snapshot.candidates.len()
+        };
+        // The pair's best: A on 2 GPUs (1800 s), then B from A's weights
+        // (180 s) after its restart (30 s).
+        assert_eq!(candidates(None, None), 1);
+        assert_eq!(candidates(None, Some(1000.0)), 0, "B would miss");
+        assert_eq!(candidates(None, Some(5000.0)), 1, "B makes it");
+        assert_eq!(candidates(Some(1000.0), None), 1, "A trains as alone");
+    }
+
     /// A new merge is decided on a candidate the caller estimated; the
     /// group's time is A's, then B's from A's weights after B's restart.
     #[test]
@@ -2118,6 +2449,7 @@ mod tests {
             for r in &o.profiling {
                 for g in &r.gpus {
                     prop_assert!(seen_gpu.insert(*g), "GPU {g:?} twice");
+                    prop_assert!(!r.new || !v.nodes[g.0].cordoned, "new profiling on a cordoned node");
                 }
                 prop_assert!(seen_job.insert(r.job));
             }
@@ -2127,6 +2459,13 @@ mod tests {
                     prop_assert!(v.nodes[gpu.0].state != NodeState::Offline);
                     prop_assert!(!v.nodes[gpu.0].drained);
                     prop_assert!(seen_gpu.insert(*gpu), "GPU {gpu:?} twice");
+                    // A cordoned node gets no new work: only a member that
+                    // trained there keeps GPUs on it.
+                    if v.nodes[gpu.0].cordoned {
+                        prop_assert!(g.jobs.iter().any(|&j| !v.jobs[j].profiling_run
+                            && v.jobs[j].holds.iter().any(|h| h.0 == gpu.0)),
+                            "a new group on cordoned node {}", gpu.0);
+                    }
                 }
                 for &j in &g.jobs {
                     prop_assert!(seen_job.insert(j), "job {j} twice");

@@ -31,6 +31,39 @@ pub const FULL_REWARD: f64 = 100.0;
 /// values of 80, 50, and 20").
 pub const SOFT_STEPS: [(f64, f64); 4] = [(1.0, 100.0), (1.1, 80.0), (1.2, 50.0), (1.5, 20.0)];
 
+/// One step of a soft SLO job's own reward function (the spec's
+/// `reward_steps`): `reward` for finishing by `at` × its relative deadline.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SoftStep {
+    pub at: f64,
+    pub reward: f64,
+}
+
+/// [`reward_steps`] with a soft SLO job's own steps (`custom`, validated by
+/// the spec: the first at 1 × the deadline, later ones later and worth no
+/// more); empty `custom`, or another class: [`reward_steps`].
+pub fn reward_steps_with(
+    class: SloClass,
+    submitted_at: f64,
+    deadline: Option<f64>,
+    custom: &[SoftStep],
+) -> Vec<RewardStep> {
+    match (class, deadline) {
+        (SloClass::SoftSlo, Some(d)) if !custom.is_empty() => {
+            let span = (d - submitted_at).max(0.0);
+            custom
+                .iter()
+                .map(|s| RewardStep {
+                    by: submitted_at + s.at * span,
+                    reward: s.reward,
+                })
+                .collect()
+        }
+        _ => reward_steps(class, submitted_at, deadline),
+    }
+}
+
 /// The reward steps of a job of `class` submitted at `submitted_at` with
 /// its deadline at `deadline` (same clock), earliest first. Best-effort
 /// jobs (and a class without a deadline) have none.

@@ -272,6 +272,11 @@ pub struct Control {
     /// Freeze the first this-many layers from the next epoch on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub frozen_layers: Option<u32>,
+    /// When its lease ends (Unix seconds): the scheduler then renews it or
+    /// suspends it, so a trainer checkpoints shortly before (a suspension
+    /// then loses nothing and is quick).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease_end: Option<f64>,
 }
 
 impl Report {

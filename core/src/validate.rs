@@ -325,6 +325,50 @@ impl JobSpec {
         if self.slo_class.is_some_and(SloClass::has_deadline) && self.deadline.is_none() {
             return err("slo_class", "SLO jobs (strict or soft) need a deadline");
         }
+        if !self.reward_steps.is_empty() {
+            if self.class() != SloClass::SoftSlo {
+                return err(
+                    "reward_steps",
+                    "only a soft_slo job has reward steps of its own (a strict SLO earns 100 by \
+                     its deadline, a best-effort job none)",
+                );
+            }
+            if self.reward_steps.len() > 8 {
+                return err("reward_steps", "at most 8 steps");
+            }
+            let mut before: Option<crate::slo::SoftStep> = None;
+            for (k, s) in self.reward_steps.iter().enumerate() {
+                let field = format!("reward_steps[{k}]");
+                if !(s.reward > 0.0 && s.reward <= crate::slo::FULL_REWARD) {
+                    return err(
+                        &format!("{field}.reward"),
+                        format!("{} is not in (0, 100]", s.reward),
+                    );
+                }
+                if !(1.0..=10.0).contains(&s.at) {
+                    return err(
+                        &format!("{field}.at"),
+                        format!("{} is not in [1, 10] (multiples of the deadline)", s.at),
+                    );
+                }
+                match before {
+                    None if s.at != 1.0 => {
+                        return err(
+                            &format!("{field}.at"),
+                            "the first step is the deadline itself: at 1",
+                        );
+                    }
+                    Some(b) if s.at <= b.at || s.reward > b.reward => {
+                        return err(
+                            &field,
+                            "steps come later and are worth no more than the one before",
+                        );
+                    }
+                    _ => {}
+                }
+                before = Some(*s);
+            }
+        }
 
         // Frozen layers (ICEFROG).
         if let Some(f) = self.frozen_layers {
@@ -497,6 +541,7 @@ pub(crate) mod tests {
             sharing: true,
             deadline: None,
             slo_class: None,
+            reward_steps: Vec::new(),
             frozen_layers: None,
             layer_elasticity: None,
             launch: Launch {
@@ -742,6 +787,42 @@ pub(crate) mod tests {
         );
         s.slo_class = Some(SloClass::Slo);
         check(&s).unwrap();
+    }
+
+    /// A soft SLO job's own reward steps act (they are its steps) or are
+    /// refused naming the step and what is wrong.
+    #[test]
+    fn own_reward_steps_are_a_soft_slos_and_well_formed() {
+        use crate::slo::SoftStep;
+        let step = |at, reward| SoftStep { at, reward };
+        let mut s = spec();
+        s.deadline = Some(
+            DateTime::parse_from_rfc3339("2026-07-01T00:00:00Z")
+                .unwrap()
+                .to_utc(),
+        );
+        s.reward_steps = vec![step(1.0, 100.0), step(2.0, 40.0)];
+        s.slo_class = Some(SloClass::Slo);
+        assert_eq!(field_of(&s), "spec.reward_steps", "a strict SLO has none");
+        s.slo_class = Some(SloClass::SoftSlo);
+        check(&s).unwrap();
+        let steps = s.reward_steps(0.0, Some(100.0));
+        assert_eq!(
+            steps.iter().map(|r| (r.by, r.reward)).collect::<Vec<_>>(),
+            [(100.0, 100.0), (200.0, 40.0)]
+        );
+        s.reward_steps = vec![step(1.5, 100.0)];
+        assert_eq!(field_of(&s), "spec.reward_steps[0].at");
+        s.reward_steps = vec![step(1.0, 100.0), step(1.0, 50.0)];
+        assert_eq!(field_of(&s), "spec.reward_steps[1]");
+        s.reward_steps = vec![step(1.0, 50.0), step(1.2, 80.0)];
+        assert_eq!(field_of(&s), "spec.reward_steps[1]", "worth no more");
+        s.reward_steps = vec![step(1.0, 120.0)];
+        assert_eq!(field_of(&s), "spec.reward_steps[0].reward");
+        s.reward_steps = vec![step(1.0, 100.0), step(11.0, 10.0)];
+        assert_eq!(field_of(&s), "spec.reward_steps[1].at");
+        s.reward_steps = Vec::new();
+        assert_eq!(s.reward_steps(0.0, Some(100.0)).len(), 4, "UniSched's four");
     }
 
     #[test]

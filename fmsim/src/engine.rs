@@ -192,6 +192,7 @@ impl SimConfig {
                     gpus: g.gpus,
                     state: NodeState::Available,
                     drained: false,
+                    cordoned: false,
                     gpu_model: family.clone(),
                 });
             }
@@ -1531,6 +1532,7 @@ pub fn round_config(cfg: &SimConfig, policy: &dyn Policy) -> RoundConfig {
         max_nodes_per_group: None,
         placement_rule: cfg.placement_rule,
         policy: policy.name().to_string(),
+        ..Default::default()
     }
 }
 

@@ -481,16 +481,22 @@ pub fn with_knobs(
             *into = v;
         }
     };
-    let (policy, known): (Box<dyn Policy + Send + Sync>, &[&str]) = match name {
+    let Some(known) = knob_names(name) else {
+        return Err(format!(
+            "unknown policy {name:?}; expected one of {}",
+            POLICY_NAMES.join(", ")
+        ));
+    };
+    let policy: Box<dyn Policy + Send + Sync> = match name {
         "fifo" => {
             let mut p = Fifo::default();
             take("interval_s", &mut p.interval_s);
-            (Box::new(p), &["interval_s"])
+            Box::new(p)
         }
         "srtf" => {
             let mut p = Srtf::default();
             take("interval_s", &mut p.interval_s);
-            (Box::new(p), &["interval_s"])
+            Box::new(p)
         }
         "tiresias" => {
             let mut p = Tiresias::default();
@@ -499,36 +505,33 @@ pub fn with_knobs(
             let mut threshold = p.thresholds_gpu_s.first().copied().unwrap_or(0.0) / 3600.0;
             take("threshold_gpu_h", &mut threshold);
             p.thresholds_gpu_s = vec![threshold * 3600.0];
-            (
-                Box::new(p),
-                &["interval_s", "starvation_factor", "threshold_gpu_h"],
-            )
+            Box::new(p)
         }
         "optimus" => {
             let mut p = Optimus::default();
             take("interval_s", &mut p.interval_s);
-            (Box::new(p), &["interval_s"])
+            Box::new(p)
         }
         "themis" => {
             let mut p = Themis::default();
             take("interval_s", &mut p.interval_s);
             take("lease_s", &mut p.lease_s);
-            (Box::new(p), &["interval_s", "lease_s"])
+            Box::new(p)
         }
         "pollux" => {
             let mut p = Pollux::default();
             take("interval_s", &mut p.interval_s);
-            (Box::new(p), &["interval_s"])
+            Box::new(p)
         }
         "edf" => {
             let mut p = Edf::default();
             take("interval_s", &mut p.interval_s);
-            (Box::new(p), &["interval_s"])
+            Box::new(p)
         }
         "hydra" => {
             let mut p = Hydra::default();
             take("interval_s", &mut p.interval_s);
-            (Box::new(p), &["interval_s"])
+            Box::new(p)
         }
         "unisched" | "chronus" => {
             let mut c = UniSchedConfig {
@@ -547,20 +550,7 @@ pub fn with_knobs(
             take("deadline_margin_s", &mut c.deadline_margin_s);
             c.windows = windows.max(1.0) as usize;
             c.horizon_terms = horizon.clamp(1.0, 1e6) as u32;
-            (
-                Box::new(UniSched::new(c)),
-                &[
-                    "interval_s",
-                    "be_lease_s",
-                    "slo_lease_s",
-                    "time_limit_s",
-                    "windows",
-                    "horizon_terms",
-                    "future_capacity",
-                    "slack_weight",
-                    "deadline_margin_s",
-                ],
-            )
+            Box::new(UniSched::new(c))
         }
         "ymir" | "ymir-no-merge" => {
             let mut c = YmirConfig {
@@ -576,23 +566,9 @@ pub fn with_knobs(
             take("pairs_per_job", &mut pairs);
             c.merging = merging != 0.0;
             c.pairs_per_job = pairs.max(0.0) as usize;
-            (
-                Box::new(Ymir::new(c)),
-                &[
-                    "interval_s",
-                    "time_limit_s",
-                    "srtf_weight",
-                    "merging",
-                    "pairs_per_job",
-                ],
-            )
+            Box::new(Ymir::new(c))
         }
-        other => {
-            return Err(format!(
-                "unknown policy {other:?}; expected one of {}",
-                POLICY_NAMES.join(", ")
-            ));
-        }
+        other => unreachable!("knob_names knows {other:?} but with_knobs does not"),
     };
     if let Some((k, _)) = left.into_iter().next() {
         return Err(format!(
@@ -610,6 +586,35 @@ pub fn with_knobs(
         ));
     }
     Ok(policy)
+}
+
+/// The knobs a policy takes ([`with_knobs`]), or None for an unknown
+/// policy.
+pub fn knob_names(name: &str) -> Option<&'static [&'static str]> {
+    Some(match name {
+        "fifo" | "srtf" | "optimus" | "pollux" | "edf" | "hydra" => &["interval_s"],
+        "tiresias" => &["interval_s", "starvation_factor", "threshold_gpu_h"],
+        "themis" => &["interval_s", "lease_s"],
+        "unisched" | "chronus" => &[
+            "interval_s",
+            "be_lease_s",
+            "slo_lease_s",
+            "time_limit_s",
+            "windows",
+            "horizon_terms",
+            "future_capacity",
+            "slack_weight",
+            "deadline_margin_s",
+        ],
+        "ymir" | "ymir-no-merge" => &[
+            "interval_s",
+            "time_limit_s",
+            "srtf_weight",
+            "merging",
+            "pairs_per_job",
+        ],
+        _ => return None,
+    })
 }
 
 /// Names accepted by [`by_name`].
@@ -632,6 +637,22 @@ pub const POLICY_NAMES: [&str; 12] = [
 mod tests {
     use super::super::testkit::*;
     use super::*;
+
+    /// `knob_names` is the list `with_knobs` takes, for every policy: each
+    /// named knob is accepted, and one more is refused with the list.
+    #[test]
+    fn every_policy_names_the_knobs_it_takes() {
+        for name in POLICY_NAMES {
+            let known = knob_names(name).unwrap();
+            let all: BTreeMap<String, f64> = known.iter().map(|k| (k.to_string(), 2.0)).collect();
+            assert!(with_knobs(name, &all).is_ok(), "{name}");
+            let mut more = all.clone();
+            more.insert("no_such_knob".into(), 1.0);
+            let e = with_knobs(name, &more).err().unwrap();
+            assert!(e.contains("no_such_knob") && e.contains(known[0]), "{e}");
+        }
+        assert!(knob_names("lyra").is_none());
+    }
 
     #[test]
     fn fifo_blocks_behind_the_head_and_never_preempts() {
