@@ -9,6 +9,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "fmsched/v1/cluster.proto",
         "fmsched/v1/agent.proto",
         "fmsched/v1/estimator.proto",
+        "fmsched/v1/admin.proto",
     ]
     .into_iter()
     .map(PathBuf::from)

@@ -209,6 +209,14 @@ pub fn job_spec_from_proto(p: pb::JobSpec) -> Result<core::JobSpec, FieldError> 
         sharing: p.sharing.unwrap_or(true),
         deadline,
         slo_class,
+        reward_steps: p
+            .reward_steps
+            .iter()
+            .map(|s| core::slo::SoftStep {
+                at: s.at,
+                reward: s.reward,
+            })
+            .collect(),
         layer_elasticity: p.layer_elasticity.map(|e| core::LayerElasticity {
             max_frozen_layers: e.max_frozen_layers,
         }),
@@ -269,6 +277,14 @@ pub fn job_spec_to_proto(s: &core::JobSpec) -> pb::JobSpec {
             Some(core::SloClass::Slo) => pb::SloClass::Slo,
             Some(core::SloClass::SoftSlo) => pb::SloClass::SoftSlo,
         } as i32,
+        reward_steps: s
+            .reward_steps
+            .iter()
+            .map(|r| pb::SoftRewardStep {
+                at: r.at,
+                reward: r.reward,
+            })
+            .collect(),
         layer_elasticity: s.layer_elasticity.map(|e| pb::LayerElasticity {
             max_frozen_layers: e.max_frozen_layers,
         }),

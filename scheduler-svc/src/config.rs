@@ -163,7 +163,7 @@ impl LivenessConfig {
     }
 }
 
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct SchedulingConfig {
     /// Scheduling round interval; unset: the policy's own, as fmsim runs
@@ -184,6 +184,9 @@ pub struct SchedulingConfig {
     /// Give each new job a short profiling run (1 GPU, 4 for pipeline jobs)
     /// before it is scheduled; its loss trace and embedding become estimates.
     pub profiling: bool,
+    /// The share of the cluster's GPUs profiling runs may take from
+    /// training (free GPUs are used first; at least one GPU), in (0, 1].
+    pub profiling_share: f64,
     /// Let the policy merge jobs (Ymir's task merger; needs profiling, whose
     /// Task2Vec embeddings give the transfer estimates).
     pub merging: bool,
@@ -248,6 +251,22 @@ impl SchedulingConfig {
         fmsched_core::policy::baselines::with_knobs(&self.policy, &self.knobs)
     }
 
+    /// These settings with the policy an admin set live (`AdminService`):
+    /// its policy and knobs replace `policy` and `knobs`; its `interval_s`
+    /// knob, when given, replaces `interval` (else `interval`, if set, still
+    /// pins the cadence).
+    pub fn with_setting(&self, setting: Option<&crate::persistence::PolicySetting>) -> Self {
+        let mut out = self.clone();
+        if let Some(s) = setting {
+            out.policy = s.policy.clone();
+            out.knobs = s.knobs.clone();
+            if let Some(&i) = s.knobs.get("interval_s") {
+                out.interval = Some(Duration::from_secs_f64(i.max(0.0)));
+            }
+        }
+        out
+    }
+
     /// The interval rounds run at: `interval` if set, else the policy's own.
     pub fn round_interval(&self) -> Duration {
         self.interval.unwrap_or_else(|| {
@@ -272,6 +291,7 @@ impl Default for SchedulingConfig {
             knobs: Default::default(),
             enabled: true,
             profiling: true,
+            profiling_share: fmsched_core::round::DEFAULT_PROFILING_SHARE,
             merging: true,
             max_retries: 3,
             retry_backoff: Duration::from_secs(30),
@@ -368,6 +388,13 @@ impl Config {
                     "must be at least twice leader_refresh ({:?} vs {:?}): a leader renews it several times before it lapses",
                     self.leader_lease, self.leader_refresh
                 ),
+            ));
+        }
+        let share = self.scheduling.profiling_share;
+        if !(share > 0.0 && share <= 1.0) {
+            return Err(invalid(
+                "scheduling.profiling_share",
+                format!("{share} is not in (0, 1]"),
             ));
         }
         if let Err(e) = self.scheduling.gang_port_range() {
@@ -517,6 +544,55 @@ mod tests {
         assert_eq!(interval("tiresias"), Duration::from_secs(120));
         assert_eq!(interval("pollux"), Duration::from_secs(300));
         assert_eq!(interval("unisched"), Duration::from_secs(60));
+    }
+
+    /// The profiling share is a fraction in (0, 1]; anything else is
+    /// refused naming the key.
+    #[test]
+    fn the_profiling_share_is_a_fraction() {
+        let load = |v: &str| {
+            Config::load_from(None, env(&[("FMSCHED_SCHEDULING__PROFILING_SHARE", v)]))
+                .map(|c| c.scheduling.profiling_share)
+                .map_err(|e| e.to_string())
+        };
+        assert_eq!(load("0.25").unwrap(), 0.25);
+        for bad in ["0", "1.5", "-0.1"] {
+            let e = load(bad).unwrap_err();
+            assert!(e.contains("scheduling.profiling_share"), "{e}");
+        }
+    }
+
+    /// A policy set through the admin API replaces the configured policy
+    /// and knobs; the configured interval still paces rounds unless the
+    /// setting names `interval_s`.
+    #[test]
+    fn a_live_policy_setting_replaces_the_configured_one() {
+        let cfg = Config::load_from(
+            None,
+            env(&[
+                ("FMSCHED_SCHEDULING__POLICY", "ymir"),
+                ("FMSCHED_SCHEDULING__INTERVAL", "30s"),
+                ("FMSCHED_SCHEDULING__KNOBS__SRTF_WEIGHT", "0.5"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(cfg.scheduling.with_setting(None), cfg.scheduling);
+        let mut set = crate::persistence::PolicySetting {
+            policy: "tiresias".into(),
+            knobs: [("starvation_factor".to_string(), 4.0)]
+                .into_iter()
+                .collect(),
+            set_by: "root".into(),
+            set_at: chrono::Utc::now(),
+        };
+        let s = cfg.scheduling.with_setting(Some(&set));
+        assert_eq!(s.policy, "tiresias");
+        assert_eq!(s.knobs, set.knobs, "ymir's srtf_weight is gone");
+        assert!(s.build_policy().is_ok());
+        assert_eq!(s.round_interval(), Duration::from_secs(30));
+        set.knobs.insert("interval_s".into(), 5.0);
+        let s = cfg.scheduling.with_setting(Some(&set));
+        assert_eq!(s.round_interval(), Duration::from_secs(5));
     }
 
     /// `scheduling.knobs` reach the policy; one it does not have is refused

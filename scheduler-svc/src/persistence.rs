@@ -17,6 +17,9 @@ use sqlx::{PgPool, Row};
 use uuid::Uuid;
 
 /// Migrations of `migrations/`, embedded at build time.
+mod admin;
+pub use admin::{AdminState, AuditEvent, CordonChange, NodeCordon, PolicySetting, Requeue};
+
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");
 
 #[derive(Debug, thiserror::Error)]
@@ -151,6 +154,30 @@ async fn account_service(
     )
     .bind(&leased)
     .bind(&until)
+    .execute(&mut **tx)
+    .await
+    .map_err(db_err(op))?;
+    let p = &service.predictions;
+    let jobs: Vec<Uuid> = p.iter().map(|x| x.0.0).collect();
+    let finish: Vec<Option<DateTime<Utc>>> = p.iter().map(|x| x.1).collect();
+    let risk: Vec<bool> = p.iter().map(|x| x.2).collect();
+    sqlx::query(
+        "UPDATE job_service SET predicted_finish = NULL, at_risk = false
+         WHERE (predicted_finish IS NOT NULL OR at_risk) AND job_id <> ALL($1::uuid[])",
+    )
+    .bind(&jobs)
+    .execute(&mut **tx)
+    .await
+    .map_err(db_err(op))?;
+    sqlx::query(
+        "INSERT INTO job_service (job_id, predicted_finish, at_risk)
+         SELECT * FROM UNNEST($1::uuid[], $2::timestamptz[], $3::bool[])
+         ON CONFLICT (job_id) DO UPDATE
+         SET predicted_finish = EXCLUDED.predicted_finish, at_risk = EXCLUDED.at_risk",
+    )
+    .bind(&jobs)
+    .bind(&finish)
+    .bind(&risk)
     .execute(&mut **tx)
     .await
     .map_err(db_err(op))?;
@@ -586,6 +613,29 @@ pub struct JobService {
     pub executed_s: f64,
     pub fair_share_gpu_s: f64,
     pub lease_until: Option<DateTime<Utc>>,
+    /// The last round predicted it to miss its deadline.
+    pub at_risk: bool,
+}
+
+/// Deadline outcomes for the SLO metrics.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SloReport {
+    /// Per class (`slo`, `soft_slo`): (jobs with a deadline that ended,
+    /// those that missed it: failed, or completed after it).
+    pub finished: BTreeMap<&'static str, (u64, u64)>,
+    pub best_effort_completed: u64,
+    /// Mean JCT (completion − submission) of completed best-effort jobs.
+    pub best_effort_avg_jct_s: f64,
+    /// Live jobs the last round predicted to miss their deadline.
+    pub at_risk: u64,
+}
+
+/// What the last round predicted of a live job, and its lease.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct JobSchedule {
+    pub predicted_finish: Option<DateTime<Utc>>,
+    pub at_risk: bool,
+    pub lease_until: Option<DateTime<Utc>>,
 }
 
 /// What a stored plan records about service besides the assignments.
@@ -596,6 +646,9 @@ pub struct ServiceUpdate {
     pub fair_share_gpus: Vec<(JobId, f64)>,
     /// The leases of the new plan; every other job's lease ends.
     pub leases: Vec<(JobId, DateTime<Utc>)>,
+    /// The round's predictions (`core::round::predictions`): finish time
+    /// and deadline risk; every other job's are cleared.
+    pub predictions: Vec<(JobId, Option<DateTime<Utc>>, bool)>,
 }
 
 /// A failed training process, counted once (by its pid): the job's new
@@ -647,6 +700,9 @@ pub struct RoundWrites {
     /// The new plan (training and profiling).
     pub assignments: Vec<Assignment>,
     pub service: ServiceUpdate,
+    /// Admin re-queue requests this round acted on (job, requested at):
+    /// deleted, unless renewed since.
+    pub requeued: Vec<(JobId, DateTime<Utc>)>,
 }
 
 /// Proof of leadership that a leader-only write carries: the lease's holder
@@ -1152,6 +1208,19 @@ impl Persistence {
                 note_in(&mut tx, *job, kind, message, now, OP).await?;
             }
             account_service(&mut tx, &w.service, now, OP).await?;
+            if !w.requeued.is_empty() {
+                let jobs: Vec<Uuid> = w.requeued.iter().map(|r| r.0.0).collect();
+                let at: Vec<DateTime<Utc>> = w.requeued.iter().map(|r| r.1).collect();
+                sqlx::query(
+                    "DELETE FROM job_requeues q USING UNNEST($1::uuid[], $2::timestamptz[]) AS t(j, a)
+                     WHERE q.job_id = t.j AND q.requested_at = t.a",
+                )
+                .bind(&jobs)
+                .bind(&at)
+                .execute(&mut *tx)
+                .await
+                .map_err(db_err(OP))?;
+            }
             let generation: i64 = sqlx::query_scalar(
                 "UPDATE plan_generation SET generation = generation + 1, stored_at = $1, epoch = $2
                  RETURNING generation",
@@ -1265,6 +1334,37 @@ impl Persistence {
         Ok(out)
     }
 
+    /// The last round's predictions and the leases of these jobs (those it
+    /// said nothing of are absent).
+    pub async fn job_schedules(
+        &self,
+        jobs: &[JobId],
+    ) -> Result<BTreeMap<JobId, JobSchedule>, PersistenceError> {
+        let ids: Vec<Uuid> = jobs.iter().map(|j| j.0).collect();
+        type Row = (Uuid, Option<DateTime<Utc>>, bool, Option<DateTime<Utc>>);
+        let rows: Vec<Row> = sqlx::query_as(
+            "SELECT job_id, predicted_finish, at_risk, lease_until FROM job_service
+             WHERE job_id = ANY($1::uuid[])",
+        )
+        .bind(&ids)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(db_err("job_schedules"))?;
+        Ok(rows
+            .into_iter()
+            .map(|(j, predicted_finish, at_risk, lease_until)| {
+                (
+                    JobId(j),
+                    JobSchedule {
+                        predicted_finish,
+                        at_risk,
+                        lease_until,
+                    },
+                )
+            })
+            .collect())
+    }
+
     /// Jobs that are not finished (submitted, profiling, queued, running),
     /// oldest first.
     pub async fn live_jobs(&self) -> Result<Vec<JobRecord>, PersistenceError> {
@@ -1322,7 +1422,8 @@ impl Persistence {
     pub async fn service(&self) -> Result<BTreeMap<JobId, JobService>, PersistenceError> {
         const OP: &str = "service";
         let rows = sqlx::query(
-            "SELECT s.job_id, s.attained_gpu_s, s.executed_s, s.fair_share_gpu_s, s.lease_until
+            "SELECT s.job_id, s.attained_gpu_s, s.executed_s, s.fair_share_gpu_s, s.lease_until,
+                    s.at_risk
              FROM job_service s JOIN jobs j ON j.id = s.job_id
              WHERE j.state IN ('submitted','profiling','queued','running')",
         )
@@ -1339,6 +1440,7 @@ impl Persistence {
                     executed_s: r.try_get("executed_s").map_err(get)?,
                     fair_share_gpu_s: r.try_get("fair_share_gpu_s").map_err(get)?,
                     lease_until: r.try_get("lease_until").map_err(get)?,
+                    at_risk: r.try_get("at_risk").map_err(get)?,
                 },
             );
         }
@@ -1476,6 +1578,58 @@ impl Persistence {
             out.insert(s.parse().map_err(|e: String| corrupt(OP, e))?, n as u64);
         }
         Ok(out)
+    }
+
+    /// Deadline outcomes of finished jobs and best-effort JCT, for the
+    /// SLO metrics (read at scrape time, like the job counts).
+    pub async fn slo_report(&self) -> Result<SloReport, PersistenceError> {
+        const OP: &str = "slo_report";
+        // Jobs with a deadline that ended, with when they completed.
+        let rows: Vec<(serde_json::Value, String, Option<DateTime<Utc>>)> = sqlx::query_as(
+            "SELECT j.spec, j.state,
+                    (SELECT max(e.at) FROM job_events e
+                     WHERE e.job_id = j.id AND e.to_state = 'completed')
+             FROM jobs j
+             WHERE j.state IN ('completed', 'failed') AND j.spec ? 'deadline'",
+        )
+        .fetch_all(&self.pool)
+        .await
+        .map_err(db_err(OP))?;
+        let mut r = SloReport::default();
+        for (spec, state, done) in rows {
+            let spec: JobSpec =
+                serde_json::from_value(spec).map_err(|e| corrupt(OP, e.to_string()))?;
+            let (class, Some(deadline)) = (spec.class(), spec.deadline) else {
+                continue;
+            };
+            if class == fmsched_core::SloClass::BestEffort {
+                continue;
+            }
+            let e = r.finished.entry(class.as_str()).or_default();
+            e.0 += 1;
+            let met = state == "completed" && done.is_some_and(|t| t <= deadline);
+            e.1 += u64::from(!met);
+        }
+        // Best-effort: no deadline, or one the spec marks best-effort.
+        let (n, avg): (i64, Option<f64>) = sqlx::query_as(
+            "SELECT count(*), avg(EXTRACT(EPOCH FROM (e.at - j.created_at)))::float8
+             FROM jobs j JOIN job_events e ON e.job_id = j.id AND e.to_state = 'completed'
+             WHERE j.state = 'completed'
+               AND (NOT j.spec ? 'deadline' OR j.spec->>'slo_class' = 'best_effort')",
+        )
+        .fetch_one(&self.pool)
+        .await
+        .map_err(db_err(OP))?;
+        r.best_effort_completed = n as u64;
+        r.best_effort_avg_jct_s = avg.unwrap_or(0.0);
+        r.at_risk = sqlx::query_scalar::<_, i64>(
+            "SELECT count(*) FROM job_service s JOIN jobs j ON j.id = s.job_id
+             WHERE s.at_risk AND j.state IN ('submitted','profiling','queued','running')",
+        )
+        .fetch_one(&self.pool)
+        .await
+        .map_err(db_err(OP))? as u64;
+        Ok(r)
     }
 
     // ---- nodes -------------------------------------------------------------

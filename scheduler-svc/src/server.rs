@@ -10,6 +10,7 @@ use anyhow::Context;
 use chrono::Utc;
 use fmsched_core::Limits;
 use fmsched_proto::MAX_MESSAGE_BYTES;
+use fmsched_proto::v1::admin_service_server::AdminServiceServer;
 use fmsched_proto::v1::agent_service_server::AgentServiceServer;
 use fmsched_proto::v1::cluster_service_server::ClusterServiceServer;
 use fmsched_proto::v1::job_service_server::JobServiceServer;
@@ -20,6 +21,7 @@ use tonic::transport::{Identity, ServerTlsConfig};
 use tonic_health::ServingStatus;
 
 use crate::api::AppState;
+use crate::api::admin::AdminApi;
 use crate::api::agents::AgentApi;
 use crate::api::cluster::ClusterApi;
 use crate::api::jobs::JobApi;
@@ -107,6 +109,7 @@ pub async fn run(
         .set_serving::<ClusterServiceServer<ClusterApi>>()
         .await;
     health.set_serving::<AgentServiceServer<AgentApi>>().await;
+    health.set_serving::<AdminServiceServer<AdminApi>>().await;
     health.set_service_status("", ServingStatus::Serving).await;
 
     let (reflection_v1, reflection_v1alpha) = fmsched_proto::reflection_services()?;
@@ -163,6 +166,10 @@ pub async fn run(
         )
         .add_service(
             AgentServiceServer::new(AgentApi::new(state.clone()))
+                .max_decoding_message_size(MAX_MESSAGE_BYTES),
+        )
+        .add_service(
+            AdminServiceServer::new(AdminApi::new(state.clone()))
                 .max_decoding_message_size(MAX_MESSAGE_BYTES),
         )
         .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)

@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 use chrono::{DateTime, Utc};
 use fmsched_core::{GpuUuid, JobId, JobState, NodeId, NodeState, UserName};
 use scheduler_svc::persistence::{
-    Assignment, Fence, GpuRecord, JobQuery, LeaderLease, NewJob, NodeRecord, Persistence,
-    PersistenceError, RoundWrites, ServiceUpdate, SubmitOutcome,
+    Assignment, Fence, GpuRecord, JobQuery, JobSchedule, LeaderLease, NewJob, NodeRecord,
+    Persistence, PersistenceError, RoundWrites, ServiceUpdate, SubmitOutcome,
 };
 use sqlx::PgPool;
 
@@ -368,9 +368,15 @@ async fn stored_plans_account_service_and_leases(pool: PgPool) {
         rank_offset: 0,
         master_port: None,
     };
+    // Each leased job is predicted to finish 100 s after its lease, and
+    // to be at risk when that is past 1000 s.
     let share = |jobs: &[(JobId, f64)], leases: &[(JobId, i64)]| ServiceUpdate {
         fair_share_gpus: jobs.to_vec(),
         leases: leases.iter().map(|&(j, s)| (j, t(s))).collect(),
+        predictions: leases
+            .iter()
+            .map(|&(j, s)| (j, Some(t(s + 100)), s + 100 > 1000))
+            .collect(),
     };
     // The first plan: nothing held before it.
     plan(
@@ -382,6 +388,16 @@ async fn stored_plans_account_service_and_leases(pool: PgPool) {
     .await;
     assert_eq!(p.service().await.unwrap()[&j1].attained_gpu_s, 0.0);
     assert_eq!(p.service().await.unwrap()[&j1].lease_until, Some(t(600)));
+    let sched = p.job_schedules(&[j1, j2]).await.unwrap();
+    assert_eq!(
+        sched[&j1],
+        JobSchedule {
+            predicted_finish: Some(t(700)),
+            at_risk: false,
+            lease_until: Some(t(600)),
+        }
+    );
+    assert!(!sched.contains_key(&j2), "nothing said of j2");
     // 100 s later: j1 held 2 GPUs all along; j2 profiles now.
     plan(
         &p,
@@ -407,6 +423,11 @@ async fn stored_plans_account_service_and_leases(pool: PgPool) {
     assert_eq!(s[&j2].attained_gpu_s, 0.0, "profiling is not service");
     assert_eq!(s[&j2].fair_share_gpu_s, 1.5 * 100.0 + 1.0 * 60.0);
     assert_eq!(s[&j3].fair_share_gpu_s, 30.0);
+    assert_eq!(
+        p.job_schedules(&[j1]).await.unwrap()[&j1],
+        JobSchedule::default(),
+        "a plan that predicts nothing of j1 clears its prediction"
+    );
     // A clock that goes back adds nothing.
     plan(
         &p,
@@ -441,7 +462,7 @@ async fn a_gang_is_stored_per_node_and_accounted_once(pool: PgPool) {
     let gang = vec![part("b", ["B0", "B1"], 2), part("a", ["A0", "A1"], 0)];
     let share = ServiceUpdate {
         fair_share_gpus: vec![(j, 4.0)],
-        leases: vec![],
+        ..Default::default()
     };
     plan(&p, gang.clone(), share.clone(), t(0)).await;
     let stored = p.current_plan().await.unwrap().assignments;
@@ -472,10 +493,7 @@ async fn placements_remember_every_node_a_live_job_ran_on(pool: PgPool) {
         rank_offset: 0,
         master_port: None,
     };
-    let none = ServiceUpdate {
-        fair_share_gpus: vec![],
-        leases: vec![],
-    };
+    let none = ServiceUpdate::default();
     plan(&p, vec![on(j, "a", "A0")], none.clone(), t(0)).await;
     plan(
         &p,

@@ -11,6 +11,7 @@ use fmsched_proto::v1::cluster_service_server::ClusterService;
 use tonic::{Request, Response, Status};
 
 use super::{ApiError, AppState};
+use crate::persistence::NodeCordon;
 use crate::registry::LiveNode;
 
 pub struct ClusterApi {
@@ -22,28 +23,76 @@ impl ClusterApi {
         Self { state }
     }
 
-    /// The GPUs the stored plan holds (read from Postgres, so a standby
-    /// replica answers as the leader would).
-    async fn held(&self) -> Result<HeldGpus, Status> {
-        let plan = self
-            .state
-            .persistence
-            .current_plan()
-            .await
-            .map_err(ApiError::from)?;
-        Ok(plan
-            .assignments
-            .iter()
-            .flat_map(|a| a.gpus.iter().map(|g| (g.0.clone(), a.job.to_string())))
-            .collect())
+    async fn held(&self) -> Result<Held, Status> {
+        held(&self.state).await.map_err(Status::from)
     }
 }
 
 /// GPU UUID → the job whose current plan holds it (training or profiling).
 pub type HeldGpus = BTreeMap<String, String>;
 
-pub fn node_to_proto(n: &LiveNode, held: &HeldGpus) -> pb::Node {
+/// What a node's answer needs besides the registry: the GPUs the stored
+/// plan holds and the admins' cordons (read from Postgres, so a standby
+/// replica answers as the leader would).
+pub struct Held {
+    pub gpus: HeldGpus,
+    pub cordons: BTreeMap<NodeId, NodeCordon>,
+}
+
+pub async fn held(state: &AppState) -> Result<Held, ApiError> {
+    let plan = state.persistence.current_plan().await?;
+    Ok(Held {
+        gpus: plan
+            .assignments
+            .iter()
+            .flat_map(|a| a.gpus.iter().map(|g| (g.0.clone(), a.job.to_string())))
+            .collect(),
+        cordons: state.persistence.cordons().await?,
+    })
+}
+
+/// A registered node as the API answers it (NOT_FOUND for an unknown id).
+pub async fn node_answer(state: &AppState, id: &NodeId) -> Result<pb::Node, ApiError> {
+    let node = state
+        .registry
+        .get(id)
+        .ok_or_else(|| ApiError::NotFound(format!("node {id} not found")))?;
+    Ok(node_to_proto(&node, &held(state).await?))
+}
+
+/// Whether new work may start on a node: schedulable, cordoned, or
+/// draining until the plan holds none of its GPUs and no process of it is
+/// still running or checkpointing, drained then.
+fn scheduling(n: &LiveNode, held: &Held) -> pb::NodeScheduling {
+    match held.cordons.get(&n.record.id) {
+        None => pb::NodeScheduling::Schedulable,
+        Some(c) if !c.drain => pb::NodeScheduling::Cordoned,
+        Some(_) => {
+            let busy = n
+                .record
+                .gpus
+                .iter()
+                .any(|g| held.gpus.contains_key(&g.uuid.0))
+                || n.observed_tasks.iter().any(|t| {
+                    matches!(
+                        pb::TaskPhase::try_from(t.phase),
+                        Ok(pb::TaskPhase::Starting
+                            | pb::TaskPhase::Running
+                            | pb::TaskPhase::Checkpointing)
+                    )
+                });
+            if busy {
+                pb::NodeScheduling::Draining
+            } else {
+                pb::NodeScheduling::Drained
+            }
+        }
+    }
+}
+
+pub fn node_to_proto(n: &LiveNode, held: &Held) -> pb::Node {
     let r = &n.record;
+    let cordon = held.cordons.get(&r.id);
     pb::Node {
         id: r.id.to_string(),
         hostname: r.hostname.clone(),
@@ -67,10 +116,14 @@ pub fn node_to_proto(n: &LiveNode, held: &HeldGpus) -> pb::Node {
                     pci_bus_id: g.pci_bus_id.clone(),
                 }),
                 telemetry: n.telemetry.get(&g.uuid.0).cloned(),
-                allocated_to_job: held.get(&g.uuid.0).cloned().unwrap_or_default(),
+                allocated_to_job: held.gpus.get(&g.uuid.0).cloned().unwrap_or_default(),
             })
             .collect(),
         connected: n.session.is_some(),
+        scheduling: scheduling(n, held) as i32,
+        cordoned_by: cordon.map(|c| c.by.clone()).unwrap_or_default(),
+        cordon_reason: cordon.map(|c| c.reason.clone()).unwrap_or_default(),
+        cordoned_at: cordon.map(|c| timestamp_to_proto(c.at)),
     }
 }
 
@@ -114,12 +167,7 @@ impl ClusterService for ClusterApi {
             .map_err(ApiError::from)?;
         let id = NodeId::try_from(req.into_inner().node_id)
             .map_err(|e| ApiError::field("node_id", e))?;
-        let node = self
-            .state
-            .registry
-            .get(&id)
-            .ok_or_else(|| ApiError::NotFound(format!("node {id} not found")))?;
-        Ok(Response::new(node_to_proto(&node, &self.held().await?)))
+        Ok(Response::new(node_answer(&self.state, &id).await?))
     }
 
     async fn get_cluster_summary(
@@ -142,8 +190,11 @@ impl ClusterService for ClusterApi {
             for g in &n.record.gpus {
                 let e = by_model.entry(g.model.clone()).or_default();
                 e.0 += 1;
-                // Free: on an Available node and held by no assignment.
-                e.1 += u32::from(!held.contains_key(&g.uuid.0));
+                // Free: on an Available node that takes new work (not
+                // cordoned) and held by no assignment.
+                e.1 += u32::from(
+                    !held.gpus.contains_key(&g.uuid.0) && !held.cordons.contains_key(&n.record.id),
+                );
             }
         }
         let counts = self

@@ -19,7 +19,7 @@ use tonic::{Request, Response, Status};
 
 use super::{ApiError, AppState, check_len};
 use crate::auth::Principal;
-use crate::persistence::{JobEventRecord, JobQuery, JobRecord, NewJob, SubmitOutcome};
+use crate::persistence::{JobEventRecord, JobQuery, JobRecord, JobSchedule, NewJob, SubmitOutcome};
 
 const DEFAULT_PAGE: u32 = 100;
 const MAX_PAGE: u32 = 1000;
@@ -53,7 +53,7 @@ impl JobApi {
     }
 }
 
-fn parse_job_id(raw: &str) -> Result<JobId, ApiError> {
+pub(crate) fn parse_job_id(raw: &str) -> Result<JobId, ApiError> {
     if raw.is_empty() {
         return Err(ApiError::field("job_id", "is required"));
     }
@@ -69,6 +69,22 @@ fn truncate(s: &str, n: usize) -> &str {
 }
 
 pub fn job_to_proto(j: &JobRecord) -> pb::Job {
+    let origin = j.created_at;
+    let at = |s: f64| origin + chrono::Duration::milliseconds((s * 1000.0) as i64);
+    // The steps on a clock that starts at submission (the round's rule).
+    let deadline = j
+        .spec
+        .deadline
+        .map(|d| (d - origin).num_milliseconds() as f64 / 1000.0);
+    let reward_steps = j
+        .spec
+        .reward_steps(0.0, deadline)
+        .into_iter()
+        .map(|s| pb::RewardStep {
+            by: Some(timestamp_to_proto(at(s.by))),
+            reward: s.reward,
+        })
+        .collect();
     pb::Job {
         id: j.id.to_string(),
         owner: j.owner.0.clone(),
@@ -80,7 +96,22 @@ pub fn job_to_proto(j: &JobRecord) -> pb::Job {
         output_path: j.output_path.clone().unwrap_or_default(),
         last_event_sequence: j.last_event_seq,
         idempotency_key: j.idempotency_key.clone().unwrap_or_default(),
+        predicted_finish: None,
+        at_risk: false,
+        lease_until: None,
+        reward_steps,
     }
+}
+
+/// [`job_to_proto`] with the last round's predictions and the lease.
+fn scheduled_job_to_proto(j: &JobRecord, s: Option<&JobSchedule>) -> pb::Job {
+    let mut p = job_to_proto(j);
+    if let Some(s) = s.filter(|_| !j.state.is_terminal()) {
+        p.predicted_finish = s.predicted_finish.map(timestamp_to_proto);
+        p.at_risk = s.at_risk;
+        p.lease_until = s.lease_until.map(timestamp_to_proto);
+    }
+    p
 }
 
 fn event_to_proto(e: &JobEventRecord) -> pb::JobEvent {
@@ -316,7 +347,13 @@ impl JobService for JobApi {
     async fn get_job(&self, req: Request<pb::GetJobRequest>) -> Result<Response<pb::Job>, Status> {
         let who = self.principal(&req)?;
         let job = self.visible_job(&who, &req.get_ref().job_id).await?;
-        Ok(Response::new(job_to_proto(&job)))
+        let s = self
+            .state
+            .persistence
+            .job_schedules(&[job.id])
+            .await
+            .map_err(ApiError::from)?;
+        Ok(Response::new(scheduled_job_to_proto(&job, s.get(&job.id))))
     }
 
     async fn list_jobs(
@@ -368,13 +405,27 @@ impl JobService for JobApi {
             })
             .await
             .map_err(ApiError::from)?;
+        let ids: Vec<JobId> = jobs
+            .iter()
+            .filter(|j| !j.state.is_terminal())
+            .map(|j| j.id)
+            .collect();
+        let schedules = self
+            .state
+            .persistence
+            .job_schedules(&ids)
+            .await
+            .map_err(ApiError::from)?;
         let next_page_token = if jobs.len() as u32 == limit {
             jobs.last().map(|j| j.id.to_string()).unwrap_or_default()
         } else {
             String::new()
         };
         Ok(Response::new(pb::ListJobsResponse {
-            jobs: jobs.iter().map(job_to_proto).collect(),
+            jobs: jobs
+                .iter()
+                .map(|j| scheduled_job_to_proto(j, schedules.get(&j.id)))
+                .collect(),
             next_page_token,
         }))
     }
@@ -426,8 +477,17 @@ impl JobService for JobApi {
             stderr: req.stderr,
             offset: -i64::from(tail),
             max_bytes: 1 << 20,
+            profile: req.profile,
         };
         let rank = req.rank;
+        let profile = req.profile;
+        if profile && rank > 0 {
+            return Err(ApiError::field(
+                "rank",
+                "a profiling run is one process on one node: only rank 0",
+            )
+            .into());
+        }
         let Some((mut node, first)) = find_log(&self.state, job.id, rank, &lr).await? else {
             return Err(Status::not_found(format!(
                 "no log of job {} on any connected node (it has not run yet, or its node is offline)",
@@ -461,9 +521,19 @@ impl JobService for JobApi {
                     if !follow {
                         return;
                     }
-                    // Follow until the job has ended and its log is drained.
+                    // Follow until the job (its profiling run) has ended
+                    // and its log is drained.
                     match state.persistence.get_job(job.id).await {
-                        Ok(Some(j)) if j.state.is_terminal() => return,
+                        Ok(Some(j))
+                            if j.state.is_terminal()
+                                || (profile
+                                    && !matches!(
+                                        j.state,
+                                        JobState::Submitted | JobState::Profiling
+                                    )) =>
+                        {
+                            return;
+                        }
                         Err(e) => {
                             let _ = tx.send(Err(Status::from(ApiError::from(e)))).await;
                             return;
@@ -477,7 +547,8 @@ impl JobService for JobApi {
                     // The job moved to another node (resumed elsewhere after
                     // its node went offline, a new placement): follow its
                     // log there, from the start.
-                    if let Ok(plan) = state.persistence.current_plan().await
+                    if !profile
+                        && let Ok(plan) = state.persistence.current_plan().await
                         && let Ok(Some(a)) = rank_node(&plan.assignments, job.id, rank)
                         && a != node
                     {

@@ -1,6 +1,7 @@
 //! The gRPC edge: request handlers and the one conversion from internal
 //! errors to `tonic::Status`.
 
+pub mod admin;
 pub mod agents;
 pub mod cluster;
 pub mod jobs;

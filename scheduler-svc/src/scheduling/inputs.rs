@@ -16,7 +16,7 @@ use fmsched_core::round::{
     self, ClusterView, Estimates as RoundEstimates, Gpu, JobView, MergeView, NodeView,
     PairEstimate, Prepared, RoundConfig,
 };
-use fmsched_core::{GpuUuid, JobId, NodeId, NodeState, slo};
+use fmsched_core::{GpuUuid, JobId, NodeId, NodeState};
 use fmsched_estimator::analytic;
 use fmsched_estimator::lut::{Lut, Variant};
 use fmsched_estimator::times::{self, PairInput};
@@ -26,7 +26,7 @@ use super::observe::{Observed, curve_from_json, embedding};
 use super::{RoundError, expected_iterations, total_iterations};
 use crate::api::AppState;
 use crate::estimates::{Estimates, local_gains, local_times};
-use crate::persistence::{Assignment, JobRecord, JobService, MergeRecord};
+use crate::persistence::{Assignment, JobRecord, JobService, MergeRecord, NodeCordon};
 use crate::registry::LiveNode;
 
 /// The view of a round and how its ordinals map back to ids.
@@ -92,6 +92,8 @@ pub struct ViewSources<'a> {
     /// Jobs that wait outside this round (retry backoff, split spatial
     /// pairs).
     pub held_back: &'a BTreeSet<JobId>,
+    /// Nodes an admin cordoned or drained.
+    pub cordons: &'a BTreeMap<NodeId, NodeCordon>,
     /// Seconds a (re)start costs, per model.
     pub restart_s: &'a dyn Fn(&str) -> f64,
     pub now: DateTime<Utc>,
@@ -125,7 +127,8 @@ pub fn build_view(s: &ViewSources<'_>) -> Translated {
             id: n.record.id.as_str().to_string(),
             gpus: n.record.gpus.len() as u32,
             state: n.state,
-            drained: faulty(n),
+            drained: faulty(n) || s.cordons.get(&n.record.id).is_some_and(|c| c.drain),
+            cordoned: s.cordons.contains_key(&n.record.id),
             gpu_model: node_family(n),
         });
         nodes.push((
@@ -200,8 +203,7 @@ pub fn build_view(s: &ViewSources<'_>) -> Translated {
                 held_back: s.held_back.contains(&j.id),
                 ever_merged: ever_merged.contains(&j.id),
                 merge_setup: j.spec.merge_setup(),
-                deadlines: slo::reward_steps(
-                    j.spec.class(),
+                deadlines: j.spec.reward_steps(
                     secs_since(j.created_at, s.now),
                     j.spec.deadline.map(|d| secs_since(d, s.now)),
                 ),
@@ -269,6 +271,7 @@ pub fn round_config(config: &crate::config::Config) -> RoundConfig {
         max_nodes_per_group: (s.max_nodes_per_job > 0).then_some(s.max_nodes_per_job as usize),
         placement_rule: Default::default(),
         policy: s.policy.clone(),
+        profiling_share: s.profiling_share,
     }
 }
 
@@ -306,6 +309,7 @@ pub(crate) async fn load(
     {
         held_back.extend([m.a, m.b]);
     }
+    held_back.extend(o.admin.requeues.keys().copied());
     let t = build_view(&ViewSources {
         nodes: &o.nodes,
         live: &o.live,
@@ -314,6 +318,7 @@ pub(crate) async fn load(
         progress: &o.progress,
         service: &o.service,
         held_back: &held_back,
+        cordons: &o.admin.cordons,
         restart_s: &restart_s,
         now,
     });
@@ -330,7 +335,10 @@ pub(crate) async fn load(
             .collect();
         tracing::warn!(node_id = %n.record.id, gpus = ?bad, "draining node: GPUs report Xid or uncorrectable ECC errors");
     }
-    let config = round_config(&state.config);
+    let mut config = round_config(&state.config);
+    if let Some(p) = &o.admin.policy {
+        config.policy = p.policy.clone(); // set live through the admin API
+    }
     let prepared = super::prepare_round(&t.view, policy, &config);
     let Some(estimates) = estimate(state, lut, est, o, &t, &prepared, &family).await else {
         return Ok(None);
@@ -689,6 +697,7 @@ mod tests {
             progress: &progress,
             service: &BTreeMap::new(),
             held_back: &[job(3)].into_iter().collect(),
+            cordons: &BTreeMap::new(),
             restart_s: &|_| 42.0,
             now,
         });

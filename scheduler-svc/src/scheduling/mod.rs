@@ -68,6 +68,7 @@ use fmsched_estimator::lut::Lut;
 pub use inputs::{Translated, ViewSources, build_view};
 
 use crate::api::AppState;
+use crate::config::SchedulingConfig;
 use crate::estimates::Estimates;
 use crate::persistence::{
     Assignment, Estimate, JobRecord, MergeRecord, NewMerge, PersistenceError, ServiceUpdate,
@@ -311,6 +312,70 @@ pub async fn render_metrics(state: &AppState) -> String {
         "Failed training processes retried.",
         v.retries as f64,
     );
+    if let Ok(r) = state.persistence.slo_report().await {
+        let by_class = |missed: bool| {
+            ["slo", "soft_slo"].map(|class| {
+                let (n, m) = r.finished.get(class).copied().unwrap_or((0, 0));
+                (class, if missed { m } else { n })
+            })
+        };
+        e.family(
+            "fmsched_slo_jobs_finished_total",
+            "counter",
+            "Jobs with a deadline that ended (completed or failed), by class.",
+        );
+        for (class, n) in by_class(false) {
+            e.sample(
+                "fmsched_slo_jobs_finished_total",
+                &[("class", class)],
+                n as f64,
+            );
+        }
+        e.family(
+            "fmsched_slo_deadline_misses_total",
+            "counter",
+            "Of those, the ones that missed their deadline (failed, or completed after it), by class.",
+        );
+        for (class, n) in by_class(true) {
+            e.sample(
+                "fmsched_slo_deadline_misses_total",
+                &[("class", class)],
+                n as f64,
+            );
+        }
+        let (n, missed) = r
+            .finished
+            .values()
+            .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
+        e.scalar(
+            "fmsched_slo_attainment_ratio",
+            "gauge",
+            "Share of ended jobs with a deadline that met it (1 before any ended).",
+            if n == 0 {
+                1.0
+            } else {
+                (n - missed) as f64 / n as f64
+            },
+        );
+        e.scalar(
+            "fmsched_slo_jobs_at_risk",
+            "gauge",
+            "Live jobs the last round predicted to miss their deadline.",
+            r.at_risk as f64,
+        );
+        e.scalar(
+            "fmsched_best_effort_jobs_completed_total",
+            "counter",
+            "Best-effort jobs completed.",
+            r.best_effort_completed as f64,
+        );
+        e.scalar(
+            "fmsched_best_effort_jct_seconds_avg",
+            "gauge",
+            "Mean job completion time (completion - submission) of completed best-effort jobs.",
+            r.best_effort_avg_jct_s,
+        );
+    }
     e.process();
     e.finish()
 }
@@ -323,6 +388,9 @@ pub struct RoundReport {
     pub running: usize,
     pub completed: usize,
     pub failed: usize,
+    /// The settings in force this round (the admin API's policy over the
+    /// configuration's); None when the round stopped before reading them.
+    pub scheduling: Option<crate::config::SchedulingConfig>,
 }
 
 /// Which round observes: a committing one takes in the agents' reports, a
@@ -384,17 +452,31 @@ fn expected_iterations(job: &JobRecord, estimate: Option<&Estimate>) -> u64 {
     }
 }
 
-/// The scheduling policy the configuration names.
-fn policy(state: &AppState) -> Box<dyn Policy + Send + Sync> {
-    state
-        .config
-        .scheduling
-        .build_policy()
-        .expect("validated at start-up")
+/// The scheduling settings in force: the configuration's, with the policy
+/// an admin set live (`AdminService.SetPolicy`, validated when set). A
+/// stored policy this build cannot run (a knob removed in an upgrade) is
+/// dropped from `admin` with an error in the log, and the configuration's
+/// runs.
+fn in_force(state: &AppState, admin: &mut crate::persistence::AdminState) -> SchedulingConfig {
+    let base = &state.config.scheduling;
+    let s = base.with_setting(admin.policy.as_ref());
+    if let Err(e) = s.build_policy() {
+        tracing::error!(error = %e, policy = %s.policy,
+            "the policy set through the admin API cannot run; running the configured one");
+        admin.policy = None;
+        return base.clone();
+    }
+    s
+}
+
+/// The policy of settings in force.
+fn policy(s: &SchedulingConfig) -> Box<dyn Policy + Send + Sync> {
+    s.build_policy().expect("checked by in_force")
 }
 
 /// What the first three phases leave: observed, loaded, decided.
 struct Decided {
+    scheduling: SchedulingConfig,
     observed: Observed,
     inputs: inputs::Inputs,
     decision: round::Decision,
@@ -410,13 +492,16 @@ async fn observe_and_decide(
     kind: RoundKind,
     now: DateTime<Utc>,
 ) -> Result<Option<Decided>, RoundError> {
-    let observed = observe::observe(state, lut, est, kind, now).await?;
-    let policy = policy(state);
-    let Some(inputs) = inputs::load(state, lut, est, &observed, policy.as_ref(), now).await? else {
+    let mut observed = observe::observe(state, lut, est, kind, now).await?;
+    let sched = in_force(state, &mut observed.admin);
+    let Some(inputs) =
+        inputs::load(state, lut, est, &observed, policy(&sched).as_ref(), now).await?
+    else {
         return Ok(None);
     };
-    let (decision, solve_s) = decide(inputs.clone_parts(self::policy(state))).await?;
+    let (decision, solve_s) = decide(inputs.clone_parts(policy(&sched))).await?;
     Ok(Some(Decided {
+        scheduling: sched,
         observed,
         inputs,
         decision,
@@ -460,6 +545,7 @@ pub async fn run_round(
     let fence = state.leadership.fence().ok_or(RoundError::NotLeader)?;
     let now = Utc::now();
     let Some(Decided {
+        scheduling,
         observed,
         inputs,
         decision,
@@ -493,6 +579,7 @@ pub async fn run_round(
                 merges: &merges,
                 init_weights: &init_weights,
                 frozen_layers: &observed.frozen_layers,
+                leases: &writes.service.leases.iter().copied().collect(),
             },
             generation,
             fence.epoch,
@@ -513,6 +600,7 @@ pub async fn run_round(
         running: writes.assignments.iter().filter(|a| !a.profile).count(),
         completed: observed.completed,
         failed: observed.failed,
+        scheduling: Some(scheduling),
     })
 }
 
@@ -692,6 +780,17 @@ fn plan_writes(
     );
     let live = t.view.jobs.len();
     let at = |s: f64| now + chrono::Duration::milliseconds((s * 1000.0) as i64);
+    let predictions = round::predictions(&t.view, &inputs.prepared, &inputs.estimates, outcome);
+    // A job newly at risk (after profiling refined its estimate, or as it
+    // waits) says so once; the gauge fmsched_slo_jobs_at_risk counts them.
+    for p in predictions.iter().filter(|p| p.at_risk) {
+        let job = t.jobs[p.job];
+        if !o.service.get(&job).is_some_and(|s| s.at_risk) {
+            let why = at_risk_note(p, at);
+            tracing::warn!(job_id = %job, "{why}");
+            w.notes.push((job, "at_risk".into(), why));
+        }
+    }
     w.service = ServiceUpdate {
         fair_share_gpus: t
             .view
@@ -715,8 +814,29 @@ fn plan_writes(
             .iter()
             .map(|&(v, until)| (t.jobs[v], at(until)))
             .collect(),
+        predictions: predictions
+            .iter()
+            .map(|p| (t.jobs[p.job], p.finish_in.map(at), p.at_risk))
+            .collect(),
     };
     w
+}
+
+/// The event of a job the round newly predicts to miss its deadline.
+fn at_risk_note(p: &round::Prediction, at: impl Fn(f64) -> DateTime<Utc>) -> String {
+    let time = |s: f64| at(s).to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    let deadline = p.deadline_in.map(&time).unwrap_or_default();
+    match (p.finish_in, p.best_in) {
+        (Some(f), _) => format!(
+            "predicted to finish at {}, after its deadline {deadline}",
+            time(f)
+        ),
+        (None, Some(b)) => format!(
+            "cannot meet its deadline {deadline} any more: alone on its fastest allocation, started now, it would finish at {}",
+            time(b)
+        ),
+        (None, None) => format!("cannot meet its deadline {deadline}: no allocation can run it"),
+    }
 }
 
 /// After a commit: metrics, logs, and the merge outcomes taught to the
@@ -959,6 +1079,8 @@ async fn hint(
         merges: &o.merges,
         init_weights: &init_weights,
         frozen_layers: &o.frozen_layers,
+        // Hints only start standby processes; the plan tells the lease.
+        leases: &BTreeMap::new(),
     };
     if state.leadership.fence().is_none() {
         return Ok(0); // a deposed leader sends nothing
@@ -1007,14 +1129,17 @@ pub async fn scheduling_loop(state: AppState) {
             "pipeline switch: look-ahead rounds send standby hints"
         );
     }
-    let mut tick = tokio::time::interval(state.config.scheduling.round_interval());
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // The settings in force: the configuration's until a round reads a
+    // policy set through the admin API (its interval then paces the loop).
+    let mut sched = state.config.scheduling.clone();
+    let mut next = tokio::time::Instant::now();
     loop {
-        tick.tick().await;
+        tokio::time::sleep_until(next).await;
+        let started = tokio::time::Instant::now();
+        next = started + sched.round_interval();
         if !state.leadership.is_leader() {
             continue; // a standby decides nothing
         }
-        let started = std::time::Instant::now();
         let result = run_round(&state, &lut, &est).await;
         let took = started.elapsed().as_secs_f64();
         state.metrics.update(|m| {
@@ -1023,8 +1148,20 @@ pub async fn scheduling_loop(state: AppState) {
             m.last_round_seconds = took;
         });
         match result {
-            Ok(r) => tracing::debug!(generation = r.generation, jobs = r.jobs, running = r.running,
-                completed = r.completed, failed = r.failed, took = ?started.elapsed(), "scheduling round"),
+            Ok(r) => {
+                tracing::debug!(generation = r.generation, jobs = r.jobs, running = r.running,
+                    completed = r.completed, failed = r.failed, took = ?started.elapsed(), "scheduling round");
+                if let Some(s) = r.scheduling
+                    && (s.policy != sched.policy
+                        || s.knobs != sched.knobs
+                        || s.interval != sched.interval)
+                {
+                    tracing::info!(policy = %s.policy, knobs = ?s.knobs, interval = ?s.round_interval(),
+                        "policy in force changed (admin API); next round after this interval");
+                    sched = s;
+                    next = started + sched.round_interval();
+                }
+            }
             Err(e) if e.is_fenced() => {
                 state.metrics.update(|m| m.fenced_rounds += 1);
                 tracing::warn!(error = %e, "round discarded: this replica no longer leads (nothing written or pushed)");
@@ -1033,11 +1170,11 @@ pub async fn scheduling_loop(state: AppState) {
         }
         // Ymir §6.2: predict the next round `lead` before it and let the
         // tasks it starts prepare their data loaders in standby.
+        let lead = sched.effective_prewarm_lead();
         if lead.is_zero() {
             continue;
         }
-        let interval = state.config.scheduling.round_interval();
-        tokio::time::sleep_until((started + interval - lead).into()).await;
+        tokio::time::sleep_until(next - lead).await;
         if !state.leadership.is_leader() {
             continue;
         }

@@ -27,7 +27,8 @@ use super::{DEFAULT_ITERATIONS, RoundError, RoundKind, iteration_budget};
 use crate::api::AppState;
 use crate::estimates::Estimates;
 use crate::persistence::{
-    Estimate, Failure, JobRecord, JobService, MergeRecord, RetryState, RoundWrites, StoredPlan,
+    AdminState, Estimate, Failure, JobRecord, JobService, MergeRecord, RetryState, RoundWrites,
+    StoredPlan,
 };
 use crate::registry::LiveNode;
 
@@ -82,6 +83,9 @@ pub(crate) struct Observed {
     /// Layer-elastic jobs running alone in their process: the frozen layers
     /// ICEFROG's tuner picked this round (the plan tells their trainers).
     pub frozen_layers: BTreeMap<JobId, u32>,
+    /// What the admin API set: cordons and drains, re-queue requests, the
+    /// policy in force.
+    pub admin: AdminState,
 }
 
 /// Phase 1 (see the module docs). A look-ahead round reads the same state
@@ -129,8 +133,12 @@ pub(crate) async fn observe(
         retries: p.retry_state().await?,
         current: p.current_plan().await?,
         service: p.service().await?,
+        admin: p.admin_state().await?,
         ..Default::default()
     };
+    // This round holds back every job an admin asked to re-queue; its
+    // commit retires those requests.
+    o.writes.requeued = o.admin.requeues.iter().map(|(j, r)| (*j, r.at)).collect();
     if let RoundKind::LookAhead { switch_at } = kind {
         let lead_s = (switch_at - now).num_milliseconds().max(0) as f64 / 1000.0;
         let observed = nodes.iter().flat_map(|n| &n.observed_tasks);

@@ -70,6 +70,8 @@ pub(crate) struct PlanView<'a> {
     /// Layer-elastic jobs: the frozen layers the tuner picked (else their
     /// spec's).
     pub frozen_layers: &'a BTreeMap<JobId, u32>,
+    /// The plan's leases (leasing policies).
+    pub leases: &'a BTreeMap<JobId, DateTime<Utc>>,
 }
 
 /// The desired set of every node the registry knows (empty for a node the
@@ -128,6 +130,7 @@ fn desired_sets(state: &AppState, v: &PlanView<'_>) -> BTreeMap<NodeId, Vec<pb::
             tasks: vec![trainer_task(job)],
             pipeline_parallel: job.spec.resources.pipeline_parallel,
             expert_parallel: job.spec.resources.expert_parallel,
+            lease_until: None, // set below for training processes
         };
         if a.profile {
             // A profiling run is a process of its own ("<job>-profile").
@@ -175,6 +178,16 @@ fn desired_sets(state: &AppState, v: &PlanView<'_>) -> BTreeMap<NodeId, Vec<pb::
             && let ([t], Some(&l)) = (&mut task.tasks[..], v.frozen_layers.get(&a.job))
         {
             t.frozen_layers = l;
+        }
+        if !a.profile {
+            // A merged pair's process holds both leases: the earliest ends it.
+            task.lease_until = task
+                .job_ids
+                .iter()
+                .filter_map(|j| j.parse::<JobId>().ok())
+                .filter_map(|j| v.leases.get(&j))
+                .min()
+                .map(|t| fmsched_proto::convert::timestamp_to_proto(*t));
         }
         if emitted.insert((a.node.clone(), task.task_id.clone())) {
             per_node.entry(a.node.clone()).or_default().push(task);

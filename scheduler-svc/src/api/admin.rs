@@ -1,0 +1,244 @@
+//! `AdminService`: operators' controls (admins only). Each change is one
+//! Postgres transaction with its audit event; the leader's next round acts
+//! on it (see `persistence::admin`).
+
+use chrono::Utc;
+use fmsched_core::{JobId, NodeId};
+use fmsched_proto::convert::timestamp_to_proto;
+use fmsched_proto::v1 as pb;
+use fmsched_proto::v1::admin_service_server::AdminService;
+use tonic::metadata::MetadataMap;
+use tonic::{Request, Response, Status};
+
+use super::cluster::node_answer;
+use super::{ApiError, AppState, check_len};
+use crate::auth::Principal;
+use crate::persistence::{CordonChange, PolicySetting};
+
+/// Longest reason accepted.
+const MAX_REASON: usize = 1024;
+/// Most audit events one call returns.
+const MAX_AUDIT: u32 = 1000;
+
+pub struct AdminApi {
+    state: AppState,
+}
+
+impl AdminApi {
+    pub fn new(state: AppState) -> Self {
+        Self { state }
+    }
+
+    /// The caller, who must be an admin.
+    fn admin(&self, md: &MetadataMap) -> Result<Principal, ApiError> {
+        let who = self.state.auth.authenticate(md)?;
+        if !who.admin {
+            return Err(ApiError::PermissionDenied(format!(
+                "AdminService needs an admin's token; {} is not an admin (auth.admins)",
+                who.user
+            )));
+        }
+        Ok(who)
+    }
+
+    async fn cordon(
+        &self,
+        md: &MetadataMap,
+        node_id: String,
+        reason: &str,
+        change: CordonChange,
+    ) -> Result<pb::Node, ApiError> {
+        let who = self.admin(md)?;
+        let id = NodeId::try_from(node_id).map_err(|e| ApiError::field("node_id", e))?;
+        check_len("reason", reason, MAX_REASON)?;
+        self.state
+            .persistence
+            .set_cordon(&id, change, who.user.0.as_str(), reason, Utc::now())
+            .await?;
+        tracing::info!(node_id = %id, ?change, by = %who.user, reason, "node cordon changed");
+        node_answer(&self.state, &id).await
+    }
+
+    /// The setting in force: the stored one over the configuration's.
+    fn setting_to_proto(&self, stored: Option<&PolicySetting>) -> pb::PolicySetting {
+        let s = self.state.config.scheduling.with_setting(stored);
+        pb::PolicySetting {
+            known_knobs: fmsched_core::policy::baselines::knob_names(&s.policy)
+                .unwrap_or_default()
+                .iter()
+                .map(|k| k.to_string())
+                .collect(),
+            interval_s: s.round_interval().as_secs_f64(),
+            knobs: s.knobs.into_iter().collect(),
+            policy: s.policy,
+            source: if stored.is_some() { "admin" } else { "config" }.into(),
+            set_by: stored.map(|p| p.set_by.clone()).unwrap_or_default(),
+            set_at: stored.map(|p| timestamp_to_proto(p.set_at)),
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl AdminService for AdminApi {
+    async fn cordon_node(
+        &self,
+        req: Request<pb::CordonNodeRequest>,
+    ) -> Result<Response<pb::Node>, Status> {
+        let (md, _, r) = req.into_parts();
+        let n = self
+            .cordon(&md, r.node_id, &r.reason, CordonChange::Cordon)
+            .await?;
+        Ok(Response::new(n))
+    }
+
+    async fn drain_node(
+        &self,
+        req: Request<pb::DrainNodeRequest>,
+    ) -> Result<Response<pb::Node>, Status> {
+        let (md, _, r) = req.into_parts();
+        let n = self
+            .cordon(&md, r.node_id, &r.reason, CordonChange::Drain)
+            .await?;
+        Ok(Response::new(n))
+    }
+
+    async fn uncordon_node(
+        &self,
+        req: Request<pb::UncordonNodeRequest>,
+    ) -> Result<Response<pb::Node>, Status> {
+        let (md, _, r) = req.into_parts();
+        let n = self
+            .cordon(&md, r.node_id, "", CordonChange::Uncordon)
+            .await?;
+        Ok(Response::new(n))
+    }
+
+    async fn revoke_node_token(
+        &self,
+        req: Request<pb::RevokeNodeTokenRequest>,
+    ) -> Result<Response<pb::Node>, Status> {
+        let who = self.admin(req.metadata())?;
+        let r = req.into_inner();
+        let id = NodeId::try_from(r.node_id).map_err(|e| ApiError::field("node_id", e))?;
+        check_len("reason", &r.reason, MAX_REASON)?;
+        self.state
+            .persistence
+            .revoke_node_token(&id, who.user.0.as_str(), &r.reason, Utc::now())
+            .await
+            .map_err(ApiError::from)?;
+        if let Some(session) = self.state.registry.get(&id).and_then(|n| n.session) {
+            self.state.registry.close_with(
+                &id,
+                session,
+                Status::unauthenticated(format!(
+                    "the node token of {id} was revoked by {}; enroll again with the join token",
+                    who.user
+                )),
+            );
+        }
+        tracing::warn!(node_id = %id, by = %who.user, reason = %r.reason, "node token revoked");
+        Ok(Response::new(node_answer(&self.state, &id).await?))
+    }
+
+    async fn requeue_job(
+        &self,
+        req: Request<pb::RequeueJobRequest>,
+    ) -> Result<Response<pb::RequeueJobResponse>, Status> {
+        let who = self.admin(req.metadata())?;
+        let r = req.into_inner();
+        let id: JobId = super::jobs::parse_job_id(&r.job_id)?;
+        check_len("reason", &r.reason, MAX_REASON).map_err(Status::from)?;
+        let now = Utc::now();
+        self.state
+            .persistence
+            .request_requeue(id, who.user.0.as_str(), &r.reason, now)
+            .await
+            .map_err(ApiError::from)?;
+        let _ = self.state.job_events.send(id);
+        tracing::info!(job_id = %id, by = %who.user, reason = %r.reason, "re-queue requested");
+        Ok(Response::new(pb::RequeueJobResponse {
+            requested_at: Some(timestamp_to_proto(now)),
+        }))
+    }
+
+    async fn get_policy(
+        &self,
+        req: Request<pb::GetPolicyRequest>,
+    ) -> Result<Response<pb::PolicySetting>, Status> {
+        self.admin(req.metadata())?;
+        let stored = self
+            .state
+            .persistence
+            .policy_setting()
+            .await
+            .map_err(ApiError::from)?;
+        Ok(Response::new(self.setting_to_proto(stored.as_ref())))
+    }
+
+    async fn set_policy(
+        &self,
+        req: Request<pb::SetPolicyRequest>,
+    ) -> Result<Response<pb::PolicySetting>, Status> {
+        let who = self.admin(req.metadata())?;
+        let r = req.into_inner();
+        let setting = PolicySetting {
+            policy: r.policy.trim().to_string(),
+            knobs: r.knobs.into_iter().collect(),
+            set_by: who.user.to_string(),
+            set_at: Utc::now(),
+        };
+        // The same checks as the configuration's at start-up: a known
+        // policy, its own knobs, values in range.
+        let s = self.state.config.scheduling.with_setting(Some(&setting));
+        if fmsched_core::policy::baselines::knob_names(&s.policy).is_none() {
+            return Err(ApiError::field(
+                "policy",
+                format!(
+                    "unknown policy {:?}; expected one of {}",
+                    s.policy,
+                    fmsched_core::policy::baselines::POLICY_NAMES.join(", ")
+                ),
+            )
+            .into());
+        }
+        if let Err(e) = s.build_policy() {
+            return Err(ApiError::field("knobs", e).into());
+        }
+        self.state
+            .persistence
+            .set_policy(&setting)
+            .await
+            .map_err(ApiError::from)?;
+        tracing::info!(policy = %setting.policy, knobs = ?setting.knobs, by = %who.user,
+            "policy set through the admin API; effective from the next round");
+        Ok(Response::new(self.setting_to_proto(Some(&setting))))
+    }
+
+    async fn list_audit_events(
+        &self,
+        req: Request<pb::ListAuditEventsRequest>,
+    ) -> Result<Response<pb::ListAuditEventsResponse>, Status> {
+        self.admin(req.metadata())?;
+        let limit = match req.get_ref().limit {
+            0 => 100,
+            n => n.min(MAX_AUDIT),
+        };
+        let events = self
+            .state
+            .persistence
+            .audit_events(limit)
+            .await
+            .map_err(ApiError::from)?
+            .into_iter()
+            .map(|e| pb::AuditEvent {
+                id: e.id,
+                at: Some(timestamp_to_proto(e.at)),
+                actor: e.actor,
+                action: e.action,
+                target: e.target,
+                detail: e.detail,
+            })
+            .collect();
+        Ok(Response::new(pb::ListAuditEventsResponse { events }))
+    }
+}
