@@ -438,6 +438,40 @@ fn write_atomic(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The lease end in the control file, re-read when the file changes: due
+/// once per lease end, when it is at most `ahead` seconds away.
+#[derive(Default)]
+struct LeaseWatch {
+    seen: Option<std::time::SystemTime>,
+    end: Option<f64>,
+    done_for: Option<f64>,
+}
+
+impl LeaseWatch {
+    /// Seconds left when a checkpoint is due now.
+    fn due(&mut self, control: Option<&std::path::Path>, ahead: f64) -> Option<f64> {
+        let path = control?;
+        let modified = std::fs::metadata(path).and_then(|m| m.modified()).ok();
+        if modified.is_some() && modified != self.seen {
+            self.seen = modified;
+            self.end = std::fs::read_to_string(path)
+                .ok()
+                .and_then(|t| serde_json::from_str::<Control>(&t).ok())
+                .and_then(|c| c.lease_end);
+        }
+        let end = self.end.filter(|&e| Some(e) != self.done_for)?;
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .ok()?
+            .as_secs_f64();
+        let left = end - now;
+        (left <= ahead).then(|| {
+            self.done_for = Some(end);
+            left
+        })
+    }
+}
+
 impl Trainer {
     fn next_noise(&mut self) -> f64 {
         self.noise ^= self.noise << 13;
@@ -1056,6 +1090,7 @@ async fn run() -> anyhow::Result<()> {
         .unwrap_or(50);
     let mut profiled = 0u64;
     let mut last_ckpt = Instant::now();
+    let mut lease = LeaseWatch::default();
     let mut ticker = tokio::time::interval(tick);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -1089,6 +1124,14 @@ async fn run() -> anyhow::Result<()> {
                     return Ok(());
                 }
                 if !tr.profile && last_ckpt.elapsed() >= interval {
+                    tr.checkpoint().await?;
+                    last_ckpt = Instant::now();
+                }
+                // Checkpoint ahead of the lease's end (a suspension at the
+                // end then loses nothing): a tick or a second before it.
+                let ahead = ticker.period().max(Duration::from_secs(1)).as_secs_f64();
+                if let (false, Some(left)) = (tr.profile, lease.due(tr.control.as_deref(), ahead)) {
+                    eprintln!("fake-trainer: checkpoint ahead of the lease ending in {left:.1} s");
                     tr.checkpoint().await?;
                     last_ckpt = Instant::now();
                 }

@@ -56,6 +56,8 @@ struct Known {
     /// The frozen layers the process was launched with or last told
     /// (ICEFROG's layer tuner changes them without a restart).
     frozen_layers: u32,
+    /// The lease end last written to its control file (Unix seconds).
+    lease_end: Option<f64>,
 }
 
 /// A standby process: what it was launched as, and when it expires.
@@ -168,6 +170,14 @@ fn last_lines(path: &std::path::Path, n: usize) -> String {
     let text = String::from_utf8_lossy(&buf);
     let lines: Vec<&str> = text.lines().collect();
     lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+/// A desired task's lease end in Unix seconds (None: no lease).
+fn lease_end_of(t: &pb::DesiredTask) -> Option<f64> {
+    t.lease_until
+        .as_ref()
+        .map(|ts| ts.seconds as f64 + f64::from(ts.nanos) / 1e9)
+        .filter(|&s| s > 0.0)
 }
 
 /// The frozen layers a process trains with (its trained task's).
@@ -489,18 +499,26 @@ impl Reconciler {
                 self.drop_standby(&mut known, &t.task_id, why).await;
             } else if alive && entry.gpus == gpus && entry.ranks == ranks_of(t, gpus.len() as u32) {
                 entry.generation = plan.generation;
-                // The layer tuner's new ℓ: told through the control file,
-                // applied at the trainer's next epoch, no restart.
+                // The layer tuner's new ℓ and the lease end: told through
+                // the control file (the whole of it each time), applied by
+                // the trainer without a restart (ℓ at its next epoch).
+                let single = t.tasks.len() == 1 && !entry.profile;
                 let wanted = t.tasks.first().map_or(0, |x| x.frozen_layers);
-                if t.tasks.len() == 1 && wanted != entry.frozen_layers && !entry.profile {
+                let lease = lease_end_of(t);
+                let frozen_changed = single && wanted != entry.frozen_layers;
+                if frozen_changed || lease != entry.lease_end {
                     let c = fmsched_core::trainer::Control {
-                        frozen_layers: Some(wanted),
+                        frozen_layers: single.then_some(wanted),
+                        lease_end: lease,
                     };
                     match self.driver.set_control(&t.task_id, &c).await {
                         Ok(()) => {
-                            tracing::info!(task = %t.task_id, from = entry.frozen_layers, to = wanted,
-                                "frozen layers changed (applied at the next epoch)");
-                            entry.frozen_layers = wanted;
+                            if frozen_changed {
+                                tracing::info!(task = %t.task_id, from = entry.frozen_layers, to = wanted,
+                                    "frozen layers changed (applied at the next epoch)");
+                                entry.frozen_layers = wanted;
+                            }
+                            entry.lease_end = lease;
                         }
                         Err(e) => problems.push(e.to_string()),
                     }
@@ -546,7 +564,19 @@ impl Reconciler {
                         standby: None,
                         metrics: target_metrics(&spec.tasks),
                         frozen_layers: frozen_of(&spec.tasks),
+                        lease_end: None,
                     };
+                    // A leased process learns its lease end from the start.
+                    if let Some(end) = lease_end_of(t).filter(|_| !spec.profile) {
+                        let c = fmsched_core::trainer::Control {
+                            frozen_layers: None,
+                            lease_end: Some(end),
+                        };
+                        match self.driver.set_control(&t.task_id, &c).await {
+                            Ok(()) => entry.lease_end = Some(end),
+                            Err(e) => problems.push(e.to_string()),
+                        }
+                    }
                 }
                 Err(e) => problems.push(e.to_string()),
             }
@@ -647,6 +677,7 @@ impl Reconciler {
                 entry.profile = false;
                 entry.metrics = target_metrics(&spec.tasks);
                 entry.frozen_layers = frozen_of(&spec.tasks);
+                entry.lease_end = None; // told once the plan runs it
                 entry.standby = Some(Standby {
                     spec,
                     since: now,
@@ -790,7 +821,12 @@ impl Reconciler {
     /// The task whose log shows `job_id` here: its newest training process
     /// (by plan generation; a profiling run only when nothing else ran),
     /// else a task folder named after the job (from before a restart).
-    pub async fn log_task(&self, job_id: &str) -> Option<String> {
+    pub async fn log_task(&self, job_id: &str, profile: bool) -> Option<String> {
+        let profile_task = format!("{job_id}-profile");
+        if profile {
+            // The profiling run is always "<job>-profile".
+            return self.driver.has_dir(&profile_task).then_some(profile_task);
+        }
         let known = self.known.lock().await;
         known
             .iter()
@@ -798,7 +834,7 @@ impl Reconciler {
             .max_by_key(|(_, k)| (!k.profile, k.generation))
             .map(|(id, _)| id.clone())
             .or_else(|| {
-                [job_id.to_string(), format!("{job_id}-profile")]
+                [job_id.to_string(), profile_task]
                     .into_iter()
                     .find(|t| self.driver.has_dir(t))
             })

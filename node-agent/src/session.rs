@@ -510,7 +510,7 @@ async fn log_data(r: &crate::reconcile::Reconciler, lr: &pb::LogRequest) -> pb::
         request_id: lr.request_id,
         ..Default::default()
     };
-    if let Some(task) = r.log_task(&lr.job_id).await {
+    if let Some(task) = r.log_task(&lr.job_id, lr.profile).await {
         let max = (lr.max_bytes as usize).clamp(1, MAX);
         match r.driver().read_log(&task, lr.stderr, lr.offset, max) {
             Ok((data, next)) => {

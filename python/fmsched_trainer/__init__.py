@@ -17,7 +17,7 @@
 
 from .contract import Contract, Reporter, Task, TrainingSignals, standby
 from .fisher import diagonal_fisher, task2vec_embedding
-from .layers import LayerVariance, freeze_first_layers, layer_index, read_control, set_frozen_layers
+from .layers import LayerVariance, LeaseWatch, freeze_first_layers, layer_index, read_control, set_frozen_layers
 
 __all__ = [
     "Contract",
@@ -28,6 +28,7 @@ __all__ = [
     "freeze_first_layers",
     "layer_index",
     "LayerVariance",
+    "LeaseWatch",
     "read_control",
     "set_frozen_layers",
     "standby",

@@ -32,7 +32,7 @@ import sys
 import time
 
 from .contract import Contract, process_age_s, standby
-from .layers import LayerVariance, layer_index, read_control, set_frozen_layers
+from .layers import LayerVariance, LeaseWatch, layer_index, read_control, set_frozen_layers
 
 try:  # The callback subclasses TrainerCallback when transformers is present.
     from transformers import TrainerCallback as _Base
@@ -139,6 +139,9 @@ class FmschedCallback(_Base):
         self.frozen_layers = self._task.frozen_layers
         self._trainable = None
         self._variance = None
+        # Leasing policies: checkpoint ahead of the lease's end.
+        self._lease = LeaseWatch(contract.control_file)
+        self._checkpoint_took = 0.0
 
     def standby(self) -> bool:
         """Waits, if the agent started this process in standby, until the
@@ -182,6 +185,13 @@ class FmschedCallback(_Base):
             control.should_save = True
         # FMSCHED_CHECKPOINT_INTERVAL_S: at least this often.
         if not self.contract.profile and now - self._last_checkpoint >= self.contract.checkpoint_interval_s:
+            control.should_save = True
+        # Ahead of the lease's end by what a step and a checkpoint take
+        # (twice over), at least 5 s.
+        ahead = max(5.0, 2 * (self._checkpoint_took + self._step_time))
+        left = None if self.contract.profile else self._lease.due(ahead)
+        if left is not None:
+            _log(f"checkpoint ahead of the lease ending in {left:.1f} s")
             control.should_save = True
         if control.should_save:
             self._save_asked = now
@@ -233,6 +243,7 @@ class FmschedCallback(_Base):
     def on_save(self, args, state, control, **kwargs):
         path = f"{args.output_dir}/checkpoint-{state.global_step}"
         took = time.monotonic() - (self._save_asked or time.monotonic())
+        self._checkpoint_took = took
         _log(f"checkpoint {state.global_step}: {_size_mib(path):.2f} MiB written in {took:.2f} s")
         self.reporter.checkpoint(path, state.global_step)
         self.signals.checkpoint.clear()

@@ -19,8 +19,10 @@ measures the per-layer gradient variance the trainer reports each epoch
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
+import time
 from typing import Iterable, List, Optional, Set, Tuple
 
 # "<prefix>.<layer|layers|h|block>.<index>." in a parameter's name.
@@ -143,6 +145,40 @@ def read_control(path: Optional[str]) -> dict:
         print(f"fmsched_trainer: control file {path}: {e}; ignored", file=sys.stderr)
         return {}
     return c if isinstance(c, dict) else {}
+
+
+class LeaseWatch:
+    """The lease end the agent writes to the control file (``lease_end``,
+    Unix seconds; leasing policies only). :meth:`due` is true once per
+    lease end, when it is at most ``ahead`` seconds away: checkpoint then,
+    and a suspension at the end loses nothing. The file is re-read only
+    when it changed, so calling it every step costs one ``stat``."""
+
+    def __init__(self, path: Optional[str]):
+        self.path = path
+        self._seen = None
+        self.end: Optional[float] = None
+        self._done_for: Optional[float] = None
+
+    def due(self, ahead: float, now: Optional[float] = None) -> Optional[float]:
+        """Seconds left when a checkpoint is due now, else None."""
+        if not self.path:
+            return None
+        try:
+            seen = os.stat(self.path).st_mtime_ns
+        except OSError:
+            seen = None
+        if seen is not None and seen != self._seen:
+            self._seen = seen
+            end = read_control(self.path).get("lease_end")
+            self.end = float(end) if isinstance(end, (int, float)) else None
+        if self.end is None or self.end == self._done_for:
+            return None
+        left = self.end - (time.time() if now is None else now)
+        if left > ahead:
+            return None
+        self._done_for = self.end
+        return left
 
 
 def _named(model) -> Iterable:

@@ -403,3 +403,39 @@ def test_the_hf_callback_takes_the_tuners_frozen_layers_at_an_epoch_begin(tmp_pa
     out = [json.loads(l) for l in capsys.readouterr().out.splitlines()]
     lv = [o for o in out if o["type"] == "layer_variance"]
     assert lv and lv[0]["frozen_layers"] == 2 and len(lv[0]["variance"]) == 4
+
+
+def test_lease_watch_is_due_once_per_lease_end_when_it_is_near(tmp_path):
+    from fmsched_trainer import LeaseWatch
+    control = tmp_path / "control.json"
+    w = LeaseWatch(str(control))
+    assert w.due(5.0) is None, "no control file: no lease"
+    control.write_text(json.dumps({"lease_end": 1000.0}))
+    assert w.due(5.0, now=900.0) is None, "100 s away"
+    assert w.due(5.0, now=996.0) == pytest.approx(4.0)
+    assert w.due(5.0, now=997.0) is None, "once per lease end"
+    # Renewed: the agent rewrites the file with the new end.
+    time.sleep(0.01)
+    control.write_text(json.dumps({"lease_end": 1600.0, "frozen_layers": 2}))
+    os.utime(control, ns=(time.time_ns(), time.time_ns() + 1))
+    assert w.due(5.0, now=1000.0) is None
+    assert w.due(5.0, now=1598.0) == pytest.approx(2.0)
+
+
+def test_the_hf_callback_checkpoints_ahead_of_its_lease(tmp_path, capsys):
+    control = tmp_path / "control.json"
+    c = Contract({**env(str(tmp_path)), "FMSCHED_CONTROL_FILE": str(control)})
+    cb = FmschedCallback(c)
+    ctl = _Control()
+    cb.on_step_end(_Args(), _State(1), ctl)
+    assert not ctl.should_save, "no lease"
+    control.write_text(json.dumps({"lease_end": time.time() + 3.0}))
+    ctl = _Control()
+    cb.on_step_end(_Args(), _State(2), ctl)
+    assert ctl.should_save and not ctl.should_training_stop, "3 s left, 5 s ahead: save, go on"
+    cb.on_save(_Args(), _State(2), ctl)
+    ctl = _Control()
+    cb.on_step_end(_Args(), _State(3), ctl)
+    assert not ctl.should_save, "once per lease end"
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    assert "checkpoint ahead of the lease" in capsys.readouterr().err
