@@ -21,6 +21,7 @@ use std::time::Duration;
 use fmsched_core::{JobSpec, JobState, NodeState};
 use fmsched_proto::convert::{job_spec_to_proto, job_state_to_proto, node_state_to_proto};
 use fmsched_proto::v1 as pb;
+use fmsched_proto::v1::admin_service_client::AdminServiceClient;
 use fmsched_proto::v1::cluster_service_client::ClusterServiceClient;
 use fmsched_proto::v1::job_service_client::JobServiceClient;
 use tonic::metadata::MetadataValue;
@@ -163,6 +164,7 @@ pub struct JobFilter {
 pub struct Client {
     jobs: JobServiceClient<Authed>,
     cluster: ClusterServiceClient<Authed>,
+    admin: AdminServiceClient<Authed>,
 }
 
 /// The nearest-rank `p`-th percentile (0 < p ≤ 100) of sorted values; the
@@ -220,7 +222,8 @@ impl Client {
         let auth = BearerAuth(token);
         Ok(Self {
             jobs: JobServiceClient::with_interceptor(channel.clone(), auth.clone()),
-            cluster: ClusterServiceClient::with_interceptor(channel, auth),
+            cluster: ClusterServiceClient::with_interceptor(channel.clone(), auth.clone()),
+            admin: AdminServiceClient::with_interceptor(channel, auth),
         })
     }
 
@@ -344,21 +347,13 @@ impl Client {
     }
 
     /// A job's process output (see `JobService.GetJobLogs`).
+    /// A job's output (`req.job_id`; see `GetJobLogsRequest`).
     pub async fn job_logs(
         &self,
-        id: &str,
-        follow: bool,
-        stderr: bool,
-        tail_bytes: u32,
-        rank: u32,
+        req: pb::GetJobLogsRequest,
     ) -> Result<tonic::Streaming<pb::JobLogChunk>, ClientError> {
-        let mut req = tonic::Request::new(pb::GetJobLogsRequest {
-            job_id: id.to_string(),
-            stderr,
-            follow,
-            tail_bytes,
-            rank,
-        });
+        let follow = req.follow;
+        let mut req = tonic::Request::new(req);
         if follow {
             // Following lasts as long as the job: no request timeout.
             req.set_timeout(Duration::from_secs(365 * 24 * 3600));
@@ -400,6 +395,111 @@ impl Client {
             .await?
             .into_inner())
     }
+
+    /// Admin: no new work on the node (`drain`: its jobs move off too), or
+    /// back to schedulable (`Uncordon`).
+    pub async fn cordon_node(
+        &self,
+        id: &str,
+        how: Cordon,
+        reason: &str,
+    ) -> Result<pb::Node, ClientError> {
+        let mut admin = self.admin.clone();
+        let (node_id, reason) = (id.to_string(), reason.to_string());
+        let r = match how {
+            Cordon::Cordon => {
+                admin
+                    .cordon_node(pb::CordonNodeRequest { node_id, reason })
+                    .await?
+            }
+            Cordon::Drain => {
+                admin
+                    .drain_node(pb::DrainNodeRequest { node_id, reason })
+                    .await?
+            }
+            Cordon::Uncordon => {
+                admin
+                    .uncordon_node(pb::UncordonNodeRequest { node_id })
+                    .await?
+            }
+        };
+        Ok(r.into_inner())
+    }
+
+    /// Admin: revoke a node's own token (it must enroll again with the
+    /// join token) and end its session.
+    pub async fn revoke_node_token(&self, id: &str, reason: &str) -> Result<pb::Node, ClientError> {
+        Ok(self
+            .admin
+            .clone()
+            .revoke_node_token(pb::RevokeNodeTokenRequest {
+                node_id: id.to_string(),
+                reason: reason.to_string(),
+            })
+            .await?
+            .into_inner())
+    }
+
+    /// Admin: take a running job off its GPUs at the next round.
+    pub async fn requeue_job(
+        &self,
+        id: &str,
+        reason: &str,
+    ) -> Result<pb::RequeueJobResponse, ClientError> {
+        Ok(self
+            .admin
+            .clone()
+            .requeue_job(pb::RequeueJobRequest {
+                job_id: id.to_string(),
+                reason: reason.to_string(),
+            })
+            .await?
+            .into_inner())
+    }
+
+    pub async fn get_policy(&self) -> Result<pb::PolicySetting, ClientError> {
+        Ok(self
+            .admin
+            .clone()
+            .get_policy(pb::GetPolicyRequest {})
+            .await?
+            .into_inner())
+    }
+
+    /// Admin: the policy and knobs of the next rounds.
+    pub async fn set_policy(
+        &self,
+        policy: &str,
+        knobs: std::collections::HashMap<String, f64>,
+    ) -> Result<pb::PolicySetting, ClientError> {
+        Ok(self
+            .admin
+            .clone()
+            .set_policy(pb::SetPolicyRequest {
+                policy: policy.to_string(),
+                knobs,
+            })
+            .await?
+            .into_inner())
+    }
+
+    pub async fn audit_events(&self, limit: u32) -> Result<Vec<pb::AuditEvent>, ClientError> {
+        Ok(self
+            .admin
+            .clone()
+            .list_audit_events(pb::ListAuditEventsRequest { limit })
+            .await?
+            .into_inner()
+            .events)
+    }
+}
+
+/// What [`Client::cordon_node`] does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Cordon {
+    Cordon,
+    Drain,
+    Uncordon,
 }
 
 #[cfg(test)]

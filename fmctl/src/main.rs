@@ -12,6 +12,68 @@ use fmsched_proto::convert::job_state_from_proto;
 use fmsched_proto::v1 as pb;
 use serde::Deserialize;
 
+#[derive(Subcommand, Debug)]
+enum AdminCmd {
+    /// No new work starts on the node; what runs there stays.
+    Cordon {
+        node: String,
+        #[arg(long, default_value = "")]
+        reason: String,
+    },
+    /// Cordon the node and move its jobs off from their checkpoints; it
+    /// then stays empty (`fmctl nodes` shows draining, then drained).
+    Drain {
+        node: String,
+        #[arg(long, default_value = "")]
+        reason: String,
+    },
+    /// The node takes new work again.
+    Uncordon { node: String },
+    /// Revoke the node's own token and end its agent's session; it is
+    /// refused until it enrolls again with the join token (rotate that to
+    /// keep a lost or cloned host out).
+    RevokeToken {
+        node: String,
+        #[arg(long, default_value = "")]
+        reason: String,
+    },
+    /// Take a running job off its GPUs at the next round, from its
+    /// checkpoint; it is then placed again like any queued job (cordon a
+    /// node first to move a job off it).
+    Requeue {
+        job: String,
+        #[arg(long, default_value = "")]
+        reason: String,
+    },
+    /// Show the policy in force, its knobs and who set them.
+    Policy,
+    /// Set the policy and its knobs from the next round (persisted;
+    /// unnamed knobs take the policy's defaults), e.g. `fmctl admin
+    /// set-policy ymir --knob srtf_weight=0`.
+    SetPolicy {
+        policy: String,
+        /// `name=value` (repeatable).
+        #[arg(long = "knob", value_name = "NAME=VALUE", value_parser = parse_knob)]
+        knobs: Vec<(String, f64)>,
+    },
+    /// The newest changes admins made.
+    Audit {
+        #[arg(long, default_value_t = 50)]
+        limit: u32,
+    },
+}
+
+fn parse_knob(s: &str) -> Result<(String, f64), String> {
+    let (k, v) = s
+        .split_once('=')
+        .ok_or_else(|| format!("{s:?} is not NAME=VALUE"))?;
+    let v: f64 = v
+        .trim()
+        .parse()
+        .map_err(|_| format!("knob {k}: {v:?} is not a number"))?;
+    Ok((k.trim().to_string(), v))
+}
+
 /// Command-line client of the fmsched scheduler.
 ///
 /// Endpoint and token come from flags, else FMSCHED_ENDPOINT / FMSCHED_TOKEN,
@@ -106,6 +168,10 @@ enum Cmd {
         /// global rank (default: rank 0's).
         #[arg(long, default_value_t = 0)]
         rank: u32,
+        /// The output of its profiling run (the short run before it is
+        /// scheduled) instead of its training process.
+        #[arg(long)]
+        profile: bool,
     },
     /// List nodes with their GPUs and live telemetry.
     Nodes {
@@ -117,6 +183,14 @@ enum Cmd {
     Node { id: String },
     /// GPUs and jobs of the whole cluster at a glance.
     Summary,
+    /// Operators' controls (an admin's token): cordon, drain and uncordon
+    /// nodes, re-queue jobs, read and set the policy live, read the audit
+    /// log. Every change is recorded with who made it and acts from the
+    /// next scheduling round.
+    Admin {
+        #[command(subcommand)]
+        cmd: AdminCmd,
+    },
     /// Print a shell completion script, e.g. `fmctl completions bash >
     /// /etc/bash_completion.d/fmctl` or `fmctl completions zsh >
     /// "${fpath[1]}/_fmctl"`.
@@ -454,9 +528,19 @@ async fn run(cli: Cli) -> Result<u8, ClientError> {
             stderr,
             tail,
             rank,
+            profile,
         } => {
             use std::io::Write as _;
-            let mut stream = client.job_logs(&id, follow, stderr, tail, rank).await?;
+            let mut stream = client
+                .job_logs(pb::GetJobLogsRequest {
+                    job_id: id.clone(),
+                    stderr,
+                    follow,
+                    tail_bytes: tail,
+                    rank,
+                    profile,
+                })
+                .await?;
             let mut out = std::io::stdout().lock();
             let mut source: Option<(String, String)> = None;
             while let Some(chunk) = stream.message().await? {
@@ -501,11 +585,67 @@ async fn run(cli: Cli) -> Result<u8, ClientError> {
                 Format::Json => print_json(&output::summary_json(&s)),
             }
         }
+        Cmd::Admin { cmd } => admin(&client, cmd, fmt).await?,
         Cmd::BenchSubmit { .. } | Cmd::BenchAgents { .. } | Cmd::Completions { .. } => {
             unreachable!("handled above")
         }
     }
     Ok(0)
+}
+
+async fn admin(client: &Client, cmd: AdminCmd, fmt: Format) -> Result<(), ClientError> {
+    use fmctl::Cordon;
+    let node = |n: pb::Node| match fmt {
+        Format::Table => println!("{}", output::nodes_table(std::slice::from_ref(&n))),
+        Format::Json => print_json(&output::node_json(&n)),
+    };
+    match cmd {
+        AdminCmd::Cordon { node: id, reason } => {
+            node(client.cordon_node(&id, Cordon::Cordon, &reason).await?)
+        }
+        AdminCmd::Drain { node: id, reason } => {
+            node(client.cordon_node(&id, Cordon::Drain, &reason).await?)
+        }
+        AdminCmd::Uncordon { node: id } => {
+            node(client.cordon_node(&id, Cordon::Uncordon, "").await?)
+        }
+        AdminCmd::RevokeToken { node: id, reason } => {
+            node(client.revoke_node_token(&id, &reason).await?)
+        }
+        AdminCmd::Requeue { job, reason } => {
+            client.requeue_job(&job, &reason).await?;
+            match fmt {
+                Format::Table => println!(
+                    "job {job}: re-queue requested; the next round suspends it from its checkpoint"
+                ),
+                Format::Json => print_json(&serde_json::json!({"job_id": job, "requested": true})),
+            }
+        }
+        AdminCmd::Policy => print_policy(&client.get_policy().await?, fmt),
+        AdminCmd::SetPolicy { policy, knobs } => {
+            let p = client
+                .set_policy(&policy, knobs.into_iter().collect())
+                .await?;
+            print_policy(&p, fmt);
+        }
+        AdminCmd::Audit { limit } => {
+            let events = client.audit_events(limit).await?;
+            match fmt {
+                Format::Table => println!("{}", output::audit_table(&events)),
+                Format::Json => print_json(&serde_json::Value::Array(
+                    events.iter().map(output::audit_json).collect(),
+                )),
+            }
+        }
+    }
+    Ok(())
+}
+
+fn print_policy(p: &pb::PolicySetting, fmt: Format) {
+    match fmt {
+        Format::Table => println!("{}", output::policy_text(p)),
+        Format::Json => print_json(&output::policy_json(p)),
+    }
 }
 
 /// Up to `limit` jobs matching `filter`, page by page.
@@ -941,6 +1081,13 @@ async fn bench_agents(
         h.abort();
     }
     let (hb50, hb99, hbmax) = stats.heartbeat_ms();
+    if jobs > 0 && rounds_ms.is_empty() && stats.plans.load(Ordering::Relaxed) == 0 {
+        eprintln!(
+            "warning: no scheduling round ran in {wall:.0} s: the scheduler's round interval \
+             (scheduling.interval, FMSCHED_SCHEDULING__INTERVAL; Ymir's default is 120 s) may be \
+             longer than the run"
+        );
+    }
     rounds_ms.sort_by(f64::total_cmp);
     let q = |f: f64| percentile(&rounds_ms, f * 100.0);
     let cpu = match (first, prev) {

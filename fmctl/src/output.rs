@@ -48,6 +48,25 @@ pub fn node_state(v: i32) -> String {
         .unwrap_or_else(|_| format!("unknown({v})"))
 }
 
+/// A node's scheduling hold: `schedulable`, `cordoned`, `draining`,
+/// `drained`.
+pub fn node_scheduling(v: i32) -> String {
+    pb::NodeScheduling::try_from(v)
+        .map(|s| enum_name(s.as_str_name(), "NODE_SCHEDULING_"))
+        .unwrap_or_else(|_| format!("unknown({v})"))
+}
+
+/// A node's state with its hold, as the tables show it: `available`, or
+/// `available,cordoned` (kubectl's `Ready,SchedulingDisabled`).
+fn node_state_with_hold(n: &pb::Node) -> String {
+    match pb::NodeScheduling::try_from(n.scheduling) {
+        Ok(pb::NodeScheduling::Schedulable | pb::NodeScheduling::Unspecified) => {
+            node_state(n.state)
+        }
+        _ => format!("{},{}", node_state(n.state), node_scheduling(n.scheduling)),
+    }
+}
+
 /// Renders rows as a left-aligned table with a header.
 pub fn table(header: &[&str], rows: &[Vec<String>]) -> String {
     let mut w: Vec<usize> = header.iter().map(|h| h.len()).collect();
@@ -91,8 +110,22 @@ pub fn job_json(j: &pb::Job) -> Value {
         "output_path": (!j.output_path.is_empty()).then_some(&j.output_path),
         "idempotency_key": (!j.idempotency_key.is_empty()).then_some(&j.idempotency_key),
         "last_event_sequence": j.last_event_sequence,
+        "predicted_finish": rfc3339(&j.predicted_finish),
+        "at_risk": j.at_risk,
+        "lease_until": rfc3339(&j.lease_until),
+        "reward_steps": j.reward_steps.iter().map(|r| json!({"by": rfc3339(&r.by), "reward": r.reward})).collect::<Vec<_>>(),
         "spec": spec,
     })
+}
+
+/// The deadline column: its time, with `(at risk)` when the last round
+/// predicted a miss; `-` without one.
+fn deadline_cell(j: &pb::Job, deadline: &Option<prost_types::Timestamp>) -> String {
+    match deadline {
+        Some(_) if j.at_risk => format!("{} (at risk)", time_str(deadline)),
+        Some(_) => time_str(deadline),
+        None => "-".into(),
+    }
 }
 
 pub fn jobs_table(jobs: &[pb::Job]) -> String {
@@ -110,6 +143,8 @@ pub fn jobs_table(jobs: &[pb::Job]) -> String {
                 format!("{}-{}", r.min_gpus, r.max_gpus),
                 job_state(j.state),
                 time_str(&j.created_at),
+                deadline_cell(j, &s.deadline),
+                time_str(&j.predicted_finish),
             ]
         })
         .collect();
@@ -123,6 +158,8 @@ pub fn jobs_table(jobs: &[pb::Job]) -> String {
             "GPUS",
             "STATE",
             "SUBMITTED",
+            "DEADLINE",
+            "PREDICTED FINISH",
         ],
         &rows,
     )
@@ -147,6 +184,26 @@ pub fn job_detail(j: &pb::Job) -> String {
     ));
     if !j.output_path.is_empty() {
         s.push_str(&format!("Output:      {}\n", j.output_path));
+    }
+    if j.predicted_finish.is_some() {
+        s.push_str(&format!(
+            "Finishes:    {} (predicted)\n",
+            time_str(&j.predicted_finish)
+        ));
+    }
+    if let Some(d) = j.spec.as_ref().and_then(|s| s.deadline) {
+        s.push_str(&format!("Deadline:    {}\n", deadline_cell(j, &Some(d))));
+    }
+    if !j.reward_steps.is_empty() {
+        let steps: Vec<String> = j
+            .reward_steps
+            .iter()
+            .map(|r| format!("{} by {}", r.reward, time_str(&r.by)))
+            .collect();
+        s.push_str(&format!("Reward:      {}\n", steps.join(", ")));
+    }
+    if j.lease_until.is_some() {
+        s.push_str(&format!("Lease until: {}\n", time_str(&j.lease_until)));
     }
     s.push_str("Spec:\n");
     for l in spec_yaml.lines() {
@@ -196,6 +253,10 @@ pub fn node_json(n: &pb::Node) -> Value {
         "id": n.id,
         "hostname": n.hostname,
         "state": node_state(n.state),
+        "scheduling": node_scheduling(n.scheduling),
+        "cordoned_by": (!n.cordoned_by.is_empty()).then_some(&n.cordoned_by),
+        "cordon_reason": (!n.cordon_reason.is_empty()).then_some(&n.cordon_reason),
+        "cordoned_at": rfc3339(&n.cordoned_at),
         "connected": n.connected,
         "gpu_backend": n.gpu_backend,
         "agent_version": n.agent_version,
@@ -233,7 +294,7 @@ pub fn nodes_table(nodes: &[pb::Node]) -> String {
         if n.gpus.is_empty() {
             rows.push(vec![
                 n.id.clone(),
-                node_state(n.state),
+                node_state_with_hold(n),
                 n.gpu_backend.clone(),
                 "-".into(),
                 "-".into(),
@@ -266,7 +327,7 @@ pub fn nodes_table(nodes: &[pb::Node]) -> String {
             };
             rows.push(vec![
                 n.id.clone(),
-                node_state(n.state),
+                node_state_with_hold(n),
                 n.gpu_backend.clone(),
                 i.index.to_string(),
                 i.model,
@@ -293,6 +354,63 @@ pub fn nodes_table(nodes: &[pb::Node]) -> String {
         ],
         &rows,
     )
+}
+
+/// The policy in force, as `fmctl admin policy` prints it.
+pub fn policy_text(p: &pb::PolicySetting) -> String {
+    let by = if p.source == "admin" {
+        format!(" (set by {} at {})", p.set_by, time_str(&p.set_at))
+    } else {
+        " (from the scheduler's configuration)".into()
+    };
+    let knobs: std::collections::BTreeMap<_, _> = p.knobs.iter().collect();
+    let knobs: Vec<String> = knobs.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    format!(
+        "policy:      {}{by}\ninterval:    {} s\nknobs:       {}\nknown knobs: {}",
+        p.policy,
+        p.interval_s,
+        if knobs.is_empty() {
+            "(defaults)".into()
+        } else {
+            knobs.join(" ")
+        },
+        p.known_knobs.join(", ")
+    )
+}
+
+pub fn policy_json(p: &pb::PolicySetting) -> Value {
+    json!({
+        "policy": p.policy,
+        "knobs": p.knobs.iter().collect::<std::collections::BTreeMap<_, _>>(),
+        "known_knobs": p.known_knobs,
+        "interval_s": p.interval_s,
+        "source": p.source,
+        "set_by": (!p.set_by.is_empty()).then_some(&p.set_by),
+        "set_at": rfc3339(&p.set_at),
+    })
+}
+
+pub fn audit_table(events: &[pb::AuditEvent]) -> String {
+    let rows: Vec<Vec<String>> = events
+        .iter()
+        .map(|e| {
+            vec![
+                time_str(&e.at),
+                e.actor.clone(),
+                e.action.clone(),
+                e.target.clone(),
+                e.detail.clone(),
+            ]
+        })
+        .collect();
+    table(&["AT", "ACTOR", "ACTION", "TARGET", "DETAIL"], &rows)
+}
+
+pub fn audit_json(e: &pb::AuditEvent) -> Value {
+    json!({
+        "id": e.id, "at": rfc3339(&e.at), "actor": e.actor, "action": e.action,
+        "target": e.target, "detail": e.detail,
+    })
 }
 
 pub fn summary_table(s: &pb::ClusterSummary) -> String {
