@@ -6,8 +6,9 @@
 #
 #   scripts/bench-agents.sh --agents 250 --jobs 1000 --duration 120s
 #
-# The scheduler's round interval and liveness windows are its defaults
-# unless set in the environment (FMSCHED_SCHEDULING__INTERVAL=…).
+# The scheduler rounds every 2 s unless FMSCHED_SCHEDULING__INTERVAL says
+# otherwise (its own default, Ymir's 120 s, leaves a short run without a
+# single round); liveness windows are its defaults.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export DATABASE_URL="${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres}"
@@ -22,7 +23,7 @@ mport=$(( port + 1 ))
 # keep a socket per connection.
 ulimit -n 65536 2>/dev/null || true
 FMSCHED_DATABASE_URL="$base/$db" FMSCHED_LISTEN_ADDR="127.0.0.1:$port" \
-  FMSCHED_METRICS_ADDR="127.0.0.1:$mport" \
+  FMSCHED_METRICS_ADDR="127.0.0.1:$mport" FMSCHED_SCHEDULING__INTERVAL="${FMSCHED_SCHEDULING__INTERVAL:-2s}" \
   FMSCHED_API_TOKENS="bench=$token" FMSCHED_AUTH__ADMINS=bench FMSCHED_JOIN_TOKEN="join-$token" \
   FMSCHED_LOG__FILTER="${FMSCHED_LOG__FILTER:-warn}" \
   target/release/scheduler-svc & sched=$!

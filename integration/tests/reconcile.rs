@@ -458,3 +458,58 @@ while True: time.sleep(0.05)
     assert_eq!(t.jobs.len(), 1, "{t:?}");
     assert_eq!(t.jobs[0].iteration, 7, "{t:?}");
 }
+
+/// Under a leasing policy the plan carries each process's lease end: the
+/// agent writes it to the trainer's control file at launch and at every
+/// renewal, and the fake trainer checkpoints ahead of it (without being
+/// suspended).
+#[tokio::test]
+async fn the_lease_end_reaches_the_trainer_which_checkpoints_ahead_of_it() {
+    let (tmp, _gpus, uuids, r) = node("node-l", 1);
+    // A lease end `s` seconds from now: (Unix seconds, the plan's field).
+    let at = |s: f64| {
+        let t = chrono::Utc::now() + chrono::Duration::milliseconds((s * 1000.0) as i64);
+        (
+            t.timestamp_micros() as f64 / 1e6,
+            fmsched_proto::convert::timestamp_to_proto(t),
+        )
+    };
+    let plan = |generation, lease| pb::NodePlan {
+        generation,
+        tasks: vec![pb::DesiredTask {
+            lease_until: Some(lease),
+            ..desired("leased", &uuids[0])
+        }],
+        epoch: 1,
+    };
+    let control = tmp.path().join("leased").join("control.json");
+    let lease_end = || -> Option<f64> {
+        let c: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&control).ok()?).ok()?;
+        c["lease_end"].as_f64()
+    };
+    let (far, ts) = at(600.0);
+    assert!(r.apply(&plan(1, ts)).await.is_empty());
+    wait_iteration(&r, "leased", 1).await;
+    assert!((lease_end().unwrap() - far).abs() < 1e-3, "told at launch");
+    // Renewed to end in 2 s: rewritten; the trainer checkpoints ahead.
+    let (near, ts) = at(2.0);
+    assert!(r.apply(&plan(2, ts)).await.is_empty());
+    assert!(
+        (lease_end().unwrap() - near).abs() < 1e-3,
+        "told at renewal"
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let stderr = tmp.path().join("leased").join("stderr.log");
+    loop {
+        let log = std::fs::read_to_string(&stderr).unwrap_or_default();
+        if log.contains("checkpoint ahead of the lease") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no checkpoint ahead: {log}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let t = observed(&r, "leased").await.unwrap();
+    assert_eq!(t.phase, pb::TaskPhase::Running as i32, "it goes on");
+    assert!(!t.checkpoint_path.is_empty(), "{t:?}");
+}
