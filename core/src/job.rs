@@ -449,6 +449,23 @@ pub struct JobSpec {
     pub launch: Launch,
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
+    /// The queue it runs in (empty: its user's; [`crate::queue`]). The
+    /// service stores the resolved name.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub queue: String,
+    /// Priority within its queue, -1000..=1000 (higher first; default 0):
+    /// a higher-priority job takes GPUs from lower ones of its queue.
+    #[serde(default, skip_serializing_if = "is_zero_i32")]
+    pub priority: i32,
+    /// May be suspended once running (default true). A non-preemptible job
+    /// starts only within its queue's guarantee, keeps its GPUs until it
+    /// ends, and is never merged.
+    #[serde(default = "default_true")]
+    pub preemptible: bool,
+}
+
+fn is_zero_i32(p: &i32) -> bool {
+    *p == 0
 }
 
 #[cfg(test)]

@@ -11,6 +11,7 @@ pub mod job;
 pub mod models;
 pub mod node;
 pub mod policy;
+pub mod queue;
 pub mod round;
 pub mod slo;
 pub mod trainer;

@@ -36,6 +36,7 @@ use crate::policy::{
     ExistingMerge, MergeMode, NodeCap, PairCandidate, PlacementRule, Plan, Policy, Replica,
     SchedJob, Snapshot, SolveStats,
 };
+use crate::queue::{Queues, QuotaJob};
 use crate::slo::RewardStep;
 
 /// A GPU: (node ordinal in the [`ClusterView`], index on that node).
@@ -135,6 +136,14 @@ pub struct JobView {
     /// Its reward steps (UniSched, [`crate::slo::reward_steps`]) on the
     /// view's clock; empty for a best-effort job.
     pub deadlines: Vec<RewardStep>,
+    /// Its queue (`""`: no queues configured; [`crate::queue`]).
+    pub queue: String,
+    /// Priority within its queue (higher first; default 0).
+    pub priority: i32,
+    /// May be suspended once running (default true). A running
+    /// non-preemptible job keeps its GPUs outside the policy and is never
+    /// merged.
+    pub preemptible: bool,
 }
 
 impl JobView {
@@ -180,6 +189,8 @@ pub struct RoundConfig {
     /// The share of the cluster's GPUs profiling runs may take from
     /// training (at least one GPU); free GPUs are always used first.
     pub profiling_share: f64,
+    /// Queues with quotas (empty: none; [`crate::queue`]).
+    pub queues: Queues,
 }
 
 /// Profiling may take an eighth of the cluster from training by default.
@@ -194,6 +205,7 @@ impl Default for RoundConfig {
             placement_rule: PlacementRule::Pack,
             policy: "ymir".into(),
             profiling_share: DEFAULT_PROFILING_SHARE,
+            queues: Queues::default(),
         }
     }
 }
@@ -242,6 +254,16 @@ pub struct Prepared {
     pub largest_by_model: BTreeMap<String, u32>,
     /// GPUs of every node that is not Offline.
     pub total_gpus: u32,
+    /// Running non-preemptible jobs that keep their GPUs outside the policy
+    /// (view jobs; their GPUs are out of `capacity`).
+    pub pinned: Vec<usize>,
+    /// The most GPUs a snapshot job may get under its queue's share (view
+    /// job → GPUs; only where below its own maximum).
+    pub caps: BTreeMap<usize, u32>,
+    /// Jobs the quota pass keeps out of this round, and why (view jobs).
+    pub queue_out: Vec<(usize, String)>,
+    /// Each queue's deserved GPUs this round.
+    pub deserved: BTreeMap<String, u32>,
 }
 
 impl Prepared {
@@ -249,15 +271,32 @@ impl Prepared {
     /// offered: all of them, or at most the largest node's (of its family)
     /// when the executor runs a group on one node.
     pub fn offered(&self, cfg: &RoundConfig, gpus: u32, gpu_model: Option<&str>) -> u32 {
-        if cfg.max_nodes_per_group != Some(1) {
-            return gpus;
-        }
-        let largest = match gpu_model {
-            Some(m) => self.largest_by_model.get(m).copied().unwrap_or(0),
-            None => self.largest_node,
-        };
-        gpus.min(largest)
+        offered(
+            cfg,
+            self.largest_node,
+            &self.largest_by_model,
+            gpus,
+            gpu_model,
+        )
     }
+}
+
+/// [`Prepared::offered`], before the `Prepared` exists.
+fn offered(
+    cfg: &RoundConfig,
+    largest_node: u32,
+    largest_by_model: &BTreeMap<String, u32>,
+    gpus: u32,
+    gpu_model: Option<&str>,
+) -> u32 {
+    if cfg.max_nodes_per_group != Some(1) {
+        return gpus;
+    }
+    let largest = match gpu_model {
+        Some(m) => largest_by_model.get(m).copied().unwrap_or(0),
+        None => largest_node,
+    };
+    gpus.min(largest)
 }
 
 /// A candidate merge as the caller estimated it.
@@ -386,7 +425,7 @@ pub fn prepare(view: &ClusterView, policy: &dyn Policy, cfg: &RoundConfig) -> Pr
         Vec::new()
     };
     let reserved: BTreeSet<Gpu> = profiling.iter().flat_map(|r| r.gpus.clone()).collect();
-    let capacity = present
+    let mut capacity: Vec<u32> = present
         .iter()
         .map(|&n| {
             let node = &view.nodes[n];
@@ -436,12 +475,66 @@ pub fn prepare(view: &ClusterView, policy: &dyn Policy, cfg: &RoundConfig) -> Pr
             jobs.push(i);
         }
     }
+    // Queues, priorities and preemption classes (crate::queue).
+    let quota = {
+        let takes_work = |n: usize| {
+            let node = &view.nodes[n];
+            node.state != NodeState::Offline && !node.drained
+        };
+        let q: Vec<QuotaJob> = jobs
+            .iter()
+            .map(|&i| {
+                let j = &view.jobs[i];
+                let holds: Vec<&Gpu> = j.holds.iter().filter(|_| !j.profiling_run).collect();
+                let cap = |g: u32| {
+                    offered(
+                        cfg,
+                        largest_node,
+                        &largest_by_model,
+                        g,
+                        j.gpu_model.as_deref(),
+                    )
+                };
+                QuotaJob {
+                    queue: j.queue.clone(),
+                    priority: j.priority,
+                    preemptible: j.preemptible,
+                    holds: holds.len() as u32,
+                    may_stay: holds.iter().all(|g| takes_work(g.0)),
+                    min_gpus: j.min_gpus,
+                    max_gpus: cap(j.max_gpus).max(j.min_gpus),
+                    submitted_at: j.submitted_at,
+                }
+            })
+            .collect();
+        crate::queue::apply(&cfg.queues, &q, capacity.iter().sum())
+    };
+    let pinned: Vec<usize> = quota.pinned.iter().map(|&k| jobs[k]).collect();
+    for &i in &pinned {
+        for g in &view.jobs[i].holds {
+            if let Some(k) = present.iter().position(|&n| n == g.0) {
+                capacity[k] = capacity[k].saturating_sub(1);
+            }
+        }
+    }
+    let queue_out: Vec<(usize, String)> = quota
+        .out
+        .iter()
+        .map(|(k, why)| (jobs[*k], why.clone()))
+        .collect();
+    let caps: BTreeMap<usize, u32> = quota.caps.iter().map(|(&k, &c)| (jobs[k], c)).collect();
+    let gone: BTreeSet<usize> = pinned
+        .iter()
+        .copied()
+        .chain(queue_out.iter().map(|o| o.0))
+        .collect();
+    jobs.retain(|i| !gone.contains(i));
     let ord: BTreeMap<usize, usize> = jobs.iter().enumerate().map(|(k, &i)| (i, k)).collect();
     let kept = (0..view.merges.len())
         .filter(|&m| ord.contains_key(&view.merges[m].a) && ord.contains_key(&view.merges[m].b))
         .collect();
     let eligible = if cfg.merging && policy.merges() {
-        eligible_pairs(view, &jobs)
+        eligible_pairs(view, &jobs, &cfg.queues)
     } else {
         Vec::new()
     };
@@ -457,6 +550,10 @@ pub fn prepare(view: &ClusterView, policy: &dyn Policy, cfg: &RoundConfig) -> Pr
         largest_node,
         largest_by_model,
         total_gpus,
+        pinned,
+        caps,
+        queue_out,
+        deserved: quota.deserved,
     }
 }
 
@@ -705,11 +802,12 @@ fn reserve_profiling(
 /// and A's weights start B of a temporal one), neither merged before,
 /// neither started.
 /// Per model, for every ordered pair: `A ↦ B`, and `A ‖ B` once.
-fn eligible_pairs(view: &ClusterView, snapshot_jobs: &[usize]) -> Vec<PairKey> {
+fn eligible_pairs(view: &ClusterView, snapshot_jobs: &[usize], queues: &Queues) -> Vec<PairKey> {
     let mut by_model: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
     for &i in snapshot_jobs {
         let j = &view.jobs[i];
-        if j.sharing && !j.ever_merged && j.progress == 0.0 {
+        // A merge suspends and restarts its jobs: never a non-preemptible one.
+        if j.sharing && j.preemptible && !j.ever_merged && j.progress == 0.0 {
             by_model.entry(j.model.as_str()).or_default().push(i);
         }
     }
@@ -722,6 +820,7 @@ fn eligible_pairs(view: &ClusterView, snapshot_jobs: &[usize]) -> Vec<PairKey> {
                     || ja.task == jb.task
                     || ja.replica() != jb.replica()
                     || ja.merge_setup != jb.merge_setup
+                    || !queues.may_merge(&ja.queue, &jb.queue)
                     || !crate::policy::same_gpus(ja.gpu_model.as_deref(), jb.gpu_model.as_deref())
                 {
                     continue;
@@ -791,13 +890,40 @@ pub fn snapshot(
         .map(|(k, &i)| (i, k))
         .collect();
     let placements = current_placements(view, prepared, &ord);
-    let cap = |g: u32, j: &JobView| prepared.offered(cfg, g, j.gpu_model.as_deref());
+    // A job its queue's share caps below what it holds is shown holding
+    // only its cap (its last GPUs dropped), so a policy that keeps running
+    // jobs as they are shrinks it rather than keeping it over the cap.
+    let current: Vec<Vec<(usize, u32)>> = placements
+        .iter()
+        .zip(&prepared.jobs)
+        .map(|(pl, i)| {
+            let Some(&cap) = prepared.caps.get(i) else {
+                return pl.clone();
+            };
+            let mut left = cap;
+            pl.iter()
+                .filter_map(|&(n, g)| {
+                    let take = g.min(left);
+                    left -= take;
+                    (take > 0).then_some((n, take))
+                })
+                .collect()
+        })
+        .collect();
     let jobs: Vec<SchedJob> = prepared
         .jobs
         .iter()
         .enumerate()
         .map(|(k, &i)| {
             let j = &view.jobs[i];
+            // The executor's cap, then the job's queue's share.
+            let quota = prepared.caps.get(&i).copied().unwrap_or(u32::MAX);
+            let cap = |g: u32, j: &JobView| {
+                prepared
+                    .offered(cfg, g, j.gpu_model.as_deref())
+                    .min(quota)
+                    .max(j.min_gpus.min(g))
+            };
             SchedJob {
                 id: j.id.clone(),
                 model: j.model.clone(),
@@ -814,8 +940,8 @@ pub fn snapshot(
                 attained_gpu_s: j.attained_gpu_s,
                 executed_s: j.executed_s,
                 fair_share_gpu_s: j.fair_share_gpu_s,
-                current_gpus: placements[k].iter().map(|p| p.1).sum(),
-                current_placement: placements[k].clone(),
+                current_gpus: current[k].iter().map(|p| p.1).sum(),
+                current_placement: current[k].clone(),
                 remaining_s: estimates.jobs[k].clone(),
                 restart_s: j.restart_s,
                 lease_until: j.lease_until,
@@ -1069,7 +1195,17 @@ fn interpret(
     policy: &dyn Policy,
     cfg: &RoundConfig,
 ) -> RoundOutcome {
-    let (groups, unexecutable) = assign_gpus(view, prepared, estimates, plan, cfg);
+    let (groups, mut unexecutable) = assign_gpus(view, prepared, estimates, plan, cfg);
+    // Waiting jobs the quota pass kept out say why (running ones through
+    // their transition).
+    unexecutable.extend(
+        prepared
+            .queue_out
+            .iter()
+            .filter(|(i, _)| !is_training(&view.jobs[*i]))
+            .cloned(),
+    );
+    unexecutable.sort_by_key(|u| u.0);
     let transitions = transitions(view, prepared, &groups, cfg);
     let leases = leases(view, &groups, policy.lease_s(), policy.slo_lease_s());
     let switches = groups
@@ -1077,7 +1213,7 @@ fn interpret(
         .filter(|g| !g.kept)
         .map(|g| g.trainers().len())
         .sum();
-    let placed: usize = groups.iter().map(|g| g.jobs.len()).sum();
+    let placed: usize = groups.iter().map(|g| g.jobs.len()).sum::<usize>() - prepared.pinned.len();
     RoundOutcome {
         groups,
         profiling: prepared.profiling.clone(),
@@ -1120,6 +1256,17 @@ fn assign_gpus(
     let mut used: BTreeSet<Gpu> = reserved.clone();
     let mut unexecutable = Vec::new();
     let mut groups: Vec<(usize, Group)> = Vec::new();
+    // Pinned (running non-preemptible) jobs keep their GPUs, after the
+    // plan's groups.
+    for (k, &i) in prepared.pinned.iter().enumerate() {
+        let mut gpus = view.jobs[i].holds.clone();
+        gpus.sort_unstable();
+        used.extend(gpus.iter().copied());
+        groups.push((
+            plan.entries.len() + k,
+            Group::new(vec![i], MergeMode::Normal, gpus, true),
+        ));
+    }
     let mut unfilled: Vec<Unfilled> = Vec::new();
     for (k, e) in plan.entries.iter().enumerate() {
         let members: Vec<usize> = e.jobs.iter().map(|&x| prepared.jobs[x]).collect();
@@ -1232,6 +1379,11 @@ fn assign_gpus(
         }
     }
     (groups, unexecutable)
+}
+
+/// It holds GPUs for training now (not a profiling run).
+fn is_training(j: &JobView) -> bool {
+    !j.profiling_run && !j.holds.is_empty()
 }
 
 /// The training GPUs `members` hold now: those of the first that holds any,
@@ -1350,6 +1502,9 @@ fn transitions(
                         "node {} is drained: moved off from its checkpoint (iteration {})",
                         view.nodes[g.0].id, j.iteration
                     ),
+                    None if let Some((_, why)) = prepared.queue_out.iter().find(|o| o.0 == i) => {
+                        format!("{why} (iteration {})", j.iteration)
+                    }
                     None if j.held_back => format!(
                         "held back this round (re-queued or retrying): suspended from its \
                          checkpoint (iteration {})",
@@ -1527,6 +1682,9 @@ pub mod testkit {
             ever_merged: false,
             merge_setup: String::new(),
             deadlines: Vec::new(),
+            queue: String::new(),
+            priority: 0,
+            preemptible: true,
         }
     }
 
@@ -2411,8 +2569,177 @@ mod tests {
         );
     }
 
+    fn two_queues(ga: u32, la: Option<u32>, gb: u32, lb: Option<u32>) -> Queues {
+        let q = |name: &str, g: u32, l: Option<u32>| crate::queue::QueueSpec {
+            name: name.into(),
+            parent: None,
+            guaranteed_gpus: g,
+            over_quota_weight: 1.0,
+            limit_gpus: l,
+            models: vec![],
+            users: vec![],
+            merge_across_queues: false,
+        };
+        Queues::new(vec![q("a", ga, la), q("b", gb, lb)]).unwrap()
+    }
+
+    /// GPUs each queue's jobs hold after the round (a group counts once
+    /// for each queue among its jobs).
+    fn usage(v: &ClusterView, o: &RoundOutcome) -> BTreeMap<String, u32> {
+        let mut u = BTreeMap::new();
+        for g in &o.groups {
+            let qs: BTreeSet<&str> = g.jobs.iter().map(|&j| v.jobs[j].queue.as_str()).collect();
+            for q in qs {
+                *u.entry(q.to_string()).or_default() += g.gpus.len() as u32;
+            }
+        }
+        u
+    }
+
+    /// Queue b holds all 8 GPUs with two 4-GPU jobs; queue a (guarantee
+    /// 4) submits one: b's later job is suspended from its checkpoint in
+    /// that same round and a's runs, under every policy.
+    #[test]
+    fn a_queue_below_its_guarantee_gets_its_gpus_back_in_one_round() {
+        let mut b1 = job("b1", "qqp", JobState::Running, 4);
+        b1.holds = (0..4).map(|g| (0, g)).collect();
+        b1.min_gpus = 4;
+        let mut b2 = job("b2", "rte", JobState::Running, 4);
+        b2.holds = (0..4).map(|g| (1, g)).collect();
+        b2.min_gpus = 4;
+        b2.submitted_at = 1.0;
+        let mut a1 = job("a1", "mrpc", JobState::Queued, 4);
+        a1.min_gpus = 4;
+        a1.submitted_at = 2.0;
+        b1.queue = "b".into();
+        b2.queue = "b".into();
+        a1.queue = "a".into();
+        let v = view(vec![node("x", 4), node("y", 4)], vec![b1, b2, a1]);
+        for policy in ["fifo", "srtf", "ymir", "tiresias"] {
+            let cfg = RoundConfig {
+                profiling: false,
+                queues: two_queues(4, None, 4, None),
+                ..Default::default()
+            };
+            let d = run(&v, policy, &cfg);
+            let u = usage(&v, &d.outcome);
+            assert_eq!(u.get("a"), Some(&4), "{policy}: {:?}", d.outcome.groups);
+            let t = d.outcome.transitions.iter().find(|t| t.job == 1).unwrap();
+            assert_eq!(t.to, JobState::Queued, "{policy}");
+            assert!(
+                t.reason.starts_with("preempted: queue b may use 4 GPUs"),
+                "{policy}: {}",
+                t.reason
+            );
+            // Without queues FIFO keeps b's jobs and a waits.
+            if policy == "fifo" {
+                let d = run(
+                    &v,
+                    policy,
+                    &RoundConfig {
+                        profiling: false,
+                        ..Default::default()
+                    },
+                );
+                assert_eq!(usage(&v, &d.outcome).get("a"), None, "{policy}");
+            }
+        }
+    }
+
+    /// A queue at its limit: its waiting job waits, told why, while the
+    /// cluster has free GPUs.
+    #[test]
+    fn a_queue_at_its_limit_waits_with_the_reason() {
+        let mut a1 = job("a1", "qqp", JobState::Running, 2);
+        a1.holds = vec![(0, 0), (0, 1)];
+        a1.queue = "a".into();
+        a1.min_gpus = 2;
+        let mut a2 = job("a2", "rte", JobState::Queued, 2);
+        a2.queue = "a".into();
+        a2.min_gpus = 2;
+        a2.submitted_at = 1.0;
+        let v = view(vec![node("x", 8)], vec![a1, a2]);
+        let cfg = RoundConfig {
+            profiling: false,
+            queues: two_queues(0, Some(2), 0, None),
+            ..Default::default()
+        };
+        let d = run(&v, "srtf", &cfg);
+        assert_eq!(usage(&v, &d.outcome).get("a"), Some(&2));
+        let (_, why) = d.outcome.unexecutable.iter().find(|u| u.0 == 1).unwrap();
+        assert!(
+            why.contains("queue a may use 2 GPUs this round (guarantee 0, limit 2)"),
+            "{why}"
+        );
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(64))]
+
+        /// With queues, priorities and preemption classes on any cluster:
+        /// no queue holds more than it deserves (so never above its limit),
+        /// a queue with work deserves at least its guarantee (within what
+        /// the cluster has), and a running non-preemptible job on a node
+        /// that still takes work keeps exactly its GPUs.
+        #[test]
+        fn queues_hold_within_their_share_and_pinned_jobs_stay(
+            v in arb_view(),
+            policy in prop::sample::select(vec!["ymir", "srtf", "tiresias", "themis", "fifo"]),
+            ga in 0u32..6, la in prop::option::of(6u32..12), gb in 0u32..6,
+            seed in any::<u64>(),
+        ) {
+            let mut v = v;
+            for (k, j) in v.jobs.iter_mut().enumerate() {
+                let bits = seed.rotate_left(k as u32 * 5);
+                j.queue = if bits & 1 == 0 { "a" } else { "b" }.into();
+                j.priority = ((bits >> 1) % 3) as i32;
+                j.preemptible = (bits >> 3) % 4 != 0;
+            }
+            let cfg = RoundConfig {
+                queues: two_queues(ga, la, gb, None),
+                ..Default::default()
+            };
+            let pol = by_name(policy).unwrap();
+            let p = prepare(&v, pol.as_ref(), &cfg);
+            let e = estimates(&p, 7200.0);
+            let d = decide(&v, &p, &e, pol.as_ref(), &cfg).unwrap();
+            let u = usage(&v, &d.outcome);
+            for (q, &used) in &u {
+                let pinned: u32 = p.pinned.iter().filter(|&&i| v.jobs[i].queue == *q)
+                    .map(|&i| v.jobs[i].holds.len() as u32).sum();
+                let deserved = p.deserved.get(q).copied().unwrap_or(0);
+                prop_assert!(used <= deserved.max(pinned), "queue {q}: {used} > {deserved} ({pinned} pinned); groups {:?} caps {:?} deserved {:?} jobs {:?} out {:?} queues {:?} snapshot {:?}", d.outcome.groups, p.caps, p.deserved, p.jobs, p.queue_out, v.jobs.iter().map(|j| (&j.queue, j.priority, j.preemptible)).collect::<Vec<_>>(), d.snapshot.jobs.iter().map(|j| (j.min_gpus, j.max_gpus, j.requested_gpus)).collect::<Vec<_>>());
+                if q == "a" && let Some(l) = la {
+                    prop_assert!(used <= l.max(pinned), "queue a: {used} above its limit {l}");
+                }
+            }
+            let total: u32 = p.capacity.iter().sum::<u32>()
+                + p.pinned.iter().map(|&i| v.jobs[i].holds.len() as u32).sum::<u32>();
+            if total >= ga + gb && let Some(&d) = p.deserved.get("a") {
+                let demand: u32 = p.jobs.iter().chain(&p.pinned).chain(p.queue_out.iter().map(|o| &o.0))
+                    .filter(|&&i| v.jobs[i].queue == "a")
+                    .map(|&i| p.offered(&cfg, v.jobs[i].max_gpus, v.jobs[i].gpu_model.as_deref()).max(v.jobs[i].min_gpus))
+                    .sum();
+                prop_assert!(d >= ga.min(demand), "a deserves {d} < min({ga}, {demand})");
+            }
+            for (i, j) in v.jobs.iter().enumerate() {
+                let healthy = j.holds.iter().all(|g| {
+                    let n = &v.nodes[g.0];
+                    n.state != NodeState::Offline && !n.drained
+                });
+                if !j.preemptible && j.state == JobState::Running && !j.holds.is_empty()
+                    && !j.profiling_run && !j.held_back && healthy
+                    && p.unschedulable.iter().all(|u| u.0 != i)
+                    // (a job no node of its GPU model can hold is no
+                    // candidate at all)
+                    && (p.jobs.contains(&i) || p.pinned.contains(&i) || p.queue_out.iter().any(|o| o.0 == i))
+                {
+                    let g = d.outcome.groups.iter().find(|g| g.jobs.contains(&i));
+                    prop_assert!(g.is_some_and(|g| g.kept && g.gpus.len() == j.holds.len()),
+                        "non-preemptible {} lost its GPUs", j.id);
+                }
+            }
+        }
 
         /// On any cluster: no GPU given twice (profiling included), every
         /// GPU exists on a node the round may use, no job twice, merged

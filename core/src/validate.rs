@@ -493,6 +493,29 @@ impl JobSpec {
             string("labels (key)", k, l.max_name_bytes, true)?;
             string(&format!("labels[{k:?}]"), v, l.max_string_bytes, false)?;
         }
+
+        // Queue (whether it exists and the user may use it is the
+        // service's check, against its configured queues) and priority.
+        string("queue", &self.queue, l.max_name_bytes, false)?;
+        if !self
+            .queue
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+        {
+            return err(
+                "queue",
+                format!(
+                    "{:?}: a queue name has letters, digits, '-', '_' or '.'",
+                    self.queue
+                ),
+            );
+        }
+        if !(-1000..=1000).contains(&self.priority) {
+            return err(
+                "priority",
+                format!("{} is out of range; -1000 to 1000", self.priority),
+            );
+        }
         Ok(())
     }
 }
@@ -551,7 +574,21 @@ pub(crate) mod tests {
                 prewarm: false,
             },
             labels: BTreeMap::new(),
+            queue: String::new(),
+            priority: 0,
+            preemptible: true,
         }
+    }
+
+    #[test]
+    fn priority_out_of_range_and_a_bad_queue_name_are_refused() {
+        let mut s = spec();
+        s.priority = 1001;
+        assert_eq!(check(&s).unwrap_err().field, "spec.priority");
+        s.priority = -1000;
+        assert!(check(&s).is_ok());
+        s.queue = "a\nb".into();
+        assert_eq!(check(&s).unwrap_err().field, "spec.queue");
     }
 
     fn check(s: &JobSpec) -> Result<(), FieldError> {

@@ -147,6 +147,8 @@ pub struct SimConfig {
     /// rounds run from 0 (`fmsim fidelity` sets `Some(0.0)`), so a job that
     /// arrives between two of them waits for the next one as it does there.
     pub round_origin_s: Option<f64>,
+    /// Queues with quotas (`--queues`; empty: none).
+    pub queues: fmsched_core::queue::Queues,
 }
 
 impl Default for SimConfig {
@@ -163,6 +165,7 @@ impl Default for SimConfig {
             placement_rule: Default::default(),
             estimate_model: EstimateModel::Exact,
             round_origin_s: None,
+            queues: Default::default(),
         }
     }
 }
@@ -1257,6 +1260,9 @@ impl<'a> Simulation<'a> {
                     // fine-tuning): every job trains alike.
                     merge_setup: String::new(),
                     deadlines: j.deadlines.clone(),
+                    queue: j.w.queueing.queue.clone(),
+                    priority: j.w.queueing.priority,
+                    preemptible: j.w.queueing.preemptible,
                 }
             })
             .collect();
@@ -1532,6 +1538,7 @@ pub fn round_config(cfg: &SimConfig, policy: &dyn Policy) -> RoundConfig {
         max_nodes_per_group: None,
         placement_rule: cfg.placement_rule,
         policy: policy.name().to_string(),
+        queues: cfg.queues.clone(),
         ..Default::default()
     }
 }

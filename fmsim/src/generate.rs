@@ -224,6 +224,7 @@ pub fn generate(cfg: &GenConfig, catalog: &Catalog, lut: &Lut) -> Result<Vec<Wor
             gpu_model: None,
             expert_parallel: 0,
             slo: Default::default(),
+            queueing: Default::default(),
         });
     }
     Ok(out)

@@ -145,6 +145,12 @@ struct SimArgs {
     /// (instead of `--nodes`).
     #[arg(long, conflicts_with = "nodes")]
     cluster: Option<PathBuf>,
+    /// Queues with quotas: a TOML file of `[[queues]]` tables (name,
+    /// parent, guaranteed_gpus, over_quota_weight, limit_gpus, models,
+    /// users, merge_across_queues; docs/queues.md). The workload's `queue`
+    /// column names them.
+    #[arg(long)]
+    queues: Option<PathBuf>,
     /// Profiling seconds per new job (0 = none).
     #[arg(long, default_value_t = 60.0)]
     profile_s: f64,
@@ -452,6 +458,23 @@ fn write_outputs(
     Ok(())
 }
 
+/// A `--queues` file: `[[queues]]` tables, validated as the service
+/// validates `[[scheduling.queues]]`.
+fn read_queues(path: &std::path::Path) -> anyhow::Result<fmsched_core::queue::Queues> {
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct File {
+        #[serde(default)]
+        queues: Vec<fmsched_core::queue::QueueSpec>,
+    }
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| anyhow::anyhow!("--queues {}: {e}", path.display()))?;
+    let f: File =
+        toml::from_str(&text).map_err(|e| anyhow::anyhow!("--queues {}: {e}", path.display()))?;
+    fmsched_core::queue::Queues::new(f.queues)
+        .map_err(|e| anyhow::anyhow!("--queues {}: {e}", path.display()))
+}
+
 /// The node groups `--nodes` or `--cluster` describe.
 fn cluster_of(a: &SimArgs) -> anyhow::Result<Vec<NodeGroup>> {
     let group = |ty: &str, count: &str, gpus: &str, what: &str| -> anyhow::Result<NodeGroup> {
@@ -559,7 +582,23 @@ fn sim_setup(a: &SimArgs) -> anyhow::Result<(SimConfig, Lut, Catalog, Vec<Worklo
             flags.join(" ")
         );
     }
+    let queues = match &a.queues {
+        Some(p) => read_queues(p)?,
+        None => Default::default(),
+    };
+    for j in &jobs {
+        let q = &j.queueing.queue;
+        if queues.is_empty() && !q.is_empty() {
+            bail!("job {}: queue {q:?} but no --queues file was given", j.name);
+        }
+        if !queues.is_empty() {
+            queues
+                .resolve(q, "fmsim", true, &j.model)
+                .map_err(|e| anyhow::anyhow!("job {}: {e}", j.name))?;
+        }
+    }
     let cfg = SimConfig {
+        queues,
         cluster,
         checkpoint_s: a.checkpoint_s,
         context_switch_s: a.context_switch_s,

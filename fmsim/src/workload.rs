@@ -11,7 +11,9 @@
 //!   each on one node (empty or 0: none); `slo` (`best_effort`, `slo`,
 //!   `soft_slo`; empty: `slo` when a deadline is given) with `deadline_s`
 //!   (seconds after submission) or `deadline_x` (a multiple of the job's
-//!   time alone at its requested GPUs) make it an SLO job (UniSched).
+//!   time alone at its requested GPUs) make it an SLO job (UniSched);
+//!   optional `queue`, `priority` and `preemptible` (empty: none, 0, 1)
+//!   put it in a queue of `--queues` (docs/queues.md).
 //! - **titan** (TitanSched workload CSV):
 //!   `name,submission_time,application,num_gpus,target_batch_size,target_lr,target_gradient_steps,target_metric`
 //!   with `application = model@task` (`/` written `#`).
@@ -70,6 +72,27 @@ pub struct WorkloadJob {
     pub expert_parallel: u32,
     /// Its service class and deadline (UniSched).
     pub slo: SloSpec,
+    /// Its queue, priority and preemption class.
+    pub queueing: Queueing,
+}
+
+/// A job's queue (empty: none), priority within it and preemption class
+/// ([`fmsched_core::queue`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Queueing {
+    pub queue: String,
+    pub priority: i32,
+    pub preemptible: bool,
+}
+
+impl Default for Queueing {
+    fn default() -> Self {
+        Self {
+            queue: String::new(),
+            priority: 0,
+            preemptible: true,
+        }
+    }
 }
 
 /// A job's service class and deadline. The deadline is either seconds
@@ -459,6 +482,7 @@ fn parse_pollux(csv: &Csv, tasks: &[(String, String)]) -> Result<Vec<WorkloadJob
             gpu_model: None,
             expert_parallel: 0,
             slo: SloSpec::default(),
+            queueing: Queueing::default(),
         });
     }
     Ok(out)
@@ -556,8 +580,34 @@ fn parse_fmsim(csv: &Csv) -> Result<Vec<WorkloadJob>, WorkloadError> {
     let expert_parallel = csv.col("expert_parallel");
     let (slo, deadline_s, deadline_x) =
         (csv.col("slo"), csv.col("deadline_s"), csv.col("deadline_x"));
+    let (queue, priority, preemptible) = (
+        csv.col("queue"),
+        csv.col("priority"),
+        csv.col("preemptible"),
+    );
     let mut out = Vec::new();
     for (line, r) in &csv.rows {
+        let cell = |c: Option<usize>| c.map(|c| r[c].trim()).filter(|v| !v.is_empty());
+        let queueing = Queueing {
+            queue: cell(queue).unwrap_or_default().to_string(),
+            priority: match cell(priority) {
+                Some(p) => p
+                    .parse()
+                    .ok()
+                    .filter(|p: &i32| (-1000..=1000).contains(p))
+                    .ok_or_else(|| {
+                        csv.err(
+                            *line,
+                            format!("priority: {p:?} is not an integer in -1000..1000"),
+                        )
+                    })?,
+                None => 0,
+            },
+            preemptible: match (preemptible, cell(preemptible)) {
+                (Some(c), Some(_)) => csv.flag(*line, r, c)?,
+                _ => true,
+            },
+        };
         let g = csv.whole(*line, r, gpus)?;
         let b = csv.whole(*line, r, batch)?;
         if g == 0 || b == 0 {
@@ -595,6 +645,7 @@ fn parse_fmsim(csv: &Csv) -> Result<Vec<WorkloadJob>, WorkloadError> {
                 _ => 0,
             },
             slo: slo_of(csv, *line, r, slo, deadline_s, deadline_x)?,
+            queueing,
         });
     }
     Ok(out)
@@ -684,6 +735,7 @@ fn parse_titan(csv: &Csv) -> Result<Vec<WorkloadJob>, WorkloadError> {
             gpu_model: None,
             expert_parallel: 0,
             slo: SloSpec::default(),
+            queueing: Queueing::default(),
         });
     }
     Ok(out)
@@ -771,6 +823,7 @@ fn trace_jobs(
                 gpu_model: None,
                 expert_parallel: 0,
                 slo: SloSpec::default(),
+                queueing: Queueing::default(),
             }
         })
         .collect())
@@ -807,12 +860,12 @@ fn parse_time(s: &str) -> Option<f64> {
 /// Writes a workload in fmsim's format.
 pub fn to_csv(jobs: &[WorkloadJob]) -> String {
     let mut s = String::from(
-        "name,submit_s,model,task,gpus,batch,sharing,pipeline,epochs,gpu_model,expert_parallel,slo,deadline_s,deadline_x\n",
+        "name,submit_s,model,task,gpus,batch,sharing,pipeline,epochs,gpu_model,expert_parallel,slo,deadline_s,deadline_x,queue,priority,preemptible\n",
     );
     for j in jobs {
         let num = |v: Option<f64>| v.map(|v| format!("{v}")).unwrap_or_default();
         s += &format!(
-            "{},{:.1},{},{},{},{},{},{},{},{},{},{},{},{}\n",
+            "{},{:.1},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}\n",
             j.name,
             j.submit_s,
             j.model,
@@ -827,6 +880,9 @@ pub fn to_csv(jobs: &[WorkloadJob]) -> String {
             j.slo.class.map(SloClass::as_str).unwrap_or_default(),
             num(j.slo.deadline_s),
             num(j.slo.deadline_x),
+            j.queueing.queue,
+            j.queueing.priority,
+            u8::from(j.queueing.preemptible),
         );
     }
     s
@@ -976,6 +1032,36 @@ mod tests {
         )
         .unwrap();
         assert_eq!((p[0].name.as_str(), p[0].submit_s), ("y", 0.0));
+    }
+
+    /// `queue`, `priority` and `preemptible` columns: defaults when empty
+    /// or absent, a bad priority named with its line, a round trip.
+    #[test]
+    fn queue_columns_are_read_and_checked() {
+        let head =
+            "name,submit_s,model,task,gpus,batch,sharing,pipeline,queue,priority,preemptible\n";
+        let text = format!(
+            "{head}a,0,roberta-base,rte,1,32,1,0,nlp,5,0\nb,1,roberta-base,rte,1,32,1,0,,,\n"
+        );
+        let jobs = parse("w.csv", &text, None, &[]).unwrap();
+        assert_eq!(
+            jobs[0].queueing,
+            Queueing {
+                queue: "nlp".into(),
+                priority: 5,
+                preemptible: false
+            }
+        );
+        assert_eq!(jobs[1].queueing, Queueing::default());
+        assert_eq!(parse("w.csv", &to_csv(&jobs), None, &[]).unwrap(), jobs);
+        let e = parse(
+            "w.csv",
+            &format!("{head}a,0,roberta-base,rte,1,32,1,0,nlp,5000,0\n"),
+            None,
+            &[],
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("line 2: priority"), "{e}");
     }
 
     #[test]

@@ -49,6 +49,7 @@ fn one_gpu_job(name: &str, task: &str, submit_s: f64, sharing: bool) -> Workload
         gpu_model: None,
         expert_parallel: 0,
         slo: Default::default(),
+        queueing: Default::default(),
     }
 }
 
