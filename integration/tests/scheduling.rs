@@ -4508,3 +4508,122 @@ async fn e2e_deadline_a_job_predicted_to_miss_its_deadline_says_so_once() {
     drop(c);
     drop_db(&db).await;
 }
+
+/// Queues with guarantees: alice's queue fills the node while bob's is
+/// idle; when bob submits within his queue's guarantee, one of alice's jobs
+/// is suspended from its checkpoint in the next round (its history says
+/// why) and bob's runs; everything completes. A job naming a queue its user
+/// may not use, or one that does not exist, is refused and nothing is
+/// written.
+#[tokio::test]
+async fn e2e_queue_quota_reclaims_gpus_from_an_over_quota_queue() {
+    let db = new_db("fmsched_queues").await;
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let config = dir.path().join("queues.toml");
+    std::fs::write(
+        &config,
+        "[[scheduling.queues]]\nname = \"research\"\nguaranteed_gpus = 2\nusers = [\"alice\"]\n\n\
+         [[scheduling.queues]]\nname = \"prod\"\nguaranteed_gpus = 2\nusers = [\"bob\"]\n",
+    )
+    .unwrap();
+    let (alice, bob) = ("alice-token-0123456789abc", "bob-token-0123456789abcd");
+    let tokens = format!("root={ROOT},alice={alice},bob={bob}");
+    let env = [
+        ("FMSCHED_CONFIG", config.to_str().unwrap()),
+        ("FMSCHED_SCHEDULING__PROFILING", "false"),
+        ("FMSCHED_SCHEDULING__MERGING", "false"),
+        ("FMSCHED_API_TOKENS", tokens.as_str()),
+    ];
+    let _sched = scheduler_env(&db, port, dir.path(), None, &env);
+    wait_up("scheduler up", port);
+    let _a = agent("node-a", port, dir.path());
+    let rigid = |name: &str, task: &str, iterations: u64, extra: &str| {
+        format!(
+            "{}{extra}",
+            job_yaml(name, task, iterations, 2).replace("min_gpus: 1", "min_gpus: 2")
+        )
+    };
+    // Refused, naming the field, and nothing written.
+    let e = fmsched_integration::submit_manifests(
+        port,
+        bob,
+        dir.path(),
+        [("x".to_string(), rigid("x", "rte", 100, "queue: research\n"))],
+    )
+    .unwrap_err();
+    assert!(e.contains("may not submit to \"research\""), "{e}");
+    let e = fmsched_integration::submit_manifests(
+        port,
+        bob,
+        dir.path(),
+        [("y".to_string(), rigid("y", "rte", 100, "queue: nope\n"))],
+    )
+    .unwrap_err();
+    assert!(
+        e.contains("spec.queue") && e.contains("research, prod"),
+        "{e}"
+    );
+    let mut c = sqlx::PgConnection::connect(&db_url(&db)).await.unwrap();
+    let n: i64 = sqlx::query_scalar("SELECT count(*) FROM jobs")
+        .fetch_one(&mut c)
+        .await
+        .unwrap();
+    assert_eq!(n, 0, "refused submissions wrote nothing");
+
+    fmsched_integration::submit_manifests(
+        port,
+        alice,
+        dir.path(),
+        [
+            ("a1".to_string(), rigid("a1", "qqp", 4000, "")),
+            ("a2".to_string(), rigid("a2", "mnli", 4000, "")),
+        ],
+    )
+    .expect("alice submits");
+    wait_for("alice's two jobs run", Duration::from_secs(30), || {
+        let j = jobs(port)?;
+        let r = j.values().filter(|s| s.0 == "running").count();
+        (r == 2).then_some(()).ok_or(format!("{j:?}"))
+    });
+    fmsched_integration::submit_manifests(
+        port,
+        bob,
+        dir.path(),
+        [("b1".to_string(), rigid("b1", "rte", 600, ""))],
+    )
+    .expect("bob submits");
+    let b1: String = sqlx::query_scalar("SELECT id::text FROM jobs WHERE name = 'b1'")
+        .fetch_one(&mut c)
+        .await
+        .unwrap();
+    let queue: String = sqlx::query_scalar("SELECT spec->>'queue' FROM jobs WHERE name = 'b1'")
+        .fetch_one(&mut c)
+        .await
+        .unwrap();
+    assert_eq!(queue, "prod", "bob's job lands in his queue");
+    wait_for("bob's job runs", Duration::from_secs(20), || {
+        let j = jobs(port)?;
+        match j.get(&b1) {
+            Some(s) if s.0 == "running" || s.0 == "completed" => Ok(()),
+            s => Err(format!("{s:?}")),
+        }
+    });
+    let preempted: Vec<String> = sqlx::query_scalar(
+        "SELECT message FROM job_events e JOIN jobs j ON j.id = e.job_id
+         WHERE j.name IN ('a1', 'a2') AND e.to_state = 'queued'
+           AND e.message LIKE 'preempted%'",
+    )
+    .fetch_all(&mut c)
+    .await
+    .unwrap();
+    assert_eq!(preempted.len(), 1, "one of alice's jobs: {preempted:?}");
+    assert!(
+        preempted[0]
+            .starts_with("preempted: queue research may use 2 GPUs this round (guarantee 2)"),
+        "{preempted:?}"
+    );
+    let done = all_completed(port, 3, Duration::from_secs(180));
+    assert_eq!(done.len(), 3);
+    drop_db(&db).await;
+}

@@ -231,6 +231,9 @@ pub fn job_spec_from_proto(p: pb::JobSpec) -> Result<core::JobSpec, FieldError> 
             prewarm: launch.prewarm,
         },
         labels: p.labels.into_iter().collect(),
+        queue: p.queue,
+        priority: p.priority,
+        preemptible: p.preemptible.unwrap_or(true),
     })
 }
 
@@ -270,6 +273,9 @@ pub fn job_spec_to_proto(s: &core::JobSpec) -> pb::JobSpec {
             gpu_model: s.resources.gpu_model.clone().unwrap_or_default(),
         }),
         sharing: Some(s.sharing),
+        queue: s.queue.clone(),
+        priority: s.priority,
+        preemptible: Some(s.preemptible),
         deadline: s.deadline.map(timestamp_to_proto),
         slo_class: match s.slo_class {
             None => pb::SloClass::Unspecified,

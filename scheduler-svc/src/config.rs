@@ -221,6 +221,17 @@ pub struct SchedulingConfig {
     /// Rendezvous ports (`MASTER_PORT`) handed to jobs over several nodes,
     /// one per running job, `first-last` inclusive.
     pub gang_ports: String,
+    /// Queues with quotas (`[[scheduling.queues]]`: name, parent,
+    /// guaranteed_gpus, over_quota_weight, limit_gpus, models, users,
+    /// merge_across_queues; docs/queues.md). None: one implicit queue.
+    pub queues: Vec<fmsched_core::queue::QueueSpec>,
+}
+
+impl SchedulingConfig {
+    /// The configured queues, validated (start-up refuses a bad set).
+    pub fn queue_set(&self) -> Result<fmsched_core::queue::Queues, String> {
+        fmsched_core::queue::Queues::new(self.queues.clone())
+    }
 }
 
 impl SchedulingConfig {
@@ -300,6 +311,7 @@ impl Default for SchedulingConfig {
             context_switch: None,
             max_nodes_per_job: 0,
             gang_ports: "29500-29999".into(),
+            queues: Vec::new(),
         }
     }
 }
@@ -396,6 +408,9 @@ impl Config {
                 "scheduling.profiling_share",
                 format!("{share} is not in (0, 1]"),
             ));
+        }
+        if let Err(e) = self.scheduling.queue_set() {
+            return Err(invalid("scheduling.queues", e));
         }
         if let Err(e) = self.scheduling.gang_port_range() {
             return Err(invalid("scheduling.gang_ports", e));
@@ -560,6 +575,29 @@ mod tests {
             let e = load(bad).unwrap_err();
             assert!(e.contains("scheduling.profiling_share"), "{e}");
         }
+    }
+
+    /// `[[scheduling.queues]]` from the config file are validated at
+    /// start-up, a bad set refused naming the key, the queue and the field.
+    #[test]
+    fn queues_come_from_the_config_file_and_a_bad_set_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let load = |toml: &str| {
+            let f = dir.path().join("s.toml");
+            std::fs::write(&f, toml).unwrap();
+            Config::load_from(Some(f.as_path()), env(&[])).map_err(|e| e.to_string())
+        };
+        let c =
+            load("[[scheduling.queues]]\nname = \"a\"\nguaranteed_gpus = 2\nusers = [\"alice\"]\n")
+                .unwrap();
+        let q = c.scheduling.queue_set().unwrap();
+        assert_eq!(q.specs()[0].guaranteed_gpus, 2);
+        let e = load("[[scheduling.queues]]\nname = \"a\"\nguaranteed_gpus = 4\nlimit_gpus = 2\n")
+            .unwrap_err();
+        assert!(
+            e.contains("scheduling.queues") && e.contains("queues[0].limit_gpus"),
+            "{e}"
+        );
     }
 
     /// A policy set through the admin API replaces the configured policy

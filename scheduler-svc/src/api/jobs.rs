@@ -267,6 +267,27 @@ impl JobService for JobApi {
         if let Some(m) = &spec.resources.gpu_model {
             self.check_gpu_model(m)?;
         }
+        // The queue it runs in: the one it names (it must exist, take jobs,
+        // allow the model and the user), else its user's.
+        let queues = self
+            .state
+            .config
+            .scheduling
+            .queue_set()
+            .map_err(ApiError::Internal)?;
+        spec.queue = queues
+            .resolve(&spec.queue, &who.user.0, who.admin, &spec.model)
+            .map_err(|e| match e {
+                fmsched_core::queue::QueueError::NotMember(m) => ApiError::PermissionDenied(m),
+                other => {
+                    let m = other.to_string();
+                    let (field, msg) = m.split_once(": ").unwrap_or(("spec.queue", &m));
+                    ApiError::InvalidArgument(fmsched_core::FieldError::new(
+                        field.to_string(),
+                        msg.to_string(),
+                    ))
+                }
+            })?;
         // Deadline admission: a strict SLO job no schedule could finish in
         // time is refused before anything is written.
         let deadline_note = match crate::scheduling::shipped_lut() {

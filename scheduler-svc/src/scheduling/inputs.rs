@@ -207,6 +207,9 @@ pub fn build_view(s: &ViewSources<'_>) -> Translated {
                     secs_since(j.created_at, s.now),
                     j.spec.deadline.map(|d| secs_since(d, s.now)),
                 ),
+                queue: j.spec.queue.clone(),
+                priority: j.spec.priority,
+                preemptible: j.spec.preemptible,
             }
         })
         .collect();
@@ -272,6 +275,8 @@ pub fn round_config(config: &crate::config::Config) -> RoundConfig {
         placement_rule: Default::default(),
         policy: s.policy.clone(),
         profiling_share: s.profiling_share,
+        // Validated at start-up.
+        queues: s.queue_set().unwrap_or_default(),
     }
 }
 
