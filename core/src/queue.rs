@@ -40,6 +40,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::validate::FieldError;
+
 /// One queue as an operator configures it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -87,25 +89,39 @@ pub struct Queues {
     specs: Vec<QueueSpec>,
 }
 
-/// Where a job may be submitted, and the queue it lands in.
+/// Why a job may not go where it asks, naming the spec field.
 #[derive(Debug, PartialEq)]
 pub enum QueueError {
     /// The job names a queue that does not exist or is a department.
-    Unknown(String),
+    Unknown(FieldError),
     /// The user may not submit to it.
-    NotMember(String),
+    NotMember(FieldError),
     /// The queue (or its department) does not allow the model.
-    Model(String),
+    Model(FieldError),
+}
+
+impl QueueError {
+    pub fn field_error(&self) -> &FieldError {
+        match self {
+            QueueError::Unknown(e) | QueueError::NotMember(e) | QueueError::Model(e) => e,
+        }
+    }
 }
 
 impl std::fmt::Display for QueueError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            QueueError::Unknown(m) | QueueError::NotMember(m) | QueueError::Model(m) => {
-                f.write_str(m)
-            }
-        }
+        self.field_error().fmt(f)
     }
+}
+
+/// A queue name: 1-63 letters, digits, `-`, `_` or `.` (the one rule of
+/// the configuration and of a job spec's `queue`).
+pub fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 63
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
 }
 
 impl Queues {
@@ -115,13 +131,7 @@ impl Queues {
         let mut names = BTreeMap::new();
         for (i, q) in specs.iter().enumerate() {
             let at = |f: &str| format!("queues[{i}].{f}");
-            if q.name.is_empty()
-                || q.name.len() > 63
-                || !q
-                    .name
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
-            {
+            if !valid_name(&q.name) {
                 return Err(format!(
                     "{}: {:?} must be 1-63 letters, digits, '-', '_' or '.'",
                     at("name"),
@@ -213,8 +223,9 @@ impl Queues {
             if named.is_empty() {
                 return Ok(String::new());
             }
-            return Err(QueueError::Unknown(format!(
-                "spec.queue: {named:?} does not exist (no queues are configured)"
+            return Err(QueueError::Unknown(FieldError::new(
+                "spec.queue",
+                format!("{named:?} does not exist (no queues are configured)"),
             )));
         }
         let leaves: Vec<&QueueSpec> = self
@@ -229,39 +240,49 @@ impl Queues {
                 .or_else(|| leaves.iter().find(|q| q.users.is_empty()))
                 .copied()
                 .ok_or_else(|| {
-                    QueueError::NotMember(format!(
-                        "spec.queue: user {user:?} belongs to no queue and none is open to everyone; name one"
-                    ))
+                    QueueError::NotMember(FieldError::new(
+                        "spec.queue",
+                        format!(
+                        "user {user:?} belongs to no queue and none is open to everyone; name one"
+                    )))
                 })?
         } else {
             let q = self.get(named).ok_or_else(|| {
-                QueueError::Unknown(format!(
-                    "spec.queue: {named:?} does not exist; queues: {}",
-                    leaves
-                        .iter()
-                        .map(|q| q.name.as_str())
-                        .collect::<Vec<_>>()
-                        .join(", ")
+                QueueError::Unknown(FieldError::new(
+                    "spec.queue",
+                    format!(
+                        "{named:?} does not exist; queues: {}",
+                        leaves
+                            .iter()
+                            .map(|q| q.name.as_str())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
                 ))
             })?;
             if !self.is_leaf(named) {
-                return Err(QueueError::Unknown(format!(
-                    "spec.queue: {named:?} is a department; name one of its teams"
+                return Err(QueueError::Unknown(FieldError::new(
+                    "spec.queue",
+                    format!("{named:?} is a department; name one of its teams"),
                 )));
             }
             if !admin && !q.users.is_empty() && !q.users.iter().any(|u| u == user) {
-                return Err(QueueError::NotMember(format!(
-                    "spec.queue: user {user:?} may not submit to {named:?}"
+                return Err(QueueError::NotMember(FieldError::new(
+                    "spec.queue",
+                    format!("user {user:?} may not submit to {named:?}"),
                 )));
             }
             q
         };
         for s in std::iter::once(q).chain(q.parent.as_deref().and_then(|p| self.get(p))) {
             if !s.models.is_empty() && !s.models.iter().any(|m| m == model) {
-                return Err(QueueError::Model(format!(
-                    "spec.model: queue {:?} may fine-tune only {}",
-                    s.name,
-                    s.models.join(", ")
+                return Err(QueueError::Model(FieldError::new(
+                    "spec.model",
+                    format!(
+                        "queue {:?} may fine-tune only {}",
+                        s.name,
+                        s.models.join(", ")
+                    ),
                 )));
             }
         }
@@ -306,7 +327,7 @@ pub struct QuotaOutcome {
     /// The most GPUs each admitted job may get (only where below its own
     /// maximum).
     pub caps: BTreeMap<usize, u32>,
-    /// Each queue's deserved GPUs this round (for metrics and `fmctl`).
+    /// Each queue's deserved GPUs this round.
     pub deserved: BTreeMap<String, u32>,
 }
 

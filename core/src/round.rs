@@ -262,7 +262,8 @@ pub struct Prepared {
     pub caps: BTreeMap<usize, u32>,
     /// Jobs the quota pass keeps out of this round, and why (view jobs).
     pub queue_out: Vec<(usize, String)>,
-    /// Each queue's deserved GPUs this round.
+    /// Each queue's deserved GPUs this round (what the quota pass
+    /// computed; read by tests, not yet exported as a metric).
     pub deserved: BTreeMap<String, u32>,
 }
 

@@ -497,15 +497,11 @@ impl JobSpec {
         // Queue (whether it exists and the user may use it is the
         // service's check, against its configured queues) and priority.
         string("queue", &self.queue, l.max_name_bytes, false)?;
-        if !self
-            .queue
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
-        {
+        if !self.queue.is_empty() && !crate::queue::valid_name(&self.queue) {
             return err(
                 "queue",
                 format!(
-                    "{:?}: a queue name has letters, digits, '-', '_' or '.'",
+                    "{:?}: a queue name has 1-63 letters, digits, '-', '_' or '.'",
                     self.queue
                 ),
             );

@@ -278,15 +278,11 @@ impl JobService for JobApi {
         spec.queue = queues
             .resolve(&spec.queue, &who.user.0, who.admin, &spec.model)
             .map_err(|e| match e {
-                fmsched_core::queue::QueueError::NotMember(m) => ApiError::PermissionDenied(m),
-                other => {
-                    let m = other.to_string();
-                    let (field, msg) = m.split_once(": ").unwrap_or(("spec.queue", &m));
-                    ApiError::InvalidArgument(fmsched_core::FieldError::new(
-                        field.to_string(),
-                        msg.to_string(),
-                    ))
+                fmsched_core::queue::QueueError::NotMember(f) => {
+                    ApiError::PermissionDenied(f.to_string())
                 }
+                fmsched_core::queue::QueueError::Unknown(f)
+                | fmsched_core::queue::QueueError::Model(f) => ApiError::InvalidArgument(f),
             })?;
         // Deadline admission: a strict SLO job no schedule could finish in
         // time is refused before anything is written.
