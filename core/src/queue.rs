@@ -329,6 +329,8 @@ pub struct QuotaOutcome {
     pub caps: BTreeMap<usize, u32>,
     /// Each queue's deserved GPUs this round.
     pub deserved: BTreeMap<String, u32>,
+    /// GPUs each queue's jobs could use (pinned ones at what they hold).
+    pub demand: BTreeMap<String, u32>,
 }
 
 /// The quota pass (module docs). `total` is the training capacity of the
@@ -358,6 +360,7 @@ pub fn apply(queues: &Queues, jobs: &[QuotaJob], total: u32) -> QuotaOutcome {
     });
     let mut out = QuotaOutcome {
         deserved: deserved.iter().map(|(q, &d)| (q.to_string(), d)).collect(),
+        demand: demand.iter().map(|(q, &d)| (q.to_string(), d)).collect(),
         ..Default::default()
     };
     // Admission: smallest sizes within what the queue deserves.

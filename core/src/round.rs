@@ -263,8 +263,11 @@ pub struct Prepared {
     /// Jobs the quota pass keeps out of this round, and why (view jobs).
     pub queue_out: Vec<(usize, String)>,
     /// Each queue's deserved GPUs this round (what the quota pass
-    /// computed; read by tests, not yet exported as a metric).
+    /// computed).
     pub deserved: BTreeMap<String, u32>,
+    /// GPUs each queue's candidate jobs could use this round (a rigid
+    /// policy's jobs count at their requested size).
+    pub demand: BTreeMap<String, u32>,
 }
 
 impl Prepared {
@@ -478,6 +481,7 @@ pub fn prepare(view: &ClusterView, policy: &dyn Policy, cfg: &RoundConfig) -> Pr
     }
     // Queues, priorities and preemption classes (crate::queue).
     let quota = {
+        let sizes_of_policy = policy.allocation_set(total_gpus);
         let takes_work = |n: usize| {
             let node = &view.nodes[n];
             node.state != NodeState::Offline && !node.drained
@@ -496,14 +500,40 @@ pub fn prepare(view: &ClusterView, policy: &dyn Policy, cfg: &RoundConfig) -> Pr
                         j.gpu_model.as_deref(),
                     )
                 };
+                let max_gpus = cap(j.max_gpus).max(j.min_gpus);
+                // A rigid policy runs the job at its request or not at all
+                // (as policy::requested_allocation picks it), so the queue
+                // must find room for all of it.
+                let (min_gpus, max_gpus) = if policy.rigid() {
+                    let unit = j.replica().gpus().max(1);
+                    let fits: Vec<u32> = sizes_of_policy
+                        .iter()
+                        .copied()
+                        .filter(|&a| a > 0 && a >= j.min_gpus && a <= max_gpus && a % unit == 0)
+                        .collect();
+                    let req = cap(j.requested_gpus);
+                    let size = fits
+                        .iter()
+                        .rev()
+                        .find(|&&a| a <= req)
+                        .or(fits.first())
+                        .copied()
+                        .unwrap_or(max_gpus);
+                    // A running job counts at what it holds (a
+                    // non-preemptive policy keeps it so).
+                    let size = size.max(holds.len() as u32);
+                    (size, size)
+                } else {
+                    (j.min_gpus, max_gpus)
+                };
                 QuotaJob {
                     queue: j.queue.clone(),
                     priority: j.priority,
                     preemptible: j.preemptible,
                     holds: holds.len() as u32,
                     may_stay: holds.iter().all(|g| takes_work(g.0)),
-                    min_gpus: j.min_gpus,
-                    max_gpus: cap(j.max_gpus).max(j.min_gpus),
+                    min_gpus,
+                    max_gpus,
                     submitted_at: j.submitted_at,
                 }
             })
@@ -555,6 +585,7 @@ pub fn prepare(view: &ClusterView, policy: &dyn Policy, cfg: &RoundConfig) -> Pr
         caps,
         queue_out,
         deserved: quota.deserved,
+        demand: quota.demand,
     }
 }
 
@@ -2647,6 +2678,36 @@ mod tests {
         }
     }
 
+    /// Queue a may use 6 GPUs (its limit) and its job asks for 8 (it can
+    /// run on 1 to 8). A rigid policy never grows a job later, so the job
+    /// waits for room for all 8 rather than starting on 6 and staying
+    /// there; an elastic policy starts it on 6 and may grow it later.
+    #[test]
+    fn a_rigid_policy_admits_a_job_only_at_its_requested_size() {
+        let mut a1 = job("a1", "qqp", JobState::Queued, 8);
+        a1.queue = "a".into();
+        a1.min_gpus = 1;
+        let v = view(vec![node("x", 8)], vec![a1]);
+        let cfg = RoundConfig {
+            profiling: false,
+            queues: two_queues(0, Some(6), 0, None),
+            ..Default::default()
+        };
+        for policy in [
+            "fifo", "srtf", "tiresias", "themis", "edf", "hydra", "chronus",
+        ] {
+            let d = run(&v, policy, &cfg);
+            assert_eq!(usage(&v, &d.outcome).get("a"), None, "{policy}");
+            let (_, why) = d.outcome.unexecutable.iter().find(|u| u.0 == 0).unwrap();
+            assert!(why.contains("queue a may use 6 GPUs"), "{policy}: {why}");
+        }
+        for policy in ["optimus", "pollux", "ymir"] {
+            let d = run(&v, policy, &cfg);
+            let held = usage(&v, &d.outcome).get("a").copied().unwrap_or(0);
+            assert!((1..=6).contains(&held), "{policy}: {held}");
+        }
+    }
+
     /// A queue at its limit: its waiting job waits, told why, while the
     /// cluster has free GPUs.
     #[test]
@@ -2717,10 +2778,16 @@ mod tests {
             let total: u32 = p.capacity.iter().sum::<u32>()
                 + p.pinned.iter().map(|&i| v.jobs[i].holds.len() as u32).sum::<u32>();
             if total >= ga + gb && let Some(&d) = p.deserved.get("a") {
-                let demand: u32 = p.jobs.iter().chain(&p.pinned).chain(p.queue_out.iter().map(|o| &o.0))
-                    .filter(|&&i| v.jobs[i].queue == "a")
-                    .map(|&i| p.offered(&cfg, v.jobs[i].max_gpus, v.jobs[i].gpu_model.as_deref()).max(v.jobs[i].min_gpus))
-                    .sum();
+                // Each job's largest size (its requested one under a rigid
+                // policy: a_rigid_policy_admits_a_job_only_at_its_requested_size).
+                let demand = p.demand.get("a").copied().unwrap_or(0);
+                if !pol.rigid() {
+                    let most: u32 = p.jobs.iter().chain(&p.pinned).chain(p.queue_out.iter().map(|o| &o.0))
+                        .filter(|&&i| v.jobs[i].queue == "a")
+                        .map(|&i| p.offered(&cfg, v.jobs[i].max_gpus, v.jobs[i].gpu_model.as_deref()).max(v.jobs[i].min_gpus))
+                        .sum();
+                    prop_assert_eq!(demand, most);
+                }
                 prop_assert!(d >= ga.min(demand), "a deserves {d} < min({ga}, {demand})");
             }
             for (i, j) in v.jobs.iter().enumerate() {

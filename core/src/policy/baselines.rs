@@ -84,6 +84,9 @@ impl Default for Fifo {
 }
 
 impl Policy for Fifo {
+    fn rigid(&self) -> bool {
+        true
+    }
     fn name(&self) -> &str {
         "fifo"
     }
@@ -130,6 +133,9 @@ pub(super) fn srtf_sort(snap: &Snapshot, order: &mut [usize]) {
 }
 
 impl Policy for Srtf {
+    fn rigid(&self) -> bool {
+        true
+    }
     fn name(&self) -> &str {
         "srtf"
     }
@@ -191,6 +197,9 @@ impl Tiresias {
 }
 
 impl Policy for Tiresias {
+    fn rigid(&self) -> bool {
+        true
+    }
     fn name(&self) -> &str {
         "tiresias"
     }
@@ -377,6 +386,9 @@ impl Themis {
 }
 
 impl Policy for Themis {
+    fn rigid(&self) -> bool {
+        true
+    }
     fn name(&self) -> &str {
         "themis"
     }

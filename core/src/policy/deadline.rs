@@ -136,6 +136,9 @@ fn edf_order(snap: &Snapshot) -> Vec<usize> {
 }
 
 impl Policy for Edf {
+    fn rigid(&self) -> bool {
+        true
+    }
     fn name(&self) -> &str {
         "edf"
     }
@@ -164,6 +167,9 @@ impl Default for Hydra {
 }
 
 impl Policy for Hydra {
+    fn rigid(&self) -> bool {
+        true
+    }
     fn name(&self) -> &str {
         "hydra"
     }
@@ -396,6 +402,11 @@ fn cell_need(a: u32, top: usize) -> Option<(usize, f64)> {
 }
 
 impl Policy for UniSched {
+    fn rigid(&self) -> bool {
+        // Chronus runs each job at its request; UniSched picks among
+        // three counts around it.
+        self.config.chronus
+    }
     fn name(&self) -> &str {
         if self.config.chronus {
             "chronus"

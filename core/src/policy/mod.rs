@@ -327,6 +327,14 @@ pub trait Policy {
     fn allocation_set(&self, max_gpus: u32) -> Vec<u32> {
         ymir_allocations(max_gpus)
     }
+    /// Whether the policy gives each job its requested size or nothing
+    /// (FIFO, SRTF, Tiresias, Themis, EDF, Hydra, Chronus): it never grows
+    /// a job later, so the quota pass admits such a job only at its
+    /// requested size — shrunk to fit a queue's share, it would run small
+    /// for the rest of its life while its queue's GPUs sat idle.
+    fn rigid(&self) -> bool {
+        false
+    }
     /// Seconds a new allocation is leased for (Themis); 0 = no leases.
     /// The caller records `lease_until` on the jobs it starts.
     fn lease_s(&self) -> f64 {
