@@ -331,11 +331,19 @@ pub struct QuotaOutcome {
     pub deserved: BTreeMap<String, u32>,
     /// GPUs each queue's jobs could use (pinned ones at what they hold).
     pub demand: BTreeMap<String, u32>,
+    /// With a rigid policy, its waiting jobs (all admitted: the policy
+    /// picks among them within their queue's budget), and why one waits
+    /// if its queue's budget runs out.
+    pub short: Vec<(usize, String)>,
 }
 
 /// The quota pass (module docs). `total` is the training capacity of the
-/// round, pinned jobs' GPUs included.
-pub fn apply(queues: &Queues, jobs: &[QuotaJob], total: u32) -> QuotaOutcome {
+/// round, pinned jobs' GPUs included. With `rigid_policy` (a policy that runs a
+/// job at its request or not at all), a waiting job that does not fit its
+/// queue's share is left to the policy with a budget per queue
+/// ([`QuotaOutcome::short`]), so the policy's own order picks among a
+/// queue's waiting jobs; running jobs are admitted as without it.
+pub fn apply(queues: &Queues, jobs: &[QuotaJob], total: u32, rigid_policy: bool) -> QuotaOutcome {
     let alike = jobs.windows(2).all(|w| w[0].priority == w[1].priority)
         && jobs.iter().all(|j| j.preemptible);
     if queues.is_empty() && alike {
@@ -398,16 +406,32 @@ pub fn apply(queues: &Queues, jobs: &[QuotaJob], total: u32) -> QuotaOutcome {
             }
             *r += j.max_gpus;
         }
-        if *u + j.min_gpus <= d {
+        let terms = spec.map_or(String::new(), |s| {
+            let limit = s
+                .limit_gpus
+                .map_or(String::new(), |l| format!(", limit {l}"));
+            format!(" (guarantee {}{limit})", s.guaranteed_gpus)
+        });
+        let fits = *u + j.min_gpus <= d;
+        if fits {
             *u += j.min_gpus;
             admitted.push(k);
-        } else {
-            let terms = spec.map_or(String::new(), |s| {
-                let limit = s
-                    .limit_gpus
-                    .map_or(String::new(), |l| format!(", limit {l}"));
-                format!(" (guarantee {}{limit})", s.guaranteed_gpus)
-            });
+        }
+        if rigid_policy && j.holds == 0 {
+            // The policy picks among the queue's waiting jobs within its
+            // budget; whichever it leaves out waits for this reason.
+            out.short.push((
+                k,
+                format!(
+                    "waiting: {} may use {d} GPUs this round{terms}, taken by the jobs it runs \
+                     and those the policy puts first",
+                    queue_name(name)
+                ),
+            ));
+            if !fits {
+                admitted.push(k);
+            }
+        } else if !fits {
             let why = format!(
                 "{} may use {d} GPUs this round{terms}, all taken by its earlier or higher-priority jobs",
                 queue_name(name)
@@ -628,7 +652,10 @@ mod tests {
     #[test]
     fn alike_jobs_without_queues_are_left_alone() {
         let jobs = vec![job("", 4, 1, 8, 0.0), job("", 0, 1, 8, 1.0)];
-        assert_eq!(apply(&Queues::default(), &jobs, 8), QuotaOutcome::default());
+        assert_eq!(
+            apply(&Queues::default(), &jobs, 8, false),
+            QuotaOutcome::default()
+        );
     }
 
     #[test]
@@ -658,7 +685,7 @@ mod tests {
             job("b", 4, 4, 4, 1.0),
             job("a", 0, 4, 4, 2.0),
         ];
-        let o = apply(&qs, &jobs, 8);
+        let o = apply(&qs, &jobs, 8, false);
         assert_eq!(o.deserved["a"], 4);
         assert_eq!(o.out.len(), 1);
         let (k, why) = &o.out[0];
@@ -675,7 +702,7 @@ mod tests {
         lo.priority = 0;
         let mut hi = job("", 0, 4, 8, 1.0);
         hi.priority = 5;
-        let o = apply(&Queues::default(), &[lo, hi], 8);
+        let o = apply(&Queues::default(), &[lo, hi], 8, false);
         assert_eq!(o.out.len(), 1);
         assert_eq!(o.out[0].0, 0);
         assert!(
@@ -693,7 +720,7 @@ mod tests {
         pinned.priority = -3;
         let mut second = job("a", 0, 1, 2, 0.0);
         second.preemptible = false;
-        let o = apply(&qs, &[pinned, second, job("b", 0, 1, 4, 1.0)], 8);
+        let o = apply(&qs, &[pinned, second, job("b", 0, 1, 4, 1.0)], 8, false);
         assert_eq!(o.pinned, vec![0]);
         assert_eq!(o.out.len(), 1);
         assert!(
@@ -707,7 +734,7 @@ mod tests {
     fn caps_keep_a_queue_within_its_limit() {
         let qs = Queues::new(vec![q("a", 0, Some(6))]).unwrap();
         let jobs = vec![job("a", 0, 1, 4, 0.0), job("a", 0, 1, 4, 1.0)];
-        let o = apply(&qs, &jobs, 16);
+        let o = apply(&qs, &jobs, 16, false);
         assert_eq!(o.deserved["a"], 6);
         // 1 + 3 for the first, 1 + 1 for the second: 6 in all.
         assert_eq!(o.caps, BTreeMap::from([(1, 2)]));

@@ -268,6 +268,13 @@ pub struct Prepared {
     /// GPUs each queue's candidate jobs could use this round (a rigid
     /// policy's jobs count at their requested size).
     pub demand: BTreeMap<String, u32>,
+    /// For a rigid policy: GPUs each queue's snapshot jobs may hold
+    /// together (what it deserves less its pinned jobs' GPUs); the policy
+    /// picks among them in its own order. Empty otherwise.
+    pub budgets: BTreeMap<String, u32>,
+    /// Waiting jobs left to a rigid policy beyond their queue's share, and
+    /// why they wait if it does not start them (view jobs).
+    pub queue_short: Vec<(usize, String)>,
 }
 
 impl Prepared {
@@ -538,7 +545,7 @@ pub fn prepare(view: &ClusterView, policy: &dyn Policy, cfg: &RoundConfig) -> Pr
                 }
             })
             .collect();
-        crate::queue::apply(&cfg.queues, &q, capacity.iter().sum())
+        crate::queue::apply(&cfg.queues, &q, capacity.iter().sum(), policy.rigid())
     };
     let pinned: Vec<usize> = quota.pinned.iter().map(|&k| jobs[k]).collect();
     for &i in &pinned {
@@ -554,6 +561,27 @@ pub fn prepare(view: &ClusterView, policy: &dyn Policy, cfg: &RoundConfig) -> Pr
         .map(|(k, why)| (jobs[*k], why.clone()))
         .collect();
     let caps: BTreeMap<usize, u32> = quota.caps.iter().map(|(&k, &c)| (jobs[k], c)).collect();
+    let queue_short: Vec<(usize, String)> = quota
+        .short
+        .iter()
+        .map(|(k, why)| (jobs[*k], why.clone()))
+        .collect();
+    let budgets: BTreeMap<String, u32> = if policy.rigid() {
+        quota
+            .deserved
+            .iter()
+            .map(|(q, &d)| {
+                let pinned: u32 = pinned
+                    .iter()
+                    .filter(|&&i| view.jobs[i].queue == *q)
+                    .map(|&i| view.jobs[i].holds.len() as u32)
+                    .sum();
+                (q.clone(), d.saturating_sub(pinned))
+            })
+            .collect()
+    } else {
+        BTreeMap::new()
+    };
     let gone: BTreeSet<usize> = pinned
         .iter()
         .copied()
@@ -586,6 +614,8 @@ pub fn prepare(view: &ClusterView, policy: &dyn Policy, cfg: &RoundConfig) -> Pr
         queue_out,
         deserved: quota.deserved,
         demand: quota.demand,
+        budgets,
+        queue_short,
     }
 }
 
@@ -769,7 +799,18 @@ fn reserve_profiling(
         .filter(|j| !j.profiling_run)
         .flat_map(|j| j.holds.iter().copied())
         .collect();
-    let mut taken: BTreeSet<Gpu> = out.iter().flat_map(|r| r.gpus.clone()).collect();
+    // GPUs of running non-preemptible jobs are never taken for profiling
+    // (crate::queue pins them).
+    let mut taken: BTreeSet<Gpu> = out
+        .iter()
+        .flat_map(|r| r.gpus.clone())
+        .chain(
+            view.jobs
+                .iter()
+                .filter(|j| !j.profiling_run && !j.preemptible)
+                .flat_map(|j| j.holds.iter().copied()),
+        )
+        .collect();
     let mut waiting: Vec<usize> = (0..view.jobs.len())
         .filter(|&i| view.jobs[i].state == JobState::Submitted)
         .collect();
@@ -895,7 +936,7 @@ pub fn decide(
     cfg: &RoundConfig,
 ) -> Result<Decision, RoundError> {
     let snapshot = snapshot(view, prepared, estimates, cfg)?;
-    let plan = policy.schedule(&snapshot);
+    let plan = within_budgets(&snapshot, policy.schedule(&snapshot));
     plan.consistency_check(&snapshot)
         .map_err(RoundError::InconsistentPlan)?;
     let outcome = interpret(view, prepared, estimates, &snapshot, &plan, policy, cfg);
@@ -904,6 +945,46 @@ pub fn decide(
         plan,
         outcome,
     })
+}
+
+/// Drops the groups a plan gives beyond their queue's budget
+/// ([`Snapshot::queue_gpus`]): kept groups first, then by priority and
+/// submission. The budgeted policies' own walks already stay within them;
+/// this holds for every part of a policy (Chronus' SLO ILP knows no
+/// queues).
+fn within_budgets(snap: &Snapshot, mut plan: Plan) -> Plan {
+    if snap.queue_gpus.is_empty() {
+        return plan;
+    }
+    let mut order: Vec<usize> = (0..plan.entries.len()).collect();
+    order.sort_by(|&x, &y| {
+        let (a, b) = (
+            &snap.jobs[plan.entries[x].jobs[0]],
+            &snap.jobs[plan.entries[y].jobs[0]],
+        );
+        (b.current_gpus > 0)
+            .cmp(&(a.current_gpus > 0))
+            .then(b.priority.cmp(&a.priority))
+            .then(a.submitted_at.total_cmp(&b.submitted_at))
+            .then(x.cmp(&y))
+    });
+    let mut room = crate::policy::QueueRoom::new(snap, &Plan::default());
+    let mut keep = vec![false; plan.entries.len()];
+    for k in order {
+        let e = &plan.entries[k];
+        if e.jobs.iter().all(|&i| room.fits(snap, i, e.gpus)) {
+            for &i in &e.jobs {
+                room.take(snap, i, e.gpus);
+            }
+            keep[k] = true;
+        }
+    }
+    let mut k = 0;
+    plan.entries.retain(|_| {
+        k += 1;
+        keep[k - 1]
+    });
+    plan
 }
 
 /// The policy's snapshot of a prepared round.
@@ -965,6 +1046,8 @@ pub fn snapshot(
                 expert_parallel: j.expert_parallel,
                 gpu_model: j.gpu_model.clone(),
                 requested_gpus: cap(j.requested_gpus, j),
+                queue: prepared.budgets.keys().position(|q| *q == j.queue),
+                priority: j.priority,
                 min_gpus: j.min_gpus,
                 max_gpus: cap(j.max_gpus, j),
                 submitted_at: j.submitted_at,
@@ -1008,6 +1091,7 @@ pub fn snapshot(
             })
             .collect(),
         allocations: prepared.allocations.clone(),
+        queue_gpus: prepared.budgets.values().copied().collect(),
         jobs,
         candidates: candidates(view, prepared, estimates, &ord)?,
         merges,
@@ -1237,6 +1321,32 @@ fn interpret(
             .filter(|(i, _)| !is_training(&view.jobs[*i]))
             .cloned(),
     );
+    // So do those a rigid policy left waiting once their queue's budget
+    // had no room for them.
+    let mut left: BTreeMap<&str, u32> = prepared
+        .budgets
+        .iter()
+        .map(|(q, &b)| (q.as_str(), b))
+        .collect();
+    for g in &groups {
+        if let Some(l) = left.get_mut(view.jobs[g.jobs[0]].queue.as_str()) {
+            *l = l.saturating_sub(g.gpus.len() as u32);
+        }
+    }
+    let short: Vec<(usize, String)> = prepared
+        .queue_short
+        .iter()
+        .filter(|(i, _)| !groups.iter().any(|g| g.jobs.contains(i)))
+        .filter(|(i, _)| !unexecutable.iter().any(|u| u.0 == *i))
+        .filter(|(i, _)| {
+            let k = prepared.jobs.iter().position(|j| j == i);
+            let size = k.and_then(|k| crate::policy::requested_allocation(snap, k));
+            let room = left.get(view.jobs[*i].queue.as_str()).copied();
+            matches!((size, room), (Some(a), Some(l)) if a > l)
+        })
+        .cloned()
+        .collect();
+    unexecutable.extend(short);
     unexecutable.sort_by_key(|u| u.0);
     let transitions = transitions(view, prepared, &groups, cfg);
     let leases = leases(view, &groups, policy.lease_s(), policy.slo_lease_s());
@@ -2708,6 +2818,92 @@ mod tests {
         }
     }
 
+    /// Queue a may use 4 GPUs and has two waiting 4-GPU jobs: a long one
+    /// submitted first and a short one. The queue's share is the quota
+    /// pass's to set, the choice between them the policy's: FIFO starts
+    /// the first, SRTF the short one, and a higher priority goes before
+    /// both; the other waits, told its queue's share.
+    #[test]
+    fn a_rigid_policy_orders_its_queues_jobs_within_their_share() {
+        let mut long = job("long", "qqp", JobState::Queued, 4);
+        long.min_gpus = 4;
+        let mut short = job("short", "rte", JobState::Queued, 4);
+        short.min_gpus = 4;
+        short.submitted_at = 1.0;
+        for j in [&mut long, &mut short] {
+            j.queue = "a".into();
+        }
+        let v = view(vec![node("x", 8)], vec![long, short]);
+        let cfg = RoundConfig {
+            profiling: false,
+            queues: two_queues(4, Some(4), 4, None),
+            ..Default::default()
+        };
+        let started = |v: &ClusterView, policy: &str| {
+            let pol = by_name(policy).unwrap();
+            let p = prepare(v, pol.as_ref(), &cfg);
+            let mut e = estimates(&p, 3600.0);
+            for (k, &i) in p.jobs.iter().enumerate() {
+                let work = if v.jobs[i].id == "long" {
+                    36000.0
+                } else {
+                    3600.0
+                };
+                e.jobs[k] = linear(&p, work);
+            }
+            let d = decide(v, &p, &e, pol.as_ref(), &cfg).unwrap();
+            assert_eq!(usage(v, &d.outcome).get("a"), Some(&4), "{policy}");
+            let waits = d
+                .outcome
+                .unexecutable
+                .iter()
+                .find(|u| !d.outcome.groups.iter().any(|g| g.jobs.contains(&u.0)));
+            assert!(
+                waits.is_some_and(|(_, why)| why.contains("queue a may use 4 GPUs")),
+                "{policy}: {:?}",
+                d.outcome.unexecutable
+            );
+            let g = &d.outcome.groups[0];
+            v.jobs[g.jobs[0]].id.clone()
+        };
+        assert_eq!(started(&v, "fifo"), "long");
+        assert_eq!(started(&v, "srtf"), "short");
+        assert_eq!(
+            started(&v, "tiresias"),
+            "long",
+            "equal service: FIFO within its queue"
+        );
+        let mut v = v;
+        v.jobs[0].priority = 1;
+        assert_eq!(
+            started(&v, "srtf"),
+            "long",
+            "priority before the policy's order"
+        );
+    }
+
+    /// Profiling may suspend a running job for its GPU, never a running
+    /// non-preemptible one (its GPUs are pinned to it).
+    #[test]
+    fn profiling_never_takes_a_non_preemptible_jobs_gpus() {
+        let mut pinned = job("pinned", "qqp", JobState::Running, 1);
+        pinned.holds = vec![(0, 0)];
+        let new = job("new", "rte", JobState::Submitted, 1);
+        let cfg = RoundConfig::default();
+        assert!(cfg.profiling);
+        let v = view(vec![node("x", 1)], vec![pinned.clone(), new.clone()]);
+        assert_eq!(
+            run(&v, "ymir", &cfg).outcome.profiling.len(),
+            1,
+            "a preemptible job gives way"
+        );
+        pinned.preemptible = false;
+        let v = view(vec![node("x", 1)], vec![pinned, new]);
+        let d = run(&v, "ymir", &cfg);
+        assert!(d.outcome.profiling.is_empty(), "{:?}", d.outcome.profiling);
+        assert!(d.outcome.groups.iter().any(|g| g.jobs == [0] && g.kept));
+    }
+
     /// A queue at its limit: its waiting job waits, told why, while the
     /// cluster has free GPUs.
     #[test]
@@ -2746,7 +2942,7 @@ mod tests {
         #[test]
         fn queues_hold_within_their_share_and_pinned_jobs_stay(
             v in arb_view(),
-            policy in prop::sample::select(vec!["ymir", "srtf", "tiresias", "themis", "fifo"]),
+            policy in prop::sample::select(vec!["ymir", "srtf", "tiresias", "themis", "fifo", "edf", "hydra", "chronus", "optimus"]),
             ga in 0u32..6, la in prop::option::of(6u32..12), gb in 0u32..6,
             seed in any::<u64>(),
         ) {
@@ -2788,7 +2984,7 @@ mod tests {
                         .sum();
                     prop_assert_eq!(demand, most);
                 }
-                prop_assert!(d >= ga.min(demand), "a deserves {d} < min({ga}, {demand})");
+                prop_assert!(d >= ga.min(demand), "a deserves {d} < min({ga}, {demand}); total {total} cap {:?} pinned {:?} deserved {:?} jobs {:?}", p.capacity, p.pinned, p.deserved, v.jobs.iter().map(|j| (&j.queue, j.preemptible, j.state, j.holds.len())).collect::<Vec<_>>());
             }
             for (i, j) in v.jobs.iter().enumerate() {
                 let healthy = j.holds.iter().all(|g| {

@@ -14,11 +14,15 @@
 
 use std::collections::BTreeMap;
 
-use super::{Plan, PlanEntry, Policy, Snapshot, requested_allocation, usable_allocations};
+use super::{
+    Plan, PlanEntry, Policy, QueueRoom, Snapshot, by_priority, requested_allocation,
+    usable_allocations,
+};
 
-/// Gives each job of `order` its requested allocation while GPUs last.
-/// With `blocking`, the first job that does not fit stops the walk (strict
-/// FIFO); else later, smaller jobs fill in (backfilling).
+/// Gives each job of `order` its requested allocation while GPUs last and
+/// its queue's budget allows (higher priorities first, `order` within a
+/// priority). With `blocking`, the first job that does not fit stops the
+/// walk (strict FIFO); else later, smaller jobs fill in (backfilling).
 pub(super) fn in_order(
     snap: &Snapshot,
     order: &[usize],
@@ -26,15 +30,32 @@ pub(super) fn in_order(
     blocking: bool,
     plan: &mut Plan,
 ) {
-    for &i in order {
+    let mut room = QueueRoom::new(snap, plan);
+    let mut order = order.to_vec();
+    by_priority(snap, &mut order);
+    // Queues whose head waits for room in its budget (with `blocking`, a
+    // queue's head blocks only its own queue's later jobs).
+    let mut blocked: Vec<usize> = Vec::new();
+    for i in order {
         let Some(a) = requested_allocation(snap, i) else {
             continue;
         };
-        if a <= free {
+        let q = snap.jobs[i].queue;
+        if q.is_some_and(|q| blocked.contains(&q)) {
+            continue;
+        }
+        if a > free {
+            if blocking {
+                break;
+            }
+        } else if !room.fits(snap, i, a) {
+            if blocking && let Some(q) = q {
+                blocked.push(q);
+            }
+        } else {
             free -= a;
+            room.take(snap, i, a);
             plan.entries.push(PlanEntry::single(i, a));
-        } else if blocking {
-            break;
         }
     }
 }
@@ -55,9 +76,11 @@ pub(super) fn by_arrival(snap: &Snapshot) -> Vec<usize> {
 /// the GPUs left.
 pub(super) fn keep_running(snap: &Snapshot, plan: &mut Plan) -> u32 {
     let mut free = snap.total_gpus();
+    let mut room = QueueRoom::new(snap, plan);
     for (i, j) in snap.jobs.iter().enumerate() {
-        if j.current_gpus > 0 && j.current_gpus <= free {
+        if j.current_gpus > 0 && j.current_gpus <= free && room.fits(snap, i, j.current_gpus) {
             free -= j.current_gpus;
+            room.take(snap, i, j.current_gpus);
             plan.entries.push(PlanEntry::single(i, j.current_gpus));
         }
     }
@@ -402,9 +425,15 @@ impl Policy for Themis {
         let mut plan = Plan::default();
         let mut free = snap.total_gpus();
         // GPUs under an unexpired lease stay with their job.
+        let mut room = QueueRoom::new(snap, &plan);
         for (i, j) in snap.jobs.iter().enumerate() {
-            if j.current_gpus > 0 && j.lease_until > snap.now && j.current_gpus <= free {
+            if j.current_gpus > 0
+                && j.lease_until > snap.now
+                && j.current_gpus <= free
+                && room.fits(snap, i, j.current_gpus)
+            {
                 free -= j.current_gpus;
+                room.take(snap, i, j.current_gpus);
                 plan.entries.push(PlanEntry::single(i, j.current_gpus));
             }
         }

@@ -63,6 +63,10 @@ pub struct SchedJob {
     pub gpu_model: Option<String>,
     /// GPUs the user asked for (baselines give exactly this).
     pub requested_gpus: u32,
+    /// Its queue's index in [`Snapshot::queue_gpus`] (None: no budget).
+    pub queue: Option<usize>,
+    /// Priority within its queue (higher first).
+    pub priority: i32,
     pub min_gpus: u32,
     pub max_gpus: u32,
     /// Submission time (seconds on the snapshot's clock).
@@ -155,6 +159,49 @@ pub struct Snapshot {
     pub merges: Vec<ExistingMerge>,
     /// How groups that fit no single node are placed.
     pub placement_rule: PlacementRule,
+    /// GPUs each queue's jobs may hold together this round, for a rigid
+    /// policy (crate::queue leaves the choice among a queue's jobs to the
+    /// policy's own order); empty when no budget applies.
+    pub queue_gpus: Vec<u32>,
+}
+
+/// What is left of each queue's budget ([`Snapshot::queue_gpus`]) as a
+/// policy fills a plan.
+pub struct QueueRoom {
+    left: Vec<u32>,
+}
+
+impl QueueRoom {
+    /// The budgets less what `plan` already gives.
+    pub fn new(snap: &Snapshot, plan: &Plan) -> Self {
+        let mut room = Self {
+            left: snap.queue_gpus.clone(),
+        };
+        for e in &plan.entries {
+            room.take(snap, e.jobs[0], e.gpus);
+        }
+        room
+    }
+
+    /// Whether job `i` may take `a` more GPUs under its queue's budget.
+    pub fn fits(&self, snap: &Snapshot, i: usize, a: u32) -> bool {
+        match snap.jobs[i].queue {
+            Some(q) => self.left.get(q).is_none_or(|&l| a <= l),
+            None => true,
+        }
+    }
+
+    pub fn take(&mut self, snap: &Snapshot, i: usize, a: u32) {
+        if let Some(l) = snap.jobs[i].queue.and_then(|q| self.left.get_mut(q)) {
+            *l = l.saturating_sub(a);
+        }
+    }
+}
+
+/// `order` with higher priorities first (stable: the policy's own order
+/// holds within a priority).
+pub fn by_priority(snap: &Snapshot, order: &mut [usize]) {
+    order.sort_by_key(|&i| std::cmp::Reverse(snap.jobs[i].priority));
 }
 
 impl Snapshot {
@@ -492,6 +539,8 @@ pub(crate) mod testkit {
             expert_parallel: 0,
             gpu_model: None,
             requested_gpus: requested,
+            queue: None,
+            priority: 0,
             min_gpus: 1,
             max_gpus: 64,
             submitted_at: 0.0,
@@ -540,6 +589,7 @@ pub(crate) mod testkit {
             candidates: Vec::new(),
             merges: Vec::new(),
             placement_rule: PlacementRule::Pack,
+            queue_gpus: Vec::new(),
         }
     }
 
