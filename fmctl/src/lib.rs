@@ -483,6 +483,42 @@ impl Client {
             .into_inner())
     }
 
+    /// Admin: the queues in force and their figures now.
+    pub async fn get_queues(&self) -> Result<pb::QueueSetting, ClientError> {
+        Ok(self
+            .admin
+            .clone()
+            .get_queues(pb::GetQueuesRequest {})
+            .await?
+            .into_inner())
+    }
+
+    /// Admin: replaces the whole queue set.
+    pub async fn set_queues(
+        &self,
+        queues: Vec<fmsched_core::queue::QueueSpec>,
+    ) -> Result<pb::QueueSetting, ClientError> {
+        let queues = queues
+            .into_iter()
+            .map(|q| pb::Queue {
+                name: q.name,
+                parent: q.parent.unwrap_or_default(),
+                guaranteed_gpus: q.guaranteed_gpus,
+                over_quota_weight: Some(q.over_quota_weight),
+                limit_gpus: q.limit_gpus,
+                models: q.models,
+                users: q.users,
+                merge_across_queues: Some(q.merge_across_queues),
+            })
+            .collect();
+        Ok(self
+            .admin
+            .clone()
+            .set_queues(pb::SetQueuesRequest { queues })
+            .await?
+            .into_inner())
+    }
+
     pub async fn audit_events(&self, limit: u32) -> Result<Vec<pb::AuditEvent>, ClientError> {
         Ok(self
             .admin

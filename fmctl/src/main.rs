@@ -56,6 +56,17 @@ enum AdminCmd {
         #[arg(long = "knob", value_name = "NAME=VALUE", value_parser = parse_knob)]
         knobs: Vec<(String, f64)>,
     },
+    /// The queues in force, their quotas, and each queue's GPUs and jobs
+    /// now (deserved and demanded GPUs as of the scheduler's last round).
+    Queues,
+    /// Replace the whole queue set from a TOML file of `[[queues]]` tables
+    /// (the fields of `[[scheduling.queues]]`, docs/queues.md); validated,
+    /// persisted and audited, effective from the next round. Refused when a
+    /// live job names a queue the file drops.
+    SetQueues {
+        /// The TOML file.
+        file: std::path::PathBuf,
+    },
     /// The newest changes admins made.
     Audit {
         #[arg(long, default_value_t = 50)]
@@ -628,6 +639,11 @@ async fn admin(client: &Client, cmd: AdminCmd, fmt: Format) -> Result<(), Client
                 .await?;
             print_policy(&p, fmt);
         }
+        AdminCmd::Queues => print_queues(&client.get_queues().await?, fmt),
+        AdminCmd::SetQueues { file } => {
+            let queues = read_queue_file(&file)?;
+            print_queues(&client.set_queues(queues).await?, fmt);
+        }
         AdminCmd::Audit { limit } => {
             let events = client.audit_events(limit).await?;
             match fmt {
@@ -639,6 +655,33 @@ async fn admin(client: &Client, cmd: AdminCmd, fmt: Format) -> Result<(), Client
         }
     }
     Ok(())
+}
+
+fn print_queues(q: &pb::QueueSetting, fmt: Format) {
+    match fmt {
+        Format::Table => println!("{}", output::queues_text(q)),
+        Format::Json => print_json(&output::queues_json(q)),
+    }
+}
+
+/// A TOML file of `[[queues]]` tables, checked for its shape here (the
+/// scheduler validates the set).
+fn read_queue_file(
+    path: &std::path::Path,
+) -> Result<Vec<fmsched_core::queue::QueueSpec>, ClientError> {
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct File {
+        #[serde(default)]
+        queues: Vec<fmsched_core::queue::QueueSpec>,
+    }
+    let spec_err = |message: String| ClientError::Spec {
+        path: path.display().to_string(),
+        message,
+    };
+    let text = std::fs::read_to_string(path).map_err(|e| spec_err(e.to_string()))?;
+    let f: File = toml::from_str(&text).map_err(|e| spec_err(e.to_string()))?;
+    Ok(f.queues)
 }
 
 fn print_policy(p: &pb::PolicySetting, fmt: Format) {

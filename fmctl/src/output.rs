@@ -390,6 +390,91 @@ pub fn policy_json(p: &pb::PolicySetting) -> Value {
     })
 }
 
+/// The queues in force, as `fmctl admin queues` prints them.
+pub fn queues_text(q: &pb::QueueSetting) -> String {
+    let by = if q.source == "admin" {
+        format!("set by {} at {}", q.set_by, time_str(&q.set_at))
+    } else {
+        "from the scheduler's configuration".into()
+    };
+    let opt = |v: Option<u32>| v.map_or("-".to_string(), |v| v.to_string());
+    let rows: Vec<Vec<String>> = q
+        .status
+        .iter()
+        .map(|st| {
+            let spec = q.queues.iter().find(|s| s.name == st.name);
+            vec![
+                if st.name.is_empty() {
+                    "(cluster)".into()
+                } else {
+                    st.name.clone()
+                },
+                spec.map_or("-".into(), |s| {
+                    if s.parent.is_empty() {
+                        "-".into()
+                    } else {
+                        s.parent.clone()
+                    }
+                }),
+                spec.map_or("-".into(), |s| s.guaranteed_gpus.to_string()),
+                spec.map_or("-".into(), |s| {
+                    s.over_quota_weight.unwrap_or(1.0).to_string()
+                }),
+                spec.map_or("-".into(), |s| opt(s.limit_gpus)),
+                opt(st.deserved_gpus),
+                opt(st.demand_gpus),
+                st.used_gpus.to_string(),
+                st.running_jobs.to_string(),
+                st.waiting_jobs.to_string(),
+            ]
+        })
+        .collect();
+    format!(
+        "queues {by}\n{}",
+        table(
+            &[
+                "QUEUE",
+                "PARENT",
+                "GUARANTEED",
+                "WEIGHT",
+                "LIMIT",
+                "DESERVED",
+                "DEMAND",
+                "USED",
+                "RUNNING",
+                "WAITING",
+            ],
+            &rows,
+        )
+    )
+}
+
+pub fn queues_json(q: &pb::QueueSetting) -> Value {
+    json!({
+        "source": q.source,
+        "set_by": (!q.set_by.is_empty()).then_some(&q.set_by),
+        "set_at": rfc3339(&q.set_at),
+        "queues": q.queues.iter().map(|s| json!({
+            "name": s.name,
+            "parent": (!s.parent.is_empty()).then_some(&s.parent),
+            "guaranteed_gpus": s.guaranteed_gpus,
+            "over_quota_weight": s.over_quota_weight.unwrap_or(1.0),
+            "limit_gpus": s.limit_gpus,
+            "models": s.models,
+            "users": s.users,
+            "merge_across_queues": s.merge_across_queues.unwrap_or(true),
+        })).collect::<Vec<_>>(),
+        "status": q.status.iter().map(|st| json!({
+            "name": st.name,
+            "used_gpus": st.used_gpus,
+            "running_jobs": st.running_jobs,
+            "waiting_jobs": st.waiting_jobs,
+            "deserved_gpus": st.deserved_gpus,
+            "demand_gpus": st.demand_gpus,
+        })).collect::<Vec<_>>(),
+    })
+}
+
 pub fn audit_table(events: &[pb::AuditEvent]) -> String {
     let rows: Vec<Vec<String>> = events
         .iter()

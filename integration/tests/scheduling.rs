@@ -4158,6 +4158,148 @@ async fn e2e_queue_admin_policy_set_live_changes_the_next_round_and_survives_a_r
     drop_db(&db).await;
 }
 
+/// Queue quotas set through the admin API act from the next round and
+/// survive a scheduler restart: research (guarantee 2) runs two 2-GPU jobs
+/// on the 4-GPU node over quota; limiting it to 2 GPUs live preempts one
+/// from its checkpoint. A bad set is refused naming the field, dropping a
+/// queue live jobs name is refused, a non-admin is refused; none of them
+/// writes anything.
+#[tokio::test]
+async fn e2e_queue_quotas_set_live_act_from_the_next_round_and_survive_a_restart() {
+    let db = new_db("fmsched_queues_live").await;
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let metrics = free_port();
+    let config = dir.path().join("queues.toml");
+    std::fs::write(
+        &config,
+        "[[scheduling.queues]]\nname = \"research\"\nguaranteed_gpus = 2\nusers = [\"alice\"]\n\n\
+         [[scheduling.queues]]\nname = \"prod\"\nguaranteed_gpus = 2\nusers = [\"bob\"]\n",
+    )
+    .unwrap();
+    let alice = "alice-token-0123456789abc";
+    let tokens = format!("root={ROOT},alice={alice}");
+    let env = [
+        ("FMSCHED_CONFIG", config.to_str().unwrap()),
+        ("FMSCHED_SCHEDULING__PROFILING", "false"),
+        ("FMSCHED_SCHEDULING__MERGING", "false"),
+        ("FMSCHED_API_TOKENS", tokens.as_str()),
+    ];
+    let mut sched = scheduler_env(&db, port, dir.path(), Some(metrics), &env);
+    wait_up("scheduler up", port);
+    let _a = agent("node-a", port, dir.path());
+    let rigid = |name: &str, task: &str| {
+        job_yaml(name, task, 200_000, 2).replace("min_gpus: 1", "min_gpus: 2")
+    };
+    fmsched_integration::submit_manifests(
+        port,
+        alice,
+        dir.path(),
+        [
+            ("a1".to_string(), rigid("a1", "qqp")),
+            ("a2".to_string(), rigid("a2", "mnli")),
+        ],
+    )
+    .expect("alice submits");
+    wait_for("alice's two jobs run", Duration::from_secs(30), || {
+        let j = jobs(port)?;
+        let r = j.values().filter(|s| s.0 == "running").count();
+        (r == 2).then_some(()).ok_or(format!("{j:?}"))
+    });
+    let q = wait_for(
+        "research shows 4 GPUs used",
+        Duration::from_secs(10),
+        || {
+            let q = fmctl(port, &["admin", "queues"])?;
+            q.lines()
+                .any(|l| l.starts_with("research") && l.split_whitespace().nth(7) == Some("4"))
+                .then_some(q.clone())
+                .ok_or(q)
+        },
+    );
+    assert!(q.contains("from the scheduler's configuration"), "{q}");
+    let m = scrape(metrics).await;
+    assert!(
+        m.contains("fmsched_queue_planned_gpus{queue=\"research\"} 4"),
+        "{m}"
+    );
+    // Refused, nothing written: a non-admin; a limit below the guarantee;
+    // dropping the queue alice's live jobs are in.
+    let e = fmsched_integration::fmctl(port, alice, &["admin", "queues"]).unwrap_err();
+    assert!(e.contains("permission denied"), "{e}");
+    let bad = dir.path().join("bad.toml");
+    std::fs::write(
+        &bad,
+        "[[queues]]\nname = \"research\"\nguaranteed_gpus = 2\nlimit_gpus = 1\n",
+    )
+    .unwrap();
+    let e = fmctl(port, &["admin", "set-queues", bad.to_str().unwrap()]).unwrap_err();
+    assert!(e.contains("queues[0].limit_gpus"), "{e}");
+    std::fs::write(&bad, "[[queues]]\nname = \"prod\"\nguaranteed_gpus = 2\n").unwrap();
+    let e = fmctl(port, &["admin", "set-queues", bad.to_str().unwrap()]).unwrap_err();
+    assert!(
+        e.contains("failed precondition") && e.contains("(research)"),
+        "{e}"
+    );
+    assert!(
+        !fmctl(port, &["admin", "audit"])
+            .unwrap()
+            .contains("set_queues"),
+        "nothing audited"
+    );
+    // Live: research may hold 2 GPUs at most.
+    let good = dir.path().join("good.toml");
+    std::fs::write(
+        &good,
+        "[[queues]]\nname = \"research\"\nguaranteed_gpus = 2\nlimit_gpus = 2\nusers = [\"alice\"]\n\n\
+         [[queues]]\nname = \"prod\"\nguaranteed_gpus = 2\nusers = [\"bob\"]\n",
+    )
+    .unwrap();
+    let q = fmctl(port, &["admin", "set-queues", good.to_str().unwrap()]).unwrap();
+    assert!(q.contains("set by root"), "{q}");
+    wait_for(
+        "one of alice's jobs is preempted",
+        Duration::from_secs(30),
+        || {
+            let j = jobs(port)?;
+            let r = j.values().filter(|s| s.0 == "running").count();
+            (r == 1).then_some(()).ok_or(format!("{j:?}"))
+        },
+    );
+    let preempted = events_saying(&db, "preempted: queue research may use 2 GPUs").await;
+    assert_eq!(preempted.len(), 1, "{preempted:?}");
+    assert!(
+        fmctl(port, &["admin", "audit"])
+            .unwrap()
+            .contains("set_queues")
+    );
+    // A restart keeps the set; the second job stays out.
+    sched.kill9();
+    let _sched = scheduler_env(&db, port, dir.path(), Some(metrics), &env);
+    wait_up("scheduler up again", port);
+    let q: Value =
+        serde_json::from_str(&fmctl(port, &["-o", "json", "admin", "queues"]).unwrap()).unwrap();
+    assert_eq!(q["source"], "admin");
+    assert_eq!(q["set_by"], "root");
+    assert_eq!(q["queues"][0]["limit_gpus"], 2);
+    wait_for(
+        "a round under the stored set",
+        Duration::from_secs(20),
+        || {
+            let q: Value = serde_json::from_str(&fmctl(port, &["-o", "json", "admin", "queues"])?)
+                .map_err(|e| e.to_string())?;
+            let r = &q["status"][0];
+            (r["deserved_gpus"] == 2).then_some(()).ok_or(q.to_string())
+        },
+    );
+    let j = jobs(port).unwrap();
+    assert_eq!(j.values().filter(|s| s.0 == "running").count(), 1, "{j:?}");
+    for id in j.keys() {
+        fmctl(port, &["cancel", id]).unwrap();
+    }
+    drop_db(&db).await;
+}
+
 // ---- chaos soak (not in CI: scripts/soak.sh) ------------------------------
 
 /// A small deterministic generator (xorshift64*), so a soak can be replayed

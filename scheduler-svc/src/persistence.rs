@@ -18,7 +18,10 @@ use uuid::Uuid;
 
 /// Migrations of `migrations/`, embedded at build time.
 mod admin;
-pub use admin::{AdminState, AuditEvent, CordonChange, NodeCordon, PolicySetting, Requeue};
+pub use admin::{
+    AdminState, AuditEvent, CordonChange, NodeCordon, PolicySetting, QueueSetting, Requeue,
+    SetQueuesError,
+};
 
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");
 

@@ -13,7 +13,9 @@ use tonic::{Request, Response, Status};
 use super::cluster::node_answer;
 use super::{ApiError, AppState, check_len};
 use crate::auth::Principal;
-use crate::persistence::{CordonChange, PolicySetting};
+use crate::persistence::{CordonChange, PolicySetting, QueueSetting, SetQueuesError};
+use fmsched_core::queue::{QueueSpec, Queues};
+use std::collections::BTreeSet;
 
 /// Longest reason accepted.
 const MAX_REASON: usize = 1024;
@@ -78,8 +80,133 @@ impl AdminApi {
     }
 }
 
+/// A queue as the API carries it.
+fn queue_to_proto(q: &QueueSpec) -> pb::Queue {
+    pb::Queue {
+        name: q.name.clone(),
+        parent: q.parent.clone().unwrap_or_default(),
+        guaranteed_gpus: q.guaranteed_gpus,
+        over_quota_weight: Some(q.over_quota_weight),
+        limit_gpus: q.limit_gpus,
+        models: q.models.clone(),
+        users: q.users.clone(),
+        merge_across_queues: Some(q.merge_across_queues),
+    }
+}
+
+/// A queue from the API (absent optional fields take their defaults).
+fn queue_from_proto(q: pb::Queue) -> QueueSpec {
+    QueueSpec {
+        name: q.name.trim().to_string(),
+        parent: Some(q.parent.trim().to_string()).filter(|p| !p.is_empty()),
+        guaranteed_gpus: q.guaranteed_gpus,
+        over_quota_weight: q.over_quota_weight.unwrap_or(1.0),
+        limit_gpus: q.limit_gpus,
+        models: q.models,
+        users: q.users,
+        merge_across_queues: q.merge_across_queues.unwrap_or(true),
+    }
+}
+
+impl AdminApi {
+    /// The queue set in force, with each queue's figures now.
+    async fn queues_answer(
+        &self,
+        stored: Option<&QueueSetting>,
+    ) -> Result<pb::QueueSetting, ApiError> {
+        let specs = match stored {
+            Some(s) => s.queues.clone(),
+            None => self.state.config.scheduling.queues.clone(),
+        };
+        let usage = self.state.persistence.queue_usage().await?;
+        let gauges = self.state.metrics.values().queues;
+        let mut names: Vec<String> = specs.iter().map(|q| q.name.clone()).collect();
+        if specs.is_empty() {
+            names.push(String::new()); // the implicit queue
+        }
+        let status = names
+            .into_iter()
+            .map(|name| {
+                let (used, running, waiting) = usage.get(&name).copied().unwrap_or_default();
+                let g = gauges.get(&name);
+                pb::QueueStatus {
+                    name,
+                    used_gpus: used,
+                    running_jobs: running,
+                    waiting_jobs: waiting,
+                    deserved_gpus: g.map(|g| g.deserved),
+                    demand_gpus: g.map(|g| g.demand),
+                }
+            })
+            .collect();
+        Ok(pb::QueueSetting {
+            queues: specs.iter().map(queue_to_proto).collect(),
+            source: if stored.is_some() { "admin" } else { "config" }.into(),
+            set_by: stored.map(|s| s.set_by.clone()).unwrap_or_default(),
+            set_at: stored.map(|s| timestamp_to_proto(s.set_at)),
+            status,
+        })
+    }
+}
+
 #[tonic::async_trait]
 impl AdminService for AdminApi {
+    async fn get_queues(
+        &self,
+        req: Request<pb::GetQueuesRequest>,
+    ) -> Result<Response<pb::QueueSetting>, Status> {
+        self.admin(req.metadata())?;
+        let stored = self
+            .state
+            .persistence
+            .queue_setting()
+            .await
+            .map_err(ApiError::from)?;
+        Ok(Response::new(self.queues_answer(stored.as_ref()).await?))
+    }
+
+    async fn set_queues(
+        &self,
+        req: Request<pb::SetQueuesRequest>,
+    ) -> Result<Response<pb::QueueSetting>, Status> {
+        let who = self.admin(req.metadata())?;
+        let r = req.into_inner();
+        let specs: Vec<QueueSpec> = r.queues.into_iter().map(queue_from_proto).collect();
+        // The same checks as `[[scheduling.queues]]` at start-up.
+        let set = Queues::new(specs.clone()).map_err(|e| {
+            // "queues[i].field: why", the field named as the request names it.
+            match e.split_once(": ") {
+                Some((field, why)) if field.starts_with("queues") => ApiError::field(field, why),
+                _ => ApiError::field("queues", e),
+            }
+        })?;
+        let leaves: BTreeSet<String> = specs
+            .iter()
+            .filter(|q| {
+                !specs
+                    .iter()
+                    .any(|c| c.parent.as_deref() == Some(q.name.as_str()))
+            })
+            .map(|q| q.name.clone())
+            .collect();
+        debug_assert!(leaves.iter().all(|l| set.get(l).is_some()));
+        let setting = QueueSetting {
+            queues: specs,
+            set_by: who.user.to_string(),
+            set_at: Utc::now(),
+        };
+        match self.state.persistence.set_queues(&setting, &leaves).await {
+            Ok(()) => {}
+            Err(SetQueuesError::InUse(m)) => {
+                return Err(ApiError::FailedPrecondition(format!("queues: {m}")).into());
+            }
+            Err(SetQueuesError::Db(e)) => return Err(ApiError::from(e).into()),
+        }
+        tracing::info!(queues = setting.queues.len(), by = %who.user,
+            "queues set through the admin API; effective from the next round");
+        Ok(Response::new(self.queues_answer(Some(&setting)).await?))
+    }
+
     async fn cordon_node(
         &self,
         req: Request<pb::CordonNodeRequest>,

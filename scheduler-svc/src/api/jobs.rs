@@ -269,12 +269,22 @@ impl JobService for JobApi {
         }
         // The queue it runs in: the one it names (it must exist, take jobs,
         // allow the model and the user), else its user's.
-        let queues = self
+        let queues = match self
             .state
-            .config
-            .scheduling
-            .queue_set()
-            .map_err(ApiError::Internal)?;
+            .persistence
+            .queue_setting()
+            .await
+            .map_err(ApiError::from)?
+        {
+            // Set live through the admin API (validated when set).
+            Some(q) => fmsched_core::queue::Queues::new(q.queues).map_err(ApiError::Internal)?,
+            None => self
+                .state
+                .config
+                .scheduling
+                .queue_set()
+                .map_err(ApiError::Internal)?,
+        };
         spec.queue = queues
             .resolve(&spec.queue, &who.user.0, who.admin, &spec.model)
             .map_err(|e| match e {

@@ -1,5 +1,6 @@
-//! Operators' controls in Postgres (migration 0010): node cordons and
-//! drains, job re-queue requests, the policy set live, and the audit log.
+//! Operators' controls in Postgres (migrations 0010, 0012): node cordons
+//! and drains, job re-queue requests, the policy and the queues set live,
+//! and the audit log.
 //! Any replica writes them (each change and its audit event in one
 //! transaction); the leader's rounds read them.
 
@@ -24,6 +25,24 @@ pub struct PolicySetting {
     pub set_at: DateTime<Utc>,
 }
 
+/// The queues set through the admin API (the whole set).
+#[derive(Clone, Debug, PartialEq)]
+pub struct QueueSetting {
+    pub queues: Vec<fmsched_core::queue::QueueSpec>,
+    pub set_by: String,
+    pub set_at: DateTime<Utc>,
+}
+
+/// Why a queue set was not stored.
+#[derive(Debug, thiserror::Error)]
+pub enum SetQueuesError {
+    /// Live jobs name a queue the new set lacks (or makes a department).
+    #[error("{0}")]
+    InUse(String),
+    #[error(transparent)]
+    Db(#[from] PersistenceError),
+}
+
 /// A pending request to take a job off its GPUs.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Requeue {
@@ -39,6 +58,8 @@ pub struct AdminState {
     pub requeues: BTreeMap<JobId, Requeue>,
     /// None: the scheduler's configuration decides.
     pub policy: Option<PolicySetting>,
+    /// None: the configuration's queues.
+    pub queues: Option<QueueSetting>,
 }
 
 /// One change an admin made.
@@ -109,6 +130,7 @@ impl Persistence {
                 .map(|(j, by, at, reason)| (JobId(j), Requeue { by, at, reason }))
                 .collect(),
             policy: self.policy_setting().await?,
+            queues: self.queue_setting().await?,
         })
     }
 
@@ -351,6 +373,132 @@ impl Persistence {
             Ok(())
         })
         .await
+    }
+
+    /// The queues set through the admin API, if any.
+    pub async fn queue_setting(&self) -> Result<Option<QueueSetting>, PersistenceError> {
+        const OP: &str = "queue_setting";
+        let row: Option<(serde_json::Value, String, DateTime<Utc>)> =
+            sqlx::query_as("SELECT queues, set_by, set_at FROM queue_setting")
+                .fetch_optional(&self.pool)
+                .await
+                .map_err(db_err(OP))?;
+        row.map(|(queues, set_by, set_at)| {
+            let queues = serde_json::from_value(queues).map_err(|e| corrupt(OP, e.to_string()))?;
+            Ok(QueueSetting {
+                queues,
+                set_by,
+                set_at,
+            })
+        })
+        .transpose()
+    }
+
+    /// Stores the queue set the next rounds and submissions use
+    /// (validated by the caller), with an audit event. Refused, writing
+    /// nothing, when a live job names a queue that would no longer take
+    /// jobs (`leaves`: the names of the new set's leaf queues).
+    pub async fn set_queues(
+        &self,
+        s: &QueueSetting,
+        leaves: &BTreeSet<String>,
+    ) -> Result<(), SetQueuesError> {
+        const OP: &str = "set_queues";
+        let queues = serde_json::to_value(&s.queues).map_err(|e| corrupt(OP, e.to_string()))?;
+        let detail: Vec<String> = s
+            .queues
+            .iter()
+            .map(|q| {
+                let limit = q
+                    .limit_gpus
+                    .map_or(String::new(), |l| format!(" limit={l}"));
+                format!(
+                    "{} guaranteed={} weight={}{limit}",
+                    q.name, q.guaranteed_gpus, q.over_quota_weight
+                )
+            })
+            .collect();
+        let detail = detail.join("; ");
+        let mut tx = self.pool.begin().await.map_err(db_err(OP))?;
+        // Serialises set calls. (A submission that resolved its queue from
+        // the old set just before may still land in a removed queue; its
+        // job then waits, its reason naming the queue's 0 GPUs, until the
+        // queue is back or it is cancelled.)
+        sqlx::query("LOCK TABLE queue_setting IN EXCLUSIVE MODE")
+            .execute(&mut *tx)
+            .await
+            .map_err(db_err(OP))?;
+        let named: Vec<(Uuid, String)> = sqlx::query_as(
+            "SELECT id, spec->>'queue' FROM jobs
+             WHERE state NOT IN ('completed', 'failed', 'cancelled')
+               AND coalesce(spec->>'queue', '') <> ''",
+        )
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(db_err(OP))?;
+        let stranded: Vec<String> = named
+            .iter()
+            .filter(|(_, q)| !leaves.contains(q))
+            .map(|(j, q)| format!("{j} ({q})"))
+            .collect();
+        if !stranded.is_empty() {
+            let shown: Vec<&str> = stranded.iter().take(10).map(String::as_str).collect();
+            return Err(SetQueuesError::InUse(format!(
+                "{} live job(s) name a queue the new set has no longer as a team: {}{}; \
+                 keep the queue until they end, or cancel them",
+                stranded.len(),
+                shown.join(", "),
+                if stranded.len() > 10 { ", ..." } else { "" }
+            )));
+        }
+        sqlx::query(
+            "INSERT INTO queue_setting (singleton, queues, set_by, set_at)
+             VALUES (true, $1, $2, $3)
+             ON CONFLICT (singleton) DO UPDATE
+             SET queues = $1, set_by = $2, set_at = $3",
+        )
+        .bind(&queues)
+        .bind(&s.set_by)
+        .bind(s.set_at)
+        .execute(&mut *tx)
+        .await
+        .map_err(db_err(OP))?;
+        audit_in(
+            &mut tx,
+            &s.set_by,
+            "set_queues",
+            "queues",
+            &detail,
+            s.set_at,
+            OP,
+        )
+        .await?;
+        tx.commit().await.map_err(db_err(OP))?;
+        Ok(())
+    }
+
+    /// GPUs held and jobs running and waiting, per queue (live jobs).
+    pub async fn queue_usage(&self) -> Result<BTreeMap<String, (u32, u32, u32)>, PersistenceError> {
+        const OP: &str = "queue_usage";
+        let rows: Vec<(String, i64, i64, i64)> = sqlx::query_as(
+            "SELECT coalesce(j.spec->>'queue', ''),
+                    coalesce(sum(g.n), 0)::bigint,
+                    count(*) FILTER (WHERE j.state = 'running'),
+                    count(*) FILTER (WHERE j.state IN ('submitted', 'profiling', 'queued'))
+             FROM jobs j
+             LEFT JOIN LATERAL (
+                 SELECT sum(cardinality(a.gpu_uuids)) AS n FROM assignments a WHERE a.job_id = j.id
+             ) g ON true
+             WHERE j.state NOT IN ('completed', 'failed', 'cancelled')
+             GROUP BY 1",
+        )
+        .fetch_all(&self.pool)
+        .await
+        .map_err(db_err(OP))?;
+        Ok(rows
+            .into_iter()
+            .map(|(q, g, r, w)| (q, (g as u32, r as u32, w as u32)))
+            .collect())
     }
 
     /// The newest `limit` audit events, newest first.

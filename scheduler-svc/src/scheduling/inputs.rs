@@ -344,6 +344,14 @@ pub(crate) async fn load(
     if let Some(p) = &o.admin.policy {
         config.policy = p.policy.clone(); // set live through the admin API
     }
+    if let Some(q) = &o.admin.queues {
+        // Set live through the admin API (validated when set).
+        match fmsched_core::queue::Queues::new(q.queues.clone()) {
+            Ok(queues) => config.queues = queues,
+            Err(e) => tracing::error!(error = %e,
+                "the queues set through the admin API are not valid; using the configured ones"),
+        }
+    }
     let prepared = super::prepare_round(&t.view, policy, &config);
     let Some(estimates) = estimate(state, lut, est, o, &t, &prepared, &family).await else {
         return Ok(None);

@@ -123,6 +123,18 @@ pub struct MetricValues {
     /// Process reports ignored because the reporting node was never given
     /// the job (forged or misrouted), counted once per round they appear in.
     pub ignored_reports: u64,
+    /// Per queue after the last round: GPUs it deserved, GPUs its jobs
+    /// could use, GPUs the plan gives its jobs (the quota pass's view;
+    /// crate::queue). Empty when no quota pass ran.
+    pub queues: BTreeMap<String, QueueGauges>,
+}
+
+/// One queue's figures after a round.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct QueueGauges {
+    pub deserved: u32,
+    pub demand: u32,
+    pub planned: u32,
 }
 
 impl SchedulerMetrics {
@@ -149,13 +161,40 @@ pub async fn render_metrics(state: &AppState) -> String {
             );
         }
     }
+    let v = state.metrics.values();
+    for (metric, help, pick) in [
+        (
+            "fmsched_queue_deserved_gpus",
+            "GPUs each queue deserved in the last round (its guarantee, then its share by weight, within its limit).",
+            (|g: &QueueGauges| g.deserved) as fn(&QueueGauges) -> u32,
+        ),
+        (
+            "fmsched_queue_demand_gpus",
+            "GPUs each queue's jobs could use in the last round.",
+            |g: &QueueGauges| g.demand,
+        ),
+        (
+            "fmsched_queue_planned_gpus",
+            "GPUs the last round's plan gives each queue's jobs.",
+            |g: &QueueGauges| g.planned,
+        ),
+    ] {
+        if v.queues.is_empty() {
+            break;
+        }
+        e.family(metric, "gauge", help);
+        for (name, g) in &v.queues {
+            // The implicit queue when none is configured.
+            let label = if name.is_empty() { "cluster" } else { name };
+            e.sample(metric, &[("queue", label)], f64::from(pick(g)));
+        }
+    }
     e.family("fmsched_nodes", "gauge", "Nodes by liveness state.");
     let nodes = state.registry.snapshot();
     for st in ["available", "suspect", "offline"] {
         let n = nodes.iter().filter(|x| x.state.as_str() == st).count();
         e.sample("fmsched_nodes", &[("state", st)], n as f64);
     }
-    let v = state.metrics.values();
     e.scalar(
         "fmsched_queue_length",
         "gauge",
@@ -839,6 +878,35 @@ fn at_risk_note(p: &round::Prediction, at: impl Fn(f64) -> DateTime<Utc>) -> Str
     }
 }
 
+/// Each queue's deserved, demanded and planned GPUs after a round.
+fn queue_gauges(
+    view: &round::ClusterView,
+    prepared: &round::Prepared,
+    out: &round::RoundOutcome,
+) -> BTreeMap<String, QueueGauges> {
+    let mut q: BTreeMap<String, QueueGauges> = BTreeMap::new();
+    for (name, &d) in &prepared.deserved {
+        q.entry(name.clone()).or_default().deserved = d;
+    }
+    for (name, &d) in &prepared.demand {
+        q.entry(name.clone()).or_default().demand = d;
+    }
+    if q.is_empty() {
+        return q;
+    }
+    for g in &out.groups {
+        let names: BTreeSet<&str> = g
+            .jobs
+            .iter()
+            .map(|&j| view.jobs[j].queue.as_str())
+            .collect();
+        for name in names {
+            q.entry(name.to_string()).or_default().planned += g.gpus.len() as u32;
+        }
+    }
+    q
+}
+
 /// After a commit: metrics, logs, and the merge outcomes taught to the
 /// estimator's gain regression.
 async fn after_commit(
@@ -901,6 +969,7 @@ async fn after_commit(
             .collect::<BTreeSet<_>>()
             .len() as u64;
         m.transfer_outcomes += taught;
+        m.queues = queue_gauges(&t.view, &inputs.prepared, out);
     });
     for x in &out.transitions {
         tracing::info!(job_id = %t.jobs[x.job], to = %x.to, reason = %x.reason, generation, "job state");
