@@ -209,6 +209,14 @@ impl Queues {
         self.get(name).is_some() && !self.specs.iter().any(|c| c.parent.as_deref() == Some(name))
     }
 
+    /// The queues jobs may land in (teams, and departments without teams).
+    pub fn leaves(&self) -> impl Iterator<Item = &str> {
+        self.specs
+            .iter()
+            .map(|q| q.name.as_str())
+            .filter(|n| self.is_leaf(n))
+    }
+
     /// The queue a job of `user` lands in: the one it names (checked), else
     /// the first queue listing the user, else the first queue open to
     /// everyone; `""` when no queue is configured.

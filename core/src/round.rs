@@ -518,13 +518,7 @@ pub fn prepare(view: &ClusterView, policy: &dyn Policy, cfg: &RoundConfig) -> Pr
                         .copied()
                         .filter(|&a| a > 0 && a >= j.min_gpus && a <= max_gpus && a % unit == 0)
                         .collect();
-                    let req = cap(j.requested_gpus);
-                    let size = fits
-                        .iter()
-                        .rev()
-                        .find(|&&a| a <= req)
-                        .or(fits.first())
-                        .copied()
+                    let size = crate::policy::nearest_request(&fits, cap(j.requested_gpus))
                         .unwrap_or(max_gpus);
                     // A running job counts at what it holds (a
                     // non-preemptive policy keeps it so).
@@ -1323,30 +1317,40 @@ fn interpret(
     );
     // So do those a rigid policy left waiting once their queue's budget
     // had no room for them.
-    let mut left: BTreeMap<&str, u32> = prepared
-        .budgets
-        .iter()
-        .map(|(q, &b)| (q.as_str(), b))
-        .collect();
-    for g in &groups {
-        if let Some(l) = left.get_mut(view.jobs[g.jobs[0]].queue.as_str()) {
-            *l = l.saturating_sub(g.gpus.len() as u32);
+    if !prepared.queue_short.is_empty() {
+        let mut left: BTreeMap<&str, u32> = prepared
+            .budgets
+            .iter()
+            .map(|(q, &b)| (q.as_str(), b))
+            .collect();
+        let mut said: BTreeSet<usize> = unexecutable.iter().map(|u| u.0).collect();
+        for g in &groups {
+            said.extend(&g.jobs);
+            if let Some(l) = left.get_mut(view.jobs[g.jobs[0]].queue.as_str()) {
+                *l = l.saturating_sub(g.gpus.len() as u32);
+            }
         }
+        let snap_index: BTreeMap<usize, usize> = prepared
+            .jobs
+            .iter()
+            .enumerate()
+            .map(|(k, &i)| (i, k))
+            .collect();
+        let short: Vec<(usize, String)> = prepared
+            .queue_short
+            .iter()
+            .filter(|(i, _)| !said.contains(i))
+            .filter(|(i, _)| {
+                let size = snap_index
+                    .get(i)
+                    .and_then(|&k| crate::policy::requested_allocation(snap, k));
+                let room = left.get(view.jobs[*i].queue.as_str()).copied();
+                matches!((size, room), (Some(a), Some(l)) if a > l)
+            })
+            .cloned()
+            .collect();
+        unexecutable.extend(short);
     }
-    let short: Vec<(usize, String)> = prepared
-        .queue_short
-        .iter()
-        .filter(|(i, _)| !groups.iter().any(|g| g.jobs.contains(i)))
-        .filter(|(i, _)| !unexecutable.iter().any(|u| u.0 == *i))
-        .filter(|(i, _)| {
-            let k = prepared.jobs.iter().position(|j| j == i);
-            let size = k.and_then(|k| crate::policy::requested_allocation(snap, k));
-            let room = left.get(view.jobs[*i].queue.as_str()).copied();
-            matches!((size, room), (Some(a), Some(l)) if a > l)
-        })
-        .cloned()
-        .collect();
-    unexecutable.extend(short);
     unexecutable.sort_by_key(|u| u.0);
     let transitions = transitions(view, prepared, &groups, cfg);
     let leases = leases(view, &groups, policy.lease_s(), policy.slo_lease_s());

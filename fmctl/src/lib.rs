@@ -499,17 +499,8 @@ impl Client {
         queues: Vec<fmsched_core::queue::QueueSpec>,
     ) -> Result<pb::QueueSetting, ClientError> {
         let queues = queues
-            .into_iter()
-            .map(|q| pb::Queue {
-                name: q.name,
-                parent: q.parent.unwrap_or_default(),
-                guaranteed_gpus: q.guaranteed_gpus,
-                over_quota_weight: Some(q.over_quota_weight),
-                limit_gpus: q.limit_gpus,
-                models: q.models,
-                users: q.users,
-                merge_across_queues: Some(q.merge_across_queues),
-            })
+            .iter()
+            .map(fmsched_proto::convert::queue_to_proto)
             .collect();
         Ok(self
             .admin

@@ -151,6 +151,35 @@ fn non_empty(s: String) -> Option<String> {
 
 /// Protobuf spec → domain spec. Structural problems only; call
 /// `JobSpec::validate` afterwards for the semantic checks.
+/// A queue as the admin API carries it.
+pub fn queue_to_proto(q: &core::queue::QueueSpec) -> pb::Queue {
+    pb::Queue {
+        name: q.name.clone(),
+        parent: q.parent.clone().unwrap_or_default(),
+        guaranteed_gpus: q.guaranteed_gpus,
+        over_quota_weight: Some(q.over_quota_weight),
+        limit_gpus: q.limit_gpus,
+        models: q.models.clone(),
+        users: q.users.clone(),
+        merge_across_queues: Some(q.merge_across_queues),
+    }
+}
+
+/// A queue from the admin API (absent optional fields take their
+/// defaults; the set is validated by `Queues::new`).
+pub fn queue_from_proto(q: pb::Queue) -> core::queue::QueueSpec {
+    core::queue::QueueSpec {
+        name: q.name.trim().to_string(),
+        parent: Some(q.parent.trim().to_string()).filter(|p| !p.is_empty()),
+        guaranteed_gpus: q.guaranteed_gpus,
+        over_quota_weight: q.over_quota_weight.unwrap_or(1.0),
+        limit_gpus: q.limit_gpus,
+        models: q.models,
+        users: q.users,
+        merge_across_queues: q.merge_across_queues.unwrap_or(true),
+    }
+}
+
 pub fn job_spec_from_proto(p: pb::JobSpec) -> Result<core::JobSpec, FieldError> {
     let dataset = p.dataset.ok_or_else(|| missing("spec.dataset"))?;
     let hp = p

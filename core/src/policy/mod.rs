@@ -498,8 +498,11 @@ pub fn usable_allocations(snap: &Snapshot, i: usize) -> Vec<u32> {
 /// The allocation nearest to the job's request that it can use (the
 /// largest usable one not above the request, else the smallest usable).
 pub fn requested_allocation(snap: &Snapshot, i: usize) -> Option<u32> {
-    let usable = usable_allocations(snap, i);
-    let req = snap.jobs[i].requested_gpus;
+    nearest_request(&usable_allocations(snap, i), snap.jobs[i].requested_gpus)
+}
+
+/// Of `usable` (ascending), the largest not above `req`, else the smallest.
+pub fn nearest_request(usable: &[u32], req: u32) -> Option<u32> {
     usable
         .iter()
         .rev()

@@ -4,7 +4,7 @@
 
 use chrono::Utc;
 use fmsched_core::{JobId, NodeId};
-use fmsched_proto::convert::timestamp_to_proto;
+use fmsched_proto::convert::{queue_from_proto, queue_to_proto, timestamp_to_proto};
 use fmsched_proto::v1 as pb;
 use fmsched_proto::v1::admin_service_server::AdminService;
 use tonic::metadata::MetadataMap;
@@ -80,34 +80,6 @@ impl AdminApi {
     }
 }
 
-/// A queue as the API carries it.
-fn queue_to_proto(q: &QueueSpec) -> pb::Queue {
-    pb::Queue {
-        name: q.name.clone(),
-        parent: q.parent.clone().unwrap_or_default(),
-        guaranteed_gpus: q.guaranteed_gpus,
-        over_quota_weight: Some(q.over_quota_weight),
-        limit_gpus: q.limit_gpus,
-        models: q.models.clone(),
-        users: q.users.clone(),
-        merge_across_queues: Some(q.merge_across_queues),
-    }
-}
-
-/// A queue from the API (absent optional fields take their defaults).
-fn queue_from_proto(q: pb::Queue) -> QueueSpec {
-    QueueSpec {
-        name: q.name.trim().to_string(),
-        parent: Some(q.parent.trim().to_string()).filter(|p| !p.is_empty()),
-        guaranteed_gpus: q.guaranteed_gpus,
-        over_quota_weight: q.over_quota_weight.unwrap_or(1.0),
-        limit_gpus: q.limit_gpus,
-        models: q.models,
-        users: q.users,
-        merge_across_queues: q.merge_across_queues.unwrap_or(true),
-    }
-}
-
 impl AdminApi {
     /// The queue set in force, with each queue's figures now.
     async fn queues_answer(
@@ -180,16 +152,7 @@ impl AdminService for AdminApi {
                 _ => ApiError::field("queues", e),
             }
         })?;
-        let leaves: BTreeSet<String> = specs
-            .iter()
-            .filter(|q| {
-                !specs
-                    .iter()
-                    .any(|c| c.parent.as_deref() == Some(q.name.as_str()))
-            })
-            .map(|q| q.name.clone())
-            .collect();
-        debug_assert!(leaves.iter().all(|l| set.get(l).is_some()));
+        let leaves: BTreeSet<String> = set.leaves().map(str::to_string).collect();
         let setting = QueueSetting {
             queues: specs,
             set_by: who.user.to_string(),

@@ -419,62 +419,67 @@ impl Persistence {
             })
             .collect();
         let detail = detail.join("; ");
-        let mut tx = self.pool.begin().await.map_err(db_err(OP))?;
-        // Serialises set calls. (A submission that resolved its queue from
-        // the old set just before may still land in a removed queue; its
-        // job then waits, its reason naming the queue's 0 GPUs, until the
-        // queue is back or it is cancelled.)
-        sqlx::query("LOCK TABLE queue_setting IN EXCLUSIVE MODE")
+        // Ok(Err(why)): refused, nothing written.
+        let outcome = with_retries(OP, || async {
+            let mut tx = self.pool.begin().await.map_err(db_err(OP))?;
+            // Serialises set calls. (A submission that resolved its queue from
+            // the old set just before may still land in a removed queue; its
+            // job then waits, its reason naming the queue's 0 GPUs, until the
+            // queue is back or it is cancelled.)
+            sqlx::query("LOCK TABLE queue_setting IN EXCLUSIVE MODE")
+                .execute(&mut *tx)
+                .await
+                .map_err(db_err(OP))?;
+            let named: Vec<(Uuid, String)> = sqlx::query_as(
+                "SELECT id, spec->>'queue' FROM jobs
+                 WHERE state NOT IN ('completed', 'failed', 'cancelled')
+                   AND coalesce(spec->>'queue', '') <> ''",
+            )
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(db_err(OP))?;
+            let stranded: Vec<String> = named
+                .iter()
+                .filter(|(_, q)| !leaves.contains(q))
+                .map(|(j, q)| format!("{j} ({q})"))
+                .collect();
+            if !stranded.is_empty() {
+                let shown: Vec<&str> = stranded.iter().take(10).map(String::as_str).collect();
+                return Ok(Err(format!(
+                    "{} live job(s) name a queue the new set has no longer as a team: {}{}; \
+                     keep the queue until they end, or cancel them",
+                    stranded.len(),
+                    shown.join(", "),
+                    if stranded.len() > 10 { ", ..." } else { "" }
+                )));
+            }
+            sqlx::query(
+                "INSERT INTO queue_setting (singleton, queues, set_by, set_at)
+                 VALUES (true, $1, $2, $3)
+                 ON CONFLICT (singleton) DO UPDATE
+                 SET queues = $1, set_by = $2, set_at = $3",
+            )
+            .bind(&queues)
+            .bind(&s.set_by)
+            .bind(s.set_at)
             .execute(&mut *tx)
             .await
             .map_err(db_err(OP))?;
-        let named: Vec<(Uuid, String)> = sqlx::query_as(
-            "SELECT id, spec->>'queue' FROM jobs
-             WHERE state NOT IN ('completed', 'failed', 'cancelled')
-               AND coalesce(spec->>'queue', '') <> ''",
-        )
-        .fetch_all(&mut *tx)
-        .await
-        .map_err(db_err(OP))?;
-        let stranded: Vec<String> = named
-            .iter()
-            .filter(|(_, q)| !leaves.contains(q))
-            .map(|(j, q)| format!("{j} ({q})"))
-            .collect();
-        if !stranded.is_empty() {
-            let shown: Vec<&str> = stranded.iter().take(10).map(String::as_str).collect();
-            return Err(SetQueuesError::InUse(format!(
-                "{} live job(s) name a queue the new set has no longer as a team: {}{}; \
-                 keep the queue until they end, or cancel them",
-                stranded.len(),
-                shown.join(", "),
-                if stranded.len() > 10 { ", ..." } else { "" }
-            )));
-        }
-        sqlx::query(
-            "INSERT INTO queue_setting (singleton, queues, set_by, set_at)
-             VALUES (true, $1, $2, $3)
-             ON CONFLICT (singleton) DO UPDATE
-             SET queues = $1, set_by = $2, set_at = $3",
-        )
-        .bind(&queues)
-        .bind(&s.set_by)
-        .bind(s.set_at)
-        .execute(&mut *tx)
-        .await
-        .map_err(db_err(OP))?;
-        audit_in(
-            &mut tx,
-            &s.set_by,
-            "set_queues",
-            "queues",
-            &detail,
-            s.set_at,
-            OP,
-        )
+            audit_in(
+                &mut tx,
+                &s.set_by,
+                "set_queues",
+                "queues",
+                &detail,
+                s.set_at,
+                OP,
+            )
+            .await?;
+            tx.commit().await.map_err(db_err(OP))?;
+            Ok(Ok(()))
+        })
         .await?;
-        tx.commit().await.map_err(db_err(OP))?;
-        Ok(())
+        outcome.map_err(SetQueuesError::InUse)
     }
 
     /// GPUs held and jobs running and waiting, per queue (live jobs).
