@@ -226,6 +226,12 @@ pub struct JobResult {
     pub jct_s: f64,
     /// JCT over the time alone at the requested GPUs (finish-time fairness ρ).
     pub ftf: f64,
+    /// Themis' ρ against an equal share of the cluster: the GPU-seconds an
+    /// equal share (at most its request) would have given it over its life
+    /// over the GPU-seconds it got. With progress linear in GPU-seconds this
+    /// is T_shared / T_ideal of Themis, where T_ideal runs on a 1/N share;
+    /// ρ ≤ 1: it did no worse than under an equal split.
+    pub fair_rho: f64,
     pub restarts: u32,
     /// Merge it took part in: (mode, partner).
     pub merged: Option<(MergeMode, String)>,
@@ -262,6 +268,43 @@ pub struct SimResult {
     /// (variables, constraints) of each round (MILP policies).
     pub model_sizes: Vec<(usize, usize)>,
     pub wall_s: f64,
+}
+
+/// A re-tuning hook for [`Simulation::run_retuned`]: called every
+/// `every_s` simulated seconds with the run so far and the active policy;
+/// a returned policy replaces it.
+pub struct Retune<'h> {
+    pub every_s: f64,
+    #[allow(clippy::type_complexity)]
+    pub hook:
+        &'h mut dyn FnMut(&Observation<'_>, &dyn Policy) -> Option<Box<dyn Policy + Send + Sync>>,
+}
+
+/// The run as a tuner sees it.
+#[derive(Debug)]
+pub struct Observation<'a> {
+    pub now: f64,
+    /// Every job that has arrived, in workload order.
+    pub jobs: Vec<ObservedJob<'a>>,
+}
+
+/// One arrived job: what was asked and how far it got, in time.
+#[derive(Debug)]
+pub struct ObservedJob<'a> {
+    /// Its index in the workload.
+    pub index: usize,
+    pub spec: &'a WorkloadJob,
+    pub state: ObservedState,
+    /// Seconds it has run (restart costs included).
+    pub executed_s: f64,
+    pub attained_gpu_s: f64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum ObservedState {
+    Waiting,
+    Running,
+    Done { finish_s: f64 },
 }
 
 /// Where a job is.
@@ -816,15 +859,65 @@ impl<'a> Simulation<'a> {
 
     /// Runs the whole workload under `policy`.
     pub fn run(
+        self,
+        policy: &dyn Policy,
+        catalog: &Catalog,
+        progress: impl FnMut(usize, usize),
+    ) -> Result<SimResult, SimError> {
+        self.run_retuned(policy, catalog, progress, None)
+    }
+
+    /// Lets job `index` start with history: GPU-seconds attained and
+    /// seconds executed before the simulation's clock starts (the jobs a
+    /// tuner carries over from the live cluster into a predicted trace).
+    pub fn seed_history(&mut self, index: usize, attained_gpu_s: f64, executed_s: f64) {
+        if let Some(j) = self.jobs.get_mut(index) {
+            j.attained_gpu_s = attained_gpu_s.max(0.0);
+            j.executed_s = executed_s.max(0.0);
+        }
+    }
+
+    /// What a tuner may see of the run at this moment: every arrived job,
+    /// its state and the time it has run, never its remaining work.
+    fn observe(&self) -> Observation<'_> {
+        Observation {
+            now: self.now,
+            jobs: self
+                .jobs
+                .iter()
+                .enumerate()
+                .filter(|(_, j)| !matches!(j.phase, Phase::NotArrived))
+                .map(|(index, j)| ObservedJob {
+                    index,
+                    spec: &j.w,
+                    state: match (j.finish, &j.alloc) {
+                        (Some(finish_s), _) => ObservedState::Done { finish_s },
+                        (None, Some(_)) => ObservedState::Running,
+                        (None, None) => ObservedState::Waiting,
+                    },
+                    executed_s: j.executed_s,
+                    attained_gpu_s: j.attained_gpu_s,
+                })
+                .collect(),
+        }
+    }
+
+    /// Runs the whole workload under `policy`; with `retune`, every
+    /// `every_s` of simulated time the hook sees the run so far
+    /// ([`Observation`]) and may hand back a policy (new knobs) that
+    /// decides from the next round on — how AutoSched is replayed.
+    pub fn run_retuned(
         mut self,
         policy: &dyn Policy,
         catalog: &Catalog,
         mut progress: impl FnMut(usize, usize),
+        mut retune: Option<Retune<'_>>,
     ) -> Result<SimResult, SimError> {
         let started = Instant::now();
         self.stats.policy = policy.name().to_string();
         self.allocations = policy.allocation_set(self.total_gpus);
-        let interval = policy.interval_s().max(1.0);
+        let mut swapped: Option<Box<dyn Policy + Send + Sync>> = None;
+        let mut interval = policy.interval_s().max(1.0);
         let mut order: Vec<usize> = (0..self.jobs.len()).collect();
         order.sort_by(|&a, &b| self.jobs[a].w.submit_s.total_cmp(&self.jobs[b].w.submit_s));
         let mut next_arrival = 0usize;
@@ -838,6 +931,7 @@ impl<'a> Simulation<'a> {
         let mut finished = 0usize;
         let mut stalled = 0u32;
         let n = self.jobs.len();
+        let mut next_retune = retune.as_ref().map_or(f64::INFINITY, |r| t0 + r.every_s);
         while finished < n {
             if self.now - t0 > self.cfg.horizon_s {
                 // Name a few, with what they asked for.
@@ -870,7 +964,7 @@ impl<'a> Simulation<'a> {
                 )));
             }
             // The next event.
-            let mut t_next = next_round;
+            let mut t_next = next_round.min(next_retune);
             if let Some(&i) = order.get(next_arrival) {
                 t_next = t_next.min(self.jobs[i].w.submit_s);
             }
@@ -971,8 +1065,21 @@ impl<'a> Simulation<'a> {
                     Phase::Waiting
                 };
             }
+            if self.now >= next_retune
+                && let Some(r) = retune.as_mut()
+            {
+                next_retune += r.every_s;
+                let active: &dyn Policy = swapped.as_deref().map_or(policy, |p| p as &dyn Policy);
+                if let Some(p) = (r.hook)(&self.observe(), active) {
+                    // A changed interval takes effect from the round after
+                    // the one already due.
+                    interval = p.interval_s().max(1.0);
+                    swapped = Some(p);
+                }
+            }
             if self.now >= next_round {
-                self.round(policy, catalog)?;
+                let active: &dyn Policy = swapped.as_deref().map_or(policy, |p| p as &dyn Policy);
+                self.round(active, catalog)?;
                 next_round += interval;
             }
         }
@@ -1008,6 +1115,7 @@ impl<'a> Simulation<'a> {
                     finish_s: finish,
                     jct_s: finish - j.w.submit_s,
                     ftf: (finish - j.w.submit_s) / j.ideal_s.max(1e-9),
+                    fair_rho: j.fair_share_gpu_s / j.attained_gpu_s.max(1e-9),
                     restarts: j.restarts,
                     merged: j.ever_merged.map(|(mode, m)| {
                         let mg = &self.merges[m];

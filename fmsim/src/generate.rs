@@ -230,9 +230,199 @@ pub fn generate(cfg: &GenConfig, catalog: &Catalog, lut: &Lut) -> Result<Vec<Wor
     Ok(out)
 }
 
+/// The cluster trace a drifting workload imitates (thesis §6.2.1, §6.6.1).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Shape {
+    /// Microsoft Philly (2017): mostly one-GPU jobs, median run around
+    /// half an hour, a heavy tail.
+    Philly,
+    /// SenseTime Helios (2020): more multi-GPU jobs (8-GPU ones common),
+    /// shorter median, heavier tail.
+    Helios,
+}
+
+impl Shape {
+    /// GPU requests and their probabilities.
+    fn gpus(self) -> &'static [(u32, f64)] {
+        match self {
+            Shape::Philly => &[(1, 0.70), (2, 0.10), (4, 0.12), (8, 0.06), (16, 0.02)],
+            Shape::Helios => &[
+                (1, 0.45),
+                (2, 0.10),
+                (4, 0.15),
+                (8, 0.22),
+                (16, 0.06),
+                (32, 0.02),
+            ],
+        }
+    }
+    /// Median run (seconds) and log-normal σ.
+    fn duration(self) -> (f64, f64) {
+        match self {
+            Shape::Philly => (1800.0, 1.6),
+            Shape::Helios => (720.0, 2.0),
+        }
+    }
+}
+
+/// One job of a shaped trace: (id, submitted at, GPUs, run seconds).
+pub type TraceRow = (String, f64, u32, f64);
+
+/// A standard normal draw (Box–Muller).
+fn normal(rng: &mut Rng) -> f64 {
+    let (a, b) = (rng.f64(), rng.f64());
+    (-2.0 * a.ln()).sqrt() * (std::f64::consts::TAU * b).cos()
+}
+
+/// A Poisson draw (Knuth's product method; a normal approximation above 30).
+fn poisson(rng: &mut Rng, lambda: f64) -> usize {
+    if lambda > 30.0 {
+        return (lambda + lambda.sqrt() * normal(rng)).round().max(0.0) as usize;
+    }
+    let l = (-lambda).exp();
+    let (mut k, mut p) = (0usize, 1.0);
+    loop {
+        p *= rng.f64();
+        if p <= l {
+            return k;
+        }
+        k += 1;
+    }
+}
+
+/// A cluster-trace-shaped workload that drifts (for AutoSched's
+/// evaluation, thesis §6.6): `days` of arrivals with a daily cycle (peak
+/// in the afternoon, trough at night), day-to-day changes of load
+/// (log-normal, σ 0.35), of job length (median × log-normal, σ 0.5) and of
+/// the share of multi-GPU jobs, and bursty hours (5 %: 3× arrivals). About
+/// `jobs` jobs in all. `compress` divides every time (arrivals and runs)
+/// so two weeks can be simulated as two days at the same load.
+pub fn shaped(
+    shape: Shape,
+    days: u32,
+    jobs: usize,
+    compress: f64,
+    seed: u64,
+) -> Result<Vec<TraceRow>, String> {
+    if days == 0 || jobs == 0 || compress.is_nan() || compress < 1.0 {
+        return Err("days and jobs must be > 0 and compress >= 1".into());
+    }
+    let mut rng = Rng::new(seed);
+    let day_load: Vec<f64> = (0..days).map(|_| (0.35 * normal(&mut rng)).exp()).collect();
+    let day_len: Vec<f64> = (0..days).map(|_| (0.5 * normal(&mut rng)).exp()).collect();
+    let day_big: Vec<f64> = (0..days).map(|_| (0.4 * normal(&mut rng)).exp()).collect();
+    let hours = days as usize * 24;
+    let weight: Vec<f64> = (0..hours)
+        .map(|h| {
+            let diurnal =
+                1.0 + 0.6 * (std::f64::consts::TAU * ((h % 24) as f64 - 8.0) / 24.0).sin();
+            let burst = if rng.f64() < 0.05 { 3.0 } else { 1.0 };
+            diurnal * day_load[h / 24] * burst
+        })
+        .collect();
+    let total: f64 = weight.iter().sum();
+    let (median, sigma) = shape.duration();
+    let mut out = Vec::with_capacity(jobs);
+    for (h, w) in weight.iter().enumerate() {
+        let d = h / 24;
+        let n = poisson(&mut rng, jobs as f64 * w / total);
+        let mut times: Vec<f64> = (0..n).map(|_| (h as f64 + rng.f64()) * 3600.0).collect();
+        times.sort_by(f64::total_cmp);
+        for t in times {
+            // GPU request, with the day's tilt towards (or away from)
+            // multi-GPU jobs.
+            let probs: Vec<f64> = shape
+                .gpus()
+                .iter()
+                .map(|&(g, p)| if g > 1 { p * day_big[d] } else { p })
+                .collect();
+            let mut u = rng.f64() * probs.iter().sum::<f64>();
+            let mut gpus = shape.gpus()[0].0;
+            for (k, p) in probs.iter().enumerate() {
+                u -= p;
+                if u <= 0.0 {
+                    gpus = shape.gpus()[k].0;
+                    break;
+                }
+            }
+            let run = (median * day_len[d] * (sigma * normal(&mut rng)).exp())
+                .clamp(60.0, 3.0 * 86_400.0);
+            out.push((
+                format!(
+                    "{}-{}",
+                    if shape == Shape::Philly {
+                        "philly"
+                    } else {
+                        "helios"
+                    },
+                    out.len()
+                ),
+                ((t / compress) * 10.0).round() / 10.0,
+                gpus,
+                ((run / compress) * 10.0).round() / 10.0,
+            ));
+        }
+    }
+    Ok(out)
+}
+
+/// A shaped trace in the Helios layout (`fmsim run` reads it as such).
+pub fn helios_csv(rows: &[TraceRow]) -> String {
+    let mut s = String::from("job_id,gpu_num,submit_time,duration,state\n");
+    for (id, t, g, d) in rows {
+        s += &format!("{id},{g},{t},{d},COMPLETED\n");
+    }
+    s
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn shaped_traces_cycle_daily_and_drift_between_days() {
+        let rows = shaped(Shape::Helios, 14, 20_000, 1.0, 3).unwrap();
+        assert_eq!(
+            rows,
+            shaped(Shape::Helios, 14, 20_000, 1.0, 3).unwrap(),
+            "seeded"
+        );
+        assert!(
+            (rows.len() as f64 - 20_000.0).abs() < 1500.0,
+            "{}",
+            rows.len()
+        );
+        // More arrivals in the afternoon than at night, summed over days.
+        let at = |lo: f64, hi: f64| {
+            rows.iter()
+                .filter(|r| (lo..hi).contains(&((r.1 / 3600.0) % 24.0)))
+                .count()
+        };
+        assert!(
+            at(12.0, 16.0) > 2 * at(0.0, 4.0),
+            "{} vs {}",
+            at(12.0, 16.0),
+            at(0.0, 4.0)
+        );
+        // Days differ in load and length.
+        let per_day = |d: usize| {
+            rows.iter()
+                .filter(|r| (r.1 / 86_400.0) as usize == d)
+                .count()
+        };
+        let counts: Vec<usize> = (0..14).map(per_day).collect();
+        assert!(
+            counts.iter().max().unwrap() > &(counts.iter().min().unwrap() * 3 / 2),
+            "{counts:?}"
+        );
+        // Compression divides every time.
+        let c = shaped(Shape::Helios, 14, 20_000, 7.0, 3).unwrap();
+        assert!((c[100].1 - rows[100].1 / 7.0).abs() < 0.1);
+        assert!((c[100].3 - (rows[100].3 / 7.0)).abs() < 0.1);
+        assert!(shaped(Shape::Philly, 0, 10, 1.0, 1).is_err());
+        let csv = helios_csv(&rows[..2]);
+        assert!(csv.starts_with("job_id,gpu_num,submit_time,duration,state\n"));
+    }
 
     #[test]
     fn classes_and_determinism() {

@@ -7,4 +7,5 @@ pub mod catalog;
 pub mod engine;
 pub mod generate;
 pub mod report;
+pub mod tune;
 pub mod workload;
