@@ -280,6 +280,17 @@ pub struct Retune<'h> {
         &'h mut dyn FnMut(&Observation<'_>, &dyn Policy) -> Option<Box<dyn Policy + Send + Sync>>,
 }
 
+/// What a job carries over into a simulation ([`Simulation::seed_history`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct History {
+    pub attained_gpu_s: f64,
+    pub executed_s: f64,
+    /// Seconds since it was submitted.
+    pub age_s: f64,
+    /// Themis' deserved service so far (GPU-seconds of an equal share).
+    pub fair_share_gpu_s: f64,
+}
+
 /// The run as a tuner sees it.
 #[derive(Debug)]
 pub struct Observation<'a> {
@@ -298,6 +309,7 @@ pub struct ObservedJob<'a> {
     /// Seconds it has run (restart costs included).
     pub executed_s: f64,
     pub attained_gpu_s: f64,
+    pub fair_share_gpu_s: f64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -395,6 +407,9 @@ struct Job {
     ran_on: Vec<usize>,
     /// Its reward steps (UniSched), on the simulation's clock.
     deadlines: Vec<RewardStep>,
+    /// Seconds it was in the system before it arrived here
+    /// ([`Simulation::seed_history`]).
+    history_s: f64,
 }
 
 #[derive(Clone, Debug)]
@@ -588,6 +603,7 @@ impl<'a> Simulation<'a> {
                 ideal_s: 0.0,
                 ran_on: Vec::new(),
                 deadlines: Vec::new(),
+                history_s: 0.0,
             };
             // Helios / Philly: scale the epochs so the work at the trace's GPU
             // count takes the trace's duration.
@@ -867,13 +883,17 @@ impl<'a> Simulation<'a> {
         self.run_retuned(policy, catalog, progress, None)
     }
 
-    /// Lets job `index` start with history: GPU-seconds attained and
-    /// seconds executed before the simulation's clock starts (the jobs a
-    /// tuner carries over from the live cluster into a predicted trace).
-    pub fn seed_history(&mut self, index: usize, attained_gpu_s: f64, executed_s: f64) {
+    /// Lets job `index` start with history from before the simulation's
+    /// clock (the jobs a tuner carries over from the live cluster into a
+    /// predicted trace). Policies see it as submitted `age_s` earlier, so a
+    /// job that has waited long is as close to Tiresias' starvation
+    /// promotion as it is live; its JCT here counts from its arrival.
+    pub fn seed_history(&mut self, index: usize, h: &History) {
         if let Some(j) = self.jobs.get_mut(index) {
-            j.attained_gpu_s = attained_gpu_s.max(0.0);
-            j.executed_s = executed_s.max(0.0);
+            j.attained_gpu_s = h.attained_gpu_s.max(0.0);
+            j.executed_s = h.executed_s.max(0.0);
+            j.history_s = h.age_s.max(0.0);
+            j.fair_share_gpu_s = h.fair_share_gpu_s.max(0.0);
         }
     }
 
@@ -897,6 +917,7 @@ impl<'a> Simulation<'a> {
                     },
                     executed_s: j.executed_s,
                     attained_gpu_s: j.attained_gpu_s,
+                    fair_share_gpu_s: j.fair_share_gpu_s,
                 })
                 .collect(),
         }
@@ -1348,7 +1369,7 @@ impl<'a> Simulation<'a> {
                     min_gpus: 1,
                     max_gpus: j.w.max_gpus,
                     requested_gpus: j.w.gpus,
-                    submitted_at: j.w.submit_s,
+                    submitted_at: j.w.submit_s - j.history_s,
                     iteration: 0,
                     progress: if j.target > 0.0 {
                         j.done / j.target

@@ -43,7 +43,7 @@ use fmsched_core::policy::baselines::with_knobs;
 use fmsched_estimator::lut::Lut;
 
 use crate::catalog::Catalog;
-use crate::engine::{Observation, ObservedState, SimConfig, SimResult, Simulation};
+use crate::engine::{History, Observation, ObservedState, SimConfig, SimResult, Simulation};
 use crate::generate::Rng;
 use crate::workload::WorkloadJob;
 
@@ -340,8 +340,22 @@ pub fn matching_segment(arrivals: &[f64], origin: f64, now: f64) -> Option<f64> 
 #[derive(Clone, Debug)]
 pub struct TraceJob {
     pub job: WorkloadJob,
-    pub attained_gpu_s: f64,
-    pub executed_s: f64,
+    /// What it carries over from the cluster (all zero for a predicted
+    /// arrival).
+    pub history: History,
+}
+
+impl TraceJob {
+    /// A job that arrives in the trace, with no history.
+    pub fn arriving(job: WorkloadJob) -> Self {
+        Self {
+            job,
+            history: History::default(),
+        }
+    }
+    fn carried(&self) -> bool {
+        self.history != History::default()
+    }
 }
 
 /// The workload a tuner expects from `obs.now` on, on a clock that starts
@@ -416,8 +430,12 @@ pub fn predict_trace(
             let rem = predictor.remaining(&history, now, o.spec.gpus, o.executed_s, rng);
             out.jobs.push(TraceJob {
                 job: with_duration(o.spec, format!("live-{}", o.index), 0.0, rem),
-                attained_gpu_s: o.attained_gpu_s,
-                executed_s: o.executed_s,
+                history: History {
+                    attained_gpu_s: o.attained_gpu_s,
+                    executed_s: o.executed_s,
+                    age_s: (now - o.spec.submit_s).max(0.0),
+                    fair_share_gpu_s: o.fair_share_gpu_s,
+                },
             });
         }
         out.existing = out.jobs.len();
@@ -434,11 +452,12 @@ pub fn predict_trace(
         let t = o.spec.submit_s;
         if t >= from && t < from + SEGMENT_S && t < now {
             let run = total_run(o, rng);
-            out.jobs.push(TraceJob {
-                job: with_duration(o.spec, format!("next-{}", o.index), t - from, run),
-                attained_gpu_s: 0.0,
-                executed_s: 0.0,
-            });
+            out.jobs.push(TraceJob::arriving(with_duration(
+                o.spec,
+                format!("next-{}", o.index),
+                t - from,
+                run,
+            )));
         }
     }
     out
@@ -453,7 +472,7 @@ pub fn aggregate(jobs: &[TraceJob], max_gpus: u32) -> Vec<TraceJob> {
     let run_s = |t: &TraceJob| t.job.trace_gpu_s.unwrap_or(0.0) / f64::from(t.job.gpus.max(1));
     let mut groups: BTreeMap<(bool, i64, u32, usize), Vec<&TraceJob>> = BTreeMap::new();
     for t in jobs {
-        let carried = t.executed_s > 0.0 || t.attained_gpu_s > 0.0;
+        let carried = t.carried();
         let key = (
             carried,
             (t.job.submit_s / BIN_S).floor() as i64,
@@ -483,8 +502,12 @@ pub fn aggregate(jobs: &[TraceJob], max_gpus: u32) -> Vec<TraceJob> {
                         trace_gpu_s: Some(gpu_s),
                         ..first.job.clone()
                     },
-                    attained_gpu_s: chunk.iter().map(|t| t.attained_gpu_s).sum(),
-                    executed_s: chunk.iter().map(|t| t.executed_s).sum::<f64>() / n,
+                    history: History {
+                        attained_gpu_s: chunk.iter().map(|t| t.history.attained_gpu_s).sum(),
+                        executed_s: chunk.iter().map(|t| t.history.executed_s).sum::<f64>() / n,
+                        age_s: chunk.iter().map(|t| t.history.age_s).sum::<f64>() / n,
+                        fair_share_gpu_s: chunk.iter().map(|t| t.history.fair_share_gpu_s).sum(),
+                    },
                 });
             }
             chunk.clear();
@@ -525,8 +548,8 @@ pub fn evaluate(
     let jobs: Vec<WorkloadJob> = trace.iter().map(|t| t.job.clone()).collect();
     let mut sim = Simulation::new(cfg.clone(), lut, catalog, &jobs).ok()?;
     for (i, t) in trace.iter().enumerate() {
-        if t.executed_s > 0.0 || t.attained_gpu_s > 0.0 {
-            sim.seed_history(i, t.attained_gpu_s, t.executed_s);
+        if t.carried() {
+            sim.seed_history(i, &t.history);
         }
     }
     let r = sim.run(p.as_ref(), catalog, |_, _| {}).ok()?;
@@ -950,14 +973,7 @@ pub fn best_fixed(
             })
             .collect::<Knobs>()
     }));
-    let trace: Vec<TraceJob> = jobs
-        .iter()
-        .map(|j| TraceJob {
-            job: j.clone(),
-            attained_gpu_s: 0.0,
-            executed_s: 0.0,
-        })
-        .collect();
+    let trace: Vec<TraceJob> = jobs.iter().map(|j| TraceJob::arriving(j.clone())).collect();
     let objective = Objective::for_policy(policy);
     let scores = evaluate_all(
         cfg, lut, catalog, &trace, policy, &configs, objective, threads,
@@ -1138,11 +1154,7 @@ mod tests {
             job("f", 400.0, 1, 600.0), // other 5-minute bin
         ]
         .into_iter()
-        .map(|job| TraceJob {
-            job,
-            attained_gpu_s: 0.0,
-            executed_s: 0.0,
-        })
+        .map(TraceJob::arriving)
         .collect();
         let gpu_s = |v: &[TraceJob]| v.iter().map(|t| t.job.trace_gpu_s.unwrap()).sum::<f64>();
         let agg = aggregate(&jobs, 8);
@@ -1263,38 +1275,42 @@ mod tests {
             threads: 2,
             ..Default::default()
         };
-        let mut tuner = Tuner::new(
-            "tiresias",
-            start.clone(),
-            cfg.clone(),
-            &lut,
-            &cat,
-            Forecast::AutoSched,
-            search.clone(),
-        )
-        .unwrap();
-        let tuned = replay(
-            &cfg,
-            &lut,
-            &cat,
-            &jobs,
-            "tiresias",
-            &start,
-            Some((&mut tuner, 3600.0)),
-        )
-        .unwrap();
+        // A replay re-tuned hourly from `start` under `search`.
+        let tuned_run = |search: SearchConfig| {
+            let mut tuner = Tuner::new(
+                "tiresias",
+                start.clone(),
+                cfg.clone(),
+                &lut,
+                &cat,
+                Forecast::AutoSched,
+                search,
+            )
+            .unwrap();
+            let r = replay(
+                &cfg,
+                &lut,
+                &cat,
+                &jobs,
+                "tiresias",
+                &start,
+                Some((&mut tuner, 3600.0)),
+            )
+            .unwrap();
+            (r, tuner.decisions.clone(), tuner.knobs().clone())
+        };
+        let (tuned, decisions, knobs) = tuned_run(search.clone());
         let fixed = replay(&cfg, &lut, &cat, &jobs, "tiresias", &start, None).unwrap();
-        let adopted: Vec<&Decision> = tuner.decisions.iter().filter(|d| d.adopted).collect();
-        assert!(!adopted.is_empty(), "{:#?}", tuner.decisions);
+        let adopted: Vec<&Decision> = decisions.iter().filter(|d| d.adopted).collect();
+        assert!(!adopted.is_empty(), "{decisions:#?}");
         assert!(adopted.iter().all(|d| d.gain > 1.1));
         assert!(
-            tuner
-                .decisions
+            decisions
                 .iter()
                 .filter(|d| !d.adopted)
                 .all(|d| d.gain <= 1.1)
         );
-        assert!(tuner.knobs()["interval_s"] < 600.0, "{:?}", tuner.knobs());
+        assert!(knobs["interval_s"] < 600.0, "{knobs:?}");
         let avg = |r: &SimResult| r.jobs.iter().map(|j| j.jct_s).sum::<f64>() / r.jobs.len() as f64;
         assert!(
             avg(&tuned) < avg(&fixed),
@@ -1303,31 +1319,13 @@ mod tests {
             avg(&fixed)
         );
         // A threshold nothing can pass: the knobs never move.
-        let mut stubborn = Tuner::new(
-            "tiresias",
-            start.clone(),
-            cfg.clone(),
-            &lut,
-            &cat,
-            Forecast::AutoSched,
-            SearchConfig {
-                threshold: 1e9,
-                ..search
-            },
-        )
-        .unwrap();
-        let same = replay(
-            &cfg,
-            &lut,
-            &cat,
-            &jobs,
-            "tiresias",
-            &start,
-            Some((&mut stubborn, 3600.0)),
-        )
-        .unwrap();
-        assert!(stubborn.decisions.iter().all(|d| !d.adopted));
-        assert_eq!(stubborn.knobs()["interval_s"], 600.0);
+        let (same, decisions, knobs) = tuned_run(SearchConfig {
+            threshold: 1e9,
+            ..search
+        });
+        assert!(!decisions.is_empty());
+        assert!(decisions.iter().all(|d| !d.adopted));
+        assert_eq!(knobs["interval_s"], 600.0);
         assert_eq!(avg(&same), avg(&fixed));
         assert!(
             Tuner::new(
@@ -1341,5 +1339,36 @@ mod tests {
             )
             .is_err()
         );
+    }
+
+    #[test]
+    fn a_carried_over_job_keeps_its_age_for_the_starvation_rule() {
+        // Both jobs have attained 100 GPU-hours (Tiresias' low queue). The
+        // waiter arrives a second later, so without its history it runs
+        // second; having waited ten thousand seconds after running a hundred
+        // (over Tiresias' starvation factor of 10), it is promoted and runs
+        // first.
+        let (_, lut, cat) = setup();
+        let cfg = SimConfig {
+            profile_s: 0.0,
+            ..SimConfig::uniform(1, 1, "V100")
+        };
+        let jobs = vec![job("runner", 0.0, 1, 1800.0), job("waiter", 1.0, 1, 1800.0)];
+        let tiresias = with_knobs("tiresias", &Knobs::new()).unwrap();
+        let waiter_start = |age: f64| {
+            let mut sim = Simulation::new(cfg.clone(), &lut, &cat, &jobs).unwrap();
+            let h = |executed_s: f64, age_s: f64| History {
+                attained_gpu_s: 100.0 * 3600.0,
+                executed_s,
+                age_s,
+                fair_share_gpu_s: 0.0,
+            };
+            sim.seed_history(0, &h(3600.0, 3600.0));
+            sim.seed_history(1, &h(100.0, age));
+            let r = sim.run(tiresias.as_ref(), &cat, |_, _| {}).unwrap();
+            r.jobs[1].first_start_s.unwrap()
+        };
+        assert!(waiter_start(0.0) > 1000.0, "{}", waiter_start(0.0));
+        assert!(waiter_start(10_100.0) < 300.0, "{}", waiter_start(10_100.0));
     }
 }
