@@ -483,6 +483,20 @@ impl Client {
             .into_inner())
     }
 
+    /// Admin: one AutoSched tuning now (`dry_run`: adopt nothing).
+    pub async fn tune(
+        &self,
+        dry_run: bool,
+        threshold: Option<f64>,
+    ) -> Result<pb::TuneDecision, ClientError> {
+        Ok(self
+            .admin
+            .clone()
+            .tune(pb::TuneRequest { dry_run, threshold })
+            .await?
+            .into_inner())
+    }
+
     /// Admin: the queues in force and their figures now.
     pub async fn get_queues(&self) -> Result<pb::QueueSetting, ClientError> {
         Ok(self

@@ -202,6 +202,19 @@ enum Cmd {
         #[command(subcommand)]
         cmd: AdminCmd,
     },
+    /// Admin: one AutoSched tuning of the active policy's knobs now
+    /// (Tiresias, Themis): predicts the next hour from the jobs stored,
+    /// searches the knobs in the simulator and adopts the best only when it
+    /// beats the active knobs by more than the threshold.
+    Tune {
+        /// Show the proposal; change nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Adopt only above this gain (default: the scheduler's
+        /// `autosched.threshold`, 1.1).
+        #[arg(long)]
+        threshold: Option<f64>,
+    },
     /// Print a shell completion script, e.g. `fmctl completions bash >
     /// /etc/bash_completion.d/fmctl` or `fmctl completions zsh >
     /// "${fpath[1]}/_fmctl"`.
@@ -597,6 +610,10 @@ async fn run(cli: Cli) -> Result<u8, ClientError> {
             }
         }
         Cmd::Admin { cmd } => admin(&client, cmd, fmt).await?,
+        Cmd::Tune { dry_run, threshold } => {
+            let d = client.tune(dry_run, threshold).await?;
+            print_tune(&d, fmt);
+        }
         Cmd::BenchSubmit { .. } | Cmd::BenchAgents { .. } | Cmd::Completions { .. } => {
             unreachable!("handled above")
         }
@@ -655,6 +672,59 @@ async fn admin(client: &Client, cmd: AdminCmd, fmt: Format) -> Result<(), Client
         }
     }
     Ok(())
+}
+
+fn print_tune(d: &pb::TuneDecision, fmt: Format) {
+    let knobs = |k: &std::collections::HashMap<String, f64>| {
+        let mut v: Vec<String> = k.iter().map(|(n, x)| format!("{n}={x}")).collect();
+        v.sort();
+        v.join(" ")
+    };
+    match fmt {
+        Format::Table => {
+            println!(
+                "policy {}: {}",
+                d.policy,
+                if d.adopted {
+                    "adopted"
+                } else if d.passes {
+                    "would adopt (dry run)"
+                } else {
+                    "kept (no configuration beat the active one by the threshold)"
+                }
+            );
+            println!("active before:  {}", knobs(&d.knobs_before));
+            println!("best found:     {}", knobs(&d.proposed));
+            println!("active after:   {}", knobs(&d.knobs_after));
+            println!(
+                "predicted gain {:.3} (threshold {}) on {} predicted jobs ({} carried over, {} after aggregation); {} simulations, {} samples rejected early; {:.2} s",
+                d.predicted_gain,
+                d.threshold,
+                d.trace_jobs,
+                d.carried_over,
+                d.aggregated_jobs,
+                d.simulations,
+                d.rejected,
+                d.wall_seconds
+            );
+        }
+        Format::Json => print_json(&serde_json::json!({
+            "policy": d.policy,
+            "knobs_before": d.knobs_before,
+            "proposed": d.proposed,
+            "knobs_after": d.knobs_after,
+            "predicted_gain": d.predicted_gain,
+            "threshold": d.threshold,
+            "passes": d.passes,
+            "adopted": d.adopted,
+            "trace_jobs": d.trace_jobs,
+            "carried_over": d.carried_over,
+            "aggregated_jobs": d.aggregated_jobs,
+            "simulations": d.simulations,
+            "rejected": d.rejected,
+            "wall_seconds": d.wall_seconds,
+        })),
+    }
 }
 
 fn print_queues(q: &pb::QueueSetting, fmt: Format) {

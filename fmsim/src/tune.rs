@@ -295,6 +295,9 @@ impl DurationPredictor {
     }
 }
 
+/// Predicted traces smaller than this are not aggregated.
+pub const MIN_AGGREGATE_JOBS: usize = 50;
+
 /// Length of the reference segment and of the forecast, seconds.
 pub const SEGMENT_S: f64 = 3600.0;
 /// Width of one arrival-count bin (§6.4.2.1: 5 minutes).
@@ -646,6 +649,11 @@ pub struct Decision {
     pub best_score: f64,
     pub gain: f64,
     pub adopted: bool,
+    /// The best beat the active configuration by more than the threshold
+    /// (adopted unless this was a dry run).
+    pub passes: bool,
+    /// The best configuration found (the active one when nothing beat it).
+    pub proposed: Knobs,
     /// The knobs active after this tuning.
     pub knobs: Knobs,
     pub wall_s: f64,
@@ -666,6 +674,8 @@ pub struct Tuner<'a> {
     current: Knobs,
     /// (knobs on the unit cube, score over the then-active score).
     memory: Vec<(Vec<f64>, f64)>,
+    /// The best configuration of the last tuning, when not adopted.
+    last_best: Option<Knobs>,
     rng: Rng,
     pub decisions: Vec<Decision>,
 }
@@ -705,6 +715,7 @@ impl<'a> Tuner<'a> {
             catalog,
             current,
             memory: Vec::new(),
+            last_best: None,
             rng: Rng::new(seed),
             decisions: Vec::new(),
         })
@@ -713,6 +724,29 @@ impl<'a> Tuner<'a> {
     /// The active knobs.
     pub fn knobs(&self) -> &Knobs {
         &self.current
+    }
+
+    /// Follows knobs someone else set (an operator through the admin API):
+    /// measurements relative to the old ones are dropped.
+    pub fn set_knobs(&mut self, knobs: &Knobs) {
+        let mut next = self.current.clone();
+        for k in &self.space {
+            if let Some(v) = knobs.get(k.name) {
+                next.insert(k.name.to_string(), *v);
+            } else if let Some(d) = default_knob(&self.policy, k.name) {
+                next.insert(k.name.to_string(), d);
+            }
+        }
+        if next != self.current {
+            self.current = next;
+            self.memory.clear();
+            self.last_best = None;
+        }
+    }
+
+    /// The cluster the tuner simulates (nodes come and go).
+    pub fn set_cluster(&mut self, cluster: Vec<crate::engine::NodeGroup>) {
+        self.cfg.cluster = cluster;
     }
 
     fn unit_vec(&self, k: &Knobs) -> Vec<f64> {
@@ -778,6 +812,13 @@ impl<'a> Tuner<'a> {
 
     /// One tuning at the observed moment: the knobs to switch to, if any.
     pub fn tune(&mut self, obs: &Observation<'_>) -> Option<Knobs> {
+        let d = self.decide(obs, true);
+        d.adopted.then_some(d.knobs)
+    }
+
+    /// One tuning; with `adopt` false (a dry run) the active knobs stay
+    /// whatever it finds, and the decision says what it would have done.
+    pub fn decide(&mut self, obs: &Observation<'_>, adopt: bool) -> Decision {
         let started = Instant::now();
         // Several draws of the remaining times: the full-trace scores are
         // averaged over them, so a configuration is not adopted for one
@@ -793,7 +834,10 @@ impl<'a> Tuner<'a> {
             .max()
             .unwrap_or(1)
             .max(8);
-        let small = if self.search.aggregate {
+        // Aggregation buys speed on large traces; on a small one it would
+        // leave too few jobs to rank configurations by.
+        let aggregated = self.search.aggregate && trace.jobs.len() >= MIN_AGGREGATE_JOBS;
+        let small = if aggregated {
             aggregate(&trace.jobs, max_gpus)
         } else {
             trace.jobs.clone()
@@ -809,6 +853,13 @@ impl<'a> Tuner<'a> {
                 Some(r) if r <= self.search.gamma && !explore => rejected += 1,
                 _ => kept.push(k),
             }
+        }
+        // The last tuning's best is measured again, never rejected: what
+        // won on the full trace outranks what the model guesses.
+        if let Some(b) = self.last_best.take()
+            && !kept.contains(&b)
+        {
+            kept.push(b);
         }
         let threads = self.search.threads;
         let (cfg, lut, cat, pol, obj) = (
@@ -849,7 +900,7 @@ impl<'a> Tuner<'a> {
             .collect();
         let mut second: Vec<Option<f64>> = vec![Some(0.0); finalists.len()];
         for (d, draw) in draws.iter().enumerate() {
-            let scores = if d == 0 && !self.search.aggregate {
+            let scores = if d == 0 && !aggregated {
                 // Stage 1 already ran on this very trace.
                 finalists
                     .iter()
@@ -881,7 +932,19 @@ impl<'a> Tuner<'a> {
         } else {
             1.0
         };
-        let adopted = best_i != 0 && gain > self.search.threshold;
+        // The full-trace measurements teach the rejection model too, over
+        // what stage 1 said of the same configurations.
+        for (k, sc) in finalists.iter().zip(&second).skip(1) {
+            let u = self.unit_vec(k);
+            let rel = sc.unwrap_or(0.0) / current_score.max(1e-12);
+            match self.memory.iter_mut().rev().find(|m| m.0 == u) {
+                Some(m) => m.1 = rel,
+                None => self.memory.push((u, rel)),
+            }
+        }
+        let passes = best_i != 0 && gain > self.search.threshold;
+        let adopted = passes && adopt;
+        self.last_best = (best_i != 0 && !adopted).then(|| finalists[best_i].clone());
         if adopted {
             self.current = finalists[best_i].clone();
             // Measurements were relative to the old configuration.
@@ -899,10 +962,15 @@ impl<'a> Tuner<'a> {
             best_score,
             gain,
             adopted,
+            passes,
+            proposed: finalists[best_i].clone(),
             knobs: self.current.clone(),
             wall_s: started.elapsed().as_secs_f64(),
         });
-        adopted.then(|| self.current.clone())
+        self.decisions
+            .last()
+            .cloned()
+            .unwrap_or_else(|| unreachable!("just pushed"))
     }
 }
 
@@ -1022,6 +1090,90 @@ pub fn replay(
             )
             .map_err(|e| e.to_string())
         }
+    }
+}
+
+/// One job of a live cluster as the scheduler stores it: what a live
+/// tuner builds its [`Observation`] from.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LiveJob {
+    pub id: String,
+    /// Seconds on any clock shared by all the jobs and `now`.
+    pub submitted_s: f64,
+    pub model: String,
+    /// GPUs it asks for.
+    pub gpus: u32,
+    pub state: ObservedState,
+    pub executed_s: f64,
+    pub attained_gpu_s: f64,
+    pub fair_share_gpu_s: f64,
+}
+
+/// The simulator's view of live jobs: each as a trace job of its model
+/// when the catalog knows it (else `fallback_model`), on the model's first
+/// task; its length is what the tuner predicts, never read from here.
+pub fn live_specs(jobs: &[LiveJob], catalog: &Catalog, fallback_model: &str) -> Vec<WorkloadJob> {
+    let first_task = |m: &str| {
+        catalog
+            .models
+            .get(m)
+            .and_then(|mt| mt.tasks.keys().next().cloned())
+    };
+    jobs.iter()
+        .map(|j| {
+            let (model, task) = match first_task(&j.model) {
+                Some(t) => (j.model.clone(), t),
+                None => (
+                    fallback_model.to_string(),
+                    first_task(fallback_model).unwrap_or_default(),
+                ),
+            };
+            let gpus = j.gpus.max(1);
+            WorkloadJob {
+                name: j.id.clone(),
+                submit_s: j.submitted_s,
+                model,
+                task,
+                gpus,
+                max_gpus: gpus,
+                batch: 32 * gpus,
+                sharing: false,
+                pipeline: false,
+                epochs: None,
+                target_metric: None,
+                curve_key: None,
+                trace_gpu_s: Some(3600.0 * f64::from(gpus)),
+                gpu_model: None,
+                expert_parallel: 0,
+                slo: Default::default(),
+                queueing: Default::default(),
+            }
+        })
+        .collect()
+}
+
+/// The observation of live jobs (`specs` from [`live_specs`] of the same
+/// jobs, in the same order).
+pub fn live_observation<'a>(
+    now: f64,
+    jobs: &[LiveJob],
+    specs: &'a [WorkloadJob],
+) -> Observation<'a> {
+    Observation {
+        now,
+        jobs: jobs
+            .iter()
+            .zip(specs)
+            .enumerate()
+            .map(|(index, (j, spec))| crate::engine::ObservedJob {
+                index,
+                spec,
+                state: j.state,
+                executed_s: j.executed_s,
+                attained_gpu_s: j.attained_gpu_s,
+                fair_share_gpu_s: j.fair_share_gpu_s,
+            })
+            .collect(),
     }
 }
 

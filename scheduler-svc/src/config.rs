@@ -56,6 +56,42 @@ pub struct Config {
     pub estimates: EstimatesConfig,
     /// Models accepted in addition to the built-in catalog.
     pub extra_models: Vec<ModelInfo>,
+    /// AutoSched: re-tune the policy's knobs as the workload drifts.
+    pub autosched: AutoschedConfig,
+}
+
+/// `[autosched]`: the leader re-tunes the active policy's knobs (Tiresias,
+/// Themis) every `every` on the workload it predicts for the next hour
+/// (`fmsim::tune`, the same code as `fmsim tune`), adopting a configuration
+/// only when it beats the active one by more than `threshold`. Adoption
+/// goes through the same path as `SetPolicy` (persisted, audited with the
+/// actor `autosched`). `AdminService.Tune` runs one tuning on demand, with
+/// or without adopting (`fmctl tune --dry-run`), whether or not this is on.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AutoschedConfig {
+    pub enabled: bool,
+    #[serde(with = "humantime_serde")]
+    pub every: Duration,
+    /// Configurations sampled per tuning.
+    pub samples: usize,
+    /// Adopt only above this ratio (thesis §6.5.2: 1.1).
+    pub threshold: f64,
+    /// Finished jobs older than this are not learned from.
+    #[serde(with = "humantime_serde")]
+    pub history: Duration,
+}
+
+impl Default for AutoschedConfig {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            every: Duration::from_secs(3600),
+            samples: 12,
+            threshold: 1.1,
+            history: Duration::from_secs(14 * 86_400),
+        }
+    }
 }
 
 /// `[estimates]`: the estimator service the scheduling loop asks for
@@ -97,6 +133,7 @@ impl Default for Config {
             scheduling: SchedulingConfig::default(),
             estimates: EstimatesConfig::default(),
             extra_models: Vec::new(),
+            autosched: AutoschedConfig::default(),
         }
     }
 }
@@ -358,6 +395,19 @@ impl Config {
     }
 
     pub fn validate(&self) -> Result<(), ConfigError> {
+        let a = &self.autosched;
+        if a.every < Duration::from_secs(1) {
+            return Err(invalid("autosched.every", "must be at least 1s"));
+        }
+        if a.samples == 0 || a.samples > 1000 {
+            return Err(invalid("autosched.samples", "must be in 1..=1000"));
+        }
+        if !(a.threshold.is_finite() && a.threshold >= 1.0) {
+            return Err(invalid("autosched.threshold", "must be at least 1"));
+        }
+        if a.history < Duration::from_secs(3600) {
+            return Err(invalid("autosched.history", "must be at least 1h"));
+        }
         let l = &self.liveness;
         if l.heartbeat_interval.is_zero() {
             return Err(invalid("liveness.heartbeat_interval", "must be > 0"));
@@ -631,6 +681,38 @@ mod tests {
         set.knobs.insert("interval_s".into(), 5.0);
         let s = cfg.scheduling.with_setting(Some(&set));
         assert_eq!(s.round_interval(), Duration::from_secs(5));
+    }
+
+    /// `[autosched]` is off by default, hourly when on, and a bad value is
+    /// refused at start-up naming it.
+    #[test]
+    fn autosched_settings_are_checked() {
+        let cfg = Config::load_from(None, env(&[])).unwrap();
+        assert!(!cfg.autosched.enabled);
+        assert_eq!(cfg.autosched.every, Duration::from_secs(3600));
+        let cfg = Config::load_from(
+            None,
+            env(&[
+                ("FMSCHED_AUTOSCHED__ENABLED", "true"),
+                ("FMSCHED_AUTOSCHED__EVERY", "30m"),
+                ("FMSCHED_AUTOSCHED__THRESHOLD", "1.2"),
+            ]),
+        )
+        .unwrap();
+        assert!(cfg.autosched.enabled);
+        assert_eq!(cfg.autosched.every, Duration::from_secs(1800));
+        assert_eq!(cfg.autosched.threshold, 1.2);
+        for (key, value, field) in [
+            ("FMSCHED_AUTOSCHED__THRESHOLD", "0.9", "autosched.threshold"),
+            ("FMSCHED_AUTOSCHED__SAMPLES", "0", "autosched.samples"),
+            ("FMSCHED_AUTOSCHED__EVERY", "0s", "autosched.every"),
+            ("FMSCHED_AUTOSCHED__HISTORY", "10m", "autosched.history"),
+        ] {
+            let e = Config::load_from(None, env(&[(key, value)]))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(field), "{key}={value}: {e}");
+        }
     }
 
     /// `scheduling.knobs` reach the policy; one it does not have is refused

@@ -85,6 +85,10 @@ pub async fn run(
                 cfg.leader_lease,
             ),
         )),
+        autosched: Arc::new(
+            crate::scheduling::autosched::Autosched::new()
+                .context("loading AutoSched's profiles")?,
+        ),
     };
     // Leadership: take it now if free (a single replica leads at once),
     // then keep renewing; a standby takes over when the leader's lease
@@ -130,6 +134,10 @@ pub async fn run(
         .scheduling
         .enabled
         .then(|| tokio::spawn(crate::scheduling::scheduling_loop(state.clone())));
+    let autosched = cfg
+        .autosched
+        .enabled
+        .then(|| tokio::spawn(crate::scheduling::autosched::autosched_loop(state.clone())));
     let background = tokio::spawn(background_tasks(
         cfg.clone(),
         persistence.clone(),
@@ -178,7 +186,7 @@ pub async fn run(
     leadership.abort();
     // A standby takes over at once instead of waiting for the lease.
     state.leadership.resign().await;
-    for t in [scheduler, metrics].into_iter().flatten() {
+    for t in [scheduler, metrics, autosched].into_iter().flatten() {
         t.abort();
     }
     result.context("gRPC server")?;

@@ -304,6 +304,33 @@ impl AdminService for AdminApi {
         Ok(Response::new(self.setting_to_proto(Some(&setting))))
     }
 
+    async fn tune(
+        &self,
+        req: Request<pb::TuneRequest>,
+    ) -> Result<Response<pb::TuneDecision>, Status> {
+        use crate::scheduling::autosched::{knob_map, tune_once};
+        let who = self.admin(req.metadata())?;
+        let r = req.into_inner();
+        let o = tune_once(&self.state, r.dry_run, r.threshold, &who.user.to_string()).await?;
+        let d = &o.decision;
+        Ok(Response::new(pb::TuneDecision {
+            policy: o.policy.clone(),
+            knobs_before: knob_map(&o.before),
+            proposed: knob_map(&d.proposed),
+            knobs_after: knob_map(&d.knobs),
+            predicted_gain: d.gain,
+            threshold: o.threshold,
+            passes: d.passes,
+            adopted: d.adopted,
+            trace_jobs: d.trace_jobs as u32,
+            carried_over: d.carried_over as u32,
+            aggregated_jobs: d.aggregated_jobs as u32,
+            simulations: d.simulations as u32,
+            rejected: d.rejected as u32,
+            wall_seconds: d.wall_s,
+        }))
+    }
+
     async fn list_audit_events(
         &self,
         req: Request<pb::ListAuditEventsRequest>,

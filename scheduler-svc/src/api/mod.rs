@@ -34,6 +34,8 @@ pub struct AppState {
     /// leader runs rounds, persists node liveness and accepts agent
     /// sessions, each write fenced by its term.
     pub leadership: Arc<crate::leadership::Leadership>,
+    /// AutoSched's tuner (kept across tunings).
+    pub autosched: Arc<crate::scheduling::autosched::Autosched>,
 }
 
 /// Errors a handler returns; mapped to a status code in one place.

@@ -114,7 +114,93 @@ async fn audit_in(
     Ok(())
 }
 
+/// A job as AutoSched learns from it: when it came, what it asked for,
+/// where it is and the service it has had.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TuningRecord {
+    pub id: JobId,
+    pub model: String,
+    pub created_at: DateTime<Utc>,
+    /// When it ended (its last update), for ended jobs.
+    pub ended_at: Option<DateTime<Utc>>,
+    pub running: bool,
+    pub max_gpus: u32,
+    pub attained_gpu_s: f64,
+    pub executed_s: f64,
+    pub fair_share_gpu_s: f64,
+}
+
 impl Persistence {
+    /// Every job still live, and those that ended after `since`, oldest
+    /// first, with their service (AutoSched's history).
+    pub async fn tuning_records(
+        &self,
+        since: DateTime<Utc>,
+    ) -> Result<Vec<TuningRecord>, PersistenceError> {
+        const OP: &str = "tuning_records";
+        type Row = (
+            Uuid,
+            String,
+            serde_json::Value,
+            String,
+            DateTime<Utc>,
+            DateTime<Utc>,
+            Option<f64>,
+            Option<f64>,
+            Option<f64>,
+        );
+        let rows: Vec<Row> = sqlx::query_as(
+            "SELECT j.id, j.model, j.spec, j.state, j.created_at, j.updated_at,
+                    s.attained_gpu_s, s.executed_s, s.fair_share_gpu_s
+             FROM jobs j LEFT JOIN job_service s ON s.job_id = j.id
+             WHERE j.state NOT IN ('completed', 'failed', 'cancelled') OR j.updated_at >= $1
+             ORDER BY j.id",
+        )
+        .bind(since)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(db_err(OP))?;
+        rows.into_iter()
+            .map(
+                |(id, model, spec, state, created_at, updated_at, att, exe, fair)| {
+                    let spec: JobSpec =
+                        serde_json::from_value(spec).map_err(|e| corrupt(OP, e.to_string()))?;
+                    let ended = matches!(state.as_str(), "completed" | "failed" | "cancelled");
+                    Ok(TuningRecord {
+                        id: JobId(id),
+                        model,
+                        created_at,
+                        ended_at: ended.then_some(updated_at),
+                        running: state == "running",
+                        max_gpus: spec.resources.max_gpus,
+                        attained_gpu_s: att.unwrap_or(0.0),
+                        executed_s: exe.unwrap_or(0.0),
+                        fair_share_gpu_s: fair.unwrap_or(0.0),
+                    })
+                },
+            )
+            .collect()
+    }
+
+    /// Writes one audit event on its own (a decision that changed nothing).
+    pub async fn audit(
+        &self,
+        actor: &str,
+        action: &str,
+        target: &str,
+        detail: &str,
+    ) -> Result<(), PersistenceError> {
+        const OP: &str = "audit";
+        let now = Utc::now();
+        with_retries(OP, || async {
+            let mut tx = self.pool.begin().await.map_err(db_err(OP))?;
+            audit_in(&mut tx, actor, action, target, detail, now, OP).await?;
+            tx.commit().await.map_err(db_err(OP))?;
+            Ok(())
+        })
+        .await
+    }
+
     /// What a round reads of the admin API's settings.
     pub async fn admin_state(&self) -> Result<AdminState, PersistenceError> {
         const OP: &str = "admin_state";

@@ -50,6 +50,7 @@
 //! (and `fmsched_unexecutable_placements_total`).
 
 pub mod admission;
+pub mod autosched;
 mod gangs;
 mod inputs;
 mod observe;
@@ -112,6 +113,12 @@ pub struct MetricValues {
     pub unexecutable_placements: u64,
     /// Merge outcomes sent to the estimator's gain regression.
     pub transfer_outcomes: u64,
+    /// AutoSched tunings run, configurations adopted, and the last
+    /// tuning's predicted gain and wall seconds.
+    pub autosched_tunings: u64,
+    pub autosched_adopted: u64,
+    pub autosched_last_gain: f64,
+    pub autosched_last_seconds: f64,
     /// Registrations refused because another agent process holds a live
     /// session on the node id.
     pub duplicate_registrations: u64,
@@ -195,6 +202,30 @@ pub async fn render_metrics(state: &AppState) -> String {
         let n = nodes.iter().filter(|x| x.state.as_str() == st).count();
         e.sample("fmsched_nodes", &[("state", st)], n as f64);
     }
+    e.scalar(
+        "fmsched_autosched_tunings_total",
+        "counter",
+        "AutoSched tunings run (dry runs included).",
+        v.autosched_tunings as f64,
+    );
+    e.scalar(
+        "fmsched_autosched_adopted_total",
+        "counter",
+        "AutoSched tunings that changed the policy's knobs.",
+        v.autosched_adopted as f64,
+    );
+    e.scalar(
+        "fmsched_autosched_predicted_gain",
+        "gauge",
+        "The last tuning's best over active score on the predicted workload.",
+        v.autosched_last_gain,
+    );
+    e.scalar(
+        "fmsched_autosched_tune_seconds_last",
+        "gauge",
+        "Wall seconds of the last tuning.",
+        v.autosched_last_seconds,
+    );
     e.scalar(
         "fmsched_queue_length",
         "gauge",

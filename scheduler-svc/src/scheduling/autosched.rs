@@ -1,0 +1,255 @@
+//! AutoSched live: the IO around `fmsim::tune` (the same tuner `fmsim
+//! tune` replays). A tuning reads the active policy, the nodes and the
+//! stored jobs with their service, predicts the next hour and searches the
+//! knobs in the simulator on a blocking thread, then adopts through the
+//! persisted, audited `SetPolicy` path. The leader tunes every
+//! `autosched.every` when `autosched.enabled`; `AdminService.Tune` tunes on
+//! demand.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+
+use chrono::Utc;
+use fmsched_estimator::lut::Lut;
+use fmsim::catalog::Catalog;
+use fmsim::engine::{NodeGroup, ObservedState, SimConfig};
+use fmsim::tune::{self, Decision, Forecast, LiveJob, SearchConfig, Tuner};
+
+use crate::api::{ApiError, AppState};
+use crate::persistence::PolicySetting;
+
+/// The actor of AutoSched's own changes in the audit log.
+pub const ACTOR: &str = "autosched";
+
+/// The tuner kept across tunings (its rejection model learns from each),
+/// with the profiles and catalog it simulates with.
+pub struct Autosched {
+    lut: &'static Lut,
+    catalog: &'static Catalog,
+    tuner: Mutex<Option<Tuner<'static>>>,
+}
+
+impl Autosched {
+    /// Loads the shipped profiles and catalog once, for the process's life.
+    pub fn new() -> anyhow::Result<Self> {
+        let lut: &'static Lut = Box::leak(Box::new(fmsched_estimator::analytic::default_lut()?));
+        let catalog: &'static Catalog = Box::leak(Box::new(Catalog::default_synthetic()));
+        Ok(Self {
+            lut,
+            catalog,
+            tuner: Mutex::new(None),
+        })
+    }
+}
+
+/// One tuning's outcome.
+#[derive(Clone, Debug)]
+pub struct Outcome {
+    pub policy: String,
+    pub before: BTreeMap<String, f64>,
+    pub threshold: f64,
+    pub decision: Decision,
+}
+
+/// Node groups of the simulated cluster: the nodes not offline, by GPU
+/// model and count.
+fn cluster(nodes: &[crate::persistence::NodeRecord]) -> Result<Vec<NodeGroup>, String> {
+    let mut groups: BTreeMap<(String, u32), u32> = BTreeMap::new();
+    for n in nodes {
+        if n.state == fmsched_core::NodeState::Offline || n.gpus.is_empty() {
+            continue;
+        }
+        let gpus = n.gpus.len() as u32;
+        if gpus > 9 {
+            return Err(format!(
+                "node {} has {gpus} GPUs; AutoSched's simulator models nodes of 1-9",
+                n.id
+            ));
+        }
+        *groups.entry((n.gpus[0].model.clone(), gpus)).or_default() += 1;
+    }
+    if groups.is_empty() {
+        return Err("no node with GPUs is up: nothing to simulate".into());
+    }
+    Ok(groups
+        .into_iter()
+        .map(|((model, gpus), count)| NodeGroup::new(&model, count, gpus))
+        .collect())
+}
+
+/// Runs one tuning now; adopts unless `dry_run`.
+pub async fn tune_once(
+    state: &AppState,
+    dry_run: bool,
+    threshold: Option<f64>,
+    asked_by: &str,
+) -> Result<Outcome, ApiError> {
+    let cfg = &state.config.autosched;
+    let threshold = threshold.unwrap_or(cfg.threshold);
+    if !(threshold.is_finite() && threshold >= 1.0) {
+        return Err(ApiError::field("threshold", "must be at least 1"));
+    }
+    let stored = state.persistence.policy_setting().await?;
+    let active = state.config.scheduling.with_setting(stored.as_ref());
+    let policy = active.policy.clone();
+    if tune::knob_space(&policy).is_none() {
+        return Err(ApiError::FailedPrecondition(format!(
+            "AutoSched tunes tiresias or themis; the active policy is {policy}"
+        )));
+    }
+    let nodes = state.persistence.list_nodes().await?;
+    let groups = cluster(&nodes).map_err(ApiError::FailedPrecondition)?;
+    let now = Utc::now();
+    let since = now - chrono::Duration::from_std(cfg.history).unwrap_or(chrono::Duration::days(14));
+    let records = state.persistence.tuning_records(since).await?;
+    let origin = records.iter().map(|r| r.created_at).min().unwrap_or(now);
+    let secs = |t: chrono::DateTime<Utc>| (t - origin).num_milliseconds() as f64 / 1000.0;
+    let live: Vec<LiveJob> = records
+        .iter()
+        .map(|r| LiveJob {
+            id: r.id.to_string(),
+            submitted_s: secs(r.created_at),
+            model: r.model.clone(),
+            gpus: r.max_gpus,
+            state: match (r.ended_at, r.running) {
+                (Some(t), _) => ObservedState::Done { finish_s: secs(t) },
+                (None, true) => ObservedState::Running,
+                (None, false) => ObservedState::Waiting,
+            },
+            executed_s: r.executed_s,
+            attained_gpu_s: r.attained_gpu_s,
+            fair_share_gpu_s: r.fair_share_gpu_s,
+        })
+        .collect();
+    let now_s = secs(now);
+    let me = state.autosched.clone();
+    let knobs = active.knobs.clone();
+    let samples = cfg.samples;
+    let pol = policy.clone();
+    let (before, decision) = tokio::task::spawn_blocking(move || {
+        let mut slot = me.tuner.lock().unwrap_or_else(|p| p.into_inner());
+        if slot.as_ref().is_none_or(|t| t.policy != pol) {
+            *slot = Some(Tuner::new(
+                &pol,
+                knobs.clone(),
+                SimConfig {
+                    cluster: groups.clone(),
+                    ..SimConfig::default()
+                },
+                me.lut,
+                me.catalog,
+                Forecast::AutoSched,
+                SearchConfig {
+                    samples,
+                    ..SearchConfig::default()
+                },
+            )?);
+        }
+        let tuner = slot.as_mut().unwrap_or_else(|| unreachable!("set above"));
+        tuner.set_knobs(&knobs);
+        tuner.set_cluster(groups);
+        tuner.search.threshold = threshold;
+        let before = tuner.knobs().clone();
+        let specs = tune::live_specs(&live, me.catalog, "roberta-base");
+        let obs = tune::live_observation(now_s, &live, &specs);
+        Ok::<_, String>((before, tuner.decide(&obs, !dry_run)))
+    })
+    .await
+    .map_err(|e| ApiError::Internal(format!("the tuner stopped: {e}")))?
+    .map_err(ApiError::FailedPrecondition)?;
+    let detail = format!(
+        "{} gain {:.3} (threshold {threshold}) on {} predicted jobs ({} carried over), {} simulations in {:.2} s; proposed {}{}",
+        if decision.adopted {
+            "adopted:"
+        } else if decision.passes {
+            "dry run, would adopt:"
+        } else {
+            "kept:"
+        },
+        decision.gain,
+        decision.trace_jobs,
+        decision.carried_over,
+        decision.simulations,
+        decision.wall_s,
+        fmt_knobs(&decision.proposed),
+        if asked_by == ACTOR {
+            String::new()
+        } else {
+            format!("; asked by {asked_by}")
+        },
+    );
+    if decision.adopted {
+        let setting = PolicySetting {
+            policy: policy.clone(),
+            knobs: decision.knobs.clone(),
+            set_by: ACTOR.to_string(),
+            set_at: Utc::now(),
+        };
+        // The same checks as SetPolicy's: what the tuner proposes is a
+        // configuration of the policy's own knobs, in range.
+        state
+            .config
+            .scheduling
+            .with_setting(Some(&setting))
+            .build_policy()
+            .map_err(|e| {
+                ApiError::Internal(format!("AutoSched proposed an invalid setting: {e}"))
+            })?;
+        state.persistence.set_policy(&setting).await?;
+    }
+    state
+        .persistence
+        .audit(
+            ACTOR,
+            if dry_run {
+                "autosched_dry_run"
+            } else {
+                "autosched_tune"
+            },
+            &policy,
+            &detail,
+        )
+        .await?;
+    state.metrics.update(|m| {
+        m.autosched_tunings += 1;
+        m.autosched_adopted += u64::from(decision.adopted);
+        m.autosched_last_gain = decision.gain;
+        m.autosched_last_seconds = decision.wall_s;
+    });
+    tracing::info!(%policy, gain = decision.gain, adopted = decision.adopted, dry_run,
+        knobs = %fmt_knobs(&decision.knobs), "AutoSched tuning");
+    Ok(Outcome {
+        policy,
+        before,
+        threshold,
+        decision,
+    })
+}
+
+fn fmt_knobs(k: &BTreeMap<String, f64>) -> String {
+    k.iter()
+        .map(|(n, v)| format!("{n}={v}"))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// The leader tunes every `autosched.every` (a standby waits).
+pub async fn autosched_loop(state: AppState) {
+    let every = state.config.autosched.every;
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        if !state.leadership.is_leader() {
+            continue;
+        }
+        if let Err(e) = tune_once(&state, false, None, ACTOR).await {
+            tracing::warn!(error = %e, "AutoSched tuning did not run");
+        }
+    }
+}
+
+/// Keeps the tuner's knobs in one place for the API's reply.
+pub fn knob_map(k: &BTreeMap<String, f64>) -> std::collections::HashMap<String, f64> {
+    k.iter().map(|(n, v)| (n.clone(), *v)).collect()
+}
