@@ -707,6 +707,9 @@ fn print_tune(d: &pb::TuneDecision, fmt: Format) {
                 d.rejected,
                 d.wall_seconds
             );
+            if let Some(g) = d.realised_gain {
+                println!("realised since the last adoption: {g:.3} (objective after over before)");
+            }
         }
         Format::Json => print_json(&serde_json::json!({
             "policy": d.policy,
@@ -723,6 +726,7 @@ fn print_tune(d: &pb::TuneDecision, fmt: Format) {
             "simulations": d.simulations,
             "rejected": d.rejected,
             "wall_seconds": d.wall_seconds,
+            "realised_gain": d.realised_gain,
         })),
     }
 }

@@ -1351,7 +1351,7 @@ fn tune(a: &SimArgs, t: &TuneArgs) -> anyhow::Result<()> {
     type Row = (String, SimResult, Option<(usize, usize, Vec<f64>)>, String);
     let mut rows: Vec<Row> = Vec::new();
     let mut log = String::from(
-        "mode,at_s,trace_jobs,aggregated_jobs,carried_over,sampled,rejected,simulations,current_score,best_score,gain,adopted,knobs,wall_s\n",
+        "mode,at_s,trace_jobs,aggregated_jobs,carried_over,sampled,rejected,simulations,current_score,best_score,gain,adopted,knobs,realised_gain,wall_s\n",
     );
     let mut failed: Vec<String> = Vec::new();
     for mode in &modes {
@@ -1412,7 +1412,7 @@ fn tune(a: &SimArgs, t: &TuneArgs) -> anyhow::Result<()> {
                 );
                 for d in &tuner.decisions {
                     log += &format!(
-                        "{mode},{:.0},{},{},{},{},{},{},{:.6},{:.6},{:.4},{},\"{}\",{:.3}\n",
+                        "{mode},{:.0},{},{},{},{},{},{},{:.6},{:.6},{:.4},{},\"{}\",{},{:.3}\n",
                         d.at_s,
                         d.trace_jobs,
                         d.aggregated_jobs,
@@ -1425,6 +1425,9 @@ fn tune(a: &SimArgs, t: &TuneArgs) -> anyhow::Result<()> {
                         d.gain,
                         d.adopted,
                         fmt_knobs(&d.knobs),
+                        d.realised_gain
+                            .map(|g| format!("{g:.4}"))
+                            .unwrap_or_default(),
                         d.wall_s
                     );
                 }

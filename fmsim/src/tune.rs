@@ -155,6 +155,32 @@ impl Objective {
     }
 }
 
+impl Objective {
+    /// The score of what happened: jobs that finished in `[from, to)` of
+    /// the observed run. None when none did.
+    pub fn observed(self, obs: &Observation<'_>, from: f64, to: f64) -> Option<f64> {
+        let done: Vec<(f64, f64)> = obs
+            .jobs
+            .iter()
+            .filter_map(|o| match o.state {
+                ObservedState::Done { finish_s } if finish_s >= from && finish_s < to => Some((
+                    finish_s - o.spec.submit_s,
+                    o.fair_share_gpu_s / o.attained_gpu_s.max(1e-9),
+                )),
+                _ => None,
+            })
+            .collect();
+        if done.is_empty() {
+            return None;
+        }
+        let n = done.len() as f64;
+        Some(match self {
+            Objective::AvgJct => n / done.iter().map(|d| d.0).sum::<f64>().max(1e-9),
+            Objective::FairShare => done.iter().filter(|d| d.1 <= 1.0 + 1e-9).count() as f64 / n,
+        })
+    }
+}
+
 /// Upper bounds of the duration buckets, seconds (the last is open).
 pub const BUCKETS_S: [f64; 5] = [300.0, 1800.0, 3600.0, 7200.0, 14_400.0];
 
@@ -656,6 +682,11 @@ pub struct Decision {
     pub proposed: Knobs,
     /// The knobs active after this tuning.
     pub knobs: Knobs,
+    /// Realised gain of the last adoption: the objective over the jobs
+    /// that finished since it, over the same span just before it (> 1:
+    /// better since). Workload drift moves it too; None before any
+    /// adoption or without finished jobs on both sides.
+    pub realised_gain: Option<f64>,
     pub wall_s: f64,
 }
 
@@ -676,6 +707,8 @@ pub struct Tuner<'a> {
     memory: Vec<(Vec<f64>, f64)>,
     /// The best configuration of the last tuning, when not adopted.
     last_best: Option<Knobs>,
+    /// When knobs were last adopted (the run's clock).
+    last_adoption: Option<f64>,
     rng: Rng,
     pub decisions: Vec<Decision>,
 }
@@ -716,6 +749,7 @@ impl<'a> Tuner<'a> {
             current,
             memory: Vec::new(),
             last_best: None,
+            last_adoption: None,
             rng: Rng::new(seed),
             decisions: Vec::new(),
         })
@@ -942,8 +976,17 @@ impl<'a> Tuner<'a> {
                 None => self.memory.push((u, rel)),
             }
         }
+        let realised_gain = self.last_adoption.and_then(|t| {
+            let span = obs.now - t;
+            let after = self.objective.observed(obs, t, obs.now)?;
+            let before = self.objective.observed(obs, t - span, t)?;
+            (span > 0.0 && before > 0.0).then(|| after / before)
+        });
         let passes = best_i != 0 && gain > self.search.threshold;
         let adopted = passes && adopt;
+        if adopted {
+            self.last_adoption = Some(obs.now);
+        }
         self.last_best = (best_i != 0 && !adopted).then(|| finalists[best_i].clone());
         if adopted {
             self.current = finalists[best_i].clone();
@@ -965,6 +1008,7 @@ impl<'a> Tuner<'a> {
             passes,
             proposed: finalists[best_i].clone(),
             knobs: self.current.clone(),
+            realised_gain,
             wall_s: started.elapsed().as_secs_f64(),
         });
         self.decisions
@@ -1463,6 +1507,20 @@ mod tests {
                 .all(|d| d.gain <= 1.1)
         );
         assert!(knobs["interval_s"] < 600.0, "{knobs:?}");
+        // Realised gains: none before the first adoption, then measured
+        // on the jobs that finished since.
+        let first = decisions.iter().position(|d| d.adopted).unwrap();
+        assert!(
+            decisions[..=first]
+                .iter()
+                .all(|d| d.realised_gain.is_none())
+        );
+        assert!(
+            decisions[first + 1..]
+                .iter()
+                .any(|d| d.realised_gain.is_some_and(|g| g > 0.0)),
+            "{decisions:#?}"
+        );
         let avg = |r: &SimResult| r.jobs.iter().map(|j| j.jct_s).sum::<f64>() / r.jobs.len() as f64;
         assert!(
             avg(&tuned) < avg(&fixed),
@@ -1522,5 +1580,40 @@ mod tests {
         };
         assert!(waiter_start(0.0) > 1000.0, "{}", waiter_start(0.0));
         assert!(waiter_start(10_100.0) < 300.0, "{}", waiter_start(10_100.0));
+    }
+
+    #[test]
+    fn the_observed_objective_counts_only_jobs_finished_in_the_window() {
+        let specs: Vec<WorkloadJob> = (0..3)
+            .map(|k| job(&format!("j{k}"), 100.0 * k as f64, 1, 60.0))
+            .collect();
+        let live: Vec<LiveJob> = [(Some(200.0), 10.0), (Some(500.0), 10.0), (None, 5.0)]
+            .iter()
+            .enumerate()
+            .map(|(k, (finish, fair))| LiveJob {
+                id: format!("j{k}"),
+                submitted_s: 100.0 * k as f64,
+                model: "roberta-base".into(),
+                gpus: 1,
+                state: finish.map_or(ObservedState::Running, |f| ObservedState::Done {
+                    finish_s: f,
+                }),
+                executed_s: 60.0,
+                attained_gpu_s: 60.0,
+                fair_share_gpu_s: *fair,
+            })
+            .collect();
+        let obs = live_observation(600.0, &live, &specs);
+        // j0: JCT 200 s, finished at 200; j1: JCT 400 s, finished at 500.
+        assert_eq!(
+            Objective::AvgJct.observed(&obs, 0.0, 300.0),
+            Some(1.0 / 200.0)
+        );
+        assert_eq!(
+            Objective::AvgJct.observed(&obs, 0.0, 600.0),
+            Some(2.0 / 600.0)
+        );
+        assert_eq!(Objective::AvgJct.observed(&obs, 501.0, 600.0), None);
+        assert_eq!(Objective::FairShare.observed(&obs, 0.0, 600.0), Some(1.0));
     }
 }

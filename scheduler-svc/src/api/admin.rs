@@ -328,6 +328,7 @@ impl AdminService for AdminApi {
             simulations: d.simulations as u32,
             rejected: d.rejected as u32,
             wall_seconds: d.wall_s,
+            realised_gain: d.realised_gain,
         }))
     }
 

@@ -158,7 +158,7 @@ pub async fn tune_once(
     .map_err(|e| ApiError::Internal(format!("the tuner stopped: {e}")))?
     .map_err(ApiError::FailedPrecondition)?;
     let detail = format!(
-        "{} gain {:.3} (threshold {threshold}) on {} predicted jobs ({} carried over), {} simulations in {:.2} s; proposed {}{}",
+        "{} gain {:.3} (threshold {threshold}) on {} predicted jobs ({} carried over), {} simulations in {:.2} s; proposed {}{}{}",
         if decision.adopted {
             "adopted:"
         } else if decision.passes {
@@ -172,6 +172,10 @@ pub async fn tune_once(
         decision.simulations,
         decision.wall_s,
         fmt_knobs(&decision.proposed),
+        decision
+            .realised_gain
+            .map(|g| format!("; realised since the last adoption {g:.3}"))
+            .unwrap_or_default(),
         if asked_by == ACTOR {
             String::new()
         } else {
@@ -215,6 +219,9 @@ pub async fn tune_once(
         m.autosched_adopted += u64::from(decision.adopted);
         m.autosched_last_gain = decision.gain;
         m.autosched_last_seconds = decision.wall_s;
+        if let Some(g) = decision.realised_gain {
+            m.autosched_realised_gain = g;
+        }
     });
     tracing::info!(%policy, gain = decision.gain, adopted = decision.adopted, dry_run,
         knobs = %fmt_knobs(&decision.knobs), "AutoSched tuning");

@@ -119,6 +119,8 @@ pub struct MetricValues {
     pub autosched_adopted: u64,
     pub autosched_last_gain: f64,
     pub autosched_last_seconds: f64,
+    /// The last measured realised gain of an adoption (0: none yet).
+    pub autosched_realised_gain: f64,
     /// Registrations refused because another agent process holds a live
     /// session on the node id.
     pub duplicate_registrations: u64,
@@ -219,6 +221,12 @@ pub async fn render_metrics(state: &AppState) -> String {
         "gauge",
         "The last tuning's best over active score on the predicted workload.",
         v.autosched_last_gain,
+    );
+    e.scalar(
+        "fmsched_autosched_realised_gain",
+        "gauge",
+        "The objective since the last adoption over the same span before it (0: not measured yet).",
+        v.autosched_realised_gain,
     );
     e.scalar(
         "fmsched_autosched_tune_seconds_last",
