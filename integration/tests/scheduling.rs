@@ -4868,6 +4868,26 @@ async fn e2e_autosched_a_dry_run_proposes_a_tuning_adopts_and_the_leader_tunes_o
         audit.contains("set_policy") && audit.contains("autosched_tune"),
         "{audit}"
     );
+    // The adopted, shorter interval brings the next round forward instead
+    // of waiting out the ten minutes in force before.
+    wait_for(
+        "the next round brought forward",
+        Duration::from_secs(10),
+        || {
+            if sched.log_text().contains("next round brought forward") {
+                Ok(())
+            } else {
+                Err("not yet".to_string())
+            }
+        },
+    );
+    // So does an operator's: the waiting jobs run now.
+    fmctl(
+        port,
+        &["admin", "set-policy", "tiresias", "--knob", "interval_s=2"],
+    )
+    .unwrap();
+    all_completed(port, 12, Duration::from_secs(90));
     // Only Tiresias and Themis are tuned.
     fmctl(port, &["admin", "set-policy", "fifo"]).unwrap();
     let e = fmctl(port, &["tune", "--dry-run"]).unwrap_err();

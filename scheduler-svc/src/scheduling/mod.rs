@@ -1211,6 +1211,41 @@ pub fn shipped_lut() -> Result<Arc<Lut>, String> {
 /// Runs rounds every `scheduling.round_interval()` until the task is
 /// aborted; with a `prewarm_lead`, a look-ahead round that long before each
 /// round. A replica that does not lead runs none.
+/// Sleeps until `lead` before the next round. The leader looks every
+/// [`POLICY_POLL`] for a policy set live (an operator, AutoSched) whose
+/// shorter interval brings that round forward, so a change out of a long
+/// interval does not wait it out.
+async fn sleep_towards(
+    state: &AppState,
+    next: &mut tokio::time::Instant,
+    last_started: tokio::time::Instant,
+    lead: std::time::Duration,
+) {
+    loop {
+        let now = tokio::time::Instant::now();
+        let target = next.checked_sub(lead).unwrap_or(*next);
+        if now >= target {
+            return;
+        }
+        tokio::time::sleep_until(target.min(now + POLICY_POLL)).await;
+        if tokio::time::Instant::now() >= target || !state.leadership.is_leader() {
+            continue;
+        }
+        if let Ok(stored) = state.persistence.policy_setting().await {
+            let s = state.config.scheduling.with_setting(stored.as_ref());
+            let sooner = last_started + s.round_interval();
+            if sooner < *next {
+                tracing::info!(policy = %s.policy, interval = ?s.round_interval(),
+                    "policy set live with a shorter interval; next round brought forward");
+                *next = sooner;
+            }
+        }
+    }
+}
+
+/// How often a sleeping leader looks for a policy set live.
+const POLICY_POLL: std::time::Duration = std::time::Duration::from_secs(2);
+
 pub async fn scheduling_loop(state: AppState) {
     let lut = match shipped_lut() {
         Ok(l) => l,
@@ -1241,9 +1276,11 @@ pub async fn scheduling_loop(state: AppState) {
     // policy set through the admin API (its interval then paces the loop).
     let mut sched = state.config.scheduling.clone();
     let mut next = tokio::time::Instant::now();
+    let mut last_started = next;
     loop {
-        tokio::time::sleep_until(next).await;
+        sleep_towards(&state, &mut next, last_started, std::time::Duration::ZERO).await;
         let started = tokio::time::Instant::now();
+        last_started = started;
         next = started + sched.round_interval();
         if !state.leadership.is_leader() {
             continue; // a standby decides nothing
@@ -1282,7 +1319,7 @@ pub async fn scheduling_loop(state: AppState) {
         if lead.is_zero() {
             continue;
         }
-        tokio::time::sleep_until(next - lead).await;
+        sleep_towards(&state, &mut next, last_started, lead).await;
         if !state.leadership.is_leader() {
             continue;
         }
