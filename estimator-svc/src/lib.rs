@@ -4,7 +4,9 @@
 //! what it learns (measured step times, imported profiles, merge outcomes)
 //! in the `fmsched_estimator` schema.
 
-pub use fmsched_estimator::{analytic, fit, icefrog, loss_curve, lut, times, transfer};
+pub use fmsched_estimator::{
+    analytic, curve_prior, fit, icefrog, loss_curve, lut, times, transfer,
+};
 
 pub mod persistence;
 pub mod server;

@@ -10,6 +10,7 @@
 //! and Postgres shell around this crate) all run this code.
 
 pub mod analytic;
+pub mod curve_prior;
 pub mod deadline;
 pub mod fit;
 pub mod icefrog;

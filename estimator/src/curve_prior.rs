@@ -1,0 +1,505 @@
+//! Epochs to a metric target with a prior learned across jobs.
+//!
+//! Ymir §4.2 fits each job's own curve (Eq. 3) to its own profiling trace.
+//! Three evaluation points fix a three-parameter saturating curve exactly
+//! and say nothing about where it goes next, so a job's first epochs alone
+//! predict epochs-to-target poorly. Here the prior is a **library of
+//! per-epoch metric curves**: finished jobs of the same model (the service
+//! and fmsim add them) and, before any have finished, a few shipped curve
+//! shapes ([`CurveLibrary::shipped`]). The prediction is Bayesian model
+//! averaging over the library, as Domhan et al. (IJCAI 2015) combine curve
+//! families and Chandrashekaran & Lane (ECML 2017) use earlier curves as
+//! the prior for a new one — the extrapolation UniSched §5.3 cites for
+//! metric targets:
+//!
+//! 1. each library curve `ℓ` is mapped onto the job's observed head by the
+//!    affine map `m(e) ≈ a + b·ℓ(e)` (least squares over the head, `b ≥ 0`:
+//!    the same shape, shifted and stretched);
+//! 2. its weight is the Gaussian likelihood of the head under that map,
+//!    `w = exp(−SSE / (2σ²))`, σ the evaluation noise the library's job
+//!    curves show (the median of `|Δ²|/√6` over their epochs; at least
+//!    0.5 % of the target: evaluations vary by more than their i.i.d.
+//!    jitter from epoch to epoch), or 3 % of the target with no job curve
+//!    yet;
+//! 3. it predicts the first epoch after the head at which `a + b·ℓ(e)`
+//!    reaches the target, else the cap (the job runs out its epochs);
+//! 4. the prediction is the weighted median of these, the spread the
+//!    weighted 10th and 90th percentiles.
+//!
+//! A target already met in the head is met at that epoch (no spread). More
+//! observed epochs (a running job's evaluations) narrow the likelihood, so
+//! the same call refreshes the estimate as a job reports.
+//!
+//! Measured by `estimator-accuracy --anchor-dir` on the published curves
+//! with each job's own task left out of the library: see `docs/estimator.md`.
+
+/// Evaluation noise σ of step 2 when the library holds no job's curve (the
+/// shipped shapes only), as a share of the target's magnitude: loose, as
+/// nothing says how noisy this model's evaluations are.
+pub const SIGMA_REL: f64 = 0.03;
+
+/// Least σ, as a share of the target's magnitude, when the library's
+/// curves give it (smooth curves would otherwise make one shape decide).
+pub const SIGMA_FLOOR_REL: f64 = 0.005;
+
+/// Why a prediction cannot be made.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum PriorError {
+    #[error("{field} is empty")]
+    Empty { field: &'static str },
+    #[error("{field}[{index}] is not a finite number")]
+    NotFinite { field: &'static str, index: usize },
+    #[error("target is not a finite number")]
+    Target,
+    #[error("cap_epochs must be at least 1")]
+    Cap,
+}
+
+/// Per-epoch metric curves, stored higher-is-better (lower-is-better
+/// metrics are negated on the way in).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct CurveLibrary {
+    curves: Vec<Vec<f64>>,
+    /// |second differences| / √6 of every interior epoch of the curves
+    /// pushed (jobs' curves, not the shipped shapes), sorted: their median
+    /// estimates the evaluation noise σ.
+    jitter: Vec<f64>,
+}
+
+fn check(field: &'static str, xs: &[f64]) -> Result<(), PriorError> {
+    if xs.is_empty() {
+        return Err(PriorError::Empty { field });
+    }
+    match xs.iter().position(|x| !x.is_finite()) {
+        Some(index) => Err(PriorError::NotFinite { field, index }),
+        None => Ok(()),
+    }
+}
+
+impl CurveLibrary {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds one job's per-epoch curve (at least two epochs; a one-point
+    /// curve has no shape and is refused).
+    pub fn push(&mut self, curve: &[f64], lower_is_better: bool) -> Result<(), PriorError> {
+        check("curve", curve)?;
+        if curve.len() < 2 {
+            return Err(PriorError::Empty { field: "curve" });
+        }
+        let s = if lower_is_better { -1.0 } else { 1.0 };
+        self.curves.push(curve.iter().map(|v| s * v).collect());
+        // Under i.i.d. noise of variance σ², e[i+1] − 2e[i] + e[i−1] has
+        // variance 6σ² (the smooth part of a curve adds little per epoch).
+        for w in curve.windows(3) {
+            let d = (w[2] - 2.0 * w[1] + w[0]).abs() / 6f64.sqrt();
+            let at = self.jitter.partition_point(|&x| x < d);
+            self.jitter.insert(at, d);
+        }
+        Ok(())
+    }
+
+    /// Evaluation noise σ the jobs' curves show (the median of their
+    /// jitter), None without a job curve of three epochs or more.
+    pub fn noise(&self) -> Option<f64> {
+        self.jitter.get(self.jitter.len() / 2).copied()
+    }
+
+    pub fn len(&self) -> usize {
+        self.curves.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.curves.is_empty()
+    }
+
+    /// The prior before any job has finished: curve shapes, not data.
+    /// Saturating curves `1 − exp(−r·e)` with rates `r` from 0.05 to 4.3
+    /// per epoch (a factor 1.5 apart: from slow, still climbing at epoch
+    /// 10, to done in one epoch), each also with over-fitting after epoch
+    /// `p` = 2…9, a linear decline of `g·r·e^{−r·p}` per epoch (`g` = 0.1,
+    /// 0.3, 1: a tenth of, a third of, or as fast as the remaining climb
+    /// at `p`). 12 × (1 + 8 × 3) = 300 curves of 10 epochs. The affine map
+    /// of step 1 makes their level and scale irrelevant; only the shape
+    /// counts.
+    pub fn shipped() -> Self {
+        let mut curves = Vec::with_capacity(300);
+        for i in 0..12 {
+            let r = 0.05 * 1.5f64.powi(i);
+            let base: Vec<f64> = (1..=10).map(|e| 1.0 - (-r * f64::from(e)).exp()).collect();
+            curves.push(base.clone());
+            for p in 2..10 {
+                for g in [0.1, 0.3, 1.0] {
+                    let slope = g * r * (-r * f64::from(p)).exp();
+                    curves.push(
+                        (1..=10)
+                            .zip(&base)
+                            .map(|(e, b)| b - slope * f64::from((e - p).max(0)))
+                            .collect(),
+                    );
+                }
+            }
+        }
+        Self {
+            curves,
+            jitter: Vec::new(),
+        }
+    }
+
+    /// This library with another's curves added.
+    pub fn extended(mut self, other: &CurveLibrary) -> Self {
+        self.curves.extend(other.curves.iter().cloned());
+        self.jitter.extend(other.jitter.iter().copied());
+        self.jitter.sort_by(f64::total_cmp);
+        self
+    }
+}
+
+/// Epochs to the target: the weighted median and its spread.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct EpochsPrediction {
+    /// Weighted median of the members' epochs (1-based, ≤ the cap).
+    pub epochs: f64,
+    /// Weighted 10th and 90th percentiles (equal to `epochs` when the
+    /// target was met in the head).
+    pub low: f64,
+    pub high: f64,
+    /// The target was already met in the observed head.
+    pub observed: bool,
+    /// Effective number of library curves behind the prediction,
+    /// `(Σw)² / Σw²` (1 = one curve decides; small = little support).
+    pub support: f64,
+}
+
+impl EpochsPrediction {
+    /// Relative spread `(high − low) / epochs`.
+    pub fn spread(&self) -> f64 {
+        (self.high - self.low) / self.epochs.max(1e-9)
+    }
+}
+
+/// Least-squares affine map of `x` onto `y` (same length, `b ≥ 0`):
+/// returns `(a, b, sse)`. One point: a shift only.
+fn affine(x: &[f64], y: &[f64]) -> (f64, f64, f64) {
+    let n = x.len() as f64;
+    let (mx, my) = (x.iter().sum::<f64>() / n, y.iter().sum::<f64>() / n);
+    let sxx: f64 = x.iter().map(|v| (v - mx) * (v - mx)).sum();
+    let sxy: f64 = x.iter().zip(y).map(|(u, v)| (u - mx) * (v - my)).sum();
+    let b = if sxx > 1e-18 {
+        (sxy / sxx).max(0.0)
+    } else {
+        0.0
+    };
+    let b = if x.len() == 1 { 1.0 } else { b };
+    let a = my - b * mx;
+    let sse = x.iter().zip(y).map(|(u, v)| (a + b * u - v).powi(2)).sum();
+    (a, b, sse)
+}
+
+/// Weighted quantile `q` of `(value, weight)` pairs.
+fn quantile(sorted: &[(f64, f64)], total: f64, q: f64) -> f64 {
+    let mut acc = 0.0;
+    for &(v, w) in sorted {
+        acc += w;
+        if acc >= q * total - 1e-12 {
+            return v;
+        }
+    }
+    sorted.last().map_or(f64::NAN, |p| p.0)
+}
+
+/// Predicts the epoch (1-based) at which a job whose per-epoch metric so
+/// far is `head` first reaches `target`, at most `cap_epochs`. An empty
+/// library predicts the cap with no support.
+pub fn predict_epochs(
+    library: &CurveLibrary,
+    head: &[f64],
+    target: f64,
+    lower_is_better: bool,
+    cap_epochs: usize,
+) -> Result<EpochsPrediction, PriorError> {
+    check("head", head)?;
+    if !target.is_finite() {
+        return Err(PriorError::Target);
+    }
+    if cap_epochs == 0 {
+        return Err(PriorError::Cap);
+    }
+    let cap = cap_epochs as f64;
+    let s = if lower_is_better { -1.0 } else { 1.0 };
+    let t = s * target;
+    let head: Vec<f64> = head.iter().map(|v| s * v).collect();
+    if let Some(i) = head.iter().position(|&v| v >= t) {
+        let e = ((i + 1) as f64).min(cap);
+        return Ok(EpochsPrediction {
+            epochs: e,
+            low: e,
+            high: e,
+            observed: true,
+            support: 0.0,
+        });
+    }
+    let n = head.len();
+    if n >= cap_epochs {
+        // Every allowed epoch is observed and none reached it.
+        return Ok(EpochsPrediction {
+            epochs: cap,
+            low: cap,
+            high: cap,
+            observed: false,
+            support: 0.0,
+        });
+    }
+    let sigma = match library.noise() {
+        Some(n) => n.max(SIGMA_FLOOR_REL * target.abs()),
+        None => SIGMA_REL * target.abs(),
+    }
+    .max(1e-9);
+    // A mapped value within rounding of the target reaches it (a library
+    // curve that is the job's own shape must predict the exact epoch).
+    let t = t - 1e-9 * t.abs().max(1.0);
+    let mut members: Vec<(f64, f64)> = Vec::with_capacity(library.len());
+    let mut log_w = Vec::with_capacity(library.len());
+    for l in library.curves.iter().filter(|l| l.len() > n) {
+        let (a, b, sse) = affine(&l[..n], &head);
+        let e = l[n..]
+            .iter()
+            .position(|&v| a + b * v >= t)
+            .map_or(cap, |i| ((n + i + 1) as f64).min(cap));
+        members.push((e, 0.0));
+        // Step 2: Gaussian likelihood of the head under the map.
+        log_w.push(-sse / (2.0 * sigma * sigma));
+    }
+    if members.is_empty() {
+        return Ok(EpochsPrediction {
+            epochs: cap,
+            low: cap,
+            high: cap,
+            observed: false,
+            support: 0.0,
+        });
+    }
+    let top = log_w.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    for (m, lw) in members.iter_mut().zip(&log_w) {
+        m.1 = (lw - top).exp();
+    }
+    let total: f64 = members.iter().map(|m| m.1).sum();
+    let sq: f64 = members.iter().map(|m| m.1 * m.1).sum();
+    members.sort_by(|x, y| x.0.total_cmp(&y.0));
+    Ok(EpochsPrediction {
+        epochs: quantile(&members, total, 0.5),
+        low: quantile(&members, total, 0.1),
+        high: quantile(&members, total, 0.9),
+        observed: false,
+        support: total * total / sq,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// A family of synthetic jobs: saturating curves with rate `r`, level
+    /// and scale varying by job, some over-fitting after a peak epoch.
+    fn job(r: f64, level: f64, scale: f64, peak: Option<i32>) -> Vec<f64> {
+        (1..=10)
+            .map(|e| {
+                let mut v = 1.0 - (-r * f64::from(e)).exp();
+                if let Some(p) = peak {
+                    v -= 0.5 * r * (-r * f64::from(p)).exp() * f64::from((e - p).max(0));
+                }
+                level + scale * v
+            })
+            .collect()
+    }
+
+    fn truth(curve: &[f64], target: f64) -> f64 {
+        curve
+            .iter()
+            .position(|&v| v >= target)
+            .map_or(curve.len() as f64, |i| (i + 1) as f64)
+    }
+
+    #[test]
+    fn estimate_prior_target_met_in_the_head_is_that_epoch() {
+        let p =
+            predict_epochs(&CurveLibrary::shipped(), &[0.5, 0.8, 0.7], 0.75, false, 10).unwrap();
+        assert_eq!((p.epochs, p.low, p.high, p.observed), (2.0, 2.0, 2.0, true));
+    }
+
+    #[test]
+    fn estimate_prior_learns_the_family_from_finished_jobs() {
+        // Finished jobs of one model: slow climbers (r = 0.3) at various
+        // levels and scales. A new job of the same family is predicted
+        // from three epochs within one epoch of the truth, and better
+        // than from the shipped shapes alone.
+        let mut lib = CurveLibrary::new();
+        for (k, (level, scale)) in [(0.5, 0.4), (0.6, 0.3), (0.3, 0.6), (0.7, 0.25)]
+            .into_iter()
+            .enumerate()
+        {
+            lib.push(&job(0.3 + 0.01 * k as f64, level, scale, None), false)
+                .unwrap();
+        }
+        let new = job(0.3, 0.55, 0.35, None);
+        let target = new[6]; // reached at epoch 7
+        let learned = predict_epochs(&lib, &new[..3], target, false, 10).unwrap();
+        assert!(
+            (learned.epochs - 7.0).abs() <= 1.0,
+            "learned prior predicts {learned:?}"
+        );
+        assert!(learned.low <= 7.0 && 7.0 <= learned.high, "{learned:?}");
+    }
+
+    #[test]
+    fn estimate_prior_lower_is_better_is_mirrored() {
+        let up = job(0.4, 0.2, 0.6, None);
+        let down: Vec<f64> = up.iter().map(|v| 2.0 - v).collect();
+        let lib = CurveLibrary::shipped();
+        let a = predict_epochs(&lib, &up[..3], up[5], false, 10).unwrap();
+        let b = predict_epochs(&lib, &down[..3], 2.0 - up[5], true, 10).unwrap();
+        assert_eq!(a.epochs, b.epochs);
+    }
+
+    #[test]
+    fn estimate_prior_more_epochs_narrow_the_spread() {
+        let lib = CurveLibrary::shipped();
+        let c = job(0.25, 0.4, 0.5, None);
+        let target = c[7];
+        let early = predict_epochs(&lib, &c[..2], target, false, 10).unwrap();
+        let later = predict_epochs(&lib, &c[..6], target, false, 10).unwrap();
+        assert!(
+            later.high - later.low <= early.high - early.low,
+            "{early:?} vs {later:?}"
+        );
+        assert!((later.epochs - truth(&c, target)).abs() <= 1.0, "{later:?}");
+    }
+
+    #[test]
+    fn estimate_prior_refuses_bad_input_naming_it() {
+        let lib = CurveLibrary::shipped();
+        assert_eq!(
+            predict_epochs(&lib, &[], 1.0, false, 10),
+            Err(PriorError::Empty { field: "head" })
+        );
+        assert_eq!(
+            predict_epochs(&lib, &[0.1, f64::NAN], 1.0, false, 10),
+            Err(PriorError::NotFinite {
+                field: "head",
+                index: 1
+            })
+        );
+        assert_eq!(
+            predict_epochs(&lib, &[0.1], f64::INFINITY, false, 10),
+            Err(PriorError::Target)
+        );
+        assert_eq!(
+            predict_epochs(&lib, &[0.1], 1.0, false, 0),
+            Err(PriorError::Cap)
+        );
+        let mut l = CurveLibrary::new();
+        assert!(l.push(&[0.5], false).is_err());
+        assert!(l.push(&[0.5, f64::INFINITY], false).is_err());
+        assert!(l.is_empty());
+        // An empty library: the cap, no support.
+        let p = predict_epochs(&l, &[0.1, 0.2], 0.9, false, 8).unwrap();
+        assert_eq!((p.epochs, p.support), (8.0, 0.0));
+    }
+
+    /// Per-job fit (Ymir's metric curve, `loss_curve::fit_metric_curve`)
+    /// from the first `n` epochs, as `estimator-accuracy` measures it.
+    fn fitted(curve: &[f64], target: f64, n: usize) -> f64 {
+        if let Some(i) = curve[..n].iter().position(|&v| v >= target) {
+            return (i + 1) as f64;
+        }
+        let xs: Vec<f64> = (1..=n).map(|e| e as f64).collect();
+        match crate::loss_curve::fit_metric_curve(&xs, &curve[..n], false)
+            .map(|m| m.first_reaching(target))
+        {
+            Ok(crate::loss_curve::TargetPrediction::At(e)) => {
+                e.ceil().clamp(n as f64 + 1.0, curve.len() as f64)
+            }
+            _ => curve.len() as f64,
+        }
+    }
+
+    /// On synthetic families (always run): jobs drawn from three families
+    /// (rates 0.15, 0.3, 0.6 per epoch; half of them over-fit after a peak),
+    /// each at its own level and scale with ±0.5 % evaluation noise, the
+    /// target the best value reached. The prior of each job is every other
+    /// job's curve. Returns the mean APE of (learned prior, shipped shapes
+    /// only, per-job fit) from `n` epochs.
+    fn synthetic_families(n: usize) -> (f64, f64, f64) {
+        let mut seed = 0x2545_F491_4F6C_DD1Du64;
+        let mut noise = || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            0.005 * ((seed >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0)
+        };
+        let mut jobs = Vec::new();
+        for r in [0.15, 0.3, 0.6] {
+            for k in 0..8 {
+                let level = 0.3 + 0.05 * f64::from(k);
+                let scale = 0.5 - 0.03 * f64::from(k);
+                let peak = (k % 2 == 1).then_some(4 + (k % 4));
+                let c: Vec<f64> = job(r * (1.0 + 0.02 * f64::from(k)), level, scale, peak)
+                    .into_iter()
+                    .map(|v| v + noise())
+                    .collect();
+                jobs.push(c);
+            }
+        }
+        let (mut learned, mut shipped, mut fit) = (Vec::new(), Vec::new(), Vec::new());
+        let ape = |p: f64, t: f64| 100.0 * (p - t).abs() / t;
+        for (j, c) in jobs.iter().enumerate() {
+            let target = c.iter().copied().fold(f64::MIN, f64::max);
+            let t = truth(c, target);
+            let mut lib = CurveLibrary::new();
+            for (_, other) in jobs.iter().enumerate().filter(|(o, _)| *o != j) {
+                lib.push(other, false).unwrap();
+            }
+            let p = predict_epochs(&lib, &c[..n], target, false, 10).unwrap();
+            learned.push(ape(p.epochs, t));
+            let p = predict_epochs(&CurveLibrary::shipped(), &c[..n], target, false, 10).unwrap();
+            shipped.push(ape(p.epochs, t));
+            fit.push(ape(fitted(c, target, n), t));
+        }
+        let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
+        (mean(&learned), mean(&shipped), mean(&fit))
+    }
+
+    /// From half the trace (5 of 10 epochs) the learned prior is under
+    /// 10 % and better than the per-job fit; from 3 it is still better
+    /// than the per-job fit.
+    #[test]
+    fn estimate_prior_synthetic_families_beat_the_per_job_fit() {
+        let (learned, shipped, fit) = synthetic_families(5);
+        eprintln!("5 epochs: learned {learned:.1} %, shipped {shipped:.1} %, fit {fit:.1} %");
+        assert!(learned < 10.0, "learned APE {learned:.1} %");
+        assert!(learned < fit, "learned {learned:.1} % vs fit {fit:.1} %");
+        let (learned, shipped, fit) = synthetic_families(3);
+        eprintln!("3 epochs: learned {learned:.1} %, shipped {shipped:.1} %, fit {fit:.1} %");
+        assert!(learned < fit, "learned {learned:.1} % vs fit {fit:.1} %");
+    }
+
+    proptest! {
+        /// Every prediction lies within [1, cap], low ≤ epochs ≤ high, and
+        /// after the head unless the head met the target.
+        #[test]
+        fn estimate_prior_prediction_is_bounded(
+            head in prop::collection::vec(0.0f64..1.0, 1..8),
+            target in 0.0f64..1.2,
+            cap in 1usize..15,
+        ) {
+            let p = predict_epochs(&CurveLibrary::shipped(), &head, target, false, cap).unwrap();
+            prop_assert!(p.low <= p.epochs && p.epochs <= p.high);
+            prop_assert!(p.low >= 1.0 && p.high <= cap as f64);
+            if !p.observed {
+                prop_assert!(p.low > head.len().min(cap - 1) as f64 || p.low == cap as f64);
+            }
+        }
+    }
+}
