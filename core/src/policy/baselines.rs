@@ -603,6 +603,8 @@ pub fn with_knobs(
             take("interval_s", &mut c.interval_s);
             take("time_limit_s", &mut c.time_limit_s);
             take("srtf_weight", &mut c.srtf_weight);
+            take("wait_weight", &mut c.wait_weight);
+            take("resize_horizon_s", &mut c.resize_horizon_s);
             take("merging", &mut merging);
             take("pairs_per_job", &mut pairs);
             c.merging = merging != 0.0;
@@ -651,6 +653,8 @@ pub fn knob_names(name: &str) -> Option<&'static [&'static str]> {
             "interval_s",
             "time_limit_s",
             "srtf_weight",
+            "wait_weight",
+            "resize_horizon_s",
             "merging",
             "pairs_per_job",
         ],

@@ -28,8 +28,11 @@
 //!      adds the job's restart time to `T_{i,a}` for every `a` other than
 //!      what it holds, so moving running work must pay for itself (and a
 //!      plan solved twice does not change). [`YmirConfig::srtf_weight`] adds
-//!      `λ·τ/T_{i,a}` (τ = the median fair-share time), a shortest-remaining-
-//!      time preference among jobs the fairness term rates equally.
+//!      `λ·(τ + ω·W_i)/T_{i,a}` (τ = the median fair-share time, `W_i` the
+//!      seconds job `i` has waited since it arrived), a shortest-remaining-
+//!      time preference among jobs the fairness term rates equally that
+//!      ages with waiting ([`YmirConfig::wait_weight`]; `ω = 0` is pure
+//!      SRTF, whose long jobs wait behind every shorter arrival).
 //! 4. **solve** — HiGHS with a per-round time limit. If the limit is hit or
 //!    the solver fails, the previous plan is repaired greedily
 //!    ([`fallback`]) and `stats.fallback` says so.
@@ -55,6 +58,23 @@ pub struct YmirConfig {
     /// Weight λ of the shortest-remaining-time term (0 = the paper's
     /// fairness objective alone).
     pub srtf_weight: f64,
+    /// Weight ω of waiting in that term: it ranks a job by
+    /// `(τ + ω·waited) / remaining`, the response ratio of HRRN
+    /// (Brinch Hansen 1971) with τ as the base, so a long job that has
+    /// waited about its own remaining time ranks with a fresh job of τ and
+    /// no job waits behind ever-shorter arrivals (0, the default = pure
+    /// shortest remaining time). Measured (`fmsim sweep`, docs/fmsim.md):
+    /// it lowers the worst finish-time fairness but not the p99 JCT, whose
+    /// jobs are the longest ones running near their own length.
+    pub wait_weight: f64,
+    /// Seconds within which resizing a running job must pay back its
+    /// restart (0 = over its whole remaining time, the plain Eq. 5 time).
+    /// A resize holds only until the next change of the plan, not to the
+    /// job's end: judged over the remaining time, a long job's restart
+    /// looks free and the job is shrunk and grown again at every arrival
+    /// and completion, paying a checkpoint and a context switch each time.
+    /// With `H`, a resized job's time is `T + restart·max(1, T/H)`.
+    pub resize_horizon_s: f64,
 }
 
 impl Default for YmirConfig {
@@ -65,6 +85,8 @@ impl Default for YmirConfig {
             time_limit_s: 1.0,
             pairs_per_job: 4,
             srtf_weight: 1.0,
+            wait_weight: 0.0,
+            resize_horizon_s: 300.0,
         }
     }
 }
@@ -231,9 +253,23 @@ impl Ymir {
     }
 }
 
-/// Effective time of running at `a` when holding `current` now.
-fn effective(t: f64, a: u32, current: u32, restart: f64) -> f64 {
-    if a == current { t } else { t + restart }
+/// Seconds job `j` has spent waiting since it arrived (in the system and
+/// not running).
+fn waited(now: f64, j: &super::SchedJob) -> f64 {
+    (now - j.submitted_at - j.executed_s).max(0.0)
+}
+
+/// Effective time of running at `a` when holding `current` now: a start
+/// pays the restart once, a resize as often as it takes the remaining time
+/// `t` to pass `horizon` ([`YmirConfig::resize_horizon_s`]; 0 = once).
+fn effective(t: f64, a: u32, current: u32, restart: f64, horizon: f64) -> f64 {
+    if a == current {
+        t
+    } else if current == 0 || horizon <= 0.0 {
+        t + restart
+    } else {
+        t + restart * (t / horizon).max(1.0)
+    }
 }
 
 impl Policy for Ymir {
@@ -269,6 +305,12 @@ impl Policy for Ymir {
         refs.sort_by(f64::total_cmp);
         let tau = refs.get(refs.len() / 2).copied().unwrap_or(1.0);
         let lambda = self.config.srtf_weight;
+        // τ + ω·W_j of each job: what it counts in the SRTF term.
+        let base: Vec<f64> = snap
+            .jobs
+            .iter()
+            .map(|j| tau + self.config.wait_weight * waited(snap.now, j))
+            .collect();
 
         // Phase 3: the model.
         let mut vars = ProblemVariables::new();
@@ -289,8 +331,10 @@ impl Policy for Ymir {
                     a,
                     u.current,
                     u.restart_s,
+                    self.config.resize_horizon_s,
                 );
-                let value = weight * t_ref / t + lambda * weight * tau / t;
+                let aged: f64 = u.jobs.iter().map(|&j| base[j]).sum();
+                let value = weight * t_ref / t + lambda * aged / t;
                 let v = vars.add(variable().binary());
                 n_vars += 1;
                 objective += value * v;
@@ -314,7 +358,7 @@ impl Policy for Ymir {
                 let t = time_at(allocs, &c.remaining_s, a) + restart;
                 let w = time_at(allocs, &c.tran_wt, a);
                 // Eq. 7 (fixed): two jobs' speedup, weighted by TranWt.
-                let value = 2.0 * w * t_ref / t + lambda * 2.0 * w * tau / t;
+                let value = 2.0 * w * t_ref / t + lambda * w * (base[c.a] + base[c.b]) / t;
                 let v = vars.add(variable().binary());
                 n_vars += 1;
                 objective += value * v;
@@ -491,7 +535,7 @@ pub fn fallback(snap: &Snapshot, units: &[UnitView]) -> Plan {
 
 #[cfg(test)]
 mod tests {
-    use super::super::PairCandidate;
+    use super::super::{PairCandidate, ymir_allocations};
     use super::super::testkit::*;
     use super::*;
     use proptest::prelude::*;
@@ -501,6 +545,69 @@ mod tests {
             srtf_weight: 0.0,
             ..Default::default()
         })
+    }
+
+    /// A running job on 3 of 4 GPUs that would be 5 % faster on 4: judged
+    /// over its whole remaining time the restart (30 s) is nothing and it
+    /// is resized; with the resize horizon (300 s: a resize must win more
+    /// than 1 + 30/300 = 10 %) it keeps its GPUs.
+    #[test]
+    fn tail_resize_must_pay_back_its_restart_within_the_horizon() {
+        let mut j = job("long", 0.0, 3, &[]);
+        j.current_gpus = 3;
+        j.current_placement = vec![(0, 3)];
+        let mut snap = cluster(1, 4, vec![j]);
+        let t3 = 100.0 * 3600.0;
+        snap.jobs[0].remaining_s = snap
+            .allocations
+            .iter()
+            .map(|&a| match a {
+                0 => f64::INFINITY,
+                4 => t3 / 1.05,
+                a => t3 * 3.0 / f64::from(a),
+            })
+            .collect();
+        let gpus = |horizon: f64| {
+            let y = Ymir::new(YmirConfig {
+                resize_horizon_s: horizon,
+                ..Default::default()
+            });
+            y.allocate(&snap).entries[0].gpus
+        };
+        assert_eq!(gpus(0.0), 4, "without the horizon a 5 % gain resizes");
+        assert_eq!(gpus(300.0), 3, "a 5 % gain does not pay 10 %");
+        assert_eq!(
+            effective(1000.0, 4, 0, 30.0, 300.0),
+            1030.0,
+            "a start pays its restart once"
+        );
+        assert_eq!(effective(3000.0, 4, 2, 30.0, 300.0), 3300.0);
+        assert_eq!(effective(100.0, 4, 2, 30.0, 300.0), 130.0);
+    }
+
+    /// One GPU, a long job that has waited 100,000 s and a fresh short one:
+    /// pure shortest-remaining-time (ω = 0) starts the short one; with the
+    /// waiting term (ω = 1) the long one has waited far more than its own
+    /// length and goes first.
+    #[test]
+    fn tail_waiting_ages_a_long_job_ahead_of_fresh_short_ones() {
+        let mut long = job("long", 5000.0, 1, &ymir_allocations(64));
+        long.submitted_at = 0.0;
+        let mut short = job("short", 1000.0, 1, &ymir_allocations(64));
+        short.submitted_at = 100_000.0;
+        let mut snap = cluster(1, 1, vec![long, short]);
+        snap.now = 100_000.0;
+        let first = |omega: f64| {
+            let y = Ymir::new(YmirConfig {
+                wait_weight: omega,
+                ..Default::default()
+            });
+            let plan = y.allocate(&snap);
+            assert_eq!(plan.entries.len(), 1, "{plan:?}");
+            snap.jobs[plan.entries[0].jobs[0]].id.clone()
+        };
+        assert_eq!(first(0.0), "short");
+        assert_eq!(first(1.0), "long");
     }
 
     /// Seeds README: the objective must prefer giving an idle GPU to a
