@@ -31,6 +31,7 @@
 
 use std::collections::BTreeMap;
 
+use fmsched_estimator::curve_prior::CurveLibrary;
 use serde_json::{Value, json};
 
 /// Epochs, or a metric curve per epoch (higher is better).
@@ -228,6 +229,34 @@ impl Catalog {
 
     pub fn task(&self, model: &str, task: &str) -> Option<&TaskInfo> {
         self.models.get(model)?.tasks.get(task)
+    }
+
+    /// The prior of the learned estimator ([`fmsched_estimator::curve_prior`])
+    /// for a job of `task`: every per-epoch curve of `model` that does not
+    /// involve `task` (its own task left out, as a new task's job sees only
+    /// other tasks' finished jobs), alone and temporal, plus the shipped
+    /// curve shapes.
+    pub fn prior_library(&self, model: &str, task: &str) -> CurveLibrary {
+        let mut lib = CurveLibrary::new();
+        if let Some(m) = self.models.get(model) {
+            let alone = m
+                .tasks
+                .iter()
+                .filter(|(t, _)| t.as_str() != task)
+                .flat_map(|(_, info)| info.alone.values());
+            let temporal = m
+                .temporal
+                .iter()
+                .filter(|((a, b), _)| a != task && b != task)
+                .map(|(_, w)| w);
+            for w in alone.chain(temporal) {
+                if let Work::Curve(c) = w {
+                    // Curves read from a catalog are finite (checked on load).
+                    let _ = lib.push(c, false);
+                }
+            }
+        }
+        lib.extended(&CurveLibrary::shipped())
     }
 
     /// B's work after A (temporal), if known.

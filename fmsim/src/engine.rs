@@ -42,10 +42,11 @@ use fmsched_core::round::{
 use fmsched_core::slo::{self, RewardStep};
 use fmsched_core::{JobState, NodeState, SloClass};
 use fmsched_estimator::analytic;
+use fmsched_estimator::curve_prior::{CurveLibrary, predict_epochs};
 use fmsched_estimator::lut::{Lut, Variant};
 use fmsched_estimator::times::{tran_wt_spatial, tran_wt_temporal};
 
-use crate::catalog::Catalog;
+use crate::catalog::{Catalog, Work};
 use crate::workload::WorkloadJob;
 
 /// What a job's throughput depends on besides its placement shape: its
@@ -67,6 +68,23 @@ pub enum EstimateModel {
     /// an iteration is short, it makes Optimus give fewer GPUs than the true
     /// gains warrant. `fmsim fidelity` only, to replay their runs.
     TitanSched,
+}
+
+/// Epochs of metric curve a job's profiling shows the learned estimator
+/// (the published curves' convention: three evaluations).
+pub const PROFILED_EPOCHS: usize = 3;
+
+/// The learned estimator's epochs-to-target for a job with per-epoch
+/// `curve` and `target`, after `n` observed epochs, for every `n` from 0 to
+/// the curve's length (below [`PROFILED_EPOCHS`] it has seen that many).
+fn learned_epochs(lib: &CurveLibrary, curve: &[f64], target: f64) -> Vec<f64> {
+    (0..=curve.len())
+        .map(|n| {
+            let head = &curve[..n.max(PROFILED_EPOCHS).min(curve.len())];
+            predict_epochs(lib, head, target, false, curve.len())
+                .map_or(curve.len() as f64, |p| p.epochs)
+        })
+        .collect()
 }
 
 /// An iteration as the TitanSched simulator predicts it: the LUT's time
@@ -135,6 +153,15 @@ pub struct SimConfig {
     /// scaled by a fixed factor drawn uniformly from [1 − e, 1 + e] (Ymir
     /// §7.3's sensitivity study). 0 = oracle estimates.
     pub estimate_noise: f64,
+    /// The policy sees the learned estimator's epochs-to-target instead of
+    /// the truth (`--estimates learned`): a job whose catalog entry is a
+    /// per-epoch metric curve is predicted by
+    /// [`fmsched_estimator::curve_prior`] from the epochs it has seen
+    /// (at least [`PROFILED_EPOCHS`], what profiling shows it), with a prior
+    /// of the same model's other tasks' curves, and its remaining times are
+    /// scaled by predicted / true remaining work — the estimator's own
+    /// errors replayed. Jobs with no curve keep exact estimates.
+    pub learned_estimates: bool,
     /// Print one line per scheduling round on stderr (default: set when
     /// `FMSIM_DEBUG` is in the environment).
     pub trace_rounds: bool,
@@ -161,6 +188,7 @@ impl Default for SimConfig {
             merge_guard: true,
             horizon_s: 90.0 * 86_400.0,
             estimate_noise: 0.0,
+            learned_estimates: false,
             trace_rounds: std::env::var_os("FMSIM_DEBUG").is_some(),
             placement_rule: Default::default(),
             estimate_model: EstimateModel::Exact,
@@ -383,6 +411,9 @@ struct Job {
     per_node: u32,
     samples_per_epoch: f64,
     alone_epochs: f64,
+    /// With learned estimates: the predicted epochs-to-target alone after
+    /// `n` observed epochs, by `n` (empty: exact estimates).
+    predicted_epochs: Vec<f64>,
     /// Samples the current path needs, and has done.
     target: f64,
     done: f64,
@@ -493,6 +524,7 @@ impl<'a> Simulation<'a> {
         };
         let mut jobs = Vec::with_capacity(workload.len());
         let mut configs: Vec<(String, u32, Variant)> = Vec::new();
+        let mut libraries: HashMap<(String, String), CurveLibrary> = HashMap::new();
         for w in workload {
             let err = |m: String| SimError::Job {
                 job: w.name.clone(),
@@ -548,18 +580,30 @@ impl<'a> Simulation<'a> {
                 }
                 Some(t) => t.samples_per_epoch,
             };
-            let epochs = match (w.epochs, info) {
-                (Some(e), _) => e,
-                (None, Some(t)) => {
-                    let work = w
-                        .curve_key
+            let work = match (w.epochs, info) {
+                (Some(_), _) => None,
+                (None, Some(t)) => Some(
+                    w.curve_key
                         .as_ref()
                         .and_then(|k| t.alone.get(k))
                         .or_else(|| t.alone.values().next())
-                        .ok_or_else(|| err("the catalog has no alone entry for its task".into()))?;
-                    work.epochs(w.target_metric)
-                }
+                        .ok_or_else(|| err("the catalog has no alone entry for its task".into()))?,
+                ),
                 (None, None) => unreachable!("checked above"),
+            };
+            let epochs = match (w.epochs, work) {
+                (Some(e), _) => e,
+                (None, Some(work)) => work.epochs(w.target_metric),
+                (None, None) => unreachable!("one of them is set"),
+            };
+            let predicted_epochs = match (work, w.target_metric) {
+                (Some(Work::Curve(curve)), Some(target)) if cfg.learned_estimates => {
+                    let lib = libraries
+                        .entry((w.model.clone(), w.task.clone()))
+                        .or_insert_with(|| catalog.prior_library(&w.model, &w.task));
+                    learned_epochs(lib, curve, target)
+                }
+                _ => Vec::new(),
             };
             let layers = analytic::layers_of(&lut_model).unwrap_or(12);
             let variant = Variant {
@@ -586,6 +630,7 @@ impl<'a> Simulation<'a> {
                 per_node,
                 samples_per_epoch: samples,
                 alone_epochs: epochs,
+                predicted_epochs,
                 target: epochs * samples,
                 done: 0.0,
                 phase: Phase::NotArrived,
@@ -683,8 +728,23 @@ impl<'a> Simulation<'a> {
         Ok(sim)
     }
 
-    /// The fixed estimation-error factor of job `i` (1 without noise).
+    /// The estimation-error factor of job `i` now: the learned estimator's
+    /// predicted over true remaining work, or the fixed noise factor (1:
+    /// exact).
     fn noise_factor(&self, i: usize) -> f64 {
+        let j = &self.jobs[i];
+        if !j.predicted_epochs.is_empty() && j.merged.is_none() {
+            let seen = ((j.done / j.samples_per_epoch).floor() as usize)
+                .max(PROFILED_EPOCHS)
+                .min(j.predicted_epochs.len() - 1);
+            let truth = self.remaining(i);
+            let predicted = (j.predicted_epochs[seen] * j.samples_per_epoch - j.done).max(0.0);
+            return if truth > 0.0 {
+                (predicted / truth).clamp(0.05, 20.0)
+            } else {
+                1.0
+            };
+        }
         if self.cfg.estimate_noise <= 0.0 {
             return 1.0;
         }
@@ -1696,5 +1756,36 @@ fn alias(model: &str) -> &str {
         "vit" => "vit-base",
         "vit-base" => "vit",
         other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The learned estimator's epochs by observed epochs: exact once the
+    /// target is seen (or every epoch is), a prediction after the head
+    /// before that, never below what profiling showed.
+    #[test]
+    fn estimate_prior_learned_epochs_follow_what_was_seen() {
+        let lib = CurveLibrary::shipped();
+        let curve: Vec<f64> = (1..=10)
+            .map(|e| 0.9 - 0.4 * (-0.35 * f64::from(e)).exp())
+            .collect();
+        let target = curve[6]; // reached at epoch 7
+        let p = learned_epochs(&lib, &curve, target);
+        assert_eq!(p.len(), 11);
+        // Below PROFILED_EPOCHS the head is the profiled one.
+        assert_eq!(p[0], p[PROFILED_EPOCHS]);
+        for (n, &e) in p.iter().enumerate() {
+            assert!(e > n.max(PROFILED_EPOCHS) as f64 || e == 7.0, "{n}: {e}");
+            assert!((1.0..=10.0).contains(&e), "{n}: {e}");
+        }
+        for &e in &p[7..] {
+            assert_eq!(e, 7.0);
+        }
+        // A target met in the profiled epochs is that epoch.
+        let early = learned_epochs(&lib, &curve, curve[1]);
+        assert!(early.iter().all(|&e| e == 2.0), "{early:?}");
     }
 }

@@ -48,6 +48,31 @@ enum Cmd {
         )]
         policies: String,
     },
+    /// Robustness of Ymir: avg and p99 JCT of Ymir against the best
+    /// baseline at each estimate-noise level, with the learned estimator's
+    /// own errors replayed (when the workload has metric curves), and over
+    /// Ymir's knobs (srtf weight, interval) with exact estimates. Baselines
+    /// see the same estimates as Ymir at each point.
+    Sweep {
+        #[command(flatten)]
+        sim: SimArgs,
+        /// Baselines (the best by average JCT at each point is shown).
+        #[arg(long, default_value = "optimus,srtf,tiresias,themis")]
+        baselines: String,
+        /// Estimate-noise levels (each job's remaining times scaled by a
+        /// fixed factor in [1 − e, 1 + e]).
+        #[arg(long, default_value = "0,0.1,0.2,0.4")]
+        noise: String,
+        /// Ymir `srtf_weight` values (exact estimates).
+        #[arg(long, default_value = "0,0.5,1,2")]
+        srtf_weights: String,
+        /// Ymir `interval_s` values (exact estimates).
+        #[arg(long, default_value = "60,120,300")]
+        intervals: String,
+        /// Ymir `resize_horizon_s` values (exact estimates).
+        #[arg(long, default_value = "0,150,300,600")]
+        resize_horizons: String,
+    },
     /// Generate a workload (Pollux-style size classes, Poisson arrivals).
     Generate {
         #[arg(long, default_value_t = 120)]
@@ -144,6 +169,11 @@ enum Cmd {
         /// Only these policies (comma-separated).
         #[arg(long)]
         policies: Option<String>,
+        /// Knob `name=value` of the Ymir rows (repeatable), e.g.
+        /// `wait_weight=0`; the baselines run as the authors' simulator
+        /// runs them.
+        #[arg(long = "knob", value_name = "NAME=VALUE")]
+        knobs: Vec<String>,
     },
     /// Time the Ymir MILP per round on the anchor workloads (when present)
     /// and on a generated 60 × 4-GPU, 3,000-job, 2× load workload.
@@ -156,6 +186,13 @@ enum Cmd {
         #[arg(long, default_value_t = 3000)]
         jobs: usize,
     },
+}
+
+/// `--estimates`.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+enum Estimates {
+    Exact,
+    Learned,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -209,6 +246,13 @@ struct SimArgs {
     /// by a fixed factor in [1 − e, 1 + e] (0 = oracle estimates).
     #[arg(long, default_value_t = 0.0)]
     estimate_noise: f64,
+    /// Which estimates the policy sees: `exact` (the truth, or the truth
+    /// with --estimate-noise) or `learned` (the estimator's epochs-to-target
+    /// from each job's metric curve so far, its prior the same model's other
+    /// tasks' curves: its own errors replayed; needs a catalog of per-epoch
+    /// curves and jobs with target_metric).
+    #[arg(long, value_enum, default_value_t = Estimates::Exact)]
+    estimates: Estimates,
     /// Checkpoint seconds charged on every (re)start.
     #[arg(long, default_value_t = 30.0)]
     checkpoint_s: f64,
@@ -655,6 +699,7 @@ fn sim_setup(a: &SimArgs) -> anyhow::Result<(SimConfig, Lut, Catalog, Vec<Worklo
         context_switch_s: a.context_switch_s,
         profile_s: a.profile_s,
         estimate_noise: a.estimate_noise,
+        learned_estimates: a.estimates == Estimates::Learned,
         placement_rule: a.placement,
         round_origin_s: a.round_origin,
         ..Default::default()
@@ -662,7 +707,37 @@ fn sim_setup(a: &SimArgs) -> anyhow::Result<(SimConfig, Lut, Catalog, Vec<Worklo
     if !(0.0..1.0).contains(&cfg.estimate_noise) {
         bail!("--estimate-noise must be in [0, 1)");
     }
+    if cfg.learned_estimates {
+        if cfg.estimate_noise > 0.0 {
+            bail!(
+                "--estimates learned replays the estimator's own errors; give --estimate-noise only with --estimates exact"
+            );
+        }
+        check_learnable(&catalog, &jobs)?;
+    }
     Ok((cfg, lut, catalog, jobs))
+}
+
+/// `--estimates learned` acts only on jobs with a metric target whose
+/// catalog entry is a per-epoch curve: refused when no job has both.
+fn check_learnable(catalog: &Catalog, jobs: &[WorkloadJob]) -> anyhow::Result<()> {
+    let learnable = jobs.iter().any(|j| {
+        j.epochs.is_none()
+            && j.target_metric.is_some()
+            && catalog.task(&j.model, &j.task).is_some_and(|t| {
+                t.alone
+                    .values()
+                    .any(|w| matches!(w, fmsim::catalog::Work::Curve(_)))
+            })
+    });
+    if !learnable {
+        bail!(
+            "--estimates learned: no job of the workload has a target_metric and a per-epoch metric curve in the \
+             catalog (the learned estimator predicts epochs-to-target from metric curves, e.g. a catalog in the \
+             published task-curves.json layout)"
+        );
+    }
+    Ok(())
 }
 
 fn run(cli: Cli) -> anyhow::Result<()> {
@@ -676,6 +751,23 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 .collect();
             compare(&sim, &names)
         }
+        Cmd::Sweep {
+            sim,
+            baselines,
+            noise,
+            srtf_weights,
+            intervals,
+            resize_horizons,
+        } => sweep(
+            &sim,
+            &baselines,
+            &noise,
+            [
+                ("srtf_weight", srtf_weights.as_str()),
+                ("interval_s", intervals.as_str()),
+                ("resize_horizon_s", resize_horizons.as_str()),
+            ],
+        ),
         Cmd::Generate {
             jobs,
             hours,
@@ -778,11 +870,13 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             out,
             only,
             policies,
+            knobs,
         } => fidelity(
             &anchor_dir,
             out.as_deref(),
             only.as_deref(),
             policies.as_deref(),
+            &parse_knobs(&knobs)?,
         ),
         Cmd::BenchSolver { anchor_dir, jobs } => bench_solver(anchor_dir.as_deref(), jobs),
     }
@@ -827,6 +921,202 @@ fn compare(a: &SimArgs, names: &[String]) -> anyhow::Result<()> {
     if let Some(out) = &a.out {
         write_outputs(out, &results, &rows)?;
     }
+    Ok(())
+}
+
+/// Comma-separated numbers of a sweep flag.
+fn numbers(flag: &str, raw: &str) -> anyhow::Result<Vec<f64>> {
+    raw.split(',')
+        .map(str::trim)
+        .filter(|v| !v.is_empty())
+        .map(|v| {
+            v.parse::<f64>()
+                .ok()
+                .filter(|x| x.is_finite())
+                .ok_or_else(|| anyhow::anyhow!("{flag}: {v:?} is not a number"))
+        })
+        .collect()
+}
+
+/// `fmsim sweep`: one row per point, Ymir against the best baseline there.
+fn sweep(
+    a: &SimArgs,
+    baselines: &str,
+    noise: &str,
+    ymir_knobs: [(&str, &str); 3],
+) -> anyhow::Result<()> {
+    if a.estimate_noise > 0.0 || a.estimates != Estimates::Exact {
+        bail!("sweep sets the estimates itself: leave out --estimate-noise and --estimates");
+    }
+    let noise = numbers("--noise", noise)?;
+    if let Some(e) = noise.iter().find(|e| !(0.0..1.0).contains(*e)) {
+        bail!("--noise: {e} is outside [0, 1)");
+    }
+    let baselines: Vec<String> = baselines
+        .split(',')
+        .map(|b| b.trim().to_string())
+        .filter(|b| !b.is_empty())
+        .collect();
+    if baselines.is_empty() {
+        bail!("--baselines: name at least one");
+    }
+    let knobs = parse_knobs(&a.knobs)?;
+    for b in &baselines {
+        with_knobs(b, &knobs).map_err(|e| anyhow::anyhow!("--baselines: {e}"))?;
+    }
+    let (cfg, lut, catalog, jobs) = sim_setup(a)?;
+    let learnable = check_learnable(&catalog, &jobs);
+    // The points: estimates for everyone, or a Ymir knob.
+    struct Point {
+        label: String,
+        cfg: SimConfig,
+        ymir_knobs: BTreeMap<String, f64>,
+        baselines: bool,
+    }
+    let mut points: Vec<Point> = noise
+        .iter()
+        .map(|&e| Point {
+            label: format!("noise={e}"),
+            cfg: SimConfig {
+                estimate_noise: e,
+                ..cfg.clone()
+            },
+            ymir_knobs: knobs.clone(),
+            baselines: true,
+        })
+        .collect();
+    match &learnable {
+        Ok(()) => points.push(Point {
+            label: "learned".into(),
+            cfg: SimConfig {
+                learned_estimates: true,
+                ..cfg.clone()
+            },
+            ymir_knobs: knobs.clone(),
+            baselines: true,
+        }),
+        Err(e) => eprintln!("no learned-estimates row: {e}"),
+    }
+    for (name, raw) in ymir_knobs {
+        for v in numbers(name, raw)? {
+            let mut k = knobs.clone();
+            k.insert(name.to_string(), v);
+            with_knobs("ymir", &k).map_err(|e| anyhow::anyhow!("--{name}: {e}"))?;
+            points.push(Point {
+                label: format!("{name}={v}"),
+                cfg: cfg.clone(),
+                ymir_knobs: k,
+                baselines: false,
+            });
+        }
+    }
+    // Every simulation to run: (point, policy); the knob points share the
+    // exact-estimate baselines.
+    let mut runs: Vec<(usize, String)> = Vec::new();
+    for (i, p) in points.iter().enumerate() {
+        runs.push((i, "ymir".into()));
+        if p.baselines {
+            runs.extend(baselines.iter().map(|b| (i, b.clone())));
+        }
+    }
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    // A run that fails (a job left unfinished at the horizon) is a row
+    // that says so, not the end of the sweep.
+    type Outcome = Result<report::Summary, String>;
+    let results: std::sync::Mutex<BTreeMap<(usize, String), Outcome>> = Default::default();
+    std::thread::scope(|scope| {
+        for _ in 0..threads.min(runs.len()) {
+            scope.spawn(|| {
+                loop {
+                    let k = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let Some((i, name)) = runs.get(k) else { break };
+                    let p = &points[*i];
+                    let knobs = if name == "ymir" {
+                        &p.ymir_knobs
+                    } else {
+                        &knobs
+                    };
+                    let out = with_knobs(name, knobs)
+                        .map_err(anyhow::Error::msg)
+                        .and_then(|policy| {
+                            let sim = Simulation::new(p.cfg.clone(), &lut, &catalog, &jobs)?;
+                            Ok(sim.run(policy.as_ref(), &catalog, |_, _| {})?)
+                        })
+                        .map(|r| report::summarize(&r))
+                        .map_err(|e| format!("{e:#}"));
+                    eprintln!(
+                        "{} {name}: {}",
+                        p.label,
+                        if out.is_ok() { "done" } else { "failed" }
+                    );
+                    results
+                        .lock()
+                        .expect("not poisoned")
+                        .insert((*i, name.clone()), out);
+                }
+            });
+        }
+    });
+    let results = results.into_inner().expect("not poisoned");
+    println!(
+        "{:<22} {:>10} {:>10} {:<14} {:>10} {:>10} {:>9} {:>9}",
+        "point",
+        "ymir_avg_h",
+        "ymir_p99_h",
+        "best_baseline",
+        "base_avg_h",
+        "base_p99_h",
+        "avg_ratio",
+        "p99_ratio"
+    );
+    let (mut ahead_avg, mut ahead_p99, mut worst_avg, mut worst_p99) = (0, 0, 0.0f64, 0.0f64);
+    let mut failed = 0;
+    for (i, p) in points.iter().enumerate() {
+        let y = match &results[&(i, "ymir".to_string())] {
+            Ok(y) => y,
+            Err(e) => {
+                failed += 1;
+                println!("{:<22} ymir failed: {e}", p.label);
+                continue;
+            }
+        };
+        // Knob points compare with the baselines of exact estimates.
+        let at = if p.baselines {
+            i
+        } else {
+            noise.iter().position(|&e| e == 0.0).unwrap_or(usize::MAX)
+        };
+        let best = baselines
+            .iter()
+            .filter_map(|b| results.get(&(at, b.clone())).and_then(|r| r.as_ref().ok()))
+            .min_by(|x, y| x.avg_jct_h.total_cmp(&y.avg_jct_h));
+        match best {
+            Some(b) => {
+                let (ra, rp) = (y.avg_jct_h / b.avg_jct_h, y.p99_jct_h / b.p99_jct_h);
+                ahead_avg += usize::from(ra < 1.0);
+                ahead_p99 += usize::from(rp < 1.0);
+                worst_avg = worst_avg.max(ra);
+                worst_p99 = worst_p99.max(rp);
+                println!(
+                    "{:<22} {:>10.3} {:>10.3} {:<14} {:>10.3} {:>10.3} {:>9.3} {:>9.3}",
+                    p.label, y.avg_jct_h, y.p99_jct_h, b.policy, b.avg_jct_h, b.p99_jct_h, ra, rp
+                );
+            }
+            None => println!(
+                "{:<22} {:>10.3} {:>10.3} (no baseline finished at this point's estimates)",
+                p.label, y.avg_jct_h, y.p99_jct_h
+            ),
+        }
+    }
+    if failed > 0 {
+        println!("{failed} point(s) where Ymir did not finish every job (see above)");
+    }
+    println!(
+        "summary: Ymir ahead of the best baseline on avg JCT at {ahead_avg}/{n} points and on p99 at {ahead_p99}/{n}; \
+         worst ratios avg {worst_avg:.3} p99 {worst_p99:.3}",
+        n = points.len()
+    );
     Ok(())
 }
 
@@ -1031,7 +1321,9 @@ fn fidelity(
     out: Option<&Path>,
     only: Option<&str>,
     policies: Option<&str>,
+    ymir_knobs: &BTreeMap<String, f64>,
 ) -> anyhow::Result<()> {
+    with_knobs("ymir", ymir_knobs).map_err(|e| anyhow::anyhow!("--knob: {e}"))?;
     let wanted = |list: Option<&str>, name: &str| {
         list.is_none_or(|l| l.split(',').any(|x| x.trim() == name))
     };
@@ -1085,7 +1377,10 @@ fn fidelity(
             // remaining times; shown beside ours, not counted as a baseline.
             // Their simulator's intervals, whatever ours default to.
             let interval_s = authors_interval_s(name);
-            let theirs_knobs = BTreeMap::from([("interval_s".to_string(), interval_s)]);
+            let mut theirs_knobs = BTreeMap::from([("interval_s".to_string(), interval_s)]);
+            if name.starts_with("ymir") {
+                theirs_knobs.extend(ymir_knobs.iter().map(|(k, v)| (k.clone(), *v)));
+            }
             let (p, estimate_model): (Box<dyn Policy + Send + Sync>, _) = match name {
                 "themis-titansched" => (
                     Box::new(Themis {

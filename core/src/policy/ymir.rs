@@ -28,11 +28,11 @@
 //!      adds the job's restart time to `T_{i,a}` for every `a` other than
 //!      what it holds, so moving running work must pay for itself (and a
 //!      plan solved twice does not change). [`YmirConfig::srtf_weight`] adds
-//!      `λ·(τ + ω·W_i)/T_{i,a}` (τ = the median fair-share time, `W_i` the
-//!      seconds job `i` has waited since it arrived), a shortest-remaining-
-//!      time preference among jobs the fairness term rates equally that
-//!      ages with waiting ([`YmirConfig::wait_weight`]; `ω = 0` is pure
-//!      SRTF, whose long jobs wait behind every shorter arrival).
+//!      `λ·τ/T_{i,a}` (τ = the median fair-share time), a shortest-remaining-
+//!      time preference among jobs the fairness term rates equally, and
+//!      [`YmirConfig::wait_weight`] `ω·W_i/T_{i,a}` (`W_i` the seconds job
+//!      `i` has waited since it arrived): together the response ratio
+//!      `(λτ + ωW_i)/T` of HRRN, so a job that has waited grows in rank.
 //! 4. **solve** — HiGHS with a per-round time limit. If the limit is hit or
 //!    the solver fails, the previous plan is repaired greedily
 //!    ([`fallback`]) and `stats.fallback` says so.
@@ -58,14 +58,15 @@ pub struct YmirConfig {
     /// Weight λ of the shortest-remaining-time term (0 = the paper's
     /// fairness objective alone).
     pub srtf_weight: f64,
-    /// Weight ω of waiting in that term: it ranks a job by
-    /// `(τ + ω·waited) / remaining`, the response ratio of HRRN
-    /// (Brinch Hansen 1971) with τ as the base, so a long job that has
-    /// waited about its own remaining time ranks with a fresh job of τ and
-    /// no job waits behind ever-shorter arrivals (0, the default = pure
-    /// shortest remaining time). Measured (`fmsim sweep`, docs/fmsim.md):
-    /// it lowers the worst finish-time fairness but not the p99 JCT, whose
-    /// jobs are the longest ones running near their own length.
+    /// Weight ω of waiting: a job counts `(λ·τ + ω·waited) / remaining`,
+    /// the response ratio of HRRN (Brinch Hansen 1971) with λτ as the
+    /// base, so a long job that has waited about its own remaining time
+    /// ranks with a fresh job of τ and no job waits behind ever-shorter
+    /// arrivals. 0 (the default): no aging. Measured (docs/fmsim.md): with
+    /// λ = 1 it lowers the worst finish-time fairness but not the p99 JCT,
+    /// whose jobs are the longest ones, running near their own length; with
+    /// λ = 0 (the paper's objective alone, which can leave a rigid 4-GPU
+    /// job waiting forever behind 1-GPU jobs) it is what ends starvation.
     pub wait_weight: f64,
     /// Seconds within which resizing a running job must pay back its
     /// restart (0 = over its whole remaining time, the plain Eq. 5 time).
@@ -305,11 +306,11 @@ impl Policy for Ymir {
         refs.sort_by(f64::total_cmp);
         let tau = refs.get(refs.len() / 2).copied().unwrap_or(1.0);
         let lambda = self.config.srtf_weight;
-        // τ + ω·W_j of each job: what it counts in the SRTF term.
+        // λ·τ + ω·W_j of each job: what it counts over its time.
         let base: Vec<f64> = snap
             .jobs
             .iter()
-            .map(|j| tau + self.config.wait_weight * waited(snap.now, j))
+            .map(|j| lambda * tau + self.config.wait_weight * waited(snap.now, j))
             .collect();
 
         // Phase 3: the model.
@@ -334,7 +335,7 @@ impl Policy for Ymir {
                     self.config.resize_horizon_s,
                 );
                 let aged: f64 = u.jobs.iter().map(|&j| base[j]).sum();
-                let value = weight * t_ref / t + lambda * aged / t;
+                let value = weight * t_ref / t + aged / t;
                 let v = vars.add(variable().binary());
                 n_vars += 1;
                 objective += value * v;
@@ -358,7 +359,7 @@ impl Policy for Ymir {
                 let t = time_at(allocs, &c.remaining_s, a) + restart;
                 let w = time_at(allocs, &c.tran_wt, a);
                 // Eq. 7 (fixed): two jobs' speedup, weighted by TranWt.
-                let value = 2.0 * w * t_ref / t + lambda * w * (base[c.a] + base[c.b]) / t;
+                let value = 2.0 * w * t_ref / t + w * (base[c.a] + base[c.b]) / t;
                 let v = vars.add(variable().binary());
                 n_vars += 1;
                 objective += value * v;
@@ -535,8 +536,8 @@ pub fn fallback(snap: &Snapshot, units: &[UnitView]) -> Plan {
 
 #[cfg(test)]
 mod tests {
-    use super::super::{PairCandidate, ymir_allocations};
     use super::super::testkit::*;
+    use super::super::{PairCandidate, ymir_allocations};
     use super::*;
     use proptest::prelude::*;
 
@@ -608,6 +609,36 @@ mod tests {
         };
         assert_eq!(first(0.0), "short");
         assert_eq!(first(1.0), "long");
+    }
+
+    /// The paper's objective alone (λ = 0) rates a rigid 4-GPU job at a
+    /// quarter of four 1-GPU jobs, round after round: it never runs while
+    /// 1-GPU jobs keep coming (found by `fmsim sweep`). Waiting (ω > 0)
+    /// ends that.
+    #[test]
+    fn tail_waiting_ends_the_starvation_of_a_rigid_wide_job() {
+        let all = ymir_allocations(64);
+        let mut wide = job("wide", 4000.0, 4, &all);
+        (wide.min_gpus, wide.max_gpus) = (4, 4);
+        let mut jobs = vec![wide];
+        for i in 0..4 {
+            let mut j = job(&format!("narrow{i}"), 1000.0, 1, &all);
+            (j.min_gpus, j.max_gpus, j.submitted_at) = (1, 1, 10_000.0);
+            jobs.push(j);
+        }
+        let mut snap = cluster(1, 4, jobs);
+        snap.now = 10_000.0;
+        let runs_wide = |omega: f64| {
+            let y = Ymir::new(YmirConfig {
+                srtf_weight: 0.0,
+                wait_weight: omega,
+                ..Default::default()
+            });
+            let plan = y.allocate(&snap);
+            plan.entries.iter().any(|e| e.jobs == [0] && e.gpus == 4)
+        };
+        assert!(!runs_wide(0.0), "λ = 0, ω = 0: the wide job waits");
+        assert!(runs_wide(1.0), "ω = 1: it has waited 10,000 s and runs");
     }
 
     /// Seeds README: the objective must prefer giving an idle GPU to a
