@@ -15,14 +15,18 @@
 //! 1. each library curve `ℓ` is mapped onto the job's observed head by the
 //!    affine map `m(e) ≈ a + b·ℓ(e)` (least squares over the head, `b ≥ 0`:
 //!    the same shape, shifted and stretched);
-//! 2. its weight is the Gaussian likelihood of the head under that map,
+//! 2. its weight is its prior weight (a finished job's curve 1, the
+//!    shipped shapes together 1) times the Gaussian likelihood of the head
+//!    under that map,
 //!    `w = exp(−SSE / (2σ²))`, σ the evaluation noise the library's job
 //!    curves show (the median of `|Δ²|/√6` over their epochs; at least
 //!    0.5 % of the target: evaluations vary by more than their i.i.d.
 //!    jitter from epoch to epoch), or 3 % of the target with no job curve
 //!    yet;
 //! 3. it predicts the first epoch after the head at which `a + b·ℓ(e)`
-//!    reaches the target, else the cap (the job runs out its epochs);
+//!    reaches the target, else the cap (the job runs out its epochs) — but
+//!    a curve shorter than the cap that never reaches it is left out (it
+//!    ends where its own job stopped and says nothing about when);
 //! 4. the prediction is the weighted median of these, the spread the
 //!    weighted 10th and 90th percentiles.
 //!
@@ -37,6 +41,14 @@
 /// shipped shapes only), as a share of the target's magnitude: loose, as
 /// nothing says how noisy this model's evaluations are.
 pub const SIGMA_REL: f64 = 0.03;
+
+/// Epochs the shipped shapes are drawn over (a job that may run longer
+/// gets no vote from them past it).
+pub const SHAPE_EPOCHS: i32 = 60;
+
+/// Prior weight of all the shipped shapes together, in finished jobs: one
+/// job of the model counts as much as every shape.
+pub const SHAPES_MASS: f64 = 1.0;
 
 /// Least σ, as a share of the target's magnitude, when the library's
 /// curves give it (smooth curves would otherwise make one shape decide).
@@ -59,7 +71,10 @@ pub enum PriorError {
 /// metrics are negated on the way in).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct CurveLibrary {
+    /// Jobs' curves: each one finished job's worth of prior.
     curves: Vec<Vec<f64>>,
+    /// The shipped shapes: together [`SHAPES_MASS`] jobs' worth.
+    shapes: Vec<Vec<f64>>,
     /// |second differences| / √6 of every interior epoch of the curves
     /// pushed (jobs' curves, not the shipped shapes), sorted: their median
     /// estimates the evaluation noise σ.
@@ -106,12 +121,18 @@ impl CurveLibrary {
         self.jitter.get(self.jitter.len() / 2).copied()
     }
 
+    /// Jobs' curves and shapes held.
     pub fn len(&self) -> usize {
-        self.curves.len()
+        self.curves.len() + self.shapes.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.curves.is_empty()
+        self.len() == 0
+    }
+
+    /// Jobs' curves held (not the shipped shapes).
+    pub fn jobs(&self) -> usize {
+        self.curves.len()
     }
 
     /// The prior before any job has finished: curve shapes, not data.
@@ -120,20 +141,24 @@ impl CurveLibrary {
     /// 10, to done in one epoch), each also with over-fitting after epoch
     /// `p` = 2…9, a linear decline of `g·r·e^{−r·p}` per epoch (`g` = 0.1,
     /// 0.3, 1: a tenth of, a third of, or as fast as the remaining climb
-    /// at `p`). 12 × (1 + 8 × 3) = 300 curves of 10 epochs. The affine map
-    /// of step 1 makes their level and scale irrelevant; only the shape
-    /// counts.
+    /// at `p`). 12 × (1 + 8 × 3) = 300 curves, drawn over
+    /// [`SHAPE_EPOCHS`] epochs. The affine map of step 1 makes their level
+    /// and scale irrelevant; only the shape counts. Together they weigh as
+    /// much as [`SHAPES_MASS`] finished jobs, so a model's own jobs soon
+    /// outweigh them.
     pub fn shipped() -> Self {
         let mut curves = Vec::with_capacity(300);
         for i in 0..12 {
             let r = 0.05 * 1.5f64.powi(i);
-            let base: Vec<f64> = (1..=10).map(|e| 1.0 - (-r * f64::from(e)).exp()).collect();
+            let base: Vec<f64> = (1..=SHAPE_EPOCHS)
+                .map(|e| 1.0 - (-r * f64::from(e)).exp())
+                .collect();
             curves.push(base.clone());
             for p in 2..10 {
                 for g in [0.1, 0.3, 1.0] {
                     let slope = g * r * (-r * f64::from(p)).exp();
                     curves.push(
-                        (1..=10)
+                        (1..=SHAPE_EPOCHS)
                             .zip(&base)
                             .map(|(e, b)| b - slope * f64::from((e - p).max(0)))
                             .collect(),
@@ -142,7 +167,8 @@ impl CurveLibrary {
             }
         }
         Self {
-            curves,
+            curves: Vec::new(),
+            shapes: curves,
             jitter: Vec::new(),
         }
     }
@@ -150,6 +176,7 @@ impl CurveLibrary {
     /// This library with another's curves added.
     pub fn extended(mut self, other: &CurveLibrary) -> Self {
         self.curves.extend(other.curves.iter().cloned());
+        self.shapes.extend(other.shapes.iter().cloned());
         self.jitter.extend(other.jitter.iter().copied());
         self.jitter.sort_by(f64::total_cmp);
         self
@@ -261,15 +288,24 @@ pub fn predict_epochs(
     let t = t - 1e-9 * t.abs().max(1.0);
     let mut members: Vec<(f64, f64)> = Vec::with_capacity(library.len());
     let mut log_w = Vec::with_capacity(library.len());
-    for l in library.curves.iter().filter(|l| l.len() > n) {
-        let (a, b, sse) = affine(&l[..n], &head);
-        let e = l[n..]
-            .iter()
-            .position(|&v| a + b * v >= t)
-            .map_or(cap, |i| ((n + i + 1) as f64).min(cap));
-        members.push((e, 0.0));
-        // Step 2: Gaussian likelihood of the head under the map.
-        log_w.push(-sse / (2.0 * sigma * sigma));
+    // Prior weights: a job's curve 1, a shape its share of SHAPES_MASS.
+    let shape_prior = SHAPES_MASS / library.shapes.len().max(1) as f64;
+    let sets = [(&library.curves, 1.0), (&library.shapes, shape_prior)];
+    for (set, prior) in sets {
+        for l in set.iter().filter(|l| l.len() > n) {
+            let (a, b, sse) = affine(&l[..n], &head);
+            let e = match l[n..].iter().position(|&v| a + b * v >= t) {
+                Some(i) => ((n + i + 1) as f64).min(cap),
+                // Never reached within its length: the cap if it covers
+                // the cap; else it says nothing about when (a job's curve
+                // ends where that job stopped) and has no vote.
+                None if l.len() >= cap_epochs => cap,
+                None => continue,
+            };
+            members.push((e, 0.0));
+            // Step 2: Gaussian likelihood of the head under the map.
+            log_w.push(prior.ln() - sse / (2.0 * sigma * sigma));
+        }
     }
     if members.is_empty() {
         return Ok(EpochsPrediction {
@@ -294,6 +330,37 @@ pub fn predict_epochs(
         observed: false,
         support: total * total / sq,
     })
+}
+
+/// Folds one process's evaluations into a job's per-epoch curve (`curve[e
+/// − 1]` = the value at epoch `e`): epochs are rounded to whole ones (an
+/// evaluation at the end of epoch 3 may say 2.9999), an epoch already held
+/// is overwritten (a resumed process evaluates it again), the next one is
+/// appended, and one that would leave a gap is skipped (its predecessors
+/// were never reported, and a curve with a hole has no shape). Returns
+/// whether the curve changed.
+pub fn fold_evals(curve: &mut Vec<f64>, epochs: &[f64], values: &[f64]) -> bool {
+    let mut changed = false;
+    for (&e, &v) in epochs.iter().zip(values) {
+        if !e.is_finite() || !v.is_finite() || e < 0.5 {
+            continue;
+        }
+        let i = e.round() as usize - 1;
+        match i.cmp(&curve.len()) {
+            std::cmp::Ordering::Less => {
+                if curve[i] != v {
+                    curve[i] = v;
+                    changed = true;
+                }
+            }
+            std::cmp::Ordering::Equal => {
+                curve.push(v);
+                changed = true;
+            }
+            std::cmp::Ordering::Greater => {}
+        }
+    }
+    changed
 }
 
 #[cfg(test)]
@@ -483,6 +550,21 @@ mod tests {
         let (learned, shipped, fit) = synthetic_families(3);
         eprintln!("3 epochs: learned {learned:.1} %, shipped {shipped:.1} %, fit {fit:.1} %");
         assert!(learned < fit, "learned {learned:.1} % vs fit {fit:.1} %");
+    }
+
+    #[test]
+    fn estimate_prior_evals_fold_by_epoch_across_restarts() {
+        let mut c = Vec::new();
+        assert!(fold_evals(&mut c, &[1.0, 2.0, 2.9999], &[0.5, 0.6, 0.65]));
+        assert_eq!(c, [0.5, 0.6, 0.65]);
+        // A resumed process re-evaluates epoch 3 and goes on.
+        assert!(fold_evals(&mut c, &[3.0, 4.0], &[0.66, 0.7]));
+        assert_eq!(c, [0.5, 0.6, 0.66, 0.7]);
+        // The same report again changes nothing; a gap is skipped.
+        assert!(!fold_evals(&mut c, &[3.0, 4.0], &[0.66, 0.7]));
+        assert!(!fold_evals(&mut c, &[6.0, f64::NAN], &[0.8, 0.9]));
+        assert!(!fold_evals(&mut c, &[0.0], &[0.1]));
+        assert_eq!(c.len(), 4);
     }
 
     proptest! {

@@ -4926,3 +4926,104 @@ async fn e2e_autosched_a_dry_run_proposes_a_tuning_adopts_and_the_leader_tunes_o
     );
     drop_db(&db).await;
 }
+
+/// Issue "Ymir's core, sharper", learned estimates live: a job with an
+/// accuracy target keeps its curve per epoch (agent → scheduler →
+/// Postgres) and its iterations are predicted from it; a second job of the
+/// same model and task then has the first one's finished curve as its
+/// prior and, from its first evaluations, is predicted to stop within one
+/// epoch of where it does.
+#[tokio::test]
+async fn e2e_estimate_prior_a_metric_target_is_predicted_from_finished_jobs() {
+    let db = new_db("fmsched_prior").await;
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let _sched = scheduler_env(&db, port, dir.path(), None, NO_MERGING);
+    wait_up("scheduler up", port);
+    let _a = agent("node-a", port, dir.path());
+    let manifest = |name: &str| {
+        format!(
+            "name: {name}\nmodel: roberta-base\n\
+             dataset: {{ uri: file:///data/rte, task: rte, num_samples: 3200 }}\n\
+             hyperparameters: {{ global_batch_size: 32, learning_rate: 2.0e-5 }}\n\
+             target: {{ max_epochs: 30, metric: {{ name: accuracy, value: 0.7 }} }}\n\
+             resources: {{ min_gpus: 1, max_gpus: 1 }}\n\
+             launch:\n  command: [\"{}\"]\n  env: {{ FMSCHED_FAKE_TIME_COMPRESSION: \"60\" }}\n",
+            bin("fake-trainer").display()
+        )
+    };
+    let row = |id: String| {
+        let url = db_url(&db);
+        async move {
+            let mut c = sqlx::PgConnection::connect(&url).await.unwrap();
+            sqlx::query_as::<_, (Option<i64>, String, Vec<f64>)>(
+                "SELECT iterations, note, evals FROM job_estimates WHERE job_id = $1::uuid",
+            )
+            .bind(id)
+            .fetch_optional(&mut c)
+            .await
+            .unwrap()
+        }
+    };
+    submit(port, dir.path(), [("first".to_string(), manifest("first"))]).expect("submit");
+    let done = all_completed(port, 1, Duration::from_secs(120));
+    let first = done.keys().next().unwrap().clone();
+    let (_, note, evals) = row(first.clone()).await.expect("estimates");
+    let note_first = format!("{note} ({} epochs kept)", evals.len());
+    assert!(evals.len() >= 3, "a curve of several epochs: {evals:?}");
+    assert!(
+        note.starts_with("metric accuracy") && note.contains("prior of 0 finished"),
+        "{note}"
+    );
+
+    submit(
+        port,
+        dir.path(),
+        [("second".to_string(), manifest("second"))],
+    )
+    .expect("submit");
+    let second = wait_for("second submitted", Duration::from_secs(10), || {
+        jobs(port)?
+            .into_keys()
+            .find(|k| *k != first)
+            .ok_or_else(|| "not yet".to_string())
+    });
+    // Its first prediction from the prior, taken while it runs (from at
+    // most 4 of the 6 epochs it will need).
+    let started = Instant::now();
+    let mut early: Option<(i64, String)> = None;
+    while started.elapsed() < Duration::from_secs(120) {
+        if let Some((Some(k), note, evals)) = row(second.clone()).await
+            && !evals.is_empty()
+            && evals.len() < 5
+        {
+            early = Some((k, note));
+            break;
+        }
+        if jobs(port).unwrap()[&second].0 == "completed" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (predicted, note) = early.expect("a prediction from its first epochs");
+    assert!(
+        note.contains("prior of 1 finished roberta-base jobs"),
+        "{note}"
+    );
+    let done = all_completed(port, 2, Duration::from_secs(120));
+    let weights: Value =
+        serde_json::from_str(&std::fs::read_to_string(&done[&second].1).unwrap()).unwrap();
+    let stopped = weights["iteration"].as_i64().unwrap();
+    let (_, _, evals) = row(second.clone()).await.unwrap();
+    eprintln!(
+        "first: {note_first}; second, early: {predicted} iterations ({note}); stopped at iteration {stopped}, {} epochs kept",
+        evals.len()
+    );
+    assert!(
+        (predicted - stopped).abs() <= 100,
+        "predicted {predicted} iterations from '{note}', stopped at iteration {stopped}"
+    );
+    // The whole curve is kept, the epoch that reached the target included.
+    assert_eq!(evals.len() as i64, stopped.div_euclid(100), "{evals:?}");
+    drop_db(&db).await;
+}

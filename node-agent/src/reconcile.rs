@@ -230,23 +230,23 @@ fn job_reports(
         .iter()
         .map(|(j, m)| (j.as_str(), m.as_str()))
         .collect();
-    for (job, _, _, metric, value) in &o.evals {
+    for (job, _, epoch, metric, value) in &o.evals {
         if *series.entry(job.as_str()).or_insert(metric.as_str()) != metric.as_str() {
             continue;
         }
-        out.entry(job)
-            .or_insert_with(|| pb::JobReport {
-                job_id: job.clone(),
-                ..Default::default()
-            })
-            .evals
-            .push(*value);
+        let r = out.entry(job).or_insert_with(|| pb::JobReport {
+            job_id: job.clone(),
+            ..Default::default()
+        });
+        r.evals.push(*value);
+        r.eval_epochs.push(*epoch);
     }
     out.into_values()
         .map(|mut r| {
             // The guard reads the first epochs; later ones are kept short.
             if r.evals.len() > MAX_EVALS {
                 r.evals.truncate(MAX_EVALS);
+                r.eval_epochs.truncate(MAX_EVALS);
             }
             r
         })
@@ -873,5 +873,28 @@ mod tests {
             .collect();
         assert_eq!(got["a"], vec![0.60, 0.65], "the target's metric");
         assert_eq!(got["b"], vec![0.50, 0.55], "no target: the first metric");
+    }
+
+    /// Each evaluation goes with its epoch (the scheduler keeps a job's
+    /// curve per epoch across restarts), also when the series is cut short.
+    #[test]
+    fn estimate_prior_evaluations_carry_their_epochs() {
+        let o = crate::driver::Observed {
+            evals: (0..20)
+                .map(|e| {
+                    let epoch = f64::from(e) + 3.0;
+                    ("a".to_string(), 0, epoch, "accuracy".to_string(), 0.5)
+                })
+                .collect(),
+            ..Default::default()
+        };
+        let r = job_reports(&o, &BTreeMap::new()).remove(0);
+        assert_eq!(r.evals.len(), 16);
+        assert_eq!(r.eval_epochs.len(), 16);
+        assert_eq!(
+            r.eval_epochs[0], 3.0,
+            "a resumed process starts at its epoch"
+        );
+        assert_eq!(r.eval_epochs[15], 18.0);
     }
 }

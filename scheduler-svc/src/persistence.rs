@@ -304,11 +304,11 @@ async fn write_observations(
     .map_err(db_err(op))?;
     for (job, e) in &w.estimates {
         sqlx::query(
-            "INSERT INTO job_estimates (job_id, iterations, curve, fisher, fisher_repeat, step_time_s, note, estimated_at)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+            "INSERT INTO job_estimates (job_id, iterations, curve, fisher, fisher_repeat, step_time_s, note, estimated_at, evals)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
              ON CONFLICT (job_id) DO UPDATE SET iterations = EXCLUDED.iterations, curve = EXCLUDED.curve,
                fisher = EXCLUDED.fisher, fisher_repeat = EXCLUDED.fisher_repeat, step_time_s = EXCLUDED.step_time_s,
-               note = EXCLUDED.note, estimated_at = EXCLUDED.estimated_at",
+               note = EXCLUDED.note, estimated_at = EXCLUDED.estimated_at, evals = EXCLUDED.evals",
         )
         .bind(job.0)
         .bind(e.iterations.map(|i| i.min(i64::MAX as u64) as i64))
@@ -318,6 +318,7 @@ async fn write_observations(
         .bind(e.step_time_s)
         .bind(&e.note)
         .bind(now)
+        .bind(&e.evals)
         .execute(&mut **tx)
         .await
         .map_err(db_err(op))?;
@@ -572,6 +573,19 @@ pub struct Estimate {
     pub fisher_repeat: Vec<f64>,
     pub step_time_s: Option<f64>,
     pub note: String,
+    /// Its target metric per epoch so far (`evals[e − 1]` at epoch `e`),
+    /// kept across restarts; empty for a job without a metric target.
+    pub evals: Vec<f64>,
+}
+
+/// A finished job's metric curve: the prior of the learned estimator for
+/// later jobs of its model and metric.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MetricCurve {
+    pub model: String,
+    pub metric: String,
+    pub lower_is_better: bool,
+    pub evals: Vec<f64>,
 }
 
 /// A merge decided by the task merger (Ymir §5), kept until the merge guard
@@ -1491,7 +1505,7 @@ impl Persistence {
     /// Every job's estimates.
     pub async fn estimates(&self) -> Result<BTreeMap<JobId, Estimate>, PersistenceError> {
         const OP: &str = "estimates";
-        let rows = sqlx::query("SELECT job_id, iterations, curve, fisher, fisher_repeat, step_time_s, note FROM job_estimates")
+        let rows = sqlx::query("SELECT job_id, iterations, curve, fisher, fisher_repeat, step_time_s, note, evals FROM job_estimates")
             .fetch_all(&self.pool)
             .await
             .map_err(db_err(OP))?;
@@ -1508,10 +1522,49 @@ impl Persistence {
                     fisher_repeat: r.try_get("fisher_repeat").map_err(get)?,
                     step_time_s: r.try_get("step_time_s").map_err(get)?,
                     note: r.try_get("note").map_err(get)?,
+                    evals: r.try_get("evals").map_err(get)?,
                 },
             );
         }
         Ok(out)
+    }
+
+    /// The metric curves (two epochs or more) of the `limit` most recently
+    /// submitted completed jobs of `models`.
+    pub async fn finished_metric_curves(
+        &self,
+        models: &[String],
+        limit: i64,
+    ) -> Result<Vec<MetricCurve>, PersistenceError> {
+        const OP: &str = "finished_metric_curves";
+        let rows = sqlx::query(
+            "SELECT j.model, j.spec #>> '{target,metric,name}' AS metric,
+                    COALESCE((j.spec #>> '{target,metric,lower_is_better}')::boolean, FALSE) AS lower,
+                    e.evals
+             FROM jobs j JOIN job_estimates e ON e.job_id = j.id
+             WHERE j.state = 'completed' AND j.model = ANY($1)
+               AND j.spec #> '{target,metric}' IS NOT NULL AND cardinality(e.evals) >= 2
+             ORDER BY j.id DESC LIMIT $2",
+        )
+        .bind(models)
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(db_err(OP))?;
+        rows.into_iter()
+            .map(|r| {
+                let get = |e: sqlx::Error| corrupt(OP, e.to_string());
+                Ok(MetricCurve {
+                    model: r.try_get("model").map_err(get)?,
+                    metric: r
+                        .try_get::<Option<String>, _>("metric")
+                        .map_err(get)?
+                        .unwrap_or_default(),
+                    lower_is_better: r.try_get("lower").map_err(get)?,
+                    evals: r.try_get("evals").map_err(get)?,
+                })
+            })
+            .collect()
     }
 
     /// Iterations done and newest checkpoint of every job that reported.

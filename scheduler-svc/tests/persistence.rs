@@ -704,3 +704,102 @@ async fn a_fenced_commit_by_a_stale_writer_writes_nothing(pool: PgPool) {
         .unwrap_err();
     assert!(matches!(e, PersistenceError::Fenced(_)));
 }
+
+/// A job's metric curve is kept with its estimates; the finished curves of
+/// a model's completed jobs with a metric target are the learned prior —
+/// not a running job's, not another model's, not a job without a metric.
+#[sqlx::test(migrator = "scheduler_svc::persistence::MIGRATOR")]
+async fn estimate_prior_metric_curves_are_kept_and_finished_ones_read_back(pool: PgPool) {
+    let p = Persistence::from_pool(pool);
+    let with_metric = |model: &str| -> fmsched_core::JobSpec {
+        let mut s = spec();
+        s.model = model.into();
+        s.target.metric = Some(fmsched_core::MetricTarget {
+            name: "eval_accuracy".into(),
+            value: 0.9,
+            lower_is_better: false,
+        });
+        s
+    };
+    let owner = UserName("alice".into());
+    let mut ids = Vec::new();
+    for (k, s) in [
+        with_metric("roberta-base"),
+        with_metric("roberta-base"),
+        with_metric("vit-base"),
+        spec(),
+    ]
+    .iter()
+    .enumerate()
+    {
+        let id = JobId::new_v7();
+        p.submit_job(NewJob {
+            id,
+            owner: &owner,
+            spec: s,
+            idempotency_key: None,
+            now: t(k as i64),
+        })
+        .await
+        .unwrap();
+        ids.push(id);
+    }
+    let curve = |x: f64| vec![0.5 + x, 0.6 + x, 0.7 + x];
+    let w = RoundWrites {
+        estimates: ids
+            .iter()
+            .enumerate()
+            .map(|(k, id)| {
+                (
+                    *id,
+                    scheduler_svc::persistence::Estimate {
+                        iterations: Some(100),
+                        evals: curve(0.01 * k as f64),
+                        ..Default::default()
+                    },
+                )
+            })
+            .collect(),
+        ..Default::default()
+    };
+    let (lease, fence) = lead(&p, "leader", 60).await;
+    let generation = p.current_plan().await.unwrap().generation;
+    p.commit_round(&fence, generation, &w, t(10)).await.unwrap();
+    lease.resign().await;
+    assert_eq!(p.estimates().await.unwrap()[&ids[1]].evals, curve(0.01));
+    // Job 0 completes, job 1 still runs, job 2 (vit-base) and 3 (no metric)
+    // complete.
+    for (k, id) in ids.iter().enumerate() {
+        for (to, at) in [
+            (JobState::Profiling, 11),
+            (JobState::Queued, 12),
+            (JobState::Running, 13),
+        ] {
+            p.transition_job(*id, to, "test", t(at)).await.unwrap();
+        }
+        if k != 1 {
+            p.transition_job(*id, JobState::Completed, "done", t(14))
+                .await
+                .unwrap();
+        }
+    }
+    let got = p
+        .finished_metric_curves(&["roberta-base".into()], 100)
+        .await
+        .unwrap();
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_eq!(got[0].evals, curve(0.0));
+    assert_eq!(
+        (
+            got[0].model.as_str(),
+            got[0].metric.as_str(),
+            got[0].lower_is_better
+        ),
+        ("roberta-base", "eval_accuracy", false)
+    );
+    let both = p
+        .finished_metric_curves(&["roberta-base".into(), "vit-base".into()], 100)
+        .await
+        .unwrap();
+    assert_eq!(both.len(), 2);
+}

@@ -223,6 +223,26 @@ pub fn validate_observed_task(field: &str, t: &pb::ObservedTask) -> Result<(), A
         check_len(&g("job_id"), &r.job_id, 64)?;
         fits_bigint(g("iteration"), r.iteration)?;
         at_most(g("evals"), r.evals.len(), SERIES)?;
+        if !r.eval_epochs.is_empty() && r.eval_epochs.len() != r.evals.len() {
+            return Err(ApiError::field(
+                g("eval_epochs"),
+                format!(
+                    "{} epochs for {} evals: one per evaluation, or none",
+                    r.eval_epochs.len(),
+                    r.evals.len()
+                ),
+            ));
+        }
+        if let Some(k) = r
+            .eval_epochs
+            .iter()
+            .position(|e| !e.is_finite() || *e < 0.0)
+        {
+            return Err(ApiError::field(
+                format!("{}[{k}]", g("eval_epochs")),
+                "must be a finite number >= 0",
+            ));
+        }
         at_most(g("layer_variance"), r.layer_variance.len(), LAYERS)?;
     }
     Ok(())

@@ -16,6 +16,7 @@ use chrono::{DateTime, Utc};
 use fmsched_core::policy::MergeMode;
 use fmsched_core::{JobId, JobState};
 use fmsched_estimator::analytic;
+use fmsched_estimator::curve_prior::{self, CurveLibrary};
 use fmsched_estimator::loss_curve::{
     LossCurve, PLATEAU_THRESHOLD, fit_loss_curve, iterations_to_converge,
 };
@@ -27,8 +28,8 @@ use super::{DEFAULT_ITERATIONS, RoundError, RoundKind, iteration_budget};
 use crate::api::AppState;
 use crate::estimates::Estimates;
 use crate::persistence::{
-    AdminState, Estimate, Failure, JobRecord, JobService, MergeRecord, RetryState, RoundWrites,
-    StoredPlan,
+    AdminState, Estimate, Failure, JobRecord, JobService, MergeRecord, MetricCurve, RetryState,
+    RoundWrites, StoredPlan,
 };
 use crate::registry::LiveNode;
 
@@ -155,14 +156,145 @@ pub(crate) async fn observe(
     // and each job's latest (iteration, loss) in a joint process.
     let mut evals: BTreeMap<JobId, Vec<f64>> = BTreeMap::new();
     let mut losses: BTreeMap<JobId, (u64, f64)> = BTreeMap::new();
+    let mut own = OwnEvals::new();
     for n in &nodes {
         for t in &n.observed_tasks {
-            observe_task(state, lut, est, &mut o, n, t, now, &mut evals, &mut losses).await;
+            let reports = Reports {
+                evals: &mut evals,
+                losses: &mut losses,
+                own: &mut own,
+            };
+            observe_task(state, lut, est, &mut o, n, t, now, reports).await;
         }
     }
     guard(&mut o, &evals, &losses);
+    learn_metric_targets(state, &mut o, &own).await;
     o.nodes = nodes;
     Ok(o)
+}
+
+/// Jobs whose own metric curve grew this round.
+type OwnEvals = BTreeSet<JobId>;
+
+/// What the processes reported this round, gathered across tasks.
+struct Reports<'a> {
+    /// Evaluations per job, its own or watched (the merge guard's).
+    evals: &'a mut BTreeMap<JobId, Vec<f64>>,
+    /// Each job's latest (iteration, loss) in a joint process.
+    losses: &'a mut BTreeMap<JobId, (u64, f64)>,
+    own: &'a mut OwnEvals,
+}
+
+/// Finished jobs' curves read as the prior per round, at most.
+const PRIOR_CURVES: i64 = 2000;
+
+/// Jobs with a metric target whose processes reported evaluations (folded
+/// into their per-epoch curve by [`observe_task`], kept across restarts):
+/// the curve is written, and a live job's iterations are re-estimated by
+/// the learned prior
+/// (`estimator::curve_prior`: model averaging over the curves of finished
+/// jobs of the same model and metric, plus the shipped shapes) —
+/// epochs-to-target with its p10–p90 spread, times iterations per epoch.
+/// A job without `dataset.num_samples` keeps its curve but no iteration
+/// estimate (epochs cannot be turned into iterations).
+async fn learn_metric_targets(state: &AppState, o: &mut Observed, own: &OwnEvals) {
+    let mut changed: Vec<(JobId, Estimate)> = Vec::new();
+    for id in own {
+        let Some(e) = o.estimates.get(id) else {
+            continue;
+        };
+        if o.live.contains_key(id) {
+            changed.push((*id, e.clone()));
+        } else {
+            // Completed in this report: its whole curve, the prior of the
+            // jobs after it.
+            o.writes.estimates.push((*id, e.clone()));
+        }
+    }
+    if changed.is_empty() {
+        return;
+    }
+    let mut models: Vec<String> = changed
+        .iter()
+        .map(|(id, _)| o.live[id].spec.model.clone())
+        .collect();
+    models.sort_unstable();
+    models.dedup();
+    let prior = match state
+        .persistence
+        .finished_metric_curves(&models, PRIOR_CURVES)
+        .await
+    {
+        Ok(p) => p,
+        Err(err) => {
+            tracing::warn!(error = %err, "finished jobs' metric curves not read; predicting from the shipped shapes");
+            Vec::new()
+        }
+    };
+    for (id, mut e) in changed {
+        let job = &o.live[&id];
+        predict_metric_target(job, &prior, &mut e);
+        o.writes.estimates.push((id, e.clone()));
+        o.estimates.insert(id, e);
+    }
+}
+
+/// Sets `e.iterations` and `e.note` from `e.evals` (see
+/// [`learn_metric_targets`]).
+fn predict_metric_target(job: &JobRecord, prior: &[MetricCurve], e: &mut Estimate) {
+    let Some(m) = &job.spec.target.metric else {
+        return;
+    };
+    let mut lib = CurveLibrary::new();
+    let mut longest = 0;
+    for c in prior.iter().filter(|c| {
+        c.model == job.spec.model && c.metric == m.name && c.lower_is_better == m.lower_is_better
+    }) {
+        if lib.push(&c.evals, c.lower_is_better).is_ok() {
+            longest = longest.max(c.evals.len());
+        }
+    }
+    let finished = lib.len();
+    let lib = lib.extended(&CurveLibrary::shipped());
+    let batch = u64::from(job.spec.hyperparameters.global_batch_size.max(1));
+    let per_epoch = job
+        .spec
+        .dataset
+        .num_samples
+        .map(|n| n.div_ceil(batch).max(1));
+    // The epochs it may run: its budget, else twice the longest curve known.
+    let cap = match (
+        job.spec.target.max_epochs,
+        job.spec.target.max_iterations,
+        per_epoch,
+    ) {
+        (Some(me), _, _) => me as usize,
+        (None, Some(mi), Some(pe)) => mi.div_ceil(pe) as usize,
+        _ => 2 * longest.max(10).max(e.evals.len()),
+    }
+    .max(1);
+    let p = match curve_prior::predict_epochs(&lib, &e.evals, m.value, m.lower_is_better, cap) {
+        Ok(p) => p,
+        Err(err) => {
+            e.note = format!("metric {}: no prediction ({err})", m.name);
+            return;
+        }
+    };
+    let seen = e.evals.len();
+    e.note = format!(
+        "metric {}: {} at epoch {} (p10-p90 {}-{}) from {seen} evaluations; prior of {finished} finished {} jobs",
+        m.name, m.value, p.epochs, p.low, p.high, job.spec.model
+    );
+    match per_epoch {
+        Some(pe) => {
+            let k = (p.epochs * pe as f64).ceil() as u64;
+            let k = iteration_budget(job).map_or(k, |b| k.min(b));
+            tracing::info!(job_id = %job.id, epochs = p.epochs, low = p.low, high = p.high, iterations = k,
+                evaluations = seen, prior = finished, "metric target estimated");
+            e.iterations = Some(k);
+        }
+        None => e.note += "; no dataset.num_samples: iterations not estimated",
+    }
 }
 
 /// The merge guard (Ymir §4.3): a merge whose watched accuracy does not
@@ -302,9 +434,9 @@ async fn observe_task(
     n: &LiveNode,
     t: &pb::ObservedTask,
     now: DateTime<Utc>,
-    evals: &mut BTreeMap<JobId, Vec<f64>>,
-    losses: &mut BTreeMap<JobId, (u64, f64)>,
+    reports: Reports<'_>,
 ) {
+    let Reports { evals, losses, own } = reports;
     // Profiling runs: "<job>-profile".
     if let Some(job_part) = t.task_id.strip_suffix(PROFILE_SUFFIX) {
         if let Ok(id) = job_part.parse::<JobId>() {
@@ -377,6 +509,21 @@ async fn observe_task(
         };
         if !r.evals.is_empty() && watched(o, j) {
             evals.insert(j, r.evals.clone());
+        }
+        // A job's own training curve (not a partner's weights evaluated on
+        // its task), per epoch — folded now, while a job that completes in
+        // this report is still here to say it has a metric target.
+        if members.contains(&j)
+            && !r.eval_epochs.is_empty()
+            && o.live
+                .get(&j)
+                .is_some_and(|job| job.spec.target.metric.is_some())
+        {
+            let mut e = o.estimates.get(&j).cloned().unwrap_or_default();
+            if curve_prior::fold_evals(&mut e.evals, &r.eval_epochs, &r.evals) {
+                o.estimates.insert(j, e);
+                own.insert(j);
+            }
         }
         // Watched (eval-only) jobs are not trained by this process.
         if members.contains(&j) && o.live.contains_key(&j) {
@@ -694,6 +841,11 @@ fn refresh_estimate(
     const MIN_POINTS: usize = 20;
     const MIN_QUALITY: f64 = 0.5;
     if t.trace_losses.len() < MIN_POINTS {
+        return None;
+    }
+    // A metric target's evaluations, once there are any, say when it
+    // stops ([`learn_metric_targets`]), not the loss plateau.
+    if job.spec.target.metric.is_some() && old.is_some_and(|e| !e.evals.is_empty()) {
         return None;
     }
     let c = fit_loss_curve(&t.trace_iterations, &t.trace_losses).ok()?;
@@ -1043,6 +1195,59 @@ pub(crate) mod tests {
             updated_at: Utc::now(),
             last_event_seq: 0,
         }
+    }
+
+    /// A job with a metric target: its evaluations so far and the curves of
+    /// finished jobs give its iterations (epochs × iterations per epoch,
+    /// within its budget) and a note with the spread; curves of another
+    /// model or metric are no prior; without `dataset.num_samples` no
+    /// iterations are estimated.
+    #[test]
+    fn estimate_prior_metric_target_sets_the_iterations_from_its_curve() {
+        let mut job = record(1, None);
+        job.spec.target.max_epochs = Some(10);
+        job.spec.dataset.num_samples = Some(3200); // 100 iterations per epoch
+        let shape = |level: f64, e: usize| level + 0.3 * (1.0 - (-0.4 * e as f64).exp());
+        job.spec.target.metric = Some(fmsched_core::MetricTarget {
+            name: "eval_accuracy".into(),
+            value: shape(0.6, 6),
+            lower_is_better: false,
+        });
+        let finished = |model: &str, metric: &str, level: f64| MetricCurve {
+            model: model.into(),
+            metric: metric.into(),
+            lower_is_better: false,
+            evals: (1..=10).map(|e| shape(level, e)).collect(),
+        };
+        let prior = vec![
+            finished("roberta-base", "eval_accuracy", 0.55),
+            finished("roberta-base", "eval_accuracy", 0.6),
+            finished("roberta-base", "eval_accuracy", 0.62),
+            finished("vit-base", "eval_accuracy", 0.1),
+            finished("roberta-base", "eval_f1", 0.1),
+        ];
+        // The job follows the same shape from 0.6: its target is epoch 6's.
+        let mut e = Estimate {
+            evals: (1..=3).map(|e| shape(0.6, e)).collect(),
+            ..Default::default()
+        };
+        predict_metric_target(&job, &prior, &mut e);
+        assert_eq!(e.iterations, Some(600), "{}", e.note);
+        assert!(e.note.contains("p10-p90"), "{}", e.note);
+        assert!(e.note.contains("prior of 3 finished"), "{}", e.note);
+        // The budget caps it.
+        job.spec.target.max_iterations = Some(450);
+        predict_metric_target(&job, &prior, &mut e);
+        assert_eq!(e.iterations, Some(450));
+        // No samples per epoch: the curve is kept, no iterations.
+        job.spec.dataset.num_samples = None;
+        let mut e = Estimate {
+            evals: vec![0.6, 0.7],
+            ..Default::default()
+        };
+        predict_metric_target(&job, &prior, &mut e);
+        assert_eq!(e.iterations, None);
+        assert!(e.note.contains("no dataset.num_samples"), "{}", e.note);
     }
 
     fn running(n: u8, iteration: u64, step_time_s: f64) -> pb::ObservedTask {

@@ -1,0 +1,6 @@
+-- fmsched scheduler schema, version 13: each job's evaluation metric per
+-- epoch, kept across restarts. A running job's curve so far predicts its
+-- epochs to a metric target; finished jobs' curves are the prior
+-- (estimator::curve_prior).
+
+ALTER TABLE job_estimates ADD COLUMN evals DOUBLE PRECISION[] NOT NULL DEFAULT '{}';
