@@ -337,6 +337,10 @@ pub struct Estimates {
     /// The eligible pairs the caller could estimate (others are not
     /// candidates this round).
     pub candidates: Vec<PairEstimate>,
+    /// Per snapshot job: the relative spread of its remaining time, `(p90 −
+    /// p10) / p50` of the estimator's prediction (0: sure, or unknown;
+    /// empty: 0 for every job). See [`SchedJob::spread`].
+    pub spread: Vec<f64>,
 }
 
 /// A group that holds GPUs after the round.
@@ -1052,6 +1056,7 @@ pub fn snapshot(
                 current_gpus: current[k].iter().map(|p| p.1).sum(),
                 current_placement: current[k].clone(),
                 remaining_s: estimates.jobs[k].clone(),
+                spread: estimates.spread.get(k).copied().unwrap_or(0.0).max(0.0),
                 restart_s: j.restart_s,
                 lease_until: j.lease_until,
                 deadlines: j.deadlines.clone(),
@@ -1134,6 +1139,7 @@ fn whole_replicas(view: &ClusterView, prepared: &Prepared, estimates: &Estimates
                 ..c.clone()
             })
             .collect(),
+        spread: estimates.spread.clone(),
     }
 }
 
@@ -1155,6 +1161,16 @@ fn check_estimates(prepared: &Prepared, estimates: &Estimates) -> Result<(), Rou
             estimates.kept.len(),
             prepared.kept.len()
         ));
+    }
+    if !estimates.spread.is_empty() && estimates.spread.len() != prepared.jobs.len() {
+        return bad(format!(
+            "{} spreads for {} jobs",
+            estimates.spread.len(),
+            prepared.jobs.len()
+        ));
+    }
+    if estimates.spread.iter().any(|s| !s.is_finite() || *s < 0.0) {
+        return bad("a spread that is not a finite number >= 0".into());
     }
     let rows = estimates.jobs.iter().chain(&estimates.kept).chain(
         estimates
@@ -1862,6 +1878,7 @@ pub mod testkit {
             jobs: p.jobs.iter().map(|_| linear(p, work)).collect(),
             kept: p.kept.iter().map(|_| linear(p, work)).collect(),
             candidates: Vec::new(),
+            spread: Vec::new(),
         }
     }
 

@@ -206,6 +206,17 @@ impl EpochsPrediction {
     }
 }
 
+/// The relative spread of a job's *remaining* time after `seen` epochs:
+/// `(high − low)` epochs over the epochs the prediction leaves (at least
+/// one), at most 4 — what the scheduler's plan weighs as uncertainty
+/// (`SchedJob::spread`). 0 once the target was seen.
+pub fn remaining_spread(p: &EpochsPrediction, seen: usize) -> f64 {
+    if p.observed {
+        return 0.0;
+    }
+    ((p.high - p.low) / (p.epochs - seen as f64).max(1.0)).clamp(0.0, 4.0)
+}
+
 /// Least-squares affine map of `x` onto `y` (same length, `b ≥ 0`):
 /// returns `(a, b, sse)`. One point: a shift only.
 fn affine(x: &[f64], y: &[f64]) -> (f64, f64, f64) {

@@ -42,7 +42,7 @@ use fmsched_core::round::{
 use fmsched_core::slo::{self, RewardStep};
 use fmsched_core::{JobState, NodeState, SloClass};
 use fmsched_estimator::analytic;
-use fmsched_estimator::curve_prior::{CurveLibrary, predict_epochs};
+use fmsched_estimator::curve_prior::{CurveLibrary, predict_epochs, remaining_spread};
 use fmsched_estimator::lut::{Lut, Variant};
 use fmsched_estimator::times::{tran_wt_spatial, tran_wt_temporal};
 
@@ -75,14 +75,17 @@ pub enum EstimateModel {
 pub const PROFILED_EPOCHS: usize = 3;
 
 /// The learned estimator's epochs-to-target for a job with per-epoch
-/// `curve` and `target`, after `n` observed epochs, for every `n` from 0 to
-/// the curve's length (below [`PROFILED_EPOCHS`] it has seen that many).
-fn learned_epochs(lib: &CurveLibrary, curve: &[f64], target: f64) -> Vec<f64> {
+/// `curve` and `target`, and the relative spread of its remaining time
+/// ([`remaining_spread`]), after `n` observed epochs, for every `n` from 0
+/// to the curve's length (below [`PROFILED_EPOCHS`] it has seen that many).
+fn learned_epochs(lib: &CurveLibrary, curve: &[f64], target: f64) -> Vec<(f64, f64)> {
     (0..=curve.len())
         .map(|n| {
             let head = &curve[..n.max(PROFILED_EPOCHS).min(curve.len())];
             predict_epochs(lib, head, target, false, curve.len())
-                .map_or(curve.len() as f64, |p| p.epochs)
+                .map_or((curve.len() as f64, 0.0), |p| {
+                    (p.epochs, remaining_spread(&p, head.len()))
+                })
         })
         .collect()
 }
@@ -412,8 +415,9 @@ struct Job {
     samples_per_epoch: f64,
     alone_epochs: f64,
     /// With learned estimates: the predicted epochs-to-target alone after
-    /// `n` observed epochs, by `n` (empty: exact estimates).
-    predicted_epochs: Vec<f64>,
+    /// `n` observed epochs and the relative spread of the remaining time,
+    /// by `n` (empty: exact estimates).
+    predicted_epochs: Vec<(f64, f64)>,
     /// Samples the current path needs, and has done.
     target: f64,
     done: f64,
@@ -728,17 +732,28 @@ impl<'a> Simulation<'a> {
         Ok(sim)
     }
 
+    /// The learned estimator's (epochs, spread) for job `i` now: from the
+    /// epochs it has done (at least the profiled ones); None without
+    /// learned estimates or while it is merged.
+    fn learned_now(&self, i: usize) -> Option<(f64, f64)> {
+        let j = &self.jobs[i];
+        if j.predicted_epochs.is_empty() || j.merged.is_some() {
+            return None;
+        }
+        let seen = ((j.done / j.samples_per_epoch).floor() as usize)
+            .max(PROFILED_EPOCHS)
+            .min(j.predicted_epochs.len() - 1);
+        Some(j.predicted_epochs[seen])
+    }
+
     /// The estimation-error factor of job `i` now: the learned estimator's
     /// predicted over true remaining work, or the fixed noise factor (1:
     /// exact).
     fn noise_factor(&self, i: usize) -> f64 {
         let j = &self.jobs[i];
-        if !j.predicted_epochs.is_empty() && j.merged.is_none() {
-            let seen = ((j.done / j.samples_per_epoch).floor() as usize)
-                .max(PROFILED_EPOCHS)
-                .min(j.predicted_epochs.len() - 1);
+        if let Some((epochs, _)) = self.learned_now(i) {
             let truth = self.remaining(i);
-            let predicted = (j.predicted_epochs[seen] * j.samples_per_epoch - j.done).max(0.0);
+            let predicted = (epochs * j.samples_per_epoch - j.done).max(0.0);
             return if truth > 0.0 {
                 (predicted / truth).clamp(0.05, 20.0)
             } else {
@@ -1510,6 +1525,8 @@ impl<'a> Simulation<'a> {
             let times = self.solo_times(i, shape[v])?;
             out.jobs
                 .push(times.into_iter().map(|t| t * noise).collect());
+            out.spread
+                .push(self.learned_now(i).map_or(0.0, |(_, spread)| spread));
             by_job.insert(v, k);
         }
         for &m in &prepared.kept {
@@ -1773,7 +1790,10 @@ mod tests {
             .map(|e| 0.9 - 0.4 * (-0.35 * f64::from(e)).exp())
             .collect();
         let target = curve[6]; // reached at epoch 7
-        let p = learned_epochs(&lib, &curve, target);
+        let with_spread = learned_epochs(&lib, &curve, target);
+        assert!(with_spread.iter().all(|&(_, s)| (0.0..=4.0).contains(&s)));
+        assert_eq!(with_spread[10].1, 0.0, "seen: sure");
+        let p: Vec<f64> = with_spread.iter().map(|x| x.0).collect();
         assert_eq!(p.len(), 11);
         // Below PROFILED_EPOCHS the head is the profiled one.
         assert_eq!(p[0], p[PROFILED_EPOCHS]);
@@ -1786,6 +1806,6 @@ mod tests {
         }
         // A target met in the profiled epochs is that epoch.
         let early = learned_epochs(&lib, &curve, curve[1]);
-        assert!(early.iter().all(|&e| e == 2.0), "{early:?}");
+        assert!(early.iter().all(|&e| e == (2.0, 0.0)), "{early:?}");
     }
 }

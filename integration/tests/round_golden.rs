@@ -75,6 +75,7 @@ fn estimates(view: &ClusterView, p: &Prepared) -> Estimates {
                 },
             })
             .collect(),
+        spread: Vec::new(),
     }
 }
 

@@ -1149,13 +1149,16 @@ async fn e2e_generated_workload_merges_of_both_kinds_all_complete() {
         table.values().filter(|v| v.2).count()
     );
     assert_eq!(table.len(), n, "each job completed exactly once");
-    // Estimates were refreshed from running processes' loss traces.
+    // Estimates were refreshed from running processes: their loss traces
+    // (Eq. 3 refit) or, for these metric targets once a job has evaluated,
+    // their metric curves (the learned prior).
     let mut c = sqlx::PgConnection::connect(&db_url(&db)).await.unwrap();
-    let refits: i64 =
-        sqlx::query_scalar("SELECT count(*) FROM job_estimates WHERE note LIKE 'refit on %'")
-            .fetch_one(&mut c)
-            .await
-            .unwrap();
+    let refits: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM job_estimates WHERE note LIKE 'refit on %' OR note LIKE 'metric accuracy: %'",
+    )
+    .fetch_one(&mut c)
+    .await
+    .unwrap();
     eprintln!("{refits} of {n} estimates refreshed from the running process");
     assert!(refits > 0, "running jobs refresh their estimates");
     let sim = simulated(n, dir.path());

@@ -304,11 +304,12 @@ async fn write_observations(
     .map_err(db_err(op))?;
     for (job, e) in &w.estimates {
         sqlx::query(
-            "INSERT INTO job_estimates (job_id, iterations, curve, fisher, fisher_repeat, step_time_s, note, estimated_at, evals)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+            "INSERT INTO job_estimates (job_id, iterations, curve, fisher, fisher_repeat, step_time_s, note, estimated_at, evals, spread)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
              ON CONFLICT (job_id) DO UPDATE SET iterations = EXCLUDED.iterations, curve = EXCLUDED.curve,
                fisher = EXCLUDED.fisher, fisher_repeat = EXCLUDED.fisher_repeat, step_time_s = EXCLUDED.step_time_s,
-               note = EXCLUDED.note, estimated_at = EXCLUDED.estimated_at, evals = EXCLUDED.evals",
+               note = EXCLUDED.note, estimated_at = EXCLUDED.estimated_at, evals = EXCLUDED.evals,
+               spread = EXCLUDED.spread",
         )
         .bind(job.0)
         .bind(e.iterations.map(|i| i.min(i64::MAX as u64) as i64))
@@ -319,6 +320,7 @@ async fn write_observations(
         .bind(&e.note)
         .bind(now)
         .bind(&e.evals)
+        .bind(e.spread)
         .execute(&mut **tx)
         .await
         .map_err(db_err(op))?;
@@ -576,6 +578,9 @@ pub struct Estimate {
     /// Its target metric per epoch so far (`evals[e − 1]` at epoch `e`),
     /// kept across restarts; empty for a job without a metric target.
     pub evals: Vec<f64>,
+    /// Relative spread of the prediction from `evals` (p90 − p10 epochs
+    /// over the epochs left; 0 = sure or none).
+    pub spread: f64,
 }
 
 /// A finished job's metric curve: the prior of the learned estimator for
@@ -1505,7 +1510,7 @@ impl Persistence {
     /// Every job's estimates.
     pub async fn estimates(&self) -> Result<BTreeMap<JobId, Estimate>, PersistenceError> {
         const OP: &str = "estimates";
-        let rows = sqlx::query("SELECT job_id, iterations, curve, fisher, fisher_repeat, step_time_s, note, evals FROM job_estimates")
+        let rows = sqlx::query("SELECT job_id, iterations, curve, fisher, fisher_repeat, step_time_s, note, evals, spread FROM job_estimates")
             .fetch_all(&self.pool)
             .await
             .map_err(db_err(OP))?;
@@ -1523,6 +1528,7 @@ impl Persistence {
                     step_time_s: r.try_get("step_time_s").map_err(get)?,
                     note: r.try_get("note").map_err(get)?,
                     evals: r.try_get("evals").map_err(get)?,
+                    spread: r.try_get("spread").map_err(get)?,
                 },
             );
         }

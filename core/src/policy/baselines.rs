@@ -605,6 +605,7 @@ pub fn with_knobs(
             take("srtf_weight", &mut c.srtf_weight);
             take("wait_weight", &mut c.wait_weight);
             take("resize_horizon_s", &mut c.resize_horizon_s);
+            take("risk_weight", &mut c.risk_weight);
             take("merging", &mut merging);
             take("pairs_per_job", &mut pairs);
             c.merging = merging != 0.0;
@@ -655,6 +656,7 @@ pub fn knob_names(name: &str) -> Option<&'static [&'static str]> {
             "srtf_weight",
             "wait_weight",
             "resize_horizon_s",
+            "risk_weight",
             "merging",
             "pairs_per_job",
         ],

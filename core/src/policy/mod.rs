@@ -89,6 +89,11 @@ pub struct SchedJob {
     /// Remaining seconds to finish alone with `allocations[k]` GPUs
     /// (`+∞` where it cannot run), i.e. `T_{i,a}` of Ymir Eq. 5.
     pub remaining_s: Vec<f64>,
+    /// How sure `remaining_s` is: the relative spread `(p90 − p10) / p50`
+    /// of the estimator's prediction (0: sure, or nothing known). Ymir
+    /// plans on the pessimistic `T·(1 + κ·spread/2)` (its `risk_weight` κ),
+    /// so a merge or a placement does not rest on a wide guess.
+    pub spread: f64,
     /// Seconds a (re)start costs this job (checkpoint + context switch).
     pub restart_s: f64,
     /// Themis: the lease on its current GPUs runs until this time.
@@ -553,6 +558,7 @@ pub(crate) mod testkit {
             current_gpus: 0,
             current_placement: Vec::new(),
             remaining_s: linear_times(allocations, work_gpu_s),
+            spread: 0.0,
             restart_s: 30.0,
             lease_until: 0.0,
             fair_share_gpu_s: 0.0,

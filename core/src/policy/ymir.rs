@@ -76,6 +76,14 @@ pub struct YmirConfig {
     /// and completion, paying a checkpoint and a context switch each time.
     /// With `H`, a resized job's time is `T + restart·max(1, T/H)`.
     pub resize_horizon_s: f64,
+    /// Weight κ of estimate uncertainty ([`super::SchedJob::spread`]): a
+    /// merge's gain over running apart, `TranWt − 1`, counts only
+    /// `max(0, 1 − κ·s/2)` of itself (s the wider spread of the pair: at
+    /// κ = 1 about its pessimistic p10–p90 end), and the shortest-remaining-
+    /// time term sees the pessimistic `T·(1 + κ·s/2)`; so between equal
+    /// gains the surer merge wins, and a job is not put ahead as short on a
+    /// wide guess. 0 = plan on the median estimate alone.
+    pub risk_weight: f64,
 }
 
 impl Default for YmirConfig {
@@ -88,6 +96,7 @@ impl Default for YmirConfig {
             srtf_weight: 1.0,
             wait_weight: 0.0,
             resize_horizon_s: 300.0,
+            risk_weight: 1.0,
         }
     }
 }
@@ -306,6 +315,15 @@ impl Policy for Ymir {
         refs.sort_by(f64::total_cmp);
         let tau = refs.get(refs.len() / 2).copied().unwrap_or(1.0);
         let lambda = self.config.srtf_weight;
+        // Estimate uncertainty (risk_weight κ): the wider spread of a
+        // unit's or pair's jobs, and the pessimistic factor 1 + κ·s/2.
+        let kappa = self.config.risk_weight;
+        let spread = |jobs: &[usize]| {
+            jobs.iter()
+                .map(|&j| snap.jobs[j].spread)
+                .fold(0.0f64, f64::max)
+        };
+        let pessimism = |jobs: &[usize]| 1.0 + kappa * spread(jobs) / 2.0;
         // λ·τ + ω·W_j of each job: what it counts over its time.
         let base: Vec<f64> = snap
             .jobs
@@ -335,7 +353,7 @@ impl Policy for Ymir {
                     self.config.resize_horizon_s,
                 );
                 let aged: f64 = u.jobs.iter().map(|&j| base[j]).sum();
-                let value = weight * t_ref / t + aged / t;
+                let value = weight * t_ref / t + aged / (t * pessimism(&u.jobs));
                 let v = vars.add(variable().binary());
                 n_vars += 1;
                 objective += value * v;
@@ -358,8 +376,12 @@ impl Policy for Ymir {
             for &a in &p.allowed {
                 let t = time_at(allocs, &c.remaining_s, a) + restart;
                 let w = time_at(allocs, &c.tran_wt, a);
+                // The gain over running apart, discounted by the pair's
+                // estimate spread (risk_weight).
+                let w = 1.0 + (w - 1.0) * (1.0 - kappa * spread(&[c.a, c.b]) / 2.0).max(0.0);
                 // Eq. 7 (fixed): two jobs' speedup, weighted by TranWt.
-                let value = 2.0 * w * t_ref / t + w * (base[c.a] + base[c.b]) / t;
+                let value = 2.0 * w * t_ref / t
+                    + w * (base[c.a] + base[c.b]) / (t * pessimism(&[c.a, c.b]));
                 let v = vars.add(variable().binary());
                 n_vars += 1;
                 objective += value * v;
@@ -537,7 +559,7 @@ pub fn fallback(snap: &Snapshot, units: &[UnitView]) -> Plan {
 #[cfg(test)]
 mod tests {
     use super::super::testkit::*;
-    use super::super::{PairCandidate, ymir_allocations};
+    use super::super::{PairCandidate, SchedJob, ymir_allocations};
     use super::*;
     use proptest::prelude::*;
 
@@ -698,6 +720,52 @@ mod tests {
         );
         let placed = ymir().schedule(&snap);
         placed.consistency_check(&snap).unwrap();
+    }
+
+    /// Two merges with equal gains on one GPU: the one whose estimates are
+    /// surer is taken, whichever it is; without the risk weight the wide
+    /// guess counts as much as the sure one.
+    #[test]
+    fn estimate_prior_the_surer_merge_wins_when_gains_are_equal() {
+        let all = ymir_allocations(64);
+        let four: Vec<SchedJob> = ["a0", "a1", "b0", "b1"]
+            .iter()
+            .map(|id| job(id, 3600.0, 1, &all))
+            .collect();
+        let mut snap = cluster(1, 1, four);
+        let allocs = snap.allocations.clone();
+        let row = |v: f64| -> Vec<f64> {
+            allocs
+                .iter()
+                .map(|&a| if a == 0 { f64::INFINITY } else { v })
+                .collect()
+        };
+        for (a, b) in [(0, 1), (2, 3)] {
+            snap.candidates.push(PairCandidate {
+                a,
+                b,
+                mode: MergeMode::Temporal,
+                remaining_s: row(5000.0),
+                tran_wt: row(1.5),
+            });
+        }
+        let merged = |snap: &Snapshot, risk: f64| {
+            let y = Ymir::new(YmirConfig {
+                risk_weight: risk,
+                ..Default::default()
+            });
+            let plan = y.allocate(snap);
+            assert_eq!(plan.entries.len(), 1, "{plan:?}");
+            plan.entries[0].jobs.clone()
+        };
+        snap.jobs[0].spread = 0.8;
+        assert_eq!(merged(&snap, 1.0), [2, 3], "a0's estimate is a wide guess");
+        snap.jobs[0].spread = 0.0;
+        snap.jobs[3].spread = 0.8;
+        assert_eq!(merged(&snap, 1.0), [0, 1], "now b1's is");
+        // The gain's discount: 1 + (1.5 − 1)·(1 − 0.8/2) = 1.3.
+        let w = 1.0 + (1.5 - 1.0) * (1.0 - 1.0 * 0.8 / 2.0f64).max(0.0);
+        assert!((w - 1.3).abs() < 1e-12);
     }
 
     #[test]

@@ -455,6 +455,12 @@ async fn estimate(
                 gain_ba: *gba,
             })
             .collect(),
+        // How sure each job's estimate is (a metric target's p10-p90).
+        spread: prepared
+            .jobs
+            .iter()
+            .map(|&v| o.estimates.get(&t.jobs[v]).map_or(0.0, |e| e.spread))
+            .collect(),
     })
 }
 

@@ -281,6 +281,7 @@ fn predict_metric_target(job: &JobRecord, prior: &[MetricCurve], e: &mut Estimat
         }
     };
     let seen = e.evals.len();
+    e.spread = curve_prior::remaining_spread(&p, seen);
     e.note = format!(
         "metric {}: {} at epoch {} (p10-p90 {}-{}) from {seen} evaluations; prior of {finished} finished {} jobs",
         m.name, m.value, p.epochs, p.low, p.high, job.spec.model
@@ -1235,6 +1236,8 @@ pub(crate) mod tests {
         assert_eq!(e.iterations, Some(600), "{}", e.note);
         assert!(e.note.contains("p10-p90"), "{}", e.note);
         assert!(e.note.contains("prior of 3 finished"), "{}", e.note);
+        // Its spread, what the plan weighs (p90 − p10 over the epochs left).
+        assert!((0.0..=4.0).contains(&e.spread), "{}", e.spread);
         // The budget caps it.
         job.spec.target.max_iterations = Some(450);
         predict_metric_target(&job, &prior, &mut e);
