@@ -200,6 +200,17 @@ pub struct EpochsPrediction {
 }
 
 impl EpochsPrediction {
+    /// `epochs` with no spread and no library support behind it.
+    fn certain(epochs: f64, observed: bool) -> Self {
+        Self {
+            epochs,
+            low: epochs,
+            high: epochs,
+            observed,
+            support: 0.0,
+        }
+    }
+
     /// Relative spread `(high − low) / epochs`.
     pub fn spread(&self) -> f64 {
         (self.high - self.low) / self.epochs.max(1e-9)
@@ -269,25 +280,12 @@ pub fn predict_epochs(
     let t = s * target;
     let head: Vec<f64> = head.iter().map(|v| s * v).collect();
     if let Some(i) = head.iter().position(|&v| v >= t) {
-        let e = ((i + 1) as f64).min(cap);
-        return Ok(EpochsPrediction {
-            epochs: e,
-            low: e,
-            high: e,
-            observed: true,
-            support: 0.0,
-        });
+        return Ok(EpochsPrediction::certain(((i + 1) as f64).min(cap), true));
     }
     let n = head.len();
     if n >= cap_epochs {
         // Every allowed epoch is observed and none reached it.
-        return Ok(EpochsPrediction {
-            epochs: cap,
-            low: cap,
-            high: cap,
-            observed: false,
-            support: 0.0,
-        });
+        return Ok(EpochsPrediction::certain(cap, false));
     }
     let sigma = match library.noise() {
         Some(n) => n.max(SIGMA_FLOOR_REL * target.abs()),
@@ -319,13 +317,7 @@ pub fn predict_epochs(
         }
     }
     if members.is_empty() {
-        return Ok(EpochsPrediction {
-            epochs: cap,
-            low: cap,
-            high: cap,
-            observed: false,
-            support: 0.0,
-        });
+        return Ok(EpochsPrediction::certain(cap, false));
     }
     let top = log_w.iter().copied().fold(f64::NEG_INFINITY, f64::max);
     for (m, lw) in members.iter_mut().zip(&log_w) {
