@@ -76,7 +76,7 @@ pub struct CurveLibrary {
     /// The shipped shapes: together [`SHAPES_MASS`] jobs' worth.
     shapes: Vec<Vec<f64>>,
     /// |second differences| / √6 of every interior epoch of the curves
-    /// pushed (jobs' curves, not the shipped shapes), sorted: their median
+    /// pushed (jobs' curves, not the shipped shapes): their median
     /// estimates the evaluation noise σ.
     jitter: Vec<f64>,
 }
@@ -109,8 +109,7 @@ impl CurveLibrary {
         // variance 6σ² (the smooth part of a curve adds little per epoch).
         for w in curve.windows(3) {
             let d = (w[2] - 2.0 * w[1] + w[0]).abs() / 6f64.sqrt();
-            let at = self.jitter.partition_point(|&x| x < d);
-            self.jitter.insert(at, d);
+            self.jitter.push(d);
         }
         Ok(())
     }
@@ -118,7 +117,9 @@ impl CurveLibrary {
     /// Evaluation noise σ the jobs' curves show (the median of their
     /// jitter), None without a job curve of three epochs or more.
     pub fn noise(&self) -> Option<f64> {
-        self.jitter.get(self.jitter.len() / 2).copied()
+        let mut j = self.jitter.clone();
+        let mid = j.len() / 2;
+        (!j.is_empty()).then(|| *j.select_nth_unstable_by(mid, f64::total_cmp).1)
     }
 
     /// Jobs' curves and shapes held.
@@ -178,7 +179,6 @@ impl CurveLibrary {
         self.curves.extend(other.curves.iter().cloned());
         self.shapes.extend(other.shapes.iter().cloned());
         self.jitter.extend(other.jitter.iter().copied());
-        self.jitter.sort_by(f64::total_cmp);
         self
     }
 }

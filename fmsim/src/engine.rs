@@ -595,11 +595,11 @@ impl<'a> Simulation<'a> {
                 ),
                 (None, None) => unreachable!("checked above"),
             };
-            let epochs = match (w.epochs, work) {
-                (Some(e), _) => e,
-                (None, Some(work)) => work.epochs(w.target_metric),
-                (None, None) => unreachable!("one of them is set"),
-            };
+            // The workload's epochs, else the catalog's work (one is set).
+            let epochs = w
+                .epochs
+                .or_else(|| work.map(|work| work.epochs(w.target_metric)))
+                .expect("no catalog work only where the workload gives epochs");
             let predicted_epochs = match (work, w.target_metric) {
                 (Some(Work::Curve(curve)), Some(target)) if cfg.learned_estimates => {
                     let lib = libraries

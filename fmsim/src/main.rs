@@ -1019,46 +1019,33 @@ fn sweep(
             runs.extend(baselines.iter().map(|b| (i, b.clone())));
         }
     }
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let next = std::sync::atomic::AtomicUsize::new(0);
     // A run that fails (a job left unfinished at the horizon) is a row
     // that says so, not the end of the sweep.
     type Outcome = Result<report::Summary, String>;
-    let results: std::sync::Mutex<BTreeMap<(usize, String), Outcome>> = Default::default();
-    std::thread::scope(|scope| {
-        for _ in 0..threads.min(runs.len()) {
-            scope.spawn(|| {
-                loop {
-                    let k = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    let Some((i, name)) = runs.get(k) else { break };
-                    let p = &points[*i];
-                    let knobs = if name == "ymir" {
-                        &p.ymir_knobs
-                    } else {
-                        &knobs
-                    };
-                    let out = with_knobs(name, knobs)
-                        .map_err(anyhow::Error::msg)
-                        .and_then(|policy| {
-                            let sim = Simulation::new(p.cfg.clone(), &lut, &catalog, &jobs)?;
-                            Ok(sim.run(policy.as_ref(), &catalog, |_, _| {})?)
-                        })
-                        .map(|r| report::summarize(&r))
-                        .map_err(|e| format!("{e:#}"));
-                    eprintln!(
-                        "{} {name}: {}",
-                        p.label,
-                        if out.is_ok() { "done" } else { "failed" }
-                    );
-                    results
-                        .lock()
-                        .expect("not poisoned")
-                        .insert((*i, name.clone()), out);
-                }
-            });
-        }
-    });
-    let results = results.into_inner().expect("not poisoned");
+    let outcomes =
+        fmsim::parallel::parallel_map(&runs, fmsim::parallel::all_cores(), |(i, name)| {
+            let p = &points[*i];
+            let knobs = if name == "ymir" {
+                &p.ymir_knobs
+            } else {
+                &knobs
+            };
+            let out: Outcome = with_knobs(name, knobs)
+                .map_err(anyhow::Error::msg)
+                .and_then(|policy| {
+                    let sim = Simulation::new(p.cfg.clone(), &lut, &catalog, &jobs)?;
+                    Ok(sim.run(policy.as_ref(), &catalog, |_, _| {})?)
+                })
+                .map(|r| report::summarize(&r))
+                .map_err(|e| format!("{e:#}"));
+            eprintln!(
+                "{} {name}: {}",
+                p.label,
+                if out.is_ok() { "done" } else { "failed" }
+            );
+            out
+        });
+    let results: BTreeMap<(usize, String), Outcome> = runs.into_iter().zip(outcomes).collect();
     println!(
         "{:<22} {:>10} {:>10} {:<14} {:>10} {:>10} {:>9} {:>9}",
         "point",
@@ -1620,10 +1607,7 @@ fn tune(a: &SimArgs, t: &TuneArgs) -> anyhow::Result<()> {
         }
         k
     };
-    let threads = t
-        .threads
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
-        .max(1);
+    let threads = t.threads.unwrap_or_else(fmsim::parallel::all_cores).max(1);
     let objective = Objective::for_policy(&t.policy);
     eprintln!(
         "{} jobs, {} GPUs; tuning {} ({}) every {:.0} s",

@@ -597,25 +597,9 @@ pub fn evaluate_all(
     objective: Objective,
     threads: usize,
 ) -> Vec<Option<f64>> {
-    let threads = threads.clamp(1, configs.len().max(1));
-    let mut out = vec![None; configs.len()];
-    std::thread::scope(|s| {
-        let chunks: Vec<_> = out
-            .chunks_mut(configs.len().div_ceil(threads).max(1))
-            .zip(configs.chunks(configs.len().div_ceil(threads).max(1)))
-            .map(|(o, c)| {
-                s.spawn(move || {
-                    for (slot, k) in o.iter_mut().zip(c) {
-                        *slot = evaluate(cfg, lut, catalog, trace, policy, k, objective);
-                    }
-                })
-            })
-            .collect();
-        for h in chunks {
-            let _ = h.join();
-        }
-    });
-    out
+    crate::parallel::parallel_map(configs, threads, |k| {
+        evaluate(cfg, lut, catalog, trace, policy, k, objective)
+    })
 }
 
 /// How hard a tuner searches.
@@ -652,7 +636,7 @@ impl Default for SearchConfig {
             threshold: 1.1,
             aggregate: true,
             draws: 3,
-            threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            threads: crate::parallel::all_cores(),
             seed: 1,
         }
     }

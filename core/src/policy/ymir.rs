@@ -342,6 +342,9 @@ impl Policy for Ymir {
         for u in &units {
             let weight = u.jobs.len() as f64;
             let t_ref = reference_time(allocs, &u.remaining_s, share * u.jobs.len() as u32);
+            // The SRTF/aging term's numerator and the unit's pessimism.
+            let aged: f64 = u.jobs.iter().map(|&j| base[j]).sum();
+            let pess = pessimism(&u.jobs);
             let mut row = Vec::with_capacity(u.allowed.len());
             let mut expr = Expression::from(0.0);
             for &a in &u.allowed {
@@ -352,8 +355,7 @@ impl Policy for Ymir {
                     u.restart_s,
                     self.config.resize_horizon_s,
                 );
-                let aged: f64 = u.jobs.iter().map(|&j| base[j]).sum();
-                let value = weight * t_ref / t + aged / (t * pessimism(&u.jobs));
+                let value = weight * t_ref / t + aged / (t * pess);
                 let v = vars.add(variable().binary());
                 n_vars += 1;
                 objective += value * v;
@@ -372,16 +374,16 @@ impl Policy for Ymir {
             let c = &snap.candidates[p.candidate];
             let t_ref = reference_time(allocs, &c.remaining_s, 2 * share);
             let restart = snap.jobs[c.a].restart_s.max(snap.jobs[c.b].restart_s);
+            // The share of the gain over running apart kept under the
+            // pair's estimate spread (risk_weight), and its pessimism.
+            let keep = (1.0 - kappa * spread(&[c.a, c.b]) / 2.0).max(0.0);
+            let (aged, pess) = (base[c.a] + base[c.b], pessimism(&[c.a, c.b]));
             let mut row = Vec::with_capacity(p.allowed.len());
             for &a in &p.allowed {
                 let t = time_at(allocs, &c.remaining_s, a) + restart;
-                let w = time_at(allocs, &c.tran_wt, a);
-                // The gain over running apart, discounted by the pair's
-                // estimate spread (risk_weight).
-                let w = 1.0 + (w - 1.0) * (1.0 - kappa * spread(&[c.a, c.b]) / 2.0).max(0.0);
+                let w = 1.0 + (time_at(allocs, &c.tran_wt, a) - 1.0) * keep;
                 // Eq. 7 (fixed): two jobs' speedup, weighted by TranWt.
-                let value = 2.0 * w * t_ref / t
-                    + w * (base[c.a] + base[c.b]) / (t * pessimism(&[c.a, c.b]));
+                let value = 2.0 * w * t_ref / t + w * aged / (t * pess);
                 let v = vars.add(variable().binary());
                 n_vars += 1;
                 objective += value * v;

@@ -231,17 +231,23 @@ async fn learn_metric_targets(state: &AppState, o: &mut Observed, own: &OwnEvals
             Vec::new()
         }
     };
+    let shapes = CurveLibrary::shipped();
     for (id, mut e) in changed {
         let job = &o.live[&id];
-        predict_metric_target(job, &prior, &mut e);
+        predict_metric_target(job, &prior, &shapes, &mut e);
         o.writes.estimates.push((id, e.clone()));
         o.estimates.insert(id, e);
     }
 }
 
-/// Sets `e.iterations` and `e.note` from `e.evals` (see
-/// [`learn_metric_targets`]).
-fn predict_metric_target(job: &JobRecord, prior: &[MetricCurve], e: &mut Estimate) {
+/// Sets `e.iterations`, `e.spread` and `e.note` from `e.evals` (see
+/// [`learn_metric_targets`]); `shapes` is [`CurveLibrary::shipped`].
+fn predict_metric_target(
+    job: &JobRecord,
+    prior: &[MetricCurve],
+    shapes: &CurveLibrary,
+    e: &mut Estimate,
+) {
     let Some(m) = &job.spec.target.metric else {
         return;
     };
@@ -255,7 +261,7 @@ fn predict_metric_target(job: &JobRecord, prior: &[MetricCurve], e: &mut Estimat
         }
     }
     let finished = lib.len();
-    let lib = lib.extended(&CurveLibrary::shipped());
+    let lib = lib.extended(shapes);
     let batch = u64::from(job.spec.hyperparameters.global_batch_size.max(1));
     let per_epoch = job
         .spec
@@ -1232,7 +1238,7 @@ pub(crate) mod tests {
             evals: (1..=3).map(|e| shape(0.6, e)).collect(),
             ..Default::default()
         };
-        predict_metric_target(&job, &prior, &mut e);
+        predict_metric_target(&job, &prior, &CurveLibrary::shipped(), &mut e);
         assert_eq!(e.iterations, Some(600), "{}", e.note);
         assert!(e.note.contains("p10-p90"), "{}", e.note);
         assert!(e.note.contains("prior of 3 finished"), "{}", e.note);
@@ -1240,7 +1246,7 @@ pub(crate) mod tests {
         assert!((0.0..=4.0).contains(&e.spread), "{}", e.spread);
         // The budget caps it.
         job.spec.target.max_iterations = Some(450);
-        predict_metric_target(&job, &prior, &mut e);
+        predict_metric_target(&job, &prior, &CurveLibrary::shipped(), &mut e);
         assert_eq!(e.iterations, Some(450));
         // No samples per epoch: the curve is kept, no iterations.
         job.spec.dataset.num_samples = None;
@@ -1248,7 +1254,7 @@ pub(crate) mod tests {
             evals: vec![0.6, 0.7],
             ..Default::default()
         };
-        predict_metric_target(&job, &prior, &mut e);
+        predict_metric_target(&job, &prior, &CurveLibrary::shipped(), &mut e);
         assert_eq!(e.iterations, None);
         assert!(e.note.contains("no dataset.num_samples"), "{}", e.note);
     }
