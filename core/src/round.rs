@@ -83,6 +83,9 @@ pub struct NodeView {
     /// for others; see `fmsched_estimator::analytic::gpu_family`). A group
     /// never spans two families.
     pub gpu_model: String,
+    /// An inference server on loan to training (Lyra): in the whitelist
+    /// until a reclaim returns it.
+    pub loaned: bool,
 }
 
 /// One live job (submitted, profiling, queued or running).
@@ -1087,6 +1090,7 @@ pub fn snapshot(
                 id: view.nodes[n].id.clone(),
                 gpus,
                 gpu_model: view.nodes[n].gpu_model.clone(),
+                loaned: view.nodes[n].loaned,
             })
             .collect(),
         allocations: prepared.allocations.clone(),
@@ -1812,6 +1816,7 @@ pub mod testkit {
             drained: false,
             cordoned: false,
             gpu_model: "A100".into(),
+            loaned: false,
         }
     }
 
@@ -1925,6 +1930,7 @@ pub mod testkit {
                     cordoned: st == 3,
                     // Every third node is of another family.
                     gpu_model: if k % 3 == 2 { "H100" } else { "A100" }.into(),
+                    loaned: st == 4,
                 })
                 .collect();
             let mut free: Vec<Vec<u32>> = nodes.iter().map(|n| (0..n.gpus).collect()).collect();
@@ -2963,7 +2969,7 @@ mod tests {
         #[test]
         fn queues_hold_within_their_share_and_pinned_jobs_stay(
             v in arb_view(),
-            policy in prop::sample::select(vec!["ymir", "srtf", "tiresias", "themis", "fifo", "edf", "hydra", "chronus", "optimus"]),
+            policy in prop::sample::select(vec!["ymir", "srtf", "tiresias", "themis", "fifo", "edf", "hydra", "chronus", "optimus", "lyra"]),
             ga in 0u32..6, la in prop::option::of(6u32..12), gb in 0u32..6,
             seed in any::<u64>(),
         ) {

@@ -34,6 +34,7 @@
 use std::collections::HashMap;
 use std::time::Instant;
 
+use fmsched_core::policy::lyra::ReclaimRule;
 use fmsched_core::policy::{MergeMode, PIPELINE_STAGES, Policy, Replica, ymir_allocations};
 use fmsched_core::round::{
     self, ClusterView, Decision, Estimates, Gpu, JobView, MergeView, NodeView, PairEstimate,
@@ -47,6 +48,7 @@ use fmsched_estimator::lut::{Lut, Variant};
 use fmsched_estimator::times::{tran_wt_spatial, tran_wt_temporal};
 
 use crate::catalog::{Catalog, Work};
+use crate::loans::{LoanStats, Loans};
 use crate::workload::WorkloadJob;
 
 /// What a job's throughput depends on besides its placement shape: its
@@ -179,6 +181,9 @@ pub struct SimConfig {
     pub round_origin_s: Option<f64>,
     /// Queues with quotas (`--queues`; empty: none).
     pub queues: fmsched_core::queue::Queues,
+    /// An inference cluster that loans idle servers to training (Lyra);
+    /// None: the training cluster alone.
+    pub loans: Option<Loans>,
 }
 
 impl Default for SimConfig {
@@ -197,6 +202,7 @@ impl Default for SimConfig {
             estimate_model: EstimateModel::Exact,
             round_origin_s: None,
             queues: Default::default(),
+            loans: None,
         }
     }
 }
@@ -210,24 +216,50 @@ impl SimConfig {
         }
     }
 
-    /// GPUs of the whole cluster.
+    /// GPUs of the training cluster.
     pub fn total_gpus(&self) -> u32 {
         self.cluster.iter().map(|g| g.count * g.gpus).sum()
     }
 
-    /// Every node as the round sees it (families resolved).
+    /// GPUs of the inference servers that may be loaned.
+    pub fn inference_gpus(&self) -> u32 {
+        self.loans
+            .iter()
+            .flat_map(|l| &l.inference)
+            .map(|g| g.count * g.gpus)
+            .sum()
+    }
+
+    /// Every node as the round sees it (families resolved): the training
+    /// cluster's, then the inference servers' (out of the round — Offline —
+    /// until loaned).
     fn node_views(&self) -> Vec<NodeView> {
         let mut out = Vec::new();
-        for g in &self.cluster {
+        let inference = self.loans.iter().flat_map(|l| &l.inference);
+        for (g, training) in self
+            .cluster
+            .iter()
+            .map(|g| (g, true))
+            .chain(inference.map(|g| (g, false)))
+        {
             let family = analytic::gpu_family(&g.gpu_type);
             for _ in 0..g.count {
                 out.push(NodeView {
-                    id: format!("node-{}", out.len()),
+                    id: if training {
+                        format!("node-{}", out.len())
+                    } else {
+                        format!("inference-{}", out.len())
+                    },
                     gpus: g.gpus,
-                    state: NodeState::Available,
+                    state: if training {
+                        NodeState::Available
+                    } else {
+                        NodeState::Offline
+                    },
                     drained: false,
                     cordoned: false,
                     gpu_model: family.clone(),
+                    loaned: false,
                 });
             }
         }
@@ -253,6 +285,9 @@ pub struct JobResult {
     pub task: String,
     pub submit_s: f64,
     pub first_start_s: Option<f64>,
+    /// When it first trained (its profiling run not counted): the end of
+    /// its queuing.
+    pub first_train_s: Option<f64>,
     pub finish_s: f64,
     pub jct_s: f64,
     /// JCT over the time alone at the requested GPUs (finish-time fairness ρ).
@@ -299,6 +334,8 @@ pub struct SimResult {
     /// (variables, constraints) of each round (MILP policies).
     pub model_sizes: Vec<(usize, usize)>,
     pub wall_s: f64,
+    /// Loans and reclaims (runs with an inference cluster).
+    pub loans: LoanStats,
 }
 
 /// A re-tuning hook for [`Simulation::run_retuned`]: called every
@@ -431,6 +468,7 @@ struct Job {
     restarts: u32,
     lease_until: f64,
     first_start: Option<f64>,
+    first_train: Option<f64>,
     finish: Option<f64>,
     /// The merge it is in now (progress flows through it).
     merged: Option<(MergeMode, usize)>,
@@ -521,7 +559,8 @@ impl<'a> Simulation<'a> {
             .iter()
             .map(|n| (n.gpus, n.gpu_model.as_str()))
             .collect();
-        let total = cfg.total_gpus();
+        // The allocation set spans what may ever be in the round.
+        let total = cfg.total_gpus() + cfg.inference_gpus();
         let has_profile = |m: &str, fam: &str| {
             lut.profile(m, fam, &Variant::base()).is_some()
                 || lut.gpu_types(m).iter().any(|g| g == fam)
@@ -646,6 +685,7 @@ impl<'a> Simulation<'a> {
                 restarts: 0,
                 lease_until: 0.0,
                 first_start: None,
+                first_train: None,
                 finish: None,
                 merged: None,
                 ever_merged: None,
@@ -708,6 +748,7 @@ impl<'a> Simulation<'a> {
                 round_wall_s: Vec::new(),
                 model_sizes: Vec::new(),
                 wall_s: 0.0,
+                loans: LoanStats::default(),
             },
         };
         for i in 0..sim.jobs.len() {
@@ -1028,6 +1069,12 @@ impl<'a> Simulation<'a> {
         let mut stalled = 0u32;
         let n = self.jobs.len();
         let mut next_retune = retune.as_ref().map_or(f64::INFINITY, |r| t0 + r.every_s);
+        // The orchestrator's first decision as the trace starts.
+        let mut next_loan = if self.cfg.loans.is_some() {
+            t0
+        } else {
+            f64::INFINITY
+        };
         while finished < n {
             if self.now - t0 > self.cfg.horizon_s {
                 // Name a few, with what they asked for.
@@ -1060,7 +1107,7 @@ impl<'a> Simulation<'a> {
                 )));
             }
             // The next event.
-            let mut t_next = next_round.min(next_retune);
+            let mut t_next = next_round.min(next_retune).min(next_loan);
             if let Some(&i) = order.get(next_arrival) {
                 t_next = t_next.min(self.jobs[i].w.submit_s);
             }
@@ -1173,6 +1220,12 @@ impl<'a> Simulation<'a> {
                     swapped = Some(p);
                 }
             }
+            if self.now >= next_loan
+                && let Some(every) = self.cfg.loans.as_ref().map(|l| l.every_s.max(1.0))
+            {
+                next_loan += every;
+                self.orchestrate();
+            }
             if self.now >= next_round {
                 let active: &dyn Policy = swapped.as_deref().map_or(policy, |p| p as &dyn Policy);
                 self.round(active, catalog)?;
@@ -1190,9 +1243,10 @@ impl<'a> Simulation<'a> {
             .filter_map(|j| j.finish)
             .fold(first, f64::max);
         self.stats.makespan_s = (last - first).max(0.0);
-        let total = f64::from(self.total_gpus);
+        // Over the training cluster and the GPU-seconds on loan.
+        let total = f64::from(self.cfg.total_gpus());
         self.stats.gpu_utilisation = if self.stats.makespan_s > 0.0 {
-            self.busy_gpu_s / (total * self.stats.makespan_s)
+            self.busy_gpu_s / (total * self.stats.makespan_s + self.stats.loans.loaned_gpu_s)
         } else {
             0.0
         };
@@ -1208,6 +1262,7 @@ impl<'a> Simulation<'a> {
                     task: j.w.task.clone(),
                     submit_s: j.w.submit_s,
                     first_start_s: j.first_start,
+                    first_train_s: j.first_train,
                     finish_s: finish,
                     jct_s: finish - j.w.submit_s,
                     ftf: (finish - j.w.submit_s) / j.ideal_s.max(1e-9),
@@ -1234,6 +1289,171 @@ impl<'a> Simulation<'a> {
         Ok(self.stats)
     }
 
+    /// GPUs of the nodes in the round now (training and loaned).
+    fn present_gpus(&self) -> u32 {
+        self.nodes
+            .iter()
+            .filter(|n| n.state != NodeState::Offline)
+            .map(|n| n.gpus)
+            .sum()
+    }
+
+    /// The loan orchestrator (Lyra §3.4): loans the inference servers the
+    /// trace leaves idle, or reclaims what the inference side needs back.
+    fn orchestrate(&mut self) {
+        let Some(loans) = self.cfg.loans.clone() else {
+            return;
+        };
+        let first = self.nodes.len()
+            - loans
+                .inference
+                .iter()
+                .map(|g| g.count as usize)
+                .sum::<usize>();
+        let inference: Vec<usize> = (first..self.nodes.len()).collect();
+        let target = loans.loanable(inference.len(), self.now);
+        let on_loan: Vec<usize> = inference
+            .iter()
+            .copied()
+            .filter(|&n| self.nodes[n].loaned)
+            .collect();
+        if target > on_loan.len() {
+            let more: Vec<usize> = inference
+                .iter()
+                .copied()
+                .filter(|&n| !self.nodes[n].loaned)
+                .take(target - on_loan.len())
+                .collect();
+            for &n in &more {
+                self.nodes[n].loaned = true;
+                self.nodes[n].state = NodeState::Available;
+            }
+            self.version += 1;
+            self.stats.loans.loan_ops += 1;
+            self.stats.loans.servers_loaned += more.len() as u32;
+        } else if target < on_loan.len() {
+            self.reclaim(&on_loan, on_loan.len() - target, loans.rule);
+        }
+    }
+
+    /// Returns `need` of the loaned servers `on_loan`, chosen by `rule`:
+    /// jobs left below their base demand are preempted (back to the
+    /// queue, resumed later from their checkpoints), the others scale in
+    /// (restart with fewer workers from their checkpoints).
+    fn reclaim(&mut self, on_loan: &[usize], need: usize, rule: ReclaimRule) {
+        use fmsched_core::policy::lyra::{self, LoanedServer, ReclaimInput, ReclaimJob};
+        // One reclaim job per group of GPUs (a merged pair shares them).
+        let mut reps: Vec<Vec<usize>> = Vec::new();
+        for i in 0..self.jobs.len() {
+            let Some(a) = &self.jobs[i].alloc else {
+                continue;
+            };
+            if !a.placement.iter().any(|p| on_loan.contains(&p.0)) {
+                continue;
+            }
+            match reps.iter_mut().find(|r| {
+                self.jobs[r[0]]
+                    .alloc
+                    .as_ref()
+                    .is_some_and(|b| b.held == a.held)
+            }) {
+                Some(r) => r.push(i),
+                None => reps.push(vec![i]),
+            }
+        }
+        let input = ReclaimInput {
+            servers: on_loan
+                .iter()
+                .map(|&n| LoanedServer {
+                    id: self.nodes[n].id.clone(),
+                    gpus: self.nodes[n].gpus,
+                    holds: reps
+                        .iter()
+                        .enumerate()
+                        .filter_map(|(k, r)| {
+                            let a = self.jobs[r[0]].alloc.as_ref()?;
+                            let g: u32 = a.placement.iter().filter(|p| p.0 == n).map(|p| p.1).sum();
+                            (g > 0).then_some((k, g))
+                        })
+                        .collect(),
+                })
+                .collect(),
+            jobs: reps
+                .iter()
+                .map(|r| {
+                    let j = &self.jobs[r[0]];
+                    let held = j.alloc.as_ref().map_or(0, |a| a.gpus);
+                    // An elastic job keeps running on its base demand (its
+                    // request); any other (profiling runs included) needs
+                    // all it holds.
+                    let elastic = r.len() == 1
+                        && matches!(j.phase, Phase::Waiting)
+                        && j.w.max_gpus > j.w.gpus;
+                    ReclaimJob {
+                        gpus: held,
+                        base: if elastic { j.w.gpus.min(held) } else { held },
+                    }
+                })
+                .collect(),
+        };
+        let t = Instant::now();
+        let out = lyra::reclaim(&input, need, rule);
+        self.stats
+            .loans
+            .reclaim_wall_s
+            .push(t.elapsed().as_secs_f64());
+        if on_loan.len() <= 16 {
+            let best = lyra::reclaim(&input, need, ReclaimRule::Exhaustive);
+            self.stats.loans.searched_reclaims += 1;
+            self.stats.loans.searched_preemptions += out.preempted.len() as u32;
+            self.stats.loans.searched_optimal_preemptions += best.preempted.len() as u32;
+        }
+        let returned: Vec<usize> = out.servers.iter().map(|&s| on_loan[s]).collect();
+        self.version += 1;
+        for &k in &out.preempted {
+            for &i in &reps[k] {
+                let j = &mut self.jobs[i];
+                j.alloc = None;
+                if matches!(j.phase, Phase::Profiling { .. }) {
+                    // Its profiling run starts over.
+                    j.phase = Phase::Profiling {
+                        until: f64::INFINITY,
+                    };
+                }
+            }
+        }
+        for &(k, _) in &out.scaled_in {
+            for &i in &reps[k] {
+                let ready = self.now + self.jobs[i].restart_s;
+                let j = &mut self.jobs[i];
+                if let Some(a) = &j.alloc {
+                    let held: Vec<Gpu> = a
+                        .held
+                        .iter()
+                        .copied()
+                        .filter(|g| !returned.contains(&g.0))
+                        .collect();
+                    j.alloc = Some(Alloc::on(held, ready));
+                    j.restarts += 1;
+                }
+            }
+        }
+        for &n in &returned {
+            self.nodes[n].loaned = false;
+            self.nodes[n].state = NodeState::Offline;
+        }
+        let l = &mut self.stats.loans;
+        l.reclaim_ops += 1;
+        l.servers_reclaimed += returned.len() as u32;
+        l.preemptions += out
+            .preempted
+            .iter()
+            .map(|&k| reps[k].len() as u32)
+            .sum::<u32>();
+        l.scale_ins += out.scaled_in.len() as u32;
+        l.collateral_gpus += out.collateral_gpus;
+    }
+
     /// Moves the clock to `t`, advancing every running job.
     fn advance(&mut self, t: f64) -> Result<(), SimError> {
         let dt = t - self.now;
@@ -1242,7 +1462,15 @@ impl<'a> Simulation<'a> {
             // cluster, at most what it asked for (Themis's deserved service,
             // accumulated as the TitanSched simulator does).
             let present = self.jobs.iter().filter(|j| j.in_system()).count();
-            let total = self.total_gpus;
+            let total = self.present_gpus();
+            let loaned: Vec<bool> = self.nodes.iter().map(|n| n.loaned).collect();
+            self.stats.loans.loaned_gpu_s += self
+                .nodes
+                .iter()
+                .filter(|n| n.loaned)
+                .map(|n| f64::from(n.gpus))
+                .sum::<f64>()
+                * dt;
             for j in self.jobs.iter_mut().filter(|j| j.in_system()) {
                 j.fair_share_gpu_s += round::fair_share(total, present, j.w.gpus) * dt;
             }
@@ -1257,6 +1485,13 @@ impl<'a> Simulation<'a> {
                 };
                 if holder {
                     self.busy_gpu_s += f64::from(a.gpus) * dt;
+                    let on_loan = a
+                        .placement
+                        .iter()
+                        .filter(|p| loaned[p.0])
+                        .map(|p| p.1)
+                        .sum::<u32>();
+                    self.stats.loans.loaned_busy_gpu_s += f64::from(on_loan) * dt;
                 }
                 self.jobs[i].attained_gpu_s += f64::from(a.gpus) * dt;
                 self.jobs[i].executed_s += dt;
@@ -1376,6 +1611,10 @@ impl<'a> Simulation<'a> {
         let (view, members) = self.view();
         let cfg = round_config(&self.cfg, policy);
         let prepared = prepare_round(&view, policy, &cfg);
+        // The set follows the GPUs in the round (loans change them).
+        if self.allocations != prepared.allocations {
+            self.allocations = prepared.allocations.clone();
+        }
         let estimates = self.estimates(catalog, &prepared, &view, &members)?;
         let t = Instant::now();
         let decision = decide_round(&view, &prepared, &estimates, policy, &cfg).map_err(|e| {
@@ -1684,6 +1923,7 @@ impl<'a> Simulation<'a> {
                     j.restarts += 1;
                 }
                 j.first_start.get_or_insert(self.now);
+                j.first_train.get_or_insert(self.now);
             }
         }
         // Everyone else the policy saw is suspended.

@@ -9,12 +9,14 @@ use std::time::Instant;
 use anyhow::{Context, bail};
 use clap::{Args, Parser, Subcommand};
 use fmsched_core::policy::baselines::{POLICY_NAMES, Themis, ThemisRank, by_name, with_knobs};
+use fmsched_core::policy::lyra::ReclaimRule;
 use fmsched_core::policy::{PlacementRule, Policy};
 use fmsched_estimator::analytic;
 use fmsched_estimator::lut::Lut;
 use fmsim::catalog::Catalog;
 use fmsim::engine::{EstimateModel, NodeGroup, SimConfig, SimResult, Simulation};
 use fmsim::generate::{GenConfig, generate};
+use fmsim::loans::{InferenceTrace, Loans};
 use fmsim::report;
 use fmsim::workload::{self, Format, WorkloadJob};
 
@@ -36,6 +38,17 @@ enum Cmd {
         /// pollux, unisched, chronus, edf, hydra.
         #[arg(long, default_value = "ymir")]
         policy: String,
+    },
+    /// Lyra's evaluation (thesis 002 §3.7) on one workload and inference
+    /// cluster (`--inference-nodes`): FIFO without loans or scaling (the
+    /// baseline), loaning alone (FIFO on loaned servers), elastic scaling
+    /// alone (lyra without loans), Lyra, Lyra with the Random and SCF
+    /// reclaims, and the elastic schedulers Optimus (AFS-style greedy
+    /// marginal gain) and Pollux without loans: queuing time, JCT,
+    /// preemptions and collateral per reclaim, loaned GPU usage.
+    Lyra {
+        #[command(flatten)]
+        sim: SimArgs,
     },
     /// Simulate several policies on the same workload, side by side.
     Compare {
@@ -303,6 +316,32 @@ struct SimArgs {
     /// `EstimateModel::TitanSched`; `fidelity` gives them to Optimus).
     #[arg(long, value_name = "POLICIES")]
     titansched_estimates: Option<String>,
+    /// Inference servers that may be loaned to training (Lyra),
+    /// `TYPE:COUNT:GPUS`, repeatable; none: no loans.
+    #[arg(long, value_name = "TYPE:COUNT:GPUS")]
+    inference_nodes: Vec<String>,
+    /// The inference cluster's utilisation over time: a CSV of
+    /// `t_s,utilisation` rows (a share or a percentage), repeated daily.
+    #[arg(long, value_name = "FILE")]
+    inference_trace: Option<PathBuf>,
+    /// Without a trace: a daily sine of this mean utilisation and
+    /// peak-to-trough ratio (the thesis' inference cluster: 0.65:2.2).
+    #[arg(long, value_name = "MEAN:RATIO", default_value = "0.65:2.2")]
+    inference_diurnal: String,
+    /// Share of the inference servers never loaned.
+    #[arg(long, default_value_t = 0.02)]
+    loan_headroom: f64,
+    /// Seconds between the loan orchestrator's decisions.
+    #[arg(long, default_value_t = 300.0)]
+    loan_every_s: f64,
+    /// How a reclaim picks the servers it returns: lyra (fewest
+    /// preemptions, §3.4), random, scf (fewest jobs first) or exhaustive.
+    #[arg(long, default_value = "lyra")]
+    reclaim: String,
+    /// Make this share of the jobs elastic (their maximum twice their
+    /// request, the thesis' "Ideal" scaling range), chosen by `--slo-seed`.
+    #[arg(long, value_name = "SHARE")]
+    elastic_share: Option<f64>,
 }
 
 fn parse_placement(s: &str) -> Result<PlacementRule, String> {
@@ -571,23 +610,80 @@ fn read_queues(path: &std::path::Path) -> anyhow::Result<fmsched_core::queue::Qu
 }
 
 /// The node groups `--nodes` or `--cluster` describe.
-fn cluster_of(a: &SimArgs) -> anyhow::Result<Vec<NodeGroup>> {
-    let group = |ty: &str, count: &str, gpus: &str, what: &str| -> anyhow::Result<NodeGroup> {
-        let num =
-            |v: &str, field: &str| -> anyhow::Result<u32> {
-                v.trim().parse().ok().filter(|&n| n > 0).ok_or_else(|| {
-                    anyhow::anyhow!("{what}: {field} {v:?} is not a whole number > 0")
-                })
-            };
-        if ty.trim().is_empty() {
-            bail!("{what}: the GPU type is empty");
-        }
-        let g = num(gpus, "GPUs per node")?;
-        if g > 9 {
-            bail!("{what}: {g} GPUs per node; fmsim models nodes of 1-9 GPUs");
-        }
-        Ok(NodeGroup::new(ty.trim(), num(count, "node count")?, g))
+fn node_group(ty: &str, count: &str, gpus: &str, what: &str) -> anyhow::Result<NodeGroup> {
+    let num = |v: &str, field: &str| -> anyhow::Result<u32> {
+        v.trim()
+            .parse()
+            .ok()
+            .filter(|&n| n > 0)
+            .ok_or_else(|| anyhow::anyhow!("{what}: {field} {v:?} is not a whole number > 0"))
     };
+    if ty.trim().is_empty() {
+        bail!("{what}: the GPU type is empty");
+    }
+    let g = num(gpus, "GPUs per node")?;
+    if g > 9 {
+        bail!("{what}: {g} GPUs per node; fmsim models nodes of 1-9 GPUs");
+    }
+    Ok(NodeGroup::new(ty.trim(), num(count, "node count")?, g))
+}
+
+/// The inference side `--inference-nodes` and its flags describe (None
+/// without inference nodes).
+fn loans_of(a: &SimArgs) -> anyhow::Result<Option<Loans>> {
+    if a.inference_nodes.is_empty() {
+        if a.inference_trace.is_some() {
+            bail!("--inference-trace needs --inference-nodes");
+        }
+        return Ok(None);
+    }
+    let inference = a
+        .inference_nodes
+        .iter()
+        .map(|n| match n.split(':').collect::<Vec<_>>()[..] {
+            [ty, count, gpus] => node_group(ty, count, gpus, &format!("--inference-nodes {n}")),
+            _ => bail!("--inference-nodes {n:?}: expected TYPE:COUNT:GPUS (e.g. V100:8:8)"),
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let trace = match &a.inference_trace {
+        Some(p) => {
+            let text =
+                std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
+            InferenceTrace::from_csv(&text)
+                .map_err(|e| anyhow::anyhow!("--inference-trace {}: {e}", p.display()))?
+        }
+        None => {
+            let (mean, ratio) = a
+                .inference_diurnal
+                .split_once(':')
+                .and_then(|(m, r)| Some((m.trim().parse::<f64>().ok()?, r.trim().parse::<f64>().ok()?)))
+                .filter(|&(m, r)| (0.0..=1.0).contains(&m) && r >= 1.0)
+                .ok_or_else(|| {
+                    anyhow::anyhow!(
+                        "--inference-diurnal {:?}: expected MEAN:PEAK_TO_TROUGH with MEAN in [0, 1] and the ratio >= 1 (e.g. 0.65:2.2)",
+                        a.inference_diurnal
+                    )
+                })?;
+            InferenceTrace::diurnal(mean, ratio, 300.0)
+        }
+    };
+    if !(0.0..1.0).contains(&a.loan_headroom) {
+        bail!("--loan-headroom {}: must be in [0, 1)", a.loan_headroom);
+    }
+    if !(a.loan_every_s >= 1.0 && a.loan_every_s.is_finite()) {
+        bail!("--loan-every-s {}: must be at least 1", a.loan_every_s);
+    }
+    Ok(Some(Loans {
+        inference,
+        trace,
+        headroom: a.loan_headroom,
+        every_s: a.loan_every_s,
+        rule: ReclaimRule::parse(&a.reclaim).map_err(|e| anyhow::anyhow!("--reclaim: {e}"))?,
+    }))
+}
+
+fn cluster_of(a: &SimArgs) -> anyhow::Result<Vec<NodeGroup>> {
+    let group = node_group;
     if let Some(path) = &a.cluster {
         let text =
             std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
@@ -692,7 +788,14 @@ fn sim_setup(a: &SimArgs) -> anyhow::Result<(SimConfig, Lut, Catalog, Vec<Worklo
                 .map_err(|e| anyhow::anyhow!("job {}: {e}", j.name))?;
         }
     }
+    if let Some(share) = a.elastic_share {
+        if !(0.0..=1.0).contains(&share) {
+            bail!("--elastic-share {share}: must be in [0, 1]");
+        }
+        workload::make_elastic(&mut jobs, share, a.slo_seed);
+    }
     let cfg = SimConfig {
+        loans: loans_of(a)?,
         queues,
         cluster,
         checkpoint_s: a.checkpoint_s,
@@ -751,6 +854,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 .collect();
             compare(&sim, &names)
         }
+        Cmd::Lyra { sim } => lyra_eval(&sim),
         Cmd::Sweep {
             sim,
             baselines,
@@ -919,6 +1023,84 @@ fn compare(a: &SimArgs, names: &[String]) -> anyhow::Result<()> {
         print!("{}", report::table(&rows));
     }
     if let Some(out) = &a.out {
+        write_outputs(out, &results, &rows)?;
+    }
+    Ok(())
+}
+
+/// `fmsim lyra`: the scenarios of the thesis' Table 3.5 that fmsched
+/// runs, side by side.
+fn lyra_eval(a: &SimArgs) -> anyhow::Result<()> {
+    let (cfg, lut, catalog, jobs) = sim_setup(a)?;
+    let Some(loans) = cfg.loans.clone() else {
+        bail!("fmsim lyra needs an inference cluster: --inference-nodes TYPE:COUNT:GPUS");
+    };
+    let elastic = jobs.iter().filter(|j| j.max_gpus > j.gpus).count();
+    if elastic == 0 {
+        eprintln!(
+            "note: no job of the workload is elastic (max_gpus above gpus); --elastic-share makes some"
+        );
+    }
+    let knobs = parse_knobs(&a.knobs)?;
+    // (label, policy, loans, reclaim rule)
+    let scenarios: Vec<(&str, &str, bool, ReclaimRule)> = vec![
+        (
+            "baseline (fifo, no loans)",
+            "fifo",
+            false,
+            ReclaimRule::Lyra,
+        ),
+        ("loaning alone (fifo)", "fifo", true, ReclaimRule::Lyra),
+        ("scaling alone (lyra)", "lyra", false, ReclaimRule::Lyra),
+        ("lyra", "lyra", true, ReclaimRule::Lyra),
+        (
+            "lyra, random reclaim",
+            "lyra",
+            true,
+            ReclaimRule::Random(a.slo_seed),
+        ),
+        ("lyra, scf reclaim", "lyra", true, ReclaimRule::Scf),
+        ("optimus (afs-style)", "optimus", false, ReclaimRule::Lyra),
+        ("pollux", "pollux", false, ReclaimRule::Lyra),
+    ];
+    let runs = fmsim::parallel::parallel_map(&scenarios, fmsim::parallel::all_cores(), |s| {
+        let (_, name, loaned, rule) = *s;
+        let p = with_knobs(name, &knobs).map_err(anyhow::Error::msg)?;
+        let cfg = SimConfig {
+            loans: loaned.then(|| fmsim::loans::Loans {
+                rule,
+                ..loans.clone()
+            }),
+            ..cfg.clone()
+        };
+        let sim = Simulation::new(cfg, &lut, &catalog, &jobs)?;
+        anyhow::Ok(sim.run(p.as_ref(), &catalog, |_, _| {})?)
+    });
+    let results = runs.into_iter().collect::<anyhow::Result<Vec<_>>>()?;
+    println!(
+        "{} jobs ({elastic} elastic) on {} training GPUs, {} inference GPUs to loan ({} headroom, every {:.0} s)",
+        jobs.len(),
+        cfg.total_gpus(),
+        SimConfig {
+            loans: Some(loans.clone()),
+            ..cfg.clone()
+        }
+        .inference_gpus(),
+        loans.headroom,
+        loans.every_s
+    );
+    print!(
+        "{}",
+        report::lyra_table(&scenarios.iter().map(|s| s.0).collect::<Vec<_>>(), &results)
+    );
+    if let Some(out) = &a.out {
+        // One file per scenario: name each run after its row.
+        let mut results = results;
+        for (r, s) in results.iter_mut().zip(&scenarios) {
+            r.policy = s.0.replace([' ', ',', '(', ')'], "-").replace("--", "-");
+            r.policy = r.policy.trim_matches('-').to_string();
+        }
+        let rows: Vec<report::Summary> = results.iter().map(report::summarize).collect();
         write_outputs(out, &results, &rows)?;
     }
     Ok(())

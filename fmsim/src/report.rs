@@ -378,3 +378,117 @@ mod tests {
         assert!(percentile(&[], 50.0).is_nan());
     }
 }
+
+/// Lyra's figures of a run (thesis 002 Table 3.5 and Fig. 3.12).
+#[derive(Clone, Debug, PartialEq)]
+pub struct LyraSummary {
+    /// Queuing (submission to its first training, profiling included),
+    /// minutes: mean, median, p95.
+    pub queue_min: [f64; 3],
+    /// JCT, hours: mean, median, p95.
+    pub jct_h: [f64; 3],
+    /// Preemptions by reclaims over the jobs of the workload (Table 3.5's
+    /// preemption ratio).
+    pub preemption_ratio: f64,
+    /// GPUs freed beyond the demand per reclaim (collateral damage).
+    pub collateral_per_reclaim: f64,
+    /// Share of the loaned GPU-seconds that training used.
+    pub loaned_usage: f64,
+    /// Reclaim decision time, milliseconds: mean and max.
+    pub reclaim_ms: [f64; 2],
+}
+
+pub fn lyra_summary(r: &SimResult) -> LyraSummary {
+    let three = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        [mean(&v), percentile(&v, 50.0), percentile(&v, 95.0)]
+    };
+    let queue = three(
+        r.jobs
+            .iter()
+            .map(|j| (j.first_train_s.unwrap_or(j.finish_s) - j.submit_s).max(0.0) / 60.0)
+            .collect(),
+    );
+    let jct = three(r.jobs.iter().map(|j| j.jct_s / 3600.0).collect());
+    let l = &r.loans;
+    let ms: Vec<f64> = l.reclaim_wall_s.iter().map(|s| s * 1000.0).collect();
+    LyraSummary {
+        queue_min: queue,
+        jct_h: jct,
+        preemption_ratio: f64::from(l.preemptions) / r.jobs.len().max(1) as f64,
+        collateral_per_reclaim: if l.reclaim_ops > 0 {
+            f64::from(l.collateral_gpus) / f64::from(l.reclaim_ops)
+        } else {
+            0.0
+        },
+        loaned_usage: if l.loaned_gpu_s > 0.0 {
+            l.loaned_busy_gpu_s / l.loaned_gpu_s
+        } else {
+            0.0
+        },
+        reclaim_ms: [mean(&ms), ms.iter().copied().fold(0.0, f64::max)],
+    }
+}
+
+/// `fmsim lyra`'s table: one row per scenario, with the baseline's (first
+/// row's) mean queuing time and JCT over each row's.
+pub fn lyra_table(labels: &[&str], results: &[SimResult]) -> String {
+    use std::fmt::Write as _;
+    let rows: Vec<LyraSummary> = results.iter().map(lyra_summary).collect();
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{:<26} {:>24} {:>20} {:>9} {:>8} {:>10} {:>9} {:>12} {:>9} {:>8} {:>8} {:>12}",
+        "scenario",
+        "queue min mean/p50/p95",
+        "jct h mean/p50/p95",
+        "util",
+        "preempt",
+        "scale-ins",
+        "collat.",
+        "opt. preempt",
+        "loan use",
+        "base/q",
+        "base/jct",
+        "reclaim ms"
+    );
+    let base = rows.first().cloned();
+    for ((label, r), s) in labels.iter().zip(results).zip(&rows) {
+        let l = &r.loans;
+        let (bq, bj) = base.as_ref().map_or((f64::NAN, f64::NAN), |b| {
+            (b.queue_min[0] / s.queue_min[0], b.jct_h[0] / s.jct_h[0])
+        });
+        let searched = if l.searched_reclaims > 0 {
+            format!(
+                "{}/{}",
+                l.searched_preemptions, l.searched_optimal_preemptions
+            )
+        } else {
+            "-".into()
+        };
+        let _ = writeln!(
+            out,
+            "{:<26} {:>24} {:>20} {:>8.1}% {:>7.1}% {:>10} {:>9.1} {:>12} {:>8.1}% {:>7.2}x {:>7.2}x {:>12}",
+            label,
+            format!(
+                "{:.1}/{:.1}/{:.1}",
+                s.queue_min[0], s.queue_min[1], s.queue_min[2]
+            ),
+            format!("{:.2}/{:.2}/{:.2}", s.jct_h[0], s.jct_h[1], s.jct_h[2]),
+            100.0 * r.gpu_utilisation,
+            100.0 * s.preemption_ratio,
+            l.scale_ins,
+            s.collateral_per_reclaim,
+            searched,
+            100.0 * s.loaned_usage,
+            bq,
+            bj,
+            if l.reclaim_ops > 0 {
+                format!("{:.3}/{:.3}", s.reclaim_ms[0], s.reclaim_ms[1])
+            } else {
+                "-".into()
+            }
+        );
+    }
+    out
+}

@@ -172,6 +172,19 @@ pub fn assign_slos(jobs: &mut [WorkloadJob], mix: SloMix, seed: u64) {
     }
 }
 
+/// Makes about `share` of the jobs elastic (Lyra): each chosen job may
+/// grow to twice its request (the thesis' "Ideal" scenario: "its scaling
+/// range is twice that", §3.7.1); its request stays its base demand.
+/// Seeded: the same arguments choose the same jobs.
+pub fn make_elastic(jobs: &mut [WorkloadJob], share: f64, seed: u64) {
+    let mut rng = crate::generate::Rng::new(seed ^ 0xE1A5);
+    for j in jobs {
+        if rng.f64() < share {
+            j.max_gpus = j.max_gpus.max(2 * j.gpus);
+        }
+    }
+}
+
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum WorkloadError {
     #[error("{file} line {line}: {message}")]

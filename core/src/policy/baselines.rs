@@ -574,6 +574,11 @@ pub fn with_knobs(
             take("interval_s", &mut p.interval_s);
             Box::new(p)
         }
+        "lyra" => {
+            let mut p = super::lyra::Lyra::default();
+            take("interval_s", &mut p.interval_s);
+            Box::new(p)
+        }
         "unisched" | "chronus" => {
             let mut c = UniSchedConfig {
                 chronus: name == "chronus",
@@ -636,7 +641,7 @@ pub fn with_knobs(
 /// policy.
 pub fn knob_names(name: &str) -> Option<&'static [&'static str]> {
     Some(match name {
-        "fifo" | "srtf" | "optimus" | "pollux" | "edf" | "hydra" => &["interval_s"],
+        "fifo" | "srtf" | "optimus" | "pollux" | "edf" | "hydra" | "lyra" => &["interval_s"],
         "tiresias" => &["interval_s", "starvation_factor", "threshold_gpu_h"],
         "themis" => &["interval_s", "lease_s"],
         "unisched" | "chronus" => &[
@@ -665,7 +670,7 @@ pub fn knob_names(name: &str) -> Option<&'static [&'static str]> {
 }
 
 /// Names accepted by [`by_name`].
-pub const POLICY_NAMES: [&str; 12] = [
+pub const POLICY_NAMES: [&str; 13] = [
     "ymir",
     "ymir-no-merge",
     "fifo",
@@ -678,6 +683,7 @@ pub const POLICY_NAMES: [&str; 12] = [
     "chronus",
     "edf",
     "hydra",
+    "lyra",
 ];
 
 #[cfg(test)]
@@ -698,7 +704,7 @@ mod tests {
             let e = with_knobs(name, &more).err().unwrap();
             assert!(e.contains("no_such_knob") && e.contains(known[0]), "{e}");
         }
-        assert!(knob_names("lyra").is_none());
+        assert!(knob_names("gandiva").is_none());
     }
 
     #[test]

@@ -15,6 +15,7 @@
 
 pub mod baselines;
 pub mod deadline;
+pub mod lyra;
 pub mod placement;
 pub mod ymir;
 
@@ -133,6 +134,9 @@ pub struct NodeCap {
     pub gpus: u32,
     /// Its GPUs' family (a group never spans two).
     pub gpu_model: String,
+    /// An inference server on loan (Lyra): elastic jobs prefer it, and a
+    /// reclaim may take it back ([`lyra::reclaim`]).
+    pub loaned: bool,
 }
 
 /// How placement treats a group that fits no single node and no set of
@@ -591,6 +595,7 @@ pub(crate) mod testkit {
                     id: format!("node-{n}"),
                     gpus,
                     gpu_model: "A100".into(),
+                    loaned: false,
                 })
                 .collect(),
             allocations,

@@ -24,7 +24,29 @@ use super::{PlacementRule, Plan, Snapshot};
 
 /// Places every entry of `plan`; entries that cannot be placed are dropped
 /// from the plan (their jobs stay queued) and counted in `stats.unplaced`.
-pub fn place(snap: &Snapshot, mut plan: Plan) -> Plan {
+pub fn place(snap: &Snapshot, plan: Plan) -> Plan {
+    place_with(snap, plan, &|_| Preference::default())
+}
+
+/// Where a policy would rather see a group (Lyra §3.5.3). Rules 1–3 hold
+/// as in [`place`]; a preference only orders the nodes they try.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Preference {
+    /// `Some(true)`: loaned nodes first ([`super::NodeCap::loaned`]);
+    /// `Some(false)`: the others first; None: no preference.
+    pub loaned: Option<bool>,
+    /// Place the first this-many GPUs (a job's base demand) and the rest
+    /// (its flexible workers) on separate nodes where they fit apart, so a
+    /// reclaim can take the flexible nodes without a preemption.
+    pub split_base: Option<u32>,
+}
+
+/// [`place`] with a preference per entry.
+pub fn place_with(
+    snap: &Snapshot,
+    mut plan: Plan,
+    prefer: &dyn Fn(&super::PlanEntry) -> Preference,
+) -> Plan {
     let mut free: Vec<u32> = snap.nodes.iter().map(|n| n.gpus).collect();
     let mut placed: Vec<Option<Vec<(usize, u32)>>> = vec![None; plan.entries.len()];
 
@@ -71,7 +93,12 @@ pub fn place(snap: &Snapshot, mut plan: Plan) -> Plan {
         let e = &plan.entries[k];
         let unit = super::entry_replica(snap, &e.jobs);
         let model = entry_model(snap, &e.jobs);
-        placed[k] = fit_typed(snap, &families, &mut free, e.gpus, unit, model);
+        let pref = prefer(e);
+        placed[k] = if pref == Preference::default() {
+            fit_typed(snap, &families, &mut free, e.gpus, unit, model)
+        } else {
+            fit_preferring(snap, &families, &mut free, e.gpus, unit, model, pref)
+        };
     }
 
     let mut unplaced = 0;
@@ -151,6 +178,69 @@ fn fit_typed(
         free[n] -= g;
     }
     Some(p)
+}
+
+/// [`fit_typed`] on the preferred nodes first, then on any; with
+/// `split_base`, the base part first and the rest on other nodes (of the
+/// same family) where it fits apart, else wherever it fits.
+fn fit_preferring(
+    snap: &Snapshot,
+    families: &[&str],
+    free: &mut [u32],
+    gpus: u32,
+    unit: u32,
+    model: Option<&str>,
+    pref: Preference,
+) -> Option<Vec<(usize, u32)>> {
+    // One fit on the nodes `allowed` keeps, committed to `free`.
+    let try_on = |free: &mut [u32],
+                  gpus: u32,
+                  model: Option<&str>,
+                  allowed: &dyn Fn(usize) -> bool|
+     -> Option<Placement> {
+        let mut masked: Vec<u32> = (0..free.len())
+            .map(|n| if allowed(n) { free[n] } else { 0 })
+            .collect();
+        let p = fit_typed(snap, families, &mut masked, gpus, unit, model)?;
+        for &(n, g) in &p {
+            free[n] -= g;
+        }
+        Some(p)
+    };
+    let preferred = |n: usize| pref.loaned.is_none_or(|l| snap.nodes[n].loaned == l);
+    let any = |_: usize| true;
+    let fit_one = |free: &mut [u32], gpus: u32, model: Option<&str>, avoid: &[usize]| {
+        try_on(free, gpus, model, &|n| preferred(n) && !avoid.contains(&n))
+            .or_else(|| try_on(free, gpus, model, &|n| !avoid.contains(&n)))
+    };
+    let Some(base) = pref
+        .split_base
+        .filter(|&b| b > 0 && b < gpus && b.is_multiple_of(unit))
+    else {
+        return fit_one(free, gpus, model, &[]);
+    };
+    let mut trial = free.to_vec();
+    let whole = |free: &mut [u32]| {
+        try_on(free, gpus, model, &preferred).or_else(|| try_on(free, gpus, model, &any))
+    };
+    let Some(first) = fit_one(&mut trial, base, model, &[]) else {
+        return whole(free);
+    };
+    // The rest on the first part's family, on other nodes.
+    let family = first
+        .first()
+        .map(|p| snap.nodes[p.0].gpu_model.as_str())
+        .or(model);
+    let used: Vec<usize> = first.iter().map(|p| p.0).collect();
+    let Some(rest) = fit_one(&mut trial, gpus - base, family, &used) else {
+        return whole(free);
+    };
+    free.copy_from_slice(&trial);
+    let mut all: std::collections::BTreeMap<usize, u32> = Default::default();
+    for (n, g) in first.into_iter().chain(rest) {
+        *all.entry(n).or_default() += g;
+    }
+    Some(all.into_iter().collect())
 }
 
 /// Places `gpus` in replicas of `unit` GPUs, each inside one node.

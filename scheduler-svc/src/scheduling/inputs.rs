@@ -130,6 +130,8 @@ pub fn build_view(s: &ViewSources<'_>) -> Translated {
             drained: faulty(n) || s.cordons.get(&n.record.id).is_some_and(|c| c.drain),
             cordoned: s.cordons.contains_key(&n.record.id),
             gpu_model: node_family(n),
+            // Loaned inference nodes are planned (issue: Lyra live).
+            loaned: false,
         });
         nodes.push((
             n.record.id.clone(),
