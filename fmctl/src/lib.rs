@@ -426,6 +426,48 @@ impl Client {
         Ok(r.into_inner())
     }
 
+    /// Admin: every loan of an inference node.
+    pub async fn list_loans(&self) -> Result<pb::ListLoansResponse, ClientError> {
+        Ok(self
+            .admin
+            .clone()
+            .list_loans(pb::ListLoansRequest {})
+            .await?
+            .into_inner())
+    }
+
+    /// Admin: lend inference nodes to training.
+    pub async fn loan_nodes(
+        &self,
+        nodes: Vec<String>,
+    ) -> Result<pb::ListLoansResponse, ClientError> {
+        Ok(self
+            .admin
+            .clone()
+            .loan_nodes(pb::LoanNodesRequest { node_ids: nodes })
+            .await?
+            .into_inner())
+    }
+
+    /// Admin: ask lent nodes back, by name or a count.
+    pub async fn reclaim_nodes(
+        &self,
+        nodes: Vec<String>,
+        count: u32,
+        deadline: Option<std::time::Duration>,
+    ) -> Result<pb::ReclaimNodesResponse, ClientError> {
+        Ok(self
+            .admin
+            .clone()
+            .reclaim_nodes(pb::ReclaimNodesRequest {
+                node_ids: nodes,
+                count,
+                deadline: deadline.map(fmsched_proto::convert::duration_to_proto),
+            })
+            .await?
+            .into_inner())
+    }
+
     /// Admin: revoke a node's own token (it must enroll again with the
     /// join token) and end its session.
     pub async fn revoke_node_token(&self, id: &str, reason: &str) -> Result<pb::Node, ClientError> {

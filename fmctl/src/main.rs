@@ -67,6 +67,26 @@ enum AdminCmd {
         /// The TOML file.
         file: std::path::PathBuf,
     },
+    /// Inference nodes on loan to training (Lyra), returned ones too.
+    Loans,
+    /// Lend inference nodes (agent label fmsched.io/pool=inference) to
+    /// training from the next round.
+    Lend {
+        #[arg(required = true)]
+        nodes: Vec<String>,
+    },
+    /// Ask lent nodes back: name them, or `--count N` chosen to preempt
+    /// the fewest jobs. Their workers move off from their checkpoints; each
+    /// node is returned once empty (`fmctl admin loans` shows it).
+    Reclaim {
+        nodes: Vec<String>,
+        #[arg(long, conflicts_with = "nodes")]
+        count: Option<u32>,
+        /// When the inference side needs them, e.g. `5m` (default: the
+        /// scheduler's loans.reclaim_deadline).
+        #[arg(long, value_parser = parse_duration)]
+        deadline: Option<Duration>,
+    },
     /// The newest changes admins made.
     Audit {
         #[arg(long, default_value_t = 50)]
@@ -661,6 +681,37 @@ async fn admin(client: &Client, cmd: AdminCmd, fmt: Format) -> Result<(), Client
             let queues = read_queue_file(&file)?;
             print_queues(&client.set_queues(queues).await?, fmt);
         }
+        AdminCmd::Loans => print_loans(&client.list_loans().await?, fmt),
+        AdminCmd::Lend { nodes } => print_loans(&client.loan_nodes(nodes).await?, fmt),
+        AdminCmd::Reclaim {
+            nodes,
+            count,
+            deadline,
+        } => {
+            let r = client
+                .reclaim_nodes(nodes, count.unwrap_or(0), deadline)
+                .await?;
+            match fmt {
+                Format::Table => {
+                    println!("reclaiming {}", r.node_ids.join(", "));
+                    println!(
+                        "preempted ({}): {}",
+                        r.preempted_job_ids.len(),
+                        r.preempted_job_ids.join(" ")
+                    );
+                    println!(
+                        "scaled in ({}): {}",
+                        r.scaled_in_job_ids.len(),
+                        r.scaled_in_job_ids.join(" ")
+                    );
+                }
+                Format::Json => print_json(&serde_json::json!({
+                    "node_ids": r.node_ids,
+                    "preempted_job_ids": r.preempted_job_ids,
+                    "scaled_in_job_ids": r.scaled_in_job_ids,
+                })),
+            }
+        }
         AdminCmd::Audit { limit } => {
             let events = client.audit_events(limit).await?;
             match fmt {
@@ -672,6 +723,46 @@ async fn admin(client: &Client, cmd: AdminCmd, fmt: Format) -> Result<(), Client
         }
     }
     Ok(())
+}
+
+fn print_loans(l: &pb::ListLoansResponse, fmt: Format) {
+    match fmt {
+        Format::Table => {
+            println!(
+                "{} inference node(s), {} kept unlent",
+                l.inference_nodes, l.headroom_nodes
+            );
+            println!(
+                "{:<24} {:<11} {:>8} {:<14} {:<10} PREEMPTED / SCALED IN",
+                "NODE", "STATE", "GPUS", "LOANED BY", "OVERDUE"
+            );
+            for x in &l.loans {
+                println!(
+                    "{:<24} {:<11} {:>8} {:<14} {:<10} {} / {}",
+                    x.node_id,
+                    x.state,
+                    x.gpus_in_use,
+                    x.loaned_by,
+                    if x.overdue { "yes" } else { "" },
+                    x.preempted_job_ids.len(),
+                    x.scaled_in_job_ids.len()
+                );
+            }
+        }
+        Format::Json => print_json(&serde_json::json!({
+            "inference_nodes": l.inference_nodes,
+            "headroom_nodes": l.headroom_nodes,
+            "loans": l.loans.iter().map(|x| serde_json::json!({
+                "node_id": x.node_id,
+                "state": x.state,
+                "gpus_in_use": x.gpus_in_use,
+                "loaned_by": x.loaned_by,
+                "overdue": x.overdue,
+                "preempted_job_ids": x.preempted_job_ids,
+                "scaled_in_job_ids": x.scaled_in_job_ids,
+            })).collect::<Vec<_>>(),
+        })),
+    }
 }
 
 fn print_tune(d: &pb::TuneDecision, fmt: Format) {

@@ -137,6 +137,22 @@ fn agent_gpus(
     gpus: u32,
     env: &[(&str, &str)],
 ) -> Proc {
+    Proc::spawn(
+        node,
+        agent_command(node, endpoints, dir, metrics, gpus, env),
+        dir,
+    )
+}
+
+/// The command [`agent_gpus`] runs.
+fn agent_command(
+    node: &str,
+    endpoints: &str,
+    dir: &std::path::Path,
+    metrics: Option<u16>,
+    gpus: u32,
+    env: &[(&str, &str)],
+) -> Command {
     let mut c = Command::new(bin("node-agent"));
     // Fake GPUs are A100s unless the environment names another model.
     let model = env
@@ -167,7 +183,7 @@ fn agent_gpus(
             c.env(k, v);
         }
     }
-    Proc::spawn(node, c, dir)
+    c
 }
 
 /// Waits until all `n` jobs are completed (failing at once if one fails);
@@ -5028,5 +5044,187 @@ async fn e2e_estimate_prior_a_metric_target_is_predicted_from_finished_jobs() {
     );
     // The whole curve is kept, the epoch that reached the target included.
     assert_eq!(evals.len() as i64, stopped.div_euclid(100), "{evals:?}");
+    drop_db(&db).await;
+}
+
+/// Lyra's loans live: inference nodes (agent label fmsched.io/pool=inference)
+/// train nothing until an admin lends them; lent, they take the waiting
+/// jobs; a node outside the pool cannot be lent; a reclaim by count picks
+/// a node, names the jobs it preempts, survives a scheduler kill -9 in the
+/// middle, and returns the node only once it is empty; the preempted jobs
+/// resume from their checkpoints and every job completes.
+#[tokio::test]
+async fn e2e_lyra_lent_nodes_take_work_and_a_reclaim_loses_no_job() {
+    let db = new_db("fmsched_lyra").await;
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let env = [
+        ("FMSCHED_SCHEDULING__PROFILING", "false"),
+        ("FMSCHED_SCHEDULING__MERGING", "false"),
+        ("FMSCHED_SCHEDULING__POLICY", "lyra"),
+        ("FMSCHED_LOANS__HEADROOM", "0"),
+    ];
+    let mut sched = scheduler_env(&db, port, dir.path(), None, &env);
+    wait_up("scheduler up", port);
+    let endpoint = format!("http://127.0.0.1:{port}");
+    let _a = agent("train-a", port, dir.path());
+    let inference = |node: &str| {
+        let mut c = agent_command(node, &endpoint, dir.path(), None, 4, &[]);
+        c.args(["--label", "fmsched.io/pool=inference"]);
+        Proc::spawn(node, c, dir.path())
+    };
+    let _i1 = inference("inf-1");
+    let _i2 = inference("inf-2");
+    wait_for("three nodes", Duration::from_secs(20), || {
+        let out = fmctl(port, &["nodes"])?;
+        ["train-a", "inf-1", "inf-2"]
+            .iter()
+            .all(|n| out.contains(n))
+            .then_some(())
+            .ok_or(out)
+    });
+    submit(
+        port,
+        dir.path(),
+        (0..4).map(|k| {
+            let name = format!("lyra-{k}");
+            let manifest = job_yaml(&name, ["rte", "mrpc", "stsb", "cola"][k], 6000, 4);
+            (name, manifest)
+        }),
+    )
+    .expect("submit");
+    wait_for("one job runs on train-a", Duration::from_secs(60), || {
+        let (_, jobs) = node_hold(port, "train-a")?;
+        (jobs.len() == 4).then_some(()).ok_or(format!("{jobs:?}"))
+    });
+    std::thread::sleep(Duration::from_secs(3));
+    for n in ["inf-1", "inf-2"] {
+        assert!(
+            node_hold(port, n).unwrap().1.is_empty(),
+            "an inference node trains nothing until lent"
+        );
+    }
+    // A training node is not the inference side's to lend.
+    let e = fmctl(port, &["admin", "lend", "train-a"]).expect_err("not in the pool");
+    assert!(e.contains("not in the inference pool"), "{e}");
+    let out = fmctl(port, &["admin", "lend", "inf-1", "inf-2"]).unwrap();
+    assert!(out.contains("inf-1") && out.contains("active"), "{out}");
+    let inf_dir = |n: &str| dir.path().join(n).display().to_string();
+    wait_for(
+        "the lent nodes run jobs that checkpoint",
+        Duration::from_secs(60),
+        || {
+            let mut ok = true;
+            for n in ["inf-1", "inf-2"] {
+                let (_, jobs) = node_hold(port, n)?;
+                let checkpointed = std::fs::read_dir(inf_dir(n))
+                    .map(|d| {
+                        d.flatten()
+                            .filter(|t| {
+                                std::fs::read_dir(t.path().join("checkpoints"))
+                                    .is_ok_and(|c| c.count() > 0)
+                            })
+                            .count()
+                    })
+                    .unwrap_or(0);
+                ok &= jobs.len() == 4 && checkpointed >= 1;
+            }
+            ok.then_some(()).ok_or("not yet".to_string())
+        },
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    // Reclaim one by count: the answer names it and the job it preempts.
+    let r: Value = serde_json::from_str(
+        &fmctl(
+            port,
+            &[
+                "-o",
+                "json",
+                "admin",
+                "reclaim",
+                "--count",
+                "1",
+                "--deadline",
+                "2m",
+            ],
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    let back = r["node_ids"][0].as_str().unwrap().to_string();
+    let kept = if back == "inf-1" { "inf-2" } else { "inf-1" };
+    let preempted: Vec<String> = r["preempted_job_ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|j| j.as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(preempted.len(), 1, "{r}");
+    assert_eq!(
+        preempted,
+        node_hold(port, &back).unwrap().1[..1].to_vec(),
+        "the job on the node goes"
+    );
+    // The scheduler dies in the middle of the reclaim; the loans persist.
+    sched.kill9();
+    let _sched = scheduler_env(&db, port, dir.path(), None, &env);
+    wait_up("scheduler up again", port);
+    let loans = |port| -> Result<Value, String> {
+        serde_json::from_str(&fmctl(port, &["-o", "json", "admin", "loans"])?)
+            .map_err(|e| e.to_string())
+    };
+    let l = loans(port).unwrap();
+    let state = |l: &Value, n: &str| {
+        l["loans"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|x| x["node_id"] == n)
+            .map(|x| x["state"].as_str().unwrap().to_string())
+    };
+    assert_eq!(state(&l, kept).as_deref(), Some("active"), "{l}");
+    assert!(
+        matches!(state(&l, &back).as_deref(), Some("reclaiming" | "returned")),
+        "{l}"
+    );
+    wait_for(
+        "the reclaimed node is returned empty",
+        Duration::from_secs(60),
+        || {
+            let l = loans(port)?;
+            let (_, jobs) = node_hold(port, &back)?;
+            (state(&l, &back).as_deref() == Some("returned") && jobs.is_empty())
+                .then_some(())
+                .ok_or(format!("{l} {jobs:?}"))
+        },
+    );
+    all_completed(port, 4, Duration::from_secs(240));
+    assert!(
+        node_hold(port, &back).unwrap().1.is_empty(),
+        "a returned node trains nothing"
+    );
+    // The preempted job resumed from its checkpoint on the returned node.
+    let resumed: usize = ["train-a", kept]
+        .iter()
+        .map(|n| resumed_from(&dir.path().join(n), &inf_dir(&back)))
+        .sum();
+    assert!(
+        resumed >= 1,
+        "the preempted job resumed from its checkpoint"
+    );
+    let mut c = sqlx::PgConnection::connect(&db_url(&db)).await.unwrap();
+    let kinds: Vec<String> = sqlx::query_scalar(
+        "SELECT kind FROM node_events WHERE node_id = $1 AND kind IN ('loaned', 'reclaiming', 'returned') ORDER BY seq",
+    )
+    .bind(&back)
+    .fetch_all(&mut c)
+    .await
+    .unwrap();
+    assert_eq!(kinds, ["loaned", "reclaiming", "returned"]);
+    let audit = fmctl(port, &["admin", "audit"]).unwrap();
+    assert!(
+        audit.contains("reclaim") && audit.contains("loan"),
+        "{audit}"
+    );
     drop_db(&db).await;
 }

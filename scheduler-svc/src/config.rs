@@ -58,6 +58,37 @@ pub struct Config {
     pub extra_models: Vec<ModelInfo>,
     /// AutoSched: re-tune the policy's knobs as the workload drifts.
     pub autosched: AutoschedConfig,
+    /// Capacity loaned from the inference pool (Lyra).
+    pub loans: LoansConfig,
+}
+
+/// `[loans]`: inference nodes (agent label `fmsched.io/pool=inference`)
+/// that `AdminService.LoanNodes` may lend to training.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LoansConfig {
+    /// Share of the inference nodes never lent (rounded up to whole nodes;
+    /// Lyra §3.7.1 keeps 2 % for traffic bursts).
+    pub headroom: f64,
+    /// Deadline of a reclaim that names none.
+    #[serde(with = "humantime_serde")]
+    pub reclaim_deadline: Duration,
+}
+
+impl Default for LoansConfig {
+    fn default() -> Self {
+        Self {
+            headroom: 0.02,
+            reclaim_deadline: Duration::from_secs(300),
+        }
+    }
+}
+
+impl LoansConfig {
+    /// Inference nodes that must stay unlent, of `inference` nodes.
+    pub fn keep(&self, inference: usize) -> usize {
+        (self.headroom * inference as f64 - 1e-9).ceil().max(0.0) as usize
+    }
 }
 
 /// `[autosched]`: the leader re-tunes the active policy's knobs (Tiresias,
@@ -134,6 +165,7 @@ impl Default for Config {
             estimates: EstimatesConfig::default(),
             extra_models: Vec::new(),
             autosched: AutoschedConfig::default(),
+            loans: LoansConfig::default(),
         }
     }
 }
@@ -407,6 +439,12 @@ impl Config {
         }
         if a.history < Duration::from_secs(3600) {
             return Err(invalid("autosched.history", "must be at least 1h"));
+        }
+        if !(0.0..1.0).contains(&self.loans.headroom) {
+            return Err(invalid("loans.headroom", "must be in [0, 1)"));
+        }
+        if self.loans.reclaim_deadline < Duration::from_secs(1) {
+            return Err(invalid("loans.reclaim_deadline", "must be at least 1s"));
         }
         let l = &self.liveness;
         if l.heartbeat_interval.is_zero() {

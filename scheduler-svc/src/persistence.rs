@@ -19,8 +19,8 @@ use uuid::Uuid;
 /// Migrations of `migrations/`, embedded at build time.
 mod admin;
 pub use admin::{
-    AdminState, AuditEvent, CordonChange, NodeCordon, PolicySetting, QueueSetting, Requeue,
-    SetQueuesError,
+    AdminState, AuditEvent, CordonChange, LoanError, LoanState, NodeCordon, NodeLoan, POOL_LABEL,
+    PolicySetting, QueueSetting, Requeue, SetQueuesError,
 };
 
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");
@@ -725,6 +725,9 @@ pub struct RoundWrites {
     /// Admin re-queue requests this round acted on (job, requested at):
     /// deleted, unless renewed since.
     pub requeued: Vec<(JobId, DateTime<Utc>)>,
+    /// Reclaimed nodes found empty (nothing planned, no process): their
+    /// loans end.
+    pub returned: Vec<NodeId>,
 }
 
 /// Proof of leadership that a leader-only write carries: the lease's holder
@@ -1230,6 +1233,22 @@ impl Persistence {
                 note_in(&mut tx, *job, kind, message, now, OP).await?;
             }
             account_service(&mut tx, &w.service, now, OP).await?;
+            for n in &w.returned {
+                let done = sqlx::query(
+                    "UPDATE node_loans SET state = 'returned', returned_at = $2
+                     WHERE node_id = $1 AND state = 'reclaiming'",
+                )
+                .bind(n.as_str())
+                .bind(now)
+                .execute(&mut *tx)
+                .await
+                .map_err(db_err(OP))?
+                .rows_affected();
+                if done > 0 {
+                    node_event_in(&mut tx, n, "returned", "reclaim done: no worker left; back with inference", now, OP)
+                        .await?;
+                }
+            }
             if !w.requeued.is_empty() {
                 let jobs: Vec<Uuid> = w.requeued.iter().map(|r| r.0.0).collect();
                 let at: Vec<DateTime<Utc>> = w.requeued.iter().map(|r| r.1).collect();

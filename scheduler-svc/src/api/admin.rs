@@ -4,7 +4,9 @@
 
 use chrono::Utc;
 use fmsched_core::{JobId, NodeId};
-use fmsched_proto::convert::{queue_from_proto, queue_to_proto, timestamp_to_proto};
+use fmsched_proto::convert::{
+    duration_from_proto, queue_from_proto, queue_to_proto, timestamp_to_proto,
+};
 use fmsched_proto::v1 as pb;
 use fmsched_proto::v1::admin_service_server::AdminService;
 use tonic::metadata::MetadataMap;
@@ -13,7 +15,9 @@ use tonic::{Request, Response, Status};
 use super::cluster::node_answer;
 use super::{ApiError, AppState, check_len};
 use crate::auth::Principal;
-use crate::persistence::{CordonChange, PolicySetting, QueueSetting, SetQueuesError};
+use crate::persistence::{
+    CordonChange, LoanError, LoanState, POOL_LABEL, PolicySetting, QueueSetting, SetQueuesError,
+};
 use fmsched_core::queue::{QueueSpec, Queues};
 use std::collections::BTreeSet;
 
@@ -26,9 +30,63 @@ pub struct AdminApi {
     state: AppState,
 }
 
+/// The fewest GPUs a job keeps running on when a reclaim takes some of its
+/// GPUs: what it holds (a job's flexible workers are planned; every live
+/// job is inelastic today, so losing any GPU preempts it).
+fn base_gpus(_job: Option<&crate::persistence::JobRecord>, held: u32) -> u32 {
+    held
+}
+
 impl AdminApi {
     pub fn new(state: AppState) -> Self {
         Self { state }
+    }
+
+    /// Every loan, with the inference pool's size and each node's GPUs in
+    /// use by the plan in force.
+    async fn loans_answer(&self) -> Result<pb::ListLoansResponse, ApiError> {
+        let p = &self.state.persistence;
+        let loans = p.loans().await?;
+        let plan = p.current_plan().await?;
+        let inference = p
+            .list_nodes()
+            .await?
+            .iter()
+            .filter(|n| n.labels.get(POOL_LABEL).is_some_and(|v| v == "inference"))
+            .count();
+        let now = Utc::now();
+        let ids = |v: &[JobId]| v.iter().map(|j| j.to_string()).collect::<Vec<_>>();
+        Ok(pb::ListLoansResponse {
+            loans: loans
+                .iter()
+                .map(|(n, l)| {
+                    let in_use: usize = plan
+                        .assignments
+                        .iter()
+                        .filter(|a| a.node == *n)
+                        .map(|a| a.gpus.len())
+                        .sum();
+                    pb::Loan {
+                        node_id: n.to_string(),
+                        state: l.state.as_str().into(),
+                        loaned_by: l.loaned_by.clone(),
+                        loaned_at: Some(timestamp_to_proto(l.loaned_at)),
+                        reclaimed_by: l.reclaimed_by.clone(),
+                        reclaimed_at: l.reclaimed_at.map(timestamp_to_proto),
+                        reclaim_deadline: l.reclaim_deadline.map(timestamp_to_proto),
+                        preempted_job_ids: ids(&l.preempted),
+                        scaled_in_job_ids: ids(&l.scaled_in),
+                        returned_at: l.returned_at.map(timestamp_to_proto),
+                        gpus_in_use: in_use as u32,
+                        overdue: l.state == LoanState::Reclaiming
+                            && in_use > 0
+                            && l.reclaim_deadline.is_some_and(|d| d < now),
+                    }
+                })
+                .collect(),
+            inference_nodes: inference as u32,
+            headroom_nodes: self.state.config.loans.keep(inference) as u32,
+        })
     }
 
     /// The caller, who must be an admin.
@@ -332,6 +390,164 @@ impl AdminService for AdminApi {
         }))
     }
 
+    async fn loan_nodes(
+        &self,
+        req: Request<pb::LoanNodesRequest>,
+    ) -> Result<Response<pb::ListLoansResponse>, Status> {
+        let who = self.admin(req.metadata())?;
+        let nodes = node_ids(&req.get_ref().node_ids)?;
+        let loans = &self.state.config.loans;
+        self.state
+            .persistence
+            .loan_nodes(&nodes, &|n| loans.keep(n), who.user.0.as_str(), Utc::now())
+            .await
+            .map_err(loan_error)?;
+        tracing::info!(nodes = ?nodes, by = %who.user, "inference nodes lent to training");
+        Ok(Response::new(self.loans_answer().await?))
+    }
+
+    async fn reclaim_nodes(
+        &self,
+        req: Request<pb::ReclaimNodesRequest>,
+    ) -> Result<Response<pb::ReclaimNodesResponse>, Status> {
+        use fmsched_core::policy::lyra::{
+            self, LoanedServer, ReclaimInput, ReclaimJob, ReclaimRule,
+        };
+        let who = self.admin(req.metadata())?;
+        let r = req.into_inner();
+        let named = node_ids(&r.node_ids)?;
+        if named.is_empty() == (r.count == 0) {
+            return Err(ApiError::field(
+                "count",
+                "give either node_ids or a count of nodes to reclaim (one of them)",
+            )
+            .into());
+        }
+        let deadline = match &r.deadline {
+            Some(d) => duration_from_proto(d)
+                .filter(|d| !d.is_zero())
+                .ok_or_else(|| ApiError::field("deadline", "must be a positive duration"))?,
+            None => self.state.config.loans.reclaim_deadline,
+        };
+        let p = &self.state.persistence;
+        let lent: Vec<NodeId> = p
+            .loans()
+            .await
+            .map_err(ApiError::from)?
+            .into_iter()
+            .filter(|(_, l)| l.state == LoanState::Active)
+            .map(|(n, _)| n)
+            .collect();
+        if let Some(n) = named.iter().find(|n| !lent.contains(n)) {
+            return Err(ApiError::FailedPrecondition(format!(
+                "node {n} is not on loan (or is already being reclaimed)"
+            ))
+            .into());
+        }
+        if r.count as usize > lent.len() {
+            return Err(ApiError::FailedPrecondition(format!(
+                "{} node(s) asked back, {} on loan",
+                r.count,
+                lent.len()
+            ))
+            .into());
+        }
+        // Who holds what on the lent nodes, as the plan in force says.
+        let plan = p.current_plan().await.map_err(ApiError::from)?;
+        let live: std::collections::BTreeMap<JobId, crate::persistence::JobRecord> = p
+            .live_jobs()
+            .await
+            .map_err(ApiError::from)?
+            .into_iter()
+            .map(|j| (j.id, j))
+            .collect();
+        let mut jobs: Vec<JobId> = Vec::new();
+        for a in plan.assignments.iter().filter(|a| lent.contains(&a.node)) {
+            if !jobs.contains(&a.job) {
+                jobs.push(a.job);
+            }
+        }
+        let held = |j: JobId| -> u32 {
+            plan.assignments
+                .iter()
+                .filter(|a| a.job == j)
+                .map(|a| a.gpus.len() as u32)
+                .sum()
+        };
+        let input = ReclaimInput {
+            servers: lent
+                .iter()
+                .map(|n| LoanedServer {
+                    id: n.to_string(),
+                    gpus: 0,
+                    holds: jobs
+                        .iter()
+                        .enumerate()
+                        .filter_map(|(k, &j)| {
+                            let g: u32 = plan
+                                .assignments
+                                .iter()
+                                .filter(|a| a.job == j && a.node == *n)
+                                .map(|a| a.gpus.len() as u32)
+                                .sum();
+                            (g > 0).then_some((k, g))
+                        })
+                        .collect(),
+                })
+                .collect(),
+            jobs: jobs
+                .iter()
+                .map(|&j| ReclaimJob {
+                    gpus: held(j),
+                    base: base_gpus(live.get(&j), held(j)),
+                })
+                .collect(),
+        };
+        let chosen: Vec<usize> = if named.is_empty() {
+            lyra::reclaim(&input, r.count as usize, ReclaimRule::Lyra).servers
+        } else {
+            named
+                .iter()
+                .filter_map(|n| lent.iter().position(|l| l == n))
+                .collect()
+        };
+        let out = input.outcome(&chosen);
+        let nodes: Vec<NodeId> = out.servers.iter().map(|&s| lent[s].clone()).collect();
+        let preempted: Vec<JobId> = out.preempted.iter().map(|&k| jobs[k]).collect();
+        let scaled_in: Vec<JobId> = out.scaled_in.iter().map(|&(k, _)| jobs[k]).collect();
+        let now = Utc::now();
+        let deadline = now
+            + chrono::Duration::from_std(deadline)
+                .map_err(|_| ApiError::field("deadline", "too long"))?;
+        p.reclaim_nodes(
+            &nodes,
+            &preempted,
+            &scaled_in,
+            deadline,
+            who.user.0.as_str(),
+            now,
+        )
+        .await
+        .map_err(loan_error)?;
+        tracing::info!(nodes = ?nodes, preempted = preempted.len(), scaled_in = scaled_in.len(),
+            by = %who.user, "reclaiming lent nodes");
+        let ids = |v: &[JobId]| v.iter().map(|j| j.to_string()).collect::<Vec<_>>();
+        Ok(Response::new(pb::ReclaimNodesResponse {
+            node_ids: nodes.iter().map(|n| n.to_string()).collect(),
+            preempted_job_ids: ids(&preempted),
+            scaled_in_job_ids: ids(&scaled_in),
+            deadline: Some(timestamp_to_proto(deadline)),
+        }))
+    }
+
+    async fn list_loans(
+        &self,
+        req: Request<pb::ListLoansRequest>,
+    ) -> Result<Response<pb::ListLoansResponse>, Status> {
+        self.admin(req.metadata())?;
+        Ok(Response::new(self.loans_answer().await?))
+    }
+
     async fn list_audit_events(
         &self,
         req: Request<pb::ListAuditEventsRequest>,
@@ -358,5 +574,26 @@ impl AdminService for AdminApi {
             })
             .collect();
         Ok(Response::new(pb::ListAuditEventsResponse { events }))
+    }
+}
+
+/// Node ids of a request (`node_ids[i]` named when one is malformed),
+/// each once.
+fn node_ids(raw: &[String]) -> Result<Vec<NodeId>, ApiError> {
+    let mut out: Vec<NodeId> = Vec::with_capacity(raw.len());
+    for (i, n) in raw.iter().enumerate() {
+        let id = NodeId::try_from(n.clone())
+            .map_err(|e| ApiError::field(format!("node_ids[{i}]"), e))?;
+        if !out.contains(&id) {
+            out.push(id);
+        }
+    }
+    Ok(out)
+}
+
+fn loan_error(e: LoanError) -> ApiError {
+    match e {
+        LoanError::Refused(m) => ApiError::FailedPrecondition(m),
+        LoanError::Db(e) => e.into(),
     }
 }

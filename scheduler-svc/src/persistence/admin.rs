@@ -1,5 +1,5 @@
-//! Operators' controls in Postgres (migrations 0010, 0012): node cordons
-//! and drains, job re-queue requests, the policy and the queues set live,
+//! Operators' controls in Postgres (migrations 0010, 0012, 0014): node
+//! cordons and drains, inference nodes' loans, job re-queue requests, the policy and the queues set live,
 //! and the audit log.
 //! Any replica writes them (each change and its audit event in one
 //! transaction); the leader's rounds read them.
@@ -51,10 +51,77 @@ pub struct Requeue {
     pub reason: String,
 }
 
+/// The agent label that puts a node in the inference pool (Lyra): such a
+/// node trains only while an admin has it on loan.
+pub const POOL_LABEL: &str = "fmsched.io/pool";
+
+/// Where a loaned node stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LoanState {
+    /// In the training whitelist.
+    Active,
+    /// Asked back: its workers move off; returned once it is empty.
+    Reclaiming,
+    /// Back with the inference side.
+    Returned,
+}
+
+impl LoanState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LoanState::Active => "active",
+            LoanState::Reclaiming => "reclaiming",
+            LoanState::Returned => "returned",
+        }
+    }
+    fn parse(s: &str) -> Option<Self> {
+        [
+            LoanState::Active,
+            LoanState::Reclaiming,
+            LoanState::Returned,
+        ]
+        .into_iter()
+        .find(|x| x.as_str() == s)
+    }
+}
+
+/// An inference node's loan to training.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NodeLoan {
+    pub state: LoanState,
+    pub loaned_by: String,
+    pub loaned_at: DateTime<Utc>,
+    pub reclaimed_by: String,
+    pub reclaimed_at: Option<DateTime<Utc>>,
+    pub reclaim_deadline: Option<DateTime<Utc>>,
+    /// Jobs the reclaim decision preempts, and those it scales in.
+    pub preempted: Vec<JobId>,
+    pub scaled_in: Vec<JobId>,
+    pub returned_at: Option<DateTime<Utc>>,
+}
+
+impl NodeLoan {
+    /// On loan now (active or still being reclaimed).
+    pub fn lent(&self) -> bool {
+        self.state != LoanState::Returned
+    }
+}
+
+/// Why a loan change was refused (nothing was written).
+#[derive(Debug, thiserror::Error)]
+pub enum LoanError {
+    #[error("{0}")]
+    Refused(String),
+    #[error(transparent)]
+    Db(#[from] PersistenceError),
+}
+
 /// Everything the admin API set that a round reads.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct AdminState {
     pub cordons: BTreeMap<NodeId, NodeCordon>,
+    /// Every inference node's loan (returned ones too).
+    pub loans: BTreeMap<NodeId, NodeLoan>,
     pub requeues: BTreeMap<JobId, Requeue>,
     /// None: the scheduler's configuration decides.
     pub policy: Option<PolicySetting>,
@@ -211,6 +278,7 @@ impl Persistence {
                 .map_err(db_err(OP))?;
         Ok(AdminState {
             cordons: self.cordons().await?,
+            loans: self.loans().await?,
             requeues: requeues
                 .into_iter()
                 .map(|(j, by, at, reason)| (JobId(j), Requeue { by, at, reason }))
@@ -218,6 +286,206 @@ impl Persistence {
             policy: self.policy_setting().await?,
             queues: self.queue_setting().await?,
         })
+    }
+
+    /// Every node's loan (returned ones too).
+    pub async fn loans(&self) -> Result<BTreeMap<NodeId, NodeLoan>, PersistenceError> {
+        const OP: &str = "loans";
+        let rows = sqlx::query(
+            "SELECT node_id, state, loaned_by, loaned_at, reclaimed_by, reclaimed_at,
+                    reclaim_deadline, preempted, scaled_in, returned_at
+             FROM node_loans ORDER BY node_id",
+        )
+        .fetch_all(&self.pool)
+        .await
+        .map_err(db_err(OP))?;
+        let jobs = |v: serde_json::Value| -> Result<Vec<JobId>, PersistenceError> {
+            let ids: Vec<Uuid> =
+                serde_json::from_value(v).map_err(|e| corrupt(OP, e.to_string()))?;
+            Ok(ids.into_iter().map(JobId).collect())
+        };
+        let mut out = BTreeMap::new();
+        for r in rows {
+            let get = |e: sqlx::Error| corrupt(OP, e.to_string());
+            let id = NodeId::try_from(r.try_get::<String, _>("node_id").map_err(get)?)
+                .map_err(|e| corrupt(OP, e))?;
+            let state: String = r.try_get("state").map_err(get)?;
+            out.insert(
+                id,
+                NodeLoan {
+                    state: LoanState::parse(&state)
+                        .ok_or_else(|| corrupt(OP, format!("loan state {state:?}")))?,
+                    loaned_by: r.try_get("loaned_by").map_err(get)?,
+                    loaned_at: r.try_get("loaned_at").map_err(get)?,
+                    reclaimed_by: r.try_get("reclaimed_by").map_err(get)?,
+                    reclaimed_at: r.try_get("reclaimed_at").map_err(get)?,
+                    reclaim_deadline: r.try_get("reclaim_deadline").map_err(get)?,
+                    preempted: jobs(r.try_get("preempted").map_err(get)?)?,
+                    scaled_in: jobs(r.try_get("scaled_in").map_err(get)?)?,
+                    returned_at: r.try_get("returned_at").map_err(get)?,
+                },
+            );
+        }
+        Ok(out)
+    }
+
+    /// Puts inference nodes on loan to training (a node already lent stays
+    /// so; one being reclaimed is lent again). Refused, writing nothing,
+    /// for a node that is not in the inference pool or when the loans would
+    /// leave fewer than `keep(inference nodes)` inference nodes unlent.
+    pub async fn loan_nodes(
+        &self,
+        nodes: &[NodeId],
+        keep: &(dyn Fn(usize) -> usize + Sync),
+        actor: &str,
+        now: DateTime<Utc>,
+    ) -> Result<(), LoanError> {
+        const OP: &str = "loan_nodes";
+        let mut tx = self.pool.begin().await.map_err(db_err(OP))?;
+        // One loan change at a time: the headroom check sees every other.
+        sqlx::query("LOCK TABLE node_loans IN EXCLUSIVE MODE")
+            .execute(&mut *tx)
+            .await
+            .map_err(db_err(OP))?;
+        let pool: Vec<(String, Option<String>)> =
+            sqlx::query_as("SELECT id, labels ->> $1 FROM nodes ORDER BY id")
+                .bind(POOL_LABEL)
+                .fetch_all(&mut *tx)
+                .await
+                .map_err(db_err(OP))?;
+        let inference: BTreeSet<&str> = pool
+            .iter()
+            .filter(|(_, p)| p.as_deref() == Some("inference"))
+            .map(|(id, _)| id.as_str())
+            .collect();
+        for n in nodes {
+            if !pool.iter().any(|(id, _)| id == n.as_str()) {
+                return Err(PersistenceError::NotFound(format!("node {n}")).into());
+            }
+            if !inference.contains(n.as_str()) {
+                return Err(LoanError::Refused(format!(
+                    "node {n} is not in the inference pool (its agent's label {POOL_LABEL}=inference)"
+                )));
+            }
+        }
+        let lent: Vec<String> = sqlx::query_scalar(
+            "SELECT node_id FROM node_loans WHERE state IN ('active', 'reclaiming')",
+        )
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(db_err(OP))?;
+        let after: BTreeSet<&str> = lent
+            .iter()
+            .map(String::as_str)
+            .chain(nodes.iter().map(|n| n.as_str()))
+            .collect();
+        let keep = keep(inference.len());
+        if after.len() + keep > inference.len() {
+            return Err(LoanError::Refused(format!(
+                "{} of the {} inference nodes would be on loan; {keep} must stay with inference (loans.headroom)",
+                after.len(),
+                inference.len()
+            )));
+        }
+        for n in nodes {
+            sqlx::query(
+                "INSERT INTO node_loans (node_id, state, loaned_by, loaned_at)
+                 VALUES ($1, 'active', $2, $3)
+                 ON CONFLICT (node_id) DO UPDATE SET
+                    state = 'active',
+                    loaned_by = CASE WHEN node_loans.state = 'active' THEN node_loans.loaned_by ELSE EXCLUDED.loaned_by END,
+                    loaned_at = CASE WHEN node_loans.state = 'active' THEN node_loans.loaned_at ELSE EXCLUDED.loaned_at END,
+                    reclaimed_by = '', reclaimed_at = NULL, reclaim_deadline = NULL,
+                    preempted = '[]'::jsonb, scaled_in = '[]'::jsonb, returned_at = NULL",
+            )
+            .bind(n.as_str())
+            .bind(actor)
+            .bind(now)
+            .execute(&mut *tx)
+            .await
+            .map_err(db_err(OP))?;
+            node_event_in(
+                &mut tx,
+                n,
+                "loaned",
+                &format!("loaned to training by {actor}"),
+                now,
+                OP,
+            )
+            .await?;
+            audit_in(&mut tx, actor, "loan", n.as_str(), "", now, OP).await?;
+        }
+        tx.commit().await.map_err(db_err(OP))?;
+        Ok(())
+    }
+
+    /// Starts reclaiming lent nodes with the jobs the decision preempts and
+    /// scales in. Refused, writing nothing, for a node not on loan.
+    pub async fn reclaim_nodes(
+        &self,
+        nodes: &[NodeId],
+        preempted: &[JobId],
+        scaled_in: &[JobId],
+        deadline: DateTime<Utc>,
+        actor: &str,
+        now: DateTime<Utc>,
+    ) -> Result<(), LoanError> {
+        const OP: &str = "reclaim_nodes";
+        let mut tx = self.pool.begin().await.map_err(db_err(OP))?;
+        sqlx::query("LOCK TABLE node_loans IN EXCLUSIVE MODE")
+            .execute(&mut *tx)
+            .await
+            .map_err(db_err(OP))?;
+        let ids = |v: &[JobId]| serde_json::json!(v.iter().map(|j| j.0).collect::<Vec<_>>());
+        for n in nodes {
+            let state: Option<String> =
+                sqlx::query_scalar("SELECT state FROM node_loans WHERE node_id = $1")
+                    .bind(n.as_str())
+                    .fetch_optional(&mut *tx)
+                    .await
+                    .map_err(db_err(OP))?;
+            match state.as_deref() {
+                Some("active") => {}
+                Some("reclaiming") => {
+                    return Err(LoanError::Refused(format!(
+                        "node {n} is already being reclaimed"
+                    )));
+                }
+                _ => return Err(LoanError::Refused(format!("node {n} is not on loan"))),
+            }
+            sqlx::query(
+                "UPDATE node_loans SET state = 'reclaiming', reclaimed_by = $2, reclaimed_at = $3,
+                        reclaim_deadline = $4, preempted = $5, scaled_in = $6
+                 WHERE node_id = $1",
+            )
+            .bind(n.as_str())
+            .bind(actor)
+            .bind(now)
+            .bind(deadline)
+            .bind(ids(preempted))
+            .bind(ids(scaled_in))
+            .execute(&mut *tx)
+            .await
+            .map_err(db_err(OP))?;
+            let detail = format!(
+                "{} job(s) preempted, {} scaled in; deadline {}",
+                preempted.len(),
+                scaled_in.len(),
+                deadline.to_rfc3339()
+            );
+            node_event_in(
+                &mut tx,
+                n,
+                "reclaiming",
+                &format!("reclaim by {actor}: {detail}"),
+                now,
+                OP,
+            )
+            .await?;
+            audit_in(&mut tx, actor, "reclaim", n.as_str(), &detail, now, OP).await?;
+        }
+        tx.commit().await.map_err(db_err(OP))?;
+        Ok(())
     }
 
     /// Cordoned and draining nodes.

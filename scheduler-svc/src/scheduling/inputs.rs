@@ -26,7 +26,9 @@ use super::observe::{Observed, curve_from_json, embedding};
 use super::{RoundError, expected_iterations, total_iterations};
 use crate::api::AppState;
 use crate::estimates::{Estimates, local_gains, local_times};
-use crate::persistence::{Assignment, JobRecord, JobService, MergeRecord, NodeCordon};
+use crate::persistence::{
+    Assignment, JobRecord, JobService, LoanState, MergeRecord, NodeCordon, NodeLoan, POOL_LABEL,
+};
 use crate::registry::LiveNode;
 
 /// The view of a round and how its ordinals map back to ids.
@@ -94,6 +96,9 @@ pub struct ViewSources<'a> {
     pub held_back: &'a BTreeSet<JobId>,
     /// Nodes an admin cordoned or drained.
     pub cordons: &'a BTreeMap<NodeId, NodeCordon>,
+    /// Inference nodes' loans (Lyra): such a node is in the round only
+    /// while lent, and drained while it is reclaimed.
+    pub loans: &'a BTreeMap<NodeId, NodeLoan>,
     /// Seconds a (re)start costs, per model.
     pub restart_s: &'a dyn Fn(&str) -> f64,
     pub now: DateTime<Utc>,
@@ -123,15 +128,27 @@ pub fn build_view(s: &ViewSources<'_>) -> Translated {
         for (x, g) in n.record.gpus.iter().enumerate() {
             gpu_at.insert(g.uuid.0.as_str(), (k, x as u32));
         }
+        let inference = n
+            .record
+            .labels
+            .get(POOL_LABEL)
+            .is_some_and(|p| p == "inference");
+        let loan = s.loans.get(&n.record.id).filter(|l| inference && l.lent());
         node_views.push(NodeView {
             id: n.record.id.as_str().to_string(),
             gpus: n.record.gpus.len() as u32,
-            state: n.state,
-            drained: faulty(n) || s.cordons.get(&n.record.id).is_some_and(|c| c.drain),
+            // An inference node not on loan is not the round's to use.
+            state: if inference && loan.is_none() {
+                NodeState::Offline
+            } else {
+                n.state
+            },
+            drained: faulty(n)
+                || s.cordons.get(&n.record.id).is_some_and(|c| c.drain)
+                || loan.is_some_and(|l| l.state == LoanState::Reclaiming),
             cordoned: s.cordons.contains_key(&n.record.id),
             gpu_model: node_family(n),
-            // Loaned inference nodes are planned (issue: Lyra live).
-            loaned: false,
+            loaned: loan.is_some(),
         });
         nodes.push((
             n.record.id.clone(),
@@ -326,6 +343,7 @@ pub(crate) async fn load(
         service: &o.service,
         held_back: &held_back,
         cordons: &o.admin.cordons,
+        loans: &o.admin.loans,
         restart_s: &restart_s,
         now,
     });
@@ -719,6 +737,7 @@ mod tests {
             service: &BTreeMap::new(),
             held_back: &[job(3)].into_iter().collect(),
             cordons: &BTreeMap::new(),
+            loans: &BTreeMap::new(),
             restart_s: &|_| 42.0,
             now,
         });

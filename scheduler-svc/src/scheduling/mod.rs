@@ -856,6 +856,31 @@ fn plan_writes(
             .chain(&outcome.unexecutable)
             .map(|(v, why)| (t.jobs[*v], "unschedulable".to_string(), why.clone())),
     );
+    // A reclaimed node is returned once nothing is planned there and its
+    // agent runs no process (or is gone).
+    w.returned = o
+        .admin
+        .loans
+        .iter()
+        .filter(|(_, l)| l.state == crate::persistence::LoanState::Reclaiming)
+        .map(|(n, _)| n)
+        .filter(|n| !w.assignments.iter().any(|a| a.node == **n))
+        .filter(|n| {
+            o.nodes.iter().find(|l| l.record.id == **n).is_none_or(|l| {
+                // Ended processes stay reported (suspended, done):
+                // only a live one is a worker left.
+                !l.observed_tasks.iter().any(|t| {
+                    matches!(
+                        fmsched_proto::v1::TaskPhase::try_from(t.phase),
+                        Ok(fmsched_proto::v1::TaskPhase::Starting
+                            | fmsched_proto::v1::TaskPhase::Running
+                            | fmsched_proto::v1::TaskPhase::Checkpointing)
+                    )
+                })
+            })
+        })
+        .cloned()
+        .collect();
     let live = t.view.jobs.len();
     let at = |s: f64| now + chrono::Duration::milliseconds((s * 1000.0) as i64);
     let predictions = round::predictions(&t.view, &inputs.prepared, &inputs.estimates, outcome);
