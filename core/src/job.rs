@@ -296,6 +296,38 @@ pub struct Resources {
     /// Restrict to one GPU model (None = any).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpu_model: Option<String>,
+    /// An elastic job (Lyra): `min` base workers, gang-scheduled and never
+    /// taken by a scale-in, and flexible workers up to `max` that join and
+    /// leave at checkpoint boundaries. None: the GPU range is the inelastic
+    /// case (the policy picks a size in it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workers: Option<Workers>,
+}
+
+/// An elastic job's worker range (Lyra §3.2). `min_gpus` / `max_gpus` must
+/// be `min` / `max` workers' GPUs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Workers {
+    pub min: u32,
+    pub max: u32,
+    #[serde(default = "one")]
+    pub gpus_per_worker: u32,
+}
+
+fn one() -> u32 {
+    1
+}
+
+impl Resources {
+    /// GPUs of the base demand: the elastic job's base workers, else what
+    /// the job asks for (its maximum).
+    pub fn base_gpus(&self) -> u32 {
+        match self.workers {
+            Some(w) => w.min * w.gpus_per_worker,
+            None => self.max_gpus,
+        }
+    }
 }
 
 fn is_zero(n: &u32) -> bool {

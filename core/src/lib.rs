@@ -20,7 +20,7 @@ pub mod validate;
 pub use ids::{GpuUuid, JobId, NodeId, UserName};
 pub use job::{
     DatasetSpec, FrozenLayers, HyperParameters, JobSpec, JobState, Launch, LayerElasticity,
-    MetricTarget, Optimizer, PetlMethod, Resources, SloClass, Target,
+    MetricTarget, Optimizer, PetlMethod, Resources, SloClass, Target, Workers,
 };
 pub use models::{ModelCatalog, ModelInfo};
 pub use node::{Liveness, NodeState};

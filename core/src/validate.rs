@@ -312,6 +312,43 @@ impl JobSpec {
         if let Some(m) = &r.gpu_model {
             string("resources.gpu_model", m, l.max_name_bytes, true)?;
         }
+        // Elastic workers (Lyra): the GPU range is the workers' range.
+        if let Some(w) = r.workers {
+            if w.min == 0 {
+                return err("resources.workers.min", "must be >= 1");
+            }
+            if w.max < w.min {
+                return err(
+                    "resources.workers.max",
+                    format!("must be >= resources.workers.min ({})", w.min),
+                );
+            }
+            if w.gpus_per_worker != 1 {
+                return err(
+                    "resources.workers.gpus_per_worker",
+                    "only 1 is supported (a worker per GPU); multi-GPU workers are planned",
+                );
+            }
+            if r.pipeline_parallel || r.expert_parallel > 1 {
+                return err(
+                    "resources.workers",
+                    "elastic workers cannot be combined with pipeline or expert parallelism",
+                );
+            }
+            let g = w.gpus_per_worker;
+            if r.min_gpus != w.min * g || r.max_gpus != w.max * g {
+                return err(
+                    "resources.workers",
+                    format!(
+                        "resources.min_gpus and max_gpus must be the workers' GPUs: {} and {} (got {} and {})",
+                        w.min * g,
+                        w.max * g,
+                        r.min_gpus,
+                        r.max_gpus
+                    ),
+                );
+            }
+        }
 
         // Deadline and SLO class (UniSched).
         if let Some(d) = self.deadline
@@ -551,6 +588,7 @@ pub(crate) mod tests {
                 }),
             },
             resources: Resources {
+                workers: None,
                 min_gpus: 1,
                 max_gpus: 4,
                 pipeline_parallel: false,
@@ -876,5 +914,35 @@ launch: { command: [python, train.py] }
             .unwrap_err()
             .to_string();
         assert!(e.contains("max_epoch"), "{e}");
+    }
+
+    /// An elastic job's workers must describe its GPU range; each broken
+    /// rule names its field.
+    #[test]
+    fn lyra_workers_must_match_the_gpu_range() {
+        use crate::job::Workers;
+        let w = |min, max, g| {
+            Some(Workers {
+                min,
+                max,
+                gpus_per_worker: g,
+            })
+        };
+        let mut s = spec();
+        s.resources.min_gpus = 2;
+        s.resources.max_gpus = 4;
+        s.resources.workers = w(2, 4, 1);
+        assert_eq!(s.resources.base_gpus(), 2);
+        check(&s).unwrap();
+        s.resources.workers = w(1, 4, 1);
+        assert_eq!(field_of(&s), "spec.resources.workers");
+        s.resources.workers = w(0, 4, 1);
+        assert_eq!(field_of(&s), "spec.resources.workers.min");
+        s.resources.workers = w(3, 2, 1);
+        assert_eq!(field_of(&s), "spec.resources.workers.max");
+        s.resources.workers = w(1, 2, 2);
+        assert_eq!(field_of(&s), "spec.resources.workers.gpus_per_worker");
+        s.resources.workers = None;
+        assert_eq!(s.resources.base_gpus(), 4, "inelastic: what it asks for");
     }
 }

@@ -184,6 +184,10 @@ pub struct SimConfig {
     /// An inference cluster that loans idle servers to training (Lyra);
     /// None: the training cluster alone.
     pub loans: Option<Loans>,
+    /// Lyra's job model: a job never runs on fewer GPUs than it asks for
+    /// (its base demand; an elastic one may grow to `max_gpus`). Off: any
+    /// job may shrink to one GPU (Ymir's malleable jobs).
+    pub base_demands: bool,
 }
 
 impl Default for SimConfig {
@@ -203,6 +207,7 @@ impl Default for SimConfig {
             round_origin_s: None,
             queues: Default::default(),
             loans: None,
+            base_demands: false,
         }
     }
 }
@@ -928,7 +933,7 @@ impl<'a> Simulation<'a> {
         let allocs = self.allocations.clone();
         let rem = self.remaining(i);
         let j = &self.jobs[i];
-        let (min, max, batch) = (1, j.w.max_gpus, j.w.batch);
+        let (min, max, batch) = (self.min_gpus(i), j.w.max_gpus, j.w.batch);
         let unit = Replica::of(j.w.pipeline, j.w.expert_parallel).gpus();
         allocs
             .iter()
@@ -1287,6 +1292,16 @@ impl<'a> Simulation<'a> {
         self.stats.restarts = self.jobs.iter().map(|j| j.restarts).sum();
         self.stats.wall_s = started.elapsed().as_secs_f64();
         Ok(self.stats)
+    }
+
+    /// The fewest GPUs job `i` runs on: its request under
+    /// [`SimConfig::base_demands`], else one.
+    fn min_gpus(&self, i: usize) -> u32 {
+        if self.cfg.base_demands {
+            self.jobs[i].w.gpus
+        } else {
+            1
+        }
     }
 
     /// GPUs of the nodes in the round now (training and loaned).
@@ -1680,7 +1695,7 @@ impl<'a> Simulation<'a> {
                     pipeline: j.w.pipeline,
                     expert_parallel: j.w.expert_parallel,
                     gpu_model: j.w.gpu_model.as_deref().map(analytic::gpu_family),
-                    min_gpus: 1,
+                    min_gpus: self.min_gpus(i),
                     max_gpus: j.w.max_gpus,
                     requested_gpus: j.w.gpus,
                     submitted_at: j.w.submit_s - j.history_s,

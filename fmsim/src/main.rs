@@ -1071,6 +1071,10 @@ fn lyra_eval(a: &SimArgs) -> anyhow::Result<()> {
                 rule,
                 ..loans.clone()
             }),
+            // Lyra's job model for every scheme: inelastic jobs run at
+            // their request, elastic ones from it (AFS "allocating base
+            // demand to each job first", §3.7.1).
+            base_demands: true,
             ..cfg.clone()
         };
         let sim = Simulation::new(cfg, &lut, &catalog, &jobs)?;

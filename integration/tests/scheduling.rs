@@ -5228,3 +5228,88 @@ async fn e2e_lyra_lent_nodes_take_work_and_a_reclaim_loses_no_job() {
     );
     drop_db(&db).await;
 }
+
+/// An elastic job (`resources.workers`) under lyra: it runs on its base
+/// workers, scales out onto a node as soon as it is lent, and a reclaim of
+/// that node scales it back in — named as scaled in, not preempted — while
+/// it keeps training to completion on its base.
+#[tokio::test]
+async fn e2e_lyra_an_elastic_job_scales_out_onto_a_lent_node_and_in_on_reclaim() {
+    let db = new_db("fmsched_lyra_elastic").await;
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let env = [
+        ("FMSCHED_SCHEDULING__PROFILING", "false"),
+        ("FMSCHED_SCHEDULING__MERGING", "false"),
+        ("FMSCHED_SCHEDULING__POLICY", "lyra"),
+        ("FMSCHED_LOANS__HEADROOM", "0"),
+    ];
+    let _sched = scheduler_env(&db, port, dir.path(), None, &env);
+    wait_up("scheduler up", port);
+    let endpoint = format!("http://127.0.0.1:{port}");
+    let _a = agent("train-a", port, dir.path());
+    let mut c = agent_command("inf-1", &endpoint, dir.path(), None, 4, &[]);
+    c.args(["--label", "fmsched.io/pool=inference"]);
+    let _i = Proc::spawn("inf-1", c, dir.path());
+    wait_for("two nodes", Duration::from_secs(20), || {
+        let out = fmctl(port, &["nodes"])?;
+        (out.contains("train-a") && out.contains("inf-1"))
+            .then_some(())
+            .ok_or(out)
+    });
+    let manifest = format!(
+        "name: elastic\nmodel: roberta-base\ndataset: {{ uri: file:///data/rte, task: rte, num_samples: 3200 }}\n\
+         hyperparameters: {{ global_batch_size: 32, learning_rate: 2.0e-5, amp: true }}\n\
+         target: {{ max_iterations: 24000 }}\n\
+         resources: {{ min_gpus: 4, max_gpus: 8, workers: {{ min: 4, max: 8 }} }}\n\
+         launch:\n  command: [\"{}\"]\n  env: {{ FMSCHED_FAKE_TIME_COMPRESSION: \"40\" }}\n",
+        bin("fake-trainer").display()
+    );
+    submit(port, dir.path(), [("elastic".to_string(), manifest)]).expect("submit");
+    let job = wait_for(
+        "it runs on its base workers",
+        Duration::from_secs(60),
+        || {
+            let (_, jobs) = node_hold(port, "train-a")?;
+            (jobs.len() == 4)
+                .then(|| jobs[0].clone())
+                .ok_or(format!("{jobs:?}"))
+        },
+    );
+    fmctl(port, &["admin", "lend", "inf-1"]).unwrap();
+    wait_for(
+        "it scales out onto the lent node",
+        Duration::from_secs(60),
+        || {
+            let (_, a) = node_hold(port, "train-a")?;
+            let (_, i) = node_hold(port, "inf-1")?;
+            (a.len() + i.len() == 8 && i.iter().all(|j| *j == job))
+                .then_some(())
+                .ok_or(format!("train-a {a:?} inf-1 {i:?}"))
+        },
+    );
+    // Let it checkpoint at the new size, then ask the node back.
+    std::thread::sleep(Duration::from_secs(3));
+    let r: Value = serde_json::from_str(
+        &fmctl(port, &["-o", "json", "admin", "reclaim", "--count", "1"]).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(r["node_ids"], serde_json::json!(["inf-1"]), "{r}");
+    assert_eq!(r["scaled_in_job_ids"], serde_json::json!([job]), "{r}");
+    assert_eq!(r["preempted_job_ids"], serde_json::json!([]), "{r}");
+    wait_for(
+        "it scales in to its base and the node is returned",
+        Duration::from_secs(60),
+        || {
+            let l: Value = serde_json::from_str(&fmctl(port, &["-o", "json", "admin", "loans"])?)
+                .map_err(|e| e.to_string())?;
+            let (_, a) = node_hold(port, "train-a")?;
+            let (_, i) = node_hold(port, "inf-1")?;
+            (l["loans"][0]["state"] == "returned" && i.is_empty() && a.len() == 4)
+                .then_some(())
+                .ok_or(format!("{l} train-a {a:?} inf-1 {i:?}"))
+        },
+    );
+    all_completed(port, 1, Duration::from_secs(240));
+    drop_db(&db).await;
+}

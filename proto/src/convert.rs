@@ -234,6 +234,11 @@ pub fn job_spec_from_proto(p: pb::JobSpec) -> Result<core::JobSpec, FieldError> 
             pipeline_parallel: res.pipeline_parallel,
             expert_parallel: res.expert_parallel,
             gpu_model: non_empty(res.gpu_model),
+            workers: res.workers.map(|w| core::Workers {
+                min: w.min,
+                max: w.max,
+                gpus_per_worker: w.gpus_per_worker.max(1),
+            }),
         },
         sharing: p.sharing.unwrap_or(true),
         deadline,
@@ -300,6 +305,11 @@ pub fn job_spec_to_proto(s: &core::JobSpec) -> pb::JobSpec {
             pipeline_parallel: s.resources.pipeline_parallel,
             expert_parallel: s.resources.expert_parallel,
             gpu_model: s.resources.gpu_model.clone().unwrap_or_default(),
+            workers: s.resources.workers.map(|w| pb::Workers {
+                min: w.min,
+                max: w.max,
+                gpus_per_worker: w.gpus_per_worker,
+            }),
         }),
         sharing: Some(s.sharing),
         queue: s.queue.clone(),

@@ -31,10 +31,13 @@ pub struct AdminApi {
 }
 
 /// The fewest GPUs a job keeps running on when a reclaim takes some of its
-/// GPUs: what it holds (a job's flexible workers are planned; every live
-/// job is inelastic today, so losing any GPU preempts it).
-fn base_gpus(_job: Option<&crate::persistence::JobRecord>, held: u32) -> u32 {
-    held
+/// GPUs: an elastic job's base workers (it scales in to them), any other
+/// job all it holds (losing one GPU preempts it).
+fn base_gpus(job: Option<&crate::persistence::JobRecord>, held: u32) -> u32 {
+    match job.map(|j| &j.spec.resources) {
+        Some(r) if r.workers.is_some() => r.base_gpus().min(held),
+        _ => held,
+    }
 }
 
 impl AdminApi {

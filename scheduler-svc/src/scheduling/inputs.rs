@@ -208,7 +208,9 @@ pub fn build_view(s: &ViewSources<'_>) -> Translated {
                 min_gpus: r.min_gpus,
                 max_gpus: r.max_gpus,
                 // A spec names a GPU range; the service asks for its top.
-                requested_gpus: r.max_gpus,
+                // An elastic job asks for its base workers; the policy may
+                // add flexible ones up to max_gpus.
+                requested_gpus: r.base_gpus(),
                 submitted_at: secs_since(j.created_at, s.now),
                 iteration: done,
                 progress: done as f64 / total_iterations(j).max(1) as f64,
