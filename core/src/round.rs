@@ -2969,7 +2969,7 @@ mod tests {
         #[test]
         fn queues_hold_within_their_share_and_pinned_jobs_stay(
             v in arb_view(),
-            policy in prop::sample::select(vec!["ymir", "srtf", "tiresias", "themis", "fifo", "edf", "hydra", "chronus", "optimus", "lyra"]),
+            policy in prop::sample::select(vec!["ymir", "srtf", "tiresias", "themis", "fifo", "edf", "hydra", "chronus", "optimus", "lyra", "gandiva"]),
             ga in 0u32..6, la in prop::option::of(6u32..12), gb in 0u32..6,
             seed in any::<u64>(),
         ) {

@@ -35,7 +35,7 @@ enum Cmd {
         #[command(flatten)]
         sim: SimArgs,
         /// Policy: ymir, ymir-no-merge, fifo, srtf, tiresias, optimus, themis,
-        /// pollux, unisched, chronus, edf, hydra.
+        /// pollux, unisched, chronus, edf, hydra, lyra, gandiva.
         #[arg(long, default_value = "ymir")]
         policy: String,
     },
@@ -43,8 +43,9 @@ enum Cmd {
     /// cluster (`--inference-nodes`): FIFO without loans or scaling (the
     /// baseline), loaning alone (FIFO on loaned servers), elastic scaling
     /// alone (lyra without loans), Lyra, Lyra with the Random and SCF
-    /// reclaims, and the elastic schedulers Optimus (AFS-style greedy
-    /// marginal gain) and Pollux without loans: queuing time, JCT,
+    /// reclaims, and the elastic schedulers Gandiva-style (scale out only
+    /// when nothing waits), Optimus (AFS-style greedy marginal gain) and
+    /// Pollux without loans: queuing time, JCT,
     /// preemptions and collateral per reclaim, loaned GPU usage.
     Lyra {
         #[command(flatten)]
@@ -1060,6 +1061,7 @@ fn lyra_eval(a: &SimArgs) -> anyhow::Result<()> {
             ReclaimRule::Random(a.slo_seed),
         ),
         ("lyra, scf reclaim", "lyra", true, ReclaimRule::Scf),
+        ("gandiva-style", "gandiva", false, ReclaimRule::Lyra),
         ("optimus (afs-style)", "optimus", false, ReclaimRule::Lyra),
         ("pollux", "pollux", false, ReclaimRule::Lyra),
     ];

@@ -48,6 +48,7 @@ fn lyra_cli_prints_every_scenario_and_refuses_a_run_without_inference_nodes() {
         "scaling alone (lyra)",
         "lyra, random reclaim",
         "lyra, scf reclaim",
+        "gandiva-style",
         "optimus (afs-style)",
         "pollux",
     ] {

@@ -579,6 +579,11 @@ pub fn with_knobs(
             take("interval_s", &mut p.interval_s);
             Box::new(p)
         }
+        "gandiva" => {
+            let mut p = super::lyra::Gandiva::default();
+            take("interval_s", &mut p.interval_s);
+            Box::new(p)
+        }
         "unisched" | "chronus" => {
             let mut c = UniSchedConfig {
                 chronus: name == "chronus",
@@ -641,7 +646,9 @@ pub fn with_knobs(
 /// policy.
 pub fn knob_names(name: &str) -> Option<&'static [&'static str]> {
     Some(match name {
-        "fifo" | "srtf" | "optimus" | "pollux" | "edf" | "hydra" | "lyra" => &["interval_s"],
+        "fifo" | "srtf" | "optimus" | "pollux" | "edf" | "hydra" | "lyra" | "gandiva" => {
+            &["interval_s"]
+        }
         "tiresias" => &["interval_s", "starvation_factor", "threshold_gpu_h"],
         "themis" => &["interval_s", "lease_s"],
         "unisched" | "chronus" => &[
@@ -670,7 +677,7 @@ pub fn knob_names(name: &str) -> Option<&'static [&'static str]> {
 }
 
 /// Names accepted by [`by_name`].
-pub const POLICY_NAMES: [&str; 13] = [
+pub const POLICY_NAMES: [&str; 14] = [
     "ymir",
     "ymir-no-merge",
     "fifo",
@@ -684,6 +691,7 @@ pub const POLICY_NAMES: [&str; 13] = [
     "edf",
     "hydra",
     "lyra",
+    "gandiva",
 ];
 
 #[cfg(test)]
@@ -704,7 +712,7 @@ mod tests {
             let e = with_knobs(name, &more).err().unwrap();
             assert!(e.contains("no_such_knob") && e.contains(known[0]), "{e}");
         }
-        assert!(knob_names("gandiva").is_none());
+        assert!(knob_names("afs").is_none());
     }
 
     #[test]

@@ -213,6 +213,96 @@ impl Policy for Lyra {
     }
 }
 
+/// Gandiva-style elasticity, Lyra's baseline (§3.7.1): jobs in arrival
+/// order at their base demand (running jobs keep theirs; later, smaller
+/// jobs fill in), and only when no job waits do elastic jobs scale out
+/// over the idle GPUs — first back to the size they run at, then a worker
+/// at a time, oldest first ("scaling out jobs to utilize the remaining
+/// resources ... when there are available resources but no pending jobs").
+#[derive(Clone, Debug)]
+pub struct Gandiva {
+    pub interval_s: f64,
+}
+
+impl Default for Gandiva {
+    fn default() -> Self {
+        Self { interval_s: 60.0 }
+    }
+}
+
+impl Policy for Gandiva {
+    fn name(&self) -> &str {
+        "gandiva"
+    }
+    fn interval_s(&self) -> f64 {
+        self.interval_s
+    }
+    fn allocation_set(&self, max_gpus: u32) -> Vec<u32> {
+        (0..=max_gpus).collect()
+    }
+    fn allocate(&self, snap: &Snapshot) -> Plan {
+        let mut plan = Plan::default();
+        let mut free = snap.total_gpus();
+        let mut room = QueueRoom::new(snap, &plan);
+        let mut order = super::baselines::by_arrival(snap);
+        // Running jobs first (they are not preempted), then the queue.
+        order.sort_by_key(|&i| snap.jobs[i].current_gpus == 0);
+        let mut waiting = false;
+        for i in order {
+            let j = &snap.jobs[i];
+            let Some(b) = base_gpus(snap, i) else {
+                continue;
+            };
+            let b = if j.current_gpus > 0 {
+                b.min(j.current_gpus)
+            } else {
+                b
+            };
+            if b <= free && room.fits(snap, i, b) {
+                free -= b;
+                room.take(snap, i, b);
+                plan.entries.push(PlanEntry::single(i, b));
+            } else if j.current_gpus == 0 {
+                waiting = true;
+            }
+        }
+        if !waiting {
+            let usable: Vec<Vec<u32>> = plan
+                .entries
+                .iter()
+                .map(|e| usable_allocations(snap, e.jobs[0]))
+                .collect();
+            // Back to the size they run at, where it is still free.
+            for (e, u) in plan.entries.iter_mut().zip(&usable) {
+                let cur = snap.jobs[e.jobs[0]].current_gpus;
+                if cur > e.gpus && cur - e.gpus <= free && u.contains(&cur) {
+                    free -= cur - e.gpus;
+                    e.gpus = cur;
+                }
+            }
+            // Then one step at a time, oldest first, while GPUs are idle.
+            loop {
+                let mut grew = false;
+                for (e, u) in plan.entries.iter_mut().zip(&usable) {
+                    if let Some(&next) = u.iter().find(|&&a| a > e.gpus)
+                        && next - e.gpus <= free
+                        && is_elastic(snap, e.jobs[0])
+                    {
+                        free -= next - e.gpus;
+                        e.gpus = next;
+                        grew = true;
+                    }
+                }
+                if !grew {
+                    break;
+                }
+            }
+        }
+        plan.entries.sort_by_key(|e| e.jobs[0]);
+        plan
+    }
+}
+
 /// The multiple-choice knapsack's answer: the item picked in each group.
 #[derive(Clone, Debug, PartialEq)]
 pub struct KnapsackChoice {
@@ -929,6 +1019,36 @@ mod tests {
         let o = reclaim(&input, 1, ReclaimRule::Lyra);
         assert!(o.preempted.is_empty());
         assert_eq!(o.scaled_in, vec![(0, 4)]);
+    }
+
+    #[test]
+    fn lyra_gandiva_scales_out_only_when_nothing_waits() {
+        let allocs: Vec<u32> = (0..=8).collect();
+        let mk = |id: &str, w: f64, req: u32, max: u32| {
+            let mut j = job(id, w, req, &allocs);
+            j.max_gpus = max;
+            j.remaining_s = linear_times(&allocs, w);
+            j
+        };
+        let mut snap = cluster(1, 8, vec![mk("e", 8_000.0, 2, 8), mk("r", 1_000.0, 4, 4)]);
+        snap.allocations = allocs.clone();
+        snap.jobs[0].remaining_s = linear_times(&allocs, 8_000.0);
+        snap.jobs[1].remaining_s = linear_times(&allocs, 1_000.0);
+        let g = Gandiva::default().allocate(&snap).gpus_by_job();
+        assert_eq!(
+            (g[&0], g[&1]),
+            (4, 4),
+            "nothing waits: the elastic job takes the rest"
+        );
+        // A third job waits for 4 GPUs: nobody scales out.
+        snap.jobs.push(mk("w", 1_000.0, 4, 4));
+        snap.jobs[2].remaining_s = linear_times(&allocs, 1_000.0);
+        snap.jobs[0].current_gpus = 2;
+        snap.jobs[0].current_placement = vec![(0, 2)];
+        snap.jobs[1].current_gpus = 4;
+        snap.jobs[1].current_placement = vec![(0, 4)];
+        let g = Gandiva::default().allocate(&snap).gpus_by_job();
+        assert_eq!((g[&0], g[&1], g.get(&2)), (2, 4, None));
     }
 
     #[test]
