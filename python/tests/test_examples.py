@@ -346,3 +346,18 @@ def test_hf_uris_are_read_through_the_datasets_package(tmp_path, data):
     a.env["FMSCHED_TASKS"] = json.dumps([task("h", data / "a", dataset_uri=f"hf://{tmp_path / 'none'}")])
     rc, _, err = a.run("glue")
     assert rc != 0 and "dataset.uri" in err, err
+
+
+def test_an_elastic_resize_keeps_the_global_batch(monkeypatch):
+    """Lyra's scale-in / scale-out restarts the job from its checkpoint with
+    a new WORLD_SIZE; the per-device batch follows it, so the global batch
+    stays the one the spec asked for (torchrun-elastic semantics)."""
+    from fmsched_trainer.contract import Task
+    from fmsched_trainer.examples import common
+
+    task = Task(job_id="j", model="m", task="t", dataset_uri="x", global_batch_size=32)
+    for world in (1, 2, 4, 8):
+        if common.devices() * world > 32:
+            continue
+        monkeypatch.setenv("WORLD_SIZE", str(world))
+        assert common.per_device_batch(task) * world * common.devices() == 32

@@ -688,6 +688,29 @@ mod tests {
         );
     }
 
+    /// `[loans]`: the headroom keeps whole inference nodes back (rounded
+    /// up), and values out of range are refused naming the key.
+    #[test]
+    fn lyra_loans_headroom_rounds_up_to_whole_nodes_and_is_checked() {
+        let cfg = Config::load_from(None, env(&[])).unwrap();
+        assert_eq!(cfg.loans.headroom, 0.02);
+        assert_eq!(cfg.loans.keep(0), 0);
+        assert_eq!(cfg.loans.keep(2), 1, "2 % of 2 nodes is one whole node");
+        assert_eq!(cfg.loans.keep(50), 1);
+        assert_eq!(cfg.loans.keep(51), 2);
+        let zero = Config::load_from(None, env(&[("FMSCHED_LOANS__HEADROOM", "0")])).unwrap();
+        assert_eq!(zero.loans.keep(8), 0);
+        for (k, v) in [
+            ("FMSCHED_LOANS__HEADROOM", "1"),
+            ("FMSCHED_LOANS__RECLAIM_DEADLINE", "0s"),
+        ] {
+            let e = Config::load_from(None, env(&[(k, v)]))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("loans."), "{k}: {e}");
+        }
+    }
+
     /// A policy set through the admin API replaces the configured policy
     /// and knobs; the configured interval still paces rounds unless the
     /// setting names `interval_s`.
