@@ -4159,7 +4159,7 @@ async fn e2e_queue_admin_policy_set_live_changes_the_next_round_and_survives_a_r
     assert!(sched.log_text().contains("policy in force changed"));
     // A restart keeps the setting.
     sched.kill9();
-    let _sched = scheduler_env(&db, port, dir.path(), None, &env);
+    let _sched = scheduler_env(&db, port, dir.path(), None, &LYRA_ENV);
     wait_up("scheduler up again", port);
     let p: Value =
         serde_json::from_str(&fmctl(port, &["-o", "json", "admin", "policy"]).unwrap()).unwrap();
@@ -5047,6 +5047,42 @@ async fn e2e_estimate_prior_a_metric_target_is_predicted_from_finished_jobs() {
     drop_db(&db).await;
 }
 
+/// A scheduler running lyra with no inference headroom, the training node
+/// `train-a` and the inference nodes `inference` (agent label
+/// `fmsched.io/pool=inference`), all registered.
+fn lyra_cluster(
+    db: &str,
+    port: u16,
+    dir: &std::path::Path,
+    inference: &[&str],
+) -> (Proc, Vec<Proc>) {
+    let sched = scheduler_env(db, port, dir, None, &LYRA_ENV);
+    wait_up("scheduler up", port);
+    let endpoint = format!("http://127.0.0.1:{port}");
+    let mut agents = vec![agent("train-a", port, dir)];
+    for n in inference {
+        let mut c = agent_command(n, &endpoint, dir, None, 4, &[]);
+        c.args(["--label", "fmsched.io/pool=inference"]);
+        agents.push(Proc::spawn(n, c, dir));
+    }
+    wait_for("every node registered", Duration::from_secs(20), || {
+        let out = fmctl(port, &["nodes"])?;
+        std::iter::once(&"train-a")
+            .chain(inference)
+            .all(|n| out.contains(n))
+            .then_some(())
+            .ok_or(out)
+    });
+    (sched, agents)
+}
+
+const LYRA_ENV: [(&str, &str); 4] = [
+    ("FMSCHED_SCHEDULING__PROFILING", "false"),
+    ("FMSCHED_SCHEDULING__MERGING", "false"),
+    ("FMSCHED_SCHEDULING__POLICY", "lyra"),
+    ("FMSCHED_LOANS__HEADROOM", "0"),
+];
+
 /// Lyra's loans live: inference nodes (agent label fmsched.io/pool=inference)
 /// train nothing until an admin lends them; lent, they take the waiting
 /// jobs; a node outside the pool cannot be lent; a reclaim by count picks
@@ -5058,31 +5094,7 @@ async fn e2e_lyra_lent_nodes_take_work_and_a_reclaim_loses_no_job() {
     let db = new_db("fmsched_lyra").await;
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
-    let env = [
-        ("FMSCHED_SCHEDULING__PROFILING", "false"),
-        ("FMSCHED_SCHEDULING__MERGING", "false"),
-        ("FMSCHED_SCHEDULING__POLICY", "lyra"),
-        ("FMSCHED_LOANS__HEADROOM", "0"),
-    ];
-    let mut sched = scheduler_env(&db, port, dir.path(), None, &env);
-    wait_up("scheduler up", port);
-    let endpoint = format!("http://127.0.0.1:{port}");
-    let _a = agent("train-a", port, dir.path());
-    let inference = |node: &str| {
-        let mut c = agent_command(node, &endpoint, dir.path(), None, 4, &[]);
-        c.args(["--label", "fmsched.io/pool=inference"]);
-        Proc::spawn(node, c, dir.path())
-    };
-    let _i1 = inference("inf-1");
-    let _i2 = inference("inf-2");
-    wait_for("three nodes", Duration::from_secs(20), || {
-        let out = fmctl(port, &["nodes"])?;
-        ["train-a", "inf-1", "inf-2"]
-            .iter()
-            .all(|n| out.contains(n))
-            .then_some(())
-            .ok_or(out)
-    });
+    let (mut sched, _agents) = lyra_cluster(&db, port, dir.path(), &["inf-1", "inf-2"]);
     submit(
         port,
         dir.path(),
@@ -5167,7 +5179,7 @@ async fn e2e_lyra_lent_nodes_take_work_and_a_reclaim_loses_no_job() {
     );
     // The scheduler dies in the middle of the reclaim; the loans persist.
     sched.kill9();
-    let _sched = scheduler_env(&db, port, dir.path(), None, &env);
+    let _sched = scheduler_env(&db, port, dir.path(), None, &LYRA_ENV);
     wait_up("scheduler up again", port);
     let loans = |port| -> Result<Value, String> {
         serde_json::from_str(&fmctl(port, &["-o", "json", "admin", "loans"])?)
@@ -5238,25 +5250,7 @@ async fn e2e_lyra_an_elastic_job_scales_out_onto_a_lent_node_and_in_on_reclaim()
     let db = new_db("fmsched_lyra_elastic").await;
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
-    let env = [
-        ("FMSCHED_SCHEDULING__PROFILING", "false"),
-        ("FMSCHED_SCHEDULING__MERGING", "false"),
-        ("FMSCHED_SCHEDULING__POLICY", "lyra"),
-        ("FMSCHED_LOANS__HEADROOM", "0"),
-    ];
-    let _sched = scheduler_env(&db, port, dir.path(), None, &env);
-    wait_up("scheduler up", port);
-    let endpoint = format!("http://127.0.0.1:{port}");
-    let _a = agent("train-a", port, dir.path());
-    let mut c = agent_command("inf-1", &endpoint, dir.path(), None, 4, &[]);
-    c.args(["--label", "fmsched.io/pool=inference"]);
-    let _i = Proc::spawn("inf-1", c, dir.path());
-    wait_for("two nodes", Duration::from_secs(20), || {
-        let out = fmctl(port, &["nodes"])?;
-        (out.contains("train-a") && out.contains("inf-1"))
-            .then_some(())
-            .ok_or(out)
-    });
+    let (_sched, _agents) = lyra_cluster(&db, port, dir.path(), &["inf-1"]);
     let manifest = format!(
         "name: elastic\nmodel: roberta-base\ndataset: {{ uri: file:///data/rte, task: rte, num_samples: 3200 }}\n\
          hyperparameters: {{ global_batch_size: 32, learning_rate: 2.0e-5, amp: true }}\n\
