@@ -320,6 +320,13 @@ fn one() -> u32 {
 }
 
 impl Resources {
+    /// GPUs that must sit together on one node: a pipeline replica, an
+    /// expert group, or a multi-GPU worker.
+    pub fn replica(&self) -> crate::policy::Replica {
+        crate::policy::Replica::of(self.pipeline_parallel, self.expert_parallel)
+            .with_workers(self.workers.map_or(0, |w| w.gpus_per_worker))
+    }
+
     /// GPUs of the base demand: the elastic job's base workers, else what
     /// the job asks for (its maximum).
     pub fn base_gpus(&self) -> u32 {

@@ -101,6 +101,10 @@ pub struct JobView {
     /// Expert-parallel group size (`resources.expert_parallel`; 0 or 1 =
     /// none): whole groups, each on one node.
     pub expert_parallel: u32,
+    /// GPUs of one worker of an elastic job
+    /// (`resources.workers.gpus_per_worker`; 0 or 1 = one): whole workers,
+    /// each on one node.
+    pub worker_gpus: u32,
     /// The GPU family it must run on (`resources.gpu_model`, as a family);
     /// None = any, one family per group.
     pub gpu_model: Option<String>,
@@ -152,7 +156,7 @@ pub struct JobView {
 impl JobView {
     /// GPUs that must sit together on one node.
     pub fn replica(&self) -> Replica {
-        Replica::of(self.pipeline, self.expert_parallel)
+        Replica::of(self.pipeline, self.expert_parallel).with_workers(self.worker_gpus)
     }
 }
 
@@ -744,6 +748,11 @@ fn never_fits_sizes(
                 "an expert-parallel job needs {ep} GPUs on one node (one group of its experts) and the largest node has {largest}"
             ));
         }
+        Replica::Worker(g) if g > largest => {
+            return Some(format!(
+                "a worker of this elastic job needs {g} GPUs on one node and the largest node has {largest}"
+            ));
+        }
         _ => {}
     }
     if max_nodes_per_group == Some(1) && min_gpus > largest {
@@ -1045,6 +1054,7 @@ pub fn snapshot(
                 sharing: j.sharing,
                 pipeline: j.pipeline,
                 expert_parallel: j.expert_parallel,
+                worker_gpus: j.worker_gpus,
                 gpu_model: j.gpu_model.clone(),
                 requested_gpus: cap(j.requested_gpus, j),
                 queue: prepared.budgets.keys().position(|q| *q == j.queue),
@@ -1831,6 +1841,7 @@ pub mod testkit {
             sharing: true,
             pipeline: false,
             expert_parallel: 0,
+            worker_gpus: 0,
             gpu_model: None,
             min_gpus: 1,
             max_gpus: gpus,
@@ -1985,6 +1996,34 @@ mod tests {
         let p = prepare(v, policy.as_ref(), cfg);
         let e = estimates(&p, 3600.0);
         decide(v, &p, &e, policy.as_ref(), cfg).unwrap()
+    }
+
+    /// An elastic job of two-GPU workers (Lyra) grows by whole workers,
+    /// each on one node: on two 3-GPU nodes lyra gives it 4 GPUs as 2 + 2
+    /// (one GPU a worker would take 3 + 1).
+    #[test]
+    fn lyra_workers_of_two_gpus_sit_on_one_node_each() {
+        let mut j = job("w", "rte", JobState::Queued, 2);
+        (j.min_gpus, j.max_gpus, j.requested_gpus) = (2, 4, 2);
+        let cfg = RoundConfig {
+            profiling: false,
+            ..Default::default()
+        };
+        let placed = |worker_gpus: u32| {
+            let mut j = j.clone();
+            j.worker_gpus = worker_gpus;
+            let v = view(vec![node("x", 3), node("y", 3)], vec![j]);
+            let d = run(&v, "lyra", &cfg);
+            let mut per: BTreeMap<usize, u32> = BTreeMap::new();
+            for g in &d.outcome.groups[0].gpus {
+                *per.entry(g.0).or_default() += 1;
+            }
+            let mut parts: Vec<u32> = per.into_values().collect();
+            parts.sort_unstable();
+            parts
+        };
+        assert_eq!(placed(2), vec![2, 2]);
+        assert_eq!(placed(1), vec![1, 3]);
     }
 
     /// A job is estimated on the family it asks for, else the one it runs

@@ -323,11 +323,8 @@ impl JobSpec {
                     format!("must be >= resources.workers.min ({})", w.min),
                 );
             }
-            if w.gpus_per_worker != 1 {
-                return err(
-                    "resources.workers.gpus_per_worker",
-                    "only 1 is supported (a worker per GPU); multi-GPU workers are planned",
-                );
+            if w.gpus_per_worker == 0 {
+                return err("resources.workers.gpus_per_worker", "must be >= 1");
             }
             if r.pipeline_parallel || r.expert_parallel > 1 {
                 return err(
@@ -940,8 +937,16 @@ launch: { command: [python, train.py] }
         assert_eq!(field_of(&s), "spec.resources.workers.min");
         s.resources.workers = w(3, 2, 1);
         assert_eq!(field_of(&s), "spec.resources.workers.max");
-        s.resources.workers = w(1, 2, 2);
+        s.resources.workers = w(1, 2, 0);
         assert_eq!(field_of(&s), "spec.resources.workers.gpus_per_worker");
+        // One to two workers of two GPUs: 2 GPUs at the base, 4 at most.
+        s.resources.workers = w(1, 2, 2);
+        s.resources.max_gpus = 2;
+        assert_eq!(field_of(&s), "spec.resources.workers");
+        s.resources.max_gpus = 4;
+        check(&s).unwrap();
+        assert_eq!(s.resources.base_gpus(), 2);
+        assert_eq!(s.resources.replica().gpus(), 2);
         s.resources.workers = None;
         assert_eq!(s.resources.base_gpus(), 4, "inelastic: what it asks for");
     }

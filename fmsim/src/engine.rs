@@ -1694,6 +1694,7 @@ impl<'a> Simulation<'a> {
                     sharing: j.w.sharing,
                     pipeline: j.w.pipeline,
                     expert_parallel: j.w.expert_parallel,
+                    worker_gpus: 0,
                     gpu_model: j.w.gpu_model.as_deref().map(analytic::gpu_family),
                     min_gpus: self.min_gpus(i),
                     max_gpus: j.w.max_gpus,

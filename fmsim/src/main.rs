@@ -41,7 +41,8 @@ enum Cmd {
     },
     /// Lyra's evaluation (thesis 002 §3.7) on one workload and inference
     /// cluster (`--inference-nodes`): FIFO without loans or scaling (the
-    /// baseline), loaning alone (FIFO on loaned servers), elastic scaling
+    /// baseline), loaning alone (FIFO on loaned servers), opportunistic
+    /// (FIFO on idle inference servers, taken back at random), elastic scaling
     /// alone (lyra without loans), Lyra, Lyra with the Random and SCF
     /// reclaims, and the elastic schedulers Gandiva-style (scale out only
     /// when nothing waits), Optimus (AFS-style greedy marginal gain) and
@@ -1052,6 +1053,14 @@ fn lyra_eval(a: &SimArgs) -> anyhow::Result<()> {
             ReclaimRule::Lyra,
         ),
         ("loaning alone (fifo)", "fifo", true, ReclaimRule::Lyra),
+        // The inference side takes servers back without asking which:
+        // training on idle inference servers at low priority.
+        (
+            "opportunistic (fifo)",
+            "fifo",
+            true,
+            ReclaimRule::Random(a.slo_seed),
+        ),
         ("scaling alone (lyra)", "lyra", false, ReclaimRule::Lyra),
         ("lyra", "lyra", true, ReclaimRule::Lyra),
         (

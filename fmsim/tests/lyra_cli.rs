@@ -45,6 +45,7 @@ fn lyra_cli_prints_every_scenario_and_refuses_a_run_without_inference_nodes() {
     for row in [
         "baseline (fifo, no loans)",
         "loaning alone (fifo)",
+        "opportunistic (fifo)",
         "scaling alone (lyra)",
         "lyra, random reclaim",
         "lyra, scf reclaim",

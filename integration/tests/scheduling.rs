@@ -4131,7 +4131,7 @@ async fn e2e_queue_admin_policy_set_live_changes_the_next_round_and_survives_a_r
     )
     .unwrap_err();
     assert!(e.contains("interval_s"), "{e}");
-    let e = fmctl(port, &["admin", "set-policy", "lyra"]).unwrap_err();
+    let e = fmctl(port, &["admin", "set-policy", "no-such-policy"]).unwrap_err();
     assert!(e.contains("policy") && e.contains("unknown"), "{e}");
     assert!(
         fmctl(port, &["admin", "audit"]).unwrap().lines().count() <= 1,

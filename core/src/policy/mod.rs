@@ -60,6 +60,9 @@ pub struct SchedJob {
     /// Expert-parallel group size (0 or 1 = none): allocations of whole
     /// groups, each on one node.
     pub expert_parallel: u32,
+    /// GPUs of one worker of an elastic job (0 or 1 = one; Lyra): whole
+    /// workers, each on one node.
+    pub worker_gpus: u32,
     /// The GPU family it must run on (None = any; a group never spans two).
     pub gpu_model: Option<String>,
     /// GPUs the user asked for (baselines give exactly this).
@@ -435,7 +438,7 @@ pub fn pipeline_fits(node_gpus: impl IntoIterator<Item = u32>) -> bool {
 impl SchedJob {
     /// GPUs that must sit together on one node.
     pub fn replica(&self) -> Replica {
-        Replica::of(self.pipeline, self.expert_parallel)
+        Replica::of(self.pipeline, self.expert_parallel).with_workers(self.worker_gpus)
     }
 }
 
@@ -460,6 +463,9 @@ pub enum Replica {
     Pipeline,
     /// An expert-parallel group of this many GPUs (> 1).
     Experts(u32),
+    /// An elastic job's worker of this many GPUs (> 1; Lyra): a worker's
+    /// GPUs sit on one node, and the job grows and shrinks by workers.
+    Worker(u32),
 }
 
 impl Replica {
@@ -473,11 +479,20 @@ impl Replica {
         }
     }
 
+    /// This replica, or a worker of `gpus_per_worker` GPUs for a
+    /// data-parallel job with multi-GPU workers.
+    pub fn with_workers(self, gpus_per_worker: u32) -> Self {
+        match self {
+            Replica::Gpu if gpus_per_worker > 1 => Replica::Worker(gpus_per_worker),
+            other => other,
+        }
+    }
+
     pub fn gpus(self) -> u32 {
         match self {
             Replica::Gpu => 1,
             Replica::Pipeline => PIPELINE_STAGES,
-            Replica::Experts(n) => n,
+            Replica::Experts(n) | Replica::Worker(n) => n,
         }
     }
 }
@@ -549,6 +564,7 @@ pub(crate) mod testkit {
             sharing: true,
             pipeline: false,
             expert_parallel: 0,
+            worker_gpus: 0,
             gpu_model: None,
             requested_gpus: requested,
             queue: None,

@@ -60,6 +60,17 @@ pub async fn node_answer(state: &AppState, id: &NodeId) -> Result<pb::Node, ApiE
     Ok(node_to_proto(&node, &held(state).await?))
 }
 
+/// Whether a process still runs (or checkpoints) on the node: ended ones
+/// (suspended, done, failed) stay reported and do not count.
+pub fn runs_a_process(n: &LiveNode) -> bool {
+    n.observed_tasks.iter().any(|t| {
+        matches!(
+            pb::TaskPhase::try_from(t.phase),
+            Ok(pb::TaskPhase::Starting | pb::TaskPhase::Running | pb::TaskPhase::Checkpointing)
+        )
+    })
+}
+
 /// Whether new work may start on a node: schedulable, cordoned, or
 /// draining until the plan holds none of its GPUs and no process of it is
 /// still running or checkpointing, drained then.
@@ -73,14 +84,7 @@ fn scheduling(n: &LiveNode, held: &Held) -> pb::NodeScheduling {
                 .gpus
                 .iter()
                 .any(|g| held.gpus.contains_key(&g.uuid.0))
-                || n.observed_tasks.iter().any(|t| {
-                    matches!(
-                        pb::TaskPhase::try_from(t.phase),
-                        Ok(pb::TaskPhase::Starting
-                            | pb::TaskPhase::Running
-                            | pb::TaskPhase::Checkpointing)
-                    )
-                });
+                || runs_a_process(n);
             if busy {
                 pb::NodeScheduling::Draining
             } else {

@@ -15,7 +15,6 @@ use std::collections::BTreeMap;
 use chrono::{DateTime, Utc};
 use fmsched_core::job::{JobSpec, SloClass};
 use fmsched_core::node::NodeState;
-use fmsched_core::policy::Replica;
 use fmsched_estimator::analytic;
 use fmsched_estimator::deadline::{self, AloneJob, Family, Fastest};
 use fmsched_estimator::lut::{Lut, Variant};
@@ -150,11 +149,7 @@ pub fn check_deadline(
         variant: &variant,
         global_batch: spec.hyperparameters.global_batch_size.max(1),
         iterations,
-        unit: Replica::of(
-            spec.resources.pipeline_parallel,
-            spec.resources.expert_parallel,
-        )
-        .gpus(),
+        unit: spec.resources.replica().gpus(),
         min_gpus: spec.resources.min_gpus,
         max_gpus: spec.resources.max_gpus,
     };

@@ -204,6 +204,7 @@ pub fn build_view(s: &ViewSources<'_>) -> Translated {
                 sharing: j.spec.sharing,
                 pipeline: r.pipeline_parallel,
                 expert_parallel: r.expert_parallel,
+                worker_gpus: r.workers.map_or(0, |w| w.gpus_per_worker),
                 gpu_model: r.gpu_model.as_deref().map(analytic::gpu_family),
                 min_gpus: r.min_gpus,
                 max_gpus: r.max_gpus,

@@ -781,10 +781,7 @@ pub fn never_fits_on(
         .as_deref()
         .map(fmsched_estimator::analytic::gpu_family);
     round::never_fits(
-        fmsched_core::policy::Replica::of(
-            spec.resources.pipeline_parallel,
-            spec.resources.expert_parallel,
-        ),
+        spec.resources.replica(),
         spec.resources.min_gpus,
         asked.as_deref(),
         &shapes,
@@ -866,18 +863,10 @@ fn plan_writes(
         .map(|(n, _)| n)
         .filter(|n| !w.assignments.iter().any(|a| a.node == **n))
         .filter(|n| {
-            o.nodes.iter().find(|l| l.record.id == **n).is_none_or(|l| {
-                // Ended processes stay reported (suspended, done):
-                // only a live one is a worker left.
-                !l.observed_tasks.iter().any(|t| {
-                    matches!(
-                        fmsched_proto::v1::TaskPhase::try_from(t.phase),
-                        Ok(fmsched_proto::v1::TaskPhase::Starting
-                            | fmsched_proto::v1::TaskPhase::Running
-                            | fmsched_proto::v1::TaskPhase::Checkpointing)
-                    )
-                })
-            })
+            o.nodes
+                .iter()
+                .find(|l| l.record.id == **n)
+                .is_none_or(|l| !crate::api::cluster::runs_a_process(l))
         })
         .cloned()
         .collect();
