@@ -192,9 +192,9 @@ impl Policy for Lyra {
         plan
     }
     fn schedule(&self, snap: &Snapshot) -> Plan {
-        let plan = self.allocate(snap);
+        let mut plan = self.allocate(snap);
         let loaned = snap.nodes.iter().any(|n| n.loaned);
-        placement::place_with(snap, plan, &|e: &PlanEntry| {
+        let prefer = |e: &PlanEntry| {
             let i = e.jobs[0];
             let elastic = is_elastic(snap, i);
             Preference {
@@ -209,7 +209,26 @@ impl Policy for Lyra {
                     None
                 },
             }
-        })
+        };
+        // The knapsack counts GPUs, not node shapes: a size whose workers
+        // fit in number but not on the nodes' free GPUs would leave the job
+        // out altogether (a running one suspended). Such an elastic job
+        // falls back to its base and the plan is placed again.
+        loop {
+            let placed = placement::place_with(snap, plan.clone(), &prefer);
+            let mut shrunk = false;
+            for e in plan.entries.iter_mut() {
+                let i = e.jobs[0];
+                let out = !placed.entries.iter().any(|p| p.jobs[0] == i);
+                if let Some(b) = base_gpus(snap, i).filter(|&b| out && b < e.gpus) {
+                    e.gpus = b;
+                    shrunk = true;
+                }
+            }
+            if !shrunk {
+                return placed;
+            }
+        }
     }
 }
 
@@ -1019,6 +1038,48 @@ mod tests {
         let o = reclaim(&input, 1, ReclaimRule::Lyra);
         assert!(o.preempted.is_empty());
         assert_eq!(o.scaled_in, vec![(0, 4)]);
+    }
+
+    /// Two-GPU workers on three 3-GPU nodes: the job holds 2 on node 0
+    /// beside a 1-GPU job, and 2-GPU jobs leave one GPU free on nodes 1
+    /// and 2. The knapsack sees 2 free GPUs and grows the job to 4, whose
+    /// second worker fits no node; the job keeps running on its base
+    /// instead of being left out.
+    #[test]
+    fn lyra_a_size_the_nodes_cannot_hold_falls_back_to_the_base() {
+        let allocs: Vec<u32> = (0..=9).collect();
+        let mut snap = cluster(
+            3,
+            3,
+            ["w", "r", "r2", "r3"]
+                .iter()
+                .map(|id| job(id, 8_000.0, 1, &allocs))
+                .collect(),
+        );
+        snap.allocations = allocs.clone();
+        let held = [
+            (2, 4, vec![(0, 2)]),
+            (1, 1, vec![(0, 1)]),
+            (2, 2, vec![(1, 2)]),
+            (2, 2, vec![(2, 2)]),
+        ];
+        for (j, (req, max, at)) in snap.jobs.iter_mut().zip(held) {
+            j.remaining_s = linear_times(&allocs, 8_000.0);
+            (j.requested_gpus, j.max_gpus) = (req, max);
+            j.current_gpus = at.iter().map(|p| p.1).sum();
+            j.current_placement = at;
+        }
+        snap.jobs[0].worker_gpus = 2;
+        // Odd sizes are not whole workers (the round masks them so).
+        for a in [1, 3] {
+            snap.jobs[0].remaining_s[a] = f64::INFINITY;
+        }
+        assert_eq!(Lyra::default().allocate(&snap).gpus_by_job()[&0], 4);
+        let plan = Lyra::default().schedule(&snap);
+        plan.consistency_check(&snap).unwrap();
+        assert_eq!(plan.gpus_by_job().get(&0), Some(&2), "{plan:?}");
+        assert_eq!(plan.entries.len(), 4, "nobody left out: {plan:?}");
+        assert_eq!(plan.stats.unplaced, 0);
     }
 
     #[test]
