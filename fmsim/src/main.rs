@@ -190,6 +190,19 @@ enum Cmd {
         #[arg(long = "knob", value_name = "NAME=VALUE")]
         knobs: Vec<String>,
     },
+    /// Time PromptTuner's allocation decision (Algorithms 1 and 2 over
+    /// generated warm and cold pools) at a queue of `--requests` pending
+    /// prompt-tuning requests over `--models` models: the figure the 50 ms
+    /// loop must stay well under.
+    BenchPrompttuner {
+        #[arg(long, default_value_t = 200)]
+        requests: usize,
+        #[arg(long, default_value_t = 8)]
+        models: usize,
+        /// Decisions timed.
+        #[arg(long, default_value_t = 2000)]
+        rounds: usize,
+    },
     /// Time the Ymir MILP per round on the anchor workloads (when present)
     /// and on a generated 60 × 4-GPU, 3,000-job, 2× load workload.
     BenchSolver {
@@ -985,7 +998,64 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             &parse_knobs(&knobs)?,
         ),
         Cmd::BenchSolver { anchor_dir, jobs } => bench_solver(anchor_dir.as_deref(), jobs),
+        Cmd::BenchPrompttuner {
+            requests,
+            models,
+            rounds,
+        } => {
+            bench_prompttuner(requests, models, rounds);
+            Ok(())
+        }
     }
+}
+
+/// `fmsim bench-prompttuner`: each decision runs Algorithm 1 on the warm
+/// pools and Algorithm 2 on the cold pool for the whole queue, as the 50 ms
+/// loop would; requests of 1–30 minutes of work on one GPU, `work / A^0.9`
+/// on `A` GPUs (up to 16), SLOs of 0.5–1.5× their one-GPU time plus the cold start.
+fn bench_prompttuner(requests: usize, models: usize, rounds: usize) {
+    use fmsched_core::policy::prompttuner::{Request, allocate_cold, allocate_warm};
+    let mut rng = fmsim::generate::Rng::new(7);
+    let models = models.max(1);
+    let cold_start: Vec<f64> = (0..models).map(|_| 20.0 + 40.0 * rng.f64()).collect();
+    let reqs: Vec<Request> = (0..requests)
+        .map(|k| {
+            let m = rng.below(models);
+            let work = 60.0 + 1740.0 * rng.f64();
+            let bound_s: Vec<f64> = (1..=16)
+                .map(|a: i32| work / f64::from(a).powf(0.9))
+                .collect();
+            Request {
+                id: format!("r{k}"),
+                model: m,
+                slo_s: cold_start[m] + work * (0.5 + rng.f64()),
+                bound_s,
+            }
+        })
+        .collect();
+    let warm: Vec<u32> = (0..models).map(|_| rng.below(9) as u32).collect();
+    let busy: Vec<Vec<f64>> = (0..models)
+        .map(|_| (0..rng.below(9)).map(|_| 600.0 * rng.f64()).collect())
+        .collect();
+    let mut ms = Vec::with_capacity(rounds);
+    let mut served = 0usize;
+    for _ in 0..rounds.max(1) {
+        let t = Instant::now();
+        let a = allocate_warm(&reqs, &warm);
+        let c = allocate_cold(&reqs, &busy, 64, &cold_start, 0.0);
+        ms.push(t.elapsed().as_secs_f64() * 1000.0);
+        served = a.iter().filter(|&&g| g > 0).count()
+            + c.cold_gpus.iter().filter(|&&g| g > 0).count()
+            + c.delayed.iter().filter(|&&d| d).count();
+    }
+    ms.sort_by(f64::total_cmp);
+    let mean = ms.iter().sum::<f64>() / ms.len() as f64;
+    println!(
+        "prompttuner decision: {requests} queued requests, {models} models: mean {mean:.3} ms, p99 {:.3} ms, max {:.3} ms over {} decisions ({served} requests placed, delayed or started cold)",
+        report::percentile(&ms, 99.0),
+        ms.last().copied().unwrap_or(f64::NAN),
+        ms.len()
+    );
 }
 
 fn compare(a: &SimArgs, names: &[String]) -> anyhow::Result<()> {

@@ -17,6 +17,7 @@ pub mod baselines;
 pub mod deadline;
 pub mod lyra;
 pub mod placement;
+pub mod prompttuner;
 pub mod ymir;
 
 use std::collections::BTreeMap;
