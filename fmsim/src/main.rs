@@ -202,6 +202,12 @@ enum Cmd {
         /// Decisions timed.
         #[arg(long, default_value_t = 2000)]
         rounds: usize,
+        /// Prompts in the Prompt Bank timed (build and lookup; 0 = none).
+        #[arg(long, default_value_t = 3000)]
+        prompts: usize,
+        /// Length of each prompt's activation feature vector.
+        #[arg(long, default_value_t = 256)]
+        features: usize,
     },
     /// Time the Ymir MILP per round on the anchor workloads (when present)
     /// and on a generated 60 × 4-GPU, 3,000-job, 2× load workload.
@@ -1002,8 +1008,13 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             requests,
             models,
             rounds,
+            prompts,
+            features,
         } => {
             bench_prompttuner(requests, models, rounds);
+            if prompts > 0 {
+                bench_prompt_bank(prompts, features);
+            }
             Ok(())
         }
     }
@@ -1041,12 +1052,22 @@ fn bench_prompttuner(requests: usize, models: usize, rounds: usize) {
     let mut served = 0usize;
     for _ in 0..rounds.max(1) {
         let t = Instant::now();
+        // Warm GPUs first; the cold pool for what they could not serve.
         let a = allocate_warm(&reqs, &warm);
-        let c = allocate_cold(&reqs, &busy, 64, &cold_start, 0.0);
+        let rest: Vec<Request> = reqs
+            .iter()
+            .zip(&a)
+            .filter(|(_, g)| **g == 0)
+            .map(|(r, _)| r.clone())
+            .collect();
+        let c = allocate_cold(&rest, &busy, 64, &cold_start, 0.0);
         ms.push(t.elapsed().as_secs_f64() * 1000.0);
         served = a.iter().filter(|&&g| g > 0).count()
-            + c.cold_gpus.iter().filter(|&&g| g > 0).count()
-            + c.delayed.iter().filter(|&&d| d).count();
+            + c.cold_gpus
+                .iter()
+                .zip(&c.delayed)
+                .filter(|(g, d)| **g > 0 || **d)
+                .count();
     }
     ms.sort_by(f64::total_cmp);
     let mean = ms.iter().sum::<f64>() / ms.len() as f64;
@@ -1055,6 +1076,43 @@ fn bench_prompttuner(requests: usize, models: usize, rounds: usize) {
         report::percentile(&ms, 99.0),
         ms.last().copied().unwrap_or(f64::NAN),
         ms.len()
+    );
+}
+
+/// The Prompt Bank's index over `prompts` random activation features
+/// around 50 directions: build time, and a lookup's scorings (the score is
+/// the cosine distance to a random task, standing in for Eq. 4.1's loss).
+fn bench_prompt_bank(prompts: usize, features: usize) {
+    use fmsched_core::policy::prompttuner::{Candidate, PromptBank, cosine_distance};
+    let mut rng = fmsim::generate::Rng::new(11);
+    let features = features.max(2);
+    let centres: Vec<Vec<f64>> = (0..50)
+        .map(|_| (0..features).map(|_| rng.f64() - 0.5).collect())
+        .collect();
+    let cands: Vec<Candidate> = (0..prompts)
+        .map(|k| {
+            let c = &centres[rng.below(centres.len())];
+            Candidate {
+                id: format!("p{k}"),
+                features: c.iter().map(|x| x + 0.1 * (rng.f64() - 0.5)).collect(),
+            }
+        })
+        .collect();
+    let t = Instant::now();
+    let bank = PromptBank::build(cands.clone(), None, prompts);
+    let build_s = t.elapsed().as_secs_f64();
+    let task: Vec<f64> = (0..features).map(|_| rng.f64() - 0.5).collect();
+    let (found, scored) = bank
+        .lookup(|c| cosine_distance(&c.features, &task))
+        .expect("a bank with prompts");
+    let exhaustive = cands
+        .iter()
+        .map(|c| cosine_distance(&c.features, &task))
+        .fold(f64::INFINITY, f64::min);
+    println!(
+        "prompt bank: {prompts} prompts of {features} features in {} clusters, built in {build_s:.2} s; a lookup scores {scored} of {prompts} prompts; its pick is {:.4} from the task against {exhaustive:.4} for the exhaustive best",
+        bank.clusters(),
+        cosine_distance(&found.features, &task)
     );
 }
 

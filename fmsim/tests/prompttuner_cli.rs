@@ -1,5 +1,6 @@
 //! `fmsim bench-prompttuner` prints the decision time of PromptTuner's
-//! allocation (Algorithms 1 and 2) at the queue length asked for.
+//! allocation (Algorithms 1 and 2) at the queue length asked for, and the
+//! Prompt Bank's build time and lookup cost at the size asked for.
 
 use std::process::Command;
 
@@ -14,6 +15,10 @@ fn prompttuner_bench_prints_its_decision_time() {
             "3",
             "--rounds",
             "20",
+            "--prompts",
+            "100",
+            "--features",
+            "8",
         ])
         .output()
         .expect("fmsim runs");
@@ -25,7 +30,8 @@ fn prompttuner_bench_prints_its_decision_time() {
     );
     assert!(
         text.contains("prompttuner decision: 50 queued requests, 3 models: mean")
-            && text.contains("over 20 decisions"),
+            && text.contains("over 20 decisions")
+            && text.contains("prompt bank: 100 prompts of 8 features in 10 clusters"),
         "{text}"
     );
 }

@@ -2,8 +2,10 @@
 //! requests with SLOs served from warm per-model GPU pools (processes with
 //! the runtime and the weights loaded) fed from one shared cold pool. Pure
 //! decisions over hand-given pools, for the event-driven loop beside the
-//! normal round (planned: the live loop, the agents' warm processes and
-//! fmsim's request traces).
+//! normal round, and the Prompt Bank's two-layer index (§4.4.3) over
+//! scores the caller computes (planned: the live loop, the agents' warm
+//! processes, the bank in Postgres with the trainer's scoring, and fmsim's
+//! request traces).
 //!
 //! Times are seconds on the caller's clock. A request's completion bound
 //! `T_i(A)` with `A` GPUs is given by the caller (thesis: max remaining
@@ -175,6 +177,191 @@ fn delay_schedulable(r: &Request, e: &mut [f64], now: f64) -> bool {
     false
 }
 
+/// One prompt in the Prompt Bank: its id and the activation features an
+/// LLM extracted from it (§4.4.3.1).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Candidate {
+    pub id: String,
+    pub features: Vec<f64>,
+}
+
+/// Cosine distance between two activation feature vectors (§4.4.3.1):
+/// `1 − a·b / (|a| |b|)`, 1 when either is zero.
+pub fn cosine_distance(a: &[f64], b: &[f64]) -> f64 {
+    let dot: f64 = a.iter().zip(b).map(|(x, y)| x * y).sum();
+    let na = a.iter().map(|x| x * x).sum::<f64>().sqrt();
+    let nb = b.iter().map(|x| x * x).sum::<f64>().sqrt();
+    if na == 0.0 || nb == 0.0 {
+        1.0
+    } else {
+        1.0 - dot / (na * nb)
+    }
+}
+
+/// The Prompt Bank's two-layer index (§4.4.3): prompts clustered by
+/// K-medoid over the cosine distance of their activation features; the
+/// first layer holds each cluster's medoid (its representative prompt),
+/// the second the members. A lookup scores the K medoids, then the
+/// members of the best one: `K + C/K` scorings instead of `C`, fewest at
+/// `K = √C`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PromptBank {
+    prompts: Vec<Candidate>,
+    /// Per cluster: its medoid (an index into `prompts`) and its members
+    /// (the medoid among them).
+    clusters: Vec<(usize, Vec<usize>)>,
+    /// Most prompts kept (the thesis: e.g. 3,000).
+    cap: usize,
+}
+
+impl PromptBank {
+    /// Clusters `prompts` into `k` clusters (None: `round(√C)`) by K-medoid
+    /// (Voronoi iteration from farthest-first seeds: deterministic).
+    pub fn build(prompts: Vec<Candidate>, k: Option<usize>, cap: usize) -> Self {
+        let c = prompts.len();
+        let k = k
+            .unwrap_or_else(|| (c as f64).sqrt().round() as usize)
+            .clamp(usize::from(c > 0), c.max(1));
+        let d = |a: usize, b: usize| cosine_distance(&prompts[a].features, &prompts[b].features);
+        // Farthest-first seeds from the first prompt (each prompt's
+        // distance to its nearest seed kept up to date: O(C·K)).
+        let mut medoids: Vec<usize> = Vec::with_capacity(k);
+        let mut nearest = vec![f64::INFINITY; c];
+        let mut next = (c > 0).then_some(0);
+        while let Some(m) = next.filter(|_| medoids.len() < k) {
+            medoids.push(m);
+            for (p, n) in nearest.iter_mut().enumerate() {
+                *n = n.min(d(p, m));
+            }
+            next = (0..c)
+                .filter(|p| !medoids.contains(p))
+                .max_by(|&a, &b| nearest[a].total_cmp(&nearest[b]).then(b.cmp(&a)));
+        }
+        let mut clusters: Vec<(usize, Vec<usize>)> = Vec::new();
+        for _ in 0..50 {
+            clusters = medoids.iter().map(|&m| (m, Vec::new())).collect();
+            for p in 0..c {
+                // A medoid stays in its own cluster (even beside a twin).
+                if let Some(k) = medoids.iter().position(|&m| m == p) {
+                    clusters[k].1.push(p);
+                    continue;
+                }
+                let best = (0..medoids.len())
+                    .min_by(|&x, &y| {
+                        d(p, medoids[x])
+                            .total_cmp(&d(p, medoids[y]))
+                            .then(x.cmp(&y))
+                    })
+                    .unwrap_or(0);
+                clusters[best].1.push(p);
+            }
+            // Each cluster's medoid: the member nearest all the others.
+            let next: Vec<usize> = clusters
+                .iter()
+                .map(|(m, members)| {
+                    members
+                        .iter()
+                        .copied()
+                        .min_by(|&x, &y| {
+                            let sx: f64 = members.iter().map(|&o| d(x, o)).sum();
+                            let sy: f64 = members.iter().map(|&o| d(y, o)).sum();
+                            sx.total_cmp(&sy).then(x.cmp(&y))
+                        })
+                        .unwrap_or(*m)
+                })
+                .collect();
+            if next == medoids {
+                break;
+            }
+            medoids = next;
+        }
+        Self {
+            prompts,
+            clusters,
+            cap: cap.max(1),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.clusters.iter().map(|c| c.1.len()).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Clusters (first layer).
+    pub fn clusters(&self) -> usize {
+        self.clusters.len()
+    }
+
+    /// The prompt with the lowest `score` (Eq. 4.1: the mean loss of the
+    /// prompt on ~16 evaluation samples, computed by the trainer): the
+    /// medoids first, then the best medoid's cluster. Returns the prompt
+    /// and how many scorings it took.
+    pub fn lookup(&self, mut score: impl FnMut(&Candidate) -> f64) -> Option<(&Candidate, usize)> {
+        let mut scored = 0;
+        let mut best_cluster: Option<(f64, usize)> = None;
+        for (k, (m, _)) in self.clusters.iter().enumerate() {
+            let s = score(&self.prompts[*m]);
+            scored += 1;
+            if best_cluster.is_none_or(|b| s < b.0) {
+                best_cluster = Some((s, k));
+            }
+        }
+        let (ms, k) = best_cluster?;
+        let (m, members) = &self.clusters[k];
+        let mut best = (ms, *m);
+        for &p in members.iter().filter(|&&p| p != *m) {
+            let s = score(&self.prompts[p]);
+            scored += 1;
+            if s < best.0 {
+                best = (s, p);
+            }
+        }
+        Some((&self.prompts[best.1], scored))
+    }
+
+    /// Inserts a tuned prompt into the cluster of the nearest medoid (no
+    /// scoring, §4.4.3.3); past the cap, that cluster's member nearest its
+    /// medoid (the least diverse, never the medoid itself) is evicted and
+    /// its id returned.
+    pub fn insert(&mut self, c: Candidate) -> Option<String> {
+        let p = self.prompts.len();
+        self.prompts.push(c);
+        if self.clusters.is_empty() {
+            self.clusters.push((p, vec![p]));
+            return None;
+        }
+        let dist = |a: usize, b: usize, prompts: &[Candidate]| {
+            cosine_distance(&prompts[a].features, &prompts[b].features)
+        };
+        let k = (0..self.clusters.len())
+            .min_by(|&x, &y| {
+                dist(p, self.clusters[x].0, &self.prompts)
+                    .total_cmp(&dist(p, self.clusters[y].0, &self.prompts))
+                    .then(x.cmp(&y))
+            })
+            .unwrap_or(0);
+        self.clusters[k].1.push(p);
+        if self.len() <= self.cap {
+            return None;
+        }
+        let (m, members) = &self.clusters[k];
+        let victim = members
+            .iter()
+            .copied()
+            .filter(|&x| x != *m)
+            .min_by(|&x, &y| {
+                dist(x, *m, &self.prompts)
+                    .total_cmp(&dist(y, *m, &self.prompts))
+                    .then(x.cmp(&y))
+            })?;
+        self.clusters[k].1.retain(|&x| x != victim);
+        Some(self.prompts[victim].id.clone())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -253,5 +440,65 @@ mod tests {
         let p = allocate_cold(&reqs, &[vec![], vec![]], 3, &[10.0, 10.0], 0.0);
         assert_eq!(p.cold_gpus, vec![1, 2]);
         assert_eq!(p.to_warm, vec![1, 2]);
+    }
+
+    /// Prompts on three well-separated directions (12 each, small angular
+    /// jitter) and a task whose best prompt is the one nearest its own
+    /// direction (score = cosine distance to it).
+    fn bank_of_three() -> PromptBank {
+        let mut prompts = Vec::new();
+        for (d, angle) in [0.0f64, 2.1, 4.2].iter().enumerate() {
+            for j in 0..12 {
+                let a = angle + 0.02 * (j as f64 - 6.0);
+                prompts.push(Candidate {
+                    id: format!("p{d}-{j}"),
+                    features: vec![a.cos(), a.sin()],
+                });
+            }
+        }
+        PromptBank::build(prompts, Some(3), 100)
+    }
+
+    #[test]
+    fn prompttuner_prompt_bank_lookup_scores_k_plus_c_over_k_and_finds_the_best() {
+        let bank = bank_of_three();
+        assert_eq!((bank.clusters(), bank.len()), (3, 36));
+        let task = [2.125f64.cos(), 2.125f64.sin()];
+        let (best, scored) = bank
+            .lookup(|c| cosine_distance(&c.features, &task))
+            .unwrap();
+        // The exhaustive best is the prompt at angle 2.1 + 0.02·1 = 2.12.
+        assert_eq!(best.id, "p1-7");
+        // K medoids + the other members of one cluster of 12.
+        assert_eq!(scored, 3 + 11);
+        // K defaults to √C.
+        let all: Vec<Candidate> = (0..49)
+            .map(|j| Candidate {
+                id: j.to_string(),
+                features: vec![1.0, j as f64],
+            })
+            .collect();
+        assert_eq!(PromptBank::build(all, None, 100).clusters(), 7);
+    }
+
+    #[test]
+    fn prompttuner_prompt_bank_inserts_at_the_nearest_medoid_and_evicts_the_least_diverse() {
+        let mut bank = bank_of_three();
+        bank.cap = 36;
+        // A new prompt near direction 4.2 joins that cluster; the bank is
+        // then over its cap and drops the member nearest that medoid.
+        let evicted = bank
+            .insert(Candidate {
+                id: "new".into(),
+                features: vec![4.25f64.cos(), 4.25f64.sin()],
+            })
+            .expect("over the cap");
+        assert!(evicted.starts_with("p2-"), "{evicted}");
+        assert_eq!(bank.len(), 36);
+        let (best, _) = bank
+            .lookup(|c| cosine_distance(&c.features, &[4.25f64.cos(), 4.25f64.sin()]))
+            .unwrap();
+        assert_eq!(best.id, "new", "the inserted prompt is found");
+        assert_eq!(cosine_distance(&[1.0, 0.0], &[0.0, 0.0]), 1.0);
     }
 }
