@@ -1356,7 +1356,7 @@ impl<'a> Simulation<'a> {
     /// queue, resumed later from their checkpoints), the others scale in
     /// (restart with fewer workers from their checkpoints).
     fn reclaim(&mut self, on_loan: &[usize], need: usize, rule: ReclaimRule) {
-        use fmsched_core::policy::lyra::{self, LoanedServer, ReclaimInput, ReclaimJob};
+        use fmsched_core::policy::lyra::{self, ReclaimInput, ReclaimJob};
         // One reclaim job per group of GPUs (a merged pair shares them).
         let mut reps: Vec<Vec<usize>> = Vec::new();
         for i in 0..self.jobs.len() {
@@ -1376,41 +1376,36 @@ impl<'a> Simulation<'a> {
                 None => reps.push(vec![i]),
             }
         }
-        let input = ReclaimInput {
-            servers: on_loan
+        // Group k's parts on the loaned servers.
+        let parts = reps.iter().enumerate().flat_map(|(k, r)| {
+            let placement = self.jobs[r[0]]
+                .alloc
+                .as_ref()
+                .map(|a| a.placement.as_slice());
+            placement
+                .unwrap_or_default()
                 .iter()
-                .map(|&n| LoanedServer {
-                    id: self.nodes[n].id.clone(),
-                    gpus: self.nodes[n].gpus,
-                    holds: reps
-                        .iter()
-                        .enumerate()
-                        .filter_map(|(k, r)| {
-                            let a = self.jobs[r[0]].alloc.as_ref()?;
-                            let g: u32 = a.placement.iter().filter(|p| p.0 == n).map(|p| p.1).sum();
-                            (g > 0).then_some((k, g))
-                        })
-                        .collect(),
-                })
-                .collect(),
-            jobs: reps
-                .iter()
-                .map(|r| {
-                    let j = &self.jobs[r[0]];
-                    let held = j.alloc.as_ref().map_or(0, |a| a.gpus);
-                    // An elastic job keeps running on its base demand (its
-                    // request); any other (profiling runs included) needs
-                    // all it holds.
-                    let elastic = r.len() == 1
-                        && matches!(j.phase, Phase::Waiting)
-                        && j.w.max_gpus > j.w.gpus;
-                    ReclaimJob {
-                        gpus: held,
-                        base: if elastic { j.w.gpus.min(held) } else { held },
-                    }
-                })
-                .collect(),
-        };
+                .filter_map(move |&(n, g)| on_loan.iter().position(|&l| l == n).map(|s| (s, k, g)))
+        });
+        let (input, order) = ReclaimInput::from_parts(
+            on_loan.iter().map(|&n| self.nodes[n].id.clone()).collect(),
+            parts,
+            |k| {
+                let (r, j) = (&reps[k], &self.jobs[reps[k][0]]);
+                let held = j.alloc.as_ref().map_or(0, |a| a.gpus);
+                // An elastic job keeps running on its base demand (its
+                // request); any other (profiling runs included) needs all
+                // it holds.
+                let elastic =
+                    r.len() == 1 && matches!(j.phase, Phase::Waiting) && j.w.max_gpus > j.w.gpus;
+                ReclaimJob {
+                    gpus: held,
+                    base: if elastic { j.w.gpus.min(held) } else { held },
+                }
+            },
+        );
+        // The input's jobs in the order they first hold a part.
+        let reps: Vec<Vec<usize>> = order.iter().map(|&k| reps[k].clone()).collect();
         let t = Instant::now();
         let out = lyra::reclaim(&input, need, rule);
         self.stats

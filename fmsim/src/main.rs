@@ -1224,11 +1224,7 @@ fn lyra_eval(a: &SimArgs) -> anyhow::Result<()> {
         "{} jobs ({elastic} elastic) on {} training GPUs, {} inference GPUs to loan ({} headroom, every {:.0} s)",
         jobs.len(),
         cfg.total_gpus(),
-        SimConfig {
-            loans: Some(loans.clone()),
-            ..cfg.clone()
-        }
-        .inference_gpus(),
+        cfg.inference_gpus(),
         loans.headroom,
         loans.every_s
     );

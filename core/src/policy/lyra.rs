@@ -54,8 +54,8 @@ use std::collections::BTreeSet;
 
 use super::placement::{self, Preference};
 use super::{
-    Plan, PlanEntry, Policy, QueueRoom, Snapshot, by_priority, requested_allocation,
-    usable_allocations,
+    Plan, PlanEntry, Policy, QueueRoom, Snapshot, by_priority, nearest_request,
+    requested_allocation, usable_allocations,
 };
 
 /// The Lyra two-phase policy.
@@ -78,12 +78,31 @@ pub fn base_gpus(snap: &Snapshot, i: usize) -> Option<u32> {
     requested_allocation(snap, i)
 }
 
-/// Whether job `i` has flexible demand (a usable allocation above its base).
-pub fn is_elastic(snap: &Snapshot, i: usize) -> bool {
-    match base_gpus(snap, i) {
-        Some(b) => usable_allocations(snap, i).iter().any(|&a| a > b),
-        None => false,
-    }
+/// A job's demand: its base (GPUs) and whether it has flexible demand (a
+/// usable allocation above the base).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Demand {
+    base: u32,
+    elastic: bool,
+}
+
+/// Every job's demand, once a round (None: it cannot run).
+fn demands(snap: &Snapshot) -> Vec<Option<Demand>> {
+    (0..snap.jobs.len())
+        .map(|i| {
+            let usable = usable_allocations(snap, i);
+            let base = nearest_request(&usable, snap.jobs[i].requested_gpus)?;
+            Some(Demand {
+                base,
+                elastic: usable.iter().any(|&a| a > base),
+            })
+        })
+        .collect()
+}
+
+/// The base of job `i` under `d`, if it has flexible demand.
+fn elastic_base(d: &[Option<Demand>], i: usize) -> Option<u32> {
+    d[i].filter(|d| d.elastic).map(|d| d.base)
 }
 
 impl Policy for Lyra {
@@ -98,116 +117,21 @@ impl Policy for Lyra {
         (0..=max_gpus).collect()
     }
     fn allocate(&self, snap: &Snapshot) -> Plan {
-        let mut plan = Plan::default();
-        let mut free = snap.total_gpus();
-        let mut room = QueueRoom::new(snap, &plan);
-        // Phase 1a: running jobs keep their base (inelastic: what they hold).
-        for (i, j) in snap.jobs.iter().enumerate() {
-            if j.current_gpus == 0 {
-                continue;
-            }
-            let keep = match base_gpus(snap, i) {
-                Some(b) if is_elastic(snap, i) => b.min(j.current_gpus),
-                _ => j.current_gpus,
-            };
-            if keep <= free && room.fits(snap, i, keep) {
-                free -= keep;
-                room.take(snap, i, keep);
-                plan.entries.push(PlanEntry::single(i, keep));
-            }
-        }
-        // Phase 1b: SJF over waiting jobs' base demands, skipping what does
-        // not fit (§3.5.2: "If the demand of j* exceeds the remaining
-        // capacity, we remove it from the pool and continue").
-        let mut order: Vec<(f64, usize)> = (0..snap.jobs.len())
-            .filter(|&i| snap.jobs[i].current_gpus == 0)
-            .filter_map(|i| base_gpus(snap, i).map(|b| (snap.time_at(i, b), i)))
-            .collect();
-        order.sort_by(|x, y| {
-            x.0.total_cmp(&y.0)
-                .then(
-                    snap.jobs[x.1]
-                        .submitted_at
-                        .total_cmp(&snap.jobs[y.1].submitted_at),
-                )
-                .then(snap.jobs[x.1].id.cmp(&snap.jobs[y.1].id))
-        });
-        let mut order: Vec<usize> = order.into_iter().map(|(_, i)| i).collect();
-        by_priority(snap, &mut order);
-        for i in order {
-            let Some(b) = base_gpus(snap, i) else {
-                continue;
-            };
-            if b <= free && room.fits(snap, i, b) {
-                free -= b;
-                room.take(snap, i, b);
-                plan.entries.push(PlanEntry::single(i, b));
-            }
-        }
-        // Phase 2: the flexible workers, a multiple-choice knapsack over
-        // the GPUs left.
-        // (plan entry, its items: (size, extra GPUs, value)).
-        type Item = (u32, u32, f64);
-        let mut groups: Vec<(usize, Vec<Item>)> = Vec::new();
-        for (k, e) in plan.entries.iter().enumerate() {
-            let i = e.jobs[0];
-            if !is_elastic(snap, i) {
-                continue;
-            }
-            let j = &snap.jobs[i];
-            let base = e.gpus;
-            let t_base = snap.time_at(i, base);
-            // A running job whose size changes restarts from its checkpoint.
-            let change = |a: u32| {
-                if j.current_gpus > 0 && a != j.current_gpus {
-                    j.restart_s
-                } else {
-                    0.0
-                }
-            };
-            let mut items = vec![(base, 0, -change(base))];
-            for a in usable_allocations(snap, i) {
-                if a <= base || a - base > free || !room.fits(snap, i, a) {
-                    continue;
-                }
-                // §3.5.2 / Fig. 3.6: the item's value is its JCT reduction.
-                let value = t_base - snap.time_at(i, a) - change(a);
-                items.push((a, a - base, value));
-            }
-            if items.len() > 1 || items[0].2 != 0.0 {
-                groups.push((k, items));
-            }
-        }
-        let choice = knapsack(
-            &groups
-                .iter()
-                .map(|(_, items)| items.iter().map(|&(_, w, v)| (w, v)).collect())
-                .collect::<Vec<_>>(),
-            free,
-        );
-        for ((k, items), c) in groups.iter().zip(choice.items) {
-            plan.entries[*k].gpus = items[c].0;
-        }
-        plan.entries.sort_by_key(|e| e.jobs[0]);
-        plan
+        allocate_two_phase(snap, &demands(snap))
     }
     fn schedule(&self, snap: &Snapshot) -> Plan {
-        let mut plan = self.allocate(snap);
+        let d = demands(snap);
+        let mut plan = allocate_two_phase(snap, &d);
         let loaned = snap.nodes.iter().any(|n| n.loaned);
         let prefer = |e: &PlanEntry| {
-            let i = e.jobs[0];
-            let elastic = is_elastic(snap, i);
+            let flexible = elastic_base(&d, e.jobs[0]);
             Preference {
                 // §3.5.3: elastic jobs on inference servers, inelastic ones
                 // on training servers, as far as they fit.
-                loaned: Some(elastic),
+                loaned: Some(flexible.is_some()),
                 // Base and flexible demand on separate node groups — only
                 // worth the spread when some nodes can be reclaimed.
-                split_base: if elastic && loaned {
-                    base_gpus(snap, i).filter(|&b| b < e.gpus)
-                } else {
-                    None
-                },
+                split_base: flexible.filter(|&b| loaned && b < e.gpus),
             }
         };
         // The knapsack counts GPUs, not node shapes: a size whose workers
@@ -220,7 +144,7 @@ impl Policy for Lyra {
             for e in plan.entries.iter_mut() {
                 let i = e.jobs[0];
                 let out = !placed.entries.iter().any(|p| p.jobs[0] == i);
-                if let Some(b) = base_gpus(snap, i).filter(|&b| out && b < e.gpus) {
+                if let Some(b) = d[i].map(|d| d.base).filter(|&b| out && b < e.gpus) {
                     e.gpus = b;
                     shrunk = true;
                 }
@@ -230,6 +154,102 @@ impl Policy for Lyra {
             }
         }
     }
+}
+
+/// Lyra's two phases over the jobs' demands `d` ([`demands`]).
+fn allocate_two_phase(snap: &Snapshot, d: &[Option<Demand>]) -> Plan {
+    let mut plan = Plan::default();
+    let mut free = snap.total_gpus();
+    let mut room = QueueRoom::new(snap, &plan);
+    // Phase 1a: running jobs keep their base (inelastic: what they hold).
+    for (i, j) in snap.jobs.iter().enumerate() {
+        if j.current_gpus == 0 {
+            continue;
+        }
+        let keep = match elastic_base(d, i) {
+            Some(b) => b.min(j.current_gpus),
+            None => j.current_gpus,
+        };
+        if keep <= free && room.fits(snap, i, keep) {
+            free -= keep;
+            room.take(snap, i, keep);
+            plan.entries.push(PlanEntry::single(i, keep));
+        }
+    }
+    // Phase 1b: SJF over waiting jobs' base demands, skipping what does
+    // not fit (§3.5.2: "If the demand of j* exceeds the remaining
+    // capacity, we remove it from the pool and continue").
+    let mut order: Vec<(f64, usize)> = (0..snap.jobs.len())
+        .filter(|&i| snap.jobs[i].current_gpus == 0)
+        .filter_map(|i| d[i].map(|d| (snap.time_at(i, d.base), i)))
+        .collect();
+    order.sort_by(|x, y| {
+        x.0.total_cmp(&y.0)
+            .then(
+                snap.jobs[x.1]
+                    .submitted_at
+                    .total_cmp(&snap.jobs[y.1].submitted_at),
+            )
+            .then(snap.jobs[x.1].id.cmp(&snap.jobs[y.1].id))
+    });
+    let mut order: Vec<usize> = order.into_iter().map(|(_, i)| i).collect();
+    by_priority(snap, &mut order);
+    for i in order {
+        let Some(b) = d[i].map(|d| d.base) else {
+            continue;
+        };
+        if b <= free && room.fits(snap, i, b) {
+            free -= b;
+            room.take(snap, i, b);
+            plan.entries.push(PlanEntry::single(i, b));
+        }
+    }
+    // Phase 2: the flexible workers, a multiple-choice knapsack over
+    // the GPUs left.
+    // (plan entry, its items: (size, extra GPUs, value)).
+    type Item = (u32, u32, f64);
+    let mut groups: Vec<(usize, Vec<Item>)> = Vec::new();
+    for (k, e) in plan.entries.iter().enumerate() {
+        let i = e.jobs[0];
+        if elastic_base(d, i).is_none() {
+            continue;
+        }
+        let j = &snap.jobs[i];
+        let base = e.gpus;
+        let t_base = snap.time_at(i, base);
+        // A running job whose size changes restarts from its checkpoint.
+        let change = |a: u32| {
+            if j.current_gpus > 0 && a != j.current_gpus {
+                j.restart_s
+            } else {
+                0.0
+            }
+        };
+        let mut items = vec![(base, 0, -change(base))];
+        for a in usable_allocations(snap, i) {
+            if a <= base || a - base > free || !room.fits(snap, i, a) {
+                continue;
+            }
+            // §3.5.2 / Fig. 3.6: the item's value is its JCT reduction.
+            let value = t_base - snap.time_at(i, a) - change(a);
+            items.push((a, a - base, value));
+        }
+        if items.len() > 1 || items[0].2 != 0.0 {
+            groups.push((k, items));
+        }
+    }
+    let choice = knapsack(
+        &groups
+            .iter()
+            .map(|(_, items)| items.iter().map(|&(_, w, v)| (w, v)).collect())
+            .collect::<Vec<_>>(),
+        free,
+    );
+    for ((k, items), c) in groups.iter().zip(choice.items) {
+        plan.entries[*k].gpus = items[c].0;
+    }
+    plan.entries.sort_by_key(|e| e.jobs[0]);
+    plan
 }
 
 /// Gandiva-style elasticity, Lyra's baseline (§3.7.1): jobs in arrival
@@ -266,10 +286,11 @@ impl Policy for Gandiva {
         let mut order = super::baselines::by_arrival(snap);
         // Running jobs first (they are not preempted), then the queue.
         order.sort_by_key(|&i| snap.jobs[i].current_gpus == 0);
+        let d = demands(snap);
         let mut waiting = false;
         for i in order {
             let j = &snap.jobs[i];
-            let Some(b) = base_gpus(snap, i) else {
+            let Some(b) = d[i].map(|d| d.base) else {
                 continue;
             };
             let b = if j.current_gpus > 0 {
@@ -305,7 +326,7 @@ impl Policy for Gandiva {
                 for (e, u) in plan.entries.iter_mut().zip(&usable) {
                     if let Some(&next) = u.iter().find(|&&a| a > e.gpus)
                         && next - e.gpus <= free
-                        && is_elastic(snap, e.jobs[0])
+                        && elastic_base(&d, e.jobs[0]).is_some()
                     {
                         free -= next - e.gpus;
                         e.gpus = next;
@@ -379,7 +400,6 @@ pub fn knapsack(groups: &[Vec<(u32, f64)>], capacity: u32) -> KnapsackChoice {
 #[derive(Clone, Debug, PartialEq)]
 pub struct LoanedServer {
     pub id: String,
-    pub gpus: u32,
     /// (job, GPUs) for every job with workers on it.
     pub holds: Vec<(usize, u32)>,
 }
@@ -444,6 +464,48 @@ pub struct ReclaimOutcome {
 }
 
 impl ReclaimInput {
+    /// The input over the loaned `servers` (ids, in order) from the parts
+    /// jobs hold there — `(server index, job key, GPUs)`, repeats summed —
+    /// and `job(key)`, each job's GPUs in all and its base. Only jobs with
+    /// a part on a loaned server enter; their keys come back in the
+    /// input's job order.
+    pub fn from_parts<K: Copy + PartialEq>(
+        servers: Vec<String>,
+        parts: impl IntoIterator<Item = (usize, K, u32)>,
+        job: impl Fn(K) -> ReclaimJob,
+    ) -> (Self, Vec<K>) {
+        let mut input = ReclaimInput {
+            servers: servers
+                .into_iter()
+                .map(|id| LoanedServer {
+                    id,
+                    holds: Vec::new(),
+                })
+                .collect(),
+            jobs: Vec::new(),
+        };
+        let mut keys: Vec<K> = Vec::new();
+        for (s, key, g) in parts {
+            if g == 0 || s >= input.servers.len() {
+                continue;
+            }
+            let j = match keys.iter().position(|&k| k == key) {
+                Some(j) => j,
+                None => {
+                    keys.push(key);
+                    input.jobs.push(job(key));
+                    keys.len() - 1
+                }
+            };
+            let holds = &mut input.servers[s].holds;
+            match holds.iter_mut().find(|h| h.0 == j) {
+                Some(h) => h.1 += g,
+                None => holds.push((j, g)),
+            }
+        }
+        (input, keys)
+    }
+
     /// What returning exactly `chosen` does.
     pub fn outcome(&self, chosen: &[usize]) -> ReclaimOutcome {
         let set: BTreeSet<usize> = chosen.iter().copied().collect();
@@ -555,7 +617,7 @@ fn lyra_pick(input: &ReclaimInput, need: usize) -> Vec<usize> {
         };
         // (cost, (collateral, victims' GPUs, scaled-in GPUs, server)).
         type Key = (f64, (u32, u32, u32, usize));
-        let mut best: Option<(Key, usize)> = None;
+        let mut best: Option<(Key, usize, Vec<usize>)> = None;
         for s in (0..n).filter(|&s| !taken[s]) {
             // Jobs that returning s would preempt: left below their base.
             let victims: Vec<usize> = holds[s]
@@ -590,16 +652,11 @@ fn lyra_pick(input: &ReclaimInput, need: usize) -> Vec<usize> {
                 .as_ref()
                 .is_none_or(|b| key.0.total_cmp(&b.0.0).then(key.1.cmp(&b.0.1)).is_lt())
             {
-                best = Some((key, s));
+                best = Some((key, s, victims));
             }
         }
-        let Some((_, s)) = best else { break };
+        let Some((_, s, victims)) = best else { break };
         // Take s: its victims leave every server, the rest scale in.
-        let victims: Vec<usize> = holds[s]
-            .iter()
-            .filter(|&&(j, g)| gpus[j].saturating_sub(g) < input.jobs[j].base.max(1))
-            .map(|p| p.0)
-            .collect();
         for &(j, g) in &holds[s] {
             gpus[j] = gpus[j].saturating_sub(g);
         }
@@ -641,53 +698,6 @@ fn exhaustive(input: &ReclaimInput, need: usize) -> Vec<usize> {
     best.map(|b| b.1).unwrap_or_default()
 }
 
-/// The reclaim input of a round's snapshot: its loaned nodes and the jobs
-/// on them (base demands from the snapshot's estimates). Indices in the
-/// input's jobs map back through the returned job indices.
-pub fn reclaim_input(snap: &Snapshot) -> (ReclaimInput, Vec<usize>) {
-    let mut jobs: Vec<usize> = Vec::new();
-    let mut input = ReclaimInput::default();
-    let loaned: Vec<usize> = (0..snap.nodes.len())
-        .filter(|&n| snap.nodes[n].loaned)
-        .collect();
-    for &n in &loaned {
-        let mut holds = Vec::new();
-        for (i, j) in snap.jobs.iter().enumerate() {
-            let g: u32 = j
-                .current_placement
-                .iter()
-                .filter(|p| p.0 == n)
-                .map(|p| p.1)
-                .sum();
-            if g == 0 {
-                continue;
-            }
-            let k = match jobs.iter().position(|&x| x == i) {
-                Some(k) => k,
-                None => {
-                    jobs.push(i);
-                    input.jobs.push(ReclaimJob {
-                        gpus: j.current_gpus,
-                        base: if is_elastic(snap, i) {
-                            base_gpus(snap, i).unwrap_or(j.current_gpus)
-                        } else {
-                            j.current_gpus
-                        },
-                    });
-                    jobs.len() - 1
-                }
-            };
-            holds.push((k, g));
-        }
-        input.servers.push(LoanedServer {
-            id: snap.nodes[n].id.clone(),
-            gpus: snap.nodes[n].gpus,
-            holds,
-        });
-    }
-    (input, jobs)
-}
-
 #[cfg(test)]
 mod tests {
     use super::super::testkit::*;
@@ -701,7 +711,6 @@ mod tests {
     fn fig_3_5() -> ReclaimInput {
         let server = |id: &str, holds: Vec<(usize, u32)>| LoanedServer {
             id: id.into(),
-            gpus: 8,
             holds,
         };
         ReclaimInput {
@@ -748,22 +757,18 @@ mod tests {
             servers: vec![
                 LoanedServer {
                     id: "a".into(),
-                    gpus: 8,
                     holds: vec![(0, 8)],
                 },
                 LoanedServer {
                     id: "b".into(),
-                    gpus: 8,
                     holds: vec![(0, 8)],
                 },
                 LoanedServer {
                     id: "c".into(),
-                    gpus: 8,
                     holds: vec![(1, 4)],
                 },
                 LoanedServer {
                     id: "d".into(),
-                    gpus: 8,
                     holds: vec![],
                 },
             ],
@@ -802,7 +807,6 @@ mod tests {
                         servers: (0..servers)
                             .map(|s| LoanedServer {
                                 id: s.to_string(),
-                                gpus: 4,
                                 holds: Vec::new(),
                             })
                             .collect(),
@@ -1028,12 +1032,22 @@ mod tests {
         );
         // Reclaiming one loaned node scales the elastic job in, preempting
         // nothing.
-        for e in &plan.entries {
-            let j = &mut snap.jobs[e.jobs[0]];
-            j.current_gpus = e.gpus;
-            j.current_placement = e.placement.clone();
-        }
-        let (input, jobs) = reclaim_input(&snap);
+        let loaned = [2usize, 3];
+        let (input, jobs) = ReclaimInput::from_parts(
+            loaned.iter().map(|&n| snap.nodes[n].id.clone()).collect(),
+            plan.entries.iter().flat_map(|e| {
+                e.placement.iter().filter_map(move |&(n, g)| {
+                    loaned
+                        .iter()
+                        .position(|&l| l == n)
+                        .map(|s| (s, e.jobs[0], g))
+                })
+            }),
+            |i| ReclaimJob {
+                gpus: plan.gpus_by_job()[&i],
+                base: base_gpus(&snap, i).unwrap(),
+            },
+        );
         assert_eq!(jobs, vec![1]);
         let o = reclaim(&input, 1, ReclaimRule::Lyra);
         assert!(o.preempted.is_empty());

@@ -161,11 +161,7 @@ fn fit_typed(
     // (nodes used, GPUs left free on them) and the placement.
     let mut best: Option<((usize, u32), Placement)> = None;
     for &fam in families.iter().filter(|f| model.is_none_or(|m| m == **f)) {
-        let mut masked: Vec<u32> = free
-            .iter()
-            .zip(&snap.nodes)
-            .map(|(&f, n)| if n.gpu_model == fam { f } else { 0 })
-            .collect();
+        let mut masked = masked(free, &|n| snap.nodes[n].gpu_model == fam);
         if let Some(p) = fit(snap, &mut masked, gpus, unit) {
             let key = (p.len(), p.iter().map(|&(n, _)| masked[n]).sum::<u32>());
             if best.as_ref().is_none_or(|b| key < b.0) {
@@ -178,6 +174,13 @@ fn fit_typed(
         free[n] -= g;
     }
     Some(p)
+}
+
+/// `free` with the nodes `keep` refuses counted as full.
+fn masked(free: &[u32], keep: &dyn Fn(usize) -> bool) -> Vec<u32> {
+    (0..free.len())
+        .map(|n| if keep(n) { free[n] } else { 0 })
+        .collect()
 }
 
 /// [`fit_typed`] on the preferred nodes first, then on any; with
@@ -198,9 +201,7 @@ fn fit_preferring(
                   model: Option<&str>,
                   allowed: &dyn Fn(usize) -> bool|
      -> Option<Placement> {
-        let mut masked: Vec<u32> = (0..free.len())
-            .map(|n| if allowed(n) { free[n] } else { 0 })
-            .collect();
+        let mut masked = masked(free, allowed);
         let p = fit_typed(snap, families, &mut masked, gpus, unit, model)?;
         for &(n, g) in &p {
             free[n] -= g;
@@ -208,7 +209,6 @@ fn fit_preferring(
         Some(p)
     };
     let preferred = |n: usize| pref.loaned.is_none_or(|l| snap.nodes[n].loaned == l);
-    let any = |_: usize| true;
     let fit_one = |free: &mut [u32], gpus: u32, model: Option<&str>, avoid: &[usize]| {
         try_on(free, gpus, model, &|n| preferred(n) && !avoid.contains(&n))
             .or_else(|| try_on(free, gpus, model, &|n| !avoid.contains(&n)))
@@ -220,11 +220,8 @@ fn fit_preferring(
         return fit_one(free, gpus, model, &[]);
     };
     let mut trial = free.to_vec();
-    let whole = |free: &mut [u32]| {
-        try_on(free, gpus, model, &preferred).or_else(|| try_on(free, gpus, model, &any))
-    };
     let Some(first) = fit_one(&mut trial, base, model, &[]) else {
-        return whole(free);
+        return fit_one(free, gpus, model, &[]);
     };
     // The rest on the first part's family, on other nodes.
     let family = first
@@ -233,7 +230,7 @@ fn fit_preferring(
         .or(model);
     let used: Vec<usize> = first.iter().map(|p| p.0).collect();
     let Some(rest) = fit_one(&mut trial, gpus - base, family, &used) else {
-        return whole(free);
+        return fit_one(free, gpus, model, &[]);
     };
     free.copy_from_slice(&trial);
     let mut all: std::collections::BTreeMap<usize, u32> = Default::default();

@@ -413,9 +413,7 @@ impl AdminService for AdminApi {
         &self,
         req: Request<pb::ReclaimNodesRequest>,
     ) -> Result<Response<pb::ReclaimNodesResponse>, Status> {
-        use fmsched_core::policy::lyra::{
-            self, LoanedServer, ReclaimInput, ReclaimJob, ReclaimRule,
-        };
+        use fmsched_core::policy::lyra::{self, ReclaimInput, ReclaimJob, ReclaimRule};
         let who = self.admin(req.metadata())?;
         let r = req.into_inner();
         let named = node_ids(&r.node_ids)?;
@@ -464,48 +462,21 @@ impl AdminService for AdminApi {
             .into_iter()
             .map(|j| (j.id, j))
             .collect();
-        let mut jobs: Vec<JobId> = Vec::new();
-        for a in plan.assignments.iter().filter(|a| lent.contains(&a.node)) {
-            if !jobs.contains(&a.job) {
-                jobs.push(a.job);
-            }
+        let mut held: std::collections::BTreeMap<JobId, u32> = Default::default();
+        for a in &plan.assignments {
+            *held.entry(a.job).or_default() += a.gpus.len() as u32;
         }
-        let held = |j: JobId| -> u32 {
-            plan.assignments
-                .iter()
-                .filter(|a| a.job == j)
-                .map(|a| a.gpus.len() as u32)
-                .sum()
-        };
-        let input = ReclaimInput {
-            servers: lent
-                .iter()
-                .map(|n| LoanedServer {
-                    id: n.to_string(),
-                    gpus: 0,
-                    holds: jobs
-                        .iter()
-                        .enumerate()
-                        .filter_map(|(k, &j)| {
-                            let g: u32 = plan
-                                .assignments
-                                .iter()
-                                .filter(|a| a.job == j && a.node == *n)
-                                .map(|a| a.gpus.len() as u32)
-                                .sum();
-                            (g > 0).then_some((k, g))
-                        })
-                        .collect(),
-                })
-                .collect(),
-            jobs: jobs
-                .iter()
-                .map(|&j| ReclaimJob {
-                    gpus: held(j),
-                    base: base_gpus(live.get(&j), held(j)),
-                })
-                .collect(),
-        };
+        let (input, jobs) = ReclaimInput::from_parts(
+            lent.iter().map(|n| n.to_string()).collect(),
+            plan.assignments.iter().filter_map(|a| {
+                let s = lent.iter().position(|n| *n == a.node)?;
+                Some((s, a.job, a.gpus.len() as u32))
+            }),
+            |j| ReclaimJob {
+                gpus: held[&j],
+                base: base_gpus(live.get(&j), held[&j]),
+            },
+        );
         let chosen: Vec<usize> = if named.is_empty() {
             lyra::reclaim(&input, r.count as usize, ReclaimRule::Lyra).servers
         } else {
