@@ -9,5 +9,6 @@ pub mod generate;
 pub mod loans;
 pub mod parallel;
 pub mod report;
+pub mod requests;
 pub mod tune;
 pub mod workload;
