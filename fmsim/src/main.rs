@@ -1257,12 +1257,13 @@ fn times_lower(a: f64, b: f64) -> String {
     }
 }
 
-/// `fmsim bench-prompttuner`: each decision runs Algorithm 1 on the warm
-/// pools and Algorithm 2 on the cold pool for the whole queue, as the 50 ms
-/// loop would; requests of 1–30 minutes of work on one GPU, `work / A^0.9`
-/// on `A` GPUs (up to 16), SLOs of 0.5–1.5× their one-GPU time plus the cold start.
+/// `fmsim bench-prompttuner`: each decision is one pass of the 50 ms loop
+/// (`prompttuner::decide`: Algorithm 1 on the warm pools, Algorithm 2 on
+/// the cold pool, the best-effort rest) over the whole queue; requests of
+/// 1–30 minutes of work on one GPU, `work / A^0.9` on `A` GPUs (up to 16),
+/// SLOs of 0.5–1.5× their one-GPU time plus the cold start.
 fn bench_prompttuner(requests: usize, models: usize, rounds: usize) {
-    use fmsched_core::policy::prompttuner::{Request, allocate_cold, allocate_warm};
+    use fmsched_core::policy::prompttuner::{Request, WarmPool, decide};
     let mut rng = fmsim::generate::Rng::new(7);
     let models = models.max(1);
     let cold_start: Vec<f64> = (0..models).map(|_| 20.0 + 40.0 * rng.f64()).collect();
@@ -1282,35 +1283,26 @@ fn bench_prompttuner(requests: usize, models: usize, rounds: usize) {
             }
         })
         .collect();
-    let warm: Vec<u32> = (0..models).map(|_| rng.below(9) as u32).collect();
-    let busy: Vec<Vec<f64>> = (0..models)
-        .map(|_| (0..rng.below(9)).map(|_| 600.0 * rng.f64()).collect())
+    let pools: Vec<WarmPool> = (0..models)
+        .map(|_| WarmPool {
+            idle: rng.below(9) as u32,
+            busy_until: (0..rng.below(9)).map(|_| 600.0 * rng.f64()).collect(),
+        })
         .collect();
     let mut ms = Vec::with_capacity(rounds);
     let mut served = 0usize;
     for _ in 0..rounds.max(1) {
         let t = Instant::now();
-        // Warm GPUs first; the cold pool for what they could not serve.
-        let a = allocate_warm(&reqs, &warm);
-        let rest: Vec<Request> = reqs
-            .iter()
-            .zip(&a)
-            .filter(|(_, g)| **g == 0)
-            .map(|(r, _)| r.clone())
-            .collect();
-        let c = allocate_cold(&rest, &busy, 64, &cold_start, 0.0);
+        let d = decide(&reqs, &pools, 64, &cold_start, 0.0);
         ms.push(t.elapsed().as_secs_f64() * 1000.0);
-        served = a.iter().filter(|&&g| g > 0).count()
-            + c.cold_gpus
-                .iter()
-                .zip(&c.delayed)
-                .filter(|(g, d)| **g > 0 || **d)
-                .count();
+        served = (0..reqs.len())
+            .filter(|&i| d.warm[i] + d.cold[i] > 0 || d.delayed[i])
+            .count();
     }
     ms.sort_by(f64::total_cmp);
     let mean = ms.iter().sum::<f64>() / ms.len() as f64;
     println!(
-        "prompttuner decision: {requests} queued requests, {models} models: mean {mean:.3} ms, p99 {:.3} ms, max {:.3} ms over {} decisions ({served} requests placed, delayed or started cold)",
+        "prompttuner decision: {requests} queued requests, {models} models: mean {mean:.3} ms, p99 {:.3} ms, max {:.3} ms over {} decisions ({served} requests started or delayed)",
         report::percentile(&ms, 99.0),
         ms.last().copied().unwrap_or(f64::NAN),
         ms.len()
