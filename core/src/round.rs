@@ -898,14 +898,7 @@ fn eligible_pairs(view: &ClusterView, snapshot_jobs: &[usize], queues: &Queues) 
     for group in by_model.values() {
         for (x, &a) in group.iter().enumerate() {
             for (y, &b) in group.iter().enumerate() {
-                let (ja, jb) = (&view.jobs[a], &view.jobs[b]);
-                if a == b
-                    || ja.task == jb.task
-                    || ja.replica() != jb.replica()
-                    || ja.merge_setup != jb.merge_setup
-                    || !queues.may_merge(&ja.queue, &jb.queue)
-                    || !crate::policy::same_gpus(ja.gpu_model.as_deref(), jb.gpu_model.as_deref())
-                {
+                if a == b || !may_pair(view, a, b, queues) {
                     continue;
                 }
                 out.push(PairKey {
@@ -924,6 +917,46 @@ fn eligible_pairs(view: &ClusterView, snapshot_jobs: &[usize], queues: &Queues) 
         }
     }
     out
+}
+
+/// The pairwise half of [`eligible_pairs`]' filter (the other half is
+/// per job: sharing, preemptible, never merged, not started).
+fn may_pair(view: &ClusterView, a: usize, b: usize, queues: &Queues) -> bool {
+    let (ja, jb) = (&view.jobs[a], &view.jobs[b]);
+    ja.model == jb.model
+        && ja.task != jb.task
+        && ja.replica() == jb.replica()
+        && ja.merge_setup == jb.merge_setup
+        && queues.may_merge(&ja.queue, &jb.queue)
+        && crate::policy::same_gpus(ja.gpu_model.as_deref(), jb.gpu_model.as_deref())
+}
+
+/// Whether `pair` is one [`eligible_pairs`] lists for the snapshot jobs
+/// `ord` (job → snapshot index), decided for the one pair: the list is
+/// quadratic in the jobs of a model (millions of pairs at thousands of
+/// queued jobs), the candidates are not.
+fn is_eligible(
+    view: &ClusterView,
+    ord: &BTreeMap<usize, usize>,
+    queues: &Queues,
+    pair: &PairKey,
+) -> bool {
+    let (Some(&x), Some(&y)) = (ord.get(&pair.a), ord.get(&pair.b)) else {
+        return false;
+    };
+    let open = |i: usize| {
+        let j = &view.jobs[i];
+        j.sharing && j.preemptible && !j.ever_merged && j.progress == 0.0
+    };
+    pair.a != pair.b
+        && open(pair.a)
+        && open(pair.b)
+        && may_pair(view, pair.a, pair.b, queues)
+        && match pair.mode {
+            MergeMode::Temporal => true,
+            MergeMode::Spatial => x < y,
+            MergeMode::Normal => false,
+        }
 }
 
 // ---- 2. decide -----------------------------------------------------------
@@ -1005,6 +1038,7 @@ pub fn snapshot(
     cfg: &RoundConfig,
 ) -> Result<Snapshot, RoundError> {
     check_estimates(prepared, estimates)?;
+    let raw_candidates = &estimates.candidates;
     let estimates = &whole_replicas(view, prepared, estimates);
     let ord: BTreeMap<usize, usize> = prepared
         .jobs
@@ -1106,31 +1140,37 @@ pub fn snapshot(
         allocations: prepared.allocations.clone(),
         queue_gpus: prepared.budgets.values().copied().collect(),
         jobs,
-        candidates: candidates(view, prepared, estimates, &ord)?,
+        candidates: candidates(view, prepared, estimates, raw_candidates, &ord, &cfg.queues)?,
         merges,
         placement_rule: cfg.placement_rule,
     })
 }
 
-/// The estimates with every allocation that is not a whole number of a
-/// job's replicas ([`JobView::replica`]; a merge's are its jobs') made
-/// `+∞`: it cannot run there, whatever the caller estimated. One rule for
-/// the service and fmsim.
+/// `row` with every allocation that is not a whole number of `unit`-GPU
+/// replicas made `+∞`.
+fn mask_replicas(allocs: &[u32], unit: u32, row: &[f64]) -> Vec<f64> {
+    allocs
+        .iter()
+        .zip(row)
+        .map(|(&a, &t)| {
+            if a.is_multiple_of(unit) {
+                t
+            } else {
+                f64::INFINITY
+            }
+        })
+        .collect()
+}
+
+/// The estimates of jobs and kept merges with every allocation that is not
+/// a whole number of a job's replicas ([`JobView::replica`]; a merge's are
+/// its jobs') made `+∞`: it cannot run there, whatever the caller
+/// estimated. One rule for the service and fmsim. Candidate pairs are
+/// masked as [`candidates`] keeps them (there can be hundreds of thousands,
+/// most of them dropped); the result has none.
 fn whole_replicas(view: &ClusterView, prepared: &Prepared, estimates: &Estimates) -> Estimates {
     let allocs = &prepared.allocations;
-    let mask = |unit: u32, row: &[f64]| -> Vec<f64> {
-        allocs
-            .iter()
-            .zip(row)
-            .map(|(&a, &t)| {
-                if a.is_multiple_of(unit) {
-                    t
-                } else {
-                    f64::INFINITY
-                }
-            })
-            .collect()
-    };
+    let mask = |unit: u32, row: &[f64]| mask_replicas(allocs, unit, row);
     let unit = |v: usize| view.jobs[v].replica().gpus();
     Estimates {
         jobs: prepared
@@ -1145,14 +1185,7 @@ fn whole_replicas(view: &ClusterView, prepared: &Prepared, estimates: &Estimates
             .zip(&estimates.kept)
             .map(|(&m, row)| mask(unit(view.merges[m].a), row))
             .collect(),
-        candidates: estimates
-            .candidates
-            .iter()
-            .map(|c| PairEstimate {
-                seconds: mask(unit(c.pair.a), &c.seconds),
-                ..c.clone()
-            })
-            .collect(),
+        candidates: Vec::new(),
         spread: estimates.spread.clone(),
     }
 }
@@ -1278,13 +1311,16 @@ fn candidates(
     view: &ClusterView,
     prepared: &Prepared,
     estimates: &Estimates,
+    raw: &[PairEstimate],
     ord: &BTreeMap<usize, usize>,
+    queues: &Queues,
 ) -> Result<Vec<PairCandidate>, RoundError> {
-    let eligible: BTreeSet<PairKey> = prepared.eligible.iter().copied().collect();
     let mut out = Vec::new();
-    for c in &estimates.candidates {
+    for c in raw {
         let (a, b) = (c.pair.a, c.pair.b);
-        if !eligible.contains(&c.pair) {
+        // No eligible pair at all (merging off, or none this round) and
+        // the one-pair test agree with the list: both from the snapshot's jobs.
+        if prepared.eligible.is_empty() || !is_eligible(view, ord, queues, &c.pair) {
             return Err(RoundError::Estimates(format!(
                 "candidate {:?} of jobs {a} and {b} is not an eligible pair",
                 c.pair.mode
@@ -1293,7 +1329,12 @@ fn candidates(
         if !c.tran_wt.iter().any(|&w| w >= 1.0) {
             continue;
         }
-        let remaining_s = group_time(view, estimates, ord, a, b, c.pair.mode, &c.seconds);
+        let seconds = mask_replicas(
+            &prepared.allocations,
+            view.jobs[a].replica().gpus(),
+            &c.seconds,
+        );
+        let remaining_s = group_time(view, estimates, ord, a, b, c.pair.mode, &seconds);
         let best = remaining_s
             .iter()
             .copied()

@@ -610,6 +610,7 @@ pub fn with_knobs(
             };
             let mut merging = if c.merging { 1.0 } else { 0.0 };
             let mut pairs = c.pairs_per_job as f64;
+            let mut partition = c.partition_units as f64;
             take("interval_s", &mut c.interval_s);
             take("time_limit_s", &mut c.time_limit_s);
             take("srtf_weight", &mut c.srtf_weight);
@@ -618,8 +619,10 @@ pub fn with_knobs(
             take("risk_weight", &mut c.risk_weight);
             take("merging", &mut merging);
             take("pairs_per_job", &mut pairs);
+            take("partition_units", &mut partition);
             c.merging = merging != 0.0;
             c.pairs_per_job = pairs.max(0.0) as usize;
+            c.partition_units = partition.clamp(0.0, 1e9) as usize;
             Box::new(Ymir::new(c))
         }
         other => unreachable!("knob_names knows {other:?} but with_knobs does not"),
@@ -671,6 +674,7 @@ pub fn knob_names(name: &str) -> Option<&'static [&'static str]> {
             "risk_weight",
             "merging",
             "pairs_per_job",
+            "partition_units",
         ],
         _ => return None,
     })

@@ -274,8 +274,10 @@ pub struct SolveStats {
     /// Groups the placement could not fit (they wait for the next round).
     pub unplaced: usize,
     /// The MILP's objective at its solution (0 for greedy policies and on
-    /// a fallback).
+    /// a fallback; the sum over parts when partitioned).
     pub objective: f64,
+    /// Parts the round was solved in (0: one solve, unpartitioned).
+    pub partitions: usize,
 }
 
 /// The decision of one round: the groups that hold GPUs. Jobs not in any

@@ -33,9 +33,17 @@
 //!      [`YmirConfig::wait_weight`] `ω·W_i/T_{i,a}` (`W_i` the seconds job
 //!      `i` has waited since it arrived): together the response ratio
 //!      `(λτ + ωW_i)/T` of HRRN, so a job that has waited grows in rank.
-//! 4. **solve** — HiGHS with a per-round time limit. If the limit is hit or
-//!    the solver fails, the previous plan is repaired greedily
-//!    ([`fallback`]) and `stats.fallback` says so.
+//! 4. **solve** — HiGHS with a per-round time limit, warm-started from what
+//!    the units hold. If the limit is hit or the solver fails, the previous
+//!    plan is repaired greedily ([`fallback`]) and `stats.fallback` says so.
+//!
+//! **Partitions** (ICEFROG §V-E, at datacenter size): a round with more
+//! than [`YmirConfig::partition_units`] units is solved in parts — one per
+//! foundation model (only jobs of one model can merge), a large model cut
+//! further along its candidate pairs — each on a share of the GPUs in
+//! proportion to its demand at the fair share, with the time limit split
+//! between them; the GPUs a part leaves are then handed out greedily across
+//! all units. A part that fails falls back alone.
 
 use good_lp::solvers::highs::highs;
 use good_lp::{
@@ -84,6 +92,10 @@ pub struct YmirConfig {
     /// gains the surer merge wins, and a job is not put ahead as short on a
     /// wide guess. 0 = plan on the median estimate alone.
     pub risk_weight: f64,
+    /// Rounds with more units than this are solved in parts (by model, then
+    /// cut to this size), each on its share of the GPUs, what they leave
+    /// handed out greedily (ICEFROG §V-E); 0 = always one solve.
+    pub partition_units: usize,
 }
 
 impl Default for YmirConfig {
@@ -97,6 +109,7 @@ impl Default for YmirConfig {
             wait_weight: 0.0,
             resize_horizon_s: 300.0,
             risk_weight: 1.0,
+            partition_units: 1000,
         }
     }
 }
@@ -303,8 +316,7 @@ impl Policy for Ymir {
         let units = self.units(snap);
         let pairs = self.pairs(snap);
         let r = snap.total_gpus();
-        let n_jobs = snap.jobs.len();
-        let share = fair_share(r, n_jobs);
+        let share = fair_share(r, snap.jobs.len());
         let allocs = &snap.allocations;
         // τ: the median fair-share time, scaling the SRTF term to the speedups.
         let mut refs: Vec<f64> = units
@@ -314,36 +326,265 @@ impl Policy for Ymir {
             .collect();
         refs.sort_by(f64::total_cmp);
         let tau = refs.get(refs.len() / 2).copied().unwrap_or(1.0);
-        let lambda = self.config.srtf_weight;
+        // λ·τ + ω·W_j of each job: what it counts over its time.
+        let base: Vec<f64> = snap
+            .jobs
+            .iter()
+            .map(|j| self.config.srtf_weight * tau + self.config.wait_weight * waited(snap.now, j))
+            .collect();
+        let w = Weights { share, base };
+        let parts = self.partitions(snap, &units, &pairs);
+        if parts.len() <= 1 {
+            let all_units: Vec<usize> = (0..units.len()).collect();
+            let all_pairs: Vec<usize> = (0..pairs.len()).collect();
+            let (solved, mut stats) = self.solve(
+                snap,
+                &w,
+                (&units, &all_units),
+                (&pairs, &all_pairs),
+                r,
+                self.config.time_limit_s,
+            );
+            return match solved {
+                Some((ug, pg)) => Plan {
+                    entries: entries(snap, &units, &pairs, &ug, &pg),
+                    stats,
+                },
+                None if stats.variables == 0 => Plan {
+                    entries: Vec::new(),
+                    stats,
+                },
+                None => {
+                    stats.fallback = true;
+                    let mut plan = fallback(snap, &units_view(&units));
+                    plan.stats = stats;
+                    plan
+                }
+            };
+        }
+        // Partitioned: each part solved alone on its share of the GPUs,
+        // then what the parts left is handed out greedily across them.
+        let caps = split_capacity(r, &parts, &units, share);
+        // The round's time limit, shared: each part gets an even split of
+        // what the parts before it left.
+        let started = std::time::Instant::now();
+        let mut ug = vec![0u32; units.len()];
+        let mut pg = vec![0u32; pairs.len()];
+        let mut stats = SolveStats {
+            partitions: parts.len(),
+            ..Default::default()
+        };
+        let views = units_view(&units);
+        for (k, (part, &cap)) in parts.iter().zip(&caps).enumerate() {
+            let left = self.config.time_limit_s - started.elapsed().as_secs_f64();
+            let limit = left / (parts.len() - k) as f64;
+            let (solved, s) = self.solve(
+                snap,
+                &w,
+                (&units, &part.units),
+                (&pairs, &part.pairs),
+                cap,
+                limit,
+            );
+            stats.variables += s.variables;
+            stats.constraints += s.constraints;
+            stats.candidate_pairs += s.candidate_pairs;
+            stats.objective += s.objective;
+            match solved {
+                Some((u, p)) => {
+                    for (&k, g) in part.units.iter().zip(u) {
+                        ug[k] = g;
+                    }
+                    for (&k, g) in part.pairs.iter().zip(p) {
+                        pg[k] = g;
+                    }
+                }
+                None if s.variables == 0 => {}
+                None => {
+                    stats.fallback = true;
+                    let sub: Vec<&UnitView> = part.units.iter().map(|&k| &views[k]).collect();
+                    let mut gpus = vec![0u32; sub.len()];
+                    let mut free = cap;
+                    keep_current(&sub, &mut gpus, &mut free);
+                    grow(snap, &sub, &mut gpus, &mut free);
+                    for (&k, g) in part.units.iter().zip(gpus) {
+                        ug[k] = g;
+                    }
+                }
+            }
+        }
+        // GPUs a part could not use go to any unit that gains from them
+        // (not to jobs a merged pair already holds).
+        let used: u32 = ug.iter().sum::<u32>() + pg.iter().sum::<u32>();
+        let mut free = r.saturating_sub(used);
+        let mut in_pair = vec![false; snap.jobs.len()];
+        for (p, &g) in pairs.iter().zip(&pg) {
+            if g > 0 {
+                let c = &snap.candidates[p.candidate];
+                in_pair[c.a] = true;
+                in_pair[c.b] = true;
+            }
+        }
+        let open: Vec<usize> = (0..units.len())
+            .filter(|&k| !units[k].jobs.iter().any(|&j| in_pair[j]))
+            .collect();
+        let sub: Vec<&UnitView> = open.iter().map(|&k| &views[k]).collect();
+        let mut gpus: Vec<u32> = open.iter().map(|&k| ug[k]).collect();
+        grow(snap, &sub, &mut gpus, &mut free);
+        for (&k, g) in open.iter().zip(gpus) {
+            ug[k] = g;
+        }
+        Plan {
+            entries: entries(snap, &units, &pairs, &ug, &pg),
+            stats,
+        }
+    }
+}
+
+/// The objective's inputs shared by every part of a round.
+struct Weights {
+    /// The fair share `ā`.
+    share: u32,
+    /// `λ·τ + ω·W_j` per job.
+    base: Vec<f64>,
+}
+
+/// One part of a partitioned round: units and pairs by index.
+struct Part {
+    units: Vec<usize>,
+    pairs: Vec<usize>,
+}
+
+impl Ymir {
+    /// Phase 2b, on large rounds: parts that are solved apart. Only jobs of
+    /// one foundation model can merge, so each model is a part; a model
+    /// with more than [`YmirConfig::partition_units`] units is cut further,
+    /// keeping jobs a candidate pair links together where it can (its
+    /// components packed first-fit; a component too big is cut in order,
+    /// and a pair across a cut is dropped). One part: no partitioning.
+    fn partitions(&self, snap: &Snapshot, units: &[Unit], pairs: &[Pair]) -> Vec<Part> {
+        let limit = self.config.partition_units;
+        if limit == 0 || units.len() <= limit {
+            return vec![Part {
+                units: (0..units.len()).collect(),
+                pairs: (0..pairs.len()).collect(),
+            }];
+        }
+        let mut unit_of = vec![usize::MAX; snap.jobs.len()];
+        for (k, u) in units.iter().enumerate() {
+            for &j in &u.jobs {
+                unit_of[j] = k;
+            }
+        }
+        // Components of the pair graph over units (union-find).
+        let mut root: Vec<usize> = (0..units.len()).collect();
+        fn find(root: &mut [usize], mut k: usize) -> usize {
+            while root[k] != k {
+                root[k] = root[root[k]];
+                k = root[k];
+            }
+            k
+        }
+        for p in pairs {
+            let c = &snap.candidates[p.candidate];
+            let (a, b) = (find(&mut root, unit_of[c.a]), find(&mut root, unit_of[c.b]));
+            if a != b {
+                root[a.max(b)] = a.min(b);
+            }
+        }
+        // Per model, its components (largest first).
+        let mut by_model: std::collections::BTreeMap<
+            &str,
+            std::collections::BTreeMap<usize, Vec<usize>>,
+        > = Default::default();
+        for (k, u) in units.iter().enumerate() {
+            let model = snap.jobs[u.jobs[0]].model.as_str();
+            let r = find(&mut root, k);
+            by_model
+                .entry(model)
+                .or_default()
+                .entry(r)
+                .or_default()
+                .push(k);
+        }
+        let mut part_of = vec![0usize; units.len()];
+        let mut parts: Vec<Part> = Vec::new();
+        for comps in by_model.into_values() {
+            let mut comps: Vec<Vec<usize>> = comps.into_values().collect();
+            comps.sort_by_key(|c| std::cmp::Reverse(c.len()));
+            let first = parts.len();
+            for comp in comps {
+                for chunk in comp.chunks(limit) {
+                    let fit =
+                        (first..parts.len()).find(|&q| parts[q].units.len() + chunk.len() <= limit);
+                    let q = fit.unwrap_or_else(|| {
+                        parts.push(Part {
+                            units: Vec::new(),
+                            pairs: Vec::new(),
+                        });
+                        parts.len() - 1
+                    });
+                    parts[q].units.extend_from_slice(chunk);
+                }
+            }
+        }
+        for (q, part) in parts.iter_mut().enumerate() {
+            part.units.sort_unstable();
+            for &k in &part.units {
+                part_of[k] = q;
+            }
+        }
+        for (i, p) in pairs.iter().enumerate() {
+            let c = &snap.candidates[p.candidate];
+            let (a, b) = (part_of[unit_of[c.a]], part_of[unit_of[c.b]]);
+            if a == b {
+                parts[a].pairs.push(i);
+            }
+        }
+        parts
+    }
+
+    /// Phases 3–4 over the listed units and pairs on `capacity` GPUs: GPUs
+    /// per listed unit and per listed pair (0 = none), or None when the
+    /// model is empty or the solver gave no proven solution (the caller
+    /// falls back).
+    #[allow(clippy::type_complexity)]
+    fn solve(
+        &self,
+        snap: &Snapshot,
+        w: &Weights,
+        (units, unit_ids): (&[Unit], &[usize]),
+        (pairs, pair_ids): (&[Pair], &[usize]),
+        capacity: u32,
+        time_limit_s: f64,
+    ) -> (Option<(Vec<u32>, Vec<u32>)>, SolveStats) {
+        let allocs = &snap.allocations;
+        let share = w.share;
+        let kappa = self.config.risk_weight;
         // Estimate uncertainty (risk_weight κ): the wider spread of a
         // unit's or pair's jobs, and the pessimistic factor 1 + κ·s/2.
-        let kappa = self.config.risk_weight;
         let spread = |jobs: &[usize]| {
             jobs.iter()
                 .map(|&j| snap.jobs[j].spread)
                 .fold(0.0f64, f64::max)
         };
         let pessimism = |jobs: &[usize]| 1.0 + kappa * spread(jobs) / 2.0;
-        // λ·τ + ω·W_j of each job: what it counts over its time.
-        let base: Vec<f64> = snap
-            .jobs
-            .iter()
-            .map(|j| lambda * tau + self.config.wait_weight * waited(snap.now, j))
-            .collect();
-
-        // Phase 3: the model.
         let mut vars = ProblemVariables::new();
         let mut objective = Expression::from(0.0);
         let mut used = Expression::from(0.0);
-        let mut per_job: Vec<Expression> = vec![Expression::from(0.0); n_jobs];
-        let mut per_unit_expr: Vec<Expression> = Vec::with_capacity(units.len());
-        let mut x: Vec<Vec<(u32, Variable)>> = Vec::with_capacity(units.len());
+        let mut per_job: std::collections::BTreeMap<usize, Expression> = Default::default();
+        let mut x: Vec<Vec<(u32, Variable)>> = Vec::with_capacity(unit_ids.len());
         let mut n_vars = 0;
-        for u in &units {
+        // Warm start from what the units hold, when it fits.
+        let held: u32 = unit_ids.iter().map(|&k| units[k].current).sum();
+        let warm = held <= capacity;
+        let mut warm_value = 0.0;
+        for &k in unit_ids {
+            let u = &units[k];
             let weight = u.jobs.len() as f64;
             let t_ref = reference_time(allocs, &u.remaining_s, share * u.jobs.len() as u32);
             // The SRTF/aging term's numerator and the unit's pessimism.
-            let aged: f64 = u.jobs.iter().map(|&j| base[j]).sum();
+            let aged: f64 = u.jobs.iter().map(|&j| w.base[j]).sum();
             let pess = pessimism(&u.jobs);
             let mut row = Vec::with_capacity(u.allowed.len());
             let mut expr = Expression::from(0.0);
@@ -356,7 +597,9 @@ impl Policy for Ymir {
                     self.config.resize_horizon_s,
                 );
                 let value = weight * t_ref / t + aged / (t * pess);
-                let v = vars.add(variable().binary());
+                let start = if warm && a == u.current { 1.0 } else { 0.0 };
+                warm_value += start * value;
+                let v = vars.add(variable().binary().initial(start));
                 n_vars += 1;
                 objective += value * v;
                 used += f64::from(a) * v;
@@ -364,51 +607,48 @@ impl Policy for Ymir {
                 row.push((a, v));
             }
             for &j in &u.jobs {
-                per_job[j] += expr.clone();
+                *per_job.entry(j).or_default() += expr.clone();
             }
-            per_unit_expr.push(expr);
             x.push(row);
         }
-        let mut y: Vec<Vec<(u32, Variable)>> = Vec::with_capacity(pairs.len());
-        for p in &pairs {
+        let mut y: Vec<Vec<(u32, Variable)>> = Vec::with_capacity(pair_ids.len());
+        for &k in pair_ids {
+            let p = &pairs[k];
             let c = &snap.candidates[p.candidate];
             let t_ref = reference_time(allocs, &c.remaining_s, 2 * share);
             let restart = snap.jobs[c.a].restart_s.max(snap.jobs[c.b].restart_s);
             // The share of the gain over running apart kept under the
             // pair's estimate spread (risk_weight), and its pessimism.
             let keep = (1.0 - kappa * spread(&[c.a, c.b]) / 2.0).max(0.0);
-            let (aged, pess) = (base[c.a] + base[c.b], pessimism(&[c.a, c.b]));
+            let (aged, pess) = (w.base[c.a] + w.base[c.b], pessimism(&[c.a, c.b]));
             let mut row = Vec::with_capacity(p.allowed.len());
             for &a in &p.allowed {
                 let t = time_at(allocs, &c.remaining_s, a) + restart;
-                let w = 1.0 + (time_at(allocs, &c.tran_wt, a) - 1.0) * keep;
+                let tw = 1.0 + (time_at(allocs, &c.tran_wt, a) - 1.0) * keep;
                 // Eq. 7 (fixed): two jobs' speedup, weighted by TranWt.
-                let value = 2.0 * w * t_ref / t + w * aged / (t * pess);
-                let v = vars.add(variable().binary());
+                let value = 2.0 * tw * t_ref / t + tw * aged / (t * pess);
+                let v = vars.add(variable().binary().initial(0.0));
                 n_vars += 1;
                 objective += value * v;
                 used += f64::from(a) * v;
-                per_job[c.a] += v;
-                per_job[c.b] += v;
+                *per_job.entry(c.a).or_default() += v;
+                *per_job.entry(c.b).or_default() += v;
                 row.push((a, v));
             }
             y.push(row);
         }
         let mut stats = SolveStats {
             variables: n_vars,
-            candidate_pairs: pairs.len(),
+            candidate_pairs: pair_ids.len(),
             ..Default::default()
         };
         if n_vars == 0 {
-            return Plan {
-                entries: Vec::new(),
-                stats,
-            };
+            return (None, stats);
         }
         let mut model = vars
-            .maximise(objective)
+            .maximise(objective.clone())
             .using(highs)
-            .set_time_limit(self.config.time_limit_s.max(0.001))
+            .set_time_limit(time_limit_s.max(0.001))
             .set_threads(1)
             // Presolve costs more than it saves on these small, loosely
             // coupled models (measured with `fmsim bench-solver`).
@@ -420,18 +660,15 @@ impl Policy for Ymir {
         model.set_verbose(false);
         let mut constraints = 0;
         // One choice per job (Eq. 9–10).
-        for e in per_job.into_iter() {
+        for e in per_job.into_values() {
             model = model.with(e.leq(1.0));
             constraints += 1;
         }
         // Capacity (Eq. 11, fixed).
-        model = model.with(used.leq(f64::from(r)));
+        model = model.with(used.leq(f64::from(capacity)));
         constraints += 1;
         stats.constraints = constraints;
-        drop(per_unit_expr);
-
-        let solved = model.solve();
-        let solution = match solved {
+        let solution = match model.solve() {
             Ok(s)
                 if matches!(
                     s.status(),
@@ -440,40 +677,99 @@ impl Policy for Ymir {
             {
                 s
             }
-            // Time limit without proof, infeasible (cannot happen: all-zero
-            // is feasible) or a solver error: repair the previous plan.
-            Ok(_) | Err(_) => {
-                stats.fallback = true;
-                let mut plan = fallback(snap, &units_view(&units));
-                plan.stats = stats;
-                return plan;
-            }
+            // The time limit with an incumbent at least as good as the
+            // warm start (what the units hold): better than repairing it.
+            Ok(s) if s.eval(&objective) > 0.0 && s.eval(&objective) >= warm_value - 1e-9 => s,
+            // Time limit without a usable incumbent, infeasible (cannot
+            // happen: all-zero is feasible) or a solver error.
+            Ok(_) | Err(_) => return (None, stats),
         };
-        let mut entries = Vec::new();
-        for (u, row) in units.iter().zip(&x) {
-            if let Some(&(a, _)) = row.iter().find(|(_, v)| solution.value(*v) > 0.5) {
-                entries.push(PlanEntry {
-                    jobs: u.jobs.clone(),
-                    mode: u.mode,
-                    gpus: a,
-                    placement: Vec::new(),
-                });
-            }
-        }
-        for (p, row) in pairs.iter().zip(&y) {
-            if let Some(&(a, _)) = row.iter().find(|(_, v)| solution.value(*v) > 0.5) {
-                let c = &snap.candidates[p.candidate];
-                entries.push(PlanEntry {
-                    jobs: vec![c.a, c.b],
-                    mode: c.mode,
-                    gpus: a,
-                    placement: Vec::new(),
-                });
-            }
-        }
-        entries.sort_by_key(|e| e.jobs[0]);
-        Plan { entries, stats }
+        stats.objective = solution.eval(&objective);
+        let pick = |row: &Vec<(u32, Variable)>| {
+            row.iter()
+                .find(|(_, v)| solution.value(*v) > 0.5)
+                .map_or(0, |&(a, _)| a)
+        };
+        (
+            Some((x.iter().map(pick).collect(), y.iter().map(pick).collect())),
+            stats,
+        )
     }
+}
+
+/// Plan entries from GPUs per unit and per pair (0 = not in the plan).
+fn entries(
+    snap: &Snapshot,
+    units: &[Unit],
+    pairs: &[Pair],
+    ug: &[u32],
+    pg: &[u32],
+) -> Vec<PlanEntry> {
+    let mut entries = Vec::new();
+    for (u, &a) in units.iter().zip(ug) {
+        if a > 0 {
+            entries.push(PlanEntry {
+                jobs: u.jobs.clone(),
+                mode: u.mode,
+                gpus: a,
+                placement: Vec::new(),
+            });
+        }
+    }
+    for (p, &a) in pairs.iter().zip(pg) {
+        if a > 0 {
+            let c = &snap.candidates[p.candidate];
+            entries.push(PlanEntry {
+                jobs: vec![c.a, c.b],
+                mode: c.mode,
+                gpus: a,
+                placement: Vec::new(),
+            });
+        }
+    }
+    entries.sort_by_key(|e| e.jobs[0]);
+    entries
+}
+
+/// Each part's GPUs: the cluster split in proportion to the parts' demand
+/// at the fair share, `Σ_u min(largest allocation of u, ā·|u|)` (the
+/// objective rates every job against its fair share, so that is what an
+/// unpartitioned solve tends to give each part), by largest remainder.
+fn split_capacity(r: u32, parts: &[Part], units: &[Unit], share: u32) -> Vec<u32> {
+    let demand: Vec<f64> = parts
+        .iter()
+        .map(|p| {
+            p.units
+                .iter()
+                .map(|&k| {
+                    let u = &units[k];
+                    let top = u.allowed.iter().copied().max().unwrap_or(0);
+                    f64::from(top.min(share * u.jobs.len() as u32))
+                })
+                .sum()
+        })
+        .collect();
+    let total: f64 = demand.iter().sum();
+    if total <= 0.0 {
+        return vec![0; parts.len()];
+    }
+    let exact: Vec<f64> = demand.iter().map(|d| f64::from(r) * d / total).collect();
+    let mut caps: Vec<u32> = exact.iter().map(|e| e.floor() as u32).collect();
+    let mut order: Vec<usize> = (0..parts.len()).collect();
+    order.sort_by(|&a, &b| {
+        (exact[b] - exact[b].floor())
+            .total_cmp(&(exact[a] - exact[a].floor()))
+            .then(a.cmp(&b))
+    });
+    let mut left = r - caps.iter().sum::<u32>();
+    for k in order {
+        if left == 0 {
+            break;
+        }
+        caps[k] += 1;
+        left -= 1;
+    }
+    caps
 }
 
 /// What the fallback needs of a unit.
@@ -503,14 +799,42 @@ fn units_view(units: &[Unit]) -> Vec<UnitView> {
 /// at a time, to the unit whose remaining time falls the most per added
 /// GPU (waiting units first get their smallest allocation).
 pub fn fallback(snap: &Snapshot, units: &[UnitView]) -> Plan {
+    let units: Vec<&UnitView> = units.iter().collect();
     let mut free = snap.total_gpus();
     let mut gpus: Vec<u32> = vec![0; units.len()];
+    keep_current(&units, &mut gpus, &mut free);
+    grow(snap, &units, &mut gpus, &mut free);
+    let entries = units
+        .iter()
+        .zip(&gpus)
+        .filter(|&(_, &g)| g > 0)
+        .map(|(u, &g)| PlanEntry {
+            jobs: u.jobs.clone(),
+            mode: u.mode,
+            gpus: g,
+            placement: Vec::new(),
+        })
+        .collect();
+    Plan {
+        entries,
+        stats: SolveStats::default(),
+    }
+}
+
+/// Every unit keeps what it holds, if that is still allowed and fits.
+fn keep_current(units: &[&UnitView], gpus: &mut [u32], free: &mut u32) {
     for (k, u) in units.iter().enumerate() {
-        if u.current > 0 && u.allowed.contains(&u.current) && u.current <= free {
+        if u.current > 0 && u.allowed.contains(&u.current) && u.current <= *free {
             gpus[k] = u.current;
-            free -= u.current;
+            *free -= u.current;
         }
     }
+}
+
+/// Free GPUs go, one allocation step at a time, to the unit whose
+/// remaining time falls the most per added GPU (waiting units first get
+/// their smallest allocation).
+fn grow(snap: &Snapshot, units: &[&UnitView], gpus: &mut [u32], free: &mut u32) {
     loop {
         let mut best: Option<(f64, usize, u32)> = None;
         for (k, u) in units.iter().enumerate() {
@@ -518,7 +842,7 @@ pub fn fallback(snap: &Snapshot, units: &[UnitView]) -> Plan {
                 continue;
             };
             let extra = next - gpus[k];
-            if extra > free {
+            if extra > *free {
                 continue;
             }
             let now = time_at(&snap.allocations, &u.remaining_s, gpus[k]);
@@ -535,26 +859,11 @@ pub fn fallback(snap: &Snapshot, units: &[UnitView]) -> Plan {
         }
         match best {
             Some((gain, k, next)) if gain > 0.0 => {
-                free -= next - gpus[k];
+                *free -= next - gpus[k];
                 gpus[k] = next;
             }
             _ => break,
         }
-    }
-    let entries = units
-        .iter()
-        .zip(&gpus)
-        .filter(|&(_, &g)| g > 0)
-        .map(|(u, &g)| PlanEntry {
-            jobs: u.jobs.clone(),
-            mode: u.mode,
-            gpus: g,
-            placement: Vec::new(),
-        })
-        .collect();
-    Plan {
-        entries,
-        stats: SolveStats::default(),
     }
 }
 
@@ -722,6 +1031,59 @@ mod tests {
         );
         let placed = ymir().schedule(&snap);
         placed.consistency_check(&snap).unwrap();
+    }
+
+    /// 40 jobs of two models on 4 × 8 GPUs, one good temporal pair per
+    /// model: cut into parts of at most 8 units, the round is solved in
+    /// parts (at least one per model), keeps both pairs (each pair's jobs
+    /// stay in one part), uses every GPU the unpartitioned solve uses, and
+    /// its plan is consistent.
+    #[test]
+    fn partitioned_solve_keeps_pairs_within_parts_and_uses_the_gpus() {
+        let mut jobs = jobs(40);
+        for (i, j) in jobs.iter_mut().enumerate() {
+            j.model = if i % 2 == 0 {
+                "roberta-base"
+            } else {
+                "vit-base"
+            }
+            .into();
+        }
+        let mut snap = cluster(4, 8, jobs);
+        let allocs = snap.allocations.clone();
+        for (a, b) in [(0, 2), (1, 3)] {
+            snap.candidates.push(PairCandidate {
+                a,
+                b,
+                mode: MergeMode::Temporal,
+                remaining_s: linear_times(&allocs, 4000.0),
+                tran_wt: allocs
+                    .iter()
+                    .map(|&x| if x == 0 { 0.0 } else { 3.0 })
+                    .collect(),
+            });
+        }
+        let solve = |parts: usize, snap: &Snapshot| {
+            Ymir::new(YmirConfig {
+                partition_units: parts,
+                ..Default::default()
+            })
+            .schedule(snap)
+        };
+        let whole = solve(0, &snap);
+        let cut = solve(8, &snap);
+        assert_eq!(whole.stats.partitions, 0);
+        assert!(cut.stats.partitions >= 5, "{:?}", cut.stats);
+        cut.consistency_check(&snap).unwrap();
+        for pair in [vec![0, 2], vec![1, 3]] {
+            assert!(
+                cut.entries.iter().any(|e| e.jobs == pair),
+                "{pair:?}: {cut:?}"
+            );
+        }
+        let used = |p: &Plan| p.entries.iter().map(|e| e.gpus).sum::<u32>();
+        assert_eq!(used(&cut), used(&whole));
+        assert_eq!(used(&cut), 32);
     }
 
     /// Two merges with equal gains on one GPU: the one whose estimates are
