@@ -2104,7 +2104,152 @@ fn bench_solver(dir: Option<&Path>, jobs: usize) -> anyhow::Result<()> {
         ));
     }
     println!("summary: {}", summary.join("; "));
+    bench_partitions(5000, 250);
+    bench_partitions(5000, 1000);
     Ok(())
+}
+
+/// Ymir's solve alone (`Policy::allocate`, no snapshot building or
+/// placement) on a generated round of `jobs` queued and running jobs of 4
+/// models, 4 merge candidates per job, on `nodes` × 8 GPUs: one solve and
+/// parts of at most `partition_units` (the default), 10 rounds each as the
+/// running jobs progress.
+fn bench_partitions(jobs: usize, nodes: usize) {
+    use fmsched_core::policy::ymir::{Ymir, YmirConfig};
+    use fmsched_core::policy::{
+        MergeMode, NodeCap, PairCandidate, SchedJob, Snapshot, ymir_allocations,
+    };
+    let mut rng = fmsim::generate::Rng::new(17);
+    let gpus = nodes as u32 * 8;
+    let allocations = ymir_allocations(gpus);
+    let times = |work: f64, max: u32| -> Vec<f64> {
+        allocations
+            .iter()
+            .map(|&a| {
+                if a == 0 || a > max {
+                    f64::INFINITY
+                } else {
+                    // Sub-linear: 5 % lost per doubling.
+                    work / f64::from(a) * 1.05f64.powf(f64::from(a).log2())
+                }
+            })
+            .collect()
+    };
+    let mut held = 0u32;
+    let mut snap = Snapshot {
+        now: 0.0,
+        nodes: (0..nodes)
+            .map(|n| NodeCap {
+                id: format!("n{n}"),
+                gpus: 8,
+                gpu_model: "A100".into(),
+                loaned: false,
+            })
+            .collect(),
+        allocations: allocations.clone(),
+        jobs: (0..jobs)
+            .map(|i| {
+                let requested = [1u32, 1, 2, 4, 8][rng.below(5)];
+                let max_gpus = (requested * 2).min(16);
+                let running = held + requested <= gpus * 3 / 4 && rng.f64() < 0.4;
+                if running {
+                    held += requested;
+                }
+                SchedJob {
+                    id: format!("j{i}"),
+                    model: format!("model-{}", i % 4),
+                    task: format!("task-{}", rng.below(12)),
+                    sharing: true,
+                    pipeline: false,
+                    expert_parallel: 0,
+                    worker_gpus: 0,
+                    gpu_model: None,
+                    requested_gpus: requested,
+                    queue: None,
+                    priority: 0,
+                    min_gpus: 1,
+                    max_gpus,
+                    submitted_at: 0.0,
+                    progress: 0.0,
+                    attained_gpu_s: 0.0,
+                    executed_s: 0.0,
+                    fair_share_gpu_s: 0.0,
+                    current_gpus: if running { requested } else { 0 },
+                    current_placement: Vec::new(),
+                    remaining_s: times(3600.0 * (0.5 + 30.0 * rng.f64()), max_gpus),
+                    spread: 0.0,
+                    restart_s: 30.0,
+                    lease_until: 0.0,
+                    deadlines: Vec::new(),
+                }
+            })
+            .collect(),
+        candidates: Vec::new(),
+        merges: Vec::new(),
+        placement_rule: Default::default(),
+        queue_gpus: Vec::new(),
+    };
+    for a in 0..jobs {
+        if snap.jobs[a].current_gpus > 0 {
+            continue;
+        }
+        for _ in 0..2 {
+            let b = (a + 4 * (1 + rng.below(jobs / 4 - 1))) % jobs;
+            if snap.jobs[b].current_gpus > 0 || snap.jobs[b].task == snap.jobs[a].task {
+                continue;
+            }
+            let w = 0.8 + 0.8 * rng.f64();
+            let work = 3600.0 * (0.5 + 40.0 * rng.f64());
+            snap.candidates.push(PairCandidate {
+                a,
+                b,
+                mode: MergeMode::Temporal,
+                remaining_s: times(work, 16),
+                tran_wt: allocations
+                    .iter()
+                    .map(|&x| if x == 0 { 0.0 } else { w })
+                    .collect(),
+            });
+        }
+    }
+    let default = YmirConfig::default().partition_units;
+    for (name, parts) in [
+        ("one solve".to_string(), 0usize),
+        (format!("parts of <= {default} units (default)"), default),
+        ("parts of <= 250 units".to_string(), 250),
+    ] {
+        let ymir = Ymir::new(YmirConfig {
+            partition_units: parts,
+            ..Default::default()
+        });
+        let mut ms = Vec::new();
+        let (mut objective, mut fallbacks, mut partitions) = (0.0, 0, 0);
+        let mut round = snap.clone();
+        for r in 0..10 {
+            // The running jobs progress between rounds.
+            for j in round.jobs.iter_mut().filter(|j| j.current_gpus > 0) {
+                for t in j.remaining_s.iter_mut() {
+                    *t *= 0.97;
+                }
+            }
+            round.now = 120.0 * r as f64;
+            let t = Instant::now();
+            let plan = fmsched_core::policy::Policy::allocate(&ymir, &round);
+            ms.push(t.elapsed().as_secs_f64() * 1000.0);
+            objective += plan.stats.objective;
+            fallbacks += usize::from(plan.stats.fallback);
+            partitions = plan.stats.partitions;
+        }
+        ms.sort_by(f64::total_cmp);
+        println!(
+            "ymir solve, {jobs} jobs of 4 models ({} candidate pairs), {nodes} x 8 GPUs, {name}: mean {:.1} ms, p99 {:.1} ms over {} rounds ({partitions} parts, {fallbacks} fallbacks, objective {:.1})",
+            snap.candidates.len(),
+            ms.iter().sum::<f64>() / ms.len() as f64,
+            report::percentile(&ms, 99.0),
+            ms.len(),
+            objective / ms.len() as f64,
+        );
+    }
 }
 
 struct TuneArgs {

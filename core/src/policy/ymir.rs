@@ -41,9 +41,9 @@
 //! than [`YmirConfig::partition_units`] units is solved in parts — one per
 //! foundation model (only jobs of one model can merge), a large model cut
 //! further along its candidate pairs — each on a share of the GPUs in
-//! proportion to its demand at the fair share, with the time limit split
-//! between them; the GPUs a part leaves are then handed out greedily across
-//! all units. A part that fails falls back alone.
+//! proportion to its demand at the fair share, on up to four threads that
+//! share the time limit; the GPUs a part leaves are then handed out
+//! greedily across all units. A part that fails falls back alone.
 
 use good_lp::solvers::highs::highs;
 use good_lp::{
@@ -365,9 +365,52 @@ impl Policy for Ymir {
         // Partitioned: each part solved alone on its share of the GPUs,
         // then what the parts left is handed out greedily across them.
         let caps = split_capacity(r, &parts, &units, share);
-        // The round's time limit, shared: each part gets an even split of
-        // what the parts before it left.
+        // The parts are solved on up to `threads` threads (each HiGHS
+        // model on one), sharing the round's time limit: a worker gives
+        // each part it takes an even split of what it has left for the
+        // parts still to come.
+        let threads = std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .clamp(1, 4)
+            .min(parts.len());
         let started = std::time::Instant::now();
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let solved_parts: Vec<(usize, Solved)> = std::thread::scope(|scope| {
+            let workers: Vec<_> = (0..threads)
+                .map(|_| {
+                    scope.spawn(|| {
+                        let mut out = Vec::new();
+                        loop {
+                            let k = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            let Some(part) = parts.get(k) else { break };
+                            let rounds_left = (parts.len() - k).div_ceil(threads);
+                            let left = self.config.time_limit_s - started.elapsed().as_secs_f64();
+                            let limit = left / rounds_left as f64;
+                            out.push((
+                                k,
+                                self.solve(
+                                    snap,
+                                    &w,
+                                    (&units, &part.units),
+                                    (&pairs, &part.pairs),
+                                    caps[k],
+                                    limit,
+                                ),
+                            ));
+                        }
+                        out
+                    })
+                })
+                .collect();
+            workers
+                .into_iter()
+                .flat_map(|h| h.join().expect("a part's solve does not panic"))
+                .collect()
+        });
+        let mut by_part: Vec<Option<Solved>> = (0..parts.len()).map(|_| None).collect();
+        for (k, r) in solved_parts {
+            by_part[k] = Some(r);
+        }
         let mut ug = vec![0u32; units.len()];
         let mut pg = vec![0u32; pairs.len()];
         let mut stats = SolveStats {
@@ -375,17 +418,8 @@ impl Policy for Ymir {
             ..Default::default()
         };
         let views = units_view(&units);
-        for (k, (part, &cap)) in parts.iter().zip(&caps).enumerate() {
-            let left = self.config.time_limit_s - started.elapsed().as_secs_f64();
-            let limit = left / (parts.len() - k) as f64;
-            let (solved, s) = self.solve(
-                snap,
-                &w,
-                (&units, &part.units),
-                (&pairs, &part.pairs),
-                cap,
-                limit,
-            );
+        for ((part, &cap), r) in parts.iter().zip(&caps).zip(by_part) {
+            let (solved, s) = r.expect("every part is solved");
             stats.variables += s.variables;
             stats.constraints += s.constraints;
             stats.candidate_pairs += s.candidate_pairs;
@@ -440,6 +474,10 @@ impl Policy for Ymir {
         }
     }
 }
+
+/// What [`Ymir::solve`] returns: GPUs per listed unit and pair, or None,
+/// and the model's size.
+type Solved = (Option<(Vec<u32>, Vec<u32>)>, SolveStats);
 
 /// The objective's inputs shared by every part of a round.
 struct Weights {
@@ -548,7 +586,6 @@ impl Ymir {
     /// per listed unit and per listed pair (0 = none), or None when the
     /// model is empty or the solver gave no proven solution (the caller
     /// falls back).
-    #[allow(clippy::type_complexity)]
     fn solve(
         &self,
         snap: &Snapshot,
@@ -557,7 +594,7 @@ impl Ymir {
         (pairs, pair_ids): (&[Pair], &[usize]),
         capacity: u32,
         time_limit_s: f64,
-    ) -> (Option<(Vec<u32>, Vec<u32>)>, SolveStats) {
+    ) -> Solved {
         let allocs = &snap.allocations;
         let share = w.share;
         let kappa = self.config.risk_weight;
