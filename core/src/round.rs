@@ -890,7 +890,7 @@ fn eligible_pairs(view: &ClusterView, snapshot_jobs: &[usize], queues: &Queues) 
     for &i in snapshot_jobs {
         let j = &view.jobs[i];
         // A merge suspends and restarts its jobs: never a non-preemptible one.
-        if j.sharing && j.preemptible && !j.ever_merged && j.progress == 0.0 {
+        if open_for_merge(j) {
             by_model.entry(j.model.as_str()).or_default().push(i);
         }
     }
@@ -919,8 +919,13 @@ fn eligible_pairs(view: &ClusterView, snapshot_jobs: &[usize], queues: &Queues) 
     out
 }
 
-/// The pairwise half of [`eligible_pairs`]' filter (the other half is
-/// per job: sharing, preemptible, never merged, not started).
+/// The per-job half of [`eligible_pairs`]' filter: sharing, preemptible (a
+/// merge suspends and restarts its jobs), never merged, not started.
+fn open_for_merge(j: &JobView) -> bool {
+    j.sharing && j.preemptible && !j.ever_merged && j.progress == 0.0
+}
+
+/// The pairwise half of [`eligible_pairs`]' filter.
 fn may_pair(view: &ClusterView, a: usize, b: usize, queues: &Queues) -> bool {
     let (ja, jb) = (&view.jobs[a], &view.jobs[b]);
     ja.model == jb.model
@@ -944,13 +949,9 @@ fn is_eligible(
     let (Some(&x), Some(&y)) = (ord.get(&pair.a), ord.get(&pair.b)) else {
         return false;
     };
-    let open = |i: usize| {
-        let j = &view.jobs[i];
-        j.sharing && j.preemptible && !j.ever_merged && j.progress == 0.0
-    };
     pair.a != pair.b
-        && open(pair.a)
-        && open(pair.b)
+        && open_for_merge(&view.jobs[pair.a])
+        && open_for_merge(&view.jobs[pair.b])
         && may_pair(view, pair.a, pair.b, queues)
         && match pair.mode {
             MergeMode::Temporal => true,

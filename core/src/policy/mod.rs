@@ -48,7 +48,7 @@ impl MergeMode {
 /// One job as a policy sees it. Indices into [`Snapshot::jobs`] are the
 /// dense ordinals the policies work with; `id` only breaks ties and names
 /// jobs in plans.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct SchedJob {
     pub id: String,
     pub model: String,

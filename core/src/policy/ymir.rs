@@ -366,14 +366,14 @@ impl Policy for Ymir {
         // then what the parts left is handed out greedily across them.
         let caps = split_capacity(r, &parts, &units, share);
         // The parts are solved on up to `threads` threads (each HiGHS
-        // model on one), sharing the round's time limit: a worker gives
-        // each part it takes an even split of what it has left for the
-        // parts still to come.
+        // model on one) within the round's time limit: each part gets an
+        // even share of the limit's thread-seconds (a fixed budget, so no
+        // clock is read here beyond HiGHS' own limit).
         let threads = std::thread::available_parallelism()
             .map_or(1, |n| n.get())
             .clamp(1, 4)
             .min(parts.len());
-        let started = std::time::Instant::now();
+        let limit = self.config.time_limit_s / parts.len().div_ceil(threads) as f64;
         let next = std::sync::atomic::AtomicUsize::new(0);
         let solved_parts: Vec<(usize, Solved)> = std::thread::scope(|scope| {
             let workers: Vec<_> = (0..threads)
@@ -383,9 +383,6 @@ impl Policy for Ymir {
                         loop {
                             let k = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                             let Some(part) = parts.get(k) else { break };
-                            let rounds_left = (parts.len() - k).div_ceil(threads);
-                            let left = self.config.time_limit_s - started.elapsed().as_secs_f64();
-                            let limit = left / rounds_left as f64;
                             out.push((
                                 k,
                                 self.solve(
@@ -608,6 +605,8 @@ impl Ymir {
         let pessimism = |jobs: &[usize]| 1.0 + kappa * spread(jobs) / 2.0;
         let mut vars = ProblemVariables::new();
         let mut objective = Expression::from(0.0);
+        // The objective's terms, to value a solution without cloning it.
+        let mut terms: Vec<(Variable, f64)> = Vec::new();
         let mut used = Expression::from(0.0);
         let mut per_job: std::collections::BTreeMap<usize, Expression> = Default::default();
         let mut x: Vec<Vec<(u32, Variable)>> = Vec::with_capacity(unit_ids.len());
@@ -639,6 +638,7 @@ impl Ymir {
                 let v = vars.add(variable().binary().initial(start));
                 n_vars += 1;
                 objective += value * v;
+                terms.push((v, value));
                 used += f64::from(a) * v;
                 expr += v;
                 row.push((a, v));
@@ -667,6 +667,7 @@ impl Ymir {
                 let v = vars.add(variable().binary().initial(0.0));
                 n_vars += 1;
                 objective += value * v;
+                terms.push((v, value));
                 used += f64::from(a) * v;
                 *per_job.entry(c.a).or_default() += v;
                 *per_job.entry(c.b).or_default() += v;
@@ -683,7 +684,7 @@ impl Ymir {
             return (None, stats);
         }
         let mut model = vars
-            .maximise(objective.clone())
+            .maximise(objective)
             .using(highs)
             .set_time_limit(time_limit_s.max(0.001))
             .set_threads(1)
@@ -705,6 +706,7 @@ impl Ymir {
         model = model.with(used.leq(f64::from(capacity)));
         constraints += 1;
         stats.constraints = constraints;
+        let value_of = |s: &dyn Solution| terms.iter().map(|&(v, c)| c * s.value(v)).sum::<f64>();
         let solution = match model.solve() {
             Ok(s)
                 if matches!(
@@ -716,12 +718,12 @@ impl Ymir {
             }
             // The time limit with an incumbent at least as good as the
             // warm start (what the units hold): better than repairing it.
-            Ok(s) if s.eval(&objective) > 0.0 && s.eval(&objective) >= warm_value - 1e-9 => s,
+            Ok(s) if value_of(&s) > 0.0 && value_of(&s) >= warm_value - 1e-9 => s,
             // Time limit without a usable incumbent, infeasible (cannot
             // happen: all-zero is feasible) or a solver error.
             Ok(_) | Err(_) => return (None, stats),
         };
-        stats.objective = solution.eval(&objective);
+        stats.objective = value_of(&solution);
         let pick = |row: &Vec<(u32, Variable)>| {
             row.iter()
                 .find(|(_, v)| solution.value(*v) > 0.5)
