@@ -33,8 +33,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use crate::job::JobState;
 use crate::node::NodeState;
 use crate::policy::{
-    ExistingMerge, MergeMode, NodeCap, PairCandidate, PlacementRule, Plan, Policy, Replica,
-    SchedJob, Snapshot, SolveStats,
+    ExistingMerge, GpuFootprint, MergeMode, NodeCap, PairCandidate, PlacementRule, Plan, Policy,
+    Replica, SchedJob, Snapshot, SolveStats,
 };
 use crate::queue::{Queues, QuotaJob};
 use crate::slo::RewardStep;
@@ -86,6 +86,9 @@ pub struct NodeView {
     /// An inference server on loan to training (Lyra): in the whitelist
     /// until a reclaim returns it.
     pub loaned: bool,
+    /// Memory of one of its GPUs, GiB (0: unknown; no GPU is shared
+    /// there, [`crate::policy::may_share`]).
+    pub gpu_memory_gib: f64,
 }
 
 /// One live job (submitted, profiling, queued or running).
@@ -151,6 +154,9 @@ pub struct JobView {
     /// non-preemptible job keeps its GPUs outside the policy and is never
     /// merged.
     pub preemptible: bool,
+    /// What its process takes of one GPU alone (ICEFROG Eq. 8's inputs);
+    /// None: unknown, it never shares a GPU.
+    pub footprint: Option<GpuFootprint>,
 }
 
 impl JobView {
@@ -374,6 +380,15 @@ impl Group {
         } else {
             &self.jobs
         }
+    }
+
+    /// The trainers that (re)start on the group's GPUs this round: none
+    /// of a kept group; of a shared GPU, the sharers that were not on it.
+    pub fn starts<'a>(&'a self, view: &'a ClusterView) -> impl Iterator<Item = usize> + 'a {
+        self.trainers().iter().copied().filter(move |&i| {
+            let stays = self.mode == MergeMode::Shared && holds_exactly(&view.jobs[i], &self.gpus);
+            !(self.kept || stays)
+        })
     }
 
     /// The nodes it spans, in order.
@@ -956,7 +971,8 @@ fn is_eligible(
         && match pair.mode {
             MergeMode::Temporal => true,
             MergeMode::Spatial => x < y,
-            MergeMode::Normal => false,
+            // Sharing a GPU is the policy's pick, not a merge candidate.
+            MergeMode::Normal | MergeMode::Shared => false,
         }
 }
 
@@ -1068,6 +1084,7 @@ pub fn snapshot(
                 .collect()
         })
         .collect();
+    let partners = sharing_partners(view, &prepared.jobs);
     let jobs: Vec<SchedJob> = prepared
         .jobs
         .iter()
@@ -1108,6 +1125,8 @@ pub fn snapshot(
                 restart_s: j.restart_s,
                 lease_until: j.lease_until,
                 deadlines: j.deadlines.clone(),
+                footprint: j.footprint,
+                shares_with: partners[k],
             }
         })
         .collect();
@@ -1136,6 +1155,7 @@ pub fn snapshot(
                 gpus,
                 gpu_model: view.nodes[n].gpu_model.clone(),
                 loaned: view.nodes[n].loaned,
+                gpu_memory_gib: view.nodes[n].gpu_memory_gib,
             })
             .collect(),
         allocations: prepared.allocations.clone(),
@@ -1426,11 +1446,7 @@ fn interpret(
     unexecutable.sort_by_key(|u| u.0);
     let transitions = transitions(view, prepared, &groups, cfg);
     let leases = leases(view, &groups, policy.lease_s(), policy.slo_lease_s());
-    let switches = groups
-        .iter()
-        .filter(|g| !g.kept)
-        .map(|g| g.trainers().len())
-        .sum();
+    let switches = groups.iter().map(|g| g.starts(view).count()).sum();
     let placed: usize = groups.iter().map(|g| g.jobs.len()).sum::<usize>() - prepared.pinned.len();
     RoundOutcome {
         groups,
@@ -1518,18 +1534,26 @@ fn assign_gpus(
             _ => true,
         };
         // A group keeps its GPUs when its first trainer held exactly them
-        // (a new joint process never does).
-        let now_held = if e.mode == MergeMode::Spatial && !merged_before {
-            Vec::new()
-        } else {
-            group_holds(view, &members[..1])
+        // (a new joint process never does); a shared GPU stays where
+        // either sharer runs.
+        let now_held = match e.mode {
+            MergeMode::Spatial if !merged_before => Vec::new(),
+            MergeMode::Shared => group_holds(view, &members),
+            _ => group_holds(view, &members[..1]),
         };
         if !now_held.is_empty()
             && per_node(&now_held) == placement
-            && !now_held.iter().any(|g| reserved.contains(g))
+            && !now_held
+                .iter()
+                .any(|g| reserved.contains(g) || used.contains(g))
         {
             used.extend(now_held.iter().copied());
-            groups.push((k, Group::new(members, e.mode, now_held, true)));
+            // Both sharers must have been there for nothing to start.
+            let kept = e.mode != MergeMode::Shared
+                || members
+                    .iter()
+                    .all(|&i| holds_exactly(&view.jobs[i], &now_held));
+            groups.push((k, Group::new(members, e.mode, now_held, kept)));
         } else {
             unfilled.push(Unfilled {
                 entry: k,
@@ -1584,6 +1608,7 @@ fn assign_gpus(
     let mut groups: Vec<Group> = groups.into_iter().map(|(_, g)| g).collect();
     for g in &mut groups {
         if let [a, b] = g.jobs[..]
+            && g.mode != MergeMode::Shared
             && !view
                 .merges
                 .iter()
@@ -1597,6 +1622,33 @@ fn assign_gpus(
         }
     }
     (groups, unexecutable)
+}
+
+/// For each snapshot job (view jobs `jobs`), the snapshot job that trains
+/// on the one GPU it trains on (a shared GPU, ICEFROG Eq. 8), if any.
+fn sharing_partners(view: &ClusterView, jobs: &[usize]) -> Vec<Option<usize>> {
+    let mut on: BTreeMap<Gpu, Vec<usize>> = BTreeMap::new();
+    for (k, &i) in jobs.iter().enumerate() {
+        let j = &view.jobs[i];
+        if let ([gpu], false) = (&j.holds[..], j.profiling_run) {
+            on.entry(*gpu).or_default().push(k);
+        }
+    }
+    let mut out = vec![None; jobs.len()];
+    for ks in on.values() {
+        if let [a, b] = ks[..] {
+            out[a] = Some(b);
+            out[b] = Some(a);
+        }
+    }
+    out
+}
+
+/// It trains on exactly `gpus` (sorted) now.
+fn holds_exactly(j: &JobView, gpus: &[Gpu]) -> bool {
+    let mut h = j.holds.clone();
+    h.sort_unstable();
+    !j.profiling_run && h == gpus
 }
 
 /// It holds GPUs for training now (not a profiling run).
@@ -1869,6 +1921,7 @@ pub mod testkit {
             cordoned: false,
             gpu_model: "A100".into(),
             loaned: false,
+            gpu_memory_gib: 80.0,
         }
     }
 
@@ -1905,6 +1958,7 @@ pub mod testkit {
             queue: String::new(),
             priority: 0,
             preemptible: true,
+            footprint: None,
         }
     }
 
@@ -1984,6 +2038,7 @@ pub mod testkit {
                     // Every third node is of another family.
                     gpu_model: if k % 3 == 2 { "H100" } else { "A100" }.into(),
                     loaned: st == 4,
+                    gpu_memory_gib: 80.0,
                 })
                 .collect();
             let mut free: Vec<Vec<u32>> = nodes.iter().map(|n| (0..n.gpus).collect()).collect();

@@ -126,7 +126,35 @@ pub fn sharing_slowdown(
     if memory_sum_gib > gpu_memory_gib || utilization_sum_pct > 100.0 {
         return 0.0;
     }
-    0.9
+    fmsched_core::policy::SHARED_SLOWDOWN
+}
+
+/// A synthetic per-layer gradient variance, `σ²[i] ∝ i + 1` (layers near
+/// the input settle first), stationary — a frozen layer's variance when
+/// frozen equals today's. What the fake trainer reports each epoch and
+/// what fmsim's layer-elastic jobs are tuned on (no published trace
+/// carries per-layer variance). Freezing half of 12 layers gives
+/// ψ = 57/78 ≈ 0.73 (Eq. 3).
+pub fn synthetic_layer_variance(layers: u32) -> Vec<f64> {
+    (1..=layers.max(1)).map(f64::from).collect()
+}
+
+/// Eq. 3 over [`synthetic_layer_variance`]: `ψ(ℓ)` of a model of `layers`.
+pub fn synthetic_frozen_penalty(frozen: u32, layers: u32) -> f64 {
+    frozen_penalty_of_layers(&synthetic_layer_variance(layers), frozen)
+}
+
+/// Predicted SM utilisation (percent) of one training process alone on a
+/// GPU at `tokens` tokens per step (local batch × sequence length): the
+/// saturation curve of the analytic step-time model
+/// (`analytic::MFU_HALF_TOKENS`: half of the attainable throughput at
+/// 4,096 tokens), read as the share of the GPU a small step leaves busy.
+/// ICEFROG regresses utilisation on `(m, θ_ℓ, ω_ℓ)` from profiles
+/// (`θ_util`, Eq. 14) without publishing the fit; this is fmsched's
+/// stand-in until profiles carry measured utilisation.
+pub fn predicted_utilization_pct(tokens: f64) -> f64 {
+    let t = tokens.max(0.0);
+    100.0 * t / (t + crate::analytic::MFU_HALF_TOKENS)
 }
 
 /// Defaults for deriving variants, with their sources:

@@ -186,18 +186,17 @@ impl Curve {
     }
 }
 
-/// The fake world's per-layer gradient variance: `σ²[i] ∝ i + 1` (layers
-/// near the input settle first), stationary — a frozen layer's variance
-/// when frozen equals today's. It is what a layer-elastic fake trainer
-/// reports each epoch.
+/// The fake world's per-layer gradient variance
+/// ([`fmsched_estimator::icefrog::synthetic_layer_variance`]): what a
+/// layer-elastic fake trainer reports each epoch.
 fn fake_layer_variance(layers: u32) -> Vec<f64> {
-    (1..=layers.max(1)).map(f64::from).collect()
+    fmsched_estimator::icefrog::synthetic_layer_variance(layers)
 }
 
 /// ICEFROG Eq. 3 for the fake world: `ψ(ℓ)` over [`fake_layer_variance`].
 /// Freezing half of 12 layers gives ψ = 57/78 ≈ 0.73.
 fn frozen_penalty_of(frozen: u32, layers: u32) -> f64 {
-    fmsched_estimator::icefrog::frozen_penalty_of_layers(&fake_layer_variance(layers), frozen)
+    fmsched_estimator::icefrog::synthetic_frozen_penalty(frozen, layers)
 }
 
 /// Seconds per iteration with `ℓ` frozen layers (None: no profile fits).

@@ -35,7 +35,9 @@ use std::collections::HashMap;
 use std::time::Instant;
 
 use fmsched_core::policy::lyra::ReclaimRule;
-use fmsched_core::policy::{MergeMode, PIPELINE_STAGES, Policy, Replica, ymir_allocations};
+use fmsched_core::policy::{
+    GpuFootprint, MergeMode, PIPELINE_STAGES, Policy, Replica, SHARED_SLOWDOWN, ymir_allocations,
+};
 use fmsched_core::round::{
     self, ClusterView, Decision, Estimates, Gpu, JobView, MergeView, NodeView, PairEstimate,
     Prepared, RoundConfig, RoundOutcome,
@@ -44,6 +46,7 @@ use fmsched_core::slo::{self, RewardStep};
 use fmsched_core::{JobState, NodeState, SloClass};
 use fmsched_estimator::analytic;
 use fmsched_estimator::curve_prior::{CurveLibrary, predict_epochs, remaining_spread};
+use fmsched_estimator::icefrog;
 use fmsched_estimator::lut::{Lut, Variant};
 use fmsched_estimator::times::{tran_wt_spatial, tran_wt_temporal};
 
@@ -54,8 +57,44 @@ use crate::workload::WorkloadJob;
 /// What a job's throughput depends on besides its placement shape: its
 /// configuration (an index into the distinct (LUT model, layers, variant)
 /// of the workload), its global batch, whether the TitanSched estimate
-/// model is asked for, and the GPU family (an index).
-type RateKey = (u32, u32, bool, usize);
+/// model is asked for, the GPU family (an index), and the frozen layers.
+type RateKey = (u32, u32, bool, usize, u32);
+
+/// How jobs pick their frozen layers (ICEFROG §III).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum LayerMode {
+    /// As the workload trains: no layer elasticity.
+    #[default]
+    Off,
+    /// Every job is layer-elastic up to 90 % of its layers (the paper's
+    /// end-to-end setting, §V-B): the layer tuner (Eq. 15) picks the frozen
+    /// layers for the GPUs it runs on at every (re)allocation, and the
+    /// policy sees the best choice at each allocation (Eq. 16). Progress is
+    /// ψ(ℓ) · samples/s (Eq. 2) over the synthetic variance profile
+    /// ([`fmsched_estimator::icefrog::synthetic_layer_variance`]).
+    Tuner,
+    /// FreezeOut-style fixed schedule (Brock et al. 2017, as ICEFROG's
+    /// baselines use it): from `t0` of the way to its target the job
+    /// freezes its first layers one by one, linearly in progress, up to 90 %
+    /// of them by the end; `t0` is tuned per job on effective progress at
+    /// its requested GPUs ("tuned FreezeOut", §V-A). The policy does not
+    /// see it (its estimates are those of plain training).
+    Freezeout,
+}
+
+/// ICEFROG §V-B: at most 90 % of a model's layers are frozen.
+pub const MAX_FROZEN_SHARE: f64 = 0.9;
+
+/// The frozen layers of a FreezeOut schedule starting at `t0` at progress
+/// `p` (both fractions of the target): none before `t0`, then one more of
+/// `max` every `(1 − t0) / max` of progress.
+pub fn freezeout_layers(t0: f64, p: f64, max: u32) -> u32 {
+    if p < t0 || max == 0 || t0 >= 1.0 {
+        return 0;
+    }
+    let f = (p - t0) / (1.0 - t0);
+    ((f * f64::from(max)).floor() as u32 + 1).min(max)
+}
 
 /// How the remaining times the policy sees are estimated.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -188,6 +227,12 @@ pub struct SimConfig {
     /// (its base demand; an elastic one may grow to `max_gpus`). Off: any
     /// job may shrink to one GPU (Ymir's malleable jobs).
     pub base_demands: bool,
+    /// How jobs pick their frozen layers (ICEFROG).
+    pub layers: LayerMode,
+    /// GPU sharing (ICEFROG Eq. 8): the policy sees each one-GPU job's
+    /// memory and utilisation alone and the GPUs' memory, so it may put two
+    /// jobs on one GPU (each at λ = 0.9 of its speed). Off: no job shares.
+    pub gpu_sharing: bool,
 }
 
 impl Default for SimConfig {
@@ -208,6 +253,8 @@ impl Default for SimConfig {
             queues: Default::default(),
             loans: None,
             base_demands: false,
+            layers: LayerMode::Off,
+            gpu_sharing: false,
         }
     }
 }
@@ -263,6 +310,11 @@ impl SimConfig {
                     },
                     drained: false,
                     cordoned: false,
+                    gpu_memory_gib: if self.gpu_sharing {
+                        fmsched_estimator::lut::gpu_memory_gib(&family).unwrap_or(0.0)
+                    } else {
+                        0.0
+                    },
                     gpu_model: family.clone(),
                     loaned: false,
                 });
@@ -341,6 +393,8 @@ pub struct SimResult {
     pub wall_s: f64,
     /// Loans and reclaims (runs with an inference cluster).
     pub loans: LoanStats,
+    /// GPU-seconds two jobs shared one GPU (ICEFROG Eq. 8).
+    pub shared_gpu_s: f64,
 }
 
 /// A re-tuning hook for [`Simulation::run_retuned`]: called every
@@ -417,6 +471,8 @@ struct Alloc {
     held: Vec<Gpu>,
     /// Progress resumes at this time (restart cost).
     ready_at: f64,
+    /// It shares its one GPU with another job (ICEFROG Eq. 8).
+    shared: bool,
 }
 
 impl Alloc {
@@ -435,6 +491,7 @@ impl Alloc {
             placement,
             held,
             ready_at,
+            shared: false,
         }
     }
 }
@@ -466,6 +523,13 @@ struct Job {
     phase: Phase,
     alloc: Option<Alloc>,
     restart_s: f64,
+    /// Layer elasticity: the most layers it may freeze (0: none), the
+    /// layers a FreezeOut schedule freezes now, and that schedule's start.
+    max_frozen: u32,
+    frozen: u32,
+    freeze_t0: f64,
+    /// Its process alone on one GPU (GPU sharing; None: it never shares).
+    footprint: Option<GpuFootprint>,
     attained_gpu_s: f64,
     executed_s: f64,
     /// Themis's deserved service: GPU-seconds of an equal share.
@@ -684,6 +748,14 @@ impl<'a> Simulation<'a> {
                 phase: Phase::NotArrived,
                 alloc: None,
                 restart_s: 0.0,
+                max_frozen: match cfg.layers {
+                    LayerMode::Off => 0,
+                    _ if w.pipeline => 0,
+                    _ => (MAX_FROZEN_SHARE * f64::from(layers)).floor() as u32,
+                },
+                frozen: 0,
+                freeze_t0: 1.0,
+                footprint: None,
                 attained_gpu_s: 0.0,
                 executed_s: 0.0,
                 fair_share_gpu_s: 0.0,
@@ -722,6 +794,24 @@ impl<'a> Simulation<'a> {
                 cfg.context_switch_s
                     .or_else(|| lut.context_switch_s(&j.lut_model, &families[j.family])),
             );
+            // GPU sharing: its memory (the profile's, at its whole batch on
+            // one GPU) and utilisation alone.
+            let one_gpu = !j.w.pipeline && j.w.expert_parallel <= 1;
+            if cfg.gpu_sharing && one_gpu {
+                let memory = lut
+                    .profile(&j.lut_model, &families[j.family], &j.variant)
+                    .and_then(|p| p.memory_gib(j.w.batch));
+                let seq = analytic::MODELS
+                    .iter()
+                    .find(|m| m.name == j.lut_model)
+                    .map_or(512, |m| m.seq_len);
+                j.footprint = memory.map(|memory_gib| GpuFootprint {
+                    memory_gib,
+                    utilization_pct: icefrog::predicted_utilization_pct(
+                        f64::from(j.w.batch) * f64::from(seq),
+                    ),
+                });
+            }
             jobs.push(j);
         }
         let mut sim = Simulation {
@@ -754,6 +844,7 @@ impl<'a> Simulation<'a> {
                 model_sizes: Vec::new(),
                 wall_s: 0.0,
                 loans: LoanStats::default(),
+                shared_gpu_s: 0.0,
             },
         };
         for i in 0..sim.jobs.len() {
@@ -768,6 +859,9 @@ impl<'a> Simulation<'a> {
             }
             let g = sim.jobs[i].w.gpus;
             let rate = sim.rate(i, sim.jobs[i].w.batch, fam, &packed(g, per_node))?;
+            if sim.cfg.layers == LayerMode::Freezeout && sim.jobs[i].max_frozen > 0 {
+                sim.jobs[i].freeze_t0 = sim.tune_freezeout(i, (fam, &packed(g, per_node)))?;
+            }
             let j = &mut sim.jobs[i];
             j.ideal_s = j.target / rate + j.restart_s;
             // Its deadline: seconds after submission, or a multiple of this
@@ -776,6 +870,30 @@ impl<'a> Simulation<'a> {
             j.deadlines = slo::reward_steps(j.w.slo.class(), j.w.submit_s, deadline);
         }
         Ok(sim)
+    }
+
+    /// Tuned FreezeOut (ICEFROG §V-A): the schedule start `t0` (of 0, 0.1,
+    /// …, 1 = never) that reaches the target soonest at `shape`, from the
+    /// effective progress at each frozen-layer count it passes through.
+    fn tune_freezeout(
+        &mut self,
+        i: usize,
+        (fam, placement): (usize, &str),
+    ) -> Result<f64, SimError> {
+        let max = self.jobs[i].max_frozen;
+        let batch = self.jobs[i].w.batch;
+        let mut e = Vec::with_capacity(max as usize + 1);
+        for l in 0..=max {
+            e.push(self.progress_at(i, (batch, fam, placement), EstimateModel::Exact, l)?);
+        }
+        let time = |t0: f64| {
+            let d = (1.0 - t0) / f64::from(max);
+            t0 / e[0] + (1..=max as usize).map(|k| d / e[k]).sum::<f64>()
+        };
+        Ok((0..=10)
+            .map(|k| f64::from(k) / 10.0)
+            .min_by(|&a, &b| time(a).total_cmp(&time(b)))
+            .unwrap_or(1.0))
     }
 
     /// The learned estimator's (epochs, spread) for job `i` now: from the
@@ -820,7 +938,53 @@ impl<'a> Simulation<'a> {
     /// Samples per second of job `i`'s configuration at `batch` on
     /// `placement` of GPU family `fam` (an index into `families`).
     fn rate(&mut self, i: usize, batch: u32, fam: usize, placement: &str) -> Result<f64, SimError> {
-        self.rate_as(i, batch, fam, placement, EstimateModel::Exact)
+        self.rate_as(i, batch, fam, placement, EstimateModel::Exact, 0)
+    }
+
+    /// Effective progress (ICEFROG Eq. 2, `E = ψ(ℓ) · T`) of job `i` with
+    /// `frozen` layers frozen, as `model` estimates its speed.
+    fn progress_at(
+        &mut self,
+        i: usize,
+        (batch, fam, placement): (u32, usize, &str),
+        model: EstimateModel,
+        frozen: u32,
+    ) -> Result<f64, SimError> {
+        let r = self.rate_as(i, batch, fam, placement, model, frozen)?;
+        let psi = if frozen > 0 {
+            icefrog::synthetic_frozen_penalty(frozen, self.jobs[i].layers)
+        } else {
+            1.0
+        };
+        Ok(psi * r)
+    }
+
+    /// Samples-equivalents per second job `i` makes on `placement` under
+    /// the layer mode: the layer tuner's best ℓ (Eq. 15), the FreezeOut
+    /// schedule's ℓ now (`planning`: the policy sees plain training), or
+    /// plain training.
+    fn effective_rate(
+        &mut self,
+        i: usize,
+        shape: (u32, usize, &str),
+        model: EstimateModel,
+        planning: bool,
+    ) -> Result<f64, SimError> {
+        let max = self.jobs[i].max_frozen;
+        match self.cfg.layers {
+            LayerMode::Tuner if max > 0 => {
+                let mut best = 0.0f64;
+                for l in 0..=max {
+                    best = best.max(self.progress_at(i, shape, model, l)?);
+                }
+                Ok(best)
+            }
+            LayerMode::Freezeout if !planning => {
+                let l = self.jobs[i].frozen;
+                self.progress_at(i, shape, model, l)
+            }
+            _ => self.progress_at(i, shape, model, 0),
+        }
     }
 
     /// [`Simulation::rate`] as `model` estimates it.
@@ -831,19 +995,30 @@ impl<'a> Simulation<'a> {
         fam: usize,
         placement: &str,
         model: EstimateModel,
+        frozen: u32,
     ) -> Result<f64, SimError> {
         let j = &self.jobs[i];
-        let key = (j.config, batch, model == EstimateModel::TitanSched, fam);
+        let key = (
+            j.config,
+            batch,
+            model == EstimateModel::TitanSched,
+            fam,
+            frozen,
+        );
         let gpu_type = &self.families[fam];
         if let Some(&r) = self.rate_cache.get(&key).and_then(|m| m.get(placement)) {
             return Ok(r);
         }
+        let variant = Variant {
+            frozen_layers: frozen,
+            ..j.variant.clone()
+        };
         let r = match self.lut.iteration_time_on(
             &j.lut_model,
             gpu_type,
             placement,
             batch,
-            &j.variant,
+            &variant,
             j.layers,
         ) {
             Ok(it) if it.feasible && it.seconds > 0.0 => {
@@ -854,7 +1029,7 @@ impl<'a> Simulation<'a> {
                         &j.lut_model,
                         gpu_type,
                         placement,
-                        &j.variant,
+                        &variant,
                         j.layers,
                         it,
                     ),
@@ -914,7 +1089,9 @@ impl<'a> Simulation<'a> {
             Some((MergeMode::Temporal, m)) if self.merges[m].b == i => Ok(0.0), // waits for A
             _ => {
                 let b = self.jobs[i].w.batch;
-                self.rate(i, b, fam, &p)
+                let r = self.effective_rate(i, (b, fam, &p), EstimateModel::Exact, false)?;
+                // ICEFROG Eq. 8 (fixed): λ = 0.9 on a shared GPU.
+                Ok(if alloc.shared { SHARED_SLOWDOWN * r } else { r })
             }
         }
     }
@@ -941,8 +1118,8 @@ impl<'a> Simulation<'a> {
                 if a == 0 || a < min || a > max || !a.is_multiple_of(unit) {
                     return Ok(f64::INFINITY);
                 }
-                let r =
-                    self.rate_as(i, batch, fam, &packed(a, per_node), self.cfg.estimate_model)?;
+                let model = self.cfg.estimate_model;
+                let r = self.effective_rate(i, (batch, fam, &packed(a, per_node)), model, true)?;
                 Ok(if r > 0.0 { rem / r } else { f64::INFINITY })
             })
             .collect()
@@ -1494,7 +1671,12 @@ impl<'a> Simulation<'a> {
                     None => true,
                 };
                 if holder {
-                    self.busy_gpu_s += f64::from(a.gpus) * dt;
+                    // A shared GPU is counted once, half on each sharer.
+                    let share = if a.shared { 0.5 } else { 1.0 };
+                    self.busy_gpu_s += share * f64::from(a.gpus) * dt;
+                    if a.shared {
+                        self.stats.shared_gpu_s += 0.5 * dt;
+                    }
                     let on_loan = a
                         .placement
                         .iter()
@@ -1607,7 +1789,7 @@ impl<'a> Simulation<'a> {
                         self.stats.guard_splits += 1;
                     }
                 }
-                MergeMode::Normal => {}
+                MergeMode::Normal | MergeMode::Shared => {}
             }
         }
     }
@@ -1618,6 +1800,16 @@ impl<'a> Simulation<'a> {
     /// from the catalog and the LUT (the oracle estimator).
     fn round(&mut self, policy: &dyn Policy, catalog: &Catalog) -> Result<(), SimError> {
         self.version += 1;
+        if self.cfg.layers == LayerMode::Freezeout {
+            for j in &mut self.jobs {
+                let p = if j.target > 0.0 {
+                    j.done / j.target
+                } else {
+                    0.0
+                };
+                j.frozen = freezeout_layers(j.freeze_t0, p, j.max_frozen);
+            }
+        }
         let (view, members) = self.view();
         let cfg = round_config(&self.cfg, policy);
         let prepared = prepare_round(&view, policy, &cfg);
@@ -1717,6 +1909,7 @@ impl<'a> Simulation<'a> {
                     queue: j.w.queueing.queue.clone(),
                     priority: j.w.queueing.priority,
                     preemptible: j.w.queueing.preemptible,
+                    footprint: j.footprint,
                 }
             })
             .collect();
@@ -1915,13 +2108,20 @@ impl<'a> Simulation<'a> {
                 let (a, b) = (*a, *b);
                 self.merge(catalog, a, b, g.mode);
             }
+            let shared = g.mode == MergeMode::Shared;
             for &i in &ids {
                 placed[i] = true;
                 let j = &mut self.jobs[i];
                 if let Some(&t) = lease.get(&i) {
                     j.lease_until = t;
                 }
-                if g.kept {
+                // A kept group, or a sharer already on the shared GPU,
+                // goes on without a restart.
+                let stays = j.alloc.as_ref().is_some_and(|a| shared && a.held == g.gpus);
+                if g.kept || stays {
+                    if let Some(a) = j.alloc.as_mut() {
+                        a.shared = shared;
+                    }
                     continue;
                 }
                 // A temporal B waits for A inside the group: it restarts
@@ -1929,7 +2129,9 @@ impl<'a> Simulation<'a> {
                 let waiting_b =
                     matches!(j.merged, Some((MergeMode::Temporal, m)) if self.merges[m].b == i);
                 let ready = self.now + if waiting_b { 0.0 } else { j.restart_s };
-                j.alloc = Some(Alloc::on(g.gpus.clone(), ready));
+                let mut alloc = Alloc::on(g.gpus.clone(), ready);
+                alloc.shared = shared;
+                j.alloc = Some(alloc);
                 if !waiting_b {
                     j.restarts += 1;
                 }

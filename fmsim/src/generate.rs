@@ -375,6 +375,117 @@ pub fn helios_csv(rows: &[TraceRow]) -> String {
     s
 }
 
+/// ICEFROG's workload construction (§V-A): `120 × load` jobs sampled from
+/// hours 3–6 of a Philly-shaped trace (their submission times and GPU
+/// counts kept, arrivals counted from hour 3), each given a task that
+/// matches its size (duration × GPUs, as the paper assigns Table VI's
+/// tasks): under 1 GPU-hour a base model's task, 1–10 GPU-hours any, above
+/// 10 a large model's; the trace's GPU-time becomes its work at its
+/// requested GPUs. GPU ranges follow Table VI's classes (S up to 8 GPUs, M
+/// 16, L 32), global batches are drawn 2-exponentially from four sizes per
+/// model. `trace`: (id, submitted at, GPUs, run seconds) rows of a real
+/// trace; None: [`shaped`]'s Philly shape, one day.
+pub fn icefrog_workload(
+    load: f64,
+    seed: u64,
+    catalog: &Catalog,
+    trace: Option<&[TraceRow]>,
+) -> Result<Vec<WorkloadJob>, String> {
+    if load.is_nan() || load <= 0.0 {
+        return Err("load must be > 0".into());
+    }
+    let want = (120.0 * load).round().max(1.0) as usize;
+    let synthetic;
+    let rows: &[TraceRow] = match trace {
+        Some(r) => r,
+        None => {
+            synthetic = shaped(Shape::Philly, 1, 2_000 * want.div_ceil(120), 1.0, seed)?;
+            &synthetic
+        }
+    };
+    let t0 = rows.iter().map(|r| r.1).fold(f64::INFINITY, f64::min);
+    let window: Vec<&TraceRow> = rows
+        .iter()
+        .filter(|r| (3.0 * 3600.0..6.0 * 3600.0).contains(&(r.1 - t0)) && r.2 > 0)
+        .collect();
+    if window.is_empty() {
+        return Err("the trace has no job in its hours 3-6".into());
+    }
+    let mut rng = Rng::new(seed ^ 0x1CEF_2065);
+    // Sample without replacement while the window lasts.
+    let mut pool: Vec<usize> = (0..window.len()).collect();
+    let mut picked: Vec<&TraceRow> = Vec::with_capacity(want);
+    for _ in 0..want {
+        if pool.is_empty() {
+            pool = (0..window.len()).collect();
+        }
+        let k = rng.below(pool.len());
+        picked.push(window[pool.swap_remove(k)]);
+    }
+    picked.sort_by(|a, b| a.1.total_cmp(&b.1).then(a.0.cmp(&b.0)));
+    let tasks_of = |models: &[&str]| -> Vec<(String, String)> {
+        models
+            .iter()
+            .filter_map(|m| catalog.models.get(*m).map(|mt| (m, mt)))
+            .flat_map(|(m, mt)| mt.tasks.keys().map(move |t| (m.to_string(), t.clone())))
+            .collect()
+    };
+    let small = tasks_of(&["roberta-base", "vit-base"]);
+    let large = tasks_of(&["roberta-large", "vit-large"]);
+    let any: Vec<(String, String)> = small.iter().chain(&large).cloned().collect();
+    if small.is_empty() || large.is_empty() {
+        return Err(
+            "the catalog needs roberta-base/vit-base and roberta-large/vit-large tasks".into(),
+        );
+    }
+    let mut out = Vec::with_capacity(want);
+    for (k, r) in picked.into_iter().enumerate() {
+        let gpus = r.2.min(32);
+        let gpu_h = r.3 * f64::from(gpus) / 3600.0;
+        let (class, max): (&[(String, String)], u32) = if gpu_h < 1.0 {
+            (&small, 8)
+        } else if gpu_h < 10.0 {
+            (&any, 16)
+        } else {
+            (&large, 32)
+        };
+        let (model, task) = class[rng.below(class.len())].clone();
+        // Four global batches per model, each half as likely as the last.
+        let base = if model.starts_with("vit") { 16 } else { 8 };
+        let u = rng.f64();
+        let batch = base
+            * if u < 8.0 / 15.0 {
+                1
+            } else if u < 12.0 / 15.0 {
+                2
+            } else if u < 14.0 / 15.0 {
+                4
+            } else {
+                8
+            };
+        out.push(WorkloadJob {
+            name: format!("{model}@{task}-{k}"),
+            submit_s: ((r.1 - t0 - 3.0 * 3600.0) * 10.0).round() / 10.0,
+            model,
+            task,
+            gpus,
+            max_gpus: max.max(gpus),
+            batch,
+            sharing: true,
+            pipeline: false,
+            epochs: None,
+            target_metric: None,
+            curve_key: None,
+            trace_gpu_s: Some(r.3 * f64::from(gpus)),
+            gpu_model: None,
+            expert_parallel: 0,
+            slo: Default::default(),
+            queueing: Default::default(),
+        });
+    }
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -6,6 +6,7 @@
 pub mod catalog;
 pub mod engine;
 pub mod generate;
+pub mod iceeval;
 pub mod loans;
 pub mod parallel;
 pub mod report;

@@ -245,6 +245,44 @@ enum Cmd {
         #[arg(long, default_value_t = 1)]
         seed: u64,
     },
+    /// ICEFROG's evaluation (TPDS'25 §V): ICEFROG-style workloads (`120 ×
+    /// load` jobs from hours 3-6 of a Philly-shaped trace, tasks by
+    /// GPU-time) on 12 × 4 A100 by default; IceShare with the layer tuner
+    /// and GPU sharing against Lucid-style sharing, Optimus and Pollux,
+    /// each also with tuned FreezeOut (`+`); 60 s reallocation overhead.
+    /// Prints average JCT (all / small / medium / large) and time per round.
+    Icefrog {
+        /// Loads (1 = 120 jobs), comma-separated.
+        #[arg(long, default_value = "1,2,4")]
+        loads: String,
+        /// Workload seeds (each load is averaged over them).
+        #[arg(long, default_value = "1,2,3")]
+        seeds: String,
+        /// Systems: icefrog, icefrog-no-sharing, icefrog-no-layers,
+        /// lucid[+], optimus[+], pollux[+] (`+`: tuned FreezeOut).
+        #[arg(
+            long,
+            default_value = "icefrog,lucid,lucid+,optimus,optimus+,pollux,pollux+"
+        )]
+        systems: String,
+        /// Node groups `TYPE:COUNT:GPUS` (repeatable).
+        #[arg(long, default_value = "A100:12:4")]
+        nodes: Vec<String>,
+        /// Scale the nodes and the jobs by this (ICEFROG §V-E: 5, 10, 20).
+        #[arg(long, default_value_t = 1)]
+        scale: u32,
+        /// Policy knob `name=value` for the systems that have it, e.g.
+        /// `partition_jobs=0` (IceShare unpartitioned).
+        #[arg(long = "knob", value_name = "NAME=VALUE")]
+        knobs: Vec<String>,
+        /// Sample jobs from this trace (any workload format with GPU-times:
+        /// philly, helios) instead of a Philly-shaped one.
+        #[arg(long)]
+        trace: Option<PathBuf>,
+        /// Simulations at once (default: every core).
+        #[arg(long)]
+        threads: Option<usize>,
+    },
     BenchPrompttuner {
         #[arg(long, default_value_t = 200)]
         requests: usize,
@@ -927,6 +965,25 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             compare(&sim, &names)
         }
         Cmd::Lyra { sim } => lyra_eval(&sim),
+        Cmd::Icefrog {
+            loads,
+            seeds,
+            systems,
+            nodes,
+            scale,
+            knobs,
+            trace,
+            threads,
+        } => icefrog_eval(
+            &loads,
+            &seeds,
+            &systems,
+            &nodes,
+            scale,
+            &knobs,
+            trace.as_deref(),
+            threads,
+        ),
         Cmd::Prompttuner {
             load,
             slo_emergence,
@@ -1390,6 +1447,115 @@ fn compare(a: &SimArgs, names: &[String]) -> anyhow::Result<()> {
 
 /// `fmsim lyra`: the scenarios of the thesis' Table 3.5 that fmsched
 /// runs, side by side.
+#[allow(clippy::too_many_arguments)]
+fn icefrog_eval(
+    loads: &str,
+    seeds: &str,
+    systems: &str,
+    nodes: &[String],
+    scale: u32,
+    knobs: &[String],
+    trace: Option<&Path>,
+    threads: Option<usize>,
+) -> anyhow::Result<()> {
+    use fmsim::iceeval;
+    let list = |s: &str| -> Vec<String> {
+        s.split(',')
+            .map(|x| x.trim().to_string())
+            .filter(|x| !x.is_empty())
+            .collect()
+    };
+    let loads: Vec<f64> = list(loads)
+        .iter()
+        .map(|x| {
+            x.parse::<f64>()
+                .ok()
+                .filter(|v| v.is_finite() && *v > 0.0)
+                .with_context(|| format!("--loads: {x:?} is not a load > 0"))
+        })
+        .collect::<anyhow::Result<_>>()?;
+    let seeds: Vec<u64> = list(seeds)
+        .iter()
+        .map(|x| {
+            x.parse::<u64>()
+                .with_context(|| format!("--seeds: {x:?} is not a seed"))
+        })
+        .collect::<anyhow::Result<_>>()?;
+    let systems: Vec<iceeval::System> = list(systems)
+        .iter()
+        .map(|x| iceeval::system(x).map_err(|e| anyhow::anyhow!("--systems: {e}")))
+        .collect::<anyhow::Result<_>>()?;
+    if loads.is_empty() || seeds.is_empty() || systems.is_empty() {
+        bail!("--loads, --seeds and --systems each need at least one value");
+    }
+    if scale == 0 {
+        bail!("--scale must be at least 1");
+    }
+    let cluster = nodes
+        .iter()
+        .map(|n| match n.split(':').collect::<Vec<_>>()[..] {
+            [ty, count, gpus] => node_group(ty, count, gpus, &format!("--nodes {n}")),
+            _ => bail!("--nodes {n:?}: expected TYPE:COUNT:GPUS (e.g. A100:12:4)"),
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let knobs = parse_knobs(knobs)?;
+    for k in knobs.keys() {
+        let takes = systems.iter().any(|s| {
+            fmsched_core::policy::baselines::knob_names(&s.policy)
+                .is_some_and(|n| n.contains(&k.as_str()))
+        });
+        if !takes {
+            bail!("--knob {k}: none of the systems has this knob");
+        }
+    }
+    let trace_rows = match trace {
+        None => None,
+        Some(p) => {
+            let jobs = workload::read(p, None, &[("roberta-base".to_string(), "x".to_string())])?;
+            let rows: Vec<fmsim::generate::TraceRow> = jobs
+                .iter()
+                .filter_map(|j| {
+                    let g = j.gpus.max(1);
+                    j.trace_gpu_s
+                        .map(|s| (j.name.clone(), j.submit_s, g, s / f64::from(g)))
+                })
+                .collect();
+            if rows.is_empty() {
+                bail!(
+                    "{}: no job with a GPU-time (a philly or helios trace)",
+                    p.display()
+                );
+            }
+            Some(rows)
+        }
+    };
+    let spec = iceeval::Spec {
+        loads,
+        seeds,
+        systems,
+        cluster,
+        scale,
+        knobs,
+        trace: trace_rows,
+    };
+    let lut = analytic::default_lut()?;
+    let catalog = Catalog::default_synthetic();
+    let started = Instant::now();
+    let rows = iceeval::evaluate(
+        &spec,
+        &lut,
+        &catalog,
+        threads.unwrap_or_else(fmsim::parallel::all_cores),
+    )?;
+    print!("{}", iceeval::table(&rows));
+    eprintln!(
+        "{} simulations in {:.1} s",
+        rows.len() * spec.seeds.len(),
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
 fn lyra_eval(a: &SimArgs) -> anyhow::Result<()> {
     let (cfg, lut, catalog, jobs) = sim_setup(a)?;
     let Some(loans) = cfg.loans.clone() else {
@@ -2144,6 +2310,7 @@ fn bench_partitions(jobs: usize, nodes: usize) {
                 gpus: 8,
                 gpu_model: "A100".into(),
                 loaned: false,
+                gpu_memory_gib: 80.0,
             })
             .collect(),
         allocations: allocations.clone(),

@@ -574,6 +574,26 @@ pub fn with_knobs(
             take("interval_s", &mut p.interval_s);
             Box::new(p)
         }
+        "icefrog" | "icefrog-no-sharing" => {
+            let mut c = super::icefrog::IceFrogConfig {
+                sharing: name == "icefrog",
+                ..Default::default()
+            };
+            let mut sharing = if c.sharing { 1.0 } else { 0.0 };
+            let mut parts = c.partition_jobs as f64;
+            take("interval_s", &mut c.interval_s);
+            take("time_limit_s", &mut c.time_limit_s);
+            take("sharing", &mut sharing);
+            take("partition_jobs", &mut parts);
+            c.sharing = sharing != 0.0;
+            c.partition_jobs = parts.clamp(0.0, 1e9) as usize;
+            Box::new(super::icefrog::IceFrog::new(c))
+        }
+        "lucid" => {
+            let mut p = super::icefrog::Lucid::default();
+            take("interval_s", &mut p.interval_s);
+            Box::new(p)
+        }
         "lyra" => {
             let mut p = super::lyra::Lyra::default();
             take("interval_s", &mut p.interval_s);
@@ -649,11 +669,14 @@ pub fn with_knobs(
 /// policy.
 pub fn knob_names(name: &str) -> Option<&'static [&'static str]> {
     Some(match name {
-        "fifo" | "srtf" | "optimus" | "pollux" | "edf" | "hydra" | "lyra" | "gandiva" => {
+        "fifo" | "srtf" | "optimus" | "pollux" | "edf" | "hydra" | "lyra" | "gandiva" | "lucid" => {
             &["interval_s"]
         }
         "tiresias" => &["interval_s", "starvation_factor", "threshold_gpu_h"],
         "themis" => &["interval_s", "lease_s"],
+        "icefrog" | "icefrog-no-sharing" => {
+            &["interval_s", "time_limit_s", "sharing", "partition_jobs"]
+        }
         "unisched" | "chronus" => &[
             "interval_s",
             "be_lease_s",
@@ -681,7 +704,7 @@ pub fn knob_names(name: &str) -> Option<&'static [&'static str]> {
 }
 
 /// Names accepted by [`by_name`].
-pub const POLICY_NAMES: [&str; 14] = [
+pub const POLICY_NAMES: [&str; 17] = [
     "ymir",
     "ymir-no-merge",
     "fifo",
@@ -696,6 +719,9 @@ pub const POLICY_NAMES: [&str; 14] = [
     "hydra",
     "lyra",
     "gandiva",
+    "icefrog",
+    "icefrog-no-sharing",
+    "lucid",
 ];
 
 #[cfg(test)]

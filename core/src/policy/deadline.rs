@@ -873,6 +873,7 @@ mod tests {
             gpus: 7,
             gpu_model: "A100".into(),
             loaned: false,
+            gpu_memory_gib: 80.0,
         });
         assert_eq!(cells(&snap), (3, vec![1.0, 1.0, 1.0, 2.0]));
         assert_eq!(cell_need(8, 2), Some((2, 2.0)));

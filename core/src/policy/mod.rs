@@ -15,6 +15,7 @@
 
 pub mod baselines;
 pub mod deadline;
+pub mod icefrog;
 pub mod lyra;
 pub mod placement;
 pub mod prompttuner;
@@ -33,6 +34,10 @@ pub enum MergeMode {
     Temporal,
     /// `A ‖ B`: one joint multi-task process trains both.
     Spatial,
+    /// `A | B` on one GPU: two processes, each training its own job, share
+    /// one GPU (ICEFROG §III-C, Eq. 8). Not a merge: neither job's work
+    /// changes, each runs at [`SHARED_SLOWDOWN`] of its one-GPU speed.
+    Shared,
 }
 
 impl MergeMode {
@@ -41,6 +46,7 @@ impl MergeMode {
             MergeMode::Normal => "normal",
             MergeMode::Temporal => "temporal",
             MergeMode::Spatial => "spatial",
+            MergeMode::Shared => "shared",
         }
     }
 }
@@ -106,6 +112,67 @@ pub struct SchedJob {
     /// Its reward steps (UniSched), earliest first, on the snapshot's
     /// clock; empty for a best-effort job.
     pub deadlines: Vec<RewardStep>,
+    /// What its process takes of one GPU alone (None: unknown, it never
+    /// shares a GPU; [`may_share`]).
+    pub footprint: Option<GpuFootprint>,
+    /// The job it shares its one GPU with now (ICEFROG Eq. 8), if any.
+    pub shares_with: Option<usize>,
+}
+
+/// What one training process takes of a GPU it has alone: the inputs of
+/// ICEFROG's sharing rule (Eq. 8).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct GpuFootprint {
+    /// GPU memory it allocates, GiB.
+    pub memory_gib: f64,
+    /// Its SM utilisation, percent of the GPU.
+    pub utilization_pct: f64,
+}
+
+/// ICEFROG Eq. 8: a shared job runs at `λ = 0.9` of its speed alone (the
+/// printed `λ = 0` without sharing is a misprint; see
+/// `fmsched_estimator::icefrog::sharing_slowdown`).
+pub const SHARED_SLOWDOWN: f64 = 0.9;
+/// ICEFROG §III-C: predicted memory is padded by 10 % before the sharers'
+/// sum is compared with the GPU's memory (Eq. 8, rule 1).
+pub const SHARE_MEMORY_MARGIN: f64 = 1.1;
+
+/// The GPU memory two jobs could share on: the smallest of the nodes both
+/// may run on (one family per group), 0 when none says (no sharing).
+pub fn share_memory_gib(snap: &Snapshot, a: usize, b: usize) -> f64 {
+    let (ja, jb) = (&snap.jobs[a], &snap.jobs[b]);
+    let model = ja.gpu_model.as_deref().or(jb.gpu_model.as_deref());
+    snap.nodes
+        .iter()
+        .filter(|n| model.is_none_or(|m| m == n.gpu_model))
+        .map(|n| n.gpu_memory_gib)
+        .fold(None, |m: Option<f64>, x| Some(m.map_or(x, |m| m.min(x))))
+        .unwrap_or(0.0)
+}
+
+/// Whether job `a` and job `b` may share one GPU of `gpu_memory_gib`
+/// (ICEFROG Eq. 8's rules): both train on one GPU alone (no pipeline,
+/// expert group or multi-GPU worker, one GPU within their range), both
+/// footprints are known, `1.1 × (m_a + m_b)` fits the GPU's memory and
+/// their utilisation sums to at most 100 %; and both may run on the same
+/// GPU family. An unknown GPU memory (0) shares nothing.
+pub fn may_share(a: &SchedJob, b: &SchedJob, gpu_memory_gib: f64) -> bool {
+    let one_gpu = |j: &SchedJob| {
+        j.min_gpus <= 1
+            && j.max_gpus >= 1
+            && !j.pipeline
+            && j.expert_parallel <= 1
+            && j.worker_gpus <= 1
+    };
+    let (Some(fa), Some(fb)) = (a.footprint, b.footprint) else {
+        return false;
+    };
+    gpu_memory_gib > 0.0
+        && one_gpu(a)
+        && one_gpu(b)
+        && same_gpus(a.gpu_model.as_deref(), b.gpu_model.as_deref())
+        && SHARE_MEMORY_MARGIN * (fa.memory_gib + fb.memory_gib) <= gpu_memory_gib
+        && fa.utilization_pct + fb.utilization_pct <= 100.0
 }
 
 /// A candidate merge of two jobs, with the estimator's numbers.
@@ -141,6 +208,9 @@ pub struct NodeCap {
     /// An inference server on loan (Lyra): elastic jobs prefer it, and a
     /// reclaim may take it back ([`lyra::reclaim`]).
     pub loaned: bool,
+    /// Memory of one of its GPUs, GiB (0: unknown; nothing shares a GPU
+    /// there, [`may_share`]).
+    pub gpu_memory_gib: f64,
 }
 
 /// How placement treats a group that fits no single node and no set of
@@ -324,7 +394,20 @@ impl Plan {
                 if e.mode == MergeMode::Normal {
                     return Err(format!("entry {k}: two jobs without a merge mode"));
                 }
-                if a.model != b.model || !a.sharing || !b.sharing {
+                if e.mode == MergeMode::Shared {
+                    // ICEFROG Eq. 8 on the GPU it got.
+                    let memory = match e.placement[..] {
+                        [] => f64::INFINITY,
+                        [(n, 1)] if n < snap.nodes.len() => snap.nodes[n].gpu_memory_gib,
+                        _ => 0.0,
+                    };
+                    if e.gpus != 1 || !may_share(a, b, memory) {
+                        return Err(format!(
+                            "entry {k}: {} and {} may not share {} GPU(s) (ICEFROG Eq. 8)",
+                            a.id, b.id, e.gpus
+                        ));
+                    }
+                } else if a.model != b.model || !a.sharing || !b.sharing {
                     return Err(format!(
                         "entry {k}: {} and {} may not be merged",
                         a.id, b.id
@@ -586,6 +669,8 @@ pub(crate) mod testkit {
             lease_until: 0.0,
             fair_share_gpu_s: 0.0,
             deadlines: Vec::new(),
+            footprint: None,
+            shares_with: None,
         }
     }
 
@@ -615,6 +700,7 @@ pub(crate) mod testkit {
                     gpus,
                     gpu_model: "A100".into(),
                     loaned: false,
+                    gpu_memory_gib: 80.0,
                 })
                 .collect(),
             allocations,

@@ -52,12 +52,19 @@ pub fn place_with(
 
     // Rule 1: unchanged running groups stay.
     for (k, e) in plan.entries.iter().enumerate() {
-        let current = &snap.jobs[e.jobs[0]].current_placement;
-        let held: u32 = current.iter().map(|p| p.1).sum();
-        let same_group = e
+        // A shared GPU stays where either sharer runs (the other joins it).
+        let shared = e.mode == super::MergeMode::Shared;
+        let current = e
             .jobs
             .iter()
-            .all(|&j| snap.jobs[j].current_placement == *current);
+            .map(|&j| &snap.jobs[j].current_placement)
+            .find(|p| !shared || !p.is_empty())
+            .unwrap_or(&snap.jobs[e.jobs[0]].current_placement);
+        let held: u32 = current.iter().map(|p| p.1).sum();
+        let same_group = e.jobs.iter().all(|&j| {
+            let p = &snap.jobs[j].current_placement;
+            p == current || (shared && p.is_empty())
+        });
         // A pipeline group whose replicas straddle nodes (placed before
         // this rule held) is placed afresh.
         let unit = super::entry_replica(snap, &e.jobs);

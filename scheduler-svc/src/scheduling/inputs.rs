@@ -147,6 +147,10 @@ pub fn build_view(s: &ViewSources<'_>) -> Translated {
                 || s.cordons.get(&n.record.id).is_some_and(|c| c.drain)
                 || loan.is_some_and(|l| l.state == LoanState::Reclaiming),
             cordoned: s.cordons.contains_key(&n.record.id),
+            // The agents run one training process per GPU: the live round
+            // offers no GPU memory (nor job footprints below), so no policy
+            // puts two jobs on one GPU (ICEFROG sharing runs in fmsim).
+            gpu_memory_gib: 0.0,
             gpu_model: node_family(n),
             loaned: loan.is_some(),
         });
@@ -232,6 +236,7 @@ pub fn build_view(s: &ViewSources<'_>) -> Translated {
                 queue: j.spec.queue.clone(),
                 priority: j.spec.priority,
                 preemptible: j.spec.preemptible,
+                footprint: None,
             }
         })
         .collect();
