@@ -54,6 +54,10 @@ pub mod env {
     pub const CONTROL_FILE: &str = "FMSCHED_CONTROL_FILE";
     /// Model name of the GPUs the process runs on (as the node reports it).
     pub const GPU_MODEL: &str = "FMSCHED_GPU_MODEL";
+    /// `1` when another training process shares the process's GPU (ICEFROG
+    /// GPU sharing, Eq. 8): expect about 0.9 of the speed alone, and keep
+    /// GPU memory within what the job's profile predicts.
+    pub const SHARED_GPU: &str = "FMSCHED_SHARED_GPU";
     /// Torchrun-compatible rank variables. The agent runs one process per
     /// node (a launcher such as `torchrun` starts one worker per GPU):
     /// `WORLD_SIZE` is the job's GPUs on all its nodes, `RANK` the global

@@ -144,6 +144,27 @@ pub fn synthetic_frozen_penalty(frozen: u32, layers: u32) -> f64 {
     frozen_penalty_of_layers(&synthetic_layer_variance(layers), frozen)
 }
 
+/// What a one-GPU training process of `variant` of `model` takes of a
+/// `gpu_type` GPU at batch `bsz` (ICEFROG Eq. 8's inputs): the memory its
+/// profile predicts and [`predicted_utilization_pct`]. None without a
+/// memory table. fmsim and the scheduler both ask this.
+pub fn one_gpu_footprint(
+    lut: &crate::lut::Lut,
+    model: &str,
+    gpu_type: &str,
+    variant: &Variant,
+    bsz: u32,
+) -> Option<fmsched_core::policy::GpuFootprint> {
+    let arch = crate::analytic::MODELS.iter().find(|m| m.name == model);
+    let layers = arch.map_or(12, |m| m.layers);
+    let seq = arch.map_or(512, |m| m.seq_len);
+    let memory_gib = lut.memory_of(model, gpu_type, variant, layers, bsz)?;
+    Some(fmsched_core::policy::GpuFootprint {
+        memory_gib,
+        utilization_pct: predicted_utilization_pct(f64::from(bsz) * f64::from(seq)),
+    })
+}
+
 /// Predicted SM utilisation (percent) of one training process alone on a
 /// GPU at `tokens` tokens per step (local batch × sequence length): the
 /// saturation curve of the analytic step-time model

@@ -349,6 +349,23 @@ impl Measured {
 /// Weight of the table value against measurements.
 const PRIOR_WEIGHT: f64 = 3.0;
 
+impl Lut {
+    /// GPU memory (GiB) of `variant` of `model` on `gpu_type` at local
+    /// batch `bsz`: its profile's memory table, or a profiled variant's
+    /// adjusted by ICEFROG's memory factors; None without a table.
+    pub fn memory_of(
+        &self,
+        model: &str,
+        gpu_type: &str,
+        variant: &Variant,
+        layers: u32,
+        bsz: u32,
+    ) -> Option<f64> {
+        let (profile, from) = self.base_profile(model, gpu_type, variant).ok()?;
+        variant_memory(profile, from, variant, layers, bsz)
+    }
+}
+
 /// GPU memory (GiB) of variant `to` at a local batch, from `profile`'s
 /// memory table — its own, or (`from`) a profiled variant's adjusted by
 /// ICEFROG's memory factors.

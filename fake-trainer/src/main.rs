@@ -885,7 +885,17 @@ async fn run() -> anyhow::Result<()> {
             )
         })
         .context("throughput lookup")?;
-    let seconds_per_iteration = it.seconds;
+    // A shared GPU (ICEFROG Eq. 8): λ = 0.9 of the speed alone.
+    let shared = var(env::SHARED_GPU).is_some_and(|v| v == "1");
+    let share = if shared {
+        1.0 / fmsched_core::policy::SHARED_SLOWDOWN
+    } else {
+        1.0
+    };
+    let seconds_per_iteration = it.seconds * share;
+    if shared {
+        eprintln!("fake-trainer: sharing its GPU with another process (λ = 0.9)");
+    }
     eprintln!(
         "fake-trainer: {} {} on {world} {gpu} GPU(s): {seconds_per_iteration:.3} s/iteration, time compressed {compression}×",
         if profile { "profiling" } else { "training" },
@@ -1008,7 +1018,7 @@ async fn run() -> anyhow::Result<()> {
             lut.iteration_time_on(&model, &gpu, &placement, batch, &v, layers)
                 .ok()
                 .filter(|it| it.feasible)
-                .map(|it| it.seconds)
+                .map(|it| it.seconds * share)
         })
     };
     let mut tr = Trainer {

@@ -36,7 +36,7 @@ use std::time::Instant;
 
 use fmsched_core::policy::lyra::ReclaimRule;
 use fmsched_core::policy::{
-    GpuFootprint, MergeMode, PIPELINE_STAGES, Policy, Replica, SHARED_SLOWDOWN, ymir_allocations,
+    MergeMode, PIPELINE_STAGES, Policy, Replica, SHARED_SLOWDOWN, ymir_allocations,
 };
 use fmsched_core::round::{
     self, ClusterView, Decision, Estimates, Gpu, JobView, MergeView, NodeView, PairEstimate,
@@ -529,7 +529,7 @@ struct Job {
     frozen: u32,
     freeze_t0: f64,
     /// Its process alone on one GPU (GPU sharing; None: it never shares).
-    footprint: Option<GpuFootprint>,
+    footprint: Option<fmsched_core::policy::GpuFootprint>,
     attained_gpu_s: f64,
     executed_s: f64,
     /// Themis's deserved service: GPU-seconds of an equal share.
@@ -798,19 +798,13 @@ impl<'a> Simulation<'a> {
             // one GPU) and utilisation alone.
             let one_gpu = !j.w.pipeline && j.w.expert_parallel <= 1;
             if cfg.gpu_sharing && one_gpu {
-                let memory = lut
-                    .profile(&j.lut_model, &families[j.family], &j.variant)
-                    .and_then(|p| p.memory_gib(j.w.batch));
-                let seq = analytic::MODELS
-                    .iter()
-                    .find(|m| m.name == j.lut_model)
-                    .map_or(512, |m| m.seq_len);
-                j.footprint = memory.map(|memory_gib| GpuFootprint {
-                    memory_gib,
-                    utilization_pct: icefrog::predicted_utilization_pct(
-                        f64::from(j.w.batch) * f64::from(seq),
-                    ),
-                });
+                j.footprint = icefrog::one_gpu_footprint(
+                    lut,
+                    &j.lut_model,
+                    &families[j.family],
+                    &j.variant,
+                    j.w.batch,
+                );
             }
             jobs.push(j);
         }

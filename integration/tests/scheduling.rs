@@ -2041,6 +2041,66 @@ async fn e2e_icefrog_a_layer_elastic_job_gets_a_new_l_without_a_restart() {
     drop_db(&db).await;
 }
 
+/// ICEFROG GPU sharing live: two one-GPU jobs whose profiles fit half of
+/// a GPU (batch 8 of 512 tokens: 50 % utilisation; a few GiB of an 80 GiB
+/// A100) on a node of one fake GPU. IceShare puts them on the GPU together
+/// (Eq. 8: both run at λ = 0.9 rather than one waiting), both processes
+/// are told they share it, and both complete.
+#[tokio::test]
+async fn e2e_icefrog_two_one_gpu_jobs_share_one_fake_gpu_and_both_complete() {
+    let db = new_db("fmsched_share").await;
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let _sched = scheduler_env(
+        &db,
+        port,
+        dir.path(),
+        None,
+        &[
+            ("FMSCHED_SCHEDULING__POLICY", "icefrog"),
+            ("FMSCHED_SCHEDULING__PROFILING", "false"),
+        ],
+    );
+    wait_up("scheduler up", port);
+    let endpoints = format!("http://127.0.0.1:{port}");
+    let _a = agent_gpus("node-a", &endpoints, dir.path(), None, 1, &[]);
+    let small = |name: &str, task: &str| {
+        job_yaml(name, task, 4000, 1).replace("global_batch_size: 32", "global_batch_size: 8")
+    };
+    submit(
+        port,
+        dir.path(),
+        [
+            ("share-a".to_string(), small("share-a", "rte")),
+            ("share-b".to_string(), small("share-b", "mrpc")),
+        ],
+    )
+    .expect("submit");
+    // One GPU: two jobs run at once only by sharing it.
+    wait_for(
+        "both jobs running on the one GPU",
+        Duration::from_secs(60),
+        || {
+            let j = jobs(port)?;
+            let running = j.values().filter(|s| s.0 == "running").count();
+            if running == 2 {
+                Ok(())
+            } else {
+                Err(format!("{j:?}"))
+            }
+        },
+    );
+    let done = all_completed(port, 2, Duration::from_secs(180));
+    for id in done.keys() {
+        let err = fmctl(port, &["logs", id, "--stderr"]).unwrap();
+        assert!(
+            err.contains("fake-trainer: sharing its GPU with another process"),
+            "job {id} was not told it shares its GPU:\n{err}"
+        );
+    }
+    drop_db(&db).await;
+}
+
 /// Every training setting of a spec acts (ICEFROG issue, item 1): a frozen
 /// range nothing could act on is refused at submit naming the field, and
 /// nothing is stored; a job with fp32, activation checkpointing, SGD, six

@@ -65,7 +65,7 @@ use super::{
 pub struct IceFrogConfig {
     /// Seconds between rounds (ICEFROG §V-B: 300 s).
     pub interval_s: f64,
-    /// HiGHS time limit per solve (each part's, when partitioned).
+    /// HiGHS time limit of a round (shared by its parts when partitioned).
     pub time_limit_s: f64,
     /// Offer the shared-GPU column (false: IceShare without GPU sharing).
     pub sharing: bool,
@@ -180,6 +180,7 @@ impl IceFrog {
         jobs: &[usize],
         capacity: u32,
         budgets: &[u32],
+        time_limit_s: f64,
     ) -> Solved {
         let mut vars = ProblemVariables::new();
         let mut stats = SolveStats::default();
@@ -299,7 +300,7 @@ impl IceFrog {
         let mut model = vars
             .maximise(objective)
             .using(highs)
-            .set_time_limit(self.config.time_limit_s.max(0.001))
+            .set_time_limit(time_limit_s.max(0.001))
             .set_threads(1)
             // Stop within a tenth of one job's IceShare of the optimum.
             .set_option("mip_abs_gap", 0.1 / n);
@@ -500,9 +501,13 @@ impl Policy for IceFrog {
                 .collect()
         };
         let solved: Vec<Solved> = if parts == 1 {
-            vec![self.solve(snap, &ch, &members[0], caps[0], &budgets[0])]
+            let limit = self.config.time_limit_s;
+            vec![self.solve(snap, &ch, &members[0], caps[0], &budgets[0], limit)]
         } else {
             let threads = parts.min(4);
+            // Each part gets a fixed share of the round's limit: the parts
+            // run `threads` at a time, so the round stays within it.
+            let limit = self.config.time_limit_s * threads as f64 / parts as f64;
             let mut out: Vec<Option<Solved>> = (0..parts).map(|_| None).collect();
             std::thread::scope(|s| {
                 let handles: Vec<_> = (0..threads)
@@ -512,7 +517,8 @@ impl Policy for IceFrog {
                             (t..parts)
                                 .step_by(threads)
                                 .map(|p| {
-                                    (p, self.solve(snap, ch, &members[p], caps[p], &budgets[p]))
+                                    let b = &budgets[p];
+                                    (p, self.solve(snap, ch, &members[p], caps[p], b, limit))
                                 })
                                 .collect::<Vec<_>>()
                         })

@@ -11,7 +11,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use chrono::{DateTime, Utc};
-use fmsched_core::policy::MergeMode;
+use fmsched_core::policy::{GpuFootprint, MergeMode};
 use fmsched_core::round::{
     self, ClusterView, Estimates as RoundEstimates, Gpu, JobView, MergeView, NodeView,
     PairEstimate, Prepared, RoundConfig,
@@ -101,6 +101,9 @@ pub struct ViewSources<'a> {
     pub loans: &'a BTreeMap<NodeId, NodeLoan>,
     /// Seconds a (re)start costs, per model.
     pub restart_s: &'a dyn Fn(&str) -> f64,
+    /// What a job's process takes of one GPU alone (ICEFROG Eq. 8's
+    /// inputs; None: it never shares a GPU).
+    pub footprint: &'a dyn Fn(&JobRecord) -> Option<GpuFootprint>,
     pub now: DateTime<Utc>,
 }
 
@@ -147,10 +150,14 @@ pub fn build_view(s: &ViewSources<'_>) -> Translated {
                 || s.cordons.get(&n.record.id).is_some_and(|c| c.drain)
                 || loan.is_some_and(|l| l.state == LoanState::Reclaiming),
             cordoned: s.cordons.contains_key(&n.record.id),
-            // The agents run one training process per GPU: the live round
-            // offers no GPU memory (nor job footprints below), so no policy
-            // puts two jobs on one GPU (ICEFROG sharing runs in fmsim).
-            gpu_memory_gib: 0.0,
+            // Its smallest GPU's memory (what a shared GPU must fit).
+            gpu_memory_gib: n
+                .record
+                .gpus
+                .iter()
+                .map(|g| g.memory_total_bytes as f64 / f64::from(1u32 << 30))
+                .fold(None, |m: Option<f64>, x| Some(m.map_or(x, |m| m.min(x))))
+                .unwrap_or(0.0),
             gpu_model: node_family(n),
             loaned: loan.is_some(),
         });
@@ -236,7 +243,7 @@ pub fn build_view(s: &ViewSources<'_>) -> Translated {
                 queue: j.spec.queue.clone(),
                 priority: j.spec.priority,
                 preemptible: j.spec.preemptible,
-                footprint: None,
+                footprint: (s.footprint)(j),
             }
         })
         .collect();
@@ -353,6 +360,25 @@ pub(crate) async fn load(
         cordons: &o.admin.cordons,
         loans: &o.admin.loans,
         restart_s: &restart_s,
+        footprint: &|j: &JobRecord| {
+            let r = &j.spec.resources;
+            let one_gpu = r.min_gpus <= 1 && !r.pipeline_parallel && r.expert_parallel <= 1;
+            let on = r
+                .gpu_model
+                .as_deref()
+                .map_or_else(|| family.clone(), fmsched_estimator::analytic::gpu_family);
+            one_gpu
+                .then(|| {
+                    fmsched_estimator::icefrog::one_gpu_footprint(
+                        lut,
+                        &j.spec.model,
+                        &on,
+                        &Variant::of_spec(&j.spec),
+                        j.spec.hyperparameters.global_batch_size.max(1),
+                    )
+                })
+                .flatten()
+        },
         now,
     });
     for n in o
@@ -747,6 +773,7 @@ mod tests {
             cordons: &BTreeMap::new(),
             loans: &BTreeMap::new(),
             restart_s: &|_| 42.0,
+            footprint: &|_| None,
             now,
         });
         let v = &t.view;

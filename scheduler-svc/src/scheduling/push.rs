@@ -90,6 +90,13 @@ fn desired_sets(state: &AppState, v: &PlanView<'_>) -> BTreeMap<NodeId, Vec<pb::
     for p in parts.values_mut() {
         p.sort_by_key(|a| a.rank_offset);
     }
+    // GPUs two training processes share (ICEFROG Eq. 8).
+    let mut users: BTreeMap<&str, u32> = BTreeMap::new();
+    for a in v.assignments.iter().filter(|a| !a.profile) {
+        for g in &a.gpus {
+            *users.entry(g.0.as_str()).or_default() += 1;
+        }
+    }
     let mut emitted: BTreeSet<(NodeId, String)> = BTreeSet::new();
     for a in v.assignments {
         let gang = &parts[&(a.job, a.profile)];
@@ -173,6 +180,11 @@ fn desired_sets(state: &AppState, v: &PlanView<'_>) -> BTreeMap<NodeId, Vec<pb::
                     }
                 }
             }
+        }
+        if !a.profile && a.gpus.iter().any(|g| users.get(g.0.as_str()) > Some(&1)) {
+            // Trainer contract: the process shares its GPU with another.
+            task.env
+                .insert(fmsched_core::trainer::env::SHARED_GPU.into(), "1".into());
         }
         if !a.profile
             && let ([t], Some(&l)) = (&mut task.tasks[..], v.frozen_layers.get(&a.job))
