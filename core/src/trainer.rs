@@ -281,6 +281,10 @@ pub struct Control {
     /// then loses nothing and is quick).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lease_end: Option<f64>,
+    /// Another process now shares (true) or no longer shares (false) its
+    /// GPU ([`env::SHARED_GPU`] at launch says how it started).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shared_gpu: Option<bool>,
 }
 
 impl Report {

@@ -224,6 +224,9 @@ struct Trainer {
     base_speed: Vec<f64>,
     step_of: StepOf,
     control: Option<PathBuf>,
+    /// Another process shares its GPU: it runs at λ = 0.9 of its speed
+    /// (ICEFROG Eq. 8), from launch or from the control file.
+    shared: bool,
     /// Rank 0 of a job over several nodes: the other nodes' processes.
     followers: Vec<tokio::net::tcp::OwnedWriteHalf>,
 }
@@ -472,6 +475,15 @@ impl LeaseWatch {
 }
 
 impl Trainer {
+    /// Step time over the step time alone: 1/λ on a shared GPU.
+    fn share_factor(&self) -> f64 {
+        if self.shared {
+            1.0 / fmsched_core::policy::SHARED_SLOWDOWN
+        } else {
+            1.0
+        }
+    }
+
     fn next_noise(&mut self) -> f64 {
         self.noise ^= self.noise << 13;
         self.noise ^= self.noise >> 7;
@@ -619,6 +631,37 @@ impl Trainer {
     /// control file — the step time and the learning per step change, the
     /// process goes on.
     async fn epoch_start(&mut self) {
+        let control: Option<Control> = self.control.as_ref().and_then(|path| {
+            // Absent: nothing changed yet.
+            let text = std::fs::read_to_string(path).ok()?;
+            serde_json::from_str(&text)
+                .map_err(|e| eprintln!("fake-trainer: {}: {e}; ignored", path.display()))
+                .ok()
+        });
+        // A partner joined or left its GPU (ICEFROG Eq. 8: λ = 0.9).
+        if let Some(shared) = control
+            .as_ref()
+            .and_then(|c| c.shared_gpu)
+            .filter(|&s| s != self.shared)
+        {
+            let lambda = fmsched_core::policy::SHARED_SLOWDOWN;
+            let step = if shared {
+                self.seconds_per_iteration / lambda
+            } else {
+                self.seconds_per_iteration * lambda
+            };
+            eprintln!(
+                "fake-trainer: {}: {:.3} → {step:.3} s/iteration",
+                if shared {
+                    "sharing its GPU with another process (λ = 0.9) from now on"
+                } else {
+                    "no longer sharing its GPU"
+                },
+                self.seconds_per_iteration
+            );
+            self.shared = shared;
+            self.seconds_per_iteration = step;
+        }
         if self.tasks.iter().all(|t| t.settings.max_frozen_layers == 0) {
             return; // not layer-elastic
         }
@@ -636,18 +679,10 @@ impl Trainer {
                 variance: fake_layer_variance(self.layers),
             })
             .await;
-        let Some(path) = &self.control else { return };
-        let Ok(text) = std::fs::read_to_string(path) else {
-            return; // nothing changed yet
-        };
-        let c: Control = match serde_json::from_str(&text) {
-            Ok(c) => c,
-            Err(e) => {
-                eprintln!("fake-trainer: {}: {e}; ignored", path.display());
-                return;
-            }
-        };
-        let Some(l) = c.frozen_layers.filter(|&l| l != self.frozen) else {
+        let Some(l) = control
+            .and_then(|c| c.frozen_layers)
+            .filter(|&l| l != self.frozen)
+        else {
             return;
         };
         let Some(step) = (self.step_of)(l) else {
@@ -664,7 +699,7 @@ impl Trainer {
             frozen_penalty_of(l, self.layers)
         );
         self.frozen = l;
-        self.seconds_per_iteration = step;
+        self.seconds_per_iteration = step * self.share_factor();
         let psi = frozen_penalty_of(l, self.layers);
         for (s, b) in self.speed.iter_mut().zip(&self.base_speed) {
             *s = b * psi;
@@ -1018,7 +1053,7 @@ async fn run() -> anyhow::Result<()> {
             lut.iteration_time_on(&model, &gpu, &placement, batch, &v, layers)
                 .ok()
                 .filter(|it| it.feasible)
-                .map(|it| it.seconds * share)
+                .map(|it| it.seconds)
         })
     };
     let mut tr = Trainer {
@@ -1035,6 +1070,7 @@ async fn run() -> anyhow::Result<()> {
         reporter,
         followers: Vec::new(),
         frozen: settings.frozen_layers,
+        shared,
         layers,
         base_speed,
         step_of,

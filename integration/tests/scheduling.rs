@@ -2043,9 +2043,11 @@ async fn e2e_icefrog_a_layer_elastic_job_gets_a_new_l_without_a_restart() {
 
 /// ICEFROG GPU sharing live: two one-GPU jobs whose profiles fit half of
 /// a GPU (batch 8 of 512 tokens: 50 % utilisation; a few GiB of an 80 GiB
-/// A100) on a node of one fake GPU. IceShare puts them on the GPU together
-/// (Eq. 8: both run at λ = 0.9 rather than one waiting), both processes
-/// are told they share it, and both complete.
+/// A100) on a node of one fake GPU, the second submitted while the first
+/// runs. IceShare puts the second on the first's GPU (Eq. 8: both at
+/// λ = 0.9 rather than one waiting) without moving the first; the second
+/// learns it shares at launch, the first through its control file, neither
+/// restarts, and both complete.
 #[tokio::test]
 async fn e2e_icefrog_two_one_gpu_jobs_share_one_fake_gpu_and_both_complete() {
     let db = new_db("fmsched_share").await;
@@ -2067,35 +2069,74 @@ async fn e2e_icefrog_two_one_gpu_jobs_share_one_fake_gpu_and_both_complete() {
     let small = |name: &str, task: &str| {
         job_yaml(name, task, 4000, 1).replace("global_batch_size: 32", "global_batch_size: 8")
     };
+    // The first runs alone, then the second joins it on its GPU.
     submit(
         port,
         dir.path(),
-        [
-            ("share-a".to_string(), small("share-a", "rte")),
-            ("share-b".to_string(), small("share-b", "mrpc")),
-        ],
+        [("share-a".to_string(), small("share-a", "rte"))],
     )
     .expect("submit");
-    // One GPU: two jobs run at once only by sharing it.
-    wait_for(
+    let first = wait_for("the first job running", Duration::from_secs(60), || {
+        let j = jobs(port)?;
+        j.iter()
+            .find(|(_, s)| s.0 == "running")
+            .map(|(id, _)| id.clone())
+            .ok_or_else(|| format!("{j:?}"))
+    });
+    submit(
+        port,
+        dir.path(),
+        [("share-b".to_string(), small("share-b", "mrpc"))],
+    )
+    .expect("submit");
+    // One GPU: two jobs run at once only by sharing it, and `fmctl nodes`
+    // names both on it.
+    let ids: Vec<String> = wait_for(
         "both jobs running on the one GPU",
         Duration::from_secs(60),
         || {
             let j = jobs(port)?;
-            let running = j.values().filter(|s| s.0 == "running").count();
-            if running == 2 {
-                Ok(())
+            let running: Vec<String> = j
+                .iter()
+                .filter(|(_, s)| s.0 == "running")
+                .map(|(id, _)| id.clone())
+                .collect();
+            if running.len() == 2 {
+                Ok(running)
             } else {
                 Err(format!("{j:?}"))
             }
         },
     );
+    let nodes: Value =
+        serde_json::from_str(&fmctl(port, &["-o", "json", "nodes"]).unwrap()).unwrap();
+    let held = nodes[0]["gpus"][0]["allocated_to_job"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        ids.iter().all(|id| held.split(',').any(|h| h == id)),
+        "the GPU is held by {held:?}, not by both of {ids:?}"
+    );
+    // Each process learns it shares its GPU: the second at launch, the
+    // first (alone before) through its control file at its next epoch,
+    // without a restart.
     let done = all_completed(port, 2, Duration::from_secs(180));
     for id in done.keys() {
         let err = fmctl(port, &["logs", id, "--stderr"]).unwrap();
+        let told = if *id == first {
+            "fake-trainer: sharing its GPU with another process (λ = 0.9) from now on"
+        } else {
+            "fake-trainer: sharing its GPU with another process (λ = 0.9)\n"
+        };
         assert!(
-            err.contains("fake-trainer: sharing its GPU with another process"),
-            "job {id} was not told it shares its GPU:\n{err}"
+            err.contains(told),
+            "job {id} was not told it shares its GPU ({told:?}):\n{err}"
+        );
+        assert_eq!(
+            err.matches("fake-trainer: training").count(),
+            1,
+            "job {id} was restarted:\n{err}"
         );
     }
     drop_db(&db).await;

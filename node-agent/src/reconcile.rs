@@ -58,6 +58,16 @@ struct Known {
     frozen_layers: u32,
     /// The lease end last written to its control file (Unix seconds).
     lease_end: Option<f64>,
+    /// Another process shares its GPU (as launched or last told).
+    shared: bool,
+}
+
+/// Whether the plan runs desired task `t` on a GPU another process shares
+/// (`FMSCHED_SHARED_GPU=1` in its environment; ICEFROG GPU sharing).
+fn shared_of(t: &pb::DesiredTask) -> bool {
+    t.env
+        .get(fmsched_core::trainer::env::SHARED_GPU)
+        .is_some_and(|v| v == "1")
 }
 
 /// A standby process: what it was launched as, and when it expires.
@@ -506,10 +516,14 @@ impl Reconciler {
                 let wanted = t.tasks.first().map_or(0, |x| x.frozen_layers);
                 let lease = lease_end_of(t);
                 let frozen_changed = single && wanted != entry.frozen_layers;
-                if frozen_changed || lease != entry.lease_end {
+                // A partner joined or left its GPU.
+                let shared = shared_of(t);
+                let shared_changed = !entry.profile && shared != entry.shared;
+                if frozen_changed || shared_changed || lease != entry.lease_end {
                     let c = fmsched_core::trainer::Control {
                         frozen_layers: single.then_some(wanted),
                         lease_end: lease,
+                        shared_gpu: (!entry.profile).then_some(shared),
                     };
                     match self.driver.set_control(&t.task_id, &c).await {
                         Ok(()) => {
@@ -519,6 +533,10 @@ impl Reconciler {
                                 entry.frozen_layers = wanted;
                             }
                             entry.lease_end = lease;
+                            if shared_changed {
+                                tracing::info!(task = %t.task_id, shared, "GPU sharing changed (told through the control file)");
+                                entry.shared = shared;
+                            }
                         }
                         Err(e) => problems.push(e.to_string()),
                     }
@@ -565,12 +583,14 @@ impl Reconciler {
                         metrics: target_metrics(&spec.tasks),
                         frozen_layers: frozen_of(&spec.tasks),
                         lease_end: None,
+                        shared: shared_of(t),
                     };
                     // A leased process learns its lease end from the start.
                     if let Some(end) = lease_end_of(t).filter(|_| !spec.profile) {
                         let c = fmsched_core::trainer::Control {
                             frozen_layers: None,
                             lease_end: Some(end),
+                            shared_gpu: Some(shared_of(t)),
                         };
                         match self.driver.set_control(&t.task_id, &c).await {
                             Ok(()) => entry.lease_end = Some(end),

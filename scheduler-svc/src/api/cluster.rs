@@ -28,7 +28,8 @@ impl ClusterApi {
     }
 }
 
-/// GPU UUID → the job whose current plan holds it (training or profiling).
+/// GPU UUID → the job whose current plan holds it (training or profiling;
+/// two jobs sharing it, comma-separated).
 pub type HeldGpus = BTreeMap<String, String>;
 
 /// What a node's answer needs besides the registry: the GPUs the stored
@@ -41,12 +42,23 @@ pub struct Held {
 
 pub async fn held(state: &AppState) -> Result<Held, ApiError> {
     let plan = state.persistence.current_plan().await?;
+    let mut gpus = HeldGpus::new();
+    for a in &plan.assignments {
+        for g in &a.gpus {
+            // Two jobs sharing a GPU (ICEFROG) are both named.
+            let job = a.job.to_string();
+            gpus.entry(g.0.clone())
+                .and_modify(|held: &mut String| {
+                    if !held.split(',').any(|h| h == job) {
+                        held.push(',');
+                        held.push_str(&job);
+                    }
+                })
+                .or_insert(job);
+        }
+    }
     Ok(Held {
-        gpus: plan
-            .assignments
-            .iter()
-            .flat_map(|a| a.gpus.iter().map(|g| (g.0.clone(), a.job.to_string())))
-            .collect(),
+        gpus,
         cordons: state.persistence.cordons().await?,
     })
 }
