@@ -14,7 +14,7 @@ use fmsched_core::policy::{PlacementRule, Policy};
 use fmsched_estimator::analytic;
 use fmsched_estimator::lut::Lut;
 use fmsim::catalog::Catalog;
-use fmsim::engine::{EstimateModel, NodeGroup, SimConfig, SimResult, Simulation};
+use fmsim::engine::{EstimateModel, LayerMode, NodeGroup, SimConfig, SimResult, Simulation};
 use fmsim::generate::{GenConfig, generate};
 use fmsim::loans::{InferenceTrace, Loans};
 use fmsim::report;
@@ -35,7 +35,8 @@ enum Cmd {
         #[command(flatten)]
         sim: SimArgs,
         /// Policy: ymir, ymir-no-merge, fifo, srtf, tiresias, optimus, themis,
-        /// pollux, unisched, chronus, edf, hydra, lyra, gandiva.
+        /// pollux, unisched, chronus, edf, hydra, lyra, gandiva, icefrog,
+        /// icefrog-no-sharing, lucid.
         #[arg(long, default_value = "ymir")]
         policy: String,
     },
@@ -452,6 +453,15 @@ struct SimArgs {
     /// request, the thesis' "Ideal" scaling range), chosen by `--slo-seed`.
     #[arg(long, value_name = "SHARE")]
     elastic_share: Option<f64>,
+    /// Layer elasticity (ICEFROG): `off`, `tuner` (every job may freeze up
+    /// to 90 % of its layers; the layer tuner picks them, Eq. 15) or
+    /// `freezeout` (a tuned FreezeOut schedule).
+    #[arg(long, value_enum, default_value_t = LayerMode::Off)]
+    layers: LayerMode,
+    /// GPU sharing (ICEFROG Eq. 8): policies that share (icefrog, lucid)
+    /// may put two one-GPU jobs on one GPU.
+    #[arg(long)]
+    gpu_sharing: bool,
 }
 
 fn parse_placement(s: &str) -> Result<PlacementRule, String> {
@@ -915,6 +925,8 @@ fn sim_setup(a: &SimArgs) -> anyhow::Result<(SimConfig, Lut, Catalog, Vec<Worklo
         learned_estimates: a.estimates == Estimates::Learned,
         placement_rule: a.placement,
         round_origin_s: a.round_origin,
+        layers: a.layers,
+        gpu_sharing: a.gpu_sharing,
         ..Default::default()
     };
     if !(0.0..1.0).contains(&cfg.estimate_noise) {
