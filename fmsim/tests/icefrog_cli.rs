@@ -33,9 +33,18 @@ fn icefrog_eval_prints_a_row_per_system_and_load() {
     assert!(ok, "{out}{err}");
     let rows: Vec<&str> = out.lines().skip(1).collect();
     assert_eq!(rows.len(), 3, "{out}");
-    assert!(rows[0].contains("icefrog") && rows[0].contains("1.00x"), "{out}");
-    assert!(rows[1].contains("lucid") && rows[2].contains("pollux+"), "{out}");
-    assert!(rows.iter().all(|r| r.contains(" 30 ")), "every job finished: {out}");
+    assert!(
+        rows[0].contains("icefrog") && rows[0].contains("1.00x"),
+        "{out}"
+    );
+    assert!(
+        rows[1].contains("lucid") && rows[2].contains("pollux+"),
+        "{out}"
+    );
+    assert!(
+        rows.iter().all(|r| r.contains(" 30 ")),
+        "every job finished: {out}"
+    );
 }
 
 #[test]
@@ -44,7 +53,10 @@ fn icefrog_eval_names_a_bad_flag() {
         (vec!["icefrog", "--systems", "icefrog,ymir"], "--systems"),
         (vec!["icefrog", "--loads", "0"], "--loads"),
         (vec!["icefrog", "--nodes", "A100:3"], "--nodes"),
-        (vec!["icefrog", "--knob", "srtf_weight=1"], "--knob srtf_weight"),
+        (
+            vec!["icefrog", "--knob", "srtf_weight=1"],
+            "--knob srtf_weight",
+        ),
         (vec!["icefrog", "--scale", "0"], "--scale"),
     ] {
         let (ok, out, err) = fmsim(&args);

@@ -51,9 +51,7 @@
 use std::collections::BTreeMap;
 
 use good_lp::solvers::highs::highs;
-use good_lp::{
-    Expression, ProblemVariables, Solution, SolutionStatus, SolverModel, Variable, variable,
-};
+use good_lp::{Expression, ProblemVariables, Solution, SolverModel, Variable, variable};
 
 use super::{
     MergeMode, Plan, PlanEntry, Policy, QueueRoom, SHARE_MEMORY_MARGIN, SHARED_SLOWDOWN, Snapshot,
@@ -332,17 +330,9 @@ impl IceFrog {
         }
         stats.constraints = count;
         let value_of = |s: &dyn Solution| terms.iter().map(|&(v, c)| c * s.value(v)).sum::<f64>();
-        let solution = match model.solve() {
-            Ok(s)
-                if matches!(
-                    s.status(),
-                    SolutionStatus::Optimal | SolutionStatus::GapLimit
-                ) =>
-            {
-                s
-            }
-            Ok(s) if value_of(&s) > 0.0 && value_of(&s) >= warm_value - 1e-9 => s,
-            Ok(_) | Err(_) => return (None, stats),
+        let Some(solution) = super::usable_solution(model.solve(), |s| value_of(s), warm_value)
+        else {
+            return (None, stats);
         };
         stats.objective = value_of(&solution);
         let mut gpus = vec![0u32; snap.jobs.len()];

@@ -248,6 +248,31 @@ pub struct Snapshot {
     pub queue_gpus: Vec<u32>,
 }
 
+/// A HiGHS answer a MILP policy may act on: proven (optimal or within the
+/// MIP gap), or stopped at the time limit with an incumbent worth more than
+/// nothing and at least the warm start (what the jobs hold) — better than
+/// repairing a fallback. None otherwise: a time limit without a usable
+/// incumbent, infeasible, or a solver error (the caller falls back).
+pub(crate) fn usable_solution<S: good_lp::Solution>(
+    answer: Result<S, good_lp::ResolutionError>,
+    value_of: impl Fn(&S) -> f64,
+    warm_value: f64,
+) -> Option<S> {
+    use good_lp::SolutionStatus;
+    match answer {
+        Ok(s)
+            if matches!(
+                s.status(),
+                SolutionStatus::Optimal | SolutionStatus::GapLimit
+            ) =>
+        {
+            Some(s)
+        }
+        Ok(s) if value_of(&s) > 0.0 && value_of(&s) >= warm_value - 1e-9 => Some(s),
+        Ok(_) | Err(_) => None,
+    }
+}
+
 /// What is left of each queue's budget ([`Snapshot::queue_gpus`]) as a
 /// policy fills a plan.
 pub struct QueueRoom {

@@ -46,9 +46,7 @@
 //! greedily across all units. A part that fails falls back alone.
 
 use good_lp::solvers::highs::highs;
-use good_lp::{
-    Expression, ProblemVariables, Solution, SolutionStatus, SolverModel, Variable, variable,
-};
+use good_lp::{Expression, ProblemVariables, Solution, SolverModel, Variable, variable};
 
 use super::{MergeMode, Plan, PlanEntry, Policy, Snapshot, SolveStats, usable_allocations};
 
@@ -707,21 +705,9 @@ impl Ymir {
         constraints += 1;
         stats.constraints = constraints;
         let value_of = |s: &dyn Solution| terms.iter().map(|&(v, c)| c * s.value(v)).sum::<f64>();
-        let solution = match model.solve() {
-            Ok(s)
-                if matches!(
-                    s.status(),
-                    SolutionStatus::Optimal | SolutionStatus::GapLimit
-                ) =>
-            {
-                s
-            }
-            // The time limit with an incumbent at least as good as the
-            // warm start (what the units hold): better than repairing it.
-            Ok(s) if value_of(&s) > 0.0 && value_of(&s) >= warm_value - 1e-9 => s,
-            // Time limit without a usable incumbent, infeasible (cannot
-            // happen: all-zero is feasible) or a solver error.
-            Ok(_) | Err(_) => return (None, stats),
+        let Some(solution) = super::usable_solution(model.solve(), |s| value_of(s), warm_value)
+        else {
+            return (None, stats);
         };
         stats.objective = value_of(&solution);
         let pick = |row: &Vec<(u32, Variable)>| {
