@@ -2042,7 +2042,7 @@ async fn e2e_icefrog_a_layer_elastic_job_gets_a_new_l_without_a_restart() {
 }
 
 /// ICEFROG GPU sharing live: two one-GPU jobs whose profiles fit half of
-/// a GPU (batch 8 of 512 tokens: 50 % utilisation; a few GiB of an 80 GiB
+/// a GPU (batch 4 of 512 tokens: 33 % utilisation; a few GiB of an 80 GiB
 /// A100) on a node of one fake GPU, the second submitted while the first
 /// runs. IceShare puts the second on the first's GPU (Eq. 8: both at
 /// λ = 0.9 rather than one waiting) without moving the first; the second
@@ -2067,7 +2067,7 @@ async fn e2e_icefrog_two_one_gpu_jobs_share_one_fake_gpu_and_both_complete() {
     let endpoints = format!("http://127.0.0.1:{port}");
     let _a = agent_gpus("node-a", &endpoints, dir.path(), None, 1, &[]);
     let small = |name: &str, task: &str| {
-        job_yaml(name, task, 4000, 1).replace("global_batch_size: 32", "global_batch_size: 8")
+        job_yaml(name, task, 4000, 1).replace("global_batch_size: 32", "global_batch_size: 4")
     };
     // The first runs alone, then the second joins it on its GPU.
     submit(
@@ -2139,6 +2139,93 @@ async fn e2e_icefrog_two_one_gpu_jobs_share_one_fake_gpu_and_both_complete() {
             "job {id} was restarted:\n{err}"
         );
     }
+    drop_db(&db).await;
+}
+
+/// ICEFROG Eq. 8 measured: two jobs of batch 8 (50 % predicted each) share
+/// one fake GPU, which then reports 98-100 % busy — saturated, each slower
+/// than the 0.9 planned. After three rounds in a row the pair is split: the
+/// later job gets a `gpu_sharing_split` event, never shares again (stored:
+/// `no_gpu_sharing`), waits for the GPU, and both complete.
+#[tokio::test]
+async fn e2e_icefrog_a_saturated_shared_gpu_is_split_and_the_later_job_evicted() {
+    let db = new_db("fmsched_saturated").await;
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let _sched = scheduler_env(
+        &db,
+        port,
+        dir.path(),
+        None,
+        &[
+            ("FMSCHED_SCHEDULING__POLICY", "icefrog"),
+            ("FMSCHED_SCHEDULING__PROFILING", "false"),
+        ],
+    );
+    wait_up("scheduler up", port);
+    let endpoints = format!("http://127.0.0.1:{port}");
+    let _a = agent_gpus("node-a", &endpoints, dir.path(), None, 1, &[]);
+    let busy = |name: &str, task: &str| {
+        job_yaml(name, task, 8000, 1).replace("global_batch_size: 32", "global_batch_size: 8")
+    };
+    submit(
+        port,
+        dir.path(),
+        [("sat-a".to_string(), busy("sat-a", "rte"))],
+    )
+    .expect("submit");
+    let first = wait_for("the first job running", Duration::from_secs(60), || {
+        let j = jobs(port)?;
+        j.iter()
+            .find(|(_, s)| s.0 == "running")
+            .map(|(id, _)| id.clone())
+            .ok_or_else(|| format!("{j:?}"))
+    });
+    submit(
+        port,
+        dir.path(),
+        [("sat-b".to_string(), busy("sat-b", "mrpc"))],
+    )
+    .expect("submit");
+    wait_for(
+        "both jobs running on the one GPU",
+        Duration::from_secs(60),
+        || {
+            let j = jobs(port)?;
+            let running = j.values().filter(|s| s.0 == "running").count();
+            if running == 2 {
+                Ok(())
+            } else {
+                Err(format!("{j:?}"))
+            }
+        },
+    );
+    let mut c = sqlx::PgConnection::connect(&db_url(&db)).await.unwrap();
+    let mut split: Vec<(uuid::Uuid, String)> = Vec::new();
+    for _ in 0..300 {
+        split = sqlx::query_as(
+            "SELECT job_id, message FROM job_events WHERE kind = 'gpu_sharing_split'",
+        )
+        .fetch_all(&mut c)
+        .await
+        .unwrap();
+        if !split.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(split.len(), 1, "one split: {split:?}");
+    let (later, why) = &split[0];
+    assert_ne!(later.to_string(), first, "the later job is the one evicted");
+    assert!(why.contains("ran at") && why.contains("3 rounds"), "{why}");
+    let stored: Vec<uuid::Uuid> = sqlx::query_scalar("SELECT id FROM jobs WHERE no_gpu_sharing")
+        .fetch_all(&mut c)
+        .await
+        .unwrap();
+    assert_eq!(stored, vec![*later]);
+    // It never shares again: both complete, one at a time.
+    let done = all_completed(port, 2, Duration::from_secs(240));
+    assert_eq!(done.len(), 2);
     drop_db(&db).await;
 }
 

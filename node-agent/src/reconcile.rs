@@ -485,7 +485,8 @@ impl Reconciler {
                     entry.generation = plan.generation;
                     entry.ranks = sb.spec.ranks.clone();
                     entry.job_ids.clone_from(&t.job_ids);
-                    self.gpus.process_started(entry.pid, &gpus);
+                    self.gpus
+                        .process_started(entry.pid, &gpus, t.expected_utilization_percent);
                     self.trained_in_order(&sb.spec);
                     let lead = sb.since.elapsed();
                     let ready = status.as_ref().is_some_and(|s| s.observed.prewarmed);
@@ -569,7 +570,8 @@ impl Reconciler {
                 Ok(()) => {
                     self.trained_in_order(&spec);
                     let pid = self.driver.status(&t.task_id).await.map_or(0, |s| s.pid);
-                    self.gpus.process_started(pid, &gpus);
+                    self.gpus
+                        .process_started(pid, &gpus, t.expected_utilization_percent);
                     *entry = Known {
                         generation: plan.generation,
                         ranks: spec.ranks.clone(),

@@ -728,6 +728,9 @@ pub struct RoundWrites {
     /// Reclaimed nodes found empty (nothing planned, no process): their
     /// loans end.
     pub returned: Vec<NodeId>,
+    /// Jobs taken off a shared GPU that ran saturated: they never share a
+    /// GPU again (ICEFROG Eq. 8's rule measured).
+    pub no_sharing: Vec<JobId>,
 }
 
 /// Proof of leadership that a leader-only write carries: the lease's holder
@@ -1233,6 +1236,14 @@ impl Persistence {
                 note_in(&mut tx, *job, kind, message, now, OP).await?;
             }
             account_service(&mut tx, &w.service, now, OP).await?;
+            if !w.no_sharing.is_empty() {
+                let ids: Vec<uuid::Uuid> = w.no_sharing.iter().map(|j| j.0).collect();
+                sqlx::query("UPDATE jobs SET no_gpu_sharing = true WHERE id = ANY($1)")
+                    .bind(&ids)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(db_err(OP))?;
+            }
             for n in &w.returned {
                 let done = sqlx::query(
                     "UPDATE node_loans SET state = 'returned', returned_at = $2
@@ -1416,6 +1427,18 @@ impl Persistence {
         .await
         .map_err(db_err("live_jobs"))?;
         rows.iter().map(job_from_row).collect()
+    }
+
+    /// Live jobs that may no longer share a GPU ([`RoundWrites::no_sharing`]).
+    pub async fn no_sharing_jobs(&self) -> Result<BTreeSet<JobId>, PersistenceError> {
+        let ids: Vec<uuid::Uuid> = sqlx::query_scalar(
+            "SELECT id FROM jobs WHERE no_gpu_sharing
+             AND state IN ('submitted','profiling','queued','running')",
+        )
+        .fetch_all(&self.pool)
+        .await
+        .map_err(db_err("no_sharing_jobs"))?;
+        Ok(ids.into_iter().map(JobId).collect())
     }
 
     /// The current plan: generation and every assignment.

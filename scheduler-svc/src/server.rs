@@ -89,6 +89,7 @@ pub async fn run(
             crate::scheduling::autosched::Autosched::new()
                 .context("loading AutoSched's profiles")?,
         ),
+        saturated_gpus: Default::default(),
     };
     // Leadership: take it now if free (a single replica leads at once),
     // then keep renewing; a standby takes over when the leader's lease

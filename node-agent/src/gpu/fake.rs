@@ -209,14 +209,25 @@ fn xorshift(s: &mut u64) -> f64 {
 }
 
 impl GpuBackend for FakeGpuBackend {
-    fn process_started(&self, pid: u32, gpu_indices: &[u32]) {
-        // A training process keeps its GPUs busy and holds most of their memory.
+    fn process_started(&self, pid: u32, gpu_indices: &[u32], expected_utilization_pct: u32) {
+        // A training process keeps its GPUs as busy as the scheduler
+        // expects (90 % when it does not say) and holds most of their
+        // memory alone, a share of it beside another process.
         for &g in gpu_indices {
+            let util = match expected_utilization_pct {
+                0 => 90,
+                u => u.min(100),
+            };
+            let memory = if expected_utilization_pct > 0 {
+                self.model.memory_bytes * u64::from(util) / 200
+            } else {
+                self.model.memory_bytes * 6 / 10
+            };
             self.attach(FakeLoad {
                 pid,
                 gpu_index: g,
-                memory_bytes: self.model.memory_bytes * 6 / 10,
-                utilization: 90,
+                memory_bytes: memory,
+                utilization: util,
             });
         }
     }
@@ -265,11 +276,15 @@ impl GpuBackend for FakeGpuBackend {
                 .map(|l| l.memory_bytes)
                 .sum::<u64>()
                 .min(m.memory_bytes);
+            // Processes that want more than the GPU has get it in
+            // proportion to what they want.
+            let scale = 100.0 / f64::from(demand.max(100));
             let processes: Vec<pb::GpuProcess> = on_gpu
                 .iter()
                 .map(|l| pb::GpuProcess {
                     pid: l.pid,
                     used_memory_bytes: l.memory_bytes,
+                    utilization_percent: (f64::from(l.utilization) * scale).round() as u32,
                 })
                 .collect();
             let noise = xorshift(&mut st.rng) * 2.0 - 1.0;
@@ -368,5 +383,40 @@ mod tests {
         let cooled = g.sample();
         assert_eq!(cooled[0].utilization_percent, 0);
         assert!(cooled[0].temperature_celsius < busy[0].temperature_celsius);
+    }
+
+    /// Two processes on one GPU (ICEFROG sharing): each loads it as the
+    /// scheduler expects and reports its own utilisation; wanting more
+    /// than the GPU has saturates it and each gets its proportional share.
+    #[test]
+    fn sharers_report_their_own_utilisation_and_saturate_together() {
+        let g = FakeGpuBackend::new("n", 1, "A100-80GB")
+            .unwrap()
+            .with_liveness(|_| true);
+        g.process_started(1, &[0], 30);
+        g.process_started(2, &[0], 40);
+        let s = g.sample();
+        let util: Vec<u32> = s[0]
+            .processes
+            .iter()
+            .map(|p| p.utilization_percent)
+            .collect();
+        assert_eq!(util, vec![30, 40]);
+        assert!((68..=72).contains(&s[0].utilization_percent), "{:?}", s[0]);
+        g.process_started(3, &[0], 60);
+        let s = g.sample();
+        assert!(s[0].utilization_percent >= 98, "saturated: {:?}", s[0]);
+        let util: Vec<u32> = s[0]
+            .processes
+            .iter()
+            .map(|p| p.utilization_percent)
+            .collect();
+        assert_eq!(util, vec![23, 31, 46], "shares of 130 % wanted");
+        // Without a hint a process takes 90 %, as before.
+        let h = FakeGpuBackend::new("m", 1, "A100-80GB")
+            .unwrap()
+            .with_liveness(|_| true);
+        h.process_started(9, &[0], 0);
+        assert_eq!(h.sample()[0].processes[0].utilization_percent, 90);
     }
 }

@@ -19,9 +19,10 @@ pub trait GpuBackend: Send + Sync + 'static {
     fn inventory(&self) -> Vec<pb::GpuInfo>;
     /// Current telemetry of every GPU, ordered by index.
     fn sample(&self) -> Vec<pb::GpuTelemetry>;
-    /// A training process started on these GPU indices (the fake backend
-    /// makes its telemetry follow; real GPUs report by themselves).
-    fn process_started(&self, _pid: u32, _gpu_indices: &[u32]) {}
+    /// A training process started on these GPU indices, expected to keep
+    /// `expected_utilization_pct` of each busy (0: unknown) — the fake
+    /// backend makes its telemetry follow; real GPUs report by themselves.
+    fn process_started(&self, _pid: u32, _gpu_indices: &[u32], _expected_utilization_pct: u32) {}
     /// The process ended.
     fn process_stopped(&self, _pid: u32) {}
 }

@@ -191,6 +191,14 @@ impl GpuBackend for NvmlBackend {
                     .total_ecc_errors(MemoryError::Uncorrected, EccCounter::Volatile)
                     .unwrap_or(0);
                 if let Ok(procs) = d.running_compute_processes() {
+                    // Each process's latest SM utilisation sample.
+                    let mut sm: std::collections::BTreeMap<u32, (u64, u32)> = Default::default();
+                    for s in d.process_utilization_stats(None).unwrap_or_default() {
+                        let e = sm.entry(s.pid).or_insert((s.timestamp, s.sm_util));
+                        if s.timestamp >= e.0 {
+                            *e = (s.timestamp, s.sm_util);
+                        }
+                    }
                     t.processes = procs
                         .into_iter()
                         .map(|p| pb::GpuProcess {
@@ -199,6 +207,7 @@ impl GpuBackend for NvmlBackend {
                                 UsedGpuMemory::Used(b) => b,
                                 UsedGpuMemory::Unavailable => 0,
                             },
+                            utilization_percent: sm.get(&p.pid).map_or(0, |s| s.1),
                         })
                         .collect();
                 }

@@ -36,6 +36,9 @@ pub struct AppState {
     pub leadership: Arc<crate::leadership::Leadership>,
     /// AutoSched's tuner (kept across tunings).
     pub autosched: Arc<crate::scheduling::autosched::Autosched>,
+    /// Shared GPUs (by UUID) and the rounds in a row each reported
+    /// saturated (the leader's own count; a new leader counts afresh).
+    pub saturated_gpus: Arc<std::sync::Mutex<std::collections::BTreeMap<String, u32>>>,
 }
 
 /// Errors a handler returns; mapped to a status code in one place.

@@ -44,6 +44,16 @@ pub struct Translated {
 }
 
 impl Translated {
+    /// What each job's process is predicted to take of one GPU alone
+    /// (jobs that may share a GPU only).
+    pub fn footprints(&self) -> BTreeMap<JobId, GpuFootprint> {
+        self.jobs
+            .iter()
+            .zip(&self.view.jobs)
+            .filter_map(|(id, j)| j.footprint.map(|f| (*id, f)))
+            .collect()
+    }
+
     pub fn job_index(&self, id: &JobId) -> Option<usize> {
         self.jobs.binary_search(id).ok()
     }
@@ -362,7 +372,10 @@ pub(crate) async fn load(
         restart_s: &restart_s,
         footprint: &|j: &JobRecord| {
             let r = &j.spec.resources;
-            let one_gpu = r.min_gpus <= 1 && !r.pipeline_parallel && r.expert_parallel <= 1;
+            let one_gpu = r.min_gpus <= 1
+                && !r.pipeline_parallel
+                && r.expert_parallel <= 1
+                && !o.no_sharing.contains(&j.id);
             let on = r
                 .gpu_model
                 .as_deref()

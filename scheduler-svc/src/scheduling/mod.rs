@@ -658,6 +658,7 @@ pub async fn run_round(
                 init_weights: &init_weights,
                 frozen_layers: &observed.frozen_layers,
                 leases: &writes.service.leases.iter().copied().collect(),
+                footprints: &inputs.t.footprints(),
             },
             generation,
             fence.epoch,
@@ -1203,6 +1204,7 @@ async fn hint(
         frozen_layers: &o.frozen_layers,
         // Hints only start standby processes; the plan tells the lease.
         leases: &BTreeMap::new(),
+        footprints: &t.footprints(),
     };
     if state.leadership.fence().is_none() {
         return Ok(0); // a deposed leader sends nothing

@@ -87,6 +87,9 @@ pub(crate) struct Observed {
     /// What the admin API set: cordons and drains, re-queue requests, the
     /// policy in force.
     pub admin: AdminState,
+    /// Jobs that may no longer share a GPU (a shared GPU of theirs ran
+    /// saturated), this round's included.
+    pub no_sharing: BTreeSet<JobId>,
 }
 
 /// Phase 1 (see the module docs). A look-ahead round reads the same state
@@ -135,6 +138,7 @@ pub(crate) async fn observe(
         current: p.current_plan().await?,
         service: p.service().await?,
         admin: p.admin_state().await?,
+        no_sharing: p.no_sharing_jobs().await?,
         ..Default::default()
     };
     // This round holds back every job an admin asked to re-queue; its
@@ -169,8 +173,64 @@ pub(crate) async fn observe(
     }
     guard(&mut o, &evals, &losses);
     learn_metric_targets(state, &mut o, &own).await;
+    watch_shared_gpus(state, &mut o, &nodes);
     o.nodes = nodes;
     Ok(o)
+}
+
+/// A shared GPU reporting at least this utilisation is saturated: its two
+/// processes want more than the GPU has (ICEFROG Eq. 8's second rule,
+/// mispredicted), so each runs slower than the λ = 0.9 planned.
+const SATURATED_PCT: u32 = 98;
+/// Rounds in a row a shared GPU may run saturated before its pair is split.
+const SATURATED_ROUNDS: u32 = 3;
+
+/// ICEFROG Eq. 8 measured: a GPU two training processes share that reports
+/// [`SATURATED_PCT`] or more for [`SATURATED_ROUNDS`] rounds in a row is
+/// split — the later-submitted of its jobs never shares a GPU again
+/// (written in the round's commit, with an event on the job), so the
+/// policy moves it off or suspends it.
+fn watch_shared_gpus(state: &AppState, o: &mut Observed, nodes: &[LiveNode]) {
+    let mut on: BTreeMap<&str, Vec<JobId>> = BTreeMap::new();
+    for a in o.current.assignments.iter().filter(|a| !a.profile) {
+        for g in &a.gpus {
+            on.entry(g.0.as_str()).or_default().push(a.job);
+        }
+    }
+    let util = |uuid: &str| {
+        nodes
+            .iter()
+            .find_map(|n| n.telemetry.get(uuid))
+            .map(|t| t.utilization_percent)
+    };
+    let mut streaks = state
+        .saturated_gpus
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    streaks.retain(|uuid, _| on.get(uuid.as_str()).is_some_and(|j| j.len() > 1));
+    for (uuid, jobs) in on.iter().filter(|(_, j)| j.len() > 1) {
+        let Some(u) = util(uuid) else { continue };
+        let streak = streaks.entry((*uuid).to_string()).or_default();
+        *streak = if u >= SATURATED_PCT { *streak + 1 } else { 0 };
+        if *streak < SATURATED_ROUNDS {
+            continue;
+        }
+        *streak = 0;
+        let later = jobs
+            .iter()
+            .filter_map(|j| o.live.get(j))
+            .max_by_key(|r| (r.created_at, r.id))
+            .map(|r| r.id);
+        if let Some(j) = later.filter(|j| o.no_sharing.insert(*j)) {
+            let why = format!(
+                "GPU {uuid} ran at {u} % or more for {SATURATED_ROUNDS} rounds while shared: \
+                 it no longer shares a GPU (ICEFROG Eq. 8)"
+            );
+            tracing::warn!(job_id = %j, gpu = %uuid, utilization = u, "splitting a saturated shared GPU");
+            o.writes.no_sharing.push(j);
+            o.writes.notes.push((j, "gpu_sharing_split".into(), why));
+        }
+    }
 }
 
 /// Jobs whose own metric curve grew this round.

@@ -7,7 +7,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use chrono::{DateTime, Utc};
-use fmsched_core::policy::MergeMode;
+use fmsched_core::policy::{GpuFootprint, MergeMode};
 use fmsched_core::trainer::TrainingSettings;
 use fmsched_core::{JobId, NodeId};
 use fmsched_proto::v1 as pb;
@@ -72,6 +72,8 @@ pub(crate) struct PlanView<'a> {
     pub frozen_layers: &'a BTreeMap<JobId, u32>,
     /// The plan's leases (leasing policies).
     pub leases: &'a BTreeMap<JobId, DateTime<Utc>>,
+    /// What each job's process is predicted to take of one GPU alone.
+    pub footprints: &'a BTreeMap<JobId, GpuFootprint>,
 }
 
 /// The desired set of every node the registry knows (empty for a node the
@@ -137,7 +139,8 @@ fn desired_sets(state: &AppState, v: &PlanView<'_>) -> BTreeMap<NodeId, Vec<pb::
             tasks: vec![trainer_task(job)],
             pipeline_parallel: job.spec.resources.pipeline_parallel,
             expert_parallel: job.spec.resources.expert_parallel,
-            lease_until: None, // set below for training processes
+            lease_until: None,               // set below for training processes
+            expected_utilization_percent: 0, // set below
         };
         if a.profile {
             // A profiling run is a process of its own ("<job>-profile").
@@ -180,6 +183,12 @@ fn desired_sets(state: &AppState, v: &PlanView<'_>) -> BTreeMap<NodeId, Vec<pb::
                     }
                 }
             }
+        }
+        if !a.profile
+            && task.job_ids.len() == 1
+            && let Some(f) = v.footprints.get(&a.job)
+        {
+            task.expected_utilization_percent = f.utilization_pct.round().clamp(1.0, 100.0) as u32;
         }
         if !a.profile && a.gpus.iter().any(|g| users.get(g.0.as_str()) > Some(&1)) {
             // Trainer contract: the process shares its GPU with another.
