@@ -279,7 +279,7 @@ pub fn node_json(n: &pb::Node) -> Value {
                     "ecc_corrected_errors": t.ecc_corrected_errors,
                     "ecc_uncorrected_errors": t.ecc_uncorrected_errors,
                     "xid_errors": t.xid_errors,
-                    "processes": t.processes.iter().map(|p| json!({"pid": p.pid, "used_memory_bytes": p.used_memory_bytes})).collect::<Vec<_>>(),
+                    "processes": t.processes.iter().map(|p| json!({"pid": p.pid, "used_memory_bytes": p.used_memory_bytes, "utilization_percent": p.utilization_percent})).collect::<Vec<_>>(),
                 })),
             })
         }).collect::<Vec<_>>(),

@@ -2041,19 +2041,26 @@ async fn e2e_icefrog_a_layer_elastic_job_gets_a_new_l_without_a_restart() {
     drop_db(&db).await;
 }
 
-/// ICEFROG GPU sharing live: two one-GPU jobs whose profiles fit half of
-/// a GPU (batch 4 of 512 tokens: 33 % utilisation; a few GiB of an 80 GiB
-/// A100) on a node of one fake GPU, the second submitted while the first
-/// runs. IceShare puts the second on the first's GPU (Eq. 8: both at
-/// λ = 0.9 rather than one waiting) without moving the first; the second
-/// learns it shares at launch, the first through its control file, neither
-/// restarts, and both complete.
-#[tokio::test]
-async fn e2e_icefrog_two_one_gpu_jobs_share_one_fake_gpu_and_both_complete() {
-    let db = new_db("fmsched_share").await;
+/// Two one-GPU jobs of global batch `batch` on a node of one fake GPU
+/// under `icefrog` (profiling off): the first is submitted and runs alone,
+/// then the second joins it. Returned once both run, which on one GPU only
+/// sharing allows.
+struct SharedPair {
+    db: String,
+    dir: tempfile::TempDir,
+    port: u16,
+    procs: [Proc; 2],
+    /// The first job's id.
+    first: String,
+    /// Both jobs' ids.
+    running: Vec<String>,
+}
+
+async fn shared_pair(db: &str, batch: u32, iterations: u64) -> SharedPair {
+    let db = new_db(db).await;
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
-    let _sched = scheduler_env(
+    let sched = scheduler_env(
         &db,
         port,
         dir.path(),
@@ -2065,15 +2072,17 @@ async fn e2e_icefrog_two_one_gpu_jobs_share_one_fake_gpu_and_both_complete() {
     );
     wait_up("scheduler up", port);
     let endpoints = format!("http://127.0.0.1:{port}");
-    let _a = agent_gpus("node-a", &endpoints, dir.path(), None, 1, &[]);
-    let small = |name: &str, task: &str| {
-        job_yaml(name, task, 4000, 1).replace("global_batch_size: 32", "global_batch_size: 4")
+    let agent = agent_gpus("node-a", &endpoints, dir.path(), None, 1, &[]);
+    let yaml = |name: &str, task: &str| {
+        job_yaml(name, task, iterations, 1).replace(
+            "global_batch_size: 32",
+            &format!("global_batch_size: {batch}"),
+        )
     };
-    // The first runs alone, then the second joins it on its GPU.
     submit(
         port,
         dir.path(),
-        [("share-a".to_string(), small("share-a", "rte"))],
+        [("pair-a".to_string(), yaml("pair-a", "rte"))],
     )
     .expect("submit");
     let first = wait_for("the first job running", Duration::from_secs(60), || {
@@ -2086,12 +2095,10 @@ async fn e2e_icefrog_two_one_gpu_jobs_share_one_fake_gpu_and_both_complete() {
     submit(
         port,
         dir.path(),
-        [("share-b".to_string(), small("share-b", "mrpc"))],
+        [("pair-b".to_string(), yaml("pair-b", "mrpc"))],
     )
     .expect("submit");
-    // One GPU: two jobs run at once only by sharing it, and `fmctl nodes`
-    // names both on it.
-    let ids: Vec<String> = wait_for(
+    let running = wait_for(
         "both jobs running on the one GPU",
         Duration::from_secs(60),
         || {
@@ -2108,6 +2115,34 @@ async fn e2e_icefrog_two_one_gpu_jobs_share_one_fake_gpu_and_both_complete() {
             }
         },
     );
+    SharedPair {
+        db,
+        dir,
+        port,
+        procs: [sched, agent],
+        first,
+        running,
+    }
+}
+
+/// ICEFROG GPU sharing live: two one-GPU jobs whose profiles fit half of
+/// a GPU (batch 4 of 512 tokens: 33 % utilisation; a few GiB of an 80 GiB
+/// A100) on a node of one fake GPU, the second submitted while the first
+/// runs. IceShare puts the second on the first's GPU (Eq. 8: both at
+/// λ = 0.9 rather than one waiting) without moving the first; the second
+/// learns it shares at launch, the first through its control file, neither
+/// restarts, and both complete.
+#[tokio::test]
+async fn e2e_icefrog_two_one_gpu_jobs_share_one_fake_gpu_and_both_complete() {
+    let SharedPair {
+        db,
+        dir: _dir,
+        port,
+        procs: _procs,
+        first,
+        running: ids,
+    } = shared_pair("fmsched_share", 4, 4000).await;
+    // `fmctl nodes` names both on the one GPU.
     let nodes: Value =
         serde_json::from_str(&fmctl(port, &["-o", "json", "nodes"]).unwrap()).unwrap();
     let held = nodes[0]["gpus"][0]["allocated_to_job"]
@@ -2149,57 +2184,14 @@ async fn e2e_icefrog_two_one_gpu_jobs_share_one_fake_gpu_and_both_complete() {
 /// `no_gpu_sharing`), waits for the GPU, and both complete.
 #[tokio::test]
 async fn e2e_icefrog_a_saturated_shared_gpu_is_split_and_the_later_job_evicted() {
-    let db = new_db("fmsched_saturated").await;
-    let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let _sched = scheduler_env(
-        &db,
+    let SharedPair {
+        db,
+        dir: _dir,
         port,
-        dir.path(),
-        None,
-        &[
-            ("FMSCHED_SCHEDULING__POLICY", "icefrog"),
-            ("FMSCHED_SCHEDULING__PROFILING", "false"),
-        ],
-    );
-    wait_up("scheduler up", port);
-    let endpoints = format!("http://127.0.0.1:{port}");
-    let _a = agent_gpus("node-a", &endpoints, dir.path(), None, 1, &[]);
-    let busy = |name: &str, task: &str| {
-        job_yaml(name, task, 8000, 1).replace("global_batch_size: 32", "global_batch_size: 8")
-    };
-    submit(
-        port,
-        dir.path(),
-        [("sat-a".to_string(), busy("sat-a", "rte"))],
-    )
-    .expect("submit");
-    let first = wait_for("the first job running", Duration::from_secs(60), || {
-        let j = jobs(port)?;
-        j.iter()
-            .find(|(_, s)| s.0 == "running")
-            .map(|(id, _)| id.clone())
-            .ok_or_else(|| format!("{j:?}"))
-    });
-    submit(
-        port,
-        dir.path(),
-        [("sat-b".to_string(), busy("sat-b", "mrpc"))],
-    )
-    .expect("submit");
-    wait_for(
-        "both jobs running on the one GPU",
-        Duration::from_secs(60),
-        || {
-            let j = jobs(port)?;
-            let running = j.values().filter(|s| s.0 == "running").count();
-            if running == 2 {
-                Ok(())
-            } else {
-                Err(format!("{j:?}"))
-            }
-        },
-    );
+        procs: _procs,
+        first,
+        ..
+    } = shared_pair("fmsched_saturated", 8, 8000).await;
     let mut c = sqlx::PgConnection::connect(&db_url(&db)).await.unwrap();
     let mut split: Vec<(uuid::Uuid, String)> = Vec::new();
     for _ in 0..300 {

@@ -85,9 +85,7 @@
 //!   waiting jobs fill what is free in EDF order) and `stats.fallback` says so.
 
 use good_lp::solvers::highs::highs;
-use good_lp::{
-    Expression, ProblemVariables, Solution, SolutionStatus, SolverModel, Variable, variable,
-};
+use good_lp::{Expression, ProblemVariables, Solution, SolverModel, Variable, variable};
 
 use super::baselines::{by_arrival, in_order, keep_running, sort_entries, srtf_sort};
 use super::{
@@ -591,17 +589,9 @@ impl UniSched {
             for c in constraints {
                 model = model.with(c);
             }
-            let solution = match model.solve() {
-                Ok(s)
-                    if matches!(
-                        s.status(),
-                        SolutionStatus::Optimal | SolutionStatus::GapLimit
-                    ) =>
-                {
-                    Some(s)
-                }
-                _ => None,
-            };
+            // A proven answer only: no incumbent is taken on a time limit
+            // (the previous plan is reused instead).
+            let solution = super::usable_solution(model.solve(), |_| 0.0, f64::INFINITY);
             let Some(solution) = solution else {
                 stats.fallback = true;
                 let mut plan = self.reuse_previous(snap);

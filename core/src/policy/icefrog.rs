@@ -55,7 +55,8 @@ use good_lp::{Expression, ProblemVariables, Solution, SolverModel, Variable, var
 
 use super::{
     MergeMode, Plan, PlanEntry, Policy, QueueRoom, SHARE_MEMORY_MARGIN, SHARED_SLOWDOWN, Snapshot,
-    SolveStats, may_share, requested_allocation, share_memory_gib, usable_allocations,
+    SolveStats, may_share, requested_allocation, share_memory_gib, trains_on_one_gpu,
+    usable_allocations,
 };
 
 /// Knobs of the IceShare policy.
@@ -112,11 +113,7 @@ fn half_gpu(snap: &Snapshot, k: usize) -> bool {
         return false;
     };
     let memory = share_memory_gib(snap, k, k);
-    j.min_gpus <= 1
-        && j.max_gpus >= 1
-        && !j.pipeline
-        && j.expert_parallel <= 1
-        && j.worker_gpus <= 1
+    trains_on_one_gpu(j)
         && f.utilization_pct <= 50.0
         && 2.0 * SHARE_MEMORY_MARGIN * f.memory_gib <= memory
 }
@@ -224,7 +221,8 @@ impl IceFrog {
         let mut per_queue: BTreeMap<usize, Expression> = BTreeMap::new();
         let mut rows: Vec<(Expression, Expression)> = Vec::new();
         let mut x: Vec<(usize, u32, Variable)> = Vec::new();
-        let mut sh: Vec<(usize, Variable)> = Vec::new();
+        // Job → its shared-column variable and its row (in `rows`).
+        let mut sh: BTreeMap<usize, (Variable, usize)> = BTreeMap::new();
         let mut kept_pairs: Vec<(Variable, Variable, Variable)> = Vec::new();
         let mut warm_value = 0.0;
         for &k in &listed {
@@ -263,16 +261,16 @@ impl IceFrog {
                 let v = vars.add(variable().binary().initial(start));
                 add(v, value, 0.5, start);
                 halves += v;
-                sh.push((k, v));
+                sh.insert(k, (v, rows.len()));
             }
             rows.push((share, one));
         }
         // A pair that shares now and stays together: both keep their GPU.
-        for &(k, vk) in &sh {
+        for (&k, &(vk, rk)) in &sh {
             let Some(l) = snap.jobs[k].shares_with.filter(|&l| k < l) else {
                 continue;
             };
-            let Some(&(_, vl)) = sh.iter().find(|(m, _)| *m == l) else {
+            let Some(&(vl, rl)) = sh.get(&l) else {
                 continue;
             };
             let (Some(ck), Some(cl)) = (ch[k].shared, ch[l].shared) else {
@@ -284,11 +282,8 @@ impl IceFrog {
             warm_value += start * (bk + bl) / n;
             objective += ((bk + bl) / n) * y;
             terms.push((y, (bk + bl) / n));
-            for (m, b) in [(k, bk), (l, bl)] {
-                if let Some(r) = listed.iter().position(|&x| x == m) {
-                    rows[r].0 += b * y;
-                }
-            }
+            rows[rk].0 += bk * y;
+            rows[rl].0 += bl * y;
             kept_pairs.push((y, vk, vl));
         }
         stats.variables = 2 + x.len() + sh.len();
@@ -343,8 +338,8 @@ impl IceFrog {
         }
         let halves = sh
             .iter()
-            .filter(|(_, v)| solution.value(*v) > 0.5)
-            .map(|&(k, _)| k)
+            .filter(|(_, (v, _))| solution.value(*v) > 0.5)
+            .map(|(&k, _)| k)
             .collect();
         (Some((gpus, halves)), stats)
     }

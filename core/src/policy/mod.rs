@@ -150,6 +150,16 @@ pub fn share_memory_gib(snap: &Snapshot, a: usize, b: usize) -> f64 {
         .unwrap_or(0.0)
 }
 
+/// Whether a job may train on one GPU alone (no pipeline, expert group or
+/// multi-GPU worker; one GPU within its range): what sharing a GPU needs.
+pub fn trains_on_one_gpu(j: &SchedJob) -> bool {
+    j.min_gpus <= 1
+        && j.max_gpus >= 1
+        && !j.pipeline
+        && j.expert_parallel <= 1
+        && j.worker_gpus <= 1
+}
+
 /// Whether job `a` and job `b` may share one GPU of `gpu_memory_gib`
 /// (ICEFROG Eq. 8's rules): both train on one GPU alone (no pipeline,
 /// expert group or multi-GPU worker, one GPU within their range), both
@@ -157,19 +167,12 @@ pub fn share_memory_gib(snap: &Snapshot, a: usize, b: usize) -> f64 {
 /// their utilisation sums to at most 100 %; and both may run on the same
 /// GPU family. An unknown GPU memory (0) shares nothing.
 pub fn may_share(a: &SchedJob, b: &SchedJob, gpu_memory_gib: f64) -> bool {
-    let one_gpu = |j: &SchedJob| {
-        j.min_gpus <= 1
-            && j.max_gpus >= 1
-            && !j.pipeline
-            && j.expert_parallel <= 1
-            && j.worker_gpus <= 1
-    };
     let (Some(fa), Some(fb)) = (a.footprint, b.footprint) else {
         return false;
     };
     gpu_memory_gib > 0.0
-        && one_gpu(a)
-        && one_gpu(b)
+        && trains_on_one_gpu(a)
+        && trains_on_one_gpu(b)
         && same_gpus(a.gpu_model.as_deref(), b.gpu_model.as_deref())
         && SHARE_MEMORY_MARGIN * (fa.memory_gib + fb.memory_gib) <= gpu_memory_gib
         && fa.utilization_pct + fb.utilization_pct <= 100.0
