@@ -382,6 +382,33 @@ fn time_input(i: usize, j: &pb::JobTimeInput, lut: &Lut) -> Result<JobInput, Sta
         Some(c) => Some(curve_from_pb(&f("curve"), Some(c))?),
         None => None,
     };
+    let layer_tuning = if j.layer_variance.is_empty() {
+        None
+    } else {
+        if let Some(k) = j
+            .layer_variance
+            .iter()
+            .position(|v| !v.is_finite() || *v < 0.0)
+        {
+            return Err(invalid(
+                &f(&format!("layer_variance[{k}]")),
+                "must be a finite number >= 0",
+            ));
+        }
+        if j.max_frozen_layers > layers || j.max_frozen_layers < j.frozen_layers {
+            return Err(invalid(
+                &f("max_frozen_layers"),
+                format!(
+                    "{} must lie between frozen_layers ({}) and the model's {layers} layers",
+                    j.max_frozen_layers, j.frozen_layers
+                ),
+            ));
+        }
+        Some(times::LayerTuning {
+            variance: j.layer_variance.clone(),
+            max_frozen: j.max_frozen_layers,
+        })
+    };
     Ok(JobInput {
         id: j.job_id.clone(),
         model: j.model.clone(),
@@ -405,6 +432,7 @@ fn time_input(i: usize, j: &pb::JobTimeInput, lut: &Lut) -> Result<JobInput, Sta
         curve,
         max_iterations: j.max_iterations,
         samples_per_epoch: j.samples_per_epoch,
+        layer_tuning,
     })
 }
 

@@ -401,8 +401,60 @@ async fn every_rpc_computes_and_rejects_bad_input() {
         .await,
         "pairs[0].mode",
     );
+    // A layer-elastic job (ICEFROG Eq. 16): with its deep layers still
+    // learning and its early ones settled, its row is faster than the same
+    // job's plain row wherever it runs; bad tuning inputs name the field.
+    let elastic = pb::JobTimeInput {
+        layer_variance: (0..12).map(|i| if i < 6 { 1e-3 } else { 1.0 }).collect(),
+        max_frozen_layers: 10,
+        ..job("e", 1000)
+    };
+    let table = c
+        .predict_job_times(pb::PredictJobTimesRequest {
+            jobs: vec![job("a", 1000), elastic.clone()],
+            max_gpus: 4,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    for k in 1..table.allocations.len() {
+        assert!(
+            table.rows[1].seconds[k] < table.rows[0].seconds[k],
+            "{:?} vs {:?}",
+            table.rows[1].seconds,
+            table.rows[0].seconds
+        );
+    }
+    for (bad, field) in [
+        (
+            pb::JobTimeInput {
+                layer_variance: vec![1.0, f64::NAN],
+                ..elastic.clone()
+            },
+            "jobs[0].layer_variance[1]",
+        ),
+        (
+            pb::JobTimeInput {
+                max_frozen_layers: 99,
+                ..elastic.clone()
+            },
+            "jobs[0].max_frozen_layers",
+        ),
+    ] {
+        assert_invalid(
+            c.predict_job_times(pb::PredictJobTimesRequest {
+                jobs: vec![bad],
+                max_gpus: 4,
+                ..Default::default()
+            })
+            .await,
+            field,
+        );
+    }
 
     // LookupThroughput.
+
     let t = c
         .lookup_throughput(key("roberta-base", "4", 8))
         .await

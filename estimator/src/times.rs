@@ -18,6 +18,7 @@
 
 use std::collections::HashMap;
 
+use crate::icefrog;
 use crate::loss_curve::{LossCurve, PLATEAU_THRESHOLD, iterations_to_converge};
 use crate::lut::{Lut, LutError, Variant};
 use crate::transfer::spatial_iterations;
@@ -44,6 +45,19 @@ pub struct JobInput {
     pub max_iterations: u64,
     /// Training samples per epoch (`D_i` of Eq. 4).
     pub samples_per_epoch: u64,
+    /// A layer-elastic job's tuner inputs: its row then holds, at every
+    /// allocation, the time at its best frozen layers there (ICEFROG Eq. 16
+    /// with Eq. 15's `ℓ*`). None: the job trains at `variant` as it is.
+    pub layer_tuning: Option<LayerTuning>,
+}
+
+/// What ICEFROG's layer tuner needs of a layer-elastic job: the per-layer
+/// gradient variance its trainer last reported and how many layers it may
+/// freeze. The range tuned is `variant.frozen_layers ..= max_frozen`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LayerTuning {
+    pub variance: Vec<f64>,
+    pub max_frozen: u32,
 }
 
 /// How two jobs are merged.
@@ -133,6 +147,52 @@ pub fn seconds_per_iteration(
     })
 }
 
+/// Seconds per full-gradient iteration of a layer-elastic job at `a` GPUs
+/// at its best frozen layers there (ICEFROG Eq. 15–16):
+/// `min_ℓ S(a, ℓ) · ψ(ℓ_0) / ψ(ℓ)` over `ℓ_0 = variant.frozen_layers ..=
+/// max_frozen`, i.e. `M / max_ℓ E(a, ℓ)` with `E = ψ·T` (Eq. 2, 4) as the
+/// live tuner ([`icefrog::tune_frozen_layers`]) picks it. ψ is taken
+/// relative to the job's own floor `ℓ_0`: its remaining iterations were
+/// estimated training those layers as it does (the user froze them), so at
+/// `ℓ_0` the row is [`seconds_per_iteration`]'s. Without tuning inputs, or
+/// when no ℓ fits, the plain time.
+pub fn seconds_per_effective_iteration(
+    lut: &Lut,
+    job: &JobInput,
+    batch: u32,
+    a: u32,
+) -> Result<f64, LutError> {
+    let plain = seconds_per_iteration(lut, job, batch, a)?;
+    let Some(t) = job.layer_tuning.as_ref().filter(|t| !t.variance.is_empty()) else {
+        return Ok(plain);
+    };
+    let from = job.variant.frozen_layers;
+    let to = t.max_frozen.clamp(from, job.layers.max(from));
+    let at = |l: u32| -> Option<f64> {
+        let v = JobInput {
+            variant: Variant {
+                frozen_layers: l,
+                ..job.variant.clone()
+            },
+            layer_tuning: None,
+            ..job.clone()
+        };
+        seconds_per_iteration(lut, &v, batch, a)
+            .ok()
+            .filter(|s| s.is_finite())
+            // Eq. 4 without sharing (λ = 1, the Eq. 8 fix).
+            .map(|s| icefrog::layer_aware_throughput(f64::from(batch), s, 1.0))
+    };
+    let floor = icefrog::frozen_penalty_of_layers(&t.variance, from);
+    Ok(
+        match icefrog::tune_frozen_layers(&t.variance, from..=to, at) {
+            Some((l, _)) if l == from => plain,
+            Some((_, e)) if e > 0.0 && floor > 0.0 => f64::from(batch) * floor / e,
+            _ => plain,
+        },
+    )
+}
+
 /// Iterations of `job` when helped by a gain `g` (from its curve when it has
 /// one; else `K / (1 + G)`, the same scaling applied to the iteration count).
 pub fn transferred_iterations(job: &JobInput, g: f64) -> u64 {
@@ -193,6 +253,7 @@ pub fn time_table(
                     && c.variant == j.variant
                     && c.gpus_per_node == j.gpus_per_node
                     && c.layers == j.layers
+                    && c.layer_tuning == j.layer_tuning
             };
             classes.iter().position(same).unwrap_or_else(|| {
                 classes.push(j);
@@ -229,15 +290,38 @@ pub fn time_table(
         }
         per_iter.push(lookup(index, j.global_batch)?);
     }
-    let job_times: Vec<Vec<f64>> = jobs
-        .iter()
-        .zip(&per_iter)
-        .map(|(j, s)| {
+    // A job's own row: a layer-elastic one at its best frozen layers per
+    // allocation (Eq. 16). Pairs keep the plain times: a merged process is
+    // not layer-tuned.
+    let mut tuned: HashMap<(usize, u32), Vec<f64>> = HashMap::new();
+    let mut job_times: Vec<Vec<f64>> = Vec::with_capacity(jobs.len());
+    for (index, (j, s)) in jobs.iter().zip(&per_iter).enumerate() {
+        let s = if j.layer_tuning.is_some() {
+            match tuned.get(&(class_of[index], j.global_batch)) {
+                Some(v) => v.clone(),
+                None => {
+                    let v = allocations
+                        .iter()
+                        .map(|&a| seconds_per_effective_iteration(lut, j, j.global_batch, a))
+                        .collect::<Result<Vec<_>, _>>()
+                        .map_err(|source| TimeError::Lut {
+                            index,
+                            id: j.id.clone(),
+                            source,
+                        })?;
+                    tuned.insert((class_of[index], j.global_batch), v.clone());
+                    v
+                }
+            }
+        } else {
+            s.clone()
+        };
+        job_times.push(
             s.iter()
                 .map(|&s| times_k(s, j.remaining_iterations))
-                .collect()
-        })
-        .collect();
+                .collect(),
+        );
+    }
 
     // Phase 2: pairs. Spatial pairs run at batch M_A + M_B in A's
     // configuration (looked up through the same cache).
@@ -341,6 +425,7 @@ mod tests {
             curve: None,
             max_iterations: 0,
             samples_per_epoch: 1000,
+            layer_tuning: None,
         }
     }
 
@@ -368,6 +453,92 @@ mod tests {
         assert_eq!(tran_wt_spatial(100.0, f64::INFINITY, 200.0), 0.0);
         // A pair that takes as long as SRTF of the two has weight 1.
         assert!((tran_wt_temporal(100.0, 300.0, 300.0) - 1.0).abs() < 1e-12);
+    }
+
+    /// ICEFROG Eq. 16 at every allocation: a layer-elastic job's row is its
+    /// time at its best frozen layers there, by hand; it freezes only where
+    /// freezing pays (ψ barely drops when the early layers have settled),
+    /// and a job whose early layers still learn keeps its plain row.
+    #[test]
+    fn layer_elastic_rows_take_the_best_frozen_layers_per_allocation() {
+        let lut = lut();
+        let allocations = [1, 2, 4];
+        let plain = job("p", 16, 100);
+        let settled = JobInput {
+            id: "settled".into(),
+            // Gradient variance concentrated in the deep layers.
+            layer_tuning: Some(LayerTuning {
+                variance: (0..12).map(|i| if i < 6 { 1e-3 } else { 1.0 }).collect(),
+                max_frozen: 10,
+            }),
+            ..job("settled", 16, 100)
+        };
+        let learning = JobInput {
+            id: "learning".into(),
+            layer_tuning: Some(LayerTuning {
+                variance: (0..12).map(|i| if i < 6 { 5.0 } else { 0.1 }).collect(),
+                max_frozen: 10,
+            }),
+            ..job("learning", 16, 100)
+        };
+        let t = time_table(
+            &lut,
+            &[plain.clone(), settled.clone(), learning],
+            &[],
+            &allocations,
+        )
+        .unwrap();
+        for (k, &a) in allocations.iter().enumerate() {
+            // By hand: min over ℓ of S(a, ℓ) / ψ(ℓ) (ψ(0) = 1).
+            let by_hand = (0..=10u32)
+                .map(|l| {
+                    let v = JobInput {
+                        variant: Variant {
+                            frozen_layers: l,
+                            ..Variant::base()
+                        },
+                        layer_tuning: None,
+                        ..plain.clone()
+                    };
+                    let s = seconds_per_iteration(&lut, &v, 16, a).unwrap();
+                    s / icefrog::frozen_penalty_of_layers(
+                        &settled.layer_tuning.as_ref().unwrap().variance,
+                        l,
+                    )
+                })
+                .fold(f64::INFINITY, f64::min);
+            assert!((t.jobs[1][k] - 100.0 * by_hand).abs() < 1e-9 * t.jobs[1][k]);
+            assert!(
+                t.jobs[1][k] < t.jobs[0][k],
+                "freezing settled layers pays at {a} GPUs"
+            );
+            assert_eq!(t.jobs[2][k], t.jobs[0][k], "no ℓ beats ℓ = 0 at {a} GPUs");
+        }
+    }
+
+    /// The layers a user froze are the job's floor: its row at the floor
+    /// is the plain row of that variant (ψ relative to the floor), so a
+    /// layer-elastic job whose tuner can do no better costs what it costs.
+    #[test]
+    fn a_user_frozen_floor_is_not_penalised() {
+        let lut = lut();
+        let floor = JobInput {
+            variant: Variant {
+                frozen_layers: 4,
+                ..Variant::base()
+            },
+            ..job("f", 16, 50)
+        };
+        let elastic = JobInput {
+            layer_tuning: Some(LayerTuning {
+                // Layers 5.. still learn hard: freezing more never pays.
+                variance: (0..12).map(|i| if i < 4 { 1.0 } else { 50.0 }).collect(),
+                max_frozen: 4,
+            }),
+            ..floor.clone()
+        };
+        let t = time_table(&lut, &[floor, elastic], &[], &[1, 2]).unwrap();
+        assert_eq!(t.jobs[0], t.jobs[1]);
     }
 
     #[test]

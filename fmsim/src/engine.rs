@@ -795,7 +795,8 @@ impl<'a> Simulation<'a> {
                     .or_else(|| lut.context_switch_s(&j.lut_model, &families[j.family])),
             );
             // GPU sharing: its memory (the profile's, at its whole batch on
-            // one GPU) and utilisation alone.
+            // one GPU) and utilisation alone (the regression's prior: a
+            // simulation measures nothing).
             let one_gpu = !j.w.pipeline && j.w.expert_parallel <= 1;
             if cfg.gpu_sharing && one_gpu {
                 j.footprint = icefrog::one_gpu_footprint(
@@ -804,6 +805,7 @@ impl<'a> Simulation<'a> {
                     &families[j.family],
                     &j.variant,
                     j.w.batch,
+                    None,
                 );
             }
             jobs.push(j);

@@ -2038,6 +2038,17 @@ async fn e2e_icefrog_a_layer_elastic_job_gets_a_new_l_without_a_restart() {
         1,
         "one training process, never restarted:\n{err}"
     );
+    // It ran alone on its GPU: ICEFROG's utilisation regression took the
+    // agent's measurements of it, fenced with the rounds.
+    let mut c = sqlx::PgConnection::connect(&db_url(&db)).await.unwrap();
+    let samples: i64 = sqlx::query_scalar(
+        "SELECT samples FROM utilization_fits WHERE model = 'roberta-base' AND gpu_family = 'A100'",
+    )
+    .fetch_one(&mut c)
+    .await
+    .unwrap();
+    assert!(samples >= 1, "{samples} utilisation samples");
+    drop(c);
     drop_db(&db).await;
 }
 

@@ -274,5 +274,10 @@ fn job_to_proto(j: &JobInput) -> pb::JobTimeInput {
         gradient_checkpointing: j.variant.gradient_checkpointing,
         petl: j.variant.petl.clone(),
         gpus_per_node: j.gpus_per_node,
+        layer_variance: j
+            .layer_tuning
+            .as_ref()
+            .map_or_else(Vec::new, |t| t.variance.clone()),
+        max_frozen_layers: j.layer_tuning.as_ref().map_or(0, |t| t.max_frozen),
     }
 }

@@ -12,6 +12,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use fmsched_core::policy::MergeMode;
 use fmsched_core::{GpuUuid, JobId, JobSpec, JobState, NodeId, NodeState, UserName};
+use fmsched_estimator::icefrog::UtilizationFit;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{PgPool, Row};
 use uuid::Uuid;
@@ -731,6 +732,9 @@ pub struct RoundWrites {
     /// Jobs taken off a shared GPU that ran saturated: they never share a
     /// GPU again (ICEFROG Eq. 8's rule measured).
     pub no_sharing: Vec<JobId>,
+    /// Utilisation fits this round's measurements changed, by (model, GPU
+    /// family): written whole.
+    pub utilization_fits: Vec<((String, String), UtilizationFit)>,
 }
 
 /// Proof of leadership that a leader-only write carries: the lease's holder
@@ -1236,6 +1240,23 @@ impl Persistence {
                 note_in(&mut tx, *job, kind, message, now, OP).await?;
             }
             account_service(&mut tx, &w.service, now, OP).await?;
+            for ((model, family), f) in &w.utilization_fits {
+                sqlx::query(
+                    "INSERT INTO utilization_fits (model, gpu_family, sum_xy, sum_xx, samples, updated_at)
+                     VALUES ($1, $2, $3, $4, $5, $6)
+                     ON CONFLICT (model, gpu_family) DO UPDATE SET sum_xy = $3, sum_xx = $4,
+                        samples = $5, updated_at = $6",
+                )
+                .bind(model)
+                .bind(family)
+                .bind(f.sum_xy)
+                .bind(f.sum_xx)
+                .bind(i64::try_from(f.samples).unwrap_or(i64::MAX))
+                .bind(now)
+                .execute(&mut *tx)
+                .await
+                .map_err(db_err(OP))?;
+            }
             if !w.no_sharing.is_empty() {
                 let ids: Vec<uuid::Uuid> = w.no_sharing.iter().map(|j| j.0).collect();
                 sqlx::query("UPDATE jobs SET no_gpu_sharing = true WHERE id = ANY($1)")
@@ -1427,6 +1448,32 @@ impl Persistence {
         .await
         .map_err(db_err("live_jobs"))?;
         rows.iter().map(job_from_row).collect()
+    }
+
+    /// The utilisation fits by (model, GPU family)
+    /// ([`RoundWrites::utilization_fits`]).
+    pub async fn utilization_fits(
+        &self,
+    ) -> Result<BTreeMap<(String, String), UtilizationFit>, PersistenceError> {
+        let rows: Vec<(String, String, f64, f64, i64)> = sqlx::query_as(
+            "SELECT model, gpu_family, sum_xy, sum_xx, samples FROM utilization_fits",
+        )
+        .fetch_all(&self.pool)
+        .await
+        .map_err(db_err("utilization_fits"))?;
+        Ok(rows
+            .into_iter()
+            .map(|(m, g, sum_xy, sum_xx, n)| {
+                (
+                    (m, g),
+                    UtilizationFit {
+                        sum_xy,
+                        sum_xx,
+                        samples: u64::try_from(n).unwrap_or(0),
+                    },
+                )
+            })
+            .collect())
     }
 
     /// Live jobs that may no longer share a GPU ([`RoundWrites::no_sharing`]).

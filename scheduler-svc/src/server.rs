@@ -90,6 +90,7 @@ pub async fn run(
                 .context("loading AutoSched's profiles")?,
         ),
         saturated_gpus: Default::default(),
+        layer_variance: Default::default(),
     };
     // Leadership: take it now if free (a single replica leads at once),
     // then keep renewing; a standby takes over when the leader's lease

@@ -653,6 +653,14 @@ async fn a_fenced_commit_by_a_stale_writer_writes_nothing(pool: PgPool) {
             rank_offset: 0,
             master_port: None,
         }],
+        utilization_fits: vec![(
+            ("roberta-base".into(), "A100".into()),
+            fmsched_estimator::icefrog::UtilizationFit {
+                sum_xy: 3.0,
+                sum_xx: 2e-4,
+                samples: 4,
+            },
+        )],
         ..Default::default()
     };
     let (old, stale) = lead(&p, "old", 1).await;
@@ -674,6 +682,7 @@ async fn a_fenced_commit_by_a_stale_writer_writes_nothing(pool: PgPool) {
             JobState::Submitted
         );
         assert!(p.progress().await.unwrap().is_empty());
+        assert!(p.utilization_fits().await.unwrap().is_empty());
     };
     nothing(p.clone()).await;
     // The leader's round reads generation 0; another write moves it on.
@@ -691,6 +700,11 @@ async fn a_fenced_commit_by_a_stale_writer_writes_nothing(pool: PgPool) {
     assert_eq!(p.current_plan().await.unwrap().assignments.len(), 1);
     assert_eq!(p.get_job(j).await.unwrap().unwrap().state, JobState::Queued);
     assert_eq!(p.progress().await.unwrap()[&j], (5, Some("/ckpt/5".into())));
+    let fits = p.utilization_fits().await.unwrap();
+    assert_eq!(
+        fits.into_iter().collect::<Vec<_>>(),
+        writes.utilization_fits
+    );
     // Fenced node writes too.
     let e = p
         .set_node_state(

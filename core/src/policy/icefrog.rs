@@ -5,7 +5,8 @@
 //! **IceShare** (`icefrog`), on HiGHS through `good_lp`:
 //! - Eq. 16: `T^acc_k(a) = T^age_k + P_k / max_{m,ℓ} E(a, s, m, ℓ)`. The
 //!   snapshot's `remaining_s[a]` is `P_k / max E` already: the estimator
-//!   puts the layer tuner's best `(m, ℓ)` into it (Eq. 15), so here
+//!   puts the layer tuner's best `(m, ℓ)` per allocation into it (Eq. 15;
+//!   `times::seconds_per_effective_iteration` live, the engine in fmsim), so here
 //!   `T^acc(a) = (now − submitted) + remaining_s[a]`, plus the job's
 //!   restart when `a` changes what it holds (ICEFROG's 60 s reallocation
 //!   overhead, §V-E, is that restart).

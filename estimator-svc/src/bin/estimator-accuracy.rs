@@ -177,6 +177,7 @@ fn speed(rng: &mut Rng) -> (f64, f64, f64, usize) {
                 )),
                 max_iterations: 20_000,
                 samples_per_epoch: 10_000,
+                layer_tuning: None,
             }
         })
         .collect();

@@ -39,6 +39,10 @@ pub struct AppState {
     /// Shared GPUs (by UUID) and the rounds in a row each reported
     /// saturated (the leader's own count; a new leader counts afresh).
     pub saturated_gpus: Arc<std::sync::Mutex<std::collections::BTreeMap<String, u32>>>,
+    /// Layer-elastic jobs' last reported per-layer gradient variance (the
+    /// leader's memory, so a suspended job is still tuned per allocation).
+    pub layer_variance:
+        Arc<std::sync::Mutex<std::collections::BTreeMap<fmsched_core::JobId, Vec<f64>>>>,
 }
 
 /// Errors a handler returns; mapped to a status code in one place.

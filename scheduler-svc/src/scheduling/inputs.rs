@@ -388,6 +388,7 @@ pub(crate) async fn load(
                         &on,
                         &Variant::of_spec(&j.spec),
                         j.spec.hyperparameters.global_batch_size.max(1),
+                        o.utilization_fits.get(&(j.spec.model.clone(), on.clone())),
                     )
                 })
                 .flatten()
@@ -558,6 +559,27 @@ fn job_inputs(
             let done = o.progress.get(&id).map_or(0, |p| p.0);
             let e = o.estimates.get(&id);
             let total = expected_iterations(j, e);
+            // A layer-elastic job with a reported variance is tuned per
+            // allocation by the table (ICEFROG Eq. 16) from its own floor;
+            // else it trains at the frozen layers the tuner last picked.
+            let layers = analytic::layers_of(&j.spec.model).unwrap_or(12);
+            let layer_tuning = j.spec.layer_elasticity.and_then(|el| {
+                o.layer_variance.get(&id).map(|v| times::LayerTuning {
+                    variance: v.clone(),
+                    max_frozen: el
+                        .max_frozen_layers
+                        .min(layers)
+                        .max(j.spec.frozen_count().min(layers)),
+                })
+            });
+            let frozen_layers = if layer_tuning.is_some() {
+                j.spec.frozen_count().min(layers)
+            } else {
+                o.frozen_layers
+                    .get(&id)
+                    .copied()
+                    .unwrap_or(j.spec.frozen_count())
+            };
             // The GPUs it would run on (one rule with fmsim's).
             let (fam, per_node) = round::estimate_shape(&t.view, &t.view.jobs[v])
                 .unwrap_or_else(|| (family.to_string(), 4));
@@ -568,17 +590,13 @@ fn job_inputs(
                     gpu_type: fam,
                     gpus_per_node: per_node.clamp(1, 9),
                     global_batch: j.spec.hyperparameters.global_batch_size.max(1),
-                    // A layer-elastic job at the frozen layers the tuner
-                    // picked for it.
                     variant: Variant {
-                        frozen_layers: o
-                            .frozen_layers
-                            .get(&id)
-                            .copied()
-                            .unwrap_or(j.spec.frozen_count()),
+                        frozen_layers,
                         ..Variant::of_spec(&j.spec)
                     },
-                    layers: analytic::layers_of(&j.spec.model).unwrap_or(12),
+                    layers,
+                    layer_tuning,
+
                     remaining_iterations: total.saturating_sub(done).max(1),
                     done_iterations: done,
                     curve: e.and_then(|e| e.curve.as_ref()).and_then(curve_from_json),
@@ -661,7 +679,7 @@ async fn candidate_gains(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::persistence::{GpuRecord, NodeRecord};
     use fmsched_core::JobState;
@@ -698,7 +716,7 @@ mod tests {
         }
     }
 
-    fn node(id: &str, gpus: u32) -> LiveNode {
+    pub(crate) fn node(id: &str, gpus: u32) -> LiveNode {
         let now = Utc::now();
         let record = NodeRecord {
             id: NodeId::try_from(id.to_string()).unwrap(),
@@ -832,5 +850,94 @@ mod tests {
             ]
         );
         assert!(t.parts(&[(0, 9)]).is_none(), "an unknown GPU");
+    }
+
+    /// ICEFROG Eq. 16 live: a layer-elastic job whose trainer reported its
+    /// gradient variance goes to the time table with its tuner inputs, from
+    /// its own floor, and its row there is its time at the best frozen
+    /// layers per allocation (faster than training every layer when its
+    /// early layers have settled); one without a report trains at the
+    /// frozen layers the tuner last picked; a plain job has neither.
+    #[test]
+    fn layer_elastic_jobs_reach_the_time_table_with_their_variance() {
+        let now = DateTime::parse_from_rfc3339("2026-01-01T00:00:00Z")
+            .unwrap()
+            .with_timezone(&Utc);
+        let elastic = |n: u8| {
+            let mut r = record(n, JobState::Queued);
+            r.spec.layer_elasticity = Some(fmsched_core::job::LayerElasticity {
+                max_frozen_layers: 10,
+            });
+            r
+        };
+        let live: BTreeMap<JobId, JobRecord> =
+            [elastic(1), elastic(2), record(3, JobState::Queued)]
+                .into_iter()
+                .map(|r| (r.id, r))
+                .collect();
+        let variance: Vec<f64> = (0..12).map(|i| if i < 6 { 1e-3 } else { 1.0 }).collect();
+        let mut o = Observed {
+            live: live.clone(),
+            ..Default::default()
+        };
+        o.layer_variance.insert(job(1), variance.clone());
+        o.frozen_layers.insert(job(2), 3);
+        let nodes = vec![node("a", 4)];
+        let t = build_view(&ViewSources {
+            nodes: &nodes,
+            live: &live,
+            merges: &[],
+            assignments: &[],
+            progress: &BTreeMap::new(),
+            service: &BTreeMap::new(),
+            held_back: &BTreeSet::new(),
+            cordons: &BTreeMap::new(),
+            loans: &BTreeMap::new(),
+            restart_s: &|_| 0.0,
+            footprint: &|_| None,
+            now,
+        });
+        let policy = fmsched_core::policy::baselines::by_name("icefrog").unwrap();
+        let prepared =
+            fmsched_core::round::prepare(&t.view, policy.as_ref(), &RoundConfig::default());
+        let inputs = job_inputs(&o, &t, &prepared, "A100");
+        let of = |n: u8| {
+            inputs
+                .iter()
+                .position(|i| i.id == job(n).to_string())
+                .unwrap()
+        };
+        let (tuned, picked, plain) = (of(1), of(2), of(3));
+        assert_eq!(
+            inputs[tuned].layer_tuning,
+            Some(times::LayerTuning {
+                variance,
+                max_frozen: 10
+            })
+        );
+        assert_eq!(
+            inputs[tuned].variant.frozen_layers, 0,
+            "tuned from its floor"
+        );
+        assert_eq!(inputs[picked].layer_tuning, None);
+        assert_eq!(inputs[picked].variant.frozen_layers, 3);
+        assert_eq!(inputs[plain].layer_tuning, None);
+        assert_eq!(inputs[plain].variant.frozen_layers, 0);
+        let lut = analytic::default_lut().unwrap();
+        let table =
+            crate::estimates::local_times(&lut, &inputs, &[], &prepared.allocations).unwrap();
+        for (k, &a) in prepared
+            .allocations
+            .iter()
+            .enumerate()
+            .filter(|(_, a)| **a > 0)
+        {
+            assert!(
+                table.jobs[tuned][k] < table.jobs[plain][k],
+                "at {a} GPUs: {} vs {}",
+                table.jobs[tuned][k],
+                table.jobs[plain][k]
+            );
+        }
     }
 }

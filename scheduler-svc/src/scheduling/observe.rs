@@ -17,6 +17,7 @@ use fmsched_core::policy::MergeMode;
 use fmsched_core::{JobId, JobState};
 use fmsched_estimator::analytic;
 use fmsched_estimator::curve_prior::{self, CurveLibrary};
+use fmsched_estimator::icefrog;
 use fmsched_estimator::loss_curve::{
     LossCurve, PLATEAU_THRESHOLD, fit_loss_curve, iterations_to_converge,
 };
@@ -84,6 +85,15 @@ pub(crate) struct Observed {
     /// Layer-elastic jobs running alone in their process: the frozen layers
     /// ICEFROG's tuner picked this round (the plan tells their trainers).
     pub frozen_layers: BTreeMap<JobId, u32>,
+    /// Layer-elastic live jobs: the per-layer gradient variance each one's
+    /// trainer last reported (this round's, else the leader's memory of an
+    /// earlier one): the time table tunes their frozen layers per
+    /// allocation from it (ICEFROG Eq. 16).
+    pub layer_variance: BTreeMap<JobId, Vec<f64>>,
+    /// ICEFROG's utilisation regression per (model, GPU family), with this
+    /// round's measurements.
+    pub utilization_fits: BTreeMap<(String, String), icefrog::UtilizationFit>,
+
     /// What the admin API set: cordons and drains, re-queue requests, the
     /// policy in force.
     pub admin: AdminState,
@@ -139,7 +149,23 @@ pub(crate) async fn observe(
         service: p.service().await?,
         admin: p.admin_state().await?,
         no_sharing: p.no_sharing_jobs().await?,
+        utilization_fits: p.utilization_fits().await?,
         ..Default::default()
+    };
+    // Layer-elastic jobs' last reported variance (the leader's memory:
+    // a suspended job keeps its own; a new leader learns them afresh from
+    // the next reports).
+    o.layer_variance = {
+        let mut seen = state
+            .layer_variance
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        seen.retain(|j, _| {
+            o.live
+                .get(j)
+                .is_some_and(|r| r.spec.layer_elasticity.is_some())
+        });
+        seen.clone()
     };
     // This round holds back every job an admin asked to re-queue; its
     // commit retires those requests.
@@ -172,8 +198,14 @@ pub(crate) async fn observe(
         }
     }
     guard(&mut o, &evals, &losses);
+    state
+        .layer_variance
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .extend(o.layer_variance.iter().map(|(j, v)| (*j, v.clone())));
     learn_metric_targets(state, &mut o, &own).await;
     watch_shared_gpus(state, &mut o, &nodes);
+    learn_utilization(&mut o, &nodes);
     o.nodes = nodes;
     Ok(o)
 }
@@ -190,6 +222,74 @@ const SATURATED_ROUNDS: u32 = 3;
 /// split — the later-submitted of its jobs never shares a GPU again
 /// (written in the round's commit, with an event on the job), so the
 /// policy moves it off or suspends it.
+/// ICEFROG's utilisation regression fed by measurement
+/// ([`icefrog::UtilizationFit`]): each one-GPU training process of one job
+/// that runs alone on its GPU (no other job planned there, stepping) adds
+/// its measured utilisation — its own NVML reading, else its GPU's — to
+/// its model's fit on that GPU type, at its step work (its batch and its
+/// variant with the frozen layers it trains with). The fits it changed are
+/// written with the round; the next round's footprints predict from them.
+fn learn_utilization(o: &mut Observed, nodes: &[LiveNode]) {
+    let mut planned: BTreeMap<&str, usize> = BTreeMap::new();
+    for a in o.current.assignments.iter().filter(|a| !a.profile) {
+        for g in &a.gpus {
+            *planned.entry(g.0.as_str()).or_default() += 1;
+        }
+    }
+    let mut changed: BTreeSet<(String, String)> = BTreeSet::new();
+    for n in nodes {
+        for t in &n.observed_tasks {
+            let ([uuid], Some(members)) = (&t.gpu_uuids[..], members_of(&t.task_id)) else {
+                continue;
+            };
+            let ([id], true) = (&members[..], t.phase == pb::TaskPhase::Running as i32) else {
+                continue;
+            };
+            let (Some(job), Some(tel), Some(gpu)) = (
+                o.live.get(id),
+                n.telemetry.get(uuid),
+                n.record.gpus.iter().find(|g| g.uuid.0 == *uuid),
+            ) else {
+                continue;
+            };
+            if t.step_time_s <= 0.0 || t.world_size > 1 || planned.get(uuid.as_str()) != Some(&1) {
+                continue;
+            }
+            let util = tel
+                .processes
+                .iter()
+                .find(|p| p.pid == t.pid && p.utilization_percent > 0)
+                .map_or(tel.utilization_percent, |p| p.utilization_percent);
+            let frozen = t
+                .jobs
+                .iter()
+                .find(|r| r.job_id == id.to_string() && !r.layer_variance.is_empty())
+                .map_or(job.spec.frozen_count(), |r| r.frozen_layers);
+            let variant = Variant {
+                frozen_layers: frozen,
+                ..Variant::of_spec(&job.spec)
+            };
+            let work = icefrog::step_work(
+                &job.spec.model,
+                &variant,
+                job.spec.hyperparameters.global_batch_size.max(1),
+            );
+            let key = (job.spec.model.clone(), analytic::gpu_family(&gpu.model));
+            if o.utilization_fits
+                .entry(key.clone())
+                .or_default()
+                .add(work, f64::from(util))
+            {
+                changed.insert(key);
+            }
+        }
+    }
+    o.writes.utilization_fits = changed
+        .into_iter()
+        .filter_map(|k| o.utilization_fits.get(&k).map(|f| (k.clone(), *f)))
+        .collect();
+}
+
 fn watch_shared_gpus(state: &AppState, o: &mut Observed, nodes: &[LiveNode]) {
     let mut on: BTreeMap<&str, Vec<JobId>> = BTreeMap::new();
     for a in o.current.assignments.iter().filter(|a| !a.profile) {
@@ -809,6 +909,11 @@ async fn learn_from_running(
     let trains_with = report
         .filter(|r| !r.layer_variance.is_empty())
         .map_or(job.spec.frozen_count(), |r| r.frozen_layers);
+    if let Some(r) =
+        report.filter(|r| !r.layer_variance.is_empty() && job.spec.layer_elasticity.is_some())
+    {
+        o.layer_variance.insert(id, r.layer_variance.clone());
+    }
     if let (Some(r), Some(g)) = (report, n.record.gpus.first())
         && let Some(l) = tune_layers(lut, job, r, &analytic::gpu_family(&g.model), t)
     {
@@ -1534,6 +1639,101 @@ pub(crate) mod tests {
         assert!(
             o2.outcomes.is_empty(),
             "a merge measured before is not sent again"
+        );
+    }
+
+    /// The utilisation regression learns from processes that run alone:
+    /// a one-GPU job alone on its GPU adds its own NVML reading (its GPU's
+    /// when the driver gives none) each round and the changed fit is
+    /// written; a shared GPU, a profiling run and a process not yet
+    /// stepping teach nothing. After three rounds the model's footprint
+    /// predicts what was measured.
+    #[test]
+    fn utilization_is_learned_from_processes_running_alone() {
+        let at = |n: u8, gpu: &str, profile: bool| crate::persistence::Assignment {
+            job: job(n),
+            node: fmsched_core::NodeId::try_from("a".to_string()).unwrap(),
+            gpus: vec![fmsched_core::GpuUuid(gpu.into())],
+            profile,
+            rank_offset: 0,
+            master_port: None,
+        };
+        let mut o = Observed {
+            live: (1..=4).map(|n| (job(n), record(n, Some(1000)))).collect(),
+            ..Default::default()
+        };
+        o.current.assignments = vec![
+            at(1, "a-G0", false),
+            at(2, "a-G1", false),
+            at(3, "a-G1", false),
+            at(4, "a-G2", true),
+        ];
+        let mut node = crate::scheduling::inputs::tests::node("a", 4);
+        let telemetry = |uuid: &str, util: u32, procs: &[(u32, u32)]| pb::GpuTelemetry {
+            uuid: uuid.into(),
+            utilization_percent: util,
+            processes: procs
+                .iter()
+                .map(|&(pid, u)| pb::GpuProcess {
+                    pid,
+                    utilization_percent: u,
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        };
+        // Job 1's process reports no utilisation of its own: its GPU's 40 %.
+        for t in [
+            telemetry("a-G0", 40, &[(7, 0)]),
+            telemetry("a-G1", 95, &[(8, 50), (9, 45)]),
+            telemetry("a-G2", 30, &[]),
+            telemetry("a-G3", 35, &[(11, 35)]),
+        ] {
+            node.telemetry.insert(t.uuid.clone(), t);
+        }
+        let on = |n: u8, gpu: &str, pid: u32, step: f64| pb::ObservedTask {
+            gpu_uuids: vec![gpu.into()],
+            pid,
+            ..running(n, 10, step)
+        };
+        node.observed_tasks = vec![
+            on(1, "a-G0", 7, 0.5),
+            on(2, "a-G1", 8, 0.5),
+            on(3, "a-G1", 9, 0.5),
+            pb::ObservedTask {
+                task_id: format!("{}{PROFILE_SUFFIX}", job(4)),
+                ..on(4, "a-G2", 10, 0.5)
+            },
+            // Not planned there (a stale process) and not stepping yet.
+            on(4, "a-G3", 11, 0.0),
+        ];
+        let key = ("roberta-base".to_string(), "A100".to_string());
+        for round in 1..=3u64 {
+            learn_utilization(&mut o, std::slice::from_ref(&node));
+            assert_eq!(o.utilization_fits[&key].samples, round);
+            assert_eq!(o.utilization_fits.len(), 1);
+            assert_eq!(
+                o.writes.utilization_fits,
+                vec![(key.clone(), o.utilization_fits[&key])]
+            );
+        }
+        // 32 × 512 tokens in fp32 (the spec leaves AMP off): twice the
+        // plain work; at 40 %, h = 1.5 × that.
+        let variant = Variant::of_spec(&o.live[&job(1)].spec);
+        assert!(!variant.amp);
+        let fit = o.utilization_fits[&key];
+        assert!(
+            (fit.overhead() - 1.5 * 2.0 * 16_384.0).abs() < 1e-6,
+            "{}",
+            fit.overhead()
+        );
+        let lut = analytic::default_lut().unwrap();
+        let f = icefrog::one_gpu_footprint(&lut, "roberta-base", "A100", &variant, 32, Some(&fit))
+            .unwrap();
+        assert!(
+            (f.utilization_pct - 40.0).abs() < 1e-9,
+            "{}",
+            f.utilization_pct
         );
     }
 
