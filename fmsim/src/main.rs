@@ -2377,18 +2377,28 @@ fn bench_partitions(jobs: usize, nodes: usize) {
             });
         }
     }
-    let default = YmirConfig::default().partition_units;
-    for (name, parts) in [
-        ("one solve".to_string(), 0usize),
-        (format!("parts of <= {default} units (default)"), default),
-        ("parts of <= 250 units".to_string(), 250),
+    let d = YmirConfig::default();
+    for (name, parts, milp) in [
+        ("one MILP".to_string(), 0usize, 0usize),
+        ("MILP parts of <= 1000 units".to_string(), 1000, 0),
+        ("MILP parts of <= 250 units".to_string(), 250, 0),
+        ("LP-relaxation greedy, one solve".to_string(), 0, 1),
+        (
+            format!(
+                "default (parts of <= {} units (0 = none), relaxation over {} units)",
+                d.partition_units, d.milp_units
+            ),
+            d.partition_units,
+            d.milp_units,
+        ),
     ] {
         let ymir = Ymir::new(YmirConfig {
             partition_units: parts,
+            milp_units: milp,
             ..Default::default()
         });
         let mut ms = Vec::new();
-        let (mut objective, mut fallbacks, mut partitions) = (0.0, 0, 0);
+        let (mut objective, mut fallbacks, mut partitions, mut relaxed) = (0.0, 0, 0, 0);
         let mut round = snap.clone();
         for r in 0..10 {
             // The running jobs progress between rounds.
@@ -2404,10 +2414,11 @@ fn bench_partitions(jobs: usize, nodes: usize) {
             objective += plan.stats.objective;
             fallbacks += usize::from(plan.stats.fallback);
             partitions = plan.stats.partitions;
+            relaxed += usize::from(plan.stats.relaxed);
         }
         ms.sort_by(f64::total_cmp);
         println!(
-            "ymir solve, {jobs} jobs of 4 models ({} candidate pairs), {nodes} x 8 GPUs, {name}: mean {:.1} ms, p99 {:.1} ms over {} rounds ({partitions} parts, {fallbacks} fallbacks, objective {:.1})",
+            "ymir solve, {jobs} jobs of 4 models ({} candidate pairs), {nodes} x 8 GPUs, {name}: mean {:.1} ms, p99 {:.1} ms over {} rounds ({partitions} parts, {fallbacks} fallbacks, {relaxed} relaxed, objective {:.1})",
             snap.candidates.len(),
             ms.iter().sum::<f64>() / ms.len() as f64,
             report::percentile(&ms, 99.0),

@@ -631,6 +631,7 @@ pub fn with_knobs(
             let mut merging = if c.merging { 1.0 } else { 0.0 };
             let mut pairs = c.pairs_per_job as f64;
             let mut partition = c.partition_units as f64;
+            let mut milp = c.milp_units as f64;
             take("interval_s", &mut c.interval_s);
             take("time_limit_s", &mut c.time_limit_s);
             take("srtf_weight", &mut c.srtf_weight);
@@ -640,9 +641,11 @@ pub fn with_knobs(
             take("merging", &mut merging);
             take("pairs_per_job", &mut pairs);
             take("partition_units", &mut partition);
+            take("milp_units", &mut milp);
             c.merging = merging != 0.0;
             c.pairs_per_job = pairs.max(0.0) as usize;
             c.partition_units = partition.clamp(0.0, 1e9) as usize;
+            c.milp_units = milp.clamp(0.0, 1e9) as usize;
             Box::new(Ymir::new(c))
         }
         other => unreachable!("knob_names knows {other:?} but with_knobs does not"),
@@ -698,6 +701,7 @@ pub fn knob_names(name: &str) -> Option<&'static [&'static str]> {
             "merging",
             "pairs_per_job",
             "partition_units",
+            "milp_units",
         ],
         _ => return None,
     })

@@ -376,6 +376,9 @@ pub struct SolveStats {
     pub objective: f64,
     /// Parts the round was solved in (0: one solve, unpartitioned).
     pub partitions: usize,
+    /// Solved (in part) by the greedy of the LP relaxation instead of the
+    /// MILP (a round too large for the solver's time limit).
+    pub relaxed: bool,
 }
 
 /// The decision of one round: the groups that hold GPUs. Jobs not in any
@@ -625,7 +628,14 @@ pub fn ymir_allocations(max_gpus: u32) -> Vec<u32> {
 /// range where it can run (finite time), largest last. `0` is not included.
 pub fn usable_allocations(snap: &Snapshot, i: usize) -> Vec<u32> {
     let j = &snap.jobs[i];
-    snap.allocations
+    // Allocation sets are ascending: only those up to the job's maximum
+    // (a datacenter's set has thousands of sizes); another set whole.
+    let end = if snap.allocations.is_sorted() {
+        snap.allocations.partition_point(|&a| a <= j.max_gpus)
+    } else {
+        snap.allocations.len()
+    };
+    snap.allocations[..end]
         .iter()
         .zip(&j.remaining_s)
         .filter(|&(&a, &t)| a > 0 && a >= j.min_gpus && a <= j.max_gpus && t.is_finite())
