@@ -1891,6 +1891,9 @@ pub fn predictions(
             let at_risk = deadline.is_some_and(|d| match finish_in {
                 Some(f) => f > d,
                 None if merged.contains(&i) => false,
+                // A cluster without GPUs (no agent registered yet) runs
+                // nothing: that says nothing about the job.
+                None if best.is_infinite() && prepared.total_gpus == 0 => false,
                 None => best > d,
             });
             Prediction {
@@ -2343,6 +2346,27 @@ mod tests {
         assert_eq!(pa.finish_in, None);
         let best = e.jobs[0].iter().copied().fold(f64::INFINITY, f64::min);
         assert_eq!(pa.at_risk, best > 3000.0);
+        // Before any agent registers the cluster has no GPUs and runs
+        // nothing: no job is "at risk" for that (a first round used to
+        // flag every deadline job "no allocation can run it", once).
+        let mut empty = v.clone();
+        empty.nodes.clear();
+        let p = prepare(&empty, policy.as_ref(), &cfg);
+        let e = Estimates {
+            jobs: p
+                .jobs
+                .iter()
+                .map(|_| vec![f64::INFINITY; p.allocations.len()])
+                .collect(),
+            ..Default::default()
+        };
+        let d = decide(&empty, &p, &e, policy.as_ref(), &cfg).unwrap();
+        let pr = predictions(&empty, &p, &e, &d.outcome);
+        assert_eq!(pr.len(), 2);
+        assert!(
+            pr.iter().all(|x| !x.at_risk && x.best_in.is_none()),
+            "{pr:?}"
+        );
     }
 
     /// Profiling takes GPUs from training up to `profiling_share` of the

@@ -268,15 +268,9 @@ pub fn time_table(
             return Ok(v.clone());
         }
         let j = &jobs[index];
-        let v = allocations
-            .iter()
-            .map(|&a| seconds_per_iteration(lut, j, batch, a))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|source| TimeError::Lut {
-                index,
-                id: j.id.clone(),
-                source,
-            })?;
+        let v = row(allocations, index, j, |a| {
+            seconds_per_iteration(lut, j, batch, a)
+        })?;
         cache.insert(key, v.clone());
         Ok(v)
     };
@@ -300,15 +294,9 @@ pub fn time_table(
             match tuned.get(&(class_of[index], j.global_batch)) {
                 Some(v) => v.clone(),
                 None => {
-                    let v = allocations
-                        .iter()
-                        .map(|&a| seconds_per_effective_iteration(lut, j, j.global_batch, a))
-                        .collect::<Result<Vec<_>, _>>()
-                        .map_err(|source| TimeError::Lut {
-                            index,
-                            id: j.id.clone(),
-                            source,
-                        })?;
+                    let v = row(allocations, index, j, |a| {
+                        seconds_per_effective_iteration(lut, j, j.global_batch, a)
+                    })?;
                     tuned.insert((class_of[index], j.global_batch), v.clone());
                     v
                 }
@@ -385,6 +373,25 @@ pub fn time_table(
         jobs: job_times,
         pairs: out,
     })
+}
+
+/// One job's seconds per iteration at every allocation by `at`, a LUT
+/// error naming the job.
+fn row(
+    allocations: &[u32],
+    index: usize,
+    j: &JobInput,
+    at: impl Fn(u32) -> Result<f64, LutError>,
+) -> Result<Vec<f64>, TimeError> {
+    allocations
+        .iter()
+        .map(|&a| at(a))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|source| TimeError::Lut {
+            index,
+            id: j.id.clone(),
+            source,
+        })
 }
 
 /// Eq. 5: `S · K` (0 iterations take 0 s even where `S` is infinite).

@@ -40,7 +40,7 @@
 //!    solved instead by the greedy of the model's LP relaxation
 //!    ([`relaxation_greedy`], `stats.relaxed`): at 5,000 queued jobs HiGHS
 //!    runs to its limit (0.5–2 s) and its time-limited incumbent is worth
-//!    less than the greedy's plan, which takes 15–40 ms (`fmsim
+//!    less than the greedy's plan, which takes 35–48 ms (`fmsim
 //!    bench-solver`; docs/fmsim.md, "Datacenter-size rounds").
 //!
 //! **Partitions** (ICEFROG §V-E, at datacenter size; off by default since
@@ -264,12 +264,10 @@ impl Ymir {
                 && snap.merge_of(c.b).is_none()
                 && b.progress == 0.0
                 && (c.mode != MergeMode::Spatial || a.progress == 0.0);
-            // The best TranWt at an allocation the pair can use.
-            let max = a.max_gpus.max(b.max_gpus);
             let best = c
                 .tran_wt
                 .iter()
-                .zip(&snap.allocations[..upto(&snap.allocations, max)])
+                .zip(&snap.allocations)
                 .filter(|&(_, &x)| x > 0)
                 .map(|(&w, _)| w)
                 .fold(0.0, f64::max);
