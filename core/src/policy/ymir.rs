@@ -1502,6 +1502,24 @@ mod tests {
         assert_eq!(relaxation_greedy(&rows, &members, 0).0, vec![0; 4]);
     }
 
+    /// Sub-linear scaling (`a^0.8`) and lengths mixed by `seed`.
+    fn sublinear_mixed_times(snap: &mut Snapshot, seed: u64) {
+        let allocs = snap.allocations.clone();
+        for (i, j) in snap.jobs.iter_mut().enumerate() {
+            let w = 600.0 * (1 + (seed as usize + 7 * i) % 9) as f64;
+            j.remaining_s = allocs
+                .iter()
+                .map(|&a| {
+                    if a == 0 {
+                        f64::INFINITY
+                    } else {
+                        w / f64::from(a).powf(0.8)
+                    }
+                })
+                .collect();
+        }
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(24))]
 
@@ -1515,9 +1533,8 @@ mod tests {
         fn the_relaxation_greedy_is_sound_and_near_the_milp(n in 30usize..90, nodes in 3usize..8, seed in 0u64..1000) {
             let mut snap = cluster(nodes, 8, jobs(n));
             let allocs = snap.allocations.clone();
+            sublinear_mixed_times(&mut snap, seed);
             for (i, j) in snap.jobs.iter_mut().enumerate() {
-                let w = 600.0 * (1 + (seed as usize + 7 * i) % 9) as f64;
-                j.remaining_s = allocs.iter().map(|&a| if a == 0 { f64::INFINITY } else { w / f64::from(a).powf(0.8) }).collect();
                 j.max_gpus = [1, 2, 4, 8][(seed as usize + i) % 4];
                 if (seed as usize + 3 * i).is_multiple_of(5) {
                     j.current_gpus = 1;
@@ -1552,12 +1569,7 @@ mod tests {
         #[test]
         fn plans_are_sound_and_stable(n in 1usize..14, nodes in 1usize..4, seed in 0u64..1000) {
             let mut snap = cluster(nodes, 4, jobs(n));
-            let allocs = snap.allocations.clone();
-            for (i, j) in snap.jobs.iter_mut().enumerate() {
-                // Sub-linear scaling and mixed lengths.
-                let w = 600.0 * (1 + (seed as usize + 7 * i) % 9) as f64;
-                j.remaining_s = allocs.iter().map(|&a| if a == 0 { f64::INFINITY } else { w / f64::from(a).powf(0.8) }).collect();
-            }
+            sublinear_mixed_times(&mut snap, seed);
             let y = Ymir::default();
             let plan = y.schedule(&snap);
             prop_assert!(plan.consistency_check(&snap).is_ok(), "{:?}", plan.consistency_check(&snap));

@@ -230,12 +230,7 @@ const SATURATED_ROUNDS: u32 = 3;
 /// variant with the frozen layers it trains with). The fits it changed are
 /// written with the round; the next round's footprints predict from them.
 fn learn_utilization(o: &mut Observed, nodes: &[LiveNode]) {
-    let mut planned: BTreeMap<&str, usize> = BTreeMap::new();
-    for a in o.current.assignments.iter().filter(|a| !a.profile) {
-        for g in &a.gpus {
-            *planned.entry(g.0.as_str()).or_default() += 1;
-        }
-    }
+    let planned = jobs_by_gpu(&o.current.assignments);
     let mut changed: BTreeSet<(String, String)> = BTreeSet::new();
     for n in nodes {
         for t in &n.observed_tasks {
@@ -252,7 +247,10 @@ fn learn_utilization(o: &mut Observed, nodes: &[LiveNode]) {
             ) else {
                 continue;
             };
-            if t.step_time_s <= 0.0 || t.world_size > 1 || planned.get(uuid.as_str()) != Some(&1) {
+            if t.step_time_s <= 0.0
+                || t.world_size > 1
+                || planned.get(uuid.as_str()).map(Vec::len) != Some(1)
+            {
                 continue;
             }
             let util = tel
@@ -290,13 +288,20 @@ fn learn_utilization(o: &mut Observed, nodes: &[LiveNode]) {
         .collect();
 }
 
-fn watch_shared_gpus(state: &AppState, o: &mut Observed, nodes: &[LiveNode]) {
+/// The jobs the plan in force trains on each GPU (by UUID; profiling runs
+/// left out): two on a shared GPU.
+fn jobs_by_gpu(assignments: &[crate::persistence::Assignment]) -> BTreeMap<&str, Vec<JobId>> {
     let mut on: BTreeMap<&str, Vec<JobId>> = BTreeMap::new();
-    for a in o.current.assignments.iter().filter(|a| !a.profile) {
+    for a in assignments.iter().filter(|a| !a.profile) {
         for g in &a.gpus {
             on.entry(g.0.as_str()).or_default().push(a.job);
         }
     }
+    on
+}
+
+fn watch_shared_gpus(state: &AppState, o: &mut Observed, nodes: &[LiveNode]) {
+    let on = jobs_by_gpu(&o.current.assignments);
     let util = |uuid: &str| {
         nodes
             .iter()
