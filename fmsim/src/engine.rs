@@ -1845,6 +1845,13 @@ impl<'a> Simulation<'a> {
         if stats.fallback {
             self.stats.fallbacks += 1;
         }
+        if stats.abandoned {
+            eprintln!(
+                "warning: round {} t={:.0}: a MILP solve did not return long past its time limit \
+                 (a solver bug); abandoned, the fallback plan used",
+                self.stats.rounds, self.now
+            );
+        }
         self.apply(&prepared, &decision.outcome, &members, catalog)
     }
 

@@ -591,7 +591,9 @@ impl UniSched {
             }
             // A proven answer only: no incumbent is taken on a time limit
             // (the previous plan is reused instead).
-            let solution = super::usable_solution(model.solve(), |_| 0.0, f64::INFINITY);
+            let answer = super::solve_watched(model, self.config.time_limit_s);
+            stats.abandoned = answer.is_none();
+            let solution = answer.and_then(|a| super::usable_solution(a, |_| 0.0, f64::INFINITY));
             let Some(solution) = solution else {
                 stats.fallback = true;
                 let mut plan = self.reuse_previous(snap);

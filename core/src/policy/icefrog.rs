@@ -326,8 +326,11 @@ impl IceFrog {
         }
         stats.constraints = count;
         let value_of = |s: &dyn Solution| terms.iter().map(|&(v, c)| c * s.value(v)).sum::<f64>();
-        let Some(solution) = super::usable_solution(model.solve(), |s| value_of(s), warm_value)
-        else {
+        let Some(answer) = super::solve_watched(model, time_limit_s) else {
+            stats.abandoned = true;
+            return (None, stats);
+        };
+        let Some(solution) = super::usable_solution(answer, |s| value_of(s), warm_value) else {
             return (None, stats);
         };
         stats.objective = value_of(&solution);
@@ -531,6 +534,7 @@ impl Policy for IceFrog {
             stats.variables += st.variables;
             stats.constraints += st.constraints;
             stats.objective += st.objective;
+            stats.abandoned |= st.abandoned;
             match r {
                 Some((g, h)) => {
                     for &k in &members[p] {

@@ -2,7 +2,10 @@
 //!
 //! The live scheduler and the simulator (`fmsim`) call exactly this code.
 //! Nothing here does IO, reads the clock, or iterates a hash map: the same
-//! snapshot always gives the same plan.
+//! snapshot always gives the same plan. One exception guards against a
+//! solver bug: a MILP solve that has not returned well past its time limit
+//! is abandoned ([`solve_watched`]); that only happens when HiGHS fails to
+//! honour its limit, and the plan then says so (`stats.abandoned`).
 //!
 //! Phases of every round (see `README.md` beside this file):
 //! 1. **allocate** — the policy decides how many GPUs each *group* gets (a
@@ -251,6 +254,52 @@ pub struct Snapshot {
     pub queue_gpus: Vec<u32>,
 }
 
+/// Seconds past a MILP's own time limit before [`solve_watched`] gives up
+/// on it: `3 × limit + 1 s`, far beyond HiGHS' own checks (it stops within
+/// milliseconds of its limit when it honours it) and beyond a busy
+/// machine's scheduling delays.
+pub fn solve_grace(time_limit_s: f64) -> std::time::Duration {
+    std::time::Duration::from_secs_f64(3.0 * time_limit_s.max(0.001) + 1.0)
+}
+
+/// Solves `model` (with its time limit `time_limit_s` already set) on its
+/// own thread and waits at most [`solve_grace`] for the answer. HiGHS does
+/// not always honour its time limit (ERGO-Code/HiGHS#885, #2226: some
+/// models loop in the MIP search without checking it); a round waiting on
+/// such a solve would never end. `None` when the solve was abandoned: its
+/// thread is left to finish on its own (it cannot be stopped), its answer
+/// dropped, and the caller falls back as on a time limit without a usable
+/// answer, setting `stats.abandoned` so the service counts and logs it.
+pub(crate) fn solve_watched(
+    model: good_lp::solvers::highs::HighsProblem,
+    time_limit_s: f64,
+) -> Option<Result<good_lp::solvers::highs::HighsSolution, good_lp::ResolutionError>> {
+    use good_lp::SolverModel;
+    within(solve_grace(time_limit_s), move || model.solve())
+}
+
+/// Runs `f` on a new thread and returns its result if it comes within
+/// `grace`; `None` otherwise (the thread is detached and its result
+/// dropped when it ends).
+fn within<T: Send + 'static>(
+    grace: std::time::Duration,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Option<T> {
+    let (tx, rx) = std::sync::mpsc::sync_channel(1);
+    let spawned = std::thread::Builder::new()
+        .name("fmsched-milp".into())
+        .spawn(move || {
+            // The receiver is gone when the answer came too late.
+            let _ = tx.send(f());
+        });
+    match spawned {
+        Ok(_) => rx.recv_timeout(grace).ok(),
+        // No thread to be had (resource limits): counted like a solve
+        // that did not return.
+        Err(_) => None,
+    }
+}
+
 /// A HiGHS answer a MILP policy may act on: proven (optimal or within the
 /// MIP gap), or stopped at the time limit with an incumbent worth more than
 /// nothing and at least the warm start (what the jobs hold) — better than
@@ -379,6 +428,10 @@ pub struct SolveStats {
     /// Solved (in part) by the greedy of the LP relaxation instead of the
     /// MILP (a round too large for the solver's time limit).
     pub relaxed: bool,
+    /// A MILP solve did not return within [`solve_grace`] of its time
+    /// limit and was abandoned (a solver bug); the fallback plan was used
+    /// (`fallback` is set too).
+    pub abandoned: bool,
 }
 
 /// The decision of one round: the groups that hold GPUs. Jobs not in any
@@ -768,6 +821,33 @@ pub(crate) mod testkit {
 mod tests {
     use super::testkit::*;
     use super::*;
+
+    #[test]
+    fn a_solve_that_does_not_return_is_abandoned_after_its_grace() {
+        use good_lp::{ProblemVariables, SolverModel, variable};
+        // A solve that returns: its answer comes back.
+        let mut vars = ProblemVariables::new();
+        let x = vars.add(variable().binary());
+        let mut model = vars.maximise(2.0 * x).using(good_lp::highs);
+        model.set_verbose(false);
+        let answer = solve_watched(model.with((1.0 * x).leq(1.0)), 1.0)
+            .expect("a small model returns")
+            .expect("and is solved");
+        assert_eq!(good_lp::Solution::value(&answer, x).round(), 1.0);
+        // One that does not (a solver stuck in a loop, here a thread
+        // blocked until the test lets it go): abandoned after the grace.
+        let (release, stuck) = std::sync::mpsc::channel::<()>();
+        let started = std::time::Instant::now();
+        let out = within(std::time::Duration::from_millis(50), move || {
+            let _ = stuck.recv();
+            7
+        });
+        assert_eq!(out, None);
+        assert!(started.elapsed() >= std::time::Duration::from_millis(50));
+        drop(release);
+        assert_eq!(within(std::time::Duration::from_secs(60), || 7), Some(7));
+        assert_eq!(solve_grace(1.0), std::time::Duration::from_secs(4));
+    }
 
     #[test]
     fn allocation_set() {

@@ -455,6 +455,7 @@ impl Policy for Ymir {
             stats.candidate_pairs += s.candidate_pairs;
             stats.objective += s.objective;
             stats.relaxed |= s.relaxed;
+            stats.abandoned |= s.abandoned;
             match solved {
                 Some((u, p)) => {
                     for (&k, g) in part.units.iter().zip(u) {
@@ -776,8 +777,11 @@ impl Ymir {
         constraints += 1;
         stats.constraints = constraints;
         let value_of = |s: &dyn Solution| terms.iter().map(|&(v, c)| c * s.value(v)).sum::<f64>();
-        let Some(solution) = super::usable_solution(model.solve(), |s| value_of(s), warm_value)
-        else {
+        let Some(answer) = super::solve_watched(model, time_limit_s) else {
+            stats.abandoned = true;
+            return (None, stats);
+        };
+        let Some(solution) = super::usable_solution(answer, |s| value_of(s), warm_value) else {
             return (None, stats);
         };
         stats.objective = value_of(&solution);

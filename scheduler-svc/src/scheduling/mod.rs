@@ -94,6 +94,8 @@ pub struct MetricValues {
     pub solver_seconds_sum: f64,
     pub last_solver_seconds: f64,
     pub fallbacks: u64,
+    /// MILP solves abandoned for not returning long past their time limit.
+    pub solver_abandoned: u64,
     pub context_switches: u64,
     pub completed: u64,
     pub failed: u64,
@@ -136,6 +138,56 @@ pub struct MetricValues {
     /// could use, GPUs the plan gives its jobs (the quota pass's view;
     /// crate::queue). Empty when no quota pass ran.
     pub queues: BTreeMap<String, QueueGauges>,
+    /// The phase the round in progress is in, and since when (None between
+    /// rounds): what the stuck-round watch reports.
+    pub round_phase: Option<(&'static str, std::time::Instant)>,
+    /// Rounds whose decision did not come within [`DECIDE_GRACE`].
+    pub decide_timeouts: u64,
+}
+
+/// How long a round's decision (pure code on the blocking pool) may take
+/// before the round gives up on it and the next round starts afresh: far
+/// beyond any policy's time limit (MILP solves are themselves abandoned
+/// [`fmsched_core::policy::solve_grace`] past theirs).
+pub const DECIDE_GRACE: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// A round in one phase this long is reported stuck (a warning naming the
+/// phase, repeated every [`STUCK_ROUND`] while it lasts).
+pub const STUCK_ROUND: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Records that the round in progress entered `phase` (None: it ended).
+fn enter_phase(state: &AppState, phase: Option<&'static str>) {
+    state.metrics.update(|m| {
+        m.round_phase = phase.map(|p| (p, std::time::Instant::now()));
+    });
+}
+
+/// Reports a round stuck in one phase for [`STUCK_ROUND`] or more (the
+/// scheduler cannot interrupt a blocked query or solve; this says where
+/// it is, once per [`STUCK_ROUND`] while it lasts).
+async fn watch_rounds(state: AppState) {
+    let mut reported: Option<(&'static str, std::time::Instant, u32)> = None;
+    loop {
+        tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+        let Some((phase, since)) = state.metrics.values().round_phase else {
+            reported = None;
+            continue;
+        };
+        let stuck = since.elapsed();
+        let periods = (stuck.as_secs() / STUCK_ROUND.as_secs().max(1)) as u32;
+        let before = match reported {
+            Some((p, s, n)) if p == phase && s == since => n,
+            _ => 0,
+        };
+        if periods > before {
+            tracing::warn!(
+                phase,
+                stuck_s = stuck.as_secs(),
+                "scheduling round stuck: no progress in this phase (no plan is committed until it ends)"
+            );
+            reported = Some((phase, since, periods));
+        }
+    }
 }
 
 /// One queue's figures after a round.
@@ -275,6 +327,25 @@ pub async fn render_metrics(state: &AppState) -> String {
         "counter",
         "Rounds whose MILP hit its time limit and used the greedy fallback.",
         v.fallbacks as f64,
+    );
+    e.scalar(
+        "fmsched_solver_abandoned_total",
+        "counter",
+        "MILP solves abandoned for not returning long past their time limit (a solver bug; the greedy fallback ran).",
+        v.solver_abandoned as f64,
+    );
+    e.scalar(
+        "fmsched_round_decide_timeouts_total",
+        "counter",
+        "Rounds given up because their decision did not come within 60 s.",
+        v.decide_timeouts as f64,
+    );
+    e.scalar(
+        "fmsched_round_phase_seconds",
+        "gauge",
+        "Seconds the round in progress has been in its current phase (0 between rounds).",
+        v.round_phase
+            .map_or(0.0, |(_, since)| since.elapsed().as_secs_f64()),
     );
     e.scalar(
         "fmsched_solver_model_variables",
@@ -495,6 +566,10 @@ pub enum RoundError {
     Decide(#[from] round::RoundError),
     #[error("this replica does not lead")]
     NotLeader,
+    #[error(
+        "the round's decision did not come within {0:?} (left running; the next round starts afresh)"
+    )]
+    DecideTimedOut(std::time::Duration),
 }
 
 impl RoundError {
@@ -570,13 +645,16 @@ async fn observe_and_decide(
     kind: RoundKind,
     now: DateTime<Utc>,
 ) -> Result<Option<Decided>, RoundError> {
+    enter_phase(state, Some("observe"));
     let mut observed = observe::observe(state, lut, est, kind, now).await?;
     let sched = in_force(state, &mut observed.admin);
+    enter_phase(state, Some("load inputs"));
     let Some(inputs) =
         inputs::load(state, lut, est, &observed, policy(&sched).as_ref(), now).await?
     else {
         return Ok(None);
     };
+    enter_phase(state, Some("decide"));
     let (decision, solve_s) = decide(inputs.clone_parts(policy(&sched))).await?;
     Ok(Some(Decided {
         scheduling: sched,
@@ -639,6 +717,7 @@ pub async fn run_round(
         &gang_ports(state),
         now,
     );
+    enter_phase(state, Some("commit"));
     let generation = state
         .persistence
         .commit_round(&fence, observed.current.generation, &writes, now)
@@ -646,6 +725,7 @@ pub async fn run_round(
     // A deposed leader pushes nothing, even a plan it committed in time.
     let leads = state.leadership.fence().as_ref() == Some(&fence);
     if leads {
+        enter_phase(state, Some("push plans"));
         let (live, progress, merges, init_weights) =
             plan_context(state, &observed, &writes).await?;
         push::push_plans(
@@ -666,6 +746,7 @@ pub async fn run_round(
     }
     // What was committed is accounted (and its merge outcomes taught to
     // the estimator) once the agents have their plans.
+    enter_phase(state, Some("after commit"));
     after_commit(
         state, est, &observed, &inputs, &decision, solve_s, generation,
     )
@@ -707,7 +788,7 @@ impl inputs::Inputs {
 /// Phase 3: the shared round's decision, on the blocking pool (CPU work).
 /// Returns it with the seconds it took.
 async fn decide(p: DecideParts) -> Result<(round::Decision, f64), RoundError> {
-    tokio::task::spawn_blocking(move || {
+    let task = tokio::task::spawn_blocking(move || {
         let started = std::time::Instant::now();
         let policy = p.policy;
         let d = decide_round(
@@ -718,9 +799,13 @@ async fn decide(p: DecideParts) -> Result<(round::Decision, f64), RoundError> {
             &p.config,
         )?;
         Ok((d, started.elapsed().as_secs_f64()))
-    })
-    .await
-    .map_err(|e| RoundError::Join(e.to_string()))?
+    });
+    // A decision that does not come is left running (it cannot be
+    // stopped) and the round given up; the next starts afresh.
+    match tokio::time::timeout(DECIDE_GRACE, task).await {
+        Ok(joined) => joined.map_err(|e| RoundError::Join(e.to_string()))?,
+        Err(_) => Err(RoundError::DecideTimedOut(DECIDE_GRACE)),
+    }
 }
 
 /// The shared round's first phase as the live round runs it (a golden test
@@ -1003,11 +1088,20 @@ async fn after_commit(
             Err(e) => tracing::warn!(merge = x.merge, error = %e, "merge outcome not recorded"),
         }
     }
+    if out.stats.abandoned {
+        tracing::error!(
+            generation,
+            solve_s,
+            "a MILP solve did not return long past its time limit (a solver bug) and was abandoned; \
+             this round used the greedy fallback"
+        );
+    }
     state.metrics.update(|m| {
         m.solver_seconds_sum += solve_s;
         m.last_solver_seconds = solve_s;
         m.model_variables = out.stats.variables as u64;
         m.fallbacks += u64::from(out.stats.fallback);
+        m.solver_abandoned += u64::from(out.stats.abandoned);
         m.context_switches += out.switches as u64;
         m.queue_length = out.queued as u64;
         m.completed += o.completed as u64;
@@ -1281,6 +1375,14 @@ pub async fn scheduling_loop(state: AppState) {
     if est.is_remote() {
         tracing::info!(endpoint = ?e.endpoint, "estimates from the estimator service");
     }
+    // The stuck-round watch lives as long as this loop.
+    struct AbortOnDrop(tokio::task::JoinHandle<()>);
+    impl Drop for AbortOnDrop {
+        fn drop(&mut self) {
+            self.0.abort();
+        }
+    }
+    let _watch = AbortOnDrop(tokio::spawn(watch_rounds(state.clone())));
     let lead = state.config.scheduling.effective_prewarm_lead();
     if !lead.is_zero() {
         tracing::info!(
@@ -1302,8 +1404,11 @@ pub async fn scheduling_loop(state: AppState) {
             continue; // a standby decides nothing
         }
         let result = run_round(&state, &lut, &est).await;
+        enter_phase(&state, None);
         let took = started.elapsed().as_secs_f64();
+        let timed_out = matches!(result, Err(RoundError::DecideTimedOut(_)));
         state.metrics.update(|m| {
+            m.decide_timeouts += u64::from(timed_out);
             m.rounds += 1;
             m.round_seconds_sum += took;
             m.last_round_seconds = took;
@@ -1340,7 +1445,9 @@ pub async fn scheduling_loop(state: AppState) {
             continue;
         }
         let switch_at = Utc::now() + lead;
-        match look_ahead(&state, &lut, &est, switch_at).await {
+        let ahead = look_ahead(&state, &lut, &est, switch_at).await;
+        enter_phase(&state, None);
+        match ahead {
             Ok(hints) if hints > 0 => tracing::debug!(hints, "look-ahead round"),
             Ok(_) => {}
             Err(e) => {
