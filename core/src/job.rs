@@ -166,6 +166,65 @@ impl PetlMethod {
     }
 }
 
+/// The kind of work a job is.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum JobKind {
+    /// Fine-tuning (full or PETL): the output is the model's weights.
+    #[default]
+    FineTune,
+    /// Prompt tuning (PromptTuner, Table 4.2): only a soft prompt of
+    /// virtual tokens is trained; the output is the tuned prompt. Runs on
+    /// one node, never merged, pipelined or layer-elastic; needs
+    /// `target.max_iterations`.
+    PromptTuning,
+}
+
+impl JobKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobKind::FineTune => "fine_tune",
+            JobKind::PromptTuning => "prompt_tuning",
+        }
+    }
+
+    fn is_fine_tune(&self) -> bool {
+        *self == JobKind::FineTune
+    }
+}
+
+/// How a prompt-tuning job's soft prompt starts and how long it is
+/// (PromptTuner Table 4.2 "Hyperparam": the initial prompt).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PromptTuning {
+    /// Virtual tokens of the prompt (0 = [`PromptTuning::DEFAULT_TOKENS`]).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub num_virtual_tokens: u32,
+    /// The prompt's starting point as text (its token embeddings, repeated
+    /// to the prompt's length); empty = random.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub initial_prompt: String,
+}
+
+impl PromptTuning {
+    /// Virtual tokens when a spec gives none (peft's usual prompt length).
+    pub const DEFAULT_TOKENS: u32 = 20;
+    /// The most virtual tokens a spec may ask for.
+    pub const MAX_TOKENS: u32 = 512;
+    /// The longest initial prompt, in bytes.
+    pub const MAX_INITIAL_PROMPT: usize = 4096;
+
+    /// Its virtual tokens, the default applied.
+    pub fn tokens(&self) -> u32 {
+        if self.num_virtual_tokens == 0 {
+            Self::DEFAULT_TOKENS
+        } else {
+            self.num_virtual_tokens
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum SloClass {
@@ -382,6 +441,24 @@ impl JobSpec {
         }
     }
 
+    /// A prompt-tuning job trains its prompt only: its PETL method is
+    /// `prompt_tuning` (what the throughput table estimates it by) and its
+    /// prompt settings default. Applied at submit, after validation (which
+    /// refuses any other PETL method on such a job).
+    pub fn apply_kind_defaults(&mut self) {
+        if self.kind == JobKind::PromptTuning {
+            self.hyperparameters.petl = PetlMethod::PromptTuning;
+            let p = self.prompt_tuning.get_or_insert_with(Default::default);
+            p.num_virtual_tokens = p.tokens();
+        }
+    }
+
+    /// May this job be merged with another (Ymir §9's `sharing` opt-out;
+    /// a prompt-tuning job trains a prompt of its own and is never merged).
+    pub fn may_merge(&self) -> bool {
+        self.sharing && self.kind == JobKind::FineTune
+    }
+
     /// The job's service class ([`SloClass::or_default_for`]).
     pub fn class(&self) -> SloClass {
         SloClass::or_default_for(self.slo_class, self.deadline.is_some())
@@ -501,6 +578,13 @@ pub struct JobSpec {
     /// ends, and is never merged.
     #[serde(default = "default_true")]
     pub preemptible: bool,
+    /// What the job is (default: fine-tuning).
+    #[serde(default, skip_serializing_if = "JobKind::is_fine_tune")]
+    pub kind: JobKind,
+    /// A prompt-tuning job's prompt (None on other kinds; a prompt-tuning
+    /// job without one gets the defaults at submit).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_tuning: Option<PromptTuning>,
 }
 
 fn is_zero_i32(p: &i32) -> bool {

@@ -19,8 +19,9 @@ pub mod validate;
 
 pub use ids::{GpuUuid, JobId, NodeId, UserName};
 pub use job::{
-    DatasetSpec, FrozenLayers, HyperParameters, JobSpec, JobState, Launch, LayerElasticity,
-    MetricTarget, Optimizer, PetlMethod, Resources, SloClass, Target, Workers,
+    DatasetSpec, FrozenLayers, HyperParameters, JobKind, JobSpec, JobState, Launch,
+    LayerElasticity, MetricTarget, Optimizer, PetlMethod, PromptTuning, Resources, SloClass,
+    Target, Workers,
 };
 pub use models::{ModelCatalog, ModelInfo};
 pub use node::{Liveness, NodeState};

@@ -167,6 +167,13 @@ pub struct TrainingSettings {
     pub objective: String,
     /// The metric target is reached from above (a loss, a perplexity).
     pub metric_lower_is_better: bool,
+    /// A prompt-tuning job (`petl` = prompt_tuning): the soft prompt's
+    /// virtual tokens (0 on other jobs).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub num_virtual_tokens: u32,
+    /// A prompt-tuning job's starting text ("" = random).
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub initial_prompt: String,
 }
 
 /// `amp=… gradient_checkpointing=… petl=… frozen_layers=… optimizer=…
@@ -214,6 +221,15 @@ impl TrainingSettings {
                 .metric
                 .as_ref()
                 .is_some_and(|m| m.lower_is_better),
+            num_virtual_tokens: spec
+                .prompt_tuning
+                .as_ref()
+                .map_or(0, crate::job::PromptTuning::tokens),
+            initial_prompt: spec
+                .prompt_tuning
+                .as_ref()
+                .map(|p| p.initial_prompt.clone())
+                .unwrap_or_default(),
         }
     }
 }
@@ -254,7 +270,8 @@ pub enum Report {
     /// A standby process is ready: everything that needs no GPU is
     /// prepared; it waits for [`signal::START`].
     Prewarmed,
-    /// A task reached its target; its weights are at `output`.
+    /// A task reached its target; its output (weights, or a prompt-tuning
+    /// job's tuned prompt) is at `output`.
     Done { job_id: String, output: String },
     /// Per-layer gradient variance of a layer-elastic task, once an epoch
     /// (ICEFROG Eq. 3): `variance[i]` for transformer layer `i` from the

@@ -159,6 +159,89 @@ fn moe_models(ctx: &ValidationContext<'_>) -> String {
 
 impl JobSpec {
     /// Checks every field; returns the first problem found.
+    /// The rules of its kind: a prompt-tuning job trains a prompt only and
+    /// ends by its iteration budget (PromptTuner Table 4.2's termination
+    /// condition); the prompt settings belong to that kind alone.
+    fn validate_kind(&self) -> Result<(), FieldError> {
+        use crate::job::{JobKind, PetlMethod, PromptTuning};
+        let r = &self.resources;
+        match self.kind {
+            JobKind::FineTune => {
+                if self.prompt_tuning.is_some() {
+                    return err(
+                        "prompt_tuning",
+                        "only a prompt-tuning job (kind: prompt_tuning) has a prompt",
+                    );
+                }
+                if self.hyperparameters.petl == PetlMethod::PromptTuning {
+                    return err(
+                        "hyperparameters.petl",
+                        "prompt tuning is a job kind: set kind: prompt_tuning (its output is the \
+                         tuned prompt, not weights)",
+                    );
+                }
+            }
+            JobKind::PromptTuning => {
+                let refuse = |field: &str, what: &str| {
+                    err(
+                        field,
+                        format!("a prompt-tuning job trains its prompt only: {what}"),
+                    )
+                };
+                if self.target.max_iterations.is_none() {
+                    return err(
+                        "target.max_iterations",
+                        "a prompt-tuning job needs a maximum number of iterations (its \
+                         termination condition, with an optional metric target)",
+                    );
+                }
+                if !matches!(
+                    self.hyperparameters.petl,
+                    PetlMethod::None | PetlMethod::PromptTuning
+                ) {
+                    return refuse("hyperparameters.petl", "leave it unset or prompt_tuning");
+                }
+                if self.frozen_layers.is_some() {
+                    return refuse("frozen_layers", "every layer of the model stays frozen");
+                }
+                if self.layer_elasticity.is_some() {
+                    return refuse("layer_elasticity", "it has no layers to unfreeze");
+                }
+                if r.pipeline_parallel {
+                    return refuse("resources.pipeline_parallel", "it runs data-parallel");
+                }
+                if r.expert_parallel > 1 {
+                    return refuse("resources.expert_parallel", "it runs data-parallel");
+                }
+                if r.workers.is_some() {
+                    return refuse(
+                        "resources.workers",
+                        "its GPUs are chosen per request, not by elastic workers",
+                    );
+                }
+                if let Some(p) = &self.prompt_tuning {
+                    if p.num_virtual_tokens > PromptTuning::MAX_TOKENS {
+                        return err(
+                            "prompt_tuning.num_virtual_tokens",
+                            format!(
+                                "at most {}, got {}",
+                                PromptTuning::MAX_TOKENS,
+                                p.num_virtual_tokens
+                            ),
+                        );
+                    }
+                    string(
+                        "prompt_tuning.initial_prompt",
+                        &p.initial_prompt,
+                        PromptTuning::MAX_INITIAL_PROMPT,
+                        false,
+                    )?;
+                }
+            }
+        }
+        Ok(())
+    }
+
     pub fn validate(&self, ctx: &ValidationContext<'_>) -> Result<(), FieldError> {
         let l = &ctx.limits;
         string("name", &self.name, l.max_name_bytes, false)?;
@@ -468,6 +551,9 @@ impl JobSpec {
             }
         }
 
+        // Prompt tuning (PromptTuner).
+        self.validate_kind()?;
+
         // Launch.
         let la = &self.launch;
         if la.command.is_empty() {
@@ -608,7 +694,61 @@ pub(crate) mod tests {
             queue: String::new(),
             priority: 0,
             preemptible: true,
+            kind: crate::job::JobKind::FineTune,
+            prompt_tuning: None,
         }
+    }
+
+    #[test]
+    fn a_prompt_tuning_job_trains_a_prompt_and_ends_by_its_iterations() {
+        use crate::job::{JobKind, PetlMethod, PromptTuning};
+        let prompt = || {
+            let mut s = spec();
+            s.kind = JobKind::PromptTuning;
+            s.target.max_iterations = Some(300);
+            s
+        };
+        assert_eq!(check(&prompt()), Ok(()));
+        let mut s = prompt();
+        s.apply_kind_defaults();
+        assert_eq!(s.hyperparameters.petl, PetlMethod::PromptTuning);
+        assert_eq!(s.prompt_tuning.as_ref().unwrap().num_virtual_tokens, 20);
+        assert!(!s.may_merge(), "a prompt-tuning job is never merged");
+        assert!(spec().may_merge());
+        let field = |s: JobSpec| field_of(&s);
+        let mut s = prompt();
+        s.target.max_iterations = None;
+        s.target.max_epochs = Some(3);
+        assert_eq!(field(s), "spec.target.max_iterations");
+        let mut s = prompt();
+        s.hyperparameters.petl = PetlMethod::Lora;
+        assert_eq!(field(s), "spec.hyperparameters.petl");
+        let mut s = prompt();
+        s.frozen_layers = Some(FrozenLayers { first: 0, last: 1 });
+        assert_eq!(field(s), "spec.frozen_layers");
+        let mut s = prompt();
+        s.resources.pipeline_parallel = true;
+        s.resources.max_gpus = 4;
+        assert_eq!(field(s), "spec.resources.pipeline_parallel");
+        let mut s = prompt();
+        s.prompt_tuning = Some(PromptTuning {
+            num_virtual_tokens: 513,
+            ..Default::default()
+        });
+        assert_eq!(field(s), "spec.prompt_tuning.num_virtual_tokens");
+        let mut s = prompt();
+        s.prompt_tuning = Some(PromptTuning {
+            num_virtual_tokens: 8,
+            initial_prompt: "x".repeat(4097),
+        });
+        assert_eq!(field(s), "spec.prompt_tuning.initial_prompt");
+        // The prompt settings and the PETL method belong to the kind.
+        let mut s = spec();
+        s.prompt_tuning = Some(PromptTuning::default());
+        assert_eq!(field(s), "spec.prompt_tuning");
+        let mut s = spec();
+        s.hyperparameters.petl = PetlMethod::PromptTuning;
+        assert_eq!(field(s), "spec.hyperparameters.petl");
     }
 
     #[test]

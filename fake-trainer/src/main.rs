@@ -591,8 +591,25 @@ impl Trainer {
                 let dir = self.out_dir.join(&self.tasks[i].job_id);
                 std::fs::create_dir_all(&dir)
                     .with_context(|| format!("creating {}", dir.display()))?;
-                let out = dir.join("weights.json");
-                write_atomic(&out, &serde_json::to_vec_pretty(&self.state[i])?)?;
+                let t = &self.tasks[i];
+                let out = if t.settings.petl == "prompt_tuning" {
+                    // A prompt-tuning job's output is its tuned prompt (the
+                    // real helper writes a peft prompt adapter), not weights.
+                    let out = dir.join("prompt.json");
+                    let prompt = serde_json::json!({
+                        "job_id": t.job_id,
+                        "model": t.model,
+                        "num_virtual_tokens": t.settings.num_virtual_tokens,
+                        "initial_prompt": t.settings.initial_prompt,
+                        "iteration": self.state[i].iteration,
+                    });
+                    write_atomic(&out, &serde_json::to_vec_pretty(&prompt)?)?;
+                    out
+                } else {
+                    let out = dir.join("weights.json");
+                    write_atomic(&out, &serde_json::to_vec_pretty(&self.state[i])?)?;
+                    out
+                };
                 self.reporter
                     .send(&Report::Done {
                         job_id: self.tasks[i].job_id.clone(),

@@ -182,8 +182,20 @@ pub fn job_detail(j: &pb::Job) -> String {
         time_str(&j.created_at),
         time_str(&j.updated_at)
     ));
+    let prompt_job = j
+        .spec
+        .as_ref()
+        .is_some_and(|s| s.kind == pb::JobKind::PromptTuning as i32);
+    if prompt_job {
+        s.push_str("Kind:        prompt tuning\n");
+    }
     if !j.output_path.is_empty() {
-        s.push_str(&format!("Output:      {}\n", j.output_path));
+        let what = if prompt_job {
+            "Prompt:     "
+        } else {
+            "Output:     "
+        };
+        s.push_str(&format!("{what} {}\n", j.output_path));
     }
     if j.predicted_finish.is_some() {
         s.push_str(&format!(

@@ -2316,6 +2316,72 @@ async fn e2e_icefrog_training_settings_act_and_a_field_nothing_acts_on_is_refuse
     drop_db(&db).await;
 }
 
+/// A prompt-tuning job (PromptTuner's request kind) through `fmctl`: a
+/// setting it cannot act on is refused naming the field and stores
+/// nothing; an accepted one trains a prompt only (the trainer gets
+/// `petl=prompt_tuning`, the virtual tokens and the initial prompt), and
+/// its output is the tuned prompt, shown by `fmctl job`.
+#[tokio::test]
+async fn e2e_prompt_a_prompt_tuning_job_returns_its_tuned_prompt() {
+    let db = new_db("fmsched_prompt_kind").await;
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let _sched = scheduler(&db, port, dir.path());
+    wait_up("scheduler up", port);
+    let _a = agent("node-a", port, dir.path());
+    let manifest = |name: &str, extra: &str| {
+        format!(
+            "kind: prompt_tuning\nname: {name}\nmodel: gpt2\n\
+             dataset: {{ uri: file:///data/samsum, task: samsum, num_samples: 3200, objective: causal-lm }}\n\
+             hyperparameters: {{ global_batch_size: 16, learning_rate: 0.01{extra} }}\n\
+             target: {{ max_iterations: 400 }}\n\
+             resources: {{ min_gpus: 1, max_gpus: 2 }}\n\
+             prompt_tuning: {{ num_virtual_tokens: 8, initial_prompt: \"Summarize the dialogue:\" }}\n\
+             launch:\n  command: [\"{}\"]\n  env: {{ FMSCHED_FAKE_TIME_COMPRESSION: \"200\" }}\n",
+            bin("fake-trainer").display()
+        )
+    };
+    let e = submit(
+        port,
+        dir.path(),
+        [("lora".to_string(), manifest("lora", ", petl: lora"))],
+    )
+    .unwrap_err();
+    assert!(
+        e.contains("spec.hyperparameters.petl") && e.contains("prompt"),
+        "{e}"
+    );
+    assert!(
+        jobs(port).unwrap().is_empty(),
+        "a refused spec stores nothing"
+    );
+    submit(
+        port,
+        dir.path(),
+        [("prompt".to_string(), manifest("prompt", ""))],
+    )
+    .expect("submit");
+    let done = all_completed(port, 1, Duration::from_secs(120));
+    let (id, (_, output)) = done.into_iter().next().unwrap();
+    assert!(output.ends_with("prompt.json"), "{output}");
+    let prompt: Value = serde_json::from_str(&std::fs::read_to_string(&output).unwrap()).unwrap();
+    assert_eq!(prompt["num_virtual_tokens"], 8, "{prompt}");
+    assert_eq!(
+        prompt["initial_prompt"], "Summarize the dialogue:",
+        "{prompt}"
+    );
+    assert_eq!(prompt["job_id"], id.as_str(), "{prompt}");
+    let shown = fmctl(port, &["job", &id]).unwrap();
+    assert!(
+        shown.contains("Kind:        prompt tuning")
+            && shown.contains(&format!("Prompt:      {output}")),
+        "{shown}"
+    );
+    let err = fmctl(port, &["logs", &id, "--stderr"]).unwrap();
+    assert!(err.contains("petl=prompt_tuning"), "{err}");
+    drop_db(&db).await;
+}
+
 /// `fmctl logs --follow` follows a job to the node it resumes on when its
 /// node is lost, says so on stderr, and ends when the job completes.
 #[tokio::test]

@@ -144,6 +144,8 @@ fn assignment(t: &pb::TrainerTask) -> TaskAssignment {
             max_frozen_layers: t.max_frozen_layers,
             objective: t.objective.clone(),
             metric_lower_is_better: t.metric_lower_is_better,
+            num_virtual_tokens: t.num_virtual_tokens,
+            initial_prompt: t.initial_prompt.clone(),
         },
     }
 }

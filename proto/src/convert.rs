@@ -268,6 +268,14 @@ pub fn job_spec_from_proto(p: pb::JobSpec) -> Result<core::JobSpec, FieldError> 
         queue: p.queue,
         priority: p.priority,
         preemptible: p.preemptible.unwrap_or(true),
+        kind: match pb::JobKind::try_from(p.kind).map_err(|_| bad_enum("spec.kind", p.kind))? {
+            pb::JobKind::Unspecified | pb::JobKind::FineTune => core::JobKind::FineTune,
+            pb::JobKind::PromptTuning => core::JobKind::PromptTuning,
+        },
+        prompt_tuning: p.prompt_tuning.map(|t| core::PromptTuning {
+            num_virtual_tokens: t.num_virtual_tokens,
+            initial_prompt: t.initial_prompt,
+        }),
     })
 }
 
@@ -315,6 +323,14 @@ pub fn job_spec_to_proto(s: &core::JobSpec) -> pb::JobSpec {
         queue: s.queue.clone(),
         priority: s.priority,
         preemptible: Some(s.preemptible),
+        kind: match s.kind {
+            core::JobKind::FineTune => pb::JobKind::FineTune,
+            core::JobKind::PromptTuning => pb::JobKind::PromptTuning,
+        } as i32,
+        prompt_tuning: s.prompt_tuning.as_ref().map(|t| pb::PromptTuningSpec {
+            num_virtual_tokens: t.num_virtual_tokens,
+            initial_prompt: t.initial_prompt.clone(),
+        }),
         deadline: s.deadline.map(timestamp_to_proto),
         slo_class: match s.slo_class {
             None => pb::SloClass::Unspecified,
@@ -370,6 +386,19 @@ mod tests {
     fn spec_round_trips_through_proto() {
         let s = sample();
         assert_eq!(job_spec_from_proto(job_spec_to_proto(&s)).unwrap(), s);
+        let mut prompt = sample();
+        prompt.kind = core::JobKind::PromptTuning;
+        prompt.prompt_tuning = Some(core::PromptTuning {
+            num_virtual_tokens: 8,
+            initial_prompt: "Summarize:".into(),
+        });
+        assert_eq!(
+            job_spec_from_proto(job_spec_to_proto(&prompt)).unwrap(),
+            prompt
+        );
+        let mut p = job_spec_to_proto(&prompt);
+        p.kind = 7;
+        assert_eq!(job_spec_from_proto(p).unwrap_err().field, "spec.kind");
     }
 
     #[test]

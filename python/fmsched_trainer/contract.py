@@ -67,6 +67,11 @@ class Task:
     max_frozen_layers: int = 0
     objective: str = ""
     metric_lower_is_better: bool = False
+    # A prompt-tuning job (petl "prompt_tuning"): the soft prompt's virtual
+    # tokens and its starting text ("" = random). Its output is the tuned
+    # prompt, not weights.
+    num_virtual_tokens: int = 0
+    initial_prompt: str = ""
 
     def metric_reached(self, value: float) -> bool:
         """Does an evaluation of the target metric reach the target (from
@@ -112,6 +117,8 @@ class Task:
             max_frozen_layers=int(d.get("max_frozen_layers", 0) or 0),
             objective=str(d.get("objective", "") or ""),
             metric_lower_is_better=bool(d.get("metric_lower_is_better", False)),
+            num_virtual_tokens=int(d.get("num_virtual_tokens", 0) or 0),
+            initial_prompt=str(d.get("initial_prompt", "") or ""),
         )
 
 

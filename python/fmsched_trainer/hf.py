@@ -47,13 +47,14 @@ _TIMINGS = {"runtime", "samples_per_second", "steps_per_second", "epoch", "model
 _OPTIM = {"adamw": "adamw_torch", "sgd": "sgd", "adafactor": "adafactor"}
 
 
-def training_arguments(task, bf16: bool = False) -> dict:
+def training_arguments(task, bf16: bool = False, petl=("", "lora")) -> dict:
     """``TrainingArguments`` keywords for the task's settings. Raises
     ValueError naming a setting HF's Trainer cannot honour (LAMB; Adam
-    with weight decay, which HF only has decoupled, as AdamW), so a spec
-    never trains differently from what the scheduler estimated. ``bf16``
-    picks bf16 over fp16 for AMP (GPUs that have it)."""
-    task.check_supported()
+    with weight decay, which HF only has decoupled, as AdamW), or a PETL
+    method outside ``petl`` (those the caller's model preparation applies),
+    so a spec never trains differently from what the scheduler estimated.
+    ``bf16`` picks bf16 over fp16 for AMP (GPUs that have it)."""
+    task.check_supported(petl=petl)
     kw = {}
     if task.learning_rate > 0:
         kw["learning_rate"] = task.learning_rate

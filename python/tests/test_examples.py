@@ -264,6 +264,28 @@ def test_lora_trains_adapters_and_writes_merged_weights(tmp_path, data):
     assert not os.path.exists(os.path.join(out, "adapter_config.json")), "the output is a plain model"
 
 
+def test_prompt_tuning_trains_only_a_prompt_and_writes_it_as_the_output(tmp_path, data):
+    a = Agent(tmp_path, [task("P", data / "echo", model="llama-2-7b", max_iterations=30, petl="prompt_tuning",
+                              num_virtual_tokens=8, initial_prompt="Repeat:", learning_rate=0.01)])
+    rc, _, err = a.run("sft", "--logging-steps", "10")
+    assert rc == 0, err
+    assert "prompt tuning: training a prompt of 8 virtual tokens" in err and "initial prompt" in err, err
+    losses = [p["loss"] for p in a.of("progress") if p.get("loss") is not None]
+    assert len(losses) >= 2 and losses[-1] < losses[0], losses
+    out = a.of("done")[0]["output"]
+    assert os.path.exists(os.path.join(out, "adapter_model.safetensors")), os.listdir(out)
+    assert not os.path.exists(os.path.join(out, "model.safetensors")), "only the prompt is the output"
+    with open(os.path.join(out, "prompt.json")) as f:
+        meta = json.load(f)
+    assert meta["num_virtual_tokens"] == 8 and meta["initial_prompt"] == "Repeat:"
+    with open(os.path.join(out, "adapter_config.json")) as f:
+        assert json.load(f)["peft_type"] == "PROMPT_TUNING"
+    # Other example trainers refuse it at start, naming the setting.
+    g = Agent(sub(tmp_path, "g"), [task("G", data / "a", max_iterations=5, petl="prompt_tuning")])
+    rc, _, err = g.run("glue")
+    assert rc != 0 and "petl 'prompt_tuning'" in err, err
+
+
 def test_vision_and_sft_train_spatial_pairs_too(tmp_path, data):
     v = Agent(sub(tmp_path, "v"), [task("V1", data / "img", model="vit-base", max_epochs=2),
                                    task("V2", data / "img", model="vit-base", max_iterations=40)])

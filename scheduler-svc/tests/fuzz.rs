@@ -182,6 +182,7 @@ fn submit_path(spec: pb::JobSpec, models: &ModelCatalog, nodes: &NodeRegistry) -
     if spec.validate(&ctx).is_err() {
         return false;
     }
+    spec.apply_kind_defaults();
     let snapshot = nodes.snapshot();
     let lut = scheduler_svc::scheduling::shipped_lut().unwrap();
     let _ = scheduler_svc::scheduling::admission::check_deadline(&lut, &snapshot, &spec, now)

@@ -62,7 +62,7 @@ def arguments(description: str):
     return p.parse_args()
 
 
-def start(description: str):
+def start(description: str, petl=("", "lora")):
     """What every example does first: its arguments, the contract, the
     signal handlers (before any data is read: a pre-warmed process must not
     lose an early SIGUSR1), its reporter, the single-process launch, and
@@ -78,7 +78,7 @@ def start(description: str):
     single_process(contract)
     try:
         for t in contract.tasks:
-            t.check_supported()
+            t.check_supported(petl=petl)
     except ValueError as e:
         fail(str(e))
     if len(contract.tasks) == 2 and contract.pipeline_stages > 1:
@@ -261,13 +261,18 @@ def load_model(auto_class, contract: Contract, args, **kw):
     return model, src
 
 
-def prepare(model, task: Task, peft_task_type: Optional[str] = None, head: Sequence[str] = ()):
+def prepare(model, task: Task, peft_task_type: Optional[str] = None, head: Sequence[str] = (),
+            prompt_ids: Sequence[int] = ()):
     """The spec's PETL method (LoRA, through the ``peft`` package: rank 8 on
-    the attention projections, the task head trained in full), frozen
+    the attention projections, the task head trained in full; prompt
+    tuning: a soft prompt of ``num_virtual_tokens`` started from the
+    embeddings of ``prompt_ids``, the initial prompt's tokens), frozen
     layers (ICEFROG) and gradient checkpointing. Returns the model to
-    train (a ``peft`` wrapper under LoRA)."""
+    train (a ``peft`` wrapper under LoRA and prompt tuning)."""
     if task.gradient_checkpointing and hasattr(model, "gradient_checkpointing_enable"):
         model.gradient_checkpointing_enable()
+    if task.petl == "prompt_tuning":
+        return prompt_model(model, task, peft_task_type, prompt_ids)
     if task.petl == "lora":
         try:
             from peft import LoraConfig, get_peft_model
@@ -286,6 +291,46 @@ def prepare(model, task: Task, peft_task_type: Optional[str] = None, head: Seque
         frozen, total = freeze_first_layers(model, task.frozen_layers)
         log(f"froze the first {task.frozen_layers} layers ({frozen} of {total} parameter tensors)")
     return model
+
+
+def prompt_model(model, task: Task, peft_task_type: Optional[str], prompt_ids: Sequence[int]):
+    """Prompt tuning (PromptTuner): the model's weights stay frozen; only a
+    soft prompt of ``task.num_virtual_tokens`` virtual tokens (20 when 0)
+    is trained, prepended to every input. It starts from the embeddings of
+    the initial prompt's tokens, repeated to the prompt's length (what
+    peft's text initialisation does, with this trainer's tokenizer), or at
+    random without one."""
+    if peft_task_type != "CAUSAL_LM":
+        fail("petl 'prompt_tuning': run prompt-tuning jobs with fmsched_trainer.examples.sft (a causal language "
+             "model)")
+    try:
+        import torch
+        from peft import PromptTuningConfig, get_peft_model
+    except ImportError:
+        fail("petl 'prompt_tuning' needs the 'peft' package (pip install peft)")
+    n = task.num_virtual_tokens or 20
+    embeddings = model.get_input_embeddings()
+    model = get_peft_model(model, PromptTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=n))
+    if prompt_ids:
+        ids = [prompt_ids[k % len(prompt_ids)] for k in range(n)]
+        with torch.no_grad():
+            start = embeddings(torch.tensor(ids, device=embeddings.weight.device))
+            model.prompt_encoder["default"].embedding.weight.copy_(start)
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    log(f"prompt tuning: training a prompt of {n} virtual tokens ({trainable} parameters), started from "
+        + (f"{len(prompt_ids)} tokens of the initial prompt" if prompt_ids else "random embeddings"))
+    return model
+
+
+def save_prompt(model, task: Task, path: str) -> None:
+    """A prompt-tuning job's output: the tuned prompt as a peft adapter
+    (``adapter_config.json`` + ``adapter_model.safetensors``, loadable with
+    ``PeftModel.from_pretrained`` on the job's model) and ``prompt.json``
+    saying what it is."""
+    model.save_pretrained(path)
+    with open(os.path.join(path, "prompt.json"), "w") as f:
+        json.dump({"job_id": task.job_id, "model": task.model, "num_virtual_tokens": task.num_virtual_tokens or 20,
+                   "initial_prompt": task.initial_prompt}, f, indent=2)
 
 
 def final_weights(model):
@@ -380,7 +425,10 @@ def train(contract: Contract, args, model, train_set, eval_set, collate, compute
 
     task = contract.tasks[0]
     try:
-        kw = training_arguments(task, bf16=torch.cuda.is_available() and torch.cuda.is_bf16_supported())
+        # The PETL methods `prepare` applies (each example's `start` has
+        # already refused those it does not).
+        kw = training_arguments(task, bf16=torch.cuda.is_available() and torch.cuda.is_bf16_supported(),
+                                petl=("", "lora", "prompt_tuning"))
     except ValueError as e:
         fail(str(e))
     if task.amp and not torch.cuda.is_available():

@@ -8,7 +8,9 @@ Each example (``train.jsonl`` / ``validation.jsonl``, see
 :mod:`fmsched_trainer.examples.common`) is ``{"prompt": …, "response": …}``
 (the loss is taken on the response only) or ``{"text": …}`` (on all of it).
 Metrics: ``token_accuracy`` (next-token accuracy on the trained tokens) and
-``loss`` (set ``lower_is_better: true`` on a loss target). A temporal
+``loss`` (set ``lower_is_better: true`` on a loss target). A prompt-tuning
+job (``kind: prompt_tuning``) trains a soft prompt only and writes it as
+its output (a peft prompt adapter and ``prompt.json``). A temporal
 merge's watched task is scored by its token accuracy with the current
 weights: both tasks share the language-model head.
 """
@@ -16,8 +18,8 @@ weights: both tasks share the language-model head.
 from __future__ import annotations
 
 from ..contract import standby
-from .common import (ByteTokenizer, fail, final_weights, load_model, log, prepare, read_split, start, train,
-                     weights_source)
+from .common import (ByteTokenizer, fail, final_weights, load_model, log, prepare, read_split, save_prompt, start,
+                     train, weights_source)
 
 IGNORE = -100
 
@@ -79,6 +81,12 @@ def collator(pad_id: int):
     return collate
 
 
+def without_prompt(logits, width: int):
+    """The logits of the input's own positions: prompt tuning prepends its
+    virtual tokens, whose positions have no labels."""
+    return logits[:, logits.shape[1] - width:]
+
+
 def token_accuracy(predicted, labels) -> float:
     """Next-token accuracy on the trained (labelled) positions: the token
     at position t is predicted from position t-1."""
@@ -101,6 +109,7 @@ def token_accuracy_of(m, rows, collate) -> float:
         for i in range(0, len(rows), 32):
             b = collate(rows[i:i + 32])
             logits = m(input_ids=b["input_ids"].to(device), attention_mask=b["attention_mask"].to(device)).logits
+            logits = without_prompt(logits, b["input_ids"].shape[1])
             p, y = logits.argmax(-1)[:, :-1].cpu(), b["labels"][:, 1:]
             keep = y != IGNORE
             right += int((p[keep] == y[keep]).sum())
@@ -143,7 +152,7 @@ def spatial(contract, args, signals, reporter) -> int:
 
 
 def main() -> int:
-    args, contract, signals, reporter = start(__doc__.splitlines()[0])
+    args, contract, signals, reporter = start(__doc__.splitlines()[0], petl=("", "lora", "prompt_tuning"))
     task = contract.tasks[0]
     for t in contract.tasks:
         if t.metric and t.metric not in ("token_accuracy", "loss"):
@@ -161,7 +170,8 @@ def main() -> int:
         log("started from standby")
     model, origin = load_model(AutoModelForCausalLM, contract, args)
     log(f"weights from {origin}; {len(train_set)} training and {len(eval_set)} validation examples")
-    model = prepare(model, task, peft_task_type="CAUSAL_LM")
+    prompt_ids = enc.ids(task.initial_prompt, True) if task.initial_prompt else []
+    model = prepare(model, task, peft_task_type="CAUSAL_LM", prompt_ids=prompt_ids)
 
     def compute(pred):
         return {"token_accuracy": token_accuracy(pred.predictions, pred.label_ids)}
@@ -175,11 +185,14 @@ def main() -> int:
         return token_accuracy_of(m, watched[w.job_id], collate)
 
     def save_output(m, path):
-        final_weights(m).save_pretrained(path)
+        if task.petl == "prompt_tuning":
+            save_prompt(m, task, path)
+        else:
+            final_weights(m).save_pretrained(path)
         enc.save(path)
 
     return train(contract, args, model, train_set, eval_set, collate, compute,
-                 preprocess_logits=lambda logits, labels: logits.argmax(-1),
+                 preprocess_logits=lambda logits, labels: without_prompt(logits, labels.shape[1]).argmax(-1),
                  evaluate_watched=evaluate_watched if watched else None, save_output=save_output,
                  signals=signals, reporter=reporter)
 

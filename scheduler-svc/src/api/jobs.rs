@@ -264,6 +264,7 @@ impl JobService for JobApi {
             limits,
         })
         .map_err(ApiError::from)?;
+        spec.apply_kind_defaults();
         if let Some(m) = &spec.resources.gpu_model {
             self.check_gpu_model(m)?;
         }

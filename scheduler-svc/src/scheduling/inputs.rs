@@ -222,7 +222,7 @@ pub fn build_view(s: &ViewSources<'_>) -> Translated {
                 state: j.state,
                 model: j.spec.model.clone(),
                 task: j.spec.dataset.task.clone(),
-                sharing: j.spec.sharing,
+                sharing: j.spec.may_merge(),
                 pipeline: r.pipeline_parallel,
                 expert_parallel: r.expert_parallel,
                 worker_gpus: r.workers.map_or(0, |w| w.gpus_per_worker),

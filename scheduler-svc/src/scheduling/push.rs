@@ -55,6 +55,8 @@ fn settings_to_proto(t: TrainingSettings) -> pb::TrainerTask {
         max_frozen_layers: t.max_frozen_layers,
         objective: t.objective,
         metric_lower_is_better: t.metric_lower_is_better,
+        num_virtual_tokens: t.num_virtual_tokens,
+        initial_prompt: t.initial_prompt,
         ..Default::default()
     }
 }
