@@ -157,6 +157,12 @@ pub struct JobView {
     /// What its process takes of one GPU alone (ICEFROG Eq. 8's inputs);
     /// None: unknown, it never shares a GPU.
     pub footprint: Option<GpuFootprint>,
+    /// Scheduled without a profiling run of its own: a prompt-tuning job
+    /// (PromptTuner §4.4.4 bounds it by its maximum iterations times the
+    /// model's profiled step time — the throughput table's — and it is
+    /// never merged, so its loss curve and Task2Vec embedding would serve
+    /// nothing).
+    pub skip_profiling: bool,
 }
 
 impl JobView {
@@ -506,8 +512,9 @@ pub fn prepare(view: &ClusterView, policy: &dyn Policy, cfg: &RoundConfig) -> Pr
             }
             continue;
         }
-        let unprofiled =
-            cfg.profiling && matches!(j.state, JobState::Submitted | JobState::Profiling);
+        let unprofiled = cfg.profiling
+            && !j.skip_profiling
+            && matches!(j.state, JobState::Submitted | JobState::Profiling);
         if !(j.held_back || unprofiled || j.state.is_terminal()) {
             jobs.push(i);
         }
@@ -837,7 +844,7 @@ fn reserve_profiling(
         )
         .collect();
     let mut waiting: Vec<usize> = (0..view.jobs.len())
-        .filter(|&i| view.jobs[i].state == JobState::Submitted)
+        .filter(|&i| view.jobs[i].state == JobState::Submitted && !view.jobs[i].skip_profiling)
         .collect();
     waiting.sort_by(|&x, &y| {
         view.jobs[x]
@@ -1734,7 +1741,7 @@ fn transitions(
             );
             continue;
         }
-        if cfg.profiling && j.state == JobState::Submitted {
+        if cfg.profiling && j.state == JobState::Submitted && !j.skip_profiling {
             continue; // waits for a profiling GPU
         }
         let want = if training.contains_key(&i) {
@@ -1962,6 +1969,7 @@ pub mod testkit {
             priority: 0,
             preemptible: true,
             footprint: None,
+            skip_profiling: false,
         }
     }
 
@@ -2252,6 +2260,25 @@ mod tests {
         assert_eq!(p.capacity, vec![3, 1]);
         // Unprofiled jobs stay out of the snapshot.
         assert_eq!(p.jobs, vec![0]);
+    }
+
+    /// A prompt-tuning job (skip_profiling) takes no profiling run: it is
+    /// in the policy's snapshot from its first round, beside a fine-tuning
+    /// job submitted with it that profiles first.
+    #[test]
+    fn a_job_that_skips_profiling_is_scheduled_at_once() {
+        let mut prompt = job("p", "samsum", JobState::Submitted, 1);
+        prompt.skip_profiling = true;
+        let fine = job("f", "rte", JobState::Submitted, 1);
+        let v = view(vec![node("a", 4)], vec![prompt, fine]);
+        let p = prepare(
+            &v,
+            by_name("ymir").unwrap().as_ref(),
+            &RoundConfig::default(),
+        );
+        let profiled: Vec<usize> = p.profiling.iter().map(|r| r.job).collect();
+        assert_eq!(profiled, vec![1], "only the fine-tuning job profiles");
+        assert_eq!(p.jobs, vec![0], "the prompt-tuning job is scheduled now");
     }
 
     #[test]

@@ -1913,6 +1913,7 @@ impl<'a> Simulation<'a> {
                     priority: j.w.queueing.priority,
                     preemptible: j.w.queueing.preemptible,
                     footprint: j.footprint,
+                    skip_profiling: false,
                 }
             })
             .collect();

@@ -2320,7 +2320,8 @@ async fn e2e_icefrog_training_settings_act_and_a_field_nothing_acts_on_is_refuse
 /// setting it cannot act on is refused naming the field and stores
 /// nothing; an accepted one trains a prompt only (the trainer gets
 /// `petl=prompt_tuning`, the virtual tokens and the initial prompt), and
-/// its output is the tuned prompt, shown by `fmctl job`.
+/// its output is the tuned prompt, shown by `fmctl job`. It takes no
+/// profiling run.
 #[tokio::test]
 async fn e2e_prompt_a_prompt_tuning_job_returns_its_tuned_prompt() {
     let db = new_db("fmsched_prompt_kind").await;
@@ -2379,6 +2380,18 @@ async fn e2e_prompt_a_prompt_tuning_job_returns_its_tuned_prompt() {
     );
     let err = fmctl(port, &["logs", &id, "--stderr"]).unwrap();
     assert!(err.contains("petl=prompt_tuning"), "{err}");
+    // No profiling run: its bound is its iterations on the table's step
+    // time (PromptTuner); it went from submitted to running at once.
+    assert!(
+        events_saying(&db, "profiling").await.is_empty(),
+        "{:?}",
+        events_saying(&db, "").await
+    );
+    assert!(
+        !events_saying(&db, "accepted for scheduling")
+            .await
+            .is_empty()
+    );
     drop_db(&db).await;
 }
 
