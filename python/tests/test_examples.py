@@ -280,6 +280,21 @@ def test_prompt_tuning_trains_only_a_prompt_and_writes_it_as_the_output(tmp_path
     assert meta["num_virtual_tokens"] == 8 and meta["initial_prompt"] == "Repeat:"
     with open(os.path.join(out, "adapter_config.json")) as f:
         assert json.load(f)["peft_type"] == "PROMPT_TUNING"
+    # Suspended and resumed like any job: it continues from the checkpointed
+    # prompt (the iteration count goes on) and still writes only a prompt.
+    spec = dict(model="llama-2-7b", petl="prompt_tuning", num_virtual_tokens=8, learning_rate=0.01)
+    r = Agent(sub(tmp_path, "r"), [task("R", data / "echo", max_iterations=100000, **spec)])
+    suspend_after(r, r.start("sft", "--logging-steps", "10"), 20)
+    last = r.of("checkpoint")[-1]
+    assert os.path.exists(os.path.join(last["path"], "adapter_model.safetensors")), os.listdir(last["path"])
+    b = Agent(sub(tmp_path, "b"), [task("R", data / "echo", max_iterations=last["iteration"] + 10, **spec)],
+              FMSCHED_RESUME_FROM=last["path"])
+    rc, _, err = b.run("sft", "--logging-steps", "5")
+    assert rc == 0, err
+    assert f"train from iteration {last['iteration']} " in err, err
+    out = b.of("done")[0]["output"]
+    assert os.path.exists(os.path.join(out, "adapter_model.safetensors"))
+    assert not os.path.exists(os.path.join(out, "model.safetensors"))
     # Other example trainers refuse it at start, naming the setting.
     g = Agent(sub(tmp_path, "g"), [task("G", data / "a", max_iterations=5, petl="prompt_tuning")])
     rc, _, err = g.run("glue")

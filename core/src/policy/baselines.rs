@@ -619,6 +619,7 @@ pub fn with_knobs(
             take("future_capacity", &mut c.future_capacity);
             take("slack_weight", &mut c.slack_weight);
             take("deadline_margin_s", &mut c.deadline_margin_s);
+            take("risk_weight", &mut c.risk_weight);
             c.windows = windows.max(1.0) as usize;
             c.horizon_terms = horizon.clamp(1.0, 1e6) as u32;
             Box::new(UniSched::new(c))
@@ -690,6 +691,7 @@ pub fn knob_names(name: &str) -> Option<&'static [&'static str]> {
             "future_capacity",
             "slack_weight",
             "deadline_margin_s",
+            "risk_weight",
         ],
         "ymir" | "ymir-no-merge" => &[
             "interval_s",
