@@ -1195,12 +1195,18 @@ async fn e2e_generated_workload_merges_of_both_kinds_all_complete() {
     // this workload merges only temporally (18 jobs, the guard splitting 8
     // of them; 13.0 s) while live merges 22 temporal and 12 spatial: three
     // runs measured +16.2, +24.3 and +31.1 % (2-core machine, one under the
-    // full parallel suite), so the bound is 40 % (Ymir Table 3: 8.77 %
-    // between the authors' simulator and testbed, same estimates on both
-    // sides). It fails on a regression of the round, the agents or the
-    // estimator, not on that known estimate gap.
+    // full parallel suite). Later, run alone on another 2-core machine, it
+    // measured two modes, about +20-28 % and +38-44 % (runs that merge
+    // more pairs spatially, 14-20 jobs, and split 6 in the guard): 10 runs
+    // from +19.5 to +44.3 %, and 5 runs of the code before from +21.5 to
+    // +44.4 %, so a 40 % bound failed about every other run. The bound is
+    // 60 % (Ymir Table 3: 8.77 % between the authors' simulator and
+    // testbed, same estimates on both sides). It fails on a regression of
+    // the round, the agents or the estimator past these two modes, not on
+    // that known estimate gap (the merges of both kinds and every job's
+    // completion are asserted on their own).
     assert!(
-        gap.abs() <= 0.40,
+        gap.abs() <= 0.60,
         "live avg JCT {avg:.1} s is {:+.1} % from the simulated {:.1} s",
         100.0 * gap,
         sim.avg_jct_s
