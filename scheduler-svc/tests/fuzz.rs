@@ -123,7 +123,7 @@ fn extreme_spec(rng: &mut StdRng) -> pb::JobSpec {
     for _ in 0..rng.random_range(1..4) {
         let d = s.dataset.get_or_insert_default();
         let h = s.hyperparameters.get_or_insert_default();
-        match rng.random_range(0..18) {
+        match rng.random_range(0..21) {
             0 => d.num_samples = extreme_u64(rng),
             1 => d.uri = extreme_string(rng),
             2 => h.global_batch_size = extreme_u32(rng),
@@ -160,6 +160,16 @@ fn extreme_spec(rng: &mut StdRng) -> pb::JobSpec {
                 })
             }
             16 => s.slo_class = rng.random_range(-2..6),
+            17 => s.kind = rng.random_range(-2..5),
+            18 => {
+                s.kind = 2; // prompt tuning
+                s.prompt_tuning.get_or_insert_default().num_virtual_tokens = extreme_u32(rng);
+            }
+            19 => {
+                s.kind = 2;
+                s.layer_elasticity = None;
+                s.prompt_tuning.get_or_insert_default().initial_prompt = extreme_string(rng);
+            }
             _ => s.name = extreme_string(rng),
         }
     }
