@@ -166,28 +166,42 @@ fn enter_phase(state: &AppState, phase: Option<&'static str>) {
 /// scheduler cannot interrupt a blocked query or solve; this says where
 /// it is, once per [`STUCK_ROUND`] while it lasts).
 async fn watch_rounds(state: AppState) {
-    let mut reported: Option<(&'static str, std::time::Instant, u32)> = None;
+    let mut reported = None;
     loop {
         tokio::time::sleep(std::time::Duration::from_secs(5)).await;
-        let Some((phase, since)) = state.metrics.values().round_phase else {
-            reported = None;
-            continue;
-        };
-        let stuck = since.elapsed();
-        let periods = (stuck.as_secs() / STUCK_ROUND.as_secs().max(1)) as u32;
-        let before = match reported {
-            Some((p, s, n)) if p == phase && s == since => n,
-            _ => 0,
-        };
-        if periods > before {
+        let phase = state.metrics.values().round_phase;
+        let stuck = phase.map(|(_, since)| since.elapsed()).unwrap_or_default();
+        if let Some(p) = stuck_phase(phase, stuck, &mut reported) {
             tracing::warn!(
-                phase,
+                phase = p,
                 stuck_s = stuck.as_secs(),
                 "scheduling round stuck: no progress in this phase (no plan is committed until it ends)"
             );
-            reported = Some((phase, since, periods));
         }
     }
+}
+
+/// The watch's rule: the phase to report when the round in progress
+/// (`phase`, entered `stuck` ago) has spent another [`STUCK_ROUND`] in it
+/// since the last report; `reported` keeps what was said of which entry.
+fn stuck_phase(
+    phase: Option<(&'static str, std::time::Instant)>,
+    stuck: std::time::Duration,
+    reported: &mut Option<(&'static str, std::time::Instant, u64)>,
+) -> Option<&'static str> {
+    let Some((name, since)) = phase else {
+        *reported = None;
+        return None;
+    };
+    let periods = stuck.as_secs() / STUCK_ROUND.as_secs().max(1);
+    let before = match *reported {
+        Some((p, s, n)) if p == name && s == since => n,
+        _ => 0,
+    };
+    (periods > before).then(|| {
+        *reported = Some((name, since, periods));
+        name
+    })
 }
 
 /// One queue's figures after a round.
@@ -788,7 +802,7 @@ impl inputs::Inputs {
 /// Phase 3: the shared round's decision, on the blocking pool (CPU work).
 /// Returns it with the seconds it took.
 async fn decide(p: DecideParts) -> Result<(round::Decision, f64), RoundError> {
-    let task = tokio::task::spawn_blocking(move || {
+    blocking_within(DECIDE_GRACE, move || {
         let started = std::time::Instant::now();
         let policy = p.policy;
         let d = decide_round(
@@ -799,12 +813,21 @@ async fn decide(p: DecideParts) -> Result<(round::Decision, f64), RoundError> {
             &p.config,
         )?;
         Ok((d, started.elapsed().as_secs_f64()))
-    });
-    // A decision that does not come is left running (it cannot be
-    // stopped) and the round given up; the next starts afresh.
-    match tokio::time::timeout(DECIDE_GRACE, task).await {
-        Ok(joined) => joined.map_err(|e| RoundError::Join(e.to_string()))?,
-        Err(_) => Err(RoundError::DecideTimedOut(DECIDE_GRACE)),
+    })
+    .await?
+}
+
+/// Runs `f` on the blocking pool and waits at most `grace` for it. A
+/// decision that does not come is left running (it cannot be stopped)
+/// and the round given up ([`RoundError::DecideTimedOut`]); the next
+/// starts afresh.
+async fn blocking_within<T: Send + 'static>(
+    grace: std::time::Duration,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, RoundError> {
+    match tokio::time::timeout(grace, tokio::task::spawn_blocking(f)).await {
+        Ok(joined) => joined.map_err(|e| RoundError::Join(e.to_string())),
+        Err(_) => Err(RoundError::DecideTimedOut(grace)),
     }
 }
 
@@ -1461,6 +1484,41 @@ pub async fn scheduling_loop(state: AppState) {
 mod tests {
     use super::*;
     use fmsched_core::round::{ClusterView, JobView, RoundConfig};
+
+    /// A decision that does not come within its grace gives the round up
+    /// (the next starts afresh); one that comes is returned.
+    #[tokio::test]
+    async fn a_decision_that_does_not_come_gives_the_round_up() {
+        let (release, stuck) = std::sync::mpsc::channel::<()>();
+        let grace = std::time::Duration::from_millis(50);
+        let out = blocking_within(grace, move || stuck.recv().is_ok()).await;
+        assert!(
+            matches!(out, Err(RoundError::DecideTimedOut(g)) if g == grace),
+            "{out:?}"
+        );
+        drop(release);
+        let out = blocking_within(std::time::Duration::from_secs(60), || 7).await;
+        assert_eq!(out.unwrap(), 7);
+    }
+
+    /// The stuck-round watch warns once per 30 s a round stays in one
+    /// phase, and afresh for a new phase.
+    #[test]
+    fn a_round_stuck_in_one_phase_is_reported_once_per_period() {
+        let secs = std::time::Duration::from_secs;
+        let since = std::time::Instant::now();
+        let decide = Some(("decide", since));
+        let mut said = None;
+        assert_eq!(stuck_phase(decide, secs(10), &mut said), None);
+        assert_eq!(stuck_phase(decide, secs(31), &mut said), Some("decide"));
+        assert_eq!(stuck_phase(decide, secs(45), &mut said), None);
+        assert_eq!(stuck_phase(decide, secs(61), &mut said), Some("decide"));
+        let commit = Some(("commit", since + secs(62)));
+        assert_eq!(stuck_phase(commit, secs(1), &mut said), None);
+        assert_eq!(stuck_phase(commit, secs(30), &mut said), Some("commit"));
+        assert_eq!(stuck_phase(None, secs(0), &mut said), None);
+        assert_eq!(said, None, "between rounds nothing is kept");
+    }
     use fmsched_core::{GpuUuid, NodeId};
 
     fn id(n: u8) -> JobId {
