@@ -13,6 +13,9 @@
   information of the trainable parameters, from per-batch gradients.
 - :mod:`fmsched_trainer.hf` has a HuggingFace ``Trainer`` callback built on
   these (imported only when ``transformers`` is installed).
+- :mod:`fmsched_trainer.prompts` has the Prompt Bank's trainer side for
+  prompt-tuning jobs: a soft prompt's activation features and Eq. 4.1's
+  score of a candidate initial prompt (needs ``torch`` and ``peft``).
 """
 
 from .contract import Contract, Reporter, Task, TrainingSignals, standby

@@ -278,6 +278,7 @@ def test_prompt_tuning_trains_only_a_prompt_and_writes_it_as_the_output(tmp_path
     with open(os.path.join(out, "prompt.json")) as f:
         meta = json.load(f)
     assert meta["num_virtual_tokens"] == 8 and meta["initial_prompt"] == "Repeat:"
+    assert len(meta["features"]) > 0 and all(isinstance(x, float) for x in meta["features"])
     with open(os.path.join(out, "adapter_config.json")) as f:
         assert json.load(f)["peft_type"] == "PROMPT_TUNING"
     # Suspended and resumed like any job: it continues from the checkpointed
@@ -299,6 +300,39 @@ def test_prompt_tuning_trains_only_a_prompt_and_writes_it_as_the_output(tmp_path
     g = Agent(sub(tmp_path, "g"), [task("G", data / "a", max_iterations=5, petl="prompt_tuning")])
     rc, _, err = g.run("glue")
     assert rc != 0 and "petl 'prompt_tuning'" in err, err
+
+
+def test_prompt_bank_scores_a_tuned_prompt_below_an_untuned_one_and_restores_the_model(tmp_path):
+    import torch
+    from peft import PromptTuningConfig, get_peft_model
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from fmsched_trainer.prompts import load_prompt, prompt_features, prompt_rows, score_prompt
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=64)
+    model = get_peft_model(LlamaForCausalLM(cfg), PromptTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=4))
+    ids = torch.randint(3, 64, (16, 12))
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids}
+    untuned = prompt_rows(model).detach().clone()
+    opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=0.1)
+    for _ in range(30):
+        opt.zero_grad()
+        model(**batch).loss.backward()
+        opt.step()
+    model.save_pretrained(str(tmp_path / "tuned"))
+    tuned = load_prompt(str(tmp_path / "tuned"))
+    assert tuned.shape == (4, 32)
+    mine = prompt_rows(model).detach().clone()
+    s_tuned = score_prompt(model, str(tmp_path / "tuned"), [batch])
+    s_untuned = score_prompt(model, untuned, [batch])
+    assert s_tuned < s_untuned, (s_tuned, s_untuned)
+    # A candidate of another length is repeated to the prompt's length.
+    assert score_prompt(model, tuned[:2], [batch]) > 0
+    assert torch.equal(prompt_rows(model).detach(), mine), "the model's own prompt is restored"
+    f = prompt_features(model)
+    assert len(f) == 32 and all(isinstance(x, float) for x in f)
 
 
 def test_vision_and_sft_train_spatial_pairs_too(tmp_path, data):

@@ -326,11 +326,14 @@ def save_prompt(model, task: Task, path: str) -> None:
     """A prompt-tuning job's output: the tuned prompt as a peft adapter
     (``adapter_config.json`` + ``adapter_model.safetensors``, loadable with
     ``PeftModel.from_pretrained`` on the job's model) and ``prompt.json``
-    saying what it is."""
+    saying what it is, with the prompt's activation features (the Prompt
+    Bank clusters prompts by them; :func:`fmsched_trainer.prompts.prompt_features`)."""
+    from ..prompts import prompt_features
+
     model.save_pretrained(path)
     with open(os.path.join(path, "prompt.json"), "w") as f:
         json.dump({"job_id": task.job_id, "model": task.model, "num_virtual_tokens": task.num_virtual_tokens or 20,
-                   "initial_prompt": task.initial_prompt}, f, indent=2)
+                   "initial_prompt": task.initial_prompt, "features": prompt_features(model)}, f, indent=2)
 
 
 def final_weights(model):
