@@ -174,20 +174,13 @@ pub enum JobKind {
     #[default]
     FineTune,
     /// Prompt tuning (PromptTuner, Table 4.2): only a soft prompt of
-    /// virtual tokens is trained; the output is the tuned prompt. Runs on
-    /// one node, never merged, pipelined or layer-elastic; needs
+    /// virtual tokens is trained; the output is the tuned prompt. Never
+    /// merged, pipelined, elastic or layer-elastic, never profiled; needs
     /// `target.max_iterations`.
     PromptTuning,
 }
 
 impl JobKind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            JobKind::FineTune => "fine_tune",
-            JobKind::PromptTuning => "prompt_tuning",
-        }
-    }
-
     fn is_fine_tune(&self) -> bool {
         *self == JobKind::FineTune
     }
@@ -457,6 +450,14 @@ impl JobSpec {
     /// a prompt-tuning job trains a prompt of its own and is never merged).
     pub fn may_merge(&self) -> bool {
         self.sharing && self.kind == JobKind::FineTune
+    }
+
+    /// Is it scheduled without a profiling run of its own? A prompt-tuning
+    /// job is: PromptTuner bounds it by its maximum iterations at the
+    /// model's profiled step time, and it is never merged, so its own loss
+    /// curve and Task2Vec embedding would serve nothing.
+    pub fn skips_profiling(&self) -> bool {
+        self.kind == JobKind::PromptTuning
     }
 
     /// The job's service class ([`SloClass::or_default_for`]).

@@ -157,11 +157,8 @@ pub struct JobView {
     /// What its process takes of one GPU alone (ICEFROG Eq. 8's inputs);
     /// None: unknown, it never shares a GPU.
     pub footprint: Option<GpuFootprint>,
-    /// Scheduled without a profiling run of its own: a prompt-tuning job
-    /// (PromptTuner §4.4.4 bounds it by its maximum iterations times the
-    /// model's profiled step time — the throughput table's — and it is
-    /// never merged, so its loss curve and Task2Vec embedding would serve
-    /// nothing).
+    /// Scheduled without a profiling run of its own
+    /// ([`crate::job::JobSpec::skips_profiling`]: a prompt-tuning job).
     pub skip_profiling: bool,
 }
 

@@ -619,9 +619,13 @@ impl UniSched {
             }
             // A proven answer only: no incumbent is taken on a time limit
             // (the previous plan is reused instead).
-            let answer = super::solve_watched(model, self.config.time_limit_s);
-            stats.abandoned = answer.is_none();
-            let solution = answer.and_then(|a| super::usable_solution(a, |_| 0.0, f64::INFINITY));
+            let solution = super::solve_usable(
+                model,
+                self.config.time_limit_s,
+                |_| 0.0,
+                f64::INFINITY,
+                &mut stats,
+            );
             let Some(solution) = solution else {
                 stats.fallback = true;
                 let mut plan = self.reuse_previous(snap);

@@ -326,11 +326,9 @@ impl IceFrog {
         }
         stats.constraints = count;
         let value_of = |s: &dyn Solution| terms.iter().map(|&(v, c)| c * s.value(v)).sum::<f64>();
-        let Some(answer) = super::solve_watched(model, time_limit_s) else {
-            stats.abandoned = true;
-            return (None, stats);
-        };
-        let Some(solution) = super::usable_solution(answer, |s| value_of(s), warm_value) else {
+        let Some(solution) =
+            super::solve_usable(model, time_limit_s, |s| value_of(s), warm_value, &mut stats)
+        else {
             return (None, stats);
         };
         stats.objective = value_of(&solution);

@@ -278,6 +278,21 @@ pub(crate) fn solve_watched(
     within(solve_grace(time_limit_s), move || model.solve())
 }
 
+/// [`solve_watched`], then [`usable_solution`] of its answer: what a MILP
+/// policy acts on, or None (the caller falls back). An abandoned solve
+/// sets `stats.abandoned`.
+pub(crate) fn solve_usable(
+    model: good_lp::solvers::highs::HighsProblem,
+    time_limit_s: f64,
+    value_of: impl Fn(&good_lp::solvers::highs::HighsSolution) -> f64,
+    warm_value: f64,
+    stats: &mut SolveStats,
+) -> Option<good_lp::solvers::highs::HighsSolution> {
+    let answer = solve_watched(model, time_limit_s);
+    stats.abandoned |= answer.is_none();
+    usable_solution(answer?, value_of, warm_value)
+}
+
 /// Runs `f` on a new thread and returns its result if it comes within
 /// `grace`; `None` otherwise (the thread is detached and its result
 /// dropped when it ends).

@@ -312,10 +312,11 @@ def prompt_model(model, task: Task, peft_task_type: Optional[str], prompt_ids: S
     embeddings = model.get_input_embeddings()
     model = get_peft_model(model, PromptTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=n))
     if prompt_ids:
-        ids = [prompt_ids[k % len(prompt_ids)] for k in range(n)]
+        from ..prompts import fit_rows, prompt_rows
+
         with torch.no_grad():
-            start = embeddings(torch.tensor(ids, device=embeddings.weight.device))
-            model.prompt_encoder["default"].embedding.weight.copy_(start)
+            start = embeddings(torch.tensor(list(prompt_ids), device=embeddings.weight.device))
+            prompt_rows(model).copy_(fit_rows(start, n))
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     log(f"prompt tuning: training a prompt of {n} virtual tokens ({trainable} parameters), started from "
         + (f"{len(prompt_ids)} tokens of the initial prompt" if prompt_ids else "random embeddings"))

@@ -254,7 +254,7 @@ pub fn build_view(s: &ViewSources<'_>) -> Translated {
                 priority: j.spec.priority,
                 preemptible: j.spec.preemptible,
                 footprint: (s.footprint)(j),
-                skip_profiling: j.spec.kind == fmsched_core::JobKind::PromptTuning,
+                skip_profiling: j.spec.skips_profiling(),
             }
         })
         .collect();
