@@ -121,6 +121,13 @@ pub struct TaskAssignment {
     /// A's weights help B before B starts (Ymir §4.3).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub eval_only: bool,
+    /// A prompt-tuning task without an initial prompt: a JSON file listing
+    /// the model's Prompt Bank ([`BankCandidate`]s). The trainer scores the
+    /// medoids, then the members of the best one's cluster ([`walk_bank`]),
+    /// starts from the best, and reports [`Report::PromptInit`]. Absent:
+    /// the bank is empty (or the task has its own initial prompt).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_bank: Option<String>,
     /// How to train it (the spec's hyper-parameters, objective and frozen
     /// layers), in the same JSON object.
     #[serde(flatten)]
@@ -234,6 +241,75 @@ impl TrainingSettings {
     }
 }
 
+/// One prompt of a model's Prompt Bank as a trainer gets it (the file
+/// [`TaskAssignment::prompt_bank`] names holds a JSON list of them): the
+/// two-layer index the scheduler built (PromptTuner §4.4.3.2).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct BankCandidate {
+    /// The job that tuned it.
+    pub id: String,
+    /// Its `prompt.json` (the tuned job's output).
+    pub path: String,
+    /// Its cluster in the first layer.
+    pub cluster: u32,
+    /// The cluster's medoid (one per cluster).
+    pub medoid: bool,
+}
+
+/// The Prompt Bank lookup (PromptTuner §4.4.3.2): score every cluster's
+/// medoid, then the other members of the best medoid's cluster; the
+/// lowest score wins (Eq. 4.1: lower loss is better). `K + C/K` scorings
+/// for `C` prompts in `K` clusters. `clusters` is (medoid, members — the
+/// medoid among them or not). Returns the winner, its score and the
+/// scorings made.
+pub fn walk_bank<T>(
+    clusters: &[(T, Vec<T>)],
+    mut score: impl FnMut(&T) -> f64,
+) -> Option<(&T, f64, usize)>
+where
+    T: PartialEq,
+{
+    let mut scored = 0;
+    let mut best_cluster: Option<(f64, usize)> = None;
+    for (k, (m, _)) in clusters.iter().enumerate() {
+        let s = score(m);
+        scored += 1;
+        if best_cluster.is_none_or(|b| s < b.0) {
+            best_cluster = Some((s, k));
+        }
+    }
+    let (ms, k) = best_cluster?;
+    let (m, members) = &clusters[k];
+    let mut best = (ms, m);
+    for p in members.iter().filter(|&p| p != m) {
+        let s = score(p);
+        scored += 1;
+        if s < best.0 {
+            best = (s, p);
+        }
+    }
+    Some((best.1, best.0, scored))
+}
+
+/// A bank file's candidates as [`walk_bank`]'s clusters (by cluster
+/// number; a cluster without a flagged medoid takes its first member).
+pub fn bank_clusters(c: &[BankCandidate]) -> Vec<(&BankCandidate, Vec<&BankCandidate>)> {
+    let mut by: std::collections::BTreeMap<u32, Vec<&BankCandidate>> = Default::default();
+    for x in c {
+        by.entry(x.cluster).or_default().push(x);
+    }
+    by.into_values()
+        .map(|members| {
+            let m = members
+                .iter()
+                .copied()
+                .find(|x| x.medoid)
+                .unwrap_or(members[0]);
+            (m, members)
+        })
+        .collect()
+}
+
 fn is_zero(n: &u32) -> bool {
     *n == 0
 }
@@ -271,8 +347,26 @@ pub enum Report {
     /// prepared; it waits for [`signal::START`].
     Prewarmed,
     /// A task reached its target; its output (weights, or a prompt-tuning
-    /// job's tuned prompt) is at `output`.
-    Done { job_id: String, output: String },
+    /// job's tuned prompt) is at `output`. A prompt-tuning task adds its
+    /// tuned prompt's activation features (PromptTuner §4.4.3.1): the
+    /// scheduler files the prompt in the model's Prompt Bank by them.
+    Done {
+        job_id: String,
+        output: String,
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        prompt_features: Vec<f64>,
+    },
+    /// A prompt-tuning task started from a Prompt Bank candidate
+    /// ([`TaskAssignment::prompt_bank`]): the one with the lowest score
+    /// (Eq. 4.1), found after `scored` of the bank's `candidates` scorings.
+    PromptInit {
+        job_id: String,
+        /// The candidate's id (the job that tuned it).
+        from: String,
+        score: f64,
+        scored: u32,
+        candidates: u32,
+    },
     /// Per-layer gradient variance of a layer-elastic task, once an epoch
     /// (ICEFROG Eq. 3): `variance[i]` for transformer layer `i` from the
     /// input — the epoch's for a trained layer, and for a frozen one the
@@ -350,6 +444,7 @@ mod tests {
             samples_per_epoch: None,
             max_epochs: 0,
             eval_only: false,
+            prompt_bank: None,
             settings: s,
         };
         let json = serde_json::to_value(&t).unwrap();
@@ -383,6 +478,31 @@ mod tests {
             Report::parse("{\"type\":\"nope\"}")
                 .unwrap_err()
                 .contains("bad report line")
+        );
+        // A done line without features (every trainer before the Prompt
+        // Bank) reads as none; a prompt job's carries them.
+        let d = Report::parse(r#"{"type":"done","job_id":"j","output":"/o"}"#).unwrap();
+        assert_eq!(
+            d,
+            Report::Done {
+                job_id: "j".into(),
+                output: "/o".into(),
+                prompt_features: vec![]
+            }
+        );
+        assert!(!d.to_line().contains("prompt_features"));
+        let p = Report::Done {
+            job_id: "j".into(),
+            output: "/o/prompt.json".into(),
+            prompt_features: vec![0.5, -1.0],
+        };
+        assert_eq!(Report::parse(&p.to_line()).unwrap(), p);
+        let init = Report::parse(
+            r#"{"type":"prompt_init","job_id":"j","from":"a","score":1.2,"scored":3,"candidates":9}"#,
+        )
+        .unwrap();
+        assert!(
+            matches!(init, Report::PromptInit { ref from, scored: 3, candidates: 9, .. } if from == "a")
         );
         let c = Report::parse(r#"{"type":"checkpoint","path":"/c/1","iteration":3}"#).unwrap();
         assert_eq!(

@@ -36,6 +36,13 @@
 //!   fast from its own samples, and not at all when `G < 0` (interference:
 //!   its accuracy stalls, which the merge guard must catch).
 //!
+//! Prompt-tuning tasks (`petl` = prompt_tuning) write `prompt.json` with 16
+//! fake activation features of their task ([`prompt_features`]) and report
+//! them with `done`. Given a Prompt Bank (`prompt_bank`), one walks it as
+//! the contract says, scoring a candidate 1 + the cosine distance of its
+//! features to its own task's ([`prompt_score`]), reports `prompt_init`, and
+//! learns up to 1.5 times as fast from a prompt of its own task.
+//!
 //! Jobs over several nodes (`NNODES` > 1) rendezvous like torchrun's: the
 //! process of `NODE_RANK` 0 listens at `MASTER_ADDR:MASTER_PORT` and waits
 //! for the other nodes' processes to connect (at most
@@ -115,6 +122,76 @@ fn embedding_of(model: &str, task: &str, repeat: bool) -> Vec<f64> {
             0.02 + shared + own + draw
         })
         .collect()
+}
+
+/// The fake world's prompt features (PromptTuner §4.4.3.1): a prompt tuned
+/// for `task` of `model` has these 16 activation features — the task's own
+/// direction plus a small per-job draw, so prompts of one task are alike
+/// and prompts of other tasks are not.
+fn prompt_features(model: &str, task: &str, job_id: &str) -> Vec<f64> {
+    (0..16)
+        .map(|d| {
+            2.0 * unit(&format!("{model}|{task}|prompt{d}")) - 1.0
+                + 0.1 * (unit(&format!("{job_id}|prompt{d}")) - 0.5)
+        })
+        .collect()
+}
+
+/// The fake world's Eq. 4.1: the mean loss of `task` started from a bank
+/// candidate's prompt, without tuning — 1 + the cosine distance between
+/// the candidate's features (its `prompt.json`) and the task's own; an
+/// unreadable candidate scores +∞.
+fn prompt_score(model: &str, task: &str, c: &fmsched_core::trainer::BankCandidate) -> f64 {
+    let features = std::fs::read(&c.path)
+        .ok()
+        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+        .and_then(|v| serde_json::from_value::<Vec<f64>>(v["features"].clone()).ok());
+    match features {
+        Some(f) if !f.is_empty() => {
+            let own = prompt_features(model, task, "");
+            1.0 + fmsched_core::policy::prompttuner::cosine_distance(&f, &own)
+        }
+        _ => {
+            eprintln!(
+                "fake-trainer: Prompt Bank: {} has no features; skipped",
+                c.path
+            );
+            f64::INFINITY
+        }
+    }
+}
+
+/// Picks a prompt-tuning task's initial prompt from its Prompt Bank file
+/// (the contract's two-layer walk). The pick's transfer gain: a prompt
+/// with the task's own features (score 1) speeds learning up 1.5 times,
+/// an unrelated one (score ≥ 2) not at all.
+fn pick_from_bank(t: &TaskAssignment, file: &str) -> anyhow::Result<Option<(Report, f64)>> {
+    use fmsched_core::trainer::{BankCandidate, bank_clusters, walk_bank};
+    let text = std::fs::read(file).with_context(|| format!("prompt_bank: reading {file}"))?;
+    let bank: Vec<BankCandidate> =
+        serde_json::from_slice(&text).with_context(|| format!("prompt_bank: {file}"))?;
+    let clusters = bank_clusters(&bank);
+    let Some((best, score, scored)) = walk_bank(&clusters, |c| prompt_score(&t.model, &t.task, c))
+    else {
+        return Ok(None);
+    };
+    if !score.is_finite() {
+        return Ok(None);
+    }
+    let gain = 0.5 * (2.0 - score).clamp(0.0, 1.0);
+    eprintln!(
+        "fake-trainer: Prompt Bank: starting from job {}'s prompt (score {score:.3}; {scored} of {} prompts scored; transfer gain {gain:.3})",
+        best.id,
+        bank.len()
+    );
+    let r = Report::PromptInit {
+        job_id: t.job_id.clone(),
+        from: best.id.clone(),
+        score,
+        scored: scored as u32,
+        candidates: bank.len() as u32,
+    };
+    Ok(Some((r, gain)))
 }
 
 /// The fake world's transfer law: the gain `G` that training on `from` gives
@@ -592,7 +669,13 @@ impl Trainer {
                 std::fs::create_dir_all(&dir)
                     .with_context(|| format!("creating {}", dir.display()))?;
                 let t = &self.tasks[i];
-                let out = if t.settings.petl == "prompt_tuning" {
+                let prompt = t.settings.petl == "prompt_tuning";
+                let features = if prompt {
+                    prompt_features(&t.model, &t.task, &t.job_id)
+                } else {
+                    Vec::new()
+                };
+                let out = if prompt {
                     // A prompt-tuning job's output is its tuned prompt (the
                     // real helper writes a peft prompt adapter), not weights.
                     let out = dir.join("prompt.json");
@@ -602,6 +685,7 @@ impl Trainer {
                         "num_virtual_tokens": t.settings.num_virtual_tokens,
                         "initial_prompt": t.settings.initial_prompt,
                         "iteration": self.state[i].iteration,
+                        "features": features,
                     });
                     write_atomic(&out, &serde_json::to_vec_pretty(&prompt)?)?;
                     out
@@ -614,6 +698,7 @@ impl Trainer {
                     .send(&Report::Done {
                         job_id: self.tasks[i].job_id.clone(),
                         output: out.display().to_string(),
+                        prompt_features: features,
                     })
                     .await;
             }
@@ -999,6 +1084,16 @@ async fn run() -> anyhow::Result<()> {
             state[0].gain
         );
     }
+    // A prompt-tuning task without an initial prompt starts from the best
+    // prompt of its model's Prompt Bank (a fresh start only).
+    let mut prompt_init = None;
+    if let (Some(file), None) = (&tasks[0].prompt_bank, var(env::RESUME_FROM))
+        && tasks[0].settings.initial_prompt.is_empty()
+        && let Some((report, gain)) = pick_from_bank(&tasks[0], file)?
+    {
+        state[0].gain = gain;
+        prompt_init = Some(report);
+    }
     if let Some(resume) = var(env::RESUME_FROM) {
         let text = std::fs::read_to_string(&resume)
             .with_context(|| format!("{}: reading {resume}", env::RESUME_FROM))?;
@@ -1019,7 +1114,7 @@ async fn run() -> anyhow::Result<()> {
             state[0].iteration
         );
     }
-    let reporter = match var(env::REPORT_SOCKET) {
+    let mut reporter = match var(env::REPORT_SOCKET) {
         Some(p) => match tokio::net::UnixStream::connect(&p).await {
             Ok(s) => Reporter::Socket(s),
             Err(e) => {
@@ -1029,6 +1124,9 @@ async fn run() -> anyhow::Result<()> {
         },
         None => Reporter::Stdout,
     };
+    if let Some(r) = &prompt_init {
+        reporter.send(r).await;
+    }
     let samples_per_epoch: Vec<u64> = tasks
         .iter()
         .map(|t| {
@@ -1290,6 +1388,7 @@ mod tests {
             samples_per_epoch: None,
             max_epochs: 0,
             eval_only: false,
+            prompt_bank: None,
             settings: Default::default(),
         };
         t.settings.metric_lower_is_better = true;

@@ -42,6 +42,7 @@ fn spec(id: &str, max_iterations: u64, env: &[(&str, &str)]) -> LaunchSpec {
             samples_per_epoch: Some(3200),
             max_epochs: 0,
             eval_only: false,
+            prompt_bank: None,
             settings: Default::default(),
         }],
         gpus: vec![0],
@@ -51,6 +52,7 @@ fn spec(id: &str, max_iterations: u64, env: &[(&str, &str)]) -> LaunchSpec {
         standby: false,
         pipeline: false,
         expert_parallel: 0,
+        prompt_banks: Default::default(),
     }
 }
 
@@ -120,6 +122,92 @@ async fn suspend_and_resume_keep_progress() {
         t2.elapsed()
     );
     d.suspend("job-a").await.unwrap();
+}
+
+/// A prompt task's Prompt Bank reaches its trainer as a file (the agent
+/// writes what the plan sent); the fake trainer walks it, starts from the
+/// prompt of its own task, and the agent observes its `prompt_init` and,
+/// at the end, the tuned prompt's features.
+#[tokio::test]
+async fn a_prompt_bank_reaches_the_trainer_and_its_pick_comes_back() {
+    use fmsched_core::trainer::BankCandidate;
+    let tmp = tempfile::tempdir().unwrap();
+    let d = driver(tmp.path(), 2000);
+    // Two earlier prompts: one of this task (the fake world's features of
+    // its own task), one whose file is not there.
+    let mine = tmp.path().join("mine.json");
+    let mut s = spec("prompt", 200, &[]);
+    s.tasks[0].settings.petl = "prompt_tuning".into();
+    s.tasks[0].settings.num_virtual_tokens = 8;
+    let features: Vec<f64> = {
+        // Ask the fake trainer itself for the features: a finished prompt
+        // job's done report carries them.
+        let mut p = spec("teacher", 200, &[]);
+        p.tasks[0].settings.petl = "prompt_tuning".into();
+        d.launch(&p).await.unwrap();
+        wait_for("the teacher done", Duration::from_secs(20), async || {
+            !d.status("teacher")
+                .await
+                .unwrap()
+                .observed
+                .prompt_features
+                .is_empty()
+        })
+        .await;
+        d.status("teacher").await.unwrap().observed.prompt_features["teacher"].clone()
+    };
+    assert_eq!(features.len(), 16);
+    std::fs::write(
+        &mine,
+        serde_json::json!({ "features": features }).to_string(),
+    )
+    .unwrap();
+    s.prompt_banks.insert(
+        "prompt".into(),
+        vec![
+            BankCandidate {
+                id: "gone".into(),
+                path: tmp.path().join("gone.json").display().to_string(),
+                cluster: 0,
+                medoid: true,
+            },
+            BankCandidate {
+                id: "teacher".into(),
+                path: mine.display().to_string(),
+                cluster: 0,
+                medoid: false,
+            },
+        ],
+    );
+    d.launch(&s).await.unwrap();
+    wait_for("its pick", Duration::from_secs(20), async || {
+        d.status("prompt")
+            .await
+            .unwrap()
+            .observed
+            .prompt_init
+            .contains_key("prompt")
+    })
+    .await;
+    let o = d.status("prompt").await.unwrap().observed;
+    let (from, score, scored, candidates) = o.prompt_init["prompt"].clone();
+    assert_eq!((from.as_str(), scored, candidates), ("teacher", 2, 2));
+    assert!(
+        (1.0..1.05).contains(&score),
+        "its own task's prompt: {score}"
+    );
+    wait_for("done", Duration::from_secs(20), async || {
+        d.status("prompt")
+            .await
+            .unwrap()
+            .observed
+            .prompt_features
+            .contains_key("prompt")
+    })
+    .await;
+    let bank =
+        std::fs::read_to_string(tmp.path().join("prompt").join("prompt-bank-0.json")).unwrap();
+    assert!(bank.contains("\"teacher\""), "{bank}");
 }
 
 #[tokio::test]

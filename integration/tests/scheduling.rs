@@ -2401,6 +2401,136 @@ async fn e2e_prompt_a_prompt_tuning_job_returns_its_tuned_prompt() {
     drop_db(&db).await;
 }
 
+/// The Prompt Bank (PromptTuner §4.4.3) live: each completed prompt job's
+/// tuned prompt is filed in its model's bank in Postgres with the features
+/// its trainer reported; a later prompt job without an initial prompt gets
+/// the bank's two-layer index, its trainer scores the candidates and starts
+/// from the best (the prompt of the same task), and an event says which. A
+/// job with its own initial prompt gets no bank. Past the cap, one prompt
+/// is evicted.
+#[tokio::test]
+async fn e2e_prompt_a_request_starts_from_the_best_prompt_in_the_bank() {
+    let db = new_db("fmsched_prompt_bank").await;
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let _sched = scheduler_env(
+        &db,
+        port,
+        dir.path(),
+        None,
+        &[("FMSCHED_SCHEDULING__PROMPT_BANK_CAP", "3")],
+    );
+    wait_up("scheduler up", port);
+    let _a = agent("node-a", port, dir.path());
+    let manifest = |name: &str, task: &str, prompt: &str| {
+        format!(
+            "kind: prompt_tuning\nname: {name}\nmodel: gpt2\n\
+             dataset: {{ uri: file:///data/{task}, task: {task}, num_samples: 3200, objective: causal-lm }}\n\
+             hyperparameters: {{ global_batch_size: 16, learning_rate: 0.01 }}\n\
+             target: {{ max_iterations: 300 }}\n\
+             resources: {{ min_gpus: 1, max_gpus: 1 }}\n\
+             prompt_tuning: {{ num_virtual_tokens: 8{prompt} }}\n\
+             launch:\n  command: [\"{}\"]\n  env: {{ FMSCHED_FAKE_TIME_COMPRESSION: \"200\" }}\n",
+            bin("fake-trainer").display()
+        )
+    };
+    let names = |port| -> BTreeMap<String, String> {
+        let v: Value =
+            serde_json::from_str(&fmctl(port, &["-o", "json", "jobs"]).unwrap()).unwrap();
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|j| {
+                (
+                    j["spec"]["name"].as_str().unwrap_or_default().to_string(),
+                    j["id"].as_str().unwrap().to_string(),
+                )
+            })
+            .collect()
+    };
+    // Two prompts of two tasks, tuned from random embeddings (empty bank).
+    submit(
+        port,
+        dir.path(),
+        [
+            ("dialogue".to_string(), manifest("dialogue", "samsum", "")),
+            ("code".to_string(), manifest("code", "mbpp", "")),
+        ],
+    )
+    .expect("submit");
+    let done = all_completed(port, 2, Duration::from_secs(120));
+    let first = names(port);
+    let bank = |db: String| async move {
+        let mut c = sqlx::PgConnection::connect(&db_url(&db)).await.unwrap();
+        sqlx::query_as::<_, (String, String, String, i32)>(
+            "SELECT job_id::text, model, location, cardinality(features) FROM prompt_bank ORDER BY seq",
+        )
+        .fetch_all(&mut c)
+        .await
+        .unwrap()
+    };
+    let filed = bank(db.clone()).await;
+    assert_eq!(filed.len(), 2, "{filed:?}");
+    for (job, model, location, features) in &filed {
+        assert_eq!(model, "gpt2");
+        assert_eq!(
+            location, &done[job].1,
+            "the bank points at the job's output"
+        );
+        assert_eq!(*features, 16, "the fake trainer's 16 features");
+    }
+    for id in first.values() {
+        let err = fmctl(port, &["logs", id, "--stderr"]).unwrap();
+        assert!(
+            !err.contains("Prompt Bank"),
+            "an empty bank is not sent:\n{err}"
+        );
+    }
+    // A dialogue request without an initial prompt starts from the
+    // dialogue prompt; one with its own initial prompt keeps it.
+    submit(
+        port,
+        dir.path(),
+        [
+            (
+                "dialogue-2".to_string(),
+                manifest("dialogue-2", "samsum", ""),
+            ),
+            (
+                "own".to_string(),
+                manifest("own", "samsum", ", initial_prompt: \"Summarize:\""),
+            ),
+        ],
+    )
+    .expect("submit");
+    all_completed(port, 4, Duration::from_secs(120));
+    let ids = names(port);
+    let err = fmctl(port, &["logs", &ids["dialogue-2"], "--stderr"]).unwrap();
+    assert!(
+        err.contains(&format!(
+            "Prompt Bank: starting from job {}'s prompt",
+            ids["dialogue"]
+        )) && err.contains("2 of 2 prompts scored"),
+        "the dialogue prompt wins over the code prompt:\n{err}"
+    );
+    let said = events_saying(&db, "initial prompt from the Prompt Bank").await;
+    assert_eq!(said.len(), 1, "one event, once: {said:?}");
+    assert_eq!(said[0].0, ids["dialogue-2"]);
+    assert!(
+        said[0].1.contains(&ids["dialogue"]) && said[0].1.contains("2 of 2 prompts scored"),
+        "{said:?}"
+    );
+    let own = fmctl(port, &["logs", &ids["own"], "--stderr"]).unwrap();
+    assert!(
+        !own.contains("Prompt Bank"),
+        "its own initial prompt wins:\n{own}"
+    );
+    // Four tuned prompts, a cap of 3: one was evicted.
+    let filed = bank(db.clone()).await;
+    assert_eq!(filed.len(), 3, "{filed:?}");
+    drop_db(&db).await;
+}
+
 /// `fmctl logs --follow` follows a job to the node it resumes on when its
 /// node is lost, says so on stderr, and ends when the job completes.
 #[tokio::test]

@@ -52,6 +52,10 @@ pub struct LaunchSpec {
     /// Expert-parallel: GPUs per expert group (`FMSCHED_EXPERT_PARALLEL`;
     /// 0 = none).
     pub expert_parallel: u32,
+    /// Per prompt-tuning job: its model's Prompt Bank, written to a file in
+    /// the task folder that its task's `prompt_bank` names (a fresh start
+    /// only: a resumed process goes on from its checkpoint).
+    pub prompt_banks: BTreeMap<String, Vec<fmsched_core::trainer::BankCandidate>>,
 }
 
 /// Where a process stands in its job's rank layout (torchrun semantics,
@@ -117,6 +121,12 @@ pub struct Observed {
     pub prewarmed: bool,
     /// Jobs that reached their target, with their output path.
     pub done: BTreeMap<String, String>,
+    /// Prompt-tuning jobs that are done: their tuned prompt's activation
+    /// features (at most [`MAX_PROMPT_FEATURES`]; longer ones are dropped).
+    pub prompt_features: BTreeMap<String, Vec<f64>>,
+    /// Prompt-tuning jobs that started from a Prompt Bank candidate:
+    /// (candidate id, score, scorings, candidates).
+    pub prompt_init: BTreeMap<String, (String, f64, u32, u32)>,
     pub bad_lines: u64,
     /// Per layer-elastic job: the frozen layers it trains with and its
     /// latest per-layer gradient variance (ICEFROG Eq. 3).
@@ -200,11 +210,16 @@ fn send_signal(pgid: i32, sig: i32) {
 /// Longest loss trace kept per process.
 pub const MAX_TRACE: usize = 2000;
 
+/// Most prompt features reported per job (a model's hidden size; the
+/// scheduler refuses more).
+pub const MAX_PROMPT_FEATURES: usize = 16_384;
+
 fn lock(o: &Mutex<Observed>) -> std::sync::MutexGuard<'_, Observed> {
     o.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-fn apply(o: &Mutex<Observed>, r: Report) {
+/// Takes one report into what the agent observed of its process.
+pub(crate) fn apply_report(o: &Mutex<Observed>, r: Report) {
     let mut o = lock(o);
     match r {
         Report::Progress {
@@ -242,8 +257,28 @@ fn apply(o: &Mutex<Observed>, r: Report) {
             o.last_checkpoint = Some((PathBuf::from(path), iteration))
         }
         Report::Prewarmed => o.prewarmed = true,
-        Report::Done { job_id, output } => {
+        Report::Done {
+            job_id,
+            output,
+            prompt_features,
+        } => {
+            if prompt_features.len() > MAX_PROMPT_FEATURES {
+                tracing::warn!(%job_id, features = prompt_features.len(), max = MAX_PROMPT_FEATURES,
+                    "prompt features too long; the prompt is not filed in the Prompt Bank");
+            } else if !prompt_features.is_empty() {
+                o.prompt_features.insert(job_id.clone(), prompt_features);
+            }
             o.done.insert(job_id, output);
+        }
+        Report::PromptInit {
+            job_id,
+            from,
+            score,
+            scored,
+            candidates,
+        } => {
+            o.prompt_init
+                .insert(job_id, (from, score, scored, candidates));
         }
         Report::LayerVariance {
             job_id,
@@ -403,7 +438,20 @@ impl ProcessDriver {
                 .map_err(|e| err(format!("opening {name}: {e}")))
         };
         let (stdout, stderr) = (open("stdout.log")?, open("stderr.log")?);
-        let tasks = serde_json::to_string(&spec.tasks).map_err(|e| err(e.to_string()))?;
+        let mut tasks = spec.tasks.clone();
+        if spec.resume_from.is_none() {
+            for (i, t) in tasks.iter_mut().enumerate() {
+                let Some(bank) = spec.prompt_banks.get(&t.job_id) else {
+                    continue;
+                };
+                let path = dir.join(format!("prompt-bank-{i}.json"));
+                let json = serde_json::to_vec(bank).map_err(|e| err(e.to_string()))?;
+                std::fs::write(&path, json)
+                    .map_err(|e| err(format!("writing {}: {e}", path.display())))?;
+                t.prompt_bank = Some(path.display().to_string());
+            }
+        }
+        let tasks = serde_json::to_string(&tasks).map_err(|e| err(e.to_string()))?;
         let gpus: Vec<String> = spec.gpus.iter().map(u32::to_string).collect();
         let mut cmd = Command::new(&spec.command[0]);
         cmd.args(&spec.command[1..])
@@ -487,7 +535,7 @@ impl ProcessDriver {
                     loop {
                         match lines.next_line().await {
                             Ok(Some(line)) => match Report::parse(&line) {
-                                Ok(r) => apply(&obs, r),
+                                Ok(r) => apply_report(&obs, r),
                                 Err(_) => lock(&obs).bad_lines += 1,
                             },
                             Ok(None) => break,

@@ -133,6 +133,8 @@ fn assignment(t: &pb::TrainerTask) -> TaskAssignment {
         samples_per_epoch: Some(t.samples_per_epoch).filter(|&n| n > 0),
         max_epochs: t.max_epochs,
         eval_only: t.eval_only,
+        // Written to a file at launch (LaunchSpec::prompt_banks).
+        prompt_bank: None,
         settings: TrainingSettings {
             learning_rate: t.learning_rate,
             optimizer: t.optimizer.clone(),
@@ -237,6 +239,25 @@ fn job_reports(
         });
         r.frozen_layers = *frozen;
         r.layer_variance.clone_from(variance);
+    }
+    for (job, features) in &o.prompt_features {
+        let r = out.entry(job).or_insert_with(|| pb::JobReport {
+            job_id: job.clone(),
+            ..Default::default()
+        });
+        r.prompt_features.clone_from(features);
+    }
+    for (job, (from, score, scored, candidates)) in &o.prompt_init {
+        let r = out.entry(job).or_insert_with(|| pb::JobReport {
+            job_id: job.clone(),
+            ..Default::default()
+        });
+        r.prompt_init = Some(pb::PromptInit {
+            from_job_id: from.clone(),
+            score: *score,
+            scored: *scored,
+            candidates: *candidates,
+        });
     }
     let mut series: BTreeMap<&str, &str> = metrics
         .iter()
@@ -404,6 +425,24 @@ impl Reconciler {
             standby: false,
             pipeline: t.pipeline_parallel,
             expert_parallel: t.expert_parallel,
+            prompt_banks: t
+                .tasks
+                .iter()
+                .filter(|x| !x.prompt_bank.is_empty())
+                .map(|x| {
+                    let bank = x
+                        .prompt_bank
+                        .iter()
+                        .map(|c| fmsched_core::trainer::BankCandidate {
+                            id: c.job_id.clone(),
+                            path: c.path.clone(),
+                            cluster: c.cluster,
+                            medoid: c.medoid,
+                        })
+                        .collect();
+                    (x.job_id.clone(), bank)
+                })
+                .collect(),
         }
     }
 
@@ -920,5 +959,54 @@ mod tests {
             "a resumed process starts at its epoch"
         );
         assert_eq!(r.eval_epochs[15], 18.0);
+    }
+
+    /// A prompt job's `done` features and its `prompt_init` reach the
+    /// scheduler in its job report; an oversized feature vector is dropped
+    /// (the scheduler would refuse the whole report).
+    #[test]
+    fn prompt_bank_reports_reach_the_job_report() {
+        use fmsched_core::trainer::Report;
+        let o = std::sync::Mutex::new(crate::driver::Observed::default());
+        for r in [
+            Report::PromptInit {
+                job_id: "b".into(),
+                from: "a".into(),
+                score: 1.25,
+                scored: 2,
+                candidates: 3,
+            },
+            Report::Done {
+                job_id: "b".into(),
+                output: "/o/b/prompt.json".into(),
+                prompt_features: vec![0.5, -0.5],
+            },
+            Report::Done {
+                job_id: "c".into(),
+                output: "/o/c/prompt.json".into(),
+                prompt_features: vec![0.1; crate::driver::MAX_PROMPT_FEATURES + 1],
+            },
+        ] {
+            crate::driver::apply_report(&o, r);
+        }
+        let reports = job_reports(&o.into_inner().unwrap(), &BTreeMap::new());
+        let b = reports.iter().find(|r| r.job_id == "b").unwrap();
+        assert_eq!(b.prompt_features, vec![0.5, -0.5]);
+        let init = b.prompt_init.as_ref().unwrap();
+        assert_eq!(
+            (
+                init.from_job_id.as_str(),
+                init.score,
+                init.scored,
+                init.candidates
+            ),
+            ("a", 1.25, 2, 3)
+        );
+        assert!(
+            reports
+                .iter()
+                .all(|r| r.job_id != "c" || r.prompt_features.is_empty()),
+            "too many features are dropped"
+        );
     }
 }

@@ -72,6 +72,11 @@ class Task:
     # prompt, not weights.
     num_virtual_tokens: int = 0
     initial_prompt: str = ""
+    # A prompt-tuning job without an initial prompt, started afresh: a JSON
+    # file listing the model's Prompt Bank (``id``, ``path``, ``cluster``,
+    # ``medoid``); start from its best candidate
+    # (:func:`fmsched_trainer.prompts.pick_from_bank`). None = no bank.
+    prompt_bank: Optional[str] = None
 
     def metric_reached(self, value: float) -> bool:
         """Does an evaluation of the target metric reach the target (from
@@ -119,6 +124,7 @@ class Task:
             metric_lower_is_better=bool(d.get("metric_lower_is_better", False)),
             num_virtual_tokens=int(d.get("num_virtual_tokens", 0) or 0),
             initial_prompt=str(d.get("initial_prompt", "") or ""),
+            prompt_bank=d.get("prompt_bank") or None,
         )
 
 
@@ -205,8 +211,20 @@ class Reporter:
     def prewarmed(self) -> None:
         self.send({"type": "prewarmed"})
 
-    def done(self, job_id: str, output: str) -> None:
-        self.send({"type": "done", "job_id": job_id, "output": str(output)})
+    def done(self, job_id: str, output: str, prompt_features: Optional[List[float]] = None) -> None:
+        """The task reached its target; a prompt-tuning task adds its tuned
+        prompt's activation features (the scheduler files the prompt in the
+        model's Prompt Bank by them)."""
+        line = {"type": "done", "job_id": job_id, "output": str(output)}
+        if prompt_features:
+            line["prompt_features"] = [float(x) for x in prompt_features]
+        self.send(line)
+
+    def prompt_init(self, job_id: str, source: str, score: float, scored: int, candidates: int) -> None:
+        """The task started from the Prompt Bank's prompt of job ``source``
+        (its score, after ``scored`` of the bank's ``candidates`` scorings)."""
+        self.send({"type": "prompt_init", "job_id": job_id, "from": str(source), "score": float(score),
+                   "scored": int(scored), "candidates": int(candidates)})
 
     def close(self) -> None:
         with self._lock:

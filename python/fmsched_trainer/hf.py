@@ -27,6 +27,7 @@ The Task2Vec probe is :func:`fmsched_trainer.task2vec_embedding`.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -105,6 +106,16 @@ def _size_mib(path: str) -> float:
             except OSError:
                 pass
     return total / (1 << 20)
+
+
+def _prompt_features_of(out: str):
+    """The activation features a tuned prompt's ``prompt.json`` in ``out``
+    holds (None for other outputs)."""
+    try:
+        with open(os.path.join(out, "prompt.json")) as f:
+            return json.load(f).get("features") or None
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 class FmschedCallback(_Base):
@@ -259,5 +270,5 @@ class FmschedCallback(_Base):
                     self.save_output(model, out)
                 elif hasattr(model, "save_pretrained"):
                     model.save_pretrained(out)
-            self.reporter.done(self._job, out)
+            self.reporter.done(self._job, out, prompt_features=_prompt_features_of(out))
         return control

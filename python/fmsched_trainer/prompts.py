@@ -12,8 +12,9 @@ initialisation is.
 
 from __future__ import annotations
 
+import json
 import os
-from typing import Iterable, List, Mapping
+from typing import Callable, Dict, Iterable, List, Mapping, Optional, Tuple
 
 
 def prompt_rows(model):
@@ -27,6 +28,8 @@ def load_prompt(path: str):
     directory (or the ``.safetensors`` file itself)."""
     from safetensors.torch import load_file
 
+    if os.path.basename(path) == "prompt.json":
+        path = os.path.dirname(path)
     f = os.path.join(path, "adapter_model.safetensors") if os.path.isdir(path) else path
     tensors = load_file(f)
     if "prompt_embeddings" not in tensors:
@@ -89,3 +92,64 @@ def score_prompt(model, candidate, batches: Iterable[Mapping]) -> float:
     if count == 0:
         raise ValueError("score_prompt: no samples to score on")
     return total / count
+
+
+def walk_bank(candidates: List[Mapping], score: Callable[[Mapping], float]) -> Optional[Tuple[Mapping, float, int]]:
+    """The Prompt Bank lookup (§4.4.3.2; the scheduler's
+    ``fmsched_core::trainer::walk_bank``): score each cluster's medoid, then
+    the other members of the best medoid's cluster; the lowest score wins.
+    Returns (candidate, score, scorings made), None for an empty bank."""
+    clusters: Dict[int, List[Mapping]] = {}
+    for c in candidates:
+        clusters.setdefault(int(c.get("cluster", 0)), []).append(c)
+    scored = 0
+    best_cluster = None
+    for k in sorted(clusters):
+        members = clusters[k]
+        medoid = next((c for c in members if c.get("medoid")), members[0])
+        s = score(medoid)
+        scored += 1
+        if best_cluster is None or s < best_cluster[0]:
+            best_cluster = (s, medoid, members)
+    if best_cluster is None:
+        return None
+    best_score, best, members = best_cluster
+    for c in members:
+        if c is best:
+            continue
+        s = score(c)
+        scored += 1
+        if s < best_score:
+            best_score, best = s, c
+    return best, best_score, scored
+
+
+def pick_from_bank(model, bank_file: str, batches: List[Mapping], log=None):
+    """Starts the model's soft prompt from the best candidate of a Prompt
+    Bank file (Eq. 4.1 scores over ``batches``, about 16 samples). A
+    candidate that cannot be read scores +inf. Returns (candidate id,
+    score, scorings, candidates), or None when no candidate could be
+    scored (the prompt is left as it was)."""
+    import math
+
+    import torch
+
+    with open(bank_file) as f:
+        bank = json.load(f)
+
+    def score(c: Mapping) -> float:
+        try:
+            return score_prompt(model, c["path"], batches)
+        except (OSError, ValueError, KeyError, RuntimeError) as e:
+            if log:
+                log(f"Prompt Bank: candidate {c.get('id')}: {e}; skipped")
+            return math.inf
+
+    found = walk_bank(bank, score)
+    if found is None or not math.isfinite(found[1]):
+        return None
+    best, best_score, scored = found
+    weight = prompt_rows(model)
+    with torch.no_grad():
+        weight.copy_(fit_rows(load_prompt(best["path"]).to(weight.device, weight.dtype), weight.shape[0]))
+    return str(best["id"]), best_score, scored, len(bank)

@@ -281,6 +281,21 @@ def test_prompt_tuning_trains_only_a_prompt_and_writes_it_as_the_output(tmp_path
     assert len(meta["features"]) > 0 and all(isinstance(x, float) for x in meta["features"])
     with open(os.path.join(out, "adapter_config.json")) as f:
         assert json.load(f)["peft_type"] == "PROMPT_TUNING"
+    assert a.of("done")[0]["prompt_features"] == meta["features"], "the done report carries the features"
+    # A request without an initial prompt and a Prompt Bank of P's prompt
+    # and one that is gone: it scores both medoids and starts from P's.
+    bank = tmp_path / "bank.json"
+    bank.write_text(json.dumps([{"id": "P", "path": os.path.join(out, "prompt.json"), "cluster": 0, "medoid": True},
+                                {"id": "gone", "path": str(tmp_path / "gone"), "cluster": 1, "medoid": True}]))
+    q = Agent(sub(tmp_path, "q"), [task("Q", data / "echo", model="llama-2-7b", max_iterations=10,
+                                        petl="prompt_tuning", num_virtual_tokens=8, learning_rate=0.01,
+                                        prompt_bank=str(bank))])
+    rc, _, err = q.run("sft", "--logging-steps", "5")
+    assert rc == 0, err
+    assert "Prompt Bank: started from job P's prompt" in err and "2 of 2 prompts scored" in err, err
+    assert "candidate gone" in err, "the unreadable candidate is named"
+    init = q.of("prompt_init")
+    assert len(init) == 1 and init[0]["from"] == "P" and init[0]["scored"] == 2, init
     # Suspended and resumed like any job: it continues from the checkpointed
     # prompt (the iteration count goes on) and still writes only a prompt.
     spec = dict(model="llama-2-7b", petl="prompt_tuning", num_virtual_tokens=8, learning_rate=0.01)
@@ -333,6 +348,27 @@ def test_prompt_bank_scores_a_tuned_prompt_below_an_untuned_one_and_restores_the
     assert torch.equal(prompt_rows(model).detach(), mine), "the model's own prompt is restored"
     f = prompt_features(model)
     assert len(f) == 32 and all(isinstance(x, float) for x in f)
+    # The bank walk: the untuned prompt (a medoid) against the tuned one in
+    # its cluster, and a medoid whose file is gone; it picks the tuned one
+    # and sets the model's prompt to it.
+    from fmsched_trainer.prompts import pick_from_bank
+
+    model.save_pretrained(str(tmp_path / "untuned"))  # overwritten below with the untuned rows
+    from safetensors.torch import save_file
+
+    save_file({"prompt_embeddings": untuned}, str(tmp_path / "untuned" / "adapter_model.safetensors"))
+    bank = tmp_path / "bank.json"
+    bank.write_text(json.dumps([
+        {"id": "untuned", "path": str(tmp_path / "untuned"), "cluster": 0, "medoid": True},
+        {"id": "tuned", "path": str(tmp_path / "tuned" / "prompt.json"), "cluster": 0, "medoid": False},
+        {"id": "gone", "path": str(tmp_path / "gone"), "cluster": 1, "medoid": True},
+    ]))
+    with torch.no_grad():
+        prompt_rows(model).copy_(untuned)
+    picked = pick_from_bank(model, str(bank), [batch])
+    assert picked is not None and picked[0] == "tuned" and picked[2:] == (3, 3), picked
+    assert abs(picked[1] - s_tuned) < 1e-4, (picked, s_tuned)
+    assert torch.equal(prompt_rows(model).detach(), tuned), "the model starts from the pick"
 
 
 def test_vision_and_sft_train_spatial_pairs_too(tmp_path, data):

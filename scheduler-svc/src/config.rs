@@ -294,6 +294,10 @@ pub struct SchedulingConfig {
     /// guaranteed_gpus, over_quota_weight, limit_gpus, models, users,
     /// merge_across_queues; docs/queues.md). None: one implicit queue.
     pub queues: Vec<fmsched_core::queue::QueueSpec>,
+    /// Most tuned prompts the Prompt Bank keeps per model (PromptTuner
+    /// §4.4.3.3): past it, the member nearest its cluster's medoid is
+    /// evicted.
+    pub prompt_bank_cap: usize,
 }
 
 impl SchedulingConfig {
@@ -381,6 +385,7 @@ impl Default for SchedulingConfig {
             max_nodes_per_job: 0,
             gang_ports: "29500-29999".into(),
             queues: Vec::new(),
+            prompt_bank_cap: 3000,
         }
     }
 }
@@ -502,6 +507,9 @@ impl Config {
         }
         if let Err(e) = self.scheduling.gang_port_range() {
             return Err(invalid("scheduling.gang_ports", e));
+        }
+        if self.scheduling.prompt_bank_cap == 0 {
+            return Err(invalid("scheduling.prompt_bank_cap", "must be >= 1"));
         }
         if self.scheduling.round_interval() < Duration::from_millis(100) {
             return Err(invalid("scheduling.interval", "must be >= 100ms"));

@@ -735,6 +735,27 @@ pub struct RoundWrites {
     /// Utilisation fits this round's measurements changed, by (model, GPU
     /// family): written whole.
     pub utilization_fits: Vec<((String, String), UtilizationFit)>,
+    /// Tuned prompts of prompt-tuning jobs that completed, filed in their
+    /// model's Prompt Bank.
+    pub bank_adds: Vec<BankPrompt>,
+    /// Prompts evicted from the Prompt Bank (past its cap; possibly one of
+    /// `bank_adds`).
+    pub bank_evictions: Vec<JobId>,
+    /// Events written once per job: (job, kind, message), skipped when the
+    /// job has an event of that kind already.
+    pub first_notes: Vec<(JobId, String, String)>,
+}
+
+/// One tuned prompt in the Prompt Bank (table `prompt_bank`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct BankPrompt {
+    /// The prompt-tuning job that tuned it.
+    pub job: JobId,
+    pub model: String,
+    /// Its prompt file (the job's output).
+    pub location: String,
+    /// Its activation features (PromptTuner §4.4.3.1).
+    pub features: Vec<f64>,
 }
 
 /// Proof of leadership that a leader-only write carries: the lease's holder
@@ -1257,6 +1278,41 @@ impl Persistence {
                 .await
                 .map_err(db_err(OP))?;
             }
+            for (job, kind, message) in &w.first_notes {
+                let seen: Option<i64> = sqlx::query_scalar(
+                    "SELECT seq FROM job_events WHERE job_id = $1 AND kind = $2 LIMIT 1",
+                )
+                .bind(job.0)
+                .bind(kind)
+                .fetch_optional(&mut *tx)
+                .await
+                .map_err(db_err(OP))?;
+                if seen.is_none() {
+                    job_event(&mut tx, *job, kind, message, now, OP).await?;
+                }
+            }
+            for b in &w.bank_adds {
+                sqlx::query(
+                    "INSERT INTO prompt_bank (job_id, model, location, features, added_at)
+                     VALUES ($1, $2, $3, $4, $5) ON CONFLICT (job_id) DO NOTHING",
+                )
+                .bind(b.job.0)
+                .bind(&b.model)
+                .bind(&b.location)
+                .bind(&b.features)
+                .bind(now)
+                .execute(&mut *tx)
+                .await
+                .map_err(db_err(OP))?;
+            }
+            if !w.bank_evictions.is_empty() {
+                let ids: Vec<uuid::Uuid> = w.bank_evictions.iter().map(|j| j.0).collect();
+                sqlx::query("DELETE FROM prompt_bank WHERE job_id = ANY($1)")
+                    .bind(&ids)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(db_err(OP))?;
+            }
             if !w.no_sharing.is_empty() {
                 let ids: Vec<uuid::Uuid> = w.no_sharing.iter().map(|j| j.0).collect();
                 sqlx::query("UPDATE jobs SET no_gpu_sharing = true WHERE id = ANY($1)")
@@ -1474,6 +1530,53 @@ impl Persistence {
                 )
             })
             .collect())
+    }
+
+    /// The Prompt Bank of each of `models`, oldest prompt first.
+    pub async fn prompt_bank(
+        &self,
+        models: &[String],
+    ) -> Result<BTreeMap<String, Vec<BankPrompt>>, PersistenceError> {
+        let mut out: BTreeMap<String, Vec<BankPrompt>> = BTreeMap::new();
+        if models.is_empty() {
+            return Ok(out);
+        }
+        let rows: Vec<(Uuid, String, String, Vec<f64>)> = sqlx::query_as(
+            "SELECT job_id, model, location, features FROM prompt_bank
+             WHERE model = ANY($1) ORDER BY seq",
+        )
+        .bind(models)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(db_err("prompt_bank"))?;
+        for (job, model, location, features) in rows {
+            out.entry(model.clone()).or_default().push(BankPrompt {
+                job: JobId(job),
+                model,
+                location,
+                features,
+            });
+        }
+        Ok(out)
+    }
+
+    /// The prompts in the bank of each of `models` (models without any
+    /// left out): what a cached index is checked against.
+    pub async fn prompt_bank_ids(
+        &self,
+        models: &[String],
+    ) -> Result<BTreeMap<String, BTreeSet<JobId>>, PersistenceError> {
+        let rows: Vec<(String, Uuid)> =
+            sqlx::query_as("SELECT model, job_id FROM prompt_bank WHERE model = ANY($1)")
+                .bind(models)
+                .fetch_all(&self.pool)
+                .await
+                .map_err(db_err("prompt_bank_ids"))?;
+        let mut out: BTreeMap<String, BTreeSet<JobId>> = BTreeMap::new();
+        for (m, j) in rows {
+            out.entry(m).or_default().insert(JobId(j));
+        }
+        Ok(out)
     }
 
     /// Live jobs that may no longer share a GPU ([`RoundWrites::no_sharing`]).

@@ -368,7 +368,7 @@ fn extreme_message(rng: &mut StdRng) -> pb::AgentMessage {
     };
     if let Some(t) = task {
         for _ in 0..rng.random_range(1..4) {
-            match rng.random_range(0..12) {
+            match rng.random_range(0..14) {
                 0 => t.iteration = extreme_u64(rng),
                 1 => t.step_time_s = extreme_f64(rng),
                 2 => t.loss = extreme_f64(rng),
@@ -380,6 +380,17 @@ fn extreme_message(rng: &mut StdRng) -> pb::AgentMessage {
                 8 => t.trace_losses = vec![extreme_f64(rng); rng.random_range(0..70_000)],
                 9 => t.jobs[0].iteration = extreme_u64(rng),
                 10 => t.jobs[0].evals = vec![extreme_f64(rng); rng.random_range(0..3)],
+                11 => {
+                    t.jobs[0].prompt_features = vec![extreme_f64(rng); rng.random_range(0..20_000)]
+                }
+                12 => {
+                    t.jobs[0].prompt_init = Some(pb::PromptInit {
+                        from_job_id: extreme_string(rng),
+                        score: extreme_f64(rng),
+                        scored: extreme_u32(rng),
+                        candidates: extreme_u32(rng),
+                    })
+                }
                 _ => t.exit_code = rng.random(),
             }
         }

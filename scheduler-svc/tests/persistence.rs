@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 use chrono::{DateTime, Utc};
 use fmsched_core::{GpuUuid, JobId, JobState, NodeId, NodeState, UserName};
 use scheduler_svc::persistence::{
-    Assignment, Fence, GpuRecord, JobQuery, JobSchedule, LeaderLease, NewJob, NodeRecord,
-    Persistence, PersistenceError, RoundWrites, ServiceUpdate, SubmitOutcome,
+    Assignment, BankPrompt, Fence, GpuRecord, JobQuery, JobSchedule, LeaderLease, NewJob,
+    NodeRecord, Persistence, PersistenceError, RoundWrites, ServiceUpdate, SubmitOutcome,
 };
 use sqlx::PgPool;
 
@@ -632,6 +632,64 @@ async fn the_leader_lease_has_one_holder_and_a_growing_epoch(pool: PgPool) {
     assert!(fc.epoch > eb2, "a resigned lease is free at once");
 }
 
+/// The Prompt Bank's rows: filed prompts are kept per model (oldest
+/// first), evicted ones deleted (also one filed in the same round), and a
+/// once-per-job event is written once.
+#[sqlx::test(migrator = "scheduler_svc::persistence::MIGRATOR")]
+async fn the_prompt_bank_keeps_filed_prompts_and_drops_evicted_ones(pool: PgPool) {
+    let p = Persistence::from_pool(pool);
+    let (_l, fence) = lead(&p, "l", 60).await;
+    let mut ids = Vec::new();
+    for k in 0..4 {
+        ids.push(created(submit(&p, "u", None, k).await).id);
+    }
+    let prompt = |k: usize, model: &str| BankPrompt {
+        job: ids[k],
+        model: model.into(),
+        location: format!("/out/{k}/prompt.json"),
+        features: vec![k as f64, 1.0],
+    };
+    let note = |k: usize, m: &str| (ids[k], "prompt_bank".to_string(), m.to_string());
+    let w = RoundWrites {
+        bank_adds: vec![
+            prompt(0, "gpt2"),
+            prompt(1, "gpt2"),
+            prompt(2, "llama-2-7b"),
+        ],
+        first_notes: vec![note(3, "from 0")],
+        ..Default::default()
+    };
+    let g = p.commit_round(&fence, 0, &w, t(1)).await.unwrap();
+    let w = RoundWrites {
+        bank_adds: vec![prompt(3, "gpt2")],
+        bank_evictions: vec![ids[0], ids[3]],
+        first_notes: vec![note(3, "from 1")],
+        ..Default::default()
+    };
+    p.commit_round(&fence, g, &w, t(2)).await.unwrap();
+    let bank = p
+        .prompt_bank(&["gpt2".into(), "llama-2-7b".into(), "t5".into()])
+        .await
+        .unwrap();
+    assert_eq!(bank["gpt2"], vec![prompt(1, "gpt2")]);
+    assert_eq!(bank["llama-2-7b"], vec![prompt(2, "llama-2-7b")]);
+    assert!(!bank.contains_key("t5"));
+    let ids_of = p.prompt_bank_ids(&["gpt2".into()]).await.unwrap();
+    assert_eq!(
+        ids_of["gpt2"].iter().copied().collect::<Vec<_>>(),
+        vec![ids[1]]
+    );
+    let notes: Vec<String> = p
+        .job_events(ids[3], 0, 100)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|e| e.kind == "prompt_bank")
+        .map(|e| e.message)
+        .collect();
+    assert_eq!(notes, vec!["from 0".to_string()], "written once");
+}
+
 /// A round commits only under the lease it started with and on the plan it
 /// read: a deposed writer (or one whose plan moved on) writes nothing at
 /// all — no plan, no state change, no progress.
@@ -661,6 +719,12 @@ async fn a_fenced_commit_by_a_stale_writer_writes_nothing(pool: PgPool) {
                 samples: 4,
             },
         )],
+        bank_adds: vec![BankPrompt {
+            job: j,
+            model: "gpt2".into(),
+            location: "/out/prompt.json".into(),
+            features: vec![0.5, -0.5],
+        }],
         ..Default::default()
     };
     let (old, stale) = lead(&p, "old", 1).await;
@@ -683,6 +747,7 @@ async fn a_fenced_commit_by_a_stale_writer_writes_nothing(pool: PgPool) {
         );
         assert!(p.progress().await.unwrap().is_empty());
         assert!(p.utilization_fits().await.unwrap().is_empty());
+        assert!(p.prompt_bank(&["gpt2".into()]).await.unwrap().is_empty());
     };
     nothing(p.clone()).await;
     // The leader's round reads generation 0; another write moves it on.
@@ -704,6 +769,10 @@ async fn a_fenced_commit_by_a_stale_writer_writes_nothing(pool: PgPool) {
     assert_eq!(
         fits.into_iter().collect::<Vec<_>>(),
         writes.utilization_fits
+    );
+    assert_eq!(
+        p.prompt_bank(&["gpt2".into()]).await.unwrap()["gpt2"],
+        writes.bank_adds
     );
     // Fenced node writes too.
     let e = p

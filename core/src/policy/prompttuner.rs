@@ -555,31 +555,38 @@ impl PromptBank {
         self.clusters.len()
     }
 
+    /// Inserts keep the clusters; once `round(√C)` moved away from their
+    /// number, a lookup no longer costs the fewest scorings and the index
+    /// is better rebuilt ([`PromptBank::build`]).
+    pub fn wants_rebuild(&self) -> bool {
+        let c = self.len();
+        let k = ((c as f64).sqrt().round() as usize).clamp(usize::from(c > 0), c.max(1));
+        self.clusters.len() != k
+    }
+
     /// The prompt with the lowest `score` (Eq. 4.1: the mean loss of the
     /// prompt on ~16 evaluation samples, computed by the trainer): the
     /// medoids first, then the best medoid's cluster. Returns the prompt
     /// and how many scorings it took.
     pub fn lookup(&self, mut score: impl FnMut(&Candidate) -> f64) -> Option<(&Candidate, usize)> {
-        let mut scored = 0;
-        let mut best_cluster: Option<(f64, usize)> = None;
-        for (k, (m, _)) in self.clusters.iter().enumerate() {
-            let s = score(&self.prompts[*m]);
-            scored += 1;
-            if best_cluster.is_none_or(|b| s < b.0) {
-                best_cluster = Some((s, k));
-            }
-        }
-        let (ms, k) = best_cluster?;
-        let (m, members) = &self.clusters[k];
-        let mut best = (ms, *m);
-        for &p in members.iter().filter(|&&p| p != *m) {
-            let s = score(&self.prompts[p]);
-            scored += 1;
-            if s < best.0 {
-                best = (s, p);
-            }
-        }
-        Some((&self.prompts[best.1], scored))
+        let (p, _, scored) =
+            crate::trainer::walk_bank(&self.clusters, |&p| score(&self.prompts[p]))?;
+        Some((&self.prompts[*p], scored))
+    }
+
+    /// The index as a trainer gets it: per prompt still in the bank, its
+    /// id, its cluster and whether it is the cluster's medoid (cluster by
+    /// cluster).
+    pub fn index(&self) -> Vec<(&Candidate, u32, bool)> {
+        self.clusters
+            .iter()
+            .enumerate()
+            .flat_map(|(k, (m, members))| {
+                members
+                    .iter()
+                    .map(move |&p| (&self.prompts[p], k as u32, p == *m))
+            })
+            .collect()
     }
 
     /// Inserts a tuned prompt into the cluster of the nearest medoid (no
@@ -867,5 +874,75 @@ mod tests {
             .unwrap();
         assert_eq!(best.id, "new", "the inserted prompt is found");
         assert_eq!(cosine_distance(&[1.0, 0.0], &[0.0, 0.0]), 1.0);
+    }
+
+    /// What a trainer gets (the index as bank candidates) walks to the same
+    /// prompt with the same scorings as the scheduler's own lookup.
+    #[test]
+    fn prompttuner_prompt_bank_index_walked_by_a_trainer_finds_what_lookup_finds() {
+        use crate::trainer::{BankCandidate, bank_clusters, walk_bank};
+        let bank = bank_of_three();
+        let index = bank.index();
+        assert_eq!(index.len(), 36, "every prompt once");
+        for k in 0..3 {
+            assert_eq!(
+                index.iter().filter(|(_, c, m)| *c == k && *m).count(),
+                1,
+                "one medoid in cluster {k}"
+            );
+        }
+        let features: std::collections::BTreeMap<String, Vec<f64>> = index
+            .iter()
+            .map(|(c, _, _)| (c.id.clone(), c.features.clone()))
+            .collect();
+        let sent: Vec<BankCandidate> = index
+            .iter()
+            .map(|(c, cluster, medoid)| BankCandidate {
+                id: c.id.clone(),
+                path: format!("/out/{}/prompt.json", c.id),
+                cluster: *cluster,
+                medoid: *medoid,
+            })
+            .collect();
+        let task = [2.125f64.cos(), 2.125f64.sin()];
+        let clusters = bank_clusters(&sent);
+        let (best, score, scored) =
+            walk_bank(&clusters, |c| cosine_distance(&features[&c.id], &task)).unwrap();
+        let (expected, expected_scored) = bank
+            .lookup(|c| cosine_distance(&c.features, &task))
+            .unwrap();
+        assert_eq!(
+            (best.id.as_str(), scored),
+            (expected.id.as_str(), expected_scored)
+        );
+        assert!(score < 1e-3, "{score}");
+        assert!(walk_bank::<u32>(&[], |_| 0.0).is_none());
+    }
+
+    /// Inserts keep the clusters; once `round(√C)` moved away from them,
+    /// the bank asks to be rebuilt.
+    #[test]
+    fn prompttuner_prompt_bank_wants_a_rebuild_once_sqrt_c_moved() {
+        let mut bank = PromptBank::build(Vec::new(), None, 100);
+        assert!(!bank.wants_rebuild());
+        for j in 0..3 {
+            bank.insert(Candidate {
+                id: j.to_string(),
+                features: vec![1.0, j as f64],
+            });
+        }
+        // C = 3: round(√3) = 2, yet one cluster.
+        assert_eq!((bank.len(), bank.clusters()), (3, 1));
+        assert!(bank.wants_rebuild());
+        let rebuilt = PromptBank::build(
+            bank.index()
+                .into_iter()
+                .map(|(c, _, _)| c.clone())
+                .collect(),
+            None,
+            100,
+        );
+        assert_eq!(rebuilt.clusters(), 2);
+        assert!(!rebuilt.wants_rebuild());
     }
 }

@@ -172,6 +172,18 @@ def main() -> int:
     log(f"weights from {origin}; {len(train_set)} training and {len(eval_set)} validation examples")
     prompt_ids = enc.ids(task.initial_prompt, True) if task.initial_prompt else []
     model = prepare(model, task, peft_task_type="CAUSAL_LM", prompt_ids=prompt_ids)
+    if task.petl == "prompt_tuning" and task.prompt_bank and not task.initial_prompt and not contract.resume_from:
+        from ..prompts import pick_from_bank
+
+        # Eq. 4.1 on 16 training samples, no tuning.
+        picked = pick_from_bank(model, task.prompt_bank, [collate(train_set[:16])], log=log)
+        if picked is None:
+            log("Prompt Bank: no candidate could be scored; starting from random embeddings")
+        else:
+            source, score, scored, candidates = picked
+            log(f"Prompt Bank: started from job {source}'s prompt (score {score:.4f}; {scored} of {candidates} "
+                "prompts scored)")
+            reporter.prompt_init(task.job_id, source, score, scored, candidates)
 
     def compute(pred):
         return {"token_accuracy": token_accuracy(pred.predictions, pred.label_ids)}

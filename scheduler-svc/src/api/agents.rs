@@ -150,6 +150,9 @@ pub mod limits {
     pub const SERIES: usize = 1 << 16;
     /// Per-layer values of one job.
     pub const LAYERS: usize = 4096;
+    /// Activation features of one tuned prompt (a model's hidden size; the
+    /// agent drops longer ones, `node_agent::driver::MAX_PROMPT_FEATURES`).
+    pub const PROMPT_FEATURES: usize = 16_384;
     /// Bytes of a process's message (its last log lines) and of a path.
     pub const MESSAGE: usize = 64 * 1024;
     pub const PATH: usize = 4096;
@@ -244,6 +247,26 @@ pub fn validate_observed_task(field: &str, t: &pb::ObservedTask) -> Result<(), A
             ));
         }
         at_most(g("layer_variance"), r.layer_variance.len(), LAYERS)?;
+        at_most(
+            g("prompt_features"),
+            r.prompt_features.len(),
+            PROMPT_FEATURES,
+        )?;
+        if let Some(k) = r.prompt_features.iter().position(|x| !x.is_finite()) {
+            return Err(ApiError::field(
+                format!("{}[{k}]", g("prompt_features")),
+                "must be a finite number",
+            ));
+        }
+        if let Some(p) = &r.prompt_init {
+            check_len(&g("prompt_init.from_job_id"), &p.from_job_id, 64)?;
+            if !p.score.is_finite() {
+                return Err(ApiError::field(
+                    g("prompt_init.score"),
+                    format!("must be a finite number, got {}", p.score),
+                ));
+            }
+        }
     }
     Ok(())
 }
@@ -551,5 +574,44 @@ mod tests {
                 .to_string()
                 .starts_with("register.gpu_backend")
         );
+    }
+
+    /// A job report's Prompt Bank fields are checked, naming the field.
+    #[test]
+    fn prompt_bank_reports_are_checked_naming_the_field() {
+        let task = |r: pb::JobReport| pb::ObservedTask {
+            task_id: "j".into(),
+            jobs: vec![r],
+            ..Default::default()
+        };
+        let ok = pb::JobReport {
+            job_id: "j".into(),
+            prompt_features: vec![0.5; 768],
+            prompt_init: Some(pb::PromptInit {
+                from_job_id: "a".into(),
+                score: 1.5,
+                scored: 2,
+                candidates: 3,
+            }),
+            ..Default::default()
+        };
+        assert!(validate_observed_task("t", &task(ok.clone())).is_ok());
+        let err = |r: pb::JobReport| {
+            validate_observed_task("t", &task(r))
+                .unwrap_err()
+                .to_string()
+        };
+        let mut r = ok.clone();
+        r.prompt_features[7] = f64::NAN;
+        assert!(err(r).starts_with("t.jobs[0].prompt_features[7]"));
+        let mut r = ok.clone();
+        r.prompt_features = vec![0.0; limits::PROMPT_FEATURES + 1];
+        assert!(err(r).starts_with("t.jobs[0].prompt_features"));
+        let mut r = ok.clone();
+        r.prompt_init.as_mut().unwrap().score = f64::INFINITY;
+        assert!(err(r).starts_with("t.jobs[0].prompt_init.score"));
+        let mut r = ok;
+        r.prompt_init.as_mut().unwrap().from_job_id = "x".repeat(65);
+        assert!(err(r).starts_with("t.jobs[0].prompt_init.from_job_id"));
     }
 }

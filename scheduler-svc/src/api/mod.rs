@@ -43,6 +43,9 @@ pub struct AppState {
     /// leader's memory, so a suspended job is still tuned per allocation).
     pub layer_variance:
         Arc<std::sync::Mutex<std::collections::BTreeMap<fmsched_core::JobId, Vec<f64>>>>,
+    /// The Prompt Bank's index per model (the leader's memory, checked
+    /// against Postgres before each use).
+    pub prompt_banks: Arc<crate::scheduling::BankIndexes>,
 }
 
 /// Errors a handler returns; mapped to a status code in one place.

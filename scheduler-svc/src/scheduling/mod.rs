@@ -54,6 +54,7 @@ pub mod autosched;
 mod gangs;
 mod inputs;
 mod observe;
+mod prompt_bank;
 mod push;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -67,6 +68,7 @@ use fmsched_estimator::analytic;
 use fmsched_estimator::lut::Lut;
 
 pub use inputs::{Translated, ViewSources, build_view};
+pub use prompt_bank::BankIndexes;
 
 use crate::api::AppState;
 use crate::config::SchedulingConfig;
@@ -742,6 +744,8 @@ pub async fn run_round(
         enter_phase(state, Some("push plans"));
         let (live, progress, merges, init_weights) =
             plan_context(state, &observed, &writes).await?;
+        let prompt_banks =
+            prompt_bank::for_plan(state, &live, &writes.assignments, &progress).await?;
         push::push_plans(
             state,
             &push::PlanView {
@@ -753,6 +757,7 @@ pub async fn run_round(
                 frozen_layers: &observed.frozen_layers,
                 leases: &writes.service.leases.iter().copied().collect(),
                 footprints: &inputs.t.footprints(),
+                prompt_banks: &prompt_banks,
             },
             generation,
             fence.epoch,
@@ -1312,6 +1317,7 @@ async fn hint(
         &o.reported_outputs,
     )
     .await?;
+    let prompt_banks = prompt_bank::for_plan(state, &o.live, &assignments, &o.progress).await?;
     let view = push::PlanView {
         live: &o.live,
         assignments: &assignments,
@@ -1322,6 +1328,7 @@ async fn hint(
         // Hints only start standby processes; the plan tells the lease.
         leases: &BTreeMap::new(),
         footprints: &t.footprints(),
+        prompt_banks: &prompt_banks,
     };
     if state.leadership.fence().is_none() {
         return Ok(0); // a deposed leader sends nothing

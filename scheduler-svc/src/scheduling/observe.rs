@@ -100,6 +100,9 @@ pub(crate) struct Observed {
     /// Jobs that may no longer share a GPU (a shared GPU of theirs ran
     /// saturated), this round's included.
     pub no_sharing: BTreeSet<JobId>,
+    /// Tuned prompts of prompt-tuning jobs that completed this round (filed
+    /// in the Prompt Bank at the end of the observe phase).
+    pub bank_new: Vec<crate::persistence::BankPrompt>,
 }
 
 /// Phase 1 (see the module docs). A look-ahead round reads the same state
@@ -206,6 +209,11 @@ pub(crate) async fn observe(
     learn_metric_targets(state, &mut o, &own).await;
     watch_shared_gpus(state, &mut o, &nodes);
     learn_utilization(&mut o, &nodes);
+    if !o.bank_new.is_empty() {
+        let new = std::mem::take(&mut o.bank_new);
+        (o.writes.bank_adds, o.writes.bank_evictions) =
+            super::prompt_bank::file(state, new).await?;
+    }
     o.nodes = nodes;
     Ok(o)
 }
@@ -679,6 +687,19 @@ async fn observe_task(
         let Ok(j) = r.job_id.parse::<JobId>() else {
             continue;
         };
+        if let Some(p) = &r.prompt_init
+            && members.contains(&j)
+            && o.live.contains_key(&j)
+        {
+            o.writes.first_notes.push((
+                j,
+                "prompt_bank".into(),
+                format!(
+                    "initial prompt from the Prompt Bank: job {}'s tuned prompt (score {:.4}; {} of {} prompts scored)",
+                    p.from_job_id, p.score, p.scored, p.candidates
+                ),
+            ));
+        }
         if !r.evals.is_empty() && watched(o, j) {
             evals.insert(j, r.evals.clone());
         }
@@ -717,6 +738,20 @@ async fn observe_task(
         if output.is_some() || phase == pb::TaskPhase::Succeeded {
             let output = output.unwrap_or_default();
             tracing::info!(job_id = %id, node_id = %n.record.id, %output, "job completed");
+            // A tuned prompt goes into its model's Prompt Bank.
+            if let Some(r) = t.jobs.iter().find(|r| r.job_id == id.to_string())
+                && job.spec.kind == fmsched_core::JobKind::PromptTuning
+                && !r.prompt_features.is_empty()
+                && !output.is_empty()
+            {
+                let model = job.spec.model.clone();
+                o.bank_new.push(crate::persistence::BankPrompt {
+                    job: id,
+                    model,
+                    location: output.clone(),
+                    features: r.prompt_features.clone(),
+                });
+            }
             o.writes.completions.push((id, output));
             o.live.remove(&id);
             o.completed += 1;

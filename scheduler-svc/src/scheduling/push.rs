@@ -76,6 +76,9 @@ pub(crate) struct PlanView<'a> {
     pub leases: &'a BTreeMap<JobId, DateTime<Utc>>,
     /// What each job's process is predicted to take of one GPU alone.
     pub footprints: &'a BTreeMap<JobId, GpuFootprint>,
+    /// By model: the Prompt Bank a prompt-tuning job without an initial
+    /// prompt gets when it starts afresh.
+    pub prompt_banks: &'a BTreeMap<String, Vec<pb::PromptCandidate>>,
 }
 
 /// The desired set of every node the registry knows (empty for a node the
@@ -201,6 +204,13 @@ fn desired_sets(state: &AppState, v: &PlanView<'_>) -> BTreeMap<NodeId, Vec<pb::
             && let ([t], Some(&l)) = (&mut task.tasks[..], v.frozen_layers.get(&a.job))
         {
             t.frozen_layers = l;
+        }
+        if !a.profile
+            && task.resume_path.is_empty()
+            && super::prompt_bank::draws_from_bank(job)
+            && let ([t], Some(bank)) = (&mut task.tasks[..], v.prompt_banks.get(&job.spec.model))
+        {
+            t.prompt_bank.clone_from(bank);
         }
         if !a.profile {
             // A merged pair's process holds both leases: the earliest ends it.
