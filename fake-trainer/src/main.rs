@@ -142,7 +142,15 @@ fn prompt_features(model: &str, task: &str, job_id: &str) -> Vec<f64> {
 /// the candidate's features (its `prompt.json`) and the task's own; an
 /// unreadable candidate scores +∞.
 fn prompt_score(model: &str, task: &str, c: &fmsched_core::trainer::BankCandidate) -> f64 {
-    let features = std::fs::read(&c.path)
+    // A prompt file, or a prompt directory holding `prompt.json` (the
+    // Python helper's output).
+    let path = Path::new(&c.path);
+    let file = if path.is_dir() {
+        path.join("prompt.json")
+    } else {
+        path.to_path_buf()
+    };
+    let features = std::fs::read(file)
         .ok()
         .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
         .and_then(|v| serde_json::from_value::<Vec<f64>>(v["features"].clone()).ok());

@@ -2434,20 +2434,7 @@ async fn e2e_prompt_a_request_starts_from_the_best_prompt_in_the_bank() {
             bin("fake-trainer").display()
         )
     };
-    let names = |port| -> BTreeMap<String, String> {
-        let v: Value =
-            serde_json::from_str(&fmctl(port, &["-o", "json", "jobs"]).unwrap()).unwrap();
-        v.as_array()
-            .unwrap()
-            .iter()
-            .map(|j| {
-                (
-                    j["spec"]["name"].as_str().unwrap_or_default().to_string(),
-                    j["id"].as_str().unwrap().to_string(),
-                )
-            })
-            .collect()
-    };
+    let id = |name: &str| job_named(port, name).unwrap().0;
     // Two prompts of two tasks, tuned from random embeddings (empty bank).
     submit(
         port,
@@ -2459,7 +2446,6 @@ async fn e2e_prompt_a_request_starts_from_the_best_prompt_in_the_bank() {
     )
     .expect("submit");
     let done = all_completed(port, 2, Duration::from_secs(120));
-    let first = names(port);
     let bank = |db: String| async move {
         let mut c = sqlx::PgConnection::connect(&db_url(&db)).await.unwrap();
         sqlx::query_as::<_, (String, String, String, i32)>(
@@ -2479,8 +2465,8 @@ async fn e2e_prompt_a_request_starts_from_the_best_prompt_in_the_bank() {
         );
         assert_eq!(*features, 16, "the fake trainer's 16 features");
     }
-    for id in first.values() {
-        let err = fmctl(port, &["logs", id, "--stderr"]).unwrap();
+    for job in done.keys() {
+        let err = fmctl(port, &["logs", job, "--stderr"]).unwrap();
         assert!(
             !err.contains("Prompt Bank"),
             "an empty bank is not sent:\n{err}"
@@ -2504,23 +2490,22 @@ async fn e2e_prompt_a_request_starts_from_the_best_prompt_in_the_bank() {
     )
     .expect("submit");
     all_completed(port, 4, Duration::from_secs(120));
-    let ids = names(port);
-    let err = fmctl(port, &["logs", &ids["dialogue-2"], "--stderr"]).unwrap();
+    let err = fmctl(port, &["logs", &id("dialogue-2"), "--stderr"]).unwrap();
     assert!(
         err.contains(&format!(
             "Prompt Bank: starting from job {}'s prompt",
-            ids["dialogue"]
+            id("dialogue")
         )) && err.contains("2 of 2 prompts scored"),
         "the dialogue prompt wins over the code prompt:\n{err}"
     );
     let said = events_saying(&db, "initial prompt from the Prompt Bank").await;
     assert_eq!(said.len(), 1, "one event, once: {said:?}");
-    assert_eq!(said[0].0, ids["dialogue-2"]);
+    assert_eq!(said[0].0, id("dialogue-2"));
     assert!(
-        said[0].1.contains(&ids["dialogue"]) && said[0].1.contains("2 of 2 prompts scored"),
+        said[0].1.contains(&id("dialogue")) && said[0].1.contains("2 of 2 prompts scored"),
         "{said:?}"
     );
-    let own = fmctl(port, &["logs", &ids["own"], "--stderr"]).unwrap();
+    let own = fmctl(port, &["logs", &id("own"), "--stderr"]).unwrap();
     assert!(
         !own.contains("Prompt Bank"),
         "its own initial prompt wins:\n{own}"
