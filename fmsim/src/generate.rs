@@ -6,6 +6,13 @@
 //! GPU. Arrivals are Poisson over `hours / load` hours, so a higher load
 //! factor packs the same jobs closer together. Seeded: the same arguments
 //! give the same workload.
+//!
+//! Jobs of a Mixture-of-Experts model that take two GPUs or more train
+//! expert-parallel (Lina): in groups of the largest power of two that
+//! divides their GPUs and the model's experts, at most
+//! `max_expert_parallel` (default 4, the smallest common node, so a group
+//! fits any node). `pinned_fraction` of the jobs name a GPU model
+//! (`resources.gpu_model`), drawn from `pin_gpu_models`.
 
 use fmsched_core::policy::PIPELINE_STAGES;
 use fmsched_estimator::lut::{Lut, Variant, packed_placement};
@@ -27,6 +34,13 @@ pub struct GenConfig {
     /// follow the trace's shape (its times rescaled onto the window)
     /// instead of a Poisson process.
     pub arrivals: Option<Vec<f64>>,
+    /// Largest expert-parallel group of an MoE job (0 or 1: none).
+    pub max_expert_parallel: u32,
+    /// Share of the jobs pinned to a GPU model of `pin_gpu_models`
+    /// (0: none, and no random draw is spent on it).
+    pub pinned_fraction: f64,
+    /// GPU models pinned jobs name (empty: `gpu_type`).
+    pub pin_gpu_models: Vec<String>,
 }
 
 impl Default for GenConfig {
@@ -40,6 +54,9 @@ impl Default for GenConfig {
             gpu_type: "V100".into(),
             private_fraction: 0.05,
             arrivals: None,
+            max_expert_parallel: 4,
+            pinned_fraction: 0.0,
+            pin_gpu_models: Vec::new(),
         }
     }
 }
@@ -86,6 +103,18 @@ pub fn generate(cfg: &GenConfig, catalog: &Catalog, lut: &Lut) -> Result<Vec<Wor
     {
         return Err("jobs, hours and load must be > 0".into());
     }
+    if !(0.0..=1.0).contains(&cfg.pinned_fraction) {
+        return Err(format!(
+            "the pinned fraction must be in [0, 1], got {}",
+            cfg.pinned_fraction
+        ));
+    }
+    let pin_to: Vec<String> = if cfg.pin_gpu_models.is_empty() {
+        vec![cfg.gpu_type.clone()]
+    } else {
+        cfg.pin_gpu_models.clone()
+    };
+    let models = fmsched_core::models::ModelCatalog::builtin();
     let gpu = fmsched_estimator::analytic::gpu_family(&cfg.gpu_type);
     let mut tasks: Vec<(String, String, f64)> = Vec::new();
     for m in &cfg.models {
@@ -93,6 +122,9 @@ pub fn generate(cfg: &GenConfig, catalog: &Catalog, lut: &Lut) -> Result<Vec<Wor
             .models
             .get(m)
             .ok_or_else(|| format!("model {m:?} is not in the task catalog"))?;
+        if mt.tasks.is_empty() {
+            return Err(format!("model {m:?} has no tasks in the task catalog"));
+        }
         for (t, info) in &mt.tasks {
             tasks.push((m.clone(), t.clone(), info.samples_per_epoch));
         }
@@ -161,13 +193,18 @@ pub fn generate(cfg: &GenConfig, catalog: &Catalog, lut: &Lut) -> Result<Vec<Wor
             ((10.0, 64.0), &[4, 8])
         };
         let gpu_h = (lo.ln() + (hi.ln() - lo.ln()) * rng.f64()).exp();
-        // The task is picked by GPU-time (as Pollux's generator does): one
-        // of the three whose one-epoch-at-one-GPU time is closest to the
-        // drawn GPU-time in epochs between 1 and 10, so a small dataset is
-        // not asked for hundreds of epochs.
+        // The model is drawn uniformly from the chosen ones (every model
+        // named gets jobs); its task by GPU-time (as Pollux's generator
+        // does): one of the three whose one-epoch-at-one-GPU time is
+        // closest to the drawn GPU-time in epochs between 1 and 10, so a
+        // small dataset is not asked for hundreds of epochs. (One model:
+        // no draw, so a seed's single-model workload is what it was.)
+        let of_model: Option<&str> =
+            (cfg.models.len() > 1).then(|| cfg.models[rng.below(cfg.models.len())].as_str());
         let mut by_fit: Vec<(f64, usize)> = tasks
             .iter()
             .enumerate()
+            .filter(|(_, t)| of_model.is_none_or(|m| t.0 == m))
             .map(|(k, _)| {
                 let epochs = gpu_h / epoch_gpu_h[k];
                 let miss = if epochs < 1.0 {
@@ -207,6 +244,10 @@ pub fn generate(cfg: &GenConfig, catalog: &Catalog, lut: &Lut) -> Result<Vec<Wor
             .map_err(|e| format!("{model}: {e}"))?;
         let rate = f64::from(batch) / it.seconds;
         let epochs = (gpu_h * 3600.0 / f64::from(one) * rate / samples).max(0.01);
+        let experts = models.get(&model).map_or(0, |m| m.experts);
+        let expert_parallel = expert_groups(g, experts, cfg.max_expert_parallel);
+        let gpu_model = (cfg.pinned_fraction > 0.0 && rng.f64() < cfg.pinned_fraction)
+            .then(|| pin_to[rng.below(pin_to.len())].clone());
         out.push(WorkloadJob {
             name: format!("{model}@{task}-{k}"),
             submit_s: (t * 10.0).round() / 10.0,
@@ -221,13 +262,28 @@ pub fn generate(cfg: &GenConfig, catalog: &Catalog, lut: &Lut) -> Result<Vec<Wor
             target_metric: None,
             curve_key: None,
             trace_gpu_s: None,
-            gpu_model: None,
-            expert_parallel: 0,
+            gpu_model,
+            expert_parallel,
             slo: Default::default(),
             queueing: Default::default(),
         });
     }
     Ok(out)
+}
+
+/// The expert-parallel group of a job on `gpus` GPUs of a model with
+/// `experts` experts: the largest power of two that divides both, at most
+/// `max`; 0 (none) for a dense model, one GPU, or a group of one.
+pub fn expert_groups(gpus: u32, experts: u32, max: u32) -> u32 {
+    if experts == 0 || gpus < 2 || max < 2 {
+        return 0;
+    }
+    let ep = 1u32
+        << gpus
+            .trailing_zeros()
+            .min(experts.trailing_zeros())
+            .min(max.ilog2());
+    if ep >= 2 { ep } else { 0 }
 }
 
 /// The cluster trace a drifting workload imitates (thesis §6.2.1, §6.6.1).
@@ -533,6 +589,74 @@ mod tests {
         assert!(shaped(Shape::Philly, 0, 10, 1.0, 1).is_err());
         let csv = helios_csv(&rows[..2]);
         assert!(csv.starts_with("job_id,gpu_num,submit_time,duration,state\n"));
+    }
+
+    /// MoE jobs of two GPUs or more train in expert groups that divide
+    /// their GPUs and the experts (at most the cap); pinned jobs name one
+    /// of the given GPU models; with neither asked for, the draws are the
+    /// same as before (a seed's workload does not change).
+    #[test]
+    fn moe_jobs_get_expert_groups_and_a_share_is_pinned() {
+        assert_eq!(expert_groups(8, 8, 4), 4);
+        assert_eq!(expert_groups(2, 16, 4), 2);
+        assert_eq!(expert_groups(6, 8, 8), 2);
+        assert_eq!(expert_groups(1, 8, 4), 0);
+        assert_eq!(expert_groups(8, 0, 4), 0);
+        assert_eq!(expert_groups(8, 8, 1), 0);
+        let cat = Catalog::default_synthetic();
+        let lut = fmsched_estimator::analytic::default_lut().unwrap();
+        let cfg = GenConfig {
+            jobs: 400,
+            models: vec!["switch-base-8".into(), "roberta-base".into()],
+            gpu_type: "A100".into(),
+            ..Default::default()
+        };
+        let plain = generate(&cfg, &cat, &lut).unwrap();
+        // Every model named gets about its share of the jobs.
+        let moe: Vec<_> = plain
+            .iter()
+            .filter(|j| j.model == "switch-base-8")
+            .collect();
+        assert!((140..260).contains(&moe.len()), "{}", moe.len());
+        for j in &plain {
+            match (j.model.as_str(), j.gpus) {
+                ("switch-base-8", g) if g >= 2 => {
+                    assert!(j.expert_parallel >= 2 && j.expert_parallel <= 4, "{j:?}");
+                    assert_eq!(g % j.expert_parallel, 0, "{j:?}");
+                }
+                _ => assert_eq!(j.expert_parallel, 0, "{j:?}"),
+            }
+            assert_eq!(j.gpu_model, None);
+        }
+        let pinned = generate(
+            &GenConfig {
+                pinned_fraction: 0.25,
+                pin_gpu_models: vec!["A100".into(), "H100".into()],
+                ..cfg.clone()
+            },
+            &cat,
+            &lut,
+        )
+        .unwrap();
+        let n = pinned.iter().filter(|j| j.gpu_model.is_some()).count();
+        assert!((60..140).contains(&n), "about a quarter pinned: {n}");
+        assert!(
+            pinned
+                .iter()
+                .flat_map(|j| &j.gpu_model)
+                .all(|m| m == "A100" || m == "H100")
+        );
+        assert!(
+            generate(
+                &GenConfig {
+                    pinned_fraction: 1.5,
+                    ..cfg
+                },
+                &cat,
+                &lut
+            )
+            .is_err()
+        );
     }
 
     #[test]

@@ -106,6 +106,17 @@ enum Cmd {
         models: String,
         #[arg(long, default_value = "V100")]
         gpu_type: String,
+        /// Largest expert-parallel group of a Mixture-of-Experts job (jobs of
+        /// 2+ GPUs of an MoE model train in groups of the largest power of
+        /// two dividing their GPUs and the experts; 0 = never).
+        #[arg(long, default_value_t = 4)]
+        max_expert_parallel: u32,
+        /// Share of the jobs pinned to a GPU model (`gpu_model` column).
+        #[arg(long, default_value_t = 0.0)]
+        pinned: f64,
+        /// Comma-separated GPU models pinned jobs name (default: --gpu-type).
+        #[arg(long, default_value = "")]
+        pin_gpu_models: String,
         /// Shape arrivals like this trace (any workload format) instead of Poisson.
         #[arg(long)]
         arrivals_from: Option<PathBuf>,
@@ -1064,6 +1075,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             seed,
             models,
             gpu_type,
+            max_expert_parallel,
+            pinned,
+            pin_gpu_models,
             arrivals_from,
             slo_mix,
             shape,
@@ -1103,6 +1117,13 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 seed,
                 models: models.split(',').map(|s| s.trim().to_string()).collect(),
                 gpu_type,
+                max_expert_parallel,
+                pinned_fraction: pinned,
+                pin_gpu_models: pin_gpu_models
+                    .split(',')
+                    .map(|s| s.trim().to_string())
+                    .filter(|s| !s.is_empty())
+                    .collect(),
                 ..Default::default()
             };
             let mut w =

@@ -29,8 +29,8 @@ use super::{DEFAULT_ITERATIONS, RoundError, RoundKind, iteration_budget};
 use crate::api::AppState;
 use crate::estimates::Estimates;
 use crate::persistence::{
-    AdminState, Estimate, Failure, JobRecord, JobService, MergeRecord, MetricCurve, RetryState,
-    RoundWrites, StoredPlan,
+    AdminState, Assignment, Estimate, Failure, JobRecord, JobService, MergeRecord, MetricCurve,
+    RetryState, RoundWrites, StoredPlan,
 };
 use crate::registry::LiveNode;
 
@@ -763,6 +763,23 @@ async fn observe_task(
     }
 }
 
+/// The placement shape of a job over several nodes (the throughput table's
+/// digits: its GPUs on each node, in rank order) from the plan in force;
+/// None when the plan no longer gives it `world_size` GPUs or a node holds
+/// more than 9 of them (a shape the table cannot name).
+fn gang_placement(plan: &[Assignment], job: JobId, world_size: u32) -> Option<String> {
+    let mut parts: Vec<&Assignment> = plan.iter().filter(|a| a.job == job && !a.profile).collect();
+    parts.sort_by_key(|a| a.rank_offset);
+    let counts: Vec<usize> = parts.iter().map(|a| a.gpus.len()).collect();
+    if parts.len() < 2
+        || counts.iter().sum::<usize>() != world_size as usize
+        || counts.iter().any(|&c| !(1..=9).contains(&c))
+    {
+        return None;
+    }
+    Some(counts.iter().map(|c| c.to_string()).collect())
+}
+
 /// A job's profiling run: once it ended, its job is queued with what it
 /// measured (estimates; its step time teaches the estimator's table). A
 /// run still going leaves the job profiling: it must not be scheduled yet.
@@ -962,17 +979,28 @@ async fn learn_from_running(
         }
         o.frozen_layers.insert(id, l);
     }
-    // Merged, pipeline and multi-node jobs are left out of the table: their
-    // batch or layout is not one job's on one node.
+    // Merged and pipeline jobs are left out of the table: their batch or
+    // layout is not one job's. A job over several nodes is measured by its
+    // rank 0 for the whole gang, at the plan's GPUs per node.
+    let gang = t.world_size as usize > t.gpu_uuids.len().max(1);
+    let placement = if gang {
+        (t.rank_offset == 0)
+            .then(|| gang_placement(&o.current.assignments, id, t.world_size))
+            .flatten()
+    } else {
+        // A table shape names at most 9 GPUs a node.
+        let n = t.gpu_uuids.len().max(1);
+        (n <= 9).then(|| n.to_string())
+    };
     if t.step_time_s > 0.0
         && est.is_remote()
         && !job.spec.resources.pipeline_parallel
-        && t.world_size as usize <= t.gpu_uuids.len().max(1)
+        && let Some(placement) = placement
         && let Some(g) = n.record.gpus.first()
         && est.first_sample_of(&t.task_id, t.pid)
     {
-        let gpus = t.gpu_uuids.len().max(1) as u32;
-        let sample = running_step_time_sample(lut, job, &g.model, gpus, trains_with, t.step_time_s);
+        let sample =
+            running_step_time_sample(lut, job, &g.model, &placement, trains_with, t.step_time_s);
         if let Err(e) = est.record_step_times(vec![sample]).await {
             tracing::warn!(job_id = %id, error = %e, "step time not recorded");
         }
@@ -1192,12 +1220,17 @@ fn running_step_time_sample(
     lut: &Lut,
     job: &JobRecord,
     gpu_model: &str,
-    gpus: u32,
+    placement: &str,
     frozen_layers: u32,
     step_time_s: f64,
 ) -> pb::StepTimeSample {
     let gpu_type = analytic::gpu_family(gpu_model);
-    let placement = gpus.clamp(1, 9).to_string();
+    let gpus: u32 = placement
+        .bytes()
+        .map(|b| u32::from(b - b'0'))
+        .sum::<u32>()
+        .max(1);
+    let placement = placement.to_string();
     let global = job.spec.hyperparameters.global_batch_size.max(1);
     let variant = Variant {
         frozen_layers,
@@ -1462,6 +1495,40 @@ pub(crate) mod tests {
         predict_metric_target(&job, &prior, &CurveLibrary::shipped(), &mut e);
         assert_eq!(e.iterations, None);
         assert!(e.note.contains("no dataset.num_samples"), "{}", e.note);
+    }
+
+    /// A job over several nodes is measured at its plan's GPUs per node,
+    /// in rank order; a plan that no longer gives it its world, a single
+    /// node or a node share past 9 GPUs names no shape.
+    #[test]
+    fn a_gang_step_time_is_recorded_at_its_placement_over_nodes() {
+        let at = |node: &str, gpus: usize, rank_offset: u32| Assignment {
+            job: job(1),
+            node: fmsched_core::NodeId::try_from(node.to_string()).unwrap(),
+            gpus: (0..gpus)
+                .map(|g| fmsched_core::GpuUuid(format!("{node}-{g}")))
+                .collect(),
+            profile: false,
+            rank_offset,
+            master_port: None,
+        };
+        let plan = vec![at("b", 2, 4), at("a", 4, 0)];
+        assert_eq!(gang_placement(&plan, job(1), 6).as_deref(), Some("42"));
+        assert_eq!(gang_placement(&plan, job(1), 8), None, "the plan moved on");
+        assert_eq!(gang_placement(&plan, job(2), 6), None);
+        assert_eq!(gang_placement(&plan[..1], job(1), 2), None, "one node");
+        assert_eq!(
+            gang_placement(&[at("a", 12, 0), at("b", 4, 12)], job(1), 16),
+            None
+        );
+        let lut = analytic::default_lut().unwrap();
+        let mut j = record(1, None);
+        j.spec.hyperparameters.global_batch_size = 48;
+        let s = running_step_time_sample(&lut, &j, "A100-SXM4-80GB", "42", 0, 0.5);
+        let key = s.key.unwrap();
+        assert_eq!(key.placement, "42");
+        assert_eq!(key.local_batch_size * key.gradient_accumulation * 6, 48);
+        assert_eq!(s.step_time_seconds, 0.5);
     }
 
     fn running(n: u8, iteration: u64, step_time_s: f64) -> pb::ObservedTask {
