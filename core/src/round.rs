@@ -111,6 +111,10 @@ pub struct JobView {
     /// The GPU family it must run on (`resources.gpu_model`, as a family);
     /// None = any, one family per group.
     pub gpu_model: Option<String>,
+    /// GPU families of the cluster it cannot run on at all (one replica's
+    /// memory does not fit there; the caller asks the throughput table,
+    /// `Lut::runs_on`): it is never placed, profiled or estimated there.
+    pub unfit_families: Vec<String>,
     pub min_gpus: u32,
     pub max_gpus: u32,
     /// GPUs it asks for (baselines give this; its deserved share is capped
@@ -707,25 +711,34 @@ pub fn never_fits(
 /// estimates and fmsim's ask this.
 pub fn estimate_shape(view: &ClusterView, job: &JobView) -> Option<(String, u32)> {
     if job.gpu_model.is_none() {
-        let held = job.holds.first().and_then(|g| view.nodes.get(g.0));
+        let held = job
+            .holds
+            .first()
+            .and_then(|g| view.nodes.get(g.0))
+            .filter(|n| !job.unfit_families.contains(&n.gpu_model));
         if let Some(shape) = held.and_then(|n| largest_of(&view.nodes, &n.gpu_model)) {
             return Some(shape);
         }
     }
-    default_shape(&view.nodes, job.gpu_model.as_deref())
+    default_shape(&view.nodes, job.gpu_model.as_deref(), &job.unfit_families)
 }
 
 /// [`estimate_shape`] of a job that holds no GPUs: the family it asks for,
-/// else the one with the most GPUs on nodes that are not Offline (ties: the
-/// first by name), and that family's largest present node.
-pub fn default_shape(nodes: &[NodeView], gpu_model: Option<&str>) -> Option<(String, u32)> {
+/// else the one with the most GPUs on nodes that are not Offline among
+/// those it can run on (not in `unfit`; ties: the first by name), and that
+/// family's largest present node.
+pub fn default_shape(
+    nodes: &[NodeView],
+    gpu_model: Option<&str>,
+    unfit: &[String],
+) -> Option<(String, u32)> {
     if let Some(m) = gpu_model {
         return largest_of(nodes, m);
     }
     let mut gpus: BTreeMap<&str, u32> = BTreeMap::new();
     for n in nodes
         .iter()
-        .filter(|n| n.state != NodeState::Offline && n.gpus > 0)
+        .filter(|n| n.state != NodeState::Offline && n.gpus > 0 && !unfit.contains(&n.gpu_model))
     {
         *gpus.entry(n.gpu_model.as_str()).or_default() += n.gpus;
     }
@@ -863,6 +876,7 @@ fn reserve_profiling(
             j.gpu_model
                 .as_deref()
                 .is_none_or(|m| view.nodes[n].gpu_model == m)
+                && !j.unfit_families.contains(&view.nodes[n].gpu_model)
         };
         let used_now: usize = out.iter().map(|r| r.gpus.len()).sum();
         let mut pick = None;
@@ -1112,6 +1126,7 @@ pub fn snapshot(
                 expert_parallel: j.expert_parallel,
                 worker_gpus: j.worker_gpus,
                 gpu_model: j.gpu_model.clone(),
+                unfit_families: j.unfit_families.clone(),
                 requested_gpus: cap(j.requested_gpus, j),
                 queue: prepared.budgets.keys().position(|q| *q == j.queue),
                 priority: j.priority,
@@ -1945,6 +1960,7 @@ pub mod testkit {
             expert_parallel: 0,
             worker_gpus: 0,
             gpu_model: None,
+            unfit_families: Vec::new(),
             min_gpus: 1,
             max_gpus: gpus,
             requested_gpus: gpus,

@@ -636,6 +636,38 @@ impl Lut {
         })
     }
 
+    /// Whether one replica of a job (`replica_gpus` GPUs on one node: one
+    /// GPU of a data-parallel job, a pipeline's stages, an expert group)
+    /// can run on `gpu_type` at all: the table's step time there is
+    /// feasible (its memory fits at some local batch). An unknown answer
+    /// (no profile for the type, a shape the table cannot name) counts as
+    /// runnable: nothing is excluded on a guess.
+    pub fn runs_on(
+        &self,
+        model: &str,
+        gpu_type: &str,
+        replica_gpus: u32,
+        global_bsz: u32,
+        variant: &Variant,
+        layers: u32,
+    ) -> bool {
+        if !(1..=9).contains(&replica_gpus) {
+            return true;
+        }
+        let placement = replica_gpus.to_string();
+        match self.iteration_time_on(
+            model,
+            gpu_type,
+            &placement,
+            global_bsz.max(1),
+            variant,
+            layers,
+        ) {
+            Ok(it) => it.feasible && it.seconds.is_finite(),
+            Err(_) => true,
+        }
+    }
+
     /// Context-switch seconds of a model on a GPU type (the maximum measured).
     pub fn context_switch_s(&self, model: &str, gpu_type: &str) -> Option<f64> {
         self.profiles

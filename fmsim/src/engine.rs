@@ -552,6 +552,9 @@ struct Job {
     /// Seconds it was in the system before it arrived here
     /// ([`Simulation::seed_history`]).
     history_s: f64,
+    /// GPU families where one replica's memory does not fit (the table's
+    /// step time is infeasible there): never placed there.
+    unfit: Vec<String>,
 }
 
 #[derive(Clone, Debug)]
@@ -672,7 +675,25 @@ impl<'a> Simulation<'a> {
                     ))
                 })?
                 .to_string();
-            let (family, per_node) = round::default_shape(&nodes, asked.as_deref())
+            let layers = analytic::layers_of(&lut_model).unwrap_or(12);
+            let variant = Variant {
+                pipeline: w.pipeline,
+                ..Variant::base()
+            };
+            // Families where one replica's memory does not fit: never there.
+            let unfit: Vec<String> = families
+                .iter()
+                .filter(|f| !lut.runs_on(&lut_model, f, replica.gpus(), w.batch, &variant, layers))
+                .cloned()
+                .collect();
+            if allowed.iter().all(|f| unfit.iter().any(|u| u == f)) {
+                return Err(err(format!(
+                    "can never run on this cluster: one replica of {} does not fit the GPU memory of {}",
+                    w.model,
+                    allowed.join(", ")
+                )));
+            }
+            let (family, per_node) = round::default_shape(&nodes, asked.as_deref(), &unfit)
                 .ok_or_else(|| err("no node of its GPU model".into()))?;
             let family = families.iter().position(|f| *f == family).unwrap_or(0);
             let info = catalog.task(&w.model, &w.task);
@@ -716,11 +737,6 @@ impl<'a> Simulation<'a> {
                     learned_epochs(lib, curve, target)
                 }
                 _ => Vec::new(),
-            };
-            let layers = analytic::layers_of(&lut_model).unwrap_or(12);
-            let variant = Variant {
-                pipeline: w.pipeline,
-                ..Variant::base()
             };
             let config = match configs
                 .iter()
@@ -770,6 +786,7 @@ impl<'a> Simulation<'a> {
                 ran_on: Vec::new(),
                 deadlines: Vec::new(),
                 history_s: 0.0,
+                unfit,
             };
             // Helios / Philly: scale the epochs so the work at the trace's GPU
             // count takes the trace's duration.
@@ -1886,6 +1903,7 @@ impl<'a> Simulation<'a> {
                     expert_parallel: j.w.expert_parallel,
                     worker_gpus: 0,
                     gpu_model: j.w.gpu_model.as_deref().map(analytic::gpu_family),
+                    unfit_families: j.unfit.clone(),
                     min_gpus: self.min_gpus(i),
                     max_gpus: j.w.max_gpus,
                     requested_gpus: j.w.gpus,

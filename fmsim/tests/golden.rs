@@ -375,9 +375,10 @@ fn a_job_the_cluster_can_never_hold_is_refused_at_load_naming_it() {
         err.contains("too-wide") && err.contains("largest node has 2"),
         "{err}"
     );
-    // A pipeline job asking for fewer GPUs than one replica.
+    // A pipeline job asking for fewer GPUs than one replica (on GPUs its
+    // model fits).
     let jobs = vec![pipeline_job("short", "alpaca", 0.0, 2)];
-    let err = Simulation::new(cluster(), &lut, &catalog, &jobs)
+    let err = Simulation::new(SimConfig::uniform(2, 8, "A100"), &lut, &catalog, &jobs)
         .err()
         .expect("refused")
         .to_string();
@@ -431,6 +432,47 @@ fn a_mixed_cluster_keeps_groups_on_one_family_and_pinned_jobs_on_theirs() {
             }
         }
     }
+}
+
+/// A model that does not fit one family's GPUs (llama-2-7b's 4-stage
+/// pipeline in 16 GB V100s) never runs there: on V100 + A100 nodes every
+/// policy (FIFO used to hold such a job on V100s for ever)
+/// runs its jobs on the A100 node only and finishes them; on V100s alone
+/// the workload is refused at load, naming the memory.
+#[test]
+fn a_job_never_runs_on_gpus_its_model_does_not_fit() {
+    let llama = |k: usize| WorkloadJob {
+        model: "llama-2-7b".into(),
+        gpus: 4,
+        max_gpus: 4,
+        batch: 16,
+        pipeline: true,
+        epochs: Some(0.05),
+        ..one_gpu_job(&format!("llama-{k}"), "alpaca", 60.0 * k as f64, true)
+    };
+    let mut jobs: Vec<WorkloadJob> = (0..4).map(llama).collect();
+    jobs.push(one_gpu_job("small", "rte", 0.0, true));
+    let cfg = SimConfig {
+        cluster: vec![NodeGroup::new("V100", 2, 4), NodeGroup::new("A100", 1, 8)],
+        ..Default::default()
+    };
+    let catalog = Catalog::default_synthetic();
+    for (policy, _) in BOUNDS {
+        let r = run(policy, &cfg, &catalog, &jobs);
+        for j in r.jobs.iter().filter(|j| j.name.starts_with("llama")) {
+            assert!(j.finish_s.is_finite(), "{policy}: {j:?}");
+            assert_eq!(j.gpu_types, ["A100"], "{policy}: {} ran elsewhere", j.name);
+        }
+    }
+    let lut = analytic::default_lut().unwrap();
+    let err = Simulation::new(SimConfig::uniform(2, 4, "V100"), &lut, &catalog, &jobs)
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(
+        err.contains("llama-0") && err.contains("does not fit the GPU memory of V100"),
+        "{err}"
+    );
 }
 
 /// The same workload finishes sooner on faster GPUs, and a mixed cluster

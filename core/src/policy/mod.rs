@@ -75,6 +75,9 @@ pub struct SchedJob {
     pub worker_gpus: u32,
     /// The GPU family it must run on (None = any; a group never spans two).
     pub gpu_model: Option<String>,
+    /// GPU families it cannot run on at all (one replica's memory does not
+    /// fit there): never placed there.
+    pub unfit_families: Vec<String>,
     /// GPUs the user asked for (baselines give exactly this).
     pub requested_gpus: u32,
     /// Its queue's index in [`Snapshot::queue_gpus`] (None: no budget).
@@ -758,6 +761,7 @@ pub(crate) mod testkit {
             expert_parallel: 0,
             worker_gpus: 0,
             gpu_model: None,
+            unfit_families: Vec::new(),
             requested_gpus: requested,
             queue: None,
             priority: 0,

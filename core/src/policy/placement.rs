@@ -71,6 +71,7 @@ pub fn place_with(
         let model = entry_model(snap, &e.jobs);
         if held == e.gpus
             && one_family(snap, current, model)
+            && !on_unfit(snap, current, &e.jobs)
             && held > 0
             && same_group
             && current.iter().all(|&(n, g)| n < free.len() && free[n] >= g)
@@ -93,18 +94,32 @@ pub fn place_with(
             plan.entries[k].jobs[0],
         )
     });
-    let mut families: Vec<&str> = snap.nodes.iter().map(|n| n.gpu_model.as_str()).collect();
-    families.sort_unstable();
-    families.dedup();
+    let mut all_families: Vec<&str> = snap.nodes.iter().map(|n| n.gpu_model.as_str()).collect();
+    all_families.sort_unstable();
+    all_families.dedup();
     for k in order {
         let e = &plan.entries[k];
         let unit = super::entry_replica(snap, &e.jobs);
         let model = entry_model(snap, &e.jobs);
         let pref = prefer(e);
+        // Not on a family where a member cannot run at all.
+        let families: Vec<&str> = all_families
+            .iter()
+            .copied()
+            .filter(|f| {
+                !e.jobs
+                    .iter()
+                    .any(|&j| snap.jobs[j].unfit_families.iter().any(|u| u == f))
+            })
+            .collect();
+        let fams = Families {
+            allowed: &families,
+            whole_cluster: families.len() == all_families.len(),
+        };
         placed[k] = if pref == Preference::default() {
-            fit_typed(snap, &families, &mut free, e.gpus, unit, model)
+            fit_typed(snap, fams, &mut free, e.gpus, unit, model)
         } else {
-            fit_preferring(snap, &families, &mut free, e.gpus, unit, model, pref)
+            fit_preferring(snap, fams, &mut free, e.gpus, unit, model, pref)
         };
     }
 
@@ -132,6 +147,26 @@ pub(crate) fn entry_model<'s>(snap: &'s Snapshot, jobs: &[usize]) -> Option<&'s 
     jobs.iter().find_map(|&j| snap.jobs[j].gpu_model.as_deref())
 }
 
+/// The GPU families a group may be placed on (sorted, distinct), and
+/// whether they are all of the cluster's.
+#[derive(Clone, Copy)]
+struct Families<'a> {
+    allowed: &'a [&'a str],
+    whole_cluster: bool,
+}
+
+/// Whether a placement uses a family where one of `jobs` cannot run.
+fn on_unfit(snap: &Snapshot, placement: &[(usize, u32)], jobs: &[usize]) -> bool {
+    placement
+        .iter()
+        .filter(|p| p.0 < snap.nodes.len())
+        .any(|p| {
+            let f = &snap.nodes[p.0].gpu_model;
+            jobs.iter()
+                .any(|&j| snap.jobs[j].unfit_families.contains(f))
+        })
+}
+
 /// Whether these placed nodes are of one GPU family, and of `model` if set.
 pub(crate) fn one_family(snap: &Snapshot, placement: &[(usize, u32)], model: Option<&str>) -> bool {
     let mut fams = placement
@@ -152,13 +187,13 @@ pub(crate) fn one_family(snap: &Snapshot, placement: &[(usize, u32)], model: Opt
 /// `families` are the cluster's, sorted and distinct.
 fn fit_typed(
     snap: &Snapshot,
-    families: &[&str],
+    families: Families<'_>,
     free: &mut [u32],
     gpus: u32,
     unit: u32,
     model: Option<&str>,
 ) -> Option<Vec<(usize, u32)>> {
-    if let [only] = families {
+    if let ([only], true) = (families.allowed, families.whole_cluster) {
         // One family (the common case): no masking, no allocation.
         return match model {
             Some(m) if m != *only => None,
@@ -167,7 +202,11 @@ fn fit_typed(
     }
     // (nodes used, GPUs left free on them) and the placement.
     let mut best: Option<((usize, u32), Placement)> = None;
-    for &fam in families.iter().filter(|f| model.is_none_or(|m| m == **f)) {
+    for &fam in families
+        .allowed
+        .iter()
+        .filter(|f| model.is_none_or(|m| m == **f))
+    {
         let mut masked = masked(free, &|n| snap.nodes[n].gpu_model == fam);
         if let Some(p) = fit(snap, &mut masked, gpus, unit) {
             let key = (p.len(), p.iter().map(|&(n, _)| masked[n]).sum::<u32>());
@@ -195,7 +234,7 @@ fn masked(free: &[u32], keep: &dyn Fn(usize) -> bool) -> Vec<u32> {
 /// same family) where it fits apart, else wherever it fits.
 fn fit_preferring(
     snap: &Snapshot,
-    families: &[&str],
+    families: Families<'_>,
     free: &mut [u32],
     gpus: u32,
     unit: u32,
@@ -668,6 +707,40 @@ mod tests {
         // The same nodes of one family do hold it.
         snap.nodes[1].gpu_model = "A100".into();
         assert_eq!(place_sizes(&snap, &[4, 4, 8]).stats.unplaced, 0);
+    }
+
+    /// A family where a job cannot run at all (its replica's memory does
+    /// not fit) is never used for it: best fit would take the small V100
+    /// node, the job goes to the A100 node; a group running there (placed
+    /// before) is moved; with only unfit GPUs free it waits. Other jobs
+    /// still use that family.
+    #[test]
+    fn a_job_is_never_placed_on_a_family_it_cannot_run_on() {
+        let mut snap = sized(&[2, 8], 2);
+        snap.nodes[0].gpu_model = "V100".into();
+        snap.jobs[0].unfit_families = vec!["V100".into()];
+        let p = place_sizes(&snap, &[2, 2]);
+        let at = |p: &Plan, j: usize| {
+            p.entries
+                .iter()
+                .find(|e| e.jobs == vec![j])
+                .map(|e| e.placement.clone())
+        };
+        assert_eq!(at(&p, 0), Some(vec![(1, 2)]), "not on V100: {p:?}");
+        assert_eq!(
+            at(&p, 1),
+            Some(vec![(0, 2)]),
+            "the other job fits the V100 node"
+        );
+        snap.jobs[0].current_placement = vec![(0, 2)];
+        snap.jobs[0].current_gpus = 2;
+        let p = place_sizes(&snap, &[2, 2]);
+        assert_eq!(at(&p, 0), Some(vec![(1, 2)]), "moved off V100: {p:?}");
+        let mut small = sized(&[2, 2], 1);
+        small.nodes[0].gpu_model = "V100".into();
+        small.nodes[1].gpu_model = "V100".into();
+        small.jobs[0].unfit_families = vec!["V100".into()];
+        assert_eq!(place_sizes(&small, &[2]).stats.unplaced, 1);
     }
 
     /// A running group kept on the wrong family (placed before the job's

@@ -114,6 +114,9 @@ pub struct ViewSources<'a> {
     /// What a job's process takes of one GPU alone (ICEFROG Eq. 8's
     /// inputs; None: it never shares a GPU).
     pub footprint: &'a dyn Fn(&JobRecord) -> Option<GpuFootprint>,
+    /// The cluster's GPU families a job cannot run on at all
+    /// (`JobView::unfit_families`).
+    pub unfit: &'a dyn Fn(&JobRecord) -> Vec<String>,
     pub now: DateTime<Utc>,
 }
 
@@ -254,6 +257,7 @@ pub fn build_view(s: &ViewSources<'_>) -> Translated {
                 priority: j.spec.priority,
                 preemptible: j.spec.preemptible,
                 footprint: (s.footprint)(j),
+                unfit_families: (s.unfit)(j),
                 skip_profiling: j.spec.skips_profiling(),
             }
         })
@@ -360,6 +364,7 @@ pub(crate) async fn load(
         held_back.extend([m.a, m.b]);
     }
     held_back.extend(o.admin.requeues.keys().copied());
+    let families: BTreeSet<String> = o.nodes.iter().map(node_family).collect();
     let t = build_view(&ViewSources {
         nodes: &o.nodes,
         live: &o.live,
@@ -393,6 +398,26 @@ pub(crate) async fn load(
                     )
                 })
                 .flatten()
+        },
+        unfit: &|j: &JobRecord| {
+            let r = &j.spec.resources;
+            let replica = fmsched_core::policy::Replica::of(r.pipeline_parallel, r.expert_parallel);
+            let layers = analytic::layers_of(&j.spec.model).unwrap_or(12);
+            let variant = Variant::of_spec(&j.spec);
+            families
+                .iter()
+                .filter(|f| {
+                    !lut.runs_on(
+                        &j.spec.model,
+                        f,
+                        replica.gpus(),
+                        j.spec.hyperparameters.global_batch_size,
+                        &variant,
+                        layers,
+                    )
+                })
+                .cloned()
+                .collect()
         },
         now,
     });
@@ -806,6 +831,7 @@ pub(crate) mod tests {
             loans: &BTreeMap::new(),
             restart_s: &|_| 42.0,
             footprint: &|_| None,
+            unfit: &|_| Vec::new(),
             now,
         });
         let v = &t.view;
@@ -896,6 +922,7 @@ pub(crate) mod tests {
             loans: &BTreeMap::new(),
             restart_s: &|_| 0.0,
             footprint: &|_| None,
+            unfit: &|_| Vec::new(),
             now,
         });
         let policy = fmsched_core::policy::baselines::by_name("icefrog").unwrap();
