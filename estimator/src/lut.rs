@@ -965,6 +965,23 @@ fn parse_csv(origin: &str, text: &str) -> Result<Vec<CsvRow>, LutError> {
 mod tests {
     use super::*;
 
+    /// `runs_on`: llama-2-7b's 4-stage pipeline does not fit 16 GB V100s
+    /// and fits A100s; roberta-base fits both; a GPU type the table does
+    /// not know is no reason to exclude it.
+    #[test]
+    fn runs_on_says_where_one_replica_fits() {
+        let lut = crate::analytic::default_lut().unwrap();
+        let pipe = Variant {
+            pipeline: true,
+            ..Variant::base()
+        };
+        assert!(!lut.runs_on("llama-2-7b", "V100", 4, 16, &pipe, 32));
+        assert!(lut.runs_on("llama-2-7b", "A100", 4, 16, &pipe, 32));
+        assert!(lut.runs_on("roberta-base", "V100", 1, 32, &Variant::base(), 12));
+        assert!(lut.runs_on("roberta-base", "TPU-v9", 1, 32, &Variant::base(), 12));
+        assert!(lut.runs_on("roberta-base", "V100", 12, 32, &Variant::base(), 12));
+    }
+
     fn lut() -> Lut {
         let mut l = Lut::default();
         l.import_csv(

@@ -365,6 +365,7 @@ pub(crate) async fn load(
     }
     held_back.extend(o.admin.requeues.keys().copied());
     let families: BTreeSet<String> = o.nodes.iter().map(node_family).collect();
+    let unfit_memo: std::cell::RefCell<BTreeMap<String, Vec<String>>> = Default::default();
     let t = build_view(&ViewSources {
         nodes: &o.nodes,
         live: &o.live,
@@ -402,22 +403,24 @@ pub(crate) async fn load(
         unfit: &|j: &JobRecord| {
             let r = &j.spec.resources;
             let replica = fmsched_core::policy::Replica::of(r.pipeline_parallel, r.expert_parallel);
-            let layers = analytic::layers_of(&j.spec.model).unwrap_or(12);
             let variant = Variant::of_spec(&j.spec);
-            families
-                .iter()
-                .filter(|f| {
-                    !lut.runs_on(
-                        &j.spec.model,
-                        f,
-                        replica.gpus(),
-                        j.spec.hyperparameters.global_batch_size,
-                        &variant,
-                        layers,
-                    )
+            let batch = j.spec.hyperparameters.global_batch_size;
+            // Jobs of one setup share the answer (one table look-up per
+            // family and setup a round, not per job).
+            let key = format!("{}|{batch}|{}|{variant:?}", j.spec.model, replica.gpus());
+            let mut memo = unfit_memo.borrow_mut();
+            memo.entry(key)
+                .or_insert_with(|| {
+                    let layers = analytic::layers_of(&j.spec.model).unwrap_or(12);
+                    families
+                        .iter()
+                        .filter(|f| {
+                            !lut.runs_on(&j.spec.model, f, replica.gpus(), batch, &variant, layers)
+                        })
+                        .cloned()
+                        .collect()
                 })
-                .cloned()
-                .collect()
+                .clone()
         },
         now,
     });
