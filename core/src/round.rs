@@ -494,13 +494,23 @@ pub fn prepare(view: &ClusterView, policy: &dyn Policy, cfg: &RoundConfig) -> Pr
     let mut unschedulable = Vec::new();
     let mut jobs = Vec::new();
     for (i, j) in view.jobs.iter().enumerate() {
-        if let Some(why) = never_fits(
+        let why = never_fits(
             j.replica(),
             j.min_gpus,
             j.gpu_model.as_deref(),
             &sizes,
             cfg.max_nodes_per_group,
-        ) {
+        )
+        .or_else(|| {
+            fits_no_family(j, &sizes).then(|| {
+                format!(
+                    "one replica of {} does not fit the GPU memory of {}",
+                    j.model,
+                    j.unfit_families.join(", ")
+                )
+            })
+        });
+        if let Some(why) = why {
             // Said of a queued job, and of a submitted one that cannot
             // even profile here (the others say it once they are queued).
             let say = match j.state {
@@ -651,6 +661,18 @@ pub fn prepare(view: &ClusterView, policy: &dyn Policy, cfg: &RoundConfig) -> Pr
 /// pipeline replica, of its GPU model).
 fn cannot_profile(job: &JobView, nodes: &[(u32, &str)]) -> bool {
     never_fits(job.replica(), 1, job.gpu_model.as_deref(), nodes, None).is_some()
+        || fits_no_family(job, nodes)
+}
+
+/// Every GPU family of these nodes that the job may use (its own, if it
+/// names one) is one its model does not fit ([`JobView::unfit_families`]).
+/// An empty cluster says nothing.
+fn fits_no_family(job: &JobView, nodes: &[(u32, &str)]) -> bool {
+    !nodes.is_empty()
+        && nodes
+            .iter()
+            .filter(|n| job.gpu_model.as_deref().is_none_or(|m| m == n.1))
+            .all(|n| job.unfit_families.iter().any(|u| u == n.1))
 }
 
 /// `(GPUs, GPU family)` of these view nodes, for [`never_fits`].
@@ -2710,6 +2732,73 @@ mod tests {
         assert!(d.outcome.groups.is_empty());
         let why = &d.outcome.unschedulable[0].1;
         assert!(why.contains("no node has GPU model H100"), "{why}");
+    }
+
+    /// A job whose model does not fit a family's GPUs profiles and runs on
+    /// the other family only, is estimated there, and on a cluster of that
+    /// family alone it waits with an event saying why; the jobs behind it
+    /// still profile.
+    #[test]
+    fn a_job_never_uses_a_family_its_model_does_not_fit() {
+        let mut nodes = vec![node("v100", 4), node("a100", 4)];
+        nodes[0].gpu_model = "V100".into();
+        let mut big = job("big", "alpaca", JobState::Submitted, 1);
+        big.unfit_families = vec!["V100".into()];
+        let v = view(nodes.clone(), vec![big.clone()]);
+        let p = prepare(
+            &v,
+            by_name("ymir").unwrap().as_ref(),
+            &RoundConfig::default(),
+        );
+        assert_eq!(
+            p.profiling[0].gpus,
+            vec![(1, 0)],
+            "profiles on the A100 node"
+        );
+        assert_eq!(estimate_shape(&v, &big).unwrap().0, "A100");
+        big.state = JobState::Queued;
+        big.holds = vec![(0, 0)];
+        assert_eq!(
+            estimate_shape(&view(nodes.clone(), vec![big.clone()]), &big)
+                .unwrap()
+                .0,
+            "A100",
+            "not estimated on the GPUs it holds but cannot run on"
+        );
+        big.holds.clear();
+        let cfg = RoundConfig {
+            profiling: false,
+            ..Default::default()
+        };
+        let d = run(&view(nodes.clone(), vec![big.clone()]), "fifo", &cfg);
+        assert!(
+            d.outcome.groups[0].gpus.iter().all(|g| g.0 == 1),
+            "{:?}",
+            d.outcome.groups
+        );
+        let v100 = vec![nodes[0].clone()];
+        let d = run(&view(v100.clone(), vec![big.clone()]), "fifo", &cfg);
+        assert!(d.outcome.groups.is_empty());
+        let why = &d.outcome.unschedulable[0].1;
+        assert!(why.contains("does not fit the GPU memory of V100"), "{why}");
+        let mut first = big.clone();
+        first.state = JobState::Submitted;
+        let v = view(
+            v100,
+            vec![first, job("small", "rte", JobState::Submitted, 1)],
+        );
+        let p = prepare(
+            &v,
+            by_name("ymir").unwrap().as_ref(),
+            &RoundConfig::default(),
+        );
+        assert_eq!(
+            p.profiling.len(),
+            1,
+            "the job behind it profiles: {:?}",
+            p.profiling
+        );
+        assert_eq!(p.profiling[0].job, 1);
     }
 
     /// Eligible pairs: one model, different tasks, sharing, not started,
