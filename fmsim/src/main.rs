@@ -1403,7 +1403,9 @@ fn bench_prompttuner(requests: usize, models: usize, rounds: usize) {
 /// around 50 directions: build time, and a lookup's scorings (the score is
 /// the cosine distance to a random task, standing in for Eq. 4.1's loss).
 fn bench_prompt_bank(prompts: usize, features: usize) {
-    use fmsched_core::policy::prompttuner::{Candidate, PromptBank, cosine_distance};
+    use fmsched_core::policy::prompttuner::{
+        Candidate, PromptBank, cosine_distance, index_features,
+    };
     let mut rng = fmsim::generate::Rng::new(11);
     let features = features.max(2);
     let centres: Vec<Vec<f64>> = (0..50)
@@ -1418,12 +1420,25 @@ fn bench_prompt_bank(prompts: usize, features: usize) {
             }
         })
         .collect();
+    // As the scheduler builds it: over the hashed features; the lookup
+    // scores each candidate on its own features.
+    let raw: std::collections::HashMap<String, Vec<f64>> = cands
+        .iter()
+        .map(|c| (c.id.clone(), c.features.clone()))
+        .collect();
     let t = Instant::now();
-    let bank = PromptBank::build(cands.clone(), None, prompts);
+    let hashed: Vec<Candidate> = cands
+        .iter()
+        .map(|c| Candidate {
+            id: c.id.clone(),
+            features: index_features(&c.features),
+        })
+        .collect();
+    let bank = PromptBank::build(hashed, None, prompts);
     let build_s = t.elapsed().as_secs_f64();
     let task: Vec<f64> = (0..features).map(|_| rng.f64() - 0.5).collect();
     let (found, scored) = bank
-        .lookup(|c| cosine_distance(&c.features, &task))
+        .lookup(|c| cosine_distance(&raw[&c.id], &task))
         .expect("a bank with prompts");
     let exhaustive = cands
         .iter()
@@ -1432,7 +1447,7 @@ fn bench_prompt_bank(prompts: usize, features: usize) {
     println!(
         "prompt bank: {prompts} prompts of {features} features in {} clusters, built in {build_s:.2} s; a lookup scores {scored} of {prompts} prompts; its pick is {:.4} from the task against {exhaustive:.4} for the exhaustive best",
         bank.clusters(),
-        cosine_distance(&found.features, &task)
+        cosine_distance(&raw[&found.id], &task)
     );
 }
 

@@ -1,7 +1,8 @@
 //! The Prompt Bank (PromptTuner §4.4.3), the scheduler's half: tuned
 //! prompts of completed prompt-tuning jobs are stored per model in
 //! Postgres (table `prompt_bank`, with their activation features); the
-//! leader keeps each model's two-layer index (core [`PromptBank`]) in
+//! leader keeps each model's two-layer index (core [`PromptBank`], over
+//! the features hashed to at most 256 dimensions, `index_features`) in
 //! memory, checked against the stored prompts before every use and
 //! rebuilt when they differ (a new leader, a commit that failed) or when
 //! inserts moved `round(√C)` away from its clusters. A prompt-tuning job
@@ -12,7 +13,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 
 use fmsched_core::JobId;
-use fmsched_core::policy::prompttuner::{Candidate, PromptBank};
+use fmsched_core::policy::prompttuner::{Candidate, PromptBank, index_features};
 use fmsched_proto::v1 as pb;
 
 use super::RoundError;
@@ -34,7 +35,7 @@ impl Indexed {
             .iter()
             .map(|b| Candidate {
                 id: b.job.to_string(),
-                features: b.features.clone(),
+                features: index_features(&b.features),
             })
             .collect();
         Indexed {
@@ -49,7 +50,7 @@ impl Indexed {
     fn insert(&mut self, new: &BankPrompt) -> Option<JobId> {
         let evicted = self.bank.insert(Candidate {
             id: new.job.to_string(),
-            features: new.features.clone(),
+            features: index_features(&new.features),
         });
         self.ids.insert(new.job);
         self.locations.insert(new.job, new.location.clone());
