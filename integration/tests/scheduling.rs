@@ -2412,12 +2412,12 @@ async fn e2e_prompt_a_prompt_tuning_job_returns_its_tuned_prompt() {
 async fn e2e_prompt_a_request_starts_from_the_best_prompt_in_the_bank() {
     let db = new_db("fmsched_prompt_bank").await;
     let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
+    let (port, mport) = (free_port(), free_port());
     let _sched = scheduler_env(
         &db,
         port,
         dir.path(),
-        None,
+        Some(mport),
         &[("FMSCHED_SCHEDULING__PROMPT_BANK_CAP", "3")],
     );
     wait_up("scheduler up", port);
@@ -2513,6 +2513,13 @@ async fn e2e_prompt_a_request_starts_from_the_best_prompt_in_the_bank() {
     // Four tuned prompts, a cap of 3: one was evicted.
     let filed = bank(db.clone()).await;
     assert_eq!(filed.len(), 3, "{filed:?}");
+    let m = scrape(mport).await;
+    assert_eq!(metric_value(&m, "fmsched_prompt_bank_filed_total"), 4.0);
+    assert_eq!(metric_value(&m, "fmsched_prompt_bank_evicted_total"), 1.0);
+    assert_eq!(
+        metric_value(&m, "fmsched_prompt_bank_prompts{model=\"gpt2\"}"),
+        3.0
+    );
     drop_db(&db).await;
 }
 

@@ -145,6 +145,15 @@ pub struct MetricValues {
     pub round_phase: Option<(&'static str, std::time::Instant)>,
     /// Rounds whose decision did not come within [`DECIDE_GRACE`].
     pub decide_timeouts: u64,
+    /// Tuned prompts filed in the Prompt Bank, and evicted from it
+    /// (committed rounds).
+    pub prompt_bank_filed: u64,
+    pub prompt_bank_evicted: u64,
+    /// Prompt Bank indexes built from the stored prompts (a new leader, a
+    /// failed commit, `round(√C)` moved).
+    pub prompt_bank_builds: u64,
+    /// Prompts in each model's index the leader holds.
+    pub prompt_bank_prompts: BTreeMap<String, u64>,
 }
 
 /// How long a round's decision (pure code on the blocking pool) may take
@@ -264,6 +273,38 @@ pub async fn render_metrics(state: &AppState) -> String {
             // The implicit queue when none is configured.
             let label = if name.is_empty() { "cluster" } else { name };
             e.sample(metric, &[("queue", label)], f64::from(pick(g)));
+        }
+    }
+    e.scalar(
+        "fmsched_prompt_bank_filed_total",
+        "counter",
+        "Tuned prompts filed in the Prompt Bank.",
+        v.prompt_bank_filed as f64,
+    );
+    e.scalar(
+        "fmsched_prompt_bank_evicted_total",
+        "counter",
+        "Prompts evicted from the Prompt Bank past its cap.",
+        v.prompt_bank_evicted as f64,
+    );
+    e.scalar(
+        "fmsched_prompt_bank_index_builds_total",
+        "counter",
+        "Prompt Bank indexes built from the stored prompts.",
+        v.prompt_bank_builds as f64,
+    );
+    if !v.prompt_bank_prompts.is_empty() {
+        e.family(
+            "fmsched_prompt_bank_prompts",
+            "gauge",
+            "Prompts in each model's Prompt Bank index (the leader's).",
+        );
+        for (model, n) in &v.prompt_bank_prompts {
+            e.sample(
+                "fmsched_prompt_bank_prompts",
+                &[("model", model)],
+                *n as f64,
+            );
         }
     }
     e.family("fmsched_nodes", "gauge", "Nodes by liveness state.");
@@ -1146,6 +1187,8 @@ async fn after_commit(
             .len() as u64;
         m.transfer_outcomes += taught;
         m.queues = queue_gauges(&t.view, &inputs.prepared, out);
+        m.prompt_bank_filed += o.writes.bank_adds.len() as u64;
+        m.prompt_bank_evicted += o.writes.bank_evictions.len() as u64;
     });
     for x in &out.transitions {
         tracing::info!(job_id = %t.jobs[x.job], to = %x.to, reason = %x.reason, generation, "job state");

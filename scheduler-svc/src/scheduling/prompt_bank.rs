@@ -102,7 +102,11 @@ impl BankIndexes {
         Some(Arc::try_unwrap(i).unwrap_or_else(|shared| (*shared).clone()))
     }
 
-    fn put(&self, model: &str, i: Indexed) -> Arc<Indexed> {
+    fn put(&self, state: &AppState, model: &str, i: Indexed) -> Arc<Indexed> {
+        let n = i.ids.len() as u64;
+        state.metrics.update(|m| {
+            m.prompt_bank_prompts.insert(model.to_string(), n);
+        });
         let i = Arc::new(i);
         self.0
             .lock()
@@ -143,7 +147,8 @@ pub(crate) async fn indexes(
             .map_err(|e| RoundError::Join(format!("building the Prompt Bank index: {e}")))?;
         tracing::info!(%model, prompts = built.ids.len(), clusters = built.bank.clusters(),
             took = ?started.elapsed(), "Prompt Bank index built");
-        out.insert(model.clone(), state.prompt_banks.put(&model, built));
+        state.metrics.update(|m| m.prompt_bank_builds += 1);
+        out.insert(model.clone(), state.prompt_banks.put(state, &model, built));
     }
     Ok(out)
 }
@@ -176,7 +181,7 @@ pub(crate) async fn file(
         tracing::info!(job_id = %b.job, model = %b.model, prompts = i.ids.len(),
             clusters = i.bank.clusters(), evicted = ?out, "tuned prompt filed in the Prompt Bank");
         evicted.extend(out);
-        state.prompt_banks.put(&b.model, i);
+        state.prompt_banks.put(state, &b.model, i);
     }
     Ok((new, evicted))
 }
