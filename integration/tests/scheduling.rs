@@ -2641,6 +2641,63 @@ fn gang_cluster(
     (port, i32::from(base), sched, agents)
 }
 
+/// A model that does not fit a node's GPUs (llama-2-7b's pipeline stages
+/// in 16 GB V100s) is never run there: with only a V100 node it waits
+/// with an event saying why; once an A100 node joins it profiles and runs
+/// there, and no placement or profiling event names the V100 node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e2e_gang_heterogeneous_a_job_never_runs_on_gpus_its_model_does_not_fit() {
+    let db = new_db("fmsched_unfit").await;
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let _sched = scheduler(&db, port, dir.path());
+    wait_up("scheduler up", port);
+    let ep = format!("http://127.0.0.1:{port}");
+    let _v = agent_env(
+        "node-v",
+        &ep,
+        dir.path(),
+        None,
+        &[("FMSCHED_AGENT_GPU__FAKE_MODEL", "V100-16GB")],
+    );
+    wait_for("the V100 node", Duration::from_secs(20), || {
+        let out = fmctl(port, &["nodes"])?;
+        out.contains("node-v").then_some(()).ok_or(out)
+    });
+    let yaml = format!(
+        "name: big\nmodel: llama-2-7b\n\
+         dataset: {{ uri: file:///data/alpaca, task: alpaca, num_samples: 3200, objective: causal-lm }}\n\
+         hyperparameters: {{ global_batch_size: 16, learning_rate: 2.0e-5, amp: true }}\n\
+         target: {{ max_iterations: 40 }}\n\
+         resources: {{ min_gpus: 4, max_gpus: 4, pipeline_parallel: true }}\n\
+         launch:\n  command: [\"{}\"]\n",
+        bin("fake-trainer").display()
+    );
+    submit(port, dir.path(), [("big".to_string(), yaml)]).expect("submit");
+    let why = wait_for("the waiting event", Duration::from_secs(30), || {
+        let said = futures_block(events_saying(&db, "does not fit the GPU memory of V100"));
+        said.into_iter().next().ok_or_else(|| "not yet".to_string())
+    });
+    assert!(why.1.contains("llama-2-7b"), "{why:?}");
+    let _a = agent_env("node-a", &ep, dir.path(), None, &[]);
+    let done = all_completed(port, 1, Duration::from_secs(120));
+    let id = done.keys().next().unwrap().clone();
+    let placed: Vec<String> = events_saying(&db, " on ")
+        .await
+        .into_iter()
+        .filter(|(j, m)| *j == id && (m.starts_with("placed on") || m.starts_with("profiling on")))
+        .map(|(_, m)| m)
+        .collect();
+    assert!(!placed.is_empty(), "no placement events");
+    assert!(
+        placed
+            .iter()
+            .all(|m| m.contains("node-a") && !m.contains("node-v")),
+        "{placed:?}"
+    );
+    drop_db(&db).await;
+}
+
 /// (id, state) of the job named `name`.
 fn job_named(port: u16, name: &str) -> Result<(String, String), String> {
     let v: Value =
