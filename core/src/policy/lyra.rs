@@ -561,10 +561,7 @@ pub fn reclaim(input: &ReclaimInput, need: usize, rule: ReclaimRule) -> ReclaimO
             let mut state = seed;
             let mut next = move || {
                 state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-                let mut z = state;
-                z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-                z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-                z ^ (z >> 31)
+                super::splitmix64(state)
             };
             let mut all: Vec<usize> = (0..n).collect();
             for k in (1..n).rev() {

@@ -610,6 +610,17 @@ pub const PIPELINE_STAGES: u32 = 4;
 
 /// Whether two GPU-model requirements can share a group (a merge): equal,
 /// or at most one of them set.
+/// SplitMix64's output for the state `x` (Steele et al. 2014; the state
+/// advances by `0x9E37_79B9_7F4A_7C15` per draw): seeded, identical on
+/// every platform. Lyra's random reclaim, the Prompt Bank's feature
+/// hashing and fmsim's generator draw with it.
+pub fn splitmix64(x: u64) -> u64 {
+    let mut z = x;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
 pub fn same_gpus(a: Option<&str>, b: Option<&str>) -> bool {
     match (a, b) {
         (Some(a), Some(b)) => a == b,

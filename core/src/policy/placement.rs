@@ -102,19 +102,27 @@ pub fn place_with(
         let unit = super::entry_replica(snap, &e.jobs);
         let model = entry_model(snap, &e.jobs);
         let pref = prefer(e);
-        // Not on a family where a member cannot run at all.
-        let families: Vec<&str> = all_families
+        // Not on a family where a member cannot run at all (a list of its
+        // own only for a group that has such families).
+        let unfit = |f: &str| {
+            e.jobs
+                .iter()
+                .any(|&j| snap.jobs[j].unfit_families.iter().any(|u| u == f))
+        };
+        let own: Vec<&str>;
+        let allowed: &[&str] = if e
+            .jobs
             .iter()
-            .copied()
-            .filter(|f| {
-                !e.jobs
-                    .iter()
-                    .any(|&j| snap.jobs[j].unfit_families.iter().any(|u| u == f))
-            })
-            .collect();
+            .all(|&j| snap.jobs[j].unfit_families.is_empty())
+        {
+            &all_families
+        } else {
+            own = all_families.iter().copied().filter(|f| !unfit(f)).collect();
+            &own
+        };
         let fams = Families {
-            allowed: &families,
-            whole_cluster: families.len() == all_families.len(),
+            allowed,
+            whole_cluster: allowed.len() == all_families.len(),
         };
         placed[k] = if pref == Preference::default() {
             fit_typed(snap, fams, &mut free, e.gpus, unit, model)

@@ -463,10 +463,7 @@ pub fn index_features(f: &[f64]) -> Vec<f64> {
     let mut out = vec![0.0; INDEX_DIMS];
     for (i, x) in f.iter().enumerate() {
         // SplitMix64 of the position: its bucket and its sign.
-        let mut z = (i as u64).wrapping_add(0x9E37_79B9_7F4A_7C15);
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^= z >> 31;
+        let z = super::splitmix64((i as u64).wrapping_add(0x9E37_79B9_7F4A_7C15));
         let sign = if z >> 63 == 0 { 1.0 } else { -1.0 };
         out[(z % INDEX_DIMS as u64) as usize] += sign * x;
     }
