@@ -58,6 +58,19 @@ pub mod env {
     /// GPU sharing, Eq. 8): expect about 0.9 of the speed alone, and keep
     /// GPU memory within what the job's profile predicts.
     pub const SHARED_GPU: &str = "FMSCHED_SHARED_GPU";
+    /// `1` when the process may serve more tasks of its model after this
+    /// one (PromptTuner's warm pools, §4.4.4): after its last `done` it
+    /// reports [`super::Report::Warm`] and waits, keeping the runtime and
+    /// the weights loaded, for [`super::signal::START`] (then it reads
+    /// [`NEXT_TASK`] and runs that task without loading the model again)
+    /// or SIGTERM (then it exits 0). A trainer that cannot do this exits
+    /// after `done` as without the variable.
+    pub const WARM: &str = "FMSCHED_WARM";
+    /// A file holding a warm process's next task: a JSON object of the
+    /// contract's per-task variables ([`super::NEXT_TASK_KEYS`]) that
+    /// replace the launch's values; one absent there is unset for that
+    /// task ([`super::NextTask`]). Written before [`super::signal::START`].
+    pub const NEXT_TASK: &str = "FMSCHED_NEXT_TASK";
     /// Torchrun-compatible rank variables. The agent runs one process per
     /// node (a launcher such as `torchrun` starts one worker per GPU):
     /// `WORLD_SIZE` is the job's GPUs on all its nodes, `RANK` the global
@@ -84,7 +97,9 @@ pub mod env {
 /// Signals of the contract (numbers are Linux's).
 pub mod signal {
     /// Start training now: the GPUs of a standby process are free
-    /// ([`super::env::STANDBY`]). Processes not in standby ignore it.
+    /// ([`super::env::STANDBY`]); for a warm process
+    /// ([`super::env::WARM`]), its next task is in
+    /// [`super::env::NEXT_TASK`]. Other processes ignore it.
     pub const START: i32 = 10; // SIGUSR1
     /// Write a checkpoint now and report it; keep training.
     pub const CHECKPOINT: i32 = 12; // SIGUSR2
@@ -346,6 +361,9 @@ pub enum Report {
     /// A standby process is ready: everything that needs no GPU is
     /// prepared; it waits for [`signal::START`].
     Prewarmed,
+    /// A warm process ([`env::WARM`]) finished its tasks and waits with
+    /// its model loaded for the next one.
+    Warm,
     /// A task reached its target; its output (weights, or a prompt-tuning
     /// job's tuned prompt) is at `output`. A prompt-tuning task adds its
     /// tuned prompt's activation features (PromptTuner §4.4.3.1): the
@@ -379,6 +397,23 @@ pub enum Report {
         variance: Vec<f64>,
     },
 }
+
+/// What [`env::NEXT_TASK`] holds: the contract's variables of a warm
+/// process's next task, replacing those it was launched with (a variable
+/// absent here is unset for that task).
+pub type NextTask = std::collections::BTreeMap<String, String>;
+
+/// The variables a [`NextTask`] replaces: those that differ from task to
+/// task of one process.
+pub const NEXT_TASK_KEYS: [&str; 7] = [
+    env::JOB_ID,
+    env::TASKS,
+    env::CHECKPOINT_DIR,
+    env::OUTPUT_DIR,
+    env::CONTROL_FILE,
+    env::RESUME_FROM,
+    env::INIT_WEIGHTS,
+];
 
 /// What [`env::CONTROL_FILE`] holds: the settings the scheduler changed
 /// while the process runs (absent keys: unchanged).

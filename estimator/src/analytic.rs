@@ -478,6 +478,11 @@ pub fn default_lut() -> Result<Lut, LutError> {
     Ok(lut)
 }
 
+/// Parameters of a model with a default profile.
+pub fn params_of(model: &str) -> Option<f64> {
+    MODELS.iter().find(|m| m.name == model).map(|m| m.params)
+}
+
 /// Layer count of a model with a default profile.
 pub fn layers_of(model: &str) -> Option<u32> {
     MODELS.iter().find(|m| m.name == model).map(|m| m.layers)

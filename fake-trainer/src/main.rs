@@ -24,8 +24,15 @@
 //! - starts up like a real trainer: its data loader takes
 //!   `FMSCHED_FAKE_LOADER_S` simulated seconds (default 2) before the first
 //!   step; launched in standby (`FMSCHED_STANDBY=1`) it does that ahead,
-//!   reports `prewarmed` and waits for SIGUSR1 (Ymir §6.2);
-//! - exits 0 when every task reached its target, after writing its output.
+//!   reports `prewarmed` and waits for SIGUSR1 (Ymir §6.2). Before that it
+//!   loads the runtime and the weights: for a prompt-tuning task PromptTuner's
+//!   `T_cold` of its model (`prompttuner::cold_start_s`), for others
+//!   nothing beyond the loader unless `FMSCHED_FAKE_WEIGHTS_S` says so;
+//! - exits 0 when every task reached its target, after writing its output;
+//!   launched warm (`FMSCHED_WARM=1`, PromptTuner's warm pools) it reports
+//!   `warm` instead and waits: on SIGUSR1 it runs the task of
+//!   `FMSCHED_NEXT_TASK` without loading the weights again (its log says
+//!   "warm start"), on SIGTERM it exits 0.
 //!
 //! Merges behave by one fake transfer law ([`true_gain`]): tasks whose
 //! Task2Vec-style embeddings are close help each other, as Ymir assumes.
@@ -515,6 +522,13 @@ async fn follow(
 }
 
 fn var(name: &str) -> Option<String> {
+    // A warm process's next task replaces the contract's per-task
+    // variables (one it leaves out is unset for that task).
+    if let Some(next) = overrides().as_ref()
+        && fmsched_core::trainer::NEXT_TASK_KEYS.contains(&name)
+    {
+        return next.get(name).filter(|v| !v.trim().is_empty()).cloned();
+    }
     std::env::var(name).ok().filter(|v| !v.trim().is_empty())
 }
 
@@ -944,12 +958,107 @@ async fn main() {
     }
 }
 
+/// The contract's signals, installed once for the process's life.
+struct Signals {
+    usr1: tokio::signal::unix::Signal,
+    usr2: tokio::signal::unix::Signal,
+    term: tokio::signal::unix::Signal,
+}
+
+/// How one task ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Ended {
+    /// Every task reached its target and its output is written.
+    Done,
+    /// Stopped, suspended or a profiling run that ended: the process exits.
+    Stopped,
+}
+
 async fn run() -> anyhow::Result<()> {
     // Handlers first: a signal that arrives while starting up must not take
     // its default action (SIGUSR1's is to terminate).
-    let mut usr1 = signal(SignalKind::user_defined1())?;
-    let mut usr2 = signal(SignalKind::user_defined2())?;
-    let mut term = signal(SignalKind::terminate())?;
+    let mut sig = Signals {
+        usr1: signal(SignalKind::user_defined1())?,
+        usr2: signal(SignalKind::user_defined2())?,
+        term: signal(SignalKind::terminate())?,
+    };
+    // A warm process (PromptTuner's warm pools) serves task after task of
+    // its model: the runtime and the weights load once.
+    let warm = var(env::WARM).is_some_and(|v| v == "1");
+    let mut loaded = false;
+    loop {
+        let started = Instant::now();
+        if serve(&mut sig, loaded).await? != Ended::Done || !warm {
+            return Ok(());
+        }
+        loaded = true;
+        let model =
+            serde_json::from_str::<Vec<TaskAssignment>>(&var(env::TASKS).unwrap_or_default())
+                .ok()
+                .and_then(|t| t.first().map(|t| t.model.clone()))
+                .unwrap_or_default();
+        connect_reporter().await.send(&Report::Warm).await;
+        eprintln!(
+            "fake-trainer: warm: {model} stays loaded after {:.2} s; waiting for the next task (SIGUSR1)",
+            started.elapsed().as_secs_f64()
+        );
+        tokio::select! {
+            _ = sig.usr1.recv() => {}
+            _ = sig.term.recv() => {
+                eprintln!("fake-trainer: warm process stopped");
+                return Ok(());
+            }
+        }
+        let file = var(env::NEXT_TASK).with_context(|| {
+            format!(
+                "{} is not set (see docs/trainer-contract.md)",
+                env::NEXT_TASK
+            )
+        })?;
+        let text = std::fs::read_to_string(&file)
+            .with_context(|| format!("{}: reading {file}", env::NEXT_TASK))?;
+        let next: fmsched_core::trainer::NextTask =
+            serde_json::from_str(&text).with_context(|| {
+                format!(
+                    "{}: {file} is not a JSON object of variables",
+                    env::NEXT_TASK
+                )
+            })?;
+        eprintln!(
+            "fake-trainer: warm start of job {} (no weight load)",
+            next.get(env::JOB_ID).map_or("?", String::as_str)
+        );
+        *overrides() = Some(next);
+    }
+}
+
+/// A warm process's next task's variables ([`env::NEXT_TASK`]): they
+/// replace the launch environment's contract variables.
+fn overrides() -> std::sync::MutexGuard<'static, Option<fmsched_core::trainer::NextTask>> {
+    static NEXT: std::sync::Mutex<Option<fmsched_core::trainer::NextTask>> =
+        std::sync::Mutex::new(None);
+    NEXT.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The report socket (standard output without one).
+async fn connect_reporter() -> Reporter {
+    match var(env::REPORT_SOCKET) {
+        Some(p) => match tokio::net::UnixStream::connect(&p).await {
+            Ok(s) => Reporter::Socket(s),
+            Err(e) => {
+                eprintln!("fake-trainer: cannot connect {p}: {e}; reporting on stdout");
+                Reporter::Stdout
+            }
+        },
+        None => Reporter::Stdout,
+    }
+}
+
+/// Trains (or profiles) the tasks the environment names. `loaded`: a warm
+/// process that has its model loaded already.
+async fn serve(sig: &mut Signals, loaded: bool) -> anyhow::Result<Ended> {
+    let begun = Instant::now();
+    let Signals { usr1, usr2, term } = sig;
     let tasks_json = var(env::TASKS)
         .with_context(|| format!("{} is not set (see docs/trainer-contract.md)", env::TASKS))?;
     let tasks: Vec<TaskAssignment> = serde_json::from_str(&tasks_json)
@@ -1122,16 +1231,7 @@ async fn run() -> anyhow::Result<()> {
             state[0].iteration
         );
     }
-    let mut reporter = match var(env::REPORT_SOCKET) {
-        Some(p) => match tokio::net::UnixStream::connect(&p).await {
-            Ok(s) => Reporter::Socket(s),
-            Err(e) => {
-                eprintln!("fake-trainer: cannot connect {p}: {e}; reporting on stdout");
-                Reporter::Stdout
-            }
-        },
-        None => Reporter::Stdout,
-    };
+    let mut reporter = connect_reporter().await;
     if let Some(r) = &prompt_init {
         reporter.send(r).await;
     }
@@ -1210,9 +1310,32 @@ async fn run() -> anyhow::Result<()> {
             / compression,
     );
     let standby = var(env::STANDBY).is_some_and(|v| v == "1");
+    // The runtime and the weights: loaded once per process (a warm process
+    // serves its next task without it). A prompt-tuning task's model takes
+    // PromptTuner's T_cold; other tasks' loading is part of their loader
+    // time unless FMSCHED_FAKE_WEIGHTS_S says otherwise.
+    let weights_s = var("FMSCHED_FAKE_WEIGHTS_S")
+        .and_then(|c| c.parse::<f64>().ok())
+        .unwrap_or_else(|| {
+            if settings.petl == "prompt_tuning" {
+                fmsched_core::policy::prompttuner::cold_start_s(
+                    analytic::params_of(&model).unwrap_or(0.0),
+                )
+            } else {
+                0.0
+            }
+        })
+        .max(0.0);
+    let weights = Duration::from_secs_f64(weights_s / compression);
+    if !loaded && weights_s > 0.0 {
+        eprintln!(
+            "fake-trainer: loading the runtime and the weights of {model} ({weights_s:.1} s, {weights:?} compressed)"
+        );
+    }
+    let weights = if loaded { Duration::ZERO } else { weights };
     tokio::select! {
-        () = tokio::time::sleep(loader) => {}
-        _ = term.recv() => return Ok(()), // nothing trained yet
+        () = tokio::time::sleep(weights + loader) => {}
+        _ = term.recv() => return Ok(Ended::Stopped), // nothing trained yet
     }
     if standby {
         tr.reporter.send(&Report::Prewarmed).await;
@@ -1221,7 +1344,7 @@ async fn run() -> anyhow::Result<()> {
             _ = usr1.recv() => eprintln!("fake-trainer: started"),
             _ = term.recv() => {
                 eprintln!("fake-trainer: stopped in standby");
-                return Ok(());
+                return Ok(Ended::Stopped);
             }
         }
     }
@@ -1234,7 +1357,7 @@ async fn run() -> anyhow::Result<()> {
             tr.followers = followers;
             lost = Some(rx);
         } else {
-            follow(g, &mut tr.reporter, &mut usr2, &mut term).await;
+            follow(g, &mut tr.reporter, usr2, term).await;
         }
     }
     let grace = Duration::from_secs_f64(
@@ -1259,12 +1382,20 @@ async fn run() -> anyhow::Result<()> {
     let mut profiled = 0u64;
     let mut last_ckpt = Instant::now();
     let mut lease = LeaseWatch::default();
+    let mut first_step = Some(begun);
     let mut ticker = tokio::time::interval(tick);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             _ = ticker.tick() => {
                 let done = tr.advance(steps_per_tick, crash_at).await?;
+                if let Some(t) = first_step.take() {
+                    eprintln!(
+                        "fake-trainer: first step {:.3} s after its start-up began ({})",
+                        t.elapsed().as_secs_f64(),
+                        if loaded { "warm: no weight load" } else { "cold" }
+                    );
+                }
                 // A new frozen-layer count changed the step time.
                 if tr.seconds_per_iteration != paced_at {
                     paced_at = tr.seconds_per_iteration;
@@ -1284,12 +1415,12 @@ async fn run() -> anyhow::Result<()> {
                                 fisher_repeat: embedding(&t, true),
                             }).await;
                         }
-                        return Ok(());
+                        return Ok(Ended::Stopped);
                     }
                 } else if done {
                     tr.checkpoint().await?;
                     tr.tell_followers("done\n").await;
-                    return Ok(());
+                    return Ok(Ended::Done);
                 }
                 if !tr.profile && last_ckpt.elapsed() >= interval {
                     tr.checkpoint().await?;
@@ -1316,7 +1447,7 @@ async fn run() -> anyhow::Result<()> {
                     }
                     _ = term.recv() => {
                         tr.checkpoint().await?;
-                        return Ok(());
+                        return Ok(Ended::Stopped);
                     }
                 }
             }
@@ -1333,7 +1464,7 @@ async fn run() -> anyhow::Result<()> {
                 if !tr.profile {
                     tr.checkpoint().await?;
                 }
-                return Ok(());
+                return Ok(Ended::Stopped);
             }
         }
     }

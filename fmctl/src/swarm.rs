@@ -471,6 +471,7 @@ mod tests {
             generation: 1,
             tasks: t,
             epoch: 1,
+            warm_idle_release: None,
         };
         apply_plan(
             &slow,

@@ -1353,7 +1353,9 @@ fn times_lower(a: f64, b: f64) -> String {
 /// 1–30 minutes of work on one GPU, `work / A^0.9` on `A` GPUs (up to 16),
 /// SLOs of 0.5–1.5× their one-GPU time plus the cold start.
 fn bench_prompttuner(requests: usize, models: usize, rounds: usize) {
-    use fmsched_core::policy::prompttuner::{Request, WarmPool, decide};
+    use fmsched_core::policy::prompttuner::{
+        LaneNode, LaneRequest, Request, WarmPool, decide, place_lane,
+    };
     let mut rng = fmsim::generate::Rng::new(7);
     let models = models.max(1);
     let cold_start: Vec<f64> = (0..models).map(|_| 20.0 + 40.0 * rng.f64()).collect();
@@ -1393,6 +1395,54 @@ fn bench_prompttuner(requests: usize, models: usize, rounds: usize) {
     let mean = ms.iter().sum::<f64>() / ms.len() as f64;
     println!(
         "prompttuner decision: {requests} queued requests, {models} models: mean {mean:.3} ms, p99 {:.3} ms, max {:.3} ms over {} decisions ({served} requests started or delayed)",
+        report::percentile(&ms, 99.0),
+        ms.last().copied().unwrap_or(f64::NAN),
+        ms.len()
+    );
+    // The live lane's pass: the same decision, then concrete GPUs on 16
+    // nodes of 8 (each model's idle warm GPUs as one-GPU warm processes
+    // spread over them, 64 free GPUs).
+    let names: Vec<String> = (0..models).map(|m| format!("model-{m}")).collect();
+    let mut nodes: Vec<LaneNode> = (0..16)
+        .map(|_| LaneNode {
+            family: "A100".into(),
+            ..LaneNode::default()
+        })
+        .collect();
+    let mut next = 0usize;
+    for (m, p) in pools.iter().enumerate() {
+        for _ in 0..p.idle {
+            let n = next % nodes.len();
+            let g = (nodes[n].warm.len() + nodes[n].free.len()) as u32;
+            nodes[n].warm.push((names[m].clone(), vec![g]));
+            next += 1;
+        }
+    }
+    for k in 0..64 {
+        let n = (next + k) % nodes.len();
+        let g = (nodes[n].warm.len() + nodes[n].free.len()) as u32;
+        nodes[n].free.push(g);
+    }
+    let lane: Vec<LaneRequest> = reqs
+        .iter()
+        .map(|r| LaneRequest {
+            request: r.clone(),
+            families: Vec::new(),
+        })
+        .collect();
+    let busy: Vec<Vec<f64>> = pools.iter().map(|p| p.busy_until.clone()).collect();
+    let mut ms = Vec::with_capacity(rounds);
+    let mut started = 0usize;
+    for _ in 0..rounds.max(1) {
+        let t = Instant::now();
+        let plan = place_lane(&lane, &nodes, &names, &busy, &cold_start, 0.0);
+        ms.push(t.elapsed().as_secs_f64() * 1000.0);
+        started = plan.starts.len();
+    }
+    ms.sort_by(f64::total_cmp);
+    let mean = ms.iter().sum::<f64>() / ms.len() as f64;
+    println!(
+        "prompt lane pass (decision + GPUs on 16 nodes): {requests} queued requests, {models} models: mean {mean:.3} ms, p99 {:.3} ms, max {:.3} ms over {} passes ({started} requests placed)",
         report::percentile(&ms, 99.0),
         ms.last().copied().unwrap_or(f64::NAN),
         ms.len()

@@ -15,7 +15,7 @@ use std::time::Instant;
 
 use anyhow::{Context, bail};
 use fmsched_core::policy::prompttuner::{
-    ColdBaseline, Request, WarmPool, decide, decide_cold, release_due,
+    ColdBaseline, Request, WarmPool, cold_start_s, decide, decide_cold, release_due,
 };
 
 use crate::generate::Rng;
@@ -31,15 +31,14 @@ pub struct LptModel {
 }
 
 impl LptModel {
-    /// A cold start of a model of `params_millions` parameters: 20 s of
-    /// runtime start-up (Python, CUDA context, the tuning library) plus its
-    /// fp16 weights read at 0.5 GB/s. With the medians below this makes
-    /// start-up 37–44 % of a request's time, as the thesis measured (Fig.
-    /// 4.2a: 37–41 %).
+    /// A model of `params_millions` parameters: its cold start is
+    /// [`cold_start_s`] (12 s of runtime start-up plus its fp16 weights at
+    /// 0.5 GB/s; with the medians below, start-up is 37–44 % of a
+    /// request's time, as the thesis measured: Fig. 4.2a, 37–41 %).
     pub fn sized(name: &str, params_millions: f64, median_s: f64) -> Self {
         LptModel {
             name: name.into(),
-            cold_start_s: 12.0 + params_millions * 2.0 / 1000.0 / 0.5,
+            cold_start_s: cold_start_s(params_millions * 1e6),
             median_s,
         }
     }

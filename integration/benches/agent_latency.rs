@@ -94,6 +94,7 @@ async fn main() {
             generation,
             tasks,
             epoch: 1,
+            warm_idle_release: None,
         }
     };
     eprintln!("{n} launch / suspend / resume cycles …");
@@ -182,6 +183,7 @@ async fn gangs(n: usize) -> (Vec<Duration>, Vec<Duration>) {
             generation,
             tasks,
             epoch: 1,
+            warm_idle_release: None,
         };
         let g = 2 * k as i64;
         let (px, py) = (

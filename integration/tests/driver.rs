@@ -53,6 +53,7 @@ fn spec(id: &str, max_iterations: u64, env: &[(&str, &str)]) -> LaunchSpec {
         pipeline: false,
         expert_parallel: 0,
         prompt_banks: Default::default(),
+        warm: false,
     }
 }
 
@@ -490,4 +491,72 @@ async fn a_slow_suspend_holds_up_nothing_else() {
     for id in ["other", "third"] {
         d.terminate(id).await.unwrap();
     }
+}
+
+/// A prompt-tuning task launched warm reports `done`, then `warm`, and
+/// waits with its model loaded; handed the next task (same model, another
+/// job) it runs it without loading the weights again, under the new task's
+/// id, writing its output to the new task's folder. Each task's log is its
+/// own part of the process's log: the first loaded the weights, the second
+/// started warm. SIGTERM then ends it with exit 0.
+#[tokio::test]
+async fn a_warm_process_runs_the_next_task_without_loading_its_model_again() {
+    let work = tempfile::tempdir().unwrap();
+    let d = driver(work.path(), 3000);
+    let prompt = |id: &str| {
+        let mut s = spec(id, 200, &[("FMSCHED_FAKE_TIME_COMPRESSION", "1000")]);
+        s.tasks[0].metric = None;
+        s.tasks[0].settings.petl = "prompt_tuning".into();
+        s.warm = true;
+        s
+    };
+    let first = prompt("p1");
+    d.launch(&first).await.unwrap();
+    wait_for("p1 done and warm", Duration::from_secs(30), async || {
+        d.status("p1")
+            .await
+            .is_some_and(|s| s.observed.warm && s.observed.done.contains_key("p1"))
+    })
+    .await;
+    let s = d.status("p1").await.unwrap();
+    assert!(s.running, "a warm process stays: {s:?}");
+    let pid = s.pid;
+    // A process not waiting warm cannot be handed a task.
+    assert!(d.hand_over("nope", &prompt("p2")).await.is_err());
+    let second = prompt("p2");
+    d.hand_over("p1", &second).await.unwrap();
+    assert!(
+        d.status("p1").await.is_none(),
+        "known by the new task's id now"
+    );
+    wait_for("p2 done", Duration::from_secs(30), async || {
+        d.status("p2")
+            .await
+            .is_some_and(|s| s.observed.done.contains_key("p2"))
+    })
+    .await;
+    let s = d.status("p2").await.unwrap();
+    assert_eq!(s.pid, pid, "the same process ran it");
+    assert!(!s.observed.done.contains_key("p1"), "reports start afresh");
+    assert!(
+        s.observed.done["p2"].starts_with(&work.path().join("p2").display().to_string()),
+        "p2's output is in its own folder: {}",
+        s.observed.done["p2"]
+    );
+    // Each task reads its own part of the process's log.
+    let log = |id: &str| String::from_utf8(d.read_log(id, true, 0, 1 << 20).unwrap().0).unwrap();
+    let (one, two) = (log("p1"), log("p2"));
+    assert!(
+        one.contains("loading the runtime and the weights") && !one.contains("warm start"),
+        "{one}"
+    );
+    assert!(
+        two.contains("warm start of job p2") && !two.contains("loading the runtime"),
+        "{two}"
+    );
+    let (tail, _) = d.read_log("p2", true, -20, 1 << 20).unwrap();
+    assert!(tail.len() <= 20 && two.ends_with(std::str::from_utf8(&tail).unwrap()));
+    d.terminate("p2").await.unwrap();
+    let s = d.wait("p2", Duration::from_secs(10)).await.unwrap();
+    assert_eq!((s.running, s.exit_code), (false, Some(0)), "{s:?}");
 }

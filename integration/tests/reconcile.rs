@@ -81,6 +81,7 @@ async fn plans_move_suspend_and_resume_processes() {
         generation,
         tasks,
         epoch: 1,
+        warm_idle_release: None,
     };
     let t0 = Instant::now();
     assert!(
@@ -158,6 +159,7 @@ async fn a_switch_hint_prepares_the_next_task_before_the_plan_switches() {
         generation,
         tasks,
         epoch: 1,
+        warm_idle_release: None,
     };
     // A loader of 200 simulated seconds: 2 s of wall time at 100×.
     let loader = Duration::from_secs(2);
@@ -261,6 +263,7 @@ async fn pipeline_jobs_switch_stages_in_reverse_order() {
         generation,
         tasks,
         epoch: 1,
+        warm_idle_release: None,
     };
     let pipe = |id: &str| {
         let mut t = desired(id, &uuids[0]);
@@ -328,6 +331,7 @@ async fn a_gang_over_two_nodes_rendezvous_suspends_and_breaks_cleanly() {
         generation,
         tasks,
         epoch: 1,
+        warm_idle_release: None,
     };
     assert!(x.apply(&plan(1, vec![part(&ux, 0, port)])).await.is_empty());
     assert!(y.apply(&plan(1, vec![part(&uy, 1, port)])).await.is_empty());
@@ -429,6 +433,7 @@ while True: time.sleep(0.05)
         generation: 1,
         tasks: vec![t],
         epoch: 1,
+        warm_idle_release: None,
     })
     .await;
     let ready = r
@@ -448,6 +453,7 @@ while True: time.sleep(0.05)
         generation: 2,
         tasks: vec![],
         epoch: 1,
+        warm_idle_release: None,
     })
     .await;
     let t = observed(&r, "early").await.expect("still reported");
@@ -481,6 +487,7 @@ async fn the_lease_end_reaches_the_trainer_which_checkpoints_ahead_of_it() {
             ..desired("leased", &uuids[0])
         }],
         epoch: 1,
+        warm_idle_release: None,
     };
     let control = tmp.path().join("leased").join("control.json");
     let lease_end = || -> Option<f64> {
@@ -512,4 +519,93 @@ async fn the_lease_end_reaches_the_trainer_which_checkpoints_ahead_of_it() {
     let t = observed(&r, "leased").await.unwrap();
     assert_eq!(t.phase, pb::TaskPhase::Running as i32, "it goes on");
     assert!(!t.checkpoint_path.is_empty(), "{t:?}");
+}
+
+/// PromptTuner's warm processes on one node: a `warm` prompt-tuning task
+/// that finished stays as a warm process of its model once the plan drops
+/// it (reported in heartbeats, not as a task); the next `warm` task of the
+/// model on exactly its GPU is handed to it (same pid, no launch); a task
+/// of another model on that GPU stops it first; and an idle one is
+/// stopped after the plan's `warm_idle_release`.
+#[tokio::test]
+async fn a_finished_warm_task_stays_warm_takes_the_next_and_is_released() {
+    let (_tmp, _gpus, uuids, r) = node("node-w", 2);
+    let plan = |generation, tasks, release_ms: u64| pb::NodePlan {
+        generation,
+        tasks,
+        epoch: 1,
+        warm_idle_release: Some(fmsched_proto::convert::duration_to_proto(
+            Duration::from_millis(release_ms),
+        )),
+    };
+    let prompt = |id: &str, model: &str, gpu: &str| {
+        let mut t = desired(id, gpu);
+        t.warm = true;
+        t.env
+            .insert("FMSCHED_FAKE_TIME_COMPRESSION".into(), "1000".into());
+        t.tasks[0].model = model.into();
+        t.tasks[0].max_iterations = 200;
+        t.tasks[0].petl = "prompt_tuning".into();
+        t
+    };
+    let done = async |id: &str| {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(t) = observed(&r, id).await
+                && t.outputs.contains_key(id)
+            {
+                return t;
+            }
+            assert!(Instant::now() < deadline, "{id} never finished");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    r.apply(&plan(1, vec![prompt("p1", "gpt2", &uuids[0])], 60_000))
+        .await;
+    let first = done("p1").await;
+    // The plan drops the finished task: its process stays warm.
+    r.apply(&plan(2, vec![], 60_000)).await;
+    let warm = r.warm_report();
+    assert_eq!(warm.len(), 1, "{warm:?}");
+    assert_eq!(
+        (warm[0].model.as_str(), warm[0].gpu_uuids.clone()),
+        ("gpt2", vec![uuids[0].clone()])
+    );
+    assert!(
+        observed(&r, "p1").await.is_none(),
+        "not reported as a task any more"
+    );
+    // The next gpt2 request on that GPU: handed over, not launched.
+    r.apply(&plan(3, vec![prompt("p2", "gpt2", &uuids[0])], 60_000))
+        .await;
+    assert!(r.warm_report().is_empty());
+    let second = done("p2").await;
+    assert_eq!(second.pid, first.pid, "the warm process ran it");
+    assert_eq!(
+        (r.switch_stats().warm_starts, r.switch_stats().cold_starts),
+        (1, 1)
+    );
+    r.apply(&plan(4, vec![], 60_000)).await;
+    assert_eq!(r.warm_report().len(), 1);
+    // Another model on that GPU: the warm process is stopped first.
+    r.apply(&plan(
+        5,
+        vec![prompt("p3", "roberta-base", &uuids[0])],
+        60_000,
+    ))
+    .await;
+    let third = done("p3").await;
+    assert_ne!(third.pid, first.pid);
+    assert_eq!(r.switch_stats().warm_evicted, 1);
+    // Idle past a short release: stopped on the next look.
+    r.apply(&plan(6, vec![], 200)).await;
+    assert_eq!(r.warm_report().len(), 1);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    r.expire_warm().await;
+    assert!(r.warm_report().is_empty());
+    assert_eq!(r.switch_stats().warm_released, 1);
+    assert!(
+        !r.driver().status("p3").await.is_some_and(|s| s.running),
+        "its process ended"
+    );
 }

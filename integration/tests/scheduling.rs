@@ -5765,3 +5765,213 @@ async fn e2e_lyra_an_elastic_job_scales_out_onto_a_lent_node_and_in_on_reclaim()
     all_completed(port, 1, Duration::from_secs(240));
     drop_db(&db).await;
 }
+
+/// Seconds between two events of a job: the first whose message contains
+/// `from` and the first after it containing `to`.
+async fn event_gap(db: &str, job: &str, from: &str, to: &str) -> f64 {
+    let mut c = sqlx::PgConnection::connect(&db_url(db)).await.unwrap();
+    let rows: Vec<(String, chrono::DateTime<chrono::Utc>)> =
+        sqlx::query_as("SELECT message, at FROM job_events WHERE job_id = $1::uuid ORDER BY seq")
+            .bind(job)
+            .fetch_all(&mut c)
+            .await
+            .unwrap();
+    let a = rows
+        .iter()
+        .position(|r| r.0.contains(from))
+        .unwrap_or_else(|| panic!("{from}: {rows:?}"));
+    let b = rows[a..]
+        .iter()
+        .find(|r| r.0.contains(to))
+        .unwrap_or_else(|| panic!("{to}: {rows:?}"));
+    (b.1 - rows[a].1).num_milliseconds() as f64 / 1e3
+}
+
+/// The value of a metric sample (labels included in `name`), if present.
+fn metric_opt(exposition: &str, name: &str) -> Option<f64> {
+    exposition
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
+/// PromptTuner live: a long fine-tuning job runs while prompt-tuning
+/// requests come. The first gpt2 request starts cold (its log shows the
+/// weight load); once done its process stays warm (the warm-pool gauge
+/// says so). Of a burst of two more, one is handed to that warm process
+/// (no weight load in its log) and one starts cold on a free GPU: it may
+/// not wait for the busy one longer than a cold start takes. Idle warm
+/// processes go back to the cold pool after the idle release (3 s here).
+/// The long job is never stopped or moved. Prints the lane's decision
+/// latency and the warm and cold start latencies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e2e_prompt_a_second_request_starts_warm_and_idle_warm_gpus_are_released() {
+    let db = new_db("fmsched_prompt_warm").await;
+    let dir = tempfile::tempdir().unwrap();
+    let (port, mport, aport) = (free_port(), free_port(), free_port());
+    let _sched = scheduler_env(
+        &db,
+        port,
+        dir.path(),
+        Some(mport),
+        &[
+            ("FMSCHED_SCHEDULING__PROMPT_WARM_IDLE_RELEASE", "3s"),
+            ("FMSCHED_SCHEDULING__MERGING", "false"),
+        ],
+    );
+    wait_up("scheduler up", port);
+    let _a = agent_with("node-a", port, dir.path(), Some(aport));
+    submit(
+        port,
+        dir.path(),
+        [("long".to_string(), job_yaml("long", "qqp", 50_000_000, 1))],
+    )
+    .expect("submit");
+    let state = |name: &str| job_named(port, name).map(|j| j.1).unwrap_or_default();
+    wait_for("the long job runs", Duration::from_secs(60), || {
+        (state("long") == "running")
+            .then_some(())
+            .ok_or(state("long"))
+    });
+    let long = job_named(port, "long").unwrap().0;
+    let prompt = |name: &str| {
+        format!(
+            "kind: prompt_tuning\nname: {name}\nmodel: gpt2\n\
+             dataset: {{ uri: file:///data/samsum, task: samsum, num_samples: 3200, objective: causal-lm }}\n\
+             hyperparameters: {{ global_batch_size: 16, learning_rate: 0.01 }}\n\
+             target: {{ max_iterations: 300 }}\n\
+             resources: {{ min_gpus: 1, max_gpus: 1 }}\n\
+             prompt_tuning: {{ num_virtual_tokens: 8, initial_prompt: \"Summarize:\" }}\n\
+             launch:\n  command: [\"{}\"]\n  env: {{ FMSCHED_FAKE_TIME_COMPRESSION: \"10\" }}\n",
+            bin("fake-trainer").display()
+        )
+    };
+    let completed = |name: &str| {
+        let name = name.to_string();
+        move || {
+            let s = state(&name);
+            assert_ne!(s, "failed", "{name} failed");
+            (s == "completed").then_some(()).ok_or(s)
+        }
+    };
+    submit(port, dir.path(), [("first".to_string(), prompt("first"))]).expect("submit");
+    wait_for(
+        "the first request completes",
+        Duration::from_secs(90),
+        completed("first"),
+    );
+    let first = job_named(port, "first").unwrap().0;
+    let log = |id: &str| fmctl(port, &["logs", id, "--stderr"]).unwrap();
+    let cold_log = log(&first);
+    assert!(
+        cold_log.contains("loading the runtime and the weights of gpt2"),
+        "{cold_log}"
+    );
+    // Its process stays warm: the scheduler's gauge says so.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while metric_opt(
+        &scrape(mport).await,
+        "fmsched_prompt_warm_gpus{model=\"gpt2\"}",
+    ) != Some(1.0)
+    {
+        assert!(Instant::now() < deadline, "no warm gpt2 GPU reported");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // A burst of two: one takes the warm process, one starts cold.
+    submit(
+        port,
+        dir.path(),
+        [
+            ("second".to_string(), prompt("second")),
+            ("third".to_string(), prompt("third")),
+        ],
+    )
+    .expect("submit");
+    for n in ["second", "third"] {
+        wait_for("the burst completes", Duration::from_secs(90), completed(n));
+    }
+    let said = events_saying(&db, "prompt lane: started").await;
+    let warm: Vec<&(String, String)> = said
+        .iter()
+        .filter(|e| e.1.contains("on a warm process of its model"))
+        .collect();
+    assert_eq!(warm.len(), 1, "one warm start: {said:?}");
+    assert_eq!(said.len(), 3, "{said:?}");
+    let warm_job = warm[0].0.clone();
+    let cold_job = said
+        .iter()
+        .map(|e| e.0.clone())
+        .find(|j| *j != warm_job && *j != first)
+        .unwrap();
+    let warm_log = log(&warm_job);
+    assert!(
+        warm_log.contains(&format!("warm start of job {warm_job}"))
+            && !warm_log.contains("loading the runtime"),
+        "the warm start loads no weights:\n{warm_log}"
+    );
+    assert!(log(&cold_job).contains("loading the runtime and the weights of gpt2"));
+    let m = scrape(mport).await;
+    assert_eq!(
+        metric_value(&m, "fmsched_prompt_starts_total{start=\"warm\"}"),
+        1.0
+    );
+    assert_eq!(
+        metric_value(&m, "fmsched_prompt_starts_total{start=\"cold\"}"),
+        2.0
+    );
+    // Idle warm processes go back after the release: both gpt2 processes.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let a = scrape(aport).await;
+        if metric_value(&a, "fmsched_agent_warm_released_total") >= 2.0 {
+            assert_eq!(metric_value(&a, "fmsched_agent_warm_starts_total"), 1.0);
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "idle warm processes never released:\n{a}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // The long job ran throughout: never stopped, moved or re-queued.
+    assert_eq!(state("long"), "running");
+    let mut c = sqlx::PgConnection::connect(&db_url(&db)).await.unwrap();
+    let (changes,): (i64,) = sqlx::query_as(
+        "SELECT count(*) FROM job_events WHERE job_id = $1::uuid AND kind = 'state_changed'
+         AND seq > (SELECT min(seq) FROM job_events WHERE job_id = $1::uuid AND to_state = 'running')",
+    )
+    .bind(&long)
+    .fetch_one(&mut c)
+    .await
+    .unwrap();
+    assert_eq!(changes, 0, "the long job was disturbed");
+    // Figures: the lane's decision (submission → started) and the start
+    // latency as the trainer saw it (start-up → first step), warm and cold.
+    let first_step = |log: &str| -> f64 {
+        log.lines()
+            .find_map(|l| {
+                l.split("first step ")
+                    .nth(1)?
+                    .split(' ')
+                    .next()?
+                    .parse()
+                    .ok()
+            })
+            .unwrap_or(f64::NAN)
+    };
+    let m = scrape(mport).await;
+    let decisions = metric_value(&m, "fmsched_prompt_decisions_total");
+    println!(
+        "prompt lane: {decisions} decisions, mean {:.2} ms, max {:.2} ms (whole passes: observe, decide, \
+         commit, push: mean {:.1} ms); submission → started: warm {:.3} s, cold {:.3} s; start-up → \
+         first step (compression 10): warm {:.3} s, cold {:.3} s",
+        1e3 * metric_value(&m, "fmsched_prompt_decision_seconds_sum") / decisions,
+        1e3 * metric_value(&m, "fmsched_prompt_decision_seconds_max"),
+        1e3 * metric_value(&m, "fmsched_prompt_pass_seconds_sum") / decisions,
+        event_gap(&db, &warm_job, "submitted", "prompt lane: started").await,
+        event_gap(&db, &cold_job, "submitted", "prompt lane: started").await,
+        first_step(&warm_log),
+        first_step(&log(&cold_job)),
+    );
+    assert!(first_step(&warm_log) < first_step(&log(&cold_job)));
+    drop_db(&db).await;
+}

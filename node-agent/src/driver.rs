@@ -15,6 +15,13 @@
 //!   loader while its GPUs still run another job and waits; **start**
 //!   (SIGUSR1) lets it train (Ymir §6.2 pipeline switch). **terminate** stops
 //!   a process without asking for a checkpoint (a standby has none to write).
+//! - **warm / hand over** — a task launched `warm` (PromptTuner §4.4.4)
+//!   reports `warm` after its `done` and keeps its model loaded; **hand
+//!   over** gives it the next task (its variables in the process's
+//!   `next.json`, then SIGUSR1) under that task's id. The process keeps its
+//!   first folder's logs and socket; the new task's folder gets its
+//!   checkpoints and output, and the byte range of those logs its task
+//!   wrote (`log-span.json`): each task's log reads as its own.
 //! - **observe** — what the reports said and whether the process lives.
 //!
 //! The driver owns no scheduling decisions; the agent's reconciler tells it
@@ -56,6 +63,9 @@ pub struct LaunchSpec {
     /// the task folder that its task's `prompt_bank` names (a fresh start
     /// only: a resumed process goes on from its checkpoint).
     pub prompt_banks: BTreeMap<String, Vec<fmsched_core::trainer::BankCandidate>>,
+    /// May serve more tasks of its model after this one (`FMSCHED_WARM=1`,
+    /// PromptTuner's warm pools): see [`ProcessDriver::hand_over`].
+    pub warm: bool,
 }
 
 /// Where a process stands in its job's rank layout (torchrun semantics,
@@ -119,6 +129,8 @@ pub struct Observed {
     pub embeddings: BTreeMap<String, (Vec<f64>, Vec<f64>)>,
     pub last_checkpoint: Option<(PathBuf, u64)>,
     pub prewarmed: bool,
+    /// A warm process finished its tasks and waits for the next.
+    pub warm: bool,
     /// Jobs that reached their target, with their output path.
     pub done: BTreeMap<String, String>,
     /// Prompt-tuning jobs that are done: their tuned prompt's activation
@@ -257,6 +269,7 @@ pub(crate) fn apply_report(o: &Mutex<Observed>, r: Report) {
             o.last_checkpoint = Some((PathBuf::from(path), iteration))
         }
         Report::Prewarmed => o.prewarmed = true,
+        Report::Warm => o.warm = true,
         Report::Done {
             job_id,
             output,
@@ -328,11 +341,21 @@ impl ProcessDriver {
         max: usize,
     ) -> std::io::Result<(Vec<u8>, u64)> {
         use std::io::{Read, Seek, SeekFrom};
-        let path = self
-            .dir_of(task_id)
-            .join(if stderr { "stderr.log" } else { "stdout.log" });
+        let name = if stderr { "stderr.log" } else { "stdout.log" };
+        // A task a warm process ran: its part of that process's log.
+        let span = LogSpan::read(&self.dir_of(task_id));
+        let (path, base, end) = match &span {
+            Some(sp) => {
+                let (b, e) = if stderr { sp.stderr } else { sp.stdout };
+                (sp.dir.join(name), b, e)
+            }
+            None => (self.dir_of(task_id).join(name), 0, None),
+        };
         let mut f = std::fs::File::open(path)?;
-        let len = f.metadata()?.len();
+        let file_len = f.metadata()?.len();
+        // Rotated since (shorter than where the task began): from its start.
+        let base = if base > file_len { 0 } else { base };
+        let len = end.unwrap_or(file_len).min(file_len).saturating_sub(base);
         let start = if offset < 0 {
             len.saturating_sub(offset.unsigned_abs())
         } else if offset as u64 > len {
@@ -340,9 +363,10 @@ impl ProcessDriver {
         } else {
             offset as u64
         };
-        f.seek(SeekFrom::Start(start))?;
+        f.seek(SeekFrom::Start(base + start))?;
         let mut buf = Vec::new();
-        f.take(max as u64).read_to_end(&mut buf)?;
+        f.take((max as u64).min(len - start))
+            .read_to_end(&mut buf)?;
         let next = start + buf.len() as u64;
         Ok((buf, next))
     }
@@ -355,11 +379,18 @@ impl ProcessDriver {
     /// process keeps its file and survives an agent restart). Returns how
     /// many logs were rotated.
     pub async fn rotate_logs(&self, max_bytes: u64, keep: u32) -> usize {
-        let ids: Vec<String> = self.ids().await;
+        // Each process's own folder (a warm process keeps its first one).
+        let dirs: Vec<(String, PathBuf)> = self
+            .procs
+            .lock()
+            .await
+            .iter()
+            .map(|(id, r)| (id.clone(), r.dir.clone()))
+            .collect();
         let mut rotated = 0;
-        for id in ids {
+        for (id, dir) in dirs {
             for name in ["stdout.log", "stderr.log"] {
-                let path = self.dir_of(&id).join(name);
+                let path = dir.join(name);
                 match rotate_one(&path, max_bytes, keep.max(1)) {
                     Ok(true) => rotated += 1,
                     Ok(false) => {}
@@ -425,6 +456,8 @@ impl ProcessDriver {
             .map_err(|e| err(format!("creating {}: {e}", ckpt.display())))?;
         let sock = report_socket_path(&dir);
         let _ = std::fs::remove_file(&sock);
+        // Its log is its own folder's again.
+        let _ = std::fs::remove_file(dir.join(LogSpan::FILE));
         // A new process starts from its launch settings.
         let control = dir.join(CONTROL_FILE_NAME);
         let _ = std::fs::remove_file(&control);
@@ -438,20 +471,7 @@ impl ProcessDriver {
                 .map_err(|e| err(format!("opening {name}: {e}")))
         };
         let (stdout, stderr) = (open("stdout.log")?, open("stderr.log")?);
-        let mut tasks = spec.tasks.clone();
-        if spec.resume_from.is_none() {
-            for (i, t) in tasks.iter_mut().enumerate() {
-                let Some(bank) = spec.prompt_banks.get(&t.job_id) else {
-                    continue;
-                };
-                let path = dir.join(format!("prompt-bank-{i}.json"));
-                let json = serde_json::to_vec(bank).map_err(|e| err(e.to_string()))?;
-                std::fs::write(&path, json)
-                    .map_err(|e| err(format!("writing {}: {e}", path.display())))?;
-                t.prompt_bank = Some(path.display().to_string());
-            }
-        }
-        let tasks = serde_json::to_string(&tasks).map_err(|e| err(e.to_string()))?;
+        let tasks = tasks_json(spec, &dir).map_err(err)?;
         let gpus: Vec<String> = spec.gpus.iter().map(u32::to_string).collect();
         let mut cmd = Command::new(&spec.command[0]);
         cmd.args(&spec.command[1..])
@@ -508,6 +528,11 @@ impl ProcessDriver {
         if spec.standby {
             cmd.env(env::STANDBY, "1");
         }
+        cmd.env_remove(env::WARM).env_remove(env::NEXT_TASK);
+        if spec.warm {
+            cmd.env(env::WARM, "1")
+                .env(env::NEXT_TASK, dir.join(NEXT_TASK_FILE_NAME));
+        }
         if spec.pipeline {
             cmd.env(env::PIPELINE_STAGES, spec.gpus.len().to_string());
         }
@@ -550,7 +575,7 @@ impl ProcessDriver {
             }
         });
         tracing::info!(task = %spec.id, pgid, gpus = ?spec.gpus, resume = ?spec.resume_from,
-            standby = spec.standby, "launched");
+            standby = spec.standby, warm = spec.warm, "launched");
         self.stats
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -658,6 +683,95 @@ impl ProcessDriver {
             .map_err(|e| err(format!("writing {}: {e}", path.display())))
     }
 
+    /// Gives warm process `from` (it reported `warm`) its next task,
+    /// `spec`, without a launch: the task's variables go to the process's
+    /// `next.json` ([`env::NEXT_TASK`]), then SIGUSR1. The process is known
+    /// as `spec.id` from then on; what it reported is cleared. Its logs stay
+    /// in its first folder; each task reads its own part of them.
+    pub async fn hand_over(&self, from: &str, spec: &LaunchSpec) -> Result<(), DriverError> {
+        let err = |m: String| DriverError::Launch {
+            id: spec.id.clone(),
+            message: m,
+        };
+        let mut procs = self.procs.lock().await;
+        let r = procs
+            .get(from)
+            .cloned()
+            .ok_or_else(|| DriverError::NotRunning(from.to_string()))?;
+        if !r.alive_now() || !lock(&r.observed).warm {
+            return Err(err(format!("process {from} is not waiting warm")));
+        }
+        if procs.get(&spec.id).is_some_and(|p| p.alive_now()) {
+            return Err(err("the task runs already".into()));
+        }
+        let dir = self.dir_of(&spec.id);
+        let ckpt = dir.join("checkpoints");
+        std::fs::create_dir_all(&ckpt)
+            .map_err(|e| err(format!("creating {}: {e}", ckpt.display())))?;
+        // Each task reads its own part of the process's log.
+        let at = |name: &str| std::fs::metadata(r.dir.join(name)).map_or(0, |m| m.len());
+        let (out, errs) = (at("stdout.log"), at("stderr.log"));
+        let before = LogSpan::read(&self.dir_of(from)).unwrap_or(LogSpan {
+            dir: r.dir.clone(),
+            stdout: (0, None),
+            stderr: (0, None),
+        });
+        LogSpan {
+            stdout: (before.stdout.0, Some(out)),
+            stderr: (before.stderr.0, Some(errs)),
+            ..before
+        }
+        .write(&self.dir_of(from))
+        .map_err(|e| err(format!("writing {from}'s log span: {e}")))?;
+        LogSpan {
+            dir: r.dir.clone(),
+            stdout: (out, None),
+            stderr: (errs, None),
+        }
+        .write(&dir)
+        .map_err(|e| err(format!("writing the log span: {e}")))?;
+        let control = r.dir.join(CONTROL_FILE_NAME);
+        let _ = std::fs::remove_file(&control);
+        let mut next = fmsched_core::trainer::NextTask::new();
+        let job = spec
+            .tasks
+            .first()
+            .map_or(spec.id.as_str(), |t| t.job_id.as_str());
+        next.insert(env::JOB_ID.into(), job.into());
+        next.insert(env::TASKS.into(), tasks_json(spec, &dir).map_err(err)?);
+        next.insert(env::CHECKPOINT_DIR.into(), ckpt.display().to_string());
+        next.insert(
+            env::OUTPUT_DIR.into(),
+            dir.join("output").display().to_string(),
+        );
+        next.insert(env::CONTROL_FILE.into(), control.display().to_string());
+        if let Some(p) = &spec.resume_from {
+            next.insert(env::RESUME_FROM.into(), p.display().to_string());
+        }
+        if let Some(p) = &spec.init_weights {
+            next.insert(env::INIT_WEIGHTS.into(), p.display().to_string());
+        }
+        let path = r.dir.join(NEXT_TASK_FILE_NAME);
+        let tmp = r.dir.join(format!("{NEXT_TASK_FILE_NAME}.tmp"));
+        let bytes = serde_json::to_vec(&next).map_err(|e| err(e.to_string()))?;
+        std::fs::write(&tmp, bytes)
+            .and_then(|()| std::fs::rename(&tmp, &path))
+            .map_err(|e| err(format!("writing {}: {e}", path.display())))?;
+        {
+            let mut o = lock(&r.observed);
+            let open = o.open_connections;
+            *o = Observed {
+                open_connections: open,
+                ..Observed::default()
+            };
+        }
+        procs.remove(from);
+        procs.insert(spec.id.clone(), r.clone());
+        send_signal(r.pgid, signal::START);
+        tracing::info!(task = %spec.id, from, pgid = r.pgid, gpus = ?spec.gpus, "handed to a warm process");
+        Ok(())
+    }
+
     /// Lets a standby process train (SIGUSR1).
     pub async fn start(&self, id: &str) -> Result<(), DriverError> {
         let r = self
@@ -739,6 +853,53 @@ impl Drop for ProcessDriver {
     }
 }
 
+/// Where a task a warm process ran finds its log: that process's folder
+/// and the byte range of each log its task wrote (`end` None: still
+/// writing). Kept as `log-span.json` in the task's folder.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+struct LogSpan {
+    dir: PathBuf,
+    stdout: (u64, Option<u64>),
+    stderr: (u64, Option<u64>),
+}
+
+impl LogSpan {
+    const FILE: &str = "log-span.json";
+
+    fn read(task_dir: &Path) -> Option<LogSpan> {
+        let text = std::fs::read(task_dir.join(Self::FILE)).ok()?;
+        serde_json::from_slice(&text).ok()
+    }
+
+    fn write(&self, task_dir: &Path) -> std::io::Result<()> {
+        let tmp = task_dir.join(format!("{}.tmp", Self::FILE));
+        std::fs::write(
+            &tmp,
+            serde_json::to_vec(self).map_err(std::io::Error::other)?,
+        )?;
+        std::fs::rename(&tmp, task_dir.join(Self::FILE))
+    }
+}
+
+/// The process's tasks as `FMSCHED_TASKS` holds them: a prompt-tuning
+/// task's Prompt Bank goes to a file in `dir` that its `prompt_bank` names
+/// (a fresh start only: a resumed process goes on from its checkpoint).
+fn tasks_json(spec: &LaunchSpec, dir: &Path) -> Result<String, String> {
+    let mut tasks = spec.tasks.clone();
+    if spec.resume_from.is_none() {
+        for (i, t) in tasks.iter_mut().enumerate() {
+            let Some(bank) = spec.prompt_banks.get(&t.job_id) else {
+                continue;
+            };
+            let path = dir.join(format!("prompt-bank-{i}.json"));
+            let json = serde_json::to_vec(bank).map_err(|e| e.to_string())?;
+            std::fs::write(&path, json).map_err(|e| format!("writing {}: {e}", path.display()))?;
+            t.prompt_bank = Some(path.display().to_string());
+        }
+    }
+    serde_json::to_string(&tasks).map_err(|e| e.to_string())
+}
+
 fn rotate_one(path: &Path, max_bytes: u64, keep: u32) -> std::io::Result<bool> {
     let len = match std::fs::metadata(path) {
         Ok(m) => m.len(),
@@ -774,6 +935,9 @@ fn rotate_one(path: &Path, max_bytes: u64, keep: u32) -> std::io::Result<bool> {
 /// folder in the system's temporary directory.
 /// The control file of a process, in its directory.
 const CONTROL_FILE_NAME: &str = "control.json";
+
+/// A warm process's next task ([`env::NEXT_TASK`]), in its directory.
+const NEXT_TASK_FILE_NAME: &str = "next.json";
 
 fn report_socket_path(dir: &Path) -> PathBuf {
     const SUN_PATH_MAX: usize = 107;

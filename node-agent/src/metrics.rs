@@ -127,5 +127,35 @@ pub async fn render(node_id: &str, gpus: &Arc<dyn GpuBackend>, reconciler: &Reco
         "Seconds from standby launch to start, summed over started standbys.",
         w.standby_lead_seconds_sum,
     );
+    e.scalar(
+        "fmsched_agent_warm_processes",
+        "gauge",
+        "Warm processes: a finished prompt-tuning task's process waiting with its model loaded (PromptTuner warm pool).",
+        reconciler.warm_report().len() as f64,
+    );
+    e.scalar(
+        "fmsched_agent_warm_starts_total",
+        "counter",
+        "Warm tasks handed to a warm process of their model (no launch, no weight load).",
+        w.warm_starts as f64,
+    );
+    e.scalar(
+        "fmsched_agent_cold_starts_total",
+        "counter",
+        "Warm tasks launched afresh: no warm process of their model held exactly their GPUs.",
+        w.cold_starts as f64,
+    );
+    e.scalar(
+        "fmsched_agent_warm_released_total",
+        "counter",
+        "Warm processes stopped after idling the plan's warm_idle_release (60 s).",
+        w.warm_released as f64,
+    );
+    e.scalar(
+        "fmsched_agent_warm_evicted_total",
+        "counter",
+        "Warm processes stopped because the plan gave their GPUs to another task.",
+        w.warm_evicted as f64,
+    );
     e.finish()
 }

@@ -20,6 +20,16 @@
 //! not run, or runs differently, is stopped; one no plan claims expires.
 //! Standby processes are not reported (they run nothing yet).
 //!
+//! Warm processes (PromptTuner §4.4.4): a task the plan marks `warm` is
+//! launched with `FMSCHED_WARM=1`. Once its trainer reported `warm` (its
+//! jobs done, the model still loaded) and the plan no longer runs it, the
+//! process is kept as a *warm process* of its model on its GPUs. A later
+//! `warm` task with the same command and model on exactly those GPUs is
+//! handed to it (no launch, no weight load); a task that needs any of its
+//! GPUs otherwise stops it first, and one idle for the plan's
+//! `warm_idle_release` (60 s) is stopped. Warm processes are reported in
+//! heartbeats, not as tasks.
+//!
 //! Reverse-order stage switch (Ymir §6.2, Fig. 9): a pipeline-parallel task
 //! gets its GPUs in the reverse order of the last pipeline task that trained
 //! on the same GPUs, so its first stage runs where the previous job's last
@@ -60,7 +70,24 @@ struct Known {
     lease_end: Option<f64>,
     /// Another process shares its GPU (as launched or last told).
     shared: bool,
+    /// Launched warm: (model, command) it stays loaded with after its job.
+    warm: Option<(String, Vec<String>)>,
 }
+
+/// A process of a finished `warm` task waiting for the next task of its
+/// model (keyed by its process id in the driver).
+#[derive(Clone, Debug)]
+struct WarmProc {
+    model: String,
+    command: Vec<String>,
+    /// GPU indices, sorted.
+    gpus: Vec<u32>,
+    since: std::time::Instant,
+}
+
+/// Idle warm processes are stopped after this long unless the plan says
+/// otherwise (PromptTuner §4.6.3.3: 60 s).
+pub const WARM_IDLE_RELEASE: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// Whether the plan runs desired task `t` on a GPU another process shares
 /// (`FMSCHED_SHARED_GPU=1` in its environment; ICEFROG GPU sharing).
@@ -102,6 +129,14 @@ pub struct SwitchStats {
     pub standby_lead_seconds_sum: f64,
     /// Hints refused because `max_standby` processes were waiting already.
     pub standby_refused: u64,
+    /// `warm` tasks handed to a warm process of their model (no launch).
+    pub warm_starts: u64,
+    /// `warm` tasks launched afresh (no warm process matched).
+    pub cold_starts: u64,
+    /// Warm processes stopped after idling `warm_idle_release`.
+    pub warm_released: u64,
+    /// Warm processes stopped because a task needed their GPUs.
+    pub warm_evicted: u64,
 }
 
 pub struct Reconciler {
@@ -118,6 +153,10 @@ pub struct Reconciler {
     /// being applied (it holds `known` through checkpoints and standby
     /// waits; heartbeats must not stop meanwhile).
     last_observed: std::sync::Mutex<Vec<pb::ObservedTask>>,
+    /// Warm processes (never held across an await).
+    warm: std::sync::Mutex<BTreeMap<String, WarmProc>>,
+    /// The newest plan's idle release for warm processes.
+    warm_idle_release: std::sync::Mutex<std::time::Duration>,
 }
 
 fn assignment(t: &pb::TrainerTask) -> TaskAssignment {
@@ -332,6 +371,8 @@ impl Reconciler {
             stage_orders: std::sync::Mutex::new(BTreeMap::new()),
             max_standby: 4,
             last_observed: std::sync::Mutex::new(Vec::new()),
+            warm: std::sync::Mutex::new(BTreeMap::new()),
+            warm_idle_release: std::sync::Mutex::new(WARM_IDLE_RELEASE),
         }
     }
 
@@ -423,6 +464,7 @@ impl Reconciler {
                 .filter(|p| !p.as_os_str().is_empty()),
             ranks: ranks_of(t, gpus.len() as u32),
             standby: false,
+            warm: t.warm,
             pipeline: t.pipeline_parallel,
             expert_parallel: t.expert_parallel,
             prompt_banks: t
@@ -476,21 +518,34 @@ impl Reconciler {
         let mut problems = Vec::new();
         let wanted: BTreeMap<&str, &pb::DesiredTask> =
             plan.tasks.iter().map(|t| (t.task_id.as_str(), t)).collect();
-        // Stop what the plan no longer runs.
+        let release = plan
+            .warm_idle_release
+            .as_ref()
+            .and_then(fmsched_proto::convert::duration_from_proto)
+            .filter(|d| !d.is_zero())
+            .unwrap_or(WARM_IDLE_RELEASE);
+        *self
+            .warm_idle_release
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = release;
+        // Stop what the plan no longer runs; a finished warm task's process
+        // stays as a warm process.
         let running: Vec<String> = self.driver.ids().await;
         for id in running {
             let keep = wanted
                 .get(id.as_str())
                 .is_some_and(|t| t.phase == pb::DesiredPhase::Running as i32);
-            if !keep {
-                if known.get(&id).is_some_and(|k| k.standby.is_some()) {
-                    self.drop_standby(&mut known, &id, "the plan does not run it")
-                        .await;
-                } else {
-                    self.stop(&mut known, &id).await;
-                }
+            if keep || self.warm_procs().contains_key(&id) {
+                continue;
+            }
+            if known.get(&id).is_some_and(|k| k.standby.is_some()) {
+                self.drop_standby(&mut known, &id, "the plan does not run it")
+                    .await;
+            } else if !self.park_warm(&mut known, &id).await {
+                self.stop(&mut known, &id).await;
             }
         }
+        let claimed = self.claim_warm(plan).await;
         // Standby starts last: they may wait for their loader, the rest
         // should not wait for them.
         let mut order: Vec<&pb::DesiredTask> = plan.tasks.iter().collect();
@@ -607,7 +662,29 @@ impl Reconciler {
             }
             let entry = known.entry(t.task_id.clone()).or_default();
             let spec = self.launch_spec(t, &gpus, Self::resume_of(t, entry));
-            match self.driver.launch(&spec).await {
+            let launched = match claimed.get(&t.task_id) {
+                Some(from) => match self.driver.hand_over(from, &spec).await {
+                    Ok(()) => {
+                        self.warm_procs().remove(from);
+                        self.count(|c| c.warm_starts += 1);
+                        Ok(())
+                    }
+                    Err(e) => {
+                        tracing::warn!(task = %t.task_id, warm = %from, error = %e,
+                            "warm process could not take the task; launching afresh");
+                        self.stop_warm(from, "it could not take its task").await;
+                        self.count(|c| c.cold_starts += 1);
+                        self.driver.launch(&spec).await
+                    }
+                },
+                None => {
+                    if spec.warm {
+                        self.count(|c| c.cold_starts += 1);
+                    }
+                    self.driver.launch(&spec).await
+                }
+            };
+            match launched {
                 Ok(()) => {
                     self.trained_in_order(&spec);
                     let pid = self.driver.status(&t.task_id).await.map_or(0, |s| s.pid);
@@ -627,6 +704,15 @@ impl Reconciler {
                         frozen_layers: frozen_of(&spec.tasks),
                         lease_end: None,
                         shared: shared_of(t),
+                        warm: spec.warm.then(|| {
+                            (
+                                spec.tasks
+                                    .first()
+                                    .map(|x| x.model.clone())
+                                    .unwrap_or_default(),
+                                spec.command.clone(),
+                            )
+                        }),
                     };
                     // A leased process learns its lease end from the start.
                     if let Some(end) = lease_end_of(t).filter(|_| !spec.profile) {
@@ -645,6 +731,182 @@ impl Reconciler {
             }
         }
         problems
+    }
+
+    fn warm_procs(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, WarmProc>> {
+        self.warm.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Keeps the process of finished task `id` as a warm process if it was
+    /// launched warm and reported `warm` (waiting up to 2 s for that report
+    /// after its `done`). Returns whether it did.
+    async fn park_warm(&self, known: &mut BTreeMap<String, Known>, id: &str) -> bool {
+        let Some((model, command)) = known.get(id).and_then(|k| k.warm.clone()) else {
+            return false;
+        };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+        loop {
+            match self.driver.status(id).await {
+                Some(s) if s.running && s.observed.warm => break,
+                Some(s)
+                    if s.running
+                        && !s.observed.done.is_empty()
+                        && std::time::Instant::now() < deadline =>
+                {
+                    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+                }
+                _ => return false,
+            }
+        }
+        let Some(k) = known.remove(id) else {
+            return false;
+        };
+        self.gpus.process_stopped(k.pid);
+        let mut gpus = k.gpus;
+        gpus.sort_unstable();
+        tracing::info!(task = id, %model, ?gpus, "kept warm: the model stays loaded for the next task");
+        self.warm_procs().insert(
+            id.to_string(),
+            WarmProc {
+                model,
+                command,
+                gpus,
+                since: std::time::Instant::now(),
+            },
+        );
+        true
+    }
+
+    /// Pairs the plan's `warm` tasks that do not run yet with warm
+    /// processes of their model, command and exact GPUs (task → process),
+    /// and stops the warm processes that are idle past the release or whose
+    /// GPUs the plan gives to anything else.
+    async fn claim_warm(&self, plan: &pb::NodePlan) -> BTreeMap<String, String> {
+        let release = *self
+            .warm_idle_release
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let mut claimed = BTreeMap::new();
+        let mut needed: Vec<u32> = Vec::new();
+        for t in &plan.tasks {
+            if t.phase != pb::DesiredPhase::Running as i32 {
+                continue;
+            }
+            let Ok(mut gpus) = self.indices(&t.gpu_uuids) else {
+                continue;
+            };
+            gpus.sort_unstable();
+            if self
+                .driver
+                .status(&t.task_id)
+                .await
+                .is_some_and(|s| s.running)
+            {
+                needed.extend(gpus);
+                continue;
+            }
+            let model = t.tasks.first().map(|x| x.model.as_str());
+            let taken: Vec<&String> = claimed.values().collect();
+            let found = t
+                .warm
+                .then(|| {
+                    self.warm_procs()
+                        .iter()
+                        .find(|(id, w)| {
+                            w.gpus == gpus
+                                && Some(w.model.as_str()) == model
+                                && w.command == t.command
+                                && !taken.contains(id)
+                        })
+                        .map(|(id, _)| id.clone())
+                })
+                .flatten();
+            match found {
+                Some(id) => {
+                    claimed.insert(t.task_id.clone(), id);
+                }
+                None => needed.extend(gpus),
+            }
+        }
+        let now = std::time::Instant::now();
+        let to_stop: Vec<(String, &'static str)> = self
+            .warm_procs()
+            .iter()
+            .filter(|(id, _)| !claimed.values().any(|c| c == *id))
+            .filter_map(|(id, w)| {
+                if w.gpus.iter().any(|g| needed.contains(g)) {
+                    Some((id.clone(), "the plan needs its GPUs"))
+                } else if now.duration_since(w.since) >= release {
+                    Some((id.clone(), "idle past the warm release"))
+                } else {
+                    None
+                }
+            })
+            .collect();
+        for (id, why) in to_stop {
+            self.stop_warm(&id, why).await;
+        }
+        claimed
+    }
+
+    /// Stops warm process `id` (SIGTERM: it has nothing to save) and
+    /// forgets it.
+    async fn stop_warm(&self, id: &str, why: &str) {
+        let Some(w) = self.warm_procs().remove(id) else {
+            return;
+        };
+        if let Err(e) = self.driver.terminate(id).await {
+            tracing::debug!(process = id, error = %e, "warm process already gone");
+        }
+        self.driver.forget(id).await;
+        let idle = w.since.elapsed();
+        if why.starts_with("idle") {
+            self.count(|c| c.warm_released += 1);
+        } else {
+            self.count(|c| c.warm_evicted += 1);
+        }
+        tracing::info!(process = id, model = %w.model, gpus = ?w.gpus, ?idle, reason = why, "warm process stopped");
+    }
+
+    /// Stops warm processes idle past the newest plan's release, and
+    /// forgets those that ended by themselves (between plans).
+    pub async fn expire_warm(&self) {
+        let release = *self
+            .warm_idle_release
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let ids: Vec<(String, bool)> = self
+            .warm_procs()
+            .iter()
+            .map(|(id, w)| (id.clone(), w.since.elapsed() >= release))
+            .collect();
+        for (id, idle) in ids {
+            if idle {
+                self.stop_warm(&id, "idle past the warm release").await;
+            } else if !self.driver.status(&id).await.is_some_and(|s| s.running) {
+                self.warm_procs().remove(&id);
+                self.driver.forget(&id).await;
+                tracing::warn!(process = %id, "warm process ended by itself");
+            }
+        }
+    }
+
+    /// The warm processes, for heartbeats.
+    pub fn warm_report(&self) -> Vec<pb::WarmProcess> {
+        let inv = self.gpus.inventory();
+        self.warm_procs()
+            .iter()
+            .map(|(id, w)| pb::WarmProcess {
+                model: w.model.clone(),
+                gpu_uuids: w
+                    .gpus
+                    .iter()
+                    .filter_map(|&g| inv.iter().find(|i| i.index == g).map(|i| i.uuid.clone()))
+                    .collect(),
+                idle_seconds: w.since.elapsed().as_secs_f64(),
+                last_task_id: id.clone(),
+            })
+            .collect()
     }
 
     async fn stop(&self, known: &mut BTreeMap<String, Known>, id: &str) {

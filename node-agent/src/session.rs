@@ -219,6 +219,7 @@ impl Agent {
                 gpus: telemetry,
                 tasks: self.reconciler.observed().await,
                 applied_generation: self.applied_generation(),
+                warm: self.reconciler.warm_report(),
             })),
         }
     }
@@ -346,7 +347,10 @@ impl Agent {
                     // Stopping an expired standby waits for its exit: off
                     // the heartbeat's path.
                     let r = self.reconciler.clone();
-                    tokio::spawn(async move { r.expire_standby().await });
+                    tokio::spawn(async move {
+                        r.expire_standby().await;
+                        r.expire_warm().await;
+                    });
                     let hb = self.heartbeat(seq).await;
                     if tx.send(hb).await.is_err() {
                         return Err(SessionError::Retry("outbound stream closed".into()));
@@ -586,6 +590,7 @@ mod tests {
             generation,
             tasks: vec![],
             epoch,
+            warm_idle_release: None,
         }
     }
 

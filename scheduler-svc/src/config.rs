@@ -298,6 +298,18 @@ pub struct SchedulingConfig {
     /// §4.4.3.3): past it, the member nearest its cluster's medoid is
     /// evicted.
     pub prompt_bank_cap: usize,
+    /// PromptTuner's lane (thesis 004 §4.4.4): prompt-tuning jobs are
+    /// started within ~50 ms of arriving by their own decision loop
+    /// (Algorithms 1 and 2 over warm per-model pools and the cold GPUs the
+    /// round's plan leaves free), on warm processes where one waits; the
+    /// round never starts, moves or suspends them. `false`: the round
+    /// schedules them like any job, and every start is cold.
+    pub prompt_lane: bool,
+    /// A warm process (a finished prompt-tuning job's process kept with its
+    /// model loaded) idle this long is stopped and its GPUs go back to the
+    /// cold pool (§4.6.3.3: 60 s).
+    #[serde(with = "humantime_serde")]
+    pub prompt_warm_idle_release: Duration,
 }
 
 impl SchedulingConfig {
@@ -386,6 +398,8 @@ impl Default for SchedulingConfig {
             gang_ports: "29500-29999".into(),
             queues: Vec::new(),
             prompt_bank_cap: 3000,
+            prompt_lane: true,
+            prompt_warm_idle_release: Duration::from_secs(60),
         }
     }
 }
@@ -510,6 +524,12 @@ impl Config {
         }
         if self.scheduling.prompt_bank_cap == 0 {
             return Err(invalid("scheduling.prompt_bank_cap", "must be >= 1"));
+        }
+        if self.scheduling.prompt_warm_idle_release < Duration::from_secs(1) {
+            return Err(invalid(
+                "scheduling.prompt_warm_idle_release",
+                "must be >= 1s",
+            ));
         }
         if self.scheduling.round_interval() < Duration::from_millis(100) {
             return Err(invalid("scheduling.interval", "must be >= 100ms"));

@@ -141,6 +141,9 @@ async fn account_service(
         .await
         .map_err(db_err(op))?;
     }
+    if service.carry_over {
+        return Ok(());
+    }
     let (leased, until): (Vec<Uuid>, Vec<DateTime<Utc>>) =
         service.leases.iter().map(|(j, t)| (j.0, *t)).unzip();
     sqlx::query(
@@ -672,6 +675,10 @@ pub struct ServiceUpdate {
     /// The round's predictions (`core::round::predictions`): finish time
     /// and deadline risk; every other job's are cleared.
     pub predictions: Vec<(JobId, Option<DateTime<Utc>>, bool)>,
+    /// A prompt-lane commit (no policy decided): leases and predictions
+    /// stay as the last round set them; `fair_share_gpus` are that
+    /// round's.
+    pub carry_over: bool,
 }
 
 /// A failed training process, counted once (by its pid): the job's new
@@ -1496,6 +1503,18 @@ impl Persistence {
 
     /// Jobs that are not finished (submitted, profiling, queued, running),
     /// oldest first.
+    /// Whether a prompt-tuning job waits to start (the prompt lane's cheap
+    /// look before a pass).
+    pub async fn prompt_jobs_pending(&self) -> Result<bool, PersistenceError> {
+        sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM jobs WHERE state IN ('submitted','queued')
+                AND spec->>'kind' = 'prompt_tuning')",
+        )
+        .fetch_one(&self.pool)
+        .await
+        .map_err(db_err("prompt_jobs_pending"))
+    }
+
     pub async fn live_jobs(&self) -> Result<Vec<JobRecord>, PersistenceError> {
         let rows = sqlx::query(&format!(
             "SELECT {JOB_COLUMNS} FROM jobs WHERE state IN ('submitted','profiling','queued','running') ORDER BY id"

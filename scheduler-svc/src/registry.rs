@@ -35,6 +35,8 @@ pub struct LiveNode {
     pub last_heartbeat: DateTime<Utc>,
     pub telemetry: BTreeMap<String, pb::GpuTelemetry>,
     pub observed_tasks: Vec<pb::ObservedTask>,
+    /// Its warm processes as last reported (PromptTuner's warm pools).
+    pub warm: Vec<pb::WarmProcess>,
     pub applied_generation: i64,
     /// Id of the open session, if any.
     pub session: Option<u64>,
@@ -63,6 +65,7 @@ impl LiveNode {
             last_heartbeat: now,
             telemetry: BTreeMap::new(),
             observed_tasks: Vec::new(),
+            warm: Vec::new(),
             applied_generation: 0,
             session: None,
             instance: String::new(),
@@ -179,6 +182,7 @@ impl NodeRegistry {
                 last_heartbeat: now,
                 telemetry,
                 observed_tasks: tasks,
+                warm: Vec::new(),
                 applied_generation,
                 session: Some(session),
                 instance: instance.to_string(),
@@ -211,6 +215,7 @@ impl NodeRegistry {
         }
         n.telemetry = hb.gpus.into_iter().map(|g| (g.uuid.clone(), g)).collect();
         n.observed_tasks = hb.tasks;
+        n.warm = hb.warm;
         n.applied_generation = hb.applied_generation;
         true
     }

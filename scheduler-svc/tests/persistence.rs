@@ -377,6 +377,7 @@ async fn stored_plans_account_service_and_leases(pool: PgPool) {
             .iter()
             .map(|&(j, s)| (j, Some(t(s + 100)), s + 100 > 1000))
             .collect(),
+        carry_over: false,
     };
     // The first plan: nothing held before it.
     plan(
@@ -398,7 +399,30 @@ async fn stored_plans_account_service_and_leases(pool: PgPool) {
         }
     );
     assert!(!sched.contains_key(&j2), "nothing said of j2");
-    // 100 s later: j1 held 2 GPUs all along; j2 profiles now.
+    // 50 s later the prompt lane adds a plan (carry-over): service accrues
+    // by the last round's shares; the round's lease and prediction stay.
+    let lane = |fair: &[(JobId, f64)]| ServiceUpdate {
+        fair_share_gpus: fair.to_vec(),
+        carry_over: true,
+        ..Default::default()
+    };
+    plan(
+        &p,
+        vec![on(j1, &["G0", "G1"], false)],
+        lane(&[(j1, 1.5), (j2, 1.5)]),
+        t(50),
+    )
+    .await;
+    assert_eq!(
+        p.job_schedules(&[j1]).await.unwrap()[&j1],
+        JobSchedule {
+            predicted_finish: Some(t(700)),
+            at_risk: false,
+            lease_until: Some(t(600)),
+        },
+        "a lane commit keeps the round's lease and prediction"
+    );
+    // 50 s more: j1 held 2 GPUs all along; j2 profiles now.
     plan(
         &p,
         vec![on(j1, &["G0", "G1"], false), on(j2, &["G2"], true)],

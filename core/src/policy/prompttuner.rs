@@ -211,6 +211,17 @@ pub struct Decision {
     pub reclaim: Vec<u32>,
 }
 
+/// `T_cold`: seconds a cold start of a model of `params` parameters takes
+/// on a GPU (the allocation overhead of §4.6.1): 12 s of runtime start-up
+/// (Python, the CUDA context, the tuning library) plus its fp16 weights
+/// read at 0.5 GB/s. With the thesis' request durations this makes start-up
+/// 37–44 % of a request's time, as it measured (Fig. 4.2a: 37–41 %). Our
+/// model, not a thesis equation; fmsim's traces, the live loop and the
+/// fake trainer's weight load all use it.
+pub fn cold_start_s(params: f64) -> f64 {
+    12.0 + params.max(0.0) * 2.0 / 0.5e9
+}
+
 /// Idle warm GPUs go back to the cold pool after this long (§4.6.3.3: a
 /// 60 s window balances violations and cost).
 pub const IDLE_RELEASE_S: f64 = 60.0;
@@ -360,6 +371,183 @@ fn take_cold(
 /// the cold pool at `now` after `window_s` idle.
 pub fn release_due(idle_since: &[f64], now: f64, window_s: f64) -> usize {
     idle_since.iter().filter(|&&t| t + window_s <= now).count()
+}
+
+/// A node as the live loop sees it: what it has for prompt-tuning requests.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct LaneNode {
+    /// Its GPUs' family.
+    pub family: String,
+    /// GPUs (indices) nothing runs on and no warm process holds: the cold
+    /// pool's share on this node.
+    pub free: Vec<u32>,
+    /// Idle warm processes: (model, their GPUs).
+    pub warm: Vec<(String, Vec<u32>)>,
+}
+
+/// A pending request of the live loop.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LaneRequest {
+    /// `request.model` indexes `models` of [`place_lane`].
+    pub request: Request,
+    /// GPU families it may run on (empty: any).
+    pub families: Vec<String>,
+}
+
+/// One request started by [`place_lane`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct LaneStart {
+    /// Index into the requests.
+    pub request: usize,
+    /// Index into the nodes.
+    pub node: usize,
+    /// GPU indices on that node.
+    pub gpus: Vec<u32>,
+    /// Exactly the GPUs of one idle warm process of its model: the process
+    /// takes it over (a warm start); otherwise the GPUs load the model
+    /// afresh (a cold start).
+    pub warm: bool,
+    /// No option met its SLO: it runs best-effort.
+    pub late: bool,
+}
+
+/// What one pass of the live loop decided, on concrete GPUs.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct LanePlan {
+    pub starts: Vec<LaneStart>,
+    /// Requests that wait for warm GPUs freeing up in time.
+    pub delayed: Vec<usize>,
+    /// Requests [`decide`] gave GPUs that no single node could hold (the
+    /// thesis' pools are not per node): they wait for the next pass.
+    pub unplaced: Vec<usize>,
+}
+
+/// One pass of the live loop on concrete GPUs: [`decide`] over the pools
+/// the nodes hold (idle warm GPUs per model, free GPUs as the cold pool,
+/// `busy_until[m]` for model `m`'s warm GPUs running requests), then each
+/// started request, in SLO order, placed on one node:
+/// - GPUs from its model's warm pool only: the node's idle warm process
+///   of its model with exactly that many GPUs, which takes it over (a
+///   warm start); without one, warm processes of its model on one node
+///   (stopped, the model loaded afresh);
+/// - GPUs from the cold pool too: one node's free GPUs first, then its
+///   idle warm GPUs of the same model, then of other models (Algorithm 2's
+///   reclaim), fewest taken from warm processes first.
+///
+/// A process's GPUs that a start takes partly go back to the node's free
+/// GPUs (the process is stopped). `now` is on the caller's clock, as are
+/// `busy_until` and the requests' SLOs (relative to `now`).
+pub fn place_lane(
+    requests: &[LaneRequest],
+    nodes: &[LaneNode],
+    models: &[String],
+    busy_until: &[Vec<f64>],
+    cold_start_s: &[f64],
+    now: f64,
+) -> LanePlan {
+    let pools: Vec<WarmPool> = models
+        .iter()
+        .enumerate()
+        .map(|(m, name)| WarmPool {
+            idle: nodes
+                .iter()
+                .flat_map(|n| &n.warm)
+                .filter(|w| &w.0 == name)
+                .map(|w| w.1.len() as u32)
+                .sum(),
+            busy_until: busy_until.get(m).cloned().unwrap_or_default(),
+        })
+        .collect();
+    let cold: u32 = nodes.iter().map(|n| n.free.len() as u32).sum();
+    let reqs: Vec<Request> = requests.iter().map(|r| r.request.clone()).collect();
+    let d = decide(&reqs, &pools, cold, cold_start_s, now);
+    let mut nodes: Vec<LaneNode> = nodes.to_vec();
+    let mut plan = LanePlan::default();
+    for i in by_slo(&reqs) {
+        let want = (d.warm[i] + d.cold[i]) as usize;
+        if want == 0 {
+            if d.delayed[i] {
+                plan.delayed.push(i);
+            }
+            continue;
+        }
+        let r = &requests[i];
+        let model = &models[r.request.model];
+        let allowed = |n: &LaneNode| r.families.is_empty() || r.families.contains(&n.family);
+        // A warm start: one idle warm process of its model, exactly sized.
+        if d.cold[i] == 0
+            && let Some((n, w)) = nodes
+                .iter()
+                .enumerate()
+                .filter(|(_, n)| allowed(n))
+                .find_map(|(k, n)| {
+                    n.warm
+                        .iter()
+                        .position(|w| &w.0 == model && w.1.len() == want)
+                        .map(|w| (k, w))
+                })
+        {
+            let (_, gpus) = nodes[n].warm.remove(w);
+            plan.starts.push(LaneStart {
+                request: i,
+                node: n,
+                gpus,
+                warm: true,
+                late: d.late[i],
+            });
+            continue;
+        }
+        // A cold start on one node: free GPUs, then its model's warm
+        // processes, then other models'.
+        let supply = |n: &LaneNode, own: bool| -> usize {
+            n.warm
+                .iter()
+                .filter(|w| (&w.0 == model) == own)
+                .map(|w| w.1.len())
+                .sum()
+        };
+        let best = nodes
+            .iter()
+            .enumerate()
+            .filter(|(_, n)| allowed(n))
+            .filter(|(_, n)| n.free.len() + supply(n, true) + supply(n, false) >= want)
+            .min_by_key(|(k, n)| {
+                let from_warm = want.saturating_sub(n.free.len());
+                let reclaim = from_warm.saturating_sub(supply(n, true));
+                (reclaim, from_warm, *k)
+            })
+            .map(|(k, _)| k);
+        let Some(k) = best else {
+            plan.unplaced.push(i);
+            continue;
+        };
+        let n = &mut nodes[k];
+        let mut gpus: Vec<u32> = Vec::with_capacity(want);
+        let take = want.min(n.free.len());
+        gpus.extend(n.free.drain(..take));
+        for own in [true, false] {
+            while gpus.len() < want {
+                let Some(w) = n.warm.iter().position(|w| (&w.0 == model) == own) else {
+                    break;
+                };
+                let (_, mut g) = n.warm.remove(w);
+                let need = want - gpus.len();
+                if g.len() > need {
+                    n.free.extend(g.drain(need..));
+                }
+                gpus.extend(g);
+            }
+        }
+        gpus.sort_unstable();
+        plan.starts.push(LaneStart {
+            request: i,
+            node: k,
+            gpus,
+            warm: false,
+            late: d.late[i],
+        });
+    }
+    plan
 }
 
 /// The two baselines of the thesis' evaluation (§4.6.1), as sized here: no
@@ -667,6 +855,147 @@ mod tests {
             bound_s: (1..=max).map(|a| work / a as f64).collect(),
             gpus: 1,
         }
+    }
+
+    fn lane_req(id: &str, model: usize, slo_s: f64, work: f64) -> LaneRequest {
+        LaneRequest {
+            request: req(id, model, slo_s, work, 1),
+            families: Vec::new(),
+        }
+    }
+
+    /// The live loop on concrete GPUs: a request of a model with an idle
+    /// warm process is handed that process (a warm start); one of another
+    /// model starts cold on free GPUs; a request that cannot meet its SLO
+    /// on any pool runs best-effort; and a request waiting on a busy warm
+    /// GPU that frees up in time is delayed, taking no cold GPU.
+    #[test]
+    fn prompttuner_lane_hands_a_request_to_its_models_warm_process() {
+        let models = vec!["gpt2".to_string(), "llama".to_string()];
+        let node = LaneNode {
+            family: "A100".into(),
+            free: vec![2, 3],
+            warm: vec![("gpt2".into(), vec![1])],
+        };
+        let reqs = vec![
+            lane_req("a", 0, 100.0, 30.0), // gpt2: warm process on GPU 1
+            lane_req("b", 1, 200.0, 30.0), // llama: none warm → cold
+        ];
+        let p = place_lane(
+            &reqs,
+            std::slice::from_ref(&node),
+            &models,
+            &[vec![], vec![]],
+            &[20.0, 20.0],
+            0.0,
+        );
+        assert_eq!(p.starts.len(), 2, "{p:?}");
+        let a = p.starts.iter().find(|s| s.request == 0).unwrap();
+        assert!(a.warm && a.gpus == vec![1], "{a:?}");
+        let b = p.starts.iter().find(|s| s.request == 1).unwrap();
+        assert!(!b.warm && b.gpus == vec![2], "{b:?}");
+
+        // A second gpt2 request arriving while GPU 1 is busy until t = 40
+        // and its SLO allows waiting: it is delayed, the free GPUs stay.
+        let busy = LaneNode {
+            warm: Vec::new(),
+            ..node.clone()
+        };
+        let p = place_lane(
+            &[lane_req("c", 0, 100.0, 30.0)],
+            std::slice::from_ref(&busy),
+            &models,
+            &[vec![40.0], vec![]],
+            &[20.0, 20.0],
+            0.0,
+        );
+        assert_eq!((p.starts.len(), p.delayed.clone()), (0, vec![0]), "{p:?}");
+        // With an SLO waiting cannot meet (40 + 30 > 60) but a cold start
+        // can (20 + 30 ≤ 60), it starts cold.
+        let p = place_lane(
+            &[lane_req("c", 0, 60.0, 30.0)],
+            std::slice::from_ref(&busy),
+            &models,
+            &[vec![40.0], vec![]],
+            &[20.0, 20.0],
+            0.0,
+        );
+        assert!(
+            p.starts.len() == 1 && !p.starts[0].warm && !p.starts[0].late,
+            "{p:?}"
+        );
+        // An SLO nothing can meet: best-effort (late) on a free GPU.
+        let p = place_lane(
+            &[lane_req("d", 0, 10.0, 30.0)],
+            &[busy],
+            &models,
+            &[vec![40.0], vec![]],
+            &[20.0, 20.0],
+            0.0,
+        );
+        assert!(p.starts.len() == 1 && p.starts[0].late, "{p:?}");
+    }
+
+    /// A cold start takes a node's free GPUs before any warm process, and
+    /// another model's idle warm GPUs only when the free ones run out
+    /// (Algorithm 2's reclaim); a family the request may not use is never
+    /// chosen; a request no single node can hold waits (unplaced).
+    #[test]
+    fn prompttuner_lane_cold_starts_take_free_gpus_first_on_an_allowed_family() {
+        let models = vec!["gpt2".to_string(), "llama".to_string()];
+        let v100 = LaneNode {
+            family: "V100".into(),
+            free: vec![0, 1, 2, 3],
+            warm: Vec::new(),
+        };
+        let a100 = LaneNode {
+            family: "A100".into(),
+            free: vec![5],
+            warm: vec![("gpt2".into(), vec![6])],
+        };
+        let mut r = lane_req("l", 1, 100.0, 30.0);
+        r.families = vec!["A100".into()];
+        let p = place_lane(
+            &[r.clone()],
+            &[v100.clone(), a100.clone()],
+            &models,
+            &[vec![], vec![]],
+            &[20.0, 20.0],
+            0.0,
+        );
+        assert_eq!(p.starts.len(), 1, "{p:?}");
+        assert_eq!((p.starts[0].node, p.starts[0].gpus.clone()), (1, vec![5]));
+        // Two GPUs needed (the SLO cannot be met on one): the free GPU and
+        // gpt2's idle warm GPU, reclaimed.
+        r.request = Request {
+            bound_s: vec![90.0, 45.0],
+            ..r.request
+        };
+        let p = place_lane(
+            &[r.clone()],
+            &[v100.clone(), a100.clone()],
+            &models,
+            &[vec![], vec![]],
+            &[20.0, 20.0],
+            0.0,
+        );
+        assert_eq!(p.starts.len(), 1, "{p:?}");
+        assert_eq!(
+            (p.starts[0].node, p.starts[0].gpus.clone()),
+            (1, vec![5, 6])
+        );
+        assert!(!p.starts[0].warm);
+        // Three GPUs: no A100 node holds them (the V100 node may not be used).
+        r.request.bound_s = vec![200.0, 150.0, 60.0];
+        let p = place_lane(
+            &[r],
+            &[v100, a100],
+            &models,
+            &[vec![], vec![]],
+            &[20.0, 20.0],
+            0.0,
+        );
+        assert!(p.starts.is_empty() && p.unplaced == vec![0], "{p:?}");
     }
 
     #[test]

@@ -288,6 +288,24 @@ pub fn validate_heartbeat(hb: &pb::Heartbeat) -> Result<(), ApiError> {
     for (i, t) in hb.tasks.iter().enumerate() {
         validate_observed_task(&format!("heartbeat.tasks[{i}]"), t)?;
     }
+    if hb.warm.len() > limits::GPUS {
+        return Err(ApiError::field(
+            "heartbeat.warm",
+            format!("at most {} warm processes per node", limits::GPUS),
+        ));
+    }
+    for (i, w) in hb.warm.iter().enumerate() {
+        let f = |k: &str| format!("heartbeat.warm[{i}].{k}");
+        check_len(&f("model"), &w.model, 128)?;
+        check_len(&f("last_task_id"), &w.last_task_id, 128)?;
+        at_most(f("gpu_uuids"), w.gpu_uuids.len(), limits::GPUS)?;
+        for u in &w.gpu_uuids {
+            check_len(&f("gpu_uuids"), u, 128)?;
+        }
+        if !w.idle_seconds.is_finite() || w.idle_seconds < 0.0 {
+            return Err(ApiError::field(f("idle_seconds"), "must be finite and ≥ 0"));
+        }
+    }
     Ok(())
 }
 
@@ -439,6 +457,7 @@ impl AgentService for AgentApi {
         .await
         .map_err(|_| Status::cancelled("agent went away"))?;
         let registry = self.state.registry.clone();
+        let lane = self.state.prompt_lane.clone();
         let leadership = self.state.leadership.clone();
         let metrics = self.state.metrics.clone();
         let session = registry.register(
@@ -482,6 +501,11 @@ impl AgentService for AgentApi {
                 let current = match msg.msg {
                     Some(Msg::Heartbeat(hb)) => {
                         let sequence = hb.sequence;
+                        // A finished or a warm process may let the prompt
+                        // lane start a request.
+                        if !hb.warm.is_empty() || hb.tasks.iter().any(|t| !t.outputs.is_empty()) {
+                            lane.wake.notify_one();
+                        }
                         let ok = registry.heartbeat(&node_id, session, hb, now);
                         if ok {
                             // The agent's proof that its leader is alive (a

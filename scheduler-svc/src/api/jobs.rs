@@ -354,6 +354,9 @@ impl JobService for JobApi {
                     tracing::warn!(job_id = %job.id, "{w}");
                 }
                 self.notify(job.id);
+                if crate::scheduling::prompt_lane::in_lane(&self.state, &job) {
+                    self.state.prompt_lane.wake.notify_one();
+                }
                 (job, true)
             }
             SubmitOutcome::Existing(job) if job.spec == spec => (job, false),

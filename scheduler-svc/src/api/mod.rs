@@ -46,6 +46,8 @@ pub struct AppState {
     /// The Prompt Bank's index per model (the leader's memory, checked
     /// against Postgres before each use).
     pub prompt_banks: Arc<crate::scheduling::BankIndexes>,
+    /// PromptTuner's lane: its wake-up, the lock it shares with rounds.
+    pub prompt_lane: Arc<crate::scheduling::PromptLane>,
 }
 
 /// Errors a handler returns; mapped to a status code in one place.

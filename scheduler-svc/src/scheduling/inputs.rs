@@ -104,6 +104,9 @@ pub struct ViewSources<'a> {
     /// Jobs that wait outside this round (retry backoff, split spatial
     /// pairs).
     pub held_back: &'a BTreeSet<JobId>,
+    /// Running jobs the round leaves where they are (the prompt lane's:
+    /// they run as non-preemptible jobs).
+    pub pinned: &'a BTreeSet<JobId>,
     /// Nodes an admin cordoned or drained.
     pub cordons: &'a BTreeMap<NodeId, NodeCordon>,
     /// Inference nodes' loans (Lyra): such a node is in the round only
@@ -144,36 +147,7 @@ pub fn build_view(s: &ViewSources<'_>) -> Translated {
         for (x, g) in n.record.gpus.iter().enumerate() {
             gpu_at.insert(g.uuid.0.as_str(), (k, x as u32));
         }
-        let inference = n
-            .record
-            .labels
-            .get(POOL_LABEL)
-            .is_some_and(|p| p == "inference");
-        let loan = s.loans.get(&n.record.id).filter(|l| inference && l.lent());
-        node_views.push(NodeView {
-            id: n.record.id.as_str().to_string(),
-            gpus: n.record.gpus.len() as u32,
-            // An inference node not on loan is not the round's to use.
-            state: if inference && loan.is_none() {
-                NodeState::Offline
-            } else {
-                n.state
-            },
-            drained: faulty(n)
-                || s.cordons.get(&n.record.id).is_some_and(|c| c.drain)
-                || loan.is_some_and(|l| l.state == LoanState::Reclaiming),
-            cordoned: s.cordons.contains_key(&n.record.id),
-            // Its smallest GPU's memory (what a shared GPU must fit).
-            gpu_memory_gib: n
-                .record
-                .gpus
-                .iter()
-                .map(|g| g.memory_total_bytes as f64 / f64::from(1u32 << 30))
-                .fold(None, |m: Option<f64>, x| Some(m.map_or(x, |m| m.min(x))))
-                .unwrap_or(0.0),
-            gpu_model: node_family(n),
-            loaned: loan.is_some(),
-        });
+        node_views.push(node_view(n, s.cordons, s.loans));
         nodes.push((
             n.record.id.clone(),
             n.record.gpus.iter().map(|g| g.uuid.clone()).collect(),
@@ -255,7 +229,7 @@ pub fn build_view(s: &ViewSources<'_>) -> Translated {
                 ),
                 queue: j.spec.queue.clone(),
                 priority: j.spec.priority,
-                preemptible: j.spec.preemptible,
+                preemptible: j.spec.preemptible && !s.pinned.contains(&j.id),
                 footprint: (s.footprint)(j),
                 unfit_families: (s.unfit)(j),
                 skip_profiling: j.spec.skips_profiling(),
@@ -290,6 +264,60 @@ pub struct Inputs {
     pub prepared: Prepared,
     pub estimates: RoundEstimates,
     pub config: RoundConfig,
+}
+
+/// A node as the round sees it: an inference node not on loan is not the
+/// round's to use (Offline); a faulty, drained or reclaimed one is drained.
+pub(crate) fn node_view(
+    n: &LiveNode,
+    cordons: &BTreeMap<NodeId, NodeCordon>,
+    loans: &BTreeMap<NodeId, NodeLoan>,
+) -> NodeView {
+    let inference = n
+        .record
+        .labels
+        .get(POOL_LABEL)
+        .is_some_and(|p| p == "inference");
+    let loan = loans.get(&n.record.id).filter(|l| inference && l.lent());
+    NodeView {
+        id: n.record.id.as_str().to_string(),
+        gpus: n.record.gpus.len() as u32,
+        // An inference node not on loan is not the round's to use.
+        state: if inference && loan.is_none() {
+            NodeState::Offline
+        } else {
+            n.state
+        },
+        drained: faulty(n)
+            || cordons.get(&n.record.id).is_some_and(|c| c.drain)
+            || loan.is_some_and(|l| l.state == LoanState::Reclaiming),
+        cordoned: cordons.contains_key(&n.record.id),
+        // Its smallest GPU's memory (what a shared GPU must fit).
+        gpu_memory_gib: n
+            .record
+            .gpus
+            .iter()
+            .map(|g| g.memory_total_bytes as f64 / f64::from(1u32 << 30))
+            .fold(None, |m: Option<f64>, x| Some(m.map_or(x, |m| m.min(x))))
+            .unwrap_or(0.0),
+        gpu_model: node_family(n),
+        loaned: loan.is_some(),
+    }
+}
+
+/// The families of `families` job `j` cannot run on at all: one replica
+/// of its model does not fit there (`Lut::runs_on`).
+pub(crate) fn unfit_families(lut: &Lut, families: &BTreeSet<String>, j: &JobRecord) -> Vec<String> {
+    let r = &j.spec.resources;
+    let replica = fmsched_core::policy::Replica::of(r.pipeline_parallel, r.expert_parallel);
+    let variant = Variant::of_spec(&j.spec);
+    let batch = j.spec.hyperparameters.global_batch_size;
+    let layers = analytic::layers_of(&j.spec.model).unwrap_or(12);
+    families
+        .iter()
+        .filter(|f| !lut.runs_on(&j.spec.model, f, replica.gpus(), batch, &variant, layers))
+        .cloned()
+        .collect()
 }
 
 /// A node's GPU family (its first GPU's; a node reports one model).
@@ -364,6 +392,23 @@ pub(crate) async fn load(
         held_back.extend([m.a, m.b]);
     }
     held_back.extend(o.admin.requeues.keys().copied());
+    // The prompt lane starts its jobs itself and the round leaves them
+    // running where it put them.
+    let lane: Vec<&JobRecord> = o
+        .live
+        .values()
+        .filter(|j| super::prompt_lane::in_lane(state, j))
+        .collect();
+    held_back.extend(
+        lane.iter()
+            .filter(|j| j.state != fmsched_core::JobState::Running)
+            .map(|j| j.id),
+    );
+    let pinned: BTreeSet<JobId> = lane
+        .iter()
+        .filter(|j| j.state == fmsched_core::JobState::Running)
+        .map(|j| j.id)
+        .collect();
     let families: BTreeSet<String> = o.nodes.iter().map(node_family).collect();
     let unfit_memo: std::cell::RefCell<BTreeMap<String, Vec<String>>> = Default::default();
     let t = build_view(&ViewSources {
@@ -374,6 +419,7 @@ pub(crate) async fn load(
         progress: &o.progress,
         service: &o.service,
         held_back: &held_back,
+        pinned: &pinned,
         cordons: &o.admin.cordons,
         loans: &o.admin.loans,
         restart_s: &restart_s,
@@ -410,16 +456,7 @@ pub(crate) async fn load(
             let key = format!("{}|{batch}|{}|{variant:?}", j.spec.model, replica.gpus());
             let mut memo = unfit_memo.borrow_mut();
             memo.entry(key)
-                .or_insert_with(|| {
-                    let layers = analytic::layers_of(&j.spec.model).unwrap_or(12);
-                    families
-                        .iter()
-                        .filter(|f| {
-                            !lut.runs_on(&j.spec.model, f, replica.gpus(), batch, &variant, layers)
-                        })
-                        .cloned()
-                        .collect()
-                })
+                .or_insert_with(|| unfit_families(lut, &families, j))
                 .clone()
         },
         now,
@@ -830,6 +867,7 @@ pub(crate) mod tests {
             progress: &progress,
             service: &BTreeMap::new(),
             held_back: &[job(3)].into_iter().collect(),
+            pinned: &BTreeSet::new(),
             cordons: &BTreeMap::new(),
             loans: &BTreeMap::new(),
             restart_s: &|_| 42.0,
@@ -921,6 +959,7 @@ pub(crate) mod tests {
             progress: &BTreeMap::new(),
             service: &BTreeMap::new(),
             held_back: &BTreeSet::new(),
+            pinned: &BTreeSet::new(),
             cordons: &BTreeMap::new(),
             loans: &BTreeMap::new(),
             restart_s: &|_| 0.0,

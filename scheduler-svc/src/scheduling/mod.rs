@@ -55,6 +55,7 @@ mod gangs;
 mod inputs;
 mod observe;
 mod prompt_bank;
+pub mod prompt_lane;
 mod push;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -69,6 +70,7 @@ use fmsched_estimator::lut::Lut;
 
 pub use inputs::{Translated, ViewSources, build_view};
 pub use prompt_bank::BankIndexes;
+pub use prompt_lane::PromptLane;
 
 use crate::api::AppState;
 use crate::config::SchedulingConfig;
@@ -154,6 +156,19 @@ pub struct MetricValues {
     pub prompt_bank_builds: u64,
     /// Prompts in each model's index the leader holds.
     pub prompt_bank_prompts: BTreeMap<String, u64>,
+    /// Prompt lane passes that decided (a request was pending).
+    pub prompt_decisions: u64,
+    /// Seconds those decisions took (pools to GPUs), summed, and the most.
+    pub prompt_decision_seconds_sum: f64,
+    pub prompt_decision_seconds_max: f64,
+    /// Seconds of whole lane passes (observe, decide, commit, push), summed.
+    pub prompt_pass_seconds_sum: f64,
+    /// Requests the lane started on a warm process of their model (hits) /
+    /// loading the model afresh (misses).
+    pub prompt_warm_starts: u64,
+    pub prompt_cold_starts: u64,
+    /// Requests waiting for warm GPUs that free up in time (last pass).
+    pub prompt_delayed: u64,
 }
 
 /// How long a round's decision (pure code on the blocking pool) may take
@@ -307,8 +322,65 @@ pub async fn render_metrics(state: &AppState) -> String {
             );
         }
     }
-    e.family("fmsched_nodes", "gauge", "Nodes by liveness state.");
+    e.scalar(
+        "fmsched_prompt_decisions_total",
+        "counter",
+        "Prompt lane passes that decided with a request pending (PromptTuner's 50 ms loop).",
+        v.prompt_decisions as f64,
+    );
+    e.scalar(
+        "fmsched_prompt_decision_seconds_sum",
+        "counter",
+        "Seconds the prompt lane's decisions took (Algorithms 1 and 2, then GPUs), summed.",
+        v.prompt_decision_seconds_sum,
+    );
+    e.scalar(
+        "fmsched_prompt_decision_seconds_max",
+        "gauge",
+        "The longest prompt lane decision so far, seconds.",
+        v.prompt_decision_seconds_max,
+    );
+    e.scalar(
+        "fmsched_prompt_pass_seconds_sum",
+        "counter",
+        "Seconds of whole prompt lane passes (observe, decide, commit, push), summed.",
+        v.prompt_pass_seconds_sum,
+    );
+    e.family(
+        "fmsched_prompt_starts_total",
+        "counter",
+        "Prompt-tuning requests the lane started: on a warm process of their model (hit) or loading it afresh (miss).",
+    );
+    e.sample(
+        "fmsched_prompt_starts_total",
+        &[("start", "warm")],
+        v.prompt_warm_starts as f64,
+    );
+    e.sample(
+        "fmsched_prompt_starts_total",
+        &[("start", "cold")],
+        v.prompt_cold_starts as f64,
+    );
+    e.scalar(
+        "fmsched_prompt_delayed",
+        "gauge",
+        "Prompt-tuning requests waiting for warm GPUs that free up in time (last lane pass).",
+        v.prompt_delayed as f64,
+    );
     let nodes = state.registry.snapshot();
+    let mut warm: BTreeMap<&str, usize> = BTreeMap::new();
+    for w in nodes.iter().flat_map(|n| &n.warm) {
+        *warm.entry(w.model.as_str()).or_default() += w.gpu_uuids.len();
+    }
+    e.family(
+        "fmsched_prompt_warm_gpus",
+        "gauge",
+        "Idle warm GPUs per model: processes with the model loaded waiting for a request (PromptTuner's warm pools).",
+    );
+    for (model, n) in &warm {
+        e.sample("fmsched_prompt_warm_gpus", &[("model", model)], *n as f64);
+    }
+    e.family("fmsched_nodes", "gauge", "Nodes by liveness state.");
     for st in ["available", "suspect", "offline"] {
         let n = nodes.iter().filter(|x| x.state.as_str() == st).count();
         e.sample("fmsched_nodes", &[("state", st)], n as f64);
@@ -756,6 +828,8 @@ pub async fn run_round(
 ) -> Result<RoundReport, RoundError> {
     // The term this round works under: its commit is fenced by it.
     let fence = state.leadership.fence().ok_or(RoundError::NotLeader)?;
+    // The prompt lane decides on the same plan: one at a time.
+    let _one = state.prompt_lane.round_lock.lock().await;
     let now = Utc::now();
     let Some(Decided {
         scheduling,
@@ -781,28 +855,23 @@ pub async fn run_round(
         .await?;
     // A deposed leader pushes nothing, even a plan it committed in time.
     let leads = state.leadership.fence().as_ref() == Some(&fence);
+    *state
+        .prompt_lane
+        .fair_share
+        .lock()
+        .unwrap_or_else(|p| p.into_inner()) = writes.service.fair_share_gpus.clone();
     if leads {
         enter_phase(state, Some("push plans"));
-        let (live, progress, merges, init_weights) =
-            plan_context(state, &observed, &writes).await?;
-        let prompt_banks =
-            prompt_bank::for_plan(state, &live, &writes.assignments, &progress).await?;
-        push::push_plans(
+        push_committed(
             state,
-            &push::PlanView {
-                live: &live,
-                assignments: &writes.assignments,
-                progress: &progress,
-                merges: &merges,
-                init_weights: &init_weights,
-                frozen_layers: &observed.frozen_layers,
-                leases: &writes.service.leases.iter().copied().collect(),
-                footprints: &inputs.t.footprints(),
-                prompt_banks: &prompt_banks,
-            },
+            &observed,
+            &writes,
+            &writes.service.leases.iter().copied().collect(),
+            &inputs.t.footprints(),
             generation,
             fence.epoch,
-        );
+        )
+        .await?;
     }
     // What was committed is accounted (and its merge outcomes taught to
     // the estimator) once the agents have their plans.
@@ -822,6 +891,38 @@ pub async fn run_round(
         failed: observed.failed,
         scheduling: Some(scheduling),
     })
+}
+
+/// Pushes a committed plan (`w.assignments` under `generation`) to every
+/// node, with what its tasks need beyond their assignments.
+async fn push_committed(
+    state: &AppState,
+    o: &Observed,
+    w: &crate::persistence::RoundWrites,
+    leases: &BTreeMap<JobId, DateTime<Utc>>,
+    footprints: &BTreeMap<JobId, fmsched_core::policy::GpuFootprint>,
+    generation: i64,
+    epoch: i64,
+) -> Result<(), RoundError> {
+    let (live, progress, merges, init_weights) = plan_context(state, o, w).await?;
+    let prompt_banks = prompt_bank::for_plan(state, &live, &w.assignments, &progress).await?;
+    push::push_plans(
+        state,
+        &push::PlanView {
+            live: &live,
+            assignments: &w.assignments,
+            progress: &progress,
+            merges: &merges,
+            init_weights: &init_weights,
+            frozen_layers: &o.frozen_layers,
+            leases,
+            footprints,
+            prompt_banks: &prompt_banks,
+        },
+        generation,
+        epoch,
+    );
+    Ok(())
 }
 
 /// What decide needs, owned (it runs on the blocking pool).
@@ -1065,6 +1166,7 @@ fn plan_writes(
             .iter()
             .map(|p| (t.jobs[p.job], p.finish_in.map(at), p.at_risk))
             .collect(),
+        carry_over: false,
     };
     w
 }
@@ -1115,6 +1217,40 @@ fn queue_gauges(
     q
 }
 
+/// What a committed round or lane pass observed, accounted: merge
+/// outcomes taught to the estimator, completions, failures and retries
+/// counted.
+async fn account_observed(state: &AppState, est: &Estimates, o: &Observed) {
+    let mut taught = 0;
+    for x in &o.outcomes {
+        match est.record_transfer_outcome(x.score, x.gain).await {
+            Ok(Some((intercept, slope, observed))) => {
+                taught += 1;
+                tracing::info!(
+                    merge = x.merge,
+                    score = x.score,
+                    gain = x.gain,
+                    intercept,
+                    slope,
+                    observed,
+                    "merge outcome taught to the estimator"
+                );
+            }
+            Ok(None) => {}
+            Err(e) => tracing::warn!(merge = x.merge, error = %e, "merge outcome not recorded"),
+        }
+    }
+    state.metrics.update(|m| {
+        m.completed += o.completed as u64;
+        m.failed += o.failed as u64;
+        m.retries += o.retried as u64;
+        m.guard_splits += o.guard_splits as u64;
+        m.transfer_outcomes += taught;
+        m.prompt_bank_filed += o.writes.bank_adds.len() as u64;
+        m.prompt_bank_evicted += o.writes.bank_evictions.len() as u64;
+    });
+}
+
 /// After a commit: metrics, logs, and the merge outcomes taught to the
 /// estimator's gain regression.
 async fn after_commit(
@@ -1138,25 +1274,7 @@ async fn after_commit(
         merged(fmsched_core::policy::MergeMode::Temporal),
         merged(fmsched_core::policy::MergeMode::Spatial),
     );
-    let mut taught = 0;
-    for x in &o.outcomes {
-        match est.record_transfer_outcome(x.score, x.gain).await {
-            Ok(Some((intercept, slope, observed))) => {
-                taught += 1;
-                tracing::info!(
-                    merge = x.merge,
-                    score = x.score,
-                    gain = x.gain,
-                    intercept,
-                    slope,
-                    observed,
-                    "merge outcome taught to the estimator"
-                );
-            }
-            Ok(None) => {}
-            Err(e) => tracing::warn!(merge = x.merge, error = %e, "merge outcome not recorded"),
-        }
-    }
+    account_observed(state, est, o).await;
     if out.stats.abandoned {
         tracing::error!(
             generation,
@@ -1173,10 +1291,6 @@ async fn after_commit(
         m.solver_abandoned += u64::from(out.stats.abandoned);
         m.context_switches += out.switches as u64;
         m.queue_length = out.queued as u64;
-        m.completed += o.completed as u64;
-        m.failed += o.failed as u64;
-        m.retries += o.retried as u64;
-        m.guard_splits += o.guard_splits as u64;
         m.merges_temporal += temporal;
         m.merges_spatial += spatial;
         m.unexecutable_placements += out
@@ -1185,10 +1299,7 @@ async fn after_commit(
             .map(|(v, _)| *v)
             .collect::<BTreeSet<_>>()
             .len() as u64;
-        m.transfer_outcomes += taught;
         m.queues = queue_gauges(&t.view, &inputs.prepared, out);
-        m.prompt_bank_filed += o.writes.bank_adds.len() as u64;
-        m.prompt_bank_evicted += o.writes.bank_evictions.len() as u64;
     });
     for x in &out.transitions {
         tracing::info!(job_id = %t.jobs[x.job], to = %x.to, reason = %x.reason, generation, "job state");
@@ -1445,6 +1556,7 @@ pub async fn scheduling_loop(state: AppState) {
             return;
         }
     };
+    let est = Arc::new(est);
     if est.is_remote() {
         tracing::info!(endpoint = ?e.endpoint, "estimates from the estimator service");
     }
@@ -1456,6 +1568,11 @@ pub async fn scheduling_loop(state: AppState) {
         }
     }
     let _watch = AbortOnDrop(tokio::spawn(watch_rounds(state.clone())));
+    let _lane = AbortOnDrop(tokio::spawn(prompt_lane::lane_loop(
+        state.clone(),
+        lut.clone(),
+        est.clone(),
+    )));
     let lead = state.config.scheduling.effective_prewarm_lead();
     if !lead.is_zero() {
         tracing::info!(

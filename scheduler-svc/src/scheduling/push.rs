@@ -146,6 +146,9 @@ fn desired_sets(state: &AppState, v: &PlanView<'_>) -> BTreeMap<NodeId, Vec<pb::
             expert_parallel: job.spec.resources.expert_parallel,
             lease_until: None,               // set below for training processes
             expected_utilization_percent: 0, // set below
+            // A prompt-tuning job of the lane stays warm for the next
+            // request of its model (PromptTuner's warm pools).
+            warm: !a.profile && super::prompt_lane::in_lane(state, job),
         };
         if a.profile {
             // A profiling run is a process of its own ("<job>-profile").
@@ -238,6 +241,9 @@ pub(crate) fn push_plans(state: &AppState, v: &PlanView<'_>, generation: i64, ep
                 generation,
                 tasks,
                 epoch,
+                warm_idle_release: Some(fmsched_proto::convert::duration_to_proto(
+                    state.config.scheduling.prompt_warm_idle_release,
+                )),
             })),
         };
         if !state.registry.send(&node, msg) {

@@ -1,0 +1,517 @@
+//! PromptTuner's lane (thesis 004 Ch. 4, §4.4.4): prompt-tuning jobs start
+//! within ~50 ms of arriving, beside the normal round, on warm processes of
+//! their model where one waits.
+//!
+//! - **Who owns what.** The round never starts, moves or suspends a lane
+//!   job: a pending one is held back from it, a running one is pinned (it
+//!   keeps its GPUs, as a non-preemptible job does). The lane takes only
+//!   GPUs the plan in force leaves free (the cold pool) and the idle warm
+//!   processes the agents report (the warm pools); a round that gives a
+//!   warm process's GPUs to another job stops that process.
+//! - **One plan.** A lane pass is a round without a policy: it observes the
+//!   agents' reports as a round does (a finished prompt job is completed
+//!   and leaves the plan in the same commit that may hand its warm process
+//!   the next request), keeps the plan in force for everything else, adds
+//!   the requests it starts, and commits under a new generation, fenced by
+//!   the leader's term. Rounds and lane passes hold one lock from observe
+//!   to commit, so they never grant a GPU twice.
+//! - **The decision** is `fmsched_core::policy::prompttuner::place_lane`:
+//!   Algorithms 1 and 2 over the pools, then concrete GPUs per request. A
+//!   request's completion bound `T_i(A)` is its remaining iterations × the
+//!   throughput table's step time on `A` GPUs of the family it would run
+//!   on, plus [`WARM_START_S`]; a cold start adds `T_cold` of its model
+//!   (`prompttuner::cold_start_s`). Its SLO is its deadline; without one,
+//!   the time a cold start now would take on its best GPU count (it waits
+//!   for a warm GPU only when that finishes no later).
+//! - **When.** The loop wakes on a prompt-tuning submission and on agents'
+//!   reports of finished processes or warm ones, waits one 50 ms tick to
+//!   take a burst in together, and decides if a request is pending; else
+//!   once a second. A pass that starts nothing writes nothing.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+use fmsched_core::policy::prompttuner::{self, LaneNode, LaneRequest, Request};
+use fmsched_core::{GpuUuid, JobId, JobKind, JobState, NodeState};
+use fmsched_estimator::analytic;
+use fmsched_estimator::lut::{Lut, Variant};
+
+use super::observe::{self, Observed};
+use super::{RoundError, RoundKind, total_iterations};
+use crate::api::AppState;
+use crate::estimates::Estimates;
+use crate::persistence::{Assignment, JobRecord, ServiceUpdate};
+
+/// The loop's period: requests arriving within one tick are decided
+/// together (the thesis' 50 ms).
+pub const TICK: Duration = Duration::from_millis(50);
+
+/// Without a wake-up the loop looks for pending requests this often (SLOs
+/// shrink as requests wait; a delayed one may have to start cold).
+const IDLE_CHECK: Duration = Duration::from_secs(1);
+
+/// Seconds from a lane decision to the trainer running the request on a
+/// warm process: the plan's push and the hand-over (the agent writes the
+/// next task and signals the process). The allocation overhead of the
+/// thesis' completion bound.
+pub const WARM_START_S: f64 = 1.0;
+
+/// The lane's state in the leader process.
+#[derive(Default)]
+pub struct PromptLane {
+    /// Wakes the loop (a prompt-tuning submission; an agent reported a
+    /// finished or a warm process).
+    pub wake: tokio::sync::Notify,
+    /// Held by a round from observe to commit, and by a lane pass: one
+    /// decides at a time on the plan in force.
+    pub round_lock: tokio::sync::Mutex<()>,
+    /// The last round's fair shares: a lane commit accrues by them until
+    /// the next round.
+    pub fair_share: std::sync::Mutex<Vec<(JobId, f64)>>,
+}
+
+/// Whether job `job` is the lane's: a prompt-tuning job while
+/// `scheduling.prompt_lane` is on.
+pub fn in_lane(state: &AppState, job: &JobRecord) -> bool {
+    state.config.scheduling.prompt_lane && job.spec.kind == JobKind::PromptTuning
+}
+
+/// What one lane pass did.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct LaneReport {
+    /// Requests pending when it decided.
+    pub pending: usize,
+    /// Started on a warm process of their model / afresh.
+    pub warm_starts: usize,
+    pub cold_starts: usize,
+    /// Waiting for warm GPUs that free up in time.
+    pub delayed: usize,
+    /// Seconds the decision took (pools to concrete GPUs).
+    pub decide_s: f64,
+    /// The generation it committed (None: it started nothing, wrote
+    /// nothing).
+    pub generation: Option<i64>,
+}
+
+/// The loop beside [`super::scheduling_loop`] (leaders only).
+pub async fn lane_loop(state: AppState, lut: Arc<Lut>, est: Arc<Estimates>) {
+    loop {
+        tokio::select! {
+            () = state.prompt_lane.wake.notified() => {}
+            () = tokio::time::sleep(IDLE_CHECK) => {}
+        }
+        // Take a burst in together.
+        tokio::time::sleep(TICK).await;
+        if !state.leadership.is_leader() {
+            continue;
+        }
+        match state.persistence.prompt_jobs_pending().await {
+            Ok(true) => {}
+            Ok(false) => continue,
+            Err(e) => {
+                tracing::warn!(error = %e, "prompt lane: looking for pending requests failed");
+                continue;
+            }
+        }
+        let started = Instant::now();
+        let result = run_lane(&state, &lut, &est).await;
+        let took = started.elapsed().as_secs_f64();
+        match result {
+            Ok(r) => {
+                state.metrics.update(|m| {
+                    m.prompt_decisions += 1;
+                    m.prompt_decision_seconds_sum += r.decide_s;
+                    m.prompt_decision_seconds_max = m.prompt_decision_seconds_max.max(r.decide_s);
+                    m.prompt_pass_seconds_sum += took;
+                    m.prompt_warm_starts += r.warm_starts as u64;
+                    m.prompt_cold_starts += r.cold_starts as u64;
+                    m.prompt_delayed = r.delayed as u64;
+                });
+                if let Some(g) = r.generation {
+                    tracing::info!(
+                        generation = g,
+                        pending = r.pending,
+                        warm = r.warm_starts,
+                        cold = r.cold_starts,
+                        delayed = r.delayed,
+                        decide_ms = r.decide_s * 1e3,
+                        took_ms = took * 1e3,
+                        "prompt lane: requests started"
+                    );
+                }
+            }
+            Err(e) if e.is_fenced() => {
+                tracing::debug!(error = %e, "prompt lane pass discarded (the plan moved on or leadership was lost)");
+            }
+            Err(e) => tracing::warn!(error = %e, "prompt lane pass failed; retrying"),
+        }
+    }
+}
+
+/// One lane pass (see the module docs).
+pub async fn run_lane(
+    state: &AppState,
+    lut: &Arc<Lut>,
+    est: &Estimates,
+) -> Result<LaneReport, RoundError> {
+    let fence = state.leadership.fence().ok_or(RoundError::NotLeader)?;
+    let _one = state.prompt_lane.round_lock.lock().await;
+    let now = Utc::now();
+    let o = observe::observe(state, lut, est, RoundKind::Commit, now).await?;
+    let pending: Vec<&JobRecord> = o
+        .live
+        .values()
+        .filter(|j| in_lane(state, j))
+        .filter(|j| matches!(j.state, JobState::Submitted | JobState::Queued))
+        .filter(|j| {
+            o.retries
+                .get(&j.id)
+                .is_none_or(|r| r.retry_after.is_none_or(|t| t <= now))
+        })
+        .filter(|j| !o.admin.requeues.contains_key(&j.id))
+        .collect();
+    let mut report = LaneReport {
+        pending: pending.len(),
+        ..LaneReport::default()
+    };
+    if pending.is_empty() {
+        return Ok(report);
+    }
+    let kept = kept_assignments(&o);
+    let mut pools = pools(state, lut, &o, &kept);
+    for j in &pending {
+        pools.model(&j.spec.model);
+    }
+    let requests: Vec<LaneRequest> = pending
+        .iter()
+        .map(|j| request(lut, j, &o, &pools, now))
+        .collect();
+    let t0 = Instant::now();
+    let plan = prompttuner::place_lane(
+        &requests,
+        &pools.nodes,
+        &pools.models,
+        &pools.busy_until,
+        &pools.cold_start_s,
+        0.0,
+    );
+    report.decide_s = t0.elapsed().as_secs_f64();
+    report.delayed = plan.delayed.len();
+    if plan.starts.is_empty() {
+        return Ok(report);
+    }
+    let mut w = o.writes.clone();
+    w.assignments = kept;
+    for s in &plan.starts {
+        let job = pending[s.request];
+        let node = &o.nodes[pools.node_of[s.node]];
+        let gpus: Vec<GpuUuid> = s
+            .gpus
+            .iter()
+            .filter_map(|&g| node.record.gpus.iter().find(|r| r.index == g))
+            .map(|g| g.uuid.clone())
+            .collect();
+        if gpus.len() != s.gpus.len() {
+            continue;
+        }
+        w.assignments.push(Assignment {
+            job: job.id,
+            node: node.record.id.clone(),
+            gpus,
+            profile: false,
+            rank_offset: 0,
+            master_port: None,
+        });
+        if job.state == JobState::Submitted {
+            w.transitions.push((
+                job.id,
+                JobState::Queued,
+                "accepted for scheduling (the prompt lane, PromptTuner)".into(),
+            ));
+        }
+        let how = match (s.warm, s.late) {
+            (true, false) => "on a warm process of its model",
+            (false, false) => "loading its model afresh (no warm process of it was free)",
+            (true, true) => {
+                "on a warm process of its model, best-effort: no option meets its deadline"
+            }
+            (false, true) => "loading its model afresh, best-effort: no option meets its deadline",
+        };
+        w.transitions.push((
+            job.id,
+            JobState::Running,
+            format!(
+                "prompt lane: started {how} on {} GPU(s) {:?} of node {}",
+                s.gpus.len(),
+                s.gpus,
+                node.record.id
+            ),
+        ));
+        if s.warm {
+            report.warm_starts += 1;
+        } else {
+            report.cold_starts += 1;
+        }
+    }
+    // The round's accounting stands until the next round: its fair shares
+    // accrue, its leases and predictions stay.
+    w.service = ServiceUpdate {
+        fair_share_gpus: state
+            .prompt_lane
+            .fair_share
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone(),
+        carry_over: true,
+        ..ServiceUpdate::default()
+    };
+    let generation = state
+        .persistence
+        .commit_round(&fence, o.current.generation, &w, now)
+        .await?;
+    report.generation = Some(generation);
+    if state.leadership.fence().as_ref() != Some(&fence) {
+        return Err(RoundError::NotLeader);
+    }
+    let leases: BTreeMap<JobId, DateTime<Utc>> = o
+        .service
+        .iter()
+        .filter_map(|(j, s)| s.lease_until.map(|t| (*j, t)))
+        .collect();
+    super::push_committed(
+        state,
+        &o,
+        &w,
+        &leases,
+        &BTreeMap::new(),
+        generation,
+        fence.epoch,
+    )
+    .await?;
+    super::account_observed(state, est, &o).await;
+    Ok(report)
+}
+
+/// The plan in force, less what observing ended: training assignments of
+/// jobs still running, profiling assignments of jobs still profiling.
+fn kept_assignments(o: &Observed) -> Vec<Assignment> {
+    o.current
+        .assignments
+        .iter()
+        .filter(|a| {
+            o.live.get(&a.job).is_some_and(|j| {
+                if a.profile {
+                    j.state == JobState::Profiling
+                } else {
+                    j.state == JobState::Running
+                }
+            })
+        })
+        .cloned()
+        .collect()
+}
+
+/// The pools a lane pass decides over.
+struct Pools {
+    /// Usable nodes (Available, neither cordoned nor drained).
+    nodes: Vec<LaneNode>,
+    /// `nodes[k]` is `o.nodes[node_of[k]]`.
+    node_of: Vec<usize>,
+    /// Models of warm processes, running lane jobs and pending requests.
+    models: Vec<String>,
+    /// Per model: when each GPU running one of its lane jobs frees up
+    /// (seconds from now).
+    busy_until: Vec<Vec<f64>>,
+    /// Per model: `T_cold`.
+    cold_start_s: Vec<f64>,
+    /// The cluster's usable families, most GPUs first.
+    families: Vec<String>,
+}
+
+impl Pools {
+    fn model(&mut self, name: &str) -> usize {
+        if let Some(k) = self.models.iter().position(|m| m == name) {
+            return k;
+        }
+        self.models.push(name.to_string());
+        self.busy_until.push(Vec::new());
+        self.cold_start_s.push(prompttuner::cold_start_s(
+            analytic::params_of(name).unwrap_or(0.0),
+        ));
+        self.models.len() - 1
+    }
+}
+
+fn pools(state: &AppState, lut: &Lut, o: &Observed, kept: &[Assignment]) -> Pools {
+    let mut p = Pools {
+        nodes: Vec::new(),
+        node_of: Vec::new(),
+        models: Vec::new(),
+        busy_until: Vec::new(),
+        cold_start_s: Vec::new(),
+        families: Vec::new(),
+    };
+    let used: BTreeSet<&str> = kept
+        .iter()
+        .flat_map(|a| a.gpus.iter().map(|g| g.0.as_str()))
+        .collect();
+    let mut family_gpus: BTreeMap<String, usize> = BTreeMap::new();
+    for (k, n) in o.nodes.iter().enumerate() {
+        let v = super::inputs::node_view(n, &o.admin.cordons, &o.admin.loans);
+        if v.state != NodeState::Available || v.drained || v.cordoned {
+            continue;
+        }
+        let index_of = |u: &str| {
+            n.record
+                .gpus
+                .iter()
+                .find(|g| g.uuid.0 == u)
+                .map(|g| g.index)
+        };
+        let mut warm_gpus: BTreeSet<u32> = BTreeSet::new();
+        let mut warm = Vec::new();
+        for w in &n.warm {
+            let gpus: Option<Vec<u32>> = w.gpu_uuids.iter().map(|u| index_of(u)).collect();
+            let Some(mut gpus) = gpus else { continue };
+            // A warm process whose GPUs the plan gave away is being stopped.
+            if gpus.is_empty() || w.gpu_uuids.iter().any(|u| used.contains(u.as_str())) {
+                continue;
+            }
+            gpus.sort_unstable();
+            warm_gpus.extend(gpus.iter().copied());
+            p.model(&w.model);
+            warm.push((w.model.clone(), gpus));
+        }
+        let free: Vec<u32> = n
+            .record
+            .gpus
+            .iter()
+            .filter(|g| !used.contains(g.uuid.0.as_str()) && !warm_gpus.contains(&g.index))
+            .map(|g| g.index)
+            .collect();
+        *family_gpus.entry(v.gpu_model.clone()).or_default() += n.record.gpus.len();
+        p.nodes.push(LaneNode {
+            family: v.gpu_model,
+            free,
+            warm,
+        });
+        p.node_of.push(k);
+    }
+    let mut families: Vec<(String, usize)> = family_gpus.into_iter().collect();
+    families.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    p.families = families.into_iter().map(|f| f.0).collect();
+    // Running lane jobs hold their GPUs until their bound.
+    for a in kept.iter().filter(|a| !a.profile) {
+        let Some(j) = o.live.get(&a.job).filter(|j| in_lane(state, j)) else {
+            continue;
+        };
+        let family = o
+            .nodes
+            .iter()
+            .find(|n| n.record.id == a.node)
+            .map(super::inputs::node_family)
+            .unwrap_or_default();
+        let left = remaining(j, o) as f64 * step_s(lut, j, &family, a.gpus.len());
+        // A step time the table lacks: assume a minute more.
+        let until = if left.is_finite() { left } else { 60.0 };
+        let m = p.model(&j.spec.model);
+        p.busy_until[m].extend(std::iter::repeat_n(until, a.gpus.len()));
+    }
+    p
+}
+
+/// Iterations a job has left.
+fn remaining(j: &JobRecord, o: &Observed) -> u64 {
+    let done = o.progress.get(&j.id).map_or(0, |p| p.0);
+    total_iterations(j).saturating_sub(done).max(1)
+}
+
+/// The table's step time of `j` on `gpus` GPUs of `family` (+∞ where it
+/// cannot run).
+fn step_s(lut: &Lut, j: &JobRecord, family: &str, gpus: usize) -> f64 {
+    if !(1..=9).contains(&gpus) {
+        return f64::INFINITY;
+    }
+    let layers = analytic::layers_of(&j.spec.model).unwrap_or(12);
+    lut.iteration_time_on(
+        &j.spec.model,
+        family,
+        &gpus.to_string(),
+        j.spec.hyperparameters.global_batch_size.max(1),
+        &Variant::of_spec(&j.spec),
+        layers,
+    )
+    .ok()
+    .filter(|it| it.feasible)
+    .map_or(f64::INFINITY, |it| it.seconds)
+}
+
+/// A pending job as a request: its model's pool, its SLO (seconds to its
+/// deadline; without one, its fastest cold start from now), and its
+/// completion bound per GPU count on the family it would run on.
+fn request(
+    lut: &Lut,
+    j: &JobRecord,
+    o: &Observed,
+    pools: &Pools,
+    now: DateTime<Utc>,
+) -> LaneRequest {
+    let r = &j.spec.resources;
+    let families: BTreeSet<String> = pools.families.iter().cloned().collect();
+    let unfit = super::inputs::unfit_families(lut, &families, j);
+    let allowed: Vec<String> = pools
+        .families
+        .iter()
+        .filter(|f| !unfit.contains(f))
+        .filter(|f| {
+            r.gpu_model
+                .as_deref()
+                .is_none_or(|g| analytic::gpu_family(g) == **f)
+        })
+        .cloned()
+        .collect();
+    let family = allowed.first().cloned().unwrap_or_default();
+    let largest = pools
+        .nodes
+        .iter()
+        .filter(|n| allowed.contains(&n.family))
+        .map(|n| n.free.len() + n.warm.iter().map(|w| w.1.len()).sum::<usize>())
+        .max()
+        .unwrap_or(0);
+    let most = (r.max_gpus.max(r.min_gpus).max(1) as usize).min(largest.max(1));
+    let left = remaining(j, o) as f64;
+    let bound_s: Vec<f64> = (1..=most)
+        .map(|a| {
+            if (a as u32) < r.min_gpus {
+                f64::INFINITY
+            } else {
+                left * step_s(lut, j, &family, a) + WARM_START_S
+            }
+        })
+        .collect();
+    let model = pools
+        .models
+        .iter()
+        .position(|m| m == &j.spec.model)
+        .unwrap_or(usize::MAX);
+    // Without a deadline a request must not finish later than starting it
+    // cold now would: it waits for a warm GPU only when that is no slower.
+    let cold_now = bound_s.iter().copied().fold(f64::INFINITY, f64::min)
+        + pools.cold_start_s.get(model).copied().unwrap_or(0.0);
+    let slo_s = j
+        .spec
+        .deadline
+        .map_or(cold_now, |d| (d - now).num_milliseconds() as f64 / 1e3);
+    LaneRequest {
+        request: Request {
+            id: j.id.to_string(),
+            model,
+            slo_s,
+            bound_s,
+            gpus: r.min_gpus.max(1),
+        },
+        families: allowed,
+    }
+}
