@@ -4,9 +4,11 @@
 - :class:`Contract` reads what the node agent gives a trainer (tasks, mode,
   checkpoint folder, resume path, initial weights, ranks) and turns the
   contract's signals into flags the training loop polls; :func:`standby`
-  waits, loader ready, for the start of a pre-warmed switch (Ymir §6.2).
+  waits, loader ready, for the start of a pre-warmed switch (Ymir §6.2);
+  :func:`next_task` keeps a warm process (PromptTuner's warm pools) waiting,
+  its model loaded, for its next task.
 - :class:`Reporter` writes the JSON-line reports (progress, eval, embedding,
-  checkpoint, prewarmed, done) to the agent's socket.
+  checkpoint, prewarmed, warm, done) to the agent's socket.
 - :func:`freeze_first_layers` freezes a task's ``frozen_layers`` (ICEFROG)
   in a model, by parameter name.
 - :func:`diagonal_fisher` is the Task2Vec probe: the diagonal of the Fisher
@@ -18,7 +20,7 @@
   score of a candidate initial prompt (needs ``torch`` and ``peft``).
 """
 
-from .contract import Contract, Reporter, Task, TrainingSignals, standby
+from .contract import Contract, Reporter, Task, TrainingSignals, next_task, standby
 from .fisher import diagonal_fisher, task2vec_embedding
 from .layers import LayerVariance, LeaseWatch, freeze_first_layers, layer_index, read_control, set_frozen_layers
 
@@ -32,6 +34,7 @@ __all__ = [
     "layer_index",
     "LayerVariance",
     "LeaseWatch",
+    "next_task",
     "read_control",
     "set_frozen_layers",
     "standby",

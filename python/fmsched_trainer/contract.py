@@ -211,6 +211,11 @@ class Reporter:
     def prewarmed(self) -> None:
         self.send({"type": "prewarmed"})
 
+    def warm(self) -> None:
+        """A warm process finished its task and waits, its model loaded,
+        for the next one (:func:`next_task`)."""
+        self.send({"type": "warm"})
+
     def done(self, job_id: str, output: str, prompt_features: Optional[List[float]] = None) -> None:
         """The task reached its target; a prompt-tuning task adds its tuned
         prompt's activation features (the scheduler files the prompt in the
@@ -238,6 +243,7 @@ class Contract:
 
     def __init__(self, env: Optional[Dict[str, str]] = None):
         env = dict(os.environ if env is None else env)
+        self.env = env
         raw = env.get("FMSCHED_TASKS")
         if not raw:
             raise ValueError("FMSCHED_TASKS is not set: this process was not started by an fmsched agent")
@@ -283,6 +289,9 @@ class Contract:
         self.cuda_visible_devices = env.get("CUDA_VISIBLE_DEVICES", "")
         # Started ahead of a switch: see :func:`standby`.
         self.standby = env.get("FMSCHED_STANDBY") == "1"
+        # May serve more tasks of its model after this one: see :func:`next_task`.
+        self.warm = env.get("FMSCHED_WARM") == "1"
+        self.next_task_file = env.get("FMSCHED_NEXT_TASK") or None
         # Pipeline-parallel: stage i on cuda:i (the agent orders the devices
         # for the reverse-order stage switch); 0 for data-parallel jobs.
         self.pipeline_stages = int(env.get("FMSCHED_PIPELINE_STAGES", "0") or 0)
@@ -336,6 +345,39 @@ class Contract:
         path = os.path.join(self.output_dir, job_id)
         os.makedirs(path, exist_ok=True)
         return path
+
+
+# The variables a warm process's next task replaces (one absent there is
+# unset for that task).
+NEXT_TASK_KEYS = ("FMSCHED_JOB_ID", "FMSCHED_TASKS", "FMSCHED_CHECKPOINT_DIR", "FMSCHED_OUTPUT_DIR",
+                  "FMSCHED_CONTROL_FILE", "FMSCHED_RESUME_FROM", "FMSCHED_INIT_WEIGHTS")
+
+
+def next_task(contract: Contract, signals: TrainingSignals, reporter: Reporter) -> Optional[Contract]:
+    """PromptTuner's warm processes on the trainer's side.
+
+    Launched with ``FMSCHED_WARM=1``, a process whose task is done may serve
+    the next task of its model without loading it again. Call this after
+    the task's ``done``: it reports ``warm`` and blocks, the model still
+    loaded, until SIGUSR1 (returns the next task's contract, read from the
+    file ``FMSCHED_NEXT_TASK`` names) or SIGTERM (returns None: exit 0).
+    Without ``FMSCHED_WARM`` it returns None at once.
+    """
+    if not contract.warm or not contract.next_task_file:
+        return None
+    signals.start.clear()
+    reporter.warm()
+    while not signals.start.wait(0.05):
+        if signals.terminate.is_set():
+            return None
+    signals.start.clear()
+    with open(contract.next_task_file) as f:
+        nxt = json.load(f)
+    if not isinstance(nxt, dict):
+        raise ValueError(f"FMSCHED_NEXT_TASK: {contract.next_task_file} is not a JSON object of variables")
+    env = {k: v for k, v in contract.env.items() if k not in NEXT_TASK_KEYS}
+    env.update({str(k): str(v) for k, v in nxt.items() if k in NEXT_TASK_KEYS and v})
+    return Contract(env)
 
 
 def standby(contract: Contract, signals: TrainingSignals, reporter: Reporter) -> bool:

@@ -8,7 +8,8 @@ import time
 
 import pytest
 
-from fmsched_trainer import Contract, Reporter, TrainingSignals, diagonal_fisher, standby, task2vec_embedding
+from fmsched_trainer import (Contract, Reporter, TrainingSignals, diagonal_fisher, next_task, standby,
+                             task2vec_embedding)
 from fmsched_trainer.hf import FmschedCallback
 
 
@@ -97,6 +98,9 @@ class _Recorder:
     def prewarmed(self):
         self.sent.append("prewarmed")
 
+    def warm(self):
+        self.sent.append("warm")
+
     def close(self):
         self.closed = True
 
@@ -120,6 +124,35 @@ def test_standby_reports_prewarmed_and_waits_for_the_start(tmp_path):
     with pytest.raises(SystemExit) as e:
         standby(c, sig, _Recorder())
     assert e.value.code == 0
+
+
+def test_a_warm_process_waits_for_its_next_task_and_takes_its_variables(tmp_path):
+    # Not launched warm: no next task.
+    sig = TrainingSignals()
+    rec = _Recorder()
+    assert next_task(Contract(env(str(tmp_path))), sig, rec) is None and rec.sent == []
+    nxt = tmp_path / "next.json"
+    c = Contract(env(str(tmp_path), FMSCHED_WARM="1", FMSCHED_NEXT_TASK=str(nxt),
+                     FMSCHED_RESUME_FROM="/old/ckpt", FMSCHED_OUTPUT_DIR="/old/out"))
+    assert c.warm and c.resume_from == "/old/ckpt"
+    tasks = [{"job_id": "j2", "model": "roberta-base", "task": "mrpc", "dataset_uri": "file:///e",
+              "global_batch_size": 16}]
+    nxt.write_text(json.dumps({"FMSCHED_JOB_ID": "j2", "FMSCHED_TASKS": json.dumps(tasks),
+                               "FMSCHED_CHECKPOINT_DIR": str(tmp_path / "j2"), "FMSCHED_OUTPUT_DIR": "/new/out"}))
+    threading.Timer(0.3, sig.start.set).start()
+    t0 = time.monotonic()
+    d = next_task(c, sig, rec)
+    assert time.monotonic() - t0 >= 0.25, "returned before the start signal"
+    assert rec.sent == ["warm"] and not sig.start.is_set()
+    # The next task's variables replace the launch's; one it leaves out is
+    # unset; the others (ranks, warm itself) stay.
+    assert [t.job_id for t in d.tasks] == ["j2"] and d.tasks[0].task == "mrpc"
+    assert d.output_dir == "/new/out" and d.checkpoint_dir == str(tmp_path / "j2")
+    assert d.resume_from is None, "the old task's checkpoint is not the new one's"
+    assert d.world_size == 2 and d.warm
+    # SIGTERM while waiting: no next task (the process exits 0).
+    sig.terminate.set()
+    assert next_task(c, sig, _Recorder()) is None
 
 
 def test_the_hf_callback_waits_in_standby_with_its_own_signals(tmp_path):

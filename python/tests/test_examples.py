@@ -317,6 +317,47 @@ def test_prompt_tuning_trains_only_a_prompt_and_writes_it_as_the_output(tmp_path
     assert rc != 0 and "petl 'prompt_tuning'" in err, err
 
 
+def test_a_warm_prompt_process_serves_the_next_request_without_loading_the_model(tmp_path, data):
+    """PromptTuner's warm processes: launched with FMSCHED_WARM=1, the sft
+    example reports ``warm`` after its ``done`` and waits with the model
+    loaded; handed the next task (FMSCHED_NEXT_TASK, then SIGUSR1) it
+    trains a fresh prompt for it without loading the model again, writes
+    that job's output where the next task says, and exits 0 on SIGTERM."""
+    spec = dict(model="llama-2-7b", petl="prompt_tuning", num_virtual_tokens=8, learning_rate=0.01)
+    nxt = tmp_path / "next.json"
+    a = Agent(tmp_path, [task("W1", data / "echo", max_iterations=10, initial_prompt="Repeat:", **spec)],
+              FMSCHED_WARM="1", FMSCHED_NEXT_TASK=str(nxt))
+    p = a.start("sft", "--logging-steps", "5")
+    deadline = time.monotonic() + 180
+    while not a.of("warm"):
+        assert p.poll() is None, p.communicate()[1]
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    assert [d["job_id"] for d in a.of("done")] == ["W1"]
+    second = sub(tmp_path, "second")
+    nxt.write_text(json.dumps({
+        "FMSCHED_JOB_ID": "W2",
+        "FMSCHED_TASKS": json.dumps([task("W2", data / "echo", max_iterations=10, **spec)]),
+        "FMSCHED_CHECKPOINT_DIR": str(second / "ckpt"),
+        "FMSCHED_OUTPUT_DIR": str(second / "out"),
+    }))
+    p.send_signal(signal.SIGUSR1)
+    while len(a.of("warm")) < 2:
+        assert p.poll() is None, p.communicate()[1]
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    p.send_signal(signal.SIGTERM)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 0, err
+    done = a.of("done")
+    assert [d["job_id"] for d in done] == ["W1", "W2"], done
+    assert done[1]["output"].startswith(str(second / "out")), done
+    assert os.path.exists(os.path.join(done[1]["output"], "adapter_model.safetensors"))
+    assert "warm start of job W2: the model is loaded already" in err, err
+    assert err.count("weights from a tiny random") == 1, err
+    assert err.count("prompt tuning: training a prompt of 8 virtual tokens") == 2, err
+
+
 def test_prompt_bank_scores_a_tuned_prompt_below_an_untuned_one_and_restores_the_model(tmp_path):
     import torch
     from peft import PromptTuningConfig, get_peft_model

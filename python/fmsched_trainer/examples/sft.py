@@ -10,14 +10,17 @@ Each example (``train.jsonl`` / ``validation.jsonl``, see
 Metrics: ``token_accuracy`` (next-token accuracy on the trained tokens) and
 ``loss`` (set ``lower_is_better: true`` on a loss target). A prompt-tuning
 job (``kind: prompt_tuning``) trains a soft prompt only and writes it as
-its output (a peft prompt adapter and ``prompt.json``). A temporal
+its output (a peft prompt adapter and ``prompt.json``); launched warm
+(``FMSCHED_WARM=1``) its process then waits with the model loaded and
+serves the next prompt-tuning task of the same model it is handed
+(PromptTuner's warm pools). A temporal
 merge's watched task is scored by its token accuracy with the current
 weights: both tasks share the language-model head.
 """
 
 from __future__ import annotations
 
-from ..contract import standby
+from ..contract import next_task, standby
 from .common import (ByteTokenizer, fail, final_weights, load_model, log, prepare, read_split, save_prompt, start,
                      train, weights_source)
 
@@ -153,6 +156,29 @@ def spatial(contract, args, signals, reporter) -> int:
 
 def main() -> int:
     args, contract, signals, reporter = start(__doc__.splitlines()[0], petl=("", "lora", "prompt_tuning"))
+    base = None
+    while True:
+        code, base = run(args, contract, signals, reporter, base)
+        # A warm prompt-tuning process serves the next request of its model
+        # with the model still loaded (PromptTuner's warm pools).
+        if code != 0 or base is None or signals.terminate.is_set():
+            return code
+        nxt = next_task(contract, signals, contract.reporter())
+        if nxt is None:
+            return 0
+        contract = nxt
+        for t in contract.tasks:
+            if t.petl != "prompt_tuning" or t.model != contract.tasks[0].model:
+                fail(f"a warm process serves prompt-tuning tasks of its model; got petl {t.petl!r} of {t.model}")
+        log(f"warm start of job {contract.tasks[0].job_id}: the model is loaded already (no weight load)")
+        reporter = contract.reporter()
+
+
+def run(args, contract, signals, reporter, base=None):
+    """Trains the contract's task; ``base`` is a warm process's loaded
+    model (None: load it). Returns the exit code, and the model to keep
+    loaded for the next task when this one was a warm prompt-tuning task
+    (else None)."""
     task = contract.tasks[0]
     for t in contract.tasks:
         if t.metric and t.metric not in ("token_accuracy", "loss"):
@@ -160,7 +186,7 @@ def main() -> int:
     from transformers import AutoModelForCausalLM
 
     if len(contract.tasks) == 2:
-        return spatial(contract, args, signals, reporter)
+        return spatial(contract, args, signals, reporter), None
 
     enc = Encoder(weights_source(contract, args), args.max_length)
     train_set = encode(read_split(task.dataset_uri, "train"), enc, task.dataset_uri + " train")
@@ -168,7 +194,12 @@ def main() -> int:
     collate = collator(enc.pad_id)
     if standby(contract, signals, reporter):
         log("started from standby")
-    model, origin = load_model(AutoModelForCausalLM, contract, args)
+    warm = contract.warm and task.petl == "prompt_tuning" and not contract.watched
+    if base is not None and not contract.init_weights:
+        model, origin = base, "the warm process's loaded model"
+    else:
+        model, origin = load_model(AutoModelForCausalLM, contract, args)
+    loaded = model
     log(f"weights from {origin}; {len(train_set)} training and {len(eval_set)} validation examples")
     prompt_ids = enc.ids(task.initial_prompt, True) if task.initial_prompt else []
     model = prepare(model, task, peft_task_type="CAUSAL_LM", prompt_ids=prompt_ids)
@@ -203,10 +234,13 @@ def main() -> int:
             final_weights(m).save_pretrained(path)
         enc.save(path)
 
-    return train(contract, args, model, train_set, eval_set, collate, compute,
+    code = train(contract, args, model, train_set, eval_set, collate, compute,
                  preprocess_logits=lambda logits, labels: without_prompt(logits, labels.shape[1]).argmax(-1),
                  evaluate_watched=evaluate_watched if watched else None, save_output=save_output,
                  signals=signals, reporter=reporter)
+    # Prompt tuning leaves the model's own weights as they were (frozen):
+    # the next request wraps the same model in a fresh prompt.
+    return code, (loaded if warm else None)
 
 
 if __name__ == "__main__":

@@ -75,12 +75,14 @@ pub async fn node_answer(state: &AppState, id: &NodeId) -> Result<pb::Node, ApiE
 /// Whether a process still runs (or checkpoints) on the node: ended ones
 /// (suspended, done, failed) stay reported and do not count.
 pub fn runs_a_process(n: &LiveNode) -> bool {
-    n.observed_tasks.iter().any(|t| {
-        matches!(
-            pb::TaskPhase::try_from(t.phase),
-            Ok(pb::TaskPhase::Starting | pb::TaskPhase::Running | pb::TaskPhase::Checkpointing)
-        )
-    })
+    // A warm process holds its GPUs' memory too.
+    !n.warm.is_empty()
+        || n.observed_tasks.iter().any(|t| {
+            matches!(
+                pb::TaskPhase::try_from(t.phase),
+                Ok(pb::TaskPhase::Starting | pb::TaskPhase::Running | pb::TaskPhase::Checkpointing)
+            )
+        })
 }
 
 /// Whether new work may start on a node: schedulable, cordoned, or

@@ -64,7 +64,7 @@ use std::sync::Arc;
 use chrono::{DateTime, Utc};
 use fmsched_core::policy::Policy;
 use fmsched_core::round::{self, RoundOutcome};
-use fmsched_core::{JobId, JobState};
+use fmsched_core::{JobId, JobState, NodeId};
 use fmsched_estimator::analytic;
 use fmsched_estimator::lut::Lut;
 
@@ -906,6 +906,15 @@ async fn push_committed(
 ) -> Result<(), RoundError> {
     let (live, progress, merges, init_weights) = plan_context(state, o, w).await?;
     let prompt_banks = prompt_bank::for_plan(state, &live, &w.assignments, &progress).await?;
+    let closed: BTreeSet<NodeId> = o
+        .nodes
+        .iter()
+        .filter(|n| {
+            let v = inputs::node_view(n, &o.admin.cordons, &o.admin.loans);
+            v.drained || v.cordoned || v.state == fmsched_core::NodeState::Offline
+        })
+        .map(|n| n.record.id.clone())
+        .collect();
     push::push_plans(
         state,
         &push::PlanView {
@@ -918,6 +927,7 @@ async fn push_committed(
             leases,
             footprints,
             prompt_banks: &prompt_banks,
+            closed: &closed,
         },
         generation,
         epoch,
@@ -1483,6 +1493,8 @@ async fn hint(
         leases: &BTreeMap::new(),
         footprints: &t.footprints(),
         prompt_banks: &prompt_banks,
+        // Hints carry no warm release.
+        closed: &BTreeSet::new(),
     };
     if state.leadership.fence().is_none() {
         return Ok(0); // a deposed leader sends nothing

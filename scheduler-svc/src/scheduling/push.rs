@@ -79,6 +79,9 @@ pub(crate) struct PlanView<'a> {
     /// By model: the Prompt Bank a prompt-tuning job without an initial
     /// prompt gets when it starts afresh.
     pub prompt_banks: &'a BTreeMap<String, Vec<pb::PromptCandidate>>,
+    /// Nodes nothing new may start on (cordoned, drained, reclaimed,
+    /// faulty): their warm processes are stopped now.
+    pub closed: &'a BTreeSet<NodeId>,
 }
 
 /// The desired set of every node the registry knows (empty for a node the
@@ -232,6 +235,10 @@ fn desired_sets(state: &AppState, v: &PlanView<'_>) -> BTreeMap<NodeId, Vec<pb::
     per_node
 }
 
+/// The warm idle release of a node nothing new may start on: its warm
+/// processes go at once (zero would mean the agent's default).
+const CLOSED_WARM_RELEASE: std::time::Duration = std::time::Duration::from_millis(1);
+
 /// Sends every connected node its complete desired set.
 pub(crate) fn push_plans(state: &AppState, v: &PlanView<'_>, generation: i64, epoch: i64) {
     for (node, tasks) in desired_sets(state, v) {
@@ -242,7 +249,11 @@ pub(crate) fn push_plans(state: &AppState, v: &PlanView<'_>, generation: i64, ep
                 tasks,
                 epoch,
                 warm_idle_release: Some(fmsched_proto::convert::duration_to_proto(
-                    state.config.scheduling.prompt_warm_idle_release,
+                    if v.closed.contains(&node) {
+                        CLOSED_WARM_RELEASE
+                    } else {
+                        state.config.scheduling.prompt_warm_idle_release
+                    },
                 )),
             })),
         };
