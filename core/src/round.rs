@@ -502,13 +502,7 @@ pub fn prepare(view: &ClusterView, policy: &dyn Policy, cfg: &RoundConfig) -> Pr
             cfg.max_nodes_per_group,
         )
         .or_else(|| {
-            fits_no_family(j, &sizes).then(|| {
-                format!(
-                    "one replica of {} does not fit the GPU memory of {}",
-                    j.model,
-                    j.unfit_families.join(", ")
-                )
-            })
+            fits_no_family_of(j, &sizes).then(|| unfit_reason(&j.model, &j.unfit_families))
         });
         if let Some(why) = why {
             // Said of a queued job, and of a submitted one that cannot
@@ -661,18 +655,35 @@ pub fn prepare(view: &ClusterView, policy: &dyn Policy, cfg: &RoundConfig) -> Pr
 /// pipeline replica, of its GPU model).
 fn cannot_profile(job: &JobView, nodes: &[(u32, &str)]) -> bool {
     never_fits(job.replica(), 1, job.gpu_model.as_deref(), nodes, None).is_some()
-        || fits_no_family(job, nodes)
+        || fits_no_family_of(job, nodes)
 }
 
-/// Every GPU family of these nodes that the job may use (its own, if it
-/// names one) is one its model does not fit ([`JobView::unfit_families`]).
-/// An empty cluster says nothing.
-fn fits_no_family(job: &JobView, nodes: &[(u32, &str)]) -> bool {
-    !nodes.is_empty()
-        && nodes
+/// [`fits_no_family`] of a view job on these nodes.
+fn fits_no_family_of(job: &JobView, nodes: &[(u32, &str)]) -> bool {
+    let families: Vec<&str> = nodes.iter().map(|n| n.1).collect();
+    fits_no_family(&families, job.gpu_model.as_deref(), &job.unfit_families)
+}
+
+/// Every GPU family of `families` (the cluster's, one per node or once)
+/// that a job may use — its own `gpu_model`, if it names one — is one its
+/// model does not fit (`unfit`, [`JobView::unfit_families`]). No family
+/// (an empty cluster) says nothing. The service's round and fmsim's
+/// workload check both ask this.
+pub fn fits_no_family(families: &[&str], gpu_model: Option<&str>, unfit: &[String]) -> bool {
+    !families.is_empty()
+        && families
             .iter()
-            .filter(|n| job.gpu_model.as_deref().is_none_or(|m| m == n.1))
-            .all(|n| job.unfit_families.iter().any(|u| u == n.1))
+            .filter(|f| gpu_model.is_none_or(|m| m == **f))
+            .all(|f| unfit.iter().any(|u| u == f))
+}
+
+/// Why a job fits no family: one replica of `model` does not fit the GPU
+/// memory of `families`.
+pub fn unfit_reason(model: &str, families: &[String]) -> String {
+    format!(
+        "one replica of {model} does not fit the GPU memory of {}",
+        families.join(", ")
+    )
 }
 
 /// `(GPUs, GPU family)` of these view nodes, for [`never_fits`].

@@ -686,11 +686,11 @@ impl<'a> Simulation<'a> {
                 .filter(|f| !lut.runs_on(&lut_model, f, replica.gpus(), w.batch, &variant, layers))
                 .cloned()
                 .collect();
-            if allowed.iter().all(|f| unfit.iter().any(|u| u == f)) {
+            if round::fits_no_family(&allowed, None, &unfit) {
+                let allowed: Vec<String> = allowed.iter().map(|f| f.to_string()).collect();
                 return Err(err(format!(
-                    "can never run on this cluster: one replica of {} does not fit the GPU memory of {}",
-                    w.model,
-                    allowed.join(", ")
+                    "can never run on this cluster: {}",
+                    round::unfit_reason(&w.model, &allowed)
                 )));
             }
             let (family, per_node) = round::default_shape(&nodes, asked.as_deref(), &unfit)

@@ -5794,15 +5794,17 @@ fn metric_opt(exposition: &str, name: &str) -> Option<f64> {
         .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
 }
 
-/// PromptTuner live: a long fine-tuning job runs while prompt-tuning
-/// requests come. The first gpt2 request starts cold (its log shows the
-/// weight load); once done its process stays warm (the warm-pool gauge
-/// says so). Of a burst of two more, one is handed to that warm process
-/// (no weight load in its log) and one starts cold on a free GPU: it may
-/// not wait for the busy one longer than a cold start takes. Idle warm
-/// processes go back to the cold pool after the idle release (3 s here).
-/// The long job is never stopped or moved. Prints the lane's decision
-/// latency and the warm and cold start latencies.
+/// PromptTuner live: a long fine-tuning job holds two of the node's four
+/// GPUs while prompt-tuning requests come. The first gpt2 request starts
+/// cold (its log shows the weight load); once done its process stays warm
+/// (the warm-pool gauge says so). Of a burst of three more, one is handed
+/// to that warm process (no weight load in its log); one starts cold on
+/// the last free GPU (it may not wait for the busy one longer than a cold
+/// start takes); the third finds no free GPU and starts on the first warm
+/// process that frees up. Idle warm processes go back to the cold pool
+/// after the idle release (3 s here). The long job is never stopped or
+/// moved. Prints the lane's decision latency and the warm and cold start
+/// latencies.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn e2e_prompt_a_second_request_starts_warm_and_idle_warm_gpus_are_released() {
     let db = new_db("fmsched_prompt_warm").await;
@@ -5823,7 +5825,10 @@ async fn e2e_prompt_a_second_request_starts_warm_and_idle_warm_gpus_are_released
     submit(
         port,
         dir.path(),
-        [("long".to_string(), job_yaml("long", "qqp", 50_000_000, 1))],
+        [(
+            "long".to_string(),
+            job_yaml("long", "qqp", 50_000_000, 2).replace("min_gpus: 1", "min_gpus: 2"),
+        )],
     )
     .expect("submit");
     let state = |name: &str| job_named(port, name).map(|j| j.1).unwrap_or_default();
@@ -5876,43 +5881,48 @@ async fn e2e_prompt_a_second_request_starts_warm_and_idle_warm_gpus_are_released
         assert!(Instant::now() < deadline, "no warm gpt2 GPU reported");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    // A burst of two: one takes the warm process, one starts cold.
+    // A burst of three: one takes the warm process, one starts cold on the
+    // last free GPU, one waits for a warm process to free up.
     submit(
         port,
         dir.path(),
         [
             ("second".to_string(), prompt("second")),
             ("third".to_string(), prompt("third")),
+            ("fourth".to_string(), prompt("fourth")),
         ],
     )
     .expect("submit");
-    for n in ["second", "third"] {
-        wait_for("the burst completes", Duration::from_secs(90), completed(n));
+    for n in ["second", "third", "fourth"] {
+        wait_for(
+            "the burst completes",
+            Duration::from_secs(120),
+            completed(n),
+        );
     }
     let said = events_saying(&db, "prompt lane: started").await;
-    let warm: Vec<&(String, String)> = said
+    assert_eq!(said.len(), 4, "{said:?}");
+    let warm: Vec<String> = said
         .iter()
         .filter(|e| e.1.contains("on a warm process of its model"))
-        .collect();
-    assert_eq!(warm.len(), 1, "one warm start: {said:?}");
-    assert_eq!(said.len(), 3, "{said:?}");
-    let warm_job = warm[0].0.clone();
-    let cold_job = said
-        .iter()
         .map(|e| e.0.clone())
-        .find(|j| *j != warm_job && *j != first)
-        .unwrap();
+        .collect();
+    let id = |name: &str| job_named(port, name).unwrap().0;
+    assert_eq!(warm, vec![id("second"), id("fourth")], "{said:?}");
+    let (warm_job, cold_job) = (id("second"), id("third"));
     let warm_log = log(&warm_job);
-    assert!(
-        warm_log.contains(&format!("warm start of job {warm_job}"))
-            && !warm_log.contains("loading the runtime"),
-        "the warm start loads no weights:\n{warm_log}"
-    );
+    for w in &warm {
+        let l = log(w);
+        assert!(
+            l.contains(&format!("warm start of job {w}")) && !l.contains("loading the runtime"),
+            "a warm start loads no weights:\n{l}"
+        );
+    }
     assert!(log(&cold_job).contains("loading the runtime and the weights of gpt2"));
     let m = scrape(mport).await;
     assert_eq!(
         metric_value(&m, "fmsched_prompt_starts_total{start=\"warm\"}"),
-        1.0
+        2.0
     );
     assert_eq!(
         metric_value(&m, "fmsched_prompt_starts_total{start=\"cold\"}"),
@@ -5923,7 +5933,7 @@ async fn e2e_prompt_a_second_request_starts_warm_and_idle_warm_gpus_are_released
     loop {
         let a = scrape(aport).await;
         if metric_value(&a, "fmsched_agent_warm_released_total") >= 2.0 {
-            assert_eq!(metric_value(&a, "fmsched_agent_warm_starts_total"), 1.0);
+            assert_eq!(metric_value(&a, "fmsched_agent_warm_starts_total"), 2.0);
             break;
         }
         assert!(

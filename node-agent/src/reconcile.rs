@@ -895,16 +895,14 @@ impl Reconciler {
     pub fn warm_report(&self) -> Vec<pb::WarmProcess> {
         let inv = self.gpus.inventory();
         self.warm_procs()
-            .iter()
-            .map(|(id, w)| pb::WarmProcess {
+            .values()
+            .map(|w| pb::WarmProcess {
                 model: w.model.clone(),
                 gpu_uuids: w
                     .gpus
                     .iter()
                     .filter_map(|&g| inv.iter().find(|i| i.index == g).map(|i| i.uuid.clone()))
                     .collect(),
-                idle_seconds: w.since.elapsed().as_secs_f64(),
-                last_task_id: id.clone(),
             })
             .collect()
     }

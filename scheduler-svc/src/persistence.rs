@@ -1285,17 +1285,28 @@ impl Persistence {
                 .await
                 .map_err(db_err(OP))?;
             }
-            for (job, kind, message) in &w.first_notes {
-                let seen: Option<i64> = sqlx::query_scalar(
-                    "SELECT seq FROM job_events WHERE job_id = $1 AND kind = $2 LIMIT 1",
+            if !w.first_notes.is_empty() {
+                // One read for all of them: which (job, kind) have an event.
+                let (jobs, kinds): (Vec<Uuid>, Vec<String>) =
+                    w.first_notes.iter().map(|(j, k, _)| (j.0, k.clone())).unzip();
+                let seen: Vec<(Uuid, String)> = sqlx::query_as(
+                    "SELECT DISTINCT e.job_id, e.kind FROM job_events e
+                     JOIN UNNEST($1::uuid[], $2::text[]) AS n(job_id, kind)
+                       ON e.job_id = n.job_id AND e.kind = n.kind",
                 )
-                .bind(job.0)
-                .bind(kind)
-                .fetch_optional(&mut *tx)
+                .bind(&jobs)
+                .bind(&kinds)
+                .fetch_all(&mut *tx)
                 .await
                 .map_err(db_err(OP))?;
-                if seen.is_none() {
-                    job_event(&mut tx, *job, kind, message, now, OP).await?;
+                let seen: BTreeSet<(Uuid, &str)> =
+                    seen.iter().map(|(j, k)| (*j, k.as_str())).collect();
+                let mut written: BTreeSet<(Uuid, &str)> = BTreeSet::new();
+                for (job, kind, message) in &w.first_notes {
+                    let key = (job.0, kind.as_str());
+                    if !seen.contains(&key) && written.insert(key) {
+                        job_event(&mut tx, *job, kind, message, now, OP).await?;
+                    }
                 }
             }
             for b in &w.bank_adds {

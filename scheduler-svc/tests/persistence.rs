@@ -680,7 +680,9 @@ async fn the_prompt_bank_keeps_filed_prompts_and_drops_evicted_ones(pool: PgPool
             prompt(1, "gpt2"),
             prompt(2, "llama-2-7b"),
         ],
-        first_notes: vec![note(3, "from 0")],
+        // Twice for one job in one commit: the first is written; one read
+        // answers for every job.
+        first_notes: vec![note(3, "from 0"), note(2, "two"), note(3, "again")],
         ..Default::default()
     };
     let g = p.commit_round(&fence, 0, &w, t(1)).await.unwrap();
@@ -712,6 +714,15 @@ async fn the_prompt_bank_keeps_filed_prompts_and_drops_evicted_ones(pool: PgPool
         .map(|e| e.message)
         .collect();
     assert_eq!(notes, vec!["from 0".to_string()], "written once");
+    let two: Vec<String> = p
+        .job_events(ids[2], 0, 100)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|e| e.kind == "prompt_bank")
+        .map(|e| e.message)
+        .collect();
+    assert_eq!(two, vec!["two".to_string()]);
 }
 
 /// A round commits only under the lease it started with and on the plan it

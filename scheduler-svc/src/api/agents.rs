@@ -297,13 +297,9 @@ pub fn validate_heartbeat(hb: &pb::Heartbeat) -> Result<(), ApiError> {
     for (i, w) in hb.warm.iter().enumerate() {
         let f = |k: &str| format!("heartbeat.warm[{i}].{k}");
         check_len(&f("model"), &w.model, 128)?;
-        check_len(&f("last_task_id"), &w.last_task_id, 128)?;
         at_most(f("gpu_uuids"), w.gpu_uuids.len(), limits::GPUS)?;
         for u in &w.gpu_uuids {
             check_len(&f("gpu_uuids"), u, 128)?;
-        }
-        if !w.idle_seconds.is_finite() || w.idle_seconds < 0.0 {
-            return Err(ApiError::field(f("idle_seconds"), "must be finite and ≥ 0"));
         }
     }
     Ok(())
@@ -637,5 +633,27 @@ mod tests {
         let mut r = ok;
         r.prompt_init.as_mut().unwrap().from_job_id = "x".repeat(65);
         assert!(err(r).starts_with("t.jobs[0].prompt_init.from_job_id"));
+    }
+
+    /// A heartbeat's warm processes are checked, naming the field.
+    #[test]
+    fn warm_processes_in_a_heartbeat_are_checked_naming_the_field() {
+        let hb = |w: Vec<pb::WarmProcess>| pb::Heartbeat {
+            warm: w,
+            ..Default::default()
+        };
+        let ok = pb::WarmProcess {
+            model: "gpt2".into(),
+            gpu_uuids: vec!["GPU-a".into()],
+        };
+        assert!(validate_heartbeat(&hb(vec![ok.clone()])).is_ok());
+        let err = |h: pb::Heartbeat| validate_heartbeat(&h).unwrap_err().to_string();
+        assert!(err(hb(vec![ok.clone(); limits::GPUS + 1])).starts_with("heartbeat.warm"));
+        let mut w = ok.clone();
+        w.model = "m".repeat(129);
+        assert!(err(hb(vec![ok.clone(), w])).starts_with("heartbeat.warm[1].model"));
+        let mut w = ok;
+        w.gpu_uuids = vec!["g".repeat(200)];
+        assert!(err(hb(vec![w])).starts_with("heartbeat.warm[0].gpu_uuids"));
     }
 }

@@ -103,6 +103,8 @@ pub(crate) struct Observed {
     /// Tuned prompts of prompt-tuning jobs that completed this round (filed
     /// in the Prompt Bank at the end of the observe phase).
     pub bank_new: Vec<crate::persistence::BankPrompt>,
+    /// Jobs that completed this round, as they were live.
+    pub finished: BTreeMap<JobId, JobRecord>,
 }
 
 /// Phase 1 (see the module docs). A look-ahead round reads the same state
@@ -753,7 +755,9 @@ async fn observe_task(
                 });
             }
             o.writes.completions.push((id, output));
-            o.live.remove(&id);
+            if let Some(j) = o.live.remove(&id) {
+                o.finished.insert(id, j);
+            }
             o.completed += 1;
             continue;
         }

@@ -5,9 +5,11 @@
 //! - **Who owns what.** The round never starts, moves or suspends a lane
 //!   job: a pending one is held back from it, a running one is pinned (it
 //!   keeps its GPUs, as a non-preemptible job does). The lane takes only
-//!   GPUs the plan in force leaves free (the cold pool) and the idle warm
-//!   processes the agents report (the warm pools); a round that gives a
-//!   warm process's GPUs to another job stops that process.
+//!   GPUs the plan in force leaves free (the cold pool) and warm processes
+//!   (the warm pools): those the agents report idle, and those of lane
+//!   jobs that finished in this pass with their process still up (the
+//!   agent keeps it warm once this commit drops the job). A round that
+//!   gives a warm process's GPUs to another job stops that process.
 //! - **One plan.** A lane pass is a round without a policy: it observes the
 //!   agents' reports as a round does (a finished prompt job is completed
 //!   and leaves the plan in the same commit that may hand its warm process
@@ -184,10 +186,11 @@ pub async fn run_lane(
     for j in &pending {
         pools.model(&j.spec.model);
     }
-    let requests: Vec<LaneRequest> = pending
-        .iter()
-        .map(|j| request(lut, j, &o, &pools, now))
-        .collect();
+    // A request no single node can hold waits (its submission said so).
+    let (pending, requests): (Vec<&JobRecord>, Vec<LaneRequest>) = pending
+        .into_iter()
+        .filter_map(|j| Some((j, request(lut, j, &o, &pools, now)?)))
+        .unzip();
     let t0 = Instant::now();
     let plan = prompttuner::place_lane(
         &requests,
@@ -234,10 +237,8 @@ pub async fn run_lane(
         let how = match (s.warm, s.late) {
             (true, false) => "on a warm process of its model",
             (false, false) => "loading its model afresh (no warm process of it was free)",
-            (true, true) => {
-                "on a warm process of its model, best-effort: no option meets its deadline"
-            }
-            (false, true) => "loading its model afresh, best-effort: no option meets its deadline",
+            (true, true) => "on a warm process of its model, best-effort: no option meets its SLO",
+            (false, true) => "loading its model afresh, best-effort: no option meets its SLO",
         };
         w.transitions.push((
             job.id,
@@ -317,8 +318,9 @@ fn kept_assignments(o: &Observed) -> Vec<Assignment> {
 struct Pools {
     /// Usable nodes (Available, neither cordoned nor drained).
     nodes: Vec<LaneNode>,
-    /// `nodes[k]` is `o.nodes[node_of[k]]`.
+    /// `nodes[k]` is `o.nodes[node_of[k]]`, with `node_gpus[k]` GPUs.
     node_of: Vec<usize>,
+    node_gpus: Vec<usize>,
     /// Models of warm processes, running lane jobs and pending requests.
     models: Vec<String>,
     /// Per model: when each GPU running one of its lane jobs frees up
@@ -348,6 +350,7 @@ fn pools(state: &AppState, lut: &Lut, o: &Observed, kept: &[Assignment]) -> Pool
     let mut p = Pools {
         nodes: Vec::new(),
         node_of: Vec::new(),
+        node_gpus: Vec::new(),
         models: Vec::new(),
         busy_until: Vec::new(),
         cold_start_s: Vec::new(),
@@ -372,6 +375,30 @@ fn pools(state: &AppState, lut: &Lut, o: &Observed, kept: &[Assignment]) -> Pool
         };
         let mut warm_gpus: BTreeSet<u32> = BTreeSet::new();
         let mut warm = Vec::new();
+        // A lane job that completed this pass, its process still alive: it
+        // was launched warm and waits, its model loaded, to be kept warm
+        // once the plan drops the job (this commit).
+        for a in o
+            .current
+            .assignments
+            .iter()
+            .filter(|a| !a.profile && a.node == n.record.id)
+        {
+            let Some(j) = o.finished.get(&a.job).filter(|j| in_lane(state, j)) else {
+                continue;
+            };
+            let alive = n.observed_tasks.iter().any(|t| {
+                t.task_id == a.job.to_string()
+                    && t.phase == fmsched_proto::v1::TaskPhase::Running as i32
+            });
+            let gpus: Option<Vec<u32>> = a.gpus.iter().map(|u| index_of(&u.0)).collect();
+            if let (true, Some(mut gpus)) = (alive, gpus) {
+                gpus.sort_unstable();
+                warm_gpus.extend(gpus.iter().copied());
+                p.model(&j.spec.model);
+                warm.push((j.spec.model.clone(), gpus));
+            }
+        }
         for w in &n.warm {
             let gpus: Option<Vec<u32>> = w.gpu_uuids.iter().map(|u| index_of(u)).collect();
             let Some(mut gpus) = gpus else { continue };
@@ -398,6 +425,7 @@ fn pools(state: &AppState, lut: &Lut, o: &Observed, kept: &[Assignment]) -> Pool
             warm,
         });
         p.node_of.push(k);
+        p.node_gpus.push(n.record.gpus.len());
     }
     let mut families: Vec<(String, usize)> = family_gpus.into_iter().collect();
     families.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
@@ -450,14 +478,16 @@ fn step_s(lut: &Lut, j: &JobRecord, family: &str, gpus: usize) -> f64 {
 
 /// A pending job as a request: its model's pool, its SLO (seconds to its
 /// deadline; without one, its fastest cold start from now), and its
-/// completion bound per GPU count on the family it would run on.
+/// completion bound per GPU count (up to the GPUs of one node of a family
+/// it may use) on the family it would run on. None when no such node has
+/// its `min_gpus`.
 fn request(
     lut: &Lut,
     j: &JobRecord,
     o: &Observed,
     pools: &Pools,
     now: DateTime<Utc>,
-) -> LaneRequest {
+) -> Option<LaneRequest> {
     let r = &j.spec.resources;
     let families: BTreeSet<String> = pools.families.iter().cloned().collect();
     let unfit = super::inputs::unfit_families(lut, &families, j);
@@ -476,11 +506,15 @@ fn request(
     let largest = pools
         .nodes
         .iter()
-        .filter(|n| allowed.contains(&n.family))
-        .map(|n| n.free.len() + n.warm.iter().map(|w| w.1.len()).sum::<usize>())
+        .zip(&pools.node_gpus)
+        .filter(|(n, _)| allowed.contains(&n.family))
+        .map(|(_, &g)| g)
         .max()
         .unwrap_or(0);
-    let most = (r.max_gpus.max(r.min_gpus).max(1) as usize).min(largest.max(1));
+    if (r.min_gpus.max(1) as usize) > largest {
+        return None;
+    }
+    let most = (r.max_gpus.max(r.min_gpus).max(1) as usize).min(largest);
     let left = remaining(j, o) as f64;
     let bound_s: Vec<f64> = (1..=most)
         .map(|a| {
@@ -504,7 +538,7 @@ fn request(
         .spec
         .deadline
         .map_or(cold_now, |d| (d - now).num_milliseconds() as f64 / 1e3);
-    LaneRequest {
+    Some(LaneRequest {
         request: Request {
             id: j.id.to_string(),
             model,
@@ -513,5 +547,5 @@ fn request(
             gpus: r.min_gpus.max(1),
         },
         families: allowed,
-    }
+    })
 }
