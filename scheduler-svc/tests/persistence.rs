@@ -705,24 +705,17 @@ async fn the_prompt_bank_keeps_filed_prompts_and_drops_evicted_ones(pool: PgPool
         ids_of["gpt2"].iter().copied().collect::<Vec<_>>(),
         vec![ids[1]]
     );
-    let notes: Vec<String> = p
-        .job_events(ids[3], 0, 100)
-        .await
-        .unwrap()
-        .into_iter()
-        .filter(|e| e.kind == "prompt_bank")
-        .map(|e| e.message)
-        .collect();
-    assert_eq!(notes, vec!["from 0".to_string()], "written once");
-    let two: Vec<String> = p
-        .job_events(ids[2], 0, 100)
-        .await
-        .unwrap()
-        .into_iter()
-        .filter(|e| e.kind == "prompt_bank")
-        .map(|e| e.message)
-        .collect();
-    assert_eq!(two, vec!["two".to_string()]);
+    let notes = async |k: usize| -> Vec<String> {
+        p.job_events(ids[k], 0, 100)
+            .await
+            .unwrap()
+            .into_iter()
+            .filter(|e| e.kind == "prompt_bank")
+            .map(|e| e.message)
+            .collect()
+    };
+    assert_eq!(notes(3).await, vec!["from 0".to_string()], "written once");
+    assert_eq!(notes(2).await, vec!["two".to_string()]);
 }
 
 /// A round commits only under the lease it started with and on the plan it

@@ -955,14 +955,18 @@ mod tests {
         };
         let mut r = lane_req("l", 1, 100.0, 30.0);
         r.families = vec!["A100".into()];
-        let p = place_lane(
-            &[r.clone()],
-            &[v100.clone(), a100.clone()],
-            &models,
-            &[vec![], vec![]],
-            &[20.0, 20.0],
-            0.0,
-        );
+        let nodes = [v100, a100];
+        let place = |r: &LaneRequest| {
+            place_lane(
+                std::slice::from_ref(r),
+                &nodes,
+                &models,
+                &[vec![], vec![]],
+                &[20.0, 20.0],
+                0.0,
+            )
+        };
+        let p = place(&r);
         assert_eq!(p.starts.len(), 1, "{p:?}");
         assert_eq!((p.starts[0].node, p.starts[0].gpus.clone()), (1, vec![5]));
         // Two GPUs needed (the SLO cannot be met on one): the free GPU and
@@ -971,14 +975,7 @@ mod tests {
             bound_s: vec![90.0, 45.0],
             ..r.request
         };
-        let p = place_lane(
-            &[r.clone()],
-            &[v100.clone(), a100.clone()],
-            &models,
-            &[vec![], vec![]],
-            &[20.0, 20.0],
-            0.0,
-        );
+        let p = place(&r);
         assert_eq!(p.starts.len(), 1, "{p:?}");
         assert_eq!(
             (p.starts[0].node, p.starts[0].gpus.clone()),
@@ -987,14 +984,7 @@ mod tests {
         assert!(!p.starts[0].warm);
         // Three GPUs: no A100 node holds them (the V100 node may not be used).
         r.request.bound_s = vec![200.0, 150.0, 60.0];
-        let p = place_lane(
-            &[r],
-            &[v100, a100],
-            &models,
-            &[vec![], vec![]],
-            &[20.0, 20.0],
-            0.0,
-        );
+        let p = place(&r);
         assert!(p.starts.is_empty() && p.unplaced == vec![0], "{p:?}");
     }
 
