@@ -560,3 +560,48 @@ async fn a_warm_process_runs_the_next_task_without_loading_its_model_again() {
     let s = d.wait("p2", Duration::from_secs(10)).await.unwrap();
     assert_eq!((s.running, s.exit_code), (false, Some(0)), "{s:?}");
 }
+
+/// A restarted agent finds the processes its predecessor left running (by
+/// their record in the work folder) and stops them: SIGTERM, on which the
+/// trainer writes a checkpoint and exits. A second look finds nothing; a
+/// record whose process is gone (or whose pid was reused) is only removed.
+#[tokio::test]
+async fn a_restarted_agent_stops_the_processes_its_predecessor_left() {
+    let work = tempfile::tempdir().unwrap();
+    let old = driver(work.path(), 3000);
+    old.launch(&spec("left", 10_000_000, &[])).await.unwrap();
+    wait_for("progress", Duration::from_secs(20), async || {
+        old.status("left")
+            .await
+            .is_some_and(|s| !s.observed.progress.is_empty())
+    })
+    .await;
+    let pid = old.status("left").await.unwrap().pid;
+    drop(old); // the agent died; its trainer did not
+    assert!(
+        std::path::Path::new(&format!("/proc/{pid}")).exists(),
+        "still running"
+    );
+    // A stale record: a process that is long gone.
+    let stale = work.path().join("gone");
+    std::fs::create_dir_all(&stale).unwrap();
+    std::fs::write(
+        stale.join("process.json"),
+        r#"{"pgid":999999,"start_ticks":1}"#,
+    )
+    .unwrap();
+    let new = driver(work.path(), 3000);
+    assert_eq!(new.stop_orphans().await, 1);
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    assert!(
+        stat.is_empty() || stat.contains(") Z"),
+        "the orphan is gone: {stat}"
+    );
+    let ckpts: Vec<_> = std::fs::read_dir(work.path().join("left").join("checkpoints"))
+        .unwrap()
+        .flatten()
+        .collect();
+    assert!(!ckpts.is_empty(), "it checkpointed on SIGTERM");
+    assert!(!stale.join("process.json").exists());
+    assert_eq!(new.stop_orphans().await, 0);
+}

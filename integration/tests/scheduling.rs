@@ -5985,3 +5985,52 @@ async fn e2e_prompt_a_second_request_starts_warm_and_idle_warm_gpus_are_released
     assert!(first_step(&warm_log) < first_step(&log(&cold_job)));
     drop_db(&db).await;
 }
+
+/// An agent killed with `kill -9` leaves its trainer running. Restarted on
+/// the same work folder, the agent stops that orphan (SIGTERM: it
+/// checkpoints) before it runs the node's plan, and says so; the job
+/// resumes and completes, and no process of it is left.
+#[tokio::test]
+async fn e2e_hardening_a_restarted_agent_stops_the_trainer_its_predecessor_left() {
+    let db = new_db("fmsched_orphans").await;
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let _sched = scheduler_env(
+        &db,
+        port,
+        dir.path(),
+        None,
+        &[("FMSCHED_SCHEDULING__PROFILING", "false")],
+    );
+    wait_up("scheduler up", port);
+    let mut a = agent("node-a", port, dir.path());
+    submit(
+        port,
+        dir.path(),
+        [("j".to_string(), job_yaml("j", "qqp", 4000, 1))],
+    )
+    .expect("submit");
+    let old = wait_for("a trainer runs", Duration::from_secs(60), || {
+        trainer_processes(dir.path())
+            .into_values()
+            .next()
+            .ok_or_else(|| "no trainer yet".to_string())
+    });
+    a.kill9();
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        trainer_processes(dir.path()).values().any(|&p| p == old),
+        "the trainer outlives its agent"
+    );
+    let a2 = agent("node-a", port, dir.path());
+    all_completed(port, 1, Duration::from_secs(120));
+    assert!(
+        a2.log_text()
+            .contains("stopped processes a previous agent left running"),
+        "{}",
+        a2.log_text()
+    );
+    let left = trainer_processes(dir.path());
+    assert!(left.is_empty(), "processes left: {left:?}");
+    drop_db(&db).await;
+}

@@ -546,6 +546,16 @@ impl ProcessDriver {
             .id()
             .map(|p| p as i32)
             .ok_or_else(|| err("the process exited at once".into()))?;
+        // On disk, so a restarted agent finds it (see `stop_orphans`).
+        if let Some(start_ticks) = start_ticks(pgid) {
+            let rec = ProcessRecord { pgid, start_ticks };
+            if let Err(e) = serde_json::to_vec(&rec)
+                .map_err(std::io::Error::other)
+                .and_then(|b| std::fs::write(dir.join(PROCESS_FILE_NAME), b))
+            {
+                tracing::warn!(task = %spec.id, error = %e, "process record not written");
+            }
+        }
         let observed = Arc::new(Mutex::new(Observed::default()));
         let obs = observed.clone();
         // Every connection's lines are reports; a malformed line is counted.
@@ -823,6 +833,47 @@ impl ProcessDriver {
         }
     }
 
+    /// Stops the processes a previous agent on this work folder left
+    /// running (found by their `process.json`, the same process by its
+    /// start time): SIGTERM — a trainer checkpoints and exits on it — then
+    /// SIGKILL after the grace. Returns how many it stopped. Called once,
+    /// before this driver launches anything.
+    pub async fn stop_orphans(&self) -> usize {
+        let Ok(entries) = std::fs::read_dir(&self.cfg.work_dir) else {
+            return 0;
+        };
+        let mine: Vec<i32> = self.procs.lock().await.values().map(|r| r.pgid).collect();
+        let alive = |r: &ProcessRecord| start_ticks(r.pgid) == Some(r.start_ticks);
+        let mut left: Vec<ProcessRecord> = Vec::new();
+        for e in entries.flatten() {
+            let file = e.path().join(PROCESS_FILE_NAME);
+            let Some(rec) = std::fs::read(&file)
+                .ok()
+                .and_then(|b| serde_json::from_slice::<ProcessRecord>(&b).ok())
+            else {
+                continue;
+            };
+            let _ = std::fs::remove_file(&file);
+            if mine.contains(&rec.pgid) || !alive(&rec) {
+                continue;
+            }
+            tracing::warn!(folder = %e.path().display(), pgid = rec.pgid,
+                "a process a previous agent left running: stopping it (SIGTERM, it checkpoints)");
+            send_signal(rec.pgid, signal::TERMINATE);
+            left.push(rec);
+        }
+        // One grace for all of them.
+        let deadline = Instant::now() + self.cfg.grace;
+        while left.iter().any(alive) && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        for r in left.iter().filter(|r| alive(r)) {
+            tracing::warn!(pgid = r.pgid, grace = ?self.cfg.grace, "no exit after SIGTERM; killing the process group");
+            send_signal(r.pgid, libc::SIGKILL);
+        }
+        left.len()
+    }
+
     /// Ids of the processes the driver knows.
     pub async fn ids(&self) -> Vec<String> {
         self.procs.lock().await.keys().cloned().collect()
@@ -843,8 +894,9 @@ impl ProcessDriver {
 
 impl Drop for ProcessDriver {
     fn drop(&mut self) {
-        // Processes outlive the agent on purpose (a restarted agent adopts
-        // them); only the report readers stop here.
+        // Processes outlive the driver (an agent's restart must not kill
+        // training at once); a restarted agent stops them with a checkpoint
+        // (`stop_orphans`). Only the report readers stop here.
         if let Ok(procs) = self.procs.try_lock() {
             for r in procs.values() {
                 r.reader.abort();
@@ -935,6 +987,32 @@ fn rotate_one(path: &Path, max_bytes: u64, keep: u32) -> std::io::Result<bool> {
 /// folder in the system's temporary directory.
 /// The control file of a process, in its directory.
 const CONTROL_FILE_NAME: &str = "control.json";
+
+/// A process's record in its directory (see [`ProcessDriver::stop_orphans`]).
+const PROCESS_FILE_NAME: &str = "process.json";
+
+/// What [`PROCESS_FILE_NAME`] holds: the process group, and its leader's
+/// start time (clock ticks after boot) so a reused pid is not mistaken
+/// for it.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+struct ProcessRecord {
+    pgid: i32,
+    start_ticks: u64,
+}
+
+/// The start time of process `pid` (Linux: `/proc/<pid>/stat` field 22, in
+/// clock ticks after boot); None when there is no such process, or it has
+/// exited (a zombie).
+fn start_ticks(pid: i32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = stat.rsplit_once(')')?.1;
+    let mut fields = rest.split_whitespace();
+    if fields.next()? == "Z" {
+        return None;
+    }
+    // After the state (field 3): field 22 is the 19th more.
+    fields.nth(18)?.parse().ok()
+}
 
 /// A warm process's next task ([`env::NEXT_TASK`]), in its directory.
 const NEXT_TASK_FILE_NAME: &str = "next.json";

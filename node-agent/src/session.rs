@@ -79,6 +79,9 @@ pub struct Agent {
     /// term (a deposed leader's) are ignored.
     leader_epoch: AtomicI64,
     reconciler: Arc<Reconciler>,
+    /// The processes a previous agent left were looked for (once, at the
+    /// first registration).
+    orphans_checked: std::sync::atomic::AtomicBool,
     /// Index into the endpoint list of the replica to dial next.
     endpoint: std::sync::atomic::AtomicUsize,
 }
@@ -108,6 +111,7 @@ impl Agent {
             applied_generation: AtomicI64::new(0),
             leader_epoch: AtomicI64::new(0),
             reconciler,
+            orphans_checked: Default::default(),
             endpoint: std::sync::atomic::AtomicUsize::new(0),
         }
     }
@@ -321,6 +325,21 @@ impl Agent {
         let mut heard = tokio::time::Instant::now();
         tracing::info!(node_id = %self.node_id, endpoint = %self.current_endpoint(), heartbeat = ?interval, "registered with scheduler");
         on_registered();
+        // Once the scheduler took this agent as the node's (no other agent
+        // of it lives), and before any plan starts a process: processes a
+        // previous agent left running are stopped (they checkpoint on
+        // SIGTERM). A restarted agent cannot take over their report
+        // sockets, and an orphan would hold its GPUs beside its task's new
+        // process.
+        if !self.orphans_checked.swap(true, Ordering::SeqCst) {
+            let orphans = self.reconciler.driver().stop_orphans().await;
+            if orphans > 0 {
+                tracing::warn!(
+                    orphans,
+                    "stopped processes a previous agent left running; their jobs resume from their checkpoints"
+                );
+            }
+        }
 
         let mut tick = tokio::time::interval(interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
