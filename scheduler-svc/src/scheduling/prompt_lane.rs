@@ -161,6 +161,10 @@ pub async fn run_lane(
     let fence = state.leadership.fence().ok_or(RoundError::NotLeader)?;
     let _one = state.prompt_lane.round_lock.lock().await;
     let now = Utc::now();
+    // Observing counts a shared GPU's saturated rounds in the leader's
+    // memory (ICEFROG); a pass that commits nothing gives them back, so its
+    // observation neither counts nor loses a split it decided.
+    let streaks = Restore::new(&state.saturated_gpus);
     let o = observe::observe(state, lut, est, RoundKind::Commit, now).await?;
     let pending: Vec<&JobRecord> = o
         .live
@@ -272,6 +276,7 @@ pub async fn run_lane(
         .persistence
         .commit_round(&fence, o.current.generation, &w, now)
         .await?;
+    streaks.keep();
     report.generation = Some(generation);
     if state.leadership.fence().as_ref() != Some(&fence) {
         return Err(RoundError::NotLeader);
@@ -293,6 +298,34 @@ pub async fn run_lane(
     .await?;
     super::account_observed(state, est, &o).await;
     Ok(report)
+}
+
+/// Puts a leader-memory map back as it was when dropped, unless kept.
+struct Restore<'a, K: Ord + Clone, V: Clone> {
+    cell: &'a std::sync::Mutex<BTreeMap<K, V>>,
+    before: Option<BTreeMap<K, V>>,
+}
+
+impl<'a, K: Ord + Clone, V: Clone> Restore<'a, K, V> {
+    fn new(cell: &'a std::sync::Mutex<BTreeMap<K, V>>) -> Self {
+        let before = cell.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        Self {
+            cell,
+            before: Some(before),
+        }
+    }
+
+    fn keep(mut self) {
+        self.before = None;
+    }
+}
+
+impl<K: Ord + Clone, V: Clone> Drop for Restore<'_, K, V> {
+    fn drop(&mut self) {
+        if let Some(b) = self.before.take() {
+            *self.cell.lock().unwrap_or_else(|p| p.into_inner()) = b;
+        }
+    }
 }
 
 /// The plan in force, less what observing ended: training assignments of
@@ -548,4 +581,29 @@ fn request(
         },
         families: allowed,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A lane pass that commits nothing gives the leader's memory back as
+    /// it found it; one that commits keeps what it observed.
+    #[test]
+    fn a_pass_that_commits_nothing_leaves_the_leaders_memory_as_it_was() {
+        let cell = std::sync::Mutex::new(BTreeMap::from([("gpu-a".to_string(), 1u32)]));
+        {
+            let _r = Restore::new(&cell);
+            cell.lock().unwrap().insert("gpu-a".into(), 2);
+            cell.lock().unwrap().insert("gpu-b".into(), 1);
+        }
+        assert_eq!(
+            *cell.lock().unwrap(),
+            BTreeMap::from([("gpu-a".to_string(), 1)])
+        );
+        let r = Restore::new(&cell);
+        cell.lock().unwrap().insert("gpu-a".into(), 3);
+        r.keep();
+        assert_eq!(cell.lock().unwrap()["gpu-a"], 3);
+    }
 }
