@@ -693,6 +693,33 @@ mod tests {
         }
     }
 
+    /// The prompt lane is on by default with PromptTuner's 60 s idle
+    /// release; a release under a second is refused naming the key.
+    #[test]
+    fn the_prompt_lane_defaults_and_its_idle_release_is_checked() {
+        let load = |v: &[(&str, &str)]| {
+            Config::load_from(None, env(v))
+                .map(|c| {
+                    (
+                        c.scheduling.prompt_lane,
+                        c.scheduling.prompt_warm_idle_release,
+                    )
+                })
+                .map_err(|e| e.to_string())
+        };
+        assert_eq!(load(&[]).unwrap(), (true, Duration::from_secs(60)));
+        assert_eq!(
+            load(&[
+                ("FMSCHED_SCHEDULING__PROMPT_LANE", "false"),
+                ("FMSCHED_SCHEDULING__PROMPT_WARM_IDLE_RELEASE", "5s"),
+            ])
+            .unwrap(),
+            (false, Duration::from_secs(5))
+        );
+        let e = load(&[("FMSCHED_SCHEDULING__PROMPT_WARM_IDLE_RELEASE", "100ms")]).unwrap_err();
+        assert!(e.contains("scheduling.prompt_warm_idle_release"), "{e}");
+    }
+
     /// `[[scheduling.queues]]` from the config file are validated at
     /// start-up, a bad set refused naming the key, the queue and the field.
     #[test]
