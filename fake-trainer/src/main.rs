@@ -966,10 +966,11 @@ struct Signals {
 }
 
 /// How one task ended.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 enum Ended {
-    /// Every task reached its target and its output is written.
-    Done,
+    /// Every task reached its target and its output is written (its
+    /// model, still loaded).
+    Done(String),
     /// Stopped, suspended or a profiling run that ended: the process exits.
     Stopped,
 }
@@ -988,15 +989,10 @@ async fn run() -> anyhow::Result<()> {
     let mut loaded = false;
     loop {
         let started = Instant::now();
-        if serve(&mut sig, loaded).await? != Ended::Done || !warm {
+        let (Ended::Done(model), true) = (serve(&mut sig, loaded).await?, warm) else {
             return Ok(());
-        }
+        };
         loaded = true;
-        let model =
-            serde_json::from_str::<Vec<TaskAssignment>>(&var(env::TASKS).unwrap_or_default())
-                .ok()
-                .and_then(|t| t.first().map(|t| t.model.clone()))
-                .unwrap_or_default();
         connect_reporter().await.send(&Report::Warm).await;
         eprintln!(
             "fake-trainer: warm: {model} stays loaded after {:.2} s; waiting for the next task (SIGUSR1)",
@@ -1420,7 +1416,7 @@ async fn serve(sig: &mut Signals, loaded: bool) -> anyhow::Result<Ended> {
                 } else if done {
                     tr.checkpoint().await?;
                     tr.tell_followers("done\n").await;
-                    return Ok(Ended::Done);
+                    return Ok(Ended::Done(tr.tasks[0].model.clone()));
                 }
                 if !tr.profile && last_ckpt.elapsed() >= interval {
                     tr.checkpoint().await?;

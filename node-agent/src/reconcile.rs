@@ -85,6 +85,27 @@ struct WarmProc {
     since: std::time::Instant,
 }
 
+/// Why a warm process is stopped (counted apart in [`SwitchStats`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum WarmStop {
+    /// Idle past the plan's `warm_idle_release`.
+    Idle,
+    /// The plan gives its GPUs to another task.
+    Needed,
+    /// It could not take the task it was handed.
+    Failed,
+}
+
+impl WarmStop {
+    fn reason(self) -> &'static str {
+        match self {
+            WarmStop::Idle => "idle past the warm release",
+            WarmStop::Needed => "the plan needs its GPUs",
+            WarmStop::Failed => "it could not take its task",
+        }
+    }
+}
+
 /// Idle warm processes are stopped after this long unless the plan says
 /// otherwise (PromptTuner §4.6.3.3: 60 s).
 pub const WARM_IDLE_RELEASE: std::time::Duration = std::time::Duration::from_secs(60);
@@ -672,7 +693,7 @@ impl Reconciler {
                     Err(e) => {
                         tracing::warn!(task = %t.task_id, warm = %from, error = %e,
                             "warm process could not take the task; launching afresh");
-                        self.stop_warm(from, "it could not take its task").await;
+                        self.stop_warm(from, WarmStop::Failed).await;
                         self.count(|c| c.cold_starts += 1);
                         self.driver.launch(&spec).await
                     }
@@ -781,11 +802,16 @@ impl Reconciler {
     /// processes of their model, command and exact GPUs (task → process),
     /// and stops the warm processes that are idle past the release or whose
     /// GPUs the plan gives to anything else.
-    async fn claim_warm(&self, plan: &pb::NodePlan) -> BTreeMap<String, String> {
-        let release = *self
+    /// The newest plan's idle release for warm processes.
+    fn warm_release(&self) -> std::time::Duration {
+        *self
             .warm_idle_release
             .lock()
-            .unwrap_or_else(|p| p.into_inner());
+            .unwrap_or_else(|p| p.into_inner())
+    }
+
+    async fn claim_warm(&self, plan: &pb::NodePlan) -> BTreeMap<String, String> {
+        let release = self.warm_release();
         let mut claimed = BTreeMap::new();
         let mut needed: Vec<u32> = Vec::new();
         for t in &plan.tasks {
@@ -829,15 +855,15 @@ impl Reconciler {
             }
         }
         let now = std::time::Instant::now();
-        let to_stop: Vec<(String, &'static str)> = self
+        let to_stop: Vec<(String, WarmStop)> = self
             .warm_procs()
             .iter()
             .filter(|(id, _)| !claimed.values().any(|c| c == *id))
             .filter_map(|(id, w)| {
                 if w.gpus.iter().any(|g| needed.contains(g)) {
-                    Some((id.clone(), "the plan needs its GPUs"))
+                    Some((id.clone(), WarmStop::Needed))
                 } else if now.duration_since(w.since) >= release {
-                    Some((id.clone(), "idle past the warm release"))
+                    Some((id.clone(), WarmStop::Idle))
                 } else {
                     None
                 }
@@ -851,7 +877,7 @@ impl Reconciler {
 
     /// Stops warm process `id` (SIGTERM: it has nothing to save) and
     /// forgets it.
-    async fn stop_warm(&self, id: &str, why: &str) {
+    async fn stop_warm(&self, id: &str, why: WarmStop) {
         let Some(w) = self.warm_procs().remove(id) else {
             return;
         };
@@ -860,21 +886,18 @@ impl Reconciler {
         }
         self.driver.forget(id).await;
         let idle = w.since.elapsed();
-        if why.starts_with("idle") {
+        if why == WarmStop::Idle {
             self.count(|c| c.warm_released += 1);
         } else {
             self.count(|c| c.warm_evicted += 1);
         }
-        tracing::info!(process = id, model = %w.model, gpus = ?w.gpus, ?idle, reason = why, "warm process stopped");
+        tracing::info!(process = id, model = %w.model, gpus = ?w.gpus, ?idle, reason = why.reason(), "warm process stopped");
     }
 
     /// Stops warm processes idle past the newest plan's release, and
     /// forgets those that ended by themselves (between plans).
     pub async fn expire_warm(&self) {
-        let release = *self
-            .warm_idle_release
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
+        let release = self.warm_release();
         let ids: Vec<(String, bool)> = self
             .warm_procs()
             .iter()
@@ -882,7 +905,7 @@ impl Reconciler {
             .collect();
         for (id, idle) in ids {
             if idle {
-                self.stop_warm(&id, "idle past the warm release").await;
+                self.stop_warm(&id, WarmStop::Idle).await;
             } else if !self.driver.status(&id).await.is_some_and(|s| s.running) {
                 self.warm_procs().remove(&id);
                 self.driver.forget(&id).await;

@@ -901,38 +901,27 @@ mod tests {
             warm: Vec::new(),
             ..node.clone()
         };
-        let p = place_lane(
-            &[lane_req("c", 0, 100.0, 30.0)],
-            std::slice::from_ref(&busy),
-            &models,
-            &[vec![40.0], vec![]],
-            &[20.0, 20.0],
-            0.0,
-        );
+        let on_busy = |r: LaneRequest| {
+            place_lane(
+                &[r],
+                std::slice::from_ref(&busy),
+                &models,
+                &[vec![40.0], vec![]],
+                &[20.0, 20.0],
+                0.0,
+            )
+        };
+        let p = on_busy(lane_req("c", 0, 100.0, 30.0));
         assert_eq!((p.starts.len(), p.delayed.clone()), (0, vec![0]), "{p:?}");
         // With an SLO waiting cannot meet (40 + 30 > 60) but a cold start
         // can (20 + 30 ≤ 60), it starts cold.
-        let p = place_lane(
-            &[lane_req("c", 0, 60.0, 30.0)],
-            std::slice::from_ref(&busy),
-            &models,
-            &[vec![40.0], vec![]],
-            &[20.0, 20.0],
-            0.0,
-        );
+        let p = on_busy(lane_req("c", 0, 60.0, 30.0));
         assert!(
             p.starts.len() == 1 && !p.starts[0].warm && !p.starts[0].late,
             "{p:?}"
         );
         // An SLO nothing can meet: best-effort (late) on a free GPU.
-        let p = place_lane(
-            &[lane_req("d", 0, 10.0, 30.0)],
-            &[busy],
-            &models,
-            &[vec![40.0], vec![]],
-            &[20.0, 20.0],
-            0.0,
-        );
+        let p = on_busy(lane_req("d", 0, 10.0, 30.0));
         assert!(p.starts.len() == 1 && p.starts[0].late, "{p:?}");
     }
 

@@ -393,6 +393,15 @@ fn pools(state: &AppState, lut: &Lut, o: &Observed, kept: &[Assignment]) -> Pool
         .iter()
         .flat_map(|a| a.gpus.iter().map(|g| g.0.as_str()))
         .collect();
+    // Lane jobs that finished in this pass, with the assignment they ran
+    // on (looked up once, not per node).
+    let finished: Vec<(&Assignment, &JobRecord)> = o
+        .current
+        .assignments
+        .iter()
+        .filter(|a| !a.profile)
+        .filter_map(|a| Some((a, o.finished.get(&a.job).filter(|j| in_lane(state, j))?)))
+        .collect();
     let mut family_gpus: BTreeMap<String, usize> = BTreeMap::new();
     for (k, n) in o.nodes.iter().enumerate() {
         let v = super::inputs::node_view(n, &o.admin.cordons, &o.admin.loans);
@@ -411,15 +420,7 @@ fn pools(state: &AppState, lut: &Lut, o: &Observed, kept: &[Assignment]) -> Pool
         // A lane job that completed this pass, its process still alive: it
         // was launched warm and waits, its model loaded, to be kept warm
         // once the plan drops the job (this commit).
-        for a in o
-            .current
-            .assignments
-            .iter()
-            .filter(|a| !a.profile && a.node == n.record.id)
-        {
-            let Some(j) = o.finished.get(&a.job).filter(|j| in_lane(state, j)) else {
-                continue;
-            };
+        for &(a, j) in finished.iter().filter(|(a, _)| a.node == n.record.id) {
             let alive = n.observed_tasks.iter().any(|t| {
                 t.task_id == a.job.to_string()
                     && t.phase == fmsched_proto::v1::TaskPhase::Running as i32
