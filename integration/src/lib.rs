@@ -43,11 +43,22 @@ pub fn repo_root() -> PathBuf {
 
 /// A free TCP port on 127.0.0.1 (bound then released).
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    // The kernel may hand the same ephemeral port out again once the probe
+    // closes: two calls in a row (a scheduler's gRPC and metrics ports)
+    // then collide. A port is given out once per test process.
+    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    let mut given = GIVEN.lock().unwrap_or_else(|p| p.into_inner());
+    loop {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        if !given.contains(&port) {
+            given.push(port);
+            return port;
+        }
+    }
 }
 
 /// A child process killed (SIGKILL) when dropped; its output goes to a log file.
