@@ -102,7 +102,7 @@ impl Persistence {
         }
         for r in sqlx::query(
             "SELECT model, gpu_type, placement, local_bsz, grad_accum, amp, frozen_layers, grad_ckpt, petl, \
-             pipeline, n, mean_step, m2_step, mean_sync FROM lut_measurements ORDER BY 1, 2, 3, 4, 5",
+             pipeline, expert_parallel, n, mean_step, m2_step, mean_sync FROM lut_measurements ORDER BY 1, 2, 3, 4, 5",
         )
         .fetch_all(&self.pool)
         .await
@@ -129,6 +129,7 @@ impl Persistence {
                         gradient_checkpointing: r.try_get("grad_ckpt").map_err(db_err(OP))?,
                         petl: r.try_get("petl").map_err(db_err(OP))?,
                         pipeline: r.try_get("pipeline").map_err(db_err(OP))?,
+                        expert_parallel: int("expert_parallel")?,
                     },
                 },
                 Measured {
@@ -162,10 +163,11 @@ impl Persistence {
         for (k, m) in rows {
             sqlx::query(
                 "INSERT INTO lut_measurements (model, gpu_type, placement, local_bsz, grad_accum, amp, \
-                 frozen_layers, grad_ckpt, petl, pipeline, n, mean_step, m2_step, mean_sync, updated_at) \
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, now()) \
+                 frozen_layers, grad_ckpt, petl, pipeline, expert_parallel, n, mean_step, m2_step, \
+                 mean_sync, updated_at) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, now()) \
                  ON CONFLICT (model, gpu_type, placement, local_bsz, grad_accum, amp, frozen_layers, \
-                 grad_ckpt, petl, pipeline) DO UPDATE SET n = EXCLUDED.n, mean_step = EXCLUDED.mean_step, \
+                 grad_ckpt, petl, pipeline, expert_parallel) DO UPDATE SET n = EXCLUDED.n, mean_step = EXCLUDED.mean_step, \
                  m2_step = EXCLUDED.m2_step, mean_sync = EXCLUDED.mean_sync, updated_at = now()",
             )
             .bind(&k.model)
@@ -178,6 +180,7 @@ impl Persistence {
             .bind(k.variant.gradient_checkpointing)
             .bind(&k.variant.petl)
             .bind(k.variant.pipeline)
+            .bind(k.variant.expert_parallel as i32)
             .bind(m.n as i64)
             .bind(m.mean_step)
             .bind(m.m2_step)

@@ -15,7 +15,9 @@ use tonic::{Request, Response, Status};
 
 use crate::analytic;
 use crate::loss_curve::{self, FitError, LossCurve, PLATEAU_THRESHOLD, TargetPrediction};
-use crate::lut::{Lut, LutError, Measured, Recorded, ThroughputKey, Variant, canonical_placement};
+use crate::lut::{
+    Lut, LutError, Measured, Recorded, ThroughputKey, Variant, canonical_placement, expert_group,
+};
 use crate::persistence::{ImportedProfile, Persistence};
 use crate::times::{self, JobInput, MergeMode, PairInput, TimeError};
 use crate::transfer::{self, GainModel, TaskEmbedding};
@@ -229,6 +231,43 @@ fn petl_name(p: &str) -> String {
     if p == "none" { String::new() } else { p }
 }
 
+/// Checks an `expert_parallel` field: 0 or 1 = none; a group needs a
+/// Mixture-of-Experts model whose experts it divides (a model without an
+/// architecture here, known only by its imported tables, is taken at its
+/// word) and fits one node.
+fn check_expert_parallel(field: &str, model: &str, ep: u32) -> Result<u32, Status> {
+    let ep = expert_group(ep);
+    if ep == 0 {
+        return Ok(0);
+    }
+    if ep > MAX_EXPERT_GROUP {
+        return Err(invalid(
+            field,
+            format!("{ep} exceeds {MAX_EXPERT_GROUP} (a group sits on one node)"),
+        ));
+    }
+    match analytic::MODELS.iter().find(|m| m.name == model) {
+        Some(m) if !m.is_moe() => Err(invalid(
+            field,
+            format!(
+                "{model} is a dense model; expert parallelism needs a Mixture-of-Experts model"
+            ),
+        )),
+        Some(m) if !m.experts.is_multiple_of(ep) => Err(invalid(
+            field,
+            format!(
+                "must divide the {} experts of {model} (got {ep})",
+                m.experts
+            ),
+        )),
+        _ => Ok(ep),
+    }
+}
+
+/// The largest expert-parallel group a key may name: one node's GPUs (the
+/// agents' limit on GPUs per node).
+const MAX_EXPERT_GROUP: u32 = 64;
+
 /// Converts and checks a protobuf key (the model must have a profile).
 fn key_from_pb(
     field: &str,
@@ -270,6 +309,11 @@ fn key_from_pb(
                 gradient_checkpointing: k.gradient_checkpointing,
                 petl: petl_name(&k.petl),
                 pipeline: k.pipeline_parallel,
+                expert_parallel: check_expert_parallel(
+                    &format!("{field}.expert_parallel"),
+                    &k.model,
+                    k.expert_parallel,
+                )?,
             },
         },
         layers,
@@ -425,6 +469,11 @@ fn time_input(i: usize, j: &pb::JobTimeInput, lut: &Lut) -> Result<JobInput, Sta
             gradient_checkpointing: j.gradient_checkpointing,
             petl: petl_name(&j.petl),
             pipeline: j.pipeline_parallel,
+            expert_parallel: check_expert_parallel(
+                &f("expert_parallel"),
+                &j.model,
+                j.expert_parallel,
+            )?,
         },
         layers,
         remaining_iterations: j.remaining_iterations,

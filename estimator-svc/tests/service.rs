@@ -453,6 +453,55 @@ async fn every_rpc_computes_and_rejects_bad_input() {
         );
     }
 
+    // An expert-parallel MoE job is estimated at its own group size: the
+    // same job with experts over groups of 2 and of 4 GPUs gets different
+    // rows; a group the model cannot have names the field.
+    let moe = |ep| pb::JobTimeInput {
+        model: "switch-base-8".into(),
+        expert_parallel: ep,
+        ..job("m", 1000)
+    };
+    let table = c
+        .predict_job_times(pb::PredictJobTimesRequest {
+            jobs: vec![moe(0), moe(2), moe(4)],
+            allocations: vec![4],
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let at4: Vec<f64> = table.rows.iter().map(|r| r.seconds[0]).collect();
+    assert!(
+        at4.iter().all(|s| s.is_finite()) && at4[0] != at4[1] && at4[1] != at4[2],
+        "{at4:?}"
+    );
+    for (bad, field) in [
+        (
+            pb::JobTimeInput {
+                expert_parallel: 2,
+                ..job("d", 1000)
+            },
+            "jobs[0].expert_parallel",
+        ),
+        (moe(3), "jobs[0].expert_parallel"),
+    ] {
+        assert_invalid(
+            c.predict_job_times(pb::PredictJobTimesRequest {
+                jobs: vec![bad],
+                max_gpus: 4,
+                ..Default::default()
+            })
+            .await,
+            field,
+        );
+    }
+    let mut dense_group = key("roberta-base", "4", 8);
+    dense_group.key.as_mut().unwrap().expert_parallel = 4;
+    assert_invalid(
+        c.lookup_throughput(dense_group).await,
+        "key.expert_parallel",
+    );
+
     // LookupThroughput.
 
     let t = c
@@ -623,6 +672,58 @@ async fn what_the_estimator_learns_survives_a_restart() {
         .unwrap()
         .into_inner();
     assert_eq!(outcome.observed_merges, 11);
+    // A measurement of an expert-parallel key is its own: the table of
+    // groups of 4 learns it, the same placement without a group does not.
+    let group = |ep| pb::ThroughputKey {
+        model: "switch-base-8".into(),
+        gpu_type: "A100".into(),
+        placement: "4".into(),
+        local_batch_size: 8,
+        amp: true,
+        expert_parallel: ep,
+        ..Default::default()
+    };
+    let lookup_at = |ep| pb::LookupThroughputRequest {
+        key: Some(group(ep)),
+    };
+    let plain_before = c
+        .lookup_throughput(lookup_at(0))
+        .await
+        .unwrap()
+        .into_inner()
+        .step_time_seconds;
+    let table4 = c
+        .lookup_throughput(lookup_at(4))
+        .await
+        .unwrap()
+        .into_inner()
+        .step_time_seconds;
+    let rec = c
+        .record_step_times(pb::RecordStepTimesRequest {
+            samples: vec![
+                pb::StepTimeSample {
+                    key: Some(group(4)),
+                    step_time_seconds: 1.5 * table4,
+                    sync_time_seconds: 0.0,
+                };
+                3
+            ],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(rec.accepted, 3);
+    let learned4 = c
+        .lookup_throughput(lookup_at(4))
+        .await
+        .unwrap()
+        .into_inner()
+        .step_time_seconds;
+    // (3 · t + 3 · 1.5 t) / 6 = 1.25 t
+    assert!(
+        (learned4 - 1.25 * table4).abs() < 1e-9,
+        "{learned4} vs {table4}"
+    );
     server.stop().await;
 
     // A fresh process over the same database knows all of it.
@@ -630,6 +731,20 @@ async fn what_the_estimator_learns_survives_a_restart() {
     let mut c = server.client().await;
     let again = c.lookup_throughput(lookup).await.unwrap().into_inner();
     assert!((again.step_time_seconds - 0.39).abs() < 1e-9, "{again:?}");
+    let again4 = c
+        .lookup_throughput(lookup_at(4))
+        .await
+        .unwrap()
+        .into_inner()
+        .step_time_seconds;
+    assert!((again4 - learned4).abs() < 1e-9, "{again4} vs {learned4}");
+    let plain_after = c
+        .lookup_throughput(lookup_at(0))
+        .await
+        .unwrap()
+        .into_inner()
+        .step_time_seconds;
+    assert_eq!(plain_after, plain_before, "the plain key learned nothing");
     let next = c
         .record_transfer_outcome(pb::RecordTransferOutcomeRequest {
             score: 0.5,

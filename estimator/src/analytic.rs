@@ -279,11 +279,12 @@ fn data_parallel_step(
     let tokens = f64::from(bsz) * f64::from(m.seq_len);
     let mfu = MFU_MAX * tokens / (tokens + MFU_HALF_TOKENS);
     let compute = cost.compute * f64::from(bsz) * m.flops_per_sample() / (g.peak_flops * mfu);
-    // An MoE model spreads its experts over each node's GPUs (expert
-    // parallelism never crosses a node: the scheduler keeps every expert
-    // group on one node); a dense one holds everything everywhere.
+    // An MoE job spreads its experts over its expert-parallel group (never
+    // across a node: the scheduler keeps every group on one node), or holds
+    // all of them on every GPU (no group); a dense one holds everything
+    // everywhere.
     let ep = if m.is_moe() {
-        (gpus / nodes.max(1)).max(1)
+        v.expert_parallel.max(1)
     } else {
         1
     };
@@ -389,12 +390,27 @@ pub const PIPELINE_PLACEMENTS: [&str; 4] = ["4", "44", "4444", "44444444"];
 /// their memory, so the table says *why* a batch is infeasible).
 pub const LOCAL_BATCHES: [u32; 9] = [1, 2, 4, 8, 16, 32, 64, 128, 256];
 
+/// Expert-parallel group sizes profiled for an MoE model: those of
+/// [`EXPERT_GROUPS`] that divide its experts (a group of more GPUs than a
+/// profiled node share, 8 or 16, is looked up in the largest profiled
+/// group's table).
+pub const EXPERT_GROUPS: [u32; 2] = [2, 4];
+
 /// The variants profiled for a model: full fine-tuning (AMP) for all,
-/// pipeline for dense ones; LoRA for models of a billion parameters or more, whose full
-/// fine-tuning does not fit a single GPU.
+/// pipeline for dense ones, each expert-parallel group size of
+/// [`EXPERT_GROUPS`] for MoE ones; LoRA for models of a billion parameters
+/// or more, whose full fine-tuning does not fit a single GPU.
 pub fn variants(m: &ModelArch) -> Vec<Variant> {
     let base = Variant::base();
     let mut v = vec![base.clone()];
+    for ep in EXPERT_GROUPS {
+        if m.is_moe() && m.experts.is_multiple_of(ep) {
+            v.push(Variant {
+                expert_parallel: ep,
+                ..base.clone()
+            });
+        }
+    }
     // MoE models train data- and expert-parallel, not in a pipeline.
     if !m.is_moe() {
         v.push(Variant {
@@ -403,16 +419,21 @@ pub fn variants(m: &ModelArch) -> Vec<Variant> {
         });
     }
     if m.params >= 1e9 {
-        v.push(Variant {
-            petl: "lora".into(),
-            ..base
-        });
+        let lora: Vec<Variant> = v
+            .iter()
+            .filter(|x| !x.pipeline)
+            .map(|x| Variant {
+                petl: "lora".into(),
+                ..x.clone()
+            })
+            .collect();
+        v.extend(lora);
     }
     v
 }
 
 /// Header of fmsched's own profile layout (`docs/profiles.md`).
-pub const FMSCHED_HEADER: &str = "model,gpu_type,placement,local_bsz,step_time,sync_time,amp,frozen_layers,grad_ckpt,petl,pipeline,gpu_memory_gib,context_switch_s";
+pub const FMSCHED_HEADER: &str = "model,gpu_type,placement,local_bsz,step_time,sync_time,amp,frozen_layers,grad_ckpt,petl,pipeline,gpu_memory_gib,context_switch_s,expert_parallel";
 
 /// The default profile of one GPU type, in fmsched's layout.
 pub fn default_profile_csv(g: &GpuSpec) -> String {
@@ -431,7 +452,13 @@ pub fn default_profile_csv(g: &GpuSpec) -> String {
             } else {
                 &DP_PLACEMENTS
             };
-            for p in placements {
+            // An expert-parallel group sits on one node: only placements
+            // of whole groups per node.
+            let whole_groups = |p: &&&str| {
+                p.bytes()
+                    .all(|b| u32::from(b - b'0').is_multiple_of(v.expert_parallel.max(1)))
+            };
+            for p in placements.iter().filter(whole_groups) {
                 let nodes = p.len() as u32;
                 let gpus: u32 = p.bytes().map(|b| u32::from(b - b'0')).sum();
                 for &bsz in &LOCAL_BATCHES {
@@ -442,7 +469,7 @@ pub fn default_profile_csv(g: &GpuSpec) -> String {
                     };
                     let _ = writeln!(
                         out,
-                        "{},{},{},{},{:.6},{:.6},{},0,0,{},{},{:.3},{:.1}",
+                        "{},{},{},{},{:.6},{:.6},{},0,0,{},{},{:.3},{:.1},{}",
                         m.name,
                         g.name,
                         p,
@@ -454,6 +481,7 @@ pub fn default_profile_csv(g: &GpuSpec) -> String {
                         u8::from(v.pipeline),
                         mem,
                         context_switch_s(m, &v),
+                        v.expert_parallel,
                     );
                 }
             }
@@ -549,9 +577,9 @@ mod tests {
     }
 
     /// An MoE model's compute is its dense part plus the gating's top-k
-    /// experts per token; its experts are spread over a node's GPUs, so
-    /// each GPU holds fewer parameters as the node share grows, and the
-    /// all-to-all appears only with expert parallelism (ep > 1).
+    /// experts per token; its experts are spread over its expert-parallel
+    /// group, so each GPU holds fewer parameters as the group grows, and
+    /// the all-to-all appears only with expert parallelism (ep > 1).
     #[test]
     fn moe_steps_count_active_experts_and_all_to_all() {
         let m = model("switch-base-8");
@@ -564,10 +592,19 @@ mod tests {
         assert!((m.params_per_gpu(8) - (m.params - 7.0 * expert)).abs() < 1.0);
         let g = &GPUS[1];
         let v = Variant::base();
+        let ep4 = Variant {
+            expert_parallel: 4,
+            ..Variant::base()
+        };
         let (s1, _, mem1) = data_parallel_step(m, g, &v, 1, 1, 8);
-        let (s4, _, mem4) = data_parallel_step(m, g, &v, 1, 4, 8);
+        let (s4, _, mem4) = data_parallel_step(m, g, &ep4, 1, 4, 8);
         assert!(mem4 < mem1, "experts spread over 4 GPUs: {mem4} < {mem1}");
         assert!(32.0 / s4 > 8.0 / s1, "more GPUs, more samples per second");
+        // Without a group every GPU holds all experts, whatever the
+        // placement: memory as on one GPU, and no all-to-all.
+        let (s4_plain, _, mem4_plain) = data_parallel_step(m, g, &v, 1, 4, 8);
+        assert_eq!(mem4_plain, mem1);
+        assert!(s4_plain != s4, "a group's all-to-all and smaller optimizer");
         // All-to-all: none without expert parallelism or for a dense
         // model; by hand at ep = 4: 4 · 12 layers · 8·512 tokens · 768 · 2
         // bytes · 3/4 over NVLink.
@@ -576,9 +613,20 @@ mod tests {
         let want = 4.0 * 12.0 * 4096.0 * 768.0 * 2.0 * 0.75 / g.intra_bytes_s;
         assert!((all_to_all_s(m, g, 4, 8) - want).abs() < 1e-12);
         assert!(all_to_all_s(m, g, 8, 8) > all_to_all_s(m, g, 4, 8));
-        // Dense models pay no all-to-all; no pipeline variant for MoE.
+        // Dense models pay no all-to-all; no pipeline variant for MoE, one
+        // table per profiled group size that divides the experts.
         assert!(!model("roberta-base").is_moe());
         assert!(variants(m).iter().all(|v| !v.pipeline));
+        let groups = |name| {
+            variants(model(name))
+                .iter()
+                .filter(|v| v.petl.is_empty())
+                .map(|v| v.expert_parallel)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(groups("switch-base-8"), [0, 2, 4]);
+        assert_eq!(groups("switch-base-16"), [0, 2, 4]);
+        assert_eq!(groups("roberta-base"), [0, 0]);
         let lut = default_lut().unwrap();
         for gpu in ["V100", "A100", "H100"] {
             for name in ["switch-base-8", "switch-base-16"] {
@@ -586,6 +634,78 @@ mod tests {
                 assert!(it.feasible && it.seconds > 0.0, "{name} on {gpu}: {it:?}");
             }
         }
+    }
+
+    /// A job's expert-parallel group picks its table: at one placement a
+    /// group of 2 and a group of 4 get different rows (before, every MoE
+    /// row assumed the experts spread over the whole node share), a group
+    /// table never holds a placement that splits a group, and a group no
+    /// default table has (8) is read from the nearest one, as an estimate.
+    #[test]
+    fn an_expert_parallel_job_is_estimated_at_its_own_group_size() {
+        let lut = default_lut().unwrap();
+        let m = model("switch-base-8");
+        let g = &GPUS[1];
+        let at = |ep: u32, placement: &str| {
+            let v = Variant {
+                expert_parallel: ep,
+                ..Variant::base()
+            };
+            lut.step_time(
+                &crate::lut::ThroughputKey {
+                    model: m.name.into(),
+                    gpu_type: g.name.into(),
+                    placement: placement.into(),
+                    local_bsz: 8,
+                    grad_accum: 1,
+                    variant: v.clone(),
+                },
+                m.layers,
+            )
+            .unwrap()
+        };
+        let (none, two, four) = (at(0, "4"), at(2, "4"), at(4, "4"));
+        for (ep, row) in [(0, none), (2, two), (4, four)] {
+            let v = Variant {
+                expert_parallel: ep,
+                ..Variant::base()
+            };
+            let (step, _, _) = data_parallel_step(m, g, &v, 1, 4, 8);
+            assert!(
+                (row.step - step).abs() < 1e-6 && !row.interpolated,
+                "ep {ep}: the table's row is the model's: {row:?} vs {step}"
+            );
+        }
+        assert!(none.step != two.step && two.step != four.step);
+        // Groups of 4 hold half the experts per GPU that groups of 2 do.
+        let mem = |ep| {
+            let v = Variant {
+                expert_parallel: ep,
+                ..Variant::base()
+            };
+            data_parallel_step(m, g, &v, 1, 4, 8).2
+        };
+        assert!(mem(4) < mem(2) && mem(2) < mem(0));
+        // No placement that splits a group of 4 over a node's 2 or 3 GPUs.
+        let table = lut
+            .profile(
+                m.name,
+                g.name,
+                &Variant {
+                    expert_parallel: 4,
+                    ..Variant::base()
+                },
+            )
+            .unwrap();
+        assert!(
+            table
+                .placements
+                .keys()
+                .all(|p| p.bytes().all(|b| (b - b'0').is_multiple_of(4)))
+        );
+        // A group of 8: the group-of-4 table's row, marked as an estimate.
+        let eight = at(8, "4");
+        assert!((eight.step - four.step).abs() < 1e-9 && eight.interpolated);
     }
 
     #[test]

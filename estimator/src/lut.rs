@@ -1,7 +1,8 @@
 //! Throughput lookup table (Ymir §4.3: `S(a, cfgs)`).
 //!
 //! Keyed by (model, GPU type, configuration variant — AMP, frozen layers,
-//! gradient checkpointing, PETL, pipeline) and then by placement shape and
+//! gradient checkpointing, PETL, pipeline, expert parallelism) and then by
+//! placement shape and
 //! local batch. Tables come from profile CSVs: the Pollux/AdaptDL layouts
 //! published FM profiles use (`placement,local_bsz,step_time,sync_time`,
 //! `num_nodes,num_replicas,local_bsz,step_time,sync_time`, `local_bsz,gpu_memory`,
@@ -38,6 +39,14 @@ pub struct Variant {
     /// "" = full fine-tuning, else the PETL method name ("lora", ...).
     pub petl: String,
     pub pipeline: bool,
+    /// A Mixture-of-Experts job's expert-parallel group (GPUs its experts
+    /// are spread over, each group on one node; `resources.expert_parallel`);
+    /// 0 = none: a dense model, or an MoE model whose every GPU holds all
+    /// experts. A table is measured at one group size: a smaller group
+    /// holds more experts per GPU and sends less over the all-to-all, so a
+    /// job's rows never come from another group size's table when its own
+    /// exists (see [`Lut::step_time`]).
+    pub expert_parallel: u32,
 }
 
 impl Variant {
@@ -51,13 +60,18 @@ impl Variant {
 
     /// The variant a task trains in: its precision, activation
     /// checkpointing, PETL method and frozen layers, in a pipeline or not.
-    pub fn of_settings(s: &fmsched_core::trainer::TrainingSettings, pipeline: bool) -> Self {
+    pub fn of_settings(
+        s: &fmsched_core::trainer::TrainingSettings,
+        pipeline: bool,
+        expert_parallel: u32,
+    ) -> Self {
         Variant {
             amp: s.amp,
             frozen_layers: s.frozen_layers,
             gradient_checkpointing: s.gradient_checkpointing,
             petl: s.petl.clone(),
             pipeline,
+            expert_parallel: expert_group(expert_parallel),
         }
     }
 
@@ -67,7 +81,18 @@ impl Variant {
         Self::of_settings(
             &fmsched_core::trainer::TrainingSettings::of(spec),
             spec.resources.pipeline_parallel,
+            spec.resources.expert_parallel,
         )
+    }
+}
+
+/// The variant's expert-parallel group of a spec's or table's
+/// `expert_parallel`: 0 and 1 both mean none.
+pub fn expert_group(expert_parallel: u32) -> u32 {
+    if expert_parallel > 1 {
+        expert_parallel
+    } else {
+        0
     }
 }
 
@@ -488,12 +513,17 @@ impl Lut {
         if let Some(p) = tables.get(v) {
             return Ok((p, None));
         }
-        // Pipeline tables are never derived from data-parallel ones.
+        // Pipeline tables are never derived from data-parallel ones. An
+        // expert-parallel job's table is its own group size's, else the
+        // nearest measured one, used as measured (no formula moves a step
+        // time between group sizes: the all-to-all's share of a step is
+        // what profiles measure, Lina Table 4.1).
         let fallback = tables
             .iter()
             .filter(|(k, _)| k.pipeline == v.pipeline)
             .min_by_key(|(k, _)| {
                 (
+                    k.expert_parallel.abs_diff(v.expert_parallel),
                     k.frozen_layers,
                     k.gradient_checkpointing,
                     !k.petl.is_empty(),
@@ -860,6 +890,14 @@ impl Lut {
                             .filter(|s| s != "none")
                             .unwrap_or_default(),
                         pipeline: flag("pipeline")?,
+                        expert_parallel: if r
+                            .get("expert_parallel")
+                            .is_some_and(|s| !s.trim().is_empty())
+                        {
+                            expert_group(int(*line, r, "expert_parallel")?)
+                        } else {
+                            0
+                        },
                     };
                     let p = canonical_placement(r.get("placement").map(|s| s.trim()).unwrap_or(""))
                         .map_err(|e| err(*line, e.to_string()))?;

@@ -1114,7 +1114,13 @@ async fn serve(sig: &mut Signals, loaded: bool) -> anyhow::Result<Ended> {
     // The variant it trains in: one process, one setting (the scheduler
     // merges only jobs that train alike).
     let settings = tasks[0].settings.clone();
-    let variant = Variant::of_settings(&settings, var(env::PIPELINE_STAGES).is_some());
+    let variant = Variant::of_settings(
+        &settings,
+        var(env::PIPELINE_STAGES).is_some(),
+        var(env::EXPERT_PARALLEL)
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0),
+    );
     let it = lut
         .iteration_time_on(
             &model,

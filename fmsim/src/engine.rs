@@ -47,7 +47,7 @@ use fmsched_core::{JobState, NodeState, SloClass};
 use fmsched_estimator::analytic;
 use fmsched_estimator::curve_prior::{CurveLibrary, predict_epochs, remaining_spread};
 use fmsched_estimator::icefrog;
-use fmsched_estimator::lut::{Lut, Variant};
+use fmsched_estimator::lut::{Lut, Variant, expert_group};
 use fmsched_estimator::times::{tran_wt_spatial, tran_wt_temporal};
 
 use crate::catalog::{Catalog, Work};
@@ -678,6 +678,7 @@ impl<'a> Simulation<'a> {
             let layers = analytic::layers_of(&lut_model).unwrap_or(12);
             let variant = Variant {
                 pipeline: w.pipeline,
+                expert_parallel: expert_group(w.expert_parallel),
                 ..Variant::base()
             };
             // Families where one replica's memory does not fit: never there.

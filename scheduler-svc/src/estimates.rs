@@ -279,5 +279,6 @@ fn job_to_proto(j: &JobInput) -> pb::JobTimeInput {
             .as_ref()
             .map_or_else(Vec::new, |t| t.variance.clone()),
         max_frozen_layers: j.layer_tuning.as_ref().map_or(0, |t| t.max_frozen),
+        expert_parallel: j.variant.expert_parallel,
     }
 }

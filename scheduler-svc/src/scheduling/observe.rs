@@ -1134,20 +1134,27 @@ pub(crate) fn curve_from_json(v: &serde_json::Value) -> Option<LossCurve> {
 }
 
 /// A profiling run's measured step time as a sample for the estimator's
-/// table: 1 GPU (4 for a pipeline job) at the job's global batch, in the
-/// job's own variant (precision, checkpointing, PETL, frozen layers).
+/// table: one replica (1 GPU; a pipeline's 4 stages at the job's global
+/// batch; an expert-parallel group's GPUs sharing it) in the job's own
+/// variant (precision, checkpointing, PETL, frozen layers, expert group).
 fn profile_step_time_sample(
     job: &JobRecord,
     gpu_model: &str,
     step_time_s: f64,
 ) -> pb::StepTimeSample {
-    let pipeline = job.spec.resources.pipeline_parallel;
+    let r = &job.spec.resources;
+    let gpus = r.replica().gpus().max(1);
+    let global = job.spec.hyperparameters.global_batch_size;
     pb::StepTimeSample {
         key: Some(pb::ThroughputKey {
             model: job.spec.model.clone(),
             gpu_type: analytic::gpu_family(gpu_model),
-            placement: if pipeline { "4" } else { "1" }.into(),
-            local_batch_size: job.spec.hyperparameters.global_batch_size,
+            placement: gpus.to_string(),
+            local_batch_size: if r.pipeline_parallel {
+                global
+            } else {
+                global.div_ceil(gpus)
+            },
             gradient_accumulation: 1,
             ..variant_key(&Variant::of_spec(&job.spec))
         }),
@@ -1211,6 +1218,7 @@ fn variant_key(v: &Variant) -> pb::ThroughputKey {
         gradient_checkpointing: v.gradient_checkpointing,
         petl: v.petl.clone(),
         pipeline_parallel: v.pipeline,
+        expert_parallel: v.expert_parallel,
         ..Default::default()
     }
 }
@@ -1444,6 +1452,42 @@ pub(crate) mod tests {
             updated_at: Utc::now(),
             last_event_seq: 0,
         }
+    }
+
+    /// A profiling run's step time is filed at the replica it ran on, in
+    /// the job's variant: 1 GPU at the global batch; a pipeline's 4 stages
+    /// at the global batch; an expert group of 4 GPUs sharing the batch,
+    /// keyed by its group size (a table of another group size would read
+    /// it wrong).
+    #[test]
+    fn a_profiling_sample_is_keyed_by_the_replica_it_ran_on() {
+        let mut plain = record(1, None);
+        plain.spec.model = "switch-base-8".into();
+        let key = |j: &JobRecord| profile_step_time_sample(j, "A100", 0.5).key.unwrap();
+        let k = key(&plain);
+        assert_eq!(
+            (k.placement.as_str(), k.local_batch_size, k.expert_parallel),
+            ("1", 32, 0)
+        );
+        let mut moe = plain.clone();
+        moe.spec.resources.expert_parallel = 4;
+        moe.spec.resources.max_gpus = 4;
+        let k = key(&moe);
+        assert_eq!(
+            (k.placement.as_str(), k.local_batch_size, k.expert_parallel),
+            ("4", 8, 4)
+        );
+        let mut pipe = record(2, None);
+        pipe.spec.resources.pipeline_parallel = true;
+        let k = key(&pipe);
+        assert_eq!(
+            (
+                k.placement.as_str(),
+                k.local_batch_size,
+                k.pipeline_parallel
+            ),
+            ("4", 32, true)
+        );
     }
 
     /// A job with a metric target: its evaluations so far and the curves of
