@@ -1221,12 +1221,12 @@ pub fn snapshot(
 
 /// `row` with every allocation that is not a whole number of `unit`-GPU
 /// replicas made `+∞`.
-fn mask_replicas(allocs: &[u32], unit: u32, row: &[f64]) -> Vec<f64> {
+fn mask_replicas(allocs: &[u32], unit: u32, least: u32, row: &[f64]) -> Vec<f64> {
     allocs
         .iter()
         .zip(row)
         .map(|(&a, &t)| {
-            if a.is_multiple_of(unit) {
+            if a.is_multiple_of(unit) && a >= least {
                 t
             } else {
                 f64::INFINITY
@@ -1235,28 +1235,37 @@ fn mask_replicas(allocs: &[u32], unit: u32, row: &[f64]) -> Vec<f64> {
         .collect()
 }
 
+/// The fewest GPUs a merge of jobs `a` and `b` may run on: the larger of
+/// their `min_gpus` (one process trains both, so neither may get fewer
+/// than it asked for).
+fn pair_min_gpus(view: &ClusterView, a: usize, b: usize) -> u32 {
+    view.jobs[a].min_gpus.max(view.jobs[b].min_gpus)
+}
+
 /// The estimates of jobs and kept merges with every allocation that is not
 /// a whole number of a job's replicas ([`JobView::replica`]; a merge's are
-/// its jobs') made `+∞`: it cannot run there, whatever the caller
-/// estimated. One rule for the service and fmsim. Candidate pairs are
+/// its jobs'), or, for a merge, below either job's `min_gpus`, made `+∞`:
+/// it cannot run there, whatever the caller estimated. One rule for the service and fmsim. Candidate pairs are
 /// masked as [`candidates`] keeps them (there can be hundreds of thousands,
 /// most of them dropped); the result has none.
 fn whole_replicas(view: &ClusterView, prepared: &Prepared, estimates: &Estimates) -> Estimates {
     let allocs = &prepared.allocations;
-    let mask = |unit: u32, row: &[f64]| mask_replicas(allocs, unit, row);
     let unit = |v: usize| view.jobs[v].replica().gpus();
     Estimates {
         jobs: prepared
             .jobs
             .iter()
             .zip(&estimates.jobs)
-            .map(|(&v, row)| mask(unit(v), row))
+            .map(|(&v, row)| mask_replicas(allocs, unit(v), 0, row))
             .collect(),
         kept: prepared
             .kept
             .iter()
             .zip(&estimates.kept)
-            .map(|(&m, row)| mask(unit(view.merges[m].a), row))
+            .map(|(&m, row)| {
+                let (a, b) = (view.merges[m].a, view.merges[m].b);
+                mask_replicas(allocs, unit(a), pair_min_gpus(view, a, b), row)
+            })
             .collect(),
         candidates: Vec::new(),
         spread: estimates.spread.clone(),
@@ -1405,6 +1414,7 @@ fn candidates(
         let seconds = mask_replicas(
             &prepared.allocations,
             view.jobs[a].replica().gpus(),
+            pair_min_gpus(view, a, b),
             &c.seconds,
         );
         let remaining_s = group_time(view, estimates, ord, a, b, c.pair.mode, &seconds);
@@ -2894,6 +2904,69 @@ mod tests {
         assert_eq!(candidates(None, Some(1000.0)), 0, "B would miss");
         assert_eq!(candidates(None, Some(5000.0)), 1, "B makes it");
         assert_eq!(candidates(Some(1000.0), None), 1, "A trains as alone");
+    }
+
+    /// One process trains a merge, so it never runs below either job's
+    /// `min_gpus`: a candidate pair with a job that needs 8 GPUs has no
+    /// time at fewer, and a kept merge with one neither (found when the
+    /// 40-job e2e's 8-GPU gangs were merged and placed on 1 GPU).
+    #[test]
+    fn a_merge_never_runs_below_either_jobs_min_gpus() {
+        let wide = || {
+            let mut w = job("wide", "rte", JobState::Queued, 8);
+            w.min_gpus = 8;
+            w
+        };
+        let narrow = || job("narrow", "mrpc", JobState::Queued, 1);
+        let cfg = RoundConfig {
+            profiling: false,
+            ..Default::default()
+        };
+        let policy = by_name("ymir").unwrap();
+        let v = view(vec![node("a", 4), node("b", 4)], vec![narrow(), wide()]);
+        let p = prepare(&v, policy.as_ref(), &cfg);
+        let mut e = estimates(&p, 3600.0);
+        e.candidates.push(PairEstimate {
+            pair: PairKey {
+                a: 0,
+                b: 1,
+                mode: MergeMode::Temporal,
+            },
+            seconds: linear(&p, 360.0),
+            tran_wt: p
+                .allocations
+                .iter()
+                .map(|&x| if x == 0 { 0.0 } else { 1.8 })
+                .collect(),
+            gain_ab: 0.25,
+            gain_ba: 0.0,
+        });
+        let d = decide(&v, &p, &e, policy.as_ref(), &cfg).unwrap();
+        let c = &d.snapshot.candidates[0];
+        for (k, &a) in d.snapshot.allocations.iter().enumerate() {
+            assert_eq!(
+                c.remaining_s[k].is_finite(),
+                a >= 8,
+                "the pair at {a}: {}",
+                c.remaining_s[k]
+            );
+        }
+        for g in d.outcome.groups.iter().filter(|g| g.jobs.contains(&1)) {
+            assert!(g.gpus.len() >= 8, "{g:?}");
+        }
+        // Already merged: the kept merge's row has no time under 8 either.
+        let mut kept = view(vec![node("a", 4), node("b", 4)], vec![narrow(), wide()]);
+        kept.merges.push(MergeView {
+            a: 0,
+            b: 1,
+            mode: MergeMode::Temporal,
+        });
+        let p = prepare(&kept, policy.as_ref(), &cfg);
+        let d = decide(&kept, &p, &estimates(&p, 3600.0), policy.as_ref(), &cfg).unwrap();
+        let m = &d.snapshot.merges[0];
+        for (k, &a) in d.snapshot.allocations.iter().enumerate() {
+            assert_eq!(m.remaining_s[k].is_finite(), a >= 8, "kept at {a}");
+        }
     }
 
     /// A new merge is decided on a candidate the caller estimated; the
