@@ -1486,12 +1486,13 @@ impl<'a> Simulation<'a> {
     }
 
     /// The fewest GPUs job `i` runs on: its request under
-    /// [`SimConfig::base_demands`], else one.
+    /// [`SimConfig::base_demands`], else its workload's `min_gpus` (one
+    /// when unset).
     fn min_gpus(&self, i: usize) -> u32 {
         if self.cfg.base_demands {
             self.jobs[i].w.gpus
         } else {
-            1
+            self.jobs[i].w.min_gpus.max(1)
         }
     }
 

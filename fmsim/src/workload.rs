@@ -4,7 +4,7 @@
 //!
 //! Formats (`--format`, or guessed from the header):
 //! - **fmsim** (the project's own, written by `fmsim generate`):
-//!   `name,submit_s,model,task,gpus,batch,sharing,pipeline[,epochs][,gpu_model][,expert_parallel][,slo,deadline_s,deadline_x]` —
+//!   `name,submit_s,model,task,gpus,batch,sharing,pipeline[,epochs][,gpu_model][,expert_parallel][,slo,deadline_s,deadline_x][,min_gpus]` —
 //!   `epochs` overrides the catalog's epochs-to-target for that job;
 //!   `gpu_model` pins it to one GPU model (empty: any, one per job);
 //!   `expert_parallel` runs an MoE job in expert groups of that many GPUs,
@@ -13,7 +13,9 @@
 //!   (seconds after submission) or `deadline_x` (a multiple of the job's
 //!   time alone at its requested GPUs) make it an SLO job (UniSched);
 //!   optional `queue`, `priority` and `preemptible` (empty: none, 0, 1)
-//!   put it in a queue of `--queues` (docs/queues.md).
+//!   put it in a queue of `--queues` (docs/queues.md); `min_gpus` is the
+//!   fewest GPUs it may run on, as a spec's `resources.min_gpus` (empty or
+//!   0: one; at most `gpus`; `--base-demands` makes it `gpus` for all).
 //! - **titan** (TitanSched workload CSV):
 //!   `name,submission_time,application,num_gpus,target_batch_size,target_lr,target_gradient_steps,target_metric`
 //!   with `application = model@task` (`/` written `#`).
@@ -52,6 +54,8 @@ pub struct WorkloadJob {
     /// GPUs requested (also the job's maximum unless `max_gpus` is set).
     pub gpus: u32,
     pub max_gpus: u32,
+    /// The fewest GPUs it may run on (`resources.min_gpus`; 0 = one).
+    pub min_gpus: u32,
     pub batch: u32,
     pub sharing: bool,
     pub pipeline: bool,
@@ -485,6 +489,7 @@ fn parse_pollux(csv: &Csv, tasks: &[(String, String)]) -> Result<Vec<WorkloadJob
             task: task.clone(),
             gpus: g.min(64),
             max_gpus: g.min(64),
+            min_gpus: 0,
             batch: b,
             sharing: true,
             pipeline: false,
@@ -591,6 +596,7 @@ fn parse_fmsim(csv: &Csv) -> Result<Vec<WorkloadJob>, WorkloadError> {
     let epochs = csv.col("epochs");
     let gpu_model = csv.col("gpu_model");
     let expert_parallel = csv.col("expert_parallel");
+    let min_gpus = csv.col("min_gpus");
     let (slo, deadline_s, deadline_x) =
         (csv.col("slo"), csv.col("deadline_s"), csv.col("deadline_x"));
     let (queue, priority, preemptible) = (
@@ -635,6 +641,16 @@ fn parse_fmsim(csv: &Csv) -> Result<Vec<WorkloadJob>, WorkloadError> {
             Some(e) if !r[e].trim().is_empty() => Some(csv.num(*line, r, e)?).filter(|&x| x > 0.0),
             _ => None,
         };
+        let least = match min_gpus {
+            Some(c) if !r[c].trim().is_empty() => csv.whole(*line, r, c)?,
+            _ => 0,
+        };
+        if least > g {
+            return Err(csv.err(
+                *line,
+                format!("min_gpus: {least} is more than the job's {g} gpus"),
+            ));
+        }
         out.push(WorkloadJob {
             name: r[name].trim().into(),
             submit_s: csv.num(*line, r, submit)?,
@@ -642,6 +658,7 @@ fn parse_fmsim(csv: &Csv) -> Result<Vec<WorkloadJob>, WorkloadError> {
             task: r[task].trim().into(),
             gpus: g,
             max_gpus: g,
+            min_gpus: least,
             batch: b,
             sharing: csv.flag(*line, r, sharing)?,
             pipeline: csv.flag(*line, r, pipeline)?,
@@ -734,6 +751,7 @@ fn parse_titan(csv: &Csv) -> Result<Vec<WorkloadJob>, WorkloadError> {
             task: task.replace('#', "/"),
             gpus: g,
             max_gpus: g,
+            min_gpus: 0,
             batch: b,
             sharing: true,
             pipeline: false,
@@ -826,6 +844,7 @@ fn trace_jobs(
                 task: task.clone(),
                 gpus: g.min(64),
                 max_gpus: g.min(64),
+                min_gpus: 0,
                 batch: 32 * g.min(64),
                 sharing: true,
                 pipeline: false,
@@ -873,12 +892,12 @@ fn parse_time(s: &str) -> Option<f64> {
 /// Writes a workload in fmsim's format.
 pub fn to_csv(jobs: &[WorkloadJob]) -> String {
     let mut s = String::from(
-        "name,submit_s,model,task,gpus,batch,sharing,pipeline,epochs,gpu_model,expert_parallel,slo,deadline_s,deadline_x,queue,priority,preemptible\n",
+        "name,submit_s,model,task,gpus,batch,sharing,pipeline,epochs,gpu_model,expert_parallel,slo,deadline_s,deadline_x,queue,priority,preemptible,min_gpus\n",
     );
     for j in jobs {
         let num = |v: Option<f64>| v.map(|v| format!("{v}")).unwrap_or_default();
         s += &format!(
-            "{},{:.1},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}\n",
+            "{},{:.1},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}\n",
             j.name,
             j.submit_s,
             j.model,
@@ -896,6 +915,7 @@ pub fn to_csv(jobs: &[WorkloadJob]) -> String {
             j.queueing.queue,
             j.queueing.priority,
             u8::from(j.queueing.preemptible),
+            j.min_gpus,
         );
     }
     s
@@ -954,6 +974,35 @@ mod tests {
                 .to_string();
             assert!(e.contains("w.csv line 2") && e.contains(says), "{e}");
         }
+    }
+
+    /// `min_gpus`: the fewest GPUs a job runs on (one when empty), written
+    /// back as read; more than its `gpus` names the column and line.
+    #[test]
+    fn min_gpus_column() {
+        let head = "name,submit_s,model,task,gpus,batch,sharing,pipeline,min_gpus\n";
+        let text =
+            format!("{head}a,0,roberta-base,rte,8,32,1,0,5\nb,1,roberta-base,rte,2,32,1,0,\n");
+        let jobs = parse("w.csv", &text, None, &[]).unwrap();
+        assert_eq!(
+            jobs.iter()
+                .map(|j| (j.min_gpus, j.max_gpus))
+                .collect::<Vec<_>>(),
+            [(5, 8), (0, 2)]
+        );
+        assert_eq!(parse("w.csv", &to_csv(&jobs), None, &[]).unwrap(), jobs);
+        let e = parse(
+            "w.csv",
+            &format!("{head}c,0,roberta-base,rte,2,32,1,0,3\n"),
+            None,
+            &[],
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("w.csv line 2") && e.contains("min_gpus: 3 is more than"),
+            "{e}"
+        );
     }
 
     /// `--slo-mix`: every SLO job gets a deadline of 1.1-2 x its time alone;

@@ -39,6 +39,7 @@ fn one_gpu_job(name: &str, task: &str, submit_s: f64, sharing: bool) -> Workload
         task: task.into(),
         gpus: 1,
         max_gpus: 1,
+        min_gpus: 0,
         batch: 32,
         sharing,
         pipeline: false,

@@ -30,6 +30,7 @@ fn job(name: &str, t: f64, batch: u32, gpu_h: f64) -> WorkloadJob {
         task: "rte".into(),
         gpus: 1,
         max_gpus: 1,
+        min_gpus: 0,
         batch,
         sharing: true,
         pipeline: false,
