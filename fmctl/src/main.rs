@@ -1124,12 +1124,25 @@ async fn bench_submit(
     Ok(())
 }
 
+/// The phases of a committing round, as the scheduler's
+/// `fmsched_round_phase_duration_seconds_sum{phase}` names them.
+const ROUND_PHASES: [&str; 6] = [
+    "observe",
+    "load inputs",
+    "decide",
+    "commit",
+    "push plans",
+    "after commit",
+];
+
 /// What the scheduler's `/metrics` said at one moment.
 #[derive(Clone, Copy, Debug, Default)]
 struct SchedulerSample {
     rounds: f64,
     round_sum_s: f64,
     last_round_s: f64,
+    /// Seconds summed per phase of [`ROUND_PHASES`] (0 where absent).
+    phase_sum_s: [f64; 6],
     cpu_s: f64,
     rss: f64,
     suspect: f64,
@@ -1143,6 +1156,14 @@ async fn sample_scheduler(addr: &str) -> Option<SchedulerSample> {
         rounds: metric(&e, "fmsched_rounds_total", None)?,
         round_sum_s: metric(&e, "fmsched_round_duration_seconds_sum", None)?,
         last_round_s: metric(&e, "fmsched_round_duration_seconds_last", None)?,
+        phase_sum_s: ROUND_PHASES.map(|p| {
+            metric(
+                &e,
+                "fmsched_round_phase_duration_seconds_sum",
+                Some(&format!("phase=\"{p}\"")),
+            )
+            .unwrap_or(0.0)
+        }),
         cpu_s: metric(&e, "process_cpu_seconds_total", None).unwrap_or(0.0),
         rss: metric(&e, "process_resident_memory_bytes", None).unwrap_or(0.0),
         suspect: metric(&e, "fmsched_nodes", Some("state=\"suspect\"")).unwrap_or(0.0),
@@ -1315,6 +1336,18 @@ async fn bench_agents(
         q(0.99),
         rounds_ms.last().copied().unwrap_or(0.0)
     );
+    // Where a round's time went: each phase's mean over the rounds run.
+    if let (Some(a), Some(b)) = (first, prev)
+        && b.rounds > a.rounds
+    {
+        let n = b.rounds - a.rounds;
+        let phases: Vec<String> = ROUND_PHASES
+            .iter()
+            .zip(a.phase_sum_s.iter().zip(&b.phase_sum_s))
+            .map(|(p, (x, y))| format!("{}={:.1}", p.replace(' ', "_"), (y - x) / n * 1000.0))
+            .collect();
+        println!("round_phase_mean_ms {}", phases.join(" "));
+    }
     println!(
         "scheduler cpu_cores={cpu:.2} rss_max_mib={:.0}  suspect_max={suspect_max} offline_max={offline_max} re_registrations={} refusals={} plans={} suspended={}",
         rss_max / (1 << 20) as f64,

@@ -355,6 +355,38 @@ async fn e2e_jobs_run_to_completion_through_a_scheduler_crash() {
         m.contains("fmsched_rounds_total ") && m.contains("fmsched_solver_seconds_sum "),
         "{m}"
     );
+    // Where the rounds' time went, phase by phase: every phase of a
+    // committing round is there, and together they are within the rounds'
+    // own time.
+    let value = |line_start: &str| -> f64 {
+        m.lines()
+            .find(|l| l.starts_with(line_start))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no {line_start} in {m}"))
+    };
+    let phases: f64 = [
+        "observe",
+        "load inputs",
+        "decide",
+        "commit",
+        "push plans",
+        "after commit",
+    ]
+    .iter()
+    .map(|p| {
+        let sum = value(&format!(
+            "fmsched_round_phase_duration_seconds_sum{{phase=\"{p}\"}}"
+        ));
+        let last = value(&format!(
+            "fmsched_round_phase_duration_seconds_last{{phase=\"{p}\"}}"
+        ));
+        assert!(sum > 0.0 && last <= sum, "{p}: last {last}, sum {sum}");
+        sum
+    })
+    .sum();
+    let rounds = value("fmsched_round_duration_seconds_sum ");
+    assert!(phases <= rounds, "phases {phases} s > rounds {rounds} s");
     let m = scrape(agent_metrics).await;
     assert!(
         m.contains("DCGM_FI_DEV_GPU_UTIL{gpu=\"0\",UUID=\"GPU-fake"),

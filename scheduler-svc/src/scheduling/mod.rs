@@ -145,6 +145,13 @@ pub struct MetricValues {
     /// The phase the round in progress is in, and since when (None between
     /// rounds): what the stuck-round watch reports.
     pub round_phase: Option<(&'static str, std::time::Instant)>,
+    /// Seconds of each phase the round in progress has left, in order.
+    pub phases_in_progress: Vec<(&'static str, f64)>,
+    /// Seconds of each phase of the last committing round (observe, load
+    /// inputs, decide, commit, push plans, after commit), and their sums
+    /// over all committing rounds: where a round's time goes.
+    pub last_round_phases: BTreeMap<&'static str, f64>,
+    pub round_phase_seconds_sum: BTreeMap<&'static str, f64>,
     /// Rounds whose decision did not come within [`DECIDE_GRACE`].
     pub decide_timeouts: u64,
     /// Tuned prompts filed in the Prompt Bank, and evicted from it
@@ -181,10 +188,32 @@ pub const DECIDE_GRACE: std::time::Duration = std::time::Duration::from_secs(60)
 /// phase, repeated every [`STUCK_ROUND`] while it lasts).
 pub const STUCK_ROUND: std::time::Duration = std::time::Duration::from_secs(30);
 
-/// Records that the round in progress entered `phase` (None: it ended).
+/// Records that the round in progress entered `phase` (None: it ended),
+/// keeping the time of the phase it leaves.
 fn enter_phase(state: &AppState, phase: Option<&'static str>) {
     state.metrics.update(|m| {
+        if let Some((left, since)) = m.round_phase.take() {
+            m.phases_in_progress
+                .push((left, since.elapsed().as_secs_f64()));
+        }
         m.round_phase = phase.map(|p| (p, std::time::Instant::now()));
+    });
+}
+
+/// Ends the round in progress. A committing round's phase times become
+/// the last round's and add to the sums; a look-ahead's are dropped (it
+/// commits nothing, and runs between rounds).
+fn end_round(state: &AppState, committing: bool) {
+    enter_phase(state, None);
+    state.metrics.update(|m| {
+        let phases = std::mem::take(&mut m.phases_in_progress);
+        if committing {
+            m.last_round_phases.clear();
+            for (phase, s) in phases {
+                *m.last_round_phases.entry(phase).or_default() += s;
+                *m.round_phase_seconds_sum.entry(phase).or_default() += s;
+            }
+        }
     });
 }
 
@@ -476,6 +505,30 @@ pub async fn render_metrics(state: &AppState) -> String {
         v.round_phase
             .map_or(0.0, |(_, since)| since.elapsed().as_secs_f64()),
     );
+    e.family(
+        "fmsched_round_phase_duration_seconds_last",
+        "gauge",
+        "Seconds of each phase of the last committing round.",
+    );
+    for (phase, s) in &v.last_round_phases {
+        e.sample(
+            "fmsched_round_phase_duration_seconds_last",
+            &[("phase", phase)],
+            *s,
+        );
+    }
+    e.family(
+        "fmsched_round_phase_duration_seconds_sum",
+        "counter",
+        "Seconds of each phase summed over committing rounds.",
+    );
+    for (phase, s) in &v.round_phase_seconds_sum {
+        e.sample(
+            "fmsched_round_phase_duration_seconds_sum",
+            &[("phase", phase)],
+            *s,
+        );
+    }
     e.scalar(
         "fmsched_solver_model_variables",
         "gauge",
@@ -1606,7 +1659,7 @@ pub async fn scheduling_loop(state: AppState) {
             continue; // a standby decides nothing
         }
         let result = run_round(&state, &lut, &est).await;
-        enter_phase(&state, None);
+        end_round(&state, true);
         let took = started.elapsed().as_secs_f64();
         let timed_out = matches!(result, Err(RoundError::DecideTimedOut(_)));
         state.metrics.update(|m| {
@@ -1648,7 +1701,7 @@ pub async fn scheduling_loop(state: AppState) {
         }
         let switch_at = Utc::now() + lead;
         let ahead = look_ahead(&state, &lut, &est, switch_at).await;
-        enter_phase(&state, None);
+        end_round(&state, false);
         match ahead {
             Ok(hints) if hints > 0 => tracing::debug!(hints, "look-ahead round"),
             Ok(_) => {}
