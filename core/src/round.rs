@@ -2050,6 +2050,27 @@ pub mod testkit {
             .collect()
     }
 
+    /// A temporal candidate of jobs `a` → `b` the caller estimated
+    /// helpful: B from A's weights needs a tenth of its time (360 s of
+    /// work), TranWt 1.8 at every allocation, `G_{A,B}` = 0.25.
+    pub fn helpful_temporal(p: &Prepared, a: usize, b: usize) -> PairEstimate {
+        PairEstimate {
+            pair: PairKey {
+                a,
+                b,
+                mode: MergeMode::Temporal,
+            },
+            seconds: linear(p, 360.0),
+            tran_wt: p
+                .allocations
+                .iter()
+                .map(|&x| if x == 0 { 0.0 } else { 1.8 })
+                .collect(),
+            gain_ab: 0.25,
+            gain_ba: 0.0,
+        }
+    }
+
     /// Every snapshot job and kept merge scaling linearly with `work`, no
     /// candidate.
     pub fn estimates(p: &Prepared, work: f64) -> Estimates {
@@ -2150,7 +2171,7 @@ pub mod testkit {
 
 #[cfg(test)]
 mod tests {
-    use super::testkit::{arb_view, estimates, job, linear, node, view};
+    use super::testkit::{arb_view, estimates, helpful_temporal, job, linear, node, view};
     use super::*;
     use crate::policy::baselines::by_name;
     use proptest::prelude::*;
@@ -2880,21 +2901,7 @@ mod tests {
             let policy = by_name("ymir").unwrap();
             let p = prepare(&v, policy.as_ref(), &cfg);
             let mut e = estimates(&p, 3600.0);
-            e.candidates.push(PairEstimate {
-                pair: PairKey {
-                    a: 0,
-                    b: 1,
-                    mode: MergeMode::Temporal,
-                },
-                seconds: linear(&p, 360.0),
-                tran_wt: p
-                    .allocations
-                    .iter()
-                    .map(|&x| if x == 0 { 0.0 } else { 1.8 })
-                    .collect(),
-                gain_ab: 0.25,
-                gain_ba: 0.0,
-            });
+            e.candidates.push(helpful_temporal(&p, 0, 1));
             let d = decide(&v, &p, &e, policy.as_ref(), &cfg).unwrap();
             d.snapshot.candidates.len()
         };
@@ -2926,21 +2933,7 @@ mod tests {
         let v = view(vec![node("a", 4), node("b", 4)], vec![narrow(), wide()]);
         let p = prepare(&v, policy.as_ref(), &cfg);
         let mut e = estimates(&p, 3600.0);
-        e.candidates.push(PairEstimate {
-            pair: PairKey {
-                a: 0,
-                b: 1,
-                mode: MergeMode::Temporal,
-            },
-            seconds: linear(&p, 360.0),
-            tran_wt: p
-                .allocations
-                .iter()
-                .map(|&x| if x == 0 { 0.0 } else { 1.8 })
-                .collect(),
-            gain_ab: 0.25,
-            gain_ba: 0.0,
-        });
+        e.candidates.push(helpful_temporal(&p, 0, 1));
         let d = decide(&v, &p, &e, policy.as_ref(), &cfg).unwrap();
         let c = &d.snapshot.candidates[0];
         for (k, &a) in d.snapshot.allocations.iter().enumerate() {
@@ -2989,23 +2982,8 @@ mod tests {
         let policy = by_name("ymir").unwrap();
         let p = prepare(&v, policy.as_ref(), &cfg);
         let mut e = estimates(&p, 3600.0);
-        let ab = PairKey {
-            a: 0,
-            b: 1,
-            mode: MergeMode::Temporal,
-        };
-        e.candidates.push(PairEstimate {
-            pair: ab,
-            // B from A's weights needs a tenth of its time.
-            seconds: linear(&p, 360.0),
-            tran_wt: p
-                .allocations
-                .iter()
-                .map(|&a| if a == 0 { 0.0 } else { 1.8 })
-                .collect(),
-            gain_ab: 0.25,
-            gain_ba: 0.0,
-        });
+        // B from A's weights needs a tenth of its time.
+        e.candidates.push(helpful_temporal(&p, 0, 1));
         let d = decide(&v, &p, &e, policy.as_ref(), &cfg).unwrap();
         let c = &d.snapshot.candidates[0];
         assert_eq!(c.remaining_s[1], 3600.0 + 360.0 + 30.0);
