@@ -1142,7 +1142,7 @@ struct SchedulerSample {
     round_sum_s: f64,
     last_round_s: f64,
     /// Seconds summed per phase of [`ROUND_PHASES`] (0 where absent).
-    phase_sum_s: [f64; 6],
+    phase_sum_s: [f64; ROUND_PHASES.len()],
     cpu_s: f64,
     rss: f64,
     suspect: f64,
