@@ -259,7 +259,8 @@ pub struct Prepared {
     pub profiling: Vec<Reservation>,
     /// View job of each snapshot job.
     pub jobs: Vec<usize>,
-    /// The policy's allocation set; estimated times are indexed like it.
+    /// The policy's allocation set up to the widest size a job of the round
+    /// may take; estimated times are indexed like it.
     pub allocations: Vec<u32>,
     /// Merges kept from earlier rounds (indices into `view.merges`): both
     /// jobs are in the snapshot.
@@ -629,12 +630,30 @@ pub fn prepare(view: &ClusterView, policy: &dyn Policy, cfg: &RoundConfig) -> Pr
     } else {
         Vec::new()
     };
+    // No job of the round may run wider than its maximum (a merge, than
+    // the larger of its jobs'), or hold more than it holds: the set stops
+    // there. A datacenter's set has thousands of sizes (Ymir's {0,1,2,3,4m}
+    // reaches 2,003 at 8,000 GPUs), every estimate row spans the whole set,
+    // and a round's jobs use a handful of them.
+    let widest = jobs
+        .iter()
+        .map(|&i| {
+            let j = &view.jobs[i];
+            j.max_gpus.max(j.min_gpus).max(j.holds.len() as u32)
+        })
+        .max()
+        .unwrap_or(0);
+    let allocations = policy
+        .allocation_set(total_gpus)
+        .into_iter()
+        .filter(|&a| a <= widest)
+        .collect();
     Prepared {
         nodes: present,
         capacity,
         profiling,
         jobs,
-        allocations: policy.allocation_set(total_gpus),
+        allocations,
         kept,
         eligible,
         unschedulable,
@@ -2639,6 +2658,43 @@ mod tests {
         assert_eq!(optimus.allocations, (0..=8).collect::<Vec<u32>>());
         let ymir = prepare(&v, by_name("ymir").unwrap().as_ref(), &cfg);
         assert_eq!(ymir.allocations, vec![0, 1, 2, 3, 4, 8]);
+    }
+
+    /// The set stops at the widest size a job of the round may take: its
+    /// maximum, or the GPUs it holds. On 32 GPUs, Ymir's set would run to
+    /// 32 and every estimate row with it.
+    #[test]
+    fn the_allocation_set_stops_at_the_widest_job() {
+        let nodes = (0..4).map(|n| node(&format!("n{n}"), 8)).collect();
+        let cfg = RoundConfig {
+            profiling: false,
+            ..Default::default()
+        };
+        let ymir = by_name("ymir").unwrap();
+        let small = vec![
+            job("a", "qqp", JobState::Queued, 4),
+            job("b", "rte", JobState::Queued, 2),
+        ];
+        let p = prepare(&view(nodes, small.clone()), ymir.as_ref(), &cfg);
+        assert_eq!(p.allocations, vec![0, 1, 2, 3, 4]);
+        // A running job holding 12 GPUs (more than its maximum of 2).
+        let mut held = job("c", "sst2", JobState::Running, 2);
+        held.holds = (0..12u32).map(|g| ((g / 8) as usize, g % 8)).collect();
+        let nodes = (0..4).map(|n| node(&format!("n{n}"), 8)).collect();
+        let p = prepare(
+            &view(nodes, [small, vec![held]].concat()),
+            ymir.as_ref(),
+            &cfg,
+        );
+        assert_eq!(p.allocations, vec![0, 1, 2, 3, 4, 8, 12]);
+        let nodes = (0..4).map(|n| node(&format!("n{n}"), 8)).collect();
+        let optimus = by_name("optimus").unwrap();
+        let p = prepare(
+            &view(nodes, vec![job("d", "qqp", JobState::Queued, 3)]),
+            optimus.as_ref(),
+            &cfg,
+        );
+        assert_eq!(p.allocations, vec![0, 1, 2, 3]);
     }
 
     #[test]

@@ -4,7 +4,7 @@
 //! transient failures (serialization failure, deadlock) a bounded number of
 //! times. SQLSTATE codes are mapped in one place, [`classify`].
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -249,30 +249,149 @@ async fn transition_in(
     Ok(updated)
 }
 
-/// Appends an event that changes no state unless the job's newest event
-/// already says the same (a condition noted every round is noted once).
-async fn note_in(
+/// Moves jobs to new states inside the caller's transaction, in the order
+/// given, with the cost of two statements however many there are: one
+/// locking read of their rows (in id order, as every batch locks), then
+/// one statement that writes every `state_changed` event and every row.
+/// A move to the state the job is in already, a move its state forbids (a
+/// job cancelled meanwhile) and an unknown job are skipped. A job moved
+/// twice moves through both states, each with its event.
+async fn transitions_in(
     tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
-    job: JobId,
-    kind: &str,
-    message: &str,
+    moves: &[(JobId, JobState, &str)],
     now: DateTime<Utc>,
     op: &'static str,
 ) -> Result<(), PersistenceError> {
-    let last: Option<(String, String)> = sqlx::query_as(
-        "SELECT kind, message FROM job_events WHERE job_id = $1 ORDER BY seq DESC LIMIT 1",
-    )
-    .bind(job.0)
-    .fetch_optional(&mut **tx)
-    .await
-    .map_err(db_err(op))?;
-    if last
-        .as_ref()
-        .is_some_and(|(k, m)| k == kind && m == message)
-    {
+    if moves.is_empty() {
         return Ok(());
     }
-    job_event(tx, job, kind, message, now, op).await
+    let mut ids: Vec<Uuid> = moves.iter().map(|m| m.0.0).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    let rows: Vec<(Uuid, String)> =
+        sqlx::query_as("SELECT id, state FROM jobs WHERE id = ANY($1) ORDER BY id FOR UPDATE")
+            .bind(&ids)
+            .fetch_all(&mut **tx)
+            .await
+            .map_err(db_err(op))?;
+    let mut state: HashMap<Uuid, JobState> = HashMap::with_capacity(rows.len());
+    for (id, s) in rows {
+        state.insert(id, s.parse().map_err(|e: String| corrupt(op, e))?);
+    }
+    let (mut jobs, mut from, mut to, mut reasons) = (vec![], vec![], vec![], vec![]);
+    for &(id, target, reason) in moves {
+        let Some(current) = state.get_mut(&id.0) else {
+            continue;
+        };
+        if *current == target || !current.can_transition_to(target) {
+            continue;
+        }
+        jobs.push(id.0);
+        from.push(current.as_str());
+        to.push(target.as_str());
+        reasons.push(reason);
+        *current = target;
+    }
+    if jobs.is_empty() {
+        return Ok(());
+    }
+    // Sequence numbers are drawn in the order of the moves, so a job's
+    // newest event is its last move, and its row takes that move's state.
+    sqlx::query(
+        "WITH t AS MATERIALIZED (
+            SELECT j, f, s, r, o, nextval(pg_get_serial_sequence('job_events', 'seq')) AS seq
+            FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::text[]) WITH ORDINALITY AS u(j, f, s, r, o)
+         ), ev AS (
+            INSERT INTO job_events (seq, job_id, at, kind, from_state, to_state, message)
+            SELECT seq, j, $5, 'state_changed', f, s, r FROM t
+         )
+         UPDATE jobs SET state = l.s, state_reason = l.r, updated_at = $5, last_event_seq = l.seq
+         FROM (SELECT DISTINCT ON (j) j, s, r, seq FROM t ORDER BY j, o DESC) AS l
+         WHERE jobs.id = l.j",
+    )
+    .bind(&jobs)
+    .bind(&from)
+    .bind(&to)
+    .bind(&reasons)
+    .bind(now)
+    .execute(&mut **tx)
+    .await
+    .map_err(db_err(op))?;
+    Ok(())
+}
+
+/// Appends events that change no state, each unless its job's newest
+/// event already says the same (a condition noted every round is noted
+/// once): one read of the jobs' newest events, then [`events_in`].
+async fn notes_in(
+    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+    notes: &[(JobId, &str, &str)],
+    now: DateTime<Utc>,
+    op: &'static str,
+) -> Result<(), PersistenceError> {
+    if notes.is_empty() {
+        return Ok(());
+    }
+    let mut ids: Vec<Uuid> = notes.iter().map(|n| n.0.0).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    // `last_event_seq` is the seq of the job's newest event: every writer
+    // of an event sets it in the same statement or transaction.
+    let newest: Vec<(Uuid, String, String)> = sqlx::query_as(
+        "SELECT e.job_id, e.kind, e.message FROM jobs j JOIN job_events e ON e.seq = j.last_event_seq
+         WHERE j.id = ANY($1)",
+    )
+    .bind(&ids)
+    .fetch_all(&mut **tx)
+    .await
+    .map_err(db_err(op))?;
+    let mut last: HashMap<Uuid, (&str, &str)> = newest
+        .iter()
+        .map(|(j, k, m)| (*j, (k.as_str(), m.as_str())))
+        .collect();
+    let mut fresh = Vec::new();
+    for &(job, kind, message) in notes {
+        if last.get(&job.0) != Some(&(kind, message)) {
+            last.insert(job.0, (kind, message));
+            fresh.push((job, kind, message));
+        }
+    }
+    events_in(tx, &fresh, now, op).await
+}
+
+/// Appends events that change no state (inside the caller's transaction)
+/// in one statement, in the order given, advancing each job's event
+/// sequence (`jobs.last_event_seq` is the seq of its newest event).
+async fn events_in(
+    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+    events: &[(JobId, &str, &str)],
+    now: DateTime<Utc>,
+    op: &'static str,
+) -> Result<(), PersistenceError> {
+    if events.is_empty() {
+        return Ok(());
+    }
+    let jobs: Vec<Uuid> = events.iter().map(|e| e.0.0).collect();
+    let kinds: Vec<&str> = events.iter().map(|e| e.1).collect();
+    let messages: Vec<&str> = events.iter().map(|e| e.2).collect();
+    sqlx::query(
+        "WITH t AS MATERIALIZED (
+            SELECT j, k, m, nextval(pg_get_serial_sequence('job_events', 'seq')) AS seq
+            FROM UNNEST($1::uuid[], $2::text[], $3::text[]) WITH ORDINALITY AS u(j, k, m, o)
+         ), ev AS (
+            INSERT INTO job_events (seq, job_id, at, kind, message) SELECT seq, j, $4, k, m FROM t
+         )
+         UPDATE jobs SET last_event_seq = l.seq
+         FROM (SELECT j, max(seq) AS seq FROM t GROUP BY j) AS l WHERE jobs.id = l.j",
+    )
+    .bind(&jobs)
+    .bind(&kinds)
+    .bind(&messages)
+    .bind(now)
+    .execute(&mut **tx)
+    .await
+    .map_err(db_err(op))?;
+    Ok(())
 }
 
 /// The observed part of a round (see [`Persistence::commit_round`]), in the
@@ -349,18 +468,30 @@ async fn write_observations(
         .await
         .map_err(db_err(op))?;
     }
-    for (job, output) in &w.completions {
-        sqlx::query("UPDATE jobs SET output_path = $2 WHERE id = $1")
-            .bind(job.0)
-            .bind(output)
-            .execute(&mut **tx)
-            .await
-            .map_err(db_err(op))?;
-        let reason = format!("target reached; weights at {output}");
-        match transition_in(tx, *job, JobState::Completed, &reason, now, op).await {
-            Ok(_) | Err(PersistenceError::InvalidTransition { .. }) => {}
-            Err(e) => return Err(e),
-        }
+    if !w.completions.is_empty() {
+        let jobs: Vec<Uuid> = w.completions.iter().map(|c| c.0.0).collect();
+        let outputs: Vec<&str> = w.completions.iter().map(|c| c.1.as_str()).collect();
+        sqlx::query(
+            "UPDATE jobs SET output_path = t.o FROM UNNEST($1::uuid[], $2::text[]) AS t(j, o)
+             WHERE jobs.id = t.j",
+        )
+        .bind(&jobs)
+        .bind(&outputs)
+        .execute(&mut **tx)
+        .await
+        .map_err(db_err(op))?;
+        let reasons: Vec<String> = w
+            .completions
+            .iter()
+            .map(|(_, output)| format!("target reached; weights at {output}"))
+            .collect();
+        let moves: Vec<(JobId, JobState, &str)> = w
+            .completions
+            .iter()
+            .zip(&reasons)
+            .map(|((job, _), reason)| (*job, JobState::Completed, reason.as_str()))
+            .collect();
+        transitions_in(tx, &moves, now, op).await?;
     }
     for (m, split) in &w.guard {
         guard_in(tx, m, split.as_deref(), now, op).await?;
@@ -416,9 +547,7 @@ async fn guard_in(
                 ),
             ),
         };
-        for job in [m.a, m.b] {
-            job_event(tx, job, kind, &msg, now, op).await?;
-        }
+        events_in(tx, &[(m.a, kind, &msg), (m.b, kind, &msg)], now, op).await?;
     }
     Ok(())
 }
@@ -430,21 +559,31 @@ async fn write_merges(
     now: DateTime<Utc>,
     op: &'static str,
 ) -> Result<(), PersistenceError> {
-    for m in merges {
-        sqlx::query(
-            "INSERT INTO merges (job_a, job_b, mode, gain_ab, gain_ba, decided_at)
-             VALUES ($1, $2, $3, $4, $5, $6)",
-        )
-        .bind(m.a.0)
-        .bind(m.b.0)
-        .bind(m.mode.as_str())
-        .bind(m.gain_ab)
-        .bind(m.gain_ba)
-        .bind(now)
-        .execute(&mut **tx)
-        .await
-        .map_err(db_err(op))?;
-        let what = match m.mode {
+    if merges.is_empty() {
+        return Ok(());
+    }
+    let a: Vec<Uuid> = merges.iter().map(|m| m.a.0).collect();
+    let b: Vec<Uuid> = merges.iter().map(|m| m.b.0).collect();
+    let modes: Vec<&str> = merges.iter().map(|m| m.mode.as_str()).collect();
+    let gain_ab: Vec<f64> = merges.iter().map(|m| m.gain_ab).collect();
+    let gain_ba: Vec<f64> = merges.iter().map(|m| m.gain_ba).collect();
+    sqlx::query(
+        "INSERT INTO merges (job_a, job_b, mode, gain_ab, gain_ba, decided_at)
+         SELECT a, b, m, x, y, $6
+         FROM UNNEST($1::uuid[], $2::uuid[], $3::text[], $4::float8[], $5::float8[]) AS t(a, b, m, x, y)",
+    )
+    .bind(&a)
+    .bind(&b)
+    .bind(&modes)
+    .bind(&gain_ab)
+    .bind(&gain_ba)
+    .bind(now)
+    .execute(&mut **tx)
+    .await
+    .map_err(db_err(op))?;
+    let what: Vec<String> = merges
+        .iter()
+        .map(|m| match m.mode {
             MergeMode::Temporal => format!(
                 "merged temporally: {} ↦ {} (B starts from A's output; predicted gain {:+.3})",
                 m.a, m.b, m.gain_ab
@@ -453,44 +592,19 @@ async fn write_merges(
                 "merged spatially: {} ‖ {} (one joint process; predicted gains {:+.3} / {:+.3})",
                 m.a, m.b, m.gain_ab, m.gain_ba
             ),
-        };
-        for job in [m.a, m.b] {
-            job_event(tx, job, "merged", &what, now, op).await?;
-        }
-    }
-    Ok(())
-}
-
-/// Appends an event that changes no state (inside the caller's
-/// transaction), advancing the job's event sequence like a transition.
-async fn job_event(
-    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
-    job: JobId,
-    kind: &str,
-    message: &str,
-    now: DateTime<Utc>,
-    op: &'static str,
-) -> Result<(), PersistenceError> {
-    let seq: i64 = sqlx::query_scalar(
-        "UPDATE jobs SET last_event_seq = nextval(pg_get_serial_sequence('job_events', 'seq'))
-         WHERE id = $1 RETURNING last_event_seq",
-    )
-    .bind(job.0)
-    .fetch_one(&mut **tx)
-    .await
-    .map_err(db_err(op))?;
-    sqlx::query(
-        "INSERT INTO job_events (seq, job_id, at, kind, message) VALUES ($1, $2, $3, $4, $5)",
-    )
-    .bind(seq)
-    .bind(job.0)
-    .bind(now)
-    .bind(kind)
-    .bind(message)
-    .execute(&mut **tx)
-    .await
-    .map_err(db_err(op))?;
-    Ok(())
+        })
+        .collect();
+    let events: Vec<(JobId, &str, &str)> = merges
+        .iter()
+        .zip(&what)
+        .flat_map(|(m, what)| {
+            [
+                (m.a, "merged", what.as_str()),
+                (m.b, "merged", what.as_str()),
+            ]
+        })
+        .collect();
+    events_in(tx, &events, now, op).await
 }
 
 /// Appends to a node's history (nothing when the node is not registered).
@@ -1135,7 +1249,7 @@ impl Persistence {
         const OP: &str = "note";
         with_retries(OP, || async {
             let mut tx = self.pool.begin().await.map_err(db_err(OP))?;
-            note_in(&mut tx, job, kind, message, now, OP).await?;
+            notes_in(&mut tx, &[(job, kind, message)], now, OP).await?;
             tx.commit().await.map_err(db_err(OP))?;
             Ok(())
         })
@@ -1256,17 +1370,18 @@ impl Persistence {
             }
             write_observations(&mut tx, w, now, OP).await?;
             write_merges(&mut tx, &w.new_merges, now, OP).await?;
-            for (job, to, reason) in &w.transitions {
-                match transition_in(&mut tx, *job, *to, reason, now, OP).await {
-                    Ok(_)
-                    | Err(PersistenceError::InvalidTransition { .. })
-                    | Err(PersistenceError::NotFound(_)) => {}
-                    Err(e) => return Err(e),
-                }
-            }
-            for (job, kind, message) in &w.notes {
-                note_in(&mut tx, *job, kind, message, now, OP).await?;
-            }
+            let moves: Vec<(JobId, JobState, &str)> = w
+                .transitions
+                .iter()
+                .map(|(job, to, reason)| (*job, *to, reason.as_str()))
+                .collect();
+            transitions_in(&mut tx, &moves, now, OP).await?;
+            let notes: Vec<(JobId, &str, &str)> = w
+                .notes
+                .iter()
+                .map(|(job, kind, message)| (*job, kind.as_str(), message.as_str()))
+                .collect();
+            notes_in(&mut tx, &notes, now, OP).await?;
             account_service(&mut tx, &w.service, now, OP).await?;
             for ((model, family), f) in &w.utilization_fits {
                 sqlx::query(
@@ -1302,12 +1417,16 @@ impl Persistence {
                 let seen: BTreeSet<(Uuid, &str)> =
                     seen.iter().map(|(j, k)| (*j, k.as_str())).collect();
                 let mut written: BTreeSet<(Uuid, &str)> = BTreeSet::new();
-                for (job, kind, message) in &w.first_notes {
-                    let key = (job.0, kind.as_str());
-                    if !seen.contains(&key) && written.insert(key) {
-                        job_event(&mut tx, *job, kind, message, now, OP).await?;
-                    }
-                }
+                let fresh: Vec<(JobId, &str, &str)> = w
+                    .first_notes
+                    .iter()
+                    .filter(|(job, kind, _)| {
+                        let key = (job.0, kind.as_str());
+                        !seen.contains(&key) && written.insert(key)
+                    })
+                    .map(|(job, kind, message)| (*job, kind.as_str(), message.as_str()))
+                    .collect();
+                events_in(&mut tx, &fresh, now, OP).await?;
             }
             for b in &w.bank_adds {
                 sqlx::query(

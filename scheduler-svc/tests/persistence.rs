@@ -914,3 +914,88 @@ async fn estimate_prior_metric_curves_are_kept_and_finished_ones_read_back(pool:
         .unwrap();
     assert_eq!(both.len(), 2);
 }
+
+/// A round's moves and notes are written in batches, with the rules of one
+/// at a time: a job moved twice in a round goes through both states, each
+/// with its event in order; a move its state forbids and an unknown job
+/// are skipped; a note repeating the job's newest event is not written
+/// again (also inside one round); `last_event_seq` is the newest event's.
+#[sqlx::test(migrator = "scheduler_svc::persistence::MIGRATOR")]
+async fn a_rounds_moves_and_notes_keep_their_order_and_rules(pool: PgPool) {
+    let p = Persistence::from_pool(pool);
+    let (_l, fence) = lead(&p, "l", 60).await;
+    let mut ids = Vec::new();
+    for k in 0..3 {
+        ids.push(created(submit(&p, "u", None, k).await).id);
+    }
+    let mv = |k: usize, to: JobState, why: &str| (ids[k], to, why.to_string());
+    let note = |k: usize, kind: &str, m: &str| (ids[k], kind.to_string(), m.to_string());
+    let w = RoundWrites {
+        transitions: vec![
+            mv(0, JobState::Queued, "profiled"),
+            mv(1, JobState::Completed, "not from submitted"),
+            (JobId::new_v7(), JobState::Queued, "no such job".into()),
+            mv(0, JobState::Running, "placed"),
+            mv(2, JobState::Queued, "profiled"),
+            mv(2, JobState::Queued, "already"),
+        ],
+        notes: vec![
+            note(2, "unschedulable", "too wide"),
+            note(2, "unschedulable", "too wide"),
+            note(1, "waiting", "for GPUs"),
+        ],
+        ..Default::default()
+    };
+    let g = p.commit_round(&fence, 0, &w, t(1)).await.unwrap();
+    let history = async |k: usize| -> Vec<(String, Option<JobState>, String)> {
+        p.job_events(ids[k], 0, 100)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|e| (e.kind, e.to_state, e.message))
+            .collect()
+    };
+    let ev = |kind: &str, to: Option<JobState>, m: &str| (kind.to_string(), to, m.to_string());
+    let submitted = ev("submitted", Some(JobState::Submitted), "job submitted");
+    assert_eq!(
+        history(0).await,
+        vec![
+            submitted.clone(),
+            ev("state_changed", Some(JobState::Queued), "profiled"),
+            ev("state_changed", Some(JobState::Running), "placed"),
+        ]
+    );
+    assert_eq!(
+        history(1).await,
+        vec![submitted.clone(), ev("waiting", None, "for GPUs")],
+        "a forbidden move is skipped"
+    );
+    assert_eq!(
+        history(2).await,
+        vec![
+            submitted.clone(),
+            ev("state_changed", Some(JobState::Queued), "profiled"),
+            ev("unschedulable", None, "too wide"),
+        ]
+    );
+    let state = async |k: usize| p.get_job(ids[k]).await.unwrap().unwrap();
+    assert_eq!(state(0).await.state, JobState::Running);
+    assert_eq!(state(0).await.state_reason, "placed");
+    assert_eq!(state(1).await.state, JobState::Submitted);
+    for id in &ids {
+        let newest = p.job_events(*id, 0, 100).await.unwrap();
+        let job = p.get_job(*id).await.unwrap().unwrap();
+        assert_eq!(job.last_event_seq, newest.last().unwrap().seq);
+    }
+    // The next round: the same note is not repeated; a new one is.
+    let w = RoundWrites {
+        notes: vec![
+            note(2, "unschedulable", "too wide"),
+            note(1, "waiting", "still"),
+        ],
+        ..Default::default()
+    };
+    p.commit_round(&fence, g, &w, t(2)).await.unwrap();
+    assert_eq!(history(2).await.len(), 3);
+    assert_eq!(history(1).await.last(), Some(&ev("waiting", None, "still")));
+}

@@ -659,7 +659,7 @@ impl Persistence {
                     "re-queue requested by {actor} ({reason}); the next round suspends it from its checkpoint"
                 )
             };
-            note_in(&mut tx, job, "requeue_requested", &message, now, OP).await?;
+            notes_in(&mut tx, &[(job, "requeue_requested", &message)], now, OP).await?;
             audit_in(&mut tx, actor, "requeue", &job.to_string(), reason, now, OP).await?;
             tx.commit().await.map_err(db_err(OP))?;
             Ok(())

@@ -119,15 +119,36 @@ pub(crate) async fn observe(
 ) -> Result<Observed, RoundError> {
     let p = &state.persistence;
     let nodes = state.registry.snapshot();
-    let live: BTreeMap<JobId, JobRecord> = p
-        .live_jobs()
-        .await?
-        .into_iter()
-        .map(|j| (j.id, j))
-        .collect();
+    // The reads are independent: on a pool, concurrent (one round's reads
+    // cost the slowest of them, not their sum).
+    let (
+        live,
+        placed,
+        merges,
+        estimates,
+        progress,
+        retries,
+        current,
+        service,
+        admin,
+        no_sharing,
+        utilization_fits,
+    ) = tokio::try_join!(
+        p.live_jobs(),
+        p.placements_of_live_jobs(),
+        p.merges_of_live_jobs(),
+        p.estimates(),
+        p.progress(),
+        p.retry_state(),
+        p.current_plan(),
+        p.service(),
+        p.admin_state(),
+        p.no_sharing_jobs(),
+        p.utilization_fits(),
+    )?;
+    let live: BTreeMap<JobId, JobRecord> = live.into_iter().map(|j| (j.id, j)).collect();
     // Reports count only from a node the job was placed on: drop the rest
     // (forged, or misrouted) before anything reads them.
-    let placed = p.placements_of_live_jobs().await?;
     let mut nodes = nodes;
     let mut ignored = 0u64;
     for n in &mut nodes {
@@ -146,15 +167,15 @@ pub(crate) async fn observe(
     }
     let mut o = Observed {
         live,
-        merges: p.merges_of_live_jobs().await?,
-        estimates: p.estimates().await?,
-        progress: p.progress().await?,
-        retries: p.retry_state().await?,
-        current: p.current_plan().await?,
-        service: p.service().await?,
-        admin: p.admin_state().await?,
-        no_sharing: p.no_sharing_jobs().await?,
-        utilization_fits: p.utilization_fits().await?,
+        merges,
+        estimates,
+        progress,
+        retries,
+        current,
+        service,
+        admin,
+        no_sharing,
+        utilization_fits,
         ..Default::default()
     };
     // Layer-elastic jobs' last reported variance (the leader's memory:
