@@ -38,6 +38,24 @@ impl ModelInfo {
     }
 }
 
+/// Why `ep` GPUs cannot be an expert-parallel group of `model` (with
+/// `experts` experts per MoE layer; 0 = dense), or None when they can: the
+/// model must be a Mixture-of-Experts one and the group must divide its
+/// experts. One rule for job specs and for the estimator's keys.
+pub fn expert_group_problem(model: &str, experts: u32, ep: u32) -> Option<String> {
+    if experts == 0 {
+        Some(format!(
+            "{model} is a dense model; expert parallelism needs a Mixture-of-Experts model"
+        ))
+    } else if ep == 0 || !experts.is_multiple_of(ep) {
+        Some(format!(
+            "must divide the {experts} experts of {model} (got {ep})"
+        ))
+    } else {
+        None
+    }
+}
+
 /// Known models by name. Lookups are case-sensitive: names are identifiers.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct ModelCatalog {

@@ -39,6 +39,26 @@ use crate::policy::{
 use crate::queue::{Queues, QuotaJob};
 use crate::slo::RewardStep;
 
+/// The phases of a live committing round, in order, as the scheduler
+/// names them on `/metrics` (`fmsched_round_phase_duration_seconds_{last,sum}{phase}`)
+/// and in its stuck-round warning; `fmctl bench-agents` reads them back.
+pub mod phase {
+    pub const OBSERVE: &str = "observe";
+    pub const LOAD_INPUTS: &str = "load inputs";
+    pub const DECIDE: &str = "decide";
+    pub const COMMIT: &str = "commit";
+    pub const PUSH_PLANS: &str = "push plans";
+    pub const AFTER_COMMIT: &str = "after commit";
+    pub const ALL: [&str; 6] = [
+        OBSERVE,
+        LOAD_INPUTS,
+        DECIDE,
+        COMMIT,
+        PUSH_PLANS,
+        AFTER_COMMIT,
+    ];
+}
+
 /// A GPU: (node ordinal in the [`ClusterView`], index on that node).
 pub type Gpu = (usize, u32);
 

@@ -6,7 +6,7 @@ use std::fmt;
 use chrono::{DateTime, Utc};
 
 use crate::job::{JobSpec, SloClass};
-use crate::models::ModelCatalog;
+use crate::models::{ModelCatalog, expert_group_problem};
 
 /// A rejected input: which field, and why.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -358,24 +358,13 @@ impl JobSpec {
         }
         if r.expert_parallel > 1 {
             let ep = r.expert_parallel;
-            if !model.is_moe() {
-                return err(
-                    "resources.expert_parallel",
-                    format!(
-                        "{} is a dense model; expert parallelism needs a Mixture-of-Experts model ({})",
-                        self.model,
-                        moe_models(ctx)
-                    ),
-                );
-            }
-            if !model.experts.is_multiple_of(ep) {
-                return err(
-                    "resources.expert_parallel",
-                    format!(
-                        "must divide the {} experts of {} (got {ep})",
-                        model.experts, self.model
-                    ),
-                );
+            if let Some(why) = expert_group_problem(&self.model, model.experts, ep) {
+                let why = if model.is_moe() {
+                    why
+                } else {
+                    format!("{why} ({})", moe_models(ctx))
+                };
+                return err("resources.expert_parallel", why);
             }
             if r.pipeline_parallel {
                 return err(

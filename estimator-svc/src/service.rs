@@ -246,21 +246,15 @@ fn check_expert_parallel(field: &str, model: &str, ep: u32) -> Result<u32, Statu
             format!("{ep} exceeds {MAX_EXPERT_GROUP} (a group sits on one node)"),
         ));
     }
-    match analytic::MODELS.iter().find(|m| m.name == model) {
-        Some(m) if !m.is_moe() => Err(invalid(
-            field,
-            format!(
-                "{model} is a dense model; expert parallelism needs a Mixture-of-Experts model"
-            ),
-        )),
-        Some(m) if !m.experts.is_multiple_of(ep) => Err(invalid(
-            field,
-            format!(
-                "must divide the {} experts of {model} (got {ep})",
-                m.experts
-            ),
-        )),
-        _ => Ok(ep),
+    // A model with no architecture here (one only a profile knows) has no
+    // expert count to check the group against.
+    let problem = analytic::MODELS
+        .iter()
+        .find(|m| m.name == model)
+        .and_then(|m| fmsched_core::models::expert_group_problem(model, m.experts, ep));
+    match problem {
+        Some(why) => Err(invalid(field, why)),
+        None => Ok(ep),
     }
 }
 

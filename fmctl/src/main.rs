@@ -1126,14 +1126,7 @@ async fn bench_submit(
 
 /// The phases of a committing round, as the scheduler's
 /// `fmsched_round_phase_duration_seconds_sum{phase}` names them.
-const ROUND_PHASES: [&str; 6] = [
-    "observe",
-    "load inputs",
-    "decide",
-    "commit",
-    "push plans",
-    "after commit",
-];
+const ROUND_PHASES: [&str; 6] = fmsched_core::round::phase::ALL;
 
 /// What the scheduler's `/metrics` said at one moment.
 #[derive(Clone, Copy, Debug, Default)]

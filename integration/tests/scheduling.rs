@@ -365,26 +365,19 @@ async fn e2e_jobs_run_to_completion_through_a_scheduler_crash() {
             .and_then(|v| v.parse().ok())
             .unwrap_or_else(|| panic!("no {line_start} in {m}"))
     };
-    let phases: f64 = [
-        "observe",
-        "load inputs",
-        "decide",
-        "commit",
-        "push plans",
-        "after commit",
-    ]
-    .iter()
-    .map(|p| {
-        let sum = value(&format!(
-            "fmsched_round_phase_duration_seconds_sum{{phase=\"{p}\"}}"
-        ));
-        let last = value(&format!(
-            "fmsched_round_phase_duration_seconds_last{{phase=\"{p}\"}}"
-        ));
-        assert!(sum > 0.0 && last <= sum, "{p}: last {last}, sum {sum}");
-        sum
-    })
-    .sum();
+    let phases: f64 = fmsched_core::round::phase::ALL
+        .iter()
+        .map(|p| {
+            let sum = value(&format!(
+                "fmsched_round_phase_duration_seconds_sum{{phase=\"{p}\"}}"
+            ));
+            let last = value(&format!(
+                "fmsched_round_phase_duration_seconds_last{{phase=\"{p}\"}}"
+            ));
+            assert!(sum > 0.0 && last <= sum, "{p}: last {last}, sum {sum}");
+            sum
+        })
+        .sum();
     let rounds = value("fmsched_round_duration_seconds_sum ");
     assert!(phases <= rounds, "phases {phases} s > rounds {rounds} s");
     let m = scrape(agent_metrics).await;

@@ -63,7 +63,7 @@ use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 use fmsched_core::policy::Policy;
-use fmsched_core::round::{self, RoundOutcome};
+use fmsched_core::round::{self, RoundOutcome, phase};
 use fmsched_core::{JobId, JobState, NodeId};
 use fmsched_estimator::analytic;
 use fmsched_estimator::lut::Lut;
@@ -827,16 +827,16 @@ async fn observe_and_decide(
     kind: RoundKind,
     now: DateTime<Utc>,
 ) -> Result<Option<Decided>, RoundError> {
-    enter_phase(state, Some("observe"));
+    enter_phase(state, Some(phase::OBSERVE));
     let mut observed = observe::observe(state, lut, est, kind, now).await?;
     let sched = in_force(state, &mut observed.admin);
-    enter_phase(state, Some("load inputs"));
+    enter_phase(state, Some(phase::LOAD_INPUTS));
     let Some(inputs) =
         inputs::load(state, lut, est, &observed, policy(&sched).as_ref(), now).await?
     else {
         return Ok(None);
     };
-    enter_phase(state, Some("decide"));
+    enter_phase(state, Some(phase::DECIDE));
     let (decision, solve_s) = decide(inputs.clone_parts(policy(&sched))).await?;
     Ok(Some(Decided {
         scheduling: sched,
@@ -901,7 +901,7 @@ pub async fn run_round(
         &gang_ports(state),
         now,
     );
-    enter_phase(state, Some("commit"));
+    enter_phase(state, Some(phase::COMMIT));
     let generation = state
         .persistence
         .commit_round(&fence, observed.current.generation, &writes, now)
@@ -914,7 +914,7 @@ pub async fn run_round(
         .lock()
         .unwrap_or_else(|p| p.into_inner()) = writes.service.fair_share_gpus.clone();
     if leads {
-        enter_phase(state, Some("push plans"));
+        enter_phase(state, Some(phase::PUSH_PLANS));
         push_committed(
             state,
             &observed,
@@ -928,7 +928,7 @@ pub async fn run_round(
     }
     // What was committed is accounted (and its merge outcomes taught to
     // the estimator) once the agents have their plans.
-    enter_phase(state, Some("after commit"));
+    enter_phase(state, Some(phase::AFTER_COMMIT));
     after_commit(
         state, est, &observed, &inputs, &decision, solve_s, generation,
     )
