@@ -394,6 +394,21 @@ async fn events_in(
     Ok(())
 }
 
+/// A Postgres `float8[]` literal of `v` that reads back exactly: Rust's
+/// shortest round-trip form, and Postgres' names of NaN and the infinities.
+fn float8_array_literal(v: &[f64]) -> String {
+    let one = |x: &f64| {
+        if x.is_nan() {
+            "NaN".to_string()
+        } else if x.is_infinite() {
+            if *x > 0.0 { "Infinity" } else { "-Infinity" }.to_string()
+        } else {
+            format!("{x:?}")
+        }
+    };
+    format!("{{{}}}", v.iter().map(one).collect::<Vec<_>>().join(","))
+}
+
 /// The observed part of a round (see [`Persistence::commit_round`]), in the
 /// order it happened: progress and checkpoints, estimates learned, failed
 /// processes counted, completions, the merge guard's verdicts and the
@@ -425,25 +440,50 @@ async fn write_observations(
     .execute(&mut **tx)
     .await
     .map_err(db_err(op))?;
-    for (job, e) in &w.estimates {
+    if !w.estimates.is_empty() {
+        // One statement for all of them. Postgres has no ragged arrays: each
+        // vector goes as an array literal (text) and each curve as JSON text.
+        let e = &w.estimates;
+        let jobs: Vec<Uuid> = e.iter().map(|(j, _)| j.0).collect();
+        let iterations: Vec<Option<i64>> = e
+            .iter()
+            .map(|(_, e)| e.iterations.map(|i| i.min(i64::MAX as u64) as i64))
+            .collect();
+        let curves: Vec<Option<String>> = e
+            .iter()
+            .map(|(_, e)| e.curve.as_ref().map(|c| c.to_string()))
+            .collect();
+        let literal = |v: &[f64]| float8_array_literal(v);
+        let fisher: Vec<String> = e.iter().map(|(_, e)| literal(&e.fisher)).collect();
+        let repeat: Vec<String> = e.iter().map(|(_, e)| literal(&e.fisher_repeat)).collect();
+        let evals: Vec<String> = e.iter().map(|(_, e)| literal(&e.evals)).collect();
+        let steps: Vec<Option<f64>> = e.iter().map(|(_, e)| e.step_time_s).collect();
+        let notes: Vec<&str> = e.iter().map(|(_, e)| e.note.as_str()).collect();
+        let spreads: Vec<f64> = e.iter().map(|(_, e)| e.spread).collect();
+        // A job estimated twice in one round: its last estimate (one row
+        // may not be upserted twice in one statement).
         sqlx::query(
-            "INSERT INTO job_estimates (job_id, iterations, curve, fisher, fisher_repeat, step_time_s, note, estimated_at, evals, spread)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+            "INSERT INTO job_estimates (job_id, iterations, curve, fisher, fisher_repeat, step_time_s, note,
+                                        estimated_at, evals, spread)
+             SELECT DISTINCT ON (j) j, i, c::jsonb, f::float8[], r::float8[], s, n, $10, v::float8[], p
+             FROM UNNEST($1::uuid[], $2::bigint[], $3::text[], $4::text[], $5::text[], $6::float8[],
+                         $7::text[], $8::text[], $9::float8[]) WITH ORDINALITY AS t(j, i, c, f, r, s, n, v, p, o)
+             ORDER BY j, o DESC
              ON CONFLICT (job_id) DO UPDATE SET iterations = EXCLUDED.iterations, curve = EXCLUDED.curve,
                fisher = EXCLUDED.fisher, fisher_repeat = EXCLUDED.fisher_repeat, step_time_s = EXCLUDED.step_time_s,
                note = EXCLUDED.note, estimated_at = EXCLUDED.estimated_at, evals = EXCLUDED.evals,
                spread = EXCLUDED.spread",
         )
-        .bind(job.0)
-        .bind(e.iterations.map(|i| i.min(i64::MAX as u64) as i64))
-        .bind(&e.curve)
-        .bind(&e.fisher)
-        .bind(&e.fisher_repeat)
-        .bind(e.step_time_s)
-        .bind(&e.note)
+        .bind(&jobs)
+        .bind(&iterations)
+        .bind(&curves)
+        .bind(&fisher)
+        .bind(&repeat)
+        .bind(&steps)
+        .bind(&notes)
+        .bind(&evals)
+        .bind(&spreads)
         .bind(now)
-        .bind(&e.evals)
-        .bind(e.spread)
         .execute(&mut **tx)
         .await
         .map_err(db_err(op))?;

@@ -987,15 +987,43 @@ async fn a_rounds_moves_and_notes_keep_their_order_and_rules(pool: PgPool) {
         let job = p.get_job(*id).await.unwrap().unwrap();
         assert_eq!(job.last_event_seq, newest.last().unwrap().seq);
     }
-    // The next round: the same note is not repeated; a new one is.
+    // The next round: the same note is not repeated; a new one is. Its
+    // estimates, also written in one statement, read back exactly; a job
+    // estimated twice keeps the last.
+    let first = scheduler_svc::persistence::Estimate {
+        iterations: Some(7),
+        ..Default::default()
+    };
+    let last = scheduler_svc::persistence::Estimate {
+        iterations: None,
+        curve: Some(serde_json::json!({"beta0": 0.1, "quality": "fit"})),
+        fisher: vec![1e-13, 0.1, -2.5e300, f64::MIN_POSITIVE],
+        fisher_repeat: vec![],
+        step_time_s: Some(0.123_456_789_012_345_67),
+        note: "a 'quoted', {braced} note".into(),
+        evals: vec![0.5, 1.0 / 3.0],
+        spread: 0.25,
+    };
+    let other = scheduler_svc::persistence::Estimate {
+        iterations: Some(u64::MAX),
+        fisher: vec![f64::NAN, f64::INFINITY, f64::NEG_INFINITY],
+        ..Default::default()
+    };
     let w = RoundWrites {
         notes: vec![
             note(2, "unschedulable", "too wide"),
             note(1, "waiting", "still"),
         ],
+        estimates: vec![(ids[0], first), (ids[1], other), (ids[0], last.clone())],
         ..Default::default()
     };
     p.commit_round(&fence, g, &w, t(2)).await.unwrap();
+    let stored = p.estimates().await.unwrap();
+    assert_eq!(stored[&ids[0]], last);
+    let other = &stored[&ids[1]];
+    assert_eq!(other.iterations, Some(i64::MAX as u64));
+    assert!(other.fisher[0].is_nan());
+    assert_eq!(other.fisher[1..], [f64::INFINITY, f64::NEG_INFINITY]);
     assert_eq!(history(2).await.len(), 3);
     assert_eq!(history(1).await.last(), Some(&ev("waiting", None, "still")));
 }
