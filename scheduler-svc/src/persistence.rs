@@ -220,33 +220,30 @@ async fn transition_in(
             to,
         });
     }
-    let row = sqlx::query(&format!(
-        "UPDATE jobs SET state = $2, state_reason = $3, updated_at = $4,
-                last_event_seq = nextval(pg_get_serial_sequence('job_events', 'seq'))
-         WHERE id = $1 RETURNING {JOB_COLUMNS}"
-    ))
-    .bind(id.0)
-    .bind(to.as_str())
-    .bind(reason)
-    .bind(now)
-    .fetch_one(&mut **tx)
-    .await
-    .map_err(db_err(op))?;
-    let updated = job_from_row(&row)?;
-    sqlx::query(
-        "INSERT INTO job_events (seq, job_id, at, kind, from_state, to_state, message)
-         VALUES ($1, $2, $3, 'state_changed', $4, $5, $6)",
+    write_moves(
+        tx,
+        &[id.0],
+        &[job.state.as_str()],
+        &[to.as_str()],
+        &[reason],
+        now,
+        op,
     )
-    .bind(updated.last_event_seq)
-    .bind(id.0)
-    .bind(now)
-    .bind(job.state.as_str())
-    .bind(to.as_str())
-    .bind(reason)
-    .execute(&mut **tx)
-    .await
-    .map_err(db_err(op))?;
-    Ok(updated)
+    .await?;
+    let row = sqlx::query(&format!("SELECT {JOB_COLUMNS} FROM jobs WHERE id = $1"))
+        .bind(id.0)
+        .fetch_one(&mut **tx)
+        .await
+        .map_err(db_err(op))?;
+    job_from_row(&row)
+}
+
+/// The ids once each, ascending (the order a batch locks rows in).
+fn distinct(ids: impl Iterator<Item = Uuid>) -> Vec<Uuid> {
+    let mut ids: Vec<Uuid> = ids.collect();
+    ids.sort_unstable();
+    ids.dedup();
+    ids
 }
 
 /// Moves jobs to new states inside the caller's transaction, in the order
@@ -265,9 +262,7 @@ async fn transitions_in(
     if moves.is_empty() {
         return Ok(());
     }
-    let mut ids: Vec<Uuid> = moves.iter().map(|m| m.0.0).collect();
-    ids.sort_unstable();
-    ids.dedup();
+    let ids = distinct(moves.iter().map(|m| m.0.0));
     let rows: Vec<(Uuid, String)> =
         sqlx::query_as("SELECT id, state FROM jobs WHERE id = ANY($1) ORDER BY id FOR UPDATE")
             .bind(&ids)
@@ -292,11 +287,25 @@ async fn transitions_in(
         reasons.push(reason);
         *current = target;
     }
+    write_moves(tx, &jobs, &from, &to, &reasons, now, op).await
+}
+
+/// Writes checked moves (parallel slices, in order) in one statement: each
+/// a `state_changed` event, each job's row at its last move. Sequence
+/// numbers are drawn in the order of the moves, so a job's newest event is
+/// its last move.
+async fn write_moves(
+    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+    jobs: &[Uuid],
+    from: &[&str],
+    to: &[&str],
+    reasons: &[&str],
+    now: DateTime<Utc>,
+    op: &'static str,
+) -> Result<(), PersistenceError> {
     if jobs.is_empty() {
         return Ok(());
     }
-    // Sequence numbers are drawn in the order of the moves, so a job's
-    // newest event is its last move, and its row takes that move's state.
     sqlx::query(
         "WITH t AS MATERIALIZED (
             SELECT j, f, s, r, o, nextval(pg_get_serial_sequence('job_events', 'seq')) AS seq
@@ -309,10 +318,10 @@ async fn transitions_in(
          FROM (SELECT DISTINCT ON (j) j, s, r, seq FROM t ORDER BY j, o DESC) AS l
          WHERE jobs.id = l.j",
     )
-    .bind(&jobs)
-    .bind(&from)
-    .bind(&to)
-    .bind(&reasons)
+    .bind(jobs)
+    .bind(from)
+    .bind(to)
+    .bind(reasons)
     .bind(now)
     .execute(&mut **tx)
     .await
@@ -332,9 +341,7 @@ async fn notes_in(
     if notes.is_empty() {
         return Ok(());
     }
-    let mut ids: Vec<Uuid> = notes.iter().map(|n| n.0.0).collect();
-    ids.sort_unstable();
-    ids.dedup();
+    let ids = distinct(notes.iter().map(|n| n.0.0));
     // `last_event_seq` is the seq of the job's newest event: every writer
     // of an event sets it in the same statement or transaction.
     let newest: Vec<(Uuid, String, String)> = sqlx::query_as(
@@ -453,10 +460,12 @@ async fn write_observations(
             .iter()
             .map(|(_, e)| e.curve.as_ref().map(|c| c.to_string()))
             .collect();
-        let literal = |v: &[f64]| float8_array_literal(v);
-        let fisher: Vec<String> = e.iter().map(|(_, e)| literal(&e.fisher)).collect();
-        let repeat: Vec<String> = e.iter().map(|(_, e)| literal(&e.fisher_repeat)).collect();
-        let evals: Vec<String> = e.iter().map(|(_, e)| literal(&e.evals)).collect();
+        let literals = |v: fn(&Estimate) -> &[f64]| -> Vec<String> {
+            e.iter().map(|(_, e)| float8_array_literal(v(e))).collect()
+        };
+        let fisher = literals(|e| &e.fisher);
+        let repeat = literals(|e| &e.fisher_repeat);
+        let evals = literals(|e| &e.evals);
         let steps: Vec<Option<f64>> = e.iter().map(|(_, e)| e.step_time_s).collect();
         let notes: Vec<&str> = e.iter().map(|(_, e)| e.note.as_str()).collect();
         let spreads: Vec<f64> = e.iter().map(|(_, e)| e.spread).collect();
