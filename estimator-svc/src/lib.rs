@@ -5,7 +5,7 @@
 //! in the `fmsched_estimator` schema.
 
 pub use fmsched_estimator::{
-    analytic, curve_prior, fit, icefrog, loss_curve, lut, times, transfer,
+    analytic, curve_prior, fit, icefrog, loss_curve, loss_prior, lut, times, transfer,
 };
 
 pub mod persistence;

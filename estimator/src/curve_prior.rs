@@ -35,7 +35,7 @@
 //! the same call refreshes the estimate as a job reports.
 //!
 //! Measured by `estimator-accuracy --anchor-dir` on the published curves
-//! with each job's own task left out of the library: see `docs/estimator.md`.
+//! with each job's own task left out of the library: see README.md, "Benchmarks".
 
 /// Evaluation noise σ of step 2 when the library holds no job's curve (the
 /// shipped shapes only), as a share of the target's magnitude: loose, as
@@ -247,7 +247,7 @@ fn affine(x: &[f64], y: &[f64]) -> (f64, f64, f64) {
 }
 
 /// Weighted quantile `q` of `(value, weight)` pairs.
-fn quantile(sorted: &[(f64, f64)], total: f64, q: f64) -> f64 {
+pub(crate) fn quantile(sorted: &[(f64, f64)], total: f64, q: f64) -> f64 {
     let mut acc = 0.0;
     for &(v, w) in sorted {
         acc += w;

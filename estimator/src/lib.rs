@@ -15,6 +15,7 @@ pub mod deadline;
 pub mod fit;
 pub mod icefrog;
 pub mod loss_curve;
+pub mod loss_prior;
 pub mod lut;
 pub mod times;
 pub mod transfer;

@@ -20,6 +20,7 @@ use estimator_svc::loss_curve::{
     LossCurve, PLATEAU_THRESHOLD, TargetPrediction, fit_loss_curve, fit_metric_curve,
     iterations_to_converge,
 };
+use estimator_svc::loss_prior::{self, LossLibrary, predict_iterations};
 use estimator_svc::lut::{Lut, ThroughputKey, Variant};
 use estimator_svc::times::{JobInput, MergeMode, PairInput, time_table, ymir_allocations};
 use estimator_svc::transfer::{TaskEmbedding, temporal_scores};
@@ -71,17 +72,33 @@ fn out(name: &str, v: impl std::fmt::Display) {
     println!("{name}={v}");
 }
 
+/// APE of iterations-to-converge on synthetic Eq. 3 curves.
+struct Synthetic {
+    /// The per-job fit from a full trace (1.2 × the true K).
+    full: Stats,
+    /// From the first half of the true K: the per-job fit, the prior of
+    /// the shipped shapes, and the prior learned from the other curves'
+    /// full-trace fits (each curve left out of its own library).
+    half_fit: Stats,
+    half_shipped: Stats,
+    half_learned: Stats,
+    /// Truth inside the learned prior's p10–p90, of the curves predicted.
+    half_learned_covered: usize,
+}
+
 /// Synthetic Eq. 3 curves: the fit sees a trace up to 1.2 × the true K (a
 /// full profiling trace) or only its first half, with ±5 % multiplicative
 /// uniform noise. Curves are drawn as fine-tuning losses look: an initial
 /// excess `A = 1/β1` of 0.5–3 over a floor `β0` of 0.05–0.5, halved after
 /// `h` = 50–2,000 iterations (`β2 = β1/h`), with a second-order term of up
 /// to half the first at `k = h`. Curves whose very first step already
-/// meets Eq. 2's plateau rule (nothing to predict) are drawn again.
-fn synthetic(rng: &mut Rng) -> (Stats, Stats) {
-    let (mut full, mut half) = (Stats::default(), Stats::default());
-    let mut drawn = 0;
-    while drawn < 200 {
+/// meets Eq. 2's plateau rule (nothing to predict) are drawn again. The
+/// curves are one population, as one model's jobs are: the learned prior
+/// of each is the other 199 curves' full-trace fits.
+fn synthetic(rng: &mut Rng) -> Synthetic {
+    const CAP: u64 = 10_000_000;
+    let mut cases = Vec::new();
+    while cases.len() < 200 {
         let (a, floor, h) = (
             rng.range(0.5, 3.0),
             rng.range(0.05, 0.5),
@@ -93,10 +110,9 @@ fn synthetic(rng: &mut Rng) -> (Stats, Stats) {
         if (truth.eval(0.0) - truth.eval(1.0)) / truth.eval(0.0) <= 3.0 * PLATEAU_THRESHOLD {
             continue;
         }
-        drawn += 1;
-        let k_true = iterations_to_converge(&truth, 0.0, PLATEAU_THRESHOLD, 10_000_000) as f64;
-        for (frac, stats) in [(1.2, &mut full), (0.5, &mut half)] {
-            let (ks, ls): (Vec<f64>, Vec<f64>) = (0..300)
+        let k_true = iterations_to_converge(&truth, 0.0, PLATEAU_THRESHOLD, CAP) as f64;
+        let [full, half] = [1.2, 0.5].map(|frac| -> (Vec<f64>, Vec<f64>) {
+            (0..300)
                 .map(|i| {
                     let k = (f64::from(i) * frac * k_true / 300.0).round();
                     (
@@ -107,19 +123,58 @@ fn synthetic(rng: &mut Rng) -> (Stats, Stats) {
                 .collect::<BTreeMap<u64, f64>>()
                 .into_iter()
                 .map(|(k, l)| (k as f64, l))
-                .unzip();
-            let Ok(fit) = fit_loss_curve(&ks, &ls) else {
-                stats.push(100.0);
-                continue;
-            };
-            let k = iterations_to_converge(&fit, 0.0, PLATEAU_THRESHOLD, 10_000_000) as f64;
-            stats.push(ape(k, k_true));
-        }
+                .unzip()
+        });
+        cases.push((k_true, full, half));
     }
-    (full, half)
+    let mut s = Synthetic {
+        full: Stats::default(),
+        half_fit: Stats::default(),
+        half_shipped: Stats::default(),
+        half_learned: Stats::default(),
+        half_learned_covered: 0,
+    };
+    let fits: Vec<Option<LossCurve>> = cases
+        .iter()
+        .map(|(_, (ks, ls), _)| fit_loss_curve(ks, ls).ok())
+        .collect();
+    for ((k_true, _, _), fit) in cases.iter().zip(&fits) {
+        s.full.push(fit.map_or(100.0, |f| {
+            ape(
+                iterations_to_converge(&f, 0.0, PLATEAU_THRESHOLD, CAP) as f64,
+                *k_true,
+            )
+        }));
+    }
+    let shipped = LossLibrary::shipped();
+    for (i, (k_true, _, (ks, ls))) in cases.iter().enumerate() {
+        let mut learned = shipped.clone();
+        for f in fits
+            .iter()
+            .enumerate()
+            .filter(|(j, _)| *j != i)
+            .filter_map(|(_, f)| f.as_ref())
+        {
+            learned.push(f);
+        }
+        let (Ok(p), Ok(q)) = (
+            predict_iterations(&shipped, ks, ls, CAP),
+            predict_iterations(&learned, ks, ls, CAP),
+        ) else {
+            for st in [&mut s.half_fit, &mut s.half_shipped, &mut s.half_learned] {
+                st.push(100.0);
+            }
+            continue;
+        };
+        s.half_fit.push(ape(p.fit_iterations as f64, *k_true));
+        s.half_shipped.push(ape(p.iterations as f64, *k_true));
+        s.half_learned.push(ape(q.iterations as f64, *k_true));
+        s.half_learned_covered += usize::from(q.low as f64 <= *k_true && *k_true <= q.high as f64);
+    }
+    s
 }
 
-fn speed(rng: &mut Rng) -> (f64, f64, f64, usize) {
+fn speed(rng: &mut Rng) -> (f64, f64, f64, f64, usize) {
     // One fit of a 1,000-point trace.
     let truth = LossCurve::new(0.2, 0.6, 0.002, 1e-7);
     let (ks, ls): (Vec<f64>, Vec<f64>) = (0..1000)
@@ -134,6 +189,21 @@ fn speed(rng: &mut Rng) -> (f64, f64, f64, usize) {
         std::hint::black_box(fit_loss_curve(&ks, &ls).expect("fits"));
     }
     let fit_ms = t.elapsed().as_secs_f64() * 1000.0 / f64::from(reps);
+
+    // One prediction with the loss prior of 200 finished jobs (what the
+    // scheduler reads at most per model) on the same trace, its own fit
+    // included.
+    let mut lib = LossLibrary::shipped();
+    for _ in 0..200 {
+        let (floor, h) = (rng.range(0.05, 0.6), rng.range(20.0, 500.0));
+        let quad = rng.range(0.0, 0.5);
+        lib.push(&loss_prior::LossShape { floor, quad }.curve(1.0, h));
+    }
+    let t = Instant::now();
+    for _ in 0..reps {
+        std::hint::black_box(predict_iterations(&lib, &ks, &ls, 1_000_000).expect("fits"));
+    }
+    let prior_ms = t.elapsed().as_secs_f64() * 1000.0 / f64::from(reps);
 
     // 10,000 pair scores: 101 tasks → 10,100 ordered pairs, 512-dim embeddings.
     let tasks: Vec<TaskEmbedding> = (0..101)
@@ -212,7 +282,7 @@ fn speed(rng: &mut Rng) -> (f64, f64, f64, usize) {
         std::hint::black_box(time_table(&lut, &jobs, &pairs, &allocations).expect("table"));
     }
     let table_ms = t.elapsed().as_secs_f64() * 1000.0 / f64::from(reps);
-    (fit_ms, scores_ms, table_ms, pairs.len())
+    (fit_ms, prior_ms, scores_ms, table_ms, pairs.len())
 }
 
 /// Epochs to reach `target` on a per-epoch metric curve: the first epoch at
@@ -509,25 +579,45 @@ fn run() -> anyhow::Result<()> {
     }
     let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
     eprintln!("fitting 200 synthetic curves ...");
-    let (full, half) = synthetic(&mut rng);
+    let syn = synthetic(&mut rng);
+    let full = &syn.full;
     out("synthetic_curves", full.0.len());
     out("synthetic_k_ape_mean_pct", format!("{:.2}", full.mean()));
     out("synthetic_k_ape_max_pct", format!("{:.2}", full.max()));
     // Extrapolating K from half of the curve is ill-posed for a 4-parameter
-    // curve (the floor β0 and the k² term trade off); shown for reference.
+    // curve fitted alone (the floor β0 and the k² term trade off); the
+    // prior (`loss_prior`) brings what the other jobs' curves looked like.
+    for (name, st) in [
+        ("fit", &syn.half_fit),
+        ("shipped", &syn.half_shipped),
+        ("prior", &syn.half_learned),
+    ] {
+        out(
+            &format!("synthetic_half_trace_{name}_k_ape_median_pct"),
+            format!("{:.2}", st.median()),
+        );
+        out(
+            &format!("synthetic_half_trace_{name}_k_ape_mean_pct"),
+            format!("{:.2}", st.mean()),
+        );
+    }
     out(
-        "synthetic_half_trace_k_ape_median_pct",
-        format!("{:.2}", half.median()),
-    );
-    out(
-        "synthetic_half_trace_k_ape_mean_pct",
-        format!("{:.2}", half.mean()),
+        "synthetic_half_trace_prior_p10_p90_coverage_pct",
+        format!(
+            "{:.1}",
+            100.0 * syn.half_learned_covered as f64 / syn.half_learned.0.len().max(1) as f64
+        ),
     );
 
     let mut summary = format!(
-        "summary: synthetic K APE mean {:.2}% max {:.2}% (targets 5% / 15%)",
+        "summary: synthetic K APE mean {:.2}% max {:.2}% (targets 5% / 15%); from half the trace: \
+         median/mean {:.1}%/{:.1}% per-job fit, {:.1}%/{:.1}% learned prior",
         full.mean(),
-        full.max()
+        full.max(),
+        syn.half_fit.median(),
+        syn.half_fit.mean(),
+        syn.half_learned.median(),
+        syn.half_learned.mean()
     );
     match anchor {
         Some(dir) if dir.join("task-curves.json").exists() => {
@@ -604,14 +694,18 @@ fn run() -> anyhow::Result<()> {
     }
 
     eprintln!("timing ...");
-    let (fit_ms, scores_ms, table_ms, pairs) = speed(&mut rng);
+    let (fit_ms, prior_ms, scores_ms, table_ms, pairs) = speed(&mut rng);
     out("fit_1000_points_ms", format!("{fit_ms:.3}"));
+    out(
+        "loss_prior_predict_1000_points_260_shapes_ms",
+        format!("{prior_ms:.3}"),
+    );
     out("pair_scores_10000_ms", format!("{scores_ms:.3}"));
     out("time_table_jobs", 200);
     out("time_table_pairs", pairs);
     out("time_table_ms", format!("{table_ms:.3}"));
     summary += &format!(
-        "; fit(1000 pts) {fit_ms:.2} ms (≤1), 10k scores {scores_ms:.2} ms (≤10), round table 200 jobs + {pairs} pairs {table_ms:.2} ms (≤20)"
+        "; fit(1000 pts) {fit_ms:.2} ms (≤1), loss prior {prior_ms:.2} ms, 10k scores {scores_ms:.2} ms (≤10), round table 200 jobs + {pairs} pairs {table_ms:.2} ms (≤20)"
     );
     println!("{summary}");
     Ok(())
