@@ -915,6 +915,106 @@ async fn estimate_prior_metric_curves_are_kept_and_finished_ones_read_back(pool:
     assert_eq!(both.len(), 2);
 }
 
+/// The loss prior's read: the fitted curves of a model's completed jobs,
+/// newest first and at most `per_model` of each model, none under the
+/// quality floor, none of a running job, none without a curve.
+#[sqlx::test(migrator = "scheduler_svc::persistence::MIGRATOR")]
+async fn estimate_prior_loss_curves_of_finished_jobs_read_back(pool: PgPool) {
+    let p = Persistence::from_pool(pool);
+    let owner = UserName("alice".into());
+    // (model, curve quality or no curve, completes)
+    let jobs = [
+        ("roberta-base", Some(0.9), true),
+        ("roberta-base", Some(0.3), true),
+        ("roberta-base", Some(0.95), false),
+        ("roberta-base", None, true),
+        ("roberta-base", Some(0.8), true),
+        ("roberta-base", Some(0.7), true),
+        ("vit-base", Some(0.99), true),
+    ];
+    let mut ids = Vec::new();
+    for (k, (model, _, _)) in jobs.iter().enumerate() {
+        let mut s = spec();
+        s.model = (*model).into();
+        // Ids in submission order whatever the clock's resolution.
+        tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+        let id = JobId::new_v7();
+        p.submit_job(NewJob {
+            id,
+            owner: &owner,
+            spec: &s,
+            idempotency_key: None,
+            now: t(k as i64),
+        })
+        .await
+        .unwrap();
+        ids.push(id);
+    }
+    let curve = |k: usize, q: f64| serde_json::json!({"beta0": 0.1 * k as f64, "beta1": 1.0, "beta2": 0.01, "beta3": 0.0, "quality": q});
+    let w = RoundWrites {
+        estimates: ids
+            .iter()
+            .zip(&jobs)
+            .enumerate()
+            .map(|(k, (id, (_, q, _)))| {
+                (
+                    *id,
+                    scheduler_svc::persistence::Estimate {
+                        iterations: Some(100),
+                        curve: q.map(|q| curve(k, q)),
+                        ..Default::default()
+                    },
+                )
+            })
+            .collect(),
+        ..Default::default()
+    };
+    let (lease, fence) = lead(&p, "leader", 60).await;
+    let generation = p.current_plan().await.unwrap().generation;
+    p.commit_round(&fence, generation, &w, t(10)).await.unwrap();
+    lease.resign().await;
+    for (id, (_, _, completes)) in ids.iter().zip(&jobs) {
+        for (to, at) in [
+            (JobState::Profiling, 11),
+            (JobState::Queued, 12),
+            (JobState::Running, 13),
+        ] {
+            p.transition_job(*id, to, "test", t(at)).await.unwrap();
+        }
+        if *completes {
+            p.transition_job(*id, JobState::Completed, "done", t(14))
+                .await
+                .unwrap();
+        }
+    }
+    let beta0 = |v: &serde_json::Value| (v["beta0"].as_f64().unwrap() * 10.0).round() as usize;
+    let got = p
+        .finished_loss_curves(&["roberta-base".into()], 10, 0.5)
+        .await
+        .unwrap();
+    let mut which: Vec<usize> = got.iter().map(|(_, c)| beta0(c)).collect();
+    which.sort_unstable();
+    // Jobs 0, 4 and 5: job 1's fit is too poor, job 2 still runs, job 3
+    // has no curve, job 6 is another model.
+    assert_eq!(which, vec![0, 4, 5], "{got:?}");
+    assert!(got.iter().all(|(m, _)| m == "roberta-base"));
+    // At most two per model: the newest (ids are time-ordered).
+    let got = p
+        .finished_loss_curves(&["roberta-base".into(), "vit-base".into()], 2, 0.5)
+        .await
+        .unwrap();
+    let mut which: Vec<(String, usize)> = got.iter().map(|(m, c)| (m.clone(), beta0(c))).collect();
+    which.sort();
+    assert_eq!(
+        which,
+        vec![
+            ("roberta-base".into(), 4),
+            ("roberta-base".into(), 5),
+            ("vit-base".into(), 6)
+        ]
+    );
+}
+
 /// A round's moves and notes are written in batches, with the rules of one
 /// at a time: a job moved twice in a round goes through both states, each
 /// with its event in order; a move its state forbids and an unknown job

@@ -19,8 +19,9 @@ use fmsched_estimator::analytic;
 use fmsched_estimator::curve_prior::{self, CurveLibrary};
 use fmsched_estimator::icefrog;
 use fmsched_estimator::loss_curve::{
-    LossCurve, PLATEAU_THRESHOLD, fit_loss_curve, iterations_to_converge,
+    LossCurve, MIN_LOSS_POINTS, PLATEAU_THRESHOLD, fit_loss_curve, iterations_to_converge,
 };
+use fmsched_estimator::loss_prior::{self, LossLibrary};
 use fmsched_estimator::lut::{Lut, Variant};
 use fmsched_estimator::transfer::{TaskEmbedding, observed_gain, spatial_score, temporal_score};
 use fmsched_proto::v1 as pb;
@@ -105,6 +106,9 @@ pub(crate) struct Observed {
     pub bank_new: Vec<crate::persistence::BankPrompt>,
     /// Jobs that completed this round, as they were live.
     pub finished: BTreeMap<JobId, JobRecord>,
+    /// The loss-curve prior per model ([`loss_priors`]), for the models of
+    /// the jobs whose reports this round carry a loss trace.
+    pub loss_priors: BTreeMap<String, LossLibrary>,
 }
 
 /// Phase 1 (see the module docs). A look-ahead round reads the same state
@@ -213,6 +217,7 @@ pub(crate) async fn observe(
     let mut evals: BTreeMap<JobId, Vec<f64>> = BTreeMap::new();
     let mut losses: BTreeMap<JobId, (u64, f64)> = BTreeMap::new();
     let mut own = OwnEvals::new();
+    o.loss_priors = loss_priors(state, &o.live, &nodes).await;
     for n in &nodes {
         for t in &n.observed_tasks {
             let reports = Reports {
@@ -383,6 +388,63 @@ struct Reports<'a> {
 
 /// Finished jobs' curves read as the prior per round, at most.
 const PRIOR_CURVES: i64 = 2000;
+
+/// Finished jobs' loss curves per model read as the loss prior, at most
+/// (a prediction's cost grows with the library).
+const PRIOR_LOSS_CURVES: i64 = 200;
+
+/// Least fit quality (R²) of a finished job's loss curve in the prior.
+const PRIOR_LOSS_QUALITY: f64 = 0.5;
+
+/// The loss-curve prior (`estimator::loss_prior`) of every model whose
+/// jobs report a loss trace this round: the fitted Eq. 3 curves of up to
+/// [`PRIOR_LOSS_CURVES`] finished jobs of the model plus the shipped
+/// shapes. One read a round, and none when no report carries a trace. A
+/// failed read leaves the shipped shapes (said in the log).
+async fn loss_priors(
+    state: &AppState,
+    live: &BTreeMap<JobId, JobRecord>,
+    nodes: &[LiveNode],
+) -> BTreeMap<String, LossLibrary> {
+    let mut models: Vec<String> = nodes
+        .iter()
+        .flat_map(|n| &n.observed_tasks)
+        .filter(|t| t.trace_losses.len() >= MIN_LOSS_POINTS)
+        .filter_map(|t| match t.task_id.strip_suffix(PROFILE_SUFFIX) {
+            Some(job) => job.parse().ok().map(|id| vec![id]),
+            None => members_of(&t.task_id),
+        })
+        .flatten()
+        .filter_map(|id| live.get(&id).map(|j| j.spec.model.clone()))
+        .collect();
+    models.sort_unstable();
+    models.dedup();
+    if models.is_empty() {
+        return BTreeMap::new();
+    }
+    let shipped = LossLibrary::shipped();
+    let mut out: BTreeMap<String, LossLibrary> = models
+        .iter()
+        .map(|m| (m.clone(), shipped.clone()))
+        .collect();
+    match state
+        .persistence
+        .finished_loss_curves(&models, PRIOR_LOSS_CURVES, PRIOR_LOSS_QUALITY)
+        .await
+    {
+        Ok(rows) => {
+            for (model, curve) in rows {
+                if let (Some(lib), Some(c)) = (out.get_mut(&model), curve_from_json(&curve)) {
+                    lib.push(&c);
+                }
+            }
+        }
+        Err(err) => {
+            tracing::warn!(error = %err, "finished jobs' loss curves not read; predicting from the shipped shapes");
+        }
+    }
+    out
+}
 
 /// Jobs with a metric target whose processes reported evaluations (folded
 /// into their per-epoch curve by [`observe_task`], kept across restarts):
@@ -822,7 +884,7 @@ async fn observe_profile_run(
     else {
         return;
     };
-    let Some((learned, reason)) = profile_estimate(j, t) else {
+    let Some((learned, reason)) = profile_estimate(j, t, o.loss_priors.get(&j.spec.model)) else {
         return;
     };
     tracing::info!(job_id = %id, %reason, "profiling done");
@@ -1030,18 +1092,28 @@ async fn learn_from_running(
             tracing::warn!(job_id = %id, error = %e, "step time not recorded");
         }
     }
-    if let Some(e) = refresh_estimate(job, t, o.estimates.get(&id)) {
+    if let Some(e) = refresh_estimate(
+        job,
+        t,
+        o.estimates.get(&id),
+        o.loss_priors.get(&job.spec.model),
+    ) {
         o.writes.estimates.push((id, e.clone()));
         o.estimates.insert(id, e);
     }
 }
 
 /// Turns an ended profiling run into estimates (Ymir §4: Eq. 3 fit, Eq. 2
-/// iterations; the Task2Vec embedding kept for transferability) and the
-/// reason its job is queued. A run that failed or whose trace cannot
-/// support a fit still queues the job, with the reason in its estimates.
-/// None while the run has not ended.
-fn profile_estimate(job: &JobRecord, t: &pb::ObservedTask) -> Option<(Estimate, String)> {
+/// iterations — here over the loss prior of the model's finished jobs,
+/// [`loss_prior_note`]; the Task2Vec embedding kept for transferability)
+/// and the reason its job is queued. A run that failed or whose trace
+/// cannot support a fit still queues the job, with the reason in its
+/// estimates. None while the run has not ended.
+fn profile_estimate(
+    job: &JobRecord,
+    t: &pb::ObservedTask,
+    prior: Option<&LossLibrary>,
+) -> Option<(Estimate, String)> {
     let phase = pb::TaskPhase::try_from(t.phase).unwrap_or(pb::TaskPhase::Unspecified);
     if !matches!(phase, pb::TaskPhase::Succeeded | pb::TaskPhase::Failed) {
         return None;
@@ -1069,17 +1141,17 @@ fn profile_estimate(job: &JobRecord, t: &pb::ObservedTask) -> Option<(Estimate, 
     } else {
         match fit_loss_curve(&t.trace_iterations, &t.trace_losses) {
             Ok(c) => {
-                let k = iterations_to_converge(&c, 0.0, PLATEAU_THRESHOLD, cap);
-                est.iterations = Some(k);
+                let (p, prior_note) = predict_loss(job, t, c, cap, prior);
+                est.iterations = Some(p.iterations);
                 est.curve = Some(curve_to_json(&c));
                 est.note = format!(
-                    "fit on {} loss points, quality {:.3}",
+                    "fit on {} loss points, quality {:.3}; {prior_note}",
                     t.trace_losses.len(),
                     c.quality
                 );
                 format!(
-                    "profiled: about {k} iterations to converge (Eq. 2; fit quality {:.2})",
-                    c.quality
+                    "profiled: about {} iterations to converge (Eq. 2 over the loss prior, p10-p90 {}-{}; own fit quality {:.2})",
+                    p.iterations, p.low, p.high, c.quality
                 )
             }
             Err(e) => {
@@ -1093,15 +1165,48 @@ fn profile_estimate(job: &JobRecord, t: &pb::ObservedTask) -> Option<(Estimate, 
     Some((est, reason))
 }
 
+/// Iterations to converge from a fitted trace with the loss prior of the
+/// job's model (`estimator::loss_prior`; the shipped shapes when the round
+/// read none), and the note saying what it rests on.
+fn predict_loss(
+    job: &JobRecord,
+    t: &pb::ObservedTask,
+    fit: LossCurve,
+    cap: u64,
+    prior: Option<&LossLibrary>,
+) -> (loss_prior::LossPrediction, String) {
+    let shipped;
+    let prior = match prior {
+        Some(p) => p,
+        None => {
+            shipped = LossLibrary::shipped();
+            &shipped
+        }
+    };
+    let p = loss_prior::predict_with_fit(prior, &t.trace_iterations, &t.trace_losses, fit, cap);
+    let note = format!(
+        "loss prior of {} finished {} jobs: {} iterations (p10-p90 {}-{}), own fit alone {}",
+        prior.jobs(),
+        job.spec.model,
+        p.iterations,
+        p.low,
+        p.high,
+        p.fit_iterations
+    );
+    (p, note)
+}
+
 /// Refits a running job's loss curve (Eq. 3) on the trace its process
-/// reported and returns the new iterations-to-converge (Eq. 2) when they
-/// moved by more than 5 % — the profile saw 50 steps, the running job sees
-/// many more. A trace too short or too noisy to fit leaves the estimate
-/// alone.
+/// reported and, when the job's own fit moved by more than 5 % in Eq. 2's
+/// terms since the stored one (the profile saw 50 steps, the running job
+/// sees many more), predicts its iterations to converge again with the
+/// loss prior ([`predict_loss`]). A trace too short or too noisy to fit
+/// leaves the estimate alone.
 fn refresh_estimate(
     job: &JobRecord,
     t: &pb::ObservedTask,
     old: Option<&Estimate>,
+    prior: Option<&LossLibrary>,
 ) -> Option<Estimate> {
     const MIN_POINTS: usize = 20;
     const MIN_QUALITY: f64 = 0.5;
@@ -1118,21 +1223,27 @@ fn refresh_estimate(
         return None;
     }
     let cap = iteration_budget(job).unwrap_or(DEFAULT_ITERATIONS * 100);
-    let k = iterations_to_converge(&c, 0.0, PLATEAU_THRESHOLD, cap);
-    let before = old.and_then(|e| e.iterations);
-    if before.is_some_and(|b| (k as f64 - b as f64).abs() <= 0.05 * b as f64) {
+    let converge = |c: &LossCurve| iterations_to_converge(c, 0.0, PLATEAU_THRESHOLD, cap);
+    let own = converge(&c);
+    let stored = old
+        .and_then(|e| e.curve.as_ref())
+        .and_then(curve_from_json)
+        .map(|s| converge(&s));
+    if stored.is_some_and(|b| (own as f64 - b as f64).abs() <= 0.05 * b as f64) {
         return None;
     }
+    let (p, prior_note) = predict_loss(job, t, c, cap, prior);
+    let before = old.and_then(|e| e.iterations);
     let mut e = old.cloned().unwrap_or_default();
-    e.iterations = Some(k);
+    e.iterations = Some(p.iterations);
     e.curve = Some(curve_to_json(&c));
     let last = t.trace_iterations.last().copied().unwrap_or(0.0);
     e.note = format!(
-        "refit on {} loss points of the running process (to iteration {last:.0}), quality {:.3}",
+        "refit on {} loss points of the running process (to iteration {last:.0}), quality {:.3}; {prior_note}",
         t.trace_losses.len(),
         c.quality
     );
-    tracing::info!(job_id = %job.id, iterations = k, before = ?before, quality = c.quality, "estimate refreshed from the running process");
+    tracing::info!(job_id = %job.id, iterations = p.iterations, own_fit = own, before = ?before, quality = c.quality, "estimate refreshed from the running process");
     Some(e)
 }
 
@@ -1473,6 +1584,75 @@ pub(crate) mod tests {
             updated_at: Utc::now(),
             last_event_seq: 0,
         }
+    }
+
+    /// Ten finished roberta-base jobs whose loss curves share a shape (a
+    /// floor at 40 % of the start), and a new job of the model whose
+    /// profile saw the first half of the iterations it needs: the loss
+    /// prior predicts them within 15 %, where the job's own fit alone is
+    /// further off; the stored curve is the job's own fit (what it leaves
+    /// for the jobs after it). A running job's refit is only redone when
+    /// its own fit moved.
+    #[test]
+    fn estimate_prior_loss_a_profile_is_predicted_with_the_models_finished_jobs() {
+        use fmsched_estimator::loss_prior::LossShape;
+        let shape = |i: u32| LossShape {
+            floor: 0.38 + 0.004 * f64::from(i),
+            quad: 0.15 + 0.01 * f64::from(i),
+        };
+        let mut lib = LossLibrary::shipped();
+        for i in 0..10 {
+            assert!(lib.push(&shape(i).curve(1.0 + 0.2 * f64::from(i), 30.0 + 9.0 * f64::from(i))));
+        }
+        let truth = shape(5).curve(2.3, 70.0);
+        let k = iterations_to_converge(&truth, 0.0, PLATEAU_THRESHOLD, 100_000) as f64;
+        let (its, losses): (Vec<f64>, Vec<f64>) = (0..=(k as u32 / 2))
+            .map(|i| {
+                let x = f64::from(i);
+                (x, truth.eval(x) * (1.0 + 0.04 * (7.3 * x).sin()))
+            })
+            .unzip();
+        let t = pb::ObservedTask {
+            task_id: format!("{}-profile", job(1)),
+            phase: pb::TaskPhase::Succeeded as i32,
+            trace_iterations: its,
+            trace_losses: losses,
+            ..Default::default()
+        };
+        let j = record(1, Some(100_000));
+        let (est, reason) = profile_estimate(&j, &t, Some(&lib)).unwrap();
+        let predicted = est.iterations.unwrap() as f64;
+        let own = fit_loss_curve(&t.trace_iterations, &t.trace_losses).unwrap();
+        let own_k = iterations_to_converge(&own, 0.0, PLATEAU_THRESHOLD, 100_000) as f64;
+        assert!(
+            (predicted - k).abs() / k < 0.15,
+            "{predicted} vs {k}: {reason}"
+        );
+        assert!(
+            (predicted - k).abs() < (own_k - k).abs(),
+            "prior {predicted}, own fit {own_k}, truth {k}"
+        );
+        assert!(
+            est.note
+                .contains("loss prior of 10 finished roberta-base jobs"),
+            "{}",
+            est.note
+        );
+        assert_eq!(est.curve, Some(curve_to_json(&own)));
+        // The running process reports the same trace: its own fit did not
+        // move, so nothing is re-estimated.
+        let running = pb::ObservedTask {
+            task_id: job(1).to_string(),
+            phase: pb::TaskPhase::Running as i32,
+            ..t.clone()
+        };
+        assert!(refresh_estimate(&j, &running, Some(&est), Some(&lib)).is_none());
+        // Stored with a very different fit, it is re-estimated with the prior.
+        let mut stale = est.clone();
+        stale.curve = Some(curve_to_json(&LossCurve::new(0.0, 1.0, 1.0, 0.0)));
+        let e = refresh_estimate(&j, &running, Some(&stale), Some(&lib)).unwrap();
+        assert_eq!(e.iterations, est.iterations);
+        assert!(e.note.starts_with("refit on"), "{}", e.note);
     }
 
     /// A profiling run's step time is filed at the replica it ran on, in
