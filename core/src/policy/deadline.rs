@@ -84,6 +84,16 @@
 //!   than the median. This rule misses as many as the median in all (216
 //!   of 988 SLO jobs over the eight runs; vit-large MIX1 5 → 3, vit and
 //!   vit-large SLO one more each) with best-effort JCT equal or lower.
+//! - **A stop costs a restart** (the text counts `T_exe` once): a job
+//!   holding a count needs `L` terms there only if it keeps running now;
+//!   stopped now, it pays its restart when it resumes and needs
+//!   `L_stopped` (Eq. 5.1 with the restart). The deadline rows ask for
+//!   `L_stopped·w − (L_stopped − L)·x_0` terms, exact at every corner of
+//!   the binaries. Counting `L` either way stopped running SLO jobs on the
+//!   promise of terms that could no longer finish them; the next round saw
+//!   the restart and either lost the deadline or started the job again,
+//!   swapping the GPUs at every lease end
+//!   (`a_running_slo_job_is_not_stopped_on_terms_its_restart_would_overrun`).
 //! - **Leases** (§5.3.3.1): a job whose lease has not run out keeps its GPUs.
 //! - **Consolidation (Eq. 5.14)**: in Chronus, jobs of 1, 2, 4 and 8b GPUs
 //!   must fit the free buddy cells of the nodes (a 16-GPU node is two
@@ -265,9 +275,11 @@ struct Choice {
     /// `T_exe` (Eq. 5.1) at this count, seconds (at the median estimate).
     exe_s: f64,
     /// Per open reward step: (future terms before it, reward, `L_{i,p}`
-    /// the lease terms to finish it needs); `None` where the step cannot
-    /// be met at this count.
-    steps: Vec<Option<(u32, f64, u32)>>,
+    /// the lease terms to finish it needs, and the terms it needs if it
+    /// does not run now — more for a job that holds this count: stopped
+    /// now, it restarts later); `None` where the step cannot be met at
+    /// this count.
+    steps: Vec<Option<(u32, f64, u32, u32)>>,
 }
 
 /// What the model holds of one job.
@@ -319,14 +331,12 @@ impl UniSched {
                 if !median.is_finite() {
                     return None;
                 }
-                let restart = if a == j.current_gpus {
-                    0.0
-                } else {
-                    j.restart_s
-                };
+                let held = a == j.current_gpus;
+                let restart = if held { 0.0 } else { j.restart_s };
                 // T_exe (Eq. 5.1, with Eq. 5.3 over the terms to the first
-                // open deadline) at a time `run`, and its terms L.
-                let exe = |run: f64| {
+                // open deadline) at a time `run` plus a restart, and its
+                // terms L.
+                let exe_with = |run: f64, restart: f64| {
                     let run = run + restart;
                     let n0 = (run / lease).ceil().max(1.0) as u64;
                     let m0 = steps
@@ -334,6 +344,20 @@ impl UniSched {
                         .map_or(n0, |s| ((s.by - snap.now) / lease).floor().max(0.0) as u64);
                     let exe_s = run + slo_suspend_resume_s(n0, m0, j.restart_s);
                     (exe_s, ((exe_s / lease).ceil().max(1.0) as u32).min(horizon))
+                };
+                let exe = |run: f64| exe_with(run, restart);
+                // The terms a job holding this count needs if it is
+                // stopped now: it pays the restart when it resumes. Without
+                // them the model may stop a running SLO job on the promise
+                // of terms that no longer finish it, and start it again
+                // next round when they visibly do not (the GPUs swap at
+                // every lease end).
+                let stopped = |run: f64, terms: u32| {
+                    if held {
+                        exe_with(run, j.restart_s).1.max(terms)
+                    } else {
+                        terms
+                    }
                 };
                 let (exe_s, terms) = exe(median);
                 // The conservative quantile of an uncertain estimate.
@@ -345,14 +369,15 @@ impl UniSched {
                         let left = s.by - snap.now - self.config.deadline_margin_s;
                         let q = ((left / lease).floor().max(0.0) as u32).min(horizon);
                         // Running from now on it finishes by D_f: met.
-                        let met = |exe_s: f64, terms: u32| {
+                        let met = |exe_s: f64, terms: u32, run: f64| {
                             let q = if exe_s <= left { q.max(terms) } else { q };
-                            (q >= terms).then(|| (q - 1, s.reward, terms))
+                            (q >= terms).then(|| (q - 1, s.reward, terms, stopped(run, terms)))
                         };
                         // The pessimistic time's terms while the step can
                         // be met so; else the median's (an SLO job is not
                         // given up on because its estimate is unsure).
-                        met(exe_p, terms_p).or_else(|| met(exe_s, terms))
+                        met(exe_p, terms_p, median * pessimism)
+                            .or_else(|| met(exe_s, terms, median))
                     })
                     .collect();
                 Some(Choice {
@@ -474,7 +499,7 @@ impl UniSched {
                 .iter()
                 .filter(|e| e.slo)
                 .flat_map(|e| e.choices.iter().flat_map(|c| c.steps.iter().flatten()))
-                .map(|&(q, _, _)| q)
+                .map(|&(q, _, _, _)| q)
                 .collect(),
             self.config.windows,
         );
@@ -544,7 +569,7 @@ impl UniSched {
                     got_by.push(got.clone());
                     ns.push(n);
                 }
-                for &(before, reward, terms) in c.steps.iter().flatten() {
+                for &(before, reward, terms, if_stopped) in c.steps.iter().flatten() {
                     let w = vars.add(variable().binary());
                     n_vars += 1;
                     constraints.push((w - y).leq(0.0));
@@ -562,7 +587,10 @@ impl UniSched {
                     if before > done && next < ns.len() {
                         have += (f64::from(before - done) / window_len[next]) * ns[next];
                     }
-                    let need = f64::from(terms) * w;
+                    // Run now, it needs L; stopped now, what it needs
+                    // then: `need = L_stopped·w − (L_stopped − L)·x0`
+                    // (x0 ≤ y and w ≤ y: exact at every corner).
+                    let need = f64::from(if_stopped) * w - f64::from(if_stopped - terms) * x0;
                     constraints.push(if printed_eq_5_7 {
                         (have - need).leq(0.0)
                     } else {
@@ -746,6 +774,36 @@ mod tests {
             assert_eq!(held(&plan), vec![("1".into(), 4)], "{}", p.name());
             assert!((plan.stats.objective - 100.0).abs() < 1.0, "{plan:?}");
         }
+    }
+
+    /// A running SLO job with one lease term of slack, whose restart takes
+    /// more than a term: stopped now for best-effort work, it could not
+    /// finish by its deadline once it pays the restart. It keeps its GPUs.
+    /// Counting its terms without the restart it would then no longer pay
+    /// (as the model did) stopped it, and the next round found its
+    /// deadline lost — or, with a far deadline, started it again: the
+    /// GPUs swapped at every lease end.
+    #[test]
+    fn a_running_slo_job_is_not_stopped_on_terms_its_restart_would_overrun() {
+        let mut snap = cluster(
+            1,
+            4,
+            vec![
+                rigid("be", 4.0 * 300.0, 4, None),
+                rigid("slo", 4.0 * 1800.0, 4, Some(3000.0)),
+            ],
+        );
+        snap.jobs[1].current_gpus = 4;
+        snap.jobs[1].current_placement = vec![(0, 4)];
+        snap.jobs[1].restart_s = 700.0;
+        let plan = unisched().schedule(&snap);
+        assert_eq!(held(&plan), vec![("1".into(), 4)], "{plan:?}");
+        assert!(plan.stats.objective >= 100.0, "{plan:?}");
+        // With a restart under the slack, best-effort work goes first.
+        snap.jobs[1].restart_s = 60.0;
+        let plan = unisched().schedule(&snap);
+        assert_eq!(held(&plan), vec![("0".into(), 4)], "{plan:?}");
+        assert!(plan.stats.objective >= 100.0, "{plan:?}");
     }
 
     /// UniSched's Selector: while an SLO job has slack, best-effort work
