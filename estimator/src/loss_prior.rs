@@ -197,6 +197,16 @@ impl LossPrediction {
     pub fn spread(&self) -> f64 {
         (self.high - self.low) as f64 / (self.iterations.max(1)) as f64
     }
+
+    /// The relative spread of the *remaining* iterations after `done`:
+    /// `(high − low)` over the iterations the prediction leaves (at least
+    /// one), at most 4 — what the plan weighs as uncertainty
+    /// (`SchedJob::spread`), as [`crate::curve_prior::remaining_spread`]
+    /// for metric targets.
+    pub fn remaining_spread(&self, done: u64) -> f64 {
+        let left = self.iterations.saturating_sub(done).max(1);
+        ((self.high - self.low) as f64 / left as f64).clamp(0.0, 4.0)
+    }
 }
 
 /// Averages consecutive points into at most `n` buckets.

@@ -745,8 +745,10 @@ pub struct Estimate {
     /// Its target metric per epoch so far (`evals[e − 1]` at epoch `e`),
     /// kept across restarts; empty for a job without a metric target.
     pub evals: Vec<f64>,
-    /// Relative spread of the prediction from `evals` (p90 − p10 epochs
-    /// over the epochs left; 0 = sure or none).
+    /// Relative spread of the prediction: from `evals` for a metric target
+    /// that has evaluated (p90 − p10 epochs over the epochs left), else
+    /// from the loss prior (p90 − p10 iterations over the iterations
+    /// left); 0 = sure or none.
     pub spread: f64,
 }
 

@@ -1143,6 +1143,7 @@ fn profile_estimate(
             Ok(c) => {
                 let (p, prior_note) = predict_loss(job, t, c, cap, prior);
                 est.iterations = Some(p.iterations);
+                est.spread = p.remaining_spread(0);
                 est.curve = Some(curve_to_json(&c));
                 est.note = format!(
                     "fit on {} loss points, quality {:.3}; {prior_note}",
@@ -1235,9 +1236,10 @@ fn refresh_estimate(
     let (p, prior_note) = predict_loss(job, t, c, cap, prior);
     let before = old.and_then(|e| e.iterations);
     let mut e = old.cloned().unwrap_or_default();
-    e.iterations = Some(p.iterations);
-    e.curve = Some(curve_to_json(&c));
     let last = t.trace_iterations.last().copied().unwrap_or(0.0);
+    e.iterations = Some(p.iterations);
+    e.spread = p.remaining_spread(last.max(0.0) as u64);
+    e.curve = Some(curve_to_json(&c));
     e.note = format!(
         "refit on {} loss points of the running process (to iteration {last:.0}), quality {:.3}; {prior_note}",
         t.trace_losses.len(),
@@ -1639,6 +1641,8 @@ pub(crate) mod tests {
             est.note
         );
         assert_eq!(est.curve, Some(curve_to_json(&own)));
+        // The plan weighs its p10–p90 width over the iterations left.
+        assert!(est.spread > 0.0 && est.spread < 0.5, "{}", est.spread);
         // The running process reports the same trace: its own fit did not
         // move, so nothing is re-estimated.
         let running = pb::ObservedTask {
