@@ -5566,6 +5566,20 @@ async fn e2e_estimate_prior_a_metric_target_is_predicted_from_finished_jobs() {
         note.contains("prior of 1 finished roberta-base jobs"),
         "{note}"
     );
+    // Before it evaluated, its profile was estimated with the first job's
+    // fitted loss curve too (the loss prior; the profile's reason says so).
+    let profiled: String = sqlx::query_scalar(
+        "SELECT message FROM job_events WHERE job_id = $1::uuid AND to_state = 'queued'
+         ORDER BY seq LIMIT 1",
+    )
+    .bind(&second)
+    .fetch_one(&mut sqlx::PgConnection::connect(&db_url(&db)).await.unwrap())
+    .await
+    .unwrap();
+    assert!(
+        profiled.contains("loss prior of 1 finished roberta-base jobs"),
+        "{profiled}"
+    );
     let done = all_completed(port, 2, Duration::from_secs(120));
     let weights: Value =
         serde_json::from_str(&std::fs::read_to_string(&done[&second].1).unwrap()).unwrap();

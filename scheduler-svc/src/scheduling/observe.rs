@@ -106,8 +106,8 @@ pub(crate) struct Observed {
     pub bank_new: Vec<crate::persistence::BankPrompt>,
     /// Jobs that completed this round, as they were live.
     pub finished: BTreeMap<JobId, JobRecord>,
-    /// The loss-curve prior per model ([`loss_priors`]), for the models of
-    /// the jobs whose reports this round carry a loss trace.
+    /// The loss-curve prior per model ([`loss_prior_of`]), read this round
+    /// for the models whose jobs needed it.
     pub loss_priors: BTreeMap<String, LossLibrary>,
 }
 
@@ -217,7 +217,6 @@ pub(crate) async fn observe(
     let mut evals: BTreeMap<JobId, Vec<f64>> = BTreeMap::new();
     let mut losses: BTreeMap<JobId, (u64, f64)> = BTreeMap::new();
     let mut own = OwnEvals::new();
-    o.loss_priors = loss_priors(state, &o.live, &nodes).await;
     for n in &nodes {
         for t in &n.observed_tasks {
             let reports = Reports {
@@ -396,54 +395,38 @@ const PRIOR_LOSS_CURVES: i64 = 200;
 /// Least fit quality (R²) of a finished job's loss curve in the prior.
 const PRIOR_LOSS_QUALITY: f64 = 0.5;
 
-/// The loss-curve prior (`estimator::loss_prior`) of every model whose
-/// jobs report a loss trace this round: the fitted Eq. 3 curves of up to
-/// [`PRIOR_LOSS_CURVES`] finished jobs of the model plus the shipped
-/// shapes. One read a round, and none when no report carries a trace. A
-/// failed read leaves the shipped shapes (said in the log).
-async fn loss_priors(
+/// The loss-curve prior (`estimator::loss_prior`) of `model`: the fitted
+/// Eq. 3 curves of up to [`PRIOR_LOSS_CURVES`] finished jobs of the model
+/// plus the shipped shapes. Read at most once a round per model, and only
+/// when one of its jobs is estimated (a profile ended, or a running job's
+/// own fit moved); a failed read leaves the shipped shapes (said in the
+/// log).
+async fn loss_prior_of<'a>(
     state: &AppState,
-    live: &BTreeMap<JobId, JobRecord>,
-    nodes: &[LiveNode],
-) -> BTreeMap<String, LossLibrary> {
-    let mut models: Vec<String> = nodes
-        .iter()
-        .flat_map(|n| &n.observed_tasks)
-        .filter(|t| t.trace_losses.len() >= MIN_LOSS_POINTS)
-        .filter_map(|t| match t.task_id.strip_suffix(PROFILE_SUFFIX) {
-            Some(job) => job.parse().ok().map(|id| vec![id]),
-            None => members_of(&t.task_id),
-        })
-        .flatten()
-        .filter_map(|id| live.get(&id).map(|j| j.spec.model.clone()))
-        .collect();
-    models.sort_unstable();
-    models.dedup();
-    if models.is_empty() {
-        return BTreeMap::new();
-    }
-    let shipped = LossLibrary::shipped();
-    let mut out: BTreeMap<String, LossLibrary> = models
-        .iter()
-        .map(|m| (m.clone(), shipped.clone()))
-        .collect();
-    match state
-        .persistence
-        .finished_loss_curves(&models, PRIOR_LOSS_CURVES, PRIOR_LOSS_QUALITY)
-        .await
-    {
-        Ok(rows) => {
-            for (model, curve) in rows {
-                if let (Some(lib), Some(c)) = (out.get_mut(&model), curve_from_json(&curve)) {
-                    lib.push(&c);
+    priors: &'a mut BTreeMap<String, LossLibrary>,
+    model: &str,
+) -> &'a LossLibrary {
+    if !priors.contains_key(model) {
+        let mut lib = LossLibrary::shipped();
+        match state
+            .persistence
+            .finished_loss_curves(&[model.to_string()], PRIOR_LOSS_CURVES, PRIOR_LOSS_QUALITY)
+            .await
+        {
+            Ok(rows) => {
+                for (_, curve) in rows {
+                    if let Some(c) = curve_from_json(&curve) {
+                        lib.push(&c);
+                    }
                 }
             }
+            Err(err) => {
+                tracing::warn!(error = %err, model, "finished jobs' loss curves not read; predicting from the shipped shapes");
+            }
         }
-        Err(err) => {
-            tracing::warn!(error = %err, "finished jobs' loss curves not read; predicting from the shipped shapes");
-        }
+        priors.insert(model.to_string(), lib);
     }
-    out
+    &priors[model]
 }
 
 /// Jobs with a metric target whose processes reported evaluations (folded
@@ -705,7 +688,7 @@ async fn observe_task(
     // Profiling runs: "<job>-profile".
     if let Some(job_part) = t.task_id.strip_suffix(PROFILE_SUFFIX) {
         if let Ok(id) = job_part.parse::<JobId>() {
-            observe_profile_run(est, o, n, t, id).await;
+            observe_profile_run(state, est, o, n, t, id).await;
         }
         return;
     }
@@ -811,7 +794,7 @@ async fn observe_task(
             }
         }
     }
-    learn_from_running(lut, est, o, n, t, &members, phase).await;
+    learn_from_running(state, lut, est, o, n, t, &members, phase).await;
     for &id in &members {
         let Some(job) = o.live.get(&id) else { continue };
         if job.state != JobState::Running {
@@ -871,20 +854,30 @@ fn gang_placement(plan: &[Assignment], job: JobId, world_size: u32) -> Option<St
 /// measured (estimates; its step time teaches the estimator's table). A
 /// run still going leaves the job profiling: it must not be scheduled yet.
 async fn observe_profile_run(
+    state: &AppState,
     est: &Estimates,
     o: &mut Observed,
     n: &LiveNode,
     t: &pb::ObservedTask,
     id: JobId,
 ) {
-    let Some(j) = o
+    let Some(model) = o
         .live
-        .get_mut(&id)
+        .get(&id)
         .filter(|j| j.state == JobState::Profiling)
+        .map(|j| j.spec.model.clone())
     else {
         return;
     };
-    let Some((learned, reason)) = profile_estimate(j, t, o.loss_priors.get(&j.spec.model)) else {
+    let fits =
+        t.phase == pb::TaskPhase::Succeeded as i32 && t.trace_losses.len() >= MIN_LOSS_POINTS;
+    if fits {
+        loss_prior_of(state, &mut o.loss_priors, &model).await;
+    }
+    let Some(j) = o.live.get_mut(&id) else {
+        return;
+    };
+    let Some((learned, reason)) = profile_estimate(j, t, o.loss_priors.get(&model)) else {
         return;
     };
     tracing::info!(job_id = %id, %reason, "profiling done");
@@ -1000,6 +993,7 @@ fn failed(
 /// merge, training from A's weights, shows the transfer gain it got.
 #[allow(clippy::too_many_arguments)]
 async fn learn_from_running(
+    state: &AppState,
     lut: &Lut,
     est: &Estimates,
     o: &mut Observed,
@@ -1092,12 +1086,9 @@ async fn learn_from_running(
             tracing::warn!(job_id = %id, error = %e, "step time not recorded");
         }
     }
-    if let Some(e) = refresh_estimate(
-        job,
-        t,
-        o.estimates.get(&id),
-        o.loss_priors.get(&job.spec.model),
-    ) {
+    if let Some(refit) = loss_refit(job, t, o.estimates.get(&id)) {
+        let prior = loss_prior_of(state, &mut o.loss_priors, &job.spec.model).await;
+        let e = refreshed_estimate(job, t, o.estimates.get(&id), refit, prior);
         o.writes.estimates.push((id, e.clone()));
         o.estimates.insert(id, e);
     }
@@ -1151,8 +1142,13 @@ fn profile_estimate(
                     c.quality
                 );
                 format!(
-                    "profiled: about {} iterations to converge (Eq. 2 over the loss prior, p10-p90 {}-{}; own fit quality {:.2})",
-                    p.iterations, p.low, p.high, c.quality
+                    "profiled: about {} iterations to converge (Eq. 2 over the loss prior of {} finished {} jobs, p10-p90 {}-{}; own fit quality {:.2})",
+                    p.iterations,
+                    prior.map_or(0, LossLibrary::jobs),
+                    job.spec.model,
+                    p.low,
+                    p.high,
+                    c.quality
                 )
             }
             Err(e) => {
@@ -1198,17 +1194,16 @@ fn predict_loss(
 }
 
 /// Refits a running job's loss curve (Eq. 3) on the trace its process
-/// reported and, when the job's own fit moved by more than 5 % in Eq. 2's
-/// terms since the stored one (the profile saw 50 steps, the running job
-/// sees many more), predicts its iterations to converge again with the
-/// loss prior ([`predict_loss`]). A trace too short or too noisy to fit
-/// leaves the estimate alone.
-fn refresh_estimate(
+/// reported; `Some((fit, cap))` when its own fit moved by more than 5 % in
+/// Eq. 2's terms since the stored one (the profile saw 50 steps, the
+/// running job sees many more): then [`refreshed_estimate`] predicts its
+/// iterations to converge again with the loss prior. A trace too short or
+/// too noisy to fit leaves the estimate alone.
+fn loss_refit(
     job: &JobRecord,
     t: &pb::ObservedTask,
     old: Option<&Estimate>,
-    prior: Option<&LossLibrary>,
-) -> Option<Estimate> {
+) -> Option<(LossCurve, u64)> {
     const MIN_POINTS: usize = 20;
     const MIN_QUALITY: f64 = 0.5;
     if t.trace_losses.len() < MIN_POINTS {
@@ -1233,7 +1228,19 @@ fn refresh_estimate(
     if stored.is_some_and(|b| (own as f64 - b as f64).abs() <= 0.05 * b as f64) {
         return None;
     }
-    let (p, prior_note) = predict_loss(job, t, c, cap, prior);
+    Some((c, cap))
+}
+
+/// A running job's estimate after [`loss_refit`]: the loss prior's
+/// iterations and spread ([`predict_loss`]), its new own fit stored.
+fn refreshed_estimate(
+    job: &JobRecord,
+    t: &pb::ObservedTask,
+    old: Option<&Estimate>,
+    (c, cap): (LossCurve, u64),
+    prior: &LossLibrary,
+) -> Estimate {
+    let (p, prior_note) = predict_loss(job, t, c, cap, Some(prior));
     let before = old.and_then(|e| e.iterations);
     let mut e = old.cloned().unwrap_or_default();
     let last = t.trace_iterations.last().copied().unwrap_or(0.0);
@@ -1245,8 +1252,8 @@ fn refresh_estimate(
         t.trace_losses.len(),
         c.quality
     );
-    tracing::info!(job_id = %job.id, iterations = p.iterations, own_fit = own, before = ?before, quality = c.quality, "estimate refreshed from the running process");
-    Some(e)
+    tracing::info!(job_id = %job.id, iterations = p.iterations, own_fit = p.fit_iterations, before = ?before, quality = c.quality, "estimate refreshed from the running process");
+    e
 }
 
 fn curve_to_json(c: &LossCurve) -> serde_json::Value {
@@ -1650,11 +1657,12 @@ pub(crate) mod tests {
             phase: pb::TaskPhase::Running as i32,
             ..t.clone()
         };
-        assert!(refresh_estimate(&j, &running, Some(&est), Some(&lib)).is_none());
+        assert!(loss_refit(&j, &running, Some(&est)).is_none());
         // Stored with a very different fit, it is re-estimated with the prior.
         let mut stale = est.clone();
         stale.curve = Some(curve_to_json(&LossCurve::new(0.0, 1.0, 1.0, 0.0)));
-        let e = refresh_estimate(&j, &running, Some(&stale), Some(&lib)).unwrap();
+        let refit = loss_refit(&j, &running, Some(&stale)).unwrap();
+        let e = refreshed_estimate(&j, &running, Some(&stale), refit, &lib);
         assert_eq!(e.iterations, est.iterations);
         assert!(e.note.starts_with("refit on"), "{}", e.note);
     }
