@@ -747,8 +747,8 @@ pub struct Estimate {
     pub evals: Vec<f64>,
     /// Relative spread of the prediction: from `evals` for a metric target
     /// that has evaluated (p90 − p10 epochs over the epochs left), else
-    /// from the loss prior (p90 − p10 iterations over the iterations
-    /// left); 0 = sure or none.
+    /// from the loss prior once finished jobs of the model inform it (p90 −
+    /// p10 iterations over the iterations left); 0 = sure or none.
     pub spread: f64,
 }
 
