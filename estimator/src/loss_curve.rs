@@ -154,10 +154,16 @@ fn check_points(field: &'static str, xs: &[f64], ys: &[f64], min: usize) -> Resu
 /// Averages consecutive points into at most `FIT_POINTS` buckets (keeps the
 /// fit fast on long traces and damps step-to-step noise).
 fn bucket(xs: &[f64], ys: &[f64]) -> (Vec<f64>, Vec<f64>) {
-    if xs.len() <= FIT_POINTS {
+    buckets(xs, ys, FIT_POINTS)
+}
+
+/// Averages consecutive points into at most `n` buckets of equal count
+/// (the points as they are when there are no more than `n`).
+pub(crate) fn buckets(xs: &[f64], ys: &[f64], n: usize) -> (Vec<f64>, Vec<f64>) {
+    if xs.len() <= n {
         return (xs.to_vec(), ys.to_vec());
     }
-    let per = xs.len().div_ceil(FIT_POINTS);
+    let per = xs.len().div_ceil(n.max(1));
     xs.chunks(per)
         .zip(ys.chunks(per))
         .map(|(a, b)| {

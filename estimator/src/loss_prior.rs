@@ -49,7 +49,7 @@
 
 use crate::curve_prior::quantile;
 use crate::loss_curve::{
-    FitError, LossCurve, PLATEAU_THRESHOLD, fit_loss_curve, iterations_to_converge,
+    FitError, LossCurve, PLATEAU_THRESHOLD, buckets, fit_loss_curve, iterations_to_converge,
 };
 
 /// Half-life grid: ratio between neighbours.
@@ -152,7 +152,10 @@ impl LossLibrary {
     /// 80 % of the starting loss (12 values) times second-order shares 0,
     /// 0.1, 0.3, 0.6 and 1 — 60 shapes spanning Eq. 3, together
     /// [`SHAPES_MASS`] jobs' worth. Shapes, not data: with them alone the
-    /// prediction is the job's own fit with its extremes averaged out.
+    /// job's own fit decides (on `estimator-accuracy`'s synthetic curves the
+    /// median prediction equals the own fit's for every curve); what they
+    /// add is a spread, which says little of the model (the service does
+    /// not weigh it).
     pub fn shipped() -> Self {
         let mut shapes = Vec::with_capacity(60);
         for floor in [
@@ -207,20 +210,6 @@ impl LossPrediction {
         let left = self.iterations.saturating_sub(done).max(1);
         ((self.high - self.low) as f64 / left as f64).clamp(0.0, 4.0)
     }
-}
-
-/// Averages consecutive points into at most `n` buckets.
-fn buckets(xs: &[f64], ys: &[f64], n: usize) -> (Vec<f64>, Vec<f64>) {
-    let per = xs.len().div_ceil(n).max(1);
-    xs.chunks(per)
-        .zip(ys.chunks(per))
-        .map(|(a, b)| {
-            (
-                a.iter().sum::<f64>() / a.len() as f64,
-                b.iter().sum::<f64>() / b.len() as f64,
-            )
-        })
-        .unzip()
 }
 
 /// Predicts a job's iterations to converge (Eq. 2, capped at `cap`) from
