@@ -1965,41 +1965,27 @@ impl Persistence {
             .collect()
     }
 
-    /// The fitted Eq. 3 loss curves (quality ≥ `min_quality`) of the
-    /// `per_model` most recently submitted completed jobs of each of
-    /// `models`, as `(model, curve JSON)`.
+    /// The fitted Eq. 3 loss curves (JSON, quality ≥ `min_quality`) of the
+    /// `limit` most recently submitted completed jobs of `model`.
     pub async fn finished_loss_curves(
         &self,
-        models: &[String],
-        per_model: i64,
+        model: &str,
+        limit: i64,
         min_quality: f64,
-    ) -> Result<Vec<(String, serde_json::Value)>, PersistenceError> {
-        const OP: &str = "finished_loss_curves";
-        let rows = sqlx::query(
-            "SELECT model, curve FROM (
-                 SELECT j.model, e.curve,
-                        row_number() OVER (PARTITION BY j.model ORDER BY j.id DESC) AS n
-                 FROM jobs j JOIN job_estimates e ON e.job_id = j.id
-                 WHERE j.state = 'completed' AND j.model = ANY($1) AND e.curve IS NOT NULL
-                   AND jsonb_typeof(e.curve -> 'quality') = 'number'
-                   AND (e.curve ->> 'quality')::float8 >= $3
-             ) c WHERE n <= $2",
+    ) -> Result<Vec<serde_json::Value>, PersistenceError> {
+        sqlx::query_scalar(
+            "SELECT e.curve FROM jobs j JOIN job_estimates e ON e.job_id = j.id
+             WHERE j.state = 'completed' AND j.model = $1 AND e.curve IS NOT NULL
+               AND jsonb_typeof(e.curve -> 'quality') = 'number'
+               AND (e.curve ->> 'quality')::float8 >= $3
+             ORDER BY j.id DESC LIMIT $2",
         )
-        .bind(models)
-        .bind(per_model)
+        .bind(model)
+        .bind(limit)
         .bind(min_quality)
         .fetch_all(&self.pool)
         .await
-        .map_err(db_err(OP))?;
-        rows.into_iter()
-            .map(|r| {
-                let get = |e: sqlx::Error| corrupt(OP, e.to_string());
-                Ok((
-                    r.try_get("model").map_err(get)?,
-                    r.try_get("curve").map_err(get)?,
-                ))
-            })
-            .collect()
+        .map_err(db_err("finished_loss_curves"))
     }
 
     /// Iterations done and newest checkpoint of every job that reported.

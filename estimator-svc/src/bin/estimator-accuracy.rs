@@ -20,7 +20,7 @@ use estimator_svc::loss_curve::{
     LossCurve, PLATEAU_THRESHOLD, TargetPrediction, fit_loss_curve, fit_metric_curve,
     iterations_to_converge,
 };
-use estimator_svc::loss_prior::{self, LossLibrary, predict_iterations};
+use estimator_svc::loss_prior::{self, LossLibrary, predict_iterations, predict_with_fit};
 use estimator_svc::lut::{Lut, ThroughputKey, Variant};
 use estimator_svc::times::{JobInput, MergeMode, PairInput, time_table, ymir_allocations};
 use estimator_svc::transfer::{TaskEmbedding, temporal_scores};
@@ -157,15 +157,15 @@ fn synthetic(rng: &mut Rng) -> Synthetic {
         {
             learned.push(f);
         }
-        let (Ok(p), Ok(q)) = (
-            predict_iterations(&shipped, ks, ls, CAP),
-            predict_iterations(&learned, ks, ls, CAP),
-        ) else {
+        // One fit of the half trace, shared by both priors.
+        let Ok(fit) = fit_loss_curve(ks, ls) else {
             for st in [&mut s.half_fit, &mut s.half_shipped, &mut s.half_learned] {
                 st.push(100.0);
             }
             continue;
         };
+        let p = predict_with_fit(&shipped, ks, ls, fit, CAP);
+        let q = predict_with_fit(&learned, ks, ls, fit, CAP);
         s.half_fit.push(ape(p.fit_iterations as f64, *k_true));
         s.half_shipped.push(ape(p.iterations as f64, *k_true));
         s.half_learned.push(ape(q.iterations as f64, *k_true));

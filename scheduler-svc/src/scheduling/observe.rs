@@ -410,11 +410,11 @@ async fn loss_prior_of<'a>(
         let mut lib = LossLibrary::shipped();
         match state
             .persistence
-            .finished_loss_curves(&[model.to_string()], PRIOR_LOSS_CURVES, PRIOR_LOSS_QUALITY)
+            .finished_loss_curves(model, PRIOR_LOSS_CURVES, PRIOR_LOSS_QUALITY)
             .await
         {
             Ok(rows) => {
-                for (_, curve) in rows {
+                for curve in rows {
                     if let Some(c) = curve_from_json(&curve) {
                         lib.push(&c);
                     }
@@ -1096,7 +1096,7 @@ async fn learn_from_running(
 
 /// Turns an ended profiling run into estimates (Ymir §4: Eq. 3 fit, Eq. 2
 /// iterations — here over the loss prior of the model's finished jobs,
-/// [`loss_prior_note`]; the Task2Vec embedding kept for transferability)
+/// [`predict_loss`]; the Task2Vec embedding kept for transferability)
 /// and the reason its job is queued. A run that failed or whose trace
 /// cannot support a fit still queues the job, with the reason in its
 /// estimates. None while the run has not ended.
