@@ -364,12 +364,26 @@ pub struct JobResult {
     pub class: SloClass,
     /// Its reward steps (absolute seconds), empty for best-effort.
     pub deadlines: Vec<RewardStep>,
+    /// A floor under its JCT: started once, alone at its requested GPUs,
+    /// with no wait; and when profiling runs and its work outlasts the
+    /// profiling run even at that speed, a second start (the profiling run
+    /// trains at one replica's speed at most, then stops). A deadline
+    /// before `submit_s` plus this is one no schedule at that size meets.
+    pub best_case_s: f64,
 }
 
 impl JobResult {
     /// The reward it earned (SLO jobs; [`slo::reward_at`]).
     pub fn reward(&self) -> Option<f64> {
         (!self.deadlines.is_empty()).then(|| slo::reward_at(&self.deadlines, self.finish_s))
+    }
+
+    /// An SLO job whose first deadline comes before its best case
+    /// ([`JobResult::best_case_s`]): no policy could have met it.
+    pub fn unreachable(&self) -> bool {
+        self.deadlines
+            .first()
+            .is_some_and(|d| d.by < self.submit_s + self.best_case_s)
     }
 }
 
@@ -517,6 +531,10 @@ struct Job {
     /// `n` observed epochs and the relative spread of the remaining time,
     /// by `n` (empty: exact estimates).
     predicted_epochs: Vec<(f64, f64)>,
+    /// A job that stops on a metric target: its user's maximum epochs,
+    /// what a policy without an iteration estimator plans it at
+    /// ([`Policy::iteration_estimator`]); None: it stops on its budget.
+    budget_epochs: Option<f64>,
     /// Samples the current path needs, and has done.
     target: f64,
     done: f64,
@@ -592,6 +610,9 @@ pub struct Simulation<'a> {
     now: f64,
     busy_gpu_s: f64,
     stats: SimResult,
+    /// The deciding policy's [`Policy::iteration_estimator`], set each
+    /// round.
+    iteration_estimator: bool,
 }
 
 fn placement_string(p: &[(usize, u32)]) -> String {
@@ -739,6 +760,15 @@ impl<'a> Simulation<'a> {
                 }
                 _ => Vec::new(),
             };
+            // Its user's maximum: a multiple of its work (generated
+            // workloads), or the whole curve for a metric target on a
+            // per-epoch curve (published workloads).
+            let budget_epochs = match (w.max_work_x, work, w.target_metric) {
+                (Some(x), _, _) => Some(x * epochs),
+                (None, Some(Work::Curve(curve)), Some(_)) => Some(curve.len() as f64),
+                _ => None,
+            }
+            .filter(|&b| b > epochs);
             let config = match configs
                 .iter()
                 .position(|c| c.0 == lut_model && c.1 == layers && c.2 == variant)
@@ -760,6 +790,7 @@ impl<'a> Simulation<'a> {
                 samples_per_epoch: samples,
                 alone_epochs: epochs,
                 predicted_epochs,
+                budget_epochs,
                 target: epochs * samples,
                 done: 0.0,
                 phase: Phase::NotArrived,
@@ -843,6 +874,7 @@ impl<'a> Simulation<'a> {
             version: 1,
             now: 0.0,
             busy_gpu_s: 0.0,
+            iteration_estimator: true,
             stats: SimResult {
                 policy: String::new(),
                 jobs: Vec::new(),
@@ -910,12 +942,26 @@ impl<'a> Simulation<'a> {
             .unwrap_or(1.0))
     }
 
+    /// What a policy without an iteration estimator plans job `i` at: its
+    /// user's maximum over its true remaining work (≥ 1); None for a job
+    /// that stops on its budget, a merged one, or an estimating policy.
+    fn budget_factor(&self, i: usize) -> Option<f64> {
+        let j = &self.jobs[i];
+        if self.iteration_estimator || j.merged.is_some() {
+            return None;
+        }
+        let budget = j.budget_epochs? * j.samples_per_epoch;
+        let truth = self.remaining(i);
+        (truth > 0.0).then(|| ((budget - j.done).max(truth) / truth).min(1e6))
+    }
+
     /// The learned estimator's (epochs, spread) for job `i` now: from the
     /// epochs it has done (at least the profiled ones); None without
-    /// learned estimates or while it is merged.
+    /// learned estimates, while it is merged, or under a policy that plans
+    /// it at its maximum.
     fn learned_now(&self, i: usize) -> Option<(f64, f64)> {
         let j = &self.jobs[i];
-        if j.predicted_epochs.is_empty() || j.merged.is_some() {
+        if j.predicted_epochs.is_empty() || j.merged.is_some() || self.budget_factor(i).is_some() {
             return None;
         }
         let seen = ((j.done / j.samples_per_epoch).floor() as usize)
@@ -924,10 +970,14 @@ impl<'a> Simulation<'a> {
         Some(j.predicted_epochs[seen])
     }
 
-    /// The estimation-error factor of job `i` now: the learned estimator's
-    /// predicted over true remaining work, or the fixed noise factor (1:
-    /// exact).
+    /// The estimation-error factor of job `i` now: its maximum over its
+    /// true remaining work under a policy without an iteration estimator,
+    /// the learned estimator's predicted over true remaining work, or the
+    /// fixed noise factor (1: exact).
     fn noise_factor(&self, i: usize) -> f64 {
+        if let Some(f) = self.budget_factor(i) {
+            return f;
+        }
         let j = &self.jobs[i];
         if let Some((epochs, _)) = self.learned_now(i) {
             let truth = self.remaining(i);
@@ -1477,6 +1527,14 @@ impl<'a> Simulation<'a> {
                     },
                     class: j.w.slo.class(),
                     deadlines: j.deadlines.clone(),
+                    best_case_s: j.ideal_s
+                        + if self.cfg.profile_s > 0.0
+                            && j.ideal_s - j.restart_s > self.cfg.profile_s
+                        {
+                            j.restart_s
+                        } else {
+                            0.0
+                        },
                 }
             })
             .collect();
@@ -1815,6 +1873,7 @@ impl<'a> Simulation<'a> {
     /// from the catalog and the LUT (the oracle estimator).
     fn round(&mut self, policy: &dyn Policy, catalog: &Catalog) -> Result<(), SimError> {
         self.version += 1;
+        self.iteration_estimator = policy.iteration_estimator();
         if self.cfg.layers == LayerMode::Freezeout {
             for j in &mut self.jobs {
                 let p = if j.target > 0.0 {

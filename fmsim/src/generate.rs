@@ -264,6 +264,7 @@ pub fn generate(cfg: &GenConfig, catalog: &Catalog, lut: &Lut) -> Result<Vec<Wor
             expert_parallel,
             slo: Default::default(),
             queueing: Default::default(),
+            max_work_x: None,
         });
     }
     Ok(out)
@@ -536,6 +537,7 @@ pub fn icefrog_workload(
             expert_parallel: 0,
             slo: Default::default(),
             queueing: Default::default(),
+            max_work_x: None,
         });
     }
     Ok(out)

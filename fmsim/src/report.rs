@@ -41,6 +41,13 @@ pub struct Summary {
     pub slo_attainment: f64,
     /// SLO jobs that missed their (first) deadline.
     pub deadline_misses: usize,
+    /// SLO jobs whose first deadline comes before the floor under their
+    /// JCT ([`crate::engine::JobResult::unreachable`]): every policy misses
+    /// them. The same for every policy on one workload and cluster.
+    pub slo_unreachable: usize,
+    /// `R^slo` over the other SLO jobs: what the policy lost of what it
+    /// could have earned.
+    pub slo_violation_reachable: f64,
     /// Mean restarts (suspend/resume) per SLO job.
     pub slo_suspensions: f64,
     /// Mean JCT of best-effort jobs, hours.
@@ -77,6 +84,11 @@ pub fn summarize(r: &SimResult) -> Summary {
             .map(|j| slo::violation(&j.deadlines, j.finish_s))
             .collect::<Vec<_>>(),
     );
+    let reachable: Vec<f64> = slo
+        .iter()
+        .filter(|j| !j.unreachable())
+        .map(|j| slo::violation(&j.deadlines, j.finish_s))
+        .collect();
     Summary {
         policy: r.policy.clone(),
         jobs: r.jobs.len(),
@@ -104,6 +116,8 @@ pub fn summarize(r: &SimResult) -> Summary {
             .iter()
             .filter(|j| j.deadlines.first().is_some_and(|d| j.finish_s > d.by))
             .count(),
+        slo_unreachable: slo.len() - reachable.len(),
+        slo_violation_reachable: mean(&reachable),
         slo_suspensions: mean(
             &slo.iter()
                 .map(|j| f64::from(j.restarts))
@@ -163,12 +177,14 @@ pub fn table(rows: &[Summary]) -> String {
     if rows.iter().any(|r| r.slo_jobs > 0) {
         let _ = writeln!(
             s,
-            "\n{:<14} {:>8} {:>13} {:>11} {:>7} {:>13} {:>12} {:>12} {:>12}",
+            "\n{:<14} {:>8} {:>13} {:>11} {:>7} {:>11} {:>12} {:>13} {:>12} {:>12} {:>12}",
             "policy",
             "slo_jobs",
             "R_slo_violat",
             "attainment",
             "misses",
+            "unreachable",
+            "R_slo_reach",
             "susp_per_slo",
             "be_avg_jct_h",
             "round_avg_ms",
@@ -177,12 +193,14 @@ pub fn table(rows: &[Summary]) -> String {
         for r in rows {
             let _ = writeln!(
                 s,
-                "{:<14} {:>8} {:>12.2}% {:>10.2}% {:>7} {:>13.2} {:>12.3} {:>12.1} {:>12.1}",
+                "{:<14} {:>8} {:>12.2}% {:>10.2}% {:>7} {:>11} {:>11.2}% {:>13.2} {:>12.3} {:>12.1} {:>12.1}",
                 r.policy,
                 r.slo_jobs,
                 100.0 * r.slo_violation,
                 100.0 * r.slo_attainment,
                 r.deadline_misses,
+                r.slo_unreachable,
+                100.0 * r.slo_violation_reachable,
                 r.slo_suspensions,
                 r.be_avg_jct_h,
                 r.round_mean_ms,
@@ -207,6 +225,7 @@ pub fn to_json(rows: &[Summary]) -> serde_json::Value {
                 "wall_s": r.wall_s,
                 "slo_jobs": r.slo_jobs, "slo_violation": r.slo_violation,
                 "slo_attainment": r.slo_attainment, "deadline_misses": r.deadline_misses,
+                "slo_unreachable": r.slo_unreachable, "slo_violation_reachable": r.slo_violation_reachable,
                 "slo_suspensions": r.slo_suspensions, "be_avg_jct_h": r.be_avg_jct_h,
             }))
             .collect::<Vec<_>>()

@@ -1176,6 +1176,7 @@ pub fn live_specs(jobs: &[LiveJob], catalog: &Catalog, fallback_model: &str) -> 
                 expert_parallel: 0,
                 slo: Default::default(),
                 queueing: Default::default(),
+                max_work_x: None,
             }
         })
         .collect()
@@ -1230,6 +1231,7 @@ mod tests {
             expert_parallel: 0,
             slo: Default::default(),
             queueing: Default::default(),
+            max_work_x: None,
         }
     }
 

@@ -51,6 +51,7 @@ fn one_gpu_job(name: &str, task: &str, submit_s: f64, sharing: bool) -> Workload
         expert_parallel: 0,
         slo: Default::default(),
         queueing: Default::default(),
+        max_work_x: None,
     }
 }
 
@@ -575,6 +576,121 @@ fn deadline_policies_preempt_best_effort_work_to_meet_a_deadline() {
             assert_eq!((s.slo_violation, s.deadline_misses), (1.0, 1), "{policy}");
         }
         assert!(s.be_avg_jct_h.is_finite(), "{policy}");
+    }
+}
+
+/// A job that stops on a metric target (the thesis' performance-based
+/// stopping criterion, §5.4.2): its user's maximum is 2.5 × the work it
+/// does, its deadline 2 × its time alone, and a best-effort job of 1.5 ×
+/// its work arrives with it. Chronus as published plans it at its maximum,
+/// finds the deadline lost and runs it by shortest remaining time after the
+/// best-effort job: it misses. UniSched, and Chronus with the estimator
+/// (`iteration_estimator=1`), plan it at its work and meet the deadline.
+#[test]
+fn deadline_a_metric_target_job_is_planned_at_its_maximum_without_the_iteration_estimator() {
+    use fmsched_core::policy::baselines::with_knobs;
+    use fmsim::workload::SloSpec;
+    use std::collections::BTreeMap;
+    let catalog = Catalog::default_synthetic();
+    let job = |name: &str, epochs: f64| WorkloadJob {
+        gpus: 4,
+        max_gpus: 4,
+        batch: 128,
+        epochs: Some(epochs),
+        ..one_gpu_job(name, "qnli", 0.0, false)
+    };
+    let slo = WorkloadJob {
+        slo: SloSpec {
+            class: None,
+            deadline_s: None,
+            deadline_x: Some(2.0),
+        },
+        max_work_x: Some(2.5),
+        ..job("slo", 2.0)
+    };
+    let jobs = [job("be", 3.0), slo];
+    let cfg = SimConfig {
+        profile_s: 0.0,
+        ..SimConfig::uniform(1, 4, "V100")
+    };
+    let lut = analytic::default_lut().unwrap();
+    for (policy, knob, met) in [
+        ("unisched", None, true),
+        ("chronus", Some(1.0), true),
+        ("chronus", None, false),
+        ("chronus", Some(0.0), false),
+    ] {
+        let knobs: BTreeMap<String, f64> = knob
+            .map(|v| ("iteration_estimator".to_string(), v))
+            .into_iter()
+            .collect();
+        let p = with_knobs(policy, &knobs).unwrap();
+        let r = Simulation::new(cfg.clone(), &lut, &catalog, &jobs)
+            .unwrap()
+            .run(p.as_ref(), &catalog, |_, _| {})
+            .unwrap();
+        let slo = r.jobs.iter().find(|j| j.name == "slo").unwrap();
+        let be = r.jobs.iter().find(|j| j.name == "be").unwrap();
+        assert_eq!(
+            slo.reward(),
+            Some(if met { 100.0 } else { 0.0 }),
+            "{policy} {knob:?}: {slo:?} {be:?}"
+        );
+        assert_eq!(slo.finish_s < be.finish_s, met, "{policy} {knob:?}");
+    }
+}
+
+/// A deadline before the floor under the job's JCT (alone at its request,
+/// no wait, and the second start after a profiling run its work outlasts)
+/// is missed by every policy; the SLO summary counts it as unreachable and
+/// leaves it out of `R_slo` over reachable deadlines, where a met one
+/// counts in full.
+#[test]
+fn deadline_unreachable_by_any_policy_is_counted_apart() {
+    use fmsim::workload::SloSpec;
+    let catalog = Catalog::default_synthetic();
+    let with_deadline = |name: &str, x: f64, t: f64| WorkloadJob {
+        slo: SloSpec {
+            class: None,
+            deadline_s: None,
+            deadline_x: Some(x),
+        },
+        epochs: Some(10.0),
+        ..one_gpu_job(name, "rte", t, false)
+    };
+    // One job on each of two GPUs: nothing waits for anything.
+    let jobs = [
+        with_deadline("tight", 1.01, 0.0),
+        with_deadline("loose", 4.0, 0.0),
+    ];
+    let cfg = SimConfig::uniform(1, 2, "V100");
+    for policy in ["unisched", "chronus", "edf", "hydra", "fifo"] {
+        let r = run(policy, &cfg, &catalog, &jobs);
+        let tight = r.jobs.iter().find(|j| j.name == "tight").unwrap();
+        let loose = r.jobs.iter().find(|j| j.name == "loose").unwrap();
+        assert!(
+            tight.unreachable() && !loose.unreachable(),
+            "{policy}: {tight:?}"
+        );
+        // Its work outlasts the profiling run: a second start.
+        assert!(tight.best_case_s > tight.jct_s / tight.ftf, "{tight:?}");
+        assert!(tight.jct_s >= tight.best_case_s, "{policy}: {tight:?}");
+        assert_eq!(
+            (tight.reward(), loose.reward()),
+            (Some(0.0), Some(100.0)),
+            "{policy}"
+        );
+        let s = summarize(&r);
+        assert_eq!(
+            (s.slo_jobs, s.deadline_misses, s.slo_unreachable),
+            (2, 1, 1),
+            "{policy}"
+        );
+        assert_eq!(
+            (s.slo_violation, s.slo_violation_reachable),
+            (0.5, 0.0),
+            "{policy}"
+        );
     }
 }
 

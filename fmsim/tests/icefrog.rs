@@ -42,6 +42,7 @@ fn job(name: &str, t: f64, batch: u32, gpu_h: f64) -> WorkloadJob {
         expert_parallel: 0,
         slo: Default::default(),
         queueing: Default::default(),
+        max_work_x: None,
     }
 }
 

@@ -607,9 +607,11 @@ pub fn with_knobs(
         "unisched" | "chronus" => {
             let mut c = UniSchedConfig {
                 chronus: name == "chronus",
+                iteration_estimator: name == "unisched",
                 ..Default::default()
             };
             let (mut windows, mut horizon) = (c.windows as f64, f64::from(c.horizon_terms));
+            let mut estimator = if c.iteration_estimator { 1.0 } else { 0.0 };
             take("interval_s", &mut c.interval_s);
             take("be_lease_s", &mut c.be_lease_s);
             take("slo_lease_s", &mut c.slo_lease_s);
@@ -620,6 +622,8 @@ pub fn with_knobs(
             take("slack_weight", &mut c.slack_weight);
             take("deadline_margin_s", &mut c.deadline_margin_s);
             take("risk_weight", &mut c.risk_weight);
+            take("iteration_estimator", &mut estimator);
+            c.iteration_estimator = estimator != 0.0;
             c.windows = windows.max(1.0) as usize;
             c.horizon_terms = horizon.clamp(1.0, 1e6) as u32;
             Box::new(UniSched::new(c))
@@ -692,6 +696,7 @@ pub fn knob_names(name: &str) -> Option<&'static [&'static str]> {
             "slack_weight",
             "deadline_margin_s",
             "risk_weight",
+            "iteration_estimator",
         ],
         "ymir" | "ymir-no-merge" => &[
             "interval_s",

@@ -9,7 +9,7 @@
 //! | EDF | earliest upcoming deadline first, then best-effort by arrival; preemptive, backfilling | 60 s |
 //! | Hydra-style | SLO above best-effort, shortest remaining time first inside each; no preemption | 60 s |
 //! | UniSched | the reward ILP below over SLO and best-effort jobs together; leases of 10 min (SLO) and 5 min (best-effort) | 60 s |
-//! | Chronus | the same ILP over SLO jobs only, at their requested GPUs, strict consolidation (Eq. 5.14); best-effort jobs take what is left, shortest remaining time first | 60 s |
+//! | Chronus | the same ILP over SLO jobs only, at their requested GPUs, strict consolidation (Eq. 5.14); best-effort jobs take what is left, shortest remaining time first; a job that stops on a metric target is planned at its maximum iterations (no iteration estimator) | 60 s |
 //!
 //! The thesis runs a round per best-effort lease (5 min). Here rounds run
 //! every minute and the leases keep their lengths: a job under a lease is
@@ -18,6 +18,16 @@
 //! generated MIX1 workload (150 jobs, 12 × 8 A100) that wait alone took
 //! the weighted SLO violation from 4.8 % to 30.1 %: deadlines of 1.1–2 ×
 //! a job's time alone leave a short job less slack than one cycle.
+//!
+//! **Stopping criteria (§5.3.2.2).** A job that stops on a metric target
+//! ends when it reaches it, before its user's maximum iterations. UniSched
+//! plans it at the estimator's prediction; Chronus as published has no
+//! such estimator and plans it at the maximum, reserving lease terms it
+//! will not use and giving up deadlines that the maximum would miss
+//! ([`Policy::iteration_estimator`]; the knob `iteration_estimator=1` gives
+//! "Chronus with the Estimator", the thesis' §5.6.3 variant, and `0` on
+//! UniSched is Fig. 5.9b's ablation). The policy sees times; the service
+//! and fmsim build them by this flag.
 //!
 //! ## The UniSched ILP (Eq. 5.4–5.14), as built here
 //! Time is cut into SLO lease terms of `T_lease` seconds; slot 0 is the
@@ -239,6 +249,12 @@ pub struct UniSchedConfig {
     /// Chronus: SLO jobs only in the ILP, at their requested GPUs, with
     /// strict consolidation; best-effort jobs get what is left by SRTF.
     pub chronus: bool,
+    /// Whether metric-target jobs are planned at the estimator's predicted
+    /// iterations ([`Policy::iteration_estimator`]). UniSched has the
+    /// estimator; Chronus as published plans them at their maximum (the
+    /// `chronus` policy's default, knob `iteration_estimator`: 1 gives
+    /// "Chronus with the Estimator" of §5.6.3).
+    pub iteration_estimator: bool,
     /// κ: a job's time is planned at the pessimistic `T·(1 + κ·spread/2)`
     /// (its estimate's relative p10–p90 spread; Ymir's rule), so a
     /// deadline is not gambled on an uncertain estimate. 0 = the median.
@@ -258,6 +274,7 @@ impl Default for UniSchedConfig {
             slack_weight: 0.3,
             deadline_margin_s: 0.0,
             chronus: false,
+            iteration_estimator: true,
             risk_weight: 1.0,
         }
     }
@@ -473,6 +490,9 @@ impl Policy for UniSched {
     }
     fn slo_lease_s(&self) -> f64 {
         self.config.slo_lease_s
+    }
+    fn iteration_estimator(&self) -> bool {
+        self.config.iteration_estimator
     }
     fn allocate(&self, snap: &Snapshot) -> Plan {
         self.solve(snap, false)

@@ -593,6 +593,15 @@ pub trait Policy {
     fn slo_lease_s(&self) -> f64 {
         self.lease_s()
     }
+    /// Whether a job that stops on a metric target is planned at the
+    /// estimator's predicted iterations (UniSched's training-iteration
+    /// estimator, §5.3.2.2). False: at its user's maximum iterations, as
+    /// Chronus as published does (the thesis' baseline, §5.6.3, and the
+    /// "without the iteration estimator" ablation of Fig. 5.9b). The
+    /// caller builds the snapshot's times by it.
+    fn iteration_estimator(&self) -> bool {
+        true
+    }
     /// A round: allocate, then place.
     fn schedule(&self, snap: &Snapshot) -> Plan {
         let plan = self.allocate(snap);

@@ -487,7 +487,9 @@ pub(crate) async fn load(
         }
     }
     let prepared = super::prepare_round(&t.view, policy, &config);
-    let Some(estimates) = estimate(state, lut, est, o, &t, &prepared, &family).await else {
+    let planned = planned_jobs(o, &t, &prepared, &family, policy.iteration_estimator());
+    let Some(estimates) = estimate(state, lut, est, o, &t, &prepared, planned).await
+    else {
         return Ok(None);
     };
     Ok(Some(Inputs {
@@ -512,9 +514,8 @@ async fn estimate(
     o: &Observed,
     t: &Translated,
     prepared: &Prepared,
-    family: &str,
+    (inputs, spread): (Vec<times::JobInput>, Vec<f64>),
 ) -> Option<RoundEstimates> {
-    let inputs = job_inputs(o, t, prepared, family);
     let row: BTreeMap<usize, usize> = prepared
         .jobs
         .iter()
@@ -589,13 +590,33 @@ async fn estimate(
                 gain_ba: *gba,
             })
             .collect(),
-        // How sure each job's estimate is (a metric target's p10-p90).
-        spread: prepared
-            .jobs
-            .iter()
-            .map(|&v| o.estimates.get(&t.jobs[v]).map_or(0.0, |e| e.spread))
-            .collect(),
+        spread,
     })
+}
+
+/// The time table's inputs of the snapshot's jobs ([`job_inputs`]) and how
+/// sure each one's estimate is (a metric target's p10-p90 spread; none for
+/// a job planned at its budget).
+fn planned_jobs(
+    o: &Observed,
+    t: &Translated,
+    prepared: &Prepared,
+    family: &str,
+    estimator: bool,
+) -> (Vec<times::JobInput>, Vec<f64>) {
+    let spread = prepared
+        .jobs
+        .iter()
+        .map(|&v| {
+            let id = t.jobs[v];
+            let at_budget = !estimator && o.live[&id].spec.target.metric.is_some();
+            match o.estimates.get(&id) {
+                Some(e) if !at_budget => e.spread,
+                _ => 0.0,
+            }
+        })
+        .collect();
+    (job_inputs(o, t, prepared, family, estimator), spread)
 }
 
 /// What the time table needs of each snapshot job: its remaining
@@ -603,11 +624,14 @@ async fn estimate(
 /// transferred when it is merged — B of a temporal merge from A, each job
 /// of a spatial merge from the other, Eq. 2 with `L/(1+G)`), its model,
 /// batch and variant, on the GPUs it would run on ([`round::estimate_shape`]).
+/// `estimator`: the policy plans metric-target jobs on predicted iterations
+/// (else at their budget; [`super::expected_iterations`]).
 fn job_inputs(
     o: &Observed,
     t: &Translated,
     prepared: &Prepared,
     family: &str,
+    estimator: bool,
 ) -> Vec<times::JobInput> {
     let mut gain_for: BTreeMap<JobId, f64> = BTreeMap::new();
     for m in o.merges.iter().filter(|m| m.active) {
@@ -624,7 +648,7 @@ fn job_inputs(
             let j = &o.live[&id];
             let done = o.progress.get(&id).map_or(0, |p| p.0);
             let e = o.estimates.get(&id);
-            let total = expected_iterations(j, e);
+            let total = expected_iterations(j, e, estimator);
             // A layer-elastic job with a reported variance is tuned per
             // allocation by the table (ICEFROG Eq. 16) from its own floor;
             // else it trains at the frozen layers the tuner last picked.
@@ -813,6 +837,48 @@ pub(crate) mod tests {
     /// (profiling marked), an assignment whose GPU left its node holds
     /// nothing, B of a temporal merge whose A completed rides on A's GPUs,
     /// and the clock starts at the round.
+    /// A metric-target job is planned at its predicted iterations within
+    /// its budget, whichever field names the budget; at its budget under a
+    /// policy without an iteration estimator (Chronus as published). A job
+    /// without a metric target runs its iteration budget, or its Eq. 2
+    /// estimate when it names none. Before, a metric target with
+    /// `max_iterations` was planned at the budget under every policy: the
+    /// metric prediction was stored and not used.
+    #[test]
+    fn estimate_prior_metric_targets_are_planned_at_their_prediction_within_budget() {
+        use super::super::expected_iterations;
+        let predicted = |k: u64| crate::persistence::Estimate {
+            iterations: Some(k),
+            ..Default::default()
+        };
+        let mut j = record(1, JobState::Queued);
+        // Iteration-based: the budget, whatever the loss curve says.
+        assert_eq!(expected_iterations(&j, Some(&predicted(400)), true), 1000);
+        assert_eq!(expected_iterations(&j, None, true), 1000);
+        // A metric target with max_iterations: the prediction.
+        j.spec.target.metric = Some(
+            serde_json::from_value(serde_json::json!(
+                { "name": "accuracy", "value": 0.8 }
+            ))
+            .unwrap(),
+        );
+        assert_eq!(expected_iterations(&j, Some(&predicted(400)), true), 400);
+        assert_eq!(expected_iterations(&j, Some(&predicted(4000)), true), 1000);
+        assert_eq!(expected_iterations(&j, None, true), 1000);
+        // Without the iteration estimator: the budget.
+        assert_eq!(expected_iterations(&j, Some(&predicted(400)), false), 1000);
+        // A budget in epochs: 3 epochs of 3,200 samples at batch 32.
+        j.spec.target.max_iterations = None;
+        j.spec.target.max_epochs = Some(3);
+        j.spec.dataset.num_samples = Some(3200);
+        assert_eq!(expected_iterations(&j, Some(&predicted(120)), true), 120);
+        assert_eq!(expected_iterations(&j, Some(&predicted(120)), false), 300);
+        // No metric, no iteration budget: the loss curve's Eq. 2 estimate,
+        // whatever the policy (a loss plateau is the job's own stop).
+        j.spec.target.metric = None;
+        assert_eq!(expected_iterations(&j, Some(&predicted(120)), false), 120);
+    }
+
     #[test]
     fn the_view_of_the_services_records() {
         let now = DateTime::parse_from_rfc3339("2026-01-01T00:00:00Z")
@@ -970,7 +1036,7 @@ pub(crate) mod tests {
         let policy = fmsched_core::policy::baselines::by_name("icefrog").unwrap();
         let prepared =
             fmsched_core::round::prepare(&t.view, policy.as_ref(), &RoundConfig::default());
-        let inputs = job_inputs(&o, &t, &prepared, "A100");
+        let inputs = job_inputs(&o, &t, &prepared, "A100", true);
         let of = |n: u8| {
             inputs
                 .iter()

@@ -775,14 +775,23 @@ fn iteration_budget(job: &JobRecord) -> Option<u64> {
     job.spec.iteration_budget()
 }
 
-/// Iterations the job is expected to need: the estimate from its fitted
-/// loss curve (Eq. 2) when it names no iteration budget, else its target.
-fn expected_iterations(job: &JobRecord, estimate: Option<&Estimate>) -> u64 {
+/// Iterations the job is expected to need.
+/// - A job that stops on a metric target: the estimate (its metric curve's
+///   prediction, or its loss curve's before it has evaluated) within its
+///   budget, when `estimator` — the policy plans on predicted iterations
+///   ([`fmsched_core::policy::Policy::iteration_estimator`]); else its
+///   budget.
+/// - Any other job: the estimate from its fitted loss curve (Eq. 2) when it
+///   names no iteration budget, else its target.
+fn expected_iterations(job: &JobRecord, estimate: Option<&Estimate>, estimator: bool) -> u64 {
+    let metric = job.spec.target.metric.is_some();
+    let within = |k: u64| iteration_budget(job).map_or(k, |b| k.min(b));
     match (
         job.spec.target.max_iterations,
         estimate.and_then(|e| e.iterations),
     ) {
-        (None, Some(k)) => k,
+        (_, Some(k)) if metric && estimator => within(k),
+        (None, Some(k)) if !metric => within(k),
         _ => total_iterations(job),
     }
 }

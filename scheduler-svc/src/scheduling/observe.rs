@@ -1464,7 +1464,9 @@ pub(crate) fn finishing<'a>(
                 .iter()
                 .find(|r| r.job_id == key)
                 .map_or(t.iteration, |r| r.iteration);
-            let total = super::expected_iterations(j, estimates.get(&id));
+            // When it will really end: on the estimate, whatever the
+            // policy plans on.
+            let total = super::expected_iterations(j, estimates.get(&id), true);
             // A job past its estimated iterations (a metric target the
             // estimate undershot) is not predicted to finish.
             let soon = t.step_time_s > 0.0
