@@ -120,7 +120,7 @@ enum Cmd {
         /// Shape arrivals like this trace (any workload format) instead of Poisson.
         #[arg(long)]
         arrivals_from: Option<PathBuf>,
-        /// Write service classes and deadlines too (see `run --slo-mix`).
+        /// Write service classes, deadlines and stopping criteria too (see `run --slo-mix`).
         #[arg(long, value_name = "slo|mix1|mix2")]
         slo_mix: Option<workload::SloMix>,
         /// Instead: a cluster-trace-shaped workload that drifts (daily
@@ -403,8 +403,10 @@ struct SimArgs {
     /// Give the workload's jobs service classes and deadlines as the
     /// UniSched evaluation does (§5.4.2): `slo` (all strict), `mix1`
     /// (strict and best-effort), `mix2` (strict, soft and best-effort);
-    /// deadlines U[1.1, 2] × each job's time alone. Replaces the workload's
-    /// own `slo` columns.
+    /// deadlines U[1.1, 2] × each job's time alone; a fifth of the jobs
+    /// stop on a metric target (`max_work_x`: their user's maximum is up to
+    /// 1.45 × their work). Replaces the workload's own `slo` and
+    /// `max_work_x` columns.
     #[arg(long, value_name = "slo|mix1|mix2")]
     slo_mix: Option<workload::SloMix>,
     /// Seed of `--slo-mix`.

@@ -488,8 +488,7 @@ pub(crate) async fn load(
     }
     let prepared = super::prepare_round(&t.view, policy, &config);
     let planned = planned_jobs(o, &t, &prepared, &family, policy.iteration_estimator());
-    let Some(estimates) = estimate(state, lut, est, o, &t, &prepared, planned).await
-    else {
+    let Some(estimates) = estimate(state, lut, est, o, &t, &prepared, planned).await else {
         return Ok(None);
     };
     Ok(Some(Inputs {
