@@ -832,10 +832,6 @@ pub(crate) mod tests {
             .remove(0)
     }
 
-    /// The translation layer: GPUs by index, holds from the stored plan
-    /// (profiling marked), an assignment whose GPU left its node holds
-    /// nothing, B of a temporal merge whose A completed rides on A's GPUs,
-    /// and the clock starts at the round.
     /// A metric-target job is planned at its predicted iterations within
     /// its budget, whichever field names the budget; at its budget under a
     /// policy without an iteration estimator (Chronus as published). A job
@@ -878,6 +874,10 @@ pub(crate) mod tests {
         assert_eq!(expected_iterations(&j, Some(&predicted(120)), false), 120);
     }
 
+    /// The translation layer: GPUs by index, holds from the stored plan
+    /// (profiling marked), an assignment whose GPU left its node holds
+    /// nothing, B of a temporal merge whose A completed rides on A's GPUs,
+    /// and the clock starts at the round.
     #[test]
     fn the_view_of_the_services_records() {
         let now = DateTime::parse_from_rfc3339("2026-01-01T00:00:00Z")
