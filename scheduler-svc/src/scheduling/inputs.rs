@@ -608,9 +608,8 @@ fn planned_jobs(
         .iter()
         .map(|&v| {
             let id = t.jobs[v];
-            let at_budget = !estimator && o.live[&id].spec.target.metric.is_some();
             match o.estimates.get(&id) {
-                Some(e) if !at_budget => e.spread,
+                Some(e) if !super::planned_at_budget(&o.live[&id], estimator) => e.spread,
                 _ => 0.0,
             }
         })

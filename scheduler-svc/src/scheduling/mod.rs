@@ -790,10 +790,17 @@ fn expected_iterations(job: &JobRecord, estimate: Option<&Estimate>, estimator: 
         job.spec.target.max_iterations,
         estimate.and_then(|e| e.iterations),
     ) {
-        (_, Some(k)) if metric && estimator => within(k),
-        (None, Some(k)) if !metric => within(k),
+        _ if planned_at_budget(job, estimator) => total_iterations(job),
+        (_, Some(k)) if metric => within(k),
+        (None, Some(k)) => within(k),
         _ => total_iterations(job),
     }
+}
+
+/// A metric-target job under a policy without an iteration estimator:
+/// planned at its budget, with no estimate (nor its spread) in the plan.
+fn planned_at_budget(job: &JobRecord, estimator: bool) -> bool {
+    !estimator && job.spec.target.metric.is_some()
 }
 
 /// The scheduling settings in force: the configuration's, with the policy
