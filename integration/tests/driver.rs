@@ -605,3 +605,58 @@ async fn a_restarted_agent_stops_the_processes_its_predecessor_left() {
     assert!(!stale.join("process.json").exists());
     assert_eq!(new.stop_orphans().await, 0);
 }
+
+/// An agent killed after it started a process and before it wrote the
+/// process's record leaves an orphan with no record. The restarted agent
+/// finds it by its checkpoint folder in the work folder and stops it; a
+/// process of another agent's work folder, recorded or not, is left alone.
+#[tokio::test]
+async fn a_restarted_agent_stops_an_orphan_whose_record_was_never_written() {
+    let root = tempfile::tempdir().unwrap();
+    let (work, other_work) = (root.path().join("node-a"), root.path().join("node-b"));
+    let old = driver(&work, 3000);
+    let other = driver(&other_work, 3000);
+    old.launch(&spec("unrecorded", 10_000_000, &[]))
+        .await
+        .unwrap();
+    other
+        .launch(&spec("neighbour", 10_000_000, &[]))
+        .await
+        .unwrap();
+    for (d, id) in [(&old, "unrecorded"), (&other, "neighbour")] {
+        wait_for("progress", Duration::from_secs(20), async || {
+            d.status(id)
+                .await
+                .is_some_and(|s| !s.observed.progress.is_empty())
+        })
+        .await;
+    }
+    let pid = old.status("unrecorded").await.unwrap().pid;
+    let neighbour = other.status("neighbour").await.unwrap().pid;
+    drop(old);
+    // The window: the process runs, its record is not on disk.
+    let record = work.join("unrecorded").join("process.json");
+    std::fs::remove_file(&record).expect("the driver records what it starts");
+    let new = driver(&work, 3000);
+    assert_eq!(new.stop_orphans().await, 1);
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    assert!(
+        stat.is_empty() || stat.contains(") Z"),
+        "the orphan is gone: {stat}"
+    );
+    assert!(
+        std::fs::read_dir(work.join("unrecorded").join("checkpoints"))
+            .unwrap()
+            .next()
+            .is_some(),
+        "it checkpointed on SIGTERM"
+    );
+    let s = other.status("neighbour").await.unwrap();
+    assert!(s.running && s.pid == neighbour, "{s:?}");
+    assert_eq!(new.stop_orphans().await, 0);
+    other.terminate("neighbour").await.unwrap();
+    other
+        .wait("neighbour", Duration::from_secs(10))
+        .await
+        .unwrap();
+}

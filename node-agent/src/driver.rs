@@ -834,18 +834,24 @@ impl ProcessDriver {
     }
 
     /// Stops the processes a previous agent on this work folder left
-    /// running (found by their `process.json`, the same process by its
-    /// start time): SIGTERM — a trainer checkpoints and exits on it — then
+    /// running: SIGTERM — a trainer checkpoints and exits on it — then
     /// SIGKILL after the grace. Returns how many it stopped. Called once,
     /// before this driver launches anything.
+    ///
+    /// They are found by their `process.json` (the same process by its
+    /// start time), and by the process table: a group leader whose
+    /// checkpoint folder lies in this work folder. The record alone misses
+    /// a process whose agent was killed between starting it and writing
+    /// its record.
     pub async fn stop_orphans(&self) -> usize {
-        let Ok(entries) = std::fs::read_dir(&self.cfg.work_dir) else {
-            return 0;
-        };
         let mine: Vec<i32> = self.procs.lock().await.values().map(|r| r.pgid).collect();
         let alive = |r: &ProcessRecord| start_ticks(r.pgid) == Some(r.start_ticks);
-        let mut left: Vec<ProcessRecord> = Vec::new();
-        for e in entries.flatten() {
+        let mut found: Vec<(PathBuf, ProcessRecord)> = Vec::new();
+        for e in std::fs::read_dir(&self.cfg.work_dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
             let file = e.path().join(PROCESS_FILE_NAME);
             let Some(rec) = std::fs::read(&file)
                 .ok()
@@ -854,10 +860,15 @@ impl ProcessDriver {
                 continue;
             };
             let _ = std::fs::remove_file(&file);
-            if mine.contains(&rec.pgid) || !alive(&rec) {
+            found.push((e.path(), rec));
+        }
+        found.extend(processes_of(&self.cfg.work_dir));
+        let mut left: Vec<ProcessRecord> = Vec::new();
+        for (folder, rec) in found {
+            if mine.contains(&rec.pgid) || left.contains(&rec) || !alive(&rec) {
                 continue;
             }
-            tracing::warn!(folder = %e.path().display(), pgid = rec.pgid,
+            tracing::warn!(folder = %folder.display(), pgid = rec.pgid,
                 "a process a previous agent left running: stopping it (SIGTERM, it checkpoints)");
             send_signal(rec.pgid, signal::TERMINATE);
             left.push(rec);
@@ -1004,14 +1015,52 @@ struct ProcessRecord {
 /// clock ticks after boot); None when there is no such process, or it has
 /// exited (a zombie).
 fn start_ticks(pid: i32) -> Option<u64> {
+    proc_stat(pid).map(|(_, start)| start)
+}
+
+/// Process `pid`'s group and start time (`/proc/<pid>/stat` fields 5 and
+/// 22); None when there is no such process, or it is a zombie.
+fn proc_stat(pid: i32) -> Option<(i32, u64)> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     let rest = stat.rsplit_once(')')?.1;
-    let mut fields = rest.split_whitespace();
-    if fields.next()? == "Z" {
+    // From the state (field 3) on.
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    if *fields.first()? == "Z" {
         return None;
     }
-    // After the state (field 3): field 22 is the 19th more.
-    fields.nth(18)?.parse().ok()
+    Some((fields.get(2)?.parse().ok()?, fields.get(19)?.parse().ok()?))
+}
+
+/// The live process-group leaders that a driver on `work_dir` started:
+/// those whose [`env::CHECKPOINT_DIR`] is `work_dir/<task>/checkpoints`, as
+/// [`ProcessDriver::launch`] sets it. Each with its task's folder.
+fn processes_of(work_dir: &Path) -> Vec<(PathBuf, ProcessRecord)> {
+    use std::os::unix::ffi::OsStrExt as _;
+    let key = format!("{}=", env::CHECKPOINT_DIR);
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| {
+            let pid: i32 = e.file_name().to_str()?.parse().ok()?;
+            let (pgid, start_ticks) = proc_stat(pid)?;
+            if pgid != pid {
+                return None;
+            }
+            // Readable for this user's processes only: those are the ones
+            // a driver of this user started.
+            let environ = std::fs::read(e.path().join("environ")).ok()?;
+            let ckpt = environ
+                .split(|&b| b == 0)
+                .find_map(|v| v.strip_prefix(key.as_bytes()))?;
+            let folder = Path::new(std::ffi::OsStr::from_bytes(ckpt)).parent()?;
+            (folder.parent()? == work_dir).then(|| {
+                let rec = ProcessRecord { pgid, start_ticks };
+                (folder.to_path_buf(), rec)
+            })
+        })
+        .collect()
 }
 
 /// A warm process's next task ([`env::NEXT_TASK`]), in its directory.
