@@ -366,9 +366,10 @@ pub struct JobResult {
     pub deadlines: Vec<RewardStep>,
     /// A floor under its JCT: started once, alone at its requested GPUs,
     /// with no wait; and when profiling runs and its work outlasts the
-    /// profiling run even at that speed, a second start (the profiling run
-    /// trains at one replica's speed at most, then stops). A deadline
-    /// before `submit_s` plus this is one no schedule at that size meets.
+    /// profiling run even at that speed, the profiling run before it (its
+    /// start and `profile_s`: it trains at one replica's speed at most,
+    /// then stops, and its progress is not kept). A deadline before
+    /// `submit_s` plus this is one no schedule at that size meets.
     pub best_case_s: f64,
 }
 
@@ -1531,7 +1532,8 @@ impl<'a> Simulation<'a> {
                         + if self.cfg.profile_s > 0.0
                             && j.ideal_s - j.restart_s > self.cfg.profile_s
                         {
-                            j.restart_s
+                            // The profiling run: its start and its length.
+                            j.restart_s + self.cfg.profile_s
                         } else {
                             0.0
                         },

@@ -83,7 +83,8 @@
 //!   while an SLO job is not at risk (the Selector's point). Measured on
 //!   `fmsim`'s generated SLO, MIX1 and MIX2 workloads at 100 % and 160 %
 //!   density (96 × 8 A100; docs/fmsim.md), weighted violation over the
-//!   reachable deadlines:
+//!   reachable deadlines (by the floor of then, which left out the profiling
+//!   run's length; docs/fmsim.md has the figures by today's):
 //!   - weight 0.3 (best-effort work first unless the SLO job is much
 //!     shorter): 7.8 / 9.1 % (SLO), 9.0 / 9.6 % (MIX1), 5.7 / 6.0 % (MIX2),
 //!     best-effort JCT 2.20–2.41 h;
