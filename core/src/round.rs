@@ -75,6 +75,18 @@ pub fn restart_cost(checkpoint_s: f64, context_switch_s: Option<f64>) -> f64 {
             .max(0.0)
 }
 
+/// When the next round runs once an event came (a job submitted, a task
+/// ended: GPUs freed, a profiling run done), seconds on one clock: at once,
+/// but no sooner than `gap_s` after the last round began, and never later
+/// than the periodic round `next_s`. A round per interval leaves a new
+/// short job up to an interval to wait, twice when it profiles first; with
+/// deadlines of 1.1–2× a job's time alone that wait alone misses them
+/// (docs/fmsim.md, "Rounds on events"). The service and fmsim both run
+/// this rule (`scheduling.event_round_gap`, `fmsim --event-gap`).
+pub fn round_after_event(next_s: f64, now_s: f64, last_started_s: f64, gap_s: f64) -> f64 {
+    next_s.min(now_s.max(last_started_s + gap_s))
+}
+
 /// GPUs per second a live job deserves: an equal share of the cluster, at
 /// most what it asked for — Themis's deserved service, accumulated by the
 /// service plan by plan and by fmsim as time passes.
@@ -3113,6 +3125,17 @@ mod tests {
             decide(&v, &p, &e, policy.as_ref(), &cfg),
             Err(RoundError::Estimates(m)) if m.contains("not an eligible pair")
         ));
+    }
+
+    /// An event brings the round forward to now, or to the gap after the
+    /// last one, never past the periodic round.
+    #[test]
+    fn an_event_brings_the_round_forward_within_the_gap() {
+        // Last round at 0, periodic one at 60, gap 5.
+        assert_eq!(round_after_event(60.0, 20.0, 0.0, 5.0), 20.0);
+        assert_eq!(round_after_event(60.0, 2.0, 0.0, 5.0), 5.0);
+        assert_eq!(round_after_event(60.0, 59.0, 58.0, 5.0), 60.0);
+        assert_eq!(round_after_event(3.0, 2.0, 0.0, 5.0), 3.0);
     }
 
     #[test]

@@ -40,7 +40,7 @@ use fmsched_core::policy::{
 };
 use fmsched_core::round::{
     self, ClusterView, Decision, Estimates, Gpu, JobView, MergeView, NodeView, PairEstimate,
-    Prepared, RoundConfig, RoundOutcome,
+    Prepared, RoundConfig, RoundOutcome, round_after_event,
 };
 use fmsched_core::slo::{self, RewardStep};
 use fmsched_core::{JobState, NodeState, SloClass};
@@ -218,6 +218,13 @@ pub struct SimConfig {
     /// rounds run from 0 (`fmsim fidelity` sets `Some(0.0)`), so a job that
     /// arrives between two of them waits for the next one as it does there.
     pub round_origin_s: Option<f64>,
+    /// Rounds on events (`--event-gap`, the service's
+    /// `scheduling.event_round_gap`): an arrival, a completion or a
+    /// profiling run's end brings the next round forward to now, at least
+    /// this many seconds after the last one began
+    /// ([`fmsched_core::round::round_after_event`]), and the periodic one
+    /// follows an interval after it. None: a round per interval only.
+    pub event_gap_s: Option<f64>,
     /// Queues with quotas (`--queues`; empty: none).
     pub queues: fmsched_core::queue::Queues,
     /// An inference cluster that loans idle servers to training (Lyra);
@@ -250,6 +257,7 @@ impl Default for SimConfig {
             placement_rule: Default::default(),
             estimate_model: EstimateModel::Exact,
             round_origin_s: None,
+            event_gap_s: None,
             queues: Default::default(),
             loans: None,
             base_demands: false,
@@ -1315,6 +1323,11 @@ impl<'a> Simulation<'a> {
         let mut finished = 0usize;
         let mut stalled = 0u32;
         let n = self.jobs.len();
+        // Rounds on events (`event_gap_s`): the last round's start, and
+        // whether an arrival, a completion or a profiling run's end came
+        // since it.
+        let mut last_round = f64::NEG_INFINITY;
+        let mut event = false;
         let mut next_retune = retune.as_ref().map_or(f64::INFINITY, |r| t0 + r.every_s);
         // The orchestrator's first decision as the trace starts.
         let mut next_loan = if self.cfg.loans.is_some() {
@@ -1421,6 +1434,7 @@ impl<'a> Simulation<'a> {
                 };
                 if near {
                     self.complete(i);
+                    event = true;
                     finished += 1;
                     progress(finished, n);
                 }
@@ -1435,6 +1449,7 @@ impl<'a> Simulation<'a> {
                     // Task2Vec); its weights are not kept, so the job starts
                     // from zero progress and stays eligible for merging.
                     self.version += 1;
+                    event = true;
                     let j = &mut self.jobs[i];
                     j.phase = Phase::Waiting;
                     j.alloc = None;
@@ -1447,6 +1462,7 @@ impl<'a> Simulation<'a> {
                     break;
                 }
                 next_arrival += 1;
+                event = true;
                 self.jobs[i].phase = if self.cfg.profile_s > 0.0 {
                     Phase::Profiling {
                         until: f64::INFINITY,
@@ -1473,10 +1489,21 @@ impl<'a> Simulation<'a> {
                 next_loan += every;
                 self.orchestrate();
             }
+            if let Some(gap) = self.cfg.event_gap_s
+                && std::mem::take(&mut event)
+            {
+                next_round = round_after_event(next_round, self.now, last_round, gap);
+            }
             if self.now >= next_round {
                 let active: &dyn Policy = swapped.as_deref().map_or(policy, |p| p as &dyn Policy);
                 self.round(active, catalog)?;
-                next_round += interval;
+                last_round = self.now;
+                next_round = if self.cfg.event_gap_s.is_some() {
+                    // As the service: an interval after the last round.
+                    self.now + interval
+                } else {
+                    next_round + interval
+                };
             }
         }
         let first = self

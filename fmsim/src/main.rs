@@ -377,6 +377,12 @@ struct SimArgs {
     /// Profiling seconds per new job (0 = none).
     #[arg(long, default_value_t = 60.0)]
     profile_s: f64,
+    /// Rounds on events, as the service's `scheduling.event_round_gap`: a
+    /// job's arrival, completion or profiling run's end brings the next
+    /// round forward to now, at least this many seconds after the last one
+    /// (unset: a round per interval only).
+    #[arg(long, value_name = "SECONDS")]
+    event_gap: Option<f64>,
     /// Estimation error the policy sees: each job's remaining times scaled
     /// by a fixed factor in [1 − e, 1 + e] (0 = oracle estimates).
     #[arg(long, default_value_t = 0.0)]
@@ -938,12 +944,23 @@ fn sim_setup(a: &SimArgs) -> anyhow::Result<(SimConfig, Lut, Catalog, Vec<Worklo
         learned_estimates: a.estimates == Estimates::Learned,
         placement_rule: a.placement,
         round_origin_s: a.round_origin,
+        event_gap_s: a.event_gap,
         layers: a.layers,
         gpu_sharing: a.gpu_sharing,
         ..Default::default()
     };
     if !(0.0..1.0).contains(&cfg.estimate_noise) {
         bail!("--estimate-noise must be in [0, 1)");
+    }
+    if let Some(g) = cfg.event_gap_s {
+        if !(g.is_finite() && g > 0.0) {
+            bail!("--event-gap {g}: must be a number of seconds above 0");
+        }
+        if cfg.round_origin_s.is_some() {
+            bail!(
+                "--event-gap with --round-origin: rounds on events leave the fixed grid of rounds"
+            );
+        }
     }
     if cfg.learned_estimates {
         if cfg.estimate_noise > 0.0 {

@@ -781,3 +781,48 @@ fn tail_resize_horizon_cuts_p99_and_restarts_on_the_small_workload() {
     };
     assert_eq!(default.p99_jct_h, after.p99_jct_h);
 }
+
+/// Rounds on events (`event_gap_s`, the service's
+/// `scheduling.event_round_gap`): a job arriving just after a round starts
+/// its profiling run at the gap after that round, not at the next periodic
+/// one, and trains as soon as its profiling run ends: its JCT loses both
+/// waits. The periodic rounds keep their grid without it.
+#[test]
+fn deadline_rounds_on_events_start_a_late_job_without_waiting_for_the_interval() {
+    let catalog = Catalog::default_synthetic();
+    let jobs = [
+        WorkloadJob {
+            epochs: Some(20.0),
+            ..one_gpu_job("first", "qqp", 0.0, false)
+        },
+        WorkloadJob {
+            epochs: Some(10.0),
+            ..one_gpu_job("late", "rte", 1.0, false)
+        },
+    ];
+    let periodic = SimConfig::uniform(1, 2, "V100");
+    let events = SimConfig {
+        event_gap_s: Some(5.0),
+        ..periodic.clone()
+    };
+    for policy in ["unisched", "edf", "fifo", "ymir"] {
+        let interval = by_name(policy).unwrap().interval_s();
+        let late = |cfg: &SimConfig| {
+            run(policy, cfg, &catalog, &jobs)
+                .jobs
+                .into_iter()
+                .find(|j| j.name == "late")
+                .unwrap()
+        };
+        let (p, e) = (late(&periodic), late(&events));
+        assert_eq!(p.first_start_s, Some(interval), "{policy}: {p:?}");
+        assert_eq!(e.first_start_s, Some(5.0), "{policy}: {e:?}");
+        // Its work outlasts the profiling run: a wait before each start.
+        assert!(
+            p.jct_s - e.jct_s > interval,
+            "{policy}: both waits are gone: {} vs {}",
+            p.jct_s,
+            e.jct_s
+        );
+    }
+}

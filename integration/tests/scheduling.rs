@@ -6127,3 +6127,60 @@ async fn e2e_hardening_a_restarted_agent_stops_the_trainer_its_predecessor_left(
     assert!(left.is_empty(), "processes left: {left:?}");
     drop_db(&db).await;
 }
+
+/// With `scheduling.event_round_gap`, a submission and a task's end bring
+/// the next round forward: a job profiles and trains to completion within
+/// one round interval (60 s) of its submission. A round per interval alone
+/// takes two intervals before it trains: one to start its profiling run,
+/// one to start it after.
+#[tokio::test]
+async fn e2e_deadline_rounds_on_events_run_a_job_within_one_interval() {
+    let db = new_db("fmsched_event_rounds").await;
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let _sched = scheduler_env(
+        &db,
+        port,
+        dir.path(),
+        None,
+        &[
+            ("FMSCHED_SCHEDULING__INTERVAL", "60s"),
+            ("FMSCHED_SCHEDULING__EVENT_ROUND_GAP", "300ms"),
+        ],
+    );
+    wait_up("scheduler up", port);
+    let _a = agent("node-a", port, dir.path());
+    wait_for("node-a registered", Duration::from_secs(10), || {
+        let out = fmctl(port, &["nodes"])?;
+        if out.contains("node-a") {
+            Ok(())
+        } else {
+            Err(out)
+        }
+    });
+    let submitted = Instant::now();
+    submit(
+        port,
+        dir.path(),
+        [("j".to_string(), job_yaml("j", "rte", 400, 1))],
+    )
+    .expect("submit");
+    let done = all_completed(port, 1, Duration::from_secs(59));
+    let took = submitted.elapsed();
+    let id = done.keys().next().unwrap().clone();
+    let mut c = sqlx::PgConnection::connect(&db_url(&db)).await.unwrap();
+    let states: Vec<(String,)> = sqlx::query_as(
+        "SELECT to_state FROM job_events WHERE job_id = $1::uuid AND kind = 'state_changed' ORDER BY seq",
+    )
+    .bind(&id)
+    .fetch_all(&mut c)
+    .await
+    .unwrap();
+    let states: Vec<&str> = states.iter().map(|s| s.0.as_str()).collect();
+    assert!(
+        states.contains(&"profiling") && states.contains(&"running"),
+        "it profiled, then trained: {states:?}"
+    );
+    println!("submission → completed with a 60 s interval: {took:?} ({states:?})");
+    drop_db(&db).await;
+}

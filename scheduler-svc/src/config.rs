@@ -241,6 +241,14 @@ pub struct SchedulingConfig {
     /// (core/src/policy/README.md). See [`SchedulingConfig::round_interval`].
     #[serde(with = "humantime_serde")]
     pub interval: Option<Duration>,
+    /// Rounds on events: a job submitted, or a task that ended (GPUs
+    /// freed, a profiling run done), brings the next round forward to now,
+    /// at least this long after the last round began
+    /// (`fmsched_core::round::round_after_event`; fmsim `--event-gap`).
+    /// Unset: a round per interval only. On deadline workloads a round per
+    /// minute alone misses short jobs' deadlines (docs/fmsim.md).
+    #[serde(with = "humantime_serde")]
+    pub event_round_gap: Option<Duration>,
     /// Policy deciding every round (`ymir`, `srtf`, `tiresias`, `unisched`,
     /// ...).
     pub policy: String,
@@ -383,6 +391,7 @@ impl Default for SchedulingConfig {
     fn default() -> Self {
         Self {
             interval: None,
+            event_round_gap: None,
             policy: "ymir".into(),
             knobs: Default::default(),
             enabled: true,
@@ -534,6 +543,16 @@ impl Config {
         if self.scheduling.round_interval() < Duration::from_millis(100) {
             return Err(invalid("scheduling.interval", "must be >= 100ms"));
         }
+        if self
+            .scheduling
+            .event_round_gap
+            .is_some_and(|g| g < Duration::from_millis(100))
+        {
+            return Err(invalid(
+                "scheduling.event_round_gap",
+                "must be >= 100ms (unset: a round per interval only)",
+            ));
+        }
         if self.database_max_connections == 0 {
             return Err(invalid("database_max_connections", "must be >= 1"));
         }
@@ -658,6 +677,20 @@ mod tests {
             "{}",
             cfg.replica_name()
         );
+    }
+
+    /// Rounds on events are off unless `event_round_gap` is set; a gap
+    /// under 100 ms is refused naming the key.
+    #[test]
+    fn the_event_round_gap_is_off_by_default_and_checked() {
+        let load = |v: &[(&str, &str)]| Config::load_from(None, env(v));
+        assert_eq!(load(&[]).unwrap().scheduling.event_round_gap, None);
+        let on = load(&[("FMSCHED_SCHEDULING__EVENT_ROUND_GAP", "5s")]).unwrap();
+        assert_eq!(on.scheduling.event_round_gap, Some(Duration::from_secs(5)));
+        let e = load(&[("FMSCHED_SCHEDULING__EVENT_ROUND_GAP", "10ms")])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("scheduling.event_round_gap"), "{e}");
     }
 
     /// Without `interval` rounds run at the policy's own interval.

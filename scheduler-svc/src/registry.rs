@@ -220,6 +220,22 @@ impl NodeRegistry {
         true
     }
 
+    /// Does `tasks` (a heartbeat of `node`, before it is applied) report a
+    /// task ended that its last report did not: succeeded or failed, its
+    /// GPUs free or its profiling run done. Such a report is an event that
+    /// may bring the next round forward (`scheduling.event_round_gap`).
+    pub fn ends_a_task(&self, node: &NodeId, tasks: &[pb::ObservedTask]) -> bool {
+        let ended =
+            |p: i32| p == pb::TaskPhase::Succeeded as i32 || p == pb::TaskPhase::Failed as i32;
+        let nodes = self.lock();
+        let before = nodes.get(node).map_or(&[][..], |n| &n.observed_tasks[..]);
+        tasks.iter().filter(|t| ended(t.phase)).any(|t| {
+            !before
+                .iter()
+                .any(|b| b.task_id == t.task_id && ended(b.phase))
+        })
+    }
+
     /// Applies a task status update of session `session` (same contract as
     /// [`NodeRegistry::heartbeat`]).
     pub fn task_status(
@@ -443,6 +459,44 @@ mod tests {
             "closed session is refused"
         );
         assert_eq!(r.get(&id).unwrap().state, NodeState::Offline);
+    }
+
+    /// A task's end is an event once: when a heartbeat first reports it
+    /// succeeded or failed, not while later ones repeat it.
+    #[test]
+    fn a_task_ends_once_for_the_round_loop() {
+        let r = NodeRegistry::load(vec![], t(0));
+        let (tx, _rx) = mpsc::channel(4);
+        let id = NodeId::try_from("n1".to_string()).unwrap();
+        let s = r.register(
+            record("n1", NodeState::Available),
+            "i1",
+            t(0),
+            tx,
+            vec![],
+            0,
+        );
+        let task = |id: &str, phase: pb::TaskPhase| pb::ObservedTask {
+            task_id: id.into(),
+            phase: phase as i32,
+            ..Default::default()
+        };
+        let hb = |tasks: Vec<pb::ObservedTask>| pb::Heartbeat {
+            tasks,
+            ..Default::default()
+        };
+        let running = vec![task("a", pb::TaskPhase::Running)];
+        assert!(!r.ends_a_task(&id, &running));
+        assert!(r.heartbeat(&id, s, hb(running), t(1)));
+        let ended = vec![
+            task("a", pb::TaskPhase::Succeeded),
+            task("b", pb::TaskPhase::Running),
+        ];
+        assert!(r.ends_a_task(&id, &ended));
+        assert!(r.heartbeat(&id, s, hb(ended.clone()), t(2)));
+        assert!(!r.ends_a_task(&id, &ended), "repeated, not new");
+        let failed = vec![ended[0].clone(), task("b", pb::TaskPhase::Failed)];
+        assert!(r.ends_a_task(&id, &failed));
     }
 
     #[test]

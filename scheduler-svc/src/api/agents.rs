@@ -454,6 +454,8 @@ impl AgentService for AgentApi {
         .map_err(|_| Status::cancelled("agent went away"))?;
         let registry = self.state.registry.clone();
         let lane = self.state.prompt_lane.clone();
+        let round_wake = self.state.round_wake.clone();
+        let round_wake_on = self.state.config.scheduling.event_round_gap.is_some();
         let leadership = self.state.leadership.clone();
         let metrics = self.state.metrics.clone();
         let session = registry.register(
@@ -501,6 +503,9 @@ impl AgentService for AgentApi {
                         // lane start a request.
                         if !hb.warm.is_empty() || hb.tasks.iter().any(|t| !t.outputs.is_empty()) {
                             lane.wake.notify_one();
+                        }
+                        if round_wake_on && registry.ends_a_task(&node_id, &hb.tasks) {
+                            round_wake.notify_one();
                         }
                         let ok = registry.heartbeat(&node_id, session, hb, now);
                         if ok {

@@ -356,6 +356,8 @@ impl JobService for JobApi {
                 self.notify(job.id);
                 if crate::scheduling::prompt_lane::in_lane(&self.state, &job) {
                     self.state.prompt_lane.wake.notify_one();
+                } else {
+                    self.state.round_wake.notify_one();
                 }
                 (job, true)
             }

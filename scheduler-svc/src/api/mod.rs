@@ -48,6 +48,9 @@ pub struct AppState {
     pub prompt_banks: Arc<crate::scheduling::BankIndexes>,
     /// PromptTuner's lane: its wake-up, the lock it shares with rounds.
     pub prompt_lane: Arc<crate::scheduling::PromptLane>,
+    /// Wakes the round loop for a round on an event (a submission, a task
+    /// that ended) when `scheduling.event_round_gap` is set.
+    pub round_wake: Arc<tokio::sync::Notify>,
 }
 
 /// Errors a handler returns; mapped to a status code in one place.

@@ -1589,7 +1589,8 @@ pub fn shipped_lut() -> Result<Arc<Lut>, String> {
 /// Sleeps until `lead` before the next round. The leader looks every
 /// [`POLICY_POLL`] for a policy set live (an operator, AutoSched) whose
 /// shorter interval brings that round forward, so a change out of a long
-/// interval does not wait it out.
+/// interval does not wait it out. With `scheduling.event_round_gap`, an
+/// event ([`crate::api::AppState::round_wake`]) brings it forward too.
 async fn sleep_towards(
     state: &AppState,
     next: &mut tokio::time::Instant,
@@ -1602,7 +1603,31 @@ async fn sleep_towards(
         if now >= target {
             return;
         }
-        tokio::time::sleep_until(target.min(now + POLICY_POLL)).await;
+        let gap = state.config.scheduling.event_round_gap;
+        let woke = tokio::select! {
+            () = tokio::time::sleep_until(target.min(now + POLICY_POLL)) => false,
+            () = state.round_wake.notified(), if gap.is_some() => true,
+        };
+        if let Some(gap) = gap.filter(|_| woke) {
+            // A submission or a task that ended: the round comes forward
+            // (core's rule, on seconds from now).
+            let now = tokio::time::Instant::now();
+            let at = fmsched_core::round::round_after_event(
+                next.saturating_duration_since(now).as_secs_f64(),
+                0.0,
+                -now.saturating_duration_since(last_started).as_secs_f64(),
+                gap.as_secs_f64(),
+            );
+            let at = now + std::time::Duration::from_secs_f64(at.max(0.0));
+            if at < *next {
+                tracing::debug!(
+                    in_s = at.saturating_duration_since(now).as_secs_f64(),
+                    "an event (a submission, a task that ended) brings the next round forward"
+                );
+                *next = at;
+            }
+            continue;
+        }
         if tokio::time::Instant::now() >= target || !state.leadership.is_leader() {
             continue;
         }
