@@ -18,6 +18,10 @@
 //! generated MIX1 workload (150 jobs, 12 × 8 A100) that wait alone took
 //! the weighted SLO violation from 4.8 % to 30.1 %: deadlines of 1.1–2 ×
 //! a job's time alone leave a short job less slack than one cycle.
+//! Rounds on events (`scheduling.event_round_gap`, `fmsim --event-gap`;
+//! [`crate::round::round_after_event`]) cut the wait further, for every
+//! policy: on the generated workloads of docs/fmsim.md UniSched's
+//! violation over reachable deadlines falls from 3.9 to 1.7 % (SLO, 100 %).
 //!
 //! **Stopping criteria (§5.3.2.2).** A job that stops on a metric target
 //! ends when it reaches it, before its user's maximum iterations. UniSched
