@@ -6151,12 +6151,7 @@ async fn e2e_deadline_rounds_on_events_run_a_job_within_one_interval() {
     wait_up("scheduler up", port);
     let _a = agent("node-a", port, dir.path());
     wait_for("node-a registered", Duration::from_secs(10), || {
-        let out = fmctl(port, &["nodes"])?;
-        if out.contains("node-a") {
-            Ok(())
-        } else {
-            Err(out)
-        }
+        node_view(port, "node-a").map(|_| ())
     });
     let submitted = Instant::now();
     submit(

@@ -1024,11 +1024,13 @@ fn proc_stat(pid: i32) -> Option<(i32, u64)> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     let rest = stat.rsplit_once(')')?.1;
     // From the state (field 3) on.
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    if *fields.first()? == "Z" {
+    let mut fields = rest.split_whitespace();
+    if fields.next()? == "Z" {
         return None;
     }
-    Some((fields.get(2)?.parse().ok()?, fields.get(19)?.parse().ok()?))
+    // Field 5 after the parent's pid; field 22 the 16th after it.
+    let pgrp = fields.nth(1)?.parse().ok()?;
+    Some((pgrp, fields.nth(16)?.parse().ok()?))
 }
 
 /// The live process-group leaders that a driver on `work_dir` started:
