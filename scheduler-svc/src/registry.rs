@@ -461,8 +461,8 @@ mod tests {
         assert_eq!(r.get(&id).unwrap().state, NodeState::Offline);
     }
 
-    /// A task's end is an event once: when a heartbeat first reports it
-    /// succeeded or failed, not while later ones repeat it.
+    /// A task's end is an event once: when a heartbeat or a task status
+    /// first reports it succeeded or failed, not while later ones repeat it.
     #[test]
     fn a_task_ends_once_for_the_round_loop() {
         let r = NodeRegistry::load(vec![], t(0));
@@ -497,6 +497,13 @@ mod tests {
         assert!(!r.ends_a_task(&id, &ended), "repeated, not new");
         let failed = vec![ended[0].clone(), task("b", pb::TaskPhase::Failed)];
         assert!(r.ends_a_task(&id, &failed));
+        // An end sent as a task status between heartbeats is the news; the
+        // heartbeat that repeats it afterwards is not (the session wakes the
+        // round at the status).
+        let status = task("b", pb::TaskPhase::Failed);
+        assert!(r.ends_a_task(&id, std::slice::from_ref(&status)));
+        assert!(r.task_status(&id, s, status, t(3)));
+        assert!(!r.ends_a_task(&id, &failed), "already told by the status");
     }
 
     #[test]

@@ -525,7 +525,17 @@ impl AgentService for AgentApi {
                         ok
                     }
                     Some(Msg::TaskStatus(ts)) => match ts.task {
-                        Some(t) => registry.task_status(&node_id, session, t, now),
+                        Some(t) => {
+                            // A phase change sent between heartbeats: once
+                            // recorded, the next heartbeat repeats it and
+                            // is no longer news, so the wake is now.
+                            if round_wake_on
+                                && registry.ends_a_task(&node_id, std::slice::from_ref(&t))
+                            {
+                                round_wake.notify_one();
+                            }
+                            registry.task_status(&node_id, session, t, now)
+                        }
                         None => true,
                     },
                     Some(Msg::LogData(d)) => {
