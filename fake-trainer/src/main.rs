@@ -617,6 +617,48 @@ impl Trainer {
         }
     }
 
+    /// Task `i` reached its target: its output (weights, or a tuned
+    /// prompt) is written and reported.
+    async fn deliver(&mut self, i: usize) -> anyhow::Result<()> {
+        self.state[i].done = true;
+        let dir = self.out_dir.join(&self.tasks[i].job_id);
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        let t = &self.tasks[i];
+        let prompt = t.settings.petl == "prompt_tuning";
+        let features = if prompt {
+            prompt_features(&t.model, &t.task, &t.job_id)
+        } else {
+            Vec::new()
+        };
+        let out = if prompt {
+            // A prompt-tuning job's output is its tuned prompt (the
+            // real helper writes a peft prompt adapter), not weights.
+            let out = dir.join("prompt.json");
+            let prompt = serde_json::json!({
+                "job_id": t.job_id,
+                "model": t.model,
+                "num_virtual_tokens": t.settings.num_virtual_tokens,
+                "initial_prompt": t.settings.initial_prompt,
+                "iteration": self.state[i].iteration,
+                "features": features,
+            });
+            write_atomic(&out, &serde_json::to_vec_pretty(&prompt)?)?;
+            out
+        } else {
+            let out = dir.join("weights.json");
+            write_atomic(&out, &serde_json::to_vec_pretty(&self.state[i])?)?;
+            out
+        };
+        self.reporter
+            .send(&Report::Done {
+                job_id: self.tasks[i].job_id.clone(),
+                output: out.display().to_string(),
+                prompt_features: features,
+            })
+            .await;
+        Ok(())
+    }
+
     /// Advances by `steps` joint iterations; returns true when every trained
     /// task is done.
     async fn advance(&mut self, steps: u64, crash_at: Option<u64>) -> anyhow::Result<bool> {
@@ -686,43 +728,7 @@ impl Trainer {
                 );
             }
             if reached && !self.profile {
-                self.state[i].done = true;
-                let dir = self.out_dir.join(&self.tasks[i].job_id);
-                std::fs::create_dir_all(&dir)
-                    .with_context(|| format!("creating {}", dir.display()))?;
-                let t = &self.tasks[i];
-                let prompt = t.settings.petl == "prompt_tuning";
-                let features = if prompt {
-                    prompt_features(&t.model, &t.task, &t.job_id)
-                } else {
-                    Vec::new()
-                };
-                let out = if prompt {
-                    // A prompt-tuning job's output is its tuned prompt (the
-                    // real helper writes a peft prompt adapter), not weights.
-                    let out = dir.join("prompt.json");
-                    let prompt = serde_json::json!({
-                        "job_id": t.job_id,
-                        "model": t.model,
-                        "num_virtual_tokens": t.settings.num_virtual_tokens,
-                        "initial_prompt": t.settings.initial_prompt,
-                        "iteration": self.state[i].iteration,
-                        "features": features,
-                    });
-                    write_atomic(&out, &serde_json::to_vec_pretty(&prompt)?)?;
-                    out
-                } else {
-                    let out = dir.join("weights.json");
-                    write_atomic(&out, &serde_json::to_vec_pretty(&self.state[i])?)?;
-                    out
-                };
-                self.reporter
-                    .send(&Report::Done {
-                        job_id: self.tasks[i].job_id.clone(),
-                        output: out.display().to_string(),
-                        prompt_features: features,
-                    })
-                    .await;
+                self.deliver(i).await?;
             }
         }
         if epochs_passed && !self.profile {
@@ -1385,6 +1391,19 @@ async fn serve(sig: &mut Signals, loaded: bool) -> anyhow::Result<Ended> {
     let mut last_ckpt = Instant::now();
     let mut lease = LeaseWatch::default();
     let mut first_step = Some(begun);
+    // Resumed from a checkpoint in which every task it trains had already
+    // reached its target (the process that reached it stopped before the
+    // scheduler took its output): as a trainer resumed at its last step
+    // saves its model and reports it, the outputs are written again and
+    // reported, not left out of an exit with nothing done.
+    let trained: Vec<usize> = (0..tr.tasks.len())
+        .filter(|&i| !tr.tasks[i].eval_only)
+        .collect();
+    if !tr.profile && !trained.is_empty() && trained.iter().all(|&i| tr.state[i].done) {
+        for i in trained {
+            tr.deliver(i).await?;
+        }
+    }
     let mut ticker = tokio::time::interval(tick);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {

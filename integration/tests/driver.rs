@@ -125,6 +125,40 @@ async fn suspend_and_resume_keep_progress() {
     d.suspend("job-a").await.unwrap();
 }
 
+/// A job resumed from a checkpoint in which it had already reached its
+/// target (a merged pair's process wrote it, then the pair was split
+/// before its output reached the scheduler) reports its output and exits
+/// 0, as a trainer resumed at its last step saves its model: it used to
+/// exit 0 with no output, and the job completed without one.
+#[tokio::test]
+async fn a_trainer_resumed_at_its_target_reports_its_output() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = driver(tmp.path(), 2000);
+    let ckpt = tmp.path().join("ckpt-000000600.json");
+    let state = serde_json::json!({
+        "format": "fmsched-fake-trainer/2",
+        "tasks": [{
+            "job_id": "done-job", "iteration": 600, "samples": 19200,
+            "done": true, "effective": 600.0, "gain": 0.0
+        }]
+    });
+    std::fs::write(&ckpt, serde_json::to_vec(&state).unwrap()).unwrap();
+    d.launch(&LaunchSpec {
+        resume_from: Some(ckpt),
+        ..spec("done-job", 600, &[])
+    })
+    .await
+    .unwrap();
+    let st = d.wait("done-job", Duration::from_secs(20)).await.unwrap();
+    assert_eq!(st.exit_code, Some(0), "{st:?}");
+    let out = st
+        .observed
+        .done
+        .get("done-job")
+        .expect("an output reported");
+    assert!(std::path::Path::new(out).exists(), "{out}");
+}
+
 /// A prompt task's Prompt Bank reaches its trainer as a file (the agent
 /// writes what the plan sent); the fake trainer walks it, starts from the
 /// prompt of its own task, and the agent observes its `prompt_init` and,
