@@ -659,12 +659,17 @@ impl Trainer {
         Ok(())
     }
 
+    /// The tasks this process trains (the others are watched, eval_only).
+    fn trained(&self) -> Vec<usize> {
+        (0..self.tasks.len())
+            .filter(|&i| !self.tasks[i].eval_only)
+            .collect()
+    }
+
     /// Advances by `steps` joint iterations; returns true when every trained
     /// task is done.
     async fn advance(&mut self, steps: u64, crash_at: Option<u64>) -> anyhow::Result<bool> {
-        let trained: Vec<usize> = (0..self.tasks.len())
-            .filter(|&i| !self.tasks[i].eval_only)
-            .collect();
+        let trained = self.trained();
         let total_epoch: u64 = trained.iter().map(|&i| self.samples_per_epoch[i]).sum();
         let joint_batch: u64 = trained
             .iter()
@@ -1396,9 +1401,7 @@ async fn serve(sig: &mut Signals, loaded: bool) -> anyhow::Result<Ended> {
     // scheduler took its output): as a trainer resumed at its last step
     // saves its model and reports it, the outputs are written again and
     // reported, not left out of an exit with nothing done.
-    let trained: Vec<usize> = (0..tr.tasks.len())
-        .filter(|&i| !tr.tasks[i].eval_only)
-        .collect();
+    let trained = tr.trained();
     if !tr.profile && !trained.is_empty() && trained.iter().all(|&i| tr.state[i].done) {
         for i in trained {
             tr.deliver(i).await?;

@@ -456,6 +456,17 @@ impl AgentService for AgentApi {
         let lane = self.state.prompt_lane.clone();
         let round_wake = self.state.round_wake.clone();
         let round_wake_on = self.state.config.scheduling.event_round_gap.is_some();
+        // With rounds on events, a report that ends a task brings the next
+        // round forward; checked before the registry records it, since a
+        // recorded end is no longer news.
+        let wake_round_on_end = {
+            let registry = self.state.registry.clone();
+            move |node_id: &NodeId, tasks: &[pb::ObservedTask]| {
+                if round_wake_on && registry.ends_a_task(node_id, tasks) {
+                    round_wake.notify_one();
+                }
+            }
+        };
         let leadership = self.state.leadership.clone();
         let metrics = self.state.metrics.clone();
         let session = registry.register(
@@ -504,9 +515,7 @@ impl AgentService for AgentApi {
                         if !hb.warm.is_empty() || hb.tasks.iter().any(|t| !t.outputs.is_empty()) {
                             lane.wake.notify_one();
                         }
-                        if round_wake_on && registry.ends_a_task(&node_id, &hb.tasks) {
-                            round_wake.notify_one();
-                        }
+                        wake_round_on_end(&node_id, &hb.tasks);
                         let ok = registry.heartbeat(&node_id, session, hb, now);
                         if ok {
                             // The agent's proof that its leader is alive (a
@@ -526,14 +535,9 @@ impl AgentService for AgentApi {
                     }
                     Some(Msg::TaskStatus(ts)) => match ts.task {
                         Some(t) => {
-                            // A phase change sent between heartbeats: once
-                            // recorded, the next heartbeat repeats it and
-                            // is no longer news, so the wake is now.
-                            if round_wake_on
-                                && registry.ends_a_task(&node_id, std::slice::from_ref(&t))
-                            {
-                                round_wake.notify_one();
-                            }
+                            // A phase change sent between heartbeats: the
+                            // next heartbeat repeats it, so the wake is now.
+                            wake_round_on_end(&node_id, std::slice::from_ref(&t));
                             registry.task_status(&node_id, session, t, now)
                         }
                         None => true,
