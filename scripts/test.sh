@@ -17,7 +17,7 @@ quick=0
 export DATABASE_URL="${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres}"
 export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
 
-log() { printf '==> %s\n' "$*"; }
+log() { printf '==> [%4ds] %s\n' "$SECONDS" "$*"; }
 
 as_root() {
   if [ "$(id -u)" = 0 ]; then "$@"; elif command -v sudo >/dev/null; then sudo "$@"; else
