@@ -486,24 +486,23 @@ fn anchor_accuracy(cases: &[Case], curves: &ModelCurves, n: usize) -> AnchorAccu
         if let Some(p) = fitted_epochs(&c.curve, c.target, n) {
             Accuracy::push(&mut fit, c, p);
         }
-        let lib = libs
-            .entry((c.model.clone(), c.task.clone()))
-            .or_insert_with(|| {
-                let mut l = CurveLibrary::new();
-                for (tasks, curve) in curves.get(&c.model).into_iter().flatten() {
-                    if !tasks.contains(&c.task) {
-                        l.push(curve, false).expect("published curves are finite");
-                    }
-                }
-                l.extended(&shipped_lib)
-            });
-        let every = whole.entry(c.model.clone()).or_insert_with(|| {
+        // The model's published curves that `keep` lets in, plus the
+        // shipped shapes.
+        let library = |keep: &dyn Fn(&[String]) -> bool| {
             let mut l = CurveLibrary::new();
-            for (_, curve) in curves.get(&c.model).into_iter().flatten() {
-                l.push(curve, false).expect("published curves are finite");
+            for (tasks, curve) in curves.get(&c.model).into_iter().flatten() {
+                if keep(tasks) {
+                    l.push(curve, false).expect("published curves are finite");
+                }
             }
             l.extended(&shipped_lib)
-        });
+        };
+        let lib = libs
+            .entry((c.model.clone(), c.task.clone()))
+            .or_insert_with(|| library(&|tasks| !tasks.contains(&c.task)));
+        let every = whole
+            .entry(c.model.clone())
+            .or_insert_with(|| library(&|_| true));
         for (acc, lib) in [
             (&mut prior, &*lib),
             (&mut shipped, &shipped_lib),
