@@ -447,6 +447,51 @@ async fn e2e_a_crashing_trainer_is_retried_then_fails_with_its_last_log_lines() 
     drop_db(&db).await;
 }
 
+/// A process that exits 0 without the trainer contract's `done` report (a
+/// plain command: `/bin/true`) completes its job, and the job's history
+/// says that no output was recorded, naming the process and its node.
+#[tokio::test]
+async fn e2e_a_process_that_exits_without_reporting_its_output_completes_with_a_note() {
+    let db = new_db("fmsched_no_output").await;
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let _sched = scheduler_env(
+        &db,
+        port,
+        dir.path(),
+        None,
+        &[("FMSCHED_SCHEDULING__PROFILING", "false")],
+    );
+    wait_up("scheduler up", port);
+    let _a = agent("node-a", port, dir.path());
+    let trainer = bin("fake-trainer").display().to_string();
+    let silent = job_yaml("silent", "rte", 600, 1).replace(&trainer, "/bin/true");
+    let fine = job_yaml("fine", "mrpc", 600, 1);
+    submit(
+        port,
+        dir.path(),
+        [("silent".to_string(), silent), ("fine".to_string(), fine)],
+    )
+    .expect("submit");
+    let done = all_completed(port, 2, Duration::from_secs(90));
+    let (id, (_, output)) = done
+        .iter()
+        .find(|(_, (_, output))| output.is_empty())
+        .expect("the silent job completed without an output");
+    assert_eq!(output, "");
+    let history = fmctl(port, &["watch", id]).unwrap();
+    assert!(
+        history.contains("exited 0 without a `done` report") && history.contains("node-a"),
+        "{history}"
+    );
+    // The trainer that reports its output gets no such note.
+    let (other, (_, output)) = done.iter().find(|(j, _)| *j != id).unwrap();
+    assert!(!output.is_empty());
+    let history = fmctl(port, &["watch", other]).unwrap();
+    assert!(!history.contains("without a `done` report"), "{history}");
+    drop_db(&db).await;
+}
+
 /// Kills every process whose environment names `needle` (the trainers a
 /// lost node was running: they are in process groups of their own).
 fn kill_processes_with_env(needle: &str) -> usize {

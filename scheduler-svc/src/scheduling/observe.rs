@@ -804,6 +804,23 @@ async fn observe_task(
         // the joint process trains its partner on.
         let output = t.outputs.get(&id.to_string()).cloned();
         if output.is_some() || phase == pb::TaskPhase::Succeeded {
+            // A process that exits 0 without reporting its output (a plain
+            // command that does not speak the report protocol, or a trainer
+            // that broke the contract) still completes its job: exit 0 is
+            // success. Its history says the output is missing, so the empty
+            // path is not taken for a result.
+            if output.is_none() {
+                tracing::warn!(job_id = %id, node_id = %n.record.id,
+                    "job completed: its process exited 0 without reporting an output");
+                o.writes.first_notes.push((
+                    id,
+                    "no_output".into(),
+                    format!(
+                        "process {} on node {} exited 0 without a `done` report: completed with no output recorded (the trainer contract's `done` line names it)",
+                        t.task_id, n.record.id
+                    ),
+                ));
+            }
             let output = output.unwrap_or_default();
             tracing::info!(job_id = %id, node_id = %n.record.id, %output, "job completed");
             // A tuned prompt goes into its model's Prompt Bank.
