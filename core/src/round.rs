@@ -1809,7 +1809,8 @@ impl Group {
 /// The job state changes of a round, with the reasons written on the jobs:
 /// profiling starts (or starts again when its node was lost), trainers run,
 /// everyone else waits — suspended, re-queued from a lost node, or still
-/// waiting. `submitted → running` goes through `queued`.
+/// waiting. `submitted → running` goes through `queued`, and so does a
+/// running job whose node went offline and that runs elsewhere now.
 fn transitions(
     view: &ClusterView,
     prepared: &Prepared,
@@ -1855,26 +1856,39 @@ fn transitions(
         } else {
             JobState::Queued
         };
-        if j.state == want {
-            continue;
-        }
         let lost = j.holds.iter().find(|g| {
             view.nodes
                 .get(g.0)
                 .is_none_or(|n| n.state == NodeState::Offline)
         });
-        let reason = match (training.get(&i), j.state, lost) {
-            (Some(g), ..) => format!(
+        let offline = |lost: &Gpu| {
+            format!(
+                "node {} is offline: re-queued from its last checkpoint (iteration {})",
+                view.nodes.get(lost.0).map_or("?", |n| n.id.as_str()),
+                j.iteration
+            )
+        };
+        let placed = |g: &Group| {
+            format!(
                 "placed on {} ({} GPUs) by {}",
                 node_names(&g.gpus),
                 g.gpus.len(),
                 cfg.policy
-            ),
-            (None, JobState::Running, Some(lost)) => format!(
-                "node {} is offline: re-queued from its last checkpoint (iteration {})",
-                view.nodes.get(lost.0).map_or("?", |n| n.id.as_str()),
-                j.iteration
-            ),
+            )
+        };
+        if j.state == want {
+            // A job whose node went offline, placed elsewhere in the same
+            // round, restarts from its checkpoint there: its history says
+            // both moves, as over two rounds.
+            if let (JobState::Running, Some(lost), Some(g)) = (want, lost, training.get(&i)) {
+                push(JobState::Queued, offline(lost));
+                push(JobState::Running, placed(g));
+            }
+            continue;
+        }
+        let reason = match (training.get(&i), j.state, lost) {
+            (Some(g), ..) => placed(g),
+            (None, JobState::Running, Some(lost)) => offline(lost),
             (None, JobState::Running, None) => {
                 let drained = j
                     .holds
@@ -2625,6 +2639,24 @@ mod tests {
         assert_eq!(d.snapshot.jobs[0].max_gpus, 2);
         assert_eq!(d.snapshot.jobs[0].current_gpus, 0);
         assert_eq!(d.outcome.groups[0].gpus, vec![(0, 0), (0, 1)]);
+        // Placed again in the same round, it still goes through `queued`:
+        // its history names the lost node.
+        let moves: Vec<(JobState, &str)> = d
+            .outcome
+            .transitions
+            .iter()
+            .map(|t| (t.to, t.reason.as_str()))
+            .collect();
+        assert_eq!(
+            moves,
+            vec![
+                (
+                    JobState::Queued,
+                    "node gone is offline: re-queued from its last checkpoint (iteration 120)"
+                ),
+                (JobState::Running, "placed on up (2 GPUs) by ymir"),
+            ]
+        );
         let mut gone = job("b", "rte", JobState::Running, 4);
         gone.holds = (0..4).map(|g| (1, g)).collect();
         gone.iteration = 7;
