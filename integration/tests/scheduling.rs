@@ -1514,15 +1514,15 @@ async fn try_intent(url: &str) -> Result<(i64, BTreeMap<String, Vec<String>>), s
 
 /// Kills the active scheduler and checks the failover: the other replica
 /// takes over, and every process whose job keeps its GPUs in the new
-/// leader's plan is the same process (same pid) as before. Returns how many
-/// processes were kept.
+/// leader's plan is the same process (same pid) as before. Returns the jobs
+/// whose processes were kept.
 async fn fail_over(
     url: &str,
     dir: &std::path::Path,
     active: &mut Proc,
     standby: &Proc,
     standby_port: u16,
-) -> usize {
+) -> BTreeSet<String> {
     // Processes count as settled when their job's GPUs were the same a
     // round earlier (the agents had applied that plan when we looked) and
     // in every plan from then on: a sampler reads the plan every 100 ms, so
@@ -1590,20 +1590,36 @@ async fn fail_over(
     let (samples, seen) = sampler.await.unwrap();
     let steady = |job: &str| seen.get(job).is_some_and(|g| g.len() == 1);
     let states = jobs(standby_port).unwrap();
-    let mut kept = 0;
+    let mut kept = BTreeSet::new();
+    // Why each job planned before the kill was not checked: printed, so a
+    // failover that kept nothing says whether the plans moved or the jobs
+    // finished.
+    let mut skipped: BTreeMap<&str, usize> = BTreeMap::new();
     for (job, gpus) in &before {
-        if after.get(job) != Some(gpus)
-            || earlier.get(job) != Some(gpus)
-            || states.get(job).is_some_and(|s| s.0 == "completed")
-            || !steady(job)
-        {
-            continue; // re-planned or finished: a new process is legitimate
+        // Re-planned or finished: a new process is legitimate.
+        let why = if earlier.get(job) != Some(gpus) {
+            Some("moved before the kill")
+        } else if after.get(job) != Some(gpus) {
+            Some("moved by the new leader")
+        } else if states.get(job).is_some_and(|s| s.0 == "completed") {
+            Some("completed")
+        } else if !steady(job) {
+            Some("moved between two looks")
+        } else {
+            None
+        };
+        if let Some(why) = why {
+            *skipped.entry(why).or_default() += 1;
+            continue;
         }
         let Some((task, pid)) = procs_before.iter().find(|(t, _)| t.contains(job.as_str())) else {
+            *skipped.entry("no process yet").or_default() += 1;
             continue;
         };
         match procs_after.get(task) {
-            Some(p) if p == pid => kept += 1,
+            Some(p) if p == pid => {
+                kept.insert(job.clone());
+            }
             Some(other) => {
                 panic!(
                     "job {job} kept GPUs {gpus:?} across the failover (in all {samples} plans read every 100 ms), \
@@ -1613,6 +1629,7 @@ async fn fail_over(
             // Gone: only because it finished (the new leader may not have
             // recorded that yet).
             None => {
+                *skipped.entry("finished during the failover").or_default() += 1;
                 wait_for(
                     "a vanished process's job completes",
                     Duration::from_secs(15),
@@ -1626,6 +1643,11 @@ async fn fail_over(
             }
         }
     }
+    eprintln!(
+        "failover: {} of {} planned jobs kept their process; not checked: {skipped:?}",
+        kept.len(),
+        before.len()
+    );
     kept
 }
 
@@ -1633,6 +1655,9 @@ async fn fail_over(
 fn futures_block<F: std::future::Future>(f: F) -> F::Output {
     tokio::task::block_in_place(|| tokio::runtime::Handle::current().block_on(f))
 }
+
+/// Iterations of the chaos test's two long jobs.
+const STEADY_ITERATIONS: u64 = 5000;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn e2e_chaos_scheduler_kills_an_agent_kill_and_a_postgres_restart_lose_nothing() {
@@ -1651,10 +1676,6 @@ async fn e2e_chaos_scheduler_kills_an_agent_kill_and_a_postgres_restart_lose_not
     let _a = agent_endpoints("node-a", &endpoints, dir.path(), None);
     let _b = agent_endpoints("node-b", &endpoints, dir.path(), None);
     let mut c = agent_endpoints("node-c", &endpoints, dir.path(), None);
-    let n = 40;
-    // Half the usual speed, so that work is still running at the second
-    // failover.
-    submit(p1, dir.path(), workload_at(n, COMPRESSION / 2.0, "")).expect("submit");
     let running = |port: u16, at_least: usize| {
         wait_for("jobs running", Duration::from_secs(60), || {
             let j = jobs(port)?;
@@ -1666,6 +1687,27 @@ async fn e2e_chaos_scheduler_kills_an_agent_kill_and_a_postgres_restart_lose_not
             }
         })
     };
+    // Two long non-preemptible jobs on one GPU each, started first: no
+    // policy moves them, so each failover has a process to check. The short
+    // jobs around them finish or move within a failover's window; with
+    // those alone a loaded run once found none at either failover.
+    let steady: Vec<(String, String)> = ["steady-a", "steady-b"]
+        .iter()
+        .map(|name| {
+            let yaml = job_yaml(name, "rte", STEADY_ITERATIONS, 1)
+                .replace("\"40\"", &format!("\"{}\"", COMPRESSION / 2.0))
+                + "preemptible: false\n";
+            (name.to_string(), yaml)
+        })
+        .collect();
+    submit(p1, dir.path(), steady).expect("submit");
+    running(p1, 2);
+    let steady: BTreeSet<String> = jobs(p1).unwrap().into_keys().collect();
+    // Half the usual speed, so that work is still running at the second
+    // failover.
+    let work = workload_at(40, COMPRESSION / 2.0, "");
+    let n = work.len() + 2;
+    submit(p1, dir.path(), work).expect("submit");
     running(p1, 6);
 
     // 1. kill -9 the active scheduler: the standby takes over.
@@ -1674,7 +1716,27 @@ async fn e2e_chaos_scheduler_kills_an_agent_kill_and_a_postgres_restart_lose_not
     std::fs::create_dir_all(&d1b).unwrap();
     let s1b = scheduler_at(&url, p1, &d1b, None, &[]);
 
-    // 2. an agent dies with its node's processes, and comes back later.
+    // 2. an agent dies with its node's processes, and comes back later:
+    // once its node runs a job, whose re-queue the history must show.
+    wait_for("node-c runs a job", Duration::from_secs(30), || {
+        let on_c: i64 = futures_block(async {
+            let mut db = sqlx::PgConnection::connect(&url)
+                .await
+                .map_err(|e| e.to_string())?;
+            sqlx::query_scalar(
+                "SELECT count(*) FROM assignments a JOIN jobs j ON j.id = a.job_id
+                 WHERE a.node_id = 'node-c' AND NOT a.profile AND j.state = 'running'",
+            )
+            .fetch_one(&mut db)
+            .await
+            .map_err(|e| e.to_string())
+        })?;
+        if on_c > 0 {
+            Ok(())
+        } else {
+            Err("node-c runs nothing".to_string())
+        }
+    });
     c.kill9();
     let killed = kill_processes_with_env(&format!("{}", dir.path().join("node-c").display()));
     eprintln!("node-c lost with {killed} training processes");
@@ -1691,12 +1753,19 @@ async fn e2e_chaos_scheduler_kills_an_agent_kill_and_a_postgres_restart_lose_not
     // takes over (once node-c's return has been planned for).
     std::thread::sleep(Duration::from_secs(3));
     let kept2 = fail_over(&url, dir.path(), &mut s2, &s1b, p1).await;
-    eprintln!("failovers kept {kept1} and {kept2} healthy processes running");
-    // Short jobs re-planned often: under load a failover may find few
-    // settled ones, but not none over both (else the check is vacuous).
+    eprintln!(
+        "failovers kept {} and {} healthy processes running",
+        kept1.len(),
+        kept2.len()
+    );
+    // Short jobs are re-planned often, and under load a failover may find
+    // none of them settled; the non-preemptible jobs, running since before
+    // the first failover, keep their processes through it (else the check
+    // would be vacuous). By the second one a node loss may have restarted
+    // them.
     assert!(
-        kept1 + kept2 >= 1,
-        "processes were running through the failovers"
+        steady.is_subset(&kept1),
+        "the non-preemptible jobs {steady:?} kept their processes through the first failover: {kept1:?}"
     );
 
     let done = all_completed(p1, n, Duration::from_secs(400));
@@ -1725,7 +1794,8 @@ async fn e2e_chaos_scheduler_kills_an_agent_kill_and_a_postgres_restart_lose_not
     let table = jct_table_at(&url).await;
     let avg = table.values().map(|v| v.0).sum::<f64>() / table.len() as f64;
     eprintln!(
-        "chaos: {n} jobs completed exactly once, avg JCT {avg:.1} s; {requeued} re-queue events name node-c"
+        "chaos: {n} jobs completed exactly once, avg JCT {avg:.1} s (steady jobs {:.1} and {:.1} s); {requeued} re-queue events name node-c",
+        table["steady-a"].0, table["steady-b"].0
     );
     assert!(
         requeued >= 1,
@@ -5084,7 +5154,9 @@ async fn soak_chaos_replicas_agents_trainers_and_postgres_lose_nothing() {
                     let (x, y) = replicas.split_at_mut(1);
                     (&mut y[0], &x[0])
                 };
-                kept_total += fail_over(&url, dir.as_path(), a, b, ports[other]).await;
+                kept_total += fail_over(&url, dir.as_path(), a, b, ports[other])
+                    .await
+                    .len();
                 std::thread::sleep(Duration::from_secs(rng.range(1, 5)));
                 replicas[k] = start_replica(k);
                 wait_up("a killed replica back", ports[k]);
