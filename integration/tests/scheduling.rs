@@ -1558,6 +1558,7 @@ async fn fail_over(
     std::thread::sleep(Duration::from_millis(1200));
     let procs_before = trainer_processes(dir);
     let (gen_before, before) = intent(url).await;
+    let killed_at = std::time::Instant::now();
     active.kill9();
     wait_for("the standby takes over", Duration::from_secs(30), || {
         if standby
@@ -1585,6 +1586,7 @@ async fn fail_over(
     );
     std::thread::sleep(Duration::from_millis(500)); // agents apply it
     let (_, after) = intent(url).await;
+    let window = killed_at.elapsed().as_secs_f64();
     let procs_after = trainer_processes(dir);
     stop.store(true, std::sync::atomic::Ordering::SeqCst);
     let (samples, seen) = sampler.await.unwrap();
@@ -1597,12 +1599,12 @@ async fn fail_over(
     let mut skipped: BTreeMap<&str, usize> = BTreeMap::new();
     for (job, gpus) in &before {
         // Re-planned or finished: a new process is legitimate.
-        let why = if earlier.get(job) != Some(gpus) {
+        let why = if states.get(job).is_some_and(|s| s.0 == "completed") {
+            Some("completed (recorded by the new leader)")
+        } else if earlier.get(job) != Some(gpus) {
             Some("moved before the kill")
         } else if after.get(job) != Some(gpus) {
             Some("moved by the new leader")
-        } else if states.get(job).is_some_and(|s| s.0 == "completed") {
-            Some("completed")
         } else if !steady(job) {
             Some("moved between two looks")
         } else {
@@ -1629,7 +1631,9 @@ async fn fail_over(
             // Gone: only because it finished (the new leader may not have
             // recorded that yet).
             None => {
-                *skipped.entry("finished during the failover").or_default() += 1;
+                *skipped
+                    .entry("completed (its process gone, recorded after)")
+                    .or_default() += 1;
                 wait_for(
                     "a vanished process's job completes",
                     Duration::from_secs(15),
@@ -1644,7 +1648,7 @@ async fn fail_over(
         }
     }
     eprintln!(
-        "failover: {} of {} planned jobs kept their process; not checked: {skipped:?}",
+        "failover: {} of {} planned jobs kept their process in the {window:.1} s from the kill to the new plan; not checked: {skipped:?}",
         kept.len(),
         before.len()
     );
