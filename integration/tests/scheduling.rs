@@ -71,6 +71,17 @@ fn scheduler_env(
     scheduler_at(&db_url(db), port, dir, metrics, env)
 }
 
+/// A scheduler whose jobs start without a profiling run.
+fn scheduler_without_profiling(db: &str, port: u16, dir: &std::path::Path) -> Proc {
+    scheduler_env(
+        db,
+        port,
+        dir,
+        None,
+        &[("FMSCHED_SCHEDULING__PROFILING", "false")],
+    )
+}
+
 /// A scheduler on the database at `url`.
 fn scheduler_at(
     url: &str,
@@ -455,13 +466,7 @@ async fn e2e_a_process_that_exits_without_reporting_its_output_completes_with_a_
     let db = new_db("fmsched_no_output").await;
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
-    let _sched = scheduler_env(
-        &db,
-        port,
-        dir.path(),
-        None,
-        &[("FMSCHED_SCHEDULING__PROFILING", "false")],
-    );
+    let _sched = scheduler_without_profiling(&db, port, dir.path());
     wait_up("scheduler up", port);
     let _a = agent("node-a", port, dir.path());
     let trainer = bin("fake-trainer").display().to_string();
@@ -6214,13 +6219,7 @@ async fn e2e_hardening_a_restarted_agent_stops_the_trainer_its_predecessor_left(
     let db = new_db("fmsched_orphans").await;
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
-    let _sched = scheduler_env(
-        &db,
-        port,
-        dir.path(),
-        None,
-        &[("FMSCHED_SCHEDULING__PROFILING", "false")],
-    );
+    let _sched = scheduler_without_profiling(&db, port, dir.path());
     wait_up("scheduler up", port);
     let mut a = agent("node-a", port, dir.path());
     submit(
