@@ -2260,6 +2260,11 @@ fn fidelity(
             );
             results.push(r);
         }
+        // The outputs of whatever ran (also with `--policies`).
+        if let Some(o) = out {
+            let rows: Vec<_> = results.iter().map(report::summarize).collect();
+            write_outputs(&o.join(format!("FM-1-{model}")), &results, &rows)?;
+        }
         // Ymir against the authors' Titan without merging and every baseline.
         if FIDELITY_POLICIES.iter().any(|p| !ours.contains_key(p)) {
             continue;
@@ -2272,10 +2277,6 @@ fn fidelity(
             .fold(f64::INFINITY, f64::min)
             .min(titan_no_merge);
         worst_ymir_ratio = worst_ymir_ratio.max(ymir / best_other);
-        if let Some(o) = out {
-            let rows: Vec<_> = results.iter().map(report::summarize).collect();
-            write_outputs(&o.join(format!("FM-1-{model}")), &results, &rows)?;
-        }
     }
     println!(
         "Ymir with merging vs the authors' Titan with merging: their simulator finishes a spatially merged pair when the \
