@@ -1434,8 +1434,8 @@ fn group_time(
     }
 }
 
-/// The estimated pairs that may help (`TranWt ≥ 1` at some allocation, Ymir
-/// §5) as the policy's candidates; an estimate of a pair that is not
+/// The estimated pairs that may help (`TranWt > 1` at some allocation, Ymir
+/// §5; [`crate::policy::merge_gains`]) as the policy's candidates; an estimate of a pair that is not
 /// eligible is refused. A pair that would make a job with a deadline miss
 /// it even at its best allocation is no candidate: B of a temporal pair
 /// finishes with the group, both of a spatial one do (A of a temporal pair
@@ -1459,7 +1459,7 @@ fn candidates(
                 c.pair.mode
             )));
         }
-        if !c.tran_wt.iter().any(|&w| w >= 1.0) {
+        if !c.tran_wt.iter().copied().any(crate::policy::merge_gains) {
             continue;
         }
         let seconds = mask_replicas(
@@ -3031,6 +3031,38 @@ mod tests {
         assert_eq!(candidates(None, Some(1000.0)), 0, "B would miss");
         assert_eq!(candidates(None, Some(5000.0)), 1, "B makes it");
         assert_eq!(candidates(Some(1000.0), None), 1, "A trains as alone");
+    }
+
+    /// A pair whose `TranWt` is 1 at every allocation (B needs as many
+    /// epochs from A's weights as alone) gains nothing and is no candidate
+    /// (`policy::merge_gains`); the same pair with a gain is one.
+    #[test]
+    fn tail_a_pair_without_gain_is_no_candidate() {
+        let v = view(
+            vec![node("n", 2)],
+            vec![
+                job("a", "rte", JobState::Queued, 1),
+                job("b", "mrpc", JobState::Queued, 1),
+            ],
+        );
+        let cfg = RoundConfig {
+            profiling: false,
+            ..Default::default()
+        };
+        let policy = by_name("ymir").unwrap();
+        let p = prepare(&v, policy.as_ref(), &cfg);
+        let candidates = |w: f64| {
+            let mut e = estimates(&p, 3600.0);
+            let mut c = helpful_temporal(&p, 0, 1);
+            for x in c.tran_wt.iter_mut().filter(|x| **x > 0.0) {
+                *x = w;
+            }
+            e.candidates.push(c);
+            let d = decide(&v, &p, &e, policy.as_ref(), &cfg).unwrap();
+            d.snapshot.candidates.len()
+        };
+        assert_eq!(candidates(1.0), 0, "no gain");
+        assert_eq!(candidates(1.01), 1, "a gain");
     }
 
     /// One process trains a merge, so it never runs below either job's

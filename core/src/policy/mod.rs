@@ -609,6 +609,19 @@ pub trait Policy {
     }
 }
 
+/// Whether a merge's `TranWt` (Ymir Eq. 12/13) at one allocation is a gain
+/// over running its two jobs apart. Ymir §5 filters out combinations with
+/// `TranWt < 1` as unnecessary; a pair at exactly 1 is just as unnecessary
+/// (no JCT speedup: B of a temporal pair needs as many epochs from A's
+/// weights as alone, say when neither reaches its target within its epoch
+/// cap) but not harmless: the merged pair counts as two jobs in Eq. 7, so
+/// the solver took such pairs on a busy cluster, and a temporal B then
+/// waited for all of A for nothing. On FM-1-vit-large the two slowest jobs
+/// were such Bs (`tail_no_gain_merges_are_not_candidates`).
+pub fn merge_gains(tran_wt: f64) -> bool {
+    tran_wt > 1.0 + 1e-9
+}
+
 /// Stages of a pipeline-parallel job, i.e. GPUs of one pipeline replica
 /// (Ymir §5.2: "we restrict the resource allocation set as A = {4m | m ∈ N},
 /// reserving entire GPU servers for each pipeline-parallel workload" — on

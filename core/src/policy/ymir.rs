@@ -9,7 +9,7 @@
 //!    model is built: different models, same task, a job with
 //!    `sharing = false`, pipeline mixed with data-parallel, spatial pairs
 //!    with progress, temporal pairs whose second job has progress (it would
-//!    restart from the first's weights), and pairs whose `TranWt` is below 1
+//!    restart from the first's weights), and pairs whose `TranWt` is not above 1
 //!    at every allocation. At most [`YmirConfig::pairs_per_job`] best pairs
 //!    are kept per job, which bounds the model on large clusters.
 //! 3. **model** — binaries `x[u][a]` (unit `u` gets `a` GPUs) and `y[p][a]`
@@ -271,7 +271,7 @@ impl Ymir {
                 .filter(|&(_, &x)| x > 0)
                 .map(|(&w, _)| w)
                 .fold(0.0, f64::max);
-            if ok && best >= 1.0 {
+            if ok && super::merge_gains(best) {
                 kept.push((ci, best));
             }
         }
@@ -1402,6 +1402,75 @@ mod tests {
         // The gain's discount: 1 + (1.5 − 1)·(1 − 0.8/2) = 1.3.
         let w = 1.0 + (1.5 - 1.0) * (1.0 - 1.0 * 0.8 / 2.0f64).max(0.0);
         assert!((w - 1.3).abs() < 1e-12);
+    }
+
+    /// Two GPUs, four one-GPU jobs that scale sub-linearly (1,000 s on one
+    /// GPU, 600 s on two), and a temporal pair A → B whose `TranWt` is
+    /// exactly 1: B needs as many epochs from A's weights as alone, so the
+    /// pair takes as long as A and then B (plus B's restart). Eq. 7 counts
+    /// a merged pair as two jobs at twice the fair share, which on a busy
+    /// cluster rates the pair on one GPU (2·1,230/2,030 = 1.21) above a job
+    /// alone (1.0): the old `TranWt ≥ 1` filter let the solver merge, and
+    /// B waited for all of A for no gain. A pair must gain to be a
+    /// candidate; one that gains (B needs half its epochs) still merges.
+    #[test]
+    fn tail_no_gain_merges_are_not_candidates() {
+        let alone = |a: u32| match a {
+            0 => f64::INFINITY,
+            1 => 1000.0,
+            _ => 600.0,
+        };
+        let mut snap = cluster(
+            1,
+            2,
+            ["a", "b", "c", "d"]
+                .iter()
+                .map(|id| job(id, 1000.0, 1, &ymir_allocations(64)))
+                .collect(),
+        );
+        for j in &mut snap.jobs {
+            j.remaining_s = snap.allocations.iter().map(|&a| alone(a)).collect();
+        }
+        let pair = |b_time: f64| {
+            let remaining_s: Vec<f64> = snap
+                .allocations
+                .iter()
+                .map(|&a| alone(a) + b_time * alone(a) / 1000.0 + 30.0)
+                .collect();
+            let tran_wt = snap
+                .allocations
+                .iter()
+                .map(|&a| {
+                    // Ymir Eq. 12 with T_A = T_B = t.
+                    let (t, tab) = (alone(a), b_time * alone(a) / 1000.0);
+                    (2.0 * t + t) / (2.0 * t + tab)
+                })
+                .collect();
+            PairCandidate {
+                a: 0,
+                b: 1,
+                mode: MergeMode::Temporal,
+                remaining_s,
+                tran_wt,
+            }
+        };
+        let merged = |snap: &Snapshot| {
+            Ymir::default()
+                .allocate(snap)
+                .entries
+                .iter()
+                .any(|e| e.jobs.len() == 2)
+        };
+        snap.candidates = vec![pair(1000.0)];
+        assert!(snap.candidates[0].tran_wt[1..].iter().all(|&w| w == 1.0));
+        assert!(
+            Ymir::default().pairs(&snap).is_empty(),
+            "no gain, no candidate"
+        );
+        assert!(!merged(&snap), "B is not made to wait for A for nothing");
+        snap.candidates = vec![pair(500.0)];
+        assert_eq!(Ymir::default().pairs(&snap).len(), 1);
+        assert!(merged(&snap), "a pair that gains still merges");
     }
 
     #[test]
