@@ -979,6 +979,16 @@ impl<'a> Simulation<'a> {
         Some(j.predicted_epochs[seen])
     }
 
+    /// The estimation error of a spatial pair's joint time: each job's
+    /// factor, weighted by the samples it has left (`need`).
+    fn joint_noise(&self, a: usize, b: usize, need: (f64, f64)) -> f64 {
+        let (wa, wb) = (need.0.max(0.0), need.1.max(0.0));
+        if wa + wb <= 0.0 {
+            return 1.0;
+        }
+        (self.noise_factor(a) * wa + self.noise_factor(b) * wb) / (wa + wb)
+    }
+
     /// The estimation-error factor of job `i` now: its maximum over its
     /// true remaining work under a policy without an iteration estimator,
     /// the learned estimator's predicted over true remaining work, or the
@@ -2051,7 +2061,9 @@ impl<'a> Simulation<'a> {
 
     /// The oracle's estimates for a prepared round: remaining times from
     /// the catalog's work and the LUT's speed (scaled by the job's fixed
-    /// estimation error), merged parts from the catalog's transfer entries.
+    /// estimation error), merged parts from the catalog's transfer entries
+    /// with the same errors (B's for B after A, the two jobs' weighted by
+    /// their samples for a joint job).
     /// A pair the catalog has no entry for is no candidate.
     fn estimates(
         &mut self,
@@ -2087,14 +2099,19 @@ impl<'a> Simulation<'a> {
         for &m in &prepared.kept {
             let mv = &view.merges[m];
             let (a, b) = (members[mv.a], members[mv.b]);
-            out.kept.push(match mv.mode {
+            let (times, noise) = match mv.mode {
                 // B's target is already the merged one.
-                MergeMode::Temporal => self.solo_times(b, shape[mv.a])?,
+                MergeMode::Temporal => (self.solo_times(b, shape[mv.a])?, self.noise_factor(b)),
                 _ => {
                     let need = (self.remaining(a), self.remaining(b));
-                    self.joint_times(a, b, need, shape[mv.a])?
+                    (
+                        self.joint_times(a, b, need, shape[mv.a])?,
+                        self.joint_noise(a, b, need),
+                    )
                 }
-            });
+            };
+            out.kept
+                .push(times.into_iter().map(|t| t * noise).collect());
         }
         for pair in &prepared.eligible {
             let (a, b) = (members[pair.a], members[pair.b]);
@@ -2109,7 +2126,11 @@ impl<'a> Simulation<'a> {
                     self.jobs[b].target = need;
                     let tab = self.solo_times(b, shape[pair.a]);
                     self.jobs[b].target = saved;
-                    let tab = tab?;
+                    // B's part carries B's estimation error, as B alone
+                    // does: an error common to both ways of training B
+                    // does not make the merge look better or worse.
+                    let nb = self.noise_factor(b);
+                    let tab: Vec<f64> = tab?.into_iter().map(|t| t * nb).collect();
                     let tran_wt = (0..ta.len())
                         .map(|k| tran_wt_temporal(ta[k], tb[k], tab[k]))
                         .collect();
@@ -2125,7 +2146,12 @@ impl<'a> Simulation<'a> {
                     let Some((na, nb)) = self.spatial_need(catalog, a, b) else {
                         continue;
                     };
-                    let joint = self.joint_times(a, b, (na, nb), shape[pair.a])?;
+                    let noise = self.joint_noise(a, b, (na, nb));
+                    let joint: Vec<f64> = self
+                        .joint_times(a, b, (na, nb), shape[pair.a])?
+                        .into_iter()
+                        .map(|t| t * noise)
+                        .collect();
                     let tran_wt = (0..ta.len())
                         .map(|k| tran_wt_spatial(ta[k], tb[k], joint[k]))
                         .collect();

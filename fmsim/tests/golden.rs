@@ -179,6 +179,42 @@ fn spatial_pairs_finish_each_task_on_its_own_samples() {
     );
 }
 
+/// A temporal pair that gains nothing (B needs as many epochs from A's
+/// weights as alone) on a busy cluster: four one-GPU jobs on two GPUs.
+/// Merged, B would wait for all of A for nothing. It is never merged, with
+/// exact estimates (`policy::merge_gains`) or with any estimation error
+/// (B's part of the pair carries B's own error, so an error common to both
+/// ways of training B cannot make the merge look like a gain). The same
+/// pair with a gain (B needs half its epochs after A) is merged.
+#[test]
+fn tail_a_temporal_pair_without_gain_is_never_merged_whatever_the_noise() {
+    let catalog = |b_after_a: f64| {
+        let mut m = ModelTasks::default();
+        for t in ["first", "second", "third", "fourth"] {
+            m.tasks.insert(t.into(), task(40_000.0, 2.0));
+        }
+        m.temporal
+            .insert(("first".into(), "second".into()), Work::Epochs(b_after_a));
+        roberta_catalog(m)
+    };
+    let jobs: Vec<_> = ["first", "second", "third", "fourth"]
+        .iter()
+        .map(|t| one_gpu_job(&format!("job-{t}"), t, 0.0, true))
+        .collect();
+    let merges = |noise: f64, b_after_a: f64| {
+        let cfg = SimConfig {
+            profile_s: 0.0,
+            estimate_noise: noise,
+            ..SimConfig::uniform(1, 2, "V100")
+        };
+        run("ymir", &cfg, &catalog(b_after_a), &jobs).merges_temporal
+    };
+    for noise in [0.0, 0.2, 0.4] {
+        assert_eq!(merges(noise, 2.0), 0, "no gain merged at noise {noise}");
+    }
+    assert_eq!(merges(0.0, 1.0), 1, "a gain is merged");
+}
+
 #[test]
 fn a_workload_naming_an_unknown_task_is_refused_with_its_name() {
     let mut jobs = small();
