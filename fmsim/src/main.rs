@@ -2178,6 +2178,8 @@ fn fidelity(
     let mut worst_baseline: (f64, String) = (0.0, String::new());
     let mut worst_authors_themis: Option<f64> = None;
     let mut worst_ymir_ratio: f64 = 0.0;
+    // Ymir against the authors' Titan with merging: (workload, avg ratio, p99 ratio).
+    let mut vs_titan: Vec<(&str, f64, f64)> = Vec::new();
     for model in FM1_MODELS {
         if !wanted(only, model) {
             continue;
@@ -2233,6 +2235,11 @@ fn fidelity(
             r.policy = name.to_string();
             let s = report::summarize(&r);
             ours.insert(name, s.avg_jct_h);
+            if name == "ymir"
+                && let Some(&(aa, ap)) = theirs.get("ymir")
+            {
+                vs_titan.push((model, s.avg_jct_h / aa, s.p99_jct_h / ap));
+            }
             let column = if name == "themis-titansched" {
                 "themis"
             } else {
@@ -2287,6 +2294,28 @@ fn fidelity(
         println!(
             "themis-titansched (the authors' Themis rank instead of the paper's ρ): worst deviation {:.1}%",
             100.0 * w
+        );
+    }
+    if !vs_titan.is_empty() {
+        let ratios: Vec<String> = vs_titan
+            .iter()
+            .map(|(m, a, p)| format!("{m} {a:.2} / {p:.2}"))
+            .collect();
+        let below: Vec<&str> = vs_titan
+            .iter()
+            .filter(|(_, a, p)| *a < 1.0 && *p < 1.0)
+            .map(|(m, _, _)| *m)
+            .collect();
+        println!(
+            "Ymir / the authors' Titan (merging), avg / p99: {}; below on both on {} of {} ({})",
+            ratios.join(", "),
+            below.len(),
+            vs_titan.len(),
+            if below.is_empty() {
+                "none".to_string()
+            } else {
+                below.join(", ")
+            }
         );
     }
     println!(
