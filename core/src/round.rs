@@ -3002,6 +3002,29 @@ mod tests {
         assert!(p.eligible.is_empty());
     }
 
+    /// How many candidates Ymir's round keeps of one temporal pair a ↦ b
+    /// (`helpful_temporal`, its `TranWt` set to `tran_wt` where given), the
+    /// two jobs queued on one 2-GPU node.
+    fn temporal_candidates(a: JobView, b: JobView, tran_wt: Option<f64>) -> usize {
+        let v = view(vec![node("n", 2)], vec![a, b]);
+        let cfg = RoundConfig {
+            profiling: false,
+            ..Default::default()
+        };
+        let policy = by_name("ymir").unwrap();
+        let p = prepare(&v, policy.as_ref(), &cfg);
+        let mut e = estimates(&p, 3600.0);
+        let mut c = helpful_temporal(&p, 0, 1);
+        if let Some(w) = tran_wt {
+            for x in c.tran_wt.iter_mut().filter(|x| **x > 0.0) {
+                *x = w;
+            }
+        }
+        e.candidates.push(c);
+        let d = decide(&v, &p, &e, policy.as_ref(), &cfg).unwrap();
+        d.snapshot.candidates.len()
+    }
+
     /// Merging with deadlines: a pair whose best time would make B (of a
     /// temporal pair) miss its deadline is no candidate; with a deadline
     /// it can meet, or one only on A, it stays one.
@@ -3013,17 +3036,7 @@ mod tests {
             let mut b = job("b", "mrpc", JobState::Queued, 1);
             a.deadlines = deadline_a.map(steps).unwrap_or_default();
             b.deadlines = deadline_b.map(steps).unwrap_or_default();
-            let v = view(vec![node("n", 2)], vec![a, b]);
-            let cfg = RoundConfig {
-                profiling: false,
-                ..Default::default()
-            };
-            let policy = by_name("ymir").unwrap();
-            let p = prepare(&v, policy.as_ref(), &cfg);
-            let mut e = estimates(&p, 3600.0);
-            e.candidates.push(helpful_temporal(&p, 0, 1));
-            let d = decide(&v, &p, &e, policy.as_ref(), &cfg).unwrap();
-            d.snapshot.candidates.len()
+            temporal_candidates(a, b, None)
         };
         // The pair's best: A on 2 GPUs (1800 s), then B from A's weights
         // (180 s) after its restart (30 s).
@@ -3038,28 +3051,12 @@ mod tests {
     /// (`policy::merge_gains`); the same pair with a gain is one.
     #[test]
     fn tail_a_pair_without_gain_is_no_candidate() {
-        let v = view(
-            vec![node("n", 2)],
-            vec![
+        let candidates = |w: f64| {
+            temporal_candidates(
                 job("a", "rte", JobState::Queued, 1),
                 job("b", "mrpc", JobState::Queued, 1),
-            ],
-        );
-        let cfg = RoundConfig {
-            profiling: false,
-            ..Default::default()
-        };
-        let policy = by_name("ymir").unwrap();
-        let p = prepare(&v, policy.as_ref(), &cfg);
-        let candidates = |w: f64| {
-            let mut e = estimates(&p, 3600.0);
-            let mut c = helpful_temporal(&p, 0, 1);
-            for x in c.tran_wt.iter_mut().filter(|x| **x > 0.0) {
-                *x = w;
-            }
-            e.candidates.push(c);
-            let d = decide(&v, &p, &e, policy.as_ref(), &cfg).unwrap();
-            d.snapshot.candidates.len()
+                Some(w),
+            )
         };
         assert_eq!(candidates(1.0), 0, "no gain");
         assert_eq!(candidates(1.01), 1, "a gain");
