@@ -999,8 +999,13 @@ fn reserve_profiling(
 /// data-parallel or both pipeline (of one expert-parallel degree), no two
 /// different GPU models asked for, the same training setup (precision,
 /// checkpointing, PETL, frozen layers: one process trains a spatial pair,
-/// and A's weights start B of a temporal one), neither merged before,
-/// neither started.
+/// and A's weights start B of a temporal one), neither merged before;
+/// neither of a spatial pair started (one new process trains both from
+/// the start), B of a temporal one not started (it starts from A's
+/// weights). A of a temporal pair may have trained, running or suspended:
+/// B then waits for what A has left. Without that, a job that started alone
+/// a moment before a partner arrived could never lead it, and a round on
+/// every arrival (which starts each job at once) would merge far less.
 /// Per model, for every ordered pair: `A ↦ B`, and `A ‖ B` once.
 fn eligible_pairs(view: &ClusterView, snapshot_jobs: &[usize], queues: &Queues) -> Vec<PairKey> {
     let mut by_model: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
@@ -1018,12 +1023,14 @@ fn eligible_pairs(view: &ClusterView, snapshot_jobs: &[usize], queues: &Queues) 
                 if a == b || !may_pair(view, a, b, queues) {
                     continue;
                 }
-                out.push(PairKey {
-                    a,
-                    b,
-                    mode: MergeMode::Temporal,
-                });
-                if x < y {
+                if unstarted(&view.jobs[b]) {
+                    out.push(PairKey {
+                        a,
+                        b,
+                        mode: MergeMode::Temporal,
+                    });
+                }
+                if x < y && unstarted(&view.jobs[a]) && unstarted(&view.jobs[b]) {
                     out.push(PairKey {
                         a,
                         b,
@@ -1037,9 +1044,14 @@ fn eligible_pairs(view: &ClusterView, snapshot_jobs: &[usize], queues: &Queues) 
 }
 
 /// The per-job half of [`eligible_pairs`]' filter: sharing, preemptible (a
-/// merge suspends and restarts its jobs), never merged, not started.
+/// merge may suspend and restart its jobs), never merged.
 fn open_for_merge(j: &JobView) -> bool {
-    j.sharing && j.preemptible && !j.ever_merged && j.progress == 0.0
+    j.sharing && j.preemptible && !j.ever_merged
+}
+
+/// Not trained yet: both jobs of a spatial pair, B of a temporal one.
+fn unstarted(j: &JobView) -> bool {
+    j.progress == 0.0
 }
 
 /// The pairwise half of [`eligible_pairs`]' filter.
@@ -1070,9 +1082,10 @@ fn is_eligible(
         && open_for_merge(&view.jobs[pair.a])
         && open_for_merge(&view.jobs[pair.b])
         && may_pair(view, pair.a, pair.b, queues)
+        && unstarted(&view.jobs[pair.b])
         && match pair.mode {
             MergeMode::Temporal => true,
-            MergeMode::Spatial => x < y,
+            MergeMode::Spatial => x < y && unstarted(&view.jobs[pair.a]),
             // Sharing a GPU is the policy's pick, not a merge candidate.
             MergeMode::Normal | MergeMode::Shared => false,
         }
@@ -1647,10 +1660,11 @@ fn assign_gpus(
             _ => true,
         };
         // A group keeps its GPUs when its first trainer held exactly them
-        // (a new joint process never does); a shared GPU stays where
-        // either sharer runs.
+        // (a new joint process never does, nor does A of a new temporal
+        // merge: it is launched again to evaluate B with its weights, the
+        // merge guard's watch); a shared GPU stays where either sharer runs.
         let now_held = match e.mode {
-            MergeMode::Spatial if !merged_before => Vec::new(),
+            MergeMode::Spatial | MergeMode::Temporal if !merged_before => Vec::new(),
             MergeMode::Shared => group_holds(view, &members),
             _ => group_holds(view, &members[..1]),
         };
@@ -2963,8 +2977,10 @@ mod tests {
         assert_eq!(p.profiling[0].job, 1);
     }
 
-    /// Eligible pairs: one model, different tasks, sharing, not started,
-    /// never merged, one training setup; temporal both ways, spatial once.
+    /// Eligible pairs: one model, different tasks, sharing, never merged,
+    /// one training setup; temporal both ways, spatial once; neither of a
+    /// spatial pair started, and B of a temporal one not started (A may
+    /// have trained: B then starts from where A ends).
     #[test]
     fn merge_candidates_are_filtered_before_anything_is_estimated() {
         let mut jobs = vec![
@@ -2995,6 +3011,10 @@ mod tests {
                 key(1, 2, Temporal),
                 key(1, 2, Spatial),
                 key(2, 1, Temporal),
+                // e has trained: only as the A of a temporal pair.
+                key(4, 0, Temporal),
+                key(4, 1, Temporal),
+                key(4, 2, Temporal),
             ]
         );
         // A baseline merges nothing: no candidates at all.

@@ -73,7 +73,7 @@ fn roberta_catalog(m: ModelTasks) -> Catalog {
 /// Upper bounds on average JCT (hours) of the shipped 40-job workload on
 /// 2 × 4 V100, about 15 % above what each policy achieves today.
 const BOUNDS: [(&str, f64); 8] = [
-    ("ymir", 1.55),
+    ("ymir", 1.2),
     ("ymir-no-merge", 4.65),
     ("srtf", 5.85),
     ("tiresias", 9.9),
@@ -769,19 +769,33 @@ fn published_trace_layouts_simulate_to_completion() {
     }
 }
 
-/// Issue "Ymir's core, sharper", the tail: on the shipped workload, Ymir's
-/// resize horizon (a running job is resized only when the gain pays its
-/// restart back within 300 s) cuts the p99 JCT and the restarts without
-/// losing the mean, against resizing judged over the whole remaining time.
+/// Issue "Ymir's core, sharper", the tail: Ymir's resize horizon (a
+/// running job is resized only when the gain pays its restart back within
+/// 300 s) cuts the restarts without losing the mean, against resizing
+/// judged over the whole remaining time, on a generated 300-job 2× load on
+/// 16 × 4 V100. (On the shipped 40-job workload it cut the p99 too until
+/// trained jobs could lead temporal merges; now it does not there: see
+/// docs/fmsim.md, "The tail".)
 #[test]
-fn tail_resize_horizon_cuts_p99_and_restarts_on_the_small_workload() {
-    let jobs = small();
+fn tail_resize_horizon_cuts_restarts_on_a_generated_load() {
     let catalog = Catalog::default_synthetic();
     let lut = analytic::default_lut().unwrap();
+    let jobs = fmsim::generate::generate(
+        &fmsim::generate::GenConfig {
+            jobs: 300,
+            load: 2.0,
+            seed: 3,
+            ..Default::default()
+        },
+        &catalog,
+        &lut,
+    )
+    .unwrap();
+    let cfg = SimConfig::uniform(16, 4, "V100");
     let with = |horizon: f64| {
         let knobs = [("resize_horizon_s".to_string(), horizon)].into();
         let p = fmsched_core::policy::baselines::with_knobs("ymir", &knobs).unwrap();
-        let r = Simulation::new(cluster(), &lut, &catalog, &jobs)
+        let r = Simulation::new(cfg.clone(), &lut, &catalog, &jobs)
             .unwrap()
             .run(p.as_ref(), &catalog, |_, _| {})
             .unwrap();
@@ -794,10 +808,8 @@ fn tail_resize_horizon_cuts_p99_and_restarts_on_the_small_workload() {
         before.avg_jct_h, before.p99_jct_h, after.avg_jct_h, after.p99_jct_h
     );
     assert!(
-        after.p99_jct_h < 0.97 * before.p99_jct_h,
-        "p99 {:.3} h vs {:.3} h",
-        after.p99_jct_h,
-        before.p99_jct_h
+        (restarts_after as f64) < 0.98 * restarts_before as f64,
+        "{restarts_after} vs {restarts_before} restarts"
     );
     assert!(
         after.avg_jct_h <= before.avg_jct_h * 1.01,
@@ -805,17 +817,32 @@ fn tail_resize_horizon_cuts_p99_and_restarts_on_the_small_workload() {
         after.avg_jct_h,
         before.avg_jct_h
     );
-    assert!(restarts_after < restarts_before);
     // The default is the horizon measured here.
-    let (default, _) = {
-        let p = by_name("ymir").unwrap();
-        let r = Simulation::new(cluster(), &lut, &catalog, &jobs)
-            .unwrap()
-            .run(p.as_ref(), &catalog, |_, _| {})
-            .unwrap();
-        (summarize(&r), r.restarts)
-    };
-    assert_eq!(default.p99_jct_h, after.p99_jct_h);
+    let p = by_name("ymir").unwrap();
+    let r = Simulation::new(cfg.clone(), &lut, &catalog, &jobs)
+        .unwrap()
+        .run(p.as_ref(), &catalog, |_, _| {})
+        .unwrap();
+    assert_eq!(r.restarts, restarts_after);
+}
+
+/// Issue "Ymir's core, sharper", the tail: a job that has trained may lead
+/// a temporal merge (B waits for what A has left, then starts from A's
+/// weights), A of a temporal pair ranks by its own remaining time, and B
+/// never waits behind A past its fair share. On the shipped workload Ymir
+/// went from 1.260 h average / 8.450 h p99 to 1.049 / 5.123 h with them.
+#[test]
+fn tail_trained_jobs_lead_temporal_merges_and_cut_the_small_workloads_tail() {
+    let jobs = small();
+    let catalog = Catalog::default_synthetic();
+    let r = run("ymir", &cluster(), &catalog, &jobs);
+    let s = summarize(&r);
+    eprintln!(
+        "ymir: avg {:.3} h p99 {:.3} h, {} temporal merges",
+        s.avg_jct_h, s.p99_jct_h, r.merges_temporal
+    );
+    assert!(s.avg_jct_h <= 1.15, "avg {:.3} h", s.avg_jct_h);
+    assert!(s.p99_jct_h <= 5.6, "p99 {:.3} h", s.p99_jct_h);
 }
 
 /// Rounds on events (`event_gap_s`, the service's

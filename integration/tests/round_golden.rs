@@ -180,9 +180,10 @@ fn the_live_round_and_fmsim_decide_alike_on_a_golden_view() {
             "{policy}: nothing on the offline node"
         );
         // The lost node's job is re-queued, naming the node, and either
-        // waits or moves to a live node in the same round (then runs).
+        // waits (alone, or as the B of a temporal merge behind a job that
+        // trains) or moves to a live node in the same round (then runs).
         let lost = view.jobs.iter().position(|j| j.id == "i-lost").unwrap();
-        let moved = o.groups.iter().any(|g| g.jobs.contains(&lost));
+        let moved = o.groups.iter().any(|g| g.trainers().contains(&lost));
         let moves: Vec<&Transition> = o.transitions.iter().filter(|t| t.job == lost).collect();
         assert!(
             moves.first().is_some_and(

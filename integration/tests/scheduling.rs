@@ -1874,6 +1874,141 @@ async fn e2e_the_merge_guard_splits_harmful_merges_and_the_jobs_still_complete()
     drop_db(&db).await;
 }
 
+/// A merge-ready job (metric target, sharing) of `task` on `gpus` GPUs at
+/// most, the fake trainer at `compression`.
+fn metric_job(
+    name: &str,
+    task: &str,
+    samples: u64,
+    gpus: u32,
+    compression: f64,
+) -> (String, String) {
+    let manifest = format!(
+        "name: {name}\nmodel: roberta-base\ndataset: {{ uri: file:///data/{task}, task: {task}, num_samples: {samples} }}\n\
+         hyperparameters: {{ global_batch_size: 32, learning_rate: 2.0e-5, amp: true }}\n\
+         target: {{ max_epochs: 6, metric: {{ name: accuracy, value: 0.72 }} }}\n\
+         resources: {{ min_gpus: 1, max_gpus: {gpus} }}\n\
+         launch:\n  command: [\"{}\"]\n  env: {{ FMSCHED_FAKE_TIME_COMPRESSION: \"{compression}\" }}\n",
+        bin("fake-trainer").display()
+    );
+    (name.to_string(), manifest)
+}
+
+/// A job that has trained may lead a temporal merge (Ymir §5 filters only
+/// a B with progress): B then waits for what A has left and starts from A's
+/// weights. A stays where it runs and is relaunched there from its
+/// checkpoint, evaluating B with its weights (the merge guard's watch), its
+/// iteration counter going on. A qqp job runs
+/// on three of four GPUs; two sst2 jobs (one family with qqp in the fake
+/// world: qqp's weights help sst2) arrive while it trains. They cannot
+/// merge with each other (one task), so a merge is one with the running
+/// job.
+#[tokio::test]
+async fn e2e_a_running_job_leads_a_temporal_merge_with_a_later_arrival() {
+    let db = new_db("fmsched_late_merge").await;
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    // The fake trainer restarts in well under a second: the policy weighs
+    // that, not the default 30 s of a real checkpoint, against jobs of
+    // seconds.
+    let _sched = scheduler_env(
+        &db,
+        port,
+        dir.path(),
+        None,
+        &[("FMSCHED_SCHEDULING__CHECKPOINT_COST", "1s")],
+    );
+    wait_up("scheduler up", port);
+    let _a = agent("node-a", port, dir.path());
+    submit(
+        port,
+        dir.path(),
+        [metric_job("lead", "qqp", 12_800, 3, 4.0)],
+    )
+    .expect("submit A");
+    let mut c = sqlx::PgConnection::connect(&db_url(&db)).await.unwrap();
+    let until = Instant::now() + Duration::from_secs(60);
+    loop {
+        let trained: Option<i64> = sqlx::query_scalar(
+            "SELECT p.iteration FROM jobs j JOIN job_progress p ON p.job_id = j.id
+             WHERE j.name = 'lead' AND j.state = 'running'",
+        )
+        .fetch_optional(&mut c)
+        .await
+        .unwrap();
+        if trained.is_some_and(|i| i > 0) {
+            break;
+        }
+        assert!(Instant::now() < until, "the first job never trained");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    submit(
+        port,
+        dir.path(),
+        [
+            metric_job("late-1", "sst2", 9_600, 1, 5.0),
+            metric_job("late-2", "sst2", 9_600, 1, 5.0),
+        ],
+    )
+    .expect("submit the later jobs");
+    let done = all_completed(port, 3, Duration::from_secs(240));
+    let events = print_events(&mut c).await;
+    let merges: Vec<(
+        String,
+        String,
+        String,
+        String,
+        chrono::DateTime<chrono::Utc>,
+    )> = sqlx::query_as(
+        "SELECT a.name, b.name, m.mode, b.id::text, m.decided_at FROM merges m
+             JOIN jobs a ON a.id = m.job_a JOIN jobs b ON b.id = m.job_b ORDER BY m.id",
+    )
+    .fetch_all(&mut c)
+    .await
+    .unwrap();
+    eprintln!("merges: {merges:?}");
+    let (_, late, _, late_id, decided) = merges
+        .iter()
+        .find(|m| m.0 == "lead" && m.2 == "temporal")
+        .unwrap_or_else(|| panic!("the running job led no temporal merge: {merges:?}"));
+    // A had trained when the merge was decided, and it stayed placed: it
+    // was never queued again.
+    let lead_runs: Vec<_> = events
+        .iter()
+        .filter(|e| e.0 == "lead" && e.3.starts_with("running "))
+        .collect();
+    assert_eq!(lead_runs.len(), 1, "A ran in one placement: {lead_runs:?}");
+    assert!(lead_runs[0].4 < *decided, "the merge came after A started");
+    // Its process was relaunched from its checkpoint to watch B.
+    let lead_id: String = sqlx::query_scalar("SELECT id::text FROM jobs WHERE name = 'lead'")
+        .fetch_one(&mut c)
+        .await
+        .unwrap();
+    let lead_err = fmctl(port, &["logs", &lead_id, "--stderr"]).unwrap();
+    eprintln!("lead's log:\n{lead_err}");
+    let watching = lead_err
+        .find("training qqp + sst2 (eval only)")
+        .unwrap_or_else(|| panic!("A never evaluated B:\n{lead_err}"));
+    let resumed = lead_err[watching..]
+        .split("resumed from ")
+        .nth(1)
+        .and_then(|r| r.split(" at iteration ").nth(1))
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(|n| n.parse::<u64>().ok())
+        .unwrap_or_else(|| panic!("A did not resume from its checkpoint:\n{lead_err}"));
+    assert!(resumed > 0, "A's iterations went on: {resumed}");
+    // B started from A's output weights, after A completed.
+    let lead_out = &done[&lead_id].1;
+    let late_err = fmctl(port, &["logs", late_id, "--stderr"]).unwrap();
+    eprintln!("{late}'s log:\n{late_err}");
+    assert!(
+        late_err.contains(&format!("starting from {lead_out}")),
+        "{late} did not start from A's output {lead_out}:\n{late_err}"
+    );
+    drop(c);
+    drop_db(&db).await;
+}
+
 #[tokio::test]
 async fn e2e_fmctl_logs_prints_and_follows_a_jobs_output() {
     let db = new_db("fmsched_logs").await;

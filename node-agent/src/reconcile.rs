@@ -70,6 +70,11 @@ struct Known {
     lease_end: Option<f64>,
     /// Another process shares its GPU (as launched or last told).
     shared: bool,
+    /// Jobs it evaluates without training them, as launched (B of a
+    /// temporal merge, the merge guard's watch): a plan that adds one
+    /// relaunches it from its checkpoint, since a trainer learns its tasks
+    /// at launch.
+    watching: Vec<String>,
     /// Launched warm: (model, command) it stays loaded with after its job.
     warm: Option<(String, Vec<String>)>,
 }
@@ -260,6 +265,15 @@ fn frozen_of(tasks: &[TaskAssignment]) -> u32 {
         .iter()
         .find(|t| !t.eval_only)
         .map_or(0, |t| t.settings.frozen_layers)
+}
+
+/// The jobs a process evaluates without training them (eval-only tasks).
+fn watched(tasks: &[pb::TrainerTask]) -> Vec<String> {
+    tasks
+        .iter()
+        .filter(|t| t.eval_only)
+        .map(|t| t.job_id.clone())
+        .collect()
 }
 
 /// Job → the metric its target names, of the tasks of a process.
@@ -625,7 +639,11 @@ impl Reconciler {
                     "it never reported prewarmed"
                 };
                 self.drop_standby(&mut known, &t.task_id, why).await;
-            } else if alive && entry.gpus == gpus && entry.ranks == ranks_of(t, gpus.len() as u32) {
+            } else if alive
+                && entry.gpus == gpus
+                && entry.ranks == ranks_of(t, gpus.len() as u32)
+                && watched(&t.tasks).iter().all(|j| entry.watching.contains(j))
+            {
                 entry.generation = plan.generation;
                 // The layer tuner's new ℓ and the lease end: told through
                 // the control file (the whole of it each time), applied by
@@ -662,7 +680,8 @@ impl Reconciler {
                 continue;
             } else if alive {
                 // Moved to other GPUs, or its job's nodes changed (a new
-                // rank layout): checkpoint here, resume there.
+                // rank layout), or it is to evaluate a job it was not
+                // launched with: checkpoint here, resume there.
                 self.stop(&mut known, &t.task_id).await;
             } else if let Some(s) = &status {
                 // It ended by itself. A process that finished its work
@@ -725,6 +744,7 @@ impl Reconciler {
                         frozen_layers: frozen_of(&spec.tasks),
                         lease_end: None,
                         shared: shared_of(t),
+                        watching: watched(&t.tasks),
                         warm: spec.warm.then(|| {
                             (
                                 spec.tasks
@@ -1022,6 +1042,7 @@ impl Reconciler {
                 entry.job_ids.clone_from(&t.job_ids);
                 entry.profile = false;
                 entry.metrics = target_metrics(&spec.tasks);
+                entry.watching = watched(&t.tasks);
                 entry.frozen_layers = frozen_of(&spec.tasks);
                 entry.lease_end = None; // told once the plan runs it
                 entry.standby = Some(Standby {

@@ -9,9 +9,12 @@
 //!    model is built: different models, same task, a job with
 //!    `sharing = false`, pipeline mixed with data-parallel, spatial pairs
 //!    with progress, temporal pairs whose second job has progress (it would
-//!    restart from the first's weights), and pairs whose `TranWt` is not above 1
-//!    at every allocation. At most [`YmirConfig::pairs_per_job`] best pairs
-//!    are kept per job, which bounds the model on large clusters.
+//!    restart from the first's weights; the first may have trained), pairs
+//!    whose `TranWt` is not above 1 at every allocation, and temporal pairs
+//!    whose B would finish later than alone on its fair share of the
+//!    cluster (it waits for what A has left; `b_fares_no_worse`). At most
+//!    [`YmirConfig::pairs_per_job`] best pairs are kept per job, which
+//!    bounds the model on large clusters.
 //! 3. **model** — binaries `x[u][a]` (unit `u` gets `a` GPUs) and `y[p][a]`
 //!    (pair `p` is merged and gets `a` GPUs).
 //!    - one choice per job: `Σ_a x[i][a] + Σ_{p ∋ i} Σ_a y[p][a] ≤ 1`
@@ -29,7 +32,9 @@
 //!      what it holds, so moving running work must pay for itself (and a
 //!      plan solved twice does not change). [`YmirConfig::srtf_weight`] adds
 //!      `λ·τ/T_{i,a}` (τ = the median fair-share time), a shortest-remaining-
-//!      time preference among jobs the fairness term rates equally, and
+//!      time preference among jobs the fairness term rates equally (each
+//!      job of a pair by when it finishes: A of a temporal pair by its own
+//!      part, B and a spatial pair's jobs by the group's time), and
 //!      [`YmirConfig::wait_weight`] `ω·W_i/T_{i,a}` (`W_i` the seconds job
 //!      `i` has waited since it arrived): together the response ratio
 //!      `(λτ + ωW_i)/T` of HRRN, so a job that has waited grows in rank.
@@ -253,6 +258,9 @@ impl Ymir {
             if c.a == c.b || c.a >= snap.jobs.len() || c.b >= snap.jobs.len() {
                 continue;
             }
+            if c.mode == MergeMode::Temporal && !self.b_fares_no_worse(snap, c) {
+                continue;
+            }
             let (a, b) = (&snap.jobs[c.a], &snap.jobs[c.b]);
             let ok = c.mode != MergeMode::Normal
                 && a.model == b.model
@@ -325,6 +333,73 @@ fn effective(t: f64, a: u32, current: u32, restart: f64, horizon: f64) -> f64 {
         t + restart
     } else {
         t + restart * (t / horizon).max(1.0)
+    }
+}
+
+impl Ymir {
+    /// Whether B of the temporal candidate `c` finishes in the pair, at the
+    /// pair's best allocation, no later than alone on its fair share of the
+    /// cluster, `R/N` GPUs (its start paid either way; a share under one
+    /// GPU is one GPU for that share of the time): a finish-time fairness
+    /// (Themis's ρ) of at most 1 for the job that waits. Eq. 7 values a pair by the
+    /// group's speedup, which does not see B waiting behind A; behind an A
+    /// with a long way to go (one that has trained for hours, or a large
+    /// task) B would wait far longer than its fair share would make it, and
+    /// on a busy cluster the pair still outscores B waiting for GPUs.
+    fn b_fares_no_worse(&self, snap: &Snapshot, c: &super::PairCandidate) -> bool {
+        let b = &snap.jobs[c.b];
+        // Not Eq. 7's ā = ⌈R/N⌉ ≥ 1: on a busy cluster that is a whole GPU
+        // the job would not get, and it would refuse every pair there.
+        let share = f64::from(snap.total_gpus()) / snap.jobs.len().max(1) as f64;
+        let alone = if share >= 1.0 {
+            reference_time(&snap.allocations, &b.remaining_s, share.floor() as u32)
+        } else {
+            reference_time(&snap.allocations, &b.remaining_s, 1) / share.max(f64::MIN_POSITIVE)
+        } + b.restart_s;
+        let merged = c
+            .remaining_s
+            .iter()
+            .zip(&snap.allocations)
+            .filter(|&(t, &x)| x > 0 && t.is_finite())
+            .map(|(&t, _)| t)
+            .fold(f64::INFINITY, f64::min);
+        merged <= alone
+    }
+
+    /// The SRTF/aging term `Σ_j base_j / T_j` of a unit or pair run at `a`
+    /// GPUs (holding `current` now; 0 for a new pair, which starts anew)
+    /// whose group takes `t`: each job ranks
+    /// by when *it* finishes. A spatial pair's jobs (and a job alone) finish
+    /// with the group; A of a temporal pair finishes after its own part (B
+    /// then trains from its weights), so A ranks by its own remaining time,
+    /// not by A's and B's together. Ranked by the group's time, an A close
+    /// to its end that took on a long B would look long, and be suspended
+    /// with B waiting behind it.
+    #[allow(clippy::too_many_arguments)]
+    fn ranked(
+        &self,
+        snap: &Snapshot,
+        w: &Weights,
+        mode: MergeMode,
+        jobs: &[usize],
+        a: u32,
+        current: u32,
+        t: f64,
+    ) -> f64 {
+        match (mode, jobs) {
+            (MergeMode::Temporal, &[first, second]) => {
+                let ja = &snap.jobs[first];
+                let restart = ja.restart_s.max(snap.jobs[second].restart_s);
+                let own = time_at(&snap.allocations, &ja.remaining_s, a);
+                let ta = if own > 0.0 {
+                    effective(own, a, current, restart, self.config.resize_horizon_s).min(t)
+                } else {
+                    t
+                };
+                w.base[first] / ta + w.base[second] / t
+            }
+            _ => jobs.iter().map(|&j| w.base[j]).sum::<f64>() / t,
+        }
     }
 }
 
@@ -644,8 +719,7 @@ impl Ymir {
             let u = &units[k];
             let weight = u.jobs.len() as f64;
             let t_ref = reference_time(allocs, u.remaining_s, share * u.jobs.len() as u32);
-            // The SRTF/aging term's numerator and the unit's pessimism.
-            let aged: f64 = u.jobs.iter().map(|&j| w.base[j]).sum();
+            // The unit's pessimism (its SRTF/aging term: `ranked`).
             let pess = pessimism(&u.jobs);
             rows.push(
                 u.allowed
@@ -658,7 +732,8 @@ impl Ymir {
                             u.restart_s,
                             self.config.resize_horizon_s,
                         );
-                        (a, weight * t_ref / t + aged / (t * pess))
+                        let aged = self.ranked(snap, w, u.mode, &u.jobs, a, u.current, t);
+                        (a, weight * t_ref / t + aged / pess)
                     })
                     .collect(),
             );
@@ -671,15 +746,20 @@ impl Ymir {
             // The share of the gain over running apart kept under the
             // pair's estimate spread (risk_weight), and its pessimism.
             let keep = (1.0 - kappa * spread(&[c.a, c.b]) / 2.0).max(0.0);
-            let (aged, pess) = (w.base[c.a] + w.base[c.b], pessimism(&[c.a, c.b]));
+            let pess = pessimism(&[c.a, c.b]);
             rows.push(
                 p.allowed
                     .iter()
                     .map(|&a| {
+                        // A new pair starts anew, A of a temporal one too
+                        // when it trains (it is launched again with the
+                        // merge guard's watch); B's start is in the
+                        // group's time.
                         let t = time_at(allocs, &c.remaining_s, a) + restart;
                         let tw = 1.0 + (time_at(allocs, &c.tran_wt, a) - 1.0) * keep;
+                        let aged = self.ranked(snap, w, c.mode, &[c.a, c.b], a, 0, t);
                         // Eq. 7 (fixed): two jobs' speedup, weighted by TranWt.
-                        (a, 2.0 * tw * t_ref / t + tw * aged / (t * pess))
+                        (a, 2.0 * tw * t_ref / t + tw * aged / pess)
                     })
                     .collect(),
             );
@@ -1471,6 +1551,97 @@ mod tests {
         snap.candidates = vec![pair(500.0)];
         assert_eq!(Ymir::default().pairs(&snap).len(), 1);
         assert!(merged(&snap), "a pair that gains still merges");
+    }
+
+    /// Two GPUs, three jobs: A has trained and has 10,000 GPU-seconds
+    /// left, C as long, B 1,000. B behind A would finish after A's 5,000 s
+    /// or more; alone on its fair share (2/3 of a GPU) it takes 1,500 s.
+    /// Eq. 7 sees the pair's speedup, not B waiting, so the pair is no
+    /// candidate: B's finish-time fairness in it would be above 1. Once A
+    /// is nearly done (200 GPU-seconds left), B behind it finishes sooner
+    /// than alone at its share, and the pair is a candidate again.
+    #[test]
+    fn tail_b_never_waits_behind_a_past_its_fair_share() {
+        let all = ymir_allocations(64);
+        let mut snap = cluster(
+            1,
+            2,
+            vec![
+                job("a", 10_000.0, 1, &all),
+                job("b", 1_000.0, 1, &all),
+                job("c", 10_000.0, 1, &all),
+            ],
+        );
+        snap.jobs[0].current_gpus = 1;
+        snap.jobs[0].progress = 0.5;
+        let pair = |snap: &Snapshot| {
+            let (ta, tb) = (&snap.jobs[0].remaining_s, &snap.jobs[1].remaining_s);
+            // B from A's weights needs half its work; Eq. 12's TranWt.
+            let remaining_s = ta.iter().zip(tb).map(|(a, b)| a + b / 2.0 + 30.0).collect();
+            let tran_wt = ta
+                .iter()
+                .zip(tb)
+                .map(|(a, b)| {
+                    if a.is_finite() {
+                        (a + b) / (a + b / 2.0)
+                    } else {
+                        0.0
+                    }
+                })
+                .collect();
+            PairCandidate {
+                a: 0,
+                b: 1,
+                mode: MergeMode::Temporal,
+                remaining_s,
+                tran_wt,
+            }
+        };
+        snap.candidates = vec![pair(&snap)];
+        assert!(snap.candidates[0].tran_wt[1] > 1.0, "the pair gains");
+        assert!(
+            Ymir::default().pairs(&snap).is_empty(),
+            "B would wait behind A past its fair share"
+        );
+        let plan = Ymir::default().allocate(&snap);
+        assert!(
+            plan.entries.iter().all(|e| e.jobs.len() == 1),
+            "no merge: {plan:?}"
+        );
+        let near_end = job("a", 200.0, 1, &all);
+        snap.jobs[0].remaining_s = cluster(1, 2, vec![near_end]).jobs[0].remaining_s.clone();
+        snap.candidates = vec![pair(&snap)];
+        assert_eq!(Ymir::default().pairs(&snap).len(), 1, "A nearly done");
+    }
+
+    /// The SRTF term of a temporal pair ranks A by its own remaining time
+    /// (B trains after it) and B by the group's; a spatial pair's jobs both
+    /// finish with the group. Ranked by the group's time, an A close to its
+    /// end that took on a long B would look as long as the two together.
+    #[test]
+    fn tail_a_of_a_temporal_pair_ranks_by_its_own_time() {
+        let all = ymir_allocations(64);
+        let snap = cluster(
+            1,
+            2,
+            vec![job("a", 100.0, 1, &all), job("b", 1_000.0, 1, &all)],
+        );
+        let w = Weights {
+            share: 1,
+            base: vec![1.0, 1.0],
+        };
+        let y = Ymir::default();
+        let group = 100.0 + 1_000.0 + 30.0;
+        let restart = snap.jobs[0].restart_s.max(snap.jobs[1].restart_s);
+        let temporal = y.ranked(&snap, &w, MergeMode::Temporal, &[0, 1], 1, 0, group);
+        let expected = 1.0 / (100.0 + restart) + 1.0 / group;
+        assert!(
+            (temporal - expected).abs() < 1e-12,
+            "{temporal} vs {expected}"
+        );
+        let spatial = y.ranked(&snap, &w, MergeMode::Spatial, &[0, 1], 1, 0, group);
+        assert!((spatial - 2.0 / group).abs() < 1e-12);
+        assert!(temporal > 4.0 * spatial, "A counts as the short job it is");
     }
 
     #[test]
