@@ -1526,13 +1526,7 @@ mod tests {
                     (2.0 * t + t) / (2.0 * t + tab)
                 })
                 .collect();
-            PairCandidate {
-                a: 0,
-                b: 1,
-                mode: MergeMode::Temporal,
-                remaining_s,
-                tran_wt,
-            }
+            temporal_0_to_1(remaining_s, tran_wt)
         };
         let merged = |snap: &Snapshot| {
             Ymir::default()
@@ -1551,6 +1545,17 @@ mod tests {
         snap.candidates = vec![pair(500.0)];
         assert_eq!(Ymir::default().pairs(&snap).len(), 1);
         assert!(merged(&snap), "a pair that gains still merges");
+    }
+
+    /// The temporal candidate job 0 ↦ job 1 with these times and weights.
+    fn temporal_0_to_1(remaining_s: Vec<f64>, tran_wt: Vec<f64>) -> PairCandidate {
+        PairCandidate {
+            a: 0,
+            b: 1,
+            mode: MergeMode::Temporal,
+            remaining_s,
+            tran_wt,
+        }
     }
 
     /// Two GPUs, three jobs: A has trained and has 10,000 GPU-seconds
@@ -1589,13 +1594,7 @@ mod tests {
                     }
                 })
                 .collect();
-            PairCandidate {
-                a: 0,
-                b: 1,
-                mode: MergeMode::Temporal,
-                remaining_s,
-                tran_wt,
-            }
+            temporal_0_to_1(remaining_s, tran_wt)
         };
         snap.candidates = vec![pair(&snap)];
         assert!(snap.candidates[0].tran_wt[1] > 1.0, "the pair gains");
