@@ -258,7 +258,10 @@ impl Ymir {
             if c.a == c.b || c.a >= snap.jobs.len() || c.b >= snap.jobs.len() {
                 continue;
             }
-            if c.mode == MergeMode::Temporal && !self.b_fares_no_worse(snap, c) {
+            if c.mode == MergeMode::Temporal
+                && a_trained(snap, c)
+                && !self.b_fares_no_worse(snap, c)
+            {
                 continue;
             }
             let (a, b) = (&snap.jobs[c.a], &snap.jobs[c.b]);
@@ -317,6 +320,17 @@ impl Ymir {
     }
 }
 
+/// Whether A of the candidate `c` has trained (running or suspended) —
+/// decided after it started alone, the pair puts B behind however much A
+/// has left, possibly hours, so [`Ymir::b_fares_no_worse`] bounds B's
+/// wait. A pair of two waiting jobs is decided as Ymir decides it: both
+/// wait for GPUs alike, and on a node the two would share B's fair-share
+/// time is no measure of what B gets (two jobs of one 4-GPU node: the plan
+/// runs A on all four and B after it, merged or not).
+fn a_trained(snap: &Snapshot, c: &super::PairCandidate) -> bool {
+    snap.jobs[c.a].progress > 0.0
+}
+
 /// Seconds job `j` has spent waiting since it arrived (in the system and
 /// not running).
 fn waited(now: f64, j: &super::SchedJob) -> f64 {
@@ -337,7 +351,8 @@ fn effective(t: f64, a: u32, current: u32, restart: f64, horizon: f64) -> f64 {
 }
 
 impl Ymir {
-    /// Whether B of the temporal candidate `c` finishes in the pair, at the
+    /// Whether B of the temporal candidate `c`, whose A has trained (see
+    /// [`a_trained`]), finishes in the pair, at the
     /// pair's best allocation, no later than alone on its fair share of the
     /// cluster, `R/N` GPUs (its start paid either way; a share under one
     /// GPU is one GPU for that share of the time): a finish-time fairness
