@@ -11,8 +11,9 @@
 //!    with progress, temporal pairs whose second job has progress (it would
 //!    restart from the first's weights; the first may have trained), pairs
 //!    whose `TranWt` is not above 1 at every allocation, and temporal pairs
-//!    whose B would finish later than alone on its fair share of the
-//!    cluster (it waits for what A has left; `b_fares_no_worse`). At most
+//!    whose A has trained and whose B would finish later than alone on its
+//!    fair share of the cluster (it waits for what A has left;
+//!    `b_fares_no_worse`). At most
 //!    [`YmirConfig::pairs_per_job`] best pairs are kept per job, which
 //!    bounds the model on large clusters.
 //! 3. **model** — binaries `x[u][a]` (unit `u` gets `a` GPUs) and `y[p][a]`
