@@ -642,7 +642,10 @@ impl Reconciler {
             } else if alive
                 && entry.gpus == gpus
                 && entry.ranks == ranks_of(t, gpus.len() as u32)
-                && watched(&t.tasks).iter().all(|j| entry.watching.contains(j))
+                && t.tasks
+                    .iter()
+                    .filter(|x| x.eval_only)
+                    .all(|x| entry.watching.contains(&x.job_id))
             {
                 entry.generation = plan.generation;
                 // The layer tuner's new ℓ and the lease end: told through

@@ -259,10 +259,7 @@ impl Ymir {
             if c.a == c.b || c.a >= snap.jobs.len() || c.b >= snap.jobs.len() {
                 continue;
             }
-            if c.mode == MergeMode::Temporal
-                && a_trained(snap, c)
-                && !self.b_fares_no_worse(snap, c)
-            {
+            if c.mode == MergeMode::Temporal && a_trained(snap, c) && !b_fares_no_worse(snap, c) {
                 continue;
             }
             let (a, b) = (&snap.jobs[c.a], &snap.jobs[c.b]);
@@ -321,9 +318,39 @@ impl Ymir {
     }
 }
 
+/// Whether B of the temporal candidate `c`, whose A has trained (see
+/// [`a_trained`]), finishes in the pair, at the
+/// pair's best allocation, no later than alone on its fair share of the
+/// cluster, `R/N` GPUs (its start paid either way; a share under one
+/// GPU is one GPU for that share of the time): a finish-time fairness
+/// (Themis's ρ) of at most 1 for the job that waits. Eq. 7 values a pair by the
+/// group's speedup, which does not see B waiting behind A; behind an A
+/// with a long way to go (one that has trained for hours, or a large
+/// task) B would wait far longer than its fair share would make it, and
+/// on a busy cluster the pair still outscores B waiting for GPUs.
+fn b_fares_no_worse(snap: &Snapshot, c: &super::PairCandidate) -> bool {
+    let b = &snap.jobs[c.b];
+    // Not Eq. 7's ā = ⌈R/N⌉ ≥ 1: on a busy cluster that is a whole GPU
+    // the job would not get, and it would refuse every pair there.
+    let share = f64::from(snap.total_gpus()) / snap.jobs.len().max(1) as f64;
+    let alone = if share >= 1.0 {
+        reference_time(&snap.allocations, &b.remaining_s, share.floor() as u32)
+    } else {
+        reference_time(&snap.allocations, &b.remaining_s, 1) / share.max(f64::MIN_POSITIVE)
+    } + b.restart_s;
+    let merged = c
+        .remaining_s
+        .iter()
+        .zip(&snap.allocations)
+        .filter(|&(t, &x)| x > 0 && t.is_finite())
+        .map(|(&t, _)| t)
+        .fold(f64::INFINITY, f64::min);
+    merged <= alone
+}
+
 /// Whether A of the candidate `c` has trained (running or suspended) —
 /// decided after it started alone, the pair puts B behind however much A
-/// has left, possibly hours, so [`Ymir::b_fares_no_worse`] bounds B's
+/// has left, possibly hours, so [`b_fares_no_worse`] bounds B's
 /// wait. A pair of two waiting jobs is decided as Ymir decides it: both
 /// wait for GPUs alike, and on a node the two would share B's fair-share
 /// time is no measure of what B gets (two jobs of one 4-GPU node: the plan
@@ -352,36 +379,6 @@ fn effective(t: f64, a: u32, current: u32, restart: f64, horizon: f64) -> f64 {
 }
 
 impl Ymir {
-    /// Whether B of the temporal candidate `c`, whose A has trained (see
-    /// [`a_trained`]), finishes in the pair, at the
-    /// pair's best allocation, no later than alone on its fair share of the
-    /// cluster, `R/N` GPUs (its start paid either way; a share under one
-    /// GPU is one GPU for that share of the time): a finish-time fairness
-    /// (Themis's ρ) of at most 1 for the job that waits. Eq. 7 values a pair by the
-    /// group's speedup, which does not see B waiting behind A; behind an A
-    /// with a long way to go (one that has trained for hours, or a large
-    /// task) B would wait far longer than its fair share would make it, and
-    /// on a busy cluster the pair still outscores B waiting for GPUs.
-    fn b_fares_no_worse(&self, snap: &Snapshot, c: &super::PairCandidate) -> bool {
-        let b = &snap.jobs[c.b];
-        // Not Eq. 7's ā = ⌈R/N⌉ ≥ 1: on a busy cluster that is a whole GPU
-        // the job would not get, and it would refuse every pair there.
-        let share = f64::from(snap.total_gpus()) / snap.jobs.len().max(1) as f64;
-        let alone = if share >= 1.0 {
-            reference_time(&snap.allocations, &b.remaining_s, share.floor() as u32)
-        } else {
-            reference_time(&snap.allocations, &b.remaining_s, 1) / share.max(f64::MIN_POSITIVE)
-        } + b.restart_s;
-        let merged = c
-            .remaining_s
-            .iter()
-            .zip(&snap.allocations)
-            .filter(|&(t, &x)| x > 0 && t.is_finite())
-            .map(|(&t, _)| t)
-            .fold(f64::INFINITY, f64::min);
-        merged <= alone
-    }
-
     /// The SRTF/aging term `Σ_j base_j / T_j` of a unit or pair run at `a`
     /// GPUs (holding `current` now; 0 for a new pair, which starts anew)
     /// whose group takes `t`: each job ranks
