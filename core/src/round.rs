@@ -1449,10 +1449,12 @@ fn group_time(
 
 /// The estimated pairs that may help (`TranWt > 1` at some allocation, Ymir
 /// §5; [`crate::policy::merge_gains`]) as the policy's candidates; an estimate of a pair that is not
-/// eligible is refused. A pair that would make a job with a deadline miss
-/// it even at its best allocation is no candidate: B of a temporal pair
-/// finishes with the group, both of a spatial one do (A of a temporal pair
-/// trains as alone, so its deadline is unaffected).
+/// eligible is refused. A pair may not run at an allocation at which a job
+/// with a deadline would miss it (its time there is infinite), and one
+/// that misses at every allocation is no candidate: B of a temporal pair
+/// finishes with the group, both of a spatial one do. A of a temporal pair
+/// trains as alone, but one that trains now is launched again for the
+/// merge, so the pair may not run where that restart makes A miss.
 fn candidates(
     view: &ClusterView,
     prepared: &Prepared,
@@ -1481,23 +1483,43 @@ fn candidates(
             pair_min_gpus(view, a, b),
             &c.seconds,
         );
-        let remaining_s = group_time(view, estimates, ord, a, b, c.pair.mode, &seconds);
-        let best = remaining_s
-            .iter()
-            .copied()
-            .filter(|t| t.is_finite())
-            .fold(f64::INFINITY, f64::min);
+        let mut remaining_s = group_time(view, estimates, ord, a, b, c.pair.mode, &seconds);
         let finish_with_group: &[usize] = match c.pair.mode {
             MergeMode::Temporal => &[b],
             _ => &[a, b],
         };
-        let misses = finish_with_group.iter().any(|&j| {
+        // The (full-reward) deadline of a job, seconds from now.
+        let due = |j: usize| {
             view.jobs[j]
                 .deadlines
                 .first()
-                .is_some_and(|s| best > s.by - view.now)
-        });
-        if misses {
+                .map_or(f64::INFINITY, |s| s.by - view.now)
+        };
+        // The earliest deadline of a job that finishes with the group; an
+        // allocation at which the group would finish after it is no
+        // option for the pair (the policy sees it as one that cannot run),
+        // so the pair can only be given GPUs that keep it.
+        let group_due = finish_with_group
+            .iter()
+            .map(|&j| due(j))
+            .fold(f64::INFINITY, f64::min);
+        // A of a temporal pair trains as alone, but one that trains now is
+        // launched again to evaluate B (the merge guard's watch): the merge
+        // costs it a restart it would not pay alone, and an allocation at
+        // which that restart makes it miss its deadline is no option
+        // either (found on generated SLO workloads, where such an A missed
+        // a tight deadline by its restart).
+        let a_times: &[f64] = match c.pair.mode {
+            MergeMode::Temporal if is_training(&view.jobs[a]) => &estimates.jobs[ord[&a]],
+            _ => &[],
+        };
+        let a_due = due(a) - view.jobs[a].restart_s;
+        for (k, t) in remaining_s.iter_mut().enumerate() {
+            if *t > group_due || a_times.get(k).is_some_and(|&ta| ta > a_due) {
+                *t = f64::INFINITY;
+            }
+        }
+        if !remaining_s.iter().any(|t| t.is_finite()) {
             continue;
         }
         out.push(PairCandidate {
@@ -3064,6 +3086,65 @@ mod tests {
         assert_eq!(candidates(None, Some(1000.0)), 0, "B would miss");
         assert_eq!(candidates(None, Some(5000.0)), 1, "B makes it");
         assert_eq!(candidates(Some(1000.0), None), 1, "A trains as alone");
+    }
+
+    /// The temporal candidate a ↦ b's time at 1 and 2 GPUs, the two jobs
+    /// asking for 2 on one 2-GPU node (`helpful_temporal`; A needs 3600 /
+    /// x s, B from A's weights 360 / x s after its 30 s restart).
+    fn pair_times(a: JobView, b: JobView) -> [f64; 2] {
+        let v = view(vec![node("n", 2)], vec![a, b]);
+        let cfg = RoundConfig {
+            profiling: false,
+            ..Default::default()
+        };
+        let policy = by_name("ymir").unwrap();
+        let p = prepare(&v, policy.as_ref(), &cfg);
+        let mut e = estimates(&p, 3600.0);
+        e.candidates.push(helpful_temporal(&p, 0, 1));
+        let d = decide(&v, &p, &e, policy.as_ref(), &cfg).unwrap();
+        assert!(d.snapshot.allocations.starts_with(&[0, 1, 2]));
+        let Some(c) = d.snapshot.candidates.first() else {
+            return [f64::INFINITY; 2];
+        };
+        [c.remaining_s[1], c.remaining_s[2]]
+    }
+
+    /// A pair that meets B's deadline at its best allocation but not at a
+    /// smaller one may not run at the smaller one: the policy could give
+    /// it those GPUs, and B would miss. Its time there is infinite.
+    #[test]
+    fn a_merge_may_not_run_where_it_would_miss_a_deadline() {
+        let steps = |by: f64| crate::slo::reward_steps(crate::SloClass::Slo, 0.0, Some(by));
+        let a = || job("a", "rte", JobState::Queued, 2);
+        let b = || job("b", "mrpc", JobState::Queued, 2);
+        assert_eq!(pair_times(a(), b()), [3990.0, 2010.0]);
+        let mut due_b = b();
+        due_b.deadlines = steps(3000.0);
+        assert_eq!(pair_times(a(), due_b), [f64::INFINITY, 2010.0]);
+    }
+
+    /// A of a temporal pair that trains now is launched again to evaluate
+    /// B: the merge costs it a restart, so an allocation at which its own
+    /// time plus that restart misses its deadline is no option (it missed
+    /// by its restart on generated SLO workloads). A that has not started
+    /// pays its start alone too, and its deadline does not bind the pair.
+    #[test]
+    fn a_merge_may_not_make_its_running_a_miss_by_a_restart() {
+        let steps = |by: f64| crate::slo::reward_steps(crate::SloClass::Slo, 0.0, Some(by));
+        let b = || job("b", "mrpc", JobState::Queued, 2);
+        let a = |running: bool, by: f64| {
+            let mut a = job("a", "rte", JobState::Queued, 2);
+            if running {
+                a.state = JobState::Running;
+                a.holds = vec![(0, 0), (0, 1)];
+            }
+            a.deadlines = steps(by);
+            a
+        };
+        // A alone needs 1800 s on 2 GPUs, and 1830 s with the restart.
+        assert_eq!(pair_times(a(true, 1820.0), b()), [f64::INFINITY; 2]);
+        assert_eq!(pair_times(a(true, 1840.0), b()), [f64::INFINITY, 2010.0]);
+        assert_eq!(pair_times(a(false, 1820.0), b()), [3990.0, 2010.0]);
     }
 
     /// A pair whose `TranWt` is 1 at every allocation (B needs as many
