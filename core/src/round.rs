@@ -3044,10 +3044,10 @@ mod tests {
         assert!(p.eligible.is_empty());
     }
 
-    /// How many candidates Ymir's round keeps of one temporal pair a ↦ b
-    /// (`helpful_temporal`, its `TranWt` set to `tran_wt` where given), the
-    /// two jobs queued on one 2-GPU node.
-    fn temporal_candidates(a: JobView, b: JobView, tran_wt: Option<f64>) -> usize {
+    /// Ymir's round on one temporal pair a ↦ b (`helpful_temporal`, its
+    /// `TranWt` set to `tran_wt` where given), the two jobs queued on one
+    /// 2-GPU node.
+    fn decide_temporal(a: JobView, b: JobView, tran_wt: Option<f64>) -> Decision {
         let v = view(vec![node("n", 2)], vec![a, b]);
         let cfg = RoundConfig {
             profiling: false,
@@ -3063,8 +3063,13 @@ mod tests {
             }
         }
         e.candidates.push(c);
-        let d = decide(&v, &p, &e, policy.as_ref(), &cfg).unwrap();
-        d.snapshot.candidates.len()
+        decide(&v, &p, &e, policy.as_ref(), &cfg).unwrap()
+    }
+
+    /// How many candidates Ymir's round keeps of one temporal pair a ↦ b
+    /// ([`decide_temporal`]).
+    fn temporal_candidates(a: JobView, b: JobView, tran_wt: Option<f64>) -> usize {
+        decide_temporal(a, b, tran_wt).snapshot.candidates.len()
     }
 
     /// Merging with deadlines: a pair whose best time would make B (of a
@@ -3089,19 +3094,11 @@ mod tests {
     }
 
     /// The temporal candidate a ↦ b's time at 1 and 2 GPUs, the two jobs
-    /// asking for 2 on one 2-GPU node (`helpful_temporal`; A needs 3600 /
-    /// x s, B from A's weights 360 / x s after its 30 s restart).
+    /// asking for 2 ([`decide_temporal`]; A needs 3600 / x s, B from A's
+    /// weights 360 / x s after its 30 s restart); infinite where it is no
+    /// candidate.
     fn pair_times(a: JobView, b: JobView) -> [f64; 2] {
-        let v = view(vec![node("n", 2)], vec![a, b]);
-        let cfg = RoundConfig {
-            profiling: false,
-            ..Default::default()
-        };
-        let policy = by_name("ymir").unwrap();
-        let p = prepare(&v, policy.as_ref(), &cfg);
-        let mut e = estimates(&p, 3600.0);
-        e.candidates.push(helpful_temporal(&p, 0, 1));
-        let d = decide(&v, &p, &e, policy.as_ref(), &cfg).unwrap();
+        let d = decide_temporal(a, b, None);
         assert!(d.snapshot.allocations.starts_with(&[0, 1, 2]));
         let Some(c) = d.snapshot.candidates.first() else {
             return [f64::INFINITY; 2];
