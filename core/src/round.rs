@@ -203,6 +203,12 @@ impl JobView {
     pub fn replica(&self) -> Replica {
         Replica::of(self.pipeline, self.expert_parallel).with_workers(self.worker_gpus)
     }
+
+    /// Its (first, full-reward) deadline, seconds after `now`; `None`
+    /// without one.
+    pub fn deadline_in(&self, now: f64) -> Option<f64> {
+        self.deadlines.first().map(|s| s.by - now)
+    }
 }
 
 /// An active merge of two live jobs (indices into [`ClusterView::jobs`]).
@@ -1488,13 +1494,7 @@ fn candidates(
             MergeMode::Temporal => &[b],
             _ => &[a, b],
         };
-        // The (full-reward) deadline of a job, seconds from now.
-        let due = |j: usize| {
-            view.jobs[j]
-                .deadlines
-                .first()
-                .map_or(f64::INFINITY, |s| s.by - view.now)
-        };
+        let due = |j: usize| view.jobs[j].deadline_in(view.now).unwrap_or(f64::INFINITY);
         // The earliest deadline of a job that finishes with the group; an
         // allocation at which the group would finish after it is no
         // option for the pair (the policy sees it as one that cannot run),
@@ -2044,8 +2044,7 @@ pub fn predictions(
                     .filter(|t| t.is_finite())
             };
             let finish_in = alone.get(&i).and_then(|&g| at(g));
-            // The (first, full-reward) deadline, on the view's clock.
-            let deadline = view.jobs[i].deadlines.first().map(|s| s.by - view.now);
+            let deadline = view.jobs[i].deadline_in(view.now);
             let best = times
                 .iter()
                 .copied()
