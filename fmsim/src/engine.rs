@@ -40,7 +40,7 @@ use fmsched_core::policy::{
 };
 use fmsched_core::round::{
     self, ClusterView, Decision, Estimates, Gpu, JobView, MergeView, NodeView, PairEstimate,
-    Prepared, RoundConfig, RoundOutcome, round_after_event,
+    Prepared, RoundConfig, RoundOutcome, round_after_event, round_for_deadline,
 };
 use fmsched_core::slo::{self, RewardStep};
 use fmsched_core::{JobState, NodeState, SloClass};
@@ -177,6 +177,10 @@ impl NodeGroup {
     }
 }
 
+/// fmsim's default `deadline_gap_s`, as the service's
+/// `scheduling.deadline_round_gap`.
+pub const DEFAULT_DEADLINE_GAP_S: f64 = 5.0;
+
 /// Simulation settings.
 #[derive(Clone, Debug)]
 pub struct SimConfig {
@@ -225,6 +229,15 @@ pub struct SimConfig {
     /// ([`fmsched_core::round::round_after_event`]), and the periodic one
     /// follows an interval after it. None: a round per interval only.
     pub event_gap_s: Option<f64>,
+    /// Rounds for deadlines (`--deadline-gap`, the service's
+    /// `scheduling.deadline_round_gap`): on an arrival, a completion or a
+    /// profiling run's end, a job with a deadline that waits to start and
+    /// would miss it by waiting for the periodic round brings that round
+    /// forward, as an event would
+    /// ([`fmsched_core::round::round_for_deadline`]). None, or with
+    /// `round_origin_s` (the authors' fixed grid): off. On by default (5 s),
+    /// as in the service.
+    pub deadline_gap_s: Option<f64>,
     /// Queues with quotas (`--queues`; empty: none).
     pub queues: fmsched_core::queue::Queues,
     /// An inference cluster that loans idle servers to training (Lyra);
@@ -258,6 +271,7 @@ impl Default for SimConfig {
             estimate_model: EstimateModel::Exact,
             round_origin_s: None,
             event_gap_s: None,
+            deadline_gap_s: Some(DEFAULT_DEADLINE_GAP_S),
             queues: Default::default(),
             loans: None,
             base_demands: false,
@@ -1499,7 +1513,16 @@ impl<'a> Simulation<'a> {
                 next_loan += every;
                 self.orchestrate();
             }
-            if let Some(gap) = self.cfg.event_gap_s
+            if self.cfg.event_gap_s.is_none()
+                && self.cfg.round_origin_s.is_none()
+                && let Some(gap) = self.cfg.deadline_gap_s
+                && std::mem::take(&mut event)
+            {
+                for (need_s, by) in self.deadline_needs() {
+                    next_round =
+                        round_for_deadline(next_round, self.now, last_round, gap, need_s, by);
+                }
+            } else if let Some(gap) = self.cfg.event_gap_s
                 && std::mem::take(&mut event)
             {
                 next_round = round_after_event(next_round, self.now, last_round, gap);
@@ -1580,6 +1603,27 @@ impl<'a> Simulation<'a> {
         self.stats.restarts = self.jobs.iter().map(|j| j.restarts).sum();
         self.stats.wall_s = started.elapsed().as_secs_f64();
         Ok(self.stats)
+    }
+
+    /// Each job with a deadline that waits for its first start: what it
+    /// needs from a round's start (its time alone at its request, with its
+    /// start; a job not yet profiled adds the profiling run and its start)
+    /// and its first deadline ([`round_for_deadline`]).
+    fn deadline_needs(&self) -> Vec<(f64, f64)> {
+        self.jobs
+            .iter()
+            .filter_map(|j| {
+                let by = j.deadlines.first()?.by;
+                let need = match j.phase {
+                    Phase::Profiling { until } if until.is_infinite() => {
+                        j.restart_s + self.cfg.profile_s + j.ideal_s
+                    }
+                    Phase::Waiting if j.first_train.is_none() => j.ideal_s,
+                    _ => return None,
+                };
+                Some((need, by))
+            })
+            .collect()
     }
 
     /// The fewest GPUs job `i` runs on: its request under

@@ -383,6 +383,14 @@ struct SimArgs {
     /// (unset: a round per interval only).
     #[arg(long, value_name = "SECONDS")]
     event_gap: Option<f64>,
+    /// Rounds for deadlines, as the service's
+    /// `scheduling.deadline_round_gap`: on such an event, a job with a
+    /// deadline that would miss it waiting for the periodic round brings
+    /// that round forward to now, at least this many seconds after the last
+    /// one (0: off; off too with `--round-origin` or `--event-gap`, which
+    /// brings every event's round forward).
+    #[arg(long, value_name = "SECONDS", default_value_t = fmsim::engine::DEFAULT_DEADLINE_GAP_S)]
+    deadline_gap: f64,
     /// Estimation error the policy sees: each job's remaining times scaled
     /// by a fixed factor in [1 − e, 1 + e] (0 = oracle estimates).
     #[arg(long, default_value_t = 0.0)]
@@ -945,12 +953,19 @@ fn sim_setup(a: &SimArgs) -> anyhow::Result<(SimConfig, Lut, Catalog, Vec<Worklo
         placement_rule: a.placement,
         round_origin_s: a.round_origin,
         event_gap_s: a.event_gap,
+        deadline_gap_s: (a.deadline_gap > 0.0).then_some(a.deadline_gap),
         layers: a.layers,
         gpu_sharing: a.gpu_sharing,
         ..Default::default()
     };
     if !(0.0..1.0).contains(&cfg.estimate_noise) {
         bail!("--estimate-noise must be in [0, 1)");
+    }
+    if !(a.deadline_gap.is_finite() && a.deadline_gap >= 0.0) {
+        bail!(
+            "--deadline-gap {}: must be a number of seconds, 0 or above",
+            a.deadline_gap
+        );
     }
     if let Some(g) = cfg.event_gap_s {
         if !(g.is_finite() && g > 0.0) {

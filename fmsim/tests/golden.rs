@@ -889,3 +889,60 @@ fn deadline_rounds_on_events_start_a_late_job_without_waiting_for_the_interval()
         );
     }
 }
+
+/// Rounds for deadlines (`deadline_gap_s`, on by default as the service's
+/// `scheduling.deadline_round_gap`): a job arriving just after a round whose
+/// deadline leaves it less than the wait for the next periodic round starts
+/// at the gap, and meets a deadline it misses without the rule; a job with
+/// room to wait, or with no deadline, waits for the periodic round (where
+/// Ymir finds the jobs that came since together, for merging).
+#[test]
+fn deadline_rounds_come_forward_only_for_a_job_that_would_miss_waiting() {
+    let catalog = Catalog::default_synthetic();
+    let first = WorkloadJob {
+        epochs: Some(20.0),
+        ..one_gpu_job("first", "qqp", 0.0, false)
+    };
+    let late = |deadline_s: Option<f64>| WorkloadJob {
+        epochs: Some(10.0),
+        slo: fmsim::workload::SloSpec {
+            deadline_s,
+            ..Default::default()
+        },
+        ..one_gpu_job("late", "rte", 1.0, false)
+    };
+    let on = SimConfig::uniform(1, 4, "V100");
+    assert!(on.deadline_gap_s.is_some(), "on by default");
+    let off = SimConfig {
+        deadline_gap_s: None,
+        ..on.clone()
+    };
+    for policy in ["ymir", "unisched", "edf"] {
+        let interval = by_name(policy).unwrap().interval_s();
+        let late_of = |cfg: &SimConfig, deadline_s: Option<f64>| {
+            run(policy, cfg, &catalog, &[first.clone(), late(deadline_s)])
+                .jobs
+                .into_iter()
+                .find(|j| j.name == "late")
+                .unwrap()
+        };
+        // Its best case: the profiling run's start and length, then its
+        // time alone with its start.
+        let need = late_of(&on, None).best_case_s;
+        let tight = Some(need + 30.0);
+        let (p, e) = (late_of(&off, tight), late_of(&on, tight));
+        assert_eq!(p.first_start_s, Some(interval), "{policy}: {p:?}");
+        assert!(p.reward() == Some(0.0), "{policy}: missed without: {p:?}");
+        assert_eq!(e.first_start_s, Some(5.0), "{policy}: {e:?}");
+        assert!(e.reward() == Some(100.0), "{policy}: met with: {e:?}");
+        // Room to wait for the periodic round, or no deadline: it waits.
+        for deadline_s in [Some(need + interval + 60.0), None] {
+            let j = late_of(&on, deadline_s);
+            assert_eq!(
+                j.first_start_s,
+                Some(interval),
+                "{policy} {deadline_s:?}: {j:?}"
+            );
+        }
+    }
+}

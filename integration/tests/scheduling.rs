@@ -6388,6 +6388,83 @@ async fn e2e_hardening_a_restarted_agent_stops_the_trainer_its_predecessor_left(
     drop_db(&db).await;
 }
 
+/// Rounds for deadlines (`scheduling.deadline_round_gap`, on by default):
+/// a job submitted without a deadline waits for the periodic round (60 s
+/// here); a job whose deadline it would miss waiting for that round brings
+/// it forward, and both start within seconds.
+#[tokio::test]
+async fn e2e_deadline_a_job_that_would_miss_waiting_brings_the_round_forward() {
+    let db = new_db("fmsched_deadline_rounds").await;
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let _sched = scheduler_env(
+        &db,
+        port,
+        dir.path(),
+        None,
+        &[
+            ("FMSCHED_SCHEDULING__INTERVAL", "60s"),
+            ("FMSCHED_SCHEDULING__DEADLINE_ROUND_GAP", "300ms"),
+        ],
+    );
+    wait_up("scheduler up", port);
+    let _a = agent("node-a", port, dir.path());
+    wait_for("node-a registered", Duration::from_secs(10), || {
+        node_view(port, "node-a").map(|_| ())
+    });
+    let submit_yaml = |name: &str, yaml: String| -> Result<String, String> {
+        let f = dir.path().join(format!("{name}.yaml"));
+        std::fs::write(&f, yaml).unwrap();
+        let out = fmctl(port, &["-o", "json", "submit", &f.display().to_string()])?;
+        let v: Value = serde_json::from_str(&out).unwrap();
+        Ok(v[0]["job"]["id"].as_str().unwrap_or_default().to_string())
+    };
+    let state = |id: &str| jobs(port).unwrap()[id].0.clone();
+    let plain = submit_yaml("plain", job_yaml("plain", "rte", 200_000, 1)).unwrap();
+    let waiting = state(&plain);
+    std::thread::sleep(Duration::from_secs(5));
+    assert_eq!(
+        state(&plain),
+        waiting,
+        "no deadline: it waits for the periodic round"
+    );
+    // The earliest deadline the job could meet (admission names it), and
+    // 15 s more: less than the wait for the periodic round.
+    let in_s = |s: i64| (chrono::Utc::now() + chrono::Duration::seconds(s)).to_rfc3339();
+    let tight = |deadline: &str| {
+        format!(
+            "{}deadline: \"{deadline}\"\n",
+            job_yaml("tight", "rte", 200_000, 1)
+        )
+    };
+    let err = submit_yaml("tight", tight(&in_s(60))).unwrap_err();
+    let earliest = err
+        .split("earliest deadline it could meet is ")
+        .nth(1)
+        .and_then(|r| r.split(". ").next())
+        .and_then(|t| chrono::DateTime::parse_from_rfc3339(t.trim()).ok())
+        .unwrap_or_else(|| panic!("no earliest deadline in {err}"));
+    let submitted = Instant::now();
+    let id = submit_yaml(
+        "tight",
+        tight(&(earliest + chrono::Duration::seconds(15)).to_rfc3339()),
+    )
+    .unwrap();
+    wait_for("both jobs leave the queue", Duration::from_secs(15), || {
+        let (a, b) = (state(&plain), state(&id));
+        if a != waiting && b != waiting {
+            Ok(())
+        } else {
+            Err(format!("{a} / {b}"))
+        }
+    });
+    println!(
+        "a job with a deadline brought the round forward: both started {:?} after its submission",
+        submitted.elapsed()
+    );
+    drop_db(&db).await;
+}
+
 /// With `scheduling.event_round_gap`, a submission and a task's end bring
 /// the next round forward: a job profiles and trains to completion within
 /// one round interval (60 s) of its submission. A round per interval alone

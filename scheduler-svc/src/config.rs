@@ -249,6 +249,14 @@ pub struct SchedulingConfig {
     /// minute alone misses short jobs' deadlines (docs/fmsim.md).
     #[serde(with = "humantime_serde")]
     pub event_round_gap: Option<Duration>,
+    /// Rounds for deadlines: a job with a deadline that would miss it
+    /// waiting for the periodic round brings that round forward to now, at
+    /// least this long after the last round began
+    /// (`fmsched_core::round::round_for_deadline`; fmsim `--deadline-gap`).
+    /// Checked on a submission and on a task's end. Other jobs wait for the
+    /// periodic round, which finds them together for merging. `0s`: off.
+    #[serde(with = "humantime_serde")]
+    pub deadline_round_gap: Duration,
     /// Policy deciding every round (`ymir`, `srtf`, `tiresias`, `unisched`,
     /// ...).
     pub policy: String,
@@ -392,6 +400,7 @@ impl Default for SchedulingConfig {
         Self {
             interval: None,
             event_round_gap: None,
+            deadline_round_gap: Duration::from_secs(5),
             policy: "ymir".into(),
             knobs: Default::default(),
             enabled: true,
@@ -553,6 +562,13 @@ impl Config {
                 "must be >= 100ms (unset: a round per interval only)",
             ));
         }
+        let g = self.scheduling.deadline_round_gap;
+        if !g.is_zero() && g < Duration::from_millis(100) {
+            return Err(invalid(
+                "scheduling.deadline_round_gap",
+                "must be 0s (off) or >= 100ms",
+            ));
+        }
         if self.database_max_connections == 0 {
             return Err(invalid("database_max_connections", "must be >= 1"));
         }
@@ -691,6 +707,21 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("scheduling.event_round_gap"), "{e}");
+    }
+
+    /// Rounds for deadlines are on (5 s) unless `deadline_round_gap` is
+    /// `0s`; a gap under 100 ms is refused naming the key.
+    #[test]
+    fn the_deadline_round_gap_is_on_by_default_and_checked() {
+        let load = |v: &[(&str, &str)]| Config::load_from(None, env(v));
+        let gap = |c: Config| c.scheduling.deadline_round_gap;
+        assert_eq!(gap(load(&[]).unwrap()), Duration::from_secs(5));
+        let off = load(&[("FMSCHED_SCHEDULING__DEADLINE_ROUND_GAP", "0s")]).unwrap();
+        assert_eq!(gap(off), Duration::ZERO);
+        let e = load(&[("FMSCHED_SCHEDULING__DEADLINE_ROUND_GAP", "10ms")])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("scheduling.deadline_round_gap"), "{e}");
     }
 
     /// Without `interval` rounds run at the policy's own interval.

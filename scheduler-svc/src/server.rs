@@ -94,6 +94,7 @@ pub async fn run(
         prompt_banks: Default::default(),
         prompt_lane: Default::default(),
         round_wake: Default::default(),
+        deadline_waits: Default::default(),
     };
     // Leadership: take it now if free (a single replica leads at once),
     // then keep renewing; a standby takes over when the leader's lease

@@ -455,9 +455,11 @@ impl AgentService for AgentApi {
         let registry = self.state.registry.clone();
         let lane = self.state.prompt_lane.clone();
         let round_wake = self.state.round_wake.clone();
-        let round_wake_on = self.state.config.scheduling.event_round_gap.is_some();
+        let round_wake_on = self.state.config.scheduling.event_round_gap.is_some()
+            || !self.state.config.scheduling.deadline_round_gap.is_zero();
         // With rounds on events, a report that ends a task brings the next
-        // round forward; checked before the registry records it, since a
+        // round forward (with rounds for deadlines, where a job with a
+        // deadline waits); checked before the registry records it, since a
         // recorded end is no longer news.
         let wake_round_on_end = {
             let registry = self.state.registry.clone();

@@ -297,15 +297,24 @@ impl JobService for JobApi {
             })?;
         // Deadline admission: a strict SLO job no schedule could finish in
         // time is refused before anything is written.
-        let deadline_note = match crate::scheduling::shipped_lut() {
-            Ok(lut) => crate::scheduling::admission::check_deadline(
-                &lut,
-                &self.state.registry.snapshot(),
-                &spec,
-                now,
-            )
-            .verdict(spec.class()),
-            Err(e) => Some((false, format!("deadline not checked at submit: {e}"))),
+        let (deadline_note, best_s) = match crate::scheduling::shipped_lut() {
+            Ok(lut) => {
+                let check = crate::scheduling::admission::check_deadline(
+                    &lut,
+                    &self.state.registry.snapshot(),
+                    &spec,
+                    now,
+                );
+                let best_s = match check {
+                    crate::scheduling::admission::DeadlineCheck::Meets { best_s } => Some(best_s),
+                    _ => None,
+                };
+                (check.verdict(spec.class()), best_s)
+            }
+            Err(e) => (
+                Some((false, format!("deadline not checked at submit: {e}"))),
+                None,
+            ),
         };
         if let Some((true, why)) = &deadline_note {
             return Err(ApiError::FailedPrecondition(format!("spec.deadline: {why}")).into());
@@ -357,6 +366,16 @@ impl JobService for JobApi {
                 if crate::scheduling::prompt_lane::in_lane(&self.state, &job) {
                     self.state.prompt_lane.wake.notify_one();
                 } else {
+                    if let (Some(best_s), Some(by)) = (best_s, spec.deadline)
+                        && spec.class().has_deadline()
+                    {
+                        // Rounds for deadlines: what it needs from a round's
+                        // start, and by when.
+                        let left = (by - now).to_std().unwrap_or_default();
+                        self.state
+                            .deadline_waits
+                            .add(best_s, tokio::time::Instant::now() + left);
+                    }
                     self.state.round_wake.notify_one();
                 }
                 (job, true)

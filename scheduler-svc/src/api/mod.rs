@@ -51,6 +51,9 @@ pub struct AppState {
     /// Wakes the round loop for a round on an event (a submission, a task
     /// that ended) when `scheduling.event_round_gap` is set.
     pub round_wake: Arc<tokio::sync::Notify>,
+    /// Jobs with a deadline submitted here, for rounds for deadlines
+    /// (`scheduling.deadline_round_gap`).
+    pub deadline_waits: Arc<crate::scheduling::DeadlineWaits>,
 }
 
 /// Errors a handler returns; mapped to a status code in one place.

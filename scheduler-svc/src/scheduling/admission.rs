@@ -24,8 +24,11 @@ use crate::registry::LiveNode;
 /// What admission makes of a job's deadline.
 #[derive(Clone, Debug, PartialEq)]
 pub enum DeadlineCheck {
-    /// No deadline, or its best case meets it.
+    /// No deadline.
     Met,
+    /// Its best case meets it: that many seconds from now (what rounds for
+    /// deadlines need to know, `scheduling.deadline_round_gap`).
+    Meets { best_s: f64 },
     /// Cannot be judged at submit (why).
     Unchecked(String),
     /// Even its best case ends after the deadline.
@@ -42,7 +45,7 @@ impl DeadlineCheck {
     /// (None: nothing to say).
     pub fn verdict(&self, class: SloClass) -> Option<(bool, String)> {
         match self {
-            DeadlineCheck::Met => None,
+            DeadlineCheck::Met | DeadlineCheck::Meets { .. } => None,
             DeadlineCheck::Unchecked(why) => class
                 .has_deadline()
                 .then(|| (false, format!("deadline not checked at submit: {why}"))),
@@ -161,7 +164,9 @@ pub fn check_deadline(
     };
     let earliest = now + chrono::Duration::milliseconds((fastest.seconds * 1000.0).ceil() as i64);
     if earliest <= deadline {
-        DeadlineCheck::Met
+        DeadlineCheck::Meets {
+            best_s: fastest.seconds,
+        }
     } else {
         DeadlineCheck::Missed {
             deadline,

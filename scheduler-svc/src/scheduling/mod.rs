@@ -1583,6 +1583,56 @@ pub fn shipped_lut() -> Result<Arc<Lut>, String> {
     .clone()
 }
 
+/// Jobs with a deadline submitted to this replica, for rounds for
+/// deadlines (`scheduling.deadline_round_gap`): what each needs from a
+/// round's start (its best case alone, admission's estimate) and its
+/// deadline on the round loop's clock. An entry stays until its deadline
+/// can no longer be met, so a task's end where it still waits (its
+/// profiling run done) brings the round forward again.
+#[derive(Debug, Default)]
+pub struct DeadlineWaits(std::sync::Mutex<Vec<(f64, tokio::time::Instant)>>);
+
+impl DeadlineWaits {
+    pub fn add(&self, need_s: f64, by: tokio::time::Instant) {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push((need_s, by));
+    }
+
+    /// The next round once an event came: `next`, or sooner where a job
+    /// here would miss its deadline waiting for it (core's rule,
+    /// [`round::round_for_deadline`], on seconds from now).
+    fn next_round(
+        &self,
+        next: tokio::time::Instant,
+        last_started: tokio::time::Instant,
+        gap: std::time::Duration,
+    ) -> tokio::time::Instant {
+        let now = tokio::time::Instant::now();
+        let secs = |t: tokio::time::Instant| {
+            if t >= now {
+                t.duration_since(now).as_secs_f64()
+            } else {
+                -now.duration_since(t).as_secs_f64()
+            }
+        };
+        let mut waits = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        waits.retain(|&(need_s, by)| need_s <= secs(by));
+        let at = waits.iter().fold(secs(next), |at, &(need_s, by)| {
+            round::round_for_deadline(
+                at,
+                0.0,
+                secs(last_started),
+                gap.as_secs_f64(),
+                need_s,
+                secs(by),
+            )
+        });
+        now + std::time::Duration::from_secs_f64(at.max(0.0))
+    }
+}
+
 /// Runs rounds every `scheduling.round_interval()` until the task is
 /// aborted; with a `prewarm_lead`, a look-ahead round that long before each
 /// round. A replica that does not lead runs none.
@@ -1604,10 +1654,28 @@ async fn sleep_towards(
             return;
         }
         let gap = state.config.scheduling.event_round_gap;
+        let deadline_gap = state.config.scheduling.deadline_round_gap;
         let woke = tokio::select! {
             () = tokio::time::sleep_until(target.min(now + POLICY_POLL)) => false,
-            () = state.round_wake.notified(), if gap.is_some() => true,
+            () = state.round_wake.notified(), if gap.is_some() || !deadline_gap.is_zero() => true,
         };
+        if woke && gap.is_none() {
+            // Rounds for deadlines: only a job that would miss its deadline
+            // waiting brings the round forward.
+            let at = state
+                .deadline_waits
+                .next_round(*next, last_started, deadline_gap);
+            if at < *next {
+                tracing::debug!(
+                    in_s = at
+                        .saturating_duration_since(tokio::time::Instant::now())
+                        .as_secs_f64(),
+                    "a job with a deadline would miss it waiting: the next round comes forward"
+                );
+                *next = at;
+            }
+            continue;
+        }
         if let Some(gap) = gap.filter(|_| woke) {
             // A submission or a task that ended: the round comes forward
             // (core's rule, on seconds from now).
