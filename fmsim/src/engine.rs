@@ -1588,15 +1588,7 @@ impl<'a> Simulation<'a> {
                     },
                     class: j.w.slo.class(),
                     deadlines: j.deadlines.clone(),
-                    best_case_s: j.ideal_s
-                        + if self.cfg.profile_s > 0.0
-                            && j.ideal_s - j.restart_s > self.cfg.profile_s
-                        {
-                            // The profiling run: its start and its length.
-                            j.restart_s + self.cfg.profile_s
-                        } else {
-                            0.0
-                        },
+                    best_case_s: self.best_case_s(j),
                 }
             })
             .collect();
@@ -1605,9 +1597,21 @@ impl<'a> Simulation<'a> {
         Ok(self.stats)
     }
 
+    /// A floor under a job's JCT from its submission
+    /// ([`JobResult::best_case_s`]).
+    fn best_case_s(&self, j: &Job) -> f64 {
+        j.ideal_s
+            + if self.cfg.profile_s > 0.0 && j.ideal_s - j.restart_s > self.cfg.profile_s {
+                // The profiling run: its start and its length.
+                j.restart_s + self.cfg.profile_s
+            } else {
+                0.0
+            }
+    }
+
     /// Each job with a deadline that waits for its first start: what it
-    /// needs from a round's start (its time alone at its request, with its
-    /// start; a job not yet profiled adds the profiling run and its start)
+    /// needs from a round's start (its best case, [`Self::best_case_s`],
+    /// once it has profiled its time alone at its request with its start)
     /// and its first deadline ([`round_for_deadline`]).
     fn deadline_needs(&self) -> Vec<(f64, f64)> {
         self.jobs
@@ -1615,9 +1619,7 @@ impl<'a> Simulation<'a> {
             .filter_map(|j| {
                 let by = j.deadlines.first()?.by;
                 let need = match j.phase {
-                    Phase::Profiling { until } if until.is_infinite() => {
-                        j.restart_s + self.cfg.profile_s + j.ideal_s
-                    }
+                    Phase::Profiling { until } if until.is_infinite() => self.best_case_s(j),
                     Phase::Waiting if j.first_train.is_none() => j.ideal_s,
                     _ => return None,
                 };

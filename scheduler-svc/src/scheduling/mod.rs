@@ -1593,11 +1593,13 @@ pub fn shipped_lut() -> Result<Arc<Lut>, String> {
 pub struct DeadlineWaits(std::sync::Mutex<Vec<(f64, tokio::time::Instant)>>);
 
 impl DeadlineWaits {
+    /// Keeps a job's need and deadline, dropping those that can no longer
+    /// be met (on a standby replica nothing else drops them).
     pub fn add(&self, need_s: f64, by: tokio::time::Instant) {
-        self.0
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push((need_s, by));
+        let now = tokio::time::Instant::now();
+        let mut waits = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        waits.retain(|&(n, b)| now + std::time::Duration::from_secs_f64(n.max(0.0)) <= b);
+        waits.push((need_s, by));
     }
 
     /// The next round once an event came: `next`, or sooner where a job
