@@ -2307,12 +2307,7 @@ async fn e2e_deadline_an_infeasible_strict_deadline_is_refused_at_submit() {
     );
     // The earliest deadline it named (plus a margin for the time since) is
     // accepted, without a warning.
-    let earliest = err
-        .split("earliest deadline it could meet is ")
-        .nth(1)
-        .and_then(|r| r.split(". ").next())
-        .and_then(|t| chrono::DateTime::parse_from_rfc3339(t.trim()).ok())
-        .unwrap_or_else(|| panic!("no earliest deadline in {err}"));
+    let earliest = earliest_deadline(&err);
     let ok = format!(
         "deadline: \"{}\"\n",
         (earliest + chrono::Duration::seconds(60)).to_rfc3339()
@@ -6146,6 +6141,15 @@ async fn event_gap(db: &str, job: &str, from: &str, to: &str) -> f64 {
     (b.1 - rows[a].1).num_milliseconds() as f64 / 1e3
 }
 
+/// The earliest deadline a refusal at submit names.
+fn earliest_deadline(err: &str) -> chrono::DateTime<chrono::FixedOffset> {
+    err.split("earliest deadline it could meet is ")
+        .nth(1)
+        .and_then(|r| r.split(". ").next())
+        .and_then(|t| chrono::DateTime::parse_from_rfc3339(t.trim()).ok())
+        .unwrap_or_else(|| panic!("no earliest deadline in {err}"))
+}
+
 /// The value of a metric sample (labels included in `name`), if present.
 fn metric_opt(exposition: &str, name: &str) -> Option<f64> {
     exposition
@@ -6438,12 +6442,7 @@ async fn e2e_deadline_a_job_that_would_miss_waiting_brings_the_round_forward() {
         )
     };
     let err = submit_yaml("tight", tight(&in_s(60))).unwrap_err();
-    let earliest = err
-        .split("earliest deadline it could meet is ")
-        .nth(1)
-        .and_then(|r| r.split(". ").next())
-        .and_then(|t| chrono::DateTime::parse_from_rfc3339(t.trim()).ok())
-        .unwrap_or_else(|| panic!("no earliest deadline in {err}"));
+    let earliest = earliest_deadline(&err);
     let submitted = Instant::now();
     let id = submit_yaml(
         "tight",
