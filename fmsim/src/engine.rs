@@ -1614,24 +1614,22 @@ impl<'a> Simulation<'a> {
     /// once it has profiled its time alone at its request with its start)
     /// and its first deadline ([`round_for_deadline`]), as the policy's
     /// estimates have it.
-    fn deadline_needs(&self) -> Vec<(f64, f64)> {
-        (0..self.jobs.len())
-            .filter_map(|i| {
-                let j = &self.jobs[i];
-                let by = j.deadlines.first()?.by;
-                // Its time alone as the policy sees it (`estimate_noise`
-                // scales its work as it does every time the policy sees).
-                let alone = (j.ideal_s - j.restart_s) * self.noise_factor(i) + j.restart_s;
-                let need = match j.phase {
-                    Phase::Profiling { until } if until.is_infinite() => {
-                        self.best_case_s(j) - j.ideal_s + alone
-                    }
-                    Phase::Waiting if j.first_train.is_none() => alone,
-                    _ => return None,
-                };
-                Some((need, by))
-            })
-            .collect()
+    fn deadline_needs(&self) -> impl Iterator<Item = (f64, f64)> + '_ {
+        (0..self.jobs.len()).filter_map(|i| {
+            let j = &self.jobs[i];
+            let by = j.deadlines.first()?.by;
+            // Its time alone as the policy sees it (`estimate_noise`
+            // scales its work as it does every time the policy sees).
+            let alone = (j.ideal_s - j.restart_s) * self.noise_factor(i) + j.restart_s;
+            let need = match j.phase {
+                Phase::Profiling { until } if until.is_infinite() => {
+                    self.best_case_s(j) - j.ideal_s + alone
+                }
+                Phase::Waiting if j.first_train.is_none() => alone,
+                _ => return None,
+            };
+            Some((need, by))
+        })
     }
 
     /// The fewest GPUs job `i` runs on: its request under
