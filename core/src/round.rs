@@ -113,6 +113,36 @@ pub fn round_for_deadline(
     }
 }
 
+/// What job `k` of a round's snapshot needs from a round's start to finish
+/// alone, as the round's estimates have it: its time at the GPUs it asked
+/// for (the fewest it may run on when its request is not in the allocation
+/// set) and its start. None for a job that has trained (it is no longer
+/// waiting for its first start) or whose times are all unknown. The need
+/// [`round_for_deadline`] weighs once a job has profiled: the service
+/// refreshes admission's bound with it after each round, and fmsim's
+/// `deadline_needs` is the same time from its own model of the job.
+pub fn need_alone(snap: &crate::policy::Snapshot, k: usize) -> Option<f64> {
+    let j = snap.jobs.get(k)?;
+    if j.progress > 0.0 || j.current_gpus > 0 {
+        return None;
+    }
+    let at = |a: u32| {
+        snap.allocations
+            .iter()
+            .position(|&x| x == a)
+            .and_then(|p| j.remaining_s.get(p).copied())
+            .filter(|t| t.is_finite())
+    };
+    let time = at(j.requested_gpus).or_else(|| {
+        snap.allocations
+            .iter()
+            .zip(&j.remaining_s)
+            .find(|&(&a, t)| a > 0 && a >= j.min_gpus && t.is_finite())
+            .map(|(_, &t)| t)
+    })?;
+    Some(time + j.restart_s)
+}
+
 /// GPUs per second a live job deserves: an equal share of the cluster, at
 /// most what it asked for — Themis's deserved service, accumulated by the
 /// service plan by plan and by fmsim as time passes.
@@ -3320,6 +3350,29 @@ mod tests {
         assert_eq!(round_after_event(60.0, 2.0, 0.0, 5.0), 5.0);
         assert_eq!(round_after_event(60.0, 59.0, 58.0, 5.0), 60.0);
         assert_eq!(round_after_event(3.0, 2.0, 0.0, 5.0), 3.0);
+    }
+
+    /// A waiting job needs its time at its request with its start; one
+    /// whose request is not an allocation the fewest GPUs it may run on;
+    /// a job that runs or has trained needs nothing (it is not waiting).
+    #[test]
+    fn a_waiting_jobs_need_is_its_time_alone_at_its_request() {
+        use crate::policy::testkit::{cluster, job};
+        let all = crate::policy::ymir_allocations(64);
+        let job = |id: &str, asks: u32| job(id, 800.0, asks, &all);
+        let mut running = job("running", 2);
+        running.current_gpus = 2;
+        let mut trained = job("trained", 2);
+        trained.progress = 0.3;
+        let mut odd = job("odd", 5);
+        odd.min_gpus = 2;
+        let snap = cluster(2, 4, vec![job("asks-4", 4), odd, running, trained]);
+        assert!(!snap.allocations.contains(&5), "{:?}", snap.allocations);
+        assert_eq!(need_alone(&snap, 0), Some(800.0 / 4.0 + 30.0));
+        assert_eq!(need_alone(&snap, 1), Some(800.0 / 2.0 + 30.0));
+        assert_eq!(need_alone(&snap, 2), None);
+        assert_eq!(need_alone(&snap, 3), None);
+        assert_eq!(need_alone(&snap, 4), None, "no such job");
     }
 
     /// A job with a deadline brings the round forward only when waiting

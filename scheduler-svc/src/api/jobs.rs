@@ -372,9 +372,11 @@ impl JobService for JobApi {
                         // Rounds for deadlines: what it needs from a round's
                         // start, and by when.
                         let left = (by - now).to_std().unwrap_or_default();
-                        self.state
-                            .deadline_waits
-                            .add(best_s, tokio::time::Instant::now() + left);
+                        self.state.deadline_waits.add(
+                            &job.id,
+                            best_s,
+                            tokio::time::Instant::now() + left,
+                        );
                     }
                     self.state.round_wake.notify_one();
                 }

@@ -949,6 +949,7 @@ pub async fn run_round(
         state, est, &observed, &inputs, &decision, solve_s, generation,
     )
     .await;
+    state.deadline_waits.after_round(&inputs.t.view, &decision);
     if !leads {
         return Err(RoundError::NotLeader);
     }
@@ -1585,21 +1586,78 @@ pub fn shipped_lut() -> Result<Arc<Lut>, String> {
 
 /// Jobs with a deadline submitted to this replica, for rounds for
 /// deadlines (`scheduling.deadline_round_gap`): what each needs from a
-/// round's start (its best case alone, admission's estimate) and its
-/// deadline on the round loop's clock. An entry stays until its deadline
-/// can no longer be met, so a task's end where it still waits (its
-/// profiling run done) brings the round forward again.
+/// round's start and its deadline on the round loop's clock. The need is
+/// admission's estimate at submit (its best case alone, a lower bound);
+/// each round then sets it to the round's own estimate of its time alone
+/// at its request ([`round::need_alone`], as fmsim weighs a job that has
+/// profiled) and drops the jobs that started or left, so only a job that
+/// still waits for its first start brings a round forward, as in fmsim.
+/// An entry also goes once its deadline can no longer be met.
 #[derive(Debug, Default)]
-pub struct DeadlineWaits(std::sync::Mutex<Vec<(f64, tokio::time::Instant)>>);
+pub struct DeadlineWaits(std::sync::Mutex<Vec<DeadlineWait>>);
+
+/// One job in [`DeadlineWaits`].
+#[derive(Clone, Debug, PartialEq)]
+struct DeadlineWait {
+    job: String,
+    need_s: f64,
+    by: tokio::time::Instant,
+}
 
 impl DeadlineWaits {
     /// Keeps a job's need and deadline, dropping those that can no longer
     /// be met (on a standby replica nothing else drops them).
-    pub fn add(&self, need_s: f64, by: tokio::time::Instant) {
+    pub fn add(&self, job: &JobId, need_s: f64, by: tokio::time::Instant) {
         let now = tokio::time::Instant::now();
         let mut waits = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        waits.retain(|&(n, b)| now + std::time::Duration::from_secs_f64(n.max(0.0)) <= b);
-        waits.push((need_s, by));
+        waits.retain(|w| now + std::time::Duration::from_secs_f64(w.need_s.max(0.0)) <= w.by);
+        waits.push(DeadlineWait {
+            job: job.to_string(),
+            need_s,
+            by,
+        });
+    }
+
+    /// After a round: a job that the round started, that has trained or
+    /// that is no longer live is dropped; one still waiting in the round's
+    /// snapshot needs what the round's estimates say ([`round::need_alone`]).
+    /// A job not yet in the snapshot (its profiling run not done) keeps
+    /// admission's need.
+    fn after_round(&self, view: &round::ClusterView, d: &round::Decision) {
+        let snap = &d.snapshot;
+        let started: BTreeSet<usize> = d
+            .plan
+            .entries
+            .iter()
+            .filter(|e| e.gpus > 0)
+            .flat_map(|e| e.jobs.iter().copied())
+            .collect();
+        let mut waits = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        waits.retain_mut(|w| {
+            if !view.jobs.iter().any(|j| j.id == w.job) {
+                return false;
+            }
+            let Some(k) = snap.jobs.iter().position(|j| j.id == w.job) else {
+                return true;
+            };
+            if started.contains(&k) {
+                return false;
+            }
+            match round::need_alone(snap, k) {
+                Some(need_s) => {
+                    w.need_s = need_s;
+                    true
+                }
+                None => false,
+            }
+        });
+    }
+
+    /// How many jobs are kept (for tests).
+    #[cfg(test)]
+    fn needs(&self) -> Vec<(String, f64)> {
+        let waits = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        waits.iter().map(|w| (w.job.clone(), w.need_s)).collect()
     }
 
     /// The next round once an event came: `next`, or sooner where a job
@@ -1620,15 +1678,15 @@ impl DeadlineWaits {
             }
         };
         let mut waits = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        waits.retain(|&(need_s, by)| need_s <= secs(by));
-        let at = waits.iter().fold(secs(next), |at, &(need_s, by)| {
+        waits.retain(|w| w.need_s <= secs(w.by));
+        let at = waits.iter().fold(secs(next), |at, w| {
             round::round_for_deadline(
                 at,
                 0.0,
                 secs(last_started),
                 gap.as_secs_f64(),
-                need_s,
-                secs(by),
+                w.need_s,
+                secs(w.by),
             )
         });
         now + std::time::Duration::from_secs_f64(at.max(0.0))
@@ -1881,6 +1939,50 @@ mod tests {
             holds: holds.to_vec(),
             ..round::testkit::job(&id(n).to_string(), &format!("t{n}"), state, gpus)
         }
+    }
+
+    /// Rounds for deadlines weigh only jobs still waiting for their first
+    /// start, on the round's own estimate once they have one: after a
+    /// round, a job it started and a job no longer live leave the list,
+    /// and a waiting job's need becomes its time alone at its request with
+    /// its start (admission's bound was lower), as fmsim weighs it.
+    #[test]
+    fn deadline_waits_keep_only_waiting_jobs_at_the_rounds_estimate() {
+        let view = round::testkit::view(
+            vec![round::testkit::node("x", 4)],
+            vec![job(1, 4, &[(0, 0), (0, 1), (0, 2), (0, 3)]), job(2, 2, &[])],
+        );
+        let cfg = RoundConfig {
+            profiling: false,
+            policy: "srtf".into(),
+            ..Default::default()
+        };
+        let policy = fmsched_core::policy::baselines::by_name("srtf").unwrap();
+        let prepared = prepare_round(&view, policy.as_ref(), &cfg);
+        let estimates = round::testkit::estimates(&prepared, 3600.0);
+        let d = decide_round(&view, &prepared, &estimates, policy.as_ref(), &cfg).unwrap();
+        let started: Vec<&str> = d
+            .plan
+            .entries
+            .iter()
+            .filter(|e| e.gpus > 0)
+            .flat_map(|e| e.jobs.iter().map(|&k| d.snapshot.jobs[k].id.as_str()))
+            .collect();
+        let (one, two) = (id(1).to_string(), id(2).to_string());
+        assert_eq!(
+            started,
+            vec![one.as_str()],
+            "the shorter running job keeps the node"
+        );
+        let waits = DeadlineWaits::default();
+        let by = tokio::time::Instant::now() + std::time::Duration::from_secs(7200);
+        waits.add(&id(1), 900.0, by);
+        waits.add(&id(2), 1000.0, by);
+        waits.add(&id(9), 100.0, by);
+        waits.after_round(&view, &d);
+        // Job 2 alone at its 2 GPUs: 3,600 GPU-s of work in 1,800 s, and
+        // its start (30 s).
+        assert_eq!(waits.needs(), vec![(two, 1830.0)]);
     }
 
     /// A group the policy spreads over two nodes is not run by this
