@@ -227,6 +227,10 @@ impl NodeRegistry {
     pub fn ends_a_task(&self, node: &NodeId, tasks: &[pb::ObservedTask]) -> bool {
         let ended =
             |p: i32| p == pb::TaskPhase::Succeeded as i32 || p == pb::TaskPhase::Failed as i32;
+        if !tasks.iter().any(|t| ended(t.phase)) {
+            // Most reports end nothing: no lock for them.
+            return false;
+        }
         let nodes = self.lock();
         let before = nodes.get(node).map_or(&[][..], |n| &n.observed_tasks[..]);
         tasks.iter().filter(|t| ended(t.phase)).any(|t| {

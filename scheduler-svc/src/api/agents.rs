@@ -455,16 +455,18 @@ impl AgentService for AgentApi {
         let registry = self.state.registry.clone();
         let lane = self.state.prompt_lane.clone();
         let round_wake = self.state.round_wake.clone();
-        let round_wake_on = self.state.config.scheduling.event_round_gap.is_some()
-            || !self.state.config.scheduling.deadline_round_gap.is_zero();
+        let on_events = self.state.config.scheduling.event_round_gap.is_some();
+        let for_deadlines = !self.state.config.scheduling.deadline_round_gap.is_zero();
         // With rounds on events, a report that ends a task brings the next
-        // round forward (with rounds for deadlines, where a job with a
-        // deadline waits); checked before the registry records it, since a
-        // recorded end is no longer news.
+        // round forward (with rounds for deadlines, only while a job with a
+        // deadline waits here); checked before the registry records it,
+        // since a recorded end is no longer news.
         let wake_round_on_end = {
             let registry = self.state.registry.clone();
+            let waits = self.state.deadline_waits.clone();
             move |node_id: &NodeId, tasks: &[pb::ObservedTask]| {
-                if round_wake_on && registry.ends_a_task(node_id, tasks) {
+                let wanted = on_events || (for_deadlines && !waits.is_empty());
+                if wanted && registry.ends_a_task(node_id, tasks) {
                     round_wake.notify_one();
                 }
             }

@@ -1653,7 +1653,13 @@ impl DeadlineWaits {
         });
     }
 
-    /// How many jobs are kept (for tests).
+    /// Whether no job here waits with a deadline: then a task's end need
+    /// not wake the round loop.
+    pub fn is_empty(&self) -> bool {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).is_empty()
+    }
+
+    /// Each kept job and its need (for tests).
     #[cfg(test)]
     fn needs(&self) -> Vec<(String, f64)> {
         let waits = self.0.lock().unwrap_or_else(|p| p.into_inner());
@@ -1975,6 +1981,7 @@ mod tests {
             "the shorter running job keeps the node"
         );
         let waits = DeadlineWaits::default();
+        assert!(waits.is_empty(), "a task's end wakes nothing");
         let by = tokio::time::Instant::now() + std::time::Duration::from_secs(7200);
         waits.add(&id(1), 900.0, by);
         waits.add(&id(2), 1000.0, by);
@@ -1983,6 +1990,7 @@ mod tests {
         // Job 2 alone at its 2 GPUs: 3,600 GPU-s of work in 1,800 s, and
         // its start (30 s).
         assert_eq!(waits.needs(), vec![(two, 1830.0)]);
+        assert!(!waits.is_empty());
     }
 
     /// A group the policy spreads over two nodes is not run by this
