@@ -1318,7 +1318,10 @@ pub fn snapshot(
                 a: ord[&mv.a],
                 b: ord[&mv.b],
                 mode: mv.mode,
-                remaining_s: group_time(view, estimates, &ord, mv.a, mv.b, mv.mode, secs),
+                remaining_s: kept_within_deadline(
+                    group_time(view, estimates, &ord, mv.a, mv.b, mv.mode, secs),
+                    group_due(view, mv.a, mv.b, mv.mode),
+                ),
             }
         })
         .collect();
@@ -1546,19 +1549,12 @@ fn candidates(
             &c.seconds,
         );
         let mut remaining_s = group_time(view, estimates, ord, a, b, c.pair.mode, &seconds);
-        let finish_with_group: &[usize] = match c.pair.mode {
-            MergeMode::Temporal => &[b],
-            _ => &[a, b],
-        };
         let due = |j: usize| view.jobs[j].deadline_in(view.now).unwrap_or(f64::INFINITY);
-        // The earliest deadline of a job that finishes with the group; an
-        // allocation at which the group would finish after it is no
-        // option for the pair (the policy sees it as one that cannot run),
-        // so the pair can only be given GPUs that keep it.
-        let group_due = finish_with_group
-            .iter()
-            .map(|&j| due(j))
-            .fold(f64::INFINITY, f64::min);
+        // An allocation at which the group would finish after the deadline
+        // of a job that finishes with it is no option for the pair (the
+        // policy sees it as one that cannot run), so the pair can only be
+        // given GPUs that keep it.
+        let group_due = group_due(view, a, b, c.pair.mode);
         // A of a temporal pair trains as alone, but one that trains now is
         // launched again to evaluate B (the merge guard's watch): the merge
         // costs it a restart it would not pay alone, and an allocation at
@@ -1587,6 +1583,38 @@ fn candidates(
         });
     }
     Ok(out)
+}
+
+/// The earliest deadline, seconds from now, of a job that finishes with
+/// the merged group of `a` and `b`: B of a temporal pair, either job of a
+/// spatial one (A of a temporal pair finishes before the group). Infinite
+/// when neither has one.
+fn group_due(view: &ClusterView, a: usize, b: usize, mode: MergeMode) -> f64 {
+    let finish_with_group: &[usize] = match mode {
+        MergeMode::Temporal => &[b],
+        _ => &[a, b],
+    };
+    finish_with_group
+        .iter()
+        .filter_map(|&j| view.jobs[j].deadline_in(view.now))
+        .fold(f64::INFINITY, f64::min)
+}
+
+/// A kept merge's group times with the allocations at which a job that
+/// finishes with the group would miss its deadline taken away (as for a
+/// new pair in [`candidates`]), so the policy gives it GPUs that keep the
+/// deadline where some do. Where none does, the times stay: the merge is
+/// not split here (B may be running from A's weights), and the policy
+/// sizes it as before.
+fn kept_within_deadline(mut times: Vec<f64>, due: f64) -> Vec<f64> {
+    if times.iter().any(|&t| t.is_finite() && t <= due) {
+        for t in &mut times {
+            if *t > due {
+                *t = f64::INFINITY;
+            }
+        }
+    }
+    times
 }
 
 // ---- 3. interpret --------------------------------------------------------
@@ -3262,6 +3290,53 @@ mod tests {
         for (k, &a) in d.snapshot.allocations.iter().enumerate() {
             assert_eq!(m.remaining_s[k].is_finite(), a >= 8, "kept at {a}");
         }
+    }
+
+    /// A kept merge keeps the deadline of the job that finishes with it
+    /// where it can: the allocations at which B would miss are taken
+    /// away, as for a new pair. With none that meets it, its times stay
+    /// (the merge is not stranded).
+    #[test]
+    fn a_kept_merge_is_given_only_gpus_that_keep_bs_deadline() {
+        let cfg = RoundConfig {
+            profiling: false,
+            ..Default::default()
+        };
+        let policy = by_name("ymir").unwrap();
+        let kept = |deadline_b: Option<f64>| {
+            let mut b = job("b", "mrpc", JobState::Queued, 8);
+            b.deadlines = deadline_b
+                .map(|by| crate::slo::reward_steps(crate::SloClass::Slo, 0.0, Some(by)))
+                .unwrap_or_default();
+            let mut v = view(
+                vec![node("n", 8)],
+                vec![job("a", "rte", JobState::Queued, 8), b],
+            );
+            v.merges.push(MergeView {
+                a: 0,
+                b: 1,
+                mode: MergeMode::Temporal,
+            });
+            let p = prepare(&v, policy.as_ref(), &cfg);
+            let d = decide(&v, &p, &estimates(&p, 3600.0), policy.as_ref(), &cfg).unwrap();
+            (
+                d.snapshot.allocations.clone(),
+                d.snapshot.merges[0].remaining_s.clone(),
+            )
+        };
+        let (allocs, free) = kept(None);
+        let at = |a: u32| free[allocs.iter().position(|&x| x == a).unwrap()];
+        assert!(at(4) > at(8), "{free:?}");
+        // A deadline between the group's time on 8 GPUs and on 4.
+        let due = (at(4) + at(8)) / 2.0;
+        let (_, masked) = kept(Some(due));
+        for (k, &a) in allocs.iter().enumerate() {
+            let meets = free[k].is_finite() && free[k] <= due;
+            assert_eq!(masked[k].is_finite(), meets, "at {a}: {masked:?}");
+        }
+        assert!(masked[allocs.iter().position(|&x| x == 8).unwrap()].is_finite());
+        let (_, impossible) = kept(Some(1.0));
+        assert_eq!(impossible, free, "no allocation meets it: as before");
     }
 
     /// A new merge is decided on a candidate the caller estimated; the
