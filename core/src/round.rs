@@ -252,6 +252,11 @@ pub struct JobView {
     /// Scheduled without a profiling run of its own
     /// ([`crate::job::JobSpec::skips_profiling`]: a prompt-tuning job).
     pub skip_profiling: bool,
+    /// For a job that trains now: its time on each GPU family at the GPUs
+    /// it holds, relative to its time where it runs (1: as fast; 0.5:
+    /// twice as fast), from the caller's throughput table. Empty: unknown
+    /// (it is never moved for speed). See [`SchedJob::family_time_ratio`].
+    pub family_time_ratio: Vec<(String, f64)>,
 }
 
 impl JobView {
@@ -1298,6 +1303,7 @@ pub fn snapshot(
                 fair_share_gpu_s: j.fair_share_gpu_s,
                 current_gpus: current[k].iter().map(|p| p.1).sum(),
                 current_placement: current[k].clone(),
+                family_time_ratio: j.family_time_ratio.clone(),
                 remaining_s: estimates.jobs[k].clone(),
                 spread: estimates.spread.get(k).copied().unwrap_or(0.0).max(0.0),
                 restart_s: j.restart_s,
@@ -2210,6 +2216,7 @@ pub mod testkit {
             preemptible: true,
             footprint: None,
             skip_profiling: false,
+            family_time_ratio: Vec::new(),
         }
     }
 

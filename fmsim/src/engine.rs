@@ -1973,7 +1973,8 @@ impl<'a> Simulation<'a> {
                 j.frozen = freezeout_layers(j.freeze_t0, p, j.max_frozen);
             }
         }
-        let (view, members) = self.view();
+        let (mut view, members) = self.view();
+        self.family_time_ratios(&mut view, &members)?;
         let cfg = round_config(&self.cfg, policy);
         let prepared = prepare_round(&view, policy, &cfg);
         // The set follows the GPUs in the round (loans change them).
@@ -2020,6 +2021,59 @@ impl<'a> Simulation<'a> {
             );
         }
         self.apply(&prepared, &decision.outcome, &members, catalog)
+    }
+
+    /// Each job that trains alone: its time on every other GPU family at
+    /// the GPUs it holds, relative to its time where it runs (the same
+    /// throughput table its progress comes from), for placement's move to
+    /// a faster family (`SchedJob::family_time_ratio`). Nothing on a
+    /// cluster of one family.
+    fn family_time_ratios(
+        &mut self,
+        view: &mut ClusterView,
+        members: &[usize],
+    ) -> Result<(), SimError> {
+        if self.families.len() < 2 {
+            return Ok(());
+        }
+        // Each family's largest present node, as estimates pack on it.
+        let per_node: Vec<Option<u32>> = self
+            .families
+            .iter()
+            .map(|f| round::default_shape(&self.nodes, Some(f), &[]).map(|s| s.1))
+            .collect();
+        for (v, &i) in members.iter().enumerate() {
+            let j = &self.jobs[i];
+            let Some(alloc) = j.alloc.as_ref() else {
+                continue;
+            };
+            if j.merged.is_some() || alloc.shared || matches!(j.phase, Phase::Profiling { .. }) {
+                continue;
+            }
+            let Some(here) = alloc.held.first().map(|g| self.node_family[g.0]) else {
+                continue;
+            };
+            let (gpus, batch) = (alloc.held.len() as u32, j.w.batch);
+            let unfit = j.unfit.clone();
+            let Some(own_node) = per_node[here] else {
+                continue;
+            };
+            let own = self.rate(i, batch, here, &packed(gpus, own_node))?;
+            let mut ratios = Vec::new();
+            for (f, &node) in per_node.iter().enumerate() {
+                let name = &self.families[f];
+                let Some(node) = node.filter(|_| f != here && !unfit.contains(name)) else {
+                    continue;
+                };
+                let name = name.clone();
+                let there = self.rate(i, batch, f, &packed(gpus, node))?;
+                if own > 0.0 && there > 0.0 {
+                    ratios.push((name, own / there));
+                }
+            }
+            view.jobs[v].family_time_ratio = ratios;
+        }
+        Ok(())
     }
 
     /// The round's view of the simulation: every job that arrived and has
@@ -2082,6 +2136,8 @@ impl<'a> Simulation<'a> {
                     preemptible: j.w.queueing.preemptible,
                     footprint: j.footprint,
                     skip_profiling: false,
+                    // Filled in by `family_time_ratios` (it needs `&mut`).
+                    family_time_ratio: Vec::new(),
                 }
             })
             .collect();

@@ -103,6 +103,14 @@ pub struct SchedJob {
     pub current_gpus: u32,
     /// Node index → GPUs it holds now.
     pub current_placement: Vec<(usize, u32)>,
+    /// Its time on each GPU family at the GPUs it holds, relative to its
+    /// time where it runs now (1: as fast; 0.5: twice as fast); empty:
+    /// unknown. Placement moves a running job to a faster family whose GPUs
+    /// the round leaves free when the time it saves pays its restart
+    /// ([`placement`]): its times are estimated on the family it holds
+    /// ([`crate::round::estimate_shape`]), so the policy alone never sees
+    /// that gain.
+    pub family_time_ratio: Vec<(String, f64)>,
     /// Remaining seconds to finish alone with `allocations[k]` GPUs
     /// (`+∞` where it cannot run), i.e. `T_{i,a}` of Ymir Eq. 5.
     pub remaining_s: Vec<f64>,
@@ -806,6 +814,7 @@ pub(crate) mod testkit {
             executed_s: 0.0,
             current_gpus: 0,
             current_placement: Vec::new(),
+            family_time_ratio: Vec::new(),
             remaining_s: linear_times(allocations, work_gpu_s),
             spread: 0.0,
             restart_s: 30.0,

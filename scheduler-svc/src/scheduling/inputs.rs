@@ -233,6 +233,9 @@ pub fn build_view(s: &ViewSources<'_>) -> Translated {
                 footprint: (s.footprint)(j),
                 unfit_families: (s.unfit)(j),
                 skip_profiling: j.spec.skips_profiling(),
+                // Filled in once the round's inputs are known
+                // (`family_time_ratios`).
+                family_time_ratio: Vec::new(),
             }
         })
         .collect();
@@ -411,7 +414,7 @@ pub(crate) async fn load(
         .collect();
     let families: BTreeSet<String> = o.nodes.iter().map(node_family).collect();
     let unfit_memo: std::cell::RefCell<BTreeMap<String, Vec<String>>> = Default::default();
-    let t = build_view(&ViewSources {
+    let mut t = build_view(&ViewSources {
         nodes: &o.nodes,
         live: &o.live,
         merges: &o.merges,
@@ -488,6 +491,7 @@ pub(crate) async fn load(
     }
     let prepared = super::prepare_round(&t.view, policy, &config);
     let planned = planned_jobs(o, &t, &prepared, &family, policy.iteration_estimator());
+    family_time_ratios(lut, &mut t.view, &prepared, &planned.0);
     let Some(estimates) = estimate(state, lut, est, o, &t, &prepared, planned).await else {
         return Ok(None);
     };
@@ -615,6 +619,66 @@ fn planned_jobs(
         })
         .collect();
     (job_inputs(o, t, prepared, family, estimator), spread)
+}
+
+/// Each snapshot job that trains alone, not pinned to a family: its
+/// iteration time on every other GPU family of the cluster at the GPUs it
+/// holds, relative to its time where it runs (`JobView::family_time_ratio`,
+/// for placement's move to a faster family), from the throughput table its
+/// estimates come from. Nothing on a cluster of one family.
+fn family_time_ratios(
+    lut: &Lut,
+    view: &mut round::ClusterView,
+    prepared: &Prepared,
+    inputs: &[times::JobInput],
+) {
+    let families: BTreeSet<&str> = view
+        .nodes
+        .iter()
+        .filter(|n| n.state != NodeState::Offline && n.gpus > 0)
+        .map(|n| n.gpu_model.as_str())
+        .collect();
+    if families.len() < 2 {
+        return;
+    }
+    // Each family's largest present node, as estimates pack on it.
+    let per_node: BTreeMap<String, u32> = families
+        .iter()
+        .filter_map(|&f| round::default_shape(&view.nodes, Some(f), &[]))
+        .collect();
+    let merged: BTreeSet<usize> = view.merges.iter().flat_map(|m| [m.a, m.b]).collect();
+    for (&v, input) in prepared.jobs.iter().zip(inputs) {
+        let j = &view.jobs[v];
+        if j.holds.is_empty() || j.profiling_run || j.gpu_model.is_some() || merged.contains(&v) {
+            continue;
+        }
+        let Some(here) = view.nodes.get(j.holds[0].0).map(|n| n.gpu_model.clone()) else {
+            continue;
+        };
+        let gpus = j.holds.len() as u32;
+        let seconds = |family: &str| {
+            let it = lut
+                .iteration_time(
+                    &input.model,
+                    family,
+                    gpus,
+                    per_node.get(family).copied()?,
+                    input.global_batch,
+                    &input.variant,
+                    input.layers,
+                )
+                .ok()?;
+            (it.feasible && it.seconds > 0.0).then_some(it.seconds)
+        };
+        let Some(own) = seconds(&here) else {
+            continue;
+        };
+        view.jobs[v].family_time_ratio = per_node
+            .keys()
+            .filter(|f| **f != here && !j.unfit_families.contains(f))
+            .filter_map(|f| seconds(f).map(|s| (f.clone(), s / own)))
+            .collect();
+    }
 }
 
 /// What the time table needs of each snapshot job: its remaining
@@ -990,6 +1054,87 @@ pub(crate) mod tests {
     /// layers per allocation (faster than training every layer when its
     /// early layers have settled); one without a report trains at the
     /// frozen layers the tuner last picked; a plain job has neither.
+    /// On a cluster of two families, a job that trains alone learns its
+    /// time on the other family relative to where it runs, from the
+    /// throughput table (what placement's move to a faster family reads);
+    /// a queued job and a job pinned to its family learn nothing.
+    #[test]
+    fn a_running_job_learns_its_time_on_the_other_family() {
+        use fmsched_core::round::testkit;
+        let mut v100 = testkit::node("v", 4);
+        v100.gpu_model = "V100".into();
+        let mut h100 = testkit::node("h", 8);
+        h100.gpu_model = "H100".into();
+        let running = |id: &str, gpus: u32| {
+            let mut j = testkit::job(id, id, JobState::Running, gpus);
+            j.holds = (0..gpus).map(|g| (0, g)).collect();
+            j
+        };
+        let mut pinned = running("pinned", 1);
+        pinned.holds = vec![(0, 3)];
+        pinned.gpu_model = Some("V100".into());
+        let mut view = testkit::view(
+            vec![v100, h100],
+            vec![
+                running("alone", 2),
+                testkit::job("queued", "q", JobState::Queued, 2),
+                pinned,
+            ],
+        );
+        let policy = fmsched_core::policy::baselines::by_name("srtf").unwrap();
+        let prepared = fmsched_core::round::prepare(
+            &view,
+            policy.as_ref(),
+            &RoundConfig {
+                profiling: false,
+                ..Default::default()
+            },
+        );
+        let input = |id: &str| times::JobInput {
+            id: id.into(),
+            model: "roberta-base".into(),
+            gpu_type: "V100".into(),
+            gpus_per_node: 4,
+            global_batch: 32,
+            variant: Variant::default(),
+            layers: 12,
+            remaining_iterations: 1000,
+            done_iterations: 0,
+            curve: None,
+            max_iterations: 1000,
+            samples_per_epoch: 3200,
+            layer_tuning: None,
+        };
+        let inputs: Vec<times::JobInput> = prepared
+            .jobs
+            .iter()
+            .map(|&v| input(&view.jobs[v].id))
+            .collect();
+        let lut = analytic::default_lut().unwrap();
+        family_time_ratios(&lut, &mut view, &prepared, &inputs);
+        let seconds = |family: &str, per_node: u32| {
+            lut.iteration_time(
+                "roberta-base",
+                family,
+                2,
+                per_node,
+                32,
+                &Variant::default(),
+                12,
+            )
+            .unwrap()
+            .seconds
+        };
+        let ratio = seconds("H100", 8) / seconds("V100", 4);
+        assert!(ratio < 1.0, "H100 is faster: {ratio}");
+        assert_eq!(
+            view.jobs[0].family_time_ratio,
+            vec![("H100".to_string(), ratio)]
+        );
+        assert!(view.jobs[1].family_time_ratio.is_empty(), "queued");
+        assert!(view.jobs[2].family_time_ratio.is_empty(), "pinned");
+    }
+
     #[test]
     fn layer_elastic_jobs_reach_the_time_table_with_their_variance() {
         let now = DateTime::parse_from_rfc3339("2026-01-01T00:00:00Z")
