@@ -3586,6 +3586,99 @@ async fn e2e_the_service_baselines_run_a_queue_to_completion() {
     }
 }
 
+/// A job training on slow GPUs moves to a faster family once its GPUs
+/// are free (placement's move for speed, live): a long job starts on the
+/// only node there is, A100s; an H100 node joins; the job is placed there
+/// from its checkpoint and completes.
+#[tokio::test]
+async fn e2e_gang_heterogeneous_a_job_moves_to_faster_gpus_that_free_up() {
+    let db = new_db("fmsched_move").await;
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let _sched = scheduler(&db, port, dir.path());
+    wait_up("scheduler up", port);
+    let ep = format!("http://127.0.0.1:{port}");
+    let _v = agent_env("node-a", &ep, dir.path(), None, &[]);
+    submit(
+        port,
+        dir.path(),
+        vec![("long".to_string(), job_yaml("long", "qnli", 20_000, 2))],
+    )
+    .expect("submit");
+    let mut c = sqlx::PgConnection::connect(&db_url(&db)).await.unwrap();
+    let placed = async |c: &mut sqlx::PgConnection| -> Vec<String> {
+        sqlx::query_scalar(
+            "SELECT message FROM job_events WHERE message LIKE 'placed on %' ORDER BY seq",
+        )
+        .fetch_all(c)
+        .await
+        .unwrap()
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while placed(&mut c).await.is_empty() {
+        if std::time::Instant::now() > deadline {
+            let all: Vec<(String, String)> =
+                sqlx::query_as("SELECT kind, message FROM job_events ORDER BY seq")
+                    .fetch_all(&mut c)
+                    .await
+                    .unwrap();
+            panic!("the long job never started: {all:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let first = placed(&mut c).await;
+    assert!(first[0].contains("node-a"), "{first:?}");
+    let _h = agent_env(
+        "node-h",
+        &ep,
+        dir.path(),
+        None,
+        &[("FMSCHED_AGENT_GPU__FAKE_MODEL", "H100-80GB")],
+    );
+    // A move keeps it running (no new state): its history says it, and
+    // the nodes it was placed on.
+    let moved = async |c: &mut sqlx::PgConnection| -> Vec<String> {
+        sqlx::query_scalar("SELECT message FROM job_events WHERE kind = 'moved' ORDER BY seq")
+            .fetch_all(c)
+            .await
+            .unwrap()
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let said = loop {
+        let said = moved(&mut c).await;
+        if !said.is_empty() {
+            break said;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never moved to the H100s"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(said.len(), 1, "{said:?}");
+    assert!(
+        said[0].starts_with("moved from A100 to H100 GPUs (2 on node-h), from its checkpoint"),
+        "{said:?}"
+    );
+    let nodes: Vec<String> =
+        sqlx::query_scalar("SELECT node_id FROM job_placements ORDER BY node_id")
+            .fetch_all(&mut c)
+            .await
+            .unwrap();
+    assert_eq!(nodes, vec!["node-a".to_string(), "node-h".to_string()]);
+    wait_for("the long job completes", Duration::from_secs(120), || {
+        let v: Value = serde_json::from_str(&fmctl(port, &["-o", "json", "jobs"])?)
+            .map_err(|e| e.to_string())?;
+        let state = v[0]["state"].as_str().unwrap_or_default().to_string();
+        if state == "completed" {
+            Ok(())
+        } else {
+            Err(state)
+        }
+    });
+    drop_db(&db).await;
+}
+
 /// `resources.gpu_model` acts on a mixed cluster: jobs bound to H100s
 /// profile and train only on the H100 node, the others run anywhere, and
 /// all complete; a GPU model nobody has is refused at submit naming the
