@@ -529,6 +529,17 @@ async fn e2e_jobs_of_a_lost_node_resume_elsewhere_from_their_checkpoint() {
     wait_up("scheduler up", port);
     let a = agent("node-a", port, dir.path());
     let mut b = agent("node-b", port, dir.path());
+    // Both nodes registered before anything is placed: under a loaded
+    // suite node-b once registered after the first rounds, node-a ran all
+    // four jobs (merged in pairs) and node-b never had work to lose.
+    wait_for("both nodes registered", Duration::from_secs(20), || {
+        let out = fmctl(port, &["nodes"])?;
+        if out.contains("node-a") && out.contains("node-b") {
+            Ok(())
+        } else {
+            Err(out)
+        }
+    });
     // Four 2-GPU jobs, long enough to be running when node-b dies.
     submit(
         port,
