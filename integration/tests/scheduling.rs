@@ -6520,6 +6520,19 @@ async fn e2e_deadline_a_job_that_would_miss_waiting_brings_the_round_forward() {
     wait_for("node-a registered", Duration::from_secs(10), || {
         node_view(port, "node-a").map(|_| ())
     });
+    // The replica's first round runs as it takes the lead (at most a
+    // policy poll, 2 s, later): under a loaded suite that once came after
+    // the submission below and profiled the job without a deadline. Let
+    // it pass first; the periodic round is then about a minute away.
+    wait_for("the scheduler leads", Duration::from_secs(20), || {
+        let log = _sched.log_text();
+        if log.contains("this replica is now the active scheduler") {
+            Ok(())
+        } else {
+            Err("not yet".to_string())
+        }
+    });
+    std::thread::sleep(Duration::from_secs(3));
     let submit_yaml = |name: &str, yaml: String| -> Result<String, String> {
         let f = dir.path().join(format!("{name}.yaml"));
         std::fs::write(&f, yaml).unwrap();
