@@ -126,20 +126,15 @@ pub fn need_alone(snap: &crate::policy::Snapshot, k: usize) -> Option<f64> {
     if j.progress > 0.0 || j.current_gpus > 0 {
         return None;
     }
-    let at = |a: u32| {
-        snap.allocations
-            .iter()
-            .position(|&x| x == a)
-            .and_then(|p| j.remaining_s.get(p).copied())
-            .filter(|t| t.is_finite())
-    };
-    let time = at(j.requested_gpus).or_else(|| {
-        snap.allocations
-            .iter()
-            .zip(&j.remaining_s)
-            .find(|&(&a, t)| a > 0 && a >= j.min_gpus && t.is_finite())
-            .map(|(_, &t)| t)
-    })?;
+    let time = Some(snap.time_at(k, j.requested_gpus))
+        .filter(|t| t.is_finite())
+        .or_else(|| {
+            snap.allocations
+                .iter()
+                .zip(&j.remaining_s)
+                .find(|&(&a, t)| a > 0 && a >= j.min_gpus && t.is_finite())
+                .map(|(_, &t)| t)
+        })?;
     Some(time + j.restart_s)
 }
 
@@ -896,6 +891,65 @@ pub fn default_shape(
     // max_by_key keeps the last of equals: walk the names backwards.
     let (family, _) = gpus.iter().rev().max_by_key(|e| *e.1)?;
     largest_of(nodes, family)
+}
+
+/// Fills [`JobView::family_time_ratio`] of each job that trains alone (it
+/// holds GPUs, does not profile, is in no merge and names no GPU model):
+/// its time on every other GPU family of the cluster at the GPUs it holds,
+/// relative to its time where it runs, for placement's move to a faster
+/// family. `time(v, family, gpus, per_node)` is job `v`'s time (any unit)
+/// on `gpus` GPUs of `family` packed on nodes of `per_node` (each family's
+/// largest present node, as estimates pack on it); `None` where it is not
+/// known or cannot run, and for a job its caller keeps where it is.
+/// Nothing on a cluster of one family. fmsim reads the times from the
+/// throughput table its progress comes from, the service from the table
+/// its estimates come from.
+pub fn family_time_ratios<E>(
+    view: &mut ClusterView,
+    mut time: impl FnMut(usize, &str, u32, u32) -> Result<Option<f64>, E>,
+) -> Result<(), E> {
+    let families: BTreeSet<&str> = view
+        .nodes
+        .iter()
+        .filter(|n| n.state != NodeState::Offline && n.gpus > 0)
+        .map(|n| n.gpu_model.as_str())
+        .collect();
+    if families.len() < 2 {
+        return Ok(());
+    }
+    let per_node: BTreeMap<String, u32> = families
+        .iter()
+        .filter_map(|&f| largest_of(&view.nodes, f))
+        .collect();
+    let merged: BTreeSet<usize> = view.merges.iter().flat_map(|m| [m.a, m.b]).collect();
+    let usable = |t: Option<f64>| t.filter(|t| t.is_finite() && *t > 0.0);
+    for v in 0..view.jobs.len() {
+        let j = &view.jobs[v];
+        if j.holds.is_empty() || j.profiling_run || j.gpu_model.is_some() || merged.contains(&v) {
+            continue;
+        }
+        let Some(here) = view.nodes.get(j.holds[0].0).map(|n| n.gpu_model.as_str()) else {
+            continue;
+        };
+        let gpus = j.holds.len() as u32;
+        let Some(&own_node) = per_node.get(here) else {
+            continue;
+        };
+        let Some(own) = usable(time(v, here, gpus, own_node)?) else {
+            continue;
+        };
+        let mut ratios = Vec::new();
+        for (f, &node) in &per_node {
+            if f != here
+                && !j.unfit_families.contains(f)
+                && let Some(t) = usable(time(v, f, gpus, node)?)
+            {
+                ratios.push((f.clone(), t / own));
+            }
+        }
+        view.jobs[v].family_time_ratio = ratios;
+    }
+    Ok(())
 }
 
 /// `family` and the GPUs of its largest node that is not Offline.
@@ -1932,6 +1986,51 @@ impl Group {
     }
 }
 
+/// The nodes of these GPUs (sorted, as a group's are), as a job's history
+/// names them: `a+b`.
+fn node_names(view: &ClusterView, gpus: &[Gpu]) -> String {
+    let mut n: Vec<&str> = gpus
+        .iter()
+        .filter_map(|g| view.nodes.get(g.0))
+        .map(|n| n.id.as_str())
+        .collect();
+    n.dedup();
+    n.join("+")
+}
+
+/// The running jobs a round moves to another GPU family (placement's move
+/// to faster GPUs, or a resize that lands there), each with the note its
+/// history shows: such a job restarts from its checkpoint with no change
+/// of state to say so. The service writes them as `moved` events.
+pub fn family_moves(view: &ClusterView, groups: &[Group]) -> Vec<(usize, String)> {
+    let family = |gpu: &Gpu| view.nodes.get(gpu.0).map(|n| n.gpu_model.as_str());
+    let mut out = Vec::new();
+    for g in groups.iter().filter(|g| !g.kept) {
+        for &v in &g.jobs {
+            let j = &view.jobs[v];
+            let (Some(from), Some(to)) = (
+                j.holds.first().and_then(family),
+                g.gpus.first().and_then(family),
+            ) else {
+                continue;
+            };
+            if j.state == JobState::Running && !j.profiling_run && from != to {
+                out.push((
+                    v,
+                    format!(
+                        "moved from {from} to {to} GPUs ({} on {}), from its checkpoint \
+                         (iteration {})",
+                        g.gpus.len(),
+                        node_names(view, &g.gpus),
+                        j.iteration
+                    ),
+                ));
+            }
+        }
+    }
+    out
+}
+
 /// The job state changes of a round, with the reasons written on the jobs:
 /// profiling starts (or starts again when its node was lost), trainers run,
 /// everyone else waits — suspended, re-queued from a lost node, or still
@@ -1949,17 +2048,12 @@ fn transitions(
         .collect();
     let profiled: BTreeMap<usize, &Reservation> =
         prepared.profiling.iter().map(|r| (r.job, r)).collect();
-    let node_names = |gpus: &[Gpu]| -> String {
-        let mut n: Vec<&str> = gpus.iter().map(|g| view.nodes[g.0].id.as_str()).collect();
-        n.dedup();
-        n.join("+")
-    };
     let mut out = Vec::new();
     for (i, j) in view.jobs.iter().enumerate() {
         let mut push = |to: JobState, reason: String| out.push(Transition { job: i, to, reason });
         if let Some(r) = profiled.get(&i) {
             if j.state == JobState::Submitted {
-                let on = node_names(&r.gpus);
+                let on = node_names(view, &r.gpus);
                 push(
                     JobState::Profiling,
                     format!("profiling on {on} ({} GPU)", r.gpus.len()),
@@ -1997,7 +2091,7 @@ fn transitions(
         let placed = |g: &Group| {
             format!(
                 "placed on {} ({} GPUs) by {}",
-                node_names(&g.gpus),
+                node_names(view, &g.gpus),
                 g.gpus.len(),
                 cfg.policy
             )
@@ -2159,7 +2253,7 @@ pub fn predictions(
         .collect()
 }
 
-/// Builders of views for tests (this crate's, and others' with the/// Builders of views for tests (this crate's, and others' with the
+/// Builders of views for tests (this crate's, and others' with the
 /// `testkit` feature): a node, a job, a view, and random views.
 #[cfg(any(test, feature = "testkit"))]
 pub mod testkit {
@@ -3020,6 +3114,42 @@ mod tests {
         assert!(d.outcome.groups.is_empty());
         let why = &d.outcome.unschedulable[0].1;
         assert!(why.contains("no node has GPU model H100"), "{why}");
+    }
+
+    /// A running job that trains alone on A100s moves to the H100s the
+    /// round leaves free (3,600 s of work there takes 40 % of the time),
+    /// and the round says so in its history: the family, the GPUs, the
+    /// node and the iteration it resumes from. Held where it is (no ratio
+    /// to H100s), it stays and nothing is said.
+    #[test]
+    fn a_job_moved_to_a_faster_family_says_from_which_to_which() {
+        let mut nodes = vec![node("a100", 4), node("h100", 4)];
+        nodes[1].gpu_model = "H100".into();
+        let mut j = job("long", "qqp", JobState::Running, 2);
+        (j.holds, j.iteration, j.progress) = (vec![(0, 0), (0, 1)], 700, 0.1);
+        j.family_time_ratio = vec![("H100".into(), 0.4)];
+        let cfg = RoundConfig {
+            profiling: false,
+            ..Default::default()
+        };
+        let d = run(&view(nodes.clone(), vec![j.clone()]), "ymir", &cfg);
+        let g = &d.outcome.groups[0];
+        assert_eq!(g.gpus, vec![(1, 0), (1, 1)], "{d:?}");
+        let v = view(nodes.clone(), vec![j.clone()]);
+        assert_eq!(
+            family_moves(&v, &d.outcome.groups),
+            vec![(
+                0,
+                "moved from A100 to H100 GPUs (2 on h100), from its checkpoint (iteration 700)"
+                    .to_string()
+            )]
+        );
+
+        j.family_time_ratio.clear();
+        let v = view(nodes, vec![j]);
+        let d = run(&v, "ymir", &cfg);
+        assert!(d.outcome.groups[0].kept, "{d:?}");
+        assert!(family_moves(&v, &d.outcome.groups).is_empty());
     }
 
     /// A job whose model does not fit a family's GPUs profiles and runs on

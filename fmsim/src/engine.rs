@@ -2023,11 +2023,8 @@ impl<'a> Simulation<'a> {
         self.apply(&prepared, &decision.outcome, &members, catalog)
     }
 
-    /// Each job that trains alone: its time on every other GPU family at
-    /// the GPUs it holds, relative to its time where it runs (the same
-    /// throughput table its progress comes from), for placement's move to
-    /// a faster family (`SchedJob::family_time_ratio`). Nothing on a
-    /// cluster of one family.
+    /// [`round::family_time_ratios`] of the round's jobs, from the same
+    /// throughput table their progress comes from.
     fn family_time_ratios(
         &mut self,
         view: &mut ClusterView,
@@ -2036,44 +2033,19 @@ impl<'a> Simulation<'a> {
         if self.families.len() < 2 {
             return Ok(());
         }
-        // Each family's largest present node, as estimates pack on it.
-        let per_node: Vec<Option<u32>> = self
-            .families
-            .iter()
-            .map(|f| round::default_shape(&self.nodes, Some(f), &[]).map(|s| s.1))
-            .collect();
-        for (v, &i) in members.iter().enumerate() {
+        round::family_time_ratios(view, |v, family, gpus, per_node| {
+            let i = members[v];
             let j = &self.jobs[i];
-            let Some(alloc) = j.alloc.as_ref() else {
-                continue;
+            let Some(fam) = self.families.iter().position(|f| f == family) else {
+                return Ok(None);
             };
-            if j.merged.is_some() || alloc.shared || matches!(j.phase, Phase::Profiling { .. }) {
-                continue;
+            if j.merged.is_some() || j.alloc.as_ref().is_some_and(|a| a.shared) {
+                return Ok(None);
             }
-            let Some(here) = alloc.held.first().map(|g| self.node_family[g.0]) else {
-                continue;
-            };
-            let (gpus, batch) = (alloc.held.len() as u32, j.w.batch);
-            let unfit = j.unfit.clone();
-            let Some(own_node) = per_node[here] else {
-                continue;
-            };
-            let own = self.rate(i, batch, here, &packed(gpus, own_node))?;
-            let mut ratios = Vec::new();
-            for (f, &node) in per_node.iter().enumerate() {
-                let name = &self.families[f];
-                let Some(node) = node.filter(|_| f != here && !unfit.contains(name)) else {
-                    continue;
-                };
-                let name = name.clone();
-                let there = self.rate(i, batch, f, &packed(gpus, node))?;
-                if own > 0.0 && there > 0.0 {
-                    ratios.push((name, own / there));
-                }
-            }
-            view.jobs[v].family_time_ratio = ratios;
-        }
-        Ok(())
+            let batch = j.w.batch;
+            let rate = self.rate(i, batch, fam, &packed(gpus, per_node))?;
+            Ok((rate > 0.0).then(|| 1.0 / rate))
+        })
     }
 
     /// The round's view of the simulation: every job that arrived and has
@@ -2206,6 +2178,7 @@ impl<'a> Simulation<'a> {
             let mv = &view.merges[m];
             let (a, b) = (members[mv.a], members[mv.b]);
             let (times, noise) = match mv.mode {
+                // B's target is already the merged one.
                 // B's target is already the merged one.
                 MergeMode::Temporal => (self.solo_times(b, shape[mv.a])?, self.noise_factor(b)),
                 _ => {

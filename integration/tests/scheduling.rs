@@ -6504,12 +6504,12 @@ async fn e2e_hardening_a_restarted_agent_stops_the_trainer_its_predecessor_left(
 async fn e2e_deadline_a_job_that_would_miss_waiting_brings_the_round_forward() {
     let db = new_db("fmsched_deadline_rounds").await;
     let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
+    let (port, mport) = (free_port(), free_port());
     let _sched = scheduler_env(
         &db,
         port,
         dir.path(),
-        None,
+        Some(mport),
         &[
             ("FMSCHED_SCHEDULING__INTERVAL", "60s"),
             ("FMSCHED_SCHEDULING__DEADLINE_ROUND_GAP", "300ms"),
@@ -6520,19 +6520,24 @@ async fn e2e_deadline_a_job_that_would_miss_waiting_brings_the_round_forward() {
     wait_for("node-a registered", Duration::from_secs(10), || {
         node_view(port, "node-a").map(|_| ())
     });
-    // The replica's first round runs as it takes the lead (at most a
-    // policy poll, 2 s, later): under a loaded suite that once came after
-    // the submission below and profiled the job without a deadline. Let
-    // it pass first; the periodic round is then about a minute away.
-    wait_for("the scheduler leads", Duration::from_secs(20), || {
-        let log = _sched.log_text();
-        if log.contains("this replica is now the active scheduler") {
-            Ok(())
-        } else {
-            Err("not yet".to_string())
-        }
-    });
-    std::thread::sleep(Duration::from_secs(3));
+    // The replica's first round runs as it takes the lead: under a loaded
+    // suite that once came after the submission below and profiled the
+    // job without a deadline. Wait until it is counted; the periodic
+    // round is then about a minute away.
+    let rounds = async || -> f64 {
+        scrape(mport)
+            .await
+            .lines()
+            .find_map(|l| l.strip_prefix("fmsched_rounds_total "))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0.0)
+    };
+    let mut tries = 0;
+    while rounds().await < 1.0 {
+        tries += 1;
+        assert!(tries < 100, "no round counted in 20 s");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     let submit_yaml = |name: &str, yaml: String| -> Result<String, String> {
         let f = dir.path().join(format!("{name}.yaml"));
         std::fs::write(&f, yaml).unwrap();

@@ -390,6 +390,19 @@ pub fn by_priority(snap: &Snapshot, order: &mut [usize]) {
     order.sort_by_key(|&i| std::cmp::Reverse(snap.jobs[i].priority));
 }
 
+/// The time of `times` (one per allocation of `allocations`) at `a` GPUs;
+/// `+∞` when `a` is not in the set or has no time.
+pub(crate) fn time_in(allocations: &[u32], times: &[f64], a: u32) -> f64 {
+    // Allocation sets are ascending (a binary search; a set that is not
+    // finds `a` by a scan): a datacenter's set has thousands of sizes.
+    allocations
+        .binary_search(&a)
+        .ok()
+        .or_else(|| allocations.iter().position(|&x| x == a))
+        .and_then(|k| times.get(k).copied())
+        .unwrap_or(f64::INFINITY)
+}
+
 impl Snapshot {
     pub fn total_gpus(&self) -> u32 {
         self.nodes.iter().map(|n| n.gpus).sum()
@@ -402,9 +415,7 @@ impl Snapshot {
 
     /// Remaining time of job `i` at `a` GPUs (`+∞` when `a` is not in the set).
     pub fn time_at(&self, i: usize, a: u32) -> f64 {
-        self.alloc_index(a)
-            .and_then(|k| self.jobs[i].remaining_s.get(k).copied())
-            .unwrap_or(f64::INFINITY)
+        time_in(&self.allocations, &self.jobs[i].remaining_s, a)
     }
 
     /// The job's group when it is part of a kept merge.

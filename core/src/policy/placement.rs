@@ -177,12 +177,7 @@ fn move_for_speed(
 ) {
     let time_now = |k: usize| {
         let e = &plan.entries[k];
-        let j = &snap.jobs[e.jobs[0]];
-        snap.allocations
-            .iter()
-            .position(|&a| a == e.gpus)
-            .and_then(|p| j.remaining_s.get(p).copied())
-            .filter(|t| t.is_finite())
+        Some(snap.time_at(e.jobs[0], e.gpus)).filter(|t| t.is_finite())
     };
     let mut movable: Vec<(usize, f64)> = stayed
         .iter()

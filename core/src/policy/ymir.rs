@@ -61,7 +61,9 @@
 use good_lp::solvers::highs::highs;
 use good_lp::{Expression, ProblemVariables, Solution, SolverModel, Variable, variable};
 
-use super::{MergeMode, Plan, PlanEntry, Policy, Snapshot, SolveStats, usable_allocations};
+use super::{
+    MergeMode, Plan, PlanEntry, Policy, Snapshot, SolveStats, time_in, usable_allocations,
+};
 
 /// Knobs of the Ymir policy.
 #[derive(Clone, Debug, PartialEq)]
@@ -196,17 +198,6 @@ fn upto(allocations: &[u32], max: u32) -> usize {
     } else {
         allocations.len()
     }
-}
-
-fn time_at(allocations: &[u32], times: &[f64], a: u32) -> f64 {
-    // Allocation sets are ascending (a binary search; a set that is not
-    // finds `a` by a scan): a datacenter's set has thousands of sizes.
-    allocations
-        .binary_search(&a)
-        .ok()
-        .or_else(|| allocations.iter().position(|&x| x == a))
-        .and_then(|k| times.get(k).copied())
-        .unwrap_or(f64::INFINITY)
 }
 
 impl Ymir {
@@ -403,7 +394,7 @@ impl Ymir {
             (MergeMode::Temporal, &[first, second]) => {
                 let ja = &snap.jobs[first];
                 let restart = ja.restart_s.max(snap.jobs[second].restart_s);
-                let own = time_at(&snap.allocations, &ja.remaining_s, a);
+                let own = time_in(&snap.allocations, &ja.remaining_s, a);
                 let ta = if own > 0.0 {
                     effective(own, a, current, restart, self.config.resize_horizon_s).min(t)
                 } else {
@@ -739,7 +730,7 @@ impl Ymir {
                     .iter()
                     .map(|&a| {
                         let t = effective(
-                            time_at(allocs, u.remaining_s, a),
+                            time_in(allocs, u.remaining_s, a),
                             a,
                             u.current,
                             u.restart_s,
@@ -768,8 +759,8 @@ impl Ymir {
                         // when it trains (it is launched again with the
                         // merge guard's watch); B's start is in the
                         // group's time.
-                        let t = time_at(allocs, &c.remaining_s, a) + restart;
-                        let tw = 1.0 + (time_at(allocs, &c.tran_wt, a) - 1.0) * keep;
+                        let t = time_in(allocs, &c.remaining_s, a) + restart;
+                        let tw = 1.0 + (time_in(allocs, &c.tran_wt, a) - 1.0) * keep;
                         let aged = self.ranked(snap, w, c.mode, &[c.a, c.b], a, 0, t);
                         // Eq. 7 (fixed): two jobs' speedup, weighted by TranWt.
                         (a, 2.0 * tw * t_ref / t + tw * aged / pess)
@@ -1210,8 +1201,8 @@ fn grow(snap: &Snapshot, units: &[&UnitView], gpus: &mut [u32], free: &mut u32) 
             if extra > *free {
                 continue;
             }
-            let now = time_at(&snap.allocations, &u.remaining_s, gpus[k]);
-            let then = time_at(&snap.allocations, &u.remaining_s, next);
+            let now = time_in(&snap.allocations, &u.remaining_s, gpus[k]);
+            let then = time_in(&snap.allocations, &u.remaining_s, next);
             // Waiting units gain "everything": give them a GPU first.
             let gain = if gpus[k] == 0 {
                 f64::MAX / 2.0 - then

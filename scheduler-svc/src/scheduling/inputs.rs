@@ -621,64 +621,36 @@ fn planned_jobs(
     (job_inputs(o, t, prepared, family, estimator), spread)
 }
 
-/// Each snapshot job that trains alone, not pinned to a family: its
-/// iteration time on every other GPU family of the cluster at the GPUs it
-/// holds, relative to its time where it runs (`JobView::family_time_ratio`,
-/// for placement's move to a faster family), from the throughput table its
-/// estimates come from. Nothing on a cluster of one family.
+/// [`round::family_time_ratios`] of the snapshot's jobs, from the
+/// throughput table their estimates come from (`JobView::family_time_ratio`,
+/// for placement's move to a faster family).
 fn family_time_ratios(
     lut: &Lut,
     view: &mut round::ClusterView,
     prepared: &Prepared,
     inputs: &[times::JobInput],
 ) {
-    let families: BTreeSet<&str> = view
-        .nodes
-        .iter()
-        .filter(|n| n.state != NodeState::Offline && n.gpus > 0)
-        .map(|n| n.gpu_model.as_str())
-        .collect();
-    if families.len() < 2 {
-        return;
-    }
-    // Each family's largest present node, as estimates pack on it.
-    let per_node: BTreeMap<String, u32> = families
-        .iter()
-        .filter_map(|&f| round::default_shape(&view.nodes, Some(f), &[]))
-        .collect();
-    let merged: BTreeSet<usize> = view.merges.iter().flat_map(|m| [m.a, m.b]).collect();
-    for (&v, input) in prepared.jobs.iter().zip(inputs) {
-        let j = &view.jobs[v];
-        if j.holds.is_empty() || j.profiling_run || j.gpu_model.is_some() || merged.contains(&v) {
-            continue;
-        }
-        let Some(here) = view.nodes.get(j.holds[0].0).map(|n| n.gpu_model.clone()) else {
-            continue;
+    let input: BTreeMap<usize, &times::JobInput> =
+        prepared.jobs.iter().copied().zip(inputs).collect();
+    let seconds = |v: usize, family: &str, gpus: u32, per_node: u32| {
+        let Some(input) = input.get(&v) else {
+            return Ok::<_, std::convert::Infallible>(None);
         };
-        let gpus = j.holds.len() as u32;
-        let seconds = |family: &str| {
-            let it = lut
-                .iteration_time(
-                    &input.model,
-                    family,
-                    gpus,
-                    per_node.get(family).copied()?,
-                    input.global_batch,
-                    &input.variant,
-                    input.layers,
-                )
-                .ok()?;
-            (it.feasible && it.seconds > 0.0).then_some(it.seconds)
-        };
-        let Some(own) = seconds(&here) else {
-            continue;
-        };
-        view.jobs[v].family_time_ratio = per_node
-            .keys()
-            .filter(|f| **f != here && !j.unfit_families.contains(f))
-            .filter_map(|f| seconds(f).map(|s| (f.clone(), s / own)))
-            .collect();
-    }
+        Ok(lut
+            .iteration_time(
+                &input.model,
+                family,
+                gpus,
+                per_node,
+                input.global_batch,
+                &input.variant,
+                input.layers,
+            )
+            .ok()
+            .filter(|it| it.feasible)
+            .map(|it| it.seconds))
+    };
+    let Ok(()) = round::family_time_ratios(view, seconds);
 }
 
 /// What the time table needs of each snapshot job: its remaining

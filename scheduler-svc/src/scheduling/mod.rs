@@ -1189,39 +1189,13 @@ fn plan_writes(
             .chain(&outcome.unexecutable)
             .map(|(v, why)| (t.jobs[*v], "unschedulable".to_string(), why.clone())),
     );
-    // A running job the round moves to another GPU family (placement's
-    // move to faster GPUs, or a resize that lands there) says so: it
+    // A running job the round moves to another GPU family says so: it
     // restarts from its checkpoint with no change of state to show it.
-    for g in outcome.groups.iter().filter(|g| !g.kept) {
-        for &v in &g.jobs {
-            let j = &t.view.jobs[v];
-            let family = |gpu: &round::Gpu| t.view.nodes.get(gpu.0).map(|n| n.gpu_model.as_str());
-            let (Some(from), Some(to)) = (
-                j.holds.first().and_then(family),
-                g.gpus.first().and_then(family),
-            ) else {
-                continue;
-            };
-            if j.state == JobState::Running && !j.profiling_run && from != to {
-                let nodes: BTreeSet<&str> = g
-                    .gpus
-                    .iter()
-                    .filter_map(|gpu| t.view.nodes.get(gpu.0).map(|n| n.id.as_str()))
-                    .collect();
-                let nodes: Vec<&str> = nodes.into_iter().collect();
-                w.notes.push((
-                    t.jobs[v],
-                    "moved".into(),
-                    format!(
-                        "moved from {from} to {to} GPUs ({} on {}), from its checkpoint (iteration {})",
-                        g.gpus.len(),
-                        nodes.join(", "),
-                        j.iteration
-                    ),
-                ));
-            }
-        }
-    }
+    w.notes.extend(
+        round::family_moves(&t.view, &outcome.groups)
+            .into_iter()
+            .map(|(v, note)| (t.jobs[v], "moved".to_string(), note)),
+    );
     // A reclaimed node is returned once nothing is planned there and its
     // agent runs no process (or is gone).
     w.returned = o
