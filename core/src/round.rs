@@ -456,6 +456,12 @@ pub struct Estimates {
     /// p10) / p50` of the estimator's prediction (0: sure, or unknown;
     /// empty: 0 for every job). See [`SchedJob::spread`].
     pub spread: Vec<f64>,
+    /// Per kept merge (in `Prepared::kept` order): B's remaining seconds
+    /// at each allocation were it to train alone, from scratch — its time
+    /// if the merge were split (a merged B's row in `jobs` is its time from
+    /// A's weights). An empty row (or none at all): not known, and the
+    /// merge is never released ([`RoundOutcome::released`]).
+    pub kept_b_alone: Vec<Vec<f64>>,
 }
 
 /// A group that holds GPUs after the round.
@@ -527,6 +533,10 @@ pub struct RoundOutcome {
     pub stats: SolveStats,
     /// Snapshot jobs that hold no GPUs after the round.
     pub queued: usize,
+    /// Kept temporal merges (indices into `view.merges`) whose B, still
+    /// waiting behind an A that has trained, would finish sooner alone:
+    /// the caller splits them before the next round ([`released_merges`]).
+    pub released: Vec<usize>,
 }
 
 /// A round that could not be decided.
@@ -1235,7 +1245,8 @@ pub fn decide(
     let plan = within_budgets(&snapshot, policy.schedule(&snapshot));
     plan.consistency_check(&snapshot)
         .map_err(RoundError::InconsistentPlan)?;
-    let outcome = interpret(view, prepared, estimates, &snapshot, &plan, policy, cfg);
+    let mut outcome = interpret(view, prepared, estimates, &snapshot, &plan, policy, cfg);
+    outcome.released = released_merges(view, prepared, estimates, &snapshot, &outcome);
     Ok(Decision {
         snapshot,
         plan,
@@ -1458,6 +1469,12 @@ fn whole_replicas(view: &ClusterView, prepared: &Prepared, estimates: &Estimates
             .collect(),
         candidates: Vec::new(),
         spread: estimates.spread.clone(),
+        kept_b_alone: prepared
+            .kept
+            .iter()
+            .zip(&estimates.kept_b_alone)
+            .map(|(&m, row)| mask_replicas(allocs, unit(view.merges[m].b), 0, row))
+            .collect(),
     }
 }
 
@@ -1479,6 +1496,20 @@ fn check_estimates(prepared: &Prepared, estimates: &Estimates) -> Result<(), Rou
             estimates.kept.len(),
             prepared.kept.len()
         ));
+    }
+    if !estimates.kept_b_alone.is_empty() && estimates.kept_b_alone.len() != prepared.kept.len() {
+        return bad(format!(
+            "{} rows of B alone for {} kept merges",
+            estimates.kept_b_alone.len(),
+            prepared.kept.len()
+        ));
+    }
+    if estimates
+        .kept_b_alone
+        .iter()
+        .any(|r| !r.is_empty() && r.len() != width)
+    {
+        return bad(format!("a row of B alone that is not {width} values wide"));
     }
     if !estimates.spread.is_empty() && estimates.spread.len() != prepared.jobs.len() {
         return bad(format!(
@@ -1660,6 +1691,90 @@ fn group_due(view: &ClusterView, a: usize, b: usize, mode: MergeMode) -> f64 {
         .fold(f64::INFINITY, f64::min)
 }
 
+/// The kept temporal merges to split before the next round (indices into
+/// `view.merges`; [`RoundOutcome::released`]): those whose A has trained
+/// and whose B still waits behind it (it has not trained from A's
+/// weights), where B alone, from scratch, on its fair share of the cluster
+/// — at most the GPUs the round leaves free — would finish before the
+/// group does at its best allocation: the test
+/// Ymir applies to a new pair behind a trained A
+/// ([`crate::policy::ymir::b_fares_no_worse`]), applied again while the
+/// merge is kept. At formation A's time is its time then; the round then
+/// sizes the group on the group's time, which ranks a long A with a B
+/// behind it low under the shortest-remaining-time term, so on a busy
+/// cluster it is kept on few GPUs and B waits for all of it (found on a
+/// mixed cluster: A with 113,000 s left on one V100 for 30 h, B behind it,
+/// while the cluster idled). A released B waits as any job and merges no
+/// more (a job merges once). A merge that meets B's deadline is kept.
+fn released_merges(
+    view: &ClusterView,
+    prepared: &Prepared,
+    estimates: &Estimates,
+    snap: &Snapshot,
+    outcome: &RoundOutcome,
+) -> Vec<usize> {
+    // B alone starts on GPUs nobody was given this round, or waits: its
+    // share is at most those (on a node the pair fills, B waits behind A
+    // merged or not, and a release would only lose B its transfer).
+    let used: usize = outcome.groups.iter().map(|g| g.gpus.len()).sum::<usize>()
+        + outcome
+            .profiling
+            .iter()
+            .map(|r| r.gpus.len())
+            .sum::<usize>();
+    let free = prepared
+        .capacity
+        .iter()
+        .map(|&c| c as usize)
+        .sum::<usize>()
+        .saturating_sub(used);
+    if free == 0 {
+        return Vec::new();
+    }
+    let mut out = Vec::new();
+    for (k, &m) in prepared.kept.iter().enumerate() {
+        let (Some(group), Some(alone)) = (snap.merges.get(k), estimates.kept_b_alone.get(k)) else {
+            continue;
+        };
+        if group.mode != MergeMode::Temporal || alone.is_empty() {
+            continue;
+        }
+        let (a, b) = (&snap.jobs[group.a], &snap.jobs[group.b]);
+        if a.progress <= 0.0 || b.progress > 0.0 {
+            continue;
+        }
+        // A deadline the group meets is not gambled on B's wait for GPUs
+        // of its own (found on generated SLO workloads: released Bs missed
+        // deadlines their groups met).
+        let due = group_due(
+            view,
+            view.merges[m].a,
+            view.merges[m].b,
+            MergeMode::Temporal,
+        );
+        if due.is_finite() && group.remaining_s.iter().any(|&t| t <= due) {
+            continue;
+        }
+        let alone = mask_replicas(
+            &prepared.allocations,
+            view.jobs[view.merges[m].b].replica().gpus(),
+            b.min_gpus,
+            alone,
+        );
+        let share = crate::policy::ymir::share_of_cluster(snap).min(free as f64);
+        if !crate::policy::ymir::b_fares_no_worse(
+            snap,
+            &alone,
+            b.restart_s,
+            &group.remaining_s,
+            share,
+        ) {
+            out.push(m);
+        }
+    }
+    out
+}
+
 /// A kept merge's group times with the allocations at which a job that
 /// finishes with the group would miss its deadline taken away (as for a
 /// new pair in [`candidates`]), so the policy gives it GPUs that keep the
@@ -1750,6 +1865,7 @@ fn interpret(
         switches,
         stats: plan.stats.clone(),
         queued: snap.jobs.len().saturating_sub(placed),
+        released: Vec::new(),
     }
 }
 
@@ -2364,6 +2480,7 @@ pub mod testkit {
             kept: p.kept.iter().map(|_| linear(p, work)).collect(),
             candidates: Vec::new(),
             spread: Vec::new(),
+            kept_b_alone: Vec::new(),
         }
     }
 
@@ -3474,6 +3591,79 @@ mod tests {
         assert!(masked[allocs.iter().position(|&x| x == 8).unwrap()].is_finite());
         let (_, impossible) = kept(Some(1.0));
         assert_eq!(impossible, free, "no allocation meets it: as before");
+    }
+
+    /// A kept temporal merge whose A has trained and still has a long way
+    /// to go is released when its waiting B would finish sooner alone, from
+    /// scratch, on its fair share (8 GPUs of 16, which the group on at most
+    /// 8 leaves free: 450 s and its 30 s start) than behind A (at best
+    /// 100,000 s / 8 of A): the caller splits it. Kept when A is nearly
+    /// done, when B alone is not known, when B has trained from A's
+    /// weights, when A has not trained (a pair of waiting jobs is Ymir's to
+    /// decide), when the group meets B's deadline, and when the round
+    /// leaves no GPU free (B would wait behind A merged or not, and lose
+    /// only its transfer: found live, a pair of real trainers on one node).
+    #[test]
+    fn tail_a_kept_merge_whose_b_would_finish_sooner_alone_is_released() {
+        let cfg = RoundConfig {
+            profiling: false,
+            ..Default::default()
+        };
+        let policy = by_name("ymir").unwrap();
+        let released_on =
+            |gpus: u32, a_work: f64, a_progress: f64, b_progress: f64, known: bool, due: f64| {
+                let mut a = job("a", "rte", JobState::Running, 8);
+                (a.holds, a.progress) = (vec![(0, 0), (0, 1)], a_progress);
+                if a_progress == 0.0 {
+                    (a.state, a.holds) = (JobState::Queued, Vec::new());
+                }
+                let mut b = job("b", "mrpc", JobState::Queued, 8);
+                b.progress = b_progress;
+                if due.is_finite() {
+                    b.deadlines = crate::slo::reward_steps(crate::SloClass::Slo, 0.0, Some(due));
+                }
+                let mut v = view(vec![node("n", gpus)], vec![a, b]);
+                v.merges.push(MergeView {
+                    a: 0,
+                    b: 1,
+                    mode: MergeMode::Temporal,
+                });
+                let p = prepare(&v, policy.as_ref(), &cfg);
+                assert_eq!(p.jobs, vec![0, 1]);
+                let mut e = estimates(&p, 3600.0);
+                e.jobs[0] = linear(&p, a_work);
+                e.kept[0] = linear(&p, 360.0);
+                if known {
+                    e.kept_b_alone = vec![linear(&p, 3600.0)];
+                }
+                decide(&v, &p, &e, policy.as_ref(), &cfg)
+                    .unwrap()
+                    .outcome
+                    .released
+            };
+        let released = |a_work, a_progress, b_progress, known| {
+            released_on(16, a_work, a_progress, b_progress, known, f64::INFINITY)
+        };
+        assert_eq!(released(100_000.0, 0.1, 0.0, true), vec![0]);
+        assert!(released(600.0, 0.1, 0.0, true).is_empty(), "A nearly done");
+        assert!(
+            released(100_000.0, 0.1, 0.0, false).is_empty(),
+            "B alone unknown"
+        );
+        assert!(
+            released(100_000.0, 0.1, 0.2, true).is_empty(),
+            "B trains from A"
+        );
+        assert!(
+            released(100_000.0, 0.0, 0.0, true).is_empty(),
+            "A has not trained"
+        );
+        // B due in 20,000 s: the group (12,575 s on 8 GPUs) meets it, and
+        // it is not gambled; due in 5,000 s, the group misses it anyway.
+        assert!(released_on(16, 100_000.0, 0.1, 0.0, true, 20_000.0).is_empty());
+        assert_eq!(released_on(16, 100_000.0, 0.1, 0.0, true, 5_000.0), vec![0]);
+        // The group fills the node: nothing is free for B.
+        assert!(released_on(8, 100_000.0, 0.1, 0.0, true, f64::INFINITY).is_empty());
     }
 
     /// A new merge is decided on a candidate the caller estimated; the

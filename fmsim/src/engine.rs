@@ -421,6 +421,9 @@ pub struct SimResult {
     pub merges_temporal: u32,
     pub merges_spatial: u32,
     pub guard_splits: u32,
+    /// Kept temporal merges split because B would finish sooner alone
+    /// (`RoundOutcome::released`).
+    pub merges_released: u32,
     pub rounds: u32,
     pub fallbacks: u32,
     /// Wall-clock seconds of each `Policy::schedule` call.
@@ -907,6 +910,7 @@ impl<'a> Simulation<'a> {
                 merges_temporal: 0,
                 merges_spatial: 0,
                 guard_splits: 0,
+                merges_released: 0,
                 rounds: 0,
                 fallbacks: 0,
                 round_wall_s: Vec::new(),
@@ -2020,7 +2024,32 @@ impl<'a> Simulation<'a> {
                 self.stats.rounds, self.now
             );
         }
-        self.apply(&prepared, &decision.outcome, &members, catalog)
+        self.apply(&prepared, &decision.outcome, &members, catalog)?;
+        self.release(&view, &decision.outcome.released, &members);
+        Ok(())
+    }
+
+    /// Splits the kept temporal merges the round released
+    /// (`RoundOutcome::released`): B leaves A's group and waits for GPUs of
+    /// its own, to train from scratch (as the guard's temporal split
+    /// leaves it); A trains on as a job alone.
+    fn release(&mut self, view: &ClusterView, released: &[usize], members: &[usize]) {
+        for &m in released {
+            let mv = &view.merges[m];
+            let (a, b) = (members[mv.a], members[mv.b]);
+            if let Some((_, k)) = self.jobs[b].merged {
+                // B trains alone from here: nothing for the guard to watch.
+                self.merges[k].guard_done = true;
+            }
+            for j in [a, b] {
+                self.jobs[j].merged = None;
+            }
+            let j = &mut self.jobs[b];
+            j.target = j.alone_epochs * j.samples_per_epoch;
+            j.alloc = None;
+            self.stats.merges_released += 1;
+            self.version += 1;
+        }
     }
 
     /// [`round::family_time_ratios`] of the round's jobs, from the same
@@ -2179,9 +2208,21 @@ impl<'a> Simulation<'a> {
             let (a, b) = (members[mv.a], members[mv.b]);
             let (times, noise) = match mv.mode {
                 // B's target is already the merged one.
-                // B's target is already the merged one.
-                MergeMode::Temporal => (self.solo_times(b, shape[mv.a])?, self.noise_factor(b)),
+                MergeMode::Temporal => {
+                    // B alone, from scratch, as a split would leave it
+                    // (`RoundOutcome::released`; the guard's split too).
+                    let merged_target = self.jobs[b].target;
+                    self.jobs[b].target =
+                        self.jobs[b].alone_epochs * self.jobs[b].samples_per_epoch;
+                    let alone = self.solo_times(b, shape[mv.b]);
+                    self.jobs[b].target = merged_target;
+                    let nb = self.noise_factor(b);
+                    out.kept_b_alone
+                        .push(alone?.into_iter().map(|t| t * nb).collect());
+                    (self.solo_times(b, shape[mv.a])?, nb)
+                }
                 _ => {
+                    out.kept_b_alone.push(Vec::new());
                     let need = (self.remaining(a), self.remaining(b));
                     (
                         self.joint_times(a, b, need, shape[mv.a])?,

@@ -23,6 +23,8 @@ pub struct Summary {
     pub merges_temporal: u32,
     pub merges_spatial: u32,
     pub guard_splits: u32,
+    /// Kept temporal merges split because B would finish sooner alone.
+    pub merges_released: u32,
     /// Finish-time fairness ρ = JCT / time alone: mean and worst.
     pub ftf_mean: f64,
     pub ftf_max: f64,
@@ -101,6 +103,7 @@ pub fn summarize(r: &SimResult) -> Summary {
         merges_temporal: r.merges_temporal,
         merges_spatial: r.merges_spatial,
         guard_splits: r.guard_splits,
+        merges_released: r.merges_released,
         ftf_mean: mean(&ftf),
         ftf_max: ftf.iter().copied().fold(f64::NAN, f64::max),
         rounds: r.rounds,
@@ -219,7 +222,7 @@ pub fn to_json(rows: &[Summary]) -> serde_json::Value {
                 "avg_jct_h": r.avg_jct_h, "p50_jct_h": r.p50_jct_h, "p99_jct_h": r.p99_jct_h,
                 "makespan_h": r.makespan_h, "gpu_utilisation": r.utilisation,
                 "restarts": r.restarts, "merges_temporal": r.merges_temporal, "merges_spatial": r.merges_spatial,
-                "guard_splits": r.guard_splits, "ftf_mean": r.ftf_mean, "ftf_max": r.ftf_max,
+                "guard_splits": r.guard_splits, "merges_released": r.merges_released, "ftf_mean": r.ftf_mean, "ftf_max": r.ftf_max,
                 "rounds": r.rounds, "solver_fallbacks": r.fallbacks,
                 "round_mean_ms": r.round_mean_ms, "round_p99_ms": r.round_p99_ms, "round_max_ms": r.round_max_ms,
                 "wall_s": r.wall_s,

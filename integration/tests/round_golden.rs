@@ -77,6 +77,7 @@ fn estimates(view: &ClusterView, p: &Prepared) -> Estimates {
             })
             .collect(),
         spread: Vec::new(),
+        kept_b_alone: Vec::new(),
     }
 }
 

@@ -545,6 +545,9 @@ async fn write_observations(
     for (m, split) in &w.guard {
         guard_in(tx, m, split.as_deref(), now, op).await?;
     }
+    for (m, reason) in &w.released {
+        split_in(tx, m, reason, "the round", now, op).await?;
+    }
     for (merge, gain) in &w.observed_gains {
         sqlx::query("UPDATE merges SET observed_gain = $2 WHERE id = $1")
             .bind(merge)
@@ -565,37 +568,51 @@ async fn guard_in(
     now: DateTime<Utc>,
     op: &'static str,
 ) -> Result<(), PersistenceError> {
-    let changed = match split {
-        Some(reason) => sqlx::query(
-            "UPDATE merges SET state = 'split', reason = $2, split_at = $3
-             WHERE id = $1 AND state = 'active'",
-        )
-        .bind(m.id)
-        .bind(reason)
-        .bind(now),
-        None => {
-            sqlx::query("UPDATE merges SET guard_passed = TRUE WHERE id = $1 AND NOT guard_passed")
-                .bind(m.id)
-        }
+    if let Some(reason) = split {
+        return split_in(tx, m, reason, "the guard", now, op).await;
     }
+    let changed =
+        sqlx::query("UPDATE merges SET guard_passed = TRUE WHERE id = $1 AND NOT guard_passed")
+            .bind(m.id)
+            .execute(&mut **tx)
+            .await
+            .map_err(db_err(op))?
+            .rows_affected();
+    if changed > 0 {
+        let msg = format!(
+            "merge {}: accuracy improved in the first two epochs; kept",
+            m.id
+        );
+        let kind = "merge_guard_passed";
+        events_in(tx, &[(m.a, kind, &msg), (m.b, kind, &msg)], now, op).await?;
+    }
+    Ok(())
+}
+
+/// Splits an active merge, `by` whom and why, with an event on both jobs;
+/// a split merge never re-forms.
+async fn split_in(
+    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+    m: &MergeRecord,
+    reason: &str,
+    by: &str,
+    now: DateTime<Utc>,
+    op: &'static str,
+) -> Result<(), PersistenceError> {
+    let changed = sqlx::query(
+        "UPDATE merges SET state = 'split', reason = $2, split_at = $3
+         WHERE id = $1 AND state = 'active'",
+    )
+    .bind(m.id)
+    .bind(reason)
+    .bind(now)
     .execute(&mut **tx)
     .await
     .map_err(db_err(op))?
     .rows_affected();
     if changed > 0 {
-        let (kind, msg) = match split {
-            Some(r) => (
-                "merge_split",
-                format!("merge {} split by the guard: {r}", m.id),
-            ),
-            None => (
-                "merge_guard_passed",
-                format!(
-                    "merge {}: accuracy improved in the first two epochs; kept",
-                    m.id
-                ),
-            ),
-        };
+        let msg = format!("merge {} split by {by}: {reason}", m.id);
+        let kind = "merge_split";
         events_in(tx, &[(m.a, kind, &msg), (m.b, kind, &msg)], now, op).await?;
     }
     Ok(())
@@ -884,6 +901,9 @@ pub struct RoundWrites {
     pub completions: Vec<(JobId, String)>,
     /// Merge guard verdicts: split (with the reason) or passed.
     pub guard: Vec<(MergeRecord, Option<String>)>,
+    /// Kept temporal merges the round splits (`RoundOutcome::released`),
+    /// with the reason.
+    pub released: Vec<(MergeRecord, String)>,
     /// (merge id, observed gain) sent to the estimator's regression.
     pub observed_gains: Vec<(i64, f64)>,
     pub new_merges: Vec<NewMerge>,

@@ -1127,3 +1127,52 @@ async fn a_rounds_moves_and_notes_keep_their_order_and_rules(pool: PgPool) {
     assert_eq!(history(2).await.len(), 3);
     assert_eq!(history(1).await.last(), Some(&ev("waiting", None, "still")));
 }
+
+/// Issue "Ymir's core, sharper", the tail: a kept temporal merge the round
+/// releases (`RoundOutcome::released`: B would finish sooner alone) is
+/// split with the round's reason, and both jobs' histories say so; a
+/// second release of a split merge writes nothing.
+#[sqlx::test(migrator = "scheduler_svc::persistence::MIGRATOR")]
+async fn tail_a_released_merge_is_split_with_the_rounds_reason(pool: PgPool) {
+    use fmsched_core::policy::MergeMode;
+    use scheduler_svc::persistence::NewMerge;
+    let p = Persistence::from_pool(pool);
+    let (_l, fence) = lead(&p, "l", 60).await;
+    let a = created(submit(&p, "u", None, 0).await).id;
+    let b = created(submit(&p, "u", None, 1).await).id;
+    let w = RoundWrites {
+        new_merges: vec![NewMerge {
+            a,
+            b,
+            mode: MergeMode::Temporal,
+            gain_ab: 0.3,
+            gain_ba: 0.0,
+        }],
+        ..Default::default()
+    };
+    let g = p.commit_round(&fence, 0, &w, t(1)).await.unwrap();
+    let merges = p.merges_of_live_jobs().await.unwrap();
+    assert_eq!(merges.len(), 1);
+    assert!(merges[0].active);
+    let why = "its second job would finish sooner alone";
+    let w = RoundWrites {
+        released: vec![(merges[0].clone(), why.into())],
+        ..Default::default()
+    };
+    let g = p.commit_round(&fence, g, &w, t(2)).await.unwrap();
+    assert!(!p.merges_of_live_jobs().await.unwrap()[0].active, "split");
+    let splits = async |job: JobId| -> Vec<String> {
+        p.job_events(job, 0, 100)
+            .await
+            .unwrap()
+            .into_iter()
+            .filter(|e| e.kind == "merge_split")
+            .map(|e| e.message)
+            .collect()
+    };
+    let said = format!("merge {} split by the round: {why}", merges[0].id);
+    assert_eq!(splits(a).await, vec![said.clone()]);
+    assert_eq!(splits(b).await, vec![said]);
+    p.commit_round(&fence, g, &w, t(3)).await.unwrap();
+    assert_eq!(splits(a).await.len(), 1, "a split merge is split once");
+}

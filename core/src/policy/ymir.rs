@@ -13,7 +13,7 @@
 //!    whose `TranWt` is not above 1 at every allocation, and temporal pairs
 //!    whose A has trained and whose B would finish later than alone on its
 //!    fair share of the cluster (it waits for what A has left;
-//!    `b_fares_no_worse`). At most
+//!    [`b_fares_no_worse`]). At most
 //!    [`YmirConfig::pairs_per_job`] best pairs are kept per job, which
 //!    bounds the model on large clusters.
 //! 3. **model** — binaries `x[u][a]` (unit `u` gets `a` GPUs) and `y[p][a]`
@@ -250,8 +250,12 @@ impl Ymir {
             if c.a == c.b || c.a >= snap.jobs.len() || c.b >= snap.jobs.len() {
                 continue;
             }
-            if c.mode == MergeMode::Temporal && a_trained(snap, c) && !b_fares_no_worse(snap, c) {
-                continue;
+            if c.mode == MergeMode::Temporal && a_trained(snap, c) {
+                let b = &snap.jobs[c.b];
+                let share = share_of_cluster(snap);
+                if !b_fares_no_worse(snap, &b.remaining_s, b.restart_s, &c.remaining_s, share) {
+                    continue;
+                }
             }
             let (a, b) = (&snap.jobs[c.a], &snap.jobs[c.b]);
             let ok = c.mode != MergeMode::Normal
@@ -309,28 +313,39 @@ impl Ymir {
     }
 }
 
-/// Whether B of the temporal candidate `c`, whose A has trained (see
-/// [`a_trained`]), finishes in the pair, at the
-/// pair's best allocation, no later than alone on its fair share of the
-/// cluster, `R/N` GPUs (its start paid either way; a share under one
-/// GPU is one GPU for that share of the time): a finish-time fairness
-/// (Themis's ρ) of at most 1 for the job that waits. Eq. 7 values a pair by the
-/// group's speedup, which does not see B waiting behind A; behind an A
-/// with a long way to go (one that has trained for hours, or a large
-/// task) B would wait far longer than its fair share would make it, and
-/// on a busy cluster the pair still outscores B waiting for GPUs.
-fn b_fares_no_worse(snap: &Snapshot, c: &super::PairCandidate) -> bool {
-    let b = &snap.jobs[c.b];
-    // Not Eq. 7's ā = ⌈R/N⌉ ≥ 1: on a busy cluster that is a whole GPU
-    // the job would not get, and it would refuse every pair there.
-    let share = f64::from(snap.total_gpus()) / snap.jobs.len().max(1) as f64;
+/// A job's fair share of the cluster, `R/N` GPUs (may be under one). Not
+/// Eq. 7's `ā = ⌈R/N⌉ ≥ 1`: on a busy cluster that is a whole GPU the job
+/// would not get, and [`b_fares_no_worse`] would refuse every pair there.
+pub fn share_of_cluster(snap: &Snapshot) -> f64 {
+    f64::from(snap.total_gpus()) / snap.jobs.len().max(1) as f64
+}
+
+/// Whether B of a temporal pair whose A has trained (see [`a_trained`])
+/// finishes in the pair, at the pair's best allocation (`group`: the
+/// pair's times), no later than alone on `share` GPUs, its fair share of
+/// the cluster ([`share_of_cluster`]; `alone`: B's times alone; its start
+/// `restart_s` paid either way; a share under one GPU is one GPU for that
+/// share of the time): a
+/// finish-time fairness (Themis's ρ) of at most 1 for the job that waits.
+/// Eq. 7 values a pair by the group's speedup, which does not see B
+/// waiting behind A; behind an A with a long way to go (one that has
+/// trained for hours, or a large task) B would wait far longer than its
+/// fair share would make it, and on a busy cluster the pair still
+/// outscores B waiting for GPUs. Ymir's filter asks it of a new pair; the
+/// round asks it again of a kept one ([`crate::round::RoundOutcome::released`]).
+pub fn b_fares_no_worse(
+    snap: &Snapshot,
+    alone: &[f64],
+    restart_s: f64,
+    group: &[f64],
+    share: f64,
+) -> bool {
     let alone = if share >= 1.0 {
-        reference_time(&snap.allocations, &b.remaining_s, share.floor() as u32)
+        reference_time(&snap.allocations, alone, share.floor() as u32)
     } else {
-        reference_time(&snap.allocations, &b.remaining_s, 1) / share.max(f64::MIN_POSITIVE)
-    } + b.restart_s;
-    let merged = c
-        .remaining_s
+        reference_time(&snap.allocations, alone, 1) / share.max(f64::MIN_POSITIVE)
+    } + restart_s;
+    let merged = group
         .iter()
         .zip(&snap.allocations)
         .filter(|&(t, &x)| x > 0 && t.is_finite())

@@ -491,7 +491,7 @@ pub(crate) async fn load(
     }
     let prepared = super::prepare_round(&t.view, policy, &config);
     let planned = planned_jobs(o, &t, &prepared, &family, policy.iteration_estimator());
-    family_time_ratios(lut, &mut t.view, &prepared, &planned.0);
+    family_time_ratios(lut, &mut t.view, &prepared, &planned.inputs);
     let Some(estimates) = estimate(state, lut, est, o, &t, &prepared, planned).await else {
         return Ok(None);
     };
@@ -517,8 +517,22 @@ async fn estimate(
     o: &Observed,
     t: &Translated,
     prepared: &Prepared,
-    (inputs, spread): (Vec<times::JobInput>, Vec<f64>),
+    planned: Planned,
 ) -> Option<RoundEstimates> {
+    let Planned {
+        mut inputs,
+        spread,
+        kept_b_alone,
+    } = planned;
+    // B alone of each kept temporal merge: rows after the jobs' own.
+    let jobs = inputs.len();
+    let mut alone_row = Vec::with_capacity(kept_b_alone.len());
+    for input in kept_b_alone {
+        alone_row.push(input.map(|i| {
+            inputs.push(i);
+            inputs.len() - 1
+        }));
+    }
     let row: BTreeMap<usize, usize> = prepared
         .jobs
         .iter()
@@ -576,8 +590,10 @@ async fn estimate(
         }
     };
     let kept = prepared.kept.len();
+    let mut rows = table.jobs;
+    let alone_rows = rows.split_off(jobs.min(rows.len()));
     Some(RoundEstimates {
-        jobs: table.jobs,
+        jobs: rows,
         kept: table.pairs[..kept]
             .iter()
             .map(|p| p.seconds.clone())
@@ -594,19 +610,36 @@ async fn estimate(
             })
             .collect(),
         spread,
+        kept_b_alone: alone_row
+            .into_iter()
+            .map(|r| {
+                r.and_then(|r| alone_rows.get(r - jobs).cloned())
+                    .unwrap_or_default()
+            })
+            .collect(),
     })
 }
 
-/// The time table's inputs of the snapshot's jobs ([`job_inputs`]) and how
-/// sure each one's estimate is (a metric target's p10-p90 spread; none for
-/// a job planned at its budget).
+/// What the time table is asked of a prepared round's jobs.
+struct Planned {
+    /// Each snapshot job's inputs ([`job_inputs`]).
+    inputs: Vec<times::JobInput>,
+    /// How sure each one's estimate is (a metric target's p10-p90 spread;
+    /// none for a job planned at its budget).
+    spread: Vec<f64>,
+    /// Per kept merge: B of a temporal merge as it would train alone, from
+    /// scratch (`Estimates::kept_b_alone`); none for a spatial one.
+    kept_b_alone: Vec<Option<times::JobInput>>,
+}
+
+/// The time table's inputs of a prepared round ([`Planned`]).
 fn planned_jobs(
     o: &Observed,
     t: &Translated,
     prepared: &Prepared,
     family: &str,
     estimator: bool,
-) -> (Vec<times::JobInput>, Vec<f64>) {
+) -> Planned {
     let spread = prepared
         .jobs
         .iter()
@@ -618,7 +651,37 @@ fn planned_jobs(
             }
         })
         .collect();
-    (job_inputs(o, t, prepared, family, estimator), spread)
+    let inputs = job_inputs(o, t, prepared, family, estimator);
+    let kept_b_alone = prepared
+        .kept
+        .iter()
+        .map(|&m| {
+            let mv = &t.view.merges[m];
+            if mv.mode != MergeMode::Temporal {
+                return None;
+            }
+            let k = prepared.jobs.iter().position(|&v| v == mv.b)?;
+            let id = t.jobs[mv.b];
+            let mut input = inputs[k].clone();
+            input.id = format!("{id} alone");
+            input.remaining_iterations = remaining_alone(o, id, estimator);
+            Some(input)
+        })
+        .collect();
+    Planned {
+        inputs,
+        spread,
+        kept_b_alone,
+    }
+}
+
+/// Job `id`'s iterations left were it to train alone: its target or its
+/// Eq. 2 estimate, less what it did.
+fn remaining_alone(o: &Observed, id: JobId, estimator: bool) -> u64 {
+    let done = o.progress.get(&id).map_or(0, |p| p.0);
+    expected_iterations(&o.live[&id], o.estimates.get(&id), estimator)
+        .saturating_sub(done)
+        .max(1)
 }
 
 /// [`round::family_time_ratios`] of the snapshot's jobs, from the
@@ -682,7 +745,6 @@ fn job_inputs(
             let j = &o.live[&id];
             let done = o.progress.get(&id).map_or(0, |p| p.0);
             let e = o.estimates.get(&id);
-            let total = expected_iterations(j, e, estimator);
             // A layer-elastic job with a reported variance is tuned per
             // allocation by the table (ICEFROG Eq. 16) from its own floor;
             // else it trains at the frozen layers the tuner last picked.
@@ -721,7 +783,7 @@ fn job_inputs(
                     layers,
                     layer_tuning,
 
-                    remaining_iterations: total.saturating_sub(done).max(1),
+                    remaining_iterations: remaining_alone(o, id, estimator),
                     done_iterations: done,
                     curve: e.and_then(|e| e.curve.as_ref()).and_then(curve_from_json),
                     max_iterations: total_iterations(j),
@@ -1105,6 +1167,87 @@ pub(crate) mod tests {
         );
         assert!(view.jobs[1].family_time_ratio.is_empty(), "queued");
         assert!(view.jobs[2].family_time_ratio.is_empty(), "pinned");
+    }
+
+    /// B of a kept temporal merge is planned from A's weights (1,000
+    /// iterations at `G` = 0.5: 667), and also asked of the time table as
+    /// it would train alone, from scratch (1,000), for the round's test of
+    /// whether it would finish sooner so (`Estimates::kept_b_alone`). A
+    /// spatial merge has no such row.
+    #[test]
+    fn tail_a_kept_temporal_merges_b_is_also_planned_alone_from_scratch() {
+        let now = DateTime::parse_from_rfc3339("2026-01-01T00:00:00Z")
+            .unwrap()
+            .with_timezone(&Utc);
+        let live: BTreeMap<JobId, JobRecord> = [
+            record(1, JobState::Queued),
+            record(2, JobState::Queued),
+            record(3, JobState::Queued),
+            record(4, JobState::Queued),
+        ]
+        .into_iter()
+        .map(|r| (r.id, r))
+        .collect();
+        let merge = |id: i64, a: u8, b: u8, mode: MergeMode| MergeRecord {
+            id,
+            a: job(a),
+            b: job(b),
+            mode,
+            gain_ab: 0.5,
+            gain_ba: 0.5,
+            active: true,
+            guard_passed: false,
+            gain_observed: false,
+        };
+        let merges = vec![
+            merge(1, 1, 2, MergeMode::Temporal),
+            merge(2, 3, 4, MergeMode::Spatial),
+        ];
+        let o = Observed {
+            live: live.clone(),
+            merges: merges.clone(),
+            ..Default::default()
+        };
+        let nodes = vec![node("a", 4)];
+        let t = build_view(&ViewSources {
+            nodes: &nodes,
+            live: &live,
+            merges: &merges,
+            assignments: &[],
+            progress: &BTreeMap::new(),
+            service: &BTreeMap::new(),
+            held_back: &BTreeSet::new(),
+            pinned: &BTreeSet::new(),
+            cordons: &BTreeMap::new(),
+            loans: &BTreeMap::new(),
+            restart_s: &|_| 0.0,
+            footprint: &|_| None,
+            unfit: &|_| Vec::new(),
+            now,
+        });
+        let policy = fmsched_core::policy::baselines::by_name("ymir").unwrap();
+        let prepared =
+            fmsched_core::round::prepare(&t.view, policy.as_ref(), &RoundConfig::default());
+        assert_eq!(prepared.kept.len(), 2);
+        let planned = planned_jobs(&o, &t, &prepared, "A100", true);
+        let b = planned
+            .inputs
+            .iter()
+            .find(|i| i.id == job(2).to_string())
+            .unwrap();
+        assert_eq!(b.remaining_iterations, 667, "from A's weights");
+        let alone: Vec<Option<u64>> = planned
+            .kept_b_alone
+            .iter()
+            .map(|i| i.as_ref().map(|i| i.remaining_iterations))
+            .collect();
+        let temporal = prepared
+            .kept
+            .iter()
+            .position(|&m| t.view.merges[m].mode == MergeMode::Temporal)
+            .unwrap();
+        assert_eq!(alone[temporal], Some(1000));
+        assert_eq!(alone[1 - temporal], None, "spatial");
     }
 
     #[test]

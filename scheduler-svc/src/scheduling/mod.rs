@@ -109,6 +109,8 @@ pub struct MetricValues {
     pub merges_temporal: u64,
     pub merges_spatial: u64,
     pub guard_splits: u64,
+    /// Kept temporal merges split because B would finish sooner alone.
+    pub merges_released: u64,
     pub estimator_fallbacks: u64,
     pub prewarm_hints: u64,
     /// Rounds whose commit was refused: the writer no longer led, or the
@@ -555,6 +557,12 @@ pub async fn render_metrics(state: &AppState) -> String {
         "counter",
         "Merges split by the merge guard (no accuracy gain in two epochs).",
         v.guard_splits as f64,
+    );
+    e.scalar(
+        "fmsched_merges_released_total",
+        "counter",
+        "Kept temporal merges split because their waiting job would finish sooner alone.",
+        v.merges_released as f64,
     );
     e.scalar(
         "fmsched_estimator_fallbacks_total",
@@ -1189,6 +1197,16 @@ fn plan_writes(
             .chain(&outcome.unexecutable)
             .map(|(v, why)| (t.jobs[*v], "unschedulable".to_string(), why.clone())),
     );
+    // Kept temporal merges whose waiting B would finish sooner alone.
+    w.released.extend(outcome.released.iter().filter_map(|&m| {
+        let rec = t.merges.get(m)?;
+        Some((
+            rec.clone(),
+            "its second job would finish sooner alone, from scratch, on its fair share \
+             of the cluster than waiting for the first"
+                .to_string(),
+        ))
+    }));
     // A running job the round moves to another GPU family says so: it
     // restarts from its checkpoint with no change of state to show it.
     w.notes.extend(
@@ -1380,6 +1398,7 @@ async fn after_commit(
         m.queue_length = out.queued as u64;
         m.merges_temporal += temporal;
         m.merges_spatial += spatial;
+        m.merges_released += out.released.len() as u64;
         m.unexecutable_placements += out
             .unexecutable
             .iter()
