@@ -902,6 +902,32 @@ pub(crate) mod tests {
         }
     }
 
+    /// The view of `live` jobs and `merges` on `nodes`, nothing placed,
+    /// held back or cordoned, restarts free.
+    fn plain_view(
+        nodes: &[LiveNode],
+        live: &BTreeMap<JobId, JobRecord>,
+        merges: &[MergeRecord],
+        now: DateTime<Utc>,
+    ) -> Translated {
+        build_view(&ViewSources {
+            nodes,
+            live,
+            merges,
+            assignments: &[],
+            progress: &BTreeMap::new(),
+            service: &BTreeMap::new(),
+            held_back: &BTreeSet::new(),
+            pinned: &BTreeSet::new(),
+            cordons: &BTreeMap::new(),
+            loans: &BTreeMap::new(),
+            restart_s: &|_| 0.0,
+            footprint: &|_| None,
+            unfit: &|_| Vec::new(),
+            now,
+        })
+    }
+
     pub(crate) fn node(id: &str, gpus: u32) -> LiveNode {
         let now = Utc::now();
         let record = NodeRecord {
@@ -1209,22 +1235,7 @@ pub(crate) mod tests {
             ..Default::default()
         };
         let nodes = vec![node("a", 4)];
-        let t = build_view(&ViewSources {
-            nodes: &nodes,
-            live: &live,
-            merges: &merges,
-            assignments: &[],
-            progress: &BTreeMap::new(),
-            service: &BTreeMap::new(),
-            held_back: &BTreeSet::new(),
-            pinned: &BTreeSet::new(),
-            cordons: &BTreeMap::new(),
-            loans: &BTreeMap::new(),
-            restart_s: &|_| 0.0,
-            footprint: &|_| None,
-            unfit: &|_| Vec::new(),
-            now,
-        });
+        let t = plain_view(&nodes, &live, &merges, now);
         let policy = fmsched_core::policy::baselines::by_name("ymir").unwrap();
         let prepared =
             fmsched_core::round::prepare(&t.view, policy.as_ref(), &RoundConfig::default());
@@ -1275,22 +1286,7 @@ pub(crate) mod tests {
         o.layer_variance.insert(job(1), variance.clone());
         o.frozen_layers.insert(job(2), 3);
         let nodes = vec![node("a", 4)];
-        let t = build_view(&ViewSources {
-            nodes: &nodes,
-            live: &live,
-            merges: &[],
-            assignments: &[],
-            progress: &BTreeMap::new(),
-            service: &BTreeMap::new(),
-            held_back: &BTreeSet::new(),
-            pinned: &BTreeSet::new(),
-            cordons: &BTreeMap::new(),
-            loans: &BTreeMap::new(),
-            restart_s: &|_| 0.0,
-            footprint: &|_| None,
-            unfit: &|_| Vec::new(),
-            now,
-        });
+        let t = plain_view(&nodes, &live, &[], now);
         let policy = fmsched_core::policy::baselines::by_name("icefrog").unwrap();
         let prepared =
             fmsched_core::round::prepare(&t.view, policy.as_ref(), &RoundConfig::default());
