@@ -2019,6 +2019,72 @@ mod tests {
         assert!(!waits.is_empty());
     }
 
+    /// A kept temporal merge the round releases (B would finish sooner
+    /// alone than behind a long A) is written as a split with the round's
+    /// reason, for the persistence to end it and tell both jobs.
+    #[test]
+    fn tail_a_released_merge_is_written_as_a_split_with_its_reason() {
+        let mut a = job(1, 8, &[(0, 0), (0, 1)]);
+        a.progress = 0.1;
+        let b = job(2, 8, &[]);
+        let merge = crate::persistence::MergeRecord {
+            id: 7,
+            a: id(1),
+            b: id(2),
+            mode: fmsched_core::policy::MergeMode::Temporal,
+            gain_ab: 0.2,
+            gain_ba: 0.0,
+            active: true,
+            guard_passed: false,
+            gain_observed: false,
+        };
+        let t = Translated {
+            view: ClusterView {
+                now: 0.0,
+                nodes: vec![round::testkit::node("x", 16)],
+                jobs: vec![a, b],
+                merges: vec![round::MergeView {
+                    a: 0,
+                    b: 1,
+                    mode: fmsched_core::policy::MergeMode::Temporal,
+                }],
+            },
+            jobs: vec![id(1), id(2)],
+            nodes: vec![(
+                NodeId::try_from("x".to_string()).unwrap(),
+                (0..16).map(|g| GpuUuid(format!("x-G{g}"))).collect(),
+            )],
+            merges: vec![merge.clone()],
+        };
+        let cfg = RoundConfig {
+            profiling: false,
+            policy: "ymir".into(),
+            ..Default::default()
+        };
+        let policy = fmsched_core::policy::baselines::by_name("ymir").unwrap();
+        let prepared = prepare_round(&t.view, policy.as_ref(), &cfg);
+        let mut estimates = round::testkit::estimates(&prepared, 3600.0);
+        estimates.jobs[0] = round::testkit::linear(&prepared, 100_000.0);
+        estimates.kept_b_alone = vec![round::testkit::linear(&prepared, 3600.0)];
+        let d = decide_round(&t.view, &prepared, &estimates, policy.as_ref(), &cfg).unwrap();
+        assert_eq!(d.outcome.released, vec![0]);
+        let inputs = inputs::Inputs {
+            t,
+            prepared,
+            estimates,
+            config: cfg,
+        };
+        let o = observe::tests::empty_observed();
+        let w = plan_writes(&o, &inputs, &d.outcome, &(29500..=29999), Utc::now());
+        assert_eq!(w.released.len(), 1);
+        assert_eq!(w.released[0].0, merge);
+        assert!(
+            w.released[0].1.contains("would finish sooner alone"),
+            "{}",
+            w.released[0].1
+        );
+    }
+
     /// A group the policy spreads over two nodes is not run by this
     /// service: its job gets an event naming the nodes and no assignment,
     /// never a silent drop; the others are assigned their GPUs by UUID.
