@@ -1469,12 +1469,8 @@ fn whole_replicas(view: &ClusterView, prepared: &Prepared, estimates: &Estimates
             .collect(),
         candidates: Vec::new(),
         spread: estimates.spread.clone(),
-        kept_b_alone: prepared
-            .kept
-            .iter()
-            .zip(&estimates.kept_b_alone)
-            .map(|(&m, row)| mask_replicas(allocs, unit(view.merges[m].b), 0, row))
-            .collect(),
+        // The snapshot does not read them; `released_merges` masks its own.
+        kept_b_alone: Vec::new(),
     }
 }
 
@@ -1731,6 +1727,7 @@ fn released_merges(
     if free == 0 {
         return Vec::new();
     }
+    let share = crate::policy::ymir::share_of_cluster(snap).min(free as f64);
     let mut out = Vec::new();
     for (k, &m) in prepared.kept.iter().enumerate() {
         let (Some(group), Some(alone)) = (snap.merges.get(k), estimates.kept_b_alone.get(k)) else {
@@ -1761,7 +1758,6 @@ fn released_merges(
             b.min_gpus,
             alone,
         );
-        let share = crate::policy::ymir::share_of_cluster(snap).min(free as f64);
         if !crate::policy::ymir::b_fares_no_worse(
             snap,
             &alone,

@@ -2059,9 +2059,6 @@ impl<'a> Simulation<'a> {
         view: &mut ClusterView,
         members: &[usize],
     ) -> Result<(), SimError> {
-        if self.families.len() < 2 {
-            return Ok(());
-        }
         round::family_time_ratios(view, |v, family, gpus, per_node| {
             let i = members[v];
             let j = &self.jobs[i];

@@ -246,13 +246,13 @@ impl Ymir {
             return Vec::new();
         }
         let mut kept: Vec<(usize, f64)> = Vec::new();
+        let share = share_of_cluster(snap);
         for (ci, c) in snap.candidates.iter().enumerate() {
             if c.a == c.b || c.a >= snap.jobs.len() || c.b >= snap.jobs.len() {
                 continue;
             }
             if c.mode == MergeMode::Temporal && a_trained(snap, c) {
                 let b = &snap.jobs[c.b];
-                let share = share_of_cluster(snap);
                 if !b_fares_no_worse(snap, &b.remaining_s, b.restart_s, &c.remaining_s, share) {
                     continue;
                 }

@@ -524,15 +524,11 @@ async fn estimate(
         spread,
         kept_b_alone,
     } = planned;
-    // B alone of each kept temporal merge: rows after the jobs' own.
+    // B alone of each kept temporal merge: rows after the jobs' own, in
+    // the kept merges' order.
     let jobs = inputs.len();
-    let mut alone_row = Vec::with_capacity(kept_b_alone.len());
-    for input in kept_b_alone {
-        alone_row.push(input.map(|i| {
-            inputs.push(i);
-            inputs.len() - 1
-        }));
-    }
+    let has_alone: Vec<bool> = kept_b_alone.iter().map(Option::is_some).collect();
+    inputs.extend(kept_b_alone.into_iter().flatten());
     let row: BTreeMap<usize, usize> = prepared
         .jobs
         .iter()
@@ -591,7 +587,7 @@ async fn estimate(
     };
     let kept = prepared.kept.len();
     let mut rows = table.jobs;
-    let alone_rows = rows.split_off(jobs.min(rows.len()));
+    let mut alone_rows = rows.split_off(jobs.min(rows.len())).into_iter();
     Some(RoundEstimates {
         jobs: rows,
         kept: table.pairs[..kept]
@@ -610,12 +606,9 @@ async fn estimate(
             })
             .collect(),
         spread,
-        kept_b_alone: alone_row
-            .into_iter()
-            .map(|r| {
-                r.and_then(|r| alone_rows.get(r - jobs).cloned())
-                    .unwrap_or_default()
-            })
+        kept_b_alone: has_alone
+            .iter()
+            .map(|&has| has.then(|| alone_rows.next()).flatten().unwrap_or_default())
             .collect(),
     })
 }

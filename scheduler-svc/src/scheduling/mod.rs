@@ -2019,6 +2019,24 @@ mod tests {
         assert!(!waits.is_empty());
     }
 
+    /// The round's writes of `outcome` on nothing observed.
+    fn writes_of(
+        t: Translated,
+        prepared: round::Prepared,
+        estimates: round::Estimates,
+        config: RoundConfig,
+        outcome: &RoundOutcome,
+    ) -> crate::persistence::RoundWrites {
+        let inputs = inputs::Inputs {
+            t,
+            prepared,
+            estimates,
+            config,
+        };
+        let o = observe::tests::empty_observed();
+        plan_writes(&o, &inputs, outcome, &(29500..=29999), Utc::now())
+    }
+
     /// A kept temporal merge the round releases (B would finish sooner
     /// alone than behind a long A) is written as a split with the round's
     /// reason, for the persistence to end it and tell both jobs.
@@ -2068,14 +2086,7 @@ mod tests {
         estimates.kept_b_alone = vec![round::testkit::linear(&prepared, 3600.0)];
         let d = decide_round(&t.view, &prepared, &estimates, policy.as_ref(), &cfg).unwrap();
         assert_eq!(d.outcome.released, vec![0]);
-        let inputs = inputs::Inputs {
-            t,
-            prepared,
-            estimates,
-            config: cfg,
-        };
-        let o = observe::tests::empty_observed();
-        let w = plan_writes(&o, &inputs, &d.outcome, &(29500..=29999), Utc::now());
+        let w = writes_of(t, prepared, estimates, cfg, &d.outcome);
         assert_eq!(w.released.len(), 1);
         assert_eq!(w.released[0].0, merge);
         assert!(
@@ -2124,14 +2135,7 @@ mod tests {
         let prepared = prepare_round(&t.view, policy.as_ref(), &cfg);
         let estimates = round::testkit::estimates(&prepared, 3600.0);
         let d = decide_round(&t.view, &prepared, &estimates, policy.as_ref(), &cfg).unwrap();
-        let inputs = inputs::Inputs {
-            t,
-            prepared,
-            estimates,
-            config: cfg,
-        };
-        let o = observe::tests::empty_observed();
-        let w = plan_writes(&o, &inputs, &d.outcome, &(29500..=29999), Utc::now());
+        let w = writes_of(t, prepared, estimates, cfg, &d.outcome);
         let assigned: Vec<JobId> = w.assignments.iter().map(|a| a.job).collect();
         assert_eq!(assigned, vec![id(1), id(2)]);
         assert_eq!(
