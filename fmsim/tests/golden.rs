@@ -2,32 +2,21 @@
 //! policy finishes every job, runs repeat exactly, and average JCT stays
 //! inside bounds — a policy change that makes JCT worse fails here.
 
+mod common;
+
 use std::path::Path;
 
+use common::{run_on as run, small};
 use fmsched_core::policy::MergeMode;
 use fmsched_core::policy::baselines::by_name;
 use fmsched_estimator::analytic;
 use fmsim::catalog::{Catalog, ModelTasks, TaskInfo, Work};
-use fmsim::engine::{NodeGroup, SimConfig, SimResult, Simulation};
+use fmsim::engine::{NodeGroup, SimConfig, Simulation};
 use fmsim::report::summarize;
 use fmsim::workload::{self, WorkloadJob};
 
-fn small() -> Vec<WorkloadJob> {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("data/small-workload.csv");
-    workload::read(&path, None, &[]).expect("shipped workload reads")
-}
-
 fn cluster() -> SimConfig {
     SimConfig::uniform(2, 4, "V100")
-}
-
-fn run(policy: &str, cfg: &SimConfig, catalog: &Catalog, jobs: &[WorkloadJob]) -> SimResult {
-    let lut = analytic::default_lut().unwrap();
-    let p = by_name(policy).unwrap();
-    Simulation::new(cfg.clone(), &lut, catalog, jobs)
-        .unwrap()
-        .run(p.as_ref(), catalog, |_, _| {})
-        .unwrap_or_else(|e| panic!("{policy}: {e}"))
 }
 
 /// A one-GPU roberta-base job of `task` submitted at `submit_s`.

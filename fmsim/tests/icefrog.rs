@@ -2,23 +2,15 @@
 //! FreezeOut schedules, IceShare and the Lucid-style baseline, and the
 //! paper's workload construction.
 
-use fmsched_core::policy::baselines::by_name;
+mod common;
+
+use common::run;
 use fmsched_estimator::analytic;
 use fmsim::catalog::Catalog;
-use fmsim::engine::{LayerMode, NodeGroup, SimConfig, SimResult, Simulation, freezeout_layers};
+use fmsim::engine::{LayerMode, NodeGroup, SimConfig, SimResult, freezeout_layers};
 use fmsim::generate::icefrog_workload;
 use fmsim::iceeval::{self, Spec};
 use fmsim::workload::WorkloadJob;
-
-fn run(policy: &str, cfg: &SimConfig, jobs: &[WorkloadJob]) -> SimResult {
-    let lut = analytic::default_lut().unwrap();
-    let catalog = Catalog::default_synthetic();
-    let p = by_name(policy).unwrap();
-    Simulation::new(cfg.clone(), &lut, &catalog, jobs)
-        .unwrap()
-        .run(p.as_ref(), &catalog, |_, _| {})
-        .unwrap_or_else(|e| panic!("{policy}: {e}"))
-}
 
 /// A one-GPU roberta-base job on `rte` at `batch`, submitted at `t`, of
 /// `gpu_h` GPU-hours.

@@ -2,20 +2,13 @@
 //! low, reclaimed when it rises — flexible workers leave first, preempted
 //! jobs resume from their checkpoints, and no job is lost.
 
-use std::path::Path;
+mod common;
 
-use fmsched_core::policy::baselines::by_name;
+use common::{run, small};
 use fmsched_core::policy::lyra::ReclaimRule;
-use fmsched_estimator::analytic;
-use fmsim::catalog::Catalog;
-use fmsim::engine::{NodeGroup, SimConfig, SimResult, Simulation};
+use fmsim::engine::{NodeGroup, SimConfig, SimResult};
 use fmsim::loans::{InferenceTrace, Loans};
-use fmsim::workload::{self, WorkloadJob};
-
-fn small() -> Vec<WorkloadJob> {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("data/small-workload.csv");
-    workload::read(&path, None, &[]).expect("shipped workload reads")
-}
+use fmsim::workload;
 
 /// One training node of 4 V100s and three inference servers of 4: idle
 /// for the first hour, fully busy in the second, idle again after.
@@ -33,16 +26,6 @@ fn with_loans(rule: ReclaimRule) -> SimConfig {
         }),
         ..SimConfig::uniform(1, 4, "V100")
     }
-}
-
-fn run(policy: &str, cfg: &SimConfig, jobs: &[WorkloadJob]) -> SimResult {
-    let lut = analytic::default_lut().unwrap();
-    let catalog = Catalog::default_synthetic();
-    let p = by_name(policy).unwrap();
-    Simulation::new(cfg.clone(), &lut, &catalog, jobs)
-        .unwrap()
-        .run(p.as_ref(), &catalog, |_, _| {})
-        .unwrap_or_else(|e| panic!("{policy}: {e}"))
 }
 
 fn mean_queue_s(r: &SimResult) -> f64 {
