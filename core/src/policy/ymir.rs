@@ -385,24 +385,21 @@ fn effective(t: f64, a: u32, current: u32, restart: f64, horizon: f64) -> f64 {
 }
 
 impl Ymir {
-    /// The SRTF/aging term `Σ_j base_j / T_j` of a unit or pair run at `a`
-    /// GPUs (holding `current` now; 0 for a new pair, which starts anew)
-    /// whose group takes `t`: each job ranks
-    /// by when *it* finishes. A spatial pair's jobs (and a job alone) finish
+    /// The SRTF/aging term `Σ_j base_j / T_j` of a unit or pair (its mode
+    /// and jobs) run at `a` GPUs (holding `current` now; 0 for a new pair,
+    /// which starts anew) whose group takes `t`: each job ranks by when
+    /// *it* finishes. A spatial pair's jobs (and a job alone) finish
     /// with the group; A of a temporal pair finishes after its own part (B
     /// then trains from its weights), so A ranks by its own remaining time,
     /// not by A's and B's together. Ranked by the group's time, an A close
     /// to its end that took on a long B would look long, and be suspended
     /// with B waiting behind it.
-    #[allow(clippy::too_many_arguments)]
     fn ranked(
         &self,
         snap: &Snapshot,
         w: &Weights,
-        mode: MergeMode,
-        jobs: &[usize],
-        a: u32,
-        current: u32,
+        (mode, jobs): (MergeMode, &[usize]),
+        (a, current): (u32, u32),
         t: f64,
     ) -> f64 {
         match (mode, jobs) {
@@ -751,7 +748,7 @@ impl Ymir {
                             u.restart_s,
                             self.config.resize_horizon_s,
                         );
-                        let aged = self.ranked(snap, w, u.mode, &u.jobs, a, u.current, t);
+                        let aged = self.ranked(snap, w, (u.mode, &u.jobs), (a, u.current), t);
                         (a, weight * t_ref / t + aged / pess)
                     })
                     .collect(),
@@ -776,7 +773,7 @@ impl Ymir {
                         // group's time.
                         let t = time_in(allocs, &c.remaining_s, a) + restart;
                         let tw = 1.0 + (time_in(allocs, &c.tran_wt, a) - 1.0) * keep;
-                        let aged = self.ranked(snap, w, c.mode, &[c.a, c.b], a, 0, t);
+                        let aged = self.ranked(snap, w, (c.mode, &[c.a, c.b]), (a, 0), t);
                         // Eq. 7 (fixed): two jobs' speedup, weighted by TranWt.
                         (a, 2.0 * tw * t_ref / t + tw * aged / pess)
                     })
@@ -1651,13 +1648,13 @@ mod tests {
         let y = Ymir::default();
         let group = 100.0 + 1_000.0 + 30.0;
         let restart = snap.jobs[0].restart_s.max(snap.jobs[1].restart_s);
-        let temporal = y.ranked(&snap, &w, MergeMode::Temporal, &[0, 1], 1, 0, group);
+        let temporal = y.ranked(&snap, &w, (MergeMode::Temporal, &[0, 1]), (1, 0), group);
         let expected = 1.0 / (100.0 + restart) + 1.0 / group;
         assert!(
             (temporal - expected).abs() < 1e-12,
             "{temporal} vs {expected}"
         );
-        let spatial = y.ranked(&snap, &w, MergeMode::Spatial, &[0, 1], 1, 0, group);
+        let spatial = y.ranked(&snap, &w, (MergeMode::Spatial, &[0, 1]), (1, 0), group);
         assert!((spatial - 2.0 / group).abs() < 1e-12);
         assert!(temporal > 4.0 * spatial, "A counts as the short job it is");
     }

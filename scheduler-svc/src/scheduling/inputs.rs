@@ -645,6 +645,13 @@ fn planned_jobs(
         })
         .collect();
     let inputs = job_inputs(o, t, prepared, family, estimator);
+    // Each job's row of `inputs`, by its index in the view.
+    let row: BTreeMap<usize, usize> = prepared
+        .jobs
+        .iter()
+        .enumerate()
+        .map(|(k, &v)| (v, k))
+        .collect();
     let kept_b_alone = prepared
         .kept
         .iter()
@@ -653,7 +660,7 @@ fn planned_jobs(
             if mv.mode != MergeMode::Temporal {
                 return None;
             }
-            let k = prepared.jobs.iter().position(|&v| v == mv.b)?;
+            let &k = row.get(&mv.b)?;
             let id = t.jobs[mv.b];
             let mut input = inputs[k].clone();
             input.id = format!("{id} alone");
