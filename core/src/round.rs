@@ -3265,6 +3265,53 @@ mod tests {
         assert!(family_moves(&v, &d.outcome.groups).is_empty());
     }
 
+    /// A job that does not fit the V100s, with the A100 node held by a job
+    /// that could run there: once it has waited longer than the move
+    /// costs (30 s of restart and 900 s more on V100s, twice as slow), the
+    /// round moves the other job to the V100 node, says so, and runs the
+    /// waiting one on the A100s; before, it waits and nothing moves.
+    #[test]
+    fn tail_a_job_that_fits_some_families_only_gets_room_in_the_round() {
+        let mut nodes = vec![node("v100", 4), node("a100", 4)];
+        nodes[0].gpu_model = "V100".into();
+        let mut long = job("long", "qqp", JobState::Running, 4);
+        (long.holds, long.iteration, long.progress) = ((0..4).map(|g| (1, g)).collect(), 700, 0.1);
+        long.family_time_ratio = vec![("V100".into(), 2.0)];
+        let mut big = job("big", "alpaca", JobState::Queued, 4);
+        big.unfit_families = vec!["V100".into()];
+        let cfg = RoundConfig {
+            profiling: false,
+            ..Default::default()
+        };
+        let at = |now: f64| {
+            let mut v = view(nodes.clone(), vec![long.clone(), big.clone()]);
+            v.now = now;
+            let d = run(&v, "ymir", &cfg);
+            (family_moves(&v, &d.outcome.groups), d)
+        };
+        let (moves, d) = at(2000.0);
+        let on = |d: &Decision, j: usize| {
+            d.outcome
+                .groups
+                .iter()
+                .find(|g| g.jobs == vec![j])
+                .map(|g| g.gpus.clone())
+        };
+        assert_eq!(on(&d, 1), Some((0..4).map(|g| (1, g)).collect()), "{d:?}");
+        assert_eq!(
+            moves,
+            vec![(
+                0,
+                "moved from A100 to V100 GPUs (4 on v100), from its checkpoint (iteration 700)"
+                    .to_string()
+            )]
+        );
+        let (moves, d) = at(500.0);
+        assert_eq!(on(&d, 0), Some((0..4).map(|g| (1, g)).collect()), "{d:?}");
+        assert_eq!(on(&d, 1), None);
+        assert!(moves.is_empty());
+    }
+
     /// A job whose model does not fit a family's GPUs profiles and runs on
     /// the other family only, is estimated there, and on a cluster of that
     /// family alone it waits with an event saying why; the jobs behind it

@@ -17,6 +17,14 @@
 //!    reports it as unplaced. Under [`PlacementRule::FewestNodes`] (the authors'
 //!    simulator) a data-parallel spread over more nodes than the cluster's
 //!    largest nodes would need is refused too: the group waits.
+//! 4. A job alone that stayed (rule 1) moves to a faster family whose GPUs
+//!    the round left free, when the time it saves is more than twice its
+//!    restart (`move_for_speed`).
+//! 5. Before rule 4: a group that can run on some families only (its
+//!    members do not fit the others, or name one) and found them full gets
+//!    room there from a job alone that stayed and can run elsewhere, once
+//!    the group has waited longer than the move costs that job
+//!    (`make_room`).
 
 #[cfg(doc)]
 use super::PIPELINE_STAGES;
@@ -133,6 +141,13 @@ pub fn place_with(
         };
     }
 
+    // Rule 5 (before rule 4 takes free GPUs for speed): a group that can
+    // run on some families only, and found them full, gets room there from
+    // a job that can run elsewhere, once it has waited longer than the
+    // move costs.
+    let moved = make_room(snap, &plan, &stayed, &mut placed, &mut free, &all_families);
+    stayed.retain(|k| !moved.contains(k));
+
     // Rule 4: a job that stayed (rule 1) moves to a faster family whose
     // GPUs the round left free, where the time it saves pays its restart.
     move_for_speed(snap, &plan, &stayed, &mut placed, &mut free, &all_families);
@@ -231,6 +246,125 @@ fn move_for_speed(
             }
         }
     }
+}
+
+/// Rule 5 of [`place_with`]: room for a group the plan runs and rules 2–3
+/// could not place because the GPU families it can run on (those its
+/// members fit, or the one they name) are full, while other families have
+/// GPUs the plan leaves free. The round's capacity counts GPUs of every
+/// family, so such a group is given GPUs round after round and placed
+/// nowhere, while jobs that could run anywhere hold its families: on a
+/// mixed cluster a rigid pipeline job that does not fit V100s waited for
+/// hours with a quarter of the cluster idle.
+///
+/// A job alone that stayed where it runs (rule 1), on one of the group's
+/// families, moves to another family where it fits in what is free and
+/// where its time is known (`SchedJob::family_time_ratio`); the group
+/// takes the room it leaves. The move costs the moved job its restart and
+/// its slowdown there over its remaining time, `restart + T·max(0, ρ − 1)`
+/// (ρ its time there over its time here), and is made only once the group
+/// has waited longer than that: the ski-rental rule (wait while waiting
+/// has cost less than moving, then move), which never pays more than
+/// twice the better of the two. Of the moves that make room, the cheapest
+/// is made; each job moves at most once a round. Returns the moved
+/// entries.
+fn make_room(
+    snap: &Snapshot,
+    plan: &Plan,
+    stayed: &[usize],
+    placed: &mut [Option<Placement>],
+    free: &mut [u32],
+    all_families: &[&str],
+) -> Vec<usize> {
+    let mut moved = Vec::new();
+    for k in 0..plan.entries.len() {
+        if placed[k].is_some() {
+            continue;
+        }
+        let e = &plan.entries[k];
+        let model = entry_model(snap, &e.jobs);
+        let families: Vec<&str> = all_families
+            .iter()
+            .copied()
+            .filter(|f| model.is_none_or(|m| m == *f))
+            .filter(|f| {
+                !e.jobs
+                    .iter()
+                    .any(|&j| snap.jobs[j].unfit_families.iter().any(|u| u == f))
+            })
+            .collect();
+        if families.is_empty() || families.len() == all_families.len() {
+            // It can run anywhere: nothing elsewhere to move for it.
+            continue;
+        }
+        let waited = e
+            .jobs
+            .iter()
+            .map(|&j| {
+                let j = &snap.jobs[j];
+                (snap.now - j.submitted_at - j.executed_s).max(0.0)
+            })
+            .fold(0.0, f64::max);
+        let fams = Families {
+            allowed: &families,
+            whole_cluster: false,
+        };
+        let unit = super::entry_replica(snap, &e.jobs);
+        // (cost, the moved entry, its placement, the group's, free after).
+        let mut best: Option<(f64, usize, Placement, Placement, Vec<u32>)> = None;
+        for &v in stayed {
+            let ve = &plan.entries[v];
+            let j = &snap.jobs[ve.jobs[0]];
+            let Some(old) = placed[v].as_ref() else {
+                continue;
+            };
+            let Some(here) = old.first().map(|p| snap.nodes[p.0].gpu_model.as_str()) else {
+                continue;
+            };
+            let t = snap.time_at(ve.jobs[0], ve.gpus);
+            if moved.contains(&v)
+                || ve.jobs.len() != 1
+                || ve.mode != super::MergeMode::Normal
+                || j.gpu_model.is_some()
+                || !families.contains(&here)
+                || !t.is_finite()
+            {
+                continue;
+            }
+            for (fam, ratio) in &j.family_time_ratio {
+                let cost = j.restart_s + t * (ratio - 1.0).max(0.0);
+                if fam == here
+                    || j.unfit_families.contains(fam)
+                    || !(*ratio > 0.0 && cost <= waited)
+                    || best.as_ref().is_some_and(|b| cost >= b.0)
+                {
+                    continue;
+                }
+                let mut trial = free.to_vec();
+                for &(n, g) in old {
+                    trial[n] += g;
+                }
+                let mut on_fam = masked(&trial, &|n| snap.nodes[n].gpu_model == *fam);
+                let vunit = super::entry_replica(snap, &ve.jobs);
+                let Some(vp) = fit(snap, &mut on_fam, ve.gpus, vunit) else {
+                    continue;
+                };
+                for &(n, g) in &vp {
+                    trial[n] -= g;
+                }
+                if let Some(kp) = fit_typed(snap, fams, &mut trial, e.gpus, unit, model) {
+                    best = Some((cost, v, vp, kp, trial));
+                }
+            }
+        }
+        if let Some((_, v, vp, kp, after)) = best {
+            free.copy_from_slice(&after);
+            placed[v] = Some(vp);
+            placed[k] = Some(kp);
+            moved.push(v);
+        }
+    }
+    moved
 }
 
 /// The GPU family a group must run on: the first its members ask for.
@@ -840,6 +974,59 @@ mod tests {
         let mut unknown = snap_with(0.5);
         unknown.jobs[0].family_time_ratio.clear();
         assert_eq!(placed(&unknown, &[4]), Some(vec![(0, 4)]));
+    }
+
+    /// A group that can run on some families only, and finds them full,
+    /// gets room from a running job that can run elsewhere: the job moves
+    /// to the family with room, once the group has waited longer than the
+    /// move costs it (its restart and its slowdown there, 30 + 1,000 s);
+    /// not before, not a job pinned to its family or one whose time there
+    /// is not known, and not onto a family where that job cannot run.
+    #[test]
+    fn tail_a_job_that_fits_some_families_only_gets_room_from_one_that_fits_anywhere() {
+        let snap_at = |now: f64| {
+            let mut snap = sized(&[4, 4], 2);
+            snap.nodes[0].gpu_model = "V100".into();
+            snap.allocations = vec![1, 2, 3, 4];
+            snap.now = now;
+            for j in &mut snap.jobs {
+                j.remaining_s = vec![4000.0, 2000.0, 1400.0, 1000.0];
+            }
+            let running = &mut snap.jobs[0];
+            running.current_placement = vec![(1, 4)];
+            running.current_gpus = 4;
+            // Twice as slow on the V100s.
+            running.family_time_ratio = vec![("V100".into(), 2.0)];
+            snap.jobs[1].unfit_families = vec!["V100".into()];
+            snap
+        };
+        let at = |p: &Plan, j: usize| {
+            p.entries
+                .iter()
+                .find(|e| e.jobs == vec![j])
+                .map(|e| e.placement.clone())
+        };
+        let p = place_sizes(&snap_at(2000.0), &[4, 4]);
+        assert_eq!(at(&p, 0), Some(vec![(0, 4)]), "moved to the V100s: {p:?}");
+        assert_eq!(at(&p, 1), Some(vec![(1, 4)]), "in the room it left");
+        assert_eq!(p.stats.unplaced, 0);
+        // Waited 500 s: less than the move costs; the group waits.
+        let p = place_sizes(&snap_at(500.0), &[4, 4]);
+        assert_eq!(at(&p, 0), Some(vec![(1, 4)]), "{p:?}");
+        assert_eq!(at(&p, 1), None);
+        assert_eq!(p.stats.unplaced, 1);
+        // Pinned to its family, its time there unknown, or unfit there.
+        let mut pinned = snap_at(2000.0);
+        pinned.jobs[0].gpu_model = Some("A100".into());
+        let mut unknown = snap_at(2000.0);
+        unknown.jobs[0].family_time_ratio.clear();
+        let mut unfit = snap_at(2000.0);
+        unfit.jobs[0].unfit_families = vec!["V100".into()];
+        for snap in [pinned, unknown, unfit] {
+            let p = place_sizes(&snap, &[4, 4]);
+            assert_eq!(at(&p, 0), Some(vec![(1, 4)]), "{p:?}");
+            assert_eq!(p.stats.unplaced, 1);
+        }
     }
 
     /// A family where a job cannot run at all (its replica's memory does
