@@ -529,12 +529,7 @@ async fn estimate(
     let jobs = inputs.len();
     let has_alone: Vec<bool> = kept_b_alone.iter().map(Option::is_some).collect();
     inputs.extend(kept_b_alone.into_iter().flatten());
-    let row: BTreeMap<usize, usize> = prepared
-        .jobs
-        .iter()
-        .enumerate()
-        .map(|(k, &v)| (v, k))
-        .collect();
+    let row = rows_by_job(prepared);
     let time_mode = |m: MergeMode| match m {
         MergeMode::Spatial => times::MergeMode::Spatial,
         _ => times::MergeMode::Temporal,
@@ -645,13 +640,7 @@ fn planned_jobs(
         })
         .collect();
     let inputs = job_inputs(o, t, prepared, family, estimator);
-    // Each job's row of `inputs`, by its index in the view.
-    let row: BTreeMap<usize, usize> = prepared
-        .jobs
-        .iter()
-        .enumerate()
-        .map(|(k, &v)| (v, k))
-        .collect();
+    let row = rows_by_job(prepared);
     let kept_b_alone = prepared
         .kept
         .iter()
@@ -673,6 +662,17 @@ fn planned_jobs(
         spread,
         kept_b_alone,
     }
+}
+
+/// Each snapshot job's row of the time table's inputs (the order of
+/// `prepared.jobs`), by its index in the view.
+fn rows_by_job(prepared: &Prepared) -> BTreeMap<usize, usize> {
+    prepared
+        .jobs
+        .iter()
+        .enumerate()
+        .map(|(k, &v)| (v, k))
+        .collect()
 }
 
 /// Job `id`'s iterations left were it to train alone: its target or its
