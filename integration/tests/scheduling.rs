@@ -366,6 +366,8 @@ async fn e2e_jobs_run_to_completion_through_a_scheduler_crash() {
         m.contains("fmsched_rounds_total ") && m.contains("fmsched_solver_seconds_sum "),
         "{m}"
     );
+    // Every job done: the last round had no group it could not place.
+    assert!(m.contains("\nfmsched_round_unplaced_groups 0\n"), "{m}");
     // Where the rounds' time went, phase by phase: every phase of a
     // committing round is there, and together they are within the rounds'
     // own time.

@@ -105,6 +105,9 @@ pub struct MetricValues {
     pub failed: u64,
     pub retries: u64,
     pub queue_length: u64,
+    /// Groups the last round's policy gave GPUs that placement found no
+    /// room for (their jobs wait for the next round).
+    pub unplaced_groups: u64,
     pub model_variables: u64,
     pub merges_temporal: u64,
     pub merges_spatial: u64,
@@ -451,6 +454,12 @@ pub async fn render_metrics(state: &AppState) -> String {
         "gauge",
         "Live jobs without GPUs after the last round.",
         v.queue_length as f64,
+    );
+    e.scalar(
+        "fmsched_round_unplaced_groups",
+        "gauge",
+        "Groups the last round's policy gave GPUs that placement found no room for: their jobs wait (a fragmented cluster, or families they cannot run on held by others).",
+        v.unplaced_groups as f64,
     );
     e.scalar(
         "fmsched_rounds_total",
@@ -1396,6 +1405,7 @@ async fn after_commit(
         m.solver_abandoned += u64::from(out.stats.abandoned);
         m.context_switches += out.switches as u64;
         m.queue_length = out.queued as u64;
+        m.unplaced_groups = out.stats.unplaced as u64;
         m.merges_temporal += temporal;
         m.merges_spatial += spatial;
         m.merges_released += out.released.len() as u64;
