@@ -676,6 +676,12 @@ pub fn pipeline_fits(node_gpus: impl IntoIterator<Item = u32>) -> bool {
 }
 
 impl SchedJob {
+    /// Seconds it has spent waiting at `now` since it arrived (in the
+    /// system and not running).
+    pub fn waited(&self, now: f64) -> f64 {
+        (now - self.submitted_at - self.executed_s).max(0.0)
+    }
+
     /// GPUs that must sit together on one node.
     pub fn replica(&self) -> Replica {
         Replica::of(self.pipeline, self.expert_parallel).with_workers(self.worker_gpus)

@@ -114,11 +114,7 @@ pub fn place_with(
         let pref = prefer(e);
         // Not on a family where a member cannot run at all (a list of its
         // own only for a group that has such families).
-        let unfit = |f: &str| {
-            e.jobs
-                .iter()
-                .any(|&j| snap.jobs[j].unfit_families.iter().any(|u| u == f))
-        };
+        let unfit = |f: &str| unfit_for(snap, &e.jobs, f);
         let own: Vec<&str>;
         let allowed: &[&str] = if e
             .jobs
@@ -286,12 +282,7 @@ fn make_room(
         let families: Vec<&str> = all_families
             .iter()
             .copied()
-            .filter(|f| model.is_none_or(|m| m == *f))
-            .filter(|f| {
-                !e.jobs
-                    .iter()
-                    .any(|&j| snap.jobs[j].unfit_families.iter().any(|u| u == f))
-            })
+            .filter(|f| model.is_none_or(|m| m == *f) && !unfit_for(snap, &e.jobs, f))
             .collect();
         if families.is_empty() || families.len() == all_families.len() {
             // It can run anywhere: nothing elsewhere to move for it.
@@ -300,10 +291,7 @@ fn make_room(
         let waited = e
             .jobs
             .iter()
-            .map(|&j| {
-                let j = &snap.jobs[j];
-                (snap.now - j.submitted_at - j.executed_s).max(0.0)
-            })
+            .map(|&j| snap.jobs[j].waited(snap.now))
             .fold(0.0, f64::max);
         let fams = Families {
             allowed: &families,
@@ -331,6 +319,12 @@ fn make_room(
             {
                 continue;
             }
+            // What is free once it leaves, and its replica.
+            let mut freed = free.to_vec();
+            for &(n, g) in old {
+                freed[n] += g;
+            }
+            let vunit = super::entry_replica(snap, &ve.jobs);
             for (fam, ratio) in &j.family_time_ratio {
                 let cost = j.restart_s + t * (ratio - 1.0).max(0.0);
                 if fam == here
@@ -340,12 +334,8 @@ fn make_room(
                 {
                     continue;
                 }
-                let mut trial = free.to_vec();
-                for &(n, g) in old {
-                    trial[n] += g;
-                }
+                let mut trial = freed.clone();
                 let mut on_fam = masked(&trial, &|n| snap.nodes[n].gpu_model == *fam);
-                let vunit = super::entry_replica(snap, &ve.jobs);
                 let Some(vp) = fit(snap, &mut on_fam, ve.gpus, vunit) else {
                     continue;
                 };
@@ -385,11 +375,13 @@ fn on_unfit(snap: &Snapshot, placement: &[(usize, u32)], jobs: &[usize]) -> bool
     placement
         .iter()
         .filter(|p| p.0 < snap.nodes.len())
-        .any(|p| {
-            let f = &snap.nodes[p.0].gpu_model;
-            jobs.iter()
-                .any(|&j| snap.jobs[j].unfit_families.contains(f))
-        })
+        .any(|p| unfit_for(snap, jobs, &snap.nodes[p.0].gpu_model))
+}
+
+/// Whether one of `jobs` cannot run on `family` at all.
+fn unfit_for(snap: &Snapshot, jobs: &[usize], family: &str) -> bool {
+    jobs.iter()
+        .any(|&j| snap.jobs[j].unfit_families.iter().any(|u| u == family))
 }
 
 /// Whether these placed nodes are of one GPU family, and of `model` if set.

@@ -365,12 +365,6 @@ fn a_trained(snap: &Snapshot, c: &super::PairCandidate) -> bool {
     snap.jobs[c.a].progress > 0.0
 }
 
-/// Seconds job `j` has spent waiting since it arrived (in the system and
-/// not running).
-fn waited(now: f64, j: &super::SchedJob) -> f64 {
-    (now - j.submitted_at - j.executed_s).max(0.0)
-}
-
 /// Effective time of running at `a` when holding `current` now: a start
 /// pays the restart once, a resize as often as it takes the remaining time
 /// `t` to pass `horizon` ([`YmirConfig::resize_horizon_s`]; 0 = once).
@@ -454,7 +448,7 @@ impl Policy for Ymir {
         let base: Vec<f64> = snap
             .jobs
             .iter()
-            .map(|j| self.config.srtf_weight * tau + self.config.wait_weight * waited(snap.now, j))
+            .map(|j| self.config.srtf_weight * tau + self.config.wait_weight * j.waited(snap.now))
             .collect();
         let w = Weights { share, base };
         let parts = self.partitions(snap, &units, &pairs);
