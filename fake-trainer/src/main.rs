@@ -58,7 +58,10 @@
 //! it wrote and of the end. The others report nothing but the checkpoints
 //! rank 0 wrote (when asked for one), exit 0 at the end and 5 when rank 0
 //! goes away; rank 0 exits 5 when another node's process goes away and it
-//! is not stopped within its grace. A broken rendezvous fails loudly.
+//! is not stopped within its grace. A broken rendezvous fails loudly; a
+//! process stopped (SIGTERM) while it waits in the rendezvous exits at once,
+//! rank 0 closing its listener (after a checkpoint of the state it started
+//! from, also written on SIGUSR2 there).
 //!
 //! Test knobs: `FMSCHED_FAKE_IGNORE_SIGTERM=1` ignores SIGTERM (to test the
 //! agent's SIGKILL), `FMSCHED_FAKE_CRASH_AT=N` exits 3 at iteration N,
@@ -456,12 +459,26 @@ async fn follow(
 ) -> ! {
     use tokio::io::AsyncBufReadExt;
     let deadline = Instant::now() + g.timeout;
+    eprintln!(
+        "fake-trainer: node {} of {}: joining rank 0 at {}",
+        g.node_rank, g.nnodes, g.master
+    );
     let stream = loop {
         match tokio::net::TcpStream::connect(&g.master).await {
             Ok(s) => break s,
             // Rank 0 may not listen yet (its loader is still starting).
+            // Stopped meanwhile, it goes at once (it trained nothing).
             Err(_) if Instant::now() < deadline => {
-                tokio::time::sleep(Duration::from_millis(10)).await;
+                tokio::select! {
+                    () = tokio::time::sleep(Duration::from_millis(10)) => {}
+                    // Not joined: no checkpoint of rank 0's to report yet
+                    // (consumed, so it is not taken for a later request).
+                    _ = usr2.recv() => {}
+                    _ = term.recv() => {
+                        eprintln!("fake-trainer: stopped before joining rank 0 at {}", g.master);
+                        std::process::exit(0);
+                    }
+                }
             }
             Err(e) => {
                 eprintln!(
@@ -1362,13 +1379,33 @@ async fn serve(sig: &mut Signals, loaded: bool) -> anyhow::Result<Ended> {
         }
     }
     // A job over several nodes: rendezvous first, as torchrun's workers do.
+    // Stopped while it waits for the other nodes, it goes at once: its
+    // listener must not outlive the stop, or a later start of the job on
+    // this port could be joined by nodes that then lose it.
     let gang = GangEnv::from_env()?;
     let mut lost = None;
     if let Some(g) = &gang {
         if g.node_rank == 0 {
-            let (followers, rx) = lead_rendezvous(g).await?;
-            tr.followers = followers;
-            lost = Some(rx);
+            let rendezvous = lead_rendezvous(g);
+            tokio::pin!(rendezvous);
+            loop {
+                tokio::select! {
+                    joined = &mut rendezvous => {
+                        let (followers, rx) = joined?;
+                        tr.followers = followers;
+                        lost = Some(rx);
+                        break;
+                    }
+                    // Nothing trained since it started: its checkpoint is
+                    // the state it resumed from (or its first).
+                    _ = usr2.recv() => tr.checkpoint().await?,
+                    _ = term.recv() => {
+                        eprintln!("fake-trainer: stopped in its rendezvous at {}", g.master);
+                        tr.checkpoint().await?;
+                        return Ok(Ended::Stopped);
+                    }
+                }
+            }
         } else {
             follow(g, &mut tr.reporter, usr2, term).await;
         }

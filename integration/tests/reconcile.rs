@@ -403,6 +403,79 @@ async fn a_gang_over_two_nodes_rendezvous_suspends_and_breaks_cleanly() {
     assert!(sx.is_empty() && sy.is_empty());
 }
 
+/// A gang part still in its rendezvous, stopped by its plan, goes at once
+/// and by itself: rank 0 (its other node never joined) checkpoints the
+/// state it started from and closes its listener, so a later start of the
+/// job can never be joined to it; the part of another node, stopped while
+/// rank 0 is not there yet, exits too. Both are suspensions, not failures,
+/// and neither needs the agent's SIGKILL.
+#[tokio::test]
+async fn a_gang_part_stopped_in_its_rendezvous_goes_at_once() {
+    let (_tx, _gx, ux, x) = node("node-x", 2);
+    let (_ty, _gy, uy, y) = node("node-y", 2);
+    let part = |gpus: &[String], node_rank: u32, port: u16| pb::DesiredTask {
+        gpu_uuids: gpus.to_vec(),
+        world_size: 4,
+        rank_offset: 2 * node_rank,
+        nnodes: 2,
+        node_rank,
+        master_addr: "127.0.0.1".into(),
+        master_port: u32::from(port),
+        ..desired("gang-r", &gpus[0])
+    };
+    let plan = |generation, tasks| pb::NodePlan {
+        generation,
+        tasks,
+        epoch: 1,
+        warm_idle_release: None,
+    };
+    // Rank 0 on node-x waits for node-y, which never comes.
+    let port = fmsched_integration::free_port();
+    assert!(x.apply(&plan(1, vec![part(&ux, 0, port)])).await.is_empty());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "rank 0 never listened");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(x.apply(&plan(2, vec![])).await.is_empty());
+    let t = observed(&x, "gang-r").await.unwrap();
+    assert_eq!(t.phase, pb::TaskPhase::Suspended as i32, "{t:?}");
+    assert!(!t.checkpoint_path.is_empty(), "it checkpointed when asked");
+    assert_eq!(x.driver().stats().kills, 0, "it went by itself");
+    assert!(
+        std::net::TcpStream::connect(("127.0.0.1", port)).is_err(),
+        "its listener is closed"
+    );
+    // Node-y's part waits for a rank 0 that is not there yet.
+    let absent = fmsched_integration::free_port();
+    assert!(
+        y.apply(&plan(3, vec![part(&uy, 1, absent)]))
+            .await
+            .is_empty()
+    );
+    let log = y
+        .driver()
+        .status("gang-r")
+        .await
+        .unwrap()
+        .dir
+        .join("stderr.log");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !std::fs::read_to_string(&log).is_ok_and(|l| l.contains("joining rank 0")) {
+        assert!(
+            Instant::now() < deadline,
+            "node-y's part never tried to join"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(y.apply(&plan(4, vec![])).await.is_empty());
+    let t = observed(&y, "gang-r").await.unwrap();
+    assert_eq!(t.phase, pb::TaskPhase::Suspended as i32, "{t:?}");
+    assert_eq!(y.driver().stats().kills, 0, "it went by itself");
+    let log = std::fs::read_to_string(&log).unwrap();
+    assert!(log.contains("stopped before joining"), "{log}");
+}
+
 /// A trainer suspended before its first progress report (a real one
 /// starting up) still wrote a checkpoint at some iteration: the node
 /// reports that iteration with it, so the scheduler counts the job as
