@@ -304,7 +304,8 @@ pub struct SchedulingConfig {
     /// (docs/trainer-contract.md). 1 keeps every job on one node.
     pub max_nodes_per_job: u32,
     /// Rendezvous ports (`MASTER_PORT`) handed to jobs over several nodes,
-    /// one per running job, `first-last` inclusive.
+    /// `first-last` inclusive: one per run of a gang, unique per host, and
+    /// never one the plan in force holds (scheduling/gangs.rs).
     pub gang_ports: String,
     /// Queues with quotas (`[[scheduling.queues]]`: name, parent,
     /// guaranteed_gpus, over_quota_weight, limit_gpus, models, users,

@@ -2,12 +2,21 @@
 //! per node in rank order, and every gang gets a rendezvous port for its
 //! rank 0 (`MASTER_PORT`, docs/trainer-contract.md).
 //!
-//! Ports: a gang keeps the port it had while its rank 0 stays on a host
-//! and no other gang's rank 0 there holds it; a new gang takes the lowest
-//! port of `scheduling.gang_ports` free on its rank-0 host. A port is a
-//! job's only while it runs: the next plan without the job frees it.
-//! Uniqueness is per host address (several nodes may share one address,
-//! as the fake cluster of the tests does).
+//! Ports: a port names one *run* of a gang (its processes from start to
+//! stop). A gang keeps its port while the plan keeps its processes: the
+//! same parts (nodes, GPUs, ranks) as the plan in force, and no new merge
+//! that restarts them. Every other start (its first, a retry, a resume, a
+//! new layout) takes a port that neither this plan nor the plan in force
+//! holds on its rank-0 host, probing the range from an offset hashed from
+//! the job, its layout and its incarnation (the job's event count, which
+//! every stop moves on). So the processes of a new run never reach a rank
+//! 0 of the run before that is still going away (a rendezvous still
+//! listening, a torch TCPStore until its process exits) and rejoin it, as
+//! they could when the lowest free port went straight back to a retried
+//! gang; and the port of one start is the same in the look-ahead's standby
+//! hint and in the plan that starts it. Uniqueness is per host address
+//! (several nodes may share one address, as the fake cluster of the tests
+//! does).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::ops::RangeInclusive;
@@ -33,49 +42,104 @@ pub(crate) fn assignments(jobs: &[JobId], parts: &[NodePart], profile: bool) -> 
         .collect()
 }
 
+/// A gang's parts: (node, GPUs, rank offset) in rank order.
+type Layout = Vec<(NodeId, Vec<String>, u32)>;
+
+fn layouts(plan: &[Assignment]) -> BTreeMap<JobId, Layout> {
+    let mut out: BTreeMap<JobId, Layout> = BTreeMap::new();
+    for a in plan.iter().filter(|a| !a.profile) {
+        out.entry(a.job).or_default().push((
+            a.node.clone(),
+            a.gpus.iter().map(|g| g.0.clone()).collect(),
+            a.rank_offset,
+        ));
+    }
+    for l in out.values_mut() {
+        l.sort_by_key(|p| p.2);
+    }
+    out
+}
+
+/// FNV-1a of a run's identity: stable across processes and versions.
+fn offset_of(job: JobId, layout: &Layout, incarnation: i64, len: u64) -> u64 {
+    let mut h = 0xcbf2_9ce4_8422_2325u64;
+    let mut eat = |bytes: &[u8]| {
+        for &b in bytes {
+            h = (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3);
+        }
+    };
+    eat(job.to_string().as_bytes());
+    for (node, gpus, rank) in layout {
+        eat(node.as_str().as_bytes());
+        for g in gpus {
+            eat(g.as_bytes());
+        }
+        eat(&rank.to_le_bytes());
+    }
+    eat(&incarnation.to_le_bytes());
+    h % len.max(1)
+}
+
 /// Gives every gang (a job with assignments on several nodes) a
 /// rendezvous port on the address of its rank-0 node (see the module
-/// docs); `previous` is the plan in force. Returns the jobs no port was
-/// left for (they must not run: their assignments are removed).
+/// docs); `previous` is the plan in force, `incarnation` a job's count of
+/// events (it moves on whenever the job stops), `restarted` the jobs whose
+/// processes this plan restarts on the same parts (a new merge). Returns
+/// the jobs no port was left for (they must not run: their assignments are
+/// removed).
 pub(crate) fn assign_ports(
     plan: &mut Vec<Assignment>,
     previous: &[Assignment],
     address: impl Fn(&NodeId) -> String,
     range: &RangeInclusive<u16>,
+    incarnation: impl Fn(JobId) -> i64,
+    restarted: &BTreeSet<JobId>,
 ) -> Vec<JobId> {
-    let mut nodes: BTreeMap<JobId, usize> = BTreeMap::new();
-    for a in plan.iter().filter(|a| !a.profile) {
-        *nodes.entry(a.job).or_default() += 1;
-    }
+    let now = layouts(plan);
+    let before = layouts(previous);
     // Each gang's rank-0 host.
-    let host: BTreeMap<JobId, String> = plan
+    let host: BTreeMap<JobId, String> = now
         .iter()
-        .filter(|a| !a.profile && a.rank_offset == 0 && nodes.get(&a.job).is_some_and(|&n| n > 1))
-        .map(|a| (a.job, address(&a.node)))
+        .filter(|(_, l)| l.len() > 1)
+        .map(|(&job, l)| (job, address(&l[0].0)))
         .collect();
-    let before: BTreeMap<JobId, (String, u16)> = previous
+    let port_before: BTreeMap<JobId, u16> = previous
         .iter()
         .filter(|a| !a.profile && a.rank_offset == 0)
-        .filter_map(|a| Some((a.job, (address(&a.node), a.master_port?))))
+        .filter_map(|a| Some((a.job, a.master_port?)))
         .collect();
-    let mut taken: BTreeSet<(String, u16)> = BTreeSet::new();
+    // Every port the plan in force holds: its runs may still be going.
+    let mut taken: BTreeSet<(String, u16)> = previous
+        .iter()
+        .filter(|a| !a.profile && a.rank_offset == 0)
+        .filter_map(|a| Some((address(&a.node), a.master_port?)))
+        .collect();
     let mut port: BTreeMap<JobId, u16> = BTreeMap::new();
-    // Kept first, so a new gang never takes a running one's port.
+    // Runs the plan keeps keep their ports.
     for (job, h) in &host {
-        if let Some((old_host, p)) = before.get(job)
-            && old_host == h
-            && range.contains(p)
-            && taken.insert((h.clone(), *p))
+        if let Some(&p) = port_before.get(job)
+            && before.get(job) == now.get(job)
+            && !restarted.contains(job)
+            && range.contains(&p)
         {
-            port.insert(*job, *p);
+            taken.insert((h.clone(), p));
+            port.insert(*job, p);
         }
     }
+    let (first, len) = (
+        u64::from(*range.start()),
+        u64::from(range.end().saturating_sub(*range.start())) + 1,
+    );
     let mut starved = Vec::new();
     for (job, h) in &host {
         if port.contains_key(job) {
             continue;
         }
-        match range.clone().find(|p| !taken.contains(&(h.clone(), *p))) {
+        let from = offset_of(*job, &now[job], incarnation(*job), len);
+        let free = (0..len)
+            .map(|i| (first + (from + i) % len) as u16)
+            .find(|p| range.contains(p) && !taken.contains(&(h.clone(), *p)));
+        match free {
             Some(p) => {
                 taken.insert((h.clone(), p));
                 port.insert(*job, p);
@@ -132,11 +196,33 @@ mod tests {
         assert_eq!(got, vec![("a", 4, 0), ("b", 4, 4)]);
     }
 
-    /// Gangs get distinct ports per rank-0 host, keep theirs across plans,
-    /// and a job on one node gets none.
+    /// Every part of a job has the same port (None for a job on one node).
+    fn port(plan: &[Assignment], j: JobId) -> Option<u16> {
+        let ports: BTreeSet<Option<u16>> = plan
+            .iter()
+            .filter(|a| a.job == j)
+            .map(|a| a.master_port)
+            .collect();
+        assert_eq!(ports.len(), 1, "every part of a job has the same port");
+        ports.into_iter().next().unwrap()
+    }
+
+    fn ports(plan: &mut Vec<Assignment>, previous: &[Assignment], seq: i64) -> Vec<JobId> {
+        assign_ports(
+            plan,
+            previous,
+            addr,
+            &(29500..=29999),
+            |_| seq,
+            &BTreeSet::new(),
+        )
+    }
+
+    /// Gangs get distinct ports per rank-0 host; a run the next plan keeps
+    /// (the same parts) keeps its port, a new one never takes a port the
+    /// plan in force holds; a job on one node gets none.
     #[test]
-    fn gangs_get_ports_per_host_and_keep_them() {
-        let range = 29500..=29502;
+    fn gangs_get_ports_per_host_and_keep_them_while_they_run() {
         let mut plan = [
             assignments(&[job(1)], &[part("a", 4, 0), part("c", 4, 4)], false),
             assignments(&[job(2)], &[part("b", 2, 0), part("c", 2, 2)], false),
@@ -144,20 +230,15 @@ mod tests {
             assignments(&[job(4)], &[part("a", 1, 0)], false),
         ]
         .concat();
-        assert!(assign_ports(&mut plan, &[], addr, &range).is_empty());
-        let port = |plan: &[Assignment], j: JobId| {
-            let ports: BTreeSet<Option<u16>> = plan
-                .iter()
-                .filter(|a| a.job == j)
-                .map(|a| a.master_port)
-                .collect();
-            assert_eq!(ports.len(), 1, "every part of a job has the same port");
-            ports.into_iter().next().unwrap()
-        };
+        assert!(ports(&mut plan, &[], 1).is_empty());
         // a and b share 10.0.0.1: jobs 1 and 2 differ; job 3's rank 0 is on c.
-        assert_eq!(port(&plan, job(1)), Some(29500));
-        assert_eq!(port(&plan, job(2)), Some(29501));
-        assert_eq!(port(&plan, job(3)), Some(29500));
+        let (p1, p2, p3) = (
+            port(&plan, job(1)),
+            port(&plan, job(2)),
+            port(&plan, job(3)),
+        );
+        assert!(p1.is_some() && p2.is_some() && p3.is_some());
+        assert_ne!(p1, p2, "one host, two gangs");
         assert_eq!(port(&plan, job(4)), None, "one node: no rendezvous port");
         // Next plan: job 1 is gone, a new gang 5 comes; 2 and 3 keep theirs.
         let previous = plan.clone();
@@ -167,10 +248,62 @@ mod tests {
             assignments(&[job(3)], &[part("c", 2, 0), part("a", 2, 2)], false),
         ]
         .concat();
-        assert!(assign_ports(&mut next, &previous, addr, &range).is_empty());
-        assert_eq!(port(&next, job(2)), Some(29501), "kept");
-        assert_eq!(port(&next, job(3)), Some(29500), "kept");
-        assert_eq!(port(&next, job(5)), Some(29500), "job 1's, freed");
+        assert!(ports(&mut next, &previous, 2).is_empty());
+        assert_eq!(port(&next, job(2)), p2, "kept");
+        assert_eq!(port(&next, job(3)), p3, "kept");
+        let p5 = port(&next, job(5));
+        assert!(p5 != p1 && p5 != p2, "job 1's run may still be going");
+        // The same inputs give the same ports (a standby hint and the plan
+        // that starts it agree).
+        let mut again = next.clone();
+        assert!(ports(&mut again, &previous, 2).is_empty());
+        assert_eq!(again, next);
+    }
+
+    /// A run that changes its parts, or that a new merge restarts on the
+    /// same parts, is a new run: it takes a new port, never its old one.
+    #[test]
+    fn a_gang_that_starts_again_takes_a_new_port() {
+        let range = 29500..=29999;
+        let mut plan = assignments(&[job(1)], &[part("a", 4, 0), part("c", 4, 4)], false);
+        assert!(ports(&mut plan, &[], 1).is_empty());
+        let old = port(&plan, job(1));
+        // Rank 0 stays on a; the other part moves from c to b.
+        let mut moved = assignments(&[job(1)], &[part("a", 4, 0), part("b", 4, 4)], false);
+        assert!(ports(&mut moved, &plan, 1).is_empty());
+        assert_ne!(port(&moved, job(1)), old, "a new layout");
+        // Same parts, but restarted by a new merge.
+        let mut merged = plan.clone();
+        let restarted = BTreeSet::from([job(1)]);
+        assert!(assign_ports(&mut merged, &plan, addr, &range, |_| 1, &restarted).is_empty());
+        assert_ne!(port(&merged, job(1)), old, "restarted by a merge");
+    }
+
+    /// A gang retried or resumed after it stopped (the plan before does not
+    /// hold it: nothing says which port its last run had) starts from
+    /// another offset: the same port comes back to one job's next run
+    /// about once in the range's length (500 ports here), where the lowest
+    /// free port gave a retried gang its old port every time.
+    #[test]
+    fn a_gang_restarted_after_a_stop_rarely_gets_its_last_port_again() {
+        let runs: Vec<Option<u16>> = (0..400)
+            .map(|seq| {
+                let mut plan = assignments(&[job(1)], &[part("a", 4, 0), part("c", 4, 4)], false);
+                assert!(ports(&mut plan, &[], seq).is_empty());
+                port(&plan, job(1))
+            })
+            .collect();
+        let repeats = runs.windows(2).filter(|w| w[0] == w[1]).count();
+        assert!(
+            repeats <= 4,
+            "{repeats} of 399 restarts got their last port"
+        );
+        let distinct: BTreeSet<_> = runs.iter().collect();
+        assert!(
+            distinct.len() > 200,
+            "spread over the range: {}",
+            distinct.len()
+        );
     }
 
     /// With every port of a host taken, a new gang there waits (its
@@ -183,7 +316,17 @@ mod tests {
             assignments(&[job(2)], &[part("b", 2, 0), part("c", 2, 2)], false),
         ]
         .concat();
-        assert_eq!(assign_ports(&mut plan, &[], addr, &range), vec![job(2)]);
-        assert!(plan.iter().all(|a| a.job == job(1)));
+        let starved = assign_ports(&mut plan, &[], addr, &range, |_| 0, &BTreeSet::new());
+        assert_eq!(starved.len(), 1, "one port for two gangs on one host");
+        assert!(plan.iter().all(|a| a.job != starved[0]));
+        // The one that got it keeps it; the other still waits.
+        let previous = plan.clone();
+        let mut next = [
+            assignments(&[job(1)], &[part("a", 4, 0), part("c", 4, 4)], false),
+            assignments(&[job(2)], &[part("b", 2, 0), part("c", 2, 2)], false),
+        ]
+        .concat();
+        let again = assign_ports(&mut next, &previous, addr, &range, |_| 0, &BTreeSet::new());
+        assert_eq!(again, starved);
     }
 }

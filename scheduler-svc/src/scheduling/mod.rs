@@ -1179,6 +1179,8 @@ fn plan_writes(
         &o.current.assignments,
         address,
         gang_ports,
+        |j| incarnation(o, j),
+        &restarted(t, outcome),
     );
     w.transitions.extend(
         outcome
@@ -1445,6 +1447,23 @@ fn training_assignments(t: &inputs::Translated, outcome: &RoundOutcome) -> Vec<A
         .collect()
 }
 
+/// Which run of a job a gang's port is for: its event count, which every
+/// stop (a suspension, a retry, a completion of its partner) moves on.
+fn incarnation(o: &Observed, job: JobId) -> i64 {
+    o.live.get(&job).map_or(0, |j| j.last_event_seq)
+}
+
+/// Jobs whose processes the outcome restarts where they run: the members
+/// of its new merges (a new joint process, or A now evaluating B).
+fn restarted(t: &inputs::Translated, outcome: &RoundOutcome) -> BTreeSet<JobId> {
+    outcome
+        .groups
+        .iter()
+        .filter(|g| g.new_merge.is_some())
+        .flat_map(|g| g.jobs.iter().map(|&v| t.jobs[v]))
+        .collect()
+}
+
 /// `scheduling.gang_ports` (validated at start-up; the default range if
 /// not).
 fn gang_ports(state: &AppState) -> std::ops::RangeInclusive<u16> {
@@ -1569,6 +1588,8 @@ async fn hint(
         &o.current.assignments,
         |n| master_addr(&o.nodes, n),
         &gang_ports(state),
+        |j| incarnation(o, j),
+        &restarted(t, outcome),
     );
     let held: BTreeSet<JobId> = o
         .current
