@@ -14,7 +14,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use chrono::{DateTime, Utc};
 use fmsched_core::policy::MergeMode;
-use fmsched_core::{JobId, JobState};
+use fmsched_core::{JobId, JobState, NodeId};
 use fmsched_estimator::analytic;
 use fmsched_estimator::curve_prior::{self, CurveLibrary};
 use fmsched_estimator::icefrog;
@@ -700,13 +700,18 @@ async fn observe_task(
     let phase = pb::TaskPhase::try_from(t.phase).unwrap_or(pb::TaskPhase::Unspecified);
     // A non-zero member of a gang: rank 0 reports progress, checkpoints and
     // completion; this process only counts when it fails (its job's gang
-    // broke: the job is re-queued from rank 0's last checkpoint).
+    // broke: the job is re-queued from rank 0's last checkpoint) as a part
+    // of the job's run in force. A part of a run the plan has replaced (its
+    // job moved off this node, or to other GPUs or ranks here) exits
+    // non-zero by the contract once its rank 0 went away: that is the
+    // replaced run's end, not a failure of the job.
     if t.rank_offset > 0 {
         if phase == pb::TaskPhase::Failed {
             for &id in &members {
                 if o.live
                     .get(&id)
                     .is_some_and(|j| j.state == JobState::Running)
+                    && part_in_force(&o.current.assignments, id, &n.record.id, t)
                 {
                     failed(state, o, n, t, &members, id, now);
                 }
@@ -911,6 +916,19 @@ async fn observe_profile_run(
             tracing::warn!(job_id = %id, error = %e, "step time not recorded");
         }
     }
+}
+
+/// Whether reported process `t` on `node` is `job`'s part there in the
+/// plan in force: the same GPUs and ranks.
+fn part_in_force(plan: &[Assignment], job: JobId, node: &NodeId, t: &pb::ObservedTask) -> bool {
+    plan.iter().any(|a| {
+        a.job == job
+            && !a.profile
+            && &a.node == node
+            && a.rank_offset == t.rank_offset
+            && a.gpus.len() == t.gpu_uuids.len()
+            && a.gpus.iter().zip(&t.gpu_uuids).all(|(g, u)| &g.0 == u)
+    })
 }
 
 /// A training process of `id` failed: counted once (by its pid), the job
@@ -2047,6 +2065,52 @@ pub(crate) mod tests {
             o2.outcomes.is_empty(),
             "a merge measured before is not sent again"
         );
+    }
+
+    /// A gang part that failed counts against its job only as a part of
+    /// the run in force: the same node, GPUs and ranks as the plan's. A
+    /// part of a run the plan replaced (moved off the node, or onto other
+    /// GPUs or ranks there) exits non-zero once its rank 0 went away; that
+    /// is not the job failing.
+    #[test]
+    fn a_failed_gang_part_counts_only_as_a_part_of_the_run_in_force() {
+        let node = |n: &str| fmsched_core::NodeId::try_from(n.to_string()).unwrap();
+        let part = |n: &str, gpus: &[&str], rank_offset: u32| crate::persistence::Assignment {
+            job: job(1),
+            node: node(n),
+            gpus: gpus
+                .iter()
+                .map(|g| fmsched_core::GpuUuid((*g).into()))
+                .collect(),
+            profile: false,
+            rank_offset,
+            master_port: Some(29_600),
+        };
+        let plan = vec![
+            part("a", &["a-G0", "a-G1"], 0),
+            part("b", &["b-G0", "b-G1"], 2),
+        ];
+        let failed = |gpus: &[&str], rank_offset: u32| pb::ObservedTask {
+            task_id: job(1).to_string(),
+            phase: pb::TaskPhase::Failed as i32,
+            gpu_uuids: gpus.iter().map(|g| (*g).to_string()).collect(),
+            rank_offset,
+            ..Default::default()
+        };
+        let t = failed(&["b-G0", "b-G1"], 2);
+        assert!(part_in_force(&plan, job(1), &node("b"), &t));
+        assert!(
+            !part_in_force(&plan, job(2), &node("b"), &t),
+            "another job's"
+        );
+        assert!(
+            !part_in_force(&plan, job(1), &node("c"), &t),
+            "moved off node c"
+        );
+        let other_gpus = failed(&["b-G2", "b-G3"], 2);
+        assert!(!part_in_force(&plan, job(1), &node("b"), &other_gpus));
+        let other_ranks = failed(&["b-G0", "b-G1"], 4);
+        assert!(!part_in_force(&plan, job(1), &node("b"), &other_ranks));
     }
 
     /// The utilisation regression learns from processes that run alone:
