@@ -527,6 +527,9 @@ pub struct RoundOutcome {
     /// Jobs the policy placed where the executor cannot run them (they
     /// wait), and why.
     pub unexecutable: Vec<(usize, String)>,
+    /// Waiting jobs the plan ran and placement found no room for (counted
+    /// in `stats.unplaced`), and why.
+    pub unplaced: Vec<(usize, String)>,
     /// Trainers that start, resume or move (each costs a restart).
     pub switches: usize,
     /// The policy's counters (variables, fallback, unplaced groups).
@@ -1810,6 +1813,18 @@ fn interpret(
             .filter(|(i, _)| !is_training(&view.jobs[*i]))
             .cloned(),
     );
+    // So do those the plan gave GPUs and placement found no room for on
+    // the GPUs they can run on (running ones through their transition).
+    let said: BTreeSet<usize> = unexecutable.iter().map(|u| u.0).collect();
+    let mut unplaced: Vec<(usize, String)> = plan
+        .stats
+        .unplaced_jobs
+        .iter()
+        .filter_map(|&(k, gpus)| Some((*prepared.jobs.get(k)?, gpus)))
+        .filter(|(i, _)| !said.contains(i) && !is_training(&view.jobs[*i]))
+        .map(|(i, gpus)| (i, unplaced_why(&view.jobs[i], gpus)))
+        .collect();
+    unplaced.dedup_by_key(|u| u.0);
     // So do those a rigid policy left waiting once their queue's budget
     // had no room for them.
     if !prepared.queue_short.is_empty() {
@@ -1858,6 +1873,7 @@ fn interpret(
         leases,
         unschedulable: prepared.unschedulable.clone(),
         unexecutable,
+        unplaced,
         switches,
         stats: plan.stats.clone(),
         queued: snap.jobs.len().saturating_sub(placed),
@@ -2250,6 +2266,22 @@ fn transitions(
         push(want, reason);
     }
     out
+}
+
+/// Why job `j`, whose group the plan gave `gpus` GPUs and placement could
+/// not fit, waits.
+fn unplaced_why(j: &JobView, gpus: u32) -> String {
+    let on = match (&j.gpu_model, &j.unfit_families[..]) {
+        (Some(m), _) => format!("the {m} GPUs it asks for"),
+        (None, []) => "any node".to_string(),
+        (None, unfit) => format!(
+            "GPUs other than {} (its model does not fit those)",
+            unfit.join(", ")
+        ),
+    };
+    format!(
+        "waiting: the plan runs it on {gpus} GPUs, but placement found no room for them on {on}"
+    )
 }
 
 /// Leases after the round (Themis, UniSched; none when `lease_s` is 0): a
@@ -3310,6 +3342,17 @@ mod tests {
         assert_eq!(on(&d, 0), Some((0..4).map(|g| (1, g)).collect()), "{d:?}");
         assert_eq!(on(&d, 1), None);
         assert!(moves.is_empty());
+        // Its history says why it waits though the plan ran it.
+        assert_eq!(
+            d.outcome.unplaced,
+            vec![(
+                1,
+                "waiting: the plan runs it on 4 GPUs, but placement found no room for them \
+                 on GPUs other than V100 (its model does not fit those)"
+                    .to_string()
+            )]
+        );
+        assert_eq!(d.outcome.stats.unplaced_jobs, vec![(1, 4)]);
     }
 
     /// A job whose model does not fit a family's GPUs profiles and runs on

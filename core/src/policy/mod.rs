@@ -457,6 +457,9 @@ pub struct SolveStats {
     pub fallback: bool,
     /// Groups the placement could not fit (they wait for the next round).
     pub unplaced: usize,
+    /// Their jobs (snapshot index, GPUs the plan gave its group): the
+    /// round tells each why it waits.
+    pub unplaced_jobs: Vec<(usize, u32)>,
     /// The MILP's objective at its solution (0 for greedy policies and on
     /// a fallback; the sum over parts when partitioned).
     pub objective: f64,

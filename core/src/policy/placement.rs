@@ -156,7 +156,12 @@ pub fn place_with(
                 e.placement = p;
                 kept.push(e);
             }
-            None => unplaced += 1,
+            None => {
+                unplaced += 1;
+                plan.stats
+                    .unplaced_jobs
+                    .extend(e.jobs.iter().map(|&j| (j, e.gpus)));
+            }
         }
     }
     plan.entries = kept;

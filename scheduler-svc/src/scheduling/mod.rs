@@ -1206,6 +1206,7 @@ fn plan_writes(
             .unschedulable
             .iter()
             .chain(&outcome.unexecutable)
+            .chain(&outcome.unplaced)
             .map(|(v, why)| (t.jobs[*v], "unschedulable".to_string(), why.clone())),
     );
     // Kept temporal merges whose waiting B would finish sooner alone.
