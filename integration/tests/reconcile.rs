@@ -306,6 +306,30 @@ async fn pipeline_jobs_switch_stages_in_reverse_order() {
     r.apply(&plan(5, vec![])).await;
 }
 
+/// Node `node_rank`'s part (on `gpus`, 2 of the gang's 4) of gang `id`
+/// over two nodes, rank 0 listening at 127.0.0.1:`port`.
+fn gang_part(id: &str, gpus: &[String], node_rank: u32, port: u16) -> pb::DesiredTask {
+    pb::DesiredTask {
+        gpu_uuids: gpus.to_vec(),
+        world_size: 4,
+        rank_offset: 2 * node_rank,
+        nnodes: 2,
+        node_rank,
+        master_addr: "127.0.0.1".into(),
+        master_port: u32::from(port),
+        ..desired(id, &gpus[0])
+    }
+}
+
+fn plan(generation: i64, tasks: Vec<pb::DesiredTask>) -> pb::NodePlan {
+    pb::NodePlan {
+        generation,
+        tasks,
+        epoch: 1,
+        warm_idle_release: None,
+    }
+}
+
 /// Two nodes' agents run one gang (a job over both): the part of
 /// `NODE_RANK` 0 listens for the rendezvous, the other joins it; only rank
 /// 0 reports progress, each node reports its rank layout; suspending the
@@ -317,22 +341,7 @@ async fn a_gang_over_two_nodes_rendezvous_suspends_and_breaks_cleanly() {
     let (_tx, _gx, ux, x) = node("node-x", 2);
     let (_ty, _gy, uy, y) = node("node-y", 2);
     let port = fmsched_integration::free_port();
-    let part = |gpus: &[String], node_rank: u32, port: u16| pb::DesiredTask {
-        gpu_uuids: gpus.to_vec(),
-        world_size: 4,
-        rank_offset: 2 * node_rank,
-        nnodes: 2,
-        node_rank,
-        master_addr: "127.0.0.1".into(),
-        master_port: u32::from(port),
-        ..desired("gang-1", &gpus[0])
-    };
-    let plan = |generation, tasks| pb::NodePlan {
-        generation,
-        tasks,
-        epoch: 1,
-        warm_idle_release: None,
-    };
+    let part = |gpus: &[String], node_rank, port| gang_part("gang-1", gpus, node_rank, port);
     assert!(x.apply(&plan(1, vec![part(&ux, 0, port)])).await.is_empty());
     assert!(y.apply(&plan(1, vec![part(&uy, 1, port)])).await.is_empty());
     let lead = wait_iteration(&x, "gang-1", 30).await;
@@ -413,22 +422,7 @@ async fn a_gang_over_two_nodes_rendezvous_suspends_and_breaks_cleanly() {
 async fn a_gang_part_stopped_in_its_rendezvous_goes_at_once() {
     let (_tx, _gx, ux, x) = node("node-x", 2);
     let (_ty, _gy, uy, y) = node("node-y", 2);
-    let part = |gpus: &[String], node_rank: u32, port: u16| pb::DesiredTask {
-        gpu_uuids: gpus.to_vec(),
-        world_size: 4,
-        rank_offset: 2 * node_rank,
-        nnodes: 2,
-        node_rank,
-        master_addr: "127.0.0.1".into(),
-        master_port: u32::from(port),
-        ..desired("gang-r", &gpus[0])
-    };
-    let plan = |generation, tasks| pb::NodePlan {
-        generation,
-        tasks,
-        epoch: 1,
-        warm_idle_release: None,
-    };
+    let part = |gpus: &[String], node_rank, port| gang_part("gang-r", gpus, node_rank, port);
     // Rank 0 on node-x waits for node-y, which never comes.
     let port = fmsched_integration::free_port();
     assert!(x.apply(&plan(1, vec![part(&ux, 0, port)])).await.is_empty());
