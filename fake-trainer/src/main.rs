@@ -67,7 +67,9 @@
 //! agent's SIGKILL), `FMSCHED_FAKE_CRASH_AT=N` exits 3 at iteration N,
 //! `FMSCHED_FAKE_GPU_TYPE` (default: the node's `FMSCHED_GPU_MODEL`, else V100), `FMSCHED_FAKE_PROFILE_STEPS`,
 //! `FMSCHED_FAKE_GAIN_OFFSET=x` adds `x` to every transfer gain (a negative
-//! offset makes merges harmful, to test the guard).
+//! offset makes merges harmful, to test the guard),
+//! `FMSCHED_FAKE_FAIL_JOIN_ONCE=1` makes a gang's non-zero node exit 3
+//! before it joins rank 0, the first time it starts on its node.
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
@@ -1407,6 +1409,15 @@ async fn serve(sig: &mut Signals, loaded: bool) -> anyhow::Result<Ended> {
                 }
             }
         } else {
+            // Test knob: this node's part fails before it joins, once per
+            // node (a marker in its checkpoint folder), as a part whose
+            // node cannot start it would.
+            let marker = tr.ckpt_dir.join("failed-to-join-once");
+            if var("FMSCHED_FAKE_FAIL_JOIN_ONCE").is_some_and(|v| v == "1") && !marker.exists() {
+                std::fs::write(&marker, b"1")?;
+                eprintln!("fake-trainer: failing before joining rank 0 (test knob)");
+                std::process::exit(3);
+            }
             follow(g, &mut tr.reporter, usr2, term).await;
         }
     }

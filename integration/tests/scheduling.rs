@@ -2998,6 +2998,61 @@ fn gang_cluster(
     (port, i32::from(base), sched, agents)
 }
 
+/// A gang whose other node fails before it joins (the fake trainer's
+/// `FMSCHED_FAKE_FAIL_JOIN_ONCE`) is re-queued once. Its rank 0, stopped
+/// while it waits in the rendezvous, goes at once by itself, and the
+/// retried run, on a port of its own, never joins it: the job completes
+/// after that one retry. Before, rank 0 kept listening through its stop
+/// and the retry got the same (lowest free) port, so the new part joined
+/// the dying run and failed with it, retry after retry.
+#[tokio::test]
+async fn e2e_gang_a_retried_gang_never_joins_its_last_run() {
+    let db = new_db("fmsched_gangretry").await;
+    let dir = tempfile::tempdir().unwrap();
+    let (port, _, _sched, _agents) = gang_cluster(&db, dir.path(), &["node-a", "node-b"], &[]);
+    let yaml = gang_yaml("wide", "rte", 2_000, 8, 10).replace(
+        "FMSCHED_FAKE_TIME_COMPRESSION:",
+        "FMSCHED_FAKE_FAIL_JOIN_ONCE: \"1\", FMSCHED_FAKE_TIME_COMPRESSION:",
+    );
+    assert!(yaml.contains("FAIL_JOIN_ONCE"), "{yaml}");
+    submit(port, dir.path(), [("wide".to_string(), yaml)]).expect("submit");
+    let (wide, _) = job_named(port, "wide").unwrap();
+    wait_for(
+        "wide completed",
+        Duration::from_secs(180),
+        || match job_named(port, "wide")? {
+            (_, s) if s == "completed" => Ok(()),
+            (_, s) if s == "failed" => panic!("wide failed: {:?}", jobs(port)),
+            other => Err(format!("{other:?}")),
+        },
+    );
+    let mut c = sqlx::PgConnection::connect(&db_url(&db)).await.unwrap();
+    let retries: i32 =
+        sqlx::query_scalar("SELECT retries FROM job_progress WHERE job_id = $1::uuid")
+            .bind(&wide)
+            .fetch_one(&mut c)
+            .await
+            .unwrap();
+    let failures: Vec<String> = sqlx::query_scalar(
+        "SELECT message FROM job_events WHERE job_id = $1::uuid AND message LIKE 'training process exited%' ORDER BY seq",
+    )
+    .bind(&wide)
+    .fetch_all(&mut c)
+    .await
+    .unwrap();
+    assert_eq!(retries, 1, "one retry: {failures:#?}");
+    assert!(
+        failures.len() == 1 && failures[0].contains("failing before joining rank 0"),
+        "the one failure is the knob's: {failures:#?}"
+    );
+    let agent_log = std::fs::read_to_string(dir.path().join("node-a.log")).unwrap();
+    assert!(
+        !agent_log.contains("killing the process group"),
+        "rank 0 went by itself when stopped"
+    );
+    drop_db(&db).await;
+}
+
 /// A model that does not fit a node's GPUs (llama-2-7b's pipeline stages
 /// in 16 GB V100s) is never run there: with only a V100 node it waits
 /// with an event saying why; once an A100 node joins it profiles and runs
