@@ -8,8 +8,8 @@
 //! that restarts them. Every other start (its first, a retry, a resume, a
 //! new layout) takes a port that neither this plan nor the plan in force
 //! holds on its rank-0 host, probing the range from an offset hashed from
-//! the job, its layout and its incarnation (the job's event count, which
-//! every stop moves on). So the processes of a new run never reach a rank
+//! the job, its layout and its incarnation (the sequence number of the
+//! job's newest event, which every stop moves on). So the processes of a new run never reach a rank
 //! 0 of the run before that is still going away (a rendezvous still
 //! listening, a torch TCPStore until its process exits) and rejoin it, as
 //! they could when the lowest free port went straight back to a retried
@@ -82,11 +82,11 @@ fn offset_of(job: JobId, layout: &Layout, incarnation: i64, len: u64) -> u64 {
 
 /// Gives every gang (a job with assignments on several nodes) a
 /// rendezvous port on the address of its rank-0 node (see the module
-/// docs); `previous` is the plan in force, `incarnation` a job's count of
-/// events (it moves on whenever the job stops), `restarted` the jobs whose
-/// processes this plan restarts on the same parts (a new merge). Returns
-/// the jobs no port was left for (they must not run: their assignments are
-/// removed).
+/// docs); `previous` is the plan in force, `incarnation` the sequence
+/// number of a job's newest event (it moves on whenever the job stops),
+/// `restarted` the jobs whose processes this plan restarts on the same
+/// parts (a new merge). Returns the jobs no port was left for (they must
+/// not run: their assignments are removed).
 pub(crate) fn assign_ports(
     plan: &mut Vec<Assignment>,
     previous: &[Assignment],

@@ -1448,8 +1448,8 @@ fn training_assignments(t: &inputs::Translated, outcome: &RoundOutcome) -> Vec<A
         .collect()
 }
 
-/// Which run of a job a gang's port is for: its event count, which every
-/// stop (a suspension, a retry, a completion of its partner) moves on.
+/// Which run of a job a gang's port is for: the sequence number of its
+/// newest event, which every stop (a suspension, a retry) moves on.
 fn incarnation(o: &Observed, job: JobId) -> i64 {
     o.live.get(&job).map_or(0, |j| j.last_event_seq)
 }
