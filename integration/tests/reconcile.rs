@@ -470,6 +470,66 @@ async fn a_gang_part_stopped_in_its_rendezvous_goes_at_once() {
     assert!(log.contains("stopped before joining"), "{log}");
 }
 
+/// A plan that leaves out several processes of a node suspends them at
+/// once: every one is asked for its checkpoint before any has finished
+/// writing it (a checkpoint takes a second here), so the node's
+/// suspensions take the longest of them, not their sum, before the next
+/// plan's processes may start.
+#[tokio::test]
+async fn processes_a_plan_leaves_out_checkpoint_at_once() {
+    let (_tmp, _gpus, uuids, r) = node("node-s", 3);
+    let script = r#"
+import json, os, signal, socket, sys, time
+s = socket.socket(socket.AF_UNIX); s.connect(os.environ["FMSCHED_REPORT_SOCKET"])
+d = os.environ["FMSCHED_CHECKPOINT_DIR"]
+def ckpt(*_):
+    open(os.path.join(d, "asked"), "w").write(repr(time.time()))
+    time.sleep(1.0)
+    open(os.path.join(d, "ck-3"), "w").write("3")
+    open(os.path.join(d, "saved"), "w").write(repr(time.time()))
+    s.sendall((json.dumps({"type": "checkpoint", "path": os.path.join(d, "ck-3"), "iteration": 3}) + "\n").encode())
+signal.signal(signal.SIGUSR2, ckpt)
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+open(os.path.join(d, "ready"), "w").write("1")
+while True: time.sleep(0.05)
+"#;
+    let ids: Vec<String> = (0..3).map(|i| format!("slow-{i}")).collect();
+    let tasks = ids
+        .iter()
+        .zip(&uuids)
+        .map(|(id, gpu)| {
+            let mut t = desired(id, gpu);
+            t.command = vec!["python3".into(), "-c".into(), script.into()];
+            t
+        })
+        .collect();
+    assert!(r.apply(&plan(1, tasks)).await.is_empty());
+    let mut dirs = Vec::new();
+    for id in &ids {
+        dirs.push(r.driver().status(id).await.unwrap().dir.join("checkpoints"));
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !dirs.iter().all(|d| d.join("ready").exists()) {
+        assert!(Instant::now() < deadline, "the trainers never started");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(r.apply(&plan(2, vec![])).await.is_empty());
+    let at = |d: &std::path::PathBuf, f: &str| -> f64 {
+        std::fs::read_to_string(d.join(f)).unwrap().parse().unwrap()
+    };
+    let asked_last = dirs.iter().map(|d| at(d, "asked")).fold(f64::MIN, f64::max);
+    let saved_first = dirs.iter().map(|d| at(d, "saved")).fold(f64::MAX, f64::min);
+    assert!(
+        asked_last < saved_first,
+        "every process was asked ({asked_last}) before the first had saved ({saved_first})"
+    );
+    for id in &ids {
+        let t = observed(&r, id).await.unwrap();
+        assert_eq!(t.phase, pb::TaskPhase::Suspended as i32, "{t:?}");
+        assert!(t.checkpoint_path.ends_with("ck-3"), "{t:?}");
+    }
+}
+
 /// A trainer suspended before its first progress report (a real one
 /// starting up) still wrote a checkpoint at some iteration: the node
 /// reports that iteration with it, so the scheduler counts the job as

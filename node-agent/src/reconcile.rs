@@ -566,6 +566,7 @@ impl Reconciler {
         // Stop what the plan no longer runs; a finished warm task's process
         // stays as a warm process.
         let running: Vec<String> = self.driver.ids().await;
+        let mut leaving = Vec::new();
         for id in running {
             let keep = wanted
                 .get(id.as_str())
@@ -577,9 +578,12 @@ impl Reconciler {
                 self.drop_standby(&mut known, &id, "the plan does not run it")
                     .await;
             } else if !self.park_warm(&mut known, &id).await {
-                self.stop(&mut known, &id).await;
+                leaving.push(id);
             }
         }
+        // All of them checkpoint at once: the node's suspensions take the
+        // longest one, not their sum, before the plan's new processes start.
+        self.stop_all(&mut known, &leaving).await;
         let claimed = self.claim_warm(plan).await;
         // Standby starts last: they may wait for their loader, the rest
         // should not wait for them.
@@ -954,16 +958,28 @@ impl Reconciler {
     }
 
     async fn stop(&self, known: &mut BTreeMap<String, Known>, id: &str) {
-        let was_running = self.driver.status(id).await.is_some_and(|s| s.running);
-        let ckpt = self.driver.suspend(id).await.ok().flatten();
-        let entry = known.entry(id.to_string()).or_default();
-        if was_running {
-            entry.suspended = true;
+        self.stop_all(known, &[id.to_string()]).await;
+    }
+
+    /// Suspends processes `ids` concurrently (each: checkpoint, SIGTERM,
+    /// SIGKILL after the grace) and records what each left.
+    async fn stop_all(&self, known: &mut BTreeMap<String, Known>, ids: &[String]) {
+        let stopped = futures_util::future::join_all(ids.iter().map(|id| async move {
+            let was_running = self.driver.status(id).await.is_some_and(|s| s.running);
+            let ckpt = self.driver.suspend(id).await.ok().flatten();
+            (id, was_running, ckpt)
+        }))
+        .await;
+        for (id, was_running, ckpt) in stopped {
+            let entry = known.entry(id.clone()).or_default();
+            if was_running {
+                entry.suspended = true;
+            }
+            if ckpt.is_some() {
+                entry.checkpoint = ckpt;
+            }
+            self.gpus.process_stopped(entry.pid);
         }
-        if ckpt.is_some() {
-            entry.checkpoint = ckpt;
-        }
-        self.gpus.process_stopped(entry.pid);
     }
 
     /// Waits (bounded) until a standby reported `prewarmed`; false if it
