@@ -2969,6 +2969,26 @@ fn gang_yaml(name: &str, task: &str, iterations: u64, gpus: u32, compression: u3
         )
 }
 
+/// Waits until job `name` completed (failing at once if it fails).
+fn wait_completed(port: u16, name: &str, timeout: Duration) {
+    wait_for(&format!("{name} completed"), timeout, || {
+        match job_named(port, name)? {
+            (_, s) if s == "completed" => Ok(()),
+            (_, s) if s == "failed" => panic!("{name} failed: {:?}", jobs(port)),
+            other => Err(format!("{other:?}")),
+        }
+    });
+}
+
+/// The failures counted against `job` (its retries).
+async fn retries_of(c: &mut sqlx::PgConnection, job: &str) -> i32 {
+    sqlx::query_scalar("SELECT retries FROM job_progress WHERE job_id = $1::uuid")
+        .bind(job)
+        .fetch_one(c)
+        .await
+        .unwrap()
+}
+
 /// A cluster for gang tests: a scheduler (merging off, `env` besides) whose
 /// gangs get rendezvous ports of this test's own (tests run side by side on
 /// one host), and a fake 4-GPU agent per name in `nodes`, reached at
@@ -3017,22 +3037,9 @@ async fn e2e_gang_a_retried_gang_never_joins_its_last_run() {
     assert!(yaml.contains("FAIL_JOIN_ONCE"), "{yaml}");
     submit(port, dir.path(), [("wide".to_string(), yaml)]).expect("submit");
     let (wide, _) = job_named(port, "wide").unwrap();
-    wait_for(
-        "wide completed",
-        Duration::from_secs(180),
-        || match job_named(port, "wide")? {
-            (_, s) if s == "completed" => Ok(()),
-            (_, s) if s == "failed" => panic!("wide failed: {:?}", jobs(port)),
-            other => Err(format!("{other:?}")),
-        },
-    );
+    wait_completed(port, "wide", Duration::from_secs(180));
     let mut c = sqlx::PgConnection::connect(&db_url(&db)).await.unwrap();
-    let retries: i32 =
-        sqlx::query_scalar("SELECT retries FROM job_progress WHERE job_id = $1::uuid")
-            .bind(&wide)
-            .fetch_one(&mut c)
-            .await
-            .unwrap();
+    let retries = retries_of(&mut c, &wide).await;
     let failures: Vec<String> = sqlx::query_scalar(
         "SELECT message FROM job_events WHERE job_id = $1::uuid AND message LIKE 'training process exited%' ORDER BY seq",
     )
@@ -3249,15 +3256,7 @@ async fn e2e_gang_an_8_gpu_job_over_two_4_gpu_nodes_runs_as_one_gang() {
     assert!(leader.contains("on 8 A100"), "WORLD_SIZE is 8: {leader}");
     let e = fmctl(port, &["logs", &wide, "--rank", "8"]).unwrap_err();
     assert!(e.contains("rank") && e.contains("0-7"), "{e}");
-    wait_for(
-        "wide completed",
-        Duration::from_secs(180),
-        || match job_named(port, "wide")? {
-            (_, s) if s == "completed" => Ok(()),
-            (_, s) if s == "failed" => panic!("wide failed: {:?}", jobs(port)),
-            other => Err(format!("{other:?}")),
-        },
-    );
+    wait_completed(port, "wide", Duration::from_secs(180));
     let stderr = |node: &str| {
         std::fs::read_to_string(dir.path().join(node).join(&wide).join("stderr.log"))
             .unwrap_or_default()
@@ -3550,15 +3549,7 @@ async fn e2e_gang_a_lost_node_stops_the_gang_and_the_job_resumes_from_its_checkp
         },
     );
     let stopped_after = killed_at.elapsed();
-    wait_for(
-        "wide completed",
-        Duration::from_secs(180),
-        || match job_named(port, "wide")? {
-            (_, s) if s == "completed" => Ok(()),
-            (_, s) if s == "failed" => panic!("wide failed: {:?}", jobs(port)),
-            other => Err(format!("{other:?}")),
-        },
-    );
+    wait_completed(port, "wide", Duration::from_secs(180));
     // It resumed from the lost rank 0's checkpoint, on the two nodes left.
     let resumed: Vec<String> = ["node-a", "node-b", "node-c"]
         .into_iter()
@@ -3571,12 +3562,7 @@ async fn e2e_gang_a_lost_node_stops_the_gang_and_the_job_resumes_from_its_checkp
         .collect();
     assert_eq!(resumed.len(), 2, "both new members resumed: {resumed:?}");
     let mut c = sqlx::PgConnection::connect(&url).await.unwrap();
-    let retries: i32 =
-        sqlx::query_scalar("SELECT retries FROM job_progress WHERE job_id = $1::uuid")
-            .bind(&wide)
-            .fetch_one(&mut c)
-            .await
-            .unwrap();
+    let retries = retries_of(&mut c, &wide).await;
     assert!(
         retries <= 1,
         "one failure per run of the gang, not per rank: {retries}"
