@@ -655,6 +655,14 @@ async fn the_lease_end_reaches_the_trainer_which_checkpoints_ahead_of_it() {
         assert!(Instant::now() < deadline, "no checkpoint reported: {t:?}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    // Its process does not outlive the test.
+    r.apply(&pb::NodePlan {
+        generation: 9,
+        tasks: vec![],
+        epoch: 1,
+        warm_idle_release: None,
+    })
+    .await;
 }
 
 /// PromptTuner's warm processes on one node: a `warm` prompt-tuning task

@@ -499,6 +499,24 @@ async fn e2e_a_process_that_exits_without_reporting_its_output_completes_with_a_
     drop_db(&db).await;
 }
 
+/// Kills, when dropped (also when the test fails), every process whose
+/// environment names its folder: the trainers the test's agents started
+/// run in process groups of their own, and a warm process waits for its
+/// next task after its agent was killed.
+struct TrainersOf(String);
+
+impl TrainersOf {
+    fn new(dir: &std::path::Path) -> Self {
+        Self(dir.display().to_string())
+    }
+}
+
+impl Drop for TrainersOf {
+    fn drop(&mut self) {
+        kill_processes_with_env(&self.0);
+    }
+}
+
 /// Kills every process whose environment names `needle` (the trainers a
 /// lost node was running: they are in process groups of their own).
 fn kill_processes_with_env(needle: &str) -> usize {
@@ -2678,6 +2696,7 @@ async fn e2e_icefrog_training_settings_act_and_a_field_nothing_acts_on_is_refuse
 async fn e2e_prompt_a_prompt_tuning_job_returns_its_tuned_prompt() {
     let db = new_db("fmsched_prompt_kind").await;
     let dir = tempfile::tempdir().unwrap();
+    let _trainers = TrainersOf::new(dir.path());
     let port = free_port();
     let _sched = scheduler(&db, port, dir.path());
     wait_up("scheduler up", port);
@@ -2769,6 +2788,7 @@ async fn e2e_prompt_a_prompt_tuning_job_returns_its_tuned_prompt() {
 async fn e2e_prompt_a_request_starts_from_the_best_prompt_in_the_bank() {
     let db = new_db("fmsched_prompt_bank").await;
     let dir = tempfile::tempdir().unwrap();
+    let _trainers = TrainersOf::new(dir.path());
     let (port, mport) = (free_port(), free_port());
     let _sched = scheduler_env(
         &db,
@@ -6336,6 +6356,7 @@ fn metric_opt(exposition: &str, name: &str) -> Option<f64> {
 async fn e2e_prompt_a_second_request_starts_warm_and_idle_warm_gpus_are_released() {
     let db = new_db("fmsched_prompt_warm").await;
     let dir = tempfile::tempdir().unwrap();
+    let _trainers = TrainersOf::new(dir.path());
     let (port, mport, aport) = (free_port(), free_port(), free_port());
     let _sched = scheduler_env(
         &db,
