@@ -1816,7 +1816,7 @@ fn interpret(
     // So do those the plan gave GPUs and placement found no room for on
     // the GPUs they can run on (running ones through their transition).
     let said: BTreeSet<usize> = unexecutable.iter().map(|u| u.0).collect();
-    let mut unplaced: Vec<(usize, String)> = plan
+    let unplaced: Vec<(usize, String)> = plan
         .stats
         .unplaced_jobs
         .iter()
@@ -1824,7 +1824,6 @@ fn interpret(
         .filter(|(i, _)| !said.contains(i) && !is_training(&view.jobs[*i]))
         .map(|(i, gpus)| (i, unplaced_why(&view.jobs[i], gpus)))
         .collect();
-    unplaced.dedup_by_key(|u| u.0);
     // So do those a rigid policy left waiting once their queue's budget
     // had no room for them.
     if !prepared.queue_short.is_empty() {

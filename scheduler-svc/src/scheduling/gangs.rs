@@ -103,17 +103,15 @@ pub(crate) fn assign_ports(
         .filter(|(_, l)| l.len() > 1)
         .map(|(&job, l)| (job, address(&l[0].0)))
         .collect();
-    let port_before: BTreeMap<JobId, u16> = previous
-        .iter()
-        .filter(|a| !a.profile && a.rank_offset == 0)
-        .filter_map(|a| Some((a.job, a.master_port?)))
-        .collect();
     // Every port the plan in force holds: its runs may still be going.
-    let mut taken: BTreeSet<(String, u16)> = previous
-        .iter()
-        .filter(|a| !a.profile && a.rank_offset == 0)
-        .filter_map(|a| Some((address(&a.node), a.master_port?)))
-        .collect();
+    let mut port_before: BTreeMap<JobId, u16> = BTreeMap::new();
+    let mut taken: BTreeSet<(String, u16)> = BTreeSet::new();
+    for a in previous.iter().filter(|a| !a.profile && a.rank_offset == 0) {
+        if let Some(p) = a.master_port {
+            port_before.insert(a.job, p);
+            taken.insert((address(&a.node), p));
+        }
+    }
     let mut port: BTreeMap<JobId, u16> = BTreeMap::new();
     // Runs the plan keeps keep their ports.
     for (job, h) in &host {
@@ -138,7 +136,7 @@ pub(crate) fn assign_ports(
         let from = offset_of(*job, &now[job], incarnation(*job), len);
         let free = (0..len)
             .map(|i| (first + (from + i) % len) as u16)
-            .find(|p| range.contains(p) && !taken.contains(&(h.clone(), *p)));
+            .find(|p| !taken.contains(&(h.clone(), *p)));
         match free {
             Some(p) => {
                 taken.insert((h.clone(), p));
