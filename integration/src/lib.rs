@@ -61,6 +61,88 @@ pub fn free_port() -> u16 {
     }
 }
 
+/// URL of the test server's admin database (`DATABASE_URL`, else the
+/// local trust-auth server).
+pub fn admin_url() -> String {
+    std::env::var("DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into())
+}
+
+/// URL of database `name` on the server of [`admin_url`].
+pub fn db_url(name: &str) -> String {
+    let base = admin_url();
+    let (server, _) = base
+        .rsplit_once('/')
+        .expect("DATABASE_URL has a database path");
+    format!("{server}/{name}")
+}
+
+/// Runs one statement on the test server's admin database.
+async fn admin_sql(q: &str) -> Result<(), sqlx::Error> {
+    use sqlx::Connection;
+    let mut c = sqlx::PgConnection::connect(&admin_url()).await?;
+    sqlx::query(q).execute(&mut c).await?;
+    Ok(())
+}
+
+/// A throw-away database on the test server, named `<prefix>_<uuid>`. It
+/// is dropped (`WITH (FORCE)`, closing whatever is still connected) when
+/// the guard goes, also when the test fails: a failing test leaves no
+/// database behind. Derefs to its name.
+pub struct TestDb {
+    name: String,
+}
+
+impl TestDb {
+    pub async fn create(prefix: &str) -> TestDb {
+        let name = format!("{prefix}_{}", uuid::Uuid::new_v4().simple());
+        admin_sql(&format!("CREATE DATABASE {name}"))
+            .await
+            .unwrap_or_else(|e| panic!("CREATE DATABASE {name} at DATABASE_URL: {e}"));
+        TestDb { name }
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn url(&self) -> String {
+        db_url(&self.name)
+    }
+}
+
+impl std::ops::Deref for TestDb {
+    type Target = str;
+    fn deref(&self) -> &str {
+        &self.name
+    }
+}
+
+impl std::fmt::Display for TestDb {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.name)
+    }
+}
+
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        // Drop may run inside a test's runtime, which cannot be blocked
+        // on: the statement runs on a thread with a runtime of its own.
+        // Errors are ignored (a panic here, while a failed test unwinds,
+        // would abort the test binary).
+        let q = format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name);
+        let _ = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build();
+            if let Ok(rt) = rt {
+                let _ = rt.block_on(admin_sql(&q));
+            }
+        })
+        .join();
+    }
+}
+
 /// A child process killed (SIGKILL) when dropped; its output goes to a log file.
 pub struct Proc {
     pub name: String,
@@ -324,5 +406,57 @@ pub fn fake_trainer_task(id: &str, gpu: &str) -> pb::DesiredTask {
             ..Default::default()
         }],
         ..Default::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn exists(name: &str) -> bool {
+        use sqlx::Connection;
+        let mut c = sqlx::PgConnection::connect(&admin_url()).await.unwrap();
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM pg_database WHERE datname = $1")
+            .bind(name)
+            .fetch_one(&mut c)
+            .await
+            .unwrap()
+            > 0
+    }
+
+    #[tokio::test]
+    async fn a_test_database_is_dropped_with_its_guard_even_while_connected() {
+        let db = TestDb::create("fmsched_guard").await;
+        let name = db.name().to_string();
+        assert!(exists(&name).await);
+        // A connection still open (a scheduler the test did not stop) does
+        // not keep it.
+        let _open = sqlx::PgPool::connect(&db.url()).await.unwrap();
+        drop(db);
+        assert!(!exists(&name).await, "{name} is still there");
+    }
+
+    #[tokio::test]
+    async fn a_failing_test_leaves_no_database_behind() {
+        // A test body that creates its database and panics, on a runtime
+        // of its own, as a failing #[tokio::test] does.
+        let made = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let seen = made.clone();
+        let failed = std::thread::spawn(move || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap()
+                .block_on(async {
+                    let db = TestDb::create("fmsched_guard").await;
+                    *seen.lock().unwrap() = db.name().to_string();
+                    panic!("the test fails");
+                })
+        })
+        .join();
+        assert!(failed.is_err(), "the body panicked");
+        let name = made.lock().unwrap().clone();
+        assert!(name.starts_with("fmsched_guard_"), "{name:?}");
+        assert!(!exists(&name).await, "{name} outlived its failed test");
     }
 }

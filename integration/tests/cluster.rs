@@ -9,44 +9,10 @@ use std::time::Duration;
 
 use fmsched_integration::*;
 use serde_json::Value;
-use sqlx::Connection;
 
 const ROOT_TOKEN: &str = "root-token-0123456789ab";
 const ALICE_TOKEN: &str = "alice-token-0123456789a";
 const JOIN: &str = "join-token-0123456789abc";
-
-fn admin_url() -> String {
-    std::env::var("DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into())
-}
-
-fn db_url(name: &str) -> String {
-    let base = admin_url();
-    format!("{}/{name}", base.rsplit_once('/').unwrap().0)
-}
-
-struct Db(String);
-
-impl Db {
-    async fn create() -> Db {
-        let name = format!("fmsched_it_{}", uuid::Uuid::new_v4().simple());
-        let mut c = sqlx::PgConnection::connect(&admin_url())
-            .await
-            .expect("Postgres reachable at DATABASE_URL");
-        sqlx::query(&format!("CREATE DATABASE {name}"))
-            .execute(&mut c)
-            .await
-            .unwrap();
-        Db(name)
-    }
-    async fn drop_it(self) {
-        let mut c = sqlx::PgConnection::connect(&admin_url()).await.unwrap();
-        sqlx::query(&format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.0))
-            .execute(&mut c)
-            .await
-            .unwrap();
-    }
-}
 
 fn scheduler(db: &str, port: u16, dir: &std::path::Path) -> Proc {
     let mut c = Command::new(bin("scheduler-svc"));
@@ -142,10 +108,10 @@ fn nodes(port: u16) -> Result<Vec<(String, String, bool, usize)>, String> {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn e2e_submit_restart_scheduler_and_lose_an_agent() {
-    let db = Db::create().await;
+    let db = TestDb::create("fmsched_it").await;
     let dir = tempfile_dir();
     let port = free_port();
-    let mut sched = scheduler(&db.0, port, &dir);
+    let mut sched = scheduler(&db, port, &dir);
     wait_for("scheduler to serve", Duration::from_secs(30), || {
         fmctl(port, ROOT_TOKEN, &["summary"]).map(|_| ())
     });
@@ -188,7 +154,7 @@ async fn e2e_submit_restart_scheduler_and_lose_an_agent() {
         fmctl(port, ROOT_TOKEN, &["summary"]).is_err(),
         "scheduler is down"
     );
-    let _sched2 = scheduler(&db.0, port, &dir);
+    let _sched2 = scheduler(&db, port, &dir);
     wait_for("scheduler back", Duration::from_secs(30), || {
         fmctl(port, ROOT_TOKEN, &["summary"]).map(|_| ())
     });
@@ -266,7 +232,6 @@ async fn e2e_submit_restart_scheduler_and_lose_an_agent() {
 
     drop(_a);
     drop(_sched2);
-    db.drop_it().await;
     let _ = std::fs::remove_dir_all(&dir);
 }
 

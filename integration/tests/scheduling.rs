@@ -17,24 +17,10 @@ const ROOT: &str = "root-token-0123456789ab";
 const JOIN: &str = "join-token-0123456789abc";
 const NO_MERGING: &[(&str, &str)] = &[("FMSCHED_SCHEDULING__MERGING", "false")];
 
-fn admin_url() -> String {
-    std::env::var("DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into())
-}
-
-fn db_url(name: &str) -> String {
-    format!("{}/{name}", admin_url().rsplit_once('/').unwrap().0)
-}
-
-/// A fresh database on the shared test server, named `<prefix>_<uuid>`.
-async fn new_db(prefix: &str) -> String {
-    let db = format!("{prefix}_{}", uuid::Uuid::new_v4().simple());
-    sql(&format!("CREATE DATABASE {db}")).await;
-    db
-}
-
-async fn drop_db(db: &str) {
-    sql(&format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)")).await;
+/// A fresh database on the shared test server, dropped when the test
+/// ends (also when it fails).
+async fn new_db(prefix: &str) -> TestDb {
+    TestDb::create(prefix).await
 }
 
 /// Waits until a scheduler answers on `port`.
@@ -42,13 +28,6 @@ fn wait_up(what: &str, port: u16) {
     wait_for(what, Duration::from_secs(30), || {
         fmctl(port, &["summary"]).map(|_| ())
     });
-}
-
-async fn sql(q: &str) {
-    let mut c = sqlx::PgConnection::connect(&admin_url())
-        .await
-        .expect("Postgres reachable");
-    sqlx::query(q).execute(&mut c).await.unwrap();
 }
 
 fn scheduler(db: &str, port: u16, dir: &std::path::Path) -> Proc {
@@ -402,7 +381,6 @@ async fn e2e_jobs_run_to_completion_through_a_scheduler_crash() {
     let text = _sched2.log_text();
     assert!(!text.contains("inconsistent plan"), "{text}");
     drop(_sched2);
-    drop_db(&db).await;
 }
 
 #[tokio::test]
@@ -457,7 +435,6 @@ async fn e2e_a_crashing_trainer_is_retried_then_fails_with_its_last_log_lines() 
     // 1 first run + 3 retries of the crashing job, 1 run of the other.
     let launches = training_launches(&a.log_text());
     assert_eq!(launches, 5, "{launches} launches");
-    drop_db(&db).await;
 }
 
 /// A process that exits 0 without the trainer contract's `done` report (a
@@ -496,7 +473,6 @@ async fn e2e_a_process_that_exits_without_reporting_its_output_completes_with_a_
     assert!(!output.is_empty());
     let history = fmctl(port, &["watch", other]).unwrap();
     assert!(!history.contains("without a `done` report"), "{history}");
-    drop_db(&db).await;
 }
 
 /// Kills, when dropped (also when the test fails), every process whose
@@ -652,7 +628,6 @@ async fn e2e_jobs_of_a_lost_node_resume_elsewhere_from_their_checkpoint() {
         "a job moved from the lost node resumed from its checkpoint"
     );
     drop(a);
-    drop_db(&db).await;
 }
 
 /// Trainer processes under `node_dir` that resumed from a checkpoint under
@@ -741,7 +716,6 @@ async fn e2e_two_replicas_the_standby_takes_over_when_the_active_dies() {
     eprintln!("process launches: {launches} for 6 jobs");
     assert!(launches <= 8, "{launches} launches for 6 jobs");
     drop(standby);
-    drop_db(&db).await;
 }
 
 /// Jobs each live trainer process trains or profiles (by its task folder
@@ -973,7 +947,6 @@ async fn e2e_split_brain_a_frozen_leader_is_fenced_and_writes_nothing() {
     eprintln!("the old leader discarded {fenced} round(s) after it woke");
     drop(old);
     drop(new);
-    drop_db(&db).await;
 }
 
 #[tokio::test]
@@ -1023,7 +996,6 @@ async fn e2e_a_node_with_gpu_errors_is_drained() {
         sched.log_text().contains("draining node"),
         "the drain is logged"
     );
-    drop_db(&db).await;
 }
 
 /// Training-process launches in an agent log (profiling runs excluded).
@@ -1472,7 +1444,6 @@ async fn e2e_generated_workload_merges_of_both_kinds_all_complete() {
     let text = sched.log_text();
     assert!(!text.contains("inconsistent plan"), "{text}");
     drop(sched);
-    drop_db(&db).await;
 }
 
 /// Waits (30 s at most) until a job runs; returns its id.
@@ -1908,7 +1879,6 @@ async fn e2e_the_merge_guard_splits_harmful_merges_and_the_jobs_still_complete()
         "the fallback is logged"
     );
     drop(sched);
-    drop_db(&db).await;
 }
 
 /// A merge-ready job (metric target, sharing) of `task` on `gpus` GPUs at
@@ -2043,7 +2013,6 @@ async fn e2e_a_running_job_leads_a_temporal_merge_with_a_later_arrival() {
         "{late} did not start from A's output {lead_out}:\n{late_err}"
     );
     drop(c);
-    drop_db(&db).await;
 }
 
 #[tokio::test]
@@ -2104,7 +2073,6 @@ async fn e2e_fmctl_logs_prints_and_follows_a_jobs_output() {
     // Errors name what is wrong.
     let e = fmctl(port, &["logs", "01a20000-0000-7000-8000-000000000000"]).unwrap_err();
     assert!(e.contains("not found"), "{e}");
-    drop_db(&db).await;
 }
 
 /// UniSched live: two best-effort jobs fill the node; a strict SLO job
@@ -2269,7 +2237,6 @@ async fn e2e_deadline_a_tight_slo_job_submitted_last_preempts_best_effort_work()
         .count();
     assert!(ahead >= 1, "no trainer checkpointed ahead of its lease");
     drop(c);
-    drop_db(&db).await;
 }
 
 /// Polls the SLO job's (state, updated_at) until `f` accepts it.
@@ -2373,7 +2340,6 @@ async fn e2e_deadline_an_infeasible_strict_deadline_is_refused_at_submit() {
         "{v}"
     );
     assert_eq!(jobs(port).unwrap().len(), 3);
-    drop_db(&db).await;
 }
 
 /// ICEFROG layer elasticity live: a job that opts in reports its
@@ -2419,7 +2385,6 @@ async fn e2e_icefrog_a_layer_elastic_job_gets_a_new_l_without_a_restart() {
     .unwrap();
     assert!(samples >= 1, "{samples} utilisation samples");
     drop(c);
-    drop_db(&db).await;
 }
 
 /// Two one-GPU jobs of global batch `batch` on a node of one fake GPU
@@ -2427,7 +2392,7 @@ async fn e2e_icefrog_a_layer_elastic_job_gets_a_new_l_without_a_restart() {
 /// then the second joins it. Returned once both run, which on one GPU only
 /// sharing allows.
 struct SharedPair {
-    db: String,
+    db: TestDb,
     dir: tempfile::TempDir,
     port: u16,
     procs: [Proc; 2],
@@ -2516,7 +2481,7 @@ async fn shared_pair(db: &str, batch: u32, iterations: u64) -> SharedPair {
 #[tokio::test]
 async fn e2e_icefrog_two_one_gpu_jobs_share_one_fake_gpu_and_both_complete() {
     let SharedPair {
-        db,
+        db: _db,
         dir: _dir,
         port,
         procs: _procs,
@@ -2555,7 +2520,6 @@ async fn e2e_icefrog_two_one_gpu_jobs_share_one_fake_gpu_and_both_complete() {
             "job {id} was restarted:\n{err}"
         );
     }
-    drop_db(&db).await;
 }
 
 /// ICEFROG Eq. 8 measured: two jobs of batch 8 (50 % predicted each) share
@@ -2599,7 +2563,6 @@ async fn e2e_icefrog_a_saturated_shared_gpu_is_split_and_the_later_job_evicted()
     // It never shares again: both complete, one at a time.
     let done = all_completed(port, 2, Duration::from_secs(240));
     assert_eq!(done.len(), 2);
-    drop_db(&db).await;
 }
 
 /// Every training setting of a spec acts (ICEFROG issue, item 1): a frozen
@@ -2683,7 +2646,6 @@ async fn e2e_icefrog_training_settings_act_and_a_field_nothing_acts_on_is_refuse
         out.contains("epoch 13 rte") && !out.contains("epoch 14 rte"),
         "{out}"
     );
-    drop_db(&db).await;
 }
 
 /// A prompt-tuning job (PromptTuner's request kind) through `fmctl`: a
@@ -2774,7 +2736,6 @@ async fn e2e_prompt_a_prompt_tuning_job_returns_its_tuned_prompt() {
         "{:?}",
         events_saying(&db, "").await
     );
-    drop_db(&db).await;
 }
 
 /// The Prompt Bank (PromptTuner §4.4.3) live: each completed prompt job's
@@ -2832,7 +2793,7 @@ async fn e2e_prompt_a_request_starts_from_the_best_prompt_in_the_bank() {
         .await
         .unwrap()
     };
-    let filed = bank(db.clone()).await;
+    let filed = bank(db.to_string()).await;
     assert_eq!(filed.len(), 2, "{filed:?}");
     for (job, model, location, features) in &filed {
         assert_eq!(model, "gpt2");
@@ -2888,7 +2849,7 @@ async fn e2e_prompt_a_request_starts_from_the_best_prompt_in_the_bank() {
         "its own initial prompt wins:\n{own}"
     );
     // Four tuned prompts, a cap of 3: one was evicted.
-    let filed = bank(db.clone()).await;
+    let filed = bank(db.to_string()).await;
     assert_eq!(filed.len(), 3, "{filed:?}");
     let m = scrape(mport).await;
     assert_eq!(metric_value(&m, "fmsched_prompt_bank_filed_total"), 4.0);
@@ -2897,7 +2858,6 @@ async fn e2e_prompt_a_request_starts_from_the_best_prompt_in_the_bank() {
         metric_value(&m, "fmsched_prompt_bank_prompts{model=\"gpt2\"}"),
         3.0
     );
-    drop_db(&db).await;
 }
 
 /// `fmctl logs --follow` follows a job to the node it resumes on when its
@@ -2975,7 +2935,6 @@ async fn e2e_fmctl_logs_follow_a_job_to_its_new_node() {
             .unwrap()
             .contains("epoch 60 rte")
     );
-    drop_db(&db).await;
 }
 
 /// A job of `gpus` GPUs (exactly) training `iterations` at time
@@ -3077,7 +3036,6 @@ async fn e2e_gang_a_retried_gang_never_joins_its_last_run() {
         !agent_log.contains("killing the process group"),
         "rank 0 went by itself when stopped"
     );
-    drop_db(&db).await;
 }
 
 /// A model that does not fit a node's GPUs (llama-2-7b's pipeline stages
@@ -3134,7 +3092,6 @@ async fn e2e_gang_heterogeneous_a_job_never_runs_on_gpus_its_model_does_not_fit(
             .all(|m| m.contains("node-a") && !m.contains("node-v")),
         "{placed:?}"
     );
-    drop_db(&db).await;
 }
 
 /// (id, state) of the job named `name`.
@@ -3341,7 +3298,6 @@ async fn e2e_gang_an_8_gpu_job_over_two_4_gpu_nodes_runs_as_one_gang() {
         "{notes:?}"
     );
     fmctl(port, &["cancel", &huge, "--reason", "test over"]).unwrap();
-    drop_db(&db).await;
 }
 
 /// `text` without terminal colour sequences (`ESC [ … m`).
@@ -3415,7 +3371,6 @@ async fn e2e_gang_pipeline_jobs_over_two_nodes_switch_stages_in_reverse_order() 
             assert_eq!(w[1], reversed, "{}: {orders:?}", agent.name);
         }
     }
-    drop_db(&db).await;
 }
 
 /// An expert-parallel MoE job (switch-base-8, expert groups of 4 GPUs) of 8
@@ -3493,7 +3448,6 @@ async fn e2e_gang_an_expert_parallel_job_is_never_split_across_nodes() {
             "placed off whole groups: {m}"
         );
     }
-    drop_db(&db).await;
 }
 
 /// A gang loses the node of its rank 0 (agent and processes killed): the
@@ -3592,7 +3546,6 @@ async fn e2e_gang_a_lost_node_stops_the_gang_and_the_job_resumes_from_its_checkp
         "no process of the job is left on any node"
     );
     eprintln!("gang member stopped {stopped_after:?} after its rank 0's node was lost");
-    drop_db(&db).await;
 }
 
 /// The live service under the baselines that rank by the service jobs
@@ -3662,7 +3615,6 @@ async fn e2e_the_service_baselines_run_a_queue_to_completion() {
             "{policy}: jobs without accounted service: {unserved:?}"
         );
         drop(c);
-        drop_db(&db).await;
     }
 }
 
@@ -3756,7 +3708,6 @@ async fn e2e_gang_heterogeneous_a_job_moves_to_faster_gpus_that_free_up() {
             Err(state)
         }
     });
-    drop_db(&db).await;
 }
 
 /// `resources.gpu_model` acts on a mixed cluster: jobs bound to H100s
@@ -4027,7 +3978,6 @@ async fn e2e_hardening_a_duplicate_node_id_is_refused_while_the_first_session_li
         },
     );
     c.close().await.unwrap();
-    drop_db(&db).await;
 }
 
 /// Kubelet-style bootstrap: an agent enrolls with the join token and keeps
@@ -4151,7 +4101,6 @@ async fn e2e_hardening_a_node_token_works_only_for_its_own_node() {
         "{audit}"
     );
     c.close().await.unwrap();
-    drop_db(&db).await;
 }
 
 /// A registered node reports a job it was never given as finished, with
@@ -4232,7 +4181,6 @@ async fn e2e_hardening_a_forged_completion_report_changes_nothing() {
         "completed with its own output: {output}"
     );
     assert!(honest.log_text().contains(&id));
-    drop_db(&db).await;
 }
 
 /// `fmctl bench-agents` drives a small swarm of simulated agents over the
@@ -4301,7 +4249,6 @@ async fn e2e_hardening_bench_agents_runs_a_small_swarm_to_completion() {
         .filter(|n| n["id"].as_str().is_some_and(|id| id.starts_with("swarm-")))
         .count();
     assert_eq!(swarm, 10, "one node per simulated agent: {nodes}");
-    drop_db(&db).await;
 }
 
 /// The Python that runs the real example trainers (`scripts/trainer-venv.sh`
@@ -4623,7 +4570,6 @@ async fn e2e_real_trainer_profile_run_suspend_resume_complete() {
         eprintln!("start-up: {l}");
     }
     drop(c);
-    drop_db(&db).await;
 }
 
 /// Merges with the real trainer under Ymir: two jobs of one model on
@@ -4723,7 +4669,6 @@ async fn e2e_real_trainer_a_merged_pair_runs_as_the_merger_decided() {
         }
     }
     drop(c);
-    drop_db(&db).await;
 }
 
 /// `fmctl` as the admin: exit status, stdout, stderr.
@@ -4832,7 +4777,6 @@ async fn e2e_fmctl_submit_wait_exits_with_the_outcome_and_jobs_watch_follows() {
         .unwrap();
     let script = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success() && script.contains("_fmctl") && script.contains("submit"));
-    drop_db(&db).await;
 }
 
 // ---- operators' controls (AdminService) ----------------------------------
@@ -5056,7 +5000,6 @@ async fn e2e_queue_admin_drain_empties_a_node_and_nothing_is_lost() {
             .iter()
             .all(|e| e["actor"] == "root")
     );
-    drop_db(&db).await;
 }
 
 /// The policy set through the admin API decides from the next round and
@@ -5154,7 +5097,6 @@ async fn e2e_queue_admin_policy_set_live_changes_the_next_round_and_survives_a_r
             .ok_or(format!("{j:?}"))
     });
     fmctl(port, &["cancel", &long]).unwrap();
-    drop_db(&db).await;
 }
 
 /// Queue quotas set through the admin API act from the next round and
@@ -5296,7 +5238,6 @@ async fn e2e_queue_quotas_set_live_act_from_the_next_round_and_survive_a_restart
     for id in j.keys() {
         fmctl(port, &["cancel", id]).unwrap();
     }
-    drop_db(&db).await;
 }
 
 // ---- chaos soak (not in CI: scripts/soak.sh) ------------------------------
@@ -5649,7 +5590,6 @@ async fn e2e_deadline_a_job_predicted_to_miss_its_deadline_says_so_once() {
     assert_eq!(metric_value(&m, "fmsched_slo_jobs_at_risk"), 1.0);
     fmctl(port, &["cancel", &id]).unwrap();
     drop(c);
-    drop_db(&db).await;
 }
 
 /// Queues with guarantees: alice's queue fills the node while bob's is
@@ -5768,7 +5708,6 @@ async fn e2e_queue_quota_reclaims_gpus_from_an_over_quota_queue() {
     );
     let done = all_completed(port, 3, Duration::from_secs(180));
     assert_eq!(done.len(), 3);
-    drop_db(&db).await;
 }
 
 /// AutoSched live: with history in Postgres, a dry run proposes knobs and
@@ -5925,7 +5864,6 @@ async fn e2e_autosched_a_dry_run_proposes_a_tuning_adopts_and_the_leader_tunes_o
             }
         },
     );
-    drop_db(&db).await;
 }
 
 /// Issue "Ymir's core, sharper", learned estimates live: a job with an
@@ -6040,7 +5978,6 @@ async fn e2e_estimate_prior_a_metric_target_is_predicted_from_finished_jobs() {
     );
     // The whole curve is kept, the epoch that reached the target included.
     assert_eq!(evals.len() as i64, stopped.div_euclid(100), "{evals:?}");
-    drop_db(&db).await;
 }
 
 /// A scheduler running lyra with no inference headroom, the training node
@@ -6234,7 +6171,6 @@ async fn e2e_lyra_lent_nodes_take_work_and_a_reclaim_loses_no_job() {
         audit.contains("reclaim") && audit.contains("loan"),
         "{audit}"
     );
-    drop_db(&db).await;
 }
 
 /// An elastic job (`resources.workers`) under lyra: it runs on its base
@@ -6301,7 +6237,6 @@ async fn e2e_lyra_an_elastic_job_scales_out_onto_a_lent_node_and_in_on_reclaim()
         },
     );
     all_completed(port, 1, Duration::from_secs(240));
-    drop_db(&db).await;
 }
 
 /// Seconds between two events of a job: the first whose message contains
@@ -6531,7 +6466,6 @@ async fn e2e_prompt_a_second_request_starts_warm_and_idle_warm_gpus_are_released
         first_step(&log(&cold_job)),
     );
     assert!(first_step(&warm_log) < first_step(&log(&cold_job)));
-    drop_db(&db).await;
 }
 
 /// An agent killed with `kill -9` leaves its trainer running. Restarted on
@@ -6574,7 +6508,6 @@ async fn e2e_hardening_a_restarted_agent_stops_the_trainer_its_predecessor_left(
     );
     let left = trainer_processes(dir.path());
     assert!(left.is_empty(), "processes left: {left:?}");
-    drop_db(&db).await;
 }
 
 /// Rounds for deadlines (`scheduling.deadline_round_gap`, on by default):
@@ -6664,7 +6597,6 @@ async fn e2e_deadline_a_job_that_would_miss_waiting_brings_the_round_forward() {
         "a job with a deadline brought the round forward: both started {:?} after its submission",
         submitted.elapsed()
     );
-    drop_db(&db).await;
 }
 
 /// With `scheduling.event_round_gap`, a submission and a task's end bring
@@ -6716,5 +6648,4 @@ async fn e2e_deadline_rounds_on_events_run_a_job_within_one_interval() {
         "it profiled, then trained: {states:?}"
     );
     println!("submission → completed with a 60 s interval: {took:?} ({states:?})");
-    drop_db(&db).await;
 }
