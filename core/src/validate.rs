@@ -158,6 +158,28 @@ fn moe_models(ctx: &ValidationContext<'_>) -> String {
 }
 
 impl JobSpec {
+    /// Values given explicitly that the gRPC wire cannot tell from "not
+    /// given" (proto3: a zero count, an empty name). Sent as they are, they
+    /// would vanish on the way and the job would run as if the field were
+    /// absent (`num_samples: 0` silently unset), so [`JobSpec::validate`]
+    /// refuses them, and clients (fmctl, the Rust SDK) refuse them before
+    /// sending, with the same error.
+    pub fn check_given_values(&self) -> Result<(), FieldError> {
+        if self.dataset.num_samples == Some(0) {
+            return err("dataset.num_samples", "must be > 0 when given");
+        }
+        if self.target.max_iterations == Some(0) {
+            return err("target.max_iterations", "must be > 0");
+        }
+        if self.target.max_epochs == Some(0) {
+            return err("target.max_epochs", "must be > 0");
+        }
+        if let Some(m) = &self.resources.gpu_model {
+            string("resources.gpu_model", m, usize::MAX, true)?;
+        }
+        Ok(())
+    }
+
     /// Checks every field; returns the first problem found.
     /// The rules of its kind: a prompt-tuning job trains a prompt only and
     /// ends by its iteration budget (PromptTuner Table 4.2's termination
@@ -276,9 +298,7 @@ impl JobSpec {
             l.max_name_bytes,
             false,
         )?;
-        if self.dataset.num_samples == Some(0) {
-            return err("dataset.num_samples", "must be > 0 when given");
-        }
+        self.check_given_values()?;
         if let Some(n) = self.dataset.num_samples {
             at_most("dataset.num_samples", n, l.max_num_samples)?;
         }
@@ -312,12 +332,6 @@ impl JobSpec {
                 "target",
                 "set max_iterations or max_epochs (a metric target alone may never be reached)",
             );
-        }
-        if t.max_iterations == Some(0) {
-            return err("target.max_iterations", "must be > 0");
-        }
-        if t.max_epochs == Some(0) {
-            return err("target.max_epochs", "must be > 0");
         }
         if let Some(n) = t.max_iterations {
             at_most("target.max_iterations", n, l.max_iterations)?;

@@ -114,10 +114,17 @@ impl ClientError {
 
 /// Parses a job spec from YAML (JSON is YAML too). Errors carry the line.
 pub fn parse_spec(origin: &str, yaml: &str) -> Result<JobSpec, ClientError> {
-    serde_yaml_ng::from_str(yaml).map_err(|e| ClientError::Spec {
+    let spec: JobSpec = serde_yaml_ng::from_str(yaml).map_err(|e| ClientError::Spec {
         path: origin.to_string(),
         message: e.to_string(),
-    })
+    })?;
+    // A value the wire reads as "not given" (`num_samples: 0`) would be
+    // lost on the way: refused here, as the scheduler refuses it.
+    spec.check_given_values().map_err(|e| ClientError::Spec {
+        path: origin.to_string(),
+        message: e.to_string(),
+    })?;
+    Ok(spec)
 }
 
 /// Reads and parses a job spec file (`-` = standard input).
@@ -245,6 +252,9 @@ impl Client {
         spec: &JobSpec,
         idempotency_key: Option<&str>,
     ) -> Result<Submitted, ClientError> {
+        // What the wire cannot carry (see `JobSpec::check_given_values`).
+        spec.check_given_values()
+            .map_err(|e| ClientError::Usage(e.to_string()))?;
         self.submit_proto_full(job_spec_to_proto(spec), idempotency_key)
             .await
     }
@@ -597,6 +607,45 @@ mod tests {
         assert!(e.starts_with("job.yaml: "), "{e}");
         assert!(e.contains("bogus_key"), "{e}");
         assert!(e.contains("line 2"), "{e}");
+    }
+
+    #[test]
+    fn a_value_the_wire_reads_as_unset_is_refused_before_sending() {
+        let spec = "name: a\nmodel: roberta-base\n\
+            dataset: { uri: file:///d, task: rte, num_samples: NS }\n\
+            hyperparameters: { global_batch_size: 32, learning_rate: 0.0001 }\n\
+            target: { max_iterations: 100 }\n\
+            resources: { min_gpus: 1, max_gpus: 1GPU }\n\
+            launch: { command: [fake-trainer] }\n";
+        let case = |ns: &str, gpu: &str| {
+            parse_spec("job.yaml", &spec.replace("NS", ns).replace("GPU", gpu))
+                .map(|s| (s.dataset.num_samples, s.resources.gpu_model))
+                .map_err(|e| e.to_string())
+        };
+        // Sent, these would arrive as "not given" and the job would run
+        // as if its epochs could not be counted, or on any GPU model.
+        assert_eq!(
+            case("0", "").unwrap_err(),
+            "job.yaml: spec.dataset.num_samples: must be > 0 when given"
+        );
+        assert_eq!(
+            case("3200", ", gpu_model: \"\"").unwrap_err(),
+            "job.yaml: spec.resources.gpu_model: must not be empty"
+        );
+        assert_eq!(
+            case("3200", ", gpu_model: A100").unwrap(),
+            (Some(3200), Some("A100".to_string()))
+        );
+        let zero_iterations = spec
+            .replace("NS", "3200")
+            .replace("GPU", "")
+            .replace("max_iterations: 100", "max_iterations: 0, max_epochs: 3");
+        assert_eq!(
+            parse_spec("job.yaml", &zero_iterations)
+                .unwrap_err()
+                .to_string(),
+            "job.yaml: spec.target.max_iterations: must be > 0"
+        );
     }
 
     #[test]
