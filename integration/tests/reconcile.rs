@@ -98,6 +98,7 @@ async fn plans_move_suspend_and_resume_processes() {
         "{tel:?}"
     );
     // The same plan again changes nothing.
+    assert_eq!(first.master_port, 0, "a job on one node has no rendezvous");
     let pid = first.pid;
     r.apply(&plan(1, vec![desired("job-1", &uuids[0])])).await;
     assert_eq!(
@@ -334,7 +335,8 @@ fn plan(generation: i64, tasks: Vec<pb::DesiredTask>) -> pb::NodePlan {
 /// `NODE_RANK` 0 listens for the rendezvous, the other joins it; only rank
 /// 0 reports progress, each node reports its rank layout; suspending the
 /// gang takes one checkpoint (rank 0's) that both parts report; a new rank
-/// layout on the same GPUs relaunches the part; when rank 0 goes away the
+/// layout on the same GPUs relaunches the part; both report the run's
+/// rendezvous port; when rank 0 goes away the
 /// other part exits as failed instead of hanging.
 #[tokio::test]
 async fn a_gang_over_two_nodes_rendezvous_suspends_and_breaks_cleanly() {
@@ -346,7 +348,11 @@ async fn a_gang_over_two_nodes_rendezvous_suspends_and_breaks_cleanly() {
     assert!(y.apply(&plan(1, vec![part(&uy, 1, port)])).await.is_empty());
     let lead = wait_iteration(&x, "gang-1", 30).await;
     assert_eq!((lead.rank_offset, lead.world_size), (0, 4));
+    // Both parts report the run's port: the scheduler keeps it from new
+    // runs while rank 0's process lives.
+    assert_eq!(lead.master_port, u32::from(port));
     let other = observed(&y, "gang-1").await.unwrap();
+    assert_eq!(other.master_port, u32::from(port));
     assert_eq!(
         other.phase,
         pb::TaskPhase::Running as i32,

@@ -1170,6 +1170,11 @@ impl Reconciler {
                 generation: k.generation,
                 rank_offset: k.ranks.rank_offset,
                 world_size: k.ranks.world_size,
+                master_port: if k.ranks.nnodes > 1 {
+                    u32::from(k.ranks.master_port)
+                } else {
+                    0
+                },
                 outputs: s
                     .observed
                     .done

@@ -7,14 +7,18 @@
 //! same parts (nodes, GPUs, ranks) as the plan in force, and no new merge
 //! that restarts them. Every other start (its first, a retry, a resume, a
 //! new layout) takes a port that neither this plan nor the plan in force
-//! holds on its rank-0 host, probing the range from an offset hashed from
-//! the job, its layout and its incarnation (the sequence number of the
-//! job's newest event, which every stop moves on). So the processes of a new run never reach a rank
-//! 0 of the run before that is still going away (a rendezvous still
-//! listening, a torch TCPStore until its process exits) and rejoin it, as
-//! they could when the lowest free port went straight back to a retried
-//! gang; and the port of one start is the same in the look-ahead's standby
-//! hint and in the plan that starts it. Uniqueness is per host address
+//! holds on its rank-0 host, and that no rank 0 still alive there holds
+//! (its agent reports the port of every process of a gang: a run the plan
+//! in force no longer has, a re-queued gang's, may still be going away),
+//! probing the range from an offset hashed from the job, its layout and its
+//! incarnation (the sequence number of the job's newest event, which every
+//! stop moves on). So the processes of a new run never reach a rank 0 of
+//! the run before that is still going away (a rendezvous still listening, a
+//! torch TCPStore until its process exits) and rejoin it, as they could
+//! when the lowest free port went straight back to a retried gang; and the
+//! port of one start is the same in the look-ahead's standby hint and in
+//! the plan that starts it, unless a process holding it went or came
+//! between the two. Uniqueness is per host address
 //! (several nodes may share one address, as the fake cluster of the tests
 //! does).
 
@@ -25,6 +29,47 @@ use fmsched_core::{JobId, NodeId};
 
 use super::inputs::NodePart;
 use crate::persistence::Assignment;
+use crate::registry::LiveNode;
+use fmsched_proto::v1 as pb;
+
+/// The rendezvous ports held by a gang's rank 0 whose process is still
+/// alive (starting, running or checkpointing, as its agent last reported),
+/// by the host address `address` gives its node.
+pub(crate) fn ports_alive(
+    nodes: &[LiveNode],
+    address: impl Fn(&NodeId) -> String,
+) -> BTreeSet<(String, u16)> {
+    ports_alive_in(
+        nodes
+            .iter()
+            .map(|n| (&n.record.id, n.observed_tasks.as_slice())),
+        address,
+    )
+}
+
+/// [`ports_alive`] over each node's reported processes.
+fn ports_alive_in<'a>(
+    nodes: impl IntoIterator<Item = (&'a NodeId, &'a [pb::ObservedTask])>,
+    address: impl Fn(&NodeId) -> String,
+) -> BTreeSet<(String, u16)> {
+    let alive = |phase: i32| {
+        matches!(
+            pb::TaskPhase::try_from(phase),
+            Ok(pb::TaskPhase::Starting | pb::TaskPhase::Running | pb::TaskPhase::Checkpointing)
+        )
+    };
+    nodes
+        .into_iter()
+        .flat_map(|(node, tasks)| {
+            let host = address(node);
+            tasks
+                .iter()
+                .filter(|t| t.rank_offset == 0 && alive(t.phase))
+                .filter_map(|t| u16::try_from(t.master_port).ok().filter(|&p| p > 0))
+                .map(move |p| (host.clone(), p))
+        })
+        .collect()
+}
 
 /// The assignments of `jobs` (a group's trainers) on `parts`.
 pub(crate) fn assignments(jobs: &[JobId], parts: &[NodePart], profile: bool) -> Vec<Assignment> {
@@ -85,7 +130,8 @@ fn offset_of(job: JobId, layout: &Layout, incarnation: i64, len: u64) -> u64 {
 /// docs); `previous` is the plan in force, `incarnation` the sequence
 /// number of a job's newest event (it moves on whenever the job stops),
 /// `restarted` the jobs whose processes this plan restarts on the same
-/// parts (a new merge). Returns the jobs no port was left for (they must
+/// parts (a new merge), `alive` the ports rank-0 processes still hold
+/// ([`ports_alive`]). Returns the jobs no port was left for (they must
 /// not run: their assignments are removed).
 pub(crate) fn assign_ports(
     plan: &mut Vec<Assignment>,
@@ -94,6 +140,7 @@ pub(crate) fn assign_ports(
     range: &RangeInclusive<u16>,
     incarnation: impl Fn(JobId) -> i64,
     restarted: &BTreeSet<JobId>,
+    alive: &BTreeSet<(String, u16)>,
 ) -> Vec<JobId> {
     let now = layouts(plan);
     let before = layouts(previous);
@@ -103,9 +150,11 @@ pub(crate) fn assign_ports(
         .filter(|(_, l)| l.len() > 1)
         .map(|(&job, l)| (job, address(&l[0].0)))
         .collect();
-    // Every port the plan in force holds: its runs may still be going.
+    // Every port the plan in force holds (its runs may still be going), and
+    // every port a live rank 0 holds (a run no plan has any more may still
+    // be going away). A run the plan keeps keeps its own.
     let mut port_before: BTreeMap<JobId, u16> = BTreeMap::new();
-    let mut taken: BTreeSet<(String, u16)> = BTreeSet::new();
+    let mut taken: BTreeSet<(String, u16)> = alive.clone();
     for a in previous.iter().filter(|a| !a.profile && a.rank_offset == 0) {
         if let Some(p) = a.master_port {
             port_before.insert(a.job, p);
@@ -213,6 +262,7 @@ mod tests {
             &(29500..=29999),
             |_| seq,
             &BTreeSet::new(),
+            &BTreeSet::new(),
         )
     }
 
@@ -273,12 +323,24 @@ mod tests {
         // Same parts, but restarted by a new merge.
         let mut merged = plan.clone();
         let restarted = BTreeSet::from([job(1)]);
-        assert!(assign_ports(&mut merged, &plan, addr, &range, |_| 1, &restarted).is_empty());
+        assert!(
+            assign_ports(
+                &mut merged,
+                &plan,
+                addr,
+                &range,
+                |_| 1,
+                &restarted,
+                &BTreeSet::new()
+            )
+            .is_empty()
+        );
         assert_ne!(port(&merged, job(1)), old, "restarted by a merge");
     }
 
     /// A gang retried or resumed after it stopped (the plan before does not
-    /// hold it: nothing says which port its last run had) starts from
+    /// hold it, and with its last rank 0 gone nothing says which port that
+    /// run had) starts from
     /// another offset: the same port comes back to one job's next run
     /// about once in the range's length (500 ports here), where the lowest
     /// free port gave a retried gang its old port every time.
@@ -304,6 +366,90 @@ mod tests {
         );
     }
 
+    /// A rank 0 its agent still reports alive keeps its port from every new
+    /// run on its host, whatever the plans say: a re-queued gang's last run
+    /// (in no plan any more) may still be going away. Its other parts, a
+    /// rank 0 that has exited, and a job on one node hold nothing.
+    #[test]
+    fn a_gang_never_gets_a_port_a_live_rank_0_still_holds() {
+        let task = |port: u32, rank_offset: u32, phase: pb::TaskPhase| pb::ObservedTask {
+            master_port: port,
+            rank_offset,
+            phase: phase as i32,
+            ..Default::default()
+        };
+        let (a, c) = (node("a"), node("c"));
+        let on_a = [
+            task(29510, 0, pb::TaskPhase::Running),
+            task(29511, 0, pb::TaskPhase::Checkpointing),
+            task(29512, 0, pb::TaskPhase::Succeeded),
+            task(29513, 0, pb::TaskPhase::Suspended),
+            task(0, 0, pb::TaskPhase::Running),
+        ];
+        let on_c = [
+            task(29514, 4, pb::TaskPhase::Running),
+            task(29515, 0, pb::TaskPhase::Starting),
+        ];
+        let alive = ports_alive_in([(&a, &on_a[..]), (&c, &on_c[..])], addr);
+        assert_eq!(
+            alive,
+            BTreeSet::from([
+                ("10.0.0.1".to_string(), 29510),
+                ("10.0.0.1".to_string(), 29511),
+                ("10.0.0.3".to_string(), 29515),
+            ])
+        );
+        // A range of two ports, one held by a live rank 0: each of 50
+        // restarts of a gang with rank 0 on a takes the other.
+        let range = 29510..=29511;
+        let held = BTreeSet::from([("10.0.0.1".to_string(), 29510)]);
+        for seq in 0..50 {
+            let mut plan = assignments(&[job(1)], &[part("a", 4, 0), part("c", 4, 4)], false);
+            assert!(
+                assign_ports(
+                    &mut plan,
+                    &[],
+                    addr,
+                    &range,
+                    |_| seq,
+                    &BTreeSet::new(),
+                    &held
+                )
+                .is_empty()
+            );
+            assert_eq!(port(&plan, job(1)), Some(29511), "restart {seq}");
+        }
+        // A run the plan keeps is the live one: it keeps its port.
+        let mut kept = assignments(&[job(1)], &[part("a", 4, 0), part("c", 4, 4)], false);
+        for a in &mut kept {
+            a.master_port = Some(29510);
+        }
+        let mut next = kept.clone();
+        assert!(
+            assign_ports(
+                &mut next,
+                &kept,
+                addr,
+                &range,
+                |_| 0,
+                &BTreeSet::new(),
+                &held
+            )
+            .is_empty()
+        );
+        assert_eq!(port(&next, job(1)), Some(29510));
+        // Both held: the gang waits.
+        let full = BTreeSet::from([
+            ("10.0.0.1".to_string(), 29510),
+            ("10.0.0.1".to_string(), 29511),
+        ]);
+        let mut plan = assignments(&[job(1)], &[part("a", 4, 0), part("c", 4, 4)], false);
+        assert_eq!(
+            assign_ports(&mut plan, &[], addr, &range, |_| 0, &BTreeSet::new(), &full),
+            vec![job(1)]
+        );
+    }
+
     /// With every port of a host taken, a new gang there waits (its
     /// assignments are removed) rather than sharing a port.
     #[test]
@@ -314,7 +460,15 @@ mod tests {
             assignments(&[job(2)], &[part("b", 2, 0), part("c", 2, 2)], false),
         ]
         .concat();
-        let starved = assign_ports(&mut plan, &[], addr, &range, |_| 0, &BTreeSet::new());
+        let starved = assign_ports(
+            &mut plan,
+            &[],
+            addr,
+            &range,
+            |_| 0,
+            &BTreeSet::new(),
+            &BTreeSet::new(),
+        );
         assert_eq!(starved.len(), 1, "one port for two gangs on one host");
         assert!(plan.iter().all(|a| a.job != starved[0]));
         // The one that got it keeps it; the other still waits.
@@ -324,7 +478,15 @@ mod tests {
             assignments(&[job(2)], &[part("b", 2, 0), part("c", 2, 2)], false),
         ]
         .concat();
-        let again = assign_ports(&mut next, &previous, addr, &range, |_| 0, &BTreeSet::new());
+        let again = assign_ports(
+            &mut next,
+            &previous,
+            addr,
+            &range,
+            |_| 0,
+            &BTreeSet::new(),
+            &BTreeSet::new(),
+        );
         assert_eq!(again, starved);
     }
 }

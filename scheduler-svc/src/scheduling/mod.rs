@@ -1181,6 +1181,7 @@ fn plan_writes(
         gang_ports,
         |j| incarnation(o, j),
         &restarted(t, outcome),
+        &gangs::ports_alive(&o.nodes, address),
     );
     w.transitions.extend(
         outcome
@@ -1584,13 +1585,15 @@ async fn hint(
 ) -> Result<usize, RoundError> {
     let t = &inputs.t;
     let mut assignments = training_assignments(t, outcome);
+    let address = |n: &fmsched_core::NodeId| master_addr(&o.nodes, n);
     gangs::assign_ports(
         &mut assignments,
         &o.current.assignments,
-        |n| master_addr(&o.nodes, n),
+        address,
         &gang_ports(state),
         |j| incarnation(o, j),
         &restarted(t, outcome),
+        &gangs::ports_alive(&o.nodes, address),
     );
     let held: BTreeSet<JobId> = o
         .current
