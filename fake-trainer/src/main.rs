@@ -85,10 +85,7 @@ use tokio::signal::unix::{SignalKind, signal};
 
 /// Deterministic number in [0, 1) from a name.
 fn unit(name: &str) -> f64 {
-    let mut h = 0xcbf2_9ce4_8422_2325u64;
-    for b in name.bytes() {
-        h = (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3);
-    }
+    let mut h = fmsched_core::hash::fnv1a(name.as_bytes());
     h ^= h >> 31;
     h = h.wrapping_mul(0x9E37_79B9_7F4A_7C15);
     (h >> 11) as f64 / (1u64 << 53) as f64

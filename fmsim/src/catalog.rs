@@ -86,10 +86,7 @@ pub enum CatalogError {
 
 /// Deterministic uniform in (0, 1) from a name.
 fn unit(name: &str) -> f64 {
-    let mut h = 0xcbf2_9ce4_8422_2325u64;
-    for b in name.bytes() {
-        h = (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3);
-    }
+    let mut h = fmsched_core::hash::fnv1a(name.as_bytes());
     h ^= h >> 33;
     h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
     h ^= h >> 33;

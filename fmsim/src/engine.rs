@@ -1028,10 +1028,7 @@ impl<'a> Simulation<'a> {
         if self.cfg.estimate_noise <= 0.0 {
             return 1.0;
         }
-        let mut h = 0xcbf2_9ce4_8422_2325u64;
-        for b in self.jobs[i].w.name.bytes() {
-            h = (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3);
-        }
+        let h = fmsched_core::hash::fnv1a(self.jobs[i].w.name.as_bytes());
         let u = (h >> 11) as f64 / (1u64 << 53) as f64;
         (1.0 + self.cfg.estimate_noise * (2.0 * u - 1.0)).max(0.05)
     }

@@ -479,9 +479,7 @@ fn finish(file: &str, jobs: &mut [WorkloadJob]) -> Result<(), WorkloadError> {
 /// FNV-1a of a name: picks a catalog task for a trace job, the same on
 /// every run.
 fn name_hash(name: &str) -> u64 {
-    name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
-    })
+    fmsched_core::hash::fnv1a(name.as_bytes())
 }
 
 /// The Pollux/AdaptDL simulator's workload CSV (see the module docs).

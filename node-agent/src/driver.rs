@@ -1074,10 +1074,7 @@ fn report_socket_path(dir: &Path) -> PathBuf {
     if own.as_os_str().len() <= SUN_PATH_MAX {
         return own;
     }
-    let mut h = 0xcbf2_9ce4_8422_2325u64;
-    for b in dir.as_os_str().as_encoded_bytes() {
-        h = (h ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3);
-    }
+    let h = fmsched_core::hash::fnv1a(dir.as_os_str().as_encoded_bytes());
     std::env::temp_dir().join(format!("fmsched-report-{h:016x}.sock"))
 }
 

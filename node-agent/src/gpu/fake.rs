@@ -119,9 +119,7 @@ fn pid_alive(pid: u32) -> bool {
 
 /// FNV-1a, for stable fake UUIDs and the noise seed.
 fn fnv(s: &str) -> u64 {
-    s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
-    })
+    fmsched_core::hash::fnv1a(s.as_bytes())
 }
 
 impl FakeGpuBackend {

@@ -107,22 +107,17 @@ fn layouts(plan: &[Assignment]) -> BTreeMap<JobId, Layout> {
 
 /// FNV-1a of a run's identity: stable across processes and versions.
 fn offset_of(job: JobId, layout: &Layout, incarnation: i64, len: u64) -> u64 {
-    let mut h = 0xcbf2_9ce4_8422_2325u64;
-    let mut eat = |bytes: &[u8]| {
-        for &b in bytes {
-            h = (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3);
-        }
-    };
-    eat(job.to_string().as_bytes());
+    let mut h = fmsched_core::hash::Fnv1a::new();
+    h.write(job.to_string().as_bytes());
     for (node, gpus, rank) in layout {
-        eat(node.as_str().as_bytes());
+        h.write(node.as_str().as_bytes());
         for g in gpus {
-            eat(g.as_bytes());
+            h.write(g.as_bytes());
         }
-        eat(&rank.to_le_bytes());
+        h.write(&rank.to_le_bytes());
     }
-    eat(&incarnation.to_le_bytes());
-    h % len.max(1)
+    h.write(&incarnation.to_le_bytes());
+    h.finish() % len.max(1)
 }
 
 /// Gives every gang (a job with assignments on several nodes) a
