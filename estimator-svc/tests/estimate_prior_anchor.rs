@@ -59,4 +59,9 @@ fn estimate_prior_leave_one_task_out_on_the_published_curves() {
     );
     // The spread means something: most truths fall inside p10–p90.
     assert!(get("anchor_3ep_prior_p10_p90_coverage_pct") >= 80.0);
+    // The published curves are read exactly: every target is its curve's
+    // best value (read a unit in the last place low, 20 % of them were
+    // never reached and their truth became the last epoch).
+    assert_eq!(get("anchor_alone_targets_at_curve_best_pct"), 100.0);
+    assert_eq!(get("anchor_alone_distinct_cases"), 35.0);
 }

@@ -461,6 +461,29 @@ impl Catalog {
 mod tests {
     use super::*;
 
+    /// Published curves are read to the exact double their decimal names.
+    /// A job stops on the first evaluation at or above its target, and the
+    /// published targets are their curves' best values to the last digit:
+    /// read a unit in the last place low (serde_json's default float
+    /// parser is off by one on some inputs), such a curve never reached its
+    /// target and the job ran all its epochs.
+    #[test]
+    fn curve_values_are_read_exactly() {
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut off = 0;
+        for _ in 0..20_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            // 16–17 significant digits in [0, 1), as the published metrics.
+            let text = format!("0.{:017}", x % 100_000_000_000_000_000);
+            let json: Value = serde_json::from_str(&format!("[{text}]")).unwrap();
+            let exact: f64 = text.parse().unwrap();
+            off += usize::from(json[0].as_f64() != Some(exact));
+        }
+        assert_eq!(off, 0, "{off} of 20,000 values read inexactly");
+    }
+
     #[test]
     fn default_catalog_matches_the_published_transfer_ranges() {
         let c = Catalog::default_synthetic();
