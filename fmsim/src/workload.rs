@@ -476,10 +476,10 @@ fn finish(file: &str, jobs: &mut [WorkloadJob]) -> Result<(), WorkloadError> {
     Ok(())
 }
 
-/// FNV-1a of a name: picks a catalog task for a trace job, the same on
-/// every run.
-fn name_hash(name: &str) -> u64 {
-    fmsched_core::hash::fnv1a(name.as_bytes())
+/// The catalog task a trace job named `name` fine-tunes: picked by an
+/// FNV-1a hash of the name, the same on every run (`tasks` not empty).
+fn task_of<'a>(name: &str, tasks: &'a [(String, String)]) -> &'a (String, String) {
+    &tasks[(fmsched_core::hash::fnv1a(name.as_bytes()) % tasks.len() as u64) as usize]
 }
 
 /// The Pollux/AdaptDL simulator's workload CSV (see the module docs).
@@ -508,7 +508,7 @@ fn parse_pollux(csv: &Csv, tasks: &[(String, String)]) -> Result<Vec<WorkloadJob
                 return Err(csv.err(*line, format!("{what} is empty")));
             }
         }
-        let (model, task) = &tasks[(name_hash(r[app].trim()) % tasks.len() as u64) as usize];
+        let (model, task) = task_of(r[app].trim(), tasks);
         out.push(WorkloadJob {
             name: r[name].trim().into(),
             submit_s: csv.num(*line, r, time)?,
@@ -882,7 +882,7 @@ fn trace_jobs(
     Ok(raw
         .into_iter()
         .map(|(name, t, g, d)| {
-            let (model, task) = &tasks[(name_hash(&name) % tasks.len() as u64) as usize];
+            let (model, task) = task_of(&name, tasks);
             WorkloadJob {
                 name,
                 submit_s: t - t0,

@@ -476,6 +476,28 @@ async fn a_gang_part_stopped_in_its_rendezvous_goes_at_once() {
     assert!(log.contains("stopped before joining"), "{log}");
 }
 
+/// A task running a Python `script` as its trainer.
+fn python_task(id: &str, gpu: &str, script: &str) -> pb::DesiredTask {
+    let mut t = desired(id, gpu);
+    t.command = vec!["python3".into(), "-c".into(), script.into()];
+    t
+}
+
+/// Waits until the trainers of `ids` have written `ready` into their
+/// checkpoint folders; returns those folders.
+async fn checkpoints_ready(r: &Reconciler, ids: &[String]) -> Vec<std::path::PathBuf> {
+    let mut dirs = Vec::new();
+    for id in ids {
+        dirs.push(r.driver().status(id).await.unwrap().dir.join("checkpoints"));
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !dirs.iter().all(|d| d.join("ready").exists()) {
+        assert!(Instant::now() < deadline, "the trainers never started");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    dirs
+}
+
 /// A plan that leaves out several processes of a node suspends them at
 /// once: every one is asked for its checkpoint before any has finished
 /// writing it (a checkpoint takes a second here), so the node's
@@ -503,22 +525,10 @@ while True: time.sleep(0.05)
     let tasks = ids
         .iter()
         .zip(&uuids)
-        .map(|(id, gpu)| {
-            let mut t = desired(id, gpu);
-            t.command = vec!["python3".into(), "-c".into(), script.into()];
-            t
-        })
+        .map(|(id, gpu)| python_task(id, gpu, script))
         .collect();
     assert!(r.apply(&plan(1, tasks)).await.is_empty());
-    let mut dirs = Vec::new();
-    for id in &ids {
-        dirs.push(r.driver().status(id).await.unwrap().dir.join("checkpoints"));
-    }
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !dirs.iter().all(|d| d.join("ready").exists()) {
-        assert!(Instant::now() < deadline, "the trainers never started");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let dirs = checkpoints_ready(&r, &ids).await;
     assert!(r.apply(&plan(2, vec![])).await.is_empty());
     let at = |d: &std::path::PathBuf, f: &str| -> f64 {
         std::fs::read_to_string(d.join(f)).unwrap().parse().unwrap()
@@ -560,27 +570,14 @@ signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
 open(os.path.join(d, "ready"), "w").write("1")
 while True: time.sleep(0.05)
 "#;
-    let mut t = desired("early", &uuids[0]);
-    t.command = vec!["python3".into(), "-c".into(), script.into()];
     r.apply(&pb::NodePlan {
         generation: 1,
-        tasks: vec![t],
+        tasks: vec![python_task("early", &uuids[0], script)],
         epoch: 1,
         warm_idle_release: None,
     })
     .await;
-    let ready = r
-        .driver()
-        .status("early")
-        .await
-        .unwrap()
-        .dir
-        .join("checkpoints/ready");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !ready.exists() {
-        assert!(Instant::now() < deadline, "the trainer never started");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    checkpoints_ready(&r, &["early".to_string()]).await;
     // The next plan leaves it out: suspended with its checkpoint.
     r.apply(&pb::NodePlan {
         generation: 2,

@@ -17,12 +17,6 @@ const ROOT: &str = "root-token-0123456789ab";
 const JOIN: &str = "join-token-0123456789abc";
 const NO_MERGING: &[(&str, &str)] = &[("FMSCHED_SCHEDULING__MERGING", "false")];
 
-/// A fresh database on the shared test server, dropped when the test
-/// ends (also when it fails).
-async fn new_db(prefix: &str) -> TestDb {
-    TestDb::create(prefix).await
-}
-
 /// Waits until a scheduler answers on `port`.
 fn wait_up(what: &str, port: u16) {
     wait_for(what, Duration::from_secs(30), || {
@@ -228,7 +222,7 @@ fn job_yaml_env(name: &str, task: &str, iterations: u64, gpus: u32, extra_env: &
 
 #[tokio::test]
 async fn e2e_jobs_run_to_completion_through_a_scheduler_crash() {
-    let db = new_db("fmsched_sched").await;
+    let db = TestDb::create("fmsched_sched").await;
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
     // Merging off: launch counts below bound relaunch storms, and a merge
@@ -385,7 +379,7 @@ async fn e2e_jobs_run_to_completion_through_a_scheduler_crash() {
 
 #[tokio::test]
 async fn e2e_a_crashing_trainer_is_retried_then_fails_with_its_last_log_lines() {
-    let db = new_db("fmsched_retry").await;
+    let db = TestDb::create("fmsched_retry").await;
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
     let _sched = scheduler(&db, port, dir.path());
@@ -442,7 +436,7 @@ async fn e2e_a_crashing_trainer_is_retried_then_fails_with_its_last_log_lines() 
 /// says that no output was recorded, naming the process and its node.
 #[tokio::test]
 async fn e2e_a_process_that_exits_without_reporting_its_output_completes_with_a_note() {
-    let db = new_db("fmsched_no_output").await;
+    let db = TestDb::create("fmsched_no_output").await;
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
     let _sched = scheduler_without_profiling(&db, port, dir.path());
@@ -514,7 +508,7 @@ fn kill_processes_with_env(needle: &str) -> usize {
 
 #[tokio::test]
 async fn e2e_jobs_of_a_lost_node_resume_elsewhere_from_their_checkpoint() {
-    let db = new_db("fmsched_lost").await;
+    let db = TestDb::create("fmsched_lost").await;
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
     let fast = [
@@ -658,7 +652,7 @@ fn walk(p: &std::path::Path) -> Vec<String> {
 
 #[tokio::test]
 async fn e2e_two_replicas_the_standby_takes_over_when_the_active_dies() {
-    let db = new_db("fmsched_ha").await;
+    let db = TestDb::create("fmsched_ha").await;
     let dir = tempfile::tempdir().unwrap();
     let (p1, p2) = (free_port(), free_port());
     let mut active = scheduler_env(&db, p1, dir.path(), None, NO_MERGING);
@@ -797,7 +791,7 @@ fn led_epoch(log: &str) -> Option<i64> {
 /// job have two processes. Every job completes once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn e2e_split_brain_a_frozen_leader_is_fenced_and_writes_nothing() {
-    let db = new_db("fmsched_split").await;
+    let db = TestDb::create("fmsched_split").await;
     let url = db_url(&db);
     let dir = tempfile::tempdir().unwrap();
     let (pa, pb) = (free_port(), free_port());
@@ -951,7 +945,7 @@ async fn e2e_split_brain_a_frozen_leader_is_fenced_and_writes_nothing() {
 
 #[tokio::test]
 async fn e2e_a_node_with_gpu_errors_is_drained() {
-    let db = new_db("fmsched_xid").await;
+    let db = TestDb::create("fmsched_xid").await;
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
     let sched = scheduler(&db, port, dir.path());
@@ -1207,7 +1201,7 @@ async fn jct_table_at(url: &str) -> BTreeMap<String, (f64, String, bool)> {
 
 #[tokio::test]
 async fn e2e_generated_workload_merges_of_both_kinds_all_complete() {
-    let db = new_db("fmsched_merge").await;
+    let db = TestDb::create("fmsched_merge").await;
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
     let metrics = free_port();
@@ -1817,7 +1811,7 @@ async fn e2e_chaos_scheduler_kills_an_agent_kill_and_a_postgres_restart_lose_not
 
 #[tokio::test]
 async fn e2e_the_merge_guard_splits_harmful_merges_and_the_jobs_still_complete() {
-    let db = new_db("fmsched_guard").await;
+    let db = TestDb::create("fmsched_guard").await;
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
     // An estimator service that is down: the in-process estimator answers.
@@ -1912,7 +1906,7 @@ fn metric_job(
 /// job.
 #[tokio::test]
 async fn e2e_a_running_job_leads_a_temporal_merge_with_a_later_arrival() {
-    let db = new_db("fmsched_late_merge").await;
+    let db = TestDb::create("fmsched_late_merge").await;
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
     // The fake trainer restarts in well under a second: the policy weighs
@@ -2017,7 +2011,7 @@ async fn e2e_a_running_job_leads_a_temporal_merge_with_a_later_arrival() {
 
 #[tokio::test]
 async fn e2e_fmctl_logs_prints_and_follows_a_jobs_output() {
-    let db = new_db("fmsched_logs").await;
+    let db = TestDb::create("fmsched_logs").await;
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
     let _sched = scheduler(&db, port, dir.path());
@@ -2082,7 +2076,7 @@ async fn e2e_fmctl_logs_prints_and_follows_a_jobs_output() {
 /// which never preempt, it waits for them: this test fails.)
 #[tokio::test]
 async fn e2e_deadline_a_tight_slo_job_submitted_last_preempts_best_effort_work() {
-    let db = new_db("fmsched_unisched").await;
+    let db = TestDb::create("fmsched_unisched").await;
     let dir = tempfile::tempdir().unwrap();
     let (port, mport) = (free_port(), free_port());
     let _sched = scheduler_env(
@@ -2272,7 +2266,7 @@ async fn wait_for_slo_job<T>(
 /// is kept with a note that it could not be checked.
 #[tokio::test]
 async fn e2e_deadline_an_infeasible_strict_deadline_is_refused_at_submit() {
-    let db = new_db("fmsched_admission").await;
+    let db = TestDb::create("fmsched_admission").await;
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
     let _sched = scheduler(&db, port, dir.path());
@@ -2350,7 +2344,7 @@ async fn e2e_deadline_an_infeasible_strict_deadline_is_refused_at_submit() {
 /// without a restart.
 #[tokio::test]
 async fn e2e_icefrog_a_layer_elastic_job_gets_a_new_l_without_a_restart() {
-    let db = new_db("fmsched_elastic").await;
+    let db = TestDb::create("fmsched_elastic").await;
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
     let _sched = scheduler(&db, port, dir.path());
@@ -2403,7 +2397,7 @@ struct SharedPair {
 }
 
 async fn shared_pair(db: &str, batch: u32, iterations: u64) -> SharedPair {
-    let db = new_db(db).await;
+    let db = TestDb::create(db).await;
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
     let sched = scheduler_env(
@@ -2576,7 +2570,7 @@ async fn e2e_icefrog_a_saturated_shared_gpu_is_split_and_the_later_job_evicted()
 /// without the frozen penalty, 1 if the target were read upwards.
 #[tokio::test]
 async fn e2e_icefrog_training_settings_act_and_a_field_nothing_acts_on_is_refused() {
-    let db = new_db("fmsched_settings").await;
+    let db = TestDb::create("fmsched_settings").await;
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
     let _sched = scheduler(&db, port, dir.path());
@@ -2656,7 +2650,7 @@ async fn e2e_icefrog_training_settings_act_and_a_field_nothing_acts_on_is_refuse
 /// profiling run.
 #[tokio::test]
 async fn e2e_prompt_a_prompt_tuning_job_returns_its_tuned_prompt() {
-    let db = new_db("fmsched_prompt_kind").await;
+    let db = TestDb::create("fmsched_prompt_kind").await;
     let dir = tempfile::tempdir().unwrap();
     let _trainers = TrainersOf::new(dir.path());
     let port = free_port();
@@ -2747,7 +2741,7 @@ async fn e2e_prompt_a_prompt_tuning_job_returns_its_tuned_prompt() {
 /// is evicted.
 #[tokio::test]
 async fn e2e_prompt_a_request_starts_from_the_best_prompt_in_the_bank() {
-    let db = new_db("fmsched_prompt_bank").await;
+    let db = TestDb::create("fmsched_prompt_bank").await;
     let dir = tempfile::tempdir().unwrap();
     let _trainers = TrainersOf::new(dir.path());
     let (port, mport) = (free_port(), free_port());
@@ -2864,7 +2858,7 @@ async fn e2e_prompt_a_request_starts_from_the_best_prompt_in_the_bank() {
 /// node is lost, says so on stderr, and ends when the job completes.
 #[tokio::test]
 async fn e2e_fmctl_logs_follow_a_job_to_its_new_node() {
-    let db = new_db("fmsched_logmove").await;
+    let db = TestDb::create("fmsched_logmove").await;
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
     let _sched = scheduler(&db, port, dir.path());
@@ -3006,7 +3000,7 @@ fn gang_cluster(
 /// the dying run and failed with it, retry after retry.
 #[tokio::test]
 async fn e2e_gang_a_retried_gang_never_joins_its_last_run() {
-    let db = new_db("fmsched_gangretry").await;
+    let db = TestDb::create("fmsched_gangretry").await;
     let dir = tempfile::tempdir().unwrap();
     let (port, _, _sched, _agents) = gang_cluster(&db, dir.path(), &["node-a", "node-b"], &[]);
     let yaml = gang_yaml("wide", "rte", 2_000, 8, 10).replace(
@@ -3044,7 +3038,7 @@ async fn e2e_gang_a_retried_gang_never_joins_its_last_run() {
 /// there, and no placement or profiling event names the V100 node.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn e2e_gang_heterogeneous_a_job_never_runs_on_gpus_its_model_does_not_fit() {
-    let db = new_db("fmsched_unfit").await;
+    let db = TestDb::create("fmsched_unfit").await;
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
     let _sched = scheduler(&db, port, dir.path());
@@ -3185,7 +3179,7 @@ async fn eventually<T, F: std::future::Future<Output = Option<T>>>(
 /// left. A job wider than the whole cluster waits and says why.
 #[tokio::test]
 async fn e2e_gang_an_8_gpu_job_over_two_4_gpu_nodes_runs_as_one_gang() {
-    let db = new_db("fmsched_gang").await;
+    let db = TestDb::create("fmsched_gang").await;
     let dir = tempfile::tempdir().unwrap();
     let (port, range_start, _sched, _agents) =
         gang_cluster(&db, dir.path(), &["node-a", "node-b"], &[]);
@@ -3325,7 +3319,7 @@ fn strip_ansi(text: &str) -> String {
 /// the second job's first stage sits where the first job's last stage ran.
 #[tokio::test]
 async fn e2e_gang_pipeline_jobs_over_two_nodes_switch_stages_in_reverse_order() {
-    let db = new_db("fmsched_gangpipe").await;
+    let db = TestDb::create("fmsched_gangpipe").await;
     let dir = tempfile::tempdir().unwrap();
     let (port, _, _sched, agents) = gang_cluster(&db, dir.path(), &["node-a", "node-b"], &[]);
     let pipeline = |name: &str, task: &str| {
@@ -3381,7 +3375,7 @@ async fn e2e_gang_pipeline_jobs_over_two_nodes_switch_stages_in_reverse_order() 
 /// submit naming the field.
 #[tokio::test]
 async fn e2e_gang_an_expert_parallel_job_is_never_split_across_nodes() {
-    let db = new_db("fmsched_gangmoe").await;
+    let db = TestDb::create("fmsched_gangmoe").await;
     let dir = tempfile::tempdir().unwrap();
     let (port, _, _sched, _agents) = gang_cluster(&db, dir.path(), &["node-a", "node-b"], &[]);
     let moe = |name: &str, model: &str, ep: u32| {
@@ -3456,7 +3450,7 @@ async fn e2e_gang_an_expert_parallel_job_is_never_split_across_nodes() {
 /// checkpoint, completes, and no process of it is left anywhere.
 #[tokio::test]
 async fn e2e_gang_a_lost_node_stops_the_gang_and_the_job_resumes_from_its_checkpoint() {
-    let db = new_db("fmsched_ganglost").await;
+    let db = TestDb::create("fmsched_ganglost").await;
     let dir = tempfile::tempdir().unwrap();
     let fast = [
         ("FMSCHED_LIVENESS__SUSPECT_AFTER", "1s"),
@@ -3556,7 +3550,7 @@ async fn e2e_gang_a_lost_node_stops_the_gang_and_the_job_resumes_from_its_checkp
 #[tokio::test]
 async fn e2e_the_service_baselines_run_a_queue_to_completion() {
     for policy in ["themis", "tiresias"] {
-        let db = new_db(&format!("fmsched_{policy}")).await;
+        let db = TestDb::create(&format!("fmsched_{policy}")).await;
         let dir = tempfile::tempdir().unwrap();
         let port = free_port();
         let _sched = scheduler_env(
@@ -3624,7 +3618,7 @@ async fn e2e_the_service_baselines_run_a_queue_to_completion() {
 /// from its checkpoint and completes.
 #[tokio::test]
 async fn e2e_gang_heterogeneous_a_job_moves_to_faster_gpus_that_free_up() {
-    let db = new_db("fmsched_move").await;
+    let db = TestDb::create("fmsched_move").await;
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
     let _sched = scheduler(&db, port, dir.path());
@@ -3717,7 +3711,7 @@ async fn e2e_gang_heterogeneous_a_job_moves_to_faster_gpus_that_free_up() {
 /// at submit.
 #[tokio::test]
 async fn e2e_gang_heterogeneous_a_gpu_model_job_runs_only_on_its_model() {
-    let db = new_db("fmsched_hetero").await;
+    let db = TestDb::create("fmsched_hetero").await;
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
     let _sched = scheduler(&db, port, dir.path());
@@ -3906,7 +3900,7 @@ async fn scrape(port: u16) -> String {
 /// first has gone. Counted in a metric and written as a node event.
 #[tokio::test]
 async fn e2e_hardening_a_duplicate_node_id_is_refused_while_the_first_session_lives() {
-    let db = new_db("fmsched_dup").await;
+    let db = TestDb::create("fmsched_dup").await;
     let dir = tempfile::tempdir().unwrap();
     let (port, mport) = (free_port(), free_port());
     let _sched = scheduler_env(
@@ -3987,7 +3981,7 @@ async fn e2e_hardening_a_duplicate_node_id_is_refused_while_the_first_session_li
 #[tokio::test]
 async fn e2e_hardening_a_node_token_works_only_for_its_own_node() {
     use std::os::unix::fs::PermissionsExt;
-    let db = new_db("fmsched_ntok").await;
+    let db = TestDb::create("fmsched_ntok").await;
     let dir = tempfile::tempdir().unwrap();
     let (port, mport) = (free_port(), free_port());
     let _sched = scheduler_env(
@@ -4108,7 +4102,7 @@ async fn e2e_hardening_a_node_token_works_only_for_its_own_node() {
 /// keeps running on its node and completes there with its own output.
 #[tokio::test]
 async fn e2e_hardening_a_forged_completion_report_changes_nothing() {
-    let db = new_db("fmsched_forged").await;
+    let db = TestDb::create("fmsched_forged").await;
     let dir = tempfile::tempdir().unwrap();
     let (port, mport) = (free_port(), free_port());
     let sched = scheduler_env(
@@ -4189,7 +4183,7 @@ async fn e2e_hardening_a_forged_completion_report_changes_nothing() {
 /// processes, and the figures it prints come from what it measured.
 #[tokio::test]
 async fn e2e_hardening_bench_agents_runs_a_small_swarm_to_completion() {
-    let db = new_db("fmsched_swarm").await;
+    let db = TestDb::create("fmsched_swarm").await;
     let dir = tempfile::tempdir().unwrap();
     let (port, mport) = (free_port(), free_port());
     let _sched = scheduler_env(&db, port, dir.path(), Some(mport), &[]);
@@ -4391,7 +4385,7 @@ async fn e2e_real_trainer_profile_run_suspend_resume_complete() {
     let dir = tempfile::tempdir().unwrap();
     synthetic_glue(&python, &dir.path().join("sent-a"), &[]);
     synthetic_glue(&python, &dir.path().join("sent-b"), &["--flip"]);
-    let db = new_db("fmsched_real").await;
+    let db = TestDb::create("fmsched_real").await;
     let port = free_port();
     let _sched = scheduler_env(
         &db,
@@ -4592,7 +4586,7 @@ async fn e2e_real_trainer_a_merged_pair_runs_as_the_merger_decided() {
             &["--train", "2048", "--seed", seed],
         );
     }
-    let db = new_db("fmsched_real").await;
+    let db = TestDb::create("fmsched_real").await;
     let port = free_port();
     // Ymir plans on an estimate's pessimistic side (`risk_weight`), and
     // the spread comes from how many loss points the profiling run saw:
@@ -4690,7 +4684,7 @@ fn fmctl_status(port: u16, args: &[&str]) -> (Option<i32>, String, String) {
 /// completions` prints a shell script without a scheduler or a token.
 #[tokio::test]
 async fn e2e_fmctl_submit_wait_exits_with_the_outcome_and_jobs_watch_follows() {
-    let db = new_db("fmsched_fmctl").await;
+    let db = TestDb::create("fmsched_fmctl").await;
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
     let _sched = scheduler_env(
@@ -4816,7 +4810,7 @@ async fn events_saying(db: &str, needle: &str) -> Vec<(String, String)> {
 /// log; a user who is not an admin is refused and changes nothing.
 #[tokio::test]
 async fn e2e_queue_admin_drain_empties_a_node_and_nothing_is_lost() {
-    let db = new_db("fmsched_drain").await;
+    let db = TestDb::create("fmsched_drain").await;
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
     let env = [
@@ -5007,7 +5001,7 @@ async fn e2e_queue_admin_drain_empties_a_node_and_nothing_is_lost() {
 /// changes nothing.
 #[tokio::test]
 async fn e2e_queue_admin_policy_set_live_changes_the_next_round_and_survives_a_restart() {
-    let db = new_db("fmsched_policy").await;
+    let db = TestDb::create("fmsched_policy").await;
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
     let env = [
@@ -5107,7 +5101,7 @@ async fn e2e_queue_admin_policy_set_live_changes_the_next_round_and_survives_a_r
 /// writes anything.
 #[tokio::test]
 async fn e2e_queue_quotas_set_live_act_from_the_next_round_and_survive_a_restart() {
-    let db = new_db("fmsched_queues_live").await;
+    let db = TestDb::create("fmsched_queues_live").await;
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
     let metrics = free_port();
@@ -5535,7 +5529,7 @@ async fn soak_chaos_replicas_agents_trainers_and_postgres_lose_nothing() {
 /// deadline is out of reach).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn e2e_deadline_a_job_predicted_to_miss_its_deadline_says_so_once() {
-    let db = new_db("fmsched_atrisk").await;
+    let db = TestDb::create("fmsched_atrisk").await;
     let dir = tempfile::tempdir().unwrap();
     let (port, mport) = (free_port(), free_port());
     let _sched = scheduler_env(
@@ -5600,7 +5594,7 @@ async fn e2e_deadline_a_job_predicted_to_miss_its_deadline_says_so_once() {
 /// written.
 #[tokio::test]
 async fn e2e_queue_quota_reclaims_gpus_from_an_over_quota_queue() {
-    let db = new_db("fmsched_queues").await;
+    let db = TestDb::create("fmsched_queues").await;
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
     let config = dir.path().join("queues.toml");
@@ -5716,7 +5710,7 @@ async fn e2e_queue_quota_reclaims_gpus_from_an_over_quota_queue() {
 /// is refused; with `autosched.enabled` the leader tunes on its own.
 #[tokio::test]
 async fn e2e_autosched_a_dry_run_proposes_a_tuning_adopts_and_the_leader_tunes_on_its_own() {
-    let db = new_db("fmsched_autosched").await;
+    let db = TestDb::create("fmsched_autosched").await;
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
     let env = [
@@ -5874,7 +5868,7 @@ async fn e2e_autosched_a_dry_run_proposes_a_tuning_adopts_and_the_leader_tunes_o
 /// epoch of where it does.
 #[tokio::test]
 async fn e2e_estimate_prior_a_metric_target_is_predicted_from_finished_jobs() {
-    let db = new_db("fmsched_prior").await;
+    let db = TestDb::create("fmsched_prior").await;
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
     let _sched = scheduler_env(&db, port, dir.path(), None, NO_MERGING);
@@ -6024,7 +6018,7 @@ const LYRA_ENV: [(&str, &str); 4] = [
 /// resume from their checkpoints and every job completes.
 #[tokio::test]
 async fn e2e_lyra_lent_nodes_take_work_and_a_reclaim_loses_no_job() {
-    let db = new_db("fmsched_lyra").await;
+    let db = TestDb::create("fmsched_lyra").await;
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
     let (mut sched, _agents) = lyra_cluster(&db, port, dir.path(), &["inf-1", "inf-2"]);
@@ -6179,7 +6173,7 @@ async fn e2e_lyra_lent_nodes_take_work_and_a_reclaim_loses_no_job() {
 /// it keeps training to completion on its base.
 #[tokio::test]
 async fn e2e_lyra_an_elastic_job_scales_out_onto_a_lent_node_and_in_on_reclaim() {
-    let db = new_db("fmsched_lyra_elastic").await;
+    let db = TestDb::create("fmsched_lyra_elastic").await;
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
     let (_sched, _agents) = lyra_cluster(&db, port, dir.path(), &["inf-1"]);
@@ -6289,7 +6283,7 @@ fn metric_opt(exposition: &str, name: &str) -> Option<f64> {
 /// latencies.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn e2e_prompt_a_second_request_starts_warm_and_idle_warm_gpus_are_released() {
-    let db = new_db("fmsched_prompt_warm").await;
+    let db = TestDb::create("fmsched_prompt_warm").await;
     let dir = tempfile::tempdir().unwrap();
     let _trainers = TrainersOf::new(dir.path());
     let (port, mport, aport) = (free_port(), free_port(), free_port());
@@ -6474,7 +6468,7 @@ async fn e2e_prompt_a_second_request_starts_warm_and_idle_warm_gpus_are_released
 /// resumes and completes, and no process of it is left.
 #[tokio::test]
 async fn e2e_hardening_a_restarted_agent_stops_the_trainer_its_predecessor_left() {
-    let db = new_db("fmsched_orphans").await;
+    let db = TestDb::create("fmsched_orphans").await;
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
     let _sched = scheduler_without_profiling(&db, port, dir.path());
@@ -6516,7 +6510,7 @@ async fn e2e_hardening_a_restarted_agent_stops_the_trainer_its_predecessor_left(
 /// it forward, and both start within seconds.
 #[tokio::test]
 async fn e2e_deadline_a_job_that_would_miss_waiting_brings_the_round_forward() {
-    let db = new_db("fmsched_deadline_rounds").await;
+    let db = TestDb::create("fmsched_deadline_rounds").await;
     let dir = tempfile::tempdir().unwrap();
     let (port, mport) = (free_port(), free_port());
     let _sched = scheduler_env(
@@ -6606,7 +6600,7 @@ async fn e2e_deadline_a_job_that_would_miss_waiting_brings_the_round_forward() {
 /// one to start it after.
 #[tokio::test]
 async fn e2e_deadline_rounds_on_events_run_a_job_within_one_interval() {
-    let db = new_db("fmsched_event_rounds").await;
+    let db = TestDb::create("fmsched_event_rounds").await;
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
     let _sched = scheduler_env(

@@ -117,11 +117,6 @@ fn pid_alive(pid: u32) -> bool {
     std::path::Path::new(&format!("/proc/{pid}")).exists()
 }
 
-/// FNV-1a, for stable fake UUIDs and the noise seed.
-fn fnv(s: &str) -> u64 {
-    fmsched_core::hash::fnv1a(s.as_bytes())
-}
-
 impl FakeGpuBackend {
     /// `count` GPUs of `model` on node `node_id`. UUIDs are derived from the
     /// node id so they are stable across agent restarts and unique per node.
@@ -140,7 +135,7 @@ impl FakeGpuBackend {
                     names.join(", ")
                 )
             })?;
-        let h = fnv(node_id);
+        let h = fmsched_core::hash::fnv1a(node_id.as_bytes());
         let uuids = (0..count)
             .map(|i| {
                 format!(
