@@ -363,10 +363,9 @@ pub struct Prepared {
     pub eligible: Vec<PairKey>,
     /// Jobs no node can hold under the executor's rule, and why.
     pub unschedulable: Vec<(usize, String)>,
-    /// GPUs of the largest node the round may use.
-    pub largest_node: u32,
-    /// The same per GPU family.
-    pub largest_by_model: BTreeMap<String, u32>,
+    /// GPUs of each node the round may use (not Offline), per GPU family,
+    /// largest first.
+    pub family_nodes: BTreeMap<String, Vec<u32>>,
     /// GPUs of every node that is not Offline.
     pub total_gpus: u32,
     /// Running non-preemptible jobs that keep their GPUs outside the policy
@@ -393,36 +392,40 @@ pub struct Prepared {
 }
 
 impl Prepared {
-    /// GPUs a job asking for `gpus` (on `gpu_model`, if it names one) is
-    /// offered: all of them, or at most the largest node's (of its family)
-    /// when the executor runs a group on one node.
-    pub fn offered(&self, cfg: &RoundConfig, gpus: u32, gpu_model: Option<&str>) -> u32 {
+    /// GPUs job `j` asking for `gpus` is offered: at most what one GPU
+    /// family it may run on holds ([`offered`]).
+    pub fn offered(&self, cfg: &RoundConfig, gpus: u32, j: &JobView) -> u32 {
         offered(
             cfg,
-            self.largest_node,
-            &self.largest_by_model,
+            &self.family_nodes,
             gpus,
-            gpu_model,
+            j.gpu_model.as_deref(),
+            &j.unfit_families,
         )
     }
 }
 
-/// [`Prepared::offered`], before the `Prepared` exists.
+/// GPUs a job asking for `gpus` is offered. A group runs on one GPU
+/// family (its `gpu_model` if it names one, else any its model fits, not
+/// those of `unfit`), on at most `max_nodes_per_group` of that family's
+/// nodes: at most the most GPUs such a set of nodes holds. Offered more, a
+/// policy plans a size no placement can hold, and the job waits on a
+/// cluster with room for it (4 A100s and 4 H100s: planned on 8).
 fn offered(
     cfg: &RoundConfig,
-    largest_node: u32,
-    largest_by_model: &BTreeMap<String, u32>,
+    family_nodes: &BTreeMap<String, Vec<u32>>,
     gpus: u32,
     gpu_model: Option<&str>,
+    unfit: &[String],
 ) -> u32 {
-    if cfg.max_nodes_per_group != Some(1) {
-        return gpus;
-    }
-    let largest = match gpu_model {
-        Some(m) => largest_by_model.get(m).copied().unwrap_or(0),
-        None => largest_node,
-    };
-    gpus.min(largest)
+    let span = cfg.max_nodes_per_group.unwrap_or(usize::MAX);
+    let most = family_nodes
+        .iter()
+        .filter(|(f, _)| gpu_model.is_none_or(|m| m == f.as_str()) && !unfit.contains(f))
+        .map(|(_, sizes)| sizes.iter().take(span).sum::<u32>())
+        .max()
+        .unwrap_or(0);
+    gpus.min(most)
 }
 
 /// A candidate merge as the caller estimated it.
@@ -559,17 +562,15 @@ pub fn prepare(view: &ClusterView, policy: &dyn Policy, cfg: &RoundConfig) -> Pr
         .filter(|&n| view.nodes[n].state != NodeState::Offline && view.nodes[n].gpus > 0)
         .collect();
     let total_gpus: u32 = present.iter().map(|&n| view.nodes[n].gpus).sum();
-    let largest_node = present
-        .iter()
-        .map(|&n| view.nodes[n].gpus)
-        .max()
-        .unwrap_or(0);
-    let mut largest_by_model: BTreeMap<String, u32> = BTreeMap::new();
+    let mut family_nodes: BTreeMap<String, Vec<u32>> = BTreeMap::new();
     for &n in &present {
-        let e = largest_by_model
+        family_nodes
             .entry(view.nodes[n].gpu_model.clone())
-            .or_default();
-        *e = (*e).max(view.nodes[n].gpus);
+            .or_default()
+            .push(view.nodes[n].gpus);
+    }
+    for sizes in family_nodes.values_mut() {
+        sizes.sort_unstable_by(|a, b| b.cmp(a));
     }
     let profiling = if cfg.profiling {
         reserve_profiling(view, &present, total_gpus, cfg.profiling_share)
@@ -647,10 +648,10 @@ pub fn prepare(view: &ClusterView, policy: &dyn Policy, cfg: &RoundConfig) -> Pr
                 let cap = |g: u32| {
                     offered(
                         cfg,
-                        largest_node,
-                        &largest_by_model,
+                        &family_nodes,
                         g,
                         j.gpu_model.as_deref(),
+                        &j.unfit_families,
                     )
                 };
                 let max_gpus = cap(j.max_gpus).max(j.min_gpus);
@@ -764,8 +765,7 @@ pub fn prepare(view: &ClusterView, policy: &dyn Policy, cfg: &RoundConfig) -> Pr
         kept,
         eligible,
         unschedulable,
-        largest_node,
-        largest_by_model,
+        family_nodes,
         total_gpus,
         pinned,
         caps,
@@ -1345,7 +1345,7 @@ pub fn snapshot(
             let quota = prepared.caps.get(&i).copied().unwrap_or(u32::MAX);
             let cap = |g: u32, j: &JobView| {
                 prepared
-                    .offered(cfg, g, j.gpu_model.as_deref())
+                    .offered(cfg, g, j)
                     .min(quota)
                     .max(j.min_gpus.min(g))
             };
@@ -3354,6 +3354,59 @@ mod tests {
         assert_eq!(d.outcome.stats.unplaced_jobs, vec![(1, 4)]);
     }
 
+    /// A group runs on one GPU family, so a job that may grow past what one
+    /// family holds is offered the most one family holds, not the
+    /// cluster's GPUs: on 6 A100s and 2 + 2 H100s, a job of up to 100 GPUs
+    /// runs on the 6 A100s (it was planned on all 10, placement found no
+    /// room for them, and it waited on an empty cluster). Its own
+    /// `gpu_model` narrows the offer to that family (over one node when a
+    /// group may not span nodes), and a family its model does not fit is
+    /// not offered.
+    #[test]
+    fn a_job_is_offered_no_more_gpus_than_one_gpu_family_holds() {
+        let mut nodes = vec![node("a100", 6), node("h100-1", 2), node("h100-2", 2)];
+        nodes[1].gpu_model = "H100".into();
+        nodes[2].gpu_model = "H100".into();
+        let cfg = RoundConfig {
+            profiling: false,
+            ..Default::default()
+        };
+        for policy in ["ymir", "pollux"] {
+            let mut big = job("big", "cola", JobState::Queued, 1);
+            big.max_gpus = 100;
+            let d = run(&view(nodes.clone(), vec![big]), policy, &cfg);
+            assert_eq!(d.snapshot.jobs[0].max_gpus, 6, "{policy}");
+            assert!(d.outcome.unplaced.is_empty(), "{policy}: {d:?}");
+            assert_eq!(d.outcome.groups.len(), 1, "{policy}: {d:?}");
+            let gpus = &d.outcome.groups[0].gpus;
+            // The widest size of the policy's set that one family holds
+            // (Ymir's {0,1,2,3,4m}: 4).
+            let widest = d.snapshot.allocations.iter().filter(|&&a| a <= 6).max();
+            assert_eq!(Some(&(gpus.len() as u32)), widest, "{policy}: {d:?}");
+            let families: BTreeSet<&str> =
+                gpus.iter().map(|g| nodes[g.0].gpu_model.as_str()).collect();
+            assert_eq!(families.len(), 1, "{policy}: {d:?}");
+        }
+        // Over nodes of one family only when a group may span nodes.
+        let single = RoundConfig {
+            max_nodes_per_group: Some(1),
+            ..cfg.clone()
+        };
+        let mut big = job("big", "cola", JobState::Queued, 1);
+        big.max_gpus = 100;
+        big.gpu_model = Some("H100".into());
+        let d = run(&view(nodes.clone(), vec![big.clone()]), "ymir", &cfg);
+        assert_eq!(d.snapshot.jobs[0].max_gpus, 4);
+        let d = run(&view(nodes.clone(), vec![big.clone()]), "ymir", &single);
+        assert_eq!(d.snapshot.jobs[0].max_gpus, 2);
+        // A family the model does not fit is never offered.
+        big.gpu_model = None;
+        big.unfit_families = vec!["A100".into()];
+        let d = run(&view(nodes.clone(), vec![big]), "ymir", &cfg);
+        assert_eq!(d.snapshot.jobs[0].max_gpus, 4);
+        assert!(d.outcome.groups[0].gpus.iter().all(|g| g.0 > 0), "{d:?}");
+    }
+
     /// A job whose model does not fit a family's GPUs profiles and runs on
     /// the other family only, is estimated there, and on a cluster of that
     /// family alone it waits with an event saying why; the jobs behind it
@@ -4208,7 +4261,7 @@ mod tests {
                 if !pol.rigid() {
                     let most: u32 = p.jobs.iter().chain(&p.pinned).chain(p.queue_out.iter().map(|o| &o.0))
                         .filter(|&&i| v.jobs[i].queue == "a")
-                        .map(|&i| p.offered(&cfg, v.jobs[i].max_gpus, v.jobs[i].gpu_model.as_deref()).max(v.jobs[i].min_gpus))
+                        .map(|&i| p.offered(&cfg, v.jobs[i].max_gpus, &v.jobs[i]).max(v.jobs[i].min_gpus))
                         .sum();
                     prop_assert_eq!(demand, most);
                 }

@@ -3705,8 +3705,8 @@ async fn e2e_gang_heterogeneous_a_job_moves_to_faster_gpus_that_free_up() {
 }
 
 /// `resources.gpu_model` acts on a mixed cluster: jobs bound to H100s
-/// profile and train only on the H100 node, the others run anywhere, and
-/// all complete; a GPU model nobody has is refused at submit naming the
+/// profile and train only on the H100 node, the others run anywhere (one
+/// that may grow past a family's GPUs too), and all complete; a GPU model nobody has is refused at submit naming the
 /// field; a job no set of the registered nodes can hold is kept and said
 /// at submit.
 #[tokio::test]
@@ -3733,7 +3733,10 @@ async fn e2e_gang_heterogeneous_a_gpu_model_job_runs_only_on_its_model() {
         ("h1".into(), bound("h1", "mrpc")),
         ("h2".into(), bound("h2", "cola")),
         ("any0".into(), job_yaml("any0", "stsb", 800, 2)),
-        ("any1".into(), job_yaml("any1", "qnli", 800, 2)),
+        // May grow far past one family's 4 GPUs: it is offered 4 (a
+        // group runs on one GPU model); offered the cluster's 8, it was
+        // planned on 8, placed nowhere, and waited on idle GPUs.
+        ("any1".into(), job_yaml("any1", "qnli", 3000, 64)),
     ];
     assert!(jobs[0].1.contains("gpu_model: H100-80GB"), "{}", jobs[0].1);
     submit(port, dir.path(), jobs).expect("submit");

@@ -1264,11 +1264,7 @@ fn plan_writes(
             .iter()
             .enumerate()
             .map(|(v, j)| {
-                let request = inputs.prepared.offered(
-                    &inputs.config,
-                    j.requested_gpus,
-                    j.gpu_model.as_deref(),
-                );
+                let request = inputs.prepared.offered(&inputs.config, j.requested_gpus, j);
                 (
                     t.jobs[v],
                     round::fair_share(inputs.prepared.total_gpus, live, request),
