@@ -1875,6 +1875,96 @@ async fn e2e_the_merge_guard_splits_harmful_merges_and_the_jobs_still_complete()
     drop(sched);
 }
 
+/// Cancelling one job of a spatial pair ends its training: the merge is
+/// split with the reason, the joint process is stopped at a checkpoint,
+/// and the other job trains on alone from that checkpoint (its iteration
+/// counter going on) to completion. Before, the joint process went on
+/// training the cancelled task beside the live one (each step takes a
+/// batch of each) until it met its own target.
+#[tokio::test]
+async fn e2e_cancelling_one_job_of_a_spatial_pair_splits_it_and_the_other_trains_on_alone() {
+    let db = TestDb::create("fmsched_cancel_merged").await;
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let sched = scheduler(&db, port, dir.path());
+    wait_up("scheduler up", port);
+    let _a = agent("node-a", port, dir.path());
+    // Two one-GPU jobs of related tasks arriving together: a spatial pair.
+    let job = |name: &str, task: &str| {
+        let yaml = job_yaml(name, task, 3000, 1).replace("\"40\"", "\"20\"");
+        (name.to_string(), yaml)
+    };
+    submit(
+        port,
+        dir.path(),
+        [job("pair-a", "stsb"), job("pair-b", "mrpc")],
+    )
+    .expect("submit");
+    let mut c = sqlx::PgConnection::connect(&db_url(&db)).await.unwrap();
+    // The pair trains together for a while.
+    let until = Instant::now() + Duration::from_secs(90);
+    let (merge, a, b) = loop {
+        let row: Option<(i64, String, String, String)> = sqlx::query_as(
+            "SELECT m.id, a.id::text, b.id::text, m.mode FROM merges m
+             JOIN jobs a ON a.id = m.job_a JOIN jobs b ON b.id = m.job_b
+             JOIN job_progress p ON p.job_id = m.job_b
+             WHERE m.state = 'active' AND p.iteration > 0",
+        )
+        .fetch_optional(&mut c)
+        .await
+        .unwrap();
+        if let Some((m, a, b, mode)) = row {
+            assert_eq!(mode, "spatial", "the two were merged as a pair");
+            break (m, a, b);
+        }
+        assert!(Instant::now() < until, "the two never trained as a pair");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    fmctl(port, &["cancel", &a]).expect("cancel A");
+    let done = wait_for("B completed", Duration::from_secs(180), || {
+        let j = jobs(port)?;
+        match j.get(&b).map(|s| s.0.as_str()) {
+            Some("completed") => Ok(j),
+            Some("failed") => panic!("B failed: {j:?}"),
+            other => Err(format!("B is {other:?}")),
+        }
+    });
+    assert_eq!(done[&a].0, "cancelled");
+    let events = print_events(&mut c).await;
+    let (state, reason): (String, String) =
+        sqlx::query_as("SELECT state, reason FROM merges WHERE id = $1")
+            .bind(merge)
+            .fetch_one(&mut c)
+            .await
+            .unwrap();
+    assert_eq!(state, "split", "{reason}");
+    assert!(
+        reason.contains(&format!("{a} was cancelled")),
+        "the split says why: {reason}"
+    );
+    // Both jobs' histories say so, and the cancelled one never completes.
+    let split_events = events
+        .iter()
+        .filter(|e| e.3.contains("split by the round") && e.3.contains("was cancelled"))
+        .count();
+    assert_eq!(split_events, 2, "{events:#?}");
+    let b_err = fmctl(port, &["logs", &b, "--stderr"]).unwrap();
+    eprintln!("B's log:\n{b_err}");
+    // B's own process resumed from the joint process's checkpoint, its
+    // iterations going on.
+    let resumed = b_err
+        .split("resumed from ")
+        .nth(1)
+        .and_then(|r| r.split(" at iteration ").nth(1))
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(|n| n.parse::<u64>().ok())
+        .unwrap_or_else(|| panic!("B did not resume from a checkpoint:\n{b_err}"));
+    assert!(resumed > 0, "B's iterations went on: {resumed}");
+    let log = sched.log_text();
+    assert!(log.contains("merge split: one of its jobs ended"), "{log}");
+    drop(c);
+}
+
 /// A merge-ready job (metric target, sharing) of `task` on `gpus` GPUs at
 /// most, the fake trainer at `compression`.
 fn metric_job(

@@ -212,6 +212,7 @@ pub(crate) async fn observe(
         o.nodes = nodes;
         return Ok(o);
     }
+    split_merges_of_ended_jobs(state, &mut o).await?;
     // Evaluation values per job reported this round (the guard reads them),
     // and each job's latest (iteration, loss) in a joint process.
     let mut evals: BTreeMap<JobId, Vec<f64>> = BTreeMap::new();
@@ -543,6 +544,46 @@ fn predict_metric_target(
         }
         None => e.note += "; no dataset.num_samples: iterations not estimated",
     }
+}
+
+/// An active merge one of whose jobs ended without completing (cancelled,
+/// or failed for good) is split, and the other job goes on alone: the
+/// joint process of a spatial pair would otherwise go on training the
+/// cancelled task beside the live one (every step takes a batch of each)
+/// until it met its target. As a guard split, a spatial pair's live job
+/// waits one round for the joint process's last checkpoint
+/// (`split_now`). A job that completed ends nothing: a spatial pair's
+/// other task trains on in the joint process, and a temporal B starts
+/// from A's weights.
+async fn split_merges_of_ended_jobs(state: &AppState, o: &mut Observed) -> Result<(), RoundError> {
+    let ended: BTreeSet<JobId> = o
+        .merges
+        .iter()
+        .filter(|m| m.active && !o.split_now.contains(&m.id))
+        .flat_map(|m| [m.a, m.b])
+        .filter(|j| !o.live.contains_key(j))
+        .collect();
+    for job in ended {
+        let Some(rec) = state.persistence.get_job(job).await? else {
+            continue;
+        };
+        if !rec.state.is_terminal() || rec.state == JobState::Completed {
+            continue;
+        }
+        for m in o
+            .merges
+            .iter_mut()
+            .filter(|m| m.active && (m.a == job || m.b == job))
+        {
+            let other = if m.a == job { m.b } else { m.a };
+            let reason = format!("{job} was {}; {other} trains on alone", rec.state);
+            tracing::info!(merge = m.id, job_id = %job, state = %rec.state, "merge split: one of its jobs ended");
+            o.split_now.insert(m.id);
+            o.writes.released.push((m.clone(), reason));
+            m.active = false;
+        }
+    }
+    Ok(())
 }
 
 /// The merge guard (Ymir §4.3): a merge whose watched accuracy does not
