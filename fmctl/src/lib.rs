@@ -342,6 +342,33 @@ impl Client {
 
     /// Streams a job's events (history after `after`, then live) until it
     /// reaches a terminal state.
+    /// `job`'s history as of when it was read: its events up to
+    /// `job.last_event_sequence` (WatchJob's history, the stream dropped
+    /// before it waits for new events), oldest first.
+    pub async fn job_history(&self, job: &pb::Job) -> Result<Vec<pb::JobEvent>, ClientError> {
+        let mut out = Vec::new();
+        if job.last_event_sequence <= 0 {
+            return Ok(out);
+        }
+        let mut stream = self.watch_job(&job.id, 0).await?;
+        // A history that never reaches the sequence read (a server that
+        // kept some back) ends the read rather than wait for new events.
+        let read = async {
+            while let Some(ev) = stream.message().await? {
+                let last = ev.sequence >= job.last_event_sequence;
+                out.push(ev);
+                if last {
+                    break;
+                }
+            }
+            Ok::<(), ClientError>(())
+        };
+        if let Ok(r) = tokio::time::timeout(Duration::from_secs(10), read).await {
+            r?;
+        }
+        Ok(out)
+    }
+
     pub async fn watch_job(
         &self,
         id: &str,

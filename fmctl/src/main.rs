@@ -546,7 +546,10 @@ async fn run(cli: Cli) -> Result<u8, ClientError> {
         Cmd::Job { id } => {
             let job = client.get_job(&id).await?;
             match fmt {
-                Format::Table => println!("{}", output::job_detail(&job)),
+                Format::Table => {
+                    let history = client.job_history(&job).await?;
+                    println!("{}", output::job_detail_with_history(&job, &history));
+                }
                 Format::Json => print_json(&output::job_json(&job)),
             }
         }

@@ -224,6 +224,52 @@ pub fn job_detail(j: &pb::Job) -> String {
     s.trim_end().to_string()
 }
 
+/// Events `fmctl job` shows at the end, newest last.
+pub const RECENT_EVENTS: usize = 10;
+
+/// `job_detail` with what the history adds: for a job that waits, why (an
+/// `unschedulable` event newer than its last change of state says what
+/// holds it back, which the state's own reason no longer does), and its
+/// last [`RECENT_EVENTS`] events.
+pub fn job_detail_with_history(j: &pb::Job, history: &[pb::JobEvent]) -> String {
+    let mut s = job_detail(j);
+    if let Some(why) = waiting_reason(j, history) {
+        // After the state's own lines, before the spec.
+        let at = s.find("\nSubmitted:").map_or(s.len(), |i| i + 1);
+        s.insert_str(at, &format!("Waiting:     {why}\n"));
+    }
+    if !history.is_empty() {
+        let skip = history.len().saturating_sub(RECENT_EVENTS);
+        s.push_str(&format!(
+            "\nEvents ({} of {}, `fmctl watch {}` for all):\n",
+            history.len() - skip,
+            history.len(),
+            j.id
+        ));
+        for e in &history[skip..] {
+            s.push_str(&format!("  {}\n", event_line(e)));
+        }
+    }
+    s.trim_end().to_string()
+}
+
+/// Why a job that has not started (or was put back) waits: the newest
+/// `unschedulable` event after its last change of state.
+pub fn waiting_reason<'e>(j: &pb::Job, history: &'e [pb::JobEvent]) -> Option<&'e str> {
+    let waits = [pb::JobState::Submitted, pb::JobState::Queued]
+        .iter()
+        .any(|s| *s as i32 == j.state);
+    if !waits {
+        return None;
+    }
+    history
+        .iter()
+        .rev()
+        .take_while(|e| e.to_state == 0)
+        .find(|e| e.kind == "unschedulable")
+        .map(|e| e.message.strip_prefix("waiting: ").unwrap_or(&e.message))
+}
+
 pub fn event_line(e: &pb::JobEvent) -> String {
     let change = if e.to_state != 0 {
         if e.from_state != 0 {
@@ -559,6 +605,88 @@ mod tests {
         assert_eq!(lines[0], "A     LONGER");
         assert_eq!(lines[1], "xxxx  y");
         assert_eq!(lines[2], "z     w");
+    }
+
+    fn event(seq: i64, kind: &str, to: pb::JobState, message: &str) -> pb::JobEvent {
+        pb::JobEvent {
+            sequence: seq,
+            kind: kind.into(),
+            to_state: to as i32,
+            message: message.into(),
+            ..Default::default()
+        }
+    }
+
+    /// `fmctl job` says why a waiting job waits (the newest `unschedulable`
+    /// event since its last change of state, which its state's reason no
+    /// longer says) and shows its last events; a running job or one whose
+    /// `unschedulable` event came before a later change shows no such line.
+    #[test]
+    fn a_waiting_job_says_why_and_shows_its_last_events() {
+        let too_wide = "waiting: needs at least 16 GPUs and the cluster has 4";
+        let mut history = vec![event(
+            1,
+            "submitted",
+            pb::JobState::Submitted,
+            "job submitted",
+        )];
+        for k in 0..12 {
+            history.push(event(
+                2 + k,
+                "unschedulable",
+                pb::JobState::Unspecified,
+                too_wide,
+            ));
+        }
+        history.push(event(14, "state_changed", pb::JobState::Queued, "profiled"));
+        history.push(event(
+            15,
+            "unschedulable",
+            pb::JobState::Unspecified,
+            too_wide,
+        ));
+        let mut job = pb::Job {
+            id: "j".into(),
+            state: pb::JobState::Queued as i32,
+            state_reason: "profiled".into(),
+            last_event_sequence: 15,
+            ..Default::default()
+        };
+        assert_eq!(
+            waiting_reason(&job, &history),
+            Some("needs at least 16 GPUs and the cluster has 4")
+        );
+        let text = job_detail_with_history(&job, &history);
+        let lines: Vec<&str> = text.lines().collect();
+        let reason = lines.iter().position(|l| l.starts_with("Reason:")).unwrap();
+        assert_eq!(
+            lines[reason + 1],
+            "Waiting:     needs at least 16 GPUs and the cluster has 4"
+        );
+        assert!(
+            text.contains("Events (10 of 15, `fmctl watch j` for all):"),
+            "{text}"
+        );
+        assert_eq!(
+            text.lines().filter(|l| l.contains("#")).count(),
+            10,
+            "{text}"
+        );
+        assert!(text.trim_end().ends_with(too_wide), "newest last:\n{text}");
+        // A change of state after the note: it no longer says why.
+        history.push(event(
+            16,
+            "state_changed",
+            pb::JobState::Queued,
+            "re-queued",
+        ));
+        assert_eq!(waiting_reason(&job, &history), None);
+        // Running: nothing waits.
+        history.pop();
+        job.state = pb::JobState::Running as i32;
+        assert_eq!(waiting_reason(&job, &history), None);
+        // No history, no events section.
+        assert!(!job_detail_with_history(&job, &[]).contains("Events"));
     }
 
     #[test]

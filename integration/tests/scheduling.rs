@@ -3894,6 +3894,15 @@ async fn e2e_gang_heterogeneous_a_gpu_model_job_runs_only_on_its_model() {
                 && warnings[0].as_str().unwrap_or_default().contains(why),
             "{name}: {out}"
         );
+        // `fmctl job` says why it waits, and shows the event that said it.
+        let id = v[0]["job"]["id"].as_str().unwrap_or_default();
+        let shown = fmctl(port, &["job", id]).unwrap();
+        let waiting = shown.lines().find(|l| l.starts_with("Waiting:"));
+        assert!(
+            waiting.is_some_and(|l| l.contains(why)),
+            "{name}: no Waiting line:\n{shown}"
+        );
+        assert!(shown.contains("Events ("), "{shown}");
     }
     // A job that fits says nothing.
     let f = dir.path().join("fits.yaml");
