@@ -1875,20 +1875,24 @@ async fn e2e_the_merge_guard_splits_harmful_merges_and_the_jobs_still_complete()
     drop(sched);
 }
 
-/// Cancelling one job of a spatial pair ends its training: the merge is
+/// A spatial pair runs as one process, and acts as one. An admin's
+/// re-queue of one of its jobs suspends the joint process at a checkpoint
+/// and both jobs say so; the pair is placed again and the joint process
+/// resumes from it (before, the process ran on while the history said the
+/// job was suspended). Cancelling one job ends its training: the merge is
 /// split with the reason, the joint process is stopped at a checkpoint,
 /// and the other job trains on alone from that checkpoint (its iteration
-/// counter going on) to completion. Before, the joint process went on
-/// training the cancelled task beside the live one (each step takes a
-/// batch of each) until it met its own target.
+/// counter going on) to completion (before, the joint process went on
+/// training the cancelled task beside the live one, each step a batch of
+/// each, until it met its own target).
 #[tokio::test]
-async fn e2e_cancelling_one_job_of_a_spatial_pair_splits_it_and_the_other_trains_on_alone() {
+async fn e2e_a_spatial_pair_is_requeued_as_one_and_cancelling_one_job_splits_it() {
     let db = TestDb::create("fmsched_cancel_merged").await;
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
     let sched = scheduler(&db, port, dir.path());
     wait_up("scheduler up", port);
-    let _a = agent("node-a", port, dir.path());
+    let node = agent("node-a", port, dir.path());
     // Two one-GPU jobs of related tasks arriving together: a spatial pair.
     let job = |name: &str, task: &str| {
         let yaml = job_yaml(name, task, 3000, 1).replace("\"40\"", "\"20\"");
@@ -1920,6 +1924,46 @@ async fn e2e_cancelling_one_job_of_a_spatial_pair_splits_it_and_the_other_trains
         assert!(Instant::now() < until, "the two never trained as a pair");
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
+    // A re-queue of B takes the joint process off its GPU: both jobs are
+    // suspended, then placed again, and the process resumes.
+    fmctl(port, &["admin", "requeue", &b]).expect("re-queue B");
+    let back = "held back this round (re-queued or retrying): suspended from its checkpoint";
+    let until = Instant::now() + Duration::from_secs(60);
+    loop {
+        let placed_again: i64 = sqlx::query_scalar(
+            "SELECT count(DISTINCT s.job_id) FROM job_events s JOIN job_events p
+               ON p.job_id = s.job_id AND p.seq > s.seq
+             WHERE s.job_id IN ($1::uuid, $2::uuid) AND s.message LIKE $3
+               AND p.message LIKE 'placed on %'",
+        )
+        .bind(&a)
+        .bind(&b)
+        .bind(format!("{back}%"))
+        .fetch_one(&mut c)
+        .await
+        .unwrap();
+        if placed_again == 2 {
+            break;
+        }
+        assert!(
+            Instant::now() < until,
+            "the pair was not suspended and placed again as one ({placed_again} of 2)"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let joint = format!("task={a}+{b}");
+    let until = Instant::now() + Duration::from_secs(30);
+    while !strip_ansi(&node.log_text())
+        .lines()
+        .any(|l| l.contains("launched") && l.contains(&joint) && l.contains("resume=Some"))
+    {
+        assert!(
+            Instant::now() < until,
+            "the joint process never resumed from its checkpoint:\n{}",
+            node.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     fmctl(port, &["cancel", &a]).expect("cancel A");
     let done = wait_for("B completed", Duration::from_secs(180), || {
         let j = jobs(port)?;

@@ -387,11 +387,15 @@ pub(crate) async fn load(
         .filter(|(_, r)| r.retry_after.is_some_and(|t| t > now))
         .map(|(j, _)| *j)
         .collect();
-    for m in o
-        .merges
-        .iter()
-        .filter(|m| o.split_now.contains(&m.id) && m.mode == MergeMode::Spatial)
-    {
+    // A spatial pair runs as one process: split this round, or one of its
+    // jobs re-queued by an admin, both wait a round (the joint process
+    // stops at its checkpoint). Holding back one of them alone left the
+    // joint process running while the history said it was suspended.
+    for m in o.merges.iter().filter(|m| {
+        m.mode == MergeMode::Spatial
+            && (o.split_now.contains(&m.id)
+                || (m.active && [m.a, m.b].iter().any(|j| o.admin.requeues.contains_key(j))))
+    }) {
         held_back.extend([m.a, m.b]);
     }
     held_back.extend(o.admin.requeues.keys().copied());
