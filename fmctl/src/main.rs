@@ -548,7 +548,7 @@ async fn run(cli: Cli) -> Result<u8, ClientError> {
             match fmt {
                 Format::Table => {
                     let history = client.job_history(&job).await?;
-                    println!("{}", output::job_detail_with_history(&job, &history));
+                    println!("{}", output::job_detail(&job, &history));
                 }
                 Format::Json => print_json(&output::job_json(&job)),
             }

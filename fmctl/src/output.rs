@@ -165,7 +165,10 @@ pub fn jobs_table(jobs: &[pb::Job]) -> String {
     )
 }
 
-pub fn job_detail(j: &pb::Job) -> String {
+/// `fmctl job`: the job, why it waits when it does ([`waiting_reason`]:
+/// the state's own reason no longer says what holds it back), its spec, and
+/// the last [`RECENT_EVENTS`] events of `history`.
+pub fn job_detail(j: &pb::Job, history: &[pb::JobEvent]) -> String {
     let v = job_json(j);
     let spec_yaml = serde_yaml_ng::to_string(&v["spec"]).unwrap_or_default();
     let mut s = format!(
@@ -176,6 +179,9 @@ pub fn job_detail(j: &pb::Job) -> String {
     );
     if !j.state_reason.is_empty() {
         s.push_str(&format!("Reason:      {}\n", j.state_reason));
+    }
+    if let Some(why) = waiting_reason(j, history) {
+        s.push_str(&format!("Waiting:     {why}\n"));
     }
     s.push_str(&format!(
         "Submitted:   {}\nUpdated:     {}\n",
@@ -221,23 +227,6 @@ pub fn job_detail(j: &pb::Job) -> String {
     for l in spec_yaml.lines() {
         s.push_str(&format!("  {l}\n"));
     }
-    s.trim_end().to_string()
-}
-
-/// Events `fmctl job` shows at the end, newest last.
-pub const RECENT_EVENTS: usize = 10;
-
-/// `job_detail` with what the history adds: for a job that waits, why (an
-/// `unschedulable` event newer than its last change of state says what
-/// holds it back, which the state's own reason no longer does), and its
-/// last [`RECENT_EVENTS`] events.
-pub fn job_detail_with_history(j: &pb::Job, history: &[pb::JobEvent]) -> String {
-    let mut s = job_detail(j);
-    if let Some(why) = waiting_reason(j, history) {
-        // After the state's own lines, before the spec.
-        let at = s.find("\nSubmitted:").map_or(s.len(), |i| i + 1);
-        s.insert_str(at, &format!("Waiting:     {why}\n"));
-    }
     if !history.is_empty() {
         let skip = history.len().saturating_sub(RECENT_EVENTS);
         s.push_str(&format!(
@@ -252,6 +241,9 @@ pub fn job_detail_with_history(j: &pb::Job, history: &[pb::JobEvent]) -> String 
     }
     s.trim_end().to_string()
 }
+
+/// Events `fmctl job` shows at the end, newest last.
+pub const RECENT_EVENTS: usize = 10;
 
 /// Why a job that has not started (or was put back) waits: the newest
 /// `unschedulable` event after its last change of state.
@@ -656,7 +648,7 @@ mod tests {
             waiting_reason(&job, &history),
             Some("needs at least 16 GPUs and the cluster has 4")
         );
-        let text = job_detail_with_history(&job, &history);
+        let text = job_detail(&job, &history);
         let lines: Vec<&str> = text.lines().collect();
         let reason = lines.iter().position(|l| l.starts_with("Reason:")).unwrap();
         assert_eq!(
@@ -686,7 +678,7 @@ mod tests {
         job.state = pb::JobState::Running as i32;
         assert_eq!(waiting_reason(&job, &history), None);
         // No history, no events section.
-        assert!(!job_detail_with_history(&job, &[]).contains("Events"));
+        assert!(!job_detail(&job, &[]).contains("Events"));
     }
 
     #[test]
