@@ -247,10 +247,12 @@ pub struct JobView {
     /// Scheduled without a profiling run of its own
     /// ([`crate::job::JobSpec::skips_profiling`]: a prompt-tuning job).
     pub skip_profiling: bool,
-    /// For a job that trains now: its time on each GPU family at the GPUs
-    /// it holds, relative to its time where it runs (1: as fast; 0.5:
-    /// twice as fast), from the caller's throughput table. Empty: unknown
-    /// (it is never moved for speed). See [`SchedJob::family_time_ratio`].
+    /// For a job that trains now: its time on each other GPU family at the
+    /// GPUs it holds, relative to its time where it runs (1: as fast; 0.5:
+    /// twice as fast), from the caller's throughput table; for one that
+    /// holds none, at its smallest allocation, relative to the family its
+    /// times are estimated on. Empty: unknown (it is never moved for
+    /// speed, and placed on any family). See [`SchedJob::family_time_ratio`].
     pub family_time_ratio: Vec<(String, f64)>,
 }
 
@@ -906,11 +908,14 @@ pub fn default_shape(
     largest_of(nodes, family)
 }
 
-/// Fills [`JobView::family_time_ratio`] of each job that trains alone (it
-/// holds GPUs, does not profile, is in no merge and names no GPU model):
+/// Fills [`JobView::family_time_ratio`] of each job that trains alone or
+/// waits to (it is in no merge and names no GPU model):
 /// its time on every other GPU family of the cluster at the GPUs it holds,
 /// relative to its time where it runs, for placement's move to a faster
-/// family. `time(v, family, gpus, per_node)` is job `v`'s time (any unit)
+/// family; for a job that holds none (or holds a profiling run's), at its
+/// smallest allocation relative
+/// to the family its times are estimated on ([`default_shape`]), for
+/// placement's choice of family. `time(v, family, gpus, per_node)` is job `v`'s time (any unit)
 /// on `gpus` GPUs of `family` packed on nodes of `per_node` (each family's
 /// largest present node, as estimates pack on it); `None` where it is not
 /// known or cannot run, and for a job its caller keeps where it is.
@@ -938,22 +943,32 @@ pub fn family_time_ratios<E>(
     let usable = |t: Option<f64>| t.filter(|t| t.is_finite() && *t > 0.0);
     for v in 0..view.jobs.len() {
         let j = &view.jobs[v];
-        if j.holds.is_empty() || j.profiling_run || j.gpu_model.is_some() || merged.contains(&v) {
+        if j.gpu_model.is_some() || merged.contains(&v) {
             continue;
         }
-        let Some(here) = view.nodes.get(j.holds[0].0).map(|n| n.gpu_model.as_str()) else {
+        // A profiling run's GPUs are not where the job will train.
+        let training = j.holds.first().filter(|_| !j.profiling_run);
+        let (here, gpus) = match training {
+            Some(g) => match view.nodes.get(g.0) {
+                Some(n) => (n.gpu_model.clone(), j.holds.len() as u32),
+                None => continue,
+            },
+            // One that holds none: against the family its times are
+            // estimated on, at its smallest allocation.
+            None => match default_shape(&view.nodes, None, &j.unfit_families) {
+                Some((family, _)) => (family, j.min_gpus.max(j.replica().gpus()).max(1)),
+                None => continue,
+            },
+        };
+        let Some(&own_node) = per_node.get(&here) else {
             continue;
         };
-        let gpus = j.holds.len() as u32;
-        let Some(&own_node) = per_node.get(here) else {
-            continue;
-        };
-        let Some(own) = usable(time(v, here, gpus, own_node)?) else {
+        let Some(own) = usable(time(v, &here, gpus, own_node)?) else {
             continue;
         };
         let mut ratios = Vec::new();
         for (f, &node) in &per_node {
-            if f != here
+            if *f != here
                 && !j.unfit_families.contains(f)
                 && let Some(t) = usable(time(v, f, gpus, node)?)
             {

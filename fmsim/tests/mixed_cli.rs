@@ -64,7 +64,7 @@ fn ymir_on_mixed_cluster(seed: &str) -> serde_json::Value {
 /// behind it while the cluster idled, and B's JCT was the p99 (32.3 h).
 /// Each round now splits a kept temporal merge whose waiting B would
 /// finish sooner alone on its fair share (`RoundOutcome::released`): Ymir's
-/// p99 is 12.5 h and its average 1.83 h (2.14 h before).
+/// p99 is 9.5 h and its average 1.74 h (2.14 h before).
 #[test]
 fn tail_a_b_kept_behind_a_long_a_is_released_on_a_mixed_cluster() {
     let row = ymir_on_mixed_cluster("7");

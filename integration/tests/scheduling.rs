@@ -3838,6 +3838,82 @@ async fn e2e_gang_heterogeneous_a_job_moves_to_faster_gpus_that_free_up() {
     });
 }
 
+/// A new job on a cluster of two families starts on the faster one when
+/// both are free (placement's choice of family, live), rather than on the
+/// first by name and moved there a round later, restarting at iteration 0
+/// (found with `scripts/dev-up.sh`: "moved from A100 to H100 GPUs …
+/// (iteration 0)").
+#[tokio::test]
+async fn e2e_gang_heterogeneous_a_new_job_starts_on_the_faster_family() {
+    let db = TestDb::create("fmsched_fastest").await;
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let _sched = scheduler(&db, port, dir.path());
+    wait_up("scheduler up", port);
+    let ep = format!("http://127.0.0.1:{port}");
+    let _a = agent_env("node-a", &ep, dir.path(), None, &[]);
+    let _h = agent_env(
+        "node-h",
+        &ep,
+        dir.path(),
+        None,
+        &[("FMSCHED_AGENT_GPU__FAKE_MODEL", "H100-80GB")],
+    );
+    let mut c = sqlx::PgConnection::connect(&db_url(&db)).await.unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let families: i64 = sqlx::query_scalar("SELECT count(DISTINCT model) FROM gpus")
+            .fetch_one(&mut c)
+            .await
+            .unwrap();
+        if families == 2 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "agents never registered"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    submit(
+        port,
+        dir.path(),
+        vec![("long".to_string(), job_yaml("long", "qnli", 20_000, 2))],
+    )
+    .expect("submit");
+    let events = async |c: &mut sqlx::PgConnection, kind: &str| -> Vec<String> {
+        sqlx::query_scalar("SELECT message FROM job_events WHERE kind = $1 ORDER BY seq")
+            .bind(kind)
+            .fetch_all(c)
+            .await
+            .unwrap()
+    };
+    let placed = async |c: &mut sqlx::PgConnection| -> Vec<String> {
+        sqlx::query_scalar(
+            "SELECT message FROM job_events WHERE message LIKE 'placed on %' ORDER BY seq",
+        )
+        .fetch_all(c)
+        .await
+        .unwrap()
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while placed(&mut c).await.is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never placed: {:?}",
+            events(&mut c, "unschedulable").await
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let first = placed(&mut c).await;
+    assert!(first[0].contains("node-h"), "not on the H100s: {first:?}");
+    // Rounds run every second here: a few more, and no move (its
+    // profiling run was on node-a; a profile is not where a job trains).
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let moved = events(&mut c, "moved").await;
+    assert!(moved.is_empty(), "{moved:?}");
+}
+
 /// `resources.gpu_model` acts on a mixed cluster: jobs bound to H100s
 /// profile and train only on the H100 node, the others run anywhere (one
 /// that may grow past a family's GPUs too), and all complete; a GPU model nobody has is refused at submit naming the

@@ -103,13 +103,15 @@ pub struct SchedJob {
     pub current_gpus: u32,
     /// Node index → GPUs it holds now.
     pub current_placement: Vec<(usize, u32)>,
-    /// Its time on each GPU family at the GPUs it holds, relative to its
-    /// time where it runs now (1: as fast; 0.5: twice as fast); empty:
-    /// unknown. Placement moves a running job to a faster family whose GPUs
-    /// the round leaves free when the time it saves pays its restart
-    /// ([`placement`]): its times are estimated on the family it holds
-    /// ([`crate::round::estimate_shape`]), so the policy alone never sees
-    /// that gain.
+    /// Its time on each other GPU family at the GPUs it holds, relative to
+    /// its time where it runs now (1: as fast; 0.5: twice as fast); for a
+    /// job that holds none, at its smallest allocation relative to the
+    /// family its times are estimated on; empty: unknown. Placement puts a
+    /// new group on the fastest family it fits as compactly, and moves a
+    /// running job to a faster family whose GPUs the round leaves free when
+    /// the time it saves pays its restart ([`placement`]): its times are
+    /// estimated on one family ([`crate::round::estimate_shape`]), so the
+    /// policy alone never sees that gain.
     pub family_time_ratio: Vec<(String, f64)>,
     /// Remaining seconds to finish alone with `allocations[k]` GPUs
     /// (`+∞` where it cannot run), i.e. `T_{i,a}` of Ymir Eq. 5.

@@ -8,6 +8,9 @@
 //!    on the node with the fewest free GPUs that still fits them (best fit,
 //!    which keeps roomier nodes whole for large groups and avoids
 //!    fragmenting them). Node size is each node's own (4, 8, 16 GPUs…).
+//!    On a mixed cluster a group takes the family where it fits on the
+//!    fewest nodes, then where it runs fastest, then best fit
+//!    (`fit_typed`).
 //! 3. A data-parallel group that fits no single node spreads over the
 //!    fewest nodes (roomiest first, the last by best fit). A
 //!    pipeline-parallel group is placed in replicas of [`PIPELINE_STAGES`]
@@ -126,9 +129,11 @@ pub fn place_with(
             own = all_families.iter().copied().filter(|f| !unfit(f)).collect();
             &own
         };
+        let speed = entry_speed(snap, e);
         let fams = Families {
             allowed,
             whole_cluster: allowed.len() == all_families.len(),
+            speed: &speed,
         };
         placed[k] = if pref == Preference::default() {
             fit_typed(snap, fams, &mut free, e.gpus, unit, model)
@@ -298,9 +303,11 @@ fn make_room(
             .iter()
             .map(|&j| snap.jobs[j].waited(snap.now))
             .fold(0.0, f64::max);
+        let speed = entry_speed(snap, e);
         let fams = Families {
             allowed: &families,
             whole_cluster: false,
+            speed: &speed,
         };
         let unit = super::entry_replica(snap, &e.jobs);
         // (cost, the moved entry, its placement, the group's, free after).
@@ -367,12 +374,34 @@ pub(crate) fn entry_model<'s>(snap: &'s Snapshot, jobs: &[usize]) -> Option<&'s 
     jobs.iter().find_map(|&j| snap.jobs[j].gpu_model.as_deref())
 }
 
-/// The GPU families a group may be placed on (sorted, distinct), and
-/// whether they are all of the cluster's.
+/// The GPU families a group may be placed on (sorted, distinct), whether
+/// they are all of the cluster's, and its time on each relative to one
+/// of them ([`entry_speed`]; a family not listed counts as 1).
 #[derive(Clone, Copy)]
 struct Families<'a> {
     allowed: &'a [&'a str],
     whole_cluster: bool,
+    speed: &'a [(String, f64)],
+}
+
+/// A group's time on each GPU family relative to one of them
+/// ([`super::SchedJob::family_time_ratio`]), where the difference is
+/// more than twice its restart (rule 4's bar: a smaller gain would not
+/// move it, and leaves the faster GPUs to jobs it pays for): a job
+/// alone's; none for a merged group (its members' times are not one).
+fn entry_speed(snap: &Snapshot, e: &super::PlanEntry) -> Vec<(String, f64)> {
+    let [j] = e.jobs.as_slice() else {
+        return Vec::new();
+    };
+    let job = &snap.jobs[*j];
+    let t = snap.time_at(*j, e.gpus);
+    if e.mode != super::MergeMode::Normal || !t.is_finite() {
+        return Vec::new();
+    }
+    (job.family_time_ratio.iter())
+        .filter(|(_, r)| (t * (1.0 - r)).abs() > 2.0 * job.restart_s)
+        .cloned()
+        .collect()
 }
 
 /// Whether a placement uses a family where one of `jobs` cannot run.
@@ -402,11 +431,14 @@ pub(crate) fn one_family(snap: &Snapshot, placement: &[(usize, u32)], model: Opt
 }
 
 /// [`fit`] on the nodes of one GPU family: `model`'s, or for a group that
-/// names none, the family where it fits on the fewest nodes with the
-/// least left over on them (best fit across families). A group never
-/// spans two families (a gang of mixed GPUs runs at its slowest member's
-/// pace, and NCCL rings over mixed NVLink generations are slower still).
-/// `families` are the cluster's, sorted and distinct.
+/// names none, the family where it fits on the fewest nodes, then the
+/// one where it runs fastest ([`Families::speed`]), then the one with the
+/// least left over on those nodes (best fit across families). Without
+/// the speed a new job was placed on slow GPUs while faster ones sat
+/// free, and rule 4 moved it the next round, restarting it at iteration
+/// 0. A group never spans two families (a gang of mixed GPUs runs at its
+/// slowest member's pace, and NCCL rings over mixed NVLink generations
+/// are slower still). `families` are the cluster's, sorted and distinct.
 fn fit_typed(
     snap: &Snapshot,
     families: Families<'_>,
@@ -422,8 +454,9 @@ fn fit_typed(
             _ => fit(snap, free, gpus, unit),
         };
     }
-    // (nodes used, GPUs left free on them) and the placement.
-    let mut best: Option<((usize, u32), Placement)> = None;
+    // (nodes used, relative time, GPUs left free on them) and the
+    // placement; the first family of equals.
+    let mut best: Option<((usize, f64, u32), Placement)> = None;
     for &fam in families
         .allowed
         .iter()
@@ -431,8 +464,22 @@ fn fit_typed(
     {
         let mut masked = masked(free, &|n| snap.nodes[n].gpu_model == fam);
         if let Some(p) = fit(snap, &mut masked, gpus, unit) {
-            let key = (p.len(), p.iter().map(|&(n, _)| masked[n]).sum::<u32>());
-            if best.as_ref().is_none_or(|b| key < b.0) {
+            let ratio = (families.speed.iter())
+                .find(|(f, _)| f == fam)
+                .map_or(1.0, |r| r.1);
+            let key = (
+                p.len(),
+                ratio,
+                p.iter().map(|&(n, _)| masked[n]).sum::<u32>(),
+            );
+            let better = |b: &(usize, f64, u32)| {
+                key.0
+                    .cmp(&b.0)
+                    .then(key.1.total_cmp(&b.1))
+                    .then(key.2.cmp(&b.2))
+                    .is_lt()
+            };
+            if best.as_ref().is_none_or(|b| better(&b.0)) {
                 best = Some((key, p));
             }
         }
@@ -971,6 +1018,72 @@ mod tests {
         let mut unknown = snap_with(0.5);
         unknown.jobs[0].family_time_ratio.clear();
         assert_eq!(placed(&unknown, &[4]), Some(vec![(0, 4)]));
+    }
+
+    /// A new group takes the family where it runs fastest among those
+    /// where it fits on as few nodes, where that saves more than twice its
+    /// restart (found live: a new job started on A100s while faster H100s
+    /// were free, and rule 4 moved it there the next round, restarting it
+    /// at iteration 0); not a slower family, not for less, not more nodes
+    /// for speed, and as before where nothing is known of its speed or it
+    /// is merged.
+    #[test]
+    fn a_new_job_is_placed_on_the_fastest_family_it_fits_as_compactly() {
+        let times = |snap: &mut Snapshot| {
+            snap.allocations = vec![1, 2, 4, 8];
+            for j in &mut snap.jobs {
+                j.remaining_s = vec![4000.0, 2000.0, 1000.0, 500.0];
+            }
+        };
+        let snap_with = |ratio: Option<f64>| {
+            let mut snap = sized(&[4, 4, 8], 2);
+            times(&mut snap);
+            snap.nodes[1].gpu_model = "H100".into();
+            snap.nodes[2].gpu_model = "H100".into();
+            // Its times are estimated on A100s; on H100s it takes `ratio`.
+            snap.jobs[0].family_time_ratio = ratio
+                .map(|r| vec![("H100".to_string(), r)])
+                .unwrap_or_default();
+            snap
+        };
+        let at = |snap: &Snapshot, sizes: &[u32]| {
+            place_sizes(snap, sizes)
+                .entries
+                .iter()
+                .find(|e| e.jobs.contains(&0))
+                .map(|e| e.placement.clone())
+        };
+        // Unknown: best fit across families, the A100 node (the H100s'
+        // 4-GPU node fits as well; the first family of equals).
+        assert_eq!(at(&snap_with(None), &[4]), Some(vec![(0, 4)]));
+        // Twice as fast on H100s, 500 s saved of 1,000 (its restart 30 s):
+        // the H100s' 4-GPU node (best fit there).
+        assert_eq!(at(&snap_with(Some(0.5)), &[4]), Some(vec![(1, 4)]));
+        // 40 s saved: not twice its restart, placed as if unknown.
+        assert_eq!(at(&snap_with(Some(0.96)), &[4]), Some(vec![(0, 4)]));
+        // Slower on H100s: A100s.
+        assert_eq!(at(&snap_with(Some(2.0)), &[4]), Some(vec![(0, 4)]));
+        // Fewer nodes come before speed: 8 GPUs take one A100 node, not
+        // two H100 ones.
+        let mut spread = sized(&[8, 4, 4], 1);
+        times(&mut spread);
+        spread.nodes[1].gpu_model = "H100".into();
+        spread.nodes[2].gpu_model = "H100".into();
+        spread.jobs[0].family_time_ratio = vec![("H100".into(), 0.5)];
+        assert_eq!(at(&spread, &[8]), Some(vec![(0, 8)]));
+        // A merged pair places as before: its members' times are not one.
+        let snap = snap_with(Some(0.5));
+        let plan = Plan {
+            entries: vec![PlanEntry {
+                jobs: vec![0, 1],
+                gpus: 4,
+                mode: super::super::MergeMode::Spatial,
+                ..PlanEntry::single(0, 4)
+            }],
+            ..Default::default()
+        };
+        let p = place(&snap, plan);
+        assert_eq!(p.entries[0].placement, vec![(0, 4)]);
     }
 
     /// A group that can run on some families only, and finds them full,

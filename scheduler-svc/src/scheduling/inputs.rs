@@ -1121,7 +1121,10 @@ pub(crate) mod tests {
     /// On a cluster of two families, a job that trains alone learns its
     /// time on the other family relative to where it runs, from the
     /// throughput table (what placement's move to a faster family reads);
-    /// a queued job and a job pinned to its family learn nothing.
+    /// a queued job learns its time on the other family at its smallest
+    /// allocation (1 GPU) relative to the family its times are estimated on
+    /// (the one with the most GPUs, H100: what placement's choice of family
+    /// reads); a job pinned to its family learns nothing.
     #[test]
     fn a_running_job_learns_its_time_on_the_other_family() {
         use fmsched_core::round::testkit;
@@ -1176,11 +1179,11 @@ pub(crate) mod tests {
             .collect();
         let lut = analytic::default_lut().unwrap();
         family_time_ratios(&lut, &mut view, &prepared, &inputs);
-        let seconds = |family: &str, per_node: u32| {
+        let seconds = |family: &str, gpus: u32, per_node: u32| {
             lut.iteration_time(
                 "roberta-base",
                 family,
-                2,
+                gpus,
                 per_node,
                 32,
                 &Variant::default(),
@@ -1189,13 +1192,19 @@ pub(crate) mod tests {
             .unwrap()
             .seconds
         };
-        let ratio = seconds("H100", 8) / seconds("V100", 4);
+        let ratio = seconds("H100", 2, 8) / seconds("V100", 2, 4);
         assert!(ratio < 1.0, "H100 is faster: {ratio}");
         assert_eq!(
             view.jobs[0].family_time_ratio,
             vec![("H100".to_string(), ratio)]
         );
-        assert!(view.jobs[1].family_time_ratio.is_empty(), "queued");
+        let queued = seconds("V100", 1, 4) / seconds("H100", 1, 8);
+        assert!(queued > 1.0, "V100 is slower: {queued}");
+        assert_eq!(
+            view.jobs[1].family_time_ratio,
+            vec![("V100".to_string(), queued)],
+            "queued"
+        );
         assert!(view.jobs[2].family_time_ratio.is_empty(), "pinned");
     }
 
