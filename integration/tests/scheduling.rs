@@ -1982,10 +1982,21 @@ async fn e2e_a_spatial_pair_is_requeued_as_one_and_cancelling_one_job_splits_it(
             .await
             .unwrap();
     assert_eq!(state, "split", "{reason}");
+    // By name and ID: "pair-a (ID) was cancelled; pair-b (ID) trains on
+    // alone" (an ID alone said nothing in a job's history).
     assert!(
-        reason.contains(&format!("{a} was cancelled")),
+        reason.contains(&format!(
+            "pair-a ({a}) was cancelled; pair-b ({b}) trains on alone"
+        )),
         "the split says why: {reason}"
     );
+    let merged = events
+        .iter()
+        .filter(|e| {
+            e.3.contains(&format!("merged spatially: pair-a ({a}) ‖ pair-b ({b}) ("))
+        })
+        .count();
+    assert_eq!(merged, 2, "the merge names both jobs: {events:#?}");
     // Both jobs' histories say so, and the cancelled one never completes.
     let split_events = events
         .iter()

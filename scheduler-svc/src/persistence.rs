@@ -647,16 +647,37 @@ async fn write_merges(
     .execute(&mut **tx)
     .await
     .map_err(db_err(op))?;
+    // Each job by its name and its ID (an ID alone says nothing in a
+    // job's history).
+    let ids: Vec<Uuid> = a.iter().chain(&b).copied().collect();
+    let names: BTreeMap<Uuid, String> =
+        sqlx::query_as::<_, (Uuid, String)>("SELECT id, name FROM jobs WHERE id = ANY($1)")
+            .bind(&ids)
+            .fetch_all(&mut **tx)
+            .await
+            .map_err(db_err(op))?
+            .into_iter()
+            .collect();
+    let named = |j: JobId| {
+        names
+            .get(&j.0)
+            .map_or_else(|| j.to_string(), |n| format!("{n} ({j})"))
+    };
     let what: Vec<String> = merges
         .iter()
         .map(|m| match m.mode {
             MergeMode::Temporal => format!(
                 "merged temporally: {} ↦ {} (B starts from A's output; predicted gain {:+.3})",
-                m.a, m.b, m.gain_ab
+                named(m.a),
+                named(m.b),
+                m.gain_ab
             ),
             _ => format!(
                 "merged spatially: {} ‖ {} (one joint process; predicted gains {:+.3} / {:+.3})",
-                m.a, m.b, m.gain_ab, m.gain_ba
+                named(m.a),
+                named(m.b),
+                m.gain_ab,
+                m.gain_ba
             ),
         })
         .collect();

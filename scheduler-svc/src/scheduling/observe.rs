@@ -576,7 +576,11 @@ async fn split_merges_of_ended_jobs(state: &AppState, o: &mut Observed) -> Resul
             .filter(|m| m.active && (m.a == job || m.b == job))
         {
             let other = if m.a == job { m.b } else { m.a };
-            let reason = format!("{job} was {}; {other} trains on alone", rec.state);
+            let other_name = o.live.get(&other).map_or("", |r| r.spec.name.as_str());
+            let reason = format!(
+                "{} ({job}) was {}; {other_name} ({other}) trains on alone",
+                rec.spec.name, rec.state
+            );
             tracing::info!(merge = m.id, job_id = %job, state = %rec.state, "merge split: one of its jobs ended");
             o.split_now.insert(m.id);
             o.writes.released.push((m.clone(), reason));
