@@ -5037,6 +5037,188 @@ async fn events_saying(db: &str, needle: &str) -> Vec<(String, String)> {
     .unwrap()
 }
 
+/// A job whose GPUs change on its node (shrunk for a newcomer) is
+/// relaunched from the checkpoint its process wrote as the agent stopped
+/// it, not from the older one the plan names (the last the scheduler had
+/// heard of). Found live: a resize relaunched a job from a checkpoint 45 s
+/// old, losing what it trained since.
+#[tokio::test]
+async fn e2e_queue_a_resized_job_resumes_from_the_checkpoint_its_stop_wrote() {
+    let db = TestDb::create("fmsched_resize_ckpt").await;
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let env = [
+        ("FMSCHED_SCHEDULING__PROFILING", "false"),
+        ("FMSCHED_SCHEDULING__MERGING", "false"),
+    ];
+    let _sched = scheduler_env(&db, port, dir.path(), None, &env);
+    wait_up("scheduler up", port);
+    let node = agent("node-a", port, dir.path());
+    submit(
+        port,
+        dir.path(),
+        [("big".to_string(), job_yaml("big", "qnli", 400_000, 4))],
+    )
+    .expect("submit");
+    let mut c = sqlx::PgConnection::connect(&db_url(&db)).await.unwrap();
+    let id: String = sqlx::query_scalar("SELECT id::text FROM jobs WHERE name = 'big'")
+        .fetch_one(&mut c)
+        .await
+        .unwrap();
+    let launched = format!("launched task={id} ");
+    let launches = || {
+        strip_ansi(&node.log_text())
+            .lines()
+            .filter(|l| l.contains(&launched))
+            .map(str::to_string)
+            .collect::<Vec<_>>()
+    };
+    let until = Instant::now() + Duration::from_secs(60);
+    while !launches().iter().any(|l| l.contains("gpus=[0, 1, 2, 3]")) {
+        assert!(
+            Instant::now() < until,
+            "never ran on 4 GPUs: {:?}",
+            launches()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // It trains and checkpoints (every second here) for a while; then a
+    // newcomer takes some of its GPUs.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    submit(
+        port,
+        dir.path(),
+        [(
+            "newcomer".to_string(),
+            job_yaml("newcomer", "rte", 400_000, 2),
+        )],
+    )
+    .expect("submit");
+    let until = Instant::now() + Duration::from_secs(60);
+    let relaunch = loop {
+        if let Some(l) = launches().get(1) {
+            break l.clone();
+        }
+        assert!(Instant::now() < until, "never resized: {:?}", launches());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let log = strip_ansi(&node.log_text());
+    let stopped = log
+        .lines()
+        .find(|l| l.contains(&format!("task={id} ")) && l.contains(" stopped"))
+        .unwrap_or_else(|| panic!("no stop logged:\n{log}"));
+    let path = |l: &str| {
+        l.split("ckpt-")
+            .nth(1)
+            .and_then(|r| r.split('.').next())
+            .map(str::to_string)
+    };
+    assert!(
+        path(stopped).is_some(),
+        "its stop wrote no checkpoint: {stopped}"
+    );
+    assert_eq!(
+        path(&relaunch),
+        path(stopped),
+        "resumed from another checkpoint than its stop's:\n{stopped}\n{relaunch}"
+    );
+}
+
+/// A job moved to another node in one round resumes there from the
+/// checkpoint its process writes as it stops, not from the last one the
+/// scheduler had heard of: the launch on the new node waits for it. Found
+/// live: a drained node's job was launched on the other node at once,
+/// from scratch (no checkpoint reported yet), while its history said
+/// "from its checkpoint (iteration 14900)".
+#[tokio::test]
+async fn e2e_queue_admin_a_job_moved_off_a_drained_node_resumes_from_its_last_step() {
+    let db = TestDb::create("fmsched_move_ckpt").await;
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let env = [
+        ("FMSCHED_SCHEDULING__PROFILING", "false"),
+        ("FMSCHED_SCHEDULING__MERGING", "false"),
+        ("FMSCHED_API_TOKENS", "root=root-token-0123456789ab"),
+    ];
+    let _sched = scheduler_env(&db, port, dir.path(), None, &env);
+    wait_up("scheduler up", port);
+    // Two GPU families: the job starts on the faster (H100s), and the
+    // drain moves it to the A100s. Periodic checkpoints as deployed (every
+    // 10 minutes): none is taken before the drain.
+    let ep = format!("http://127.0.0.1:{port}");
+    let every = ("FMSCHED_AGENT_PROCESSES__CHECKPOINT_INTERVAL", "600s");
+    let h100 = [("FMSCHED_AGENT_GPU__FAKE_MODEL", "H100-80GB"), every];
+    let agents = [
+        (
+            "node-a",
+            agent_env("node-a", &ep, dir.path(), None, &[every]),
+        ),
+        ("node-b", agent_env("node-b", &ep, dir.path(), None, &h100)),
+    ];
+    wait_for("two nodes", Duration::from_secs(20), || {
+        let out = fmctl(port, &["nodes"])?;
+        (out.contains("node-a") && out.contains("node-b"))
+            .then_some(())
+            .ok_or(out)
+    });
+    submit(
+        port,
+        dir.path(),
+        [("mover".to_string(), job_yaml("mover", "qnli", 400_000, 2))],
+    )
+    .expect("submit");
+    let mut c = sqlx::PgConnection::connect(&db_url(&db)).await.unwrap();
+    let id: String = sqlx::query_scalar("SELECT id::text FROM jobs WHERE name = 'mover'")
+        .fetch_one(&mut c)
+        .await
+        .unwrap();
+    // It trains a while on one node.
+    let (from, to) = wait_for("the job trains", Duration::from_secs(60), || {
+        let on_a = node_hold(port, "node-a")?.1;
+        let on_b = node_hold(port, "node-b")?.1;
+        match (on_a.is_empty(), on_b.is_empty()) {
+            (false, true) => Ok((0, 1)),
+            (true, false) => Ok((1, 0)),
+            _ => Err(format!("{on_a:?} / {on_b:?}")),
+        }
+    });
+    let iteration = async |c: &mut sqlx::PgConnection| -> i64 {
+        sqlx::query_scalar("SELECT coalesce(max(iteration), 0) FROM job_progress")
+            .fetch_one(c)
+            .await
+            .unwrap()
+    };
+    let until = Instant::now() + Duration::from_secs(60);
+    while iteration(&mut c).await < 2000 {
+        assert!(Instant::now() < until, "no progress");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let before = iteration(&mut c).await;
+    fmctl(port, &["admin", "drain", agents[from].0]).unwrap();
+    // Its launch on the other node: from a checkpoint at least as far.
+    let launched = format!("launched task={id} ");
+    let until = Instant::now() + Duration::from_secs(60);
+    let line = loop {
+        let log = strip_ansi(&agents[to].1.log_text());
+        if let Some(l) = log.lines().find(|l| l.contains(&launched)) {
+            break l.to_string();
+        }
+        assert!(Instant::now() < until, "never launched on {}", agents[to].0);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    eprintln!("{before} iterations before the drain; {line}");
+    let resumed_at = line
+        .split("ckpt-")
+        .nth(1)
+        .and_then(|r| r.split('.').next())
+        .and_then(|n| n.parse::<i64>().ok())
+        .unwrap_or_else(|| panic!("not resumed from a checkpoint: {line}"));
+    assert!(
+        resumed_at >= before,
+        "resumed at iteration {resumed_at}, {before} done before the drain: {line}"
+    );
+}
+
 /// Drain: the node's jobs move off from their checkpoints, the node stays
 /// empty, nothing is lost; a re-queued job is suspended from its checkpoint
 /// and runs again; cordon keeps what runs; every change is in the audit

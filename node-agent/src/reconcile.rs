@@ -603,6 +603,8 @@ impl Reconciler {
             let status = self.driver.status(&t.task_id).await;
             let entry = known.entry(t.task_id.clone()).or_default();
             let alive = status.as_ref().is_some_and(|s| s.running);
+            // The checkpoint a stop of its process here just wrote.
+            let mut fresh: Option<(PathBuf, u64)> = None;
             if let Some(sb) = entry.standby.clone() {
                 // Launched ahead of this switch: start it if the plan runs it
                 // as it was launched; else stop it and launch afresh.
@@ -689,7 +691,10 @@ impl Reconciler {
                 // Moved to other GPUs, or its job's nodes changed (a new
                 // rank layout), or it is to evaluate a job it was not
                 // launched with: checkpoint here, resume there.
+                let before = known.get(&t.task_id).and_then(|k| k.checkpoint.clone());
                 self.stop(&mut known, &t.task_id).await;
+                fresh = (known.get(&t.task_id).and_then(|k| k.checkpoint.clone()))
+                    .filter(|c| Some(c) != before.as_ref());
             } else if let Some(s) = &status {
                 // It ended by itself. A process that finished its work
                 // (exit 0, not suspended by us) is never started again: the
@@ -708,7 +713,12 @@ impl Reconciler {
                 }
             }
             let entry = known.entry(t.task_id.clone()).or_default();
-            let spec = self.launch_spec(t, &gpus, Self::resume_of(t, entry));
+            // A process this node just stopped left the newest checkpoint
+            // there is (when its stop wrote one): the plan's path is the last one the scheduler had
+            // heard of, older by what the process trained since (found
+            // live: a resize relaunched a job from a checkpoint 45 s old).
+            let resume = fresh.map(|c| c.0).or_else(|| Self::resume_of(t, entry));
+            let spec = self.launch_spec(t, &gpus, resume);
             let launched = match claimed.get(&t.task_id) {
                 Some(from) => match self.driver.hand_over(from, &spec).await {
                     Ok(()) => {
@@ -971,6 +981,9 @@ impl Reconciler {
         }))
         .await;
         for (id, was_running, ckpt) in stopped {
+            if was_running {
+                tracing::info!(task = %id, checkpoint = ?ckpt.as_ref().map(|c| &c.0), "stopped");
+            }
             let entry = known.entry(id.clone()).or_default();
             if was_running {
                 entry.suspended = true;

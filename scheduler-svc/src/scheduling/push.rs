@@ -232,6 +232,46 @@ fn desired_sets(state: &AppState, v: &PlanView<'_>) -> BTreeMap<NodeId, Vec<pb::
             per_node.entry(a.node.clone()).or_default().push(task);
         }
     }
+    // A training process alive on a node the plan takes it off, and that
+    // the plan starts on other nodes, is launched there the round after it
+    // stopped: its resume path is then the checkpoint it wrote as it
+    // stopped. Launched at once, it resumed from the last checkpoint the
+    // scheduler had heard of, or from scratch (found live: a drained
+    // node's job restarted at iteration 0 on another node while its
+    // history said "from its checkpoint (iteration 14900)").
+    let alive = |t: &pb::ObservedTask| {
+        [
+            pb::TaskPhase::Starting,
+            pb::TaskPhase::Running,
+            pb::TaskPhase::Checkpointing,
+        ]
+        .iter()
+        .any(|p| *p as i32 == t.phase)
+    };
+    // (Not an offline node's: its jobs go on from their last checkpoint.)
+    let leaving: BTreeSet<&str> = nodes
+        .iter()
+        .filter(|n| n.state != fmsched_core::NodeState::Offline)
+        .flat_map(|n| {
+            let planned = per_node.get(&n.record.id);
+            n.observed_tasks.iter().filter(move |t| {
+                alive(t)
+                    && !t.task_id.ends_with(PROFILE_SUFFIX)
+                    && planned.is_none_or(|p| p.iter().all(|d| d.task_id != t.task_id))
+            })
+        })
+        .map(|t| t.task_id.as_str())
+        .collect();
+    for (node, tasks) in &mut per_node {
+        tasks.retain(|d| {
+            let wait = leaving.contains(d.task_id.as_str());
+            if wait {
+                tracing::info!(task = %d.task_id, node_id = %node,
+                    "moved: launched here once its process elsewhere has stopped and checkpointed");
+            }
+            !wait
+        });
+    }
     per_node
 }
 
