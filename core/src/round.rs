@@ -909,13 +909,13 @@ pub fn default_shape(
 }
 
 /// Fills [`JobView::family_time_ratio`] of each job that trains alone or
-/// waits to (it is in no merge and names no GPU model):
-/// its time on every other GPU family of the cluster at the GPUs it holds,
-/// relative to its time where it runs, for placement's move to a faster
-/// family; for a job that holds none (or holds a profiling run's), at its
-/// smallest allocation relative
-/// to the family its times are estimated on ([`default_shape`]), for
-/// placement's choice of family. `time(v, family, gpus, per_node)` is job `v`'s time (any unit)
+/// waits to (it is in no merge and names no GPU model): its time on every
+/// other GPU family of the cluster at the GPUs it holds, relative to its
+/// time where it runs, for placement's move to a faster family; for a job
+/// that holds none (or holds a profiling run's), at its smallest
+/// allocation relative to the family its times are estimated on
+/// ([`default_shape`]), for placement's choice of family.
+/// `time(v, family, gpus, per_node)` is job `v`'s time (any unit)
 /// on `gpus` GPUs of `family` packed on nodes of `per_node` (each family's
 /// largest present node, as estimates pack on it); `None` where it is not
 /// known or cannot run, and for a job its caller keeps where it is.

@@ -714,9 +714,10 @@ impl Reconciler {
             }
             let entry = known.entry(t.task_id.clone()).or_default();
             // A process this node just stopped left the newest checkpoint
-            // there is (when its stop wrote one): the plan's path is the last one the scheduler had
-            // heard of, older by what the process trained since (found
-            // live: a resize relaunched a job from a checkpoint 45 s old).
+            // there is (when its stop wrote one): the plan's path is the
+            // last one the scheduler had heard of, older by what the
+            // process trained since (found live: a resize relaunched a job
+            // from a checkpoint 45 s old).
             let resume = fresh.map(|c| c.0).or_else(|| Self::resume_of(t, entry));
             let spec = self.launch_spec(t, &gpus, resume);
             let launched = match claimed.get(&t.task_id) {
