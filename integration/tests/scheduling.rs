@@ -5037,6 +5037,15 @@ async fn events_saying(db: &str, needle: &str) -> Vec<(String, String)> {
     .unwrap()
 }
 
+/// The iteration of the fake trainer's checkpoint an agent log line names
+/// (`…/ckpt-000003892.json`).
+fn checkpoint_iteration(line: &str) -> Option<i64> {
+    line.split("ckpt-")
+        .nth(1)
+        .and_then(|r| r.split('.').next())
+        .and_then(|n| n.parse().ok())
+}
+
 /// A job whose GPUs change on its node (shrunk for a newcomer) is
 /// relaunched from the checkpoint its process wrote as the agent stopped
 /// it, not from the older one the plan names (the last the scheduler had
@@ -5107,19 +5116,13 @@ async fn e2e_queue_a_resized_job_resumes_from_the_checkpoint_its_stop_wrote() {
         .lines()
         .find(|l| l.contains(&format!("task={id} ")) && l.contains(" stopped"))
         .unwrap_or_else(|| panic!("no stop logged:\n{log}"));
-    let path = |l: &str| {
-        l.split("ckpt-")
-            .nth(1)
-            .and_then(|r| r.split('.').next())
-            .map(str::to_string)
-    };
     assert!(
-        path(stopped).is_some(),
+        checkpoint_iteration(stopped).is_some(),
         "its stop wrote no checkpoint: {stopped}"
     );
     assert_eq!(
-        path(&relaunch),
-        path(stopped),
+        checkpoint_iteration(&relaunch),
+        checkpoint_iteration(stopped),
         "resumed from another checkpoint than its stop's:\n{stopped}\n{relaunch}"
     );
 }
@@ -5207,11 +5210,7 @@ async fn e2e_queue_admin_a_job_moved_off_a_drained_node_resumes_from_its_last_st
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
     eprintln!("{before} iterations before the drain; {line}");
-    let resumed_at = line
-        .split("ckpt-")
-        .nth(1)
-        .and_then(|r| r.split('.').next())
-        .and_then(|n| n.parse::<i64>().ok())
+    let resumed_at = checkpoint_iteration(&line)
         .unwrap_or_else(|| panic!("not resumed from a checkpoint: {line}"));
     assert!(
         resumed_at >= before,

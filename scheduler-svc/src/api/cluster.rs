@@ -76,13 +76,16 @@ pub async fn node_answer(state: &AppState, id: &NodeId) -> Result<pb::Node, ApiE
 /// (suspended, done, failed) stay reported and do not count.
 pub fn runs_a_process(n: &LiveNode) -> bool {
     // A warm process holds its GPUs' memory too.
-    !n.warm.is_empty()
-        || n.observed_tasks.iter().any(|t| {
-            matches!(
-                pb::TaskPhase::try_from(t.phase),
-                Ok(pb::TaskPhase::Starting | pb::TaskPhase::Running | pb::TaskPhase::Checkpointing)
-            )
-        })
+    !n.warm.is_empty() || n.observed_tasks.iter().any(process_alive)
+}
+
+/// Whether a reported process still runs (starting, training or
+/// checkpointing); a suspended, done or failed one stays reported.
+pub fn process_alive(t: &pb::ObservedTask) -> bool {
+    matches!(
+        pb::TaskPhase::try_from(t.phase),
+        Ok(pb::TaskPhase::Starting | pb::TaskPhase::Running | pb::TaskPhase::Checkpointing)
+    )
 }
 
 /// Whether new work may start on a node: schedulable, cordoned, or

@@ -52,19 +52,13 @@ fn ports_alive_in<'a>(
     nodes: impl IntoIterator<Item = (&'a NodeId, &'a [pb::ObservedTask])>,
     address: impl Fn(&NodeId) -> String,
 ) -> BTreeSet<(String, u16)> {
-    let alive = |phase: i32| {
-        matches!(
-            pb::TaskPhase::try_from(phase),
-            Ok(pb::TaskPhase::Starting | pb::TaskPhase::Running | pb::TaskPhase::Checkpointing)
-        )
-    };
     nodes
         .into_iter()
         .flat_map(|(node, tasks)| {
             let host = address(node);
             tasks
                 .iter()
-                .filter(|t| t.rank_offset == 0 && alive(t.phase))
+                .filter(|t| t.rank_offset == 0 && crate::api::cluster::process_alive(t))
                 .filter_map(|t| u16::try_from(t.master_port).ok().filter(|&p| p > 0))
                 .map(move |p| (host.clone(), p))
         })

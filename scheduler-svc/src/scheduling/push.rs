@@ -239,15 +239,6 @@ fn desired_sets(state: &AppState, v: &PlanView<'_>) -> BTreeMap<NodeId, Vec<pb::
     // scheduler had heard of, or from scratch (found live: a drained
     // node's job restarted at iteration 0 on another node while its
     // history said "from its checkpoint (iteration 14900)").
-    let alive = |t: &pb::ObservedTask| {
-        [
-            pb::TaskPhase::Starting,
-            pb::TaskPhase::Running,
-            pb::TaskPhase::Checkpointing,
-        ]
-        .iter()
-        .any(|p| *p as i32 == t.phase)
-    };
     // (Not an offline node's: its jobs go on from their last checkpoint.)
     let leaving: BTreeSet<&str> = nodes
         .iter()
@@ -255,7 +246,7 @@ fn desired_sets(state: &AppState, v: &PlanView<'_>) -> BTreeMap<NodeId, Vec<pb::
         .flat_map(|n| {
             let planned = per_node.get(&n.record.id);
             n.observed_tasks.iter().filter(move |t| {
-                alive(t)
+                crate::api::cluster::process_alive(t)
                     && !t.task_id.ends_with(PROFILE_SUFFIX)
                     && planned.is_none_or(|p| p.iter().all(|d| d.task_id != t.task_id))
             })
