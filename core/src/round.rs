@@ -2140,34 +2140,88 @@ fn node_names(view: &ClusterView, gpus: &[Gpu]) -> String {
     n.join("+")
 }
 
-/// The running jobs a round moves to another GPU family (placement's move
-/// to faster GPUs, or a resize that lands there), each with the note its
-/// history shows: such a job restarts from its checkpoint with no change
-/// of state to say so. The service writes them as `moved` events.
-pub fn family_moves(view: &ClusterView, groups: &[Group]) -> Vec<(usize, String)> {
-    let family = |gpu: &Gpu| view.nodes.get(gpu.0).map(|n| n.gpu_model.as_str());
+/// The running jobs a round restarts elsewhere with no change of state to
+/// say so, each with the kind of event its history shows and the note:
+/// `moved` to another GPU family (placement's move to faster GPUs, or a
+/// resize that lands there), `moved` to other nodes of the same family (a
+/// drained node's job placed elsewhere in the round, naming the drained
+/// node, or placement), `resized` to another GPU count. Each restarts from
+/// its checkpoint. Not said here: a job whose node was lost (its
+/// transitions say it), the jobs of a merge decided this round (the merge
+/// event says it), and a kept group (no restart). The service writes them
+/// as events.
+pub fn restarts(view: &ClusterView, groups: &[Group]) -> Vec<(usize, &'static str, String)> {
+    let node = |gpu: &Gpu| view.nodes.get(gpu.0);
     let mut out = Vec::new();
-    for g in groups.iter().filter(|g| !g.kept) {
-        for &v in &g.jobs {
+    for g in groups.iter().filter(|g| g.new_merge.is_none()) {
+        for v in g.starts(view) {
             let j = &view.jobs[v];
+            if j.state != JobState::Running || j.profiling_run || j.holds.is_empty() {
+                continue;
+            }
+            let lost = j
+                .holds
+                .iter()
+                .any(|h| node(h).is_none_or(|n| n.state == NodeState::Offline));
+            if lost || holds_exactly(j, &g.gpus) {
+                continue;
+            }
             let (Some(from), Some(to)) = (
-                j.holds.first().and_then(family),
-                g.gpus.first().and_then(family),
+                j.holds.first().and_then(node),
+                g.gpus.first().and_then(node),
             ) else {
                 continue;
             };
-            if j.state == JobState::Running && !j.profiling_run && from != to {
-                out.push((
-                    v,
+            let mut held = j.holds.clone();
+            held.sort_unstable();
+            let (was, now) = (node_names(view, &held), node_names(view, &g.gpus));
+            let (kind, what) = if from.gpu_model != to.gpu_model {
+                (
+                    "moved",
                     format!(
-                        "moved from {from} to {to} GPUs ({} on {}), from its checkpoint \
-                         (iteration {})",
-                        g.gpus.len(),
-                        node_names(view, &g.gpus),
-                        j.iteration
+                        "moved from {} to {} GPUs ({} on {now})",
+                        from.gpu_model,
+                        to.gpu_model,
+                        g.gpus.len()
                     ),
-                ));
-            }
+                )
+            } else if held.len() != g.gpus.len() {
+                (
+                    "resized",
+                    format!(
+                        "resized from {} to {} GPUs on {now}",
+                        held.len(),
+                        g.gpus.len()
+                    ),
+                )
+            } else if was == now {
+                (
+                    "moved",
+                    format!("moved to other GPUs of {now} ({})", g.gpus.len()),
+                )
+            } else {
+                let mut off: Vec<&str> = held
+                    .iter()
+                    .filter_map(node)
+                    .filter(|n| n.drained)
+                    .map(|n| n.id.as_str())
+                    .collect();
+                off.dedup();
+                let why = if off.is_empty() {
+                    String::new()
+                } else {
+                    format!(" (node {} is drained)", off.join(", "))
+                };
+                (
+                    "moved",
+                    format!("moved from {was} to {now} ({} GPUs){why}", g.gpus.len()),
+                )
+            };
+            out.push((
+                v,
+                kind,
+                format!("{what}, from its checkpoint (iteration {})", j.iteration),
+            ));
         }
     }
     out
@@ -3296,9 +3350,10 @@ mod tests {
         assert_eq!(g.gpus, vec![(1, 0), (1, 1)], "{d:?}");
         let v = view(nodes.clone(), vec![j.clone()]);
         assert_eq!(
-            family_moves(&v, &d.outcome.groups),
+            restarts(&v, &d.outcome.groups),
             vec![(
                 0,
+                "moved",
                 "moved from A100 to H100 GPUs (2 on h100), from its checkpoint (iteration 700)"
                     .to_string()
             )]
@@ -3308,7 +3363,78 @@ mod tests {
         let v = view(nodes, vec![j]);
         let d = run(&v, "ymir", &cfg);
         assert!(d.outcome.groups[0].kept, "{d:?}");
-        assert!(family_moves(&v, &d.outcome.groups).is_empty());
+        assert!(restarts(&v, &d.outcome.groups).is_empty());
+    }
+
+    /// A running job restarted elsewhere in one round says where and why in
+    /// its history: off a drained node onto another of the same family
+    /// (its state stays running, so no transition says it), resized on its
+    /// node, or moved to other GPUs of it. A kept group, a job of a lost
+    /// node (its transitions say it) and a merge decided this round (the
+    /// merge event says it) write nothing here.
+    #[test]
+    fn a_job_restarted_within_its_family_says_so_in_its_history() {
+        let mut nodes = vec![node("a", 4), node("b", 4)];
+        nodes[1].drained = true;
+        let mut j = job("long", "qqp", JobState::Running, 4);
+        (j.holds, j.iteration, j.progress) = ((0..4).map(|g| (1, g)).collect(), 2380, 0.1);
+        let cfg = RoundConfig {
+            profiling: false,
+            ..Default::default()
+        };
+        let v = view(nodes.clone(), vec![j.clone()]);
+        let d = run(&v, "ymir", &cfg);
+        assert_eq!(
+            d.outcome.groups[0].gpus,
+            (0..4).map(|g| (0, g)).collect::<Vec<_>>()
+        );
+        assert_eq!(
+            restarts(&v, &d.outcome.groups),
+            vec![(
+                0,
+                "moved",
+                "moved from b to a (4 GPUs) (node b is drained), from its checkpoint \
+                 (iteration 2380)"
+                    .to_string()
+            )]
+        );
+        // The round's transitions say nothing of it: running stays running.
+        assert!(d.outcome.transitions.is_empty(), "{d:?}");
+
+        nodes[1].drained = false;
+        let v = view(nodes.clone(), vec![j.clone()]);
+        let on =
+            |gpus: Vec<Gpu>, kept: bool| vec![Group::new(vec![0], MergeMode::Normal, gpus, kept)];
+        assert_eq!(
+            restarts(&v, &on(vec![(1, 0), (1, 1)], false)),
+            vec![(
+                0,
+                "resized",
+                "resized from 4 to 2 GPUs on b, from its checkpoint (iteration 2380)".to_string()
+            )]
+        );
+        let mut two = j.clone();
+        two.holds = vec![(1, 0), (1, 1)];
+        let v2 = view(nodes.clone(), vec![two]);
+        assert_eq!(
+            restarts(&v2, &on(vec![(1, 2), (1, 3)], false)),
+            vec![(
+                0,
+                "moved",
+                "moved to other GPUs of b (2), from its checkpoint (iteration 2380)".to_string()
+            )]
+        );
+        assert_eq!(
+            restarts(&v2, &on(vec![(0, 0), (0, 1), (1, 0), (1, 1)], false))[0].2,
+            "resized from 2 to 4 GPUs on a+b, from its checkpoint (iteration 2380)"
+        );
+        assert!(restarts(&v, &on((0..4).map(|g| (1, g)).collect(), true)).is_empty());
+        let mut merged = on((0..4).map(|g| (0, g)).collect(), false);
+        merged[0].new_merge = Some((1.2, 1.0));
+        assert!(restarts(&v, &merged).is_empty());
+        nodes[1].state = NodeState::Offline;
+        let v = view(nodes, vec![j]);
+        assert!(restarts(&v, &on((0..4).map(|g| (0, g)).collect(), false)).is_empty());
     }
 
     /// A job that does not fit the V100s, with the A100 node held by a job
@@ -3333,7 +3459,7 @@ mod tests {
             let mut v = view(nodes.clone(), vec![long.clone(), big.clone()]);
             v.now = now;
             let d = run(&v, "ymir", &cfg);
-            (family_moves(&v, &d.outcome.groups), d)
+            (restarts(&v, &d.outcome.groups), d)
         };
         let (moves, d) = at(2000.0);
         let on = |d: &Decision, j: usize| {
@@ -3348,6 +3474,7 @@ mod tests {
             moves,
             vec![(
                 0,
+                "moved",
                 "moved from A100 to V100 GPUs (4 on v100), from its checkpoint (iteration 700)"
                     .to_string()
             )]

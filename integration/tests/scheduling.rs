@@ -5125,6 +5125,25 @@ async fn e2e_queue_a_resized_job_resumes_from_the_checkpoint_its_stop_wrote() {
         checkpoint_iteration(stopped),
         "resumed from another checkpoint than its stop's:\n{stopped}\n{relaunch}"
     );
+    // Its history says so: it stays running, so no state change does.
+    let n = relaunch
+        .split("gpus=[")
+        .nth(1)
+        .and_then(|r| r.split(']').next())
+        .map_or(0, |g| g.split(',').count());
+    let resized: Vec<String> = sqlx::query_scalar(
+        "SELECT message FROM job_events WHERE job_id = $1::uuid AND kind = 'resized' ORDER BY seq",
+    )
+    .bind(&id)
+    .fetch_all(&mut c)
+    .await
+    .unwrap();
+    assert!(
+        resized
+            .first()
+            .is_some_and(|m| m.starts_with(&format!("resized from 4 to {n} GPUs on node-a"))),
+        "{resized:?} ({relaunch})"
+    );
 }
 
 /// A job moved to another node in one round resumes there from the
@@ -5315,6 +5334,7 @@ async fn e2e_queue_admin_drain_empties_a_node_and_nothing_is_lost() {
     )
     .unwrap();
     assert!(out.contains("available,draining"), "{out}");
+    let draining = node_hold(port, "node-b").unwrap().1;
     wait_for("node-b drained", Duration::from_secs(60), || {
         let (hold, jobs) = node_hold(port, "node-b")?;
         (hold == "drained" && jobs.is_empty())
@@ -5322,6 +5342,16 @@ async fn e2e_queue_admin_drain_empties_a_node_and_nothing_is_lost() {
             .ok_or(format!("{hold} {jobs:?}"))
     });
     let launches_drained = training_launches(&b.log_text());
+    // Each job node-b ran says in its history that it left the drained
+    // node: suspended, or moved to node-a in the same round (its state
+    // stays running there, so only a `moved` event says it).
+    let left = events_saying(&db, "node node-b is drained").await;
+    for job in &draining {
+        assert!(
+            left.iter().any(|(j, _)| j == job),
+            "{job} left node-b and its history does not say so: {left:?}"
+        );
+    }
     // (Which jobs node-a runs now is the policy's choice: node-b's, moved
     // from their checkpoints, or its own; the unit tests of the round pin
     // the reasons.) Re-queue a running job: suspended from its checkpoint,

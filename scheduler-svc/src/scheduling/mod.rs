@@ -1220,12 +1220,12 @@ fn plan_writes(
                 .to_string(),
         ))
     }));
-    // A running job the round moves to another GPU family says so: it
-    // restarts from its checkpoint with no change of state to show it.
+    // A running job the round moves or resizes says so: it restarts from
+    // its checkpoint with no change of state to show it.
     w.notes.extend(
-        round::family_moves(&t.view, &outcome.groups)
+        round::restarts(&t.view, &outcome.groups)
             .into_iter()
-            .map(|(v, note)| (t.jobs[v], "moved".to_string(), note)),
+            .map(|(v, kind, note)| (t.jobs[v], kind.to_string(), note)),
     );
     // A reclaimed node is returned once nothing is planned there and its
     // agent runs no process (or is gone).
