@@ -3118,6 +3118,17 @@ fn gang_cluster(
     nodes: &[&'static str],
     env: &[(&str, &str)],
 ) -> (u16, i32, Proc, BTreeMap<&'static str, Proc>) {
+    gang_cluster_with(db, dir, nodes, env, &[])
+}
+
+/// [`gang_cluster`] with `agent_env` set on every agent.
+fn gang_cluster_with(
+    db: &str,
+    dir: &std::path::Path,
+    nodes: &[&'static str],
+    env: &[(&str, &str)],
+    agent_env_extra: &[(&str, &str)],
+) -> (u16, i32, Proc, BTreeMap<&'static str, Proc>) {
     let port = free_port();
     let base = free_port().min(65000);
     let range = format!("{base}-{}", base + 30);
@@ -3131,7 +3142,7 @@ fn gang_cluster(
     let ep = format!("http://127.0.0.1:{port}");
     let agents = nodes
         .iter()
-        .map(|&n| (n, agent_env(n, &ep, dir, None, &[])))
+        .map(|&n| (n, agent_env(n, &ep, dir, None, agent_env_extra)))
         .collect();
     (port, i32::from(base), sched, agents)
 }
@@ -3437,6 +3448,114 @@ async fn e2e_gang_an_8_gpu_job_over_two_4_gpu_nodes_runs_as_one_gang() {
         "{notes:?}"
     );
     fmctl(port, &["cancel", &huge, "--reason", "test over"]).unwrap();
+}
+
+/// A job that grows from one node into a gang over two resumes every
+/// part from the checkpoint its process wrote as it stopped: the plan
+/// launches the gang once that process has stopped, and both nodes get the
+/// same path. Before, the new node's part was launched in the same plan,
+/// with the last checkpoint the scheduler had heard of (none here: the
+/// deployed 10-minute interval), while the old node's agent relaunched its
+/// part from its stop's checkpoint, so the gang's ranks resumed from
+/// different states (and rank 0, on the new node, from scratch).
+#[tokio::test]
+async fn e2e_gang_a_job_that_grows_into_a_gang_resumes_every_part_from_its_stop() {
+    let db = TestDb::create("fmsched_ganggrow").await;
+    let dir = tempfile::tempdir().unwrap();
+    let (port, _, _sched, agents) = gang_cluster_with(
+        &db,
+        dir.path(),
+        &["node-a", "node-b"],
+        &[("FMSCHED_SCHEDULING__PROFILING", "false")],
+        &[("FMSCHED_AGENT_PROCESSES__CHECKPOINT_INTERVAL", "600s")],
+    );
+    wait_for("two nodes", Duration::from_secs(20), || {
+        let out = fmctl(port, &["nodes"])?;
+        (out.contains("node-a") && out.contains("node-b"))
+            .then_some(())
+            .ok_or(out)
+    });
+    // A filler holds one node; the job runs on the other, on 4 GPUs.
+    submit(
+        port,
+        dir.path(),
+        [(
+            "filler".to_string(),
+            gang_yaml("filler", "rte", 400_000, 4, 40),
+        )],
+    )
+    .expect("submit");
+    let filler_on = wait_for("the filler runs", Duration::from_secs(60), || {
+        let on: Vec<&str> = ["node-a", "node-b"]
+            .into_iter()
+            .filter(|n| node_hold(port, n).is_ok_and(|h| h.1.len() == 4))
+            .collect();
+        (on.len() == 1).then(|| on[0]).ok_or(format!("{on:?}"))
+    });
+    let alone_on = if filler_on == "node-a" {
+        "node-b"
+    } else {
+        "node-a"
+    };
+    submit(
+        port,
+        dir.path(),
+        [(
+            "grower".to_string(),
+            gang_yaml("grower", "qnli", 400_000, 8, 40)
+                .replace("min_gpus: 8", "min_gpus: 4")
+                .replace("global_batch_size: 32", "global_batch_size: 1024"),
+        )],
+    )
+    .expect("submit");
+    let (grower, _) = job_named(port, "grower").unwrap();
+    let launched = format!("launched task={grower} ");
+    let launches = |node: &str| -> Vec<String> {
+        strip_ansi(&agents[node].log_text())
+            .lines()
+            .filter(|l| l.contains(&launched))
+            .map(str::to_string)
+            .collect()
+    };
+    wait_for("the job runs alone", Duration::from_secs(60), || {
+        let l = launches(alone_on);
+        (l.len() == 1).then_some(()).ok_or(format!("{l:?}"))
+    });
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    // The filler goes: the job grows over both nodes.
+    let (filler, _) = job_named(port, "filler").unwrap();
+    fmctl(port, &["cancel", &filler, "--reason", "make room"]).unwrap();
+    let url = db_url(&db);
+    running_on_two_nodes(&url, &grower).await;
+    let (on_new, on_old) = wait_for("both parts launched", Duration::from_secs(60), || {
+        let (new, old) = (launches(filler_on), launches(alone_on));
+        (!new.is_empty() && old.len() >= 2)
+            .then(|| (new[0].clone(), old[1].clone()))
+            .ok_or(format!("{new:?} / {old:?}"))
+    });
+    let log = strip_ansi(&agents[alone_on].log_text());
+    let stopped = log
+        .lines()
+        .find(|l| l.contains(&format!("task={grower} ")) && l.contains(" stopped"))
+        .unwrap_or_else(|| panic!("no stop logged:\n{log}"));
+    let resume = |l: &str| {
+        l.split("resume=")
+            .nth(1)
+            .map(|r| r.split(' ').next().unwrap_or(r).to_string())
+    };
+    eprintln!("{stopped}\n{on_new}\n{on_old}");
+    let at_stop = checkpoint_iteration(stopped)
+        .unwrap_or_else(|| panic!("its stop wrote no checkpoint: {stopped}"));
+    assert_eq!(
+        checkpoint_iteration(&on_new),
+        Some(at_stop),
+        "the new node's part did not resume from the stop's checkpoint:\n{stopped}\n{on_new}"
+    );
+    assert_eq!(
+        resume(&on_new),
+        resume(&on_old),
+        "the gang's parts resumed from different checkpoints:\n{on_new}\n{on_old}"
+    );
 }
 
 /// `text` without terminal colour sequences (`ESC [ … m`).

@@ -232,38 +232,74 @@ fn desired_sets(state: &AppState, v: &PlanView<'_>) -> BTreeMap<NodeId, Vec<pb::
             per_node.entry(a.node.clone()).or_default().push(task);
         }
     }
-    // A training process alive on a node the plan takes it off, and that
-    // the plan starts on other nodes, is launched there the round after it
-    // stopped: its resume path is then the checkpoint it wrote as it
-    // stopped. Launched at once, it resumed from the last checkpoint the
-    // scheduler had heard of, or from scratch (found live: a drained
-    // node's job restarted at iteration 0 on another node while its
-    // history said "from its checkpoint (iteration 14900)").
-    // (Not an offline node's: its jobs go on from their last checkpoint.)
-    let leaving: BTreeSet<&str> = nodes
+    // A training task whose process on some node the plan stops or
+    // relaunches (other GPUs or ranks), and that the plan runs on another
+    // node too, is started nowhere this round: every process of it stops,
+    // rank 0's writes the checkpoint of its stop, and the next round
+    // launches every part from that checkpoint. Launched at once, a move
+    // resumed from the last checkpoint the scheduler had heard of, or from
+    // scratch (found live: a drained node's job restarted at iteration 0 on
+    // another node while its history said "from its checkpoint (iteration
+    // 14900)"), and a gang that grew onto a node or changed its GPUs
+    // resumed its parts from different checkpoints: the one its stop wrote
+    // on its rank 0 node, and the plan's older path on the others. A
+    // relaunch on its only node needs no wait: that node's agent resumes
+    // it from the checkpoint its stop wrote. A process the plan keeps as it
+    // runs does not count, so a gang just launched, with one node's report
+    // still on its way, is not held back. (An offline node's process does
+    // not count either: its jobs go on from their last checkpoint.)
+    let changed: BTreeMap<&str, BTreeSet<&NodeId>> = nodes
         .iter()
         .filter(|n| n.state != fmsched_core::NodeState::Offline)
         .flat_map(|n| {
             let planned = per_node.get(&n.record.id);
-            n.observed_tasks.iter().filter(move |t| {
-                crate::api::cluster::process_alive(t)
-                    && !t.task_id.ends_with(PROFILE_SUFFIX)
-                    && planned.is_none_or(|p| p.iter().all(|d| d.task_id != t.task_id))
-            })
+            n.observed_tasks
+                .iter()
+                .filter(move |t| {
+                    crate::api::cluster::process_alive(t)
+                        && !t.task_id.ends_with(PROFILE_SUFFIX)
+                        && planned
+                            .and_then(|p| p.iter().find(|d| d.task_id == t.task_id))
+                            .is_none_or(|d| !same_launch(t, d))
+                })
+                .map(move |t| (t.task_id.as_str(), &n.record.id))
         })
-        .map(|t| t.task_id.as_str())
+        .fold(BTreeMap::new(), |mut m, (t, n)| {
+            m.entry(t).or_insert_with(BTreeSet::new).insert(n);
+            m
+        });
+    let waiting: BTreeSet<String> = per_node
+        .iter()
+        .flat_map(|(node, tasks)| tasks.iter().map(move |d| (node, d)))
+        .filter(|(node, d)| {
+            d.mode == pb::TaskMode::Train as i32
+                && changed
+                    .get(d.task_id.as_str())
+                    .is_some_and(|on| on.iter().any(|n| n != node))
+        })
+        .map(|(_, d)| d.task_id.clone())
         .collect();
     for (node, tasks) in &mut per_node {
         tasks.retain(|d| {
-            let wait = leaving.contains(d.task_id.as_str());
+            let wait = waiting.contains(&d.task_id);
             if wait {
                 tracing::info!(task = %d.task_id, node_id = %node,
-                    "moved: launched here once its process elsewhere has stopped and checkpointed");
+                    "restarted on other nodes: launched here once all its processes have stopped and checkpointed");
             }
             !wait
         });
     }
     per_node
+}
+
+/// Whether the process `t` runs as `d` asks: the same GPUs and ranks (a
+/// change relaunches it on its node).
+fn same_launch(t: &pb::ObservedTask, d: &pb::DesiredTask) -> bool {
+    let mut have: Vec<&str> = t.gpu_uuids.iter().map(String::as_str).collect();
+    let mut want: Vec<&str> = d.gpu_uuids.iter().map(String::as_str).collect();
+    have.sort_unstable();
+    want.sort_unstable();
+    have == want && t.world_size == d.world_size && t.rank_offset == d.rank_offset
 }
 
 /// The warm idle release of a node nothing new may start on: its warm
