@@ -909,8 +909,10 @@ pub fn default_shape(
 }
 
 /// Fills [`JobView::family_time_ratio`] of each job that trains alone or
-/// waits to (it is in no merge and names no GPU model): its time on every
-/// other GPU family of the cluster at the GPUs it holds, relative to its
+/// waits to, or is in a temporal merge (it is in no spatial merge and
+/// names no GPU model): its time on every
+/// other GPU family of the cluster at the GPUs it holds (B of a temporal
+/// merge: at the GPUs its A holds, where it will train), relative to its
 /// time where it runs, for placement's move to a faster family; for a job
 /// that holds none (or holds a profiling run's), at its smallest
 /// allocation relative to the family its times are estimated on
@@ -939,18 +941,32 @@ pub fn family_time_ratios<E>(
         .iter()
         .filter_map(|&f| largest_of(&view.nodes, f))
         .collect();
-    let merged: BTreeSet<usize> = view.merges.iter().flat_map(|m| [m.a, m.b]).collect();
+    let spatial: BTreeSet<usize> = view
+        .merges
+        .iter()
+        .filter(|m| m.mode != MergeMode::Temporal)
+        .flat_map(|m| [m.a, m.b])
+        .collect();
+    // B of a temporal merge trains on A's GPUs once A is done: its times
+    // are on those.
+    let lead: BTreeMap<usize, usize> = view
+        .merges
+        .iter()
+        .filter(|m| m.mode == MergeMode::Temporal)
+        .map(|m| (m.b, m.a))
+        .collect();
     let usable = |t: Option<f64>| t.filter(|t| t.is_finite() && *t > 0.0);
     for v in 0..view.jobs.len() {
         let j = &view.jobs[v];
-        if j.gpu_model.is_some() || merged.contains(&v) {
+        if j.gpu_model.is_some() || spatial.contains(&v) {
             continue;
         }
         // A profiling run's GPUs are not where the job will train.
-        let training = j.holds.first().filter(|_| !j.profiling_run);
+        let holder = lead.get(&v).map_or(j, |&a| &view.jobs[a]);
+        let training = holder.holds.first().filter(|_| !holder.profiling_run);
         let (here, gpus) = match training {
             Some(g) => match view.nodes.get(g.0) {
-                Some(n) => (n.gpu_model.clone(), j.holds.len() as u32),
+                Some(n) => (n.gpu_model.clone(), holder.holds.len() as u32),
                 None => continue,
             },
             // One that holds none: against the family its times are
@@ -3364,6 +3380,83 @@ mod tests {
         let d = run(&v, "ymir", &cfg);
         assert!(d.outcome.groups[0].kept, "{d:?}");
         assert!(restarts(&v, &d.outcome.groups).is_empty());
+    }
+
+    /// A temporal pair whose A trains on V100s moves to H100s that are
+    /// free, as a job alone does (rule 4), its time there from both
+    /// members' ratios: B's are at the GPUs its A holds, where it will
+    /// train. Found on a generated mixed load: a pair whose A had 850
+    /// epochs to train sat 54 h on 4 V100s, the last 48 h with the rest of
+    /// the cluster idle, as only jobs alone had times on other families.
+    /// A spatial pair (one joint process) gets none; a pair whose B's time
+    /// there is unknown stays.
+    #[test]
+    fn tail_a_temporal_pair_moves_to_a_faster_family_that_frees_up() {
+        let mut nodes = vec![node("v100", 4), node("h100", 4)];
+        nodes[0].gpu_model = "V100".into();
+        nodes[1].gpu_model = "H100".into();
+        let mut a = job("a", "fashion_mnist", JobState::Running, 4);
+        (a.holds, a.iteration, a.progress) = ((0..4).map(|g| (0, g)).collect(), 700, 0.1);
+        let b = job("b", "food101", JobState::Queued, 4);
+        let mut v = view(nodes, vec![a, b]);
+        v.merges.push(MergeView {
+            a: 0,
+            b: 1,
+            mode: MergeMode::Temporal,
+        });
+        // Each job's seconds: H100s 2.5× as fast, at the GPUs asked.
+        let mut asked = Vec::new();
+        family_time_ratios(&mut v, |j, family, gpus, _| {
+            asked.push((j, family.to_string(), gpus));
+            Ok::<_, ()>(Some(if family == "H100" { 0.4 } else { 1.0 }))
+        })
+        .unwrap();
+        assert!(
+            asked.contains(&(1, "V100".to_string(), 4)),
+            "B at A's GPUs: {asked:?}"
+        );
+        for j in &v.jobs {
+            assert_eq!(
+                j.family_time_ratio,
+                vec![("H100".to_string(), 0.4)],
+                "{}",
+                j.id
+            );
+        }
+        let cfg = RoundConfig {
+            profiling: false,
+            ..Default::default()
+        };
+        let d = run(&v, "ymir", &cfg);
+        let g = d
+            .outcome
+            .groups
+            .iter()
+            .find(|g| g.jobs == vec![0, 1])
+            .unwrap();
+        assert!(g.gpus.iter().all(|x| x.0 == 1), "not on the H100s: {d:?}");
+        assert_eq!(restarts(&v, &d.outcome.groups)[0].1, "moved");
+
+        // Without B's time on H100s the pair's is not known: it stays.
+        let mut unknown = v.clone();
+        unknown.jobs[1].family_time_ratio.clear();
+        let d = run(&unknown, "ymir", &cfg);
+        let g = d
+            .outcome
+            .groups
+            .iter()
+            .find(|g| g.jobs == vec![0, 1])
+            .unwrap();
+        assert!(g.kept, "{d:?}");
+
+        // A spatial pair gets no times on other families.
+        let mut spatial = v.clone();
+        spatial.merges[0].mode = MergeMode::Spatial;
+        for j in &mut spatial.jobs {
+            j.family_time_ratio.clear();
+        }
+        family_time_ratios(&mut spatial, |_, _, _, _| Ok::<_, ()>(Some(1.0))).unwrap();
+        assert!(spatial.jobs.iter().all(|j| j.family_time_ratio.is_empty()));
     }
 
     /// A running job restarted elsewhere in one round says where and why in

@@ -2062,7 +2062,13 @@ impl<'a> Simulation<'a> {
             let Some(fam) = self.families.iter().position(|f| f == family) else {
                 return Ok(None);
             };
-            if j.merged.is_some() || j.alloc.as_ref().is_some_and(|a| a.shared) {
+            // A spatial pair trains as one joint process: its members'
+            // times are not the group's. (A temporal pair's are: A trains,
+            // then B, each at its own rate.)
+            let spatial = j
+                .merged
+                .is_some_and(|(mode, _)| mode != MergeMode::Temporal);
+            if spatial || j.alloc.as_ref().is_some_and(|a| a.shared) {
                 return Ok(None);
             }
             let batch = j.w.batch;

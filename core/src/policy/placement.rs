@@ -150,8 +150,32 @@ pub fn place_with(
     stayed.retain(|k| !moved.contains(k));
 
     // Rule 4: a job that stayed (rule 1) moves to a faster family whose
-    // GPUs the round left free, where the time it saves pays its restart.
-    move_for_speed(snap, &plan, &stayed, &mut placed, &mut free, &all_families);
+    // GPUs the round left free, where the time it saves pays its restart;
+    // not to a family that a group which can run on some families only
+    // still waits for.
+    let wanted: Vec<&str> = (0..plan.entries.len())
+        .filter(|&k| placed[k].is_none())
+        .flat_map(|k| {
+            let jobs = &plan.entries[k].jobs;
+            let model = entry_model(snap, jobs);
+            let own: Vec<&str> = all_families
+                .iter()
+                .copied()
+                .filter(|f| model.is_none_or(|m| m == *f) && !unfit_for(snap, jobs, f))
+                .collect();
+            if own.len() < all_families.len() {
+                own
+            } else {
+                Vec::new()
+            }
+        })
+        .collect();
+    let open: Vec<&str> = all_families
+        .iter()
+        .copied()
+        .filter(|f| !wanted.contains(f))
+        .collect();
+    move_for_speed(snap, &plan, &stayed, &mut placed, &mut free, &open);
 
     let mut unplaced = 0;
     let mut kept = Vec::with_capacity(plan.entries.len());
@@ -177,61 +201,55 @@ pub fn place_with(
 /// Node index → GPUs, as in [`super::PlanEntry::placement`].
 type Placement = Vec<(usize, u32)>;
 
-/// Rule 4 of [`place_with`]: each job alone in a group that stayed where
-/// it runs (rule 1; `stayed`, entries of `plan`) moves, the longest first,
-/// to the family where it would finish soonest among those it may run on
-/// whose GPUs are still `free` after the round's other groups, when that
-/// saves more than twice its restart (the restart itself, and as much
-/// again for the estimate's error). Its time there is its time here (at
-/// the GPUs it holds) times its [`super::SchedJob::family_time_ratio`].
-/// The policy's times are estimated on the family a job runs on, so
-/// without this a long job started on slow GPUs stays on them after
-/// faster ones free up (found on a mixed cluster: 30 h on 8 V100s while
-/// every H100 sat idle).
+/// Rule 4 of [`place_with`]: each job alone, or temporal pair, in a group
+/// that stayed where it runs (rule 1; `stayed`, entries of `plan`) moves,
+/// the longest first, to the family where it would finish soonest among
+/// those it may run on (of `families`: those no group that can run on
+/// some families only still waits for) whose GPUs are still `free` after
+/// the round's other groups, when that saves more than twice its restart (the restart
+/// itself, and as much again for the estimate's error). Its time there is
+/// its time here (at the GPUs it holds) times its ratio there
+/// ([`entry_ratios`]). The policy's times are estimated on the family a
+/// job runs on, so without this a long job started on slow GPUs stays on
+/// them after faster ones free up (found on a mixed cluster: 30 h on 8
+/// V100s while every H100 sat idle; and a temporal pair, whose A had
+/// 850 epochs to train, 54 h on 4 V100s, the last 48 h with the rest of
+/// the cluster idle).
 fn move_for_speed(
     snap: &Snapshot,
     plan: &Plan,
     stayed: &[usize],
     placed: &mut [Option<Placement>],
     free: &mut [u32],
-    all_families: &[&str],
+    families: &[&str],
 ) {
-    let time_now = |k: usize| {
-        let e = &plan.entries[k];
-        Some(snap.time_at(e.jobs[0], e.gpus)).filter(|t| t.is_finite())
-    };
     let mut movable: Vec<(usize, f64)> = stayed
         .iter()
         .copied()
-        .filter(|&k| {
-            let e = &plan.entries[k];
-            let j = &snap.jobs[e.jobs[0]];
-            e.jobs.len() == 1
-                && e.mode == super::MergeMode::Normal
-                && j.gpu_model.is_none()
-                && !j.family_time_ratio.is_empty()
-        })
-        .filter_map(|k| time_now(k).map(|t| (k, t)))
+        .filter(|&k| entry_model(snap, &plan.entries[k].jobs).is_none())
+        .filter_map(|k| entry_time(snap, &plan.entries[k]).map(|t| (k, t)))
+        .filter(|&(k, _)| !entry_ratios(snap, &plan.entries[k]).is_empty())
         .collect();
     movable.sort_by(|x, y| y.1.total_cmp(&x.1).then(x.0.cmp(&y.0)));
     for (k, t) in movable {
         let e = &plan.entries[k];
-        let j = &snap.jobs[e.jobs[0]];
+        let restart = entry_restart(snap, e);
+        let ratios = entry_ratios(snap, e);
         let Some(here) = placed[k].as_ref().and_then(|p| p.first()).map(|p| p.0) else {
             continue;
         };
         let here = snap.nodes[here].gpu_model.as_str();
         let unit = super::entry_replica(snap, &e.jobs);
         let mut best: Option<(f64, Placement)> = None;
-        for &fam in all_families.iter().filter(|&&f| f != here) {
-            if j.unfit_families.iter().any(|u| u == fam) {
+        for &fam in families.iter().filter(|&&f| f != here) {
+            if unfit_for(snap, &e.jobs, fam) {
                 continue;
             }
-            let Some(&(_, ratio)) = j.family_time_ratio.iter().find(|(f, _)| f == fam) else {
+            let Some(&(_, ratio)) = ratios.iter().find(|(f, _)| f == fam) else {
                 continue;
             };
             let saved = t * (1.0 - ratio);
-            if !(ratio > 0.0 && saved > 2.0 * j.restart_s)
+            if !(ratio > 0.0 && saved > 2.0 * restart)
                 || best.as_ref().is_some_and(|b| saved <= b.0)
             {
                 continue;
@@ -254,6 +272,68 @@ fn move_for_speed(
     }
 }
 
+/// A group's remaining time at its GPUs in the plan: a job alone's, a
+/// merged pair's as the group (a kept merge's or the round's candidate's
+/// times); None where it is not known.
+fn entry_time(snap: &Snapshot, e: &super::PlanEntry) -> Option<f64> {
+    let t = match *e.jobs.as_slice() {
+        [j] => snap.time_at(j, e.gpus),
+        [a, b] => {
+            let times = snap
+                .merges
+                .iter()
+                .find(|m| m.a == a && m.b == b && m.mode == e.mode)
+                .map(|m| &m.remaining_s)
+                .or_else(|| {
+                    snap.candidates
+                        .iter()
+                        .find(|c| c.a == a && c.b == b && c.mode == e.mode)
+                        .map(|c| &c.remaining_s)
+                })?;
+            super::time_in(&snap.allocations, times, e.gpus)
+        }
+        _ => return None,
+    };
+    Some(t).filter(|t| t.is_finite() && *t > 0.0)
+}
+
+/// A group's restart: its members' longest.
+fn entry_restart(snap: &Snapshot, e: &super::PlanEntry) -> f64 {
+    e.jobs
+        .iter()
+        .map(|&j| snap.jobs[j].restart_s)
+        .fold(0.0, f64::max)
+}
+
+/// A group's time on each other GPU family relative to its time on the
+/// family it is estimated on ([`super::SchedJob::family_time_ratio`]): a
+/// job alone's own ratios; for a temporal pair, whose A trains and then B
+/// from A's weights on the same GPUs, the ratio of `ρ_A·T_A + ρ_B·(T − T_A)`
+/// to `T` (T the group's time, `T_A` A's own part), on the families where
+/// both ratios are known. None for a spatial pair: one joint process,
+/// whose time is not its members'.
+fn entry_ratios(snap: &Snapshot, e: &super::PlanEntry) -> Vec<(String, f64)> {
+    match (e.mode, e.jobs.as_slice()) {
+        (super::MergeMode::Normal, [j]) => snap.jobs[*j].family_time_ratio.clone(),
+        (super::MergeMode::Temporal, &[a, b]) => {
+            let Some(t) = entry_time(snap, e) else {
+                return Vec::new();
+            };
+            let ta = snap.time_at(a, e.gpus);
+            let ta = if ta.is_finite() { ta.clamp(0.0, t) } else { t };
+            let (ja, jb) = (&snap.jobs[a], &snap.jobs[b]);
+            ja.family_time_ratio
+                .iter()
+                .filter_map(|(f, ra)| {
+                    let (_, rb) = jb.family_time_ratio.iter().find(|(g, _)| g == f)?;
+                    Some((f.clone(), (ra * ta + rb * (t - ta)) / t))
+                })
+                .collect()
+        }
+        _ => Vec::new(),
+    }
+}
+
 /// Rule 5 of [`place_with`]: room for a group the plan runs and rules 2–3
 /// could not place because the GPU families it can run on (those its
 /// members fit, or the one they name) are full, while other families have
@@ -263,9 +343,9 @@ fn move_for_speed(
 /// mixed cluster a rigid pipeline job that does not fit V100s waited for
 /// hours with a quarter of the cluster idle.
 ///
-/// A job alone that stayed where it runs (rule 1), on one of the group's
-/// families, moves to another family where it fits in what is free and
-/// where its time is known (`SchedJob::family_time_ratio`); the group
+/// A job alone or a temporal pair that stayed where it runs (rule 1), on
+/// one of the group's families, moves to another family where it fits in
+/// what is free and where its time is known ([`entry_ratios`]); the group
 /// takes the room it leaves. The move costs the moved job its restart and
 /// its slowdown there over its remaining time, `restart + T·max(0, ρ − 1)`
 /// (ρ its time there over its time here), and is made only once the group
@@ -314,20 +394,18 @@ fn make_room(
         let mut best: Option<(f64, usize, Placement, Placement, Vec<u32>)> = None;
         for &v in stayed {
             let ve = &plan.entries[v];
-            let j = &snap.jobs[ve.jobs[0]];
             let Some(old) = placed[v].as_ref() else {
                 continue;
             };
             let Some(here) = old.first().map(|p| snap.nodes[p.0].gpu_model.as_str()) else {
                 continue;
             };
-            let t = snap.time_at(ve.jobs[0], ve.gpus);
+            let Some(t) = entry_time(snap, ve) else {
+                continue;
+            };
             if moved.contains(&v)
-                || ve.jobs.len() != 1
-                || ve.mode != super::MergeMode::Normal
-                || j.gpu_model.is_some()
+                || entry_model(snap, &ve.jobs).is_some()
                 || !families.contains(&here)
-                || !t.is_finite()
             {
                 continue;
             }
@@ -337,10 +415,11 @@ fn make_room(
                 freed[n] += g;
             }
             let vunit = super::entry_replica(snap, &ve.jobs);
-            for (fam, ratio) in &j.family_time_ratio {
-                let cost = j.restart_s + t * (ratio - 1.0).max(0.0);
+            let restart = entry_restart(snap, ve);
+            for (fam, ratio) in &entry_ratios(snap, ve) {
+                let cost = restart + t * (ratio - 1.0).max(0.0);
                 if fam == here
-                    || j.unfit_families.contains(fam)
+                    || unfit_for(snap, &ve.jobs, fam)
                     || !(*ratio > 0.0 && cost <= waited)
                     || best.as_ref().is_some_and(|b| cost >= b.0)
                 {
@@ -385,22 +464,19 @@ struct Families<'a> {
 }
 
 /// A group's time on each GPU family relative to one of them
-/// ([`super::SchedJob::family_time_ratio`]), where the difference is
-/// more than twice its restart (rule 4's bar: a smaller gain would not
-/// move it, and leaves the faster GPUs to jobs it pays for): a job
-/// alone's; none for a merged group (its members' times are not one).
+/// ([`entry_ratios`]), where the difference is more than twice its
+/// restart (rule 4's bar: a smaller gain would not move it, and leaves the
+/// faster GPUs to jobs it pays for): a job alone's or a temporal pair's;
+/// none for a spatial pair (one joint process, whose time is not its
+/// members').
 fn entry_speed(snap: &Snapshot, e: &super::PlanEntry) -> Vec<(String, f64)> {
-    let [j] = e.jobs.as_slice() else {
+    let Some(t) = entry_time(snap, e) else {
         return Vec::new();
     };
-    let job = &snap.jobs[*j];
-    let t = snap.time_at(*j, e.gpus);
-    if e.mode != super::MergeMode::Normal || !t.is_finite() {
-        return Vec::new();
-    }
-    (job.family_time_ratio.iter())
-        .filter(|(_, r)| (t * (1.0 - r)).abs() > 2.0 * job.restart_s)
-        .cloned()
+    let restart = entry_restart(snap, e);
+    entry_ratios(snap, e)
+        .into_iter()
+        .filter(|(_, r)| (t * (1.0 - r)).abs() > 2.0 * restart)
         .collect()
 }
 
@@ -1018,6 +1094,17 @@ mod tests {
         let mut unknown = snap_with(0.5);
         unknown.jobs[0].family_time_ratio.clear();
         assert_eq!(placed(&unknown, &[4]), Some(vec![(0, 4)]));
+        // A group that runs on H100s only waits for them (the plan gives
+        // it more than are free): the free ones stay free for it, not
+        // taken for speed (found on generated mixed loads: temporal pairs
+        // moved up took the fast families' GPUs a piece at a time, and a
+        // pipeline job that fits those only waited 29 times its length).
+        let mut waiting = snap_with(0.5);
+        waiting.jobs[1].unfit_families = vec!["A100".into()];
+        assert_eq!(placed(&waiting, &[4, 8]), Some(vec![(0, 4)]), "kept free");
+        // One that may run anywhere reserves nothing.
+        waiting.jobs[1].unfit_families.clear();
+        assert_eq!(placed(&waiting, &[4, 8]), Some(vec![(1, 4)]));
     }
 
     /// A new group takes the family where it runs fastest among those
