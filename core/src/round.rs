@@ -3427,27 +3427,23 @@ mod tests {
             profiling: false,
             ..Default::default()
         };
+        let pair = |d: &Decision| {
+            let g = d.outcome.groups.iter().find(|g| g.jobs == vec![0, 1]);
+            g.cloned()
+                .unwrap_or_else(|| panic!("the pair does not run: {d:?}"))
+        };
         let d = run(&v, "ymir", &cfg);
-        let g = d
-            .outcome
-            .groups
-            .iter()
-            .find(|g| g.jobs == vec![0, 1])
-            .unwrap();
-        assert!(g.gpus.iter().all(|x| x.0 == 1), "not on the H100s: {d:?}");
+        assert!(
+            pair(&d).gpus.iter().all(|x| x.0 == 1),
+            "not on the H100s: {d:?}"
+        );
         assert_eq!(restarts(&v, &d.outcome.groups)[0].1, "moved");
 
         // Without B's time on H100s the pair's is not known: it stays.
         let mut unknown = v.clone();
         unknown.jobs[1].family_time_ratio.clear();
         let d = run(&unknown, "ymir", &cfg);
-        let g = d
-            .outcome
-            .groups
-            .iter()
-            .find(|g| g.jobs == vec![0, 1])
-            .unwrap();
-        assert!(g.kept, "{d:?}");
+        assert!(pair(&d).kept, "{d:?}");
 
         // A spatial pair gets no times on other families.
         let mut spatial = v.clone();

@@ -3469,12 +3469,7 @@ async fn e2e_gang_a_job_that_grows_into_a_gang_resumes_every_part_from_its_stop(
         &[("FMSCHED_SCHEDULING__PROFILING", "false")],
         &[("FMSCHED_AGENT_PROCESSES__CHECKPOINT_INTERVAL", "600s")],
     );
-    wait_for("two nodes", Duration::from_secs(20), || {
-        let out = fmctl(port, &["nodes"])?;
-        (out.contains("node-a") && out.contains("node-b"))
-            .then_some(())
-            .ok_or(out)
-    });
+    wait_two_nodes(port);
     // A filler holds one node; the job runs on the other, on 4 GPUs.
     submit(
         port,
@@ -5144,6 +5139,16 @@ fn node_hold(port: u16, node: &str) -> Result<(String, Vec<String>), String> {
     ))
 }
 
+/// Waits until node-a and node-b are registered.
+fn wait_two_nodes(port: u16) {
+    wait_for("two nodes", Duration::from_secs(20), || {
+        let out = fmctl(port, &["nodes"])?;
+        (out.contains("node-a") && out.contains("node-b"))
+            .then_some(())
+            .ok_or(out)
+    });
+}
+
 /// Job events whose message contains `needle`.
 async fn events_saying(db: &str, needle: &str) -> Vec<(String, String)> {
     let mut c = sqlx::PgConnection::connect(&db_url(db)).await.unwrap();
@@ -5296,12 +5301,7 @@ async fn e2e_queue_admin_a_job_moved_off_a_drained_node_resumes_from_its_last_st
         ),
         ("node-b", agent_env("node-b", &ep, dir.path(), None, &h100)),
     ];
-    wait_for("two nodes", Duration::from_secs(20), || {
-        let out = fmctl(port, &["nodes"])?;
-        (out.contains("node-a") && out.contains("node-b"))
-            .then_some(())
-            .ok_or(out)
-    });
+    wait_two_nodes(port);
     submit(
         port,
         dir.path(),
@@ -5377,12 +5377,7 @@ async fn e2e_queue_admin_drain_empties_a_node_and_nothing_is_lost() {
     wait_up("scheduler up", port);
     let _a = agent("node-a", port, dir.path());
     let b = agent("node-b", port, dir.path());
-    wait_for("two nodes", Duration::from_secs(20), || {
-        let out = fmctl(port, &["nodes"])?;
-        (out.contains("node-a") && out.contains("node-b"))
-            .then_some(())
-            .ok_or(out)
-    });
+    wait_two_nodes(port);
     // A user who is not an admin: refused, nothing written.
     let bob = fmsched_integration::fmctl(
         port,
