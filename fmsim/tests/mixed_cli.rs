@@ -64,8 +64,8 @@ fn ymir_on_mixed_cluster(seed: &str) -> serde_json::Value {
 /// behind it while the cluster idled, and B's JCT was the p99 (32.3 h).
 /// Each round now splits a kept temporal merge whose waiting B would
 /// finish sooner alone on its fair share (`RoundOutcome::released`): Ymir's
-/// p99 read 9.5 h and its average 1.74 h then (2.14 h before; 7.4 h and
-/// 1.65 h since temporal pairs move to faster families too).
+/// p99 read 9.5 h and its average 1.74 h then (2.14 h before; 6.8 h and
+/// 1.60 h since temporal pairs move to faster families too).
 #[test]
 fn tail_a_b_kept_behind_a_long_a_is_released_on_a_mixed_cluster() {
     let row = ymir_on_mixed_cluster("7");
@@ -104,7 +104,7 @@ fn tail_a_job_that_fits_some_families_only_is_not_starved_on_a_mixed_cluster() {
 /// on this load vit-large@fashion_mnist-16 (850 epochs) ↦ food101-104 sat
 /// on 4 V100s for 54 h, the last 48 h with every other GPU idle, and the
 /// run's makespan was 61.7 h (Ymir's average 1.86 h). Now the pair moves
-/// up as the cluster frees: makespan 17.3 h, average 1.34 h.
+/// up as the cluster frees: makespan 14.6 h, average 1.34 h.
 #[test]
 fn tail_a_temporal_pair_on_slow_gpus_moves_to_faster_ones_on_a_mixed_cluster() {
     let row = ymir_on_mixed_cluster("9");
