@@ -808,10 +808,19 @@ fn expected_iterations(job: &JobRecord, estimate: Option<&Estimate>, estimator: 
         estimate.and_then(|e| e.iterations),
     ) {
         _ if planned_at_budget(job, estimator) => total_iterations(job),
+        _ if let Some(b) = planned_budget(job) => b,
         (_, Some(k)) if metric => within(k),
         (None, Some(k)) => within(k),
         _ => total_iterations(job),
     }
+}
+
+/// The iterations a job is planned at whatever its loss curve says: its
+/// budget, for a job that names `max_iterations` and no metric target (it
+/// trains to the end of it; [`expected_iterations`]).
+fn planned_budget(job: &JobRecord) -> Option<u64> {
+    (job.spec.target.metric.is_none() && job.spec.target.max_iterations.is_some())
+        .then(|| total_iterations(job))
 }
 
 /// A metric-target job under a policy without an iteration estimator:

@@ -1221,15 +1221,26 @@ fn profile_estimate(
                     t.trace_losses.len(),
                     c.quality
                 );
-                format!(
-                    "profiled: about {} iterations to converge (Eq. 2 over the loss prior of {} finished {} jobs, p10-p90 {}-{}; own fit quality {:.2})",
-                    p.iterations,
+                let basis = format!(
+                    "Eq. 2 over the loss prior of {} finished {} jobs, p10-p90 {}-{}; own fit quality {:.2}",
                     prior.map_or(0, LossLibrary::jobs),
                     job.spec.model,
                     p.low,
                     p.high,
                     c.quality
-                )
+                );
+                // A job that trains to its `max_iterations` is planned at
+                // them: the curve's convergence is not when it ends.
+                match super::planned_budget(job) {
+                    Some(b) => format!(
+                        "profiled: trains its budget of {b} iterations (its loss curve flattens after about {}: {basis})",
+                        p.iterations
+                    ),
+                    None => format!(
+                        "profiled: about {} iterations to converge ({basis})",
+                        p.iterations
+                    ),
+                }
             }
             Err(e) => {
                 est.note = format!("no loss-curve fit: {e}");
@@ -1746,6 +1757,20 @@ pub(crate) mod tests {
             est.note
         );
         assert_eq!(est.curve, Some(curve_to_json(&own)));
+        // It trains to its max_iterations: the history says so, and what
+        // the curve predicts; without them it says the prediction.
+        assert!(
+            reason.starts_with("profiled: trains its budget of 100000 iterations (its loss curve flattens after about"),
+            "{reason}"
+        );
+        let (_, open) = profile_estimate(&record(1, None), &t, Some(&lib)).unwrap();
+        assert!(
+            open.starts_with(&format!(
+                "profiled: about {} iterations to converge (Eq. 2",
+                est.iterations.unwrap()
+            )),
+            "{open}"
+        );
         // The plan weighs its p10–p90 width over the iterations left; with
         // the shipped shapes alone (no finished job) there is nothing to
         // weigh.
