@@ -2156,6 +2156,15 @@ fn node_names(view: &ClusterView, gpus: &[Gpu]) -> String {
     n.join("+")
 }
 
+/// A GPU the job holds on a node that is gone or Offline.
+fn lost_gpu<'v>(view: &ClusterView, j: &'v JobView) -> Option<&'v Gpu> {
+    j.holds.iter().find(|g| {
+        view.nodes
+            .get(g.0)
+            .is_none_or(|n| n.state == NodeState::Offline)
+    })
+}
+
 /// The running jobs a round restarts elsewhere with no change of state to
 /// say so, each with the kind of event its history shows and the note:
 /// `moved` to another GPU family (placement's move to faster GPUs, or a
@@ -2175,11 +2184,9 @@ pub fn restarts(view: &ClusterView, groups: &[Group]) -> Vec<(usize, &'static st
             if j.state != JobState::Running || j.profiling_run || j.holds.is_empty() {
                 continue;
             }
-            let lost = j
-                .holds
-                .iter()
-                .any(|h| node(h).is_none_or(|n| n.state == NodeState::Offline));
-            if lost || holds_exactly(j, &g.gpus) {
+            let mut held = j.holds.clone();
+            held.sort_unstable();
+            if lost_gpu(view, j).is_some() || held == g.gpus {
                 continue;
             }
             let (Some(from), Some(to)) = (
@@ -2188,8 +2195,6 @@ pub fn restarts(view: &ClusterView, groups: &[Group]) -> Vec<(usize, &'static st
             ) else {
                 continue;
             };
-            let mut held = j.holds.clone();
-            held.sort_unstable();
             let (was, now) = (node_names(view, &held), node_names(view, &g.gpus));
             let (kind, what) = if from.gpu_model != to.gpu_model {
                 (
@@ -2288,11 +2293,7 @@ fn transitions(
         } else {
             JobState::Queued
         };
-        let lost = j.holds.iter().find(|g| {
-            view.nodes
-                .get(g.0)
-                .is_none_or(|n| n.state == NodeState::Offline)
-        });
+        let lost = lost_gpu(view, j);
         let offline = |lost: &Gpu| {
             format!(
                 "node {} is offline: re-queued from its last checkpoint (iteration {})",

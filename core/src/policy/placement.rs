@@ -156,13 +156,7 @@ pub fn place_with(
     let wanted: Vec<&str> = (0..plan.entries.len())
         .filter(|&k| placed[k].is_none())
         .flat_map(|k| {
-            let jobs = &plan.entries[k].jobs;
-            let model = entry_model(snap, jobs);
-            let own: Vec<&str> = all_families
-                .iter()
-                .copied()
-                .filter(|f| model.is_none_or(|m| m == *f) && !unfit_for(snap, jobs, f))
-                .collect();
+            let own = allowed_families(snap, &plan.entries[k].jobs, &all_families);
             if own.len() < all_families.len() {
                 own
             } else {
@@ -374,11 +368,7 @@ fn make_room(
         }
         let e = &plan.entries[k];
         let model = entry_model(snap, &e.jobs);
-        let families: Vec<&str> = all_families
-            .iter()
-            .copied()
-            .filter(|f| model.is_none_or(|m| m == *f) && !unfit_for(snap, &e.jobs, f))
-            .collect();
+        let families = allowed_families(snap, &e.jobs, all_families);
         if families.is_empty() || families.len() == all_families.len() {
             // It can run anywhere: nothing elsewhere to move for it.
             continue;
@@ -422,7 +412,7 @@ fn make_room(
             let vunit = super::entry_replica(snap, &ve.jobs);
             let restart = entry_restart(snap, ve);
             for (fam, ratio) in &entry_ratios(snap, ve) {
-                let cost = restart + t * (ratio - 1.0).max(0.0);
+                let cost = move_cost(restart, t, *ratio);
                 if fam == here
                     || unfit_for(snap, &ve.jobs, fam)
                     || !(*ratio > 0.0 && cost <= waited)
@@ -462,6 +452,23 @@ fn make_room(
     moved
 }
 
+/// What moving a group off its family costs it ([`make_room`]'s ski
+/// rental): its restart, and its slowdown there over its remaining time
+/// `t` (`ratio`: its time there over its time here).
+fn move_cost(restart: f64, t: f64, ratio: f64) -> f64 {
+    restart + t * (ratio - 1.0).max(0.0)
+}
+
+/// The GPU families of `all` a group may run on: the one its members
+/// name, if any, less those where a member cannot run.
+fn allowed_families<'f>(snap: &Snapshot, jobs: &[usize], all: &[&'f str]) -> Vec<&'f str> {
+    let model = entry_model(snap, jobs);
+    all.iter()
+        .copied()
+        .filter(|f| model.is_none_or(|m| m == *f) && !unfit_for(snap, jobs, f))
+        .collect()
+}
+
 /// A move of entry `v` (placed at `old`) off its family to the one where
 /// it costs least (`restart + T·max(0, ρ − 1)`, [`make_room`]) and fits in
 /// `free` (with its own GPUs given back): its cost and placement there.
@@ -486,7 +493,7 @@ fn cheapest_move(
     let restart = entry_restart(snap, ve);
     let mut best: Option<(f64, Placement)> = None;
     for (fam, ratio) in &entry_ratios(snap, ve) {
-        let cost = restart + t * (ratio - 1.0).max(0.0);
+        let cost = move_cost(restart, t, *ratio);
         if fam == here
             || unfit_for(snap, &ve.jobs, fam)
             || *ratio <= 0.0
@@ -552,7 +559,9 @@ fn room_by_several_moves(
         let mut cost = 0.0;
         let mut moves = Vec::new();
         for (_, v) in on_n {
-            let old = placed[v].as_ref()?;
+            let Some(old) = placed[v].as_ref() else {
+                continue;
+            };
             let Some((c, vp)) = cheapest_move(snap, plan, v, old, &trial) else {
                 continue;
             };
@@ -571,7 +580,7 @@ fn room_by_several_moves(
             if let Some(group) = fit_typed(snap, fams, &mut after, e.gpus, unit, model) {
                 best = Some(Room {
                     cost,
-                    moves: moves.clone(),
+                    moves: std::mem::take(&mut moves),
                     group,
                     free_after: after,
                 });
