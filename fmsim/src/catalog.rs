@@ -73,6 +73,10 @@ pub struct ModelTasks {
     pub spatial: BTreeMap<(String, String), (Work, Work)>,
 }
 
+/// Per task, a workload's jobs with a metric target: each one's curve key
+/// (the `alone` entry it trains on, else the task's first) and target.
+pub type JobTargets = BTreeMap<String, Vec<(Option<String>, f64)>>;
+
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Catalog {
     pub models: BTreeMap<String, ModelTasks>,
@@ -232,10 +236,39 @@ impl Catalog {
     /// for a job of `task`: every per-epoch curve of `model` that does not
     /// involve `task` (its own task left out, as a new task's job sees only
     /// other tasks' finished jobs), alone and temporal, plus the shipped
-    /// curve shapes.
-    pub fn prior_library(&self, model: &str, task: &str) -> CurveLibrary {
+    /// curve shapes; and, as finished jobs with the targets they trained
+    /// for, the workload's jobs of the model's other tasks (`targets`) on
+    /// their curves alone,
+    /// and each temporal curve A ↦ B involving neither task with the median
+    /// target of B's jobs (as `estimator-accuracy` measures it).
+    pub fn prior_library(&self, model: &str, task: &str, targets: &JobTargets) -> CurveLibrary {
         let mut lib = CurveLibrary::new();
         if let Some(m) = self.models.get(model) {
+            // Curves read from a catalog and targets read from a workload
+            // are finite (checked on load).
+            for (t, jobs) in targets.iter().filter(|(t, _)| t.as_str() != task) {
+                let Some(info) = m.tasks.get(t) else { continue };
+                for (key, target) in jobs {
+                    let work = key
+                        .as_ref()
+                        .and_then(|k| info.alone.get(k))
+                        .or_else(|| info.alone.values().next());
+                    if let Some(Work::Curve(c)) = work {
+                        let _ = lib.add_example(c, *target, false);
+                    }
+                }
+            }
+            for ((a, b), w) in &m.temporal {
+                let (Work::Curve(c), Some(jobs)) = (w, targets.get(b)) else {
+                    continue;
+                };
+                if a == task || b == task || jobs.is_empty() {
+                    continue;
+                }
+                let mut ts: Vec<f64> = jobs.iter().map(|j| j.1).collect();
+                ts.sort_by(f64::total_cmp);
+                let _ = lib.add_example(c, ts[ts.len() / 2], false);
+            }
             let alone = m
                 .tasks
                 .iter()

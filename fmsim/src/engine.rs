@@ -31,7 +31,7 @@
 //! - **estimates** — the policy sees remaining times computed from the
 //!   catalog and the LUT (an oracle estimator).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::time::Instant;
 
 use fmsched_core::policy::lyra::ReclaimRule;
@@ -50,7 +50,7 @@ use fmsched_estimator::icefrog;
 use fmsched_estimator::lut::{Lut, Variant, expert_group};
 use fmsched_estimator::times::{tran_wt_spatial, tran_wt_temporal};
 
-use crate::catalog::{Catalog, Work};
+use crate::catalog::{Catalog, JobTargets, Work};
 use crate::loans::{LoanStats, Loans};
 use crate::workload::WorkloadJob;
 
@@ -687,6 +687,21 @@ impl<'a> Simulation<'a> {
         let mut jobs = Vec::with_capacity(workload.len());
         let mut configs: Vec<(String, u32, Variant)> = Vec::new();
         let mut libraries: HashMap<(String, String), CurveLibrary> = HashMap::new();
+        // Per model and task, the workload's jobs with a metric target (curve
+        // key, target): the learned estimator's finished jobs.
+        let mut targets: BTreeMap<String, JobTargets> = BTreeMap::new();
+        if cfg.learned_estimates {
+            for w in workload {
+                if let Some(t) = w.target_metric {
+                    targets
+                        .entry(w.model.clone())
+                        .or_default()
+                        .entry(w.task.clone())
+                        .or_default()
+                        .push((w.curve_key.clone(), t));
+                }
+            }
+        }
         for w in workload {
             let err = |m: String| SimError::Job {
                 job: w.name.clone(),
@@ -781,7 +796,11 @@ impl<'a> Simulation<'a> {
                 (Some(Work::Curve(curve)), Some(target)) if cfg.learned_estimates => {
                     let lib = libraries
                         .entry((w.model.clone(), w.task.clone()))
-                        .or_insert_with(|| catalog.prior_library(&w.model, &w.task));
+                        .or_insert_with(|| {
+                            let none = BTreeMap::new();
+                            let targets = targets.get(&w.model).unwrap_or(&none);
+                            catalog.prior_library(&w.model, &w.task, targets)
+                        });
                     learned_epochs(lib, curve, target)
                 }
                 _ => Vec::new(),

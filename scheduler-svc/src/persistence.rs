@@ -790,13 +790,15 @@ pub struct Estimate {
     pub spread: f64,
 }
 
-/// A finished job's metric curve: the prior of the learned estimator for
-/// later jobs of its model and metric.
+/// A finished job's metric curve and the target it trained for: the
+/// prior of the learned estimator for later jobs of its model and metric.
 #[derive(Clone, Debug, PartialEq)]
 pub struct MetricCurve {
     pub model: String,
     pub metric: String,
     pub lower_is_better: bool,
+    /// Its `target.metric.value`.
+    pub target: f64,
     pub evals: Vec<f64>,
 }
 
@@ -1979,6 +1981,7 @@ impl Persistence {
         let rows = sqlx::query(
             "SELECT j.model, j.spec #>> '{target,metric,name}' AS metric,
                     COALESCE((j.spec #>> '{target,metric,lower_is_better}')::boolean, FALSE) AS lower,
+                    (j.spec #>> '{target,metric,value}')::float8 AS target,
                     e.evals
              FROM jobs j JOIN job_estimates e ON e.job_id = j.id
              WHERE j.state = 'completed' AND j.model = ANY($1)
@@ -2000,6 +2003,10 @@ impl Persistence {
                         .map_err(get)?
                         .unwrap_or_default(),
                     lower_is_better: r.try_get("lower").map_err(get)?,
+                    target: r
+                        .try_get::<Option<f64>, _>("target")
+                        .map_err(get)?
+                        .ok_or_else(|| corrupt(OP, "a metric target without a value"))?,
                     evals: r.try_get("evals").map_err(get)?,
                 })
             })

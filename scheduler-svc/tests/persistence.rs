@@ -904,9 +904,10 @@ async fn estimate_prior_metric_curves_are_kept_and_finished_ones_read_back(pool:
         (
             got[0].model.as_str(),
             got[0].metric.as_str(),
-            got[0].lower_is_better
+            got[0].lower_is_better,
+            got[0].target
         ),
-        ("roberta-base", "eval_accuracy", false)
+        ("roberta-base", "eval_accuracy", false, 0.9)
     );
     let both = p
         .finished_metric_curves(&["roberta-base".into(), "vit-base".into()], 100)

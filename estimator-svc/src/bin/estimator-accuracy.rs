@@ -353,6 +353,10 @@ fn workload_targets(dir: &Path) -> anyhow::Result<Targets> {
 struct Case {
     model: String,
     task: String,
+    /// The tasks its curve involves (alone: its task; temporal A->B: both):
+    /// as a finished job in another job's library, it is left out when it
+    /// involves that job's task.
+    involves: Vec<String>,
     curve: Vec<(f64, f64)>,
     target: f64,
     temporal: bool,
@@ -402,6 +406,7 @@ fn anchor_cases(dir: &Path) -> anyhow::Result<(Vec<Case>, ModelCurves)> {
                     cases.push(Case {
                         model: model.clone(),
                         task: task.clone(),
+                        involves: vec![task.clone()],
                         curve,
                         target: *target,
                         temporal: false,
@@ -411,7 +416,7 @@ fn anchor_cases(dir: &Path) -> anyhow::Result<(Vec<Case>, ModelCurves)> {
         }
         // Temporal A->B: B's median target over the workload jobs of task B.
         for (pair, v) in m["temporal"].as_object().into_iter().flatten() {
-            let Some((_, b)) = pair.split_once("->") else {
+            let Some((a, b)) = pair.split_once("->") else {
                 continue;
             };
             let (Some(curve), Some(jobs)) =
@@ -424,6 +429,7 @@ fn anchor_cases(dir: &Path) -> anyhow::Result<(Vec<Case>, ModelCurves)> {
             cases.push(Case {
                 model: model.clone(),
                 task: b.to_string(),
+                involves: vec![a.to_string(), b.to_string()],
                 curve,
                 target: ts[ts.len() / 2],
                 temporal: true,
@@ -460,8 +466,13 @@ struct AnchorAccuracy {
     /// Ymir's per-job fit.
     fit: Accuracy,
     /// The learned prior: the same model's curves except any of the job's
-    /// own task (leave-one-task-out), plus the shipped shapes.
+    /// own task (leave-one-task-out), plus the shipped shapes, and the
+    /// other tasks' jobs as finished jobs with their targets (the kernel
+    /// regression of `curve_prior`, steps 5–7).
     prior: Accuracy,
+    /// The same library without the targets (curve shapes only, steps
+    /// 1–4): the learned prior before finished jobs' targets counted.
+    shape_prior: Accuracy,
     /// The shipped shapes alone.
     shipped: Accuracy,
     /// A ceiling, not an estimate: the prior given every curve of the
@@ -474,8 +485,17 @@ struct AnchorAccuracy {
     cap: Accuracy,
 }
 
-fn anchor_accuracy(cases: &[Case], curves: &ModelCurves, n: usize) -> AnchorAccuracy {
-    let (mut fit, mut prior, mut shipped, mut own, mut to_cap) = (
+/// `cases` is every prediction to make, `jobs` the finished jobs (curve
+/// and target) the libraries learn from: the same cases, or all of them
+/// when `cases` is a subset.
+fn anchor_accuracy(
+    cases: &[Case],
+    jobs: &[Case],
+    curves: &ModelCurves,
+    n: usize,
+) -> AnchorAccuracy {
+    let (mut fit, mut prior, mut shape_prior, mut shipped, mut own, mut to_cap) = (
+        Accuracy::default(),
         Accuracy::default(),
         Accuracy::default(),
         Accuracy::default(),
@@ -483,7 +503,7 @@ fn anchor_accuracy(cases: &[Case], curves: &ModelCurves, n: usize) -> AnchorAccu
         Accuracy::default(),
     );
     let shipped_lib = CurveLibrary::shipped();
-    let mut libs: BTreeMap<(String, String), CurveLibrary> = BTreeMap::new();
+    let mut libs: BTreeMap<(String, String), (CurveLibrary, CurveLibrary)> = BTreeMap::new();
     let mut whole: BTreeMap<String, CurveLibrary> = BTreeMap::new();
     for c in cases {
         let cap = c.curve.len();
@@ -495,7 +515,8 @@ fn anchor_accuracy(cases: &[Case], curves: &ModelCurves, n: usize) -> AnchorAccu
         let met = head.iter().position(|&m| m >= c.target);
         to_cap.push(c, met.map_or(cap as f64, |i| (i + 1) as f64));
         // The model's published curves that `keep` lets in, plus the
-        // shipped shapes.
+        // shipped shapes; and the same with the model's jobs that `keep`
+        // lets in as finished jobs with their targets.
         let library = |keep: &dyn Fn(&[String]) -> bool| {
             let mut l = CurveLibrary::new();
             for (tasks, curve) in curves.get(&c.model).into_iter().flatten() {
@@ -503,16 +524,28 @@ fn anchor_accuracy(cases: &[Case], curves: &ModelCurves, n: usize) -> AnchorAccu
                     l.push(curve, false).expect("published curves are finite");
                 }
             }
-            l.extended(&shipped_lib)
+            let shapes = l.extended(&shipped_lib);
+            let mut with_targets = shapes.clone();
+            for j in jobs
+                .iter()
+                .filter(|j| j.model == c.model && keep(&j.involves))
+            {
+                let curve: Vec<f64> = j.curve.iter().map(|p| p.1).collect();
+                with_targets
+                    .add_example(&curve, j.target, false)
+                    .expect("published curves and targets are finite");
+            }
+            (with_targets, shapes)
         };
-        let lib = libs
+        let (lib, shapes) = libs
             .entry((c.model.clone(), c.task.clone()))
             .or_insert_with(|| library(&|tasks| !tasks.contains(&c.task)));
         let every = whole
             .entry(c.model.clone())
-            .or_insert_with(|| library(&|_| true));
+            .or_insert_with(|| library(&|_| true).0);
         for (acc, lib) in [
             (&mut prior, &*lib),
+            (&mut shape_prior, &*shapes),
             (&mut shipped, &shipped_lib),
             (&mut own, &*every),
         ] {
@@ -527,6 +560,7 @@ fn anchor_accuracy(cases: &[Case], curves: &ModelCurves, n: usize) -> AnchorAccu
     AnchorAccuracy {
         fit,
         prior,
+        shape_prior,
         shipped,
         own,
         cap: to_cap,
@@ -709,13 +743,15 @@ fn run() -> anyhow::Result<()> {
                 let AnchorAccuracy {
                     fit,
                     prior,
+                    shape_prior,
                     shipped,
                     own,
                     cap,
-                } = anchor_accuracy(&cases, &curves, n);
+                } = anchor_accuracy(&cases, &cases, &curves, n);
                 for (name, acc) in [
                     ("fit", &fit),
                     ("prior", &prior),
+                    ("shape_prior", &shape_prior),
                     ("shipped", &shipped),
                     ("own_curve_ceiling", &own),
                     ("train_to_cap", &cap),
@@ -731,7 +767,7 @@ fn run() -> anyhow::Result<()> {
                         );
                     }
                 }
-                let once = anchor_accuracy(&distinct, &curves, n).prior;
+                let once = anchor_accuracy(&distinct, &cases, &curves, n).prior;
                 out(
                     &format!("anchor_{n}ep_prior_alone_distinct_epochs_ape_mean_pct"),
                     format!("{:.2}", once.alone.mean()),
@@ -744,11 +780,13 @@ fn run() -> anyhow::Result<()> {
                     ),
                 );
                 summary += &format!(
-                    "; {n} epochs: epochs APE fit {:.1}%/{:.1}%, prior {:.1}%/{:.1}%, own curve in the library {:.1}%/{:.1}%, training to the cap {:.1}%/{:.1}% (alone/temporal)",
+                    "; {n} epochs: epochs APE fit {:.1}%/{:.1}%, prior {:.1}%/{:.1}% (curve shapes only {:.1}%/{:.1}%), own curve in the library {:.1}%/{:.1}%, training to the cap {:.1}%/{:.1}% (alone/temporal)",
                     fit.alone.mean(),
                     fit.temporal.mean(),
                     prior.alone.mean(),
                     prior.temporal.mean(),
+                    shape_prior.alone.mean(),
+                    shape_prior.temporal.mean(),
                     own.alone.mean(),
                     own.temporal.mean(),
                     cap.alone.mean(),

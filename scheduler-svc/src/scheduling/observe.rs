@@ -434,8 +434,10 @@ async fn loss_prior_of<'a>(
 /// into their per-epoch curve by [`observe_task`], kept across restarts):
 /// the curve is written, and a live job's iterations are re-estimated by
 /// the learned prior
-/// (`estimator::curve_prior`: model averaging over the curves of finished
-/// jobs of the same model and metric, plus the shipped shapes) —
+/// (`estimator::curve_prior`: a kernel regression on the finished jobs of
+/// the same model and metric, each with its curve and the target it
+/// trained for; model averaging over their curves and the shipped shapes
+/// where no finished job's head is like this one's) —
 /// epochs-to-target with its p10–p90 spread, times iterations per epoch.
 /// A job without `dataset.num_samples` keeps its curve but no iteration
 /// estimate (epochs cannot be turned into iterations).
@@ -500,6 +502,8 @@ fn predict_metric_target(
     }) {
         if lib.push(&c.evals, c.lower_is_better).is_ok() {
             longest = longest.max(c.evals.len());
+            // The same curve with its target: when it met what its user set.
+            let _ = lib.add_example(&c.evals, c.target, c.lower_is_better);
         }
     }
     let finished = lib.len();
@@ -1846,10 +1850,13 @@ pub(crate) mod tests {
             value: shape(0.6, 6),
             lower_is_better: false,
         });
+        // Finished jobs of the same shape, each with the target of its
+        // epoch 6 (another model's or metric's met theirs at epoch 2).
         let finished = |model: &str, metric: &str, level: f64| MetricCurve {
             model: model.into(),
             metric: metric.into(),
             lower_is_better: false,
+            target: shape(level, if level > 0.5 { 6 } else { 2 }),
             evals: (1..=10).map(|e| shape(level, e)).collect(),
         };
         let prior = vec![
