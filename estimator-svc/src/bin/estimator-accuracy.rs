@@ -174,7 +174,17 @@ fn synthetic(rng: &mut Rng) -> Synthetic {
     s
 }
 
-fn speed(rng: &mut Rng) -> (f64, f64, f64, f64, usize) {
+/// Timings of the estimator's hot calls, ms each.
+struct Speed {
+    fit_ms: f64,
+    prior_ms: f64,
+    metric_ms: f64,
+    scores_ms: f64,
+    table_ms: f64,
+    pairs: usize,
+}
+
+fn speed(rng: &mut Rng) -> Speed {
     // One fit of a 1,000-point trace.
     let truth = LossCurve::new(0.2, 0.6, 0.002, 1e-7);
     let (ks, ls): (Vec<f64>, Vec<f64>) = (0..1000)
@@ -204,6 +214,30 @@ fn speed(rng: &mut Rng) -> (f64, f64, f64, f64, usize) {
         std::hint::black_box(predict_iterations(&lib, &ks, &ls, 1_000_000).expect("fits"));
     }
     let prior_ms = t.elapsed().as_secs_f64() * 1000.0 / f64::from(reps);
+
+    // One epochs-to-target prediction from a 3-epoch head with the metric
+    // prior of 2,000 finished jobs (the scheduler's read limit), each with
+    // its curve and target, plus the shipped shapes.
+    let mut metric = CurveLibrary::shipped();
+    for _ in 0..2000 {
+        let (r, level, scale) = (
+            rng.range(0.1, 2.0),
+            rng.range(0.3, 0.8),
+            rng.range(0.1, 0.6),
+        );
+        let c: Vec<f64> = (1..=10)
+            .map(|e| level + scale * (1.0 - (-r * f64::from(e)).exp()))
+            .collect();
+        let target = c[rng.range(3.0, 9.99) as usize];
+        metric.push(&c, false).expect("finite");
+        metric.add_example(&c, target, false).expect("finite");
+    }
+    let head = [0.5, 0.6, 0.65];
+    let t = Instant::now();
+    for _ in 0..reps {
+        std::hint::black_box(predict_epochs(&metric, &head, 0.72, false, 10).expect("valid"));
+    }
+    let metric_ms = t.elapsed().as_secs_f64() * 1000.0 / f64::from(reps);
 
     // 10,000 pair scores: 101 tasks → 10,100 ordered pairs, 512-dim embeddings.
     let tasks: Vec<TaskEmbedding> = (0..101)
@@ -282,7 +316,14 @@ fn speed(rng: &mut Rng) -> (f64, f64, f64, f64, usize) {
         std::hint::black_box(time_table(&lut, &jobs, &pairs, &allocations).expect("table"));
     }
     let table_ms = t.elapsed().as_secs_f64() * 1000.0 / f64::from(reps);
-    (fit_ms, prior_ms, scores_ms, table_ms, pairs.len())
+    Speed {
+        fit_ms,
+        prior_ms,
+        metric_ms,
+        scores_ms,
+        table_ms,
+        pairs: pairs.len(),
+    }
 }
 
 /// Epochs to reach `target` on a per-epoch metric curve: the first epoch at
@@ -825,18 +866,29 @@ fn run() -> anyhow::Result<()> {
     }
 
     eprintln!("timing ...");
-    let (fit_ms, prior_ms, scores_ms, table_ms, pairs) = speed(&mut rng);
+    let Speed {
+        fit_ms,
+        prior_ms,
+        metric_ms,
+        scores_ms,
+        table_ms,
+        pairs,
+    } = speed(&mut rng);
     out("fit_1000_points_ms", format!("{fit_ms:.3}"));
     out(
         "loss_prior_predict_1000_points_260_shapes_ms",
         format!("{prior_ms:.3}"),
+    );
+    out(
+        "metric_prior_predict_3_epochs_2000_finished_jobs_ms",
+        format!("{metric_ms:.3}"),
     );
     out("pair_scores_10000_ms", format!("{scores_ms:.3}"));
     out("time_table_jobs", 200);
     out("time_table_pairs", pairs);
     out("time_table_ms", format!("{table_ms:.3}"));
     summary += &format!(
-        "; fit(1000 pts) {fit_ms:.2} ms (≤1), loss prior {prior_ms:.2} ms, 10k scores {scores_ms:.2} ms (≤10), round table 200 jobs + {pairs} pairs {table_ms:.2} ms (≤20)"
+        "; fit(1000 pts) {fit_ms:.2} ms (≤1), loss prior {prior_ms:.2} ms, metric prior (2,000 finished jobs) {metric_ms:.2} ms, 10k scores {scores_ms:.2} ms (≤10), round table 200 jobs + {pairs} pairs {table_ms:.2} ms (≤20)"
     );
     println!("{summary}");
     Ok(())
