@@ -273,6 +273,9 @@ pub struct EpochsPrediction {
     /// Effective number of library curves behind the prediction,
     /// `(Σw)² / Σw²` (1 = one curve decides; small = little support).
     pub support: f64,
+    /// Finished jobs with their targets decided it (steps 5–6), not the
+    /// curves' shapes (steps 1–4).
+    pub by_targets: bool,
 }
 
 impl EpochsPrediction {
@@ -284,6 +287,7 @@ impl EpochsPrediction {
             high: epochs,
             observed,
             support: 0.0,
+            by_targets: false,
         }
     }
 
@@ -395,6 +399,7 @@ fn from_examples(
         high,
         observed: false,
         support: mass * mass / sq,
+        by_targets: true,
     })
 }
 
@@ -475,6 +480,7 @@ pub fn predict_epochs(
         high: quantile(&members, total, 0.9),
         observed: false,
         support: total * total / sq,
+        by_targets: false,
     })
 }
 
@@ -787,6 +793,12 @@ mod tests {
         lib.add_example(&c, c[7], false).unwrap();
         let p = predict_epochs(&lib, head, c[7], false, 10).unwrap();
         assert_eq!((p.epochs, p.low, p.high), (8.0, 8.0, 8.0), "{p:?}");
+        assert!(p.by_targets, "{p:?}");
+        assert!(
+            !predict_epochs(&shapes, head, c[7], false, 10)
+                .unwrap()
+                .by_targets
+        );
         // Lower-is-better examples are mirrored as curves are.
         let down: Vec<f64> = c.iter().map(|v| 2.0 - v).collect();
         let mut mirrored = shapes.clone();

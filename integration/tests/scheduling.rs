@@ -6497,8 +6497,12 @@ async fn e2e_estimate_prior_a_metric_target_is_predicted_from_finished_jobs() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let (predicted, note) = early.expect("a prediction from its first epochs");
+    // Learned from when the finished job met its target, not from its
+    // curve's shape alone.
     assert!(
-        note.contains("prior of 1 finished roberta-base jobs"),
+        note.contains(
+            "prior of 1 finished roberta-base jobs (when starts like this one met their targets)"
+        ),
         "{note}"
     );
     // Before it evaluated, its profile was estimated with the first job's

@@ -535,8 +535,18 @@ fn predict_metric_target(
     let seen = e.evals.len();
     e.spread = curve_prior::remaining_spread(&p, seen);
     e.note = format!(
-        "metric {}: {} at epoch {} (p10-p90 {}-{}) from {seen} evaluations; prior of {finished} finished {} jobs",
-        m.name, m.value, p.epochs, p.low, p.high, job.spec.model
+        "metric {}: {} at epoch {} (p10-p90 {}-{}) from {seen} evaluations; prior of {finished} finished {} jobs ({})",
+        m.name,
+        m.value,
+        p.epochs,
+        p.low,
+        p.high,
+        job.spec.model,
+        if p.by_targets {
+            "when starts like this one met their targets"
+        } else {
+            "their curves' shapes"
+        }
     );
     match per_epoch {
         Some(pe) => {
@@ -1875,6 +1885,7 @@ pub(crate) mod tests {
         assert_eq!(e.iterations, Some(600), "{}", e.note);
         assert!(e.note.contains("p10-p90"), "{}", e.note);
         assert!(e.note.contains("prior of 3 finished"), "{}", e.note);
+        assert!(e.note.contains("met their targets"), "{}", e.note);
         // Its spread, what the plan weighs (p90 − p10 over the epochs left).
         assert!((0.0..=4.0).contains(&e.spread), "{}", e.spread);
         // The budget caps it.
