@@ -238,9 +238,9 @@ impl Catalog {
     /// other tasks' finished jobs), alone and temporal, plus the shipped
     /// curve shapes; and, as finished jobs with the targets they trained
     /// for, the workload's jobs of the model's other tasks (`targets`) on
-    /// their curves alone,
-    /// and each temporal curve A ↦ B involving neither task with the median
-    /// target of B's jobs (as `estimator-accuracy` measures it).
+    /// their curves alone, and each temporal curve A ↦ B involving neither
+    /// task with the median target of B's jobs (as `estimator-accuracy`
+    /// measures it).
     pub fn prior_library(&self, model: &str, task: &str, targets: &JobTargets) -> CurveLibrary {
         let mut lib = CurveLibrary::new();
         if let Some(m) = self.models.get(model) {
