@@ -3462,6 +3462,8 @@ async fn e2e_gang_an_8_gpu_job_over_two_4_gpu_nodes_runs_as_one_gang() {
 async fn e2e_gang_a_job_that_grows_into_a_gang_resumes_every_part_from_its_stop() {
     let db = TestDb::create("fmsched_ganggrow").await;
     let dir = tempfile::tempdir().unwrap();
+    // The test ends as the job relaunches: that trainer goes with it.
+    let _trainers = TrainersOf::new(dir.path());
     let (port, _, _sched, agents) = gang_cluster_with(
         &db,
         dir.path(),
@@ -5179,6 +5181,8 @@ fn checkpoint_iteration(line: &str) -> Option<i64> {
 async fn e2e_queue_a_resized_job_resumes_from_the_checkpoint_its_stop_wrote() {
     let db = TestDb::create("fmsched_resize_ckpt").await;
     let dir = tempfile::tempdir().unwrap();
+    // The test ends as the job relaunches: that trainer goes with it.
+    let _trainers = TrainersOf::new(dir.path());
     let port = free_port();
     let env = [
         ("FMSCHED_SCHEDULING__PROFILING", "false"),
@@ -5280,6 +5284,8 @@ async fn e2e_queue_a_resized_job_resumes_from_the_checkpoint_its_stop_wrote() {
 async fn e2e_queue_admin_a_job_moved_off_a_drained_node_resumes_from_its_last_step() {
     let db = TestDb::create("fmsched_move_ckpt").await;
     let dir = tempfile::tempdir().unwrap();
+    // The test ends as the job relaunches: that trainer goes with it.
+    let _trainers = TrainersOf::new(dir.path());
     let port = free_port();
     let env = [
         ("FMSCHED_SCHEDULING__PROFILING", "false"),
