@@ -286,6 +286,27 @@ pub struct ClusterView {
     pub nodes: Vec<NodeView>,
     pub jobs: Vec<JobView>,
     pub merges: Vec<MergeView>,
+    /// Finished jobs whose output weights a new job may start from (a
+    /// warm start, [`WarmKey`]); empty: none are offered. The caller lists
+    /// at most one per model, task, training setup and queue (the most
+    /// recent): the published transfer figures are per pair of tasks, so
+    /// a second job of the same task adds a candidate and nothing else.
+    pub finished: Vec<FinishedView>,
+}
+
+/// A finished job whose output weights are kept: what a warm start from
+/// it needs to know ([`WarmKey`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct FinishedView {
+    pub id: String,
+    pub model: String,
+    pub task: String,
+    /// Its user let other users' jobs use its work (as for a merge, Ymir §9).
+    pub sharing: bool,
+    pub pipeline: bool,
+    /// [`JobView::merge_setup`]: only weights trained alike are a start.
+    pub merge_setup: String,
+    pub queue: String,
 }
 
 /// Settings of a round that are not the policy's.
@@ -335,6 +356,19 @@ pub struct Reservation {
     pub new: bool,
 }
 
+/// A warm start: view job `job`, which has not trained, starting from the
+/// output weights of `view.finished[from]` — temporal transfer (Ymir
+/// Fig. 2b: "task B is fine-tuned from the FM fine-tuned previously on
+/// another task A") from an A that is already done. B waits for nothing
+/// and A pays nothing, so the only question is whether B's time from those
+/// weights beats its time from the pre-trained ones
+/// ([`chosen_warm_starts`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct WarmKey {
+    pub job: usize,
+    pub from: usize,
+}
+
 /// A pair of jobs (view indices) and how they would merge.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub struct PairKey {
@@ -363,6 +397,9 @@ pub struct Prepared {
     pub kept: Vec<usize>,
     /// Pairs eligible for a new merge, in the order candidates are built.
     pub eligible: Vec<PairKey>,
+    /// Warm starts the caller may estimate: an unstarted job of the round
+    /// from a finished job's output weights ([`ClusterView::finished`]).
+    pub warm: Vec<WarmKey>,
     /// Jobs no node can hold under the executor's rule, and why.
     pub unschedulable: Vec<(usize, String)>,
     /// GPUs of each node the round may use (not Offline), per GPU family,
@@ -445,6 +482,27 @@ pub struct PairEstimate {
     pub gain_ba: f64,
 }
 
+/// A warm start as the caller estimated it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct WarmEstimate {
+    pub key: WarmKey,
+    /// The job's remaining seconds from those weights at each allocation
+    /// (`T_{A↦B}` with A done).
+    pub seconds: Vec<f64>,
+    /// The predicted transfer gain `G_{A,B}` (Ymir Eq. 1) behind them,
+    /// recorded with the start.
+    pub gain: f64,
+}
+
+/// A warm start the round decided: view job `job` starts training this
+/// round from the output weights of `view.finished[from]`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct WarmStart {
+    pub job: usize,
+    pub from: usize,
+    pub gain: f64,
+}
+
 /// The caller's estimates for a [`Prepared`] round.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Estimates {
@@ -457,6 +515,8 @@ pub struct Estimates {
     /// The eligible pairs the caller could estimate (others are not
     /// candidates this round).
     pub candidates: Vec<PairEstimate>,
+    /// The warm starts of [`Prepared::warm`] the caller could estimate.
+    pub warm: Vec<WarmEstimate>,
     /// Per snapshot job: the relative spread of its remaining time, `(p90 −
     /// p10) / p50` of the estimator's prediction (0: sure, or unknown;
     /// empty: 0 for every job). See [`SchedJob::spread`].
@@ -545,6 +605,10 @@ pub struct RoundOutcome {
     /// waiting behind an A that has trained, would finish sooner alone:
     /// the caller splits them before the next round ([`released_merges`]).
     pub released: Vec<usize>,
+    /// Jobs that start training this round from a finished job's weights
+    /// ([`chosen_warm_starts`]); the caller launches them from those
+    /// weights and watches them as B of a temporal merge (the merge guard).
+    pub warm_starts: Vec<WarmStart>,
 }
 
 /// A round that could not be decided.
@@ -735,10 +799,17 @@ pub fn prepare(view: &ClusterView, policy: &dyn Policy, cfg: &RoundConfig) -> Pr
     let kept = (0..view.merges.len())
         .filter(|&m| ord.contains_key(&view.merges[m].a) && ord.contains_key(&view.merges[m].b))
         .collect();
-    let eligible = if cfg.merging && policy.merges() {
-        eligible_pairs(view, &jobs, &cfg.queues)
+    let (eligible, warm) = if cfg.merging && policy.merges() {
+        (
+            eligible_pairs(view, &jobs, &cfg.queues),
+            if policy.warm_starts() {
+                warm_keys(view, &jobs, &cfg.queues)
+            } else {
+                Vec::new()
+            },
+        )
     } else {
-        Vec::new()
+        (Vec::new(), Vec::new())
     };
     // No job of the round may run wider than its maximum (a merge, than
     // the larger of its jobs'), or hold more than it holds: the set stops
@@ -766,6 +837,7 @@ pub fn prepare(view: &ClusterView, policy: &dyn Policy, cfg: &RoundConfig) -> Pr
         allocations,
         kept,
         eligible,
+        warm,
         unschedulable,
         family_nodes,
         total_gpus,
@@ -1256,6 +1328,80 @@ fn is_eligible(
         }
 }
 
+/// The warm starts of a round ([`WarmKey`]): each snapshot job open for a
+/// merge (sharing, preemptible, never merged) that has not trained and
+/// does not train now, from each finished job of the same model and
+/// another task whose user shares its work, trained alike (same training
+/// setup and pipeline layout), in a queue it may merge with.
+fn warm_keys(view: &ClusterView, snapshot_jobs: &[usize], queues: &Queues) -> Vec<WarmKey> {
+    let mut out = Vec::new();
+    if view.finished.is_empty() {
+        return out;
+    }
+    for &job in snapshot_jobs {
+        let j = &view.jobs[job];
+        if !open_for_merge(j) || !unstarted(j) || is_training(j) {
+            continue;
+        }
+        for (from, f) in view.finished.iter().enumerate() {
+            if f.sharing
+                && f.model == j.model
+                && f.task != j.task
+                && f.pipeline == j.pipeline
+                && f.merge_setup == j.merge_setup
+                && queues.may_merge(&f.queue, &j.queue)
+            {
+                out.push(WarmKey { job, from });
+            }
+        }
+    }
+    out.sort_unstable();
+    out
+}
+
+/// The warm start each job of the round takes (view job → index into
+/// `estimates.warm`): of its estimated ones, the one with the highest
+/// `TranWt` — Ymir Eq. 12 with A already done (`T_A = 0`), `T_B / T_{A↦B}`,
+/// at its best allocation — if that gains (`TranWt > 1`,
+/// [`crate::policy::merge_gains`], as a merge must). The start is
+/// free to B (nothing to wait for) and to A (done), so the best one is
+/// taken before the policy runs: the job's times in the snapshot are then
+/// its times from those weights, and a merge candidate it is in is
+/// weighed against them (its TranWt again, [`candidates`]). It starts from
+/// those weights if it starts alone or as A of a temporal pair; in a
+/// spatial pair, or as B, it trains as the pair's times say.
+/// Ties go to the earlier estimate.
+pub fn chosen_warm_starts(prepared: &Prepared, estimates: &Estimates) -> BTreeMap<usize, usize> {
+    let mut best: BTreeMap<usize, (usize, f64)> = BTreeMap::new();
+    if estimates.warm.is_empty() {
+        return BTreeMap::new();
+    }
+    let ord: BTreeMap<usize, usize> = prepared
+        .jobs
+        .iter()
+        .enumerate()
+        .map(|(k, &i)| (i, k))
+        .collect();
+    for (w, e) in estimates.warm.iter().enumerate() {
+        let Some(cold) = ord.get(&e.key.job).and_then(|&k| estimates.jobs.get(k)) else {
+            continue;
+        };
+        // Eq. 12, T_A = 0: (2·min(0, T_B) + max(0, T_B)) / (2·0 + T_{A↦B}).
+        let tran_wt = cold
+            .iter()
+            .zip(&e.seconds)
+            .filter(|(tb, tab)| tb.is_finite() && tab.is_finite() && **tab > 0.0)
+            .map(|(tb, tab)| tb / tab)
+            .fold(0.0, f64::max);
+        if crate::policy::merge_gains(tran_wt)
+            && best.get(&e.key.job).is_none_or(|&(_, b)| tran_wt > b)
+        {
+            best.insert(e.key.job, (w, tran_wt));
+        }
+    }
+    best.into_iter().map(|(j, (w, _))| (j, w)).collect()
+}
+
 // ---- 2. decide -----------------------------------------------------------
 
 /// What [`decide`] returns: the snapshot the policy saw, its plan, and the
@@ -1281,6 +1427,28 @@ pub fn decide(
         .map_err(RoundError::InconsistentPlan)?;
     let mut outcome = interpret(view, prepared, estimates, &snapshot, &plan, policy, cfg);
     outcome.released = released_merges(view, prepared, estimates, &snapshot, &outcome);
+    let chosen = chosen_warm_starts(prepared, estimates);
+    if !chosen.is_empty() {
+        // Those that start training now (not profiling: a profiling run
+        // holds no group) alone, or as A of a temporal pair (B then starts
+        // from A's output). A spatial pair's joint process and a temporal
+        // B start from other weights: their times are the pair's.
+        let starting: BTreeSet<usize> = outcome
+            .groups
+            .iter()
+            .filter(|g| g.mode != MergeMode::Spatial)
+            .flat_map(|g| g.starts(view).take(1).collect::<Vec<_>>())
+            .collect();
+        outcome.warm_starts = chosen
+            .iter()
+            .filter(|(j, _)| starting.contains(j))
+            .map(|(&job, &w)| WarmStart {
+                job,
+                from: estimates.warm[w].key.from,
+                gain: estimates.warm[w].gain,
+            })
+            .collect();
+    }
     Ok(Decision {
         snapshot,
         plan,
@@ -1337,7 +1505,8 @@ pub fn snapshot(
 ) -> Result<Snapshot, RoundError> {
     check_estimates(prepared, estimates)?;
     let raw_candidates = &estimates.candidates;
-    let estimates = &whole_replicas(view, prepared, estimates);
+    let warm = chosen_warm_starts(prepared, estimates);
+    let estimates = &whole_replicas(view, prepared, estimates, &warm);
     let ord: BTreeMap<usize, usize> = prepared
         .jobs
         .iter()
@@ -1447,7 +1616,15 @@ pub fn snapshot(
         allocations: prepared.allocations.clone(),
         queue_gpus: prepared.budgets.values().copied().collect(),
         jobs,
-        candidates: candidates(view, prepared, estimates, raw_candidates, &ord, &cfg.queues)?,
+        candidates: candidates(
+            view,
+            prepared,
+            estimates,
+            raw_candidates,
+            &ord,
+            &cfg.queues,
+            &warm,
+        )?,
         merges,
         placement_rule: cfg.placement_rule,
     })
@@ -1481,8 +1658,15 @@ fn pair_min_gpus(view: &ClusterView, a: usize, b: usize) -> u32 {
 /// its jobs'), or, for a merge, below either job's `min_gpus`, made `+∞`:
 /// it cannot run there, whatever the caller estimated. One rule for the service and fmsim. Candidate pairs are
 /// masked as [`candidates`] keeps them (there can be hundreds of thousands,
-/// most of them dropped); the result has none.
-fn whole_replicas(view: &ClusterView, prepared: &Prepared, estimates: &Estimates) -> Estimates {
+/// most of them dropped); the result has none. A job with a warm start
+/// (`warm`: view job → index into `estimates.warm`,
+/// [`chosen_warm_starts`]) has its times from those weights.
+fn whole_replicas(
+    view: &ClusterView,
+    prepared: &Prepared,
+    estimates: &Estimates,
+    warm: &BTreeMap<usize, usize>,
+) -> Estimates {
     let allocs = &prepared.allocations;
     let unit = |v: usize| view.jobs[v].replica().gpus();
     Estimates {
@@ -1490,7 +1674,10 @@ fn whole_replicas(view: &ClusterView, prepared: &Prepared, estimates: &Estimates
             .jobs
             .iter()
             .zip(&estimates.jobs)
-            .map(|(&v, row)| mask_replicas(allocs, unit(v), 0, row))
+            .map(|(&v, row)| {
+                let row = warm.get(&v).map_or(row, |&w| &estimates.warm[w].seconds);
+                mask_replicas(allocs, unit(v), 0, row)
+            })
             .collect(),
         kept: prepared
             .kept
@@ -1502,6 +1689,7 @@ fn whole_replicas(view: &ClusterView, prepared: &Prepared, estimates: &Estimates
             })
             .collect(),
         candidates: Vec::new(),
+        warm: Vec::new(),
         spread: estimates.spread.clone(),
         // The snapshot does not read them; `released_merges` masks its own.
         kept_b_alone: Vec::new(),
@@ -1551,12 +1739,27 @@ fn check_estimates(prepared: &Prepared, estimates: &Estimates) -> Result<(), Rou
     if estimates.spread.iter().any(|s| !s.is_finite() || *s < 0.0) {
         return bad("a spread that is not a finite number >= 0".into());
     }
-    let rows = estimates.jobs.iter().chain(&estimates.kept).chain(
-        estimates
-            .candidates
-            .iter()
-            .flat_map(|c| [&c.seconds, &c.tran_wt]),
-    );
+    if let Some(w) = estimates
+        .warm
+        .iter()
+        .find(|w| prepared.warm.binary_search(&w.key).is_err())
+    {
+        return bad(format!(
+            "warm start of job {} from finished job {} is not one of the round's",
+            w.key.job, w.key.from
+        ));
+    }
+    let rows = estimates
+        .jobs
+        .iter()
+        .chain(&estimates.kept)
+        .chain(
+            estimates
+                .candidates
+                .iter()
+                .flat_map(|c| [&c.seconds, &c.tran_wt]),
+        )
+        .chain(estimates.warm.iter().map(|w| &w.seconds));
     for r in rows {
         if r.len() != width {
             return bad(format!(
@@ -1648,6 +1851,7 @@ fn candidates(
     raw: &[PairEstimate],
     ord: &BTreeMap<usize, usize>,
     queues: &Queues,
+    warm: &BTreeMap<usize, usize>,
 ) -> Result<Vec<PairCandidate>, RoundError> {
     let mut out = Vec::new();
     for c in raw {
@@ -1660,7 +1864,26 @@ fn candidates(
                 c.pair.mode
             )));
         }
-        if !c.tran_wt.iter().copied().any(crate::policy::merge_gains) {
+        // A pair of a job with a warm start is weighed against that start:
+        // its TranWt (Eq. 12–13) again, the jobs alone at their snapshot
+        // times (from the finished job's weights), the pair's own part as
+        // estimated (it trains from the pre-trained weights).
+        let reweighed: Vec<f64>;
+        let tran_wt = if warm.contains_key(&a) || warm.contains_key(&b) {
+            let (ta, tb) = (&estimates.jobs[ord[&a]], &estimates.jobs[ord[&b]]);
+            reweighed = (0..c.seconds.len())
+                .map(|k| match c.pair.mode {
+                    MergeMode::Temporal => {
+                        crate::policy::tran_wt_temporal(ta[k], tb[k], c.seconds[k])
+                    }
+                    _ => crate::policy::tran_wt_spatial(ta[k], tb[k], c.seconds[k]),
+                })
+                .collect();
+            &reweighed
+        } else {
+            &c.tran_wt
+        };
+        if !tran_wt.iter().copied().any(crate::policy::merge_gains) {
             continue;
         }
         let seconds = mask_replicas(
@@ -1700,7 +1923,7 @@ fn candidates(
             b: ord[&b],
             mode: c.pair.mode,
             remaining_s,
-            tran_wt: c.tran_wt.clone(),
+            tran_wt: tran_wt.clone(),
         });
     }
     Ok(out)
@@ -1908,6 +2131,7 @@ fn interpret(
         stats: plan.stats.clone(),
         queued: snap.jobs.len().saturating_sub(placed),
         released: Vec::new(),
+        warm_starts: Vec::new(),
     }
 }
 
@@ -2592,6 +2816,7 @@ pub mod testkit {
             jobs: p.jobs.iter().map(|_| linear(p, work)).collect(),
             kept: p.kept.iter().map(|_| linear(p, work)).collect(),
             candidates: Vec::new(),
+            warm: Vec::new(),
             spread: Vec::new(),
             kept_b_alone: Vec::new(),
         }
@@ -2604,6 +2829,7 @@ pub mod testkit {
             nodes,
             jobs,
             merges: Vec::new(),
+            finished: Vec::new(),
         }
     }
 
@@ -3871,6 +4097,167 @@ mod tests {
     /// `min_gpus`: a candidate pair with a job that needs 8 GPUs has no
     /// time at fewer, and a kept merge with one neither (found when the
     /// 40-job e2e's 8-GPU gangs were merged and placed on 1 GPU).
+    /// A finished job of the model whose weights a new job may start from.
+    fn finished(id: &str, task: &str) -> FinishedView {
+        FinishedView {
+            id: id.into(),
+            model: "roberta-base".into(),
+            task: task.into(),
+            sharing: true,
+            pipeline: false,
+            merge_setup: String::new(),
+            queue: String::new(),
+        }
+    }
+
+    /// The warm start of job `job` from `from` at `work` seconds of work.
+    fn warm(p: &Prepared, job: usize, from: usize, work: f64) -> WarmEstimate {
+        WarmEstimate {
+            key: WarmKey { job, from },
+            seconds: linear(p, work),
+            gain: 0.3,
+        }
+    }
+
+    /// A new job starts from the finished job whose weights save it the
+    /// most (Eq. 12 with A done: `T_B / T_{A↦B}`), its times in the
+    /// policy's snapshot are those from the weights, the outcome names the
+    /// start, and it is no candidate for a new merge that round.
+    #[test]
+    fn tail_a_new_job_starts_from_the_finished_job_that_saves_it_most() {
+        let cfg = RoundConfig {
+            profiling: false,
+            ..Default::default()
+        };
+        let policy = by_name("ymir").unwrap();
+        let mut v = view(
+            vec![node("a", 4)],
+            vec![
+                job("b", "snli", JobState::Queued, 4),
+                job("other", "mrpc", JobState::Queued, 4),
+            ],
+        );
+        v.finished = vec![finished("rte-done", "rte"), finished("qnli-done", "qnli")];
+        let p = prepare(&v, policy.as_ref(), &cfg);
+        // Both jobs may start from both finished ones.
+        assert_eq!(
+            p.warm,
+            vec![
+                WarmKey { job: 0, from: 0 },
+                WarmKey { job: 0, from: 1 },
+                WarmKey { job: 1, from: 0 },
+                WarmKey { job: 1, from: 1 },
+            ]
+        );
+        let mut e = estimates(&p, 3600.0);
+        e.warm = vec![warm(&p, 0, 0, 2520.0), warm(&p, 0, 1, 3000.0)];
+        assert_eq!(chosen_warm_starts(&p, &e), BTreeMap::from([(0, 0)]));
+        let d = decide(&v, &p, &e, policy.as_ref(), &cfg).unwrap();
+        assert_eq!(d.snapshot.jobs[0].remaining_s, linear(&p, 2520.0));
+        assert_eq!(d.snapshot.jobs[1].remaining_s, linear(&p, 3600.0));
+        assert!(
+            d.outcome.groups.iter().any(|g| g.jobs == [0]),
+            "b runs alone: {:?}",
+            d.outcome.groups
+        );
+        assert_eq!(
+            d.outcome.warm_starts,
+            vec![WarmStart {
+                job: 0,
+                from: 0,
+                gain: 0.3,
+            }]
+        );
+        // A pair other ↦ b is weighed against b's start (Eq. 12 with T_B
+        // from the weights): (2·2520 + 3600) / (2·3600 + 360) = 8640 / 7560
+        // at every allocation, not the 1.8 estimated from scratch. Merged
+        // as B, b starts from other's output, not from the finished job.
+        e.candidates.push(helpful_temporal(&p, 1, 0));
+        let d = decide(&v, &p, &e, policy.as_ref(), &cfg).unwrap();
+        let c = &d.snapshot.candidates[0];
+        for (k, &a) in d.snapshot.allocations.iter().enumerate() {
+            let want = if a == 0 { 0.0 } else { 8640.0 / 7560.0 };
+            assert!(
+                (c.tran_wt[k] - want).abs() < 1e-9,
+                "at {a}: {}",
+                c.tran_wt[k]
+            );
+        }
+        if d.outcome.groups.iter().any(|g| g.jobs == [1, 0]) {
+            assert!(d.outcome.warm_starts.is_empty(), "{:?}", d.outcome);
+        }
+        // With no pair gaining over the start, no candidate.
+        let mut weak = e.clone();
+        weak.candidates[0].seconds = linear(&p, 3000.0);
+        let d = decide(&v, &p, &weak, policy.as_ref(), &cfg).unwrap();
+        assert!(
+            d.snapshot.candidates.is_empty(),
+            "{:?}",
+            d.snapshot.candidates
+        );
+    }
+
+    /// Weights that do not save time are no start (`TranWt > 1` as for a
+    /// merge), and nothing is offered from a finished job of the same
+    /// task, one whose user does not share, one trained otherwise, to a
+    /// job that does not share or has trained.
+    #[test]
+    fn tail_a_warm_start_must_gain_and_is_offered_only_between_sharers_trained_alike() {
+        let cfg = RoundConfig {
+            profiling: false,
+            ..Default::default()
+        };
+        let policy = by_name("ymir").unwrap();
+        let mut v = view(
+            vec![node("a", 4)],
+            vec![job("b", "snli", JobState::Queued, 4)],
+        );
+        v.finished = vec![finished("rte-done", "rte")];
+        let p = prepare(&v, policy.as_ref(), &cfg);
+        let mut e = estimates(&p, 3600.0);
+        e.warm = vec![warm(&p, 0, 0, 3600.0)];
+        let d = decide(&v, &p, &e, policy.as_ref(), &cfg).unwrap();
+        assert!(chosen_warm_starts(&p, &e).is_empty());
+        assert!(d.outcome.warm_starts.is_empty());
+        assert_eq!(d.snapshot.jobs[0].remaining_s, linear(&p, 3600.0));
+
+        let offered = |v: &ClusterView| prepare(v, policy.as_ref(), &cfg).warm.len();
+        assert_eq!(offered(&v), 1);
+        let mut same_task = v.clone();
+        same_task.finished[0].task = "snli".into();
+        let mut private = v.clone();
+        private.finished[0].sharing = false;
+        let mut other_setup = v.clone();
+        other_setup.finished[0].merge_setup = "lora r=8".into();
+        let mut other_model = v.clone();
+        other_model.finished[0].model = "vit-base".into();
+        let mut b_private = v.clone();
+        b_private.jobs[0].sharing = false;
+        let mut b_trained = v.clone();
+        b_trained.jobs[0].progress = 0.2;
+        b_trained.jobs[0].state = JobState::Queued;
+        for (what, w) in [
+            ("same task", same_task),
+            ("A private", private),
+            ("trained otherwise", other_setup),
+            ("another model", other_model),
+            ("B private", b_private),
+            ("B trained", b_trained),
+        ] {
+            assert_eq!(offered(&w), 0, "{what}");
+        }
+        // No merging policy, no start.
+        let none = by_name("ymir-no-merge").unwrap();
+        assert!(prepare(&v, none.as_ref(), &cfg).warm.is_empty());
+        // An estimate of a start the round did not offer is refused.
+        let mut bad = estimates(&p, 3600.0);
+        bad.warm = vec![warm(&p, 0, 5, 100.0)];
+        assert!(matches!(
+            decide(&v, &p, &bad, policy.as_ref(), &cfg),
+            Err(RoundError::Estimates(m)) if m.contains("warm start")
+        ));
+    }
+
     #[test]
     fn a_merge_never_runs_below_either_jobs_min_gpus() {
         let wide = || {

@@ -209,28 +209,9 @@ pub fn transferred_iterations(job: &JobInput, g: f64) -> u64 {
     }
 }
 
-/// Ymir Eq. 12: `TranWt(A,B,↦,a) = (2·min(T_A,T_B) + max(T_A,T_B)) / (2·T_A + T_{A↦B})`.
-/// The numerator is the total JCT of A and B under SRTF, the denominator the
-/// total JCT of A and then B from A's weights.
-pub fn tran_wt_temporal(t_a: f64, t_b: f64, t_ab: f64) -> f64 {
-    ratio(2.0 * t_a.min(t_b) + t_a.max(t_b), 2.0 * t_a + t_ab)
-}
-
-/// Ymir Eq. 13: `TranWt(A,B,‖,a) = (2·min(T_A,T_B) + max(T_A,T_B)) / (2·T_{A‖B})`
-/// (both jobs finish with the joint job).
-pub fn tran_wt_spatial(t_a: f64, t_b: f64, t_joint: f64) -> f64 {
-    ratio(2.0 * t_a.min(t_b) + t_a.max(t_b), 2.0 * t_joint)
-}
-
-/// `num / den`, 0 when either side is not a finite positive time (a pair
-/// that cannot run at `a` brings nothing).
-fn ratio(num: f64, den: f64) -> f64 {
-    if num.is_finite() && den.is_finite() && den > 0.0 {
-        num / den
-    } else {
-        0.0
-    }
-}
+/// Ymir Eq. 12–13 (`TranWt`), kept in `fmsched-core` where the round
+/// also weighs a pair against a warm start.
+pub use fmsched_core::policy::{tran_wt_spatial, tran_wt_temporal};
 
 /// Computes the round's table: Eq. 5 for every job and allocation, then the
 /// pairs' times and `TranWt`. Errors name the job or pair at fault.

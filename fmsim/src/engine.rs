@@ -19,6 +19,10 @@
 //! - **temporal transfer** `A ↦ B` — A runs to its own target; then B starts
 //!   (a new process, one restart) from A's weights and needs the catalog's
 //!   `A->B` epochs.
+//! - **warm starts** — a job that has not trained may start from the output
+//!   weights of a finished job of another task (temporal transfer from an
+//!   A that is done, `core::round::WarmKey`): it then needs the catalog's
+//!   `A->B` epochs, waits for nothing, and the merge guard watches it as B.
 //! - **spatial transfer** `A ‖ B` — one joint process at batch `M_A + M_B`,
 //!   sampling both datasets in proportion to their sizes (Ymir Eq. 4's
 //!   assumption). Each job completes when *its own* task reaches its target
@@ -39,8 +43,9 @@ use fmsched_core::policy::{
     MergeMode, PIPELINE_STAGES, Policy, Replica, SHARED_SLOWDOWN, ymir_allocations,
 };
 use fmsched_core::round::{
-    self, ClusterView, Decision, Estimates, Gpu, JobView, MergeView, NodeView, PairEstimate,
-    Prepared, RoundConfig, RoundOutcome, round_after_event, round_for_deadline,
+    self, ClusterView, Decision, Estimates, FinishedView, Gpu, JobView, MergeView, NodeView,
+    PairEstimate, Prepared, RoundConfig, RoundOutcome, WarmEstimate, round_after_event,
+    round_for_deadline,
 };
 use fmsched_core::slo::{self, RewardStep};
 use fmsched_core::{JobState, NodeState, SloClass};
@@ -420,6 +425,9 @@ pub struct SimResult {
     pub restarts: u32,
     pub merges_temporal: u32,
     pub merges_spatial: u32,
+    /// Jobs that started from a finished job's output weights
+    /// (`RoundOutcome::warm_starts`); not counted in `merges_temporal`.
+    pub warm_starts: u32,
     pub guard_splits: u32,
     /// Kept temporal merges split because B would finish sooner alone
     /// (`RoundOutcome::released`).
@@ -930,6 +938,7 @@ impl<'a> Simulation<'a> {
                 merges_spatial: 0,
                 guard_splits: 0,
                 merges_released: 0,
+                warm_starts: 0,
                 rounds: 0,
                 fallbacks: 0,
                 round_wall_s: Vec::new(),
@@ -2001,7 +2010,8 @@ impl<'a> Simulation<'a> {
         if self.allocations != prepared.allocations {
             self.allocations = prepared.allocations.clone();
         }
-        let estimates = self.estimates(catalog, &prepared, &view, &members)?;
+        let finished = self.finished().1;
+        let estimates = self.estimates(catalog, &prepared, &view, &members, &finished)?;
         let t = Instant::now();
         let decision = decide_round(&view, &prepared, &estimates, policy, &cfg).map_err(|e| {
             SimError::Plan {
@@ -2039,6 +2049,9 @@ impl<'a> Simulation<'a> {
                  (a solver bug); abandoned, the fallback plan used",
                 self.stats.rounds, self.now
             );
+        }
+        for w in &decision.outcome.warm_starts {
+            self.warm_start(catalog, finished[w.from], members[w.job]);
         }
         self.apply(&prepared, &decision.outcome, &members, catalog)?;
         self.release(&view, &decision.outcome.released, &members);
@@ -2099,6 +2112,45 @@ impl<'a> Simulation<'a> {
     /// The round's view of the simulation: every job that arrived and has
     /// not finished (view index → job index in `members`), the nodes, and
     /// the merges in force.
+    /// The finished jobs a new job may start from
+    /// ([`ClusterView::finished`]): of each model, task and queue, the
+    /// one that finished last (ties: the later in the workload), whose
+    /// user shares its work, and the simulation job of each.
+    fn finished(&self) -> (Vec<FinishedView>, Vec<usize>) {
+        let mut last: BTreeMap<(&str, &str, &str), usize> = BTreeMap::new();
+        for (i, j) in self.jobs.iter().enumerate() {
+            if j.finish.is_none() || !j.w.sharing {
+                continue;
+            }
+            let key = (
+                j.w.model.as_str(),
+                j.w.task.as_str(),
+                j.w.queueing.queue.as_str(),
+            );
+            let later = |k: usize| j.finish >= self.jobs[k].finish;
+            if last.get(&key).is_none_or(|&k| later(k)) {
+                last.insert(key, i);
+            }
+        }
+        let members: Vec<usize> = last.into_values().collect();
+        let views = members
+            .iter()
+            .map(|&i| {
+                let j = &self.jobs[i];
+                FinishedView {
+                    id: j.w.name.clone(),
+                    model: j.w.model.clone(),
+                    task: j.w.task.clone(),
+                    sharing: j.w.sharing,
+                    pipeline: j.w.pipeline,
+                    merge_setup: String::new(),
+                    queue: j.w.queueing.queue.clone(),
+                }
+            })
+            .collect();
+        (views, members)
+    }
+
     fn view(&self) -> (ClusterView, Vec<usize>) {
         let members: Vec<usize> = (0..self.jobs.len())
             .filter(|&i| self.jobs[i].in_system() && self.jobs[i].finish.is_none())
@@ -2181,6 +2233,7 @@ impl<'a> Simulation<'a> {
             nodes: self.nodes.clone(),
             jobs,
             merges,
+            finished: self.finished().0,
         };
         (view, members)
     }
@@ -2197,6 +2250,7 @@ impl<'a> Simulation<'a> {
         prepared: &Prepared,
         view: &ClusterView,
         members: &[usize],
+        finished: &[usize],
     ) -> Result<Estimates, SimError> {
         let mut out = Estimates::default();
         let mut by_job: HashMap<usize, usize> = HashMap::new();
@@ -2304,6 +2358,32 @@ impl<'a> Simulation<'a> {
                 }
             }
         }
+        // Warm starts: B's row at the samples it needs from A's weights.
+        // Its times are its work over the same rates, so each row is B's
+        // own row scaled by need / remaining (B has done nothing), and of
+        // a job's starts only the one that needs least can win (Eq. 12
+        // with T_A = 0 is the same ratio at every allocation): only that
+        // one is estimated.
+        let mut best: BTreeMap<usize, (usize, f64)> = BTreeMap::new();
+        for (k, key) in prepared.warm.iter().enumerate() {
+            let (a, b) = (finished[key.from], members[key.job]);
+            let Some(need) = self.temporal_need(catalog, a, b) else {
+                continue;
+            };
+            if need < self.remaining(b) && best.get(&key.job).is_none_or(|x| need < x.1) {
+                best.insert(key.job, (k, need));
+            }
+        }
+        for (v, (k, need)) in best {
+            let rem = self.remaining(members[v]);
+            let row = &out.jobs[by_job[&v]];
+            out.warm.push(WarmEstimate {
+                key: prepared.warm[k],
+                seconds: row.iter().map(|t| t * need / rem).collect(),
+                gain: 0.0,
+            });
+        }
+        out.warm.sort_by_key(|w| w.key);
         Ok(out)
     }
 
@@ -2424,6 +2504,28 @@ impl<'a> Simulation<'a> {
             }
         }
         Ok(())
+    }
+
+    /// Records a warm start decided this round: B trains from the output
+    /// weights of A, which is done, towards its target under transfer,
+    /// and the merge guard watches it as the B of a temporal merge (two
+    /// epochs in, a start that did not help sends it back to its
+    /// pre-trained weights, from scratch). It merges with no one after.
+    fn warm_start(&mut self, catalog: &Catalog, a: usize, b: usize) {
+        let Some(need) = self.temporal_need(catalog, a, b) else {
+            return;
+        };
+        let m = self.merges.len();
+        self.jobs[b].target = need;
+        self.jobs[b].ever_merged = Some((MergeMode::Temporal, m));
+        self.stats.warm_starts += 1;
+        self.merges.push(Merge {
+            a,
+            b,
+            mode: MergeMode::Temporal,
+            guard_at: 2.0 * self.jobs[b].samples_per_epoch,
+            guard_done: false,
+        });
     }
 
     /// Records a merge decided this round: B's target under transfer

@@ -22,6 +22,8 @@ pub struct Summary {
     pub restarts: u32,
     pub merges_temporal: u32,
     pub merges_spatial: u32,
+    /// Jobs started from a finished job's weights.
+    pub warm_starts: u32,
     pub guard_splits: u32,
     /// Kept temporal merges split because B would finish sooner alone.
     pub merges_released: u32,
@@ -102,6 +104,7 @@ pub fn summarize(r: &SimResult) -> Summary {
         restarts: r.restarts,
         merges_temporal: r.merges_temporal,
         merges_spatial: r.merges_spatial,
+        warm_starts: r.warm_starts,
         guard_splits: r.guard_splits,
         merges_released: r.merges_released,
         ftf_mean: mean(&ftf),
@@ -141,7 +144,7 @@ pub fn table(rows: &[Summary]) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "{:<14} {:>5} {:>9} {:>9} {:>9} {:>10} {:>6} {:>8} {:>7} {:>7} {:>8} {:>8} {:>9} {:>8}",
+        "{:<14} {:>5} {:>9} {:>9} {:>9} {:>10} {:>6} {:>8} {:>7} {:>7} {:>7} {:>8} {:>8} {:>9} {:>8}",
         "policy",
         "jobs",
         "avg_jct_h",
@@ -152,6 +155,7 @@ pub fn table(rows: &[Summary]) -> String {
         "restarts",
         "m_temp",
         "m_spat",
+        "m_warm",
         "ftf_avg",
         "ftf_max",
         "fallbacks",
@@ -160,7 +164,7 @@ pub fn table(rows: &[Summary]) -> String {
     for r in rows {
         let _ = writeln!(
             s,
-            "{:<14} {:>5} {:>9.3} {:>9.3} {:>9.3} {:>10.2} {:>5.1}% {:>8} {:>7} {:>7} {:>8.2} {:>8.2} {:>9} {:>8.3}",
+            "{:<14} {:>5} {:>9.3} {:>9.3} {:>9.3} {:>10.2} {:>5.1}% {:>8} {:>7} {:>7} {:>7} {:>8.2} {:>8.2} {:>9} {:>8.3}",
             r.policy,
             r.jobs,
             r.avg_jct_h,
@@ -171,6 +175,7 @@ pub fn table(rows: &[Summary]) -> String {
             r.restarts,
             r.merges_temporal,
             r.merges_spatial,
+            r.warm_starts,
             r.ftf_mean,
             r.ftf_max,
             r.fallbacks,
@@ -221,7 +226,7 @@ pub fn to_json(rows: &[Summary]) -> serde_json::Value {
                 "policy": r.policy, "jobs": r.jobs,
                 "avg_jct_h": r.avg_jct_h, "p50_jct_h": r.p50_jct_h, "p99_jct_h": r.p99_jct_h,
                 "makespan_h": r.makespan_h, "gpu_utilisation": r.utilisation,
-                "restarts": r.restarts, "merges_temporal": r.merges_temporal, "merges_spatial": r.merges_spatial,
+                "restarts": r.restarts, "merges_temporal": r.merges_temporal, "merges_spatial": r.merges_spatial, "warm_starts": r.warm_starts,
                 "guard_splits": r.guard_splits, "merges_released": r.merges_released, "ftf_mean": r.ftf_mean, "ftf_max": r.ftf_max,
                 "rounds": r.rounds, "solver_fallbacks": r.fallbacks,
                 "round_mean_ms": r.round_mean_ms, "round_p99_ms": r.round_p99_ms, "round_max_ms": r.round_max_ms,

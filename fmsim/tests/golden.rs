@@ -834,6 +834,124 @@ fn tail_trained_jobs_lead_temporal_merges_and_cut_the_small_workloads_tail() {
     assert!(s.p99_jct_h <= 5.6, "p99 {:.3} h", s.p99_jct_h);
 }
 
+/// Warm starts (`core::round::WarmKey`): a job that arrives after a job
+/// of another task finished starts from that job's output weights where
+/// the catalog's transfer saves it epochs. On the shipped workload they
+/// halve Ymir's mean and cut its p99 (debug build: 1.049 / 5.123 h without,
+/// 0.524 / 3.995 h with; docs/fmsim.md, "Warm starts"), and the per-job
+/// results name the finished job each start came from.
+#[test]
+fn tail_warm_starts_from_finished_jobs_cut_the_shipped_workloads_mean_and_tail() {
+    let jobs = small();
+    let catalog = Catalog::default_synthetic();
+    let lut = analytic::default_lut().unwrap();
+    let sim = |warm: f64| {
+        let knobs = std::collections::BTreeMap::from([("warm_starts".to_string(), warm)]);
+        let p = fmsched_core::policy::baselines::with_knobs("ymir", &knobs).unwrap();
+        Simulation::new(cluster(), &lut, &catalog, &jobs)
+            .unwrap()
+            .run(p.as_ref(), &catalog, |_, _| {})
+            .unwrap()
+    };
+    let (off, on) = (sim(0.0), sim(1.0));
+    let (a, b) = (summarize(&off), summarize(&on));
+    eprintln!(
+        "without: {:.3} / {:.3} h; with: {:.3} / {:.3} h, {} warm starts",
+        a.avg_jct_h, a.p99_jct_h, b.avg_jct_h, b.p99_jct_h, on.warm_starts
+    );
+    assert_eq!(off.warm_starts, 0);
+    assert!(on.warm_starts >= 10, "{} warm starts", on.warm_starts);
+    assert!(
+        b.avg_jct_h <= 0.7 * a.avg_jct_h,
+        "avg {:.3} vs {:.3}",
+        b.avg_jct_h,
+        a.avg_jct_h
+    );
+    assert!(
+        b.p99_jct_h <= 0.9 * a.p99_jct_h,
+        "p99 {:.3} vs {:.3}",
+        b.p99_jct_h,
+        a.p99_jct_h
+    );
+    // Each start is reported as a temporal transfer from a job of another
+    // task that finished before it (and whose own row names no merge with
+    // it, unlike a merge's A) — but one that started warm as the A of a
+    // temporal pair, whose row names that pair.
+    let by_name: std::collections::BTreeMap<&str, _> =
+        on.jobs.iter().map(|j| (j.name.as_str(), j)).collect();
+    let warm: Vec<_> = on
+        .jobs
+        .iter()
+        .filter_map(|j| match &j.merged {
+            Some((MergeMode::Temporal, a))
+                if by_name[a.as_str()]
+                    .merged
+                    .as_ref()
+                    .is_none_or(|m| m.1 != j.name) =>
+            {
+                Some((j, by_name[a.as_str()]))
+            }
+            _ => None,
+        })
+        .collect();
+    assert!(warm.len() <= on.warm_starts as usize);
+    assert!(
+        warm.len() + on.merges_temporal as usize >= on.warm_starts as usize,
+        "{} shown of {} ({} temporal merges)",
+        warm.len(),
+        on.warm_starts,
+        on.merges_temporal
+    );
+    for (j, a) in &warm {
+        assert_ne!(a.task, j.task, "{} from {}", j.name, a.name);
+        assert!(a.finish_s < j.finish_s, "{} from {}", j.name, a.name);
+    }
+}
+
+/// A finished job whose weights do not help (the catalog's transfer needs
+/// as many epochs as alone) is no start: the later job trains from the
+/// pre-trained weights. One that halves its epochs is, and the later job's
+/// JCT falls by about half.
+#[test]
+fn tail_a_finished_job_that_does_not_help_is_no_warm_start() {
+    let catalog = |after: f64| {
+        let mut m = ModelTasks::default();
+        m.tasks.insert("first".into(), task(10_000.0, 2.0));
+        m.tasks.insert("later".into(), task(40_000.0, 4.0));
+        m.temporal
+            .insert(("first".into(), "later".into()), Work::Epochs(after));
+        roberta_catalog(m)
+    };
+    let jobs = [
+        one_gpu_job("job-first", "first", 0.0, true),
+        one_gpu_job("job-later", "later", 3600.0, true),
+    ];
+    let cfg = SimConfig {
+        profile_s: 0.0,
+        ..SimConfig::uniform(1, 1, "V100")
+    };
+    let later = |after: f64| {
+        let r = run("ymir", &cfg, &catalog(after), &jobs);
+        let j = r.jobs.into_iter().find(|j| j.name == "job-later").unwrap();
+        (r.warm_starts, j)
+    };
+    let (n0, j0) = later(4.0);
+    let (n1, j1) = later(2.0);
+    assert_eq!(n0, 0, "{j0:?}");
+    assert_eq!(j0.merged, None);
+    assert_eq!(n1, 1, "{j1:?}");
+    assert_eq!(
+        j1.merged,
+        Some((MergeMode::Temporal, "job-first".to_string()))
+    );
+    assert!(
+        j1.jct_s < 0.6 * j0.jct_s,
+        "half the epochs from first's weights: {} vs {}",
+        j1.jct_s,
+        j0.jct_s
+    );
+}
+
 /// Rounds on events (`event_gap_s`, the service's
 /// `scheduling.event_round_gap`): a job arriving just after a round starts
 /// its profiling run at the gap after that round, not at the next periodic

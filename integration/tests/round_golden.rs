@@ -76,6 +76,7 @@ fn estimates(view: &ClusterView, p: &Prepared) -> Estimates {
                 },
             })
             .collect(),
+        warm: Vec::new(),
         spread: Vec::new(),
         kept_b_alone: Vec::new(),
     }
@@ -158,6 +159,7 @@ fn golden_view() -> ClusterView {
             b: 2,
             mode: MergeMode::Temporal,
         }],
+        finished: Vec::new(),
     }
 }
 

@@ -634,6 +634,7 @@ pub fn with_knobs(
                 ..Default::default()
             };
             let mut merging = if c.merging { 1.0 } else { 0.0 };
+            let mut warm = if c.warm_starts { 1.0 } else { 0.0 };
             let mut pairs = c.pairs_per_job as f64;
             let mut partition = c.partition_units as f64;
             let mut milp = c.milp_units as f64;
@@ -644,10 +645,12 @@ pub fn with_knobs(
             take("resize_horizon_s", &mut c.resize_horizon_s);
             take("risk_weight", &mut c.risk_weight);
             take("merging", &mut merging);
+            take("warm_starts", &mut warm);
             take("pairs_per_job", &mut pairs);
             take("partition_units", &mut partition);
             take("milp_units", &mut milp);
             c.merging = merging != 0.0;
+            c.warm_starts = warm != 0.0;
             c.pairs_per_job = pairs.max(0.0) as usize;
             c.partition_units = partition.clamp(0.0, 1e9) as usize;
             c.milp_units = milp.clamp(0.0, 1e9) as usize;
@@ -706,6 +709,7 @@ pub fn knob_names(name: &str) -> Option<&'static [&'static str]> {
             "resize_horizon_s",
             "risk_weight",
             "merging",
+            "warm_starts",
             "pairs_per_job",
             "partition_units",
             "milp_units",

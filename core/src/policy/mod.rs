@@ -592,6 +592,12 @@ pub trait Policy {
     fn merges(&self) -> bool {
         false
     }
+    /// Whether a job may start from a finished job's weights
+    /// ([`crate::round::WarmKey`]; callers then list finished jobs and
+    /// estimate the starts).
+    fn warm_starts(&self) -> bool {
+        false
+    }
     /// The GPU counts this policy chooses among (the snapshot's
     /// `allocations`): Ymir's {0, 1, 2, 3, 4m} unless the policy's paper
     /// grows jobs one GPU at a time.
@@ -644,6 +650,29 @@ pub trait Policy {
 /// were such Bs (`tail_no_gain_merges_are_not_candidates`).
 pub fn merge_gains(tran_wt: f64) -> bool {
     tran_wt > 1.0 + 1e-9
+}
+
+/// Ymir Eq. 12: `TranWt(A,B,↦,a) = (2·min(T_A,T_B) + max(T_A,T_B)) / (2·T_A + T_{A↦B})`.
+/// The numerator is the total JCT of A and B under SRTF, the denominator the
+/// total JCT of A and then B from A's weights.
+pub fn tran_wt_temporal(t_a: f64, t_b: f64, t_ab: f64) -> f64 {
+    tran_ratio(2.0 * t_a.min(t_b) + t_a.max(t_b), 2.0 * t_a + t_ab)
+}
+
+/// Ymir Eq. 13: `TranWt(A,B,‖,a) = (2·min(T_A,T_B) + max(T_A,T_B)) / (2·T_{A‖B})`
+/// (both jobs finish with the joint job).
+pub fn tran_wt_spatial(t_a: f64, t_b: f64, t_joint: f64) -> f64 {
+    tran_ratio(2.0 * t_a.min(t_b) + t_a.max(t_b), 2.0 * t_joint)
+}
+
+/// `num / den`, 0 when either side is not a finite positive time (a pair
+/// that cannot run at `a` brings nothing).
+fn tran_ratio(num: f64, den: f64) -> f64 {
+    if num.is_finite() && den.is_finite() && den > 0.0 {
+        num / den
+    } else {
+        0.0
+    }
 }
 
 /// Stages of a pipeline-parallel job, i.e. GPUs of one pipeline replica

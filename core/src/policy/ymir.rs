@@ -72,6 +72,10 @@ pub struct YmirConfig {
     pub interval_s: f64,
     /// Build and use merge candidates (false = "Ymir without merging").
     pub merging: bool,
+    /// With merging: a job that has not trained may start from a finished
+    /// job's output weights where that saves it time (temporal transfer
+    /// from an A that is done, [`crate::round::WarmKey`]).
+    pub warm_starts: bool,
     /// Solver time limit per round, seconds.
     pub time_limit_s: f64,
     /// Best candidate pairs kept per job.
@@ -124,6 +128,7 @@ impl Default for YmirConfig {
         Self {
             interval_s: 120.0,
             merging: true,
+            warm_starts: true,
             time_limit_s: 1.0,
             pairs_per_job: 4,
             srtf_weight: 1.0,
@@ -428,6 +433,10 @@ impl Policy for Ymir {
 
     fn merges(&self) -> bool {
         self.config.merging
+    }
+
+    fn warm_starts(&self) -> bool {
+        self.config.merging && self.config.warm_starts
     }
 
     fn allocate(&self, snap: &Snapshot) -> Plan {

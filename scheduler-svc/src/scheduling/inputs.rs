@@ -254,6 +254,7 @@ pub fn build_view(s: &ViewSources<'_>) -> Translated {
             nodes: node_views,
             jobs: job_views,
             merges: merge_views,
+            finished: Vec::new(),
         },
         jobs,
         nodes,
@@ -604,6 +605,7 @@ async fn estimate(
                 gain_ba: *gba,
             })
             .collect(),
+        warm: Vec::new(),
         spread,
         kept_b_alone: has_alone
             .iter()

@@ -2106,6 +2106,7 @@ mod tests {
                     b: 1,
                     mode: fmsched_core::policy::MergeMode::Temporal,
                 }],
+                finished: Vec::new(),
             },
             jobs: vec![id(1), id(2)],
             nodes: vec![(
@@ -2152,6 +2153,7 @@ mod tests {
                     job(3, 3, &[]),
                 ],
                 merges: Vec::new(),
+                finished: Vec::new(),
             },
             jobs: vec![id(1), id(2), id(3)],
             nodes: nodes
