@@ -2154,6 +2154,79 @@ async fn e2e_a_running_job_leads_a_temporal_merge_with_a_later_arrival() {
     drop(c);
 }
 
+/// Warm starts (Ymir's temporal transfer from an A that is done): a job
+/// that arrives after another task's job completed starts from that job's
+/// output weights when the transfer gain is positive and saves it time. A
+/// qqp job runs to completion alone; an sst2 job (one family with qqp in
+/// the fake world: qqp's weights help sst2) is submitted after it. The
+/// round records a temporal merge of the finished job and the new one,
+/// and the new one's trainer starts from the finished job's output.
+#[tokio::test]
+async fn e2e_tail_a_new_job_warm_starts_from_a_finished_jobs_output() {
+    let db = TestDb::create("fmsched_warm_start").await;
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let _sched = scheduler_env(
+        &db,
+        port,
+        dir.path(),
+        None,
+        &[("FMSCHED_SCHEDULING__CHECKPOINT_COST", "1s")],
+    );
+    wait_up("scheduler up", port);
+    let _a = agent("node-a", port, dir.path());
+    submit(
+        port,
+        dir.path(),
+        [metric_job("first", "qqp", 6_400, 2, 8.0)],
+    )
+    .expect("submit A");
+    let first = all_completed(port, 1, Duration::from_secs(120));
+    let (first_id, (_, first_out)) = first
+        .iter()
+        .next()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .unwrap();
+    assert!(!first_out.is_empty(), "A left output weights");
+    submit(
+        port,
+        dir.path(),
+        [metric_job("later", "sst2", 9_600, 1, 5.0)],
+    )
+    .expect("submit B");
+    let done = all_completed(port, 2, Duration::from_secs(180));
+    let mut c = sqlx::PgConnection::connect(&db_url(&db)).await.unwrap();
+    let events = print_events(&mut c).await;
+    let merges: Vec<(String, String, String, f64)> = sqlx::query_as(
+        "SELECT a.name, b.name, m.mode, m.gain_ab FROM merges m
+             JOIN jobs a ON a.id = m.job_a JOIN jobs b ON b.id = m.job_b ORDER BY m.id",
+    )
+    .fetch_all(&mut c)
+    .await
+    .unwrap();
+    eprintln!("merges: {merges:?}");
+    let (_, _, mode, gain) = merges
+        .iter()
+        .find(|m| m.0 == "first" && m.1 == "later")
+        .unwrap_or_else(|| panic!("no warm start from the finished job: {merges:?}"));
+    assert_eq!(mode, "temporal");
+    assert!(*gain >= 0.0, "positive transfer only: {gain}");
+    // Both histories say so; A's came after it completed.
+    let merged: Vec<_> = events
+        .iter()
+        .filter(|e| e.3.contains("merged temporally: first ("))
+        .collect();
+    assert_eq!(merged.len(), 2, "{events:#?}");
+    let later_id = done.keys().find(|k| **k != first_id).cloned().unwrap();
+    let later_err = fmctl(port, &["logs", &later_id, "--stderr"]).unwrap();
+    eprintln!("later's log:\n{later_err}");
+    assert!(
+        later_err.contains(&format!("starting from {first_out}")),
+        "B did not start from A's output {first_out}:\n{later_err}"
+    );
+    drop(c);
+}
+
 #[tokio::test]
 async fn e2e_fmctl_logs_prints_and_follows_a_jobs_output() {
     let db = TestDb::create("fmsched_logs").await;

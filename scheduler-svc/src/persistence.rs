@@ -1749,6 +1749,27 @@ impl Persistence {
         rows.iter().map(job_from_row).collect()
     }
 
+    /// The `limit` most recently submitted completed jobs of `models` that
+    /// left output weights (a warm start's source, `ClusterView::finished`).
+    pub async fn finished_outputs(
+        &self,
+        models: &[String],
+        limit: i64,
+    ) -> Result<Vec<JobRecord>, PersistenceError> {
+        let rows = sqlx::query(&format!(
+            "SELECT {JOB_COLUMNS} FROM jobs
+             WHERE state = 'completed' AND model = ANY($1)
+               AND output_path IS NOT NULL AND output_path <> ''
+             ORDER BY id DESC LIMIT $2"
+        ))
+        .bind(models)
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(db_err("finished_outputs"))?;
+        rows.iter().map(job_from_row).collect()
+    }
+
     /// The utilisation fits by (model, GPU family)
     /// ([`RoundWrites::utilization_fits`]).
     pub async fn utilization_fits(

@@ -13,8 +13,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use chrono::{DateTime, Utc};
 use fmsched_core::policy::{GpuFootprint, MergeMode};
 use fmsched_core::round::{
-    self, ClusterView, Estimates as RoundEstimates, Gpu, JobView, MergeView, NodeView,
-    PairEstimate, Prepared, RoundConfig,
+    self, ClusterView, Estimates as RoundEstimates, FinishedView, Gpu, JobView, MergeView,
+    NodeView, PairEstimate, Prepared, RoundConfig, WarmEstimate,
 };
 use fmsched_core::{GpuUuid, JobId, NodeId, NodeState};
 use fmsched_estimator::analytic;
@@ -41,6 +41,8 @@ pub struct Translated {
     pub nodes: Vec<(NodeId, Vec<GpuUuid>)>,
     /// View merge → its record.
     pub merges: Vec<MergeRecord>,
+    /// View finished job (`ClusterView::finished`) → its id.
+    pub finished: Vec<JobId>,
 }
 
 impl Translated {
@@ -120,6 +122,10 @@ pub struct ViewSources<'a> {
     /// The cluster's GPU families a job cannot run on at all
     /// (`JobView::unfit_families`).
     pub unfit: &'a dyn Fn(&JobRecord) -> Vec<String>,
+    /// Completed jobs that left output weights, newest first
+    /// ([`crate::persistence::Persistence::finished_outputs`]): the
+    /// round's warm-start sources.
+    pub finished: &'a [JobRecord],
     pub now: DateTime<Utc>,
 }
 
@@ -248,18 +254,58 @@ pub fn build_view(s: &ViewSources<'_>) -> Translated {
             merges.push(m.clone());
         }
     }
+    let (finished_views, finished) = finished_views(s.finished);
     Translated {
         view: ClusterView {
             now: 0.0,
             nodes: node_views,
             jobs: job_views,
             merges: merge_views,
-            finished: Vec::new(),
+            finished: finished_views,
         },
         jobs,
         nodes,
         merges,
+        finished,
     }
+}
+
+/// The warm-start sources of a round (`ClusterView::finished`): of each
+/// model, task, training setup, pipeline layout and queue, the newest of
+/// `finished` (newest first) whose user lets other jobs use its work and
+/// that left output weights.
+fn finished_views(finished: &[JobRecord]) -> (Vec<FinishedView>, Vec<JobId>) {
+    let mut seen: BTreeSet<(String, String, String, bool, String)> = BTreeSet::new();
+    let mut views = Vec::new();
+    let mut ids = Vec::new();
+    for j in finished.iter().filter(|j| {
+        j.state == fmsched_core::JobState::Completed
+            && j.spec.may_merge()
+            && j.output_path.as_deref().is_some_and(|o| !o.is_empty())
+    }) {
+        let key = (
+            j.spec.model.clone(),
+            j.spec.dataset.task.clone(),
+            j.spec.merge_setup(),
+            j.spec.resources.pipeline_parallel,
+            j.spec.queue.clone(),
+        );
+        if !seen.insert(key.clone()) {
+            continue;
+        }
+        let (model, task, merge_setup, pipeline, queue) = key;
+        views.push(FinishedView {
+            id: j.id.to_string(),
+            model,
+            task,
+            sharing: true,
+            pipeline,
+            merge_setup,
+            queue,
+        });
+        ids.push(j.id);
+    }
+    (views, ids)
 }
 
 /// Everything the decide phase needs.
@@ -361,6 +407,10 @@ pub fn round_config(config: &crate::config::Config) -> RoundConfig {
     }
 }
 
+/// Completed jobs read per round as warm-start sources, newest first (of
+/// each model, task, setup and queue the newest is offered).
+const FINISHED_READ_LIMIT: i64 = 500;
+
 /// Phase 2 (see the module docs): the view, the round's preparation and
 /// its estimates. `None` when no time table could be had (the current plan
 /// stays).
@@ -418,6 +468,26 @@ pub(crate) async fn load(
         .map(|j| j.id)
         .collect();
     let families: BTreeSet<String> = o.nodes.iter().map(node_family).collect();
+    // Warm-start sources: completed jobs of the live jobs' models that left
+    // output weights (a read error leaves the round without them).
+    let finished = if state.config.scheduling.merging && policy.warm_starts() {
+        let mut models: Vec<String> = o.live.values().map(|j| j.spec.model.clone()).collect();
+        models.sort_unstable();
+        models.dedup();
+        match state
+            .persistence
+            .finished_outputs(&models, FINISHED_READ_LIMIT)
+            .await
+        {
+            Ok(f) => f,
+            Err(err) => {
+                tracing::warn!(error = %err, "finished jobs not read; no warm starts this round");
+                Vec::new()
+            }
+        }
+    } else {
+        Vec::new()
+    };
     let unfit_memo: std::cell::RefCell<BTreeMap<String, Vec<String>>> = Default::default();
     let mut t = build_view(&ViewSources {
         nodes: &o.nodes,
@@ -467,6 +537,7 @@ pub(crate) async fn load(
                 .or_insert_with(|| unfit_families(lut, &families, j))
                 .clone()
         },
+        finished: &finished,
         now,
     });
     for n in o
@@ -553,7 +624,7 @@ async fn estimate(
             }
         })
         .collect();
-    let candidates = candidate_gains(state, est, o, t, prepared).await;
+    let (candidates, warm) = candidate_gains(state, est, o, t, prepared).await;
     for (pair, gab, gba) in &candidates {
         pairs.push(PairInput {
             a: row[&pair.a],
@@ -561,6 +632,23 @@ async fn estimate(
             mode: time_mode(pair.mode),
             gain_ab: *gab,
             gain_ba: *gba,
+        });
+    }
+    // A warm start is B of a temporal pair whose A is done: a row of no
+    // remaining work stands for A (B's own inputs, nothing left), so the
+    // pair's merged part is B's time from A's weights, `T_{A↦B}`.
+    for (key, g) in &warm {
+        let b = row[&key.job];
+        let mut done_a = inputs[b].clone();
+        done_a.id = format!("{}-from-{}", done_a.id, t.finished[key.from]);
+        done_a.remaining_iterations = 0;
+        inputs.push(done_a);
+        pairs.push(PairInput {
+            a: inputs.len() - 1,
+            b,
+            mode: times::MergeMode::Temporal,
+            gain_ab: *g,
+            gain_ba: 0.0,
         });
     }
     let remote = if est.is_remote() && !inputs.is_empty() {
@@ -594,7 +682,7 @@ async fn estimate(
             .iter()
             .map(|p| p.seconds.clone())
             .collect(),
-        candidates: table.pairs[kept..]
+        candidates: table.pairs[kept..kept + candidates.len()]
             .iter()
             .zip(&candidates)
             .map(|(pt, (pair, gab, gba))| PairEstimate {
@@ -605,7 +693,15 @@ async fn estimate(
                 gain_ba: *gba,
             })
             .collect(),
-        warm: Vec::new(),
+        warm: table.pairs[kept + candidates.len()..]
+            .iter()
+            .zip(&warm)
+            .map(|(pt, (key, g))| WarmEstimate {
+                key: *key,
+                seconds: pt.seconds.clone(),
+                gain: *g,
+            })
+            .collect(),
         spread,
         kept_b_alone: has_alone
             .iter()
@@ -807,36 +903,50 @@ fn job_inputs(
 
 /// The eligible pairs of profiled jobs (both have Task2Vec embeddings) that
 /// the estimator classifies as positive transfer, with their gains
-/// `(G_{A,B}, G_{B,A})` (a temporal pair's B gains; a spatial pair's both).
+/// `(G_{A,B}, G_{B,A})` (a temporal pair's B gains; a spatial pair's both);
+/// and the warm starts of the round (`Prepared::warm`) whose finished job
+/// and job both have embeddings and whose temporal gain `G_{A,B}` is
+/// positive transfer, with that gain.
 async fn candidate_gains(
     state: &AppState,
     est: &Estimates,
     o: &Observed,
     t: &Translated,
     prepared: &Prepared,
-) -> Vec<(round::PairKey, f64, f64)> {
-    if prepared.eligible.is_empty() {
-        return Vec::new();
+) -> (Vec<(round::PairKey, f64, f64)>, Vec<(round::WarmKey, f64)>) {
+    if prepared.eligible.is_empty() && prepared.warm.is_empty() {
+        return (Vec::new(), Vec::new());
     }
-    let mut open: Vec<usize> = prepared
+    // Everyone a gain is asked for: view jobs, then finished jobs.
+    #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+    enum Who {
+        Job(usize),
+        Done(usize),
+    }
+    let wanted: BTreeSet<Who> = prepared
         .eligible
         .iter()
-        .flat_map(|p| [p.a, p.b])
-        .collect::<BTreeSet<_>>()
-        .into_iter()
+        .flat_map(|p| [Who::Job(p.a), Who::Job(p.b)])
+        .chain(
+            prepared
+                .warm
+                .iter()
+                .flat_map(|w| [Who::Job(w.job), Who::Done(w.from)]),
+        )
         .collect();
-    let named: Vec<(String, TaskEmbedding)> = open
-        .iter()
-        .filter_map(|&v| {
-            let id = t.jobs[v];
-            o.estimates
-                .get(&id)
-                .and_then(embedding)
-                .map(|e| (id.to_string(), e))
-        })
-        .collect();
-    open.retain(|&v| o.estimates.get(&t.jobs[v]).and_then(embedding).is_some());
-    let at: BTreeMap<usize, usize> = open.iter().enumerate().map(|(k, &v)| (v, k)).collect();
+    let id_of = |w: Who| match w {
+        Who::Job(v) => t.jobs[v],
+        Who::Done(f) => t.finished[f],
+    };
+    let mut named: Vec<(String, TaskEmbedding)> = Vec::new();
+    let mut at: BTreeMap<Who, usize> = BTreeMap::new();
+    for w in wanted {
+        let id = id_of(w);
+        if let Some(e) = o.estimates.get(&id).and_then(embedding) {
+            at.insert(w, named.len());
+            named.push((id.to_string(), e));
+        }
+    }
     let gains = match est.gains(&named).await {
         Ok(g) => g,
         Err(e) => {
@@ -845,13 +955,13 @@ async fn candidate_gains(
             local_gains(&named)
         }
     };
+    let g = |m: &BTreeMap<(usize, usize), f64>, a, b| {
+        m.get(&(a, b)).copied().unwrap_or(f64::NEG_INFINITY)
+    };
     let mut out = Vec::new();
     for p in &prepared.eligible {
-        let (Some(&x), Some(&y)) = (at.get(&p.a), at.get(&p.b)) else {
+        let (Some(&x), Some(&y)) = (at.get(&Who::Job(p.a)), at.get(&Who::Job(p.b))) else {
             continue; // not profiled: no transfer estimate
-        };
-        let g = |m: &BTreeMap<(usize, usize), f64>, a, b| {
-            m.get(&(a, b)).copied().unwrap_or(f64::NEG_INFINITY)
         };
         let (gab, gba) = match p.mode {
             MergeMode::Spatial => {
@@ -867,7 +977,19 @@ async fn candidate_gains(
             out.push((*p, gab, gba));
         }
     }
-    out
+    let mut warm = Vec::new();
+    for w in &prepared.warm {
+        let (Some(&x), Some(&y)) = (at.get(&Who::Done(w.from)), at.get(&Who::Job(w.job))) else {
+            continue;
+        };
+        // The same class rule: a start from weights that transfer
+        // negatively is no start, whatever its time.
+        let gab = g(&gains.temporal, x, y);
+        if gab >= 0.0 {
+            warm.push((*w, gab));
+        }
+    }
+    (out, warm)
 }
 
 #[cfg(test)]
@@ -908,6 +1030,69 @@ pub(crate) mod tests {
         }
     }
 
+    /// Warm-start sources (`ClusterView::finished`): completed jobs that
+    /// left output weights and share, the newest of each model, task,
+    /// setup and queue; the translation maps each back to its job.
+    #[test]
+    fn tail_the_view_lists_the_newest_finished_job_of_each_task_as_a_warm_start_source() {
+        let done = |n: u8, task: &str| {
+            let mut r = record(n, JobState::Completed);
+            r.spec.dataset.task = task.into();
+            r.output_path = Some(format!("/out/{n}"));
+            r
+        };
+        let mut private = done(5, "mrpc");
+        private.spec.sharing = false;
+        let mut no_output = done(6, "sst2");
+        no_output.output_path = Some(String::new());
+        let mut failed = done(7, "cola");
+        failed.state = JobState::Failed;
+        let mut other_queue = done(8, "rte");
+        other_queue.spec.queue = "research".into();
+        // Newest first, as `finished_outputs` reads them.
+        let finished = vec![
+            done(1, "rte"),
+            done(2, "rte"),
+            done(3, "qnli"),
+            private,
+            no_output,
+            failed,
+            other_queue,
+        ];
+        let live: BTreeMap<JobId, JobRecord> = [(job(9), record(9, JobState::Queued))].into();
+        let t = build_view(&ViewSources {
+            nodes: &[node("x", 4)],
+            live: &live,
+            merges: &[],
+            assignments: &[],
+            progress: &BTreeMap::new(),
+            service: &BTreeMap::new(),
+            held_back: &BTreeSet::new(),
+            pinned: &BTreeSet::new(),
+            cordons: &BTreeMap::new(),
+            loans: &BTreeMap::new(),
+            restart_s: &|_| 0.0,
+            footprint: &|_| None,
+            unfit: &|_| Vec::new(),
+            finished: &finished,
+            now: Utc::now(),
+        });
+        assert_eq!(t.finished, vec![job(1), job(3), job(8)]);
+        let tasks: Vec<(&str, &str)> = t
+            .view
+            .finished
+            .iter()
+            .map(|f| (f.task.as_str(), f.queue.as_str()))
+            .collect();
+        assert_eq!(tasks, vec![("rte", ""), ("qnli", ""), ("rte", "research")]);
+        assert!(
+            t.view
+                .finished
+                .iter()
+                .all(|f| f.sharing && f.model == "roberta-base")
+        );
+    }
+
     /// The view of `live` jobs and `merges` on `nodes`, nothing placed,
     /// held back or cordoned, restarts free.
     fn plain_view(
@@ -930,6 +1115,7 @@ pub(crate) mod tests {
             restart_s: &|_| 0.0,
             footprint: &|_| None,
             unfit: &|_| Vec::new(),
+            finished: &[],
             now,
         })
     }
@@ -1067,6 +1253,7 @@ pub(crate) mod tests {
             restart_s: &|_| 42.0,
             footprint: &|_| None,
             unfit: &|_| Vec::new(),
+            finished: &[],
             now,
         });
         let v = &t.view;

@@ -1151,6 +1151,23 @@ pub fn never_fits_on(
     )
 }
 
+/// The round's warm starts as temporal merges whose A is done: B is
+/// launched from A's output weights (as B of a merge whose A completed,
+/// [`initial_weights`]), the merge guard watches B, and both jobs' histories
+/// say so.
+fn warm_merges<'a>(
+    t: &'a inputs::Translated,
+    outcome: &'a RoundOutcome,
+) -> impl Iterator<Item = NewMerge> + 'a {
+    outcome.warm_starts.iter().map(|w| NewMerge {
+        a: t.finished[w.from],
+        b: t.jobs[w.job],
+        mode: fmsched_core::policy::MergeMode::Temporal,
+        gain_ab: w.gain,
+        gain_ba: 0.0,
+    })
+}
+
 /// The plan part of the round's writes, after what it observed: the new
 /// assignments (trainers and profiling runs), new merges, the plan's state
 /// changes, events for jobs that cannot run here, and service accounting
@@ -1176,6 +1193,7 @@ fn plan_writes(
             });
         }
     }
+    w.new_merges.extend(warm_merges(t, outcome));
     for r in &outcome.profiling {
         if let Some(parts) = t.parts(&r.gpus) {
             w.assignments
@@ -1608,9 +1626,22 @@ async fn hint(
         .map(|a| a.job)
         .collect();
     let running: BTreeSet<JobId> = assignments.iter().map(|a| a.job).collect();
+    // The standby of a job the plan would start warm starts as it would.
+    let mut merges = o.merges.clone();
+    merges.extend(warm_merges(t, outcome).map(|m| MergeRecord {
+        id: 0,
+        a: m.a,
+        b: m.b,
+        mode: m.mode,
+        gain_ab: m.gain_ab,
+        gain_ba: m.gain_ba,
+        active: true,
+        guard_passed: false,
+        gain_observed: false,
+    }));
     let init_weights = initial_weights(
         state,
-        &o.merges,
+        &merges,
         &o.live,
         &running,
         &o.progress,
@@ -2114,6 +2145,7 @@ mod tests {
                 (0..16).map(|g| GpuUuid(format!("x-G{g}"))).collect(),
             )],
             merges: vec![merge.clone()],
+            finished: Vec::new(),
         };
         let cfg = RoundConfig {
             profiling: false,
@@ -2166,6 +2198,7 @@ mod tests {
                 })
                 .collect(),
             merges: Vec::new(),
+            finished: Vec::new(),
         };
         let cfg = RoundConfig {
             profiling: false,
