@@ -1368,8 +1368,8 @@ fn warm_keys(view: &ClusterView, snapshot_jobs: &[usize], queues: &Queues) -> Ve
 /// taken before the policy runs: the job's times in the snapshot are then
 /// its times from those weights, and a merge candidate it is in is
 /// weighed against them (its TranWt again, [`candidates`]). It starts from
-/// those weights if it starts alone or as A of a temporal pair; in a
-/// spatial pair, or as B, it trains as the pair's times say.
+/// those weights if it starts outside a merge; merged, it trains as the
+/// pair's times say.
 /// Ties go to the earlier estimate.
 pub fn chosen_warm_starts(prepared: &Prepared, estimates: &Estimates) -> BTreeMap<usize, usize> {
     let mut best: BTreeMap<usize, (usize, f64)> = BTreeMap::new();
@@ -1430,14 +1430,16 @@ pub fn decide(
     let chosen = chosen_warm_starts(prepared, estimates);
     if !chosen.is_empty() {
         // Those that start training now (not profiling: a profiling run
-        // holds no group) alone, or as A of a temporal pair (B then starts
-        // from A's output). A spatial pair's joint process and a temporal
-        // B start from other weights: their times are the pair's.
+        // holds no group) outside a merge: alone, or beside another job on
+        // a shared GPU. A merge's jobs train as the pair's times say (a
+        // spatial pair's joint process and a temporal B from other
+        // weights), and a job takes part in one merge, so A of a new
+        // temporal pair starts from the pre-trained weights too.
         let starting: BTreeSet<usize> = outcome
             .groups
             .iter()
-            .filter(|g| g.mode != MergeMode::Spatial)
-            .flat_map(|g| g.starts(view).take(1).collect::<Vec<_>>())
+            .filter(|g| matches!(g.mode, MergeMode::Normal | MergeMode::Shared))
+            .flat_map(|g| g.starts(view).collect::<Vec<_>>())
             .collect();
         outcome.warm_starts = chosen
             .iter()
@@ -1506,6 +1508,18 @@ pub fn snapshot(
     check_estimates(prepared, estimates)?;
     let raw_candidates = &estimates.candidates;
     let warm = chosen_warm_starts(prepared, estimates);
+    // A warm-started job's own times from the pre-trained weights: what it
+    // takes as A of a new temporal pair.
+    let cold: BTreeMap<usize, Vec<f64>> = prepared
+        .jobs
+        .iter()
+        .zip(&estimates.jobs)
+        .filter(|(v, _)| warm.contains_key(v))
+        .map(|(&v, row)| {
+            let unit = view.jobs[v].replica().gpus();
+            (v, mask_replicas(&prepared.allocations, unit, 0, row))
+        })
+        .collect();
     let estimates = &whole_replicas(view, prepared, estimates, &warm);
     let ord: BTreeMap<usize, usize> = prepared
         .jobs
@@ -1623,7 +1637,7 @@ pub fn snapshot(
             raw_candidates,
             &ord,
             &cfg.queues,
-            &warm,
+            (&warm, &cold),
         )?,
         merges,
         placement_rule: cfg.placement_rule,
@@ -1851,7 +1865,7 @@ fn candidates(
     raw: &[PairEstimate],
     ord: &BTreeMap<usize, usize>,
     queues: &Queues,
-    warm: &BTreeMap<usize, usize>,
+    (warm, cold): (&BTreeMap<usize, usize>, &BTreeMap<usize, Vec<f64>>),
 ) -> Result<Vec<PairCandidate>, RoundError> {
     let mut out = Vec::new();
     for c in raw {
@@ -1865,17 +1879,22 @@ fn candidates(
             )));
         }
         // A pair of a job with a warm start is weighed against that start:
-        // its TranWt (Eq. 12–13) again, the jobs alone at their snapshot
-        // times (from the finished job's weights), the pair's own part as
-        // estimated (it trains from the pre-trained weights).
+        // its TranWt (Eq. 12–13) again, the jobs apart at their snapshot
+        // times (from the finished job's weights), the pair as it trains —
+        // from the pre-trained weights: its merged part as estimated, and
+        // a temporal A at its own time from those (`cold`).
+        let a_in_pair = cold.get(&a).unwrap_or(&estimates.jobs[ord[&a]]);
         let reweighed: Vec<f64>;
         let tran_wt = if warm.contains_key(&a) || warm.contains_key(&b) {
             let (ta, tb) = (&estimates.jobs[ord[&a]], &estimates.jobs[ord[&b]]);
             reweighed = (0..c.seconds.len())
                 .map(|k| match c.pair.mode {
-                    MergeMode::Temporal => {
-                        crate::policy::tran_wt_temporal(ta[k], tb[k], c.seconds[k])
-                    }
+                    MergeMode::Temporal => crate::policy::tran_wt_temporal_apart(
+                        ta[k],
+                        tb[k],
+                        a_in_pair[k],
+                        c.seconds[k],
+                    ),
                     _ => crate::policy::tran_wt_spatial(ta[k], tb[k], c.seconds[k]),
                 })
                 .collect();
@@ -1892,7 +1911,14 @@ fn candidates(
             pair_min_gpus(view, a, b),
             &c.seconds,
         );
-        let mut remaining_s = group_time(view, estimates, ord, a, b, c.pair.mode, &seconds);
+        let mut remaining_s = match (c.pair.mode, cold.get(&a)) {
+            (MergeMode::Temporal, Some(ta)) => ta
+                .iter()
+                .zip(&seconds)
+                .map(|(ta, tab)| ta + tab + view.jobs[b].restart_s)
+                .collect(),
+            _ => group_time(view, estimates, ord, a, b, c.pair.mode, &seconds),
+        };
         let due = |j: usize| view.jobs[j].deadline_in(view.now).unwrap_or(f64::INFINITY);
         // An allocation at which the group would finish after the deadline
         // of a job that finishes with it is no option for the pair (the

@@ -195,6 +195,15 @@ pub fn seconds_per_effective_iteration(
 
 /// Iterations of `job` when helped by a gain `g` (from its curve when it has
 /// one; else `K / (1 + G)`, the same scaling applied to the iteration count).
+///
+/// A job that has not trained has its own remaining iterations scaled by
+/// what the gain does to its curve, `K(G) / K(0)` (Eq. 2 on `L(k)/(1+G)`
+/// and on `L(k)`): its remaining iterations are the round's estimate of it
+/// (a metric target's prediction, or the loss prior's), which need not be
+/// its own curve's `K(0)`, and its time from another job's weights must
+/// be on the same footing as its time alone, or a positive gain can look
+/// like a loss (a prior of 186 iterations against a curve's `K(G)` of 240).
+/// One that has trained needs `K(G)` less what it has done.
 pub fn transferred_iterations(job: &JobInput, g: f64) -> u64 {
     let cap = if job.max_iterations == 0 {
         u64::MAX / 4
@@ -202,6 +211,11 @@ pub fn transferred_iterations(job: &JobInput, g: f64) -> u64 {
         job.max_iterations
     };
     match &job.curve {
+        Some(c) if job.done_iterations == 0 => {
+            let k0 = iterations_to_converge(c, 0.0, PLATEAU_THRESHOLD, cap).max(1) as f64;
+            let kg = iterations_to_converge(c, g, PLATEAU_THRESHOLD, cap) as f64;
+            ((job.remaining_iterations as f64) * kg / k0).ceil() as u64
+        }
         Some(c) => {
             iterations_to_converge(c, g, PLATEAU_THRESHOLD, cap).saturating_sub(job.done_iterations)
         }
@@ -527,6 +541,26 @@ mod tests {
         };
         let t = time_table(&lut, &[floor, elastic], &[], &[1, 2]).unwrap();
         assert_eq!(t.jobs[0], t.jobs[1]);
+    }
+
+    /// A job that has not trained keeps its own estimate's footing under a
+    /// gain: its remaining iterations times the curve's `K(G) / K(0)`, so
+    /// a positive gain always shortens it; one that has trained needs its
+    /// curve's `K(G)` less what it has done.
+    #[test]
+    fn tail_transferred_iterations_scale_the_jobs_own_estimate() {
+        let curve = LossCurve::new(0.2, 0.6, 0.002, 1e-7);
+        let k0 = iterations_to_converge(&curve, 0.0, PLATEAU_THRESHOLD, u64::MAX / 4) as f64;
+        let kg = iterations_to_converge(&curve, 0.25, PLATEAU_THRESHOLD, u64::MAX / 4) as f64;
+        assert!(kg < k0);
+        let mut j = job("b", 16, 186);
+        j.curve = Some(curve);
+        j.max_iterations = 0;
+        let t = transferred_iterations(&j, 0.25);
+        assert_eq!(t, (186.0 * kg / k0).ceil() as u64);
+        assert!(t < 186, "{t}");
+        j.done_iterations = 10;
+        assert_eq!(transferred_iterations(&j, 0.25), kg as u64 - 10);
     }
 
     #[test]

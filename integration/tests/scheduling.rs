@@ -2157,12 +2157,13 @@ async fn e2e_a_running_job_leads_a_temporal_merge_with_a_later_arrival() {
 /// Warm starts (Ymir's temporal transfer from an A that is done): a job
 /// that arrives after another task's job completed starts from that job's
 /// output weights when the transfer gain is positive and saves it time. A
-/// qqp job runs to completion alone; an sst2 job (one family with qqp in
-/// the fake world: qqp's weights help sst2) is submitted after it. The
-/// round records a temporal merge of the finished job and the new one,
-/// and the new one's trainer starts from the finished job's output.
+/// qqp job runs to completion alone; two sst2 jobs (one family with qqp in
+/// the fake world: qqp's weights help sst2; one task, so they never merge
+/// with each other) are submitted after it. Each is recorded as a warm
+/// start from the finished job — one finished job is the source of both —
+/// and each one's trainer starts from the finished job's output.
 #[tokio::test]
-async fn e2e_tail_a_new_job_warm_starts_from_a_finished_jobs_output() {
+async fn e2e_tail_new_jobs_warm_start_from_a_finished_jobs_output() {
     let db = TestDb::create("fmsched_warm_start").await;
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
@@ -2191,39 +2192,48 @@ async fn e2e_tail_a_new_job_warm_starts_from_a_finished_jobs_output() {
     submit(
         port,
         dir.path(),
-        [metric_job("later", "sst2", 9_600, 1, 5.0)],
+        [
+            metric_job("later-1", "sst2", 9_600, 1, 5.0),
+            metric_job("later-2", "sst2", 9_600, 1, 5.0),
+        ],
     )
-    .expect("submit B");
-    let done = all_completed(port, 2, Duration::from_secs(180));
+    .expect("submit the later jobs");
+    let done = all_completed(port, 3, Duration::from_secs(240));
     let mut c = sqlx::PgConnection::connect(&db_url(&db)).await.unwrap();
     let events = print_events(&mut c).await;
-    let merges: Vec<(String, String, String, f64)> = sqlx::query_as(
-        "SELECT a.name, b.name, m.mode, m.gain_ab FROM merges m
+    let merges: Vec<(String, String, String, f64, bool)> = sqlx::query_as(
+        "SELECT a.name, b.name, m.mode, m.gain_ab, m.warm FROM merges m
              JOIN jobs a ON a.id = m.job_a JOIN jobs b ON b.id = m.job_b ORDER BY m.id",
     )
     .fetch_all(&mut c)
     .await
     .unwrap();
     eprintln!("merges: {merges:?}");
-    let (_, _, mode, gain) = merges
-        .iter()
-        .find(|m| m.0 == "first" && m.1 == "later")
-        .unwrap_or_else(|| panic!("no warm start from the finished job: {merges:?}"));
-    assert_eq!(mode, "temporal");
-    assert!(*gain >= 0.0, "positive transfer only: {gain}");
-    // Both histories say so; A's came after it completed.
-    let merged: Vec<_> = events
-        .iter()
-        .filter(|e| e.3.contains("merged temporally: first ("))
-        .collect();
-    assert_eq!(merged.len(), 2, "{events:#?}");
-    let later_id = done.keys().find(|k| **k != first_id).cloned().unwrap();
-    let later_err = fmctl(port, &["logs", &later_id, "--stderr"]).unwrap();
-    eprintln!("later's log:\n{later_err}");
-    assert!(
-        later_err.contains(&format!("starting from {first_out}")),
-        "B did not start from A's output {first_out}:\n{later_err}"
-    );
+    for later in ["later-1", "later-2"] {
+        let (_, _, mode, gain, warm) = merges
+            .iter()
+            .find(|m| m.0 == "first" && m.1 == later)
+            .unwrap_or_else(|| {
+                panic!("no warm start of {later} from the finished job: {merges:?}")
+            });
+        assert_eq!((mode.as_str(), *warm), ("temporal", true));
+        assert!(*gain >= 0.0, "positive transfer only: {gain}");
+        // Its history says so.
+        assert!(
+            events.iter().any(|e| e.0 == later
+                && e.3.contains(&format!("warm start: {later} ("))
+                && e.3.contains("starts from the output weights of first (")),
+            "{events:#?}"
+        );
+    }
+    for (id, _) in done.iter().filter(|(k, _)| **k != first_id) {
+        let err = fmctl(port, &["logs", id, "--stderr"]).unwrap();
+        eprintln!("{id}'s log:\n{err}");
+        assert!(
+            err.contains(&format!("starting from {first_out}")),
+            "{id} did not start from A's output {first_out}:\n{err}"
+        );
+    }
     drop(c);
 }
 

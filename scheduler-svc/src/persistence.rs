@@ -633,16 +633,19 @@ async fn write_merges(
     let modes: Vec<&str> = merges.iter().map(|m| m.mode.as_str()).collect();
     let gain_ab: Vec<f64> = merges.iter().map(|m| m.gain_ab).collect();
     let gain_ba: Vec<f64> = merges.iter().map(|m| m.gain_ba).collect();
+    let warm: Vec<bool> = merges.iter().map(|m| m.warm).collect();
     sqlx::query(
-        "INSERT INTO merges (job_a, job_b, mode, gain_ab, gain_ba, decided_at)
-         SELECT a, b, m, x, y, $6
-         FROM UNNEST($1::uuid[], $2::uuid[], $3::text[], $4::float8[], $5::float8[]) AS t(a, b, m, x, y)",
+        "INSERT INTO merges (job_a, job_b, mode, gain_ab, gain_ba, warm, decided_at)
+         SELECT a, b, m, x, y, w, $7
+         FROM UNNEST($1::uuid[], $2::uuid[], $3::text[], $4::float8[], $5::float8[], $6::bool[])
+              AS t(a, b, m, x, y, w)",
     )
     .bind(&a)
     .bind(&b)
     .bind(&modes)
     .bind(&gain_ab)
     .bind(&gain_ba)
+    .bind(&warm)
     .bind(now)
     .execute(&mut **tx)
     .await
@@ -666,6 +669,12 @@ async fn write_merges(
     let what: Vec<String> = merges
         .iter()
         .map(|m| match m.mode {
+            MergeMode::Temporal if m.warm => format!(
+                "warm start: {} starts from the output weights of {}, which completed (temporal transfer; predicted gain {:+.3})",
+                named(m.b),
+                named(m.a),
+                m.gain_ab
+            ),
             MergeMode::Temporal => format!(
                 "merged temporally: {} ↦ {} (B starts from A's output; predicted gain {:+.3})",
                 named(m.a),
@@ -828,6 +837,9 @@ pub struct NewMerge {
     pub mode: MergeMode,
     pub gain_ab: f64,
     pub gain_ba: f64,
+    /// A warm start: A had completed when it was decided (a temporal
+    /// merge; a finished job may be the A of many).
+    pub warm: bool,
 }
 
 /// The persisted intent.

@@ -1148,6 +1148,7 @@ async fn tail_a_released_merge_is_split_with_the_rounds_reason(pool: PgPool) {
             mode: MergeMode::Temporal,
             gain_ab: 0.3,
             gain_ba: 0.0,
+            warm: false,
         }],
         ..Default::default()
     };
@@ -1176,4 +1177,65 @@ async fn tail_a_released_merge_is_split_with_the_rounds_reason(pool: PgPool) {
     assert_eq!(splits(b).await, vec![said]);
     p.commit_round(&fence, g, &w, t(3)).await.unwrap();
     assert_eq!(splits(a).await.len(), 1, "a split merge is split once");
+}
+
+/// Warm starts: a finished job may be the A of several (each new job
+/// starts from its output weights), beside a merge of its own; a job's own
+/// merges stay one per job as A and as B. Both histories name the start.
+#[sqlx::test(migrator = "scheduler_svc::persistence::MIGRATOR")]
+async fn tail_a_finished_job_may_be_the_source_of_several_warm_starts(pool: PgPool) {
+    use fmsched_core::policy::MergeMode;
+    use scheduler_svc::persistence::NewMerge;
+    let p = Persistence::from_pool(pool);
+    let (_l, fence) = lead(&p, "l", 60).await;
+    let ids: Vec<JobId> = {
+        let mut v = Vec::new();
+        for k in 0..4 {
+            v.push(created(submit(&p, "u", None, k).await).id);
+        }
+        v
+    };
+    let merge = |a: JobId, b: JobId, warm: bool| NewMerge {
+        a,
+        b,
+        mode: MergeMode::Temporal,
+        gain_ab: 0.2,
+        gain_ba: 0.0,
+        warm,
+    };
+    let w = RoundWrites {
+        new_merges: vec![
+            merge(ids[0], ids[1], false),
+            merge(ids[0], ids[2], true),
+            merge(ids[0], ids[3], true),
+        ],
+        ..Default::default()
+    };
+    let g = p.commit_round(&fence, 0, &w, t(1)).await.unwrap();
+    let merges = p.merges_of_live_jobs().await.unwrap();
+    assert_eq!(merges.len(), 3);
+    assert!(merges.iter().all(|m| m.a == ids[0]));
+    let said: Vec<String> = p
+        .job_events(ids[2], 0, 100)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|e| e.kind == "merged")
+        .map(|e| e.message)
+        .collect();
+    assert_eq!(said.len(), 1, "{said:?}");
+    assert!(said[0].starts_with("warm start: "), "{said:?}");
+    // A second merge of its own as A, or any second one as B, is refused.
+    for (a, b) in [(ids[0], ids[3]), (ids[1], ids[2])] {
+        let w = RoundWrites {
+            new_merges: vec![merge(a, b, false)],
+            ..Default::default()
+        };
+        assert!(p.commit_round(&fence, g, &w, t(2)).await.is_err());
+    }
+    assert_eq!(
+        p.merges_of_live_jobs().await.unwrap().len(),
+        3,
+        "nothing written"
+    );
 }

@@ -656,7 +656,15 @@ pub fn merge_gains(tran_wt: f64) -> bool {
 /// The numerator is the total JCT of A and B under SRTF, the denominator the
 /// total JCT of A and then B from A's weights.
 pub fn tran_wt_temporal(t_a: f64, t_b: f64, t_ab: f64) -> f64 {
-    tran_ratio(2.0 * t_a.min(t_b) + t_a.max(t_b), 2.0 * t_a + t_ab)
+    tran_wt_temporal_apart(t_a, t_b, t_a, t_ab)
+}
+
+/// Eq. 12 where A's time apart (`t_a`, in the numerator's SRTF schedule of
+/// the two jobs alone) is not its time in the pair (`t_a_pair`): a job
+/// alone may start from a finished job's weights
+/// ([`crate::round::WarmKey`]), as A of the pair from the pre-trained ones.
+pub fn tran_wt_temporal_apart(t_a: f64, t_b: f64, t_a_pair: f64, t_ab: f64) -> f64 {
+    tran_ratio(2.0 * t_a.min(t_b) + t_a.max(t_b), 2.0 * t_a_pair + t_ab)
 }
 
 /// Ymir Eq. 13: `TranWt(A,B,‖,a) = (2·min(T_A,T_B) + max(T_A,T_B)) / (2·T_{A‖B})`

@@ -1165,6 +1165,7 @@ fn warm_merges<'a>(
         mode: fmsched_core::policy::MergeMode::Temporal,
         gain_ab: w.gain,
         gain_ba: 0.0,
+        warm: true,
     })
 }
 
@@ -1190,6 +1191,7 @@ fn plan_writes(
                 mode: g.mode,
                 gain_ab: gab,
                 gain_ba: gba,
+                warm: false,
             });
         }
     }
