@@ -195,31 +195,45 @@ pub fn seconds_per_effective_iteration(
 
 /// Iterations of `job` when helped by a gain `g` (from its curve when it has
 /// one; else `K / (1 + G)`, the same scaling applied to the iteration count).
-///
-/// A job that has not trained has its own remaining iterations scaled by
-/// what the gain does to its curve, `K(G) / K(0)` (Eq. 2 on `L(k)/(1+G)`
-/// and on `L(k)`): its remaining iterations are the round's estimate of it
-/// (a metric target's prediction, or the loss prior's), which need not be
-/// its own curve's `K(0)`, and its time from another job's weights must
-/// be on the same footing as its time alone, or a positive gain can look
-/// like a loss (a prior of 186 iterations against a curve's `K(G)` of 240).
-/// One that has trained needs `K(G)` less what it has done.
 pub fn transferred_iterations(job: &JobInput, g: f64) -> u64 {
-    let cap = if job.max_iterations == 0 {
-        u64::MAX / 4
-    } else {
-        job.max_iterations
-    };
+    let cap = cap_of(job);
     match &job.curve {
-        Some(c) if job.done_iterations == 0 => {
-            let k0 = iterations_to_converge(c, 0.0, PLATEAU_THRESHOLD, cap).max(1) as f64;
-            let kg = iterations_to_converge(c, g, PLATEAU_THRESHOLD, cap) as f64;
-            ((job.remaining_iterations as f64) * kg / k0).ceil() as u64
-        }
         Some(c) => {
             iterations_to_converge(c, g, PLATEAU_THRESHOLD, cap).saturating_sub(job.done_iterations)
         }
         None => ((job.remaining_iterations as f64) / (1.0 + g.max(-0.9))).ceil() as u64,
+    }
+}
+
+/// Iterations of B of a temporal transfer (from A's output weights, A live
+/// or done) when helped by a gain `g`. B has not trained, and its own
+/// remaining iterations are scaled by what the gain does to its curve,
+/// `K(G) / K(0)` (Eq. 2 on `L(k)/(1+G)` and on `L(k)`): they are the
+/// round's estimate of B (a metric target's prediction, or the loss
+/// prior's), which need not be its curve's `K(0)`, and B's time from A's
+/// weights must be on the same footing as its time alone, or a positive
+/// gain can look like a loss (a prior of 186 iterations against a curve's
+/// `K(G)` of 240). A B that has trained (a kept merge) needs
+/// [`transferred_iterations`]. Spatial pairs keep that one too (Eq. 4 on
+/// each task's curve).
+pub fn iterations_from_weights(job: &JobInput, g: f64) -> u64 {
+    match &job.curve {
+        Some(c) if job.done_iterations == 0 => {
+            let cap = cap_of(job);
+            let k0 = iterations_to_converge(c, 0.0, PLATEAU_THRESHOLD, cap).max(1) as f64;
+            let kg = iterations_to_converge(c, g, PLATEAU_THRESHOLD, cap) as f64;
+            ((job.remaining_iterations as f64) * kg / k0).ceil() as u64
+        }
+        _ => transferred_iterations(job, g),
+    }
+}
+
+/// A job's iteration cap (0: none).
+fn cap_of(job: &JobInput) -> u64 {
+    if job.max_iterations == 0 {
+        u64::MAX / 4
+    } else {
+        job.max_iterations
     }
 }
 
@@ -331,7 +345,7 @@ pub fn time_table(
         let (ta, tb) = (&job_times[p.a], &job_times[p.b]);
         let (iterations, seconds, tran_wt) = match p.mode {
             MergeMode::Temporal => {
-                let k = transferred_iterations(jb, p.gain_ab);
+                let k = iterations_from_weights(jb, p.gain_ab);
                 let secs: Vec<f64> = per_iter[p.b].iter().map(|&s| times_k(s, k)).collect();
                 let wt = (0..allocations.len())
                     .map(|i| tran_wt_temporal(ta[i], tb[i], secs[i]))
@@ -556,10 +570,11 @@ mod tests {
         let mut j = job("b", 16, 186);
         j.curve = Some(curve);
         j.max_iterations = 0;
-        let t = transferred_iterations(&j, 0.25);
+        let t = iterations_from_weights(&j, 0.25);
         assert_eq!(t, (186.0 * kg / k0).ceil() as u64);
         assert!(t < 186, "{t}");
         j.done_iterations = 10;
+        assert_eq!(iterations_from_weights(&j, 0.25), kg as u64 - 10);
         assert_eq!(transferred_iterations(&j, 0.25), kg as u64 - 10);
     }
 

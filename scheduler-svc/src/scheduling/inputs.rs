@@ -832,11 +832,11 @@ fn job_inputs(
     family: &str,
     estimator: bool,
 ) -> Vec<times::JobInput> {
-    let mut gain_for: BTreeMap<JobId, f64> = BTreeMap::new();
+    let mut gain_for: BTreeMap<JobId, (f64, MergeMode)> = BTreeMap::new();
     for m in o.merges.iter().filter(|m| m.active) {
-        gain_for.insert(m.b, m.gain_ab);
+        gain_for.insert(m.b, (m.gain_ab, m.mode));
         if m.mode == MergeMode::Spatial {
-            gain_for.insert(m.a, m.gain_ba);
+            gain_for.insert(m.a, (m.gain_ba, m.mode));
         }
     }
     prepared
@@ -893,8 +893,12 @@ fn job_inputs(
                         u64::from(j.spec.hyperparameters.global_batch_size.max(1)) * 100,
                     ),
                 };
-            if let Some(&g) = gain_for.get(&id) {
-                input.remaining_iterations = times::transferred_iterations(&input, g).max(1);
+            if let Some(&(g, mode)) = gain_for.get(&id) {
+                input.remaining_iterations = match mode {
+                    MergeMode::Temporal => times::iterations_from_weights(&input, g),
+                    _ => times::transferred_iterations(&input, g),
+                }
+                .max(1);
             }
             input
         })
