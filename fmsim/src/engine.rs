@@ -2109,9 +2109,6 @@ impl<'a> Simulation<'a> {
         })
     }
 
-    /// The round's view of the simulation: every job that arrived and has
-    /// not finished (view index → job index in `members`), the nodes, and
-    /// the merges in force.
     /// The finished jobs a new job may start from
     /// ([`ClusterView::finished`]): of each model, task and queue, the
     /// one that finished last (ties: the later in the workload), whose
@@ -2151,6 +2148,9 @@ impl<'a> Simulation<'a> {
         (views, members)
     }
 
+    /// The round's view of the simulation: every job that arrived and has
+    /// not finished (view index → job index in `members`), the nodes, the
+    /// merges in force, and the finished jobs a new job may start from.
     fn view(&self) -> (ClusterView, Vec<usize>) {
         let members: Vec<usize> = (0..self.jobs.len())
             .filter(|&i| self.jobs[i].in_system() && self.jobs[i].finish.is_none())

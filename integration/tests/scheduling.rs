@@ -1837,8 +1837,12 @@ async fn e2e_the_merge_guard_splits_harmful_merges_and_the_jobs_still_complete()
     .expect("submit");
     all_completed(port, n, Duration::from_secs(180));
     let mut c = sqlx::PgConnection::connect(&db_url(&db)).await.unwrap();
+    // Warm starts (a B started from a job that had completed) are left
+    // out: B trains itself from the finished job's weights, and a short
+    // one may complete before the guard has its two epochs (then the
+    // start stays recorded as it was decided).
     let merges: Vec<(String, String, String)> =
-        sqlx::query_as("SELECT mode, state, reason FROM merges ORDER BY id")
+        sqlx::query_as("SELECT mode, state, reason FROM merges WHERE NOT warm ORDER BY id")
             .fetch_all(&mut c)
             .await
             .unwrap();
