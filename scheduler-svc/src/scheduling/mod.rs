@@ -1151,6 +1151,22 @@ pub fn never_fits_on(
     )
 }
 
+/// A merge decided this round as the records it will be read back as
+/// (active, not yet guarded or measured).
+fn decided(m: &NewMerge) -> MergeRecord {
+    MergeRecord {
+        id: 0,
+        a: m.a,
+        b: m.b,
+        mode: m.mode,
+        gain_ab: m.gain_ab,
+        gain_ba: m.gain_ba,
+        active: true,
+        guard_passed: false,
+        gain_observed: false,
+    }
+}
+
 /// The round's warm starts as temporal merges whose A is done: B is
 /// launched from A's output weights (as B of a merge whose A completed,
 /// [`initial_weights`]), the merge guard watches B, and both jobs' histories
@@ -1537,17 +1553,7 @@ async fn plan_context(
     RoundError,
 > {
     let mut merges = o.merges.clone();
-    merges.extend(w.new_merges.iter().map(|m| MergeRecord {
-        id: 0,
-        a: m.a,
-        b: m.b,
-        mode: m.mode,
-        gain_ab: m.gain_ab,
-        gain_ba: m.gain_ba,
-        active: true,
-        guard_passed: false,
-        gain_observed: false,
-    }));
+    merges.extend(w.new_merges.iter().map(decided));
     let running: BTreeSet<JobId> = w.assignments.iter().map(|a| a.job).collect();
     let init_weights = initial_weights(
         state,
@@ -1630,17 +1636,7 @@ async fn hint(
     let running: BTreeSet<JobId> = assignments.iter().map(|a| a.job).collect();
     // The standby of a job the plan would start warm starts as it would.
     let mut merges = o.merges.clone();
-    merges.extend(warm_merges(t, outcome).map(|m| MergeRecord {
-        id: 0,
-        a: m.a,
-        b: m.b,
-        mode: m.mode,
-        gain_ab: m.gain_ab,
-        gain_ba: m.gain_ba,
-        active: true,
-        guard_passed: false,
-        gain_observed: false,
-    }));
+    merges.extend(warm_merges(t, outcome).map(|m| decided(&m)));
     let init_weights = initial_weights(
         state,
         &merges,
