@@ -1837,28 +1837,42 @@ async fn e2e_the_merge_guard_splits_harmful_merges_and_the_jobs_still_complete()
     .expect("submit");
     all_completed(port, n, Duration::from_secs(180));
     let mut c = sqlx::PgConnection::connect(&db_url(&db)).await.unwrap();
-    // Warm starts (a B started from a job that had completed) are left
-    // out: B trains itself from the finished job's weights, and a short
-    // one may complete before the guard has its two epochs (then the
-    // start stays recorded as it was decided).
-    let merges: Vec<(String, String, String)> =
-        sqlx::query_as("SELECT mode, state, reason FROM merges WHERE NOT warm ORDER BY id")
-            .fetch_all(&mut c)
-            .await
-            .unwrap();
+    // Each merge with its B's end state. The guard judges B's first two
+    // epochs of evaluations; a B that meets its target sooner (these jobs
+    // converge in about 50 iterations, half an epoch, once A's weights
+    // are theirs: after A completed, or from a finished job's weights in
+    // a warm start) completes unjudged, and its merge stays as decided.
+    // CI saw one such temporal merge whose A ended before B's second
+    // evaluation with A's weights.
+    let merges: Vec<(String, String, String, bool, String)> = sqlx::query_as(
+        "SELECT m.mode, m.state, m.reason, m.warm, b.state FROM merges m
+         JOIN jobs b ON b.id = m.job_b ORDER BY m.id",
+    )
+    .fetch_all(&mut c)
+    .await
+    .unwrap();
     eprintln!("merges: {merges:#?}");
-    assert!(!merges.is_empty(), "the estimator merged jobs");
+    print_events(&mut c).await;
+    assert!(
+        merges.iter().any(|m| !m.3),
+        "the estimator merged waiting jobs: {merges:?}"
+    );
     // Every harmful merge is split: by the guard, or before the guard
     // looked, by the round (a temporal B that would finish sooner alone
     // than waiting for its A; `RoundOutcome::released`).
-    let by_guard = |m: &(String, String, String)| m.2.contains("did not improve");
-    let by_round = |m: &(String, String, String)| m.2.contains("would finish sooner alone");
+    let by_guard = |m: &(String, String, String, bool, String)| m.2.contains("did not improve");
+    let by_round =
+        |m: &(String, String, String, bool, String)| m.2.contains("would finish sooner alone");
+    let unjudged = |m: &(String, String, String, bool, String)| {
+        m.1 == "active" && m.0 == "temporal" && m.4 == "completed"
+    };
     assert!(
         merges
             .iter()
-            .all(|m| m.1 == "split" && (by_guard(m) || by_round(m))),
+            .all(|m| (m.1 == "split" && (by_guard(m) || by_round(m))) || unjudged(m)),
         "every harmful merge was split: {merges:?}"
     );
+    let split = merges.iter().filter(|m| m.1 == "split").count();
     assert!(merges.iter().any(by_guard), "the guard split: {merges:?}");
     let events: i64 =
         sqlx::query_scalar("SELECT count(*) FROM job_events WHERE kind = 'merge_split'")
@@ -1867,7 +1881,7 @@ async fn e2e_the_merge_guard_splits_harmful_merges_and_the_jobs_still_complete()
             .unwrap();
     assert_eq!(
         events as usize,
-        2 * merges.len(),
+        2 * split,
         "both jobs of each split merge are told"
     );
     let m = sched.log_text();
@@ -1894,7 +1908,17 @@ async fn e2e_a_spatial_pair_is_requeued_as_one_and_cancelling_one_job_splits_it(
     let db = TestDb::create("fmsched_cancel_merged").await;
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
-    let sched = scheduler(&db, port, dir.path());
+    // Rounds 3 s apart: the two profiling runs must end in the same round
+    // for the pair to form, and on a loaded CI machine one of them once
+    // reported a round after the other (each job then trained alone, and
+    // this test had no pair to check). Ymir's own rounds are 120 s apart.
+    let sched = scheduler_env(
+        &db,
+        port,
+        dir.path(),
+        None,
+        &[("FMSCHED_SCHEDULING__INTERVAL", "3s")],
+    );
     wait_up("scheduler up", port);
     let node = agent("node-a", port, dir.path());
     // Two one-GPU jobs of related tasks arriving together: a spatial pair.
@@ -1925,7 +1949,10 @@ async fn e2e_a_spatial_pair_is_requeued_as_one_and_cancelling_one_job_splits_it(
             assert_eq!(mode, "spatial", "the two were merged as a pair");
             break (m, a, b);
         }
-        assert!(Instant::now() < until, "the two never trained as a pair");
+        if Instant::now() >= until {
+            print_events(&mut c).await;
+            panic!("the two never trained as a pair (events above)");
+        }
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
     // A re-queue of B takes the joint process off its GPU: both jobs are
