@@ -2141,7 +2141,15 @@ fn interpret(
         unexecutable.extend(short);
     }
     unexecutable.sort_by_key(|u| u.0);
-    let transitions = transitions(view, prepared, &groups, cfg);
+    // Jobs that gave their GPUs to a group with less time to run
+    // (placement's rule 6), by view index.
+    let gave_way: BTreeMap<usize, usize> = plan
+        .stats
+        .displaced
+        .iter()
+        .filter_map(|&(j, to)| Some((*prepared.jobs.get(j)?, *prepared.jobs.get(to)?)))
+        .collect();
+    let transitions = transitions(view, prepared, &groups, &gave_way, cfg);
     let leases = leases(view, &groups, policy.lease_s(), policy.slo_lease_s());
     let switches = groups.iter().map(|g| g.starts(view).count()).sum();
     let placed: usize = groups.iter().map(|g| g.jobs.len()).sum::<usize>() - prepared.pinned.len();
@@ -2507,6 +2515,7 @@ fn transitions(
     view: &ClusterView,
     prepared: &Prepared,
     groups: &[Group],
+    gave_way: &BTreeMap<usize, usize>,
     cfg: &RoundConfig,
 ) -> Vec<Transition> {
     let training: BTreeMap<usize, &Group> = groups
@@ -2585,6 +2594,12 @@ fn transitions(
                     None if let Some((_, why)) = prepared.queue_out.iter().find(|o| o.0 == i) => {
                         format!("{why} (iteration {})", j.iteration)
                     }
+                    None if let Some(&to) = gave_way.get(&i) => format!(
+                        "suspended from its checkpoint (iteration {}): its GPUs go to job {}, \
+                         which has less left to run and fits only some GPU families \
+                         (shortest remaining time first)",
+                        j.iteration, view.jobs[to].id
+                    ),
                     None if j.held_back => format!(
                         "held back this round (re-queued or retrying): suspended from its \
                          checkpoint (iteration {})",
@@ -3836,6 +3851,64 @@ mod tests {
             )]
         );
         assert_eq!(d.outcome.stats.unplaced_jobs, vec![(1, 4)]);
+    }
+
+    /// Both jobs fit the A100 node only; the one running there has 36,000
+    /// s left, the one waiting 1,000 s: Ymir's round suspends the longer
+    /// one for the shorter (placement's rule 6) and its history names the
+    /// job its GPUs went to; with `displace_longer` off it runs on.
+    #[test]
+    fn tail_a_job_that_fits_some_families_only_takes_gpus_from_a_longer_one_in_the_round() {
+        let mut nodes = vec![node("v100", 4), node("a100", 4)];
+        nodes[0].gpu_model = "V100".into();
+        let mut long = job("long", "alpaca", JobState::Running, 4);
+        (long.holds, long.iteration, long.progress) = ((0..4).map(|g| (1, g)).collect(), 700, 0.1);
+        let mut short = job("short", "dolly", JobState::Queued, 4);
+        for j in [&mut long, &mut short] {
+            j.unfit_families = vec!["V100".into()];
+        }
+        let cfg = RoundConfig {
+            profiling: false,
+            ..Default::default()
+        };
+        let mut v = view(nodes, vec![long, short]);
+        v.now = 2000.0;
+        let decide_with = |knobs: &[(&str, f64)]| {
+            let knobs = knobs.iter().map(|(k, x)| (k.to_string(), *x)).collect();
+            let policy = crate::policy::baselines::with_knobs("ymir", &knobs).unwrap();
+            let p = prepare(&v, policy.as_ref(), &cfg);
+            let mut e = estimates(&p, 3600.0);
+            e.jobs = vec![linear(&p, 4.0 * 36_000.0), linear(&p, 4.0 * 1000.0)];
+            decide(&v, &p, &e, policy.as_ref(), &cfg).unwrap()
+        };
+        let on = |d: &Decision, j: usize| {
+            d.outcome
+                .groups
+                .iter()
+                .find(|g| g.jobs == vec![j])
+                .map(|g| g.gpus.clone())
+        };
+        let d = decide_with(&[]);
+        assert_eq!(on(&d, 1), Some((0..4).map(|g| (1, g)).collect()), "{d:?}");
+        assert_eq!(on(&d, 0), None);
+        let why = d
+            .outcome
+            .transitions
+            .iter()
+            .find(|t| t.job == 0)
+            .map(|t| t.reason.clone())
+            .unwrap_or_default();
+        assert_eq!(
+            why,
+            format!(
+                "suspended from its checkpoint (iteration 700): its GPUs go to job {}, which has \
+                 less left to run and fits only some GPU families (shortest remaining time first)",
+                v.jobs[1].id
+            )
+        );
+        let d = decide_with(&[("displace_longer", 0.0)]);
+        assert_eq!(on(&d, 0), Some((0..4).map(|g| (1, g)).collect()), "{d:?}");
+        assert_eq!(on(&d, 1), None);
     }
 
     /// A group runs on one GPU family, so a job that may grow past what one

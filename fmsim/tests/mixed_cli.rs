@@ -96,19 +96,35 @@ fn tail_a_b_kept_behind_a_long_a_is_released_on_a_mixed_cluster() {
 /// llama-2-7b pipeline job, which does not fit V100s, waited with the
 /// A100s and H100s full of jobs that could run on the idle V100s, and
 /// took 74 times its time alone. The worst finish-time fairness read 8.3
-/// then, 6.2 now — with warm starts off: the rule is measured on its own
-/// here. With them (the default), a 4-GPU llama-2-7b pipeline job of this
-/// load (dolly-298) waits 24 times its time alone (docs/fmsim.md, "Warm
-/// starts from finished jobs": a regression not yet traced).
+/// then, 6.2 with the rule — measured here on its own: warm starts and
+/// rule 6 off.
 #[test]
 fn tail_a_job_that_fits_some_families_only_is_not_starved_on_a_mixed_cluster() {
-    let row = ymir_on_mixed_cluster_with("6", &["warm_starts=0"]);
+    let row = ymir_on_mixed_cluster_with("6", &["warm_starts=0", "displace_longer=0"]);
     let ftf = row["ftf_max"].as_f64().unwrap();
     eprintln!("ymir: worst finish-time fairness {ftf:.2}");
     assert!(
         ftf < 20.0,
         "worst finish-time fairness {ftf:.2} (74 without the rule)"
     );
+}
+
+/// Where the A100s and H100s are full of jobs that cannot move either
+/// (other llama-2-7b pipelines), a short one takes the GPUs of one with
+/// longer to run (placement's rule 6, the SRTF exchange,
+/// `displace_longer`): with warm starts on (the default) this load's
+/// 4-GPU llama-2-7b@dolly-298 (380 s alone) waited 8,236 s behind them,
+/// worst finish-time fairness 24.4; 3.2 with the rule.
+#[test]
+fn tail_a_job_that_fits_some_families_only_takes_gpus_from_a_longer_one_on_a_mixed_cluster() {
+    let ftf = |knobs: &[&str]| {
+        let row = ymir_on_mixed_cluster_with("6", knobs);
+        row["ftf_max"].as_f64().unwrap()
+    };
+    let (with, without) = (ftf(&[]), ftf(&["displace_longer=0"]));
+    eprintln!("ymir: worst finish-time fairness {with:.2} ({without:.2} without rule 6)");
+    assert!(without > 2.0 * with, "the rule is what helps: {without:.2}");
+    assert!(with < 10.0, "worst finish-time fairness {with:.2}");
 }
 
 /// A temporal pair on slow GPUs moves to faster ones as a job alone does

@@ -635,6 +635,7 @@ pub fn with_knobs(
             };
             let mut merging = if c.merging { 1.0 } else { 0.0 };
             let mut warm = if c.warm_starts { 1.0 } else { 0.0 };
+            let mut displace = if c.displace_longer { 1.0 } else { 0.0 };
             let mut pairs = c.pairs_per_job as f64;
             let mut partition = c.partition_units as f64;
             let mut milp = c.milp_units as f64;
@@ -646,11 +647,13 @@ pub fn with_knobs(
             take("risk_weight", &mut c.risk_weight);
             take("merging", &mut merging);
             take("warm_starts", &mut warm);
+            take("displace_longer", &mut displace);
             take("pairs_per_job", &mut pairs);
             take("partition_units", &mut partition);
             take("milp_units", &mut milp);
             c.merging = merging != 0.0;
             c.warm_starts = warm != 0.0;
+            c.displace_longer = displace != 0.0;
             c.pairs_per_job = pairs.max(0.0) as usize;
             c.partition_units = partition.clamp(0.0, 1e9) as usize;
             c.milp_units = milp.clamp(0.0, 1e9) as usize;
@@ -710,6 +713,7 @@ pub fn knob_names(name: &str) -> Option<&'static [&'static str]> {
             "risk_weight",
             "merging",
             "warm_starts",
+            "displace_longer",
             "pairs_per_job",
             "partition_units",
             "milp_units",

@@ -462,6 +462,10 @@ pub struct SolveStats {
     /// Their jobs (snapshot index, GPUs the plan gave its group): the
     /// round tells each why it waits.
     pub unplaced_jobs: Vec<(usize, u32)>,
+    /// Jobs of groups that gave their GPUs to a group with less time to
+    /// run (placement's rule 6; snapshot indices: the job, the first job
+    /// of the group it gave way to). Their groups are among the unplaced.
+    pub displaced: Vec<(usize, usize)>,
     /// The MILP's objective at its solution (0 for greedy policies and on
     /// a fallback; the sum over parts when partitioned).
     pub objective: f64,

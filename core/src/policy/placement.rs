@@ -28,6 +28,10 @@
 //!    room there from a job alone that stayed and can run elsewhere, once
 //!    the group has waited longer than the move costs that job
 //!    (`make_room`).
+//! 6. After rule 5, under [`place_shortest_first`] (Ymir): such a group
+//!    that still found no room takes the GPUs of a group that stayed
+//!    there and has longer to run than it plus its own restart, once it
+//!    has waited longer than that restart (`displace_longer`).
 
 #[cfg(doc)]
 use super::PIPELINE_STAGES;
@@ -55,8 +59,25 @@ pub struct Preference {
 /// [`place`] with a preference per entry.
 pub fn place_with(
     snap: &Snapshot,
+    plan: Plan,
+    prefer: &dyn Fn(&super::PlanEntry) -> Preference,
+) -> Plan {
+    place_inner(snap, plan, prefer, false)
+}
+
+/// [`place`] with rule 6: a group that can run on some families only and
+/// found them full takes the GPUs of one there that has longer to run
+/// ([`displace_longer`]); for a policy that runs the shortest remaining
+/// time first (Ymir's SRTF term).
+pub fn place_shortest_first(snap: &Snapshot, plan: Plan) -> Plan {
+    place_inner(snap, plan, &|_| Preference::default(), true)
+}
+
+fn place_inner(
+    snap: &Snapshot,
     mut plan: Plan,
     prefer: &dyn Fn(&super::PlanEntry) -> Preference,
+    displace: bool,
 ) -> Plan {
     let mut free: Vec<u32> = snap.nodes.iter().map(|n| n.gpus).collect();
     let mut placed: Vec<Option<Vec<(usize, u32)>>> = vec![None; plan.entries.len()];
@@ -148,6 +169,11 @@ pub fn place_with(
     // move costs.
     let moved = make_room(snap, &plan, &stayed, &mut placed, &mut free, &all_families);
     stayed.retain(|k| !moved.contains(k));
+    let mut displaced = Vec::new();
+    if displace {
+        displaced = displace_longer(snap, &plan, &stayed, &mut placed, &mut free, &all_families);
+        stayed.retain(|k| !displaced.iter().any(|d| d.0 == *k));
+    }
 
     // Rule 4: a job that stayed (rule 1) moves to a faster family whose
     // GPUs the round left free, where the time it saves pays its restart;
@@ -171,6 +197,16 @@ pub fn place_with(
         .collect();
     move_for_speed(snap, &plan, &stayed, &mut placed, &mut free, &open);
 
+    // Displaced groups' jobs, each with the first job of the group it gave
+    // way to.
+    let gave_way: Vec<(usize, usize)> = displaced
+        .iter()
+        .flat_map(|&(v, k)| {
+            let to = plan.entries[k].jobs[0];
+            plan.entries[v].jobs.iter().map(move |&j| (j, to))
+        })
+        .collect();
+    plan.stats.displaced.extend(gave_way);
     let mut unplaced = 0;
     let mut kept = Vec::with_capacity(plan.entries.len());
     for (mut e, p) in plan.entries.into_iter().zip(placed) {
@@ -450,6 +486,91 @@ fn make_room(
         }
     }
     moved
+}
+
+/// Rule 6 of [`place_with`]: a group that can run on some families only,
+/// and found no room there even after rule 5's moves, takes the GPUs of a
+/// group that stayed there and has longer to run: the exchange argument of
+/// shortest-remaining-time-first. Running the waiting group (time `T_k`)
+/// first and the displaced one (`T_v`, restart `r_v`) after finishes both
+/// sooner in sum than the other order when `T_v > T_k + r_v`. Made once the
+/// group has waited longer than the displaced group's restart (the ski
+/// rental of rule 5: never more than twice the better choice), and of the
+/// groups whose GPUs make room, the one the exchange gains most on. The
+/// displaced group waits (the round reports it unplaced), and each is
+/// displaced at most once a round. Returns each displaced entry with the
+/// entry it gave way to.
+fn displace_longer(
+    snap: &Snapshot,
+    plan: &Plan,
+    stayed: &[usize],
+    placed: &mut [Option<Placement>],
+    free: &mut [u32],
+    all_families: &[&str],
+) -> Vec<(usize, usize)> {
+    let mut displaced = Vec::new();
+    for k in 0..plan.entries.len() {
+        if placed[k].is_some() {
+            continue;
+        }
+        let e = &plan.entries[k];
+        let families = allowed_families(snap, &e.jobs, all_families);
+        if families.is_empty() || families.len() == all_families.len() {
+            continue;
+        }
+        let Some(tk) = entry_time(snap, e) else {
+            continue;
+        };
+        let waited = e
+            .jobs
+            .iter()
+            .map(|&j| snap.jobs[j].waited(snap.now))
+            .fold(0.0, f64::max);
+        let model = entry_model(snap, &e.jobs);
+        let unit = super::entry_replica(snap, &e.jobs);
+        let speed = entry_speed(snap, e);
+        let fams = Families {
+            allowed: &families,
+            whole_cluster: false,
+            speed: &speed,
+        };
+        // (gain, the displaced entry, the group's placement, free after).
+        let mut best: Option<(f64, usize, Placement, Vec<u32>)> = None;
+        for &v in stayed {
+            let Some(old) = placed[v].as_ref() else {
+                continue;
+            };
+            if displaced.iter().any(|d: &(usize, usize)| d.0 == v)
+                || !old
+                    .iter()
+                    .any(|p| families.contains(&snap.nodes[p.0].gpu_model.as_str()))
+            {
+                continue;
+            }
+            let Some(tv) = entry_time(snap, &plan.entries[v]) else {
+                continue;
+            };
+            let rv = entry_restart(snap, &plan.entries[v]);
+            let gain = tv - (tk + rv);
+            if gain <= 0.0 || waited < rv || best.as_ref().is_some_and(|b| gain <= b.0) {
+                continue;
+            }
+            let mut trial = free.to_vec();
+            for &(n, g) in old {
+                trial[n] += g;
+            }
+            if let Some(kp) = fit_typed(snap, fams, &mut trial, e.gpus, unit, model) {
+                best = Some((gain, v, kp, trial));
+            }
+        }
+        if let Some((_, v, kp, after)) = best {
+            free.copy_from_slice(&after);
+            placed[v] = None;
+            placed[k] = Some(kp);
+            displaced.push((v, k));
+        }
+    }
+    displaced
 }
 
 /// What moving a group off its family costs it ([`make_room`]'s ski
@@ -1407,6 +1528,72 @@ mod tests {
         assert_eq!(at(&p, 0), Some(vec![(1, 2)]), "{p:?}");
         assert_eq!(at(&p, 1), Some(vec![(1, 2)]), "{p:?}");
         assert_eq!(at(&p, 2), None);
+    }
+
+    /// Rule 6 (Ymir's placement, `place_shortest_first`): a group that
+    /// can run on A100s only, with the A100 node full of a job that cannot
+    /// move either, takes that job's GPUs when the job has longer to run
+    /// than the group plus its own restart (the SRTF exchange: 4,000 s
+    /// against 1,000 + 30 s), once the group has waited longer than that
+    /// restart; not when the running job is the shorter, not before, and
+    /// never under the default placement. The displaced job says whom it
+    /// gave way to.
+    #[test]
+    fn tail_a_job_that_fits_some_families_only_takes_gpus_from_a_longer_one() {
+        let snap_with = |now: f64, running_s: f64| {
+            let mut snap = sized(&[4, 4], 2);
+            snap.nodes[0].gpu_model = "V100".into();
+            snap.allocations = vec![4];
+            snap.now = now;
+            snap.jobs[0].remaining_s = vec![running_s];
+            snap.jobs[1].remaining_s = vec![1000.0];
+            let running = &mut snap.jobs[0];
+            running.current_placement = vec![(1, 4)];
+            running.current_gpus = 4;
+            running.executed_s = now;
+            for j in &mut snap.jobs {
+                j.unfit_families = vec!["V100".into()];
+            }
+            snap
+        };
+        let plan = || Plan {
+            entries: vec![PlanEntry::single(0, 4), PlanEntry::single(1, 4)],
+            ..Default::default()
+        };
+        let at = |p: &Plan, j: usize| {
+            p.entries
+                .iter()
+                .find(|e| e.jobs == vec![j])
+                .map(|e| e.placement.clone())
+        };
+        let snap = snap_with(100.0, 4000.0);
+        let p = place_shortest_first(&snap, plan());
+        p.consistency_check(&snap).unwrap();
+        assert_eq!(at(&p, 1), Some(vec![(1, 4)]), "the shorter runs: {p:?}");
+        assert_eq!(at(&p, 0), None, "the longer waits");
+        assert_eq!(p.stats.unplaced, 1);
+        assert_eq!(p.stats.displaced, vec![(0, 1)]);
+        // The default placement keeps what runs.
+        let p = place(&snap, plan());
+        assert_eq!(at(&p, 0), Some(vec![(1, 4)]), "{p:?}");
+        assert!(p.stats.displaced.is_empty());
+        // The running job is the shorter (900 s), or longer by less than
+        // its restart (1,020 s against 1,000 + 30): it runs on.
+        for running_s in [900.0, 1020.0] {
+            let p = place_shortest_first(&snap_with(100.0, running_s), plan());
+            assert_eq!(at(&p, 0), Some(vec![(1, 4)]), "{running_s}: {p:?}");
+            assert_eq!(at(&p, 1), None);
+        }
+        // Waited 10 s, less than the running job's restart (30 s).
+        let p = place_shortest_first(&snap_with(10.0, 4000.0), plan());
+        assert_eq!(at(&p, 0), Some(vec![(1, 4)]), "{p:?}");
+        // A group that can run anywhere never displaces (rule 6 is for the
+        // family-bound; the V100 node is free for it).
+        let mut anywhere = snap_with(100.0, 4000.0);
+        anywhere.jobs[1].unfit_families.clear();
+        let p = place_shortest_first(&anywhere, plan());
+        assert_eq!(at(&p, 0), Some(vec![(1, 4)]), "{p:?}");
+        assert_eq!(at(&p, 1), Some(vec![(0, 4)]));
     }
 
     /// A family where a job cannot run at all (its replica's memory does

@@ -62,7 +62,8 @@ use good_lp::solvers::highs::highs;
 use good_lp::{Expression, ProblemVariables, Solution, SolverModel, Variable, variable};
 
 use super::{
-    MergeMode, Plan, PlanEntry, Policy, Snapshot, SolveStats, time_in, usable_allocations,
+    MergeMode, Plan, PlanEntry, Policy, Snapshot, SolveStats, placement, time_in,
+    usable_allocations,
 };
 
 /// Knobs of the Ymir policy.
@@ -76,6 +77,10 @@ pub struct YmirConfig {
     /// job's output weights where that saves it time (temporal transfer
     /// from an A that is done, [`crate::round::WarmKey`]).
     pub warm_starts: bool,
+    /// Placement's rule 6 ([`placement::place_shortest_first`]): a group
+    /// that can run on some GPU families only and found them full takes
+    /// the GPUs of one there with longer to run, the SRTF exchange.
+    pub displace_longer: bool,
     /// Solver time limit per round, seconds.
     pub time_limit_s: f64,
     /// Best candidate pairs kept per job.
@@ -129,6 +134,7 @@ impl Default for YmirConfig {
             interval_s: 120.0,
             merging: true,
             warm_starts: true,
+            displace_longer: true,
             time_limit_s: 1.0,
             pairs_per_job: 4,
             srtf_weight: 1.0,
@@ -437,6 +443,15 @@ impl Policy for Ymir {
 
     fn warm_starts(&self) -> bool {
         self.config.merging && self.config.warm_starts
+    }
+
+    fn schedule(&self, snap: &Snapshot) -> Plan {
+        let plan = self.allocate(snap);
+        if self.config.displace_longer {
+            placement::place_shortest_first(snap, plan)
+        } else {
+            placement::place(snap, plan)
+        }
     }
 
     fn allocate(&self, snap: &Snapshot) -> Plan {
