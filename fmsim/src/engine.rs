@@ -206,6 +206,12 @@ pub struct SimConfig {
     /// scaled by a fixed factor drawn uniformly from [1 − e, 1 + e] (Ymir
     /// §7.3's sensitivity study). 0 = oracle estimates.
     pub estimate_noise: f64,
+    /// Transfer-gain error given to the policy (Ymir §7.3, Fig. 8a: noise
+    /// on the transferability estimator's predictions): the work a merge
+    /// or warm start is predicted to save a job is scaled by a fixed factor
+    /// per pair and direction, uniform in [1 − e, 1 + e]; what the pair
+    /// then trains is the truth. 0 = the true gains.
+    pub gain_noise: f64,
     /// The policy sees the learned estimator's epochs-to-target instead of
     /// the truth (`--estimates learned`): a job whose catalog entry is a
     /// per-epoch metric curve is predicted by
@@ -270,6 +276,7 @@ impl Default for SimConfig {
             merge_guard: true,
             horizon_s: 90.0 * 86_400.0,
             estimate_noise: 0.0,
+            gain_noise: 0.0,
             learned_estimates: false,
             trace_rounds: std::env::var_os("FMSIM_DEBUG").is_some(),
             placement_rule: Default::default(),
@@ -1059,6 +1066,23 @@ impl<'a> Simulation<'a> {
         let h = fmsched_core::hash::fnv1a(self.jobs[i].w.name.as_bytes());
         let u = (h >> 11) as f64 / (1u64 << 53) as f64;
         (1.0 + self.cfg.estimate_noise * (2.0 * u - 1.0)).max(0.05)
+    }
+
+    /// The samples job `to` is predicted to need from job `from`'s weights
+    /// (or beside it), when it truly needs `need` and `alone` without
+    /// them: the saving `alone − need` (the transfer gain's effect) scaled
+    /// by the pair's fixed gain-noise factor in [1 − e, 1 + e]
+    /// ([`SimConfig::gain_noise`]; `need` itself at e = 0).
+    fn predicted_need(&self, from: usize, to: usize, need: f64, alone: f64) -> f64 {
+        let e = self.cfg.gain_noise;
+        if e <= 0.0 {
+            return need;
+        }
+        let key = format!("gain:{}>{}", self.jobs[from].w.name, self.jobs[to].w.name);
+        let h = fmsched_core::hash::fnv1a(key.as_bytes());
+        let u = (h >> 11) as f64 / (1u64 << 53) as f64;
+        let f = 1.0 + e * (2.0 * u - 1.0);
+        (alone - (alone - need) * f).max(0.05 * need)
     }
 
     /// Samples per second of job `i`'s configuration at `batch` on
@@ -2315,6 +2339,7 @@ impl<'a> Simulation<'a> {
                     let Some(need) = self.temporal_need(catalog, a, b) else {
                         continue;
                     };
+                    let need = self.predicted_need(a, b, need, self.remaining(b));
                     let saved = self.jobs[b].target;
                     self.jobs[b].target = need;
                     let tab = self.solo_times(b, shape[pair.a]);
@@ -2339,6 +2364,8 @@ impl<'a> Simulation<'a> {
                     let Some((na, nb)) = self.spatial_need(catalog, a, b) else {
                         continue;
                     };
+                    let na = self.predicted_need(b, a, na, self.remaining(a));
+                    let nb = self.predicted_need(a, b, nb, self.remaining(b));
                     let noise = self.joint_noise(a, b, (na, nb));
                     let joint: Vec<f64> = self
                         .joint_times(a, b, (na, nb), shape[pair.a])?
@@ -2370,6 +2397,7 @@ impl<'a> Simulation<'a> {
             let Some(need) = self.temporal_need(catalog, a, b) else {
                 continue;
             };
+            let need = self.predicted_need(a, b, need, self.remaining(b));
             if need < self.remaining(b) && best.get(&key.job).is_none_or(|x| need < x.1) {
                 best.insert(key.job, (k, need));
             }

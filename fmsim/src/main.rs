@@ -66,9 +66,10 @@ enum Cmd {
     },
     /// Robustness of Ymir: avg and p99 JCT of Ymir against the best
     /// baseline at each estimate-noise level, with the learned estimator's
-    /// own errors replayed (when the workload has metric curves), and over
-    /// Ymir's knobs (srtf weight, interval) with exact estimates. Baselines
-    /// see the same estimates as Ymir at each point.
+    /// own errors replayed (when the workload has metric curves), at each
+    /// transfer-gain noise level (Ymir §7.3, Fig. 8a), and over Ymir's
+    /// knobs (srtf weight, interval) with exact estimates. Baselines see
+    /// the same estimates as Ymir at each point.
     Sweep {
         #[command(flatten)]
         sim: SimArgs,
@@ -79,6 +80,12 @@ enum Cmd {
         /// fixed factor in [1 − e, 1 + e]).
         #[arg(long, default_value = "0,0.1,0.2,0.4")]
         noise: String,
+        /// Transfer-gain noise levels for Ymir (the work each merge or warm
+        /// start is predicted to save scaled by a fixed factor per pair in
+        /// [1 − e, 1 + e]; times exact); the baselines, which do not
+        /// merge, are those of exact estimates.
+        #[arg(long, default_value = "0.1,0.2,0.4")]
+        gain_noise_levels: String,
         /// Ymir `srtf_weight` values (exact estimates).
         #[arg(long, default_value = "0,0.5,1,2")]
         srtf_weights: String,
@@ -395,6 +402,12 @@ struct SimArgs {
     /// by a fixed factor in [1 − e, 1 + e] (0 = oracle estimates).
     #[arg(long, default_value_t = 0.0)]
     estimate_noise: f64,
+    /// Transfer-gain error the policy sees (Ymir §7.3, Fig. 8a): the work
+    /// each merge or warm start is predicted to save a job scaled by a
+    /// fixed factor per pair in [1 − e, 1 + e]; the pair trains as it
+    /// truly does (0 = the true gains).
+    #[arg(long, default_value_t = 0.0)]
+    gain_noise: f64,
     /// Which estimates the policy sees: `exact` (the truth, or the truth
     /// with --estimate-noise) or `learned` (the estimator's epochs-to-target
     /// from each job's metric curve so far, its prior the same model's other
@@ -949,6 +962,7 @@ fn sim_setup(a: &SimArgs) -> anyhow::Result<(SimConfig, Lut, Catalog, Vec<Worklo
         context_switch_s: a.context_switch_s,
         profile_s: a.profile_s,
         estimate_noise: a.estimate_noise,
+        gain_noise: a.gain_noise,
         learned_estimates: a.estimates == Estimates::Learned,
         placement_rule: a.placement,
         round_origin_s: a.round_origin,
@@ -960,6 +974,9 @@ fn sim_setup(a: &SimArgs) -> anyhow::Result<(SimConfig, Lut, Catalog, Vec<Worklo
     };
     if !(0.0..1.0).contains(&cfg.estimate_noise) {
         bail!("--estimate-noise must be in [0, 1)");
+    }
+    if !(0.0..1.0).contains(&cfg.gain_noise) {
+        bail!("--gain-noise {}: must be in [0, 1)", cfg.gain_noise);
     }
     if !(a.deadline_gap.is_finite() && a.deadline_gap >= 0.0) {
         bail!(
@@ -1089,13 +1106,14 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             sim,
             baselines,
             noise,
+            gain_noise_levels,
             srtf_weights,
             intervals,
             resize_horizons,
         } => sweep(
             &sim,
             &baselines,
-            &noise,
+            (&noise, &gain_noise_levels),
             [
                 ("srtf_weight", srtf_weights.as_str()),
                 ("interval_s", intervals.as_str()),
@@ -1791,15 +1809,21 @@ fn numbers(flag: &str, raw: &str) -> anyhow::Result<Vec<f64>> {
 fn sweep(
     a: &SimArgs,
     baselines: &str,
-    noise: &str,
+    (noise, gain_noise): (&str, &str),
     ymir_knobs: [(&str, &str); 3],
 ) -> anyhow::Result<()> {
-    if a.estimate_noise > 0.0 || a.estimates != Estimates::Exact {
-        bail!("sweep sets the estimates itself: leave out --estimate-noise and --estimates");
+    if a.estimate_noise > 0.0 || a.gain_noise > 0.0 || a.estimates != Estimates::Exact {
+        bail!(
+            "sweep sets the estimates itself: leave out --estimate-noise, --gain-noise and --estimates"
+        );
     }
     let noise = numbers("--noise", noise)?;
     if let Some(e) = noise.iter().find(|e| !(0.0..1.0).contains(*e)) {
         bail!("--noise: {e} is outside [0, 1)");
+    }
+    let gain_noise = numbers("--gain-noise-levels", gain_noise)?;
+    if let Some(e) = gain_noise.iter().find(|e| !(0.0..1.0).contains(*e)) {
+        bail!("--gain-noise-levels: {e} is outside [0, 1)");
     }
     let baselines: Vec<String> = baselines
         .split(',')
@@ -1846,6 +1870,17 @@ fn sweep(
         }),
         Err(e) => eprintln!("no learned-estimates row: {e}"),
     }
+    // Gain noise touches merges only: Ymir's rows, against the baselines
+    // of exact estimates.
+    points.extend(gain_noise.iter().filter(|&&e| e > 0.0).map(|&e| Point {
+        label: format!("gain_noise={e}"),
+        cfg: SimConfig {
+            gain_noise: e,
+            ..cfg.clone()
+        },
+        ymir_knobs: knobs.clone(),
+        baselines: false,
+    }));
     for (name, raw) in ymir_knobs {
         for v in numbers(name, raw)? {
             let mut k = knobs.clone();

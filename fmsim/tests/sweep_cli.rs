@@ -73,6 +73,8 @@ fn estimate_prior_sweep_prints_noise_learned_and_knob_rows() {
         "2",
         "--noise",
         "0,0.4",
+        "--gain-noise-levels",
+        "0.4",
         "--srtf-weights",
         "0.5",
         "--intervals",
@@ -96,6 +98,7 @@ fn estimate_prior_sweep_prints_noise_learned_and_knob_rows() {
         "noise=0 ",
         "noise=0.4 ",
         "learned ",
+        "gain_noise=0.4 ",
         "srtf_weight=0.5 ",
         "interval_s=60 ",
         "resize_horizon_s=0 ",
@@ -168,4 +171,30 @@ fn estimate_prior_sweep_prints_noise_learned_and_knob_rows() {
         "{}",
         String::from_utf8_lossy(&e.stderr)
     );
+    for (args, says) in [
+        (
+            vec!["sweep", "--workload", &w, "--gain-noise-levels", "0.2,1.5"],
+            "--gain-noise-levels: 1.5 is outside [0, 1)",
+        ),
+        (
+            vec!["sweep", "--workload", &w, "--gain-noise", "0.2"],
+            "leave out --estimate-noise, --gain-noise and --estimates",
+        ),
+        (
+            vec![
+                "run",
+                "--policy",
+                "ymir",
+                "--workload",
+                &w,
+                "--gain-noise",
+                "1",
+            ],
+            "--gain-noise 1: must be in [0, 1)",
+        ),
+    ] {
+        let e = fmsim(&args);
+        let err = String::from_utf8_lossy(&e.stderr);
+        assert!(!e.status.success() && err.contains(says), "{args:?}: {err}");
+    }
 }
