@@ -409,11 +409,7 @@ fn make_room(
             // It can run anywhere: nothing elsewhere to move for it.
             continue;
         }
-        let waited = e
-            .jobs
-            .iter()
-            .map(|&j| snap.jobs[j].waited(snap.now))
-            .fold(0.0, f64::max);
+        let waited = entry_waited(snap, e);
         let speed = entry_speed(snap, e);
         let fams = Families {
             allowed: &families,
@@ -521,11 +517,7 @@ fn displace_longer(
         let Some(tk) = entry_time(snap, e) else {
             continue;
         };
-        let waited = e
-            .jobs
-            .iter()
-            .map(|&j| snap.jobs[j].waited(snap.now))
-            .fold(0.0, f64::max);
+        let waited = entry_waited(snap, e);
         let model = entry_model(snap, &e.jobs);
         let unit = super::entry_replica(snap, &e.jobs);
         let speed = entry_speed(snap, e);
@@ -571,6 +563,14 @@ fn displace_longer(
         }
     }
     displaced
+}
+
+/// How long a group has waited: its longest-waiting member's wait.
+fn entry_waited(snap: &Snapshot, e: &super::PlanEntry) -> f64 {
+    e.jobs
+        .iter()
+        .map(|&j| snap.jobs[j].waited(snap.now))
+        .fold(0.0, f64::max)
 }
 
 /// What moving a group off its family costs it ([`make_room`]'s ski
