@@ -484,7 +484,7 @@ fn make_room(
     moved
 }
 
-/// Rule 6 of [`place_with`]: a group that can run on some families only,
+/// Rule 6 ([`place_shortest_first`]): a group that can run on some families only,
 /// and found no room there even after rule 5's moves, takes the GPUs of a
 /// group that stayed there and has longer to run: the exchange argument of
 /// shortest-remaining-time-first. Running the waiting group (time `T_k`)
