@@ -67,7 +67,7 @@ pub fn place_with(
 
 /// [`place`] with rule 6: a group that can run on some families only and
 /// found them full takes the GPUs of one there that has longer to run
-/// ([`displace_longer`]); for a policy that runs the shortest remaining
+/// (`displace_longer`); for a policy that runs the shortest remaining
 /// time first (Ymir's SRTF term).
 pub fn place_shortest_first(snap: &Snapshot, plan: Plan) -> Plan {
     place_inner(snap, plan, &|_| Preference::default(), true)
