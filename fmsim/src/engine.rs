@@ -2026,7 +2026,7 @@ impl<'a> Simulation<'a> {
                 j.frozen = freezeout_layers(j.freeze_t0, p, j.max_frozen);
             }
         }
-        let (mut view, members) = self.view();
+        let (mut view, members, finished) = self.view();
         self.family_time_ratios(&mut view, &members)?;
         let cfg = round_config(&self.cfg, policy);
         let prepared = prepare_round(&view, policy, &cfg);
@@ -2034,7 +2034,6 @@ impl<'a> Simulation<'a> {
         if self.allocations != prepared.allocations {
             self.allocations = prepared.allocations.clone();
         }
-        let finished = self.finished().1;
         let estimates = self.estimates(catalog, &prepared, &view, &members, &finished)?;
         let t = Instant::now();
         let decision = decide_round(&view, &prepared, &estimates, policy, &cfg).map_err(|e| {
@@ -2174,8 +2173,9 @@ impl<'a> Simulation<'a> {
 
     /// The round's view of the simulation: every job that arrived and has
     /// not finished (view index → job index in `members`), the nodes, the
-    /// merges in force, and the finished jobs a new job may start from.
-    fn view(&self) -> (ClusterView, Vec<usize>) {
+    /// merges in force, and the finished jobs a new job may start from
+    /// (with the simulation job of each, [`Simulation::finished`]).
+    fn view(&self) -> (ClusterView, Vec<usize>, Vec<usize>) {
         let members: Vec<usize> = (0..self.jobs.len())
             .filter(|&i| self.jobs[i].in_system() && self.jobs[i].finish.is_none())
             .collect();
@@ -2252,14 +2252,15 @@ impl<'a> Simulation<'a> {
                 mode: m.mode,
             })
             .collect();
+        let (finished, finished_jobs) = self.finished();
         let view = ClusterView {
             now: self.now,
             nodes: self.nodes.clone(),
             jobs,
             merges,
-            finished: self.finished().0,
+            finished,
         };
-        (view, members)
+        (view, members, finished_jobs)
     }
 
     /// The oracle's estimates for a prepared round: remaining times from
