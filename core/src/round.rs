@@ -1421,13 +1421,13 @@ pub fn decide(
     policy: &dyn Policy,
     cfg: &RoundConfig,
 ) -> Result<Decision, RoundError> {
-    let snapshot = snapshot(view, prepared, estimates, cfg)?;
+    let chosen = chosen_warm_starts(prepared, estimates);
+    let snapshot = snapshot_with(view, prepared, estimates, cfg, &chosen)?;
     let plan = within_budgets(&snapshot, policy.schedule(&snapshot));
     plan.consistency_check(&snapshot)
         .map_err(RoundError::InconsistentPlan)?;
     let mut outcome = interpret(view, prepared, estimates, &snapshot, &plan, policy, cfg);
     outcome.released = released_merges(view, prepared, estimates, &snapshot, &outcome);
-    let chosen = chosen_warm_starts(prepared, estimates);
     if !chosen.is_empty() {
         // Those that start training now (not profiling: a profiling run
         // holds no group) outside a merge: alone, or beside another job on
@@ -1505,9 +1505,21 @@ pub fn snapshot(
     estimates: &Estimates,
     cfg: &RoundConfig,
 ) -> Result<Snapshot, RoundError> {
+    let warm = chosen_warm_starts(prepared, estimates);
+    snapshot_with(view, prepared, estimates, cfg, &warm)
+}
+
+/// [`snapshot`] with the round's warm starts already chosen
+/// ([`chosen_warm_starts`]).
+fn snapshot_with(
+    view: &ClusterView,
+    prepared: &Prepared,
+    estimates: &Estimates,
+    cfg: &RoundConfig,
+    warm: &BTreeMap<usize, usize>,
+) -> Result<Snapshot, RoundError> {
     check_estimates(prepared, estimates)?;
     let raw_candidates = &estimates.candidates;
-    let warm = chosen_warm_starts(prepared, estimates);
     // A warm-started job's own times from the pre-trained weights: what it
     // takes as A of a new temporal pair.
     let cold: BTreeMap<usize, Vec<f64>> = prepared
@@ -1520,7 +1532,7 @@ pub fn snapshot(
             (v, mask_replicas(&prepared.allocations, unit, 0, row))
         })
         .collect();
-    let estimates = &whole_replicas(view, prepared, estimates, &warm);
+    let estimates = &whole_replicas(view, prepared, estimates, warm);
     let ord: BTreeMap<usize, usize> = prepared
         .jobs
         .iter()
@@ -1637,7 +1649,7 @@ pub fn snapshot(
             raw_candidates,
             &ord,
             &cfg.queues,
-            (&warm, &cold),
+            (warm, &cold),
         )?,
         merges,
         placement_rule: cfg.placement_rule,
