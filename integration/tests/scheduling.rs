@@ -1908,10 +1908,13 @@ async fn e2e_a_spatial_pair_is_requeued_as_one_and_cancelling_one_job_splits_it(
     let db = TestDb::create("fmsched_cancel_merged").await;
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
-    // Rounds 3 s apart: the two profiling runs must end in the same round
-    // for the pair to form, and on a loaded CI machine one of them once
-    // reported a round after the other (each job then trained alone, and
-    // this test had no pair to check). Ymir's own rounds are 120 s apart.
+    // The pair forms only when both jobs finish profiling in one round.
+    // Seen on a loaded machine: a round ran between the two submissions
+    // (230 ms apart), the first job profiled a round ahead and each
+    // trained alone. So the node is cordoned while both are submitted
+    // (nothing profiles there), and uncordoned once both wait: their
+    // profiling runs start in one plan. Rounds 3 s apart leave their ends
+    // room to fall in one round too (Ymir's own are 120 s apart).
     let sched = scheduler_env(
         &db,
         port,
@@ -1921,6 +1924,21 @@ async fn e2e_a_spatial_pair_is_requeued_as_one_and_cancelling_one_job_splits_it(
     );
     wait_up("scheduler up", port);
     let node = agent("node-a", port, dir.path());
+    wait_for("node-a registered", Duration::from_secs(20), || {
+        let out = fmctl(port, &["nodes"])?;
+        out.contains("node-a").then_some(()).ok_or(out)
+    });
+    fmctl(
+        port,
+        &[
+            "admin",
+            "cordon",
+            "node-a",
+            "--reason",
+            "until both jobs are in",
+        ],
+    )
+    .expect("cordon");
     // Two one-GPU jobs of related tasks arriving together: a spatial pair.
     let job = |name: &str, task: &str| {
         let yaml = job_yaml(name, task, 3000, 1).replace("\"40\"", "\"20\"");
@@ -1932,6 +1950,7 @@ async fn e2e_a_spatial_pair_is_requeued_as_one_and_cancelling_one_job_splits_it(
         [job("pair-a", "stsb"), job("pair-b", "mrpc")],
     )
     .expect("submit");
+    fmctl(port, &["admin", "uncordon", "node-a"]).expect("uncordon");
     let mut c = sqlx::PgConnection::connect(&db_url(&db)).await.unwrap();
     // The pair trains together for a while.
     let until = Instant::now() + Duration::from_secs(90);
