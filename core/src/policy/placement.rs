@@ -31,7 +31,9 @@
 //! 6. After rule 5, under [`place_shortest_first`] (Ymir): such a group
 //!    that still found no room takes the GPUs of a group that stayed
 //!    there and has longer to run than it plus its own restart, once it
-//!    has waited longer than that restart (`displace_longer`).
+//!    has waited longer than that restart (`displace_longer`); judged on
+//!    the adverse ends of the two estimates' spreads, so an unsure
+//!    estimate does not displace a job.
 
 #[cfg(doc)]
 use super::PIPELINE_STAGES;
@@ -62,22 +64,25 @@ pub fn place_with(
     plan: Plan,
     prefer: &dyn Fn(&super::PlanEntry) -> Preference,
 ) -> Plan {
-    place_inner(snap, plan, prefer, false)
+    place_inner(snap, plan, prefer, None)
 }
 
 /// [`place`] with rule 6: a group that can run on some families only and
 /// found them full takes the GPUs of one there that has longer to run
 /// (`displace_longer`); for a policy that runs the shortest remaining
-/// time first (Ymir's SRTF term).
-pub fn place_shortest_first(snap: &Snapshot, plan: Plan) -> Plan {
-    place_inner(snap, plan, &|_| Preference::default(), true)
+/// time first (Ymir's SRTF term). `risk_weight` κ weighs the estimates'
+/// spreads as the policy's merger does (the exchange is judged on the
+/// waiting group's `T·(1 + κ·s/2)` against the displaced one's
+/// `T·max(0, 1 − κ·s/2)`); 0 = on the median estimates.
+pub fn place_shortest_first(snap: &Snapshot, plan: Plan, risk_weight: f64) -> Plan {
+    place_inner(snap, plan, &|_| Preference::default(), Some(risk_weight))
 }
 
 fn place_inner(
     snap: &Snapshot,
     mut plan: Plan,
     prefer: &dyn Fn(&super::PlanEntry) -> Preference,
-    displace: bool,
+    displace: Option<f64>,
 ) -> Plan {
     let mut free: Vec<u32> = snap.nodes.iter().map(|n| n.gpus).collect();
     let mut placed: Vec<Option<Vec<(usize, u32)>>> = vec![None; plan.entries.len()];
@@ -170,8 +175,9 @@ fn place_inner(
     let moved = make_room(snap, &plan, &stayed, &mut placed, &mut free, &all_families);
     stayed.retain(|k| !moved.contains(k));
     let mut displaced = Vec::new();
-    if displace {
-        displaced = displace_longer(snap, &plan, &stayed, &mut placed, &mut free, &all_families);
+    if let Some(risk_weight) = displace {
+        let cluster = (&all_families[..], risk_weight);
+        displaced = displace_longer(snap, &plan, &stayed, &mut placed, &mut free, cluster);
         stayed.retain(|k| !displaced.iter().any(|d| d.0 == *k));
     }
 
@@ -496,14 +502,30 @@ fn make_room(
 /// displaced group waits (the round reports it unplaced), and each is
 /// displaced at most once a round. Returns each displaced entry with the
 /// entry it gave way to.
+///
+/// Not a gamble on a wide estimate: with the risk weight κ the exchange is judged on the
+/// adverse ends of the two estimates, the waiting group's `T_k·(1 +
+/// κ·s_k/2)` and the displaced one's `T_v·max(0, 1 − κ·s_v/2)` (`s` a
+/// group's widest relative p10–p90 spread, [`super::SchedJob::spread`];
+/// the discount of Ymir's merger, `ymir.rs`), so the exchange is made only
+/// where it gains although the shorter job may be longer and the longer
+/// one shorter than their medians say.
 fn displace_longer(
     snap: &Snapshot,
     plan: &Plan,
     stayed: &[usize],
     placed: &mut [Option<Placement>],
     free: &mut [u32],
-    all_families: &[&str],
+    (all_families, risk_weight): (&[&str], f64),
 ) -> Vec<(usize, usize)> {
+    let spread = |e: &super::PlanEntry| {
+        let s = e
+            .jobs
+            .iter()
+            .map(|&j| snap.jobs[j].spread)
+            .fold(0.0, f64::max);
+        risk_weight.max(0.0) * s.max(0.0) / 2.0
+    };
     let mut displaced = Vec::new();
     for k in 0..plan.entries.len() {
         if placed[k].is_some() {
@@ -517,6 +539,7 @@ fn displace_longer(
         let Some(tk) = entry_time(snap, e) else {
             continue;
         };
+        let tk = tk * (1.0 + spread(e));
         let waited = entry_waited(snap, e);
         let model = entry_model(snap, &e.jobs);
         let unit = super::entry_replica(snap, &e.jobs);
@@ -542,6 +565,7 @@ fn displace_longer(
             let Some(tv) = entry_time(snap, &plan.entries[v]) else {
                 continue;
             };
+            let tv = tv * (1.0 - spread(&plan.entries[v])).max(0.0);
             let rv = entry_restart(snap, &plan.entries[v]);
             let gain = tv - (tk + rv);
             if gain <= 0.0 || waited < rv || best.as_ref().is_some_and(|b| gain <= b.0) {
@@ -1567,7 +1591,7 @@ mod tests {
                 .map(|e| e.placement.clone())
         };
         let snap = snap_with(100.0, 4000.0);
-        let p = place_shortest_first(&snap, plan());
+        let p = place_shortest_first(&snap, plan(), 1.0);
         p.consistency_check(&snap).unwrap();
         assert_eq!(at(&p, 1), Some(vec![(1, 4)]), "the shorter runs: {p:?}");
         assert_eq!(at(&p, 0), None, "the longer waits");
@@ -1580,20 +1604,73 @@ mod tests {
         // The running job is the shorter (900 s), or longer by less than
         // its restart (1,020 s against 1,000 + 30): it runs on.
         for running_s in [900.0, 1020.0] {
-            let p = place_shortest_first(&snap_with(100.0, running_s), plan());
+            let p = place_shortest_first(&snap_with(100.0, running_s), plan(), 1.0);
             assert_eq!(at(&p, 0), Some(vec![(1, 4)]), "{running_s}: {p:?}");
             assert_eq!(at(&p, 1), None);
         }
         // Waited 10 s, less than the running job's restart (30 s).
-        let p = place_shortest_first(&snap_with(10.0, 4000.0), plan());
+        let p = place_shortest_first(&snap_with(10.0, 4000.0), plan(), 1.0);
         assert_eq!(at(&p, 0), Some(vec![(1, 4)]), "{p:?}");
         // A group that can run anywhere never displaces (rule 6 is for the
         // family-bound; the V100 node is free for it).
         let mut anywhere = snap_with(100.0, 4000.0);
         anywhere.jobs[1].unfit_families.clear();
-        let p = place_shortest_first(&anywhere, plan());
+        let p = place_shortest_first(&anywhere, plan(), 1.0);
         assert_eq!(at(&p, 0), Some(vec![(1, 4)]), "{p:?}");
         assert_eq!(at(&p, 1), Some(vec![(0, 4)]));
+    }
+
+    /// Rule 6 does not gamble on a wide estimate. The waiting A100-only
+    /// job (1,000 s at its median) displaces the running one (2,500 s) on
+    /// the medians; not when its own estimate is unsure (spread 2: at
+    /// κ = 1 it is judged at 2,000 s, plus the 30 s restart, against the
+    /// running job's 2,500 s at spread 0.4, judged at 2,000 s), nor when
+    /// the running job's is (spread 1.6: judged at 500 s); at κ = 0 both
+    /// exchanges are made on the medians again. A sure, large exchange
+    /// (4,000 s, spreads 0.4) is still made.
+    #[test]
+    fn tail_a_wide_estimate_does_not_displace_a_running_job() {
+        let snap_with = |running_s: f64, spreads: [f64; 2]| {
+            let mut snap = sized(&[4, 4], 2);
+            snap.nodes[0].gpu_model = "V100".into();
+            snap.allocations = vec![4];
+            snap.now = 100.0;
+            snap.jobs[0].remaining_s = vec![running_s];
+            snap.jobs[1].remaining_s = vec![1000.0];
+            let running = &mut snap.jobs[0];
+            running.current_placement = vec![(1, 4)];
+            running.current_gpus = 4;
+            running.executed_s = 100.0;
+            for (j, s) in snap.jobs.iter_mut().zip(spreads) {
+                j.unfit_families = vec!["V100".into()];
+                j.spread = s;
+            }
+            snap
+        };
+        let plan = || Plan {
+            entries: vec![PlanEntry::single(0, 4), PlanEntry::single(1, 4)],
+            ..Default::default()
+        };
+        let displaced = |snap: &Snapshot, kappa: f64| {
+            let p = place_shortest_first(snap, plan(), kappa);
+            p.consistency_check(snap).unwrap();
+            p.stats.displaced
+        };
+        assert_eq!(displaced(&snap_with(2500.0, [0.0, 0.0]), 1.0), vec![(0, 1)]);
+        // The waiting job's estimate is wide: 1,000 × (1 + 2/2) + 30 > 2,500 × 0.8.
+        let unsure_waiting = snap_with(2500.0, [0.4, 2.0]);
+        assert!(displaced(&unsure_waiting, 1.0).is_empty());
+        assert_eq!(
+            displaced(&unsure_waiting, 0.0),
+            vec![(0, 1)],
+            "κ = 0: medians"
+        );
+        // The running job's is: 1,000 + 30 > 2,500 × (1 − 1.6/2).
+        let unsure_running = snap_with(2500.0, [1.6, 0.0]);
+        assert!(displaced(&unsure_running, 1.0).is_empty());
+        assert_eq!(displaced(&unsure_running, 0.0), vec![(0, 1)]);
+        // Sure enough: 1,000 × 1.2 + 30 < 4,000 × 0.8.
+        assert_eq!(displaced(&snap_with(4000.0, [0.4, 0.4]), 1.0), vec![(0, 1)]);
     }
 
     /// A family where a job cannot run at all (its replica's memory does

@@ -112,7 +112,9 @@ pub struct YmirConfig {
     /// κ = 1 about its pessimistic p10–p90 end), and the shortest-remaining-
     /// time term sees the pessimistic `T·(1 + κ·s/2)`; so between equal
     /// gains the surer merge wins, and a job is not put ahead as short on a
-    /// wide guess. 0 = plan on the median estimate alone.
+    /// wide guess; placement's rule 6 judges its exchange on the same
+    /// adverse ends ([`placement::place_shortest_first`]). 0 = plan on the
+    /// median estimate alone.
     pub risk_weight: f64,
     /// Rounds with more units than this are solved in parts (by model, then
     /// cut to this size), each on its share of the GPUs, what they leave
@@ -448,7 +450,7 @@ impl Policy for Ymir {
     fn schedule(&self, snap: &Snapshot) -> Plan {
         let plan = self.allocate(snap);
         if self.config.displace_longer {
-            placement::place_shortest_first(snap, plan)
+            placement::place_shortest_first(snap, plan, self.config.risk_weight)
         } else {
             placement::place(snap, plan)
         }
