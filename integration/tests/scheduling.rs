@@ -4174,6 +4174,126 @@ async fn e2e_gang_heterogeneous_a_new_job_starts_on_the_faster_family() {
     assert!(moved.is_empty(), "{moved:?}");
 }
 
+/// Placement's rule 6, live: on a cluster of an A100 node and an H100
+/// node, a long job bound to the H100s holds all four of them; a short job
+/// bound to them too, which no other node can take, waits until it has
+/// waited longer than the long job's restart and then takes its GPUs (the
+/// shortest remaining time first); the long job's history says to whom
+/// they went, it resumes from its checkpoint, and both complete, the
+/// short one first.
+#[tokio::test]
+async fn e2e_tail_a_job_bound_to_a_full_family_takes_the_gpus_of_a_longer_one() {
+    let db = TestDb::create("fmsched_displace").await;
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let _sched = scheduler_env(
+        &db,
+        port,
+        dir.path(),
+        None,
+        &[
+            ("FMSCHED_SCHEDULING__PROFILING", "false"),
+            ("FMSCHED_SCHEDULING__CHECKPOINT_COST", "2s"),
+        ],
+    );
+    wait_up("scheduler up", port);
+    let ep = format!("http://127.0.0.1:{port}");
+    let _a = agent_env("node-a", &ep, dir.path(), None, &[]);
+    let _h = agent_env(
+        "node-h",
+        &ep,
+        dir.path(),
+        None,
+        &[("FMSCHED_AGENT_GPU__FAKE_MODEL", "H100-80GB")],
+    );
+    let bound = |name: &str, task: &str, iterations: u64| {
+        job_yaml(name, task, iterations, 4).replace(
+            "resources: { min_gpus: 1, max_gpus: 4 }",
+            "resources: { min_gpus: 4, max_gpus: 4, gpu_model: H100-80GB }",
+        )
+    };
+    let long = bound("long", "qnli", 100_000);
+    assert!(long.contains("min_gpus: 4"), "{long}");
+    let mut c = sqlx::PgConnection::connect(&db_url(&db)).await.unwrap();
+    // (job name, the state it entered or "", message), in order.
+    let events = async |c: &mut sqlx::PgConnection| -> Vec<(String, String, String)> {
+        sqlx::query_as(
+            "SELECT j.name, COALESCE(e.to_state, ''), e.message FROM job_events e
+             JOIN jobs j ON j.id = e.job_id ORDER BY e.seq",
+        )
+        .fetch_all(c)
+        .await
+        .unwrap()
+    };
+    submit(port, dir.path(), [("long".to_string(), long)]).expect("submit long");
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let ev = events(&mut c).await;
+        if ev
+            .iter()
+            .any(|e| e.0 == "long" && e.2.starts_with("placed on") && e.2.contains("node-h"))
+        {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "long never placed: {ev:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // Let it train a little (a checkpoint to resume from).
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    submit(
+        port,
+        dir.path(),
+        [("short".to_string(), bound("short", "rte", 300))],
+    )
+    .expect("submit short");
+    let done = all_completed(port, 2, Duration::from_secs(240));
+    let ev = events(&mut c).await;
+    for e in &ev {
+        eprintln!("{} [{}] {}", e.0, e.1, e.2);
+    }
+    assert_eq!(done.len(), 2);
+    let short_id: uuid::Uuid = sqlx::query_scalar("SELECT id FROM jobs WHERE name = 'short'")
+        .fetch_one(&mut c)
+        .await
+        .unwrap();
+    let gave_way = ev
+        .iter()
+        .find(|e| e.0 == "long" && e.2.contains(&format!("its GPUs go to job {short_id}")));
+    assert!(
+        gave_way.is_some_and(|e| e.2.contains("shortest remaining time first")),
+        "the long job never gave way to {short_id}: {ev:?}"
+    );
+    let short_placed = ev
+        .iter()
+        .position(|e| e.0 == "short" && e.2.starts_with("placed on"))
+        .expect("short placed");
+    assert!(
+        ev[short_placed].2.contains("node-h"),
+        "{:?}",
+        ev[short_placed]
+    );
+    let completed = |name: &str| {
+        ev.iter()
+            .position(|e| e.0 == name && e.1 == "completed")
+            .unwrap_or_else(|| panic!("{name} never completed: {ev:?}"))
+    };
+    assert!(
+        completed("short") < completed("long"),
+        "the short one first"
+    );
+    // The long job resumed from the checkpoint its suspension wrote.
+    assert!(
+        ev.iter()
+            .filter(|e| e.0 == "long" && e.2.starts_with("placed on"))
+            .count()
+            >= 2,
+        "{ev:?}"
+    );
+}
+
 /// `resources.gpu_model` acts on a mixed cluster: jobs bound to H100s
 /// profile and train only on the H100 node, the others run anywhere (one
 /// that may grow past a family's GPUs too), and all complete; a GPU model nobody has is refused at submit naming the
