@@ -825,8 +825,11 @@ pub struct MergeRecord {
     /// False once split by the guard.
     pub active: bool,
     pub guard_passed: bool,
-    /// Its observed transfer gain was sent to the estimator's regression.
-    pub gain_observed: bool,
+    /// The transfer gain it showed, once measured (and sent to the
+    /// estimator's regression): B of a temporal merge on its own training
+    /// from A's weights, a spatial pair's mean at its guard, 0 for a
+    /// temporal guard split.
+    pub observed_gain: Option<f64>,
 }
 
 /// A merge to record with a plan.
@@ -1943,7 +1946,7 @@ impl Persistence {
         const OP: &str = "merges_of_live_jobs";
         let rows = sqlx::query(
             "SELECT m.id, m.job_a, m.job_b, m.mode, m.gain_ab, m.gain_ba, m.state, m.guard_passed,
-                    m.observed_gain IS NOT NULL AS gain_observed
+                    m.observed_gain
              FROM merges m
              WHERE EXISTS (SELECT 1 FROM jobs j WHERE j.id IN (m.job_a, m.job_b)
                            AND j.state IN ('submitted','profiling','queued','running'))
@@ -1969,7 +1972,7 @@ impl Persistence {
                     gain_ba: r.try_get("gain_ba").map_err(get)?,
                     active: r.try_get::<String, _>("state").map_err(get)? == "active",
                     guard_passed: r.try_get("guard_passed").map_err(get)?,
-                    gain_observed: r.try_get("gain_observed").map_err(get)?,
+                    observed_gain: r.try_get("observed_gain").map_err(get)?,
                 })
             })
             .collect()

@@ -1129,6 +1129,41 @@ async fn a_rounds_moves_and_notes_keep_their_order_and_rules(pool: PgPool) {
     assert_eq!(history(1).await.last(), Some(&ev("waiting", None, "still")));
 }
 
+/// A merge's measured transfer gain is read back with it (the round plans
+/// B of a warm start on it, `inputs::job_inputs`): none until measured.
+#[sqlx::test(migrator = "scheduler_svc::persistence::MIGRATOR")]
+async fn tail_a_merges_measured_gain_is_read_back(pool: PgPool) {
+    use fmsched_core::policy::MergeMode;
+    use scheduler_svc::persistence::NewMerge;
+    let p = Persistence::from_pool(pool);
+    let (_l, fence) = lead(&p, "l", 60).await;
+    let a = created(submit(&p, "u", None, 0).await).id;
+    let b = created(submit(&p, "u", None, 1).await).id;
+    let w = RoundWrites {
+        new_merges: vec![NewMerge {
+            a,
+            b,
+            mode: MergeMode::Temporal,
+            gain_ab: 0.3,
+            gain_ba: 0.0,
+            warm: false,
+        }],
+        ..Default::default()
+    };
+    let g = p.commit_round(&fence, 0, &w, t(1)).await.unwrap();
+    let merges = p.merges_of_live_jobs().await.unwrap();
+    assert_eq!(merges[0].observed_gain, None);
+    let w = RoundWrites {
+        observed_gains: vec![(merges[0].id, -0.25)],
+        ..Default::default()
+    };
+    p.commit_round(&fence, g, &w, t(2)).await.unwrap();
+    assert_eq!(
+        p.merges_of_live_jobs().await.unwrap()[0].observed_gain,
+        Some(-0.25)
+    );
+}
+
 /// Issue "Ymir's core, sharper", the tail: a kept temporal merge the round
 /// releases (`RoundOutcome::released`: B would finish sooner alone) is
 /// split with the round's reason, and both jobs' histories say so; a

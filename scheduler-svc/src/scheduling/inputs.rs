@@ -834,7 +834,17 @@ fn job_inputs(
 ) -> Vec<times::JobInput> {
     let mut gain_for: BTreeMap<JobId, (f64, MergeMode)> = BTreeMap::new();
     for m in o.merges.iter().filter(|m| m.active) {
-        gain_for.insert(m.b, (m.gain_ab, m.mode));
+        // B of a temporal merge that has trained from A's weights showed
+        // its gain (measured on its loss against its own curve): its
+        // remaining time is planned on that, not on the prediction that
+        // made the merge (a harmful transfer would otherwise stay planned
+        // as a help). A spatial pair's measured gain is the mean of its
+        // two jobs' and leaves each one's prediction in place.
+        let gain_b = match (m.mode, m.observed_gain) {
+            (MergeMode::Temporal, Some(g)) if g.is_finite() => g,
+            _ => m.gain_ab,
+        };
+        gain_for.insert(m.b, (gain_b, m.mode));
         if m.mode == MergeMode::Spatial {
             gain_for.insert(m.a, (m.gain_ba, m.mode));
         }
@@ -1239,7 +1249,7 @@ pub(crate) mod tests {
             gain_ba: 0.0,
             active: true,
             guard_passed: true,
-            gain_observed: false,
+            observed_gain: None,
         }];
         let progress: BTreeMap<JobId, (u64, Option<String>)> =
             [(job(1), (250, None))].into_iter().collect();
@@ -1429,7 +1439,7 @@ pub(crate) mod tests {
             gain_ba: 0.5,
             active: true,
             guard_passed: false,
-            gain_observed: false,
+            observed_gain: None,
         };
         let merges = vec![
             merge(1, 1, 2, MergeMode::Temporal),
@@ -1465,6 +1475,76 @@ pub(crate) mod tests {
             .unwrap();
         assert_eq!(alone[temporal], Some(1000));
         assert_eq!(alone[1 - temporal], None, "spatial");
+    }
+
+    /// B of a warm start (A completed) plans its remaining time on the gain
+    /// it showed once measured, not on the prediction that started it: 400
+    /// of its 1,000 iterations done, predicted `G` = 0.5 (600 / 1.5 = 400
+    /// left), measured −0.25 (600 / 0.75 = 800 left). Before the
+    /// measurement, the prediction; a spatial pair's measured mean leaves
+    /// each job's prediction in place.
+    #[test]
+    fn tail_a_warm_starts_measured_gain_replaces_its_prediction() {
+        let now = DateTime::parse_from_rfc3339("2026-01-01T00:00:00Z")
+            .unwrap()
+            .with_timezone(&Utc);
+        let live: BTreeMap<JobId, JobRecord> = [
+            record(2, JobState::Queued),
+            record(3, JobState::Queued),
+            record(4, JobState::Queued),
+        ]
+        .into_iter()
+        .map(|r| (r.id, r))
+        .collect();
+        let left = |observed: Option<f64>, spatial_observed: Option<f64>| {
+            let merges = vec![
+                MergeRecord {
+                    id: 1,
+                    a: job(1), // completed: not live
+                    b: job(2),
+                    mode: MergeMode::Temporal,
+                    gain_ab: 0.5,
+                    gain_ba: 0.0,
+                    active: true,
+                    guard_passed: true,
+                    observed_gain: observed,
+                },
+                MergeRecord {
+                    id: 2,
+                    a: job(3),
+                    b: job(4),
+                    mode: MergeMode::Spatial,
+                    gain_ab: 0.25,
+                    gain_ba: 0.25,
+                    active: true,
+                    guard_passed: true,
+                    observed_gain: spatial_observed,
+                },
+            ];
+            let mut o = Observed {
+                live: live.clone(),
+                merges: merges.clone(),
+                ..Default::default()
+            };
+            o.progress.insert(job(2), (400, None));
+            let nodes = vec![node("a", 4)];
+            let t = plain_view(&nodes, &live, &merges, now);
+            let policy = fmsched_core::policy::baselines::by_name("ymir").unwrap();
+            let prepared =
+                fmsched_core::round::prepare(&t.view, policy.as_ref(), &RoundConfig::default());
+            let inputs = job_inputs(&o, &t, &prepared, "A100", true);
+            let of = |n: u8| {
+                inputs
+                    .iter()
+                    .find(|i| i.id == job(n).to_string())
+                    .map(|i| i.remaining_iterations)
+                    .unwrap()
+            };
+            (of(2), of(4))
+        };
+        assert_eq!(left(None, None), (400, 800), "the predictions");
+        assert_eq!(left(Some(-0.25), None).0, 800, "the measured gain");
+        assert_eq!(left(None, Some(-0.5)).1, 800, "a spatial mean: unchanged");
     }
 
     #[test]

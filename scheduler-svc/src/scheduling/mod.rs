@@ -1163,7 +1163,7 @@ fn decided(m: &NewMerge) -> MergeRecord {
         gain_ba: m.gain_ba,
         active: true,
         guard_passed: false,
-        gain_observed: false,
+        observed_gain: None,
     }
 }
 
@@ -2123,7 +2123,7 @@ mod tests {
             gain_ba: 0.0,
             active: true,
             guard_passed: false,
-            gain_observed: false,
+            observed_gain: None,
         };
         let t = Translated {
             view: ClusterView {

@@ -690,7 +690,7 @@ fn spatial_gain(
 /// Queues a merge outcome (score from the two jobs' Task2Vec embeddings)
 /// and marks the merge as measured, once.
 fn record_outcome(o: &mut Observed, m: &MergeRecord, gain: f64) {
-    if m.gain_observed || o.outcomes.iter().any(|x| x.merge == m.id) {
+    if m.observed_gain.is_some() || o.outcomes.iter().any(|x| x.merge == m.id) {
         return;
     }
     let emb = |j: &JobId| {
@@ -721,6 +721,10 @@ fn record_outcome(o: &mut Observed, m: &MergeRecord, gain: f64) {
         "merge outcome measured"
     );
     o.writes.observed_gains.push((m.id, gain));
+    // This round plans on it already (`inputs::job_inputs`).
+    if let Some(rec) = o.merges.iter_mut().find(|x| x.id == m.id) {
+        rec.observed_gain = Some(gain);
+    }
     o.outcomes.push(TransferOutcome {
         merge: m.id,
         score,
@@ -2123,7 +2127,7 @@ pub(crate) mod tests {
             gain_ba: 0.1,
             active: true,
             guard_passed: false,
-            gain_observed: false,
+            observed_gain: None,
         };
         let estimates: BTreeMap<JobId, Estimate> = [(job(1), emb(2.0)), (job(2), emb(1.5))]
             .into_iter()
@@ -2143,7 +2147,7 @@ pub(crate) mod tests {
         assert_eq!(o.outcomes.len(), 1, "once per merge");
         assert_eq!(o.writes.observed_gains, vec![(7, g)]);
         let measured = MergeRecord {
-            gain_observed: true,
+            observed_gain: Some(0.1),
             ..m
         };
         let mut o2 = empty_observed();
