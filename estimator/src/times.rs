@@ -228,6 +228,32 @@ pub fn iterations_from_weights(job: &JobInput, g: f64) -> u64 {
     }
 }
 
+/// B of a temporal transfer from a completed job has trained `done`
+/// iterations from that job's weights and showed the gain `g` there
+/// (its loss against its own curve, [`crate::transfer::observed_gain`]).
+/// Going on needs `K(G) − done` more iterations (Eq. 2 on `L(k)/(1+G)`,
+/// the seeds README's fix), starting again from the pre-trained weights
+/// `K(0)` plus the restart (`restart_iterations`: the restart's seconds in
+/// B's iterations). Returns `(left from the weights, from scratch)` when
+/// starting again finishes sooner, else None: a gain that helps never
+/// restarts, nor does a job whose iteration cap `cap` (0 = none) binds
+/// either way, nor one that has come far enough that going on is shorter.
+pub fn fresh_start_pays(
+    curve: &LossCurve,
+    g: f64,
+    done: u64,
+    cap: u64,
+    restart_iterations: f64,
+) -> Option<(u64, u64)> {
+    if !(g < 0.0 && restart_iterations.is_finite()) {
+        return None;
+    }
+    let cap = if cap == 0 { u64::MAX / 4 } else { cap };
+    let fresh = iterations_to_converge(curve, 0.0, PLATEAU_THRESHOLD, cap);
+    let left = iterations_to_converge(curve, g, PLATEAU_THRESHOLD, cap).saturating_sub(done);
+    (fresh as f64 + restart_iterations.max(0.0) < left as f64).then_some((left, fresh))
+}
+
 /// A job's iteration cap (0: none).
 fn cap_of(job: &JobInput) -> u64 {
     if job.max_iterations == 0 {
@@ -576,6 +602,36 @@ mod tests {
         j.done_iterations = 10;
         assert_eq!(iterations_from_weights(&j, 0.25), kg as u64 - 10);
         assert_eq!(transferred_iterations(&j, 0.25), kg as u64 - 10);
+    }
+
+    /// A warm start that hurt (measured `G` = −0.4) restarts from the
+    /// pre-trained weights while what it still needs from them exceeds a
+    /// fresh start plus the restart; not once it has come far enough, not
+    /// for a restart that costs more than it saves, never for a gain that
+    /// helps, and never where the iteration cap binds both ways.
+    #[test]
+    fn tail_a_harmful_warm_start_restarts_only_where_that_finishes_sooner() {
+        let curve = LossCurve::new(0.2, 0.6, 0.002, 1e-7);
+        let none = u64::MAX / 4;
+        let k0 = iterations_to_converge(&curve, 0.0, PLATEAU_THRESHOLD, none);
+        let kg = iterations_to_converge(&curve, -0.4, PLATEAU_THRESHOLD, none);
+        assert!(kg > k0 + 100, "{kg} vs {k0}");
+        assert_eq!(
+            fresh_start_pays(&curve, -0.4, 20, 0, 10.0),
+            Some((kg - 20, k0))
+        );
+        // Far along: going on is shorter than starting again.
+        let far = kg - k0;
+        assert_eq!(fresh_start_pays(&curve, -0.4, far, 0, 10.0), None);
+        // A restart that costs more than the start saves.
+        let saved = (kg - 20 - k0) as f64;
+        assert_eq!(fresh_start_pays(&curve, -0.4, 20, 0, saved + 1.0), None);
+        assert!(fresh_start_pays(&curve, -0.4, 20, 0, saved - 1.0).is_some());
+        // A gain that helps, or none.
+        assert_eq!(fresh_start_pays(&curve, 0.2, 20, 0, 0.0), None);
+        assert_eq!(fresh_start_pays(&curve, 0.0, 20, 0, 0.0), None);
+        // A cap below both: the job runs to it either way.
+        assert_eq!(fresh_start_pays(&curve, -0.4, 20, k0 / 2, 0.0), None);
     }
 
     #[test]

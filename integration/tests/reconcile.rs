@@ -147,6 +147,54 @@ async fn plans_move_suspend_and_resume_processes() {
     r.apply(&plan(6, vec![])).await;
 }
 
+/// A plan that sets `fresh_start` restarts a running task from its initial
+/// weights: a new process from iteration 0, not from the checkpoint its
+/// stop wrote; the same flag in the next plans keeps that process; a
+/// later suspension and resume (the flag cleared) resumes from the fresh
+/// process's own checkpoint.
+#[tokio::test]
+async fn tail_a_fresh_start_relaunches_a_task_from_its_initial_weights_once() {
+    let (_tmp, _, uuids, r) = node("node-f", 1);
+    let plan = |generation, tasks| pb::NodePlan {
+        generation,
+        tasks,
+        epoch: 1,
+        warm_idle_release: None,
+    };
+    let fresh = |on: bool| pb::DesiredTask {
+        fresh_start: on,
+        ..desired("job-f", &uuids[0])
+    };
+    r.apply(&plan(1, vec![fresh(false)])).await;
+    let first = wait_iteration(&r, "job-f", 300).await;
+    assert!(r.apply(&plan(2, vec![fresh(true)])).await.is_empty());
+    let restarted = observed(&r, "job-f").await.unwrap();
+    assert_ne!(restarted.pid, first.pid, "a new process");
+    assert!(
+        restarted.iteration < first.iteration,
+        "from its initial weights: {} after {}",
+        restarted.iteration,
+        first.iteration
+    );
+    let again = wait_iteration(&r, "job-f", 50).await;
+    assert_eq!(again.pid, restarted.pid);
+    r.apply(&plan(3, vec![fresh(true)])).await;
+    assert_eq!(
+        observed(&r, "job-f").await.unwrap().pid,
+        restarted.pid,
+        "the flag restarts a task once"
+    );
+    let trained = wait_iteration(&r, "job-f", again.iteration + 50).await;
+    // Suspended, then resumed from the fresh process's own checkpoint.
+    r.apply(&plan(4, vec![])).await;
+    let s = observed(&r, "job-f").await.unwrap();
+    assert!(s.iteration >= trained.iteration && !s.checkpoint_path.is_empty());
+    r.apply(&plan(5, vec![fresh(false)])).await;
+    let resumed = wait_iteration(&r, "job-f", s.iteration).await;
+    assert!(resumed.iteration >= s.iteration);
+    r.apply(&plan(6, vec![])).await;
+}
+
 /// Ymir §6.2 pipeline switch: job-a trains on GPU 0; a hint starts job-b in
 /// standby there (its data loader gets ready while job-a trains; it is not
 /// reported); the plan that switches checkpoints job-a and starts *that*

@@ -2287,6 +2287,102 @@ async fn e2e_tail_new_jobs_warm_start_from_a_finished_jobs_output() {
     drop(c);
 }
 
+/// A warm start that hurts is undone: as in the test above, two sst2 jobs
+/// start from a finished qqp job's output (predicted gain positive), but
+/// their trainers are told the transfer hurts (`FMSCHED_FAKE_GAIN_OFFSET`:
+/// the fake world's gain about −0.5, so from those weights sst2 learns at
+/// half speed, its accuracy still rising). Once a job has reported enough
+/// loss points, the scheduler measures the gain on its loss against its
+/// own curve, finds that starting again from the pre-trained weights
+/// finishes it sooner, splits the merge with the figures, and the node
+/// restarts it from them (`fresh_start`): its last process does not start
+/// from the qqp output, and every job completes.
+#[tokio::test]
+async fn e2e_tail_a_harmful_warm_start_restarts_from_the_pretrained_weights() {
+    let db = TestDb::create("fmsched_fresh_start").await;
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let _sched = scheduler_env(
+        &db,
+        port,
+        dir.path(),
+        None,
+        &[("FMSCHED_SCHEDULING__CHECKPOINT_COST", "1s")],
+    );
+    wait_up("scheduler up", port);
+    let _a = agent("node-a", port, dir.path());
+    submit(
+        port,
+        dir.path(),
+        [metric_job("first", "qqp", 6_400, 2, 8.0)],
+    )
+    .expect("submit A");
+    let first = all_completed(port, 1, Duration::from_secs(120));
+    let (_, (_, first_out)) = first
+        .iter()
+        .next()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .unwrap();
+    let harmful = |name: &str| {
+        let (n, m) = metric_job(name, "sst2", 9_600, 1, 5.0);
+        let m = m.replace(
+            "FMSCHED_FAKE_TIME_COMPRESSION: \"5\" }",
+            "FMSCHED_FAKE_TIME_COMPRESSION: \"5\", FMSCHED_FAKE_GAIN_OFFSET: \"-0.7\" }",
+        );
+        assert!(m.contains("GAIN_OFFSET"), "{m}");
+        (n, m)
+    };
+    submit(port, dir.path(), [harmful("later-1"), harmful("later-2")])
+        .expect("submit the later jobs");
+    let done = all_completed(port, 3, Duration::from_secs(300));
+    let mut c = sqlx::PgConnection::connect(&db_url(&db)).await.unwrap();
+    let events = print_events(&mut c).await;
+    let merges: Vec<(String, bool, String, Option<f64>)> = sqlx::query_as(
+        "SELECT b.name, m.warm, m.state, m.observed_gain FROM merges m
+         JOIN jobs b ON b.id = m.job_b ORDER BY m.id",
+    )
+    .fetch_all(&mut c)
+    .await
+    .unwrap();
+    eprintln!("merges: {merges:?}");
+    let mut restarted = 0;
+    for (id, _) in done.iter().filter(|(_, v)| v.1 != first_out) {
+        let name: String = sqlx::query_scalar("SELECT name FROM jobs WHERE id = $1::uuid")
+            .bind(id)
+            .fetch_one(&mut c)
+            .await
+            .unwrap();
+        let Some((_, warm, state, gain)) = merges.iter().find(|m| m.0 == name) else {
+            continue; // not warm-started (the round may not offer it)
+        };
+        assert!(*warm, "{name}: {merges:?}");
+        let split = events.iter().find(|e| {
+            e.0 == name && e.3.contains("split by the guard") && e.3.contains("pre-trained")
+        });
+        let Some(split) = split else {
+            panic!("{name}: a harmful warm start kept ({state}, gain {gain:?}): {events:#?}");
+        };
+        eprintln!("{name}: {}", split.3);
+        assert_eq!(state, "split");
+        assert!(gain.is_some_and(|g| g < -0.2), "{name}: measured {gain:?}");
+        assert!(split.3.contains("output weights of first ("), "{}", split.3);
+        assert!(split.3.contains("measured gain -0."), "{}", split.3);
+        let err = fmctl(port, &["logs", id, "--stderr"]).unwrap();
+        assert!(
+            err.contains(&format!("starting from {first_out}")),
+            "{name} never started from A's output:\n{err}"
+        );
+        let last = err.rfind("fake-trainer: settings").expect("a start line");
+        assert!(
+            !err[last..].contains("starting from"),
+            "{name}'s last process started from A's weights again:\n{err}"
+        );
+        restarted += 1;
+    }
+    assert!(restarted >= 1, "no warm start at all: {merges:?}");
+    drop(c);
+}
+
 #[tokio::test]
 async fn e2e_fmctl_logs_prints_and_follows_a_jobs_output() {
     let db = TestDb::create("fmsched_logs").await;

@@ -77,6 +77,10 @@ struct Known {
     watching: Vec<String>,
     /// Launched warm: (model, command) it stays loaded with after its job.
     warm: Option<(String, Vec<String>)>,
+    /// Launched, or last kept, under a plan that set `fresh_start`: the
+    /// process starts from the initial weights, so that plan's flag does
+    /// not relaunch it again.
+    fresh: bool,
 }
 
 /// A process of a finished `warm` task waiting for the next task of its
@@ -603,6 +607,15 @@ impl Reconciler {
             let status = self.driver.status(&t.task_id).await;
             let entry = known.entry(t.task_id.clone()).or_default();
             let alive = status.as_ref().is_some_and(|s| s.running);
+            // The scheduler restarts the task from its initial weights (a
+            // start from another job's weights it measured to hurt): a
+            // process launched before it asked does not go on, and no
+            // checkpoint taken here of the task is resumed from.
+            let restart_fresh = t.fresh_start && !entry.fresh;
+            if restart_fresh {
+                entry.checkpoint = None;
+                tracing::info!(task = %t.task_id, "restarting from the initial weights (the plan's fresh start)");
+            }
             // The checkpoint a stop of its process here just wrote.
             let mut fresh: Option<(PathBuf, u64)> = None;
             if let Some(sb) = entry.standby.clone() {
@@ -619,6 +632,7 @@ impl Reconciler {
                 {
                     entry.standby = None;
                     entry.suspended = false;
+                    entry.fresh = t.fresh_start;
                     entry.generation = plan.generation;
                     entry.ranks = sb.spec.ranks.clone();
                     entry.job_ids.clone_from(&t.job_ids);
@@ -646,6 +660,7 @@ impl Reconciler {
                 };
                 self.drop_standby(&mut known, &t.task_id, why).await;
             } else if alive
+                && !restart_fresh
                 && entry.gpus == gpus
                 && entry.ranks == ranks_of(t, gpus.len() as u32)
                 && t.tasks
@@ -654,6 +669,7 @@ impl Reconciler {
                     .all(|x| entry.watching.contains(&x.job_id))
             {
                 entry.generation = plan.generation;
+                entry.fresh = t.fresh_start;
                 // The layer tuner's new ℓ and the lease end: told through
                 // the control file (the whole of it each time), applied by
                 // the trainer without a restart (ℓ at its next epoch).
@@ -695,6 +711,13 @@ impl Reconciler {
                 self.stop(&mut known, &t.task_id).await;
                 fresh = (known.get(&t.task_id).and_then(|k| k.checkpoint.clone()))
                     .filter(|c| Some(c) != before.as_ref());
+                if restart_fresh {
+                    // What it trained from the weights the plan drops.
+                    fresh = None;
+                    if let Some(k) = known.get_mut(&t.task_id) {
+                        k.checkpoint = None;
+                    }
+                }
             } else if let Some(s) = &status {
                 // It ended by itself. A process that finished its work
                 // (exit 0, not suspended by us) is never started again: the
@@ -707,8 +730,11 @@ impl Reconciler {
                 {
                     continue;
                 }
-                // Resume from the newest checkpoint it left.
-                if let Some(c) = s.observed.last_checkpoint.clone() {
+                // Resume from the newest checkpoint it left (none on a
+                // fresh start).
+                if let Some(c) = s.observed.last_checkpoint.clone()
+                    && !restart_fresh
+                {
                     entry.checkpoint = Some(c);
                 }
             }
@@ -719,6 +745,7 @@ impl Reconciler {
             // process trained since (found live: a resize relaunched a job
             // from a checkpoint 45 s old).
             let resume = fresh.map(|c| c.0).or_else(|| Self::resume_of(t, entry));
+            let resume = resume.filter(|_| !t.fresh_start || entry.fresh);
             let spec = self.launch_spec(t, &gpus, resume);
             let launched = match claimed.get(&t.task_id) {
                 Some(from) => match self.driver.hand_over(from, &spec).await {
@@ -772,6 +799,7 @@ impl Reconciler {
                                 spec.command.clone(),
                             )
                         }),
+                        fresh: t.fresh_start,
                     };
                     // A leased process learns its lease end from the start.
                     if let Some(end) = lease_end_of(t).filter(|_| !spec.profile) {

@@ -447,6 +447,14 @@ async fn write_observations(
     .execute(&mut **tx)
     .await
     .map_err(db_err(op))?;
+    if !w.fresh_seen.is_empty() {
+        let seen: Vec<Uuid> = w.fresh_seen.iter().map(|j| j.0).collect();
+        sqlx::query("UPDATE job_progress SET fresh_pending = FALSE WHERE job_id = ANY($1)")
+            .bind(&seen)
+            .execute(&mut **tx)
+            .await
+            .map_err(db_err(op))?;
+    }
     if !w.estimates.is_empty() {
         // One statement for all of them. Postgres has no ragged arrays: each
         // vector goes as an array literal (text) and each curve as JSON text.
@@ -974,6 +982,24 @@ pub struct RoundWrites {
     /// Events written once per job: (job, kind, message), skipped when the
     /// job has an event of that kind already.
     pub first_notes: Vec<(JobId, String, String)>,
+    /// Jobs restarted from their initial weights (a transfer from a
+    /// completed job's weights measured to hurt): their progress and
+    /// checkpoint reset, fenced by this commit's plan generation
+    /// ([`Persistence::fresh_starts`]).
+    pub fresh_starts: Vec<JobId>,
+    /// Fresh starts whose fresh process the nodes reported: the plan stops
+    /// asking for it.
+    pub fresh_seen: Vec<JobId>,
+}
+
+/// A job restarted from its initial weights ([`RoundWrites::fresh_starts`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FreshStart {
+    /// The plan generation of the round that decided it: reports of the
+    /// job's processes from older plans are the dropped run's.
+    pub generation: i64,
+    /// No node has reported the fresh process yet.
+    pub pending: bool,
 }
 
 /// One tuned prompt in the Prompt Bank (table `prompt_bank`).
@@ -1605,6 +1631,24 @@ impl Persistence {
             .fetch_one(&mut *tx)
             .await
             .map_err(db_err(OP))?;
+            if !w.fresh_starts.is_empty() {
+                // After this round's progress reports (written above): the
+                // dropped run's last iteration and checkpoint go with it.
+                let fresh: Vec<Uuid> = w.fresh_starts.iter().map(|j| j.0).collect();
+                sqlx::query(
+                    "INSERT INTO job_progress (job_id, iteration, checkpoint_path, updated_at,
+                                               fresh_generation, fresh_pending)
+                     SELECT j, 0, NULL, $2, $3, TRUE FROM UNNEST($1::uuid[]) AS t(j)
+                     ON CONFLICT (job_id) DO UPDATE SET iteration = 0, checkpoint_path = NULL,
+                       updated_at = $2, fresh_generation = $3, fresh_pending = TRUE",
+                )
+                .bind(&fresh)
+                .bind(now)
+                .bind(generation)
+                .execute(&mut *tx)
+                .await
+                .map_err(db_err(OP))?;
+            }
             sqlx::query("DELETE FROM assignments")
                 .execute(&mut *tx)
                 .await
@@ -2090,6 +2134,29 @@ impl Persistence {
             );
         }
         Ok(out)
+    }
+
+    /// Jobs restarted from their initial weights ([`FreshStart`]).
+    pub async fn fresh_starts(&self) -> Result<BTreeMap<JobId, FreshStart>, PersistenceError> {
+        let rows: Vec<(Uuid, i64, bool)> = sqlx::query_as(
+            "SELECT job_id, fresh_generation, fresh_pending FROM job_progress
+             WHERE fresh_generation IS NOT NULL",
+        )
+        .fetch_all(&self.pool)
+        .await
+        .map_err(db_err("fresh_starts"))?;
+        Ok(rows
+            .into_iter()
+            .map(|(j, generation, pending)| {
+                (
+                    JobId(j),
+                    FreshStart {
+                        generation,
+                        pending,
+                    },
+                )
+            })
+            .collect())
     }
 
     /// A job's events with `seq > after`, oldest first.

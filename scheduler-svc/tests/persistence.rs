@@ -1129,6 +1129,46 @@ async fn a_rounds_moves_and_notes_keep_their_order_and_rules(pool: PgPool) {
     assert_eq!(history(1).await.last(), Some(&ev("waiting", None, "still")));
 }
 
+/// A fresh start resets the job's progress and checkpoint after the
+/// round's own progress reports, under the commit's plan generation,
+/// pending until the fresh process is seen; a later round's reports count
+/// again from 0.
+#[sqlx::test(migrator = "scheduler_svc::persistence::MIGRATOR")]
+async fn tail_a_fresh_start_resets_progress_under_its_plan_generation(pool: PgPool) {
+    let p = Persistence::from_pool(pool);
+    let (_l, fence) = lead(&p, "l", 60).await;
+    let b = created(submit(&p, "u", None, 0).await).id;
+    let w = RoundWrites {
+        progress: vec![(b, 50, Some("/ckpt/50".into()))],
+        ..Default::default()
+    };
+    let g = p.commit_round(&fence, 0, &w, t(1)).await.unwrap();
+    assert_eq!(
+        p.progress().await.unwrap()[&b],
+        (50, Some("/ckpt/50".into()))
+    );
+    assert!(p.fresh_starts().await.unwrap().is_empty());
+    // The round that restarts it also took in its last report.
+    let w = RoundWrites {
+        progress: vec![(b, 60, Some("/ckpt/60".into()))],
+        fresh_starts: vec![b],
+        ..Default::default()
+    };
+    let g2 = p.commit_round(&fence, g, &w, t(2)).await.unwrap();
+    assert_eq!(p.progress().await.unwrap()[&b], (0, None));
+    let f = p.fresh_starts().await.unwrap()[&b];
+    assert_eq!((f.generation, f.pending), (g2, true));
+    let w = RoundWrites {
+        progress: vec![(b, 5, None)],
+        fresh_seen: vec![b],
+        ..Default::default()
+    };
+    p.commit_round(&fence, g2, &w, t(3)).await.unwrap();
+    assert_eq!(p.progress().await.unwrap()[&b].0, 5);
+    let f = p.fresh_starts().await.unwrap()[&b];
+    assert_eq!((f.generation, f.pending), (g2, false));
+}
+
 /// A merge's measured transfer gain is read back with it (the round plans
 /// B of a warm start on it, `inputs::job_inputs`): none until measured.
 #[sqlx::test(migrator = "scheduler_svc::persistence::MIGRATOR")]

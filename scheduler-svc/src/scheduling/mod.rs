@@ -1024,6 +1024,7 @@ async fn push_committed(
             footprints,
             prompt_banks: &prompt_banks,
             closed: &closed,
+            fresh: &o.fresh_pending(),
         },
         generation,
         epoch,
@@ -1660,6 +1661,7 @@ async fn hint(
         prompt_banks: &prompt_banks,
         // Hints carry no warm release.
         closed: &BTreeSet::new(),
+        fresh: &o.fresh_pending(),
     };
     if state.leadership.fence().is_none() {
         return Ok(0); // a deposed leader sends nothing

@@ -23,6 +23,7 @@ use fmsched_estimator::loss_curve::{
 };
 use fmsched_estimator::loss_prior::{self, LossLibrary};
 use fmsched_estimator::lut::{Lut, Variant};
+use fmsched_estimator::times;
 use fmsched_estimator::transfer::{TaskEmbedding, observed_gain, spatial_score, temporal_score};
 use fmsched_proto::v1 as pb;
 
@@ -30,8 +31,8 @@ use super::{DEFAULT_ITERATIONS, RoundError, RoundKind, iteration_budget};
 use crate::api::AppState;
 use crate::estimates::Estimates;
 use crate::persistence::{
-    AdminState, Assignment, Estimate, Failure, JobRecord, JobService, MergeRecord, MetricCurve,
-    RetryState, RoundWrites, StoredPlan,
+    AdminState, Assignment, Estimate, Failure, FreshStart, JobRecord, JobService, MergeRecord,
+    MetricCurve, RetryState, RoundWrites, StoredPlan,
 };
 use crate::registry::LiveNode;
 
@@ -109,6 +110,45 @@ pub(crate) struct Observed {
     /// The loss-curve prior per model ([`loss_prior_of`]), read this round
     /// for the models whose jobs needed it.
     pub loss_priors: BTreeMap<String, LossLibrary>,
+    /// Jobs restarted from their initial weights, this round's included
+    /// ([`fresh_start_if_it_pays`]): the plan asks for the fresh process
+    /// while `pending`.
+    pub fresh: BTreeMap<JobId, FreshStart>,
+}
+
+impl Observed {
+    /// Jobs restarted from their initial weights whose fresh process no
+    /// node has reported yet.
+    pub fn fresh_pending(&self) -> BTreeSet<JobId> {
+        self.fresh
+            .iter()
+            .filter(|(_, f)| f.pending)
+            .map(|(j, _)| *j)
+            .collect()
+    }
+}
+
+/// A report of a job restarted from its initial weights
+/// ([`fresh_start_if_it_pays`]) counts only from a process of a plan at or
+/// after the restart: an older one is the dropped run (its progress and
+/// checkpoints are not the job's any more). None for such a stale report;
+/// else the jobs whose fresh process it shows for the first time.
+fn fresh_run(fresh: &BTreeMap<JobId, FreshStart>, t: &pb::ObservedTask) -> Option<Vec<JobId>> {
+    let restarted: Vec<(JobId, &FreshStart)> = members_of(&t.task_id)
+        .into_iter()
+        .flatten()
+        .filter_map(|j| fresh.get(&j).map(|f| (j, f)))
+        .collect();
+    if restarted.iter().any(|(_, f)| t.generation < f.generation) {
+        return None;
+    }
+    Some(
+        restarted
+            .into_iter()
+            .filter(|(_, f)| f.pending)
+            .map(|(j, _)| j)
+            .collect(),
+    )
 }
 
 /// Phase 1 (see the module docs). A look-ahead round reads the same state
@@ -137,6 +177,7 @@ pub(crate) async fn observe(
         admin,
         no_sharing,
         utilization_fits,
+        fresh,
     ) = tokio::try_join!(
         p.live_jobs(),
         p.placements_of_live_jobs(),
@@ -149,12 +190,14 @@ pub(crate) async fn observe(
         p.admin_state(),
         p.no_sharing_jobs(),
         p.utilization_fits(),
+        p.fresh_starts(),
     )?;
     let live: BTreeMap<JobId, JobRecord> = live.into_iter().map(|j| (j.id, j)).collect();
     // Reports count only from a node the job was placed on: drop the rest
     // (forged, or misrouted) before anything reads them.
     let mut nodes = nodes;
     let mut ignored = 0u64;
+    let mut fresh_seen = BTreeSet::new();
     for n in &mut nodes {
         n.observed_tasks.retain(|t| {
             let ok = reported_by_its_node(&placed, &live, &n.record.id, &t.task_id);
@@ -163,7 +206,11 @@ pub(crate) async fn observe(
                 tracing::warn!(node_id = %n.record.id, task = %t.task_id, phase = t.phase,
                     "ignoring a report of a process this node was never given (forged or misrouted)");
             }
-            ok
+            let fresh_run = fresh_run(&fresh, t);
+            if ok && let Some(seen) = &fresh_run {
+                fresh_seen.extend(seen.iter().copied());
+            }
+            ok && fresh_run.is_some()
         });
     }
     if ignored > 0 {
@@ -180,8 +227,18 @@ pub(crate) async fn observe(
         admin,
         no_sharing,
         utilization_fits,
+        fresh,
         ..Default::default()
     };
+    if kind == RoundKind::Commit {
+        // The fresh process reported: the plan stops asking for it.
+        for j in fresh_seen {
+            if let Some(f) = o.fresh.get_mut(&j) {
+                f.pending = false;
+                o.writes.fresh_seen.push(j);
+            }
+        }
+    }
     // Layer-elastic jobs' last reported variance (the leader's memory:
     // a suspended job keeps its own; a new leader learns them afresh from
     // the next reports).
@@ -687,6 +744,96 @@ fn spatial_gain(
     (gains.len() == 2).then(|| (gains[0] + gains[1]) / 2.0)
 }
 
+/// B of a temporal transfer from a completed job (a warm start, or a merge
+/// whose A finished) measured the gain `gain` on its own training. Where
+/// the transfer hurts so much that starting again from the pre-trained
+/// weights finishes B sooner, counting the restart
+/// ([`times::fresh_start_pays`]), the merge is split (the guard's verdict,
+/// with the figures) and B restarts from those weights: its progress and
+/// checkpoint are reset in this round's commit, the plan tells its node to
+/// start it afresh (`DesiredTask.fresh_start`), and reports of the dropped
+/// run are ignored from then on ([`crate::persistence::FreshStart`]). The
+/// merge guard's first-two-epochs rule cannot see this: from another
+/// task's weights B's accuracy may still rise, only more slowly than from
+/// the pre-trained ones. Only a job whose stop depends on how it learns (a
+/// metric target, or a loss plateau without an iteration budget) can gain
+/// by it: a fixed budget runs its iterations either way.
+async fn fresh_start_if_it_pays(
+    state: &AppState,
+    lut: &Lut,
+    o: &mut Observed,
+    n: &LiveNode,
+    m: &MergeRecord,
+    curve: &LossCurve,
+    gain: f64,
+) {
+    let b = m.b;
+    let Some(job) = o.live.get(&b) else {
+        return;
+    };
+    let budget = iteration_budget(job);
+    if job.spec.target.metric.is_none() && budget.is_some() {
+        return;
+    }
+    let Some(step_s) = o
+        .estimates
+        .get(&b)
+        .and_then(|e| e.step_time_s)
+        .filter(|s| s.is_finite() && *s > 0.0)
+    else {
+        return;
+    };
+    let sched = &state.config.scheduling;
+    let family = super::inputs::node_family(n);
+    let restart_s = fmsched_core::round::restart_cost(
+        sched.checkpoint_cost.as_secs_f64(),
+        sched
+            .context_switch
+            .map(|d| d.as_secs_f64())
+            .or_else(|| lut.context_switch_s(&job.spec.model, &family)),
+    );
+    let done = o.progress.get(&b).map_or(0, |p| p.0);
+    let Some((left, fresh)) =
+        times::fresh_start_pays(curve, gain, done, budget.unwrap_or(0), restart_s / step_s)
+    else {
+        return;
+    };
+    // A completed (a read error only costs the history its name).
+    let from = match state.persistence.get_job(m.a).await {
+        Ok(Some(a)) => format!("{} ({})", a.spec.name, m.a),
+        _ => m.a.to_string(),
+    };
+    let reason = format!(
+        "{} ({b}) trains worse from the output weights of {from} than from the pre-trained ones (measured gain {gain:+.3} at iteration {done}): about {left} more iterations from them against {fresh} from scratch and a {restart_s:.0} s restart, so it starts again from the pre-trained weights",
+        job.spec.name
+    );
+    tracing::warn!(merge = m.id, job_id = %b, gain, done, left, fresh, "harmful transfer: restarting from the pre-trained weights");
+    o.split_now.insert(m.id);
+    o.guard_splits += 1;
+    o.writes.guard.push((m.clone(), Some(reason)));
+    if let Some(rec) = o.merges.iter_mut().find(|x| x.id == m.id) {
+        rec.active = false;
+    }
+    // What it trained from the other job's weights is dropped.
+    o.writes.fresh_starts.push(b);
+    o.progress.insert(b, (0, None));
+    if let Some(e) = o.estimates.get_mut(&b)
+        && !e.evals.is_empty()
+    {
+        e.evals.clear();
+        let e = e.clone();
+        o.writes.estimates.retain(|(j, _)| *j != b);
+        o.writes.estimates.push((b, e));
+    }
+    o.fresh.insert(
+        b,
+        FreshStart {
+            generation: o.current.generation + 1,
+            pending: true,
+        },
+    );
+}
+
 /// Queues a merge outcome (score from the two jobs' Task2Vec embeddings)
 /// and marks the merge as measured, once.
 fn record_outcome(o: &mut Observed, m: &MergeRecord, gain: f64) {
@@ -1132,7 +1279,11 @@ async fn learn_from_running(
                 .and_then(curve_from_json)
             && let Some(gain) = observed_gain(&curve, &t.trace_iterations, &t.trace_losses)
         {
+            let first = m.observed_gain.is_none();
             record_outcome(o, m, gain);
+            if first && phase == pb::TaskPhase::Running {
+                fresh_start_if_it_pays(state, lut, o, n, m, &curve, gain).await;
+            }
         }
         return;
     }
@@ -2157,6 +2308,57 @@ pub(crate) mod tests {
             o2.outcomes.is_empty(),
             "a merge measured before is not sent again"
         );
+    }
+
+    /// A job restarted from its initial weights at plan 7: a report of its
+    /// process from plan 6 is the dropped run and does not count; one from
+    /// plan 7 on counts, and shows the fresh process once (pending); a job
+    /// never restarted, or a profiling run, counts as always.
+    #[test]
+    fn tail_reports_of_a_dropped_run_do_not_count() {
+        let fresh: BTreeMap<JobId, FreshStart> = [
+            (
+                job(1),
+                FreshStart {
+                    generation: 7,
+                    pending: true,
+                },
+            ),
+            (
+                job(2),
+                FreshStart {
+                    generation: 3,
+                    pending: false,
+                },
+            ),
+        ]
+        .into_iter()
+        .collect();
+        let report = |task: String, generation: i64| pb::ObservedTask {
+            task_id: task,
+            generation,
+            ..Default::default()
+        };
+        assert_eq!(fresh_run(&fresh, &report(job(1).to_string(), 6)), None);
+        assert_eq!(
+            fresh_run(&fresh, &report(job(1).to_string(), 7)),
+            Some(vec![job(1)])
+        );
+        assert_eq!(
+            fresh_run(&fresh, &report(job(1).to_string(), 9)),
+            Some(vec![job(1)])
+        );
+        assert_eq!(
+            fresh_run(&fresh, &report(job(2).to_string(), 5)),
+            Some(vec![])
+        );
+        assert_eq!(fresh_run(&fresh, &report(job(2).to_string(), 2)), None);
+        assert_eq!(
+            fresh_run(&fresh, &report(job(3).to_string(), 0)),
+            Some(vec![])
+        );
+        let profile = format!("{}{PROFILE_SUFFIX}", job(1));
+        assert_eq!(fresh_run(&fresh, &report(profile, 0)), Some(vec![]));
     }
 
     /// A gang part that failed counts against its job only as a part of

@@ -82,6 +82,9 @@ pub(crate) struct PlanView<'a> {
     /// Nodes nothing new may start on (cordoned, drained, reclaimed,
     /// faulty): their warm processes are stopped now.
     pub closed: &'a BTreeSet<NodeId>,
+    /// Jobs restarted from their initial weights whose fresh process no
+    /// node has reported yet (`DesiredTask.fresh_start`).
+    pub fresh: &'a BTreeSet<JobId>,
 }
 
 /// The desired set of every node the registry knows (empty for a node the
@@ -152,6 +155,7 @@ fn desired_sets(state: &AppState, v: &PlanView<'_>) -> BTreeMap<NodeId, Vec<pb::
             // A prompt-tuning job of the lane stays warm for the next
             // request of its model (PromptTuner's warm pools).
             warm: !a.profile && super::prompt_lane::in_lane(state, job),
+            fresh_start: false, // set below for a job's own process
         };
         if a.profile {
             // A profiling run is a process of its own ("<job>-profile").
@@ -194,6 +198,11 @@ fn desired_sets(state: &AppState, v: &PlanView<'_>) -> BTreeMap<NodeId, Vec<pb::
                     }
                 }
             }
+        }
+        task.fresh_start = !a.profile && task.job_ids.len() == 1 && v.fresh.contains(&a.job);
+        if task.fresh_start {
+            task.resume_path.clear();
+            task.initial_weights_path.clear();
         }
         if !a.profile
             && task.job_ids.len() == 1
