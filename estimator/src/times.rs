@@ -251,7 +251,8 @@ pub fn fresh_start_pays(
     let cap = if cap == 0 { u64::MAX / 4 } else { cap };
     let fresh = iterations_to_converge(curve, 0.0, PLATEAU_THRESHOLD, cap);
     let left = iterations_to_converge(curve, g, PLATEAU_THRESHOLD, cap).saturating_sub(done);
-    (fresh as f64 + restart_iterations.max(0.0) < left as f64).then_some((left, fresh))
+    fmsched_core::policy::fresh_start_pays(left as f64, fresh as f64, restart_iterations)
+        .then_some((left, fresh))
 }
 
 /// A job's iteration cap (0: none).

@@ -1978,8 +1978,23 @@ impl<'a> Simulation<'a> {
             match mode {
                 MergeMode::Temporal => {
                     // B runs on A's output only after A finished; the guard
-                    // looks at B's first two epochs.
-                    if hurt(self, b, self.temporal_need(catalog, a, b)) {
+                    // looks at B's first two epochs, and B starts again from
+                    // the pre-trained weights where that finishes it sooner
+                    // than going on, its restart counted (the live rule,
+                    // `policy::fresh_start_pays`, here on the catalog's truth).
+                    let need = self.temporal_need(catalog, a, b);
+                    let restart_pays = hurt(self, b, need) && {
+                        let j = &self.jobs[b];
+                        let (left, alone) = (
+                            need.unwrap_or(0.0) - j.done,
+                            j.alone_epochs * j.samples_per_epoch,
+                        );
+                        let restart_s = j.restart_s;
+                        let rate = self.progress_rate(b).unwrap_or(0.0);
+                        rate > 0.0
+                            && fmsched_core::policy::fresh_start_pays(left, alone, restart_s * rate)
+                    };
+                    if restart_pays {
                         let j = &mut self.jobs[b];
                         j.target = j.alone_epochs * j.samples_per_epoch;
                         j.done = 0.0;

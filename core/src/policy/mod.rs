@@ -656,6 +656,17 @@ pub fn merge_gains(tran_wt: f64) -> bool {
     tran_wt > 1.0 + 1e-9
 }
 
+/// B of a temporal transfer from a job that is done, having trained from
+/// its weights, finishes sooner started again from the pre-trained ones:
+/// what it still needs from those weights is more than its whole work from
+/// scratch plus the restart (all in one unit: iterations live, samples in
+/// fmsim). The rule by which the scheduler (from the gain it measured,
+/// `times::fresh_start_pays`) and fmsim's guard (from the catalog's truth)
+/// restart a warm start that hurts.
+pub fn fresh_start_pays(left_from_weights: f64, from_scratch: f64, restart: f64) -> bool {
+    from_scratch + restart.max(0.0) < left_from_weights
+}
+
 /// Ymir Eq. 12: `TranWt(A,B,↦,a) = (2·min(T_A,T_B) + max(T_A,T_B)) / (2·T_A + T_{A↦B})`.
 /// The numerator is the total JCT of A and B under SRTF, the denominator the
 /// total JCT of A and then B from A's weights.
