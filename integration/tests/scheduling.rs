@@ -2204,6 +2204,52 @@ async fn e2e_a_running_job_leads_a_temporal_merge_with_a_later_arrival() {
     drop(c);
 }
 
+/// A scheduler and one node on which a qqp job ("first") has run to
+/// completion and left its output weights: the source the warm-start tests
+/// start later jobs from.
+struct WarmSource {
+    db: TestDb,
+    dir: tempfile::TempDir,
+    port: u16,
+    _sched: Proc,
+    _agent: Proc,
+    first_id: String,
+    first_out: String,
+}
+
+async fn warm_start_source(db_name: &str) -> WarmSource {
+    let db = TestDb::create(db_name).await;
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let sched = scheduler_env(
+        &db,
+        port,
+        dir.path(),
+        None,
+        &[("FMSCHED_SCHEDULING__CHECKPOINT_COST", "1s")],
+    );
+    wait_up("scheduler up", port);
+    let agent = agent("node-a", port, dir.path());
+    submit(
+        port,
+        dir.path(),
+        [metric_job("first", "qqp", 6_400, 2, 8.0)],
+    )
+    .expect("submit A");
+    let first = all_completed(port, 1, Duration::from_secs(120));
+    let (first_id, (_, first_out)) = first.into_iter().next().unwrap();
+    assert!(!first_out.is_empty(), "A left output weights");
+    WarmSource {
+        db,
+        dir,
+        port,
+        _sched: sched,
+        _agent: agent,
+        first_id,
+        first_out,
+    }
+}
+
 /// Warm starts (Ymir's temporal transfer from an A that is done): a job
 /// that arrives after another task's job completed starts from that job's
 /// output weights when the transfer gain is positive and saves it time. A
@@ -2214,31 +2260,9 @@ async fn e2e_a_running_job_leads_a_temporal_merge_with_a_later_arrival() {
 /// and each one's trainer starts from the finished job's output.
 #[tokio::test]
 async fn e2e_tail_new_jobs_warm_start_from_a_finished_jobs_output() {
-    let db = TestDb::create("fmsched_warm_start").await;
-    let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let _sched = scheduler_env(
-        &db,
-        port,
-        dir.path(),
-        None,
-        &[("FMSCHED_SCHEDULING__CHECKPOINT_COST", "1s")],
-    );
-    wait_up("scheduler up", port);
-    let _a = agent("node-a", port, dir.path());
-    submit(
-        port,
-        dir.path(),
-        [metric_job("first", "qqp", 6_400, 2, 8.0)],
-    )
-    .expect("submit A");
-    let first = all_completed(port, 1, Duration::from_secs(120));
-    let (first_id, (_, first_out)) = first
-        .iter()
-        .next()
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .unwrap();
-    assert!(!first_out.is_empty(), "A left output weights");
+    let w = warm_start_source("fmsched_warm_start").await;
+    let (db, dir, port) = (&w.db, &w.dir, w.port);
+    let (first_id, first_out) = (w.first_id.clone(), w.first_out.clone());
     submit(
         port,
         dir.path(),
@@ -2249,7 +2273,7 @@ async fn e2e_tail_new_jobs_warm_start_from_a_finished_jobs_output() {
     )
     .expect("submit the later jobs");
     let done = all_completed(port, 3, Duration::from_secs(240));
-    let mut c = sqlx::PgConnection::connect(&db_url(&db)).await.unwrap();
+    let mut c = sqlx::PgConnection::connect(&db_url(db)).await.unwrap();
     let events = print_events(&mut c).await;
     let merges: Vec<(String, String, String, f64, bool)> = sqlx::query_as(
         "SELECT a.name, b.name, m.mode, m.gain_ab, m.warm FROM merges m
@@ -2299,30 +2323,9 @@ async fn e2e_tail_new_jobs_warm_start_from_a_finished_jobs_output() {
 /// from the qqp output, and every job completes.
 #[tokio::test]
 async fn e2e_tail_a_harmful_warm_start_restarts_from_the_pretrained_weights() {
-    let db = TestDb::create("fmsched_fresh_start").await;
-    let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let _sched = scheduler_env(
-        &db,
-        port,
-        dir.path(),
-        None,
-        &[("FMSCHED_SCHEDULING__CHECKPOINT_COST", "1s")],
-    );
-    wait_up("scheduler up", port);
-    let _a = agent("node-a", port, dir.path());
-    submit(
-        port,
-        dir.path(),
-        [metric_job("first", "qqp", 6_400, 2, 8.0)],
-    )
-    .expect("submit A");
-    let first = all_completed(port, 1, Duration::from_secs(120));
-    let (_, (_, first_out)) = first
-        .iter()
-        .next()
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .unwrap();
+    let w = warm_start_source("fmsched_fresh_start").await;
+    let (db, dir, port) = (&w.db, &w.dir, w.port);
+    let first_out = w.first_out.clone();
     let harmful = |name: &str| {
         let (n, m) = metric_job(name, "sst2", 9_600, 1, 5.0);
         let m = m.replace(
@@ -2335,7 +2338,7 @@ async fn e2e_tail_a_harmful_warm_start_restarts_from_the_pretrained_weights() {
     submit(port, dir.path(), [harmful("later-1"), harmful("later-2")])
         .expect("submit the later jobs");
     let done = all_completed(port, 3, Duration::from_secs(300));
-    let mut c = sqlx::PgConnection::connect(&db_url(&db)).await.unwrap();
+    let mut c = sqlx::PgConnection::connect(&db_url(db)).await.unwrap();
     let events = print_events(&mut c).await;
     let merges: Vec<(String, bool, String, Option<f64>)> = sqlx::query_as(
         "SELECT b.name, m.warm, m.state, m.observed_gain FROM merges m

@@ -1169,16 +1169,13 @@ async fn tail_a_fresh_start_resets_progress_under_its_plan_generation(pool: PgPo
     assert_eq!((f.generation, f.pending), (g2, false));
 }
 
-/// A merge's measured transfer gain is read back with it (the round plans
-/// B of a warm start on it, `inputs::job_inputs`): none until measured.
-#[sqlx::test(migrator = "scheduler_svc::persistence::MIGRATOR")]
-async fn tail_a_merges_measured_gain_is_read_back(pool: PgPool) {
+/// Two submitted jobs and a temporal merge of them (predicted gain 0.3),
+/// committed by the first round: (A, B, the plan generation).
+async fn temporal_merge_committed(p: &Persistence, fence: &Fence) -> (JobId, JobId, i64) {
     use fmsched_core::policy::MergeMode;
     use scheduler_svc::persistence::NewMerge;
-    let p = Persistence::from_pool(pool);
-    let (_l, fence) = lead(&p, "l", 60).await;
-    let a = created(submit(&p, "u", None, 0).await).id;
-    let b = created(submit(&p, "u", None, 1).await).id;
+    let a = created(submit(p, "u", None, 0).await).id;
+    let b = created(submit(p, "u", None, 1).await).id;
     let w = RoundWrites {
         new_merges: vec![NewMerge {
             a,
@@ -1190,7 +1187,16 @@ async fn tail_a_merges_measured_gain_is_read_back(pool: PgPool) {
         }],
         ..Default::default()
     };
-    let g = p.commit_round(&fence, 0, &w, t(1)).await.unwrap();
+    (a, b, p.commit_round(fence, 0, &w, t(1)).await.unwrap())
+}
+
+/// A merge's measured transfer gain is read back with it (the round plans
+/// B of a warm start on it, `inputs::job_inputs`): none until measured.
+#[sqlx::test(migrator = "scheduler_svc::persistence::MIGRATOR")]
+async fn tail_a_merges_measured_gain_is_read_back(pool: PgPool) {
+    let p = Persistence::from_pool(pool);
+    let (_l, fence) = lead(&p, "l", 60).await;
+    let (_, _, g) = temporal_merge_committed(&p, &fence).await;
     let merges = p.merges_of_live_jobs().await.unwrap();
     assert_eq!(merges[0].observed_gain, None);
     let w = RoundWrites {
@@ -1210,24 +1216,9 @@ async fn tail_a_merges_measured_gain_is_read_back(pool: PgPool) {
 /// second release of a split merge writes nothing.
 #[sqlx::test(migrator = "scheduler_svc::persistence::MIGRATOR")]
 async fn tail_a_released_merge_is_split_with_the_rounds_reason(pool: PgPool) {
-    use fmsched_core::policy::MergeMode;
-    use scheduler_svc::persistence::NewMerge;
     let p = Persistence::from_pool(pool);
     let (_l, fence) = lead(&p, "l", 60).await;
-    let a = created(submit(&p, "u", None, 0).await).id;
-    let b = created(submit(&p, "u", None, 1).await).id;
-    let w = RoundWrites {
-        new_merges: vec![NewMerge {
-            a,
-            b,
-            mode: MergeMode::Temporal,
-            gain_ab: 0.3,
-            gain_ba: 0.0,
-            warm: false,
-        }],
-        ..Default::default()
-    };
-    let g = p.commit_round(&fence, 0, &w, t(1)).await.unwrap();
+    let (a, b, g) = temporal_merge_committed(&p, &fence).await;
     let merges = p.merges_of_live_jobs().await.unwrap();
     assert_eq!(merges.len(), 1);
     assert!(merges[0].active);

@@ -1411,6 +1411,22 @@ pub(crate) mod tests {
         assert!(view.jobs[2].family_time_ratio.is_empty(), "pinned");
     }
 
+    /// An active merge of jobs `a` and `b` at predicted gain `g` both ways,
+    /// not guarded or measured yet.
+    fn active_merge(id: i64, (a, b): (u8, u8), mode: MergeMode, g: f64) -> MergeRecord {
+        MergeRecord {
+            id,
+            a: job(a),
+            b: job(b),
+            mode,
+            gain_ab: g,
+            gain_ba: g,
+            active: true,
+            guard_passed: false,
+            observed_gain: None,
+        }
+    }
+
     /// B of a kept temporal merge is planned from A's weights (1,000
     /// iterations at `G` = 0.5: 667), and also asked of the time table as
     /// it would train alone, from scratch (1,000), for the round's test of
@@ -1430,20 +1446,9 @@ pub(crate) mod tests {
         .into_iter()
         .map(|r| (r.id, r))
         .collect();
-        let merge = |id: i64, a: u8, b: u8, mode: MergeMode| MergeRecord {
-            id,
-            a: job(a),
-            b: job(b),
-            mode,
-            gain_ab: 0.5,
-            gain_ba: 0.5,
-            active: true,
-            guard_passed: false,
-            observed_gain: None,
-        };
         let merges = vec![
-            merge(1, 1, 2, MergeMode::Temporal),
-            merge(2, 3, 4, MergeMode::Spatial),
+            active_merge(1, (1, 2), MergeMode::Temporal, 0.5),
+            active_merge(2, (3, 4), MergeMode::Spatial, 0.5),
         ];
         let o = Observed {
             live: live.clone(),
@@ -1498,27 +1503,14 @@ pub(crate) mod tests {
         .collect();
         let left = |observed: Option<f64>, spatial_observed: Option<f64>| {
             let merges = vec![
+                // Job 1 completed: not live.
                 MergeRecord {
-                    id: 1,
-                    a: job(1), // completed: not live
-                    b: job(2),
-                    mode: MergeMode::Temporal,
-                    gain_ab: 0.5,
-                    gain_ba: 0.0,
-                    active: true,
-                    guard_passed: true,
                     observed_gain: observed,
+                    ..active_merge(1, (1, 2), MergeMode::Temporal, 0.5)
                 },
                 MergeRecord {
-                    id: 2,
-                    a: job(3),
-                    b: job(4),
-                    mode: MergeMode::Spatial,
-                    gain_ab: 0.25,
-                    gain_ba: 0.25,
-                    active: true,
-                    guard_passed: true,
                     observed_gain: spatial_observed,
+                    ..active_merge(2, (3, 4), MergeMode::Spatial, 0.25)
                 },
             ];
             let mut o = Observed {
