@@ -488,17 +488,59 @@ struct Accuracy {
     /// Truths inside the predicted [low, high] (prior only).
     covered: usize,
     predicted: usize,
+    /// (temporal, model, task) → the sum of its cases' APE: where the
+    /// mean's error sits.
+    by_task: BTreeMap<(bool, String, String), f64>,
 }
 
 impl Accuracy {
     fn push(&mut self, case: &Case, pred: f64) {
         let truth = true_epochs(&case.curve, case.target);
+        let e = ape(pred, truth);
         let s = if case.temporal {
             &mut self.temporal
         } else {
             &mut self.alone
         };
-        s.push(ape(pred, truth));
+        s.push(e);
+        *self
+            .by_task
+            .entry((case.temporal, case.model.clone(), case.task.clone()))
+            .or_default() += e;
+    }
+
+    /// The `k` tasks that carry most of the mean APE of one kind, each
+    /// as "model/task (its cases of all of the kind) its share of the APE
+    /// summed over the kind".
+    fn worst_tasks(&self, temporal: bool, cases: &[Case], k: usize) -> String {
+        let all = if temporal {
+            &self.temporal
+        } else {
+            &self.alone
+        };
+        let total: f64 = all.0.iter().sum();
+        let n = all.0.len().max(1);
+        let mut tasks: Vec<(&(bool, String, String), &f64)> = self
+            .by_task
+            .iter()
+            .filter(|(key, _)| key.0 == temporal)
+            .collect();
+        tasks.sort_by(|a, b| b.1.total_cmp(a.1));
+        tasks
+            .iter()
+            .take(k)
+            .map(|((_, model, task), sum)| {
+                let jobs = cases
+                    .iter()
+                    .filter(|c| c.temporal == temporal && &c.model == model && &c.task == task)
+                    .count();
+                format!(
+                    "{model}/{task} ({jobs} of {n} cases) {:.0}%",
+                    100.0 * **sum / total.max(1e-12)
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
     }
 }
 
@@ -807,6 +849,14 @@ fn run() -> anyhow::Result<()> {
                             format!("{:.2}", s.max()),
                         );
                     }
+                }
+                // Where the learned prior's error sits: a few tasks whose
+                // one curve stands for many jobs carry most of the mean.
+                for (kind, temporal) in [("alone", false), ("temporal", true)] {
+                    out(
+                        &format!("anchor_{n}ep_prior_{kind}_worst_tasks_share_of_ape"),
+                        prior.worst_tasks(temporal, &cases, 3),
+                    );
                 }
                 let once = anchor_accuracy(&distinct, &cases, &curves, n).prior;
                 out(
