@@ -488,9 +488,9 @@ struct Accuracy {
     /// Truths inside the predicted [low, high] (prior only).
     covered: usize,
     predicted: usize,
-    /// (temporal, model, task) → the sum of its cases' APE: where the
-    /// mean's error sits.
-    by_task: BTreeMap<(bool, String, String), f64>,
+    /// (temporal, model, task) → its cases and the sum of their APE:
+    /// where the mean's error sits.
+    by_task: BTreeMap<(bool, String, String), (usize, f64)>,
 }
 
 impl Accuracy {
@@ -503,16 +503,18 @@ impl Accuracy {
             &mut self.alone
         };
         s.push(e);
-        *self
+        let task = self
             .by_task
             .entry((case.temporal, case.model.clone(), case.task.clone()))
-            .or_default() += e;
+            .or_default();
+        task.0 += 1;
+        task.1 += e;
     }
 
     /// The `k` tasks that carry most of the mean APE of one kind, each
     /// as "model/task (its cases of all of the kind) its share of the APE
     /// summed over the kind".
-    fn worst_tasks(&self, temporal: bool, cases: &[Case], k: usize) -> String {
+    fn worst_tasks(&self, temporal: bool, k: usize) -> String {
         let all = if temporal {
             &self.temporal
         } else {
@@ -520,23 +522,19 @@ impl Accuracy {
         };
         let total: f64 = all.0.iter().sum();
         let n = all.0.len().max(1);
-        let mut tasks: Vec<(&(bool, String, String), &f64)> = self
+        let mut tasks: Vec<_> = self
             .by_task
             .iter()
             .filter(|(key, _)| key.0 == temporal)
             .collect();
-        tasks.sort_by(|a, b| b.1.total_cmp(a.1));
+        tasks.sort_by(|a, b| b.1.1.total_cmp(&a.1.1));
         tasks
             .iter()
             .take(k)
-            .map(|((_, model, task), sum)| {
-                let jobs = cases
-                    .iter()
-                    .filter(|c| c.temporal == temporal && &c.model == model && &c.task == task)
-                    .count();
+            .map(|((_, model, task), (jobs, sum))| {
                 format!(
                     "{model}/{task} ({jobs} of {n} cases) {:.0}%",
-                    100.0 * **sum / total.max(1e-12)
+                    100.0 * sum / total.max(1e-12)
                 )
             })
             .collect::<Vec<_>>()
@@ -855,7 +853,7 @@ fn run() -> anyhow::Result<()> {
                 for (kind, temporal) in [("alone", false), ("temporal", true)] {
                     out(
                         &format!("anchor_{n}ep_prior_{kind}_worst_tasks_share_of_ape"),
-                        prior.worst_tasks(temporal, &cases, 3),
+                        prior.worst_tasks(temporal, 3),
                     );
                 }
                 let once = anchor_accuracy(&distinct, &cases, &curves, n).prior;
