@@ -59,7 +59,7 @@ fn estimate_prior_leave_one_task_out_on_the_published_curves() {
     );
     // Finished jobs' targets are worth their keep: from 3 epochs the prior
     // beats both the same library without them (the curves' shapes alone,
-    // 16.3 % / 14.2 %) and the no-estimate yardstick (14.2 % / 16.8 %), on
+    // 16.1 % / 13.6 %) and the no-estimate yardstick (14.2 % / 16.8 %), on
     // jobs alone and temporal pairs; from 5 epochs it beats the shapes.
     for n in [3, 5] {
         for kind in ["alone", "temporal"] {
@@ -89,6 +89,11 @@ fn estimate_prior_leave_one_task_out_on_the_published_curves() {
     // never reached and their truth became the last epoch).
     assert_eq!(get("anchor_alone_targets_at_curve_best_pct"), 100.0);
     assert_eq!(get("anchor_alone_distinct_cases"), 35.0);
+    // Every case of the three modes is read: the tasks of spatial pairs
+    // (finished merged jobs in the libraries) with their task's target.
+    assert_eq!(get("anchor_alone_jobs"), 660.0);
+    assert_eq!(get("anchor_temporal_pairs"), 294.0);
+    assert_eq!(get("anchor_spatial_pair_tasks"), 296.0);
     // The no-estimate yardstick (train to the cap unless the head met the
     // target) depends on the data alone: 387 of the 660 jobs alone first
     // reach their target at the last epoch, the rest earlier. Pinned, so a

@@ -235,12 +235,15 @@ impl Catalog {
     /// The prior of the learned estimator ([`fmsched_estimator::curve_prior`])
     /// for a job of `task`: every per-epoch curve of `model` that does not
     /// involve `task` (its own task left out, as a new task's job sees only
-    /// other tasks' finished jobs), alone and temporal, plus the shipped
+    /// other tasks' finished jobs), alone, temporal and spatial, plus the shipped
     /// curve shapes; and, as finished jobs with the targets they trained
     /// for, the workload's jobs of the model's other tasks (`targets`) on
-    /// their curves alone, and each temporal curve A ↦ B involving neither
-    /// task with the median target of B's jobs (as `estimator-accuracy`
-    /// measures it).
+    /// their curves alone, each temporal curve A ↦ B involving neither
+    /// task with the median target of B's jobs, and each task's curve in a
+    /// spatial pair A|B involving neither task with the median target of
+    /// that task's jobs (a merged job that completed is a finished job of
+    /// the model, as the scheduler's prior reads it; as
+    /// `estimator-accuracy` measures it).
     pub fn prior_library(&self, model: &str, task: &str, targets: &JobTargets) -> CurveLibrary {
         let mut lib = CurveLibrary::new();
         if let Some(m) = self.models.get(model) {
@@ -258,28 +261,35 @@ impl Catalog {
                     }
                 }
             }
-            for ((a, b), w) in &m.temporal {
-                let (Work::Curve(c), Some(jobs)) = (w, targets.get(b)) else {
-                    continue;
-                };
-                if a == task || b == task || jobs.is_empty() {
-                    continue;
-                }
-                let mut ts: Vec<f64> = jobs.iter().map(|j| j.1).collect();
+            // The median target of a task's jobs, if it has any.
+            let median = |t: &str| {
+                let mut ts: Vec<f64> = targets.get(t)?.iter().map(|j| j.1).collect();
                 ts.sort_by(f64::total_cmp);
-                let _ = lib.add_example(c, ts[ts.len() / 2], false);
+                ts.get(ts.len() / 2).copied()
+            };
+            let spatial = m
+                .spatial
+                .iter()
+                .filter(|((a, b), _)| a != task && b != task)
+                .flat_map(|((a, b), (wa, wb))| [(a, wa), (b, wb)]);
+            let temporal = m
+                .temporal
+                .iter()
+                .filter(|((a, b), _)| a != task && b != task)
+                .map(|((_, b), w)| (b, w));
+            // (the task whose curve it is, the curve) of every pair.
+            let pairs = temporal.chain(spatial);
+            for (t, w) in pairs.clone() {
+                if let (Work::Curve(c), Some(target)) = (w, median(t)) {
+                    let _ = lib.add_example(c, target, false);
+                }
             }
             let alone = m
                 .tasks
                 .iter()
                 .filter(|(t, _)| t.as_str() != task)
                 .flat_map(|(_, info)| info.alone.values());
-            let temporal = m
-                .temporal
-                .iter()
-                .filter(|((a, b), _)| a != task && b != task)
-                .map(|(_, w)| w);
-            for w in alone.chain(temporal) {
+            for w in alone.chain(pairs.map(|(_, w)| w)) {
                 if let Work::Curve(c) = w {
                     // Curves read from a catalog are finite (checked on load).
                     let _ = lib.push(c, false);
@@ -582,5 +592,39 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.to_string().contains("samples_per_epoch"), "{e}");
+    }
+
+    #[test]
+    fn estimate_prior_library_holds_other_tasks_jobs_alone_temporal_and_spatial() {
+        let curve = |v: f64| format!("{{\"curve\": [[1.0, {v}], [2.0, 0.9], [3.0, 0.95]]}}");
+        let json = format!(
+            r#"{{"models": {{"vit": {{
+            "alone": {{"a": {{"k": {a}}}, "b": {{"k": {b}}}, "c": {{"k": {c}}}}},
+            "temporal": {{"a->b": {t}, "b->c": {t}}},
+            "spatial": {{"a|c": {{"a": {s}, "c": {s}}}, "b|c": {{"b": {s}, "c": {s}}}}}}}}}}}"#,
+            a = curve(0.5),
+            b = curve(0.6),
+            c = curve(0.7),
+            t = curve(0.8),
+            s = curve(0.85),
+        );
+        let cat = Catalog::from_json("task-curves.json", &json).unwrap();
+        let mut targets = JobTargets::new();
+        for t in ["a", "b", "c"] {
+            targets.insert(t.into(), vec![(Some("k".into()), 0.9), (None, 0.93)]);
+        }
+        // A job of a: b's and c's jobs alone (2 each), the temporal pair
+        // b->c, and both tasks of the spatial pair b|c; a->b and a|c
+        // involve a and are left out.
+        let lib = cat.prior_library("vit", "a", &targets);
+        assert_eq!(lib.examples(), 2 + 2 + 1 + 2);
+        // Curves: b's and c's alone, b->c, b|c's two.
+        assert_eq!(lib.jobs(), 2 + 1 + 2);
+        // A task without workload jobs has no target: its curve in a pair
+        // is a shape, not an example: b's jobs alone and b in b|c.
+        targets.remove("c");
+        let lib = cat.prior_library("vit", "a", &targets);
+        assert_eq!(lib.examples(), 2 + 1);
+        assert_eq!(lib.jobs(), 2 + 1 + 2);
     }
 }

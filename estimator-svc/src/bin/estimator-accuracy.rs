@@ -7,8 +7,10 @@
 //! (iterations-to-converge APE) and the speed of a fit, of pair scoring and
 //! of a round's time table. With `--anchor-dir` (published TitanSched
 //! profiles and curves, not shipped with fmsched): epochs-to-target
-//! predicted from the first 3 epochs of each curve, and leave-one-out
-//! interpolation error of the LUT on the published profiles.
+//! predicted from the first 3 and 5 epochs of each curve (jobs alone,
+//! temporal pairs' B, spatial pairs' tasks; each with its own task left out
+//! of the prior), and leave-one-out interpolation error of the LUT on the
+//! published profiles.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -388,24 +390,43 @@ fn workload_targets(dir: &Path) -> anyhow::Result<Targets> {
     Ok(out)
 }
 
-/// One prediction to make: a job's (or a temporal pair's B) curve and
-/// target, and the task whose curves its prior must not see.
+/// How a case's job was trained (Ymir §3's transfer modes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Mode {
+    /// From the pre-trained weights, alone.
+    Alone,
+    /// B after A: from the weights A's fine-tuning left.
+    Temporal,
+    /// One task of a joint job of two (A|B), trained together.
+    Spatial,
+}
+
+/// One prediction to make: a job's (a temporal pair's B, a spatial pair's
+/// task) curve and target, and the task whose curves its prior must not
+/// see.
 #[derive(Clone)]
 struct Case {
     model: String,
     task: String,
-    /// The tasks its curve involves (alone: its task; temporal A->B: both):
-    /// as a finished job in another job's library, it is left out when it
-    /// involves that job's task.
+    /// The tasks its curve involves (alone: its task; temporal A->B and
+    /// spatial A|B: both): as a finished job in another job's library, it
+    /// is left out when it involves that job's task.
     involves: Vec<String>,
     curve: Vec<(f64, f64)>,
     target: f64,
-    temporal: bool,
+    mode: Mode,
 }
 
 /// Per model, every published curve with the tasks it involves (alone: its
-/// task; temporal A->B: both).
+/// task; temporal A->B and spatial A|B: both).
 type ModelCurves = BTreeMap<String, Vec<(Vec<String>, Vec<f64>)>>;
+
+/// The median of the targets of the workload jobs of one task.
+fn median_target(jobs: &[(String, f64)]) -> f64 {
+    let mut ts: Vec<f64> = jobs.iter().map(|j| j.1).collect();
+    ts.sort_by(f64::total_cmp);
+    ts[ts.len() / 2]
+}
 
 /// The published curves as prediction cases, and every curve by model.
 fn anchor_cases(dir: &Path) -> anyhow::Result<(Vec<Case>, ModelCurves)> {
@@ -450,7 +471,7 @@ fn anchor_cases(dir: &Path) -> anyhow::Result<(Vec<Case>, ModelCurves)> {
                         involves: vec![task.clone()],
                         curve,
                         target: *target,
-                        temporal: false,
+                        mode: Mode::Alone,
                     });
                 }
             }
@@ -465,67 +486,99 @@ fn anchor_cases(dir: &Path) -> anyhow::Result<(Vec<Case>, ModelCurves)> {
             else {
                 continue;
             };
-            let mut ts: Vec<f64> = jobs.iter().map(|j| j.1).collect();
-            ts.sort_by(f64::total_cmp);
             cases.push(Case {
                 model: model.clone(),
                 task: b.to_string(),
                 involves: vec![a.to_string(), b.to_string()],
                 curve,
-                target: ts[ts.len() / 2],
-                temporal: true,
+                target: median_target(jobs),
+                mode: Mode::Temporal,
             });
+        }
+        // Spatial A|B: each task's curve in the joint job, with the median
+        // target of that task's workload jobs (a task without workload
+        // jobs, such as a language-modelling partner, has no target). A
+        // merged job that completed is a finished job of the model like
+        // any other: the scheduler's prior reads it too.
+        for (pair, members) in m["spatial"].as_object().into_iter().flatten() {
+            let Some((a, b)) = pair.split_once('|') else {
+                continue;
+            };
+            for (task, v) in members.as_object().into_iter().flatten() {
+                let (Some(curve), Some(jobs)) =
+                    (parse_curve(v), targets.get(&(model.clone(), task.clone())))
+                else {
+                    continue;
+                };
+                all.push((
+                    vec![a.to_string(), b.to_string()],
+                    curve.iter().map(|p| p.1).collect(),
+                ));
+                cases.push(Case {
+                    model: model.clone(),
+                    task: task.clone(),
+                    involves: vec![a.to_string(), b.to_string()],
+                    curve,
+                    target: median_target(jobs),
+                    mode: Mode::Spatial,
+                });
+            }
         }
     }
     Ok((cases, curves))
 }
 
-/// Epochs-to-target APE on the published curves, alone and temporal.
+/// Epochs-to-target APE on the published curves, by mode.
 #[derive(Default)]
 struct Accuracy {
     alone: Stats,
     temporal: Stats,
+    spatial: Stats,
     /// Truths inside the predicted [low, high] (prior only).
     covered: usize,
     predicted: usize,
-    /// (temporal, model, task) → its cases and the sum of their APE:
-    /// where the mean's error sits.
-    by_task: BTreeMap<(bool, String, String), (usize, f64)>,
+    /// (mode, model, task) → its cases and the sum of their APE: where
+    /// the mean's error sits.
+    by_task: BTreeMap<(Mode, String, String), (usize, f64)>,
 }
 
 impl Accuracy {
+    fn stats(&self, mode: Mode) -> &Stats {
+        match mode {
+            Mode::Alone => &self.alone,
+            Mode::Temporal => &self.temporal,
+            Mode::Spatial => &self.spatial,
+        }
+    }
+
     fn push(&mut self, case: &Case, pred: f64) {
         let truth = true_epochs(&case.curve, case.target);
         let e = ape(pred, truth);
-        let s = if case.temporal {
-            &mut self.temporal
-        } else {
-            &mut self.alone
-        };
-        s.push(e);
+        match case.mode {
+            Mode::Alone => &mut self.alone,
+            Mode::Temporal => &mut self.temporal,
+            Mode::Spatial => &mut self.spatial,
+        }
+        .push(e);
         let task = self
             .by_task
-            .entry((case.temporal, case.model.clone(), case.task.clone()))
+            .entry((case.mode, case.model.clone(), case.task.clone()))
             .or_default();
         task.0 += 1;
         task.1 += e;
     }
 
-    /// The `k` tasks that carry most of the mean APE of one kind, each
-    /// as "model/task (its cases of all of the kind) its share of the APE
-    /// summed over the kind".
-    fn worst_tasks(&self, temporal: bool, k: usize) -> String {
-        let all = if temporal {
-            &self.temporal
-        } else {
-            &self.alone
-        };
+    /// The `k` tasks that carry most of the mean APE of one mode, each as
+    /// "model/task (its cases of all of the mode) its share of the APE
+    /// summed over the mode".
+    fn worst_tasks(&self, mode: Mode, k: usize) -> String {
+        let all = self.stats(mode);
         let total: f64 = all.0.iter().sum();
         let n = all.0.len().max(1);
         let mut tasks: Vec<_> = self
             .by_task
             .iter()
-            .filter(|(key, _)| key.0 == temporal)
+            .filter(|(key, _)| key.0 == mode)
             .collect();
         tasks.sort_by(|a, b| b.1.1.total_cmp(&a.1.1));
         tasks
@@ -771,14 +824,14 @@ fn run() -> anyhow::Result<()> {
         Some(dir) if dir.join("task-curves.json").exists() => {
             eprintln!("reading anchor data in {} ...", dir.display());
             let (cases, curves) = anchor_cases(&dir)?;
-            out(
-                "anchor_alone_jobs",
-                cases.iter().filter(|c| !c.temporal).count(),
-            );
-            out(
-                "anchor_temporal_pairs",
-                cases.iter().filter(|c| c.temporal).count(),
-            );
+            let alone = |c: &&Case| c.mode == Mode::Alone;
+            for (name, mode) in [
+                ("anchor_alone_jobs", Mode::Alone),
+                ("anchor_temporal_pairs", Mode::Temporal),
+                ("anchor_spatial_pair_tasks", Mode::Spatial),
+            ] {
+                out(name, cases.iter().filter(|c| c.mode == mode).count());
+            }
             // The workloads repeat jobs: many share one published curve
             // (task, learning rate, accumulation) and target. Each distinct
             // case once, and how many targets are their curve's best value
@@ -789,7 +842,7 @@ fn run() -> anyhow::Result<()> {
                 let same = |d: &Case| {
                     d.model == c.model
                         && d.task == c.task
-                        && d.temporal == c.temporal
+                        && d.mode == c.mode
                         && d.target.to_bits() == c.target.to_bits()
                         && d.curve == c.curve
                 };
@@ -799,11 +852,11 @@ fn run() -> anyhow::Result<()> {
             }
             out(
                 "anchor_alone_distinct_cases",
-                distinct.iter().filter(|c| !c.temporal).count(),
+                distinct.iter().filter(alone).count(),
             );
             let at_best = cases
                 .iter()
-                .filter(|c| !c.temporal)
+                .filter(alone)
                 .filter(|c| {
                     // The targets are printed to 16 digits: within an ulp.
                     let best = c.curve.iter().map(|p| p.1).fold(f64::MIN, f64::max);
@@ -814,8 +867,7 @@ fn run() -> anyhow::Result<()> {
                 "anchor_alone_targets_at_curve_best_pct",
                 format!(
                     "{:.1}",
-                    100.0 * at_best as f64
-                        / cases.iter().filter(|c| !c.temporal).count().max(1) as f64
+                    100.0 * at_best as f64 / cases.iter().filter(alone).count().max(1) as f64
                 ),
             );
             let mut headline = (0.0, 0.0);
@@ -837,7 +889,11 @@ fn run() -> anyhow::Result<()> {
                     ("own_curve_ceiling", &own),
                     ("train_to_cap", &cap),
                 ] {
-                    for (kind, s) in [("alone", &acc.alone), ("temporal", &acc.temporal)] {
+                    for (kind, s) in [
+                        ("alone", &acc.alone),
+                        ("temporal", &acc.temporal),
+                        ("spatial", &acc.spatial),
+                    ] {
                         out(
                             &format!("anchor_{n}ep_{name}_{kind}_epochs_ape_mean_pct"),
                             format!("{:.2}", s.mean()),
@@ -850,10 +906,14 @@ fn run() -> anyhow::Result<()> {
                 }
                 // Where the learned prior's error sits: a few tasks whose
                 // one curve stands for many jobs carry most of the mean.
-                for (kind, temporal) in [("alone", false), ("temporal", true)] {
+                for (kind, mode) in [
+                    ("alone", Mode::Alone),
+                    ("temporal", Mode::Temporal),
+                    ("spatial", Mode::Spatial),
+                ] {
                     out(
                         &format!("anchor_{n}ep_prior_{kind}_worst_tasks_share_of_ape"),
-                        prior.worst_tasks(temporal, 3),
+                        prior.worst_tasks(mode, 3),
                     );
                 }
                 let once = anchor_accuracy(&distinct, &cases, &curves, n).prior;
@@ -880,6 +940,11 @@ fn run() -> anyhow::Result<()> {
                     own.temporal.mean(),
                     cap.alone.mean(),
                     cap.temporal.mean()
+                );
+                summary += &format!(
+                    ", spatial pairs' tasks: prior {:.1}%, training to the cap {:.1}%",
+                    prior.spatial.mean(),
+                    cap.spatial.mean()
                 );
                 if n == 5 {
                     headline = (prior.alone.mean(), prior.temporal.mean());
