@@ -568,6 +568,25 @@ impl Accuracy {
         task.1 += e;
     }
 
+    /// The mean APE of one mode per model, as "model mean% (cases)".
+    fn by_model(&self, mode: Mode) -> String {
+        let mut models: BTreeMap<&str, (usize, f64)> = BTreeMap::new();
+        for ((m, model, _), (cases, sum)) in &self.by_task {
+            if *m == mode {
+                let e = models.entry(model.as_str()).or_default();
+                e.0 += cases;
+                e.1 += sum;
+            }
+        }
+        models
+            .iter()
+            .map(|(model, (cases, sum))| {
+                format!("{model} {:.2}% ({cases})", sum / (*cases).max(1) as f64)
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
     /// The `k` tasks that carry most of the mean APE of one mode, each as
     /// "model/task (its cases of all of the mode) its share of the APE
     /// summed over the mode".
@@ -914,6 +933,10 @@ fn run() -> anyhow::Result<()> {
                     out(
                         &format!("anchor_{n}ep_prior_{kind}_worst_tasks_share_of_ape"),
                         prior.worst_tasks(mode, 3),
+                    );
+                    out(
+                        &format!("anchor_{n}ep_prior_{kind}_epochs_ape_mean_by_model"),
+                        prior.by_model(mode),
                     );
                 }
                 let once = anchor_accuracy(&distinct, &cases, &curves, n).prior;
