@@ -551,15 +551,18 @@ impl Accuracy {
         }
     }
 
-    fn push(&mut self, case: &Case, pred: f64) {
-        let truth = true_epochs(&case.curve, case.target);
-        let e = ape(pred, truth);
-        match case.mode {
+    fn stats_mut(&mut self, mode: Mode) -> &mut Stats {
+        match mode {
             Mode::Alone => &mut self.alone,
             Mode::Temporal => &mut self.temporal,
             Mode::Spatial => &mut self.spatial,
         }
-        .push(e);
+    }
+
+    fn push(&mut self, case: &Case, pred: f64) {
+        let truth = true_epochs(&case.curve, case.target);
+        let e = ape(pred, truth);
+        self.stats_mut(case.mode).push(e);
         let task = self
             .by_task
             .entry((case.mode, case.model.clone(), case.task.clone()))
