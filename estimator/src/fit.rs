@@ -8,6 +8,13 @@ pub trait Model {
     const N: usize;
     fn eval(&self, p: &[f64], x: f64) -> f64;
     fn grad(&self, p: &[f64], x: f64, g: &mut [f64]);
+    /// `eval` and `grad` in one pass: a model whose value and gradient
+    /// share work (a denominator) overrides it. It must return exactly what
+    /// `eval` returns and write exactly what `grad` writes.
+    fn eval_grad(&self, p: &[f64], x: f64, g: &mut [f64]) -> f64 {
+        self.grad(p, x, g);
+        self.eval(p, x)
+    }
     /// Lower and upper bound of each parameter.
     fn bounds(&self) -> (&[f64], &[f64]);
 }
@@ -89,18 +96,20 @@ pub fn levenberg_marquardt<M: Model>(
     let mut g = vec![0.0; n];
     let mut jtj = vec![0.0; n * n];
     let mut jtr = vec![0.0; n];
+    // Each trial step's damped system, its solution and the trial point.
+    let (mut a, mut step, mut q) = (vec![0.0; n * n], vec![0.0; n], vec![0.0; n]);
     let mut iters = 0;
     while iters < max_iter {
         iters += 1;
         jtj.iter_mut().for_each(|v| *v = 0.0);
         jtr.iter_mut().for_each(|v| *v = 0.0);
         for ((&x, &y), &wi) in xs.iter().zip(ys).zip(w) {
-            m.grad(&p, x, &mut g);
-            let r = y - m.eval(&p, x);
+            let r = y - m.eval_grad(&p, x, &mut g);
             for i in 0..n {
-                jtr[i] += wi * g[i] * r;
+                let wg = wi * g[i];
+                jtr[i] += wg * r;
                 for j in i..n {
-                    jtj[i * n + j] += wi * g[i] * g[j];
+                    jtj[i * n + j] += wg * g[j];
                 }
             }
         }
@@ -111,21 +120,23 @@ pub fn levenberg_marquardt<M: Model>(
         }
         let mut improved = false;
         for _ in 0..12 {
-            let mut a = jtj.clone();
+            a.copy_from_slice(&jtj);
             for i in 0..n {
                 a[i * n + i] += lambda * (jtj[i * n + i] + 1e-12);
             }
-            let mut step = jtr.clone();
+            step.copy_from_slice(&jtr);
             if solve(n, &mut a, &mut step).is_none() {
                 lambda *= 10.0;
                 continue;
             }
-            let mut q: Vec<f64> = p.iter().zip(&step).map(|(a, b)| a + b).collect();
+            for ((qi, pi), si) in q.iter_mut().zip(&p).zip(&step) {
+                *qi = pi + si;
+            }
             clamp_into(m, &mut q);
             let c = sse(m, &q, xs, ys, w);
             if c.is_finite() && c < cost {
                 let rel = (cost - c) / cost.max(1e-300);
-                p = q;
+                std::mem::swap(&mut p, &mut q);
                 cost = c;
                 lambda = (lambda * 0.3).max(1e-12);
                 improved = true;

@@ -73,7 +73,8 @@ pub fn cosine_distance(a: &[f64], b: &[f64]) -> f64 {
 }
 
 /// Thesis Eq. 3.3. Entries where both embeddings are 0 carry no information
-/// and count as equal (½, ½).
+/// and count as equal (½, ½). Symmetric: `d_sym(a, b) == d_sym(b, a)`
+/// exactly (each entry's two shares swap, and so do the two norms).
 pub fn d_sym(fa: &[f64], fb: &[f64]) -> f64 {
     let (mut dot, mut na, mut nb) = (0.0, 0.0, 0.0);
     for (&x, &y) in fa.iter().zip(fb) {
@@ -106,19 +107,31 @@ pub fn spatial_score(a: &TaskEmbedding, b: &TaskEmbedding) -> f64 {
 
 /// Scores of every ordered pair of `tasks`: `(i, j, S(i ↦ j))` for `i ≠ j`.
 /// Each task's self-distance `d_sym(F_j, F'_j)` (the second term of Eq. 3.4)
-/// is computed once, not once per pair, so a round's matrix costs one
-/// `d_sym` per pair.
+/// is computed once, not once per pair, and `d_sym` is symmetric (Eq. 3.3
+/// treats both sides alike), so a round's matrix costs one `d_sym` per
+/// unordered pair.
 pub fn temporal_scores(tasks: &[TaskEmbedding]) -> Vec<(usize, usize, f64)> {
+    let n = tasks.len();
     let own: Vec<f64> = tasks
         .iter()
         .map(|t| d_sym(&t.fisher, &t.fisher_repeat))
         .collect();
-    let mut out = Vec::with_capacity(tasks.len() * tasks.len().saturating_sub(1));
+    // d_sym(F_i, F_j) for i < j, row by row.
+    let mut upper = Vec::with_capacity(n * n.saturating_sub(1) / 2);
     for (i, a) in tasks.iter().enumerate() {
-        for (j, b) in tasks.iter().enumerate() {
-            if i != j {
-                out.push((i, j, d_sym(&a.fisher, &b.fisher) - own[j]));
-            }
+        for b in &tasks[i + 1..] {
+            upper.push(d_sym(&a.fisher, &b.fisher));
+        }
+    }
+    // Row i starts after rows 0..i, of n−1, n−2, … entries.
+    let at = |i: usize, j: usize| {
+        let (i, j) = if i < j { (i, j) } else { (j, i) };
+        upper[i * (2 * n - i - 1) / 2 + (j - i - 1)]
+    };
+    let mut out = Vec::with_capacity(n * n.saturating_sub(1));
+    for i in 0..n {
+        for j in (0..n).filter(|&j| j != i) {
+            out.push((i, j, at(i, j) - own[j]));
         }
     }
     out
@@ -336,6 +349,62 @@ mod tests {
         assert!((a - 0.5).abs() < 0.05 && (b + 1.2).abs() < 0.1, "{a} {b}");
         m.observe(f64::NAN, 1.0);
         assert_eq!(m.observed(), 200);
+    }
+
+    /// `n` pseudo-random Fisher diagonals of `dim` entries, some 0 in both.
+    fn embeddings(n: usize, dim: usize) -> Vec<TaskEmbedding> {
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move || {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (state >> 11) as f64 / (1u64 << 53) as f64
+        };
+        (0..n)
+            .map(|_| {
+                let f: Vec<f64> = (0..dim)
+                    .map(|k| if k % 7 == 3 { 0.0 } else { next() * 2.0 })
+                    .collect();
+                TaskEmbedding {
+                    fisher_repeat: f.iter().map(|x| x * (0.9 + 0.2 * next())).collect(),
+                    fisher: f,
+                }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn d_sym_is_symmetric_bit_for_bit() {
+        // temporal_scores computes it once per unordered pair.
+        for dim in [1, 3, 9, 517] {
+            let t = embeddings(3, dim);
+            for (a, b) in [(0, 1), (1, 2), (2, 0)] {
+                let (fa, fb) = (&t[a].fisher, &t[b].fisher);
+                assert_eq!(
+                    d_sym(fa, fb).to_bits(),
+                    d_sym(fb, fa).to_bits(),
+                    "dim {dim}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn batch_scores_of_many_tasks_equal_pairwise_scores_in_order() {
+        let tasks = embeddings(7, 37);
+        let all = temporal_scores(&tasks);
+        let expected: Vec<(usize, usize)> = (0..7)
+            .flat_map(|i| (0..7).filter(move |&j| j != i).map(move |j| (i, j)))
+            .collect();
+        assert_eq!(
+            all.iter().map(|&(i, j, _)| (i, j)).collect::<Vec<_>>(),
+            expected
+        );
+        for (i, j, s) in all {
+            assert_eq!(s, temporal_score(&tasks[i], &tasks[j]), "{i} {j}");
+        }
+        assert!(temporal_scores(&[]).is_empty());
+        assert!(temporal_scores(&tasks[..1]).is_empty());
     }
 
     #[test]
