@@ -234,48 +234,82 @@ pub const PLATEAU_THRESHOLD: f64 = 0.001;
 
 /// Iterations to converge (Ymir Eq. 2) for a curve scaled by `1/(1+gain)`
 /// (gain 0 = the job alone), capped at `cap`. See the module docs for the
-/// flat-start and transferred-curve rules.
+/// flat-start and transferred-curve rules. [`Convergence`] answers it for
+/// many gains of one curve.
 pub fn iterations_to_converge(c: &LossCurve, gain: f64, threshold: f64, cap: u64) -> u64 {
-    // A gain at or below -1 would flip the curve; clamp to a 90 % loss.
-    let scale = 1.0 / (1.0 + gain.max(-0.9));
-    let norm = c.eval(0.0).max(1e-300); // max of a non-increasing curve
-    // L(k) − L(k+1) = (D(k+1) − D(k)) / (D(k)·D(k+1)) with D the Eq. 3
-    // denominator: exact far out, where subtracting two losses that agree
-    // to the last bit leaves rounding noise (which once sent the peak
-    // search below to a random k millions of iterations out).
-    let den = |k: f64| c.beta3 * k * k + c.beta2 * k + c.beta1;
-    let drop = |k: u64| {
+    Convergence::new(c, cap).iterations(gain, threshold)
+}
+
+/// Ymir Eq. 2 on one curve, for any gain: the search the round runs for
+/// every pair a job may join. The gain scales the loss by `1/(1+G)` and so
+/// scales every per-iteration drop by the same factor: where the drop
+/// peaks does not depend on it, and is found once here.
+#[derive(Clone, Copy, Debug)]
+pub struct Convergence {
+    curve: LossCurve,
+    cap: u64,
+    /// The loss at 0, the largest of a non-increasing curve: drops are
+    /// relative to it.
+    norm: f64,
+    /// The iteration at which the drop `L(k) − L(k+1)` peaks.
+    peak: u64,
+}
+
+impl Convergence {
+    pub fn new(c: &LossCurve, cap: u64) -> Self {
+        let mut me = Self {
+            curve: *c,
+            cap,
+            norm: c.eval(0.0).max(1e-300),
+            peak: 0,
+        };
+        // The drop is unimodal in k: find its peak (ternary search on
+        // integers).
+        let (mut lo, mut hi) = (0u64, cap);
+        while hi - lo > 2 {
+            let m1 = lo + (hi - lo) / 3;
+            let m2 = hi - (hi - lo) / 3;
+            if me.drop(m1) < me.drop(m2) {
+                lo = m1
+            } else {
+                hi = m2
+            }
+        }
+        me.peak = (lo..=hi)
+            .max_by(|&a, &b| me.drop(a).total_cmp(&me.drop(b)))
+            .unwrap_or(0);
+        me
+    }
+
+    /// The unscaled drop `L(k) − L(k+1)` relative to `L(0)`, as
+    /// `(D(k+1) − D(k)) / (D(k)·D(k+1))` with D the Eq. 3 denominator:
+    /// exact far out, where subtracting two losses that agree to the last
+    /// bit leaves rounding noise (which once sent the peak search to a
+    /// random k millions of iterations out).
+    fn drop(&self, k: u64) -> f64 {
+        let c = &self.curve;
+        let den = |k: f64| c.beta3 * k * k + c.beta2 * k + c.beta1;
         let k = k as f64;
-        scale * (c.beta3 * (2.0 * k + 1.0) + c.beta2) / (den(k) * den(k + 1.0)) / norm
-    };
-    // The drop is unimodal in k: find its peak (ternary search on integers).
-    let (mut lo, mut hi) = (0u64, cap);
-    while hi - lo > 2 {
-        let m1 = lo + (hi - lo) / 3;
-        let m2 = hi - (hi - lo) / 3;
-        if drop(m1) < drop(m2) {
-            lo = m1
-        } else {
-            hi = m2
+        (c.beta3 * (2.0 * k + 1.0) + c.beta2) / (den(k) * den(k + 1.0)) / self.norm
+    }
+
+    /// Eq. 2 for the curve scaled by `1/(1+gain)`: the first iteration past
+    /// the peak whose relative drop is at most `threshold`, else the cap.
+    pub fn iterations(&self, gain: f64, threshold: f64) -> u64 {
+        // A gain at or below -1 would flip the curve; clamp to a 90 % loss.
+        let scale = 1.0 / (1.0 + gain.max(-0.9));
+        let met = |k: u64| scale * self.drop(k) <= threshold;
+        if !met(self.cap) {
+            return self.cap;
         }
-    }
-    let peak = (lo..=hi)
-        .max_by(|&a, &b| drop(a).total_cmp(&drop(b)))
-        .unwrap_or(0);
-    if drop(cap) > threshold {
-        return cap;
-    }
-    // First k >= peak with drop(k) <= threshold (binary search on the falling side).
-    let (mut lo, mut hi) = (peak, cap);
-    while lo < hi {
-        let mid = lo + (hi - lo) / 2;
-        if drop(mid) <= threshold {
-            hi = mid
-        } else {
-            lo = mid + 1
+        // First k >= peak that meets it (binary search on the falling side).
+        let (mut lo, mut hi) = (self.peak, self.cap);
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            if met(mid) { hi = mid } else { lo = mid + 1 }
         }
+        lo
     }
-    lo
 }
 
 /// Saturating metric curve `m(k) = c − 1 / (a·k + b)` (a, b > 0), used to
@@ -388,6 +422,71 @@ pub fn fit_metric_curve(
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    /// Eq. 2 as the search once ran it: the peak searched on the scaled
+    /// drop, for each gain anew.
+    fn converge_scaled_peak(c: &LossCurve, gain: f64, threshold: f64, cap: u64) -> u64 {
+        let scale = 1.0 / (1.0 + gain.max(-0.9));
+        let norm = c.eval(0.0).max(1e-300);
+        let den = |k: f64| c.beta3 * k * k + c.beta2 * k + c.beta1;
+        let drop = |k: u64| {
+            let k = k as f64;
+            scale * (c.beta3 * (2.0 * k + 1.0) + c.beta2) / (den(k) * den(k + 1.0)) / norm
+        };
+        let (mut lo, mut hi) = (0u64, cap);
+        while hi - lo > 2 {
+            let (m1, m2) = (lo + (hi - lo) / 3, hi - (hi - lo) / 3);
+            if drop(m1) < drop(m2) {
+                lo = m1
+            } else {
+                hi = m2
+            }
+        }
+        let peak = (lo..=hi)
+            .max_by(|&a, &b| drop(a).total_cmp(&drop(b)))
+            .unwrap_or(0);
+        if drop(cap) > threshold {
+            return cap;
+        }
+        let (mut lo, mut hi) = (peak, cap);
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            if drop(mid) <= threshold {
+                hi = mid
+            } else {
+                lo = mid + 1
+            }
+        }
+        lo
+    }
+
+    #[test]
+    fn one_convergence_search_serves_every_gain() {
+        // Curves whose drop peaks at 0 (β3 = 0) and later (β3 > 0), fast
+        // and slow, with caps that bind and that do not.
+        let mut curves = Vec::new();
+        for b2 in [1e-4, 2e-3, 5e-2] {
+            for b3 in [0.0, 1e-9, 1e-6, 1e-4] {
+                for b1 in [0.5, 2.0] {
+                    curves.push(LossCurve::new(0.1, b1, b2, b3));
+                }
+            }
+        }
+        for c in &curves {
+            for cap in [50, 5_000, 2_000_000, u64::MAX / 4] {
+                let search = Convergence::new(c, cap);
+                for g in [-2.0, -0.5, -0.1, 0.0, 0.05, 0.3, 1.0, 4.0] {
+                    let k = search.iterations(g, PLATEAU_THRESHOLD);
+                    assert_eq!(k, iterations_to_converge(c, g, PLATEAU_THRESHOLD, cap));
+                    assert_eq!(
+                        k,
+                        converge_scaled_peak(c, g, PLATEAU_THRESHOLD, cap),
+                        "{c:?} cap {cap} gain {g}"
+                    );
+                }
+            }
+        }
+    }
 
     /// The fit's one-pass value and gradient are the two calls' exactly
     /// (the fit's path, and so every fitted curve, must not change).

@@ -19,7 +19,7 @@
 use std::collections::HashMap;
 
 use crate::icefrog;
-use crate::loss_curve::{LossCurve, PLATEAU_THRESHOLD, iterations_to_converge};
+use crate::loss_curve::{Convergence, LossCurve, PLATEAU_THRESHOLD};
 use crate::lut::{Lut, LutError, Variant};
 use crate::transfer::spatial_iterations;
 
@@ -196,12 +196,45 @@ pub fn seconds_per_effective_iteration(
 /// Iterations of `job` when helped by a gain `g` (from its curve when it has
 /// one; else `K / (1 + G)`, the same scaling applied to the iteration count).
 pub fn transferred_iterations(job: &JobInput, g: f64) -> u64 {
-    let cap = cap_of(job);
-    match &job.curve {
-        Some(c) => {
-            iterations_to_converge(c, g, PLATEAU_THRESHOLD, cap).saturating_sub(job.done_iterations)
+    JobSearch::new(job).transferred(job, g)
+}
+
+/// A job's Eq. 2 search for the round's many gains (one per pair it may
+/// join): its curve's [`Convergence`] and its iterations alone, `K(0)`,
+/// each found once.
+struct JobSearch {
+    convergence: Option<Convergence>,
+    alone: Option<u64>,
+}
+
+impl JobSearch {
+    fn new(job: &JobInput) -> Self {
+        let convergence = job.curve.as_ref().map(|c| Convergence::new(c, cap_of(job)));
+        Self {
+            alone: convergence.map(|c| c.iterations(0.0, PLATEAU_THRESHOLD)),
+            convergence,
         }
-        None => ((job.remaining_iterations as f64) / (1.0 + g.max(-0.9))).ceil() as u64,
+    }
+
+    /// [`transferred_iterations`].
+    fn transferred(&self, job: &JobInput, g: f64) -> u64 {
+        match &self.convergence {
+            Some(c) => c
+                .iterations(g, PLATEAU_THRESHOLD)
+                .saturating_sub(job.done_iterations),
+            None => ((job.remaining_iterations as f64) / (1.0 + g.max(-0.9))).ceil() as u64,
+        }
+    }
+
+    /// [`iterations_from_weights`].
+    fn after_weights(&self, job: &JobInput, g: f64) -> u64 {
+        match (&self.convergence, self.alone) {
+            (Some(c), Some(k0)) if job.done_iterations == 0 => {
+                let kg = c.iterations(g, PLATEAU_THRESHOLD) as f64;
+                ((job.remaining_iterations as f64) * kg / k0.max(1) as f64).ceil() as u64
+            }
+            _ => self.transferred(job, g),
+        }
     }
 }
 
@@ -217,15 +250,7 @@ pub fn transferred_iterations(job: &JobInput, g: f64) -> u64 {
 /// [`transferred_iterations`]. Spatial pairs keep that one too (Eq. 4 on
 /// each task's curve).
 pub fn iterations_from_weights(job: &JobInput, g: f64) -> u64 {
-    match &job.curve {
-        Some(c) if job.done_iterations == 0 => {
-            let cap = cap_of(job);
-            let k0 = iterations_to_converge(c, 0.0, PLATEAU_THRESHOLD, cap).max(1) as f64;
-            let kg = iterations_to_converge(c, g, PLATEAU_THRESHOLD, cap) as f64;
-            ((job.remaining_iterations as f64) * kg / k0).ceil() as u64
-        }
-        _ => transferred_iterations(job, g),
-    }
+    JobSearch::new(job).after_weights(job, g)
 }
 
 /// B of a temporal transfer from a completed job has trained `done`
@@ -249,8 +274,9 @@ pub fn fresh_start_pays(
         return None;
     }
     let cap = if cap == 0 { u64::MAX / 4 } else { cap };
-    let fresh = iterations_to_converge(curve, 0.0, PLATEAU_THRESHOLD, cap);
-    let left = iterations_to_converge(curve, g, PLATEAU_THRESHOLD, cap).saturating_sub(done);
+    let search = Convergence::new(curve, cap);
+    let fresh = search.iterations(0.0, PLATEAU_THRESHOLD);
+    let left = search.iterations(g, PLATEAU_THRESHOLD).saturating_sub(done);
     fmsched_core::policy::fresh_start_pays(left as f64, fresh as f64, restart_iterations)
         .then_some((left, fresh))
 }
@@ -348,7 +374,9 @@ pub fn time_table(
     }
 
     // Phase 2: pairs. Spatial pairs run at batch M_A + M_B in A's
-    // configuration (looked up through the same cache).
+    // configuration (looked up through the same cache). Each job's Eq. 2
+    // search is set up once for all the gains its pairs try.
+    let searches: Vec<JobSearch> = jobs.iter().map(JobSearch::new).collect();
     let mut out = Vec::with_capacity(pairs.len());
     for (index, p) in pairs.iter().enumerate() {
         if p.a >= jobs.len() || p.b >= jobs.len() || p.a == p.b {
@@ -372,7 +400,7 @@ pub fn time_table(
         let (ta, tb) = (&job_times[p.a], &job_times[p.b]);
         let (iterations, seconds, tran_wt) = match p.mode {
             MergeMode::Temporal => {
-                let k = iterations_from_weights(jb, p.gain_ab);
+                let k = searches[p.b].after_weights(jb, p.gain_ab);
                 let secs: Vec<f64> = per_iter[p.b].iter().map(|&s| times_k(s, k)).collect();
                 let wt = (0..allocations.len())
                     .map(|i| tran_wt_temporal(ta[i], tb[i], secs[i]))
@@ -382,10 +410,10 @@ pub fn time_table(
             MergeMode::Spatial => {
                 // Eq. 4 with each task's transferred iterations.
                 let k = spatial_iterations(
-                    transferred_iterations(ja, p.gain_ba),
+                    searches[p.a].transferred(ja, p.gain_ba),
                     ja.global_batch,
                     ja.samples_per_epoch.max(1),
-                    transferred_iterations(jb, p.gain_ab),
+                    searches[p.b].transferred(jb, p.gain_ab),
                     jb.global_batch,
                     jb.samples_per_epoch.max(1),
                 );
@@ -438,6 +466,7 @@ fn times_k(s: f64, k: u64) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::loss_curve::iterations_to_converge;
     use proptest::prelude::*;
 
     fn lut() -> Lut {
