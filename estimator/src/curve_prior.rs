@@ -185,6 +185,25 @@ impl CurveLibrary {
         Ok(())
     }
 
+    /// Adds one finished job as the prior holds it: its curve's shape
+    /// ([`Self::push`], steps 1–4) and its curve with the target it trained
+    /// for ([`Self::add_example`], steps 5–7). The scheduler's prior holds
+    /// every completed job with a metric target so, and the accuracy
+    /// harness and fmsim build theirs the same way. Nothing is added when
+    /// either is refused.
+    pub fn add_finished(
+        &mut self,
+        curve: &[f64],
+        target: f64,
+        lower_is_better: bool,
+    ) -> Result<(), PriorError> {
+        if !target.is_finite() {
+            return Err(PriorError::Target);
+        }
+        self.push(curve, lower_is_better)?;
+        self.add_example(curve, target, lower_is_better)
+    }
+
     /// Finished jobs with their targets held (steps 5–7).
     pub fn examples(&self) -> usize {
         self.examples.len()

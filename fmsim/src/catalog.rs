@@ -233,17 +233,18 @@ impl Catalog {
     }
 
     /// The prior of the learned estimator ([`fmsched_estimator::curve_prior`])
-    /// for a job of `task`: every per-epoch curve of `model` that does not
-    /// involve `task` (its own task left out, as a new task's job sees only
-    /// other tasks' finished jobs), alone, temporal and spatial, plus the shipped
-    /// curve shapes; and, as finished jobs with the targets they trained
-    /// for, the workload's jobs of the model's other tasks (`targets`) on
-    /// their curves alone, each temporal curve A ↦ B involving neither
-    /// task with the median target of B's jobs, and each task's curve in a
-    /// spatial pair A|B involving neither task with the median target of
-    /// that task's jobs (a merged job that completed is a finished job of
-    /// the model, as the scheduler's prior reads it; as
-    /// `estimator-accuracy` measures it).
+    /// for a job of `task`, built as the scheduler builds it from its
+    /// completed jobs ([`CurveLibrary::add_finished`]: each finished job's
+    /// curve and target), with every curve that involves `task` left out
+    /// (a new task's job sees only other tasks' finished jobs), plus the
+    /// shipped curve shapes. The finished jobs: the workload's jobs of the
+    /// model's other tasks (`targets`) on their curves alone; each temporal
+    /// curve A ↦ B involving neither task, with the median target of B's
+    /// jobs; and each task's curve in a spatial pair A|B involving neither
+    /// task, with the median target of that task's jobs (a merged job that
+    /// completed is a finished job of the model, as the scheduler's prior
+    /// reads it). A curve no workload job gives a target to is no finished
+    /// job's and stays out. `estimator-accuracy` measures the same prior.
     pub fn prior_library(&self, model: &str, task: &str, targets: &JobTargets) -> CurveLibrary {
         let mut lib = CurveLibrary::new();
         if let Some(m) = self.models.get(model) {
@@ -257,7 +258,7 @@ impl Catalog {
                         .and_then(|k| info.alone.get(k))
                         .or_else(|| info.alone.values().next());
                     if let Some(Work::Curve(c)) = work {
-                        let _ = lib.add_example(c, *target, false);
+                        let _ = lib.add_finished(c, *target, false);
                     }
                 }
             }
@@ -278,21 +279,9 @@ impl Catalog {
                 .filter(|((a, b), _)| a != task && b != task)
                 .map(|((_, b), w)| (b, w));
             // (the task whose curve it is, the curve) of every pair.
-            let pairs = temporal.chain(spatial);
-            for (t, w) in pairs.clone() {
+            for (t, w) in temporal.chain(spatial) {
                 if let (Work::Curve(c), Some(target)) = (w, median(t)) {
-                    let _ = lib.add_example(c, target, false);
-                }
-            }
-            let alone = m
-                .tasks
-                .iter()
-                .filter(|(t, _)| t.as_str() != task)
-                .flat_map(|(_, info)| info.alone.values());
-            for w in alone.chain(pairs.map(|(_, w)| w)) {
-                if let Work::Curve(c) = w {
-                    // Curves read from a catalog are finite (checked on load).
-                    let _ = lib.push(c, false);
+                    let _ = lib.add_finished(c, target, false);
                 }
             }
         }
@@ -618,13 +607,13 @@ mod tests {
         // involve a and are left out.
         let lib = cat.prior_library("vit", "a", &targets);
         assert_eq!(lib.examples(), 2 + 2 + 1 + 2);
-        // Curves: b's and c's alone, b->c, b|c's two.
-        assert_eq!(lib.jobs(), 2 + 1 + 2);
-        // A task without workload jobs has no target: its curve in a pair
-        // is a shape, not an example: b's jobs alone and b in b|c.
+        // Each finished job's curve is a shape too, as in the scheduler.
+        assert_eq!(lib.jobs(), lib.examples());
+        // A task without workload jobs has no target, and its curves are
+        // no finished job's: b's jobs alone and b in b|c.
         targets.remove("c");
         let lib = cat.prior_library("vit", "a", &targets);
         assert_eq!(lib.examples(), 2 + 1);
-        assert_eq!(lib.jobs(), 2 + 1 + 2);
+        assert_eq!(lib.jobs(), 2 + 1);
     }
 }

@@ -417,10 +417,6 @@ struct Case {
     mode: Mode,
 }
 
-/// Per model, every published curve with the tasks it involves (alone: its
-/// task; temporal A->B and spatial A|B: both).
-type ModelCurves = BTreeMap<String, Vec<(Vec<String>, Vec<f64>)>>;
-
 /// The median of the targets of the workload jobs of one task.
 fn median_target(jobs: &[(String, f64)]) -> f64 {
     let mut ts: Vec<f64> = jobs.iter().map(|j| j.1).collect();
@@ -428,8 +424,9 @@ fn median_target(jobs: &[(String, f64)]) -> f64 {
     ts[ts.len() / 2]
 }
 
-/// The published curves as prediction cases, and every curve by model.
-fn anchor_cases(dir: &Path) -> anyhow::Result<(Vec<Case>, ModelCurves)> {
+/// The published curves as prediction cases: each workload job alone on its
+/// curve, each temporal pair's B, each task of a spatial pair.
+fn anchor_cases(dir: &Path) -> anyhow::Result<Vec<Case>> {
     let text = std::fs::read_to_string(dir.join("task-curves.json"))?;
     let json: serde_json::Value = serde_json::from_str(&text)?;
     let targets = workload_targets(dir)?;
@@ -437,24 +434,7 @@ fn anchor_cases(dir: &Path) -> anyhow::Result<(Vec<Case>, ModelCurves)> {
         .as_object()
         .ok_or_else(|| anyhow::anyhow!("task-curves.json: no models"))?;
     let mut cases = Vec::new();
-    let mut curves = ModelCurves::new();
     for (model, m) in models {
-        let all = curves.entry(model.clone()).or_default();
-        for (task, keys) in m["alone"].as_object().into_iter().flatten() {
-            for v in keys.as_object().into_iter().flat_map(|o| o.values()) {
-                if let Some(c) = parse_curve(v) {
-                    all.push((vec![task.clone()], c.iter().map(|p| p.1).collect()));
-                }
-            }
-        }
-        for (pair, v) in m["temporal"].as_object().into_iter().flatten() {
-            if let (Some((a, b)), Some(c)) = (pair.split_once("->"), parse_curve(v)) {
-                all.push((
-                    vec![a.to_string(), b.to_string()],
-                    c.iter().map(|p| p.1).collect(),
-                ));
-            }
-        }
         // Alone: every workload job whose (task, lr, accumulation) has a curve.
         for ((wm, task), jobs) in &targets {
             if wm != model {
@@ -510,10 +490,6 @@ fn anchor_cases(dir: &Path) -> anyhow::Result<(Vec<Case>, ModelCurves)> {
                 else {
                     continue;
                 };
-                all.push((
-                    vec![a.to_string(), b.to_string()],
-                    curve.iter().map(|p| p.1).collect(),
-                ));
                 cases.push(Case {
                     model: model.clone(),
                     task: task.clone(),
@@ -525,7 +501,7 @@ fn anchor_cases(dir: &Path) -> anyhow::Result<(Vec<Case>, ModelCurves)> {
             }
         }
     }
-    Ok((cases, curves))
+    Ok(cases)
 }
 
 /// Epochs-to-target APE on the published curves, by mode.
@@ -621,13 +597,14 @@ impl Accuracy {
 struct AnchorAccuracy {
     /// Ymir's per-job fit.
     fit: Accuracy,
-    /// The learned prior: the same model's curves except any of the job's
-    /// own task (leave-one-task-out), plus the shipped shapes, and the
-    /// other tasks' jobs as finished jobs with their targets (the kernel
-    /// regression of `curve_prior`, steps 5–7).
+    /// The learned prior as the scheduler builds it: the same model's
+    /// finished jobs (each one's curve and target,
+    /// `CurveLibrary::add_finished`) except any that involve the job's own
+    /// task (leave-one-task-out), plus the shipped shapes.
     prior: Accuracy,
-    /// The same library without the targets (curve shapes only, steps
-    /// 1–4): the learned prior before finished jobs' targets counted.
+    /// The same library without the targets (the finished jobs' curve
+    /// shapes only, steps 1–4): the learned prior before finished jobs'
+    /// targets counted.
     shape_prior: Accuracy,
     /// The shipped shapes alone.
     shipped: Accuracy,
@@ -644,12 +621,7 @@ struct AnchorAccuracy {
 /// `cases` is every prediction to make, `jobs` the finished jobs (curve
 /// and target) the libraries learn from: the same cases, or all of them
 /// when `cases` is a subset.
-fn anchor_accuracy(
-    cases: &[Case],
-    jobs: &[Case],
-    curves: &ModelCurves,
-    n: usize,
-) -> AnchorAccuracy {
+fn anchor_accuracy(cases: &[Case], jobs: &[Case], n: usize) -> AnchorAccuracy {
     let (mut fit, mut prior, mut shape_prior, mut shipped, mut own, mut to_cap) = (
         Accuracy::default(),
         Accuracy::default(),
@@ -670,28 +642,27 @@ fn anchor_accuracy(
         }
         let met = head.iter().position(|&m| m >= c.target);
         to_cap.push(c, met.map_or(cap as f64, |i| (i + 1) as f64));
-        // The model's published curves that `keep` lets in, plus the
-        // shipped shapes; and the same with the model's jobs that `keep`
-        // lets in as finished jobs with their targets.
+        // The model's jobs that `keep` lets in as finished jobs with their
+        // targets, plus the shipped shapes; and the same with their curves'
+        // shapes only.
         let library = |keep: &dyn Fn(&[String]) -> bool| {
-            let mut l = CurveLibrary::new();
-            for (tasks, curve) in curves.get(&c.model).into_iter().flatten() {
-                if keep(tasks) {
-                    l.push(curve, false).expect("published curves are finite");
-                }
-            }
-            let shapes = l.extended(&shipped_lib);
-            let mut with_targets = shapes.clone();
+            let (mut with_targets, mut shapes) = (CurveLibrary::new(), CurveLibrary::new());
             for j in jobs
                 .iter()
                 .filter(|j| j.model == c.model && keep(&j.involves))
             {
                 let curve: Vec<f64> = j.curve.iter().map(|p| p.1).collect();
                 with_targets
-                    .add_example(&curve, j.target, false)
+                    .add_finished(&curve, j.target, false)
                     .expect("published curves and targets are finite");
+                shapes
+                    .push(&curve, false)
+                    .expect("published curves are finite");
             }
-            (with_targets, shapes)
+            (
+                with_targets.extended(&shipped_lib),
+                shapes.extended(&shipped_lib),
+            )
         };
         let (lib, shapes) = libs
             .entry((c.model.clone(), c.task.clone()))
@@ -845,7 +816,7 @@ fn run() -> anyhow::Result<()> {
     match anchor {
         Some(dir) if dir.join("task-curves.json").exists() => {
             eprintln!("reading anchor data in {} ...", dir.display());
-            let (cases, curves) = anchor_cases(&dir)?;
+            let cases = anchor_cases(&dir)?;
             let alone = |c: &&Case| c.mode == Mode::Alone;
             for (name, mode) in [
                 ("anchor_alone_jobs", Mode::Alone),
@@ -902,7 +873,7 @@ fn run() -> anyhow::Result<()> {
                     shipped,
                     own,
                     cap,
-                } = anchor_accuracy(&cases, &cases, &curves, n);
+                } = anchor_accuracy(&cases, &cases, n);
                 for (name, acc) in [
                     ("fit", &fit),
                     ("prior", &prior),
@@ -942,7 +913,7 @@ fn run() -> anyhow::Result<()> {
                         prior.by_model(mode),
                     );
                 }
-                let once = anchor_accuracy(&distinct, &cases, &curves, n).prior;
+                let once = anchor_accuracy(&distinct, &cases, n).prior;
                 out(
                     &format!("anchor_{n}ep_prior_alone_distinct_epochs_ape_mean_pct"),
                     format!("{:.2}", once.alone.mean()),

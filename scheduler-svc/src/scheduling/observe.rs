@@ -557,10 +557,13 @@ fn predict_metric_target(
     for c in prior.iter().filter(|c| {
         c.model == job.spec.model && c.metric == m.name && c.lower_is_better == m.lower_is_better
     }) {
-        if lib.push(&c.evals, c.lower_is_better).is_ok() {
+        // Its shape, and the same curve with its target: when it met what
+        // its user set.
+        if lib
+            .add_finished(&c.evals, c.target, c.lower_is_better)
+            .is_ok()
+        {
             longest = longest.max(c.evals.len());
-            // The same curve with its target: when it met what its user set.
-            let _ = lib.add_example(&c.evals, c.target, c.lower_is_better);
         }
     }
     let finished = lib.len();
