@@ -836,6 +836,36 @@ mod tests {
     }
 
     #[test]
+    fn estimate_prior_a_finished_job_is_its_shape_and_its_example_or_nothing() {
+        let mut lib = CurveLibrary::new();
+        lib.add_finished(&[0.5, 0.6, 0.7, 0.72], 0.7, false)
+            .unwrap();
+        assert_eq!((lib.jobs(), lib.examples()), (1, 1));
+        // As the two calls it stands for.
+        let mut two = CurveLibrary::new();
+        two.push(&[0.5, 0.6, 0.7, 0.72], false).unwrap();
+        two.add_example(&[0.5, 0.6, 0.7, 0.72], 0.7, false).unwrap();
+        assert_eq!(lib, two);
+        // A bad target or curve adds neither half.
+        assert_eq!(
+            lib.add_finished(&[0.5, 0.6], f64::INFINITY, false),
+            Err(PriorError::Target)
+        );
+        assert_eq!(
+            lib.add_finished(&[0.5, f64::NAN], 0.7, false),
+            Err(PriorError::NotFinite {
+                field: "curve",
+                index: 1
+            })
+        );
+        assert_eq!(
+            lib.add_finished(&[0.5], 0.7, false),
+            Err(PriorError::Empty { field: "curve" })
+        );
+        assert_eq!(lib, two);
+    }
+
+    #[test]
     fn estimate_prior_evals_fold_by_epoch_across_restarts() {
         let mut c = Vec::new();
         assert!(fold_evals(&mut c, &[1.0, 2.0, 2.9999], &[0.5, 0.6, 0.65]));
