@@ -58,15 +58,19 @@
 //! 7. with less than [`MIN_KERNEL_MASS`] examples' worth of kernel weight
 //!    near the job (a head unlike any finished job's), steps 1–4 decide;
 //! 8. where the kernel decides and the library holds curve shapes (the
-//!    shipped ones), the prediction is the equal-weight average of the
-//!    kernel's reading and the shapes' own (steps 1–4 on the shapes alone,
-//!    σ as with no job curve), point and p10/p90 alike: a combination of
-//!    two forecasts whose errors differ in kind — one learned from where
-//!    finished jobs' users set their targets, one from curve shapes fixed
-//!    before any job ran — as Domhan et al. combine curve families. An
-//!    equal weight has nothing to tune; where one reading is far off and
-//!    the other near, the average halves the larger error, and it costs
-//!    where the kernel alone was right (README, "Benchmarks", has both).
+//!    shipped ones), the prediction combines the kernel's reading with the
+//!    shapes' own (steps 1–4 on the shapes alone, σ as with no job curve),
+//!    point and p10/p90 alike, with inverse-variance weights (Bates &
+//!    Granger's combination of forecasts; for two normal beliefs, their
+//!    product), each reading's p10–p90 width standing for its standard
+//!    deviation: two forecasts whose errors differ in kind — one learned
+//!    from where finished jobs' users set their targets, one from curve
+//!    shapes fixed before any job ran — as Domhan et al. combine curve
+//!    families. Nothing is tuned. Where finished jobs agree (a job like
+//!    one that finished, whose examples all say one epoch: no spread) the
+//!    kernel decides alone; where they scatter, the shapes pull the
+//!    prediction towards theirs (README, "Benchmarks", has both readings
+//!    and the equal-weight average measured beside it).
 //!
 //! Measured by `estimator-accuracy --anchor-dir` on the published curves
 //! with each job's own task left out of the library: see README.md, "Benchmarks".
@@ -320,14 +324,25 @@ impl EpochsPrediction {
         }
     }
 
-    /// Step 8: the equal-weight average of two readings, point and
-    /// spread alike (the average of their quantiles); `by_targets` and
-    /// `support` stay this one's.
-    fn averaged(&self, other: &EpochsPrediction) -> EpochsPrediction {
+    /// Step 8: two readings combined with inverse-variance weights, the
+    /// spread `high − low` standing for each one's standard deviation (a
+    /// fixed multiple of it for a normal belief: the multiple cancels).
+    /// The point and both quantiles are averaged so. A reading with no
+    /// spread takes all the weight (both without: equal weights).
+    /// `by_targets` and `support` stay this one's.
+    fn combined(&self, other: &EpochsPrediction) -> EpochsPrediction {
+        let (sa, sb) = (self.high - self.low, other.high - other.low);
+        let a = match (sa > 0.0, sb > 0.0) {
+            (true, true) => sb * sb / (sa * sa + sb * sb),
+            (false, true) => 1.0,
+            (true, false) => 0.0,
+            (false, false) => 0.5,
+        };
+        let mix = |x: f64, y: f64| a * x + (1.0 - a) * y;
         EpochsPrediction {
-            epochs: 0.5 * (self.epochs + other.epochs),
-            low: 0.5 * (self.low + other.low),
-            high: 0.5 * (self.high + other.high),
+            epochs: mix(self.epochs, other.epochs),
+            low: mix(self.low, other.low),
+            high: mix(self.high, other.high),
             ..*self
         }
     }
@@ -478,7 +493,7 @@ pub fn predict_epochs(
         if library.shapes.is_empty() {
             return Ok(p);
         }
-        // Step 8: the kernel's reading averaged with the shapes' alone,
+        // Step 8: the kernel's reading combined with the shapes' alone,
         // whose σ is the shapes' own (they carry no evaluation noise).
         let sigma = (SIGMA_REL * target.abs()).max(1e-9);
         let shapes = from_shapes(
@@ -488,7 +503,7 @@ pub fn predict_epochs(
             sigma,
             cap_epochs,
         );
-        return Ok(p.averaged(&shapes));
+        return Ok(p.combined(&shapes));
     }
     let sigma = match library.noise() {
         Some(n) => n.max(SIGMA_FLOOR_REL * target.abs()),
@@ -857,21 +872,15 @@ mod tests {
             predict_epochs(&lib, head, c[7], false, 10).unwrap(),
             predict_epochs(&shapes, head, c[7], false, 10).unwrap()
         );
-        // The same job finished with the same target: the kernel reads its
-        // epoch exactly (a library of examples alone), and step 8 averages
-        // that with the shipped shapes' reading.
-        let mut examples = CurveLibrary::new();
-        examples.add_example(&c, c[7], false).unwrap();
-        let k = predict_epochs(&examples, head, c[7], false, 10).unwrap();
-        assert_eq!((k.epochs, k.low, k.high), (8.0, 8.0, 8.0), "{k:?}");
-        assert!(k.by_targets, "{k:?}");
+        // The same job finished with the same target: its epoch exactly
+        // (the one example near it has no spread, so step 8 leaves the
+        // kernel's reading as it is, though the shapes read otherwise).
         lib.add_example(&c, c[7], false).unwrap();
         let p = predict_epochs(&lib, head, c[7], false, 10).unwrap();
+        assert_eq!((p.epochs, p.low, p.high), (8.0, 8.0, 8.0), "{p:?}");
+        assert!(p.by_targets, "{p:?}");
         let s = predict_epochs(&CurveLibrary::shipped(), head, c[7], false, 10).unwrap();
         assert_ne!(s.epochs, 8.0, "{s:?}");
-        assert_eq!(p.epochs, 0.5 * (8.0 + s.epochs), "{p:?} {s:?}");
-        assert_eq!((p.low, p.high), (0.5 * (8.0 + s.low), 0.5 * (8.0 + s.high)));
-        assert!(p.by_targets, "{p:?}");
         assert!(
             !predict_epochs(&shapes, head, c[7], false, 10)
                 .unwrap()
@@ -879,7 +888,7 @@ mod tests {
         );
         // Lower-is-better examples are mirrored as curves are.
         let down: Vec<f64> = c.iter().map(|v| 2.0 - v).collect();
-        let mut mirrored = CurveLibrary::new();
+        let mut mirrored = shapes.clone();
         mirrored.add_example(&down, 2.0 - c[7], true).unwrap();
         let q = predict_epochs(&mirrored, &down[..3], 2.0 - c[7], true, 10).unwrap();
         assert_eq!(q.epochs, 8.0, "{q:?}");
@@ -892,6 +901,46 @@ mod tests {
             lib.add_example(&[0.5, 0.6], f64::NAN, false),
             Err(PriorError::Target)
         );
+    }
+
+    #[test]
+    fn estimate_prior_step_8_weighs_each_reading_by_its_inverse_variance() {
+        let p = |epochs, low, high, by_targets| EpochsPrediction {
+            epochs,
+            low,
+            high,
+            observed: false,
+            support: if by_targets { 3.0 } else { 40.0 },
+            by_targets,
+        };
+        let close = |a: EpochsPrediction, b: (f64, f64, f64)| {
+            (a.epochs - b.0).abs() < 1e-12
+                && (a.low - b.1).abs() < 1e-12
+                && (a.high - b.2).abs() < 1e-12
+        };
+        // Spreads 2 and 4: weights 16 / 20 and 4 / 20 on every quantile;
+        // the kernel's support and kind stay.
+        let kernel = p(6.0, 5.0, 7.0, true);
+        let c = kernel.combined(&p(10.0, 8.0, 12.0, false));
+        assert!(close(c, (6.8, 5.6, 8.0)), "{c:?}");
+        assert_eq!((c.support, c.by_targets), (3.0, true));
+        // Equal spreads: the plain average.
+        let c = kernel.combined(&p(10.0, 9.0, 11.0, false));
+        assert!(close(c, (8.0, 7.0, 9.0)), "{c:?}");
+        // A reading without spread takes all the weight; both without,
+        // equal weights.
+        assert!(close(
+            p(6.0, 6.0, 6.0, true).combined(&p(10.0, 8.0, 12.0, false)),
+            (6.0, 6.0, 6.0)
+        ));
+        assert!(close(
+            kernel.combined(&p(10.0, 10.0, 10.0, false)),
+            (10.0, 10.0, 10.0)
+        ));
+        assert!(close(
+            p(6.0, 6.0, 6.0, true).combined(&p(10.0, 10.0, 10.0, false)),
+            (8.0, 8.0, 8.0)
+        ));
     }
 
     #[test]

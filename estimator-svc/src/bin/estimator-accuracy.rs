@@ -606,6 +606,9 @@ struct AnchorAccuracy {
     /// shapes only, steps 1–4): the learned prior before finished jobs'
     /// targets counted.
     shape_prior: Accuracy,
+    /// The same finished jobs without the shipped shapes: the kernel's
+    /// reading alone (no step 8; step 7 falls back on the jobs' curves).
+    kernel: Accuracy,
     /// The shipped shapes alone.
     shipped: Accuracy,
     /// A ceiling, not an estimate: the prior given every curve of the
@@ -622,7 +625,8 @@ struct AnchorAccuracy {
 /// and target) the libraries learn from: the same cases, or all of them
 /// when `cases` is a subset.
 fn anchor_accuracy(cases: &[Case], jobs: &[Case], n: usize) -> AnchorAccuracy {
-    let (mut fit, mut prior, mut shape_prior, mut shipped, mut own, mut to_cap) = (
+    let (mut fit, mut prior, mut shape_prior, mut kernel, mut shipped, mut own, mut to_cap) = (
+        Accuracy::default(),
         Accuracy::default(),
         Accuracy::default(),
         Accuracy::default(),
@@ -631,7 +635,7 @@ fn anchor_accuracy(cases: &[Case], jobs: &[Case], n: usize) -> AnchorAccuracy {
         Accuracy::default(),
     );
     let shipped_lib = CurveLibrary::shipped();
-    let mut libs: BTreeMap<(String, String), (CurveLibrary, CurveLibrary)> = BTreeMap::new();
+    let mut libs: BTreeMap<(String, String), [CurveLibrary; 3]> = BTreeMap::new();
     let mut whole: BTreeMap<String, CurveLibrary> = BTreeMap::new();
     for c in cases {
         let cap = c.curve.len();
@@ -659,20 +663,23 @@ fn anchor_accuracy(cases: &[Case], jobs: &[Case], n: usize) -> AnchorAccuracy {
                     .push(&curve, false)
                     .expect("published curves are finite");
             }
-            (
-                with_targets.extended(&shipped_lib),
+            [
+                with_targets.clone().extended(&shipped_lib),
                 shapes.extended(&shipped_lib),
-            )
+                with_targets,
+            ]
         };
-        let (lib, shapes) = libs
+        let [lib, shapes, jobs_only] = libs
             .entry((c.model.clone(), c.task.clone()))
             .or_insert_with(|| library(&|tasks| !tasks.contains(&c.task)));
-        let every = whole
-            .entry(c.model.clone())
-            .or_insert_with(|| library(&|_| true).0);
+        let every = whole.entry(c.model.clone()).or_insert_with(|| {
+            let [every, ..] = library(&|_| true);
+            every
+        });
         for (acc, lib) in [
             (&mut prior, &*lib),
             (&mut shape_prior, &*shapes),
+            (&mut kernel, &*jobs_only),
             (&mut shipped, &shipped_lib),
             (&mut own, &*every),
         ] {
@@ -688,6 +695,7 @@ fn anchor_accuracy(cases: &[Case], jobs: &[Case], n: usize) -> AnchorAccuracy {
         fit,
         prior,
         shape_prior,
+        kernel,
         shipped,
         own,
         cap: to_cap,
@@ -870,6 +878,7 @@ fn run() -> anyhow::Result<()> {
                     fit,
                     prior,
                     shape_prior,
+                    kernel,
                     shipped,
                     own,
                     cap,
@@ -878,6 +887,7 @@ fn run() -> anyhow::Result<()> {
                     ("fit", &fit),
                     ("prior", &prior),
                     ("shape_prior", &shape_prior),
+                    ("kernel_alone", &kernel),
                     ("shipped", &shipped),
                     ("own_curve_ceiling", &own),
                     ("train_to_cap", &cap),
