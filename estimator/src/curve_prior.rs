@@ -96,10 +96,11 @@ pub const SIGMA_FLOOR_REL: f64 = 0.005;
 /// (shares of the climb from the first evaluation to the target): heads
 /// within about a fifth of the climb of each other count as alike.
 /// Measured on the published curves (`estimator-accuracy`, each job's own
-/// task left out): 0.1 / 0.2 / 0.4 give a 3-epoch APE of 15.2 / 11.6 /
-/// 13.3 % alone and 13.8 / 13.0 / 12.7 % temporal, and 6.4 / 5.7 / 5.7 %
-/// and 3.2 / 2.8 / 3.0 % from 5 epochs (at 0.1 more heads fall back to the
-/// shapes, step 7; README, "Benchmarks").
+/// task left out; the kernel alone, before step 8 was added): 0.1 / 0.2 /
+/// 0.4 give a 3-epoch APE of 15.2 / 11.6 / 13.3 % alone and 13.8 / 13.0 /
+/// 12.7 % temporal, and 6.4 / 5.7 / 5.7 % and 3.2 / 2.8 / 3.0 % from 5
+/// epochs (at 0.1 more heads fall back to the shapes, step 7; README,
+/// "Benchmarks").
 pub const KERNEL_WIDTH: f64 = 0.2;
 
 /// Least total kernel weight, in examples, for step 5 to decide (step 7).
