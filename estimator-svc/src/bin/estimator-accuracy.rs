@@ -593,7 +593,7 @@ impl Accuracy {
     }
 }
 
-/// Epochs-to-target APE from the first `n` epochs, four ways.
+/// Epochs-to-target APE from the first `n` epochs, read each of these ways.
 struct AnchorAccuracy {
     /// Ymir's per-job fit.
     fit: Accuracy,
