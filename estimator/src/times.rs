@@ -200,19 +200,18 @@ pub fn transferred_iterations(job: &JobInput, g: f64) -> u64 {
 }
 
 /// A job's Eq. 2 search for the round's many gains (one per pair it may
-/// join): its curve's [`Convergence`] and its iterations alone, `K(0)`,
-/// each found once.
+/// join): its curve's [`Convergence`], found once, and its iterations
+/// alone, `K(0)`, found once when a temporal pair first asks.
 struct JobSearch {
     convergence: Option<Convergence>,
-    alone: Option<u64>,
+    alone: std::cell::OnceCell<u64>,
 }
 
 impl JobSearch {
     fn new(job: &JobInput) -> Self {
-        let convergence = job.curve.as_ref().map(|c| Convergence::new(c, cap_of(job)));
         Self {
-            alone: convergence.map(|c| c.iterations(0.0, PLATEAU_THRESHOLD)),
-            convergence,
+            convergence: job.curve.as_ref().map(|c| Convergence::new(c, cap_of(job))),
+            alone: std::cell::OnceCell::new(),
         }
     }
 
@@ -228,8 +227,11 @@ impl JobSearch {
 
     /// [`iterations_from_weights`].
     fn after_weights(&self, job: &JobInput, g: f64) -> u64 {
-        match (&self.convergence, self.alone) {
-            (Some(c), Some(k0)) if job.done_iterations == 0 => {
+        match &self.convergence {
+            Some(c) if job.done_iterations == 0 => {
+                let k0 = *self
+                    .alone
+                    .get_or_init(|| c.iterations(0.0, PLATEAU_THRESHOLD));
                 let kg = c.iterations(g, PLATEAU_THRESHOLD) as f64;
                 ((job.remaining_iterations as f64) * kg / k0.max(1) as f64).ceil() as u64
             }
