@@ -61,6 +61,33 @@ pub fn free_port() -> u16 {
     }
 }
 
+/// The first of `width` consecutive ports, all free now, below the
+/// kernel's ephemeral range (32768 and up on Linux), for a range a test
+/// hands out itself (gang rendezvous ports). Ports from [`free_port`], and
+/// every outgoing connection's, come from the ephemeral range: a range
+/// picked there could be taken by another test's process before the
+/// trainer binds it (which once left a gang's rank 0 retrying a port in
+/// use). The start is drawn at random so concurrent test processes rarely
+/// overlap, and every port is probed.
+pub fn free_port_range(width: u16) -> u16 {
+    use std::hash::{BuildHasher, Hasher};
+    const LOW: u16 = 10_000;
+    const HIGH: u16 = 32_768;
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u32(std::process::id());
+    let mut seed = h.finish();
+    loop {
+        seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        let span = u64::from(HIGH - LOW - width);
+        let base = LOW + ((seed >> 33) % span) as u16;
+        if (base..base + width).all(|p| TcpListener::bind(("0.0.0.0", p)).is_ok()) {
+            return base;
+        }
+    }
+}
+
 /// URL of the test server's admin database (`DATABASE_URL`, else the
 /// local trust-auth server).
 pub fn admin_url() -> String {

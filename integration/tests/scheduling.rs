@@ -3366,7 +3366,7 @@ fn gang_cluster_with(
     agent_env_extra: &[(&str, &str)],
 ) -> (u16, i32, Proc, BTreeMap<&'static str, Proc>) {
     let port = free_port();
-    let base = free_port().min(65000);
+    let base = free_port_range(31);
     let range = format!("{base}-{}", base + 30);
     let mut all = vec![
         NO_MERGING[0],
