@@ -49,7 +49,21 @@
 //!    target (the first epoch at or past it; one that ran out its curve
 //!    without it counts as the cap if its curve covers the cap, else it is
 //!    left out, as in step 3), weighted by a Gaussian kernel of width
-//!    [`KERNEL_WIDTH`] on the distance of its features to the job's;
+//!    [`KERNEL_WIDTH`] on the distance of its features to the job's. Where
+//!    the metric's best value is known ([`Metric::named`]: 1 for an
+//!    accuracy, 0 for a loss) a third feature counts, the share of the
+//!    headroom left above the head's best that the target asks for
+//!    ([`headroom_share`]): the climb's shares are free of the metric's
+//!    level, and so cannot tell a target near the metric's top (met late,
+//!    or by one lucky evaluation) from the same climb far below it. A job
+//!    that trained from another task's weights or beside another task
+//!    ([`Start::Transferred`]) is judged by finished jobs that did too:
+//!    its target was set by its task's runs alone (Ymir §4.2: "the same
+//!    validation accuracy as the normal transfer"), not on a curve of its
+//!    kind, and finished jobs alone, whose users set their targets on
+//!    their own curves (at the plateau's best, in the published
+//!    workloads), say when such a target is met late. A job alone is
+//!    judged by every finished job;
 //! 6. the prediction is the median of those epochs weighted by
 //!    `kernel / epochs`, the point that minimises the expected absolute
 //!    percentage error (the error Ymir Table 2 reports) under the kernel's
@@ -73,7 +87,10 @@
 //!    and the equal-weight average measured beside it).
 //!
 //! Measured by `estimator-accuracy --anchor-dir` on the published curves
-//! with each job's own task left out of the library: see README.md, "Benchmarks".
+//! with each job's own task left out of the library: see README.md,
+//! "Benchmarks" (from 3 epochs 9.79 % alone, 9.81 % temporal and 12.8 %
+//! for merged pairs' tasks; 10.15 / 11.7 / 16.1 % before the third feature
+//! and the transferred jobs' rule).
 
 /// Evaluation noise σ of step 2 when the library holds no job's curve (the
 /// shipped shapes only), as a share of the target's magnitude: loose, as
@@ -141,6 +158,103 @@ pub struct CurveLibrary {
 struct Example {
     curve: Vec<f64>,
     target: f64,
+    /// How it started (step 5 judges a transferred job by transferred
+    /// finished jobs only).
+    start: Start,
+    /// Its metric's best value ([`Metric::best`]), signed as `curve`.
+    best: Option<f64>,
+}
+
+/// How a job trained, as the prior tells finished jobs apart (Ymir §3's
+/// transfer modes).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Start {
+    /// From the pre-trained weights, on its own.
+    #[default]
+    Alone,
+    /// From another task's fine-tuned weights (a temporal merge's B, a
+    /// warm start) or beside another task in one joint process (a member
+    /// of a spatial merge): its target was set by its task's runs alone
+    /// (Ymir §4.2: the merged job must reach "the same validation accuracy
+    /// as the normal transfer"), not on a curve of its own kind.
+    Transferred,
+}
+
+/// A metric as the prior reads it: its sense, and the best value it can
+/// take where that is known.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Metric {
+    /// Reached from above (a loss).
+    pub lower_is_better: bool,
+    /// The best value the metric can take (1 for an accuracy, an F1 or a
+    /// correlation; 0 for a loss or an error rate), None where unknown:
+    /// the third feature of step 5 (`headroom_share`).
+    pub best: Option<f64>,
+}
+
+impl Metric {
+    /// A metric of this sense whose best value is unknown.
+    pub fn sense(lower_is_better: bool) -> Self {
+        Self {
+            lower_is_better,
+            best: None,
+        }
+    }
+
+    /// A metric by the name a trainer reports it under (`eval_accuracy`,
+    /// `f1`, `loss`; an `eval_`, `validation_`, `val_` or `test_` prefix
+    /// and letter case do not count), with its best value where the name is
+    /// one whose range is fixed: accuracy, F1, precision, recall, AUC and
+    /// the Pearson, Spearman and Matthews correlations top out at 1; a
+    /// loss, an error rate, MSE and MAE bottom out at 0. A name it does not
+    /// know, or a sense the name contradicts (an accuracy reached from
+    /// above), leaves the best unknown: the prior then reads two features.
+    pub fn named(name: &str, lower_is_better: bool) -> Self {
+        let lower = name.trim().to_ascii_lowercase();
+        let bare = ["eval_", "validation_", "val_", "test_"]
+            .iter()
+            .find_map(|p| lower.strip_prefix(p))
+            .unwrap_or(&lower);
+        let best = match (bare, lower_is_better) {
+            (
+                "accuracy"
+                | "acc"
+                | "f1"
+                | "f1_score"
+                | "macro_f1"
+                | "micro_f1"
+                | "precision"
+                | "recall"
+                | "auc"
+                | "roc_auc"
+                | "pearson"
+                | "pearsonr"
+                | "spearman"
+                | "spearmanr"
+                | "matthews_correlation"
+                | "mcc",
+                false,
+            ) => Some(1.0),
+            ("loss" | "error" | "error_rate" | "mse" | "mae" | "rmse", true) => Some(0.0),
+            _ => None,
+        };
+        Self {
+            lower_is_better,
+            best,
+        }
+    }
+}
+
+/// A job whose epochs to its metric target are to be predicted.
+#[derive(Clone, Copy, Debug)]
+pub struct Query<'a> {
+    /// Its per-epoch metric so far (at least one epoch).
+    pub head: &'a [f64],
+    pub target: f64,
+    pub metric: Metric,
+    pub start: Start,
+    /// The epochs it may run.
+    pub cap_epochs: usize,
 }
 
 fn check(field: &'static str, xs: &[f64]) -> Result<(), PriorError> {
@@ -177,13 +291,25 @@ impl CurveLibrary {
     }
 
     /// Adds a finished job's per-epoch curve with the metric target it
-    /// trained for (steps 5–7); at least two epochs, as for [`Self::push`].
-    /// The curve's shape is not added: call [`Self::push`] for that too.
+    /// trained for (steps 5–7), as a job alone whose metric's best value is
+    /// unknown; at least two epochs, as for [`Self::push`]. The curve's
+    /// shape is not added: call [`Self::push`] for that too.
     pub fn add_example(
         &mut self,
         curve: &[f64],
         target: f64,
         lower_is_better: bool,
+    ) -> Result<(), PriorError> {
+        self.add_example_as(curve, target, Metric::sense(lower_is_better), Start::Alone)
+    }
+
+    /// [`Self::add_example`] for a job that started so, on that metric.
+    fn add_example_as(
+        &mut self,
+        curve: &[f64],
+        target: f64,
+        metric: Metric,
+        start: Start,
     ) -> Result<(), PriorError> {
         check("curve", curve)?;
         if curve.len() < 2 {
@@ -192,31 +318,47 @@ impl CurveLibrary {
         if !target.is_finite() {
             return Err(PriorError::Target);
         }
-        let s = if lower_is_better { -1.0 } else { 1.0 };
+        let s = if metric.lower_is_better { -1.0 } else { 1.0 };
         self.examples.push(Example {
             curve: curve.iter().map(|v| s * v).collect(),
             target: s * target,
+            start,
+            best: metric.best.filter(|b| b.is_finite()).map(|b| s * b),
         });
         Ok(())
     }
 
     /// Adds one finished job as the prior holds it: its curve's shape
     /// ([`Self::push`], steps 1–4) and its curve with the target it trained
-    /// for ([`Self::add_example`], steps 5–7). The scheduler's prior holds
-    /// every completed job with a metric target so, and the accuracy
-    /// harness and fmsim build theirs the same way. Nothing is added when
-    /// either is refused.
+    /// for (steps 5–7), as a job alone whose metric's best value is unknown
+    /// ([`Self::add_finished_as`] says how it started and on what metric).
     pub fn add_finished(
         &mut self,
         curve: &[f64],
         target: f64,
         lower_is_better: bool,
     ) -> Result<(), PriorError> {
+        self.add_finished_as(curve, target, Metric::sense(lower_is_better), Start::Alone)
+    }
+
+    /// Adds one finished job as the prior holds it: its curve's shape
+    /// ([`Self::push`], steps 1–4) and its curve with the target it trained
+    /// for, how it started and its metric (steps 5–7). The scheduler's
+    /// prior holds every completed job with a metric target so, and the
+    /// accuracy harness and fmsim build theirs the same way. Nothing is
+    /// added when either is refused.
+    pub fn add_finished_as(
+        &mut self,
+        curve: &[f64],
+        target: f64,
+        metric: Metric,
+        start: Start,
+    ) -> Result<(), PriorError> {
         if !target.is_finite() {
             return Err(PriorError::Target);
         }
-        self.push(curve, lower_is_better)?;
-        self.add_example(curve, target, lower_is_better)
+        self.push(curve, metric.lower_is_better)?;
+        self.add_example_as(curve, target, metric, start)
     }
 
     /// Finished jobs with their targets held (steps 5–7).
@@ -411,21 +553,42 @@ pub fn target_features(head: &[f64], target: f64) -> (f64, f64) {
     ((best - head[0]) / climb, last / climb)
 }
 
+/// The third feature of step 5, where the metric's best value `best` is
+/// known (higher-is-better, as `head` and `target`): the share of the
+/// headroom left above the head's best evaluation that the target asks
+/// for, `(target − best so far) / (best − best so far)`. A target that
+/// closes a twentieth of the error left is near; one that asks for most of
+/// it sits at the top of what the job can reach, met late or by a lucky
+/// evaluation. None without a best value, or with no headroom left.
+pub fn headroom_share(head: &[f64], target: f64, best: Option<f64>) -> Option<f64> {
+    let so_far = head.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let room = best? - so_far;
+    (room > 1e-12).then(|| (target - so_far) / room)
+}
+
 /// Steps 5–6: the examples' kernel-weighted epochs to target for a head
 /// of `n` epochs (higher-is-better) that has not met `t`; None below
-/// [`MIN_KERNEL_MASS`] (step 7).
+/// [`MIN_KERNEL_MASS`] (step 7). `best` is the metric's best value (signed
+/// as `head`) and `start` how the job started: a transferred job is
+/// judged by finished jobs that were transferred too.
 fn from_examples(
     examples: &[Example],
     head: &[f64],
     t: f64,
+    best: Option<f64>,
+    start: Start,
     cap_epochs: usize,
 ) -> Option<EpochsPrediction> {
     let n = head.len();
     let cap = cap_epochs as f64;
     let (z, s) = target_features(head, t);
+    let h = headroom_share(head, t, best);
     // (epochs, kernel weight) of each example that says something.
     let mut members: Vec<(f64, f64)> = Vec::new();
-    for ex in examples.iter().filter(|ex| ex.curve.len() > n) {
+    for ex in examples
+        .iter()
+        .filter(|ex| ex.curve.len() > n && (start == Start::Alone || ex.start == start))
+    {
         if ex.curve[..n].iter().any(|&v| v >= ex.target) {
             continue;
         }
@@ -435,7 +598,13 @@ fn from_examples(
             None => continue,
         };
         let (zx, sx) = target_features(&ex.curve[..n], ex.target);
-        let d2 = ((z - zx) / KERNEL_WIDTH).powi(2) + ((s - sx) / KERNEL_WIDTH).powi(2);
+        // The headroom's share counts where both metrics' best is known.
+        let dh = h
+            .zip(headroom_share(&ex.curve[..n], ex.target, ex.best))
+            .map_or(0.0, |(a, b)| a - b);
+        let d2 = ((z - zx) / KERNEL_WIDTH).powi(2)
+            + ((s - sx) / KERNEL_WIDTH).powi(2)
+            + (dh / KERNEL_WIDTH).powi(2);
         members.push((e, (-d2 / 2.0).exp()));
     }
     let mass: f64 = members.iter().map(|m| m.1).sum();
@@ -460,8 +629,9 @@ fn from_examples(
     })
 }
 
-/// Predicts the epoch (1-based) at which a job whose per-epoch metric so
-/// far is `head` first reaches `target`, at most `cap_epochs`. An empty
+/// Predicts the epoch (1-based) at which a job alone whose per-epoch metric
+/// so far is `head` first reaches `target`, at most `cap_epochs`, its
+/// metric's best value unknown ([`predict`] with the rest). An empty
 /// library predicts the cap with no support.
 pub fn predict_epochs(
     library: &CurveLibrary,
@@ -470,6 +640,23 @@ pub fn predict_epochs(
     lower_is_better: bool,
     cap_epochs: usize,
 ) -> Result<EpochsPrediction, PriorError> {
+    predict(
+        library,
+        &Query {
+            head,
+            target,
+            metric: Metric::sense(lower_is_better),
+            start: Start::Alone,
+            cap_epochs,
+        },
+    )
+}
+
+/// Predicts the epoch (1-based) at which the job `q` first reaches its
+/// target, at most its cap (steps 1–8). An empty library predicts the cap
+/// with no support.
+pub fn predict(library: &CurveLibrary, q: &Query<'_>) -> Result<EpochsPrediction, PriorError> {
+    let (head, target, cap_epochs) = (q.head, q.target, q.cap_epochs);
     check("head", head)?;
     if !target.is_finite() {
         return Err(PriorError::Target);
@@ -478,7 +665,7 @@ pub fn predict_epochs(
         return Err(PriorError::Cap);
     }
     let cap = cap_epochs as f64;
-    let s = if lower_is_better { -1.0 } else { 1.0 };
+    let s = if q.metric.lower_is_better { -1.0 } else { 1.0 };
     let t = s * target;
     let head: Vec<f64> = head.iter().map(|v| s * v).collect();
     if let Some(i) = head.iter().position(|&v| v >= t) {
@@ -490,7 +677,8 @@ pub fn predict_epochs(
         return Ok(EpochsPrediction::certain(cap, false));
     }
     let shape_prior = SHAPES_MASS / library.shapes.len().max(1) as f64;
-    if let Some(p) = from_examples(&library.examples, &head, t, cap_epochs) {
+    let best = q.metric.best.filter(|b| b.is_finite()).map(|b| s * b);
+    if let Some(p) = from_examples(&library.examples, &head, t, best, q.start, cap_epochs) {
         if library.shapes.is_empty() {
             return Ok(p);
         }
@@ -945,6 +1133,155 @@ mod tests {
             p(6.0, 6.0, 6.0, true).combined(&p(10.0, 10.0, 10.0, false)),
             (8.0, 8.0, 8.0)
         ));
+    }
+
+    /// A job trained from another task's weights (or beside another task)
+    /// is judged by finished jobs that were too: its target was set by its
+    /// task's runs alone, not on a curve of its kind. A job alone is judged
+    /// by every finished job. Here jobs alone and transferred jobs share a
+    /// head and a target; the alone ones met it at epoch 8, the
+    /// transferred ones at epoch 4.
+    #[test]
+    fn estimate_prior_a_transferred_job_is_judged_by_transferred_finished_jobs() {
+        let head = [0.50, 0.60, 0.65];
+        let slow = [0.50, 0.60, 0.65, 0.67, 0.69, 0.71, 0.73, 0.75, 0.76, 0.77];
+        let fast = [0.50, 0.60, 0.65, 0.75, 0.77, 0.78, 0.79, 0.80, 0.80, 0.81];
+        let metric = Metric::named("eval_accuracy", false);
+        let q = |start| Query {
+            head: &head,
+            target: 0.75,
+            metric,
+            start,
+            cap_epochs: 10,
+        };
+        let mut lib = CurveLibrary::new();
+        for _ in 0..6 {
+            lib.add_finished_as(&slow, 0.75, metric, Start::Alone)
+                .unwrap();
+        }
+        // No transferred job finished yet: the kernel has nothing to say
+        // (step 7), the curves' shapes read it.
+        let p = predict(&lib, &q(Start::Transferred)).unwrap();
+        assert!(!p.by_targets, "{p:?}");
+        assert_eq!(predict(&lib, &q(Start::Alone)).unwrap().epochs, 8.0);
+        for _ in 0..2 {
+            lib.add_finished_as(&fast, 0.75, metric, Start::Transferred)
+                .unwrap();
+        }
+        let p = predict(&lib, &q(Start::Transferred)).unwrap();
+        assert!(p.by_targets, "{p:?}");
+        assert_eq!((p.epochs, p.low, p.high), (4.0, 4.0, 4.0));
+        // Alone: all eight, the six alone weigh most.
+        let p = predict(&lib, &q(Start::Alone)).unwrap();
+        assert_eq!((p.epochs, p.low, p.high), (8.0, 4.0, 8.0));
+        // `predict_epochs` is a job alone.
+        assert_eq!(
+            predict_epochs(&lib, &head, 0.75, false, 10).unwrap(),
+            predict(&lib, &q(Start::Alone)).unwrap()
+        );
+    }
+
+    /// Where the metric's best value is known, the share of the headroom
+    /// left that the target asks for is a third feature: two groups of
+    /// finished jobs alike in the climb's shares, one near the metric's
+    /// top (its target asks for half the error left: met at epoch 9), one
+    /// far below it (met at epoch 4). A job far below reads 4; one near
+    /// the top reads 9 with the best known, and, unknown, the two groups
+    /// alike.
+    #[test]
+    fn estimate_prior_the_headroom_a_target_asks_for_is_a_third_feature() {
+        let acc = Metric::named("accuracy", false);
+        let mut lib = CurveLibrary::new();
+        let top = [
+            0.90, 0.94, 0.96, 0.965, 0.97, 0.972, 0.974, 0.976, 0.98, 0.981,
+        ];
+        let low = [0.40, 0.44, 0.46, 0.48, 0.50, 0.51, 0.52, 0.53, 0.54, 0.55];
+        for _ in 0..2 {
+            lib.add_finished_as(&top, 0.98, acc, Start::Alone).unwrap();
+            lib.add_finished_as(&low, 0.48, acc, Start::Alone).unwrap();
+        }
+        let read = |head: &[f64], target, metric| {
+            let q = Query {
+                head,
+                target,
+                metric,
+                start: Start::Alone,
+                cap_epochs: 10,
+            };
+            predict(&lib, &q).unwrap()
+        };
+        // The same shares of the climb: (0.75, 0.25).
+        let far = [0.30, 0.34, 0.36];
+        let near = [0.91, 0.95, 0.97];
+        let (a, b) = (target_features(&far, 0.38), target_features(&near, 0.99));
+        assert!(
+            (a.0 - b.0).abs() < 1e-9 && (a.1 - b.1).abs() < 1e-9,
+            "{a:?} {b:?}"
+        );
+        assert_eq!(read(&far, 0.38, acc).epochs, 4.0);
+        assert_eq!(read(&near, 0.99, acc).epochs, 9.0);
+        let unknown = Metric::named("bleu", false);
+        assert_eq!(unknown.best, None);
+        let p = read(&near, 0.99, unknown);
+        assert_eq!((p.epochs, p.low, p.high), (4.0, 4.0, 9.0));
+        assert_eq!(headroom_share(&near, 0.99, None), None);
+        let h = headroom_share(&near, 0.99, Some(1.0)).unwrap();
+        assert!((h - 2.0 / 3.0).abs() < 1e-9, "{h}");
+        // No headroom left (the head at the metric's best): no feature.
+        assert_eq!(headroom_share(&[0.5, 1.0], 1.1, Some(1.0)), None);
+    }
+
+    #[test]
+    fn estimate_prior_metric_names_with_a_fixed_range_know_their_best() {
+        for name in [
+            "eval_accuracy",
+            "accuracy",
+            "F1",
+            "eval_f1",
+            "test_pearson",
+            "val_mcc",
+        ] {
+            assert_eq!(Metric::named(name, false).best, Some(1.0), "{name}");
+        }
+        for name in ["eval_loss", "loss", "validation_error_rate", "mse"] {
+            assert_eq!(Metric::named(name, true).best, Some(0.0), "{name}");
+        }
+        // The sense must agree with the name; an unknown name says nothing.
+        assert_eq!(Metric::named("eval_accuracy", true).best, None);
+        assert_eq!(Metric::named("eval_loss", false).best, None);
+        assert_eq!(Metric::named("rouge_l", false).best, None);
+        assert_eq!(Metric::named("", false), Metric::sense(false));
+        // Lower-is-better is mirrored with its best: a loss target that asks
+        // for most of the loss left reads like an accuracy near its top.
+        let mut acc_lib = CurveLibrary::new();
+        let mut loss_lib = CurveLibrary::new();
+        let c = [
+            0.90, 0.94, 0.96, 0.965, 0.97, 0.972, 0.974, 0.976, 0.98, 0.981,
+        ];
+        let loss: Vec<f64> = c.iter().map(|v| 1.0 - v).collect();
+        let (acc, lossm) = (
+            Metric::named("accuracy", false),
+            Metric::named("loss", true),
+        );
+        acc_lib
+            .add_finished_as(&c, 0.98, acc, Start::Alone)
+            .unwrap();
+        loss_lib
+            .add_finished_as(&loss, 1.0 - 0.98, lossm, Start::Alone)
+            .unwrap();
+        fn q(head: &[f64], target: f64, metric: Metric) -> Query<'_> {
+            Query {
+                head,
+                target,
+                metric,
+                start: Start::Alone,
+                cap_epochs: 10,
+            }
+        }
+        assert_eq!(
+            predict(&acc_lib, &q(&c[..3], 0.98, acc)).unwrap(),
+            predict(&loss_lib, &q(&loss[..3], 1.0 - 0.98, lossm)).unwrap()
+        );
     }
 
     #[test]
