@@ -33,15 +33,19 @@ fn estimate_prior_leave_one_task_out_on_the_published_curves() {
         .filter_map(|(k, v)| Some((k, v.parse().ok()?)))
         .collect();
     let get = |k: &str| *v.get(k).unwrap_or_else(|| panic!("no {k} in\n{text}"));
-    // From half the trace (5 of 10 epochs) the prior meets 10 % for jobs
-    // alone and temporal pairs.
-    for kind in ["alone", "temporal"] {
-        let ape = get(&format!("anchor_5ep_prior_{kind}_epochs_ape_mean_pct"));
-        assert!(ape <= 10.0, "5 epochs, {kind}: {ape} %");
+    // From 3 epochs (9.79 % / 9.81 %) and from half the trace (5 of 10
+    // epochs: 5.55 % / 2.65 %) the prior meets 10 % for jobs alone and
+    // temporal pairs: a job trained from another task's weights judged by
+    // finished jobs that were too, and the headroom's share a third
+    // feature (10.15 % / 11.7 % from 3 epochs without them).
+    for n in [3, 5] {
+        for kind in ["alone", "temporal"] {
+            let ape = get(&format!("anchor_{n}ep_prior_{kind}_epochs_ape_mean_pct"));
+            assert!(ape <= 10.0, "{n} epochs, {kind}: {ape} %");
+        }
     }
-    // From 3 epochs (10.15 % / 11.7 %, the 10 % target not yet met) it
-    // beats Ymir's per-job fit on jobs alone and is no worse on temporal
-    // pairs.
+    // It beats Ymir's per-job fit from 3 epochs on jobs alone and is no
+    // worse on temporal pairs.
     let (prior, fit) = (
         get("anchor_3ep_prior_alone_epochs_ape_mean_pct"),
         get("anchor_3ep_fit_alone_epochs_ape_mean_pct"),
@@ -64,8 +68,8 @@ fn estimate_prior_leave_one_task_out_on_the_published_curves() {
     // jobs alone and temporal pairs; from 5 epochs it beats the shapes.
     // And step 8 (the kernel's reading combined with the shipped shapes',
     // inverse-variance weights) beats the kernel alone on every mean:
-    // 10.15 / 11.7 / 16.1 % against 11.6 / 13.0 / 19.1 % from 3 epochs,
-    // 5.6 / 2.5 / 5.25 % against 5.7 / 2.8 / 6.0 % from 5.
+    // 9.79 / 9.81 / 12.8 % against 11.9 / 11.3 / 14.2 % from 3 epochs,
+    // 5.55 / 2.65 / 4.9 % against 5.7 / 2.7 / 5.2 % from 5.
     for n in [3, 5] {
         for kind in ["alone", "temporal", "spatial"] {
             let prior = get(&format!("anchor_{n}ep_prior_{kind}_epochs_ape_mean_pct"));
@@ -89,10 +93,10 @@ fn estimate_prior_leave_one_task_out_on_the_published_curves() {
             }
         }
     }
-    // By model, from 3 epochs, jobs alone meet 10 % on vit (ViT-Base
-    // 5.69 % in Ymir Table 2); roberta-base, 7.3 % on the kernel alone,
-    // reads 11.9 % with step 8's combination (RoBERTa-Base 8.27 % in
-    // Table 2), and the large models miss most.
+    // By model, from 3 epochs, jobs alone meet 10 % on vit (2.5 %;
+    // ViT-Base 5.69 % in Ymir Table 2); roberta-base, 7.3 % on the kernel
+    // alone before the headroom's share, reads 12.3 % (RoBERTa-Base 8.27 %
+    // in Table 2), and the large models miss most.
     let by_model: BTreeMap<&str, f64> = text
         .lines()
         .find_map(|l| l.strip_prefix("anchor_3ep_prior_alone_epochs_ape_mean_by_model="))

@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use estimator_svc::analytic;
-use estimator_svc::curve_prior::{CurveLibrary, predict_epochs};
+use estimator_svc::curve_prior::{CurveLibrary, Metric, Query, Start, predict, predict_epochs};
 use estimator_svc::loss_curve::{
     LossCurve, PLATEAU_THRESHOLD, TargetPrediction, fit_loss_curve, fit_metric_curve,
     iterations_to_converge,
@@ -414,7 +414,28 @@ struct Case {
     involves: Vec<String>,
     curve: Vec<(f64, f64)>,
     target: f64,
+    /// Its metric as the curve names it (`eval_accuracy`, `eval_f1`, …).
+    metric: Metric,
     mode: Mode,
+}
+
+impl Case {
+    /// How the job started, as the prior tells finished jobs apart.
+    fn start(&self) -> Start {
+        match self.mode {
+            Mode::Alone => Start::Alone,
+            Mode::Temporal | Mode::Spatial => Start::Transferred,
+        }
+    }
+}
+
+/// A published curve's metric (every one of them higher-is-better where a
+/// workload job gives it a target).
+fn parse_metric(v: &serde_json::Value) -> Metric {
+    Metric::named(
+        v.get("metric").and_then(|m| m.as_str()).unwrap_or(""),
+        false,
+    )
 }
 
 /// The median of the targets of the workload jobs of one task.
@@ -441,16 +462,15 @@ fn anchor_cases(dir: &Path) -> anyhow::Result<Vec<Case>> {
                 continue;
             }
             for (key, target) in jobs {
-                if let Some(curve) = m["alone"][task.as_str()]
-                    .get(key.as_str())
-                    .and_then(parse_curve)
-                {
+                let v = m["alone"][task.as_str()].get(key.as_str());
+                if let Some((v, curve)) = v.and_then(|v| Some((v, parse_curve(v)?))) {
                     cases.push(Case {
                         model: model.clone(),
                         task: task.clone(),
                         involves: vec![task.clone()],
                         curve,
                         target: *target,
+                        metric: parse_metric(v),
                         mode: Mode::Alone,
                     });
                 }
@@ -472,6 +492,7 @@ fn anchor_cases(dir: &Path) -> anyhow::Result<Vec<Case>> {
                 involves: vec![a.to_string(), b.to_string()],
                 curve,
                 target: median_target(jobs),
+                metric: parse_metric(v),
                 mode: Mode::Temporal,
             });
         }
@@ -496,6 +517,7 @@ fn anchor_cases(dir: &Path) -> anyhow::Result<Vec<Case>> {
                     involves: vec![a.to_string(), b.to_string()],
                     curve,
                     target: median_target(jobs),
+                    metric: parse_metric(v),
                     mode: Mode::Spatial,
                 });
             }
@@ -657,7 +679,7 @@ fn anchor_accuracy(cases: &[Case], jobs: &[Case], n: usize) -> AnchorAccuracy {
             {
                 let curve: Vec<f64> = j.curve.iter().map(|p| p.1).collect();
                 with_targets
-                    .add_finished(&curve, j.target, false)
+                    .add_finished_as(&curve, j.target, j.metric, j.start())
                     .expect("published curves and targets are finite");
                 shapes
                     .push(&curve, false)
@@ -683,7 +705,14 @@ fn anchor_accuracy(cases: &[Case], jobs: &[Case], n: usize) -> AnchorAccuracy {
             (&mut shipped, &shipped_lib),
             (&mut own, &*every),
         ] {
-            let p = predict_epochs(lib, &head, c.target, false, cap).expect("valid input");
+            let q = Query {
+                head: &head,
+                target: c.target,
+                metric: c.metric,
+                start: c.start(),
+                cap_epochs: cap,
+            };
+            let p = predict(lib, &q).expect("valid input");
             acc.push(c, p.epochs);
             if !p.observed {
                 acc.predicted += 1;
