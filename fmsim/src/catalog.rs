@@ -31,7 +31,7 @@
 
 use std::collections::BTreeMap;
 
-use fmsched_estimator::curve_prior::CurveLibrary;
+use fmsched_estimator::curve_prior::{CurveLibrary, Metric, Start};
 use serde_json::{Value, json};
 
 /// Epochs, or a metric curve per epoch (higher is better).
@@ -57,11 +57,31 @@ impl Work {
     }
 }
 
+/// The metric an entry names (`"metric": "eval_accuracy"`), if any.
+fn metric_of(v: &Value) -> Option<String> {
+    v.get("metric")
+        .and_then(Value::as_str)
+        .filter(|m| !m.trim().is_empty())
+        .map(str::to_string)
+}
+
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct TaskInfo {
     pub samples_per_epoch: f64,
     /// Alone: one entry, or one per curve key ("lr=…,grad_accum=…").
     pub alone: BTreeMap<String, Work>,
+    /// The metric its curves measure, as the catalog names it (the
+    /// published layout's `"metric": "eval_accuracy"`; fmsched's own
+    /// `tasks.T.metric`), if it says: the learned prior reads the metric's
+    /// best value from it ([`Metric::named`]).
+    pub metric: Option<String>,
+}
+
+impl TaskInfo {
+    /// Its metric as the learned prior reads it (curves are higher-is-better).
+    pub fn prior_metric(&self) -> Metric {
+        Metric::named(self.metric.as_deref().unwrap_or(""), false)
+    }
 }
 
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -168,6 +188,7 @@ impl Catalog {
                         TaskInfo {
                             samples_per_epoch: n,
                             alone: BTreeMap::from([(String::new(), Work::Epochs(epochs))]),
+                            metric: None,
                         },
                     );
                 }
@@ -248,6 +269,12 @@ impl Catalog {
     pub fn prior_library(&self, model: &str, task: &str, targets: &JobTargets) -> CurveLibrary {
         let mut lib = CurveLibrary::new();
         if let Some(m) = self.models.get(model) {
+            let metric = |t: &str| {
+                m.tasks
+                    .get(t)
+                    .map(TaskInfo::prior_metric)
+                    .unwrap_or_default()
+            };
             // Curves read from a catalog and targets read from a workload
             // are finite (checked on load).
             for (t, jobs) in targets.iter().filter(|(t, _)| t.as_str() != task) {
@@ -258,7 +285,7 @@ impl Catalog {
                         .and_then(|k| info.alone.get(k))
                         .or_else(|| info.alone.values().next());
                     if let Some(Work::Curve(c)) = work {
-                        let _ = lib.add_finished(c, *target, false);
+                        let _ = lib.add_finished_as(c, *target, metric(t), Start::Alone);
                     }
                 }
             }
@@ -278,10 +305,11 @@ impl Catalog {
                 .iter()
                 .filter(|((a, b), _)| a != task && b != task)
                 .map(|((_, b), w)| (b, w));
-            // (the task whose curve it is, the curve) of every pair.
+            // (the task whose curve it is, the curve) of every pair: each
+            // trained from, or beside, another task.
             for (t, w) in temporal.chain(spatial) {
                 if let (Work::Curve(c), Some(target)) = (w, median(t)) {
-                    let _ = lib.add_finished(c, target, false);
+                    let _ = lib.add_finished_as(c, target, metric(t), Start::Transferred);
                 }
             }
         }
@@ -360,6 +388,7 @@ impl Catalog {
                         TaskInfo {
                             samples_per_epoch: n,
                             alone: BTreeMap::from([(String::new(), work(&path, tv)?)]),
+                            metric: metric_of(tv),
                         },
                     );
                 }
@@ -368,6 +397,9 @@ impl Catalog {
                 for (t, per_key) in alone {
                     let info = m.tasks.entry(t.clone()).or_default();
                     for (k, w) in per_key.as_object().into_iter().flatten() {
+                        if info.metric.is_none() {
+                            info.metric = metric_of(w);
+                        }
                         info.alone.insert(
                             k.clone(),
                             work(&format!("models.{model}.alone.{t}.{k}"), w)?,
@@ -437,6 +469,9 @@ impl Catalog {
                 .map(|(t, info)| {
                     let mut v = info.alone.values().next().map(work).unwrap_or(json!({}));
                     v["samples_per_epoch"] = json!(info.samples_per_epoch);
+                    if let Some(m) = &info.metric {
+                        v["metric"] = json!(m);
+                    }
                     (t.clone(), v)
                 })
                 .collect();

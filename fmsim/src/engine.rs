@@ -50,12 +50,14 @@ use fmsched_core::round::{
 use fmsched_core::slo::{self, RewardStep};
 use fmsched_core::{JobState, NodeState, SloClass};
 use fmsched_estimator::analytic;
-use fmsched_estimator::curve_prior::{CurveLibrary, predict_epochs, remaining_spread};
+use fmsched_estimator::curve_prior::{
+    CurveLibrary, Metric, Query, Start, predict, remaining_spread,
+};
 use fmsched_estimator::icefrog;
 use fmsched_estimator::lut::{Lut, Variant, expert_group};
 use fmsched_estimator::times::{tran_wt_spatial, tran_wt_temporal};
 
-use crate::catalog::{Catalog, JobTargets, Work};
+use crate::catalog::{Catalog, JobTargets, TaskInfo, Work};
 use crate::loans::{LoanStats, Loans};
 use crate::workload::WorkloadJob;
 
@@ -120,18 +122,30 @@ pub enum EstimateModel {
 /// (the published curves' convention: three evaluations).
 pub const PROFILED_EPOCHS: usize = 3;
 
-/// The learned estimator's epochs-to-target for a job with per-epoch
-/// `curve` and `target`, and the relative spread of its remaining time
-/// ([`remaining_spread`]), after `n` observed epochs, for every `n` from 0
-/// to the curve's length (below [`PROFILED_EPOCHS`] it has seen that many).
-fn learned_epochs(lib: &CurveLibrary, curve: &[f64], target: f64) -> Vec<(f64, f64)> {
+/// The learned estimator's epochs-to-target for a job alone with per-epoch
+/// `curve` of `metric` and `target`, and the relative spread of its
+/// remaining time ([`remaining_spread`]), after `n` observed epochs, for
+/// every `n` from 0 to the curve's length (below [`PROFILED_EPOCHS`] it
+/// has seen that many).
+fn learned_epochs(
+    lib: &CurveLibrary,
+    curve: &[f64],
+    metric: Metric,
+    target: f64,
+) -> Vec<(f64, f64)> {
     (0..=curve.len())
         .map(|n| {
             let head = &curve[..n.max(PROFILED_EPOCHS).min(curve.len())];
-            predict_epochs(lib, head, target, false, curve.len())
-                .map_or((curve.len() as f64, 0.0), |p| {
-                    (p.epochs, remaining_spread(&p, head.len()))
-                })
+            let q = Query {
+                head,
+                target,
+                metric,
+                start: Start::Alone,
+                cap_epochs: curve.len(),
+            };
+            predict(lib, &q).map_or((curve.len() as f64, 0.0), |p| {
+                (p.epochs, remaining_spread(&p, head.len()))
+            })
         })
         .collect()
 }
@@ -816,7 +830,8 @@ impl<'a> Simulation<'a> {
                             let targets = targets.get(&w.model).unwrap_or(&none);
                             catalog.prior_library(&w.model, &w.task, targets)
                         });
-                    learned_epochs(lib, curve, target)
+                    let metric = info.map(TaskInfo::prior_metric).unwrap_or_default();
+                    learned_epochs(lib, curve, metric, target)
                 }
                 _ => Vec::new(),
             };
@@ -2666,7 +2681,7 @@ mod tests {
             .map(|e| 0.9 - 0.4 * (-0.35 * f64::from(e)).exp())
             .collect();
         let target = curve[6]; // reached at epoch 7
-        let with_spread = learned_epochs(&lib, &curve, target);
+        let with_spread = learned_epochs(&lib, &curve, Metric::default(), target);
         assert!(with_spread.iter().all(|&(_, s)| (0.0..=4.0).contains(&s)));
         assert_eq!(with_spread[10].1, 0.0, "seen: sure");
         let p: Vec<f64> = with_spread.iter().map(|x| x.0).collect();
@@ -2681,7 +2696,7 @@ mod tests {
             assert_eq!(e, 7.0);
         }
         // A target met in the profiled epochs is that epoch.
-        let early = learned_epochs(&lib, &curve, curve[1]);
+        let early = learned_epochs(&lib, &curve, Metric::default(), curve[1]);
         assert!(early.iter().all(|&e| e == (2.0, 0.0)), "{early:?}");
     }
 }

@@ -49,6 +49,7 @@ fn task(samples: f64, epochs: f64) -> TaskInfo {
     TaskInfo {
         samples_per_epoch: samples,
         alone: [(String::new(), Work::Epochs(epochs))].into(),
+        metric: None,
     }
 }
 
