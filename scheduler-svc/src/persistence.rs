@@ -817,7 +817,23 @@ pub struct MetricCurve {
     /// Its `target.metric.value`.
     pub target: f64,
     pub evals: Vec<f64>,
+    /// It trained from another task's weights or beside another task
+    /// ([`TRANSFERRED`]).
+    pub transferred: bool,
 }
+
+/// Whether the job `j` (a `jobs` row) trained from another task's weights
+/// or beside another task, as the learned prior tells finished jobs apart
+/// (`curve_prior::Start::Transferred`): B of a temporal merge (a warm start
+/// included) or a member of a spatial merge, split or not (its weights
+/// came from the joint process), unless it was restarted from its
+/// pre-trained weights since (a fresh start clears its evaluations, so its
+/// curve is its own alone). One rule for finished jobs and running ones.
+const TRANSFERRED: &str = "(EXISTS (SELECT 1 FROM merges m
+        WHERE (m.mode = 'temporal' AND m.job_b = j.id)
+           OR (m.mode = 'spatial' AND j.id IN (m.job_a, m.job_b)))
+    AND NOT EXISTS (SELECT 1 FROM job_progress p
+        WHERE p.job_id = j.id AND p.fresh_generation IS NOT NULL))";
 
 /// A merge decided by the task merger (Ymir §5), kept until the merge guard
 /// splits it.
@@ -2058,21 +2074,22 @@ impl Persistence {
         limit: i64,
     ) -> Result<Vec<MetricCurve>, PersistenceError> {
         const OP: &str = "finished_metric_curves";
-        let rows = sqlx::query(
-            "SELECT j.model, j.spec #>> '{target,metric,name}' AS metric,
-                    COALESCE((j.spec #>> '{target,metric,lower_is_better}')::boolean, FALSE) AS lower,
-                    (j.spec #>> '{target,metric,value}')::float8 AS target,
-                    e.evals
+        let sql = format!(
+            "SELECT j.model, j.spec #>> '{{target,metric,name}}' AS metric,
+                    COALESCE((j.spec #>> '{{target,metric,lower_is_better}}')::boolean, FALSE) AS lower,
+                    (j.spec #>> '{{target,metric,value}}')::float8 AS target,
+                    e.evals, {TRANSFERRED} AS transferred
              FROM jobs j JOIN job_estimates e ON e.job_id = j.id
              WHERE j.state = 'completed' AND j.model = ANY($1)
-               AND j.spec #> '{target,metric}' IS NOT NULL AND cardinality(e.evals) >= 2
-             ORDER BY j.id DESC LIMIT $2",
-        )
-        .bind(models)
-        .bind(limit)
-        .fetch_all(&self.pool)
-        .await
-        .map_err(db_err(OP))?;
+               AND j.spec #> '{{target,metric}}' IS NOT NULL AND cardinality(e.evals) >= 2
+             ORDER BY j.id DESC LIMIT $2"
+        );
+        let rows = sqlx::query(&sql)
+            .bind(models)
+            .bind(limit)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(db_err(OP))?;
         rows.into_iter()
             .map(|r| {
                 let get = |e: sqlx::Error| corrupt(OP, e.to_string());
@@ -2088,9 +2105,27 @@ impl Persistence {
                         .map_err(get)?
                         .ok_or_else(|| corrupt(OP, "a metric target without a value"))?,
                     evals: r.try_get("evals").map_err(get)?,
+                    transferred: r.try_get("transferred").map_err(get)?,
                 })
             })
             .collect()
+    }
+
+    /// Those of `jobs` that trained from another task's weights or beside
+    /// another task ([`TRANSFERRED`], the rule the finished jobs' curves
+    /// are told apart by).
+    pub async fn transferred_jobs(
+        &self,
+        jobs: &[JobId],
+    ) -> Result<BTreeSet<JobId>, PersistenceError> {
+        let ids: Vec<Uuid> = jobs.iter().map(|j| j.0).collect();
+        let sql = format!("SELECT j.id FROM jobs j WHERE j.id = ANY($1) AND {TRANSFERRED}");
+        let rows: Vec<Uuid> = sqlx::query_scalar(&sql)
+            .bind(&ids)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(db_err("transferred_jobs"))?;
+        Ok(rows.into_iter().map(JobId).collect())
     }
 
     /// The fitted Eq. 3 loss curves (JSON, quality ≥ `min_quality`) of the

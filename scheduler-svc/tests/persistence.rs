@@ -916,6 +916,113 @@ async fn estimate_prior_metric_curves_are_kept_and_finished_ones_read_back(pool:
     assert_eq!(both.len(), 2);
 }
 
+/// How a job started, as the metric prior tells finished jobs apart: B of
+/// a temporal merge (a warm start too) or a member of a spatial merge,
+/// split or not, is transferred; A of a temporal merge, a job never
+/// merged, and a B restarted since from its pre-trained weights are not.
+/// One rule for running jobs (`transferred_jobs`) and finished ones.
+#[sqlx::test(migrator = "scheduler_svc::persistence::MIGRATOR")]
+async fn estimate_prior_how_a_job_started_is_read_from_its_merges(pool: PgPool) {
+    use fmsched_core::policy::MergeMode;
+    use scheduler_svc::persistence::NewMerge;
+    let p = Persistence::from_pool(pool);
+    let owner = UserName("alice".into());
+    let mut s = spec();
+    s.target.metric = Some(fmsched_core::MetricTarget {
+        name: "eval_accuracy".into(),
+        value: 0.9,
+        lower_is_better: false,
+    });
+    let mut ids = Vec::new();
+    for k in 0..8 {
+        let id = JobId::new_v7();
+        p.submit_job(NewJob {
+            id,
+            owner: &owner,
+            spec: &s,
+            idempotency_key: None,
+            now: t(k),
+        })
+        .await
+        .unwrap();
+        ids.push(id);
+    }
+    let merge = |a: usize, b: usize, mode, warm| NewMerge {
+        a: ids[a],
+        b: ids[b],
+        mode,
+        gain_ab: 0.2,
+        gain_ba: 0.1,
+        warm,
+    };
+    let (lease, fence) = lead(&p, "leader", 60).await;
+    // 0 ↦ 1 temporal; 2 ‖ 3 spatial; 4 ↦ 5 and 4 ↦ 6 warm starts, 6 then
+    // restarted fresh; 7 alone.
+    let w = RoundWrites {
+        new_merges: vec![
+            merge(0, 1, MergeMode::Temporal, false),
+            merge(2, 3, MergeMode::Spatial, false),
+            merge(4, 5, MergeMode::Temporal, true),
+            merge(4, 6, MergeMode::Temporal, true),
+        ],
+        // Job k's curve ends at 0.7 + k / 100: its curve names it.
+        estimates: ids
+            .iter()
+            .enumerate()
+            .map(|(k, id)| {
+                (
+                    *id,
+                    scheduler_svc::persistence::Estimate {
+                        evals: vec![0.5, 0.6, 0.7 + k as f64 / 100.0],
+                        ..Default::default()
+                    },
+                )
+            })
+            .collect(),
+        ..Default::default()
+    };
+    let g = p.commit_round(&fence, 0, &w, t(10)).await.unwrap();
+    let transferred = |set: &std::collections::BTreeSet<JobId>| -> Vec<usize> {
+        (0..ids.len()).filter(|k| set.contains(&ids[*k])).collect()
+    };
+    let running = p.transferred_jobs(&ids).await.unwrap();
+    assert_eq!(transferred(&running), vec![1, 2, 3, 5, 6]);
+    // Only the jobs asked about are answered.
+    let some = p.transferred_jobs(&ids[..2]).await.unwrap();
+    assert_eq!(transferred(&some), vec![1]);
+    let w = RoundWrites {
+        fresh_starts: vec![ids[6]],
+        ..Default::default()
+    };
+    p.commit_round(&fence, g, &w, t(11)).await.unwrap();
+    lease.resign().await;
+    let running = p.transferred_jobs(&ids).await.unwrap();
+    assert_eq!(transferred(&running), vec![1, 2, 3, 5]);
+    // Finished, the same: each curve says how its job started.
+    for id in &ids {
+        for (to, at) in [
+            (JobState::Profiling, 12),
+            (JobState::Queued, 13),
+            (JobState::Running, 14),
+            (JobState::Completed, 15),
+        ] {
+            p.transition_job(*id, to, "test", t(at)).await.unwrap();
+        }
+    }
+    let got = p
+        .finished_metric_curves(&[s.model.clone()], 100)
+        .await
+        .unwrap();
+    assert_eq!(got.len(), 8, "{got:?}");
+    let mut finished: Vec<usize> = got
+        .iter()
+        .filter(|c| c.transferred)
+        .map(|c| ((c.evals[2] - 0.7) * 100.0).round() as usize)
+        .collect();
+    finished.sort_unstable();
+    assert_eq!(finished, vec![1, 2, 3, 5]);
+}
+
 /// The loss prior's read: the fitted curves of a model's completed jobs,
 /// newest first and at most `per_model` of each model, none under the
 /// quality floor, none of a running job, none without a curve.

@@ -16,7 +16,7 @@ use chrono::{DateTime, Utc};
 use fmsched_core::policy::MergeMode;
 use fmsched_core::{JobId, JobState, NodeId};
 use fmsched_estimator::analytic;
-use fmsched_estimator::curve_prior::{self, CurveLibrary};
+use fmsched_estimator::curve_prior::{self, CurveLibrary, Metric, Query, Start};
 use fmsched_estimator::icefrog;
 use fmsched_estimator::loss_curve::{
     LossCurve, MIN_LOSS_POINTS, PLATEAU_THRESHOLD, fit_loss_curve, iterations_to_converge,
@@ -532,19 +532,34 @@ async fn learn_metric_targets(state: &AppState, o: &mut Observed, own: &OwnEvals
             Vec::new()
         }
     };
+    let ids: Vec<JobId> = changed.iter().map(|(id, _)| *id).collect();
+    let transferred = match state.persistence.transferred_jobs(&ids).await {
+        Ok(t) => t,
+        Err(err) => {
+            tracing::warn!(error = %err, "how jobs started not read; predicting each as a job alone");
+            BTreeSet::new()
+        }
+    };
     let shapes = CurveLibrary::shipped();
     for (id, mut e) in changed {
         let job = &o.live[&id];
-        predict_metric_target(job, &prior, &shapes, &mut e);
+        let start = if transferred.contains(&id) {
+            Start::Transferred
+        } else {
+            Start::Alone
+        };
+        predict_metric_target(job, start, &prior, &shapes, &mut e);
         o.writes.estimates.push((id, e.clone()));
         o.estimates.insert(id, e);
     }
 }
 
 /// Sets `e.iterations`, `e.spread` and `e.note` from `e.evals` (see
-/// [`learn_metric_targets`]); `shapes` is [`CurveLibrary::shipped`].
+/// [`learn_metric_targets`]) for a job that started as `start`; `shapes`
+/// is [`CurveLibrary::shipped`].
 fn predict_metric_target(
     job: &JobRecord,
+    start: Start,
     prior: &[MetricCurve],
     shapes: &CurveLibrary,
     e: &mut Estimate,
@@ -552,15 +567,21 @@ fn predict_metric_target(
     let Some(m) = &job.spec.target.metric else {
         return;
     };
+    let metric = Metric::named(&m.name, m.lower_is_better);
     let mut lib = CurveLibrary::new();
     let mut longest = 0;
     for c in prior.iter().filter(|c| {
         c.model == job.spec.model && c.metric == m.name && c.lower_is_better == m.lower_is_better
     }) {
         // Its shape, and the same curve with its target: when it met what
-        // its user set.
+        // its user set, and how it started.
+        let started = if c.transferred {
+            Start::Transferred
+        } else {
+            Start::Alone
+        };
         if lib
-            .add_finished(&c.evals, c.target, c.lower_is_better)
+            .add_finished_as(&c.evals, c.target, metric, started)
             .is_ok()
         {
             longest = longest.max(c.evals.len());
@@ -585,7 +606,14 @@ fn predict_metric_target(
         _ => 2 * longest.max(10).max(e.evals.len()),
     }
     .max(1);
-    let p = match curve_prior::predict_epochs(&lib, &e.evals, m.value, m.lower_is_better, cap) {
+    let q = Query {
+        head: &e.evals,
+        target: m.value,
+        metric,
+        start,
+        cap_epochs: cap,
+    };
+    let p = match curve_prior::predict(&lib, &q) {
         Ok(p) => p,
         Err(err) => {
             e.note = format!("metric {}: no prediction ({err})", m.name);
@@ -602,10 +630,12 @@ fn predict_metric_target(
         p.low,
         p.high,
         job.spec.model,
-        if p.by_targets {
-            "when starts like this one met their targets"
-        } else {
-            "their curves' shapes"
+        match (p.by_targets, start) {
+            (true, Start::Alone) => "when starts like this one met their targets",
+            (true, Start::Transferred) => {
+                "when transferred starts like this one met their targets"
+            }
+            (false, _) => "their curves' shapes",
         }
     );
     match per_epoch {
@@ -2002,6 +2032,26 @@ pub(crate) mod tests {
         );
     }
 
+    /// A curve shape of finished and running jobs: `level` at the start,
+    /// saturating 0.3 above it.
+    fn shape(level: f64, e: usize) -> f64 {
+        level + 0.3 * (1.0 - (-0.4 * e as f64).exp())
+    }
+
+    /// A job with a budget of 10 epochs of 100 iterations whose accuracy
+    /// target is `shape(0.6, 6)`.
+    fn metric_job() -> JobRecord {
+        let mut job = record(1, None);
+        job.spec.target.max_epochs = Some(10);
+        job.spec.dataset.num_samples = Some(3200); // 100 iterations per epoch
+        job.spec.target.metric = Some(fmsched_core::MetricTarget {
+            name: "eval_accuracy".into(),
+            value: shape(0.6, 6),
+            lower_is_better: false,
+        });
+        job
+    }
+
     /// A job with a metric target: its evaluations so far and the curves of
     /// finished jobs give its iterations (epochs × iterations per epoch,
     /// within its budget) and a note with the spread; curves of another
@@ -2009,15 +2059,7 @@ pub(crate) mod tests {
     /// iterations are estimated.
     #[test]
     fn estimate_prior_metric_target_sets_the_iterations_from_its_curve() {
-        let mut job = record(1, None);
-        job.spec.target.max_epochs = Some(10);
-        job.spec.dataset.num_samples = Some(3200); // 100 iterations per epoch
-        let shape = |level: f64, e: usize| level + 0.3 * (1.0 - (-0.4 * e as f64).exp());
-        job.spec.target.metric = Some(fmsched_core::MetricTarget {
-            name: "eval_accuracy".into(),
-            value: shape(0.6, 6),
-            lower_is_better: false,
-        });
+        let mut job = metric_job();
         // Finished jobs of the same shape, each with the target of its
         // epoch 6 (another model's or metric's met theirs at epoch 2).
         let finished = |model: &str, metric: &str, level: f64| MetricCurve {
@@ -2026,6 +2068,7 @@ pub(crate) mod tests {
             lower_is_better: false,
             target: shape(level, if level > 0.5 { 6 } else { 2 }),
             evals: (1..=10).map(|e| shape(level, e)).collect(),
+            transferred: false,
         };
         let prior = vec![
             finished("roberta-base", "eval_accuracy", 0.55),
@@ -2039,7 +2082,7 @@ pub(crate) mod tests {
             evals: (1..=3).map(|e| shape(0.6, e)).collect(),
             ..Default::default()
         };
-        predict_metric_target(&job, &prior, &CurveLibrary::shipped(), &mut e);
+        predict_metric_target(&job, Start::Alone, &prior, &CurveLibrary::shipped(), &mut e);
         assert_eq!(e.iterations, Some(600), "{}", e.note);
         assert!(e.note.contains("p10-p90"), "{}", e.note);
         assert!(e.note.contains("prior of 3 finished"), "{}", e.note);
@@ -2048,7 +2091,7 @@ pub(crate) mod tests {
         assert!((0.0..=4.0).contains(&e.spread), "{}", e.spread);
         // The budget caps it.
         job.spec.target.max_iterations = Some(450);
-        predict_metric_target(&job, &prior, &CurveLibrary::shipped(), &mut e);
+        predict_metric_target(&job, Start::Alone, &prior, &CurveLibrary::shipped(), &mut e);
         assert_eq!(e.iterations, Some(450));
         // No samples per epoch: the curve is kept, no iterations.
         job.spec.dataset.num_samples = None;
@@ -2056,9 +2099,58 @@ pub(crate) mod tests {
             evals: vec![0.6, 0.7],
             ..Default::default()
         };
-        predict_metric_target(&job, &prior, &CurveLibrary::shipped(), &mut e);
+        predict_metric_target(&job, Start::Alone, &prior, &CurveLibrary::shipped(), &mut e);
         assert_eq!(e.iterations, None);
         assert!(e.note.contains("no dataset.num_samples"), "{}", e.note);
+    }
+
+    /// A job that trained from another task's weights or beside another
+    /// task is judged by finished jobs that did too: with only jobs alone
+    /// finished, the same evaluations read the curves' shapes; once a
+    /// transferred job like it finished, its target's epoch.
+    #[test]
+    fn estimate_prior_a_transferred_job_reads_finished_transferred_jobs() {
+        let job = metric_job();
+        let finished = |level: f64, transferred: bool| MetricCurve {
+            model: "roberta-base".into(),
+            metric: "eval_accuracy".into(),
+            lower_is_better: false,
+            target: shape(level, 6),
+            evals: (1..=10).map(|e| shape(level, e)).collect(),
+            transferred,
+        };
+        let alone = vec![
+            finished(0.55, false),
+            finished(0.6, false),
+            finished(0.62, false),
+        ];
+        let evals: Vec<f64> = (1..=3).map(|e| shape(0.6, e)).collect();
+        let predict = |start: Start, prior: &[MetricCurve]| {
+            let mut e = Estimate {
+                evals: evals.clone(),
+                ..Default::default()
+            };
+            predict_metric_target(&job, start, prior, &CurveLibrary::shipped(), &mut e);
+            e
+        };
+        let e = predict(Start::Alone, &alone);
+        assert!(
+            e.note.contains("when starts like this one met"),
+            "{}",
+            e.note
+        );
+        assert_eq!(e.iterations, Some(600), "{}", e.note);
+        let e = predict(Start::Transferred, &alone);
+        assert!(e.note.contains("their curves' shapes"), "{}", e.note);
+        let mut both = alone.clone();
+        both.extend([finished(0.57, true), finished(0.61, true)]);
+        let e = predict(Start::Transferred, &both);
+        assert!(
+            e.note.contains("when transferred starts like this one met"),
+            "{}",
+            e.note
+        );
+        assert_eq!(e.iterations, Some(600), "{}", e.note);
     }
 
     /// A job over several nodes is measured at its plan's GPUs per node,
