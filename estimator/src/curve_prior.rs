@@ -209,6 +209,8 @@ impl Metric {
     /// loss, an error rate, MSE and MAE bottom out at 0. A name it does not
     /// know, or a sense the name contradicts (an accuracy reached from
     /// above), leaves the best unknown: the prior then reads two features.
+    /// So does a metric reported on another scale (an accuracy in percent:
+    /// no headroom below 1 is left, [`headroom_share`] is None).
     pub fn named(name: &str, lower_is_better: bool) -> Self {
         let lower = name.trim().to_ascii_lowercase();
         let bare = ["eval_", "validation_", "val_", "test_"]
@@ -1227,8 +1229,10 @@ mod tests {
         assert_eq!(headroom_share(&near, 0.99, None), None);
         let h = headroom_share(&near, 0.99, Some(1.0)).unwrap();
         assert!((h - 2.0 / 3.0).abs() < 1e-9, "{h}");
-        // No headroom left (the head at the metric's best): no feature.
+        // No headroom left (the head at the metric's best, or a metric
+        // reported in percent): no feature.
         assert_eq!(headroom_share(&[0.5, 1.0], 1.1, Some(1.0)), None);
+        assert_eq!(headroom_share(&[70.0, 80.0], 90.0, Some(1.0)), None);
     }
 
     #[test]
