@@ -180,6 +180,17 @@ pub enum Start {
     Transferred,
 }
 
+impl Start {
+    /// [`Start::Transferred`] if `transferred`, else [`Start::Alone`].
+    pub fn from_transferred(transferred: bool) -> Self {
+        if transferred {
+            Start::Transferred
+        } else {
+            Start::Alone
+        }
+    }
+}
+
 /// A metric as the prior reads it: its sense, and the best value it can
 /// take where that is known.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -193,6 +204,16 @@ pub struct Metric {
 }
 
 impl Metric {
+    /// The factor that makes its values higher-is-better (−1 for a loss).
+    fn sign(&self) -> f64 {
+        if self.lower_is_better { -1.0 } else { 1.0 }
+    }
+
+    /// Its best value, finite, made higher-is-better as its values are.
+    fn signed_best(&self) -> Option<f64> {
+        self.best.filter(|b| b.is_finite()).map(|b| self.sign() * b)
+    }
+
     /// A metric of this sense whose best value is unknown.
     pub fn sense(lower_is_better: bool) -> Self {
         Self {
@@ -281,7 +302,7 @@ impl CurveLibrary {
         if curve.len() < 2 {
             return Err(PriorError::Empty { field: "curve" });
         }
-        let s = if lower_is_better { -1.0 } else { 1.0 };
+        let s = Metric::sense(lower_is_better).sign();
         self.curves.push(curve.iter().map(|v| s * v).collect());
         // Under i.i.d. noise of variance σ², e[i+1] − 2e[i] + e[i−1] has
         // variance 6σ² (the smooth part of a curve adds little per epoch).
@@ -320,12 +341,12 @@ impl CurveLibrary {
         if !target.is_finite() {
             return Err(PriorError::Target);
         }
-        let s = if metric.lower_is_better { -1.0 } else { 1.0 };
+        let s = metric.sign();
         self.examples.push(Example {
             curve: curve.iter().map(|v| s * v).collect(),
             target: s * target,
             start,
-            best: metric.best.filter(|b| b.is_finite()).map(|b| s * b),
+            best: metric.signed_best(),
         });
         Ok(())
     }
@@ -600,10 +621,11 @@ fn from_examples(
             None => continue,
         };
         let (zx, sx) = target_features(&ex.curve[..n], ex.target);
-        // The headroom's share counts where both metrics' best is known.
+        // The headroom's share counts where both metrics' best is known
+        // (the example's is not computed when the job's is not).
         let dh = h
-            .zip(headroom_share(&ex.curve[..n], ex.target, ex.best))
-            .map_or(0.0, |(a, b)| a - b);
+            .and_then(|a| Some(a - headroom_share(&ex.curve[..n], ex.target, ex.best)?))
+            .unwrap_or(0.0);
         let d2 = ((z - zx) / KERNEL_WIDTH).powi(2)
             + ((s - sx) / KERNEL_WIDTH).powi(2)
             + (dh / KERNEL_WIDTH).powi(2);
@@ -667,7 +689,7 @@ pub fn predict(library: &CurveLibrary, q: &Query<'_>) -> Result<EpochsPrediction
         return Err(PriorError::Cap);
     }
     let cap = cap_epochs as f64;
-    let s = if q.metric.lower_is_better { -1.0 } else { 1.0 };
+    let s = q.metric.sign();
     let t = s * target;
     let head: Vec<f64> = head.iter().map(|v| s * v).collect();
     if let Some(i) = head.iter().position(|&v| v >= t) {
@@ -679,7 +701,7 @@ pub fn predict(library: &CurveLibrary, q: &Query<'_>) -> Result<EpochsPrediction
         return Ok(EpochsPrediction::certain(cap, false));
     }
     let shape_prior = SHAPES_MASS / library.shapes.len().max(1) as f64;
-    let best = q.metric.best.filter(|b| b.is_finite()).map(|b| s * b);
+    let best = q.metric.signed_best();
     if let Some(p) = from_examples(&library.examples, &head, t, best, q.start, cap_epochs) {
         if library.shapes.is_empty() {
             return Ok(p);

@@ -41,6 +41,26 @@ async fn submit(p: &Persistence, owner: &str, key: Option<&str>, at: i64) -> Sub
     .unwrap()
 }
 
+/// Submits `s` for `owner` at `t(at)`, without an idempotency key.
+async fn submit_spec(
+    p: &Persistence,
+    owner: &UserName,
+    s: &fmsched_core::JobSpec,
+    at: i64,
+) -> JobId {
+    let id = JobId::new_v7();
+    p.submit_job(NewJob {
+        id,
+        owner,
+        spec: s,
+        idempotency_key: None,
+        now: t(at),
+    })
+    .await
+    .unwrap();
+    id
+}
+
 fn created(o: SubmitOutcome) -> scheduler_svc::persistence::JobRecord {
     match o {
         SubmitOutcome::Created(j) => j,
@@ -843,17 +863,7 @@ async fn estimate_prior_metric_curves_are_kept_and_finished_ones_read_back(pool:
     .iter()
     .enumerate()
     {
-        let id = JobId::new_v7();
-        p.submit_job(NewJob {
-            id,
-            owner: &owner,
-            spec: s,
-            idempotency_key: None,
-            now: t(k as i64),
-        })
-        .await
-        .unwrap();
-        ids.push(id);
+        ids.push(submit_spec(&p, &owner, s, k as i64).await);
     }
     let curve = |x: f64| vec![0.5 + x, 0.6 + x, 0.7 + x];
     let w = RoundWrites {
@@ -935,17 +945,7 @@ async fn estimate_prior_how_a_job_started_is_read_from_its_merges(pool: PgPool) 
     });
     let mut ids = Vec::new();
     for k in 0..8 {
-        let id = JobId::new_v7();
-        p.submit_job(NewJob {
-            id,
-            owner: &owner,
-            spec: &s,
-            idempotency_key: None,
-            now: t(k),
-        })
-        .await
-        .unwrap();
-        ids.push(id);
+        ids.push(submit_spec(&p, &owner, &s, k).await);
     }
     let merge = |a: usize, b: usize, mode, warm| NewMerge {
         a: ids[a],

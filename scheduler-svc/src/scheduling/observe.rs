@@ -543,11 +543,7 @@ async fn learn_metric_targets(state: &AppState, o: &mut Observed, own: &OwnEvals
     let shapes = CurveLibrary::shipped();
     for (id, mut e) in changed {
         let job = &o.live[&id];
-        let start = if transferred.contains(&id) {
-            Start::Transferred
-        } else {
-            Start::Alone
-        };
+        let start = Start::from_transferred(transferred.contains(&id));
         predict_metric_target(job, start, &prior, &shapes, &mut e);
         o.writes.estimates.push((id, e.clone()));
         o.estimates.insert(id, e);
@@ -575,13 +571,13 @@ fn predict_metric_target(
     }) {
         // Its shape, and the same curve with its target: when it met what
         // its user set, and how it started.
-        let started = if c.transferred {
-            Start::Transferred
-        } else {
-            Start::Alone
-        };
         if lib
-            .add_finished_as(&c.evals, c.target, metric, started)
+            .add_finished_as(
+                &c.evals,
+                c.target,
+                metric,
+                Start::from_transferred(c.transferred),
+            )
             .is_ok()
         {
             longest = longest.max(c.evals.len());
