@@ -504,7 +504,10 @@ impl EpochsPrediction {
             (true, false) => 0.0,
             (false, false) => 0.5,
         };
-        let mix = |x: f64, y: f64| a * x + (1.0 - a) * y;
+        // Between the two, as a weighted mean is: rounding must not carry
+        // it past either (6 and 6 mixed once read 6.000000000000001, a
+        // p90 past the job's cap).
+        let mix = |x: f64, y: f64| (a * x + (1.0 - a) * y).clamp(x.min(y), x.max(y));
         EpochsPrediction {
             epochs: mix(self.epochs, other.epochs),
             low: mix(self.low, other.low),
