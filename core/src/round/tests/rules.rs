@@ -1,0 +1,114 @@
+//! The clock, a waiting job's need, leases and the reasons of a suspension.
+
+use super::*;
+
+/// An event brings the round forward to now, or to the gap after the
+/// last one, never past the periodic round.
+#[test]
+fn an_event_brings_the_round_forward_within_the_gap() {
+    // Last round at 0, periodic one at 60, gap 5.
+    assert_eq!(round_after_event(60.0, 20.0, 0.0, 5.0), 20.0);
+    assert_eq!(round_after_event(60.0, 2.0, 0.0, 5.0), 5.0);
+    assert_eq!(round_after_event(60.0, 59.0, 58.0, 5.0), 60.0);
+    assert_eq!(round_after_event(3.0, 2.0, 0.0, 5.0), 3.0);
+}
+
+/// A waiting job needs its time at its request with its start; one
+/// whose request is not an allocation the fewest GPUs it may run on;
+/// a job that runs or has trained needs nothing (it is not waiting).
+#[test]
+fn a_waiting_jobs_need_is_its_time_alone_at_its_request() {
+    use crate::policy::testkit::{cluster, job};
+    let all = crate::policy::ymir_allocations(64);
+    let job = |id: &str, asks: u32| job(id, 800.0, asks, &all);
+    let mut running = job("running", 2);
+    running.current_gpus = 2;
+    let mut trained = job("trained", 2);
+    trained.progress = 0.3;
+    let mut odd = job("odd", 5);
+    odd.min_gpus = 2;
+    let snap = cluster(2, 4, vec![job("asks-4", 4), odd, running, trained]);
+    assert!(!snap.allocations.contains(&5), "{:?}", snap.allocations);
+    assert_eq!(need_alone(&snap, 0), Some(800.0 / 4.0 + 30.0));
+    assert_eq!(need_alone(&snap, 1), Some(800.0 / 2.0 + 30.0));
+    assert_eq!(need_alone(&snap, 2), None);
+    assert_eq!(need_alone(&snap, 3), None);
+    assert_eq!(need_alone(&snap, 4), None, "no such job");
+}
+
+/// A job with a deadline brings the round forward only when waiting
+/// for the periodic one would make it miss, and starting now would not.
+#[test]
+fn a_deadline_brings_the_round_forward_only_when_waiting_would_miss_it() {
+    // Last round at 0, periodic one at 120, gap 5, now 20; the job
+    // needs 1,000 s.
+    assert_eq!(
+        round_for_deadline(120.0, 20.0, 0.0, 5.0, 1_000.0, 1_100.0),
+        20.0
+    );
+    // Room to wait for the periodic round: it stays.
+    assert_eq!(
+        round_for_deadline(120.0, 20.0, 0.0, 5.0, 1_000.0, 1_120.0),
+        120.0
+    );
+    // Missed even at once: nothing to gain by a round now.
+    assert_eq!(
+        round_for_deadline(120.0, 20.0, 0.0, 5.0, 1_000.0, 1_010.0),
+        120.0
+    );
+    // The gap after the last round still holds.
+    assert_eq!(
+        round_for_deadline(120.0, 2.0, 0.0, 5.0, 1_000.0, 1_050.0),
+        5.0
+    );
+}
+
+#[test]
+fn leases_are_kept_while_running_and_renewed_when_won_again() {
+    let mut a = job("a", "qqp", JobState::Running, 1);
+    a.holds = vec![(0, 0)];
+    a.lease_until = 100.0; // running lease
+    let mut b = job("b", "rte", JobState::Running, 1);
+    b.holds = vec![(0, 1)];
+    b.lease_until = -1.0; // ran out; wins again
+    let c = job("c", "mrpc", JobState::Queued, 1);
+    let v = view(vec![node("n", 4)], vec![a, b, c]);
+    let cfg = RoundConfig {
+        profiling: false,
+        ..Default::default()
+    };
+    let d = run(&v, "themis", &cfg);
+    let lease: BTreeMap<usize, f64> = d.outcome.leases.iter().copied().collect();
+    let new = by_name("themis").unwrap().lease_s();
+    assert_eq!(lease[&0], 100.0);
+    assert_eq!(lease[&1], new);
+    assert_eq!(lease[&2], new);
+    assert!(run(&v, "srtf", &cfg).outcome.leases.is_empty());
+}
+
+/// A job that cannot start is told why once its state changes: a
+/// running job pushed out is suspended, a queued one waits.
+#[test]
+fn the_reasons_of_a_suspension() {
+    let mut a = job("a", "qqp", JobState::Running, 4);
+    a.holds = (0..4).map(|g| (0, g)).collect();
+    a.attained_gpu_s = 1e9; // Tiresias demotes it
+    let mut b = job("b", "rte", JobState::Queued, 4);
+    b.submitted_at = -1.0;
+    let v = view(vec![node("n", 4)], vec![a, b]);
+    let cfg = RoundConfig {
+        profiling: false,
+        ..Default::default()
+    };
+    let d = run(&v, "tiresias", &cfg);
+    let reasons: Vec<(usize, JobState, &str)> = d
+        .outcome
+        .transitions
+        .iter()
+        .map(|t| (t.job, t.to, t.reason.as_str()))
+        .collect();
+    assert!(
+        reasons.contains(&(0, JobState::Queued, "suspended by the plan (checkpointed)")),
+        "{reasons:?}"
+    );
+}
