@@ -13,6 +13,7 @@ pub mod auth;
 pub mod config;
 pub mod estimates;
 pub mod leadership;
+pub mod metrics;
 pub mod persistence;
 pub mod registry;
 pub mod scheduling;

@@ -77,7 +77,7 @@ pub async fn run(
         limits: Limits::default(),
         config: cfg.clone(),
         job_events,
-        metrics: Arc::new(crate::scheduling::SchedulerMetrics::default()),
+        metrics: Arc::new(crate::metrics::SchedulerMetrics::default()),
         leadership: Arc::new(crate::leadership::Leadership::new(
             crate::persistence::LeaderLease::new(
                 &persistence,
@@ -128,7 +128,7 @@ pub async fn run(
         let st = state.clone();
         let render: fmsched_runtime::metrics::Render = Arc::new(move || {
             let st = st.clone();
-            Box::pin(async move { crate::scheduling::render_metrics(&st).await })
+            Box::pin(async move { crate::metrics::render_metrics(&st).await })
         });
         tokio::spawn(async move {
             if let Err(e) = fmsched_runtime::metrics::serve(addr, render).await {

@@ -29,7 +29,7 @@ pub struct AppState {
     /// Wakes `WatchJob` streams when a job gets a new event in this process.
     pub job_events: broadcast::Sender<fmsched_core::JobId>,
     /// Counters of the scheduling loop (rendered on `/metrics`).
-    pub metrics: Arc<crate::scheduling::SchedulerMetrics>,
+    pub metrics: Arc<crate::metrics::SchedulerMetrics>,
     /// Whether this replica leads, and the fence of its term: only the
     /// leader runs rounds, persists node liveness and accepts agent
     /// sessions, each write fenced by its term.
