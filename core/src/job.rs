@@ -1,5 +1,5 @@
-//! The job specification (Ymir Table 1 + DESIGN.md step 1) and the job state
-//! machine.
+//! The job specification (Ymir Table 1; docs/architecture.md, "Flow of one
+//! job", step 1) and the job state machine.
 //!
 //! `JobSpec` is the one representation of what a user asked for: fmctl parses
 //! YAML into it, the gRPC layer converts protobuf into it, and the scheduler

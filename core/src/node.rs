@@ -1,5 +1,5 @@
 //! Node liveness: `Available → Suspect → Offline` by time since the last
-//! heartbeat (DESIGN.md "Agent ↔ scheduler").
+//! heartbeat (docs/architecture.md, "Liveness").
 
 use std::fmt;
 use std::str::FromStr;

@@ -83,12 +83,12 @@
 //!    families. Nothing is tuned. Where finished jobs agree (a job like
 //!    one that finished, whose examples all say one epoch: no spread) the
 //!    kernel decides alone; where they scatter, the shapes pull the
-//!    prediction towards theirs (README, "Benchmarks", has both readings
+//!    prediction towards theirs (docs/benchmarks.md has both readings
 //!    and the equal-weight average measured beside it).
 //!
 //! Measured by `estimator-accuracy --anchor-dir` on the published curves
-//! with each job's own task left out of the library: see README.md,
-//! "Benchmarks" (from 3 epochs 9.79 % alone, 9.81 % temporal and 12.8 %
+//! with each job's own task left out of the library: see docs/benchmarks.md
+//! (from 3 epochs 9.79 % alone, 9.81 % temporal and 12.8 %
 //! for merged pairs' tasks; 10.15 / 11.7 / 16.1 % before the third feature
 //! and the transferred jobs' rule).
 
@@ -116,8 +116,8 @@ pub const SIGMA_FLOOR_REL: f64 = 0.005;
 /// task left out; the kernel alone, before step 8 was added): 0.1 / 0.2 /
 /// 0.4 give a 3-epoch APE of 15.2 / 11.6 / 13.3 % alone and 13.8 / 13.0 /
 /// 12.7 % temporal, and 6.4 / 5.7 / 5.7 % and 3.2 / 2.8 / 3.0 % from 5
-/// epochs (at 0.1 more heads fall back to the shapes, step 7; README,
-/// "Benchmarks").
+/// epochs (at 0.1 more heads fall back to the shapes, step 7;
+/// docs/benchmarks.md).
 pub const KERNEL_WIDTH: f64 = 0.2;
 
 /// Least total kernel weight, in examples, for step 5 to decide (step 7).
@@ -713,7 +713,7 @@ pub fn predict(library: &CurveLibrary, q: &Query<'_>) -> Result<EpochsPrediction
         // the loose σ of a library without job curves: the shapes are not
         // this model's curves, and their misfit is larger than its
         // evaluation noise. At the library's σ they read 15.8 % alone from
-        // 3 epochs, not 10.15 % (README, "Benchmarks").
+        // 3 epochs, not 10.15 % (docs/benchmarks.md).
         let sigma = (SIGMA_REL * target.abs()).max(1e-9);
         let shapes = from_shapes(
             &[(&library.shapes, shape_prior)],

@@ -45,7 +45,7 @@
 //! The trace is averaged into at most [`BUCKETS`] points first (the
 //! likelihood's σ is measured on the same points). Measured by
 //! `estimator-accuracy` (synthetic Eq. 3 curves, each predicted with the
-//! other curves as its library): see README.md, "Benchmarks".
+//! other curves as its library): see docs/benchmarks.md.
 
 use crate::curve_prior::quantile;
 use crate::loss_curve::{
