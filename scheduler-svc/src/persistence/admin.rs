@@ -4,7 +4,16 @@
 //! Any replica writes them (each change and its audit event in one
 //! transaction); the leader's rounds read them.
 
-use super::*;
+use std::collections::{BTreeMap, BTreeSet};
+
+use chrono::{DateTime, Utc};
+use fmsched_core::{JobId, JobSpec, JobState, NodeId};
+use sqlx::Row;
+use uuid::Uuid;
+
+use crate::persistence::nodes::node_event_in;
+use crate::persistence::writes::notes_in;
+use crate::persistence::{Persistence, PersistenceError, corrupt, db_err, with_retries};
 
 /// An operator's hold on a node.
 #[derive(Clone, Debug, PartialEq)]

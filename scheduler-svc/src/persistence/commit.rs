@@ -1,0 +1,472 @@
+//! A round's one fenced transaction ([`Persistence::commit_round`]): what
+//! the round observed and decided (transitions, moves, observations,
+//! merges and splits, service accounting, the new plan under a new
+//! generation), written only while its writer still leads with the epoch
+//! it started under and the plan is the one it read.
+
+use std::collections::BTreeSet;
+
+use chrono::{DateTime, Utc};
+use fmsched_core::policy::MergeMode;
+use fmsched_core::{GpuUuid, JobId, JobState, NodeId};
+use fmsched_estimator::icefrog::UtilizationFit;
+use uuid::Uuid;
+
+use crate::persistence::nodes::node_event_in;
+use crate::persistence::round_inputs::{BankPrompt, Estimate, MergeRecord};
+use crate::persistence::writes::{
+    events_in, notes_in, transitions_in, write_merges, write_observations,
+};
+use crate::persistence::{Fence, Persistence, PersistenceError, check_fence, db_err, with_retries};
+
+/// Adds the time since the stored plan was stored to the service of the
+/// jobs it ran (training, not profiling) and to every live job's deserved
+/// share (`service.fair_share_gpus`; a job submitted since then only from
+/// when it came), and replaces the leases with `service.leases`. Part of
+/// [`Persistence::commit_round`]'s transaction, before the old plan goes.
+async fn account_service(
+    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+    service: &ServiceUpdate,
+    now: DateTime<Utc>,
+    op: &'static str,
+) -> Result<(), PersistenceError> {
+    // Seconds the old plan held (none before the first; a clock that
+    // went back counts nothing).
+    let held_s: f64 = sqlx::query_scalar(
+        "SELECT COALESCE(GREATEST(EXTRACT(EPOCH FROM ($1 - stored_at))::float8, 0), 0)
+         FROM plan_generation FOR UPDATE",
+    )
+    .bind(now)
+    .fetch_one(&mut **tx)
+    .await
+    .map_err(db_err(op))?;
+    if held_s > 0.0 {
+        sqlx::query(
+            "INSERT INTO job_service (job_id, attained_gpu_s, executed_s)
+             SELECT a.job_id, SUM(cardinality(a.gpu_uuids)) * $1, $1
+             FROM assignments a WHERE NOT a.profile GROUP BY a.job_id
+             ON CONFLICT (job_id) DO UPDATE SET
+               attained_gpu_s = job_service.attained_gpu_s + EXCLUDED.attained_gpu_s,
+               executed_s = job_service.executed_s + EXCLUDED.executed_s",
+        )
+        .bind(held_s)
+        .execute(&mut **tx)
+        .await
+        .map_err(db_err(op))?;
+        let (jobs, gpus): (Vec<Uuid>, Vec<f64>) = service
+            .fair_share_gpus
+            .iter()
+            .map(|(j, g)| (j.0, g.max(0.0)))
+            .unzip();
+        // A job submitted since the old plan deserves only the time
+        // since it came.
+        sqlx::query(
+            "INSERT INTO job_service (job_id, fair_share_gpu_s)
+             SELECT u.job_id,
+                    u.gpus * LEAST($3, GREATEST(EXTRACT(EPOCH FROM ($4 - j.created_at))::float8, 0))
+             FROM UNNEST($1::uuid[], $2::float8[]) AS u(job_id, gpus)
+             JOIN jobs j ON j.id = u.job_id
+             ON CONFLICT (job_id) DO UPDATE SET
+               fair_share_gpu_s = job_service.fair_share_gpu_s + EXCLUDED.fair_share_gpu_s",
+        )
+        .bind(&jobs)
+        .bind(&gpus)
+        .bind(held_s)
+        .bind(now)
+        .execute(&mut **tx)
+        .await
+        .map_err(db_err(op))?;
+    }
+    if service.carry_over {
+        return Ok(());
+    }
+    let (leased, until): (Vec<Uuid>, Vec<DateTime<Utc>>) =
+        service.leases.iter().map(|(j, t)| (j.0, *t)).unzip();
+    sqlx::query(
+        "UPDATE job_service SET lease_until = NULL
+         WHERE lease_until IS NOT NULL AND job_id <> ALL($1::uuid[])",
+    )
+    .bind(&leased)
+    .execute(&mut **tx)
+    .await
+    .map_err(db_err(op))?;
+    sqlx::query(
+        "INSERT INTO job_service (job_id, lease_until)
+         SELECT * FROM UNNEST($1::uuid[], $2::timestamptz[])
+         ON CONFLICT (job_id) DO UPDATE SET lease_until = EXCLUDED.lease_until",
+    )
+    .bind(&leased)
+    .bind(&until)
+    .execute(&mut **tx)
+    .await
+    .map_err(db_err(op))?;
+    let p = &service.predictions;
+    let jobs: Vec<Uuid> = p.iter().map(|x| x.0.0).collect();
+    let finish: Vec<Option<DateTime<Utc>>> = p.iter().map(|x| x.1).collect();
+    let risk: Vec<bool> = p.iter().map(|x| x.2).collect();
+    sqlx::query(
+        "UPDATE job_service SET predicted_finish = NULL, at_risk = false
+         WHERE (predicted_finish IS NOT NULL OR at_risk) AND job_id <> ALL($1::uuid[])",
+    )
+    .bind(&jobs)
+    .execute(&mut **tx)
+    .await
+    .map_err(db_err(op))?;
+    sqlx::query(
+        "INSERT INTO job_service (job_id, predicted_finish, at_risk)
+         SELECT * FROM UNNEST($1::uuid[], $2::timestamptz[], $3::bool[])
+         ON CONFLICT (job_id) DO UPDATE
+         SET predicted_finish = EXCLUDED.predicted_finish, at_risk = EXCLUDED.at_risk",
+    )
+    .bind(&jobs)
+    .bind(&finish)
+    .bind(&risk)
+    .execute(&mut **tx)
+    .await
+    .map_err(db_err(op))?;
+    Ok(())
+}
+
+/// One job's GPUs on one node in the plan (a job over several nodes has
+/// one per node).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Assignment {
+    pub job: JobId,
+    pub node: NodeId,
+    pub gpus: Vec<GpuUuid>,
+    /// A profiling run (not the training run).
+    pub profile: bool,
+    /// Global rank of this part's first GPU (0 on the node of rank 0).
+    pub rank_offset: u32,
+    /// A job over several nodes: the rendezvous port of its rank 0.
+    pub master_port: Option<u16>,
+}
+
+/// A merge to record with a plan.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NewMerge {
+    pub a: JobId,
+    pub b: JobId,
+    pub mode: MergeMode,
+    pub gain_ab: f64,
+    pub gain_ba: f64,
+    /// A warm start: A had completed when it was decided (a temporal
+    /// merge; a finished job may be the A of many).
+    pub warm: bool,
+}
+
+/// What a stored plan records about service besides the assignments.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ServiceUpdate {
+    /// GPUs each live job deserves per second until the next plan (an equal
+    /// share of the cluster, at most its request).
+    pub fair_share_gpus: Vec<(JobId, f64)>,
+    /// The leases of the new plan; every other job's lease ends.
+    pub leases: Vec<(JobId, DateTime<Utc>)>,
+    /// The round's predictions (`core::round::predictions`): finish time
+    /// and deadline risk; every other job's are cleared.
+    pub predictions: Vec<(JobId, Option<DateTime<Utc>>, bool)>,
+    /// A prompt-lane commit (no policy decided): leases and predictions
+    /// stay as the last round set them; `fair_share_gpus` are that
+    /// round's.
+    pub carry_over: bool,
+}
+
+/// A failed training process, counted once (by its pid): the job's new
+/// retry count and when it may run again.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Failure {
+    pub job: JobId,
+    pub pid: u32,
+    /// The plan generation from which on a failure report counts again
+    /// (the one this round commits).
+    pub generation: i64,
+    pub retries: u32,
+    pub retry_after: DateTime<Utc>,
+}
+
+/// Everything one round writes, committed by [`Persistence::commit_round`].
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RoundWrites {
+    /// (job, iterations done, newest checkpoint).
+    pub progress: Vec<(JobId, u64, Option<String>)>,
+    pub estimates: Vec<(JobId, Estimate)>,
+    pub failures: Vec<Failure>,
+    /// (job, output weights).
+    pub completions: Vec<(JobId, String)>,
+    /// Merge guard verdicts: split (with the reason) or passed.
+    pub guard: Vec<(MergeRecord, Option<String>)>,
+    /// Kept temporal merges the round splits (`RoundOutcome::released`),
+    /// with the reason.
+    pub released: Vec<(MergeRecord, String)>,
+    /// (merge id, observed gain) sent to the estimator's regression.
+    pub observed_gains: Vec<(i64, f64)>,
+    pub new_merges: Vec<NewMerge>,
+    /// State changes in order (the observed ones first, then the plan's).
+    pub transitions: Vec<(JobId, JobState, String)>,
+    /// Events that change no state: (job, kind, message), each written
+    /// unless the job's newest event says the same.
+    pub notes: Vec<(JobId, String, String)>,
+    /// The new plan (training and profiling).
+    pub assignments: Vec<Assignment>,
+    pub service: ServiceUpdate,
+    /// Admin re-queue requests this round acted on (job, requested at):
+    /// deleted, unless renewed since.
+    pub requeued: Vec<(JobId, DateTime<Utc>)>,
+    /// Reclaimed nodes found empty (nothing planned, no process): their
+    /// loans end.
+    pub returned: Vec<NodeId>,
+    /// Jobs taken off a shared GPU that ran saturated: they never share a
+    /// GPU again (ICEFROG Eq. 8's rule measured).
+    pub no_sharing: Vec<JobId>,
+    /// Utilisation fits this round's measurements changed, by (model, GPU
+    /// family): written whole.
+    pub utilization_fits: Vec<((String, String), UtilizationFit)>,
+    /// Tuned prompts of prompt-tuning jobs that completed, filed in their
+    /// model's Prompt Bank.
+    pub bank_adds: Vec<BankPrompt>,
+    /// Prompts evicted from the Prompt Bank (past its cap; possibly one of
+    /// `bank_adds`).
+    pub bank_evictions: Vec<JobId>,
+    /// Events written once per job: (job, kind, message), skipped when the
+    /// job has an event of that kind already.
+    pub first_notes: Vec<(JobId, String, String)>,
+    /// Jobs restarted from their initial weights (a transfer from a
+    /// completed job's weights measured to hurt): their progress and
+    /// checkpoint reset, fenced by this commit's plan generation
+    /// ([`Persistence::fresh_starts`]).
+    pub fresh_starts: Vec<JobId>,
+    /// Fresh starts whose fresh process the nodes reported: the plan stops
+    /// asking for it.
+    pub fresh_seen: Vec<JobId>,
+}
+
+impl Persistence {
+    /// Commits a whole round in one transaction: what it observed (progress,
+    /// estimates, failures, completions, guard verdicts, merge outcomes),
+    /// then its plan (new merges, state changes, notes, service accounting,
+    /// the assignments under a new generation). It succeeds only while
+    /// `fence` holds the leader lease and the plan is still the one of
+    /// generation `read_generation` the round read; otherwise nothing is
+    /// written and [`PersistenceError::Fenced`] says why. Returns the new
+    /// generation.
+    ///
+    /// State changes that a concurrent request made impossible (a job
+    /// cancelled meanwhile) are skipped, not failures: the job's own
+    /// history has the cancellation.
+    pub async fn commit_round(
+        &self,
+        fence: &Fence,
+        read_generation: i64,
+        w: &RoundWrites,
+        now: DateTime<Utc>,
+    ) -> Result<i64, PersistenceError> {
+        const OP: &str = "commit_round";
+        with_retries(OP, || async {
+            let mut tx = self.pool.begin().await.map_err(db_err(OP))?;
+            check_fence(&mut tx, fence, OP).await?;
+            let generation: i64 =
+                sqlx::query_scalar("SELECT generation FROM plan_generation FOR UPDATE")
+                    .fetch_one(&mut *tx)
+                    .await
+                    .map_err(db_err(OP))?;
+            if generation != read_generation {
+                return Err(PersistenceError::Fenced(format!(
+                    "{OP}: the plan moved on under this round (generation {generation}, the round read {read_generation})"
+                )));
+            }
+            write_observations(&mut tx, w, now, OP).await?;
+            write_merges(&mut tx, &w.new_merges, now, OP).await?;
+            let moves: Vec<(JobId, JobState, &str)> = w
+                .transitions
+                .iter()
+                .map(|(job, to, reason)| (*job, *to, reason.as_str()))
+                .collect();
+            transitions_in(&mut tx, &moves, now, OP).await?;
+            let notes: Vec<(JobId, &str, &str)> = w
+                .notes
+                .iter()
+                .map(|(job, kind, message)| (*job, kind.as_str(), message.as_str()))
+                .collect();
+            notes_in(&mut tx, &notes, now, OP).await?;
+            account_service(&mut tx, &w.service, now, OP).await?;
+            for ((model, family), f) in &w.utilization_fits {
+                sqlx::query(
+                    "INSERT INTO utilization_fits (model, gpu_family, sum_xy, sum_xx, samples, updated_at)
+                     VALUES ($1, $2, $3, $4, $5, $6)
+                     ON CONFLICT (model, gpu_family) DO UPDATE SET sum_xy = $3, sum_xx = $4,
+                        samples = $5, updated_at = $6",
+                )
+                .bind(model)
+                .bind(family)
+                .bind(f.sum_xy)
+                .bind(f.sum_xx)
+                .bind(i64::try_from(f.samples).unwrap_or(i64::MAX))
+                .bind(now)
+                .execute(&mut *tx)
+                .await
+                .map_err(db_err(OP))?;
+            }
+            if !w.first_notes.is_empty() {
+                // One read for all of them: which (job, kind) have an event.
+                let (jobs, kinds): (Vec<Uuid>, Vec<String>) =
+                    w.first_notes.iter().map(|(j, k, _)| (j.0, k.clone())).unzip();
+                let seen: Vec<(Uuid, String)> = sqlx::query_as(
+                    "SELECT DISTINCT e.job_id, e.kind FROM job_events e
+                     JOIN UNNEST($1::uuid[], $2::text[]) AS n(job_id, kind)
+                       ON e.job_id = n.job_id AND e.kind = n.kind",
+                )
+                .bind(&jobs)
+                .bind(&kinds)
+                .fetch_all(&mut *tx)
+                .await
+                .map_err(db_err(OP))?;
+                let seen: BTreeSet<(Uuid, &str)> =
+                    seen.iter().map(|(j, k)| (*j, k.as_str())).collect();
+                let mut written: BTreeSet<(Uuid, &str)> = BTreeSet::new();
+                let fresh: Vec<(JobId, &str, &str)> = w
+                    .first_notes
+                    .iter()
+                    .filter(|(job, kind, _)| {
+                        let key = (job.0, kind.as_str());
+                        !seen.contains(&key) && written.insert(key)
+                    })
+                    .map(|(job, kind, message)| (*job, kind.as_str(), message.as_str()))
+                    .collect();
+                events_in(&mut tx, &fresh, now, OP).await?;
+            }
+            for b in &w.bank_adds {
+                sqlx::query(
+                    "INSERT INTO prompt_bank (job_id, model, location, features, added_at)
+                     VALUES ($1, $2, $3, $4, $5) ON CONFLICT (job_id) DO NOTHING",
+                )
+                .bind(b.job.0)
+                .bind(&b.model)
+                .bind(&b.location)
+                .bind(&b.features)
+                .bind(now)
+                .execute(&mut *tx)
+                .await
+                .map_err(db_err(OP))?;
+            }
+            if !w.bank_evictions.is_empty() {
+                let ids: Vec<uuid::Uuid> = w.bank_evictions.iter().map(|j| j.0).collect();
+                sqlx::query("DELETE FROM prompt_bank WHERE job_id = ANY($1)")
+                    .bind(&ids)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(db_err(OP))?;
+            }
+            if !w.no_sharing.is_empty() {
+                let ids: Vec<uuid::Uuid> = w.no_sharing.iter().map(|j| j.0).collect();
+                sqlx::query("UPDATE jobs SET no_gpu_sharing = true WHERE id = ANY($1)")
+                    .bind(&ids)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(db_err(OP))?;
+            }
+            for n in &w.returned {
+                let done = sqlx::query(
+                    "UPDATE node_loans SET state = 'returned', returned_at = $2
+                     WHERE node_id = $1 AND state = 'reclaiming'",
+                )
+                .bind(n.as_str())
+                .bind(now)
+                .execute(&mut *tx)
+                .await
+                .map_err(db_err(OP))?
+                .rows_affected();
+                if done > 0 {
+                    node_event_in(&mut tx, n, "returned", "reclaim done: no worker left; back with inference", now, OP)
+                        .await?;
+                }
+            }
+            if !w.requeued.is_empty() {
+                let jobs: Vec<Uuid> = w.requeued.iter().map(|r| r.0.0).collect();
+                let at: Vec<DateTime<Utc>> = w.requeued.iter().map(|r| r.1).collect();
+                sqlx::query(
+                    "DELETE FROM job_requeues q USING UNNEST($1::uuid[], $2::timestamptz[]) AS t(j, a)
+                     WHERE q.job_id = t.j AND q.requested_at = t.a",
+                )
+                .bind(&jobs)
+                .bind(&at)
+                .execute(&mut *tx)
+                .await
+                .map_err(db_err(OP))?;
+            }
+            let generation: i64 = sqlx::query_scalar(
+                "UPDATE plan_generation SET generation = generation + 1, stored_at = $1, epoch = $2
+                 RETURNING generation",
+            )
+            .bind(now)
+            .bind(fence.epoch)
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(db_err(OP))?;
+            if !w.fresh_starts.is_empty() {
+                // After this round's progress reports (written above): the
+                // dropped run's last iteration and checkpoint go with it.
+                let fresh: Vec<Uuid> = w.fresh_starts.iter().map(|j| j.0).collect();
+                sqlx::query(
+                    "INSERT INTO job_progress (job_id, iteration, checkpoint_path, updated_at,
+                                               fresh_generation, fresh_pending)
+                     SELECT j, 0, NULL, $2, $3, TRUE FROM UNNEST($1::uuid[]) AS t(j)
+                     ON CONFLICT (job_id) DO UPDATE SET iteration = 0, checkpoint_path = NULL,
+                       updated_at = $2, fresh_generation = $3, fresh_pending = TRUE",
+                )
+                .bind(&fresh)
+                .bind(now)
+                .bind(generation)
+                .execute(&mut *tx)
+                .await
+                .map_err(db_err(OP))?;
+            }
+            sqlx::query("DELETE FROM assignments")
+                .execute(&mut *tx)
+                .await
+                .map_err(db_err(OP))?;
+            let a = &w.assignments;
+            let jobs: Vec<Uuid> = a.iter().map(|a| a.job.0).collect();
+            let nodes: Vec<&str> = a.iter().map(|a| a.node.as_str()).collect();
+            // One text per assignment: Postgres has no ragged arrays.
+            let gpus: Vec<String> = a
+                .iter()
+                .map(|a| a.gpus.iter().map(|g| g.0.as_str()).collect::<Vec<_>>().join("\n"))
+                .collect();
+            let profile: Vec<bool> = a.iter().map(|a| a.profile).collect();
+            let ranks: Vec<i32> = a.iter().map(|a| a.rank_offset as i32).collect();
+            let ports: Vec<Option<i32>> = a.iter().map(|a| a.master_port.map(i32::from)).collect();
+            sqlx::query(
+                "INSERT INTO assignments (job_id, node_id, gpu_uuids, generation, assigned_at, profile,
+                                          rank_offset, master_port)
+                 SELECT j, n, string_to_array(g, E'\\n'), $5, $6, p, r, m
+                 FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::bool[], $7::int[], $8::int[])
+                      AS t(j, n, g, p, r, m)",
+            )
+            .bind(&jobs)
+            .bind(&nodes)
+            .bind(&gpus)
+            .bind(&profile)
+            .bind(generation)
+            .bind(now)
+            .bind(&ranks)
+            .bind(&ports)
+            .execute(&mut *tx)
+            .await
+            .map_err(db_err(OP))?;
+            sqlx::query(
+                "INSERT INTO job_placements (job_id, node_id)
+                 SELECT DISTINCT j, n FROM UNNEST($1::uuid[], $2::text[]) AS t(j, n)
+                 ON CONFLICT DO NOTHING",
+            )
+            .bind(&jobs)
+            .bind(&nodes)
+            .execute(&mut *tx)
+            .await
+            .map_err(db_err(OP))?;
+            tx.commit().await.map_err(db_err(OP))?;
+            Ok(generation)
+        })
+        .await
+    }
+}
