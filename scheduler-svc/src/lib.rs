@@ -18,3 +18,4 @@ pub mod persistence;
 pub mod registry;
 pub mod scheduling;
 pub mod server;
+pub mod service;

@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 
 use fmsched_core::JobState;
 
-use crate::api::AppState;
+use crate::service::Service;
 
 /// Counters of the scheduling loop, rendered on `/metrics`.
 #[derive(Debug, Default)]
@@ -133,7 +133,7 @@ impl SchedulerMetrics {
 }
 
 /// Renders the scheduler's metrics (job counts come from Postgres).
-pub async fn render_metrics(state: &AppState) -> String {
+pub async fn render_metrics(state: &Service) -> String {
     use fmsched_runtime::metrics::Exposition;
     let mut e = Exposition::default();
     e.family("fmsched_jobs", "gauge", "Jobs by state.");

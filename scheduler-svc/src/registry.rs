@@ -74,6 +74,22 @@ impl LiveNode {
     }
 }
 
+/// Whether a process still runs (or checkpoints) on the node: ended ones
+/// (suspended, done, failed) stay reported and do not count.
+pub fn runs_a_process(n: &LiveNode) -> bool {
+    // A warm process holds its GPUs' memory too.
+    !n.warm.is_empty() || n.observed_tasks.iter().any(process_alive)
+}
+
+/// Whether a reported process still runs (starting, training or
+/// checkpointing); a suspended, done or failed one stays reported.
+pub fn process_alive(t: &pb::ObservedTask) -> bool {
+    matches!(
+        pb::TaskPhase::try_from(t.phase),
+        Ok(pb::TaskPhase::Starting | pb::TaskPhase::Running | pb::TaskPhase::Checkpointing)
+    )
+}
+
 /// A liveness change that must be persisted.
 #[derive(Clone, Debug, PartialEq)]
 pub struct StateChange {

@@ -20,7 +20,6 @@ use tokio_stream::wrappers::TcpListenerStream;
 use tonic::transport::{Identity, ServerTlsConfig};
 use tonic_health::ServingStatus;
 
-use crate::api::AppState;
 use crate::api::admin::AdminApi;
 use crate::api::agents::AgentApi;
 use crate::api::cluster::ClusterApi;
@@ -29,6 +28,7 @@ use crate::auth::Authenticator;
 use crate::config::Config;
 use crate::persistence::Persistence;
 use crate::registry::NodeRegistry;
+use crate::service::Service;
 
 /// Connects to Postgres, retrying while it is not up yet (a scheduler
 /// started before its database should wait, not crash-loop).
@@ -69,7 +69,7 @@ pub async fn run(
     let registry = Arc::new(NodeRegistry::load(nodes, now));
     let (job_events, _) = broadcast::channel(1024);
     let cfg = Arc::new(cfg);
-    let state = AppState {
+    let state = Service {
         persistence: persistence.clone(),
         auth: Arc::new(auth),
         registry: registry.clone(),
@@ -89,12 +89,7 @@ pub async fn run(
             crate::scheduling::autosched::Autosched::new()
                 .context("loading AutoSched's profiles")?,
         ),
-        saturated_gpus: Default::default(),
-        layer_variance: Default::default(),
-        prompt_banks: Default::default(),
-        prompt_lane: Default::default(),
-        round_wake: Default::default(),
-        deadline_waits: Default::default(),
+        leader: Default::default(),
     };
     // Leadership: take it now if free (a single replica leads at once),
     // then keep renewing; a standby takes over when the leader's lease

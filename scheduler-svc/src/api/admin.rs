@@ -13,11 +13,12 @@ use tonic::metadata::MetadataMap;
 use tonic::{Request, Response, Status};
 
 use super::cluster::node_answer;
-use super::{ApiError, AppState, check_len};
+use super::{ApiError, check_len};
 use crate::auth::Principal;
 use crate::persistence::{
     CordonChange, LoanError, LoanState, POOL_LABEL, PolicySetting, QueueSetting, SetQueuesError,
 };
+use crate::service::Service;
 use fmsched_core::queue::{QueueSpec, Queues};
 use std::collections::BTreeSet;
 
@@ -27,7 +28,7 @@ const MAX_REASON: usize = 1024;
 const MAX_AUDIT: u32 = 1000;
 
 pub struct AdminApi {
-    state: AppState,
+    state: Service,
 }
 
 /// The fewest GPUs a job keeps running on when a reclaim takes some of its
@@ -41,7 +42,7 @@ fn base_gpus(job: Option<&crate::persistence::JobRecord>, held: u32) -> u32 {
 }
 
 impl AdminApi {
-    pub fn new(state: AppState) -> Self {
+    pub fn new(state: Service) -> Self {
         Self { state }
     }
 
@@ -372,7 +373,9 @@ impl AdminService for AdminApi {
         use crate::scheduling::autosched::{knob_map, tune_once};
         let who = self.admin(req.metadata())?;
         let r = req.into_inner();
-        let o = tune_once(&self.state, r.dry_run, r.threshold, &who.user.to_string()).await?;
+        let o = tune_once(&self.state, r.dry_run, r.threshold, &who.user.to_string())
+            .await
+            .map_err(ApiError::from)?;
         let d = &o.decision;
         Ok(Response::new(pb::TuneDecision {
             policy: o.policy.clone(),

@@ -19,19 +19,20 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
-use super::{ApiError, AppState, check_len};
+use super::{ApiError, check_len};
 use crate::auth::NodeAuth;
 use crate::persistence::{GpuRecord, NodeRecord};
+use crate::service::Service;
 
 pub struct AgentApi {
-    state: AppState,
+    state: Service,
     /// Held from a registration's duplicate check to its session being
     /// recorded (registrations are rare; heartbeats never take it).
     registering: tokio::sync::Mutex<()>,
 }
 
 impl AgentApi {
-    pub fn new(state: AppState) -> Self {
+    pub fn new(state: Service) -> Self {
         Self {
             state,
             registering: tokio::sync::Mutex::new(()),
@@ -453,8 +454,7 @@ impl AgentService for AgentApi {
         .await
         .map_err(|_| Status::cancelled("agent went away"))?;
         let registry = self.state.registry.clone();
-        let lane = self.state.prompt_lane.clone();
-        let round_wake = self.state.round_wake.clone();
+        let leader = self.state.leader.clone();
         let on_events = self.state.config.scheduling.event_round_gap.is_some();
         let for_deadlines = !self.state.config.scheduling.deadline_round_gap.is_zero();
         // With rounds on events, a report that ends a task brings the next
@@ -463,11 +463,11 @@ impl AgentService for AgentApi {
         // since a recorded end is no longer news.
         let wake_round_on_end = {
             let registry = self.state.registry.clone();
-            let waits = self.state.deadline_waits.clone();
+            let leader = leader.clone();
             move |node_id: &NodeId, tasks: &[pb::ObservedTask]| {
-                let wanted = on_events || (for_deadlines && !waits.is_empty());
+                let wanted = on_events || (for_deadlines && leader.waits_on_deadlines());
                 if wanted && registry.ends_a_task(node_id, tasks) {
-                    round_wake.notify_one();
+                    leader.wake_round();
                 }
             }
         };
@@ -517,7 +517,7 @@ impl AgentService for AgentApi {
                         // A finished or a warm process may let the prompt
                         // lane start a request.
                         if !hb.warm.is_empty() || hb.tasks.iter().any(|t| !t.outputs.is_empty()) {
-                            lane.wake.notify_one();
+                            leader.wake_prompt_lane();
                         }
                         wake_round_on_end(&node_id, &hb.tasks);
                         let ok = registry.heartbeat(&node_id, session, hb, now);

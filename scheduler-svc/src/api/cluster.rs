@@ -10,16 +10,17 @@ use fmsched_proto::v1 as pb;
 use fmsched_proto::v1::cluster_service_server::ClusterService;
 use tonic::{Request, Response, Status};
 
-use super::{ApiError, AppState};
+use super::ApiError;
 use crate::persistence::NodeCordon;
-use crate::registry::LiveNode;
+use crate::registry::{LiveNode, runs_a_process};
+use crate::service::Service;
 
 pub struct ClusterApi {
-    state: AppState,
+    state: Service,
 }
 
 impl ClusterApi {
-    pub fn new(state: AppState) -> Self {
+    pub fn new(state: Service) -> Self {
         Self { state }
     }
 
@@ -40,7 +41,7 @@ pub struct Held {
     pub cordons: BTreeMap<NodeId, NodeCordon>,
 }
 
-pub async fn held(state: &AppState) -> Result<Held, ApiError> {
+pub async fn held(state: &Service) -> Result<Held, ApiError> {
     let plan = state.persistence.current_plan().await?;
     let mut gpus = HeldGpus::new();
     for a in &plan.assignments {
@@ -64,28 +65,12 @@ pub async fn held(state: &AppState) -> Result<Held, ApiError> {
 }
 
 /// A registered node as the API answers it (NOT_FOUND for an unknown id).
-pub async fn node_answer(state: &AppState, id: &NodeId) -> Result<pb::Node, ApiError> {
+pub async fn node_answer(state: &Service, id: &NodeId) -> Result<pb::Node, ApiError> {
     let node = state
         .registry
         .get(id)
         .ok_or_else(|| ApiError::NotFound(format!("node {id} not found")))?;
     Ok(node_to_proto(&node, &held(state).await?))
-}
-
-/// Whether a process still runs (or checkpoints) on the node: ended ones
-/// (suspended, done, failed) stay reported and do not count.
-pub fn runs_a_process(n: &LiveNode) -> bool {
-    // A warm process holds its GPUs' memory too.
-    !n.warm.is_empty() || n.observed_tasks.iter().any(process_alive)
-}
-
-/// Whether a reported process still runs (starting, training or
-/// checkpointing); a suspended, done or failed one stays reported.
-pub fn process_alive(t: &pb::ObservedTask) -> bool {
-    matches!(
-        pb::TaskPhase::try_from(t.phase),
-        Ok(pb::TaskPhase::Starting | pb::TaskPhase::Running | pb::TaskPhase::Checkpointing)
-    )
 }
 
 /// Whether new work may start on a node: schedulable, cordoned, or

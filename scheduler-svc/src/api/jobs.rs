@@ -17,19 +17,20 @@ use tokio::sync::{broadcast, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
-use super::{ApiError, AppState, check_len};
+use super::{ApiError, check_len};
 use crate::auth::Principal;
 use crate::persistence::{JobEventRecord, JobQuery, JobRecord, JobSchedule, NewJob, SubmitOutcome};
+use crate::service::Service;
 
 const DEFAULT_PAGE: u32 = 100;
 const MAX_PAGE: u32 = 1000;
 
 pub struct JobApi {
-    state: AppState,
+    state: Service,
 }
 
 impl JobApi {
-    pub fn new(state: AppState) -> Self {
+    pub fn new(state: Service) -> Self {
         Self { state }
     }
 
@@ -163,7 +164,7 @@ fn rank_node(
 /// connected node that has one. Returns the node and its first answer
 /// (read from `offset`).
 async fn find_log(
-    state: &AppState,
+    state: &Service,
     job: JobId,
     rank: u32,
     req: &pb::LogRequest,
@@ -364,7 +365,7 @@ impl JobService for JobApi {
                 }
                 self.notify(job.id);
                 if crate::scheduling::prompt_lane::in_lane(&self.state, &job) {
-                    self.state.prompt_lane.wake.notify_one();
+                    self.state.leader.wake_prompt_lane();
                 } else {
                     if let (Some(best_s), Some(by)) = (best_s, spec.deadline)
                         && spec.class().has_deadline()
@@ -372,13 +373,13 @@ impl JobService for JobApi {
                         // Rounds for deadlines: what it needs from a round's
                         // start, and by when.
                         let left = (by - now).to_std().unwrap_or_default();
-                        self.state.deadline_waits.add(
+                        self.state.leader.wait_for_deadline(
                             &job.id,
                             best_s,
                             tokio::time::Instant::now() + left,
                         );
                     }
-                    self.state.round_wake.notify_one();
+                    self.state.leader.wake_round();
                 }
                 (job, true)
             }

@@ -6,55 +6,11 @@ pub mod agents;
 pub mod cluster;
 pub mod jobs;
 
-use std::sync::Arc;
-
-use fmsched_core::{FieldError, Limits, ModelCatalog};
-use tokio::sync::broadcast;
+use fmsched_core::FieldError;
 use tonic::Status;
 
-use crate::auth::{AuthError, Authenticator};
-use crate::config::Config;
-use crate::persistence::{Persistence, PersistenceError};
-use crate::registry::NodeRegistry;
-
-/// Shared state of the handlers.
-#[derive(Clone)]
-pub struct AppState {
-    pub persistence: Persistence,
-    pub auth: Arc<Authenticator>,
-    pub registry: Arc<NodeRegistry>,
-    pub models: Arc<ModelCatalog>,
-    pub limits: Limits,
-    pub config: Arc<Config>,
-    /// Wakes `WatchJob` streams when a job gets a new event in this process.
-    pub job_events: broadcast::Sender<fmsched_core::JobId>,
-    /// Counters of the scheduling loop (rendered on `/metrics`).
-    pub metrics: Arc<crate::metrics::SchedulerMetrics>,
-    /// Whether this replica leads, and the fence of its term: only the
-    /// leader runs rounds, persists node liveness and accepts agent
-    /// sessions, each write fenced by its term.
-    pub leadership: Arc<crate::leadership::Leadership>,
-    /// AutoSched's tuner (kept across tunings).
-    pub autosched: Arc<crate::scheduling::autosched::Autosched>,
-    /// Shared GPUs (by UUID) and the rounds in a row each reported
-    /// saturated (the leader's own count; a new leader counts afresh).
-    pub saturated_gpus: Arc<std::sync::Mutex<std::collections::BTreeMap<String, u32>>>,
-    /// Layer-elastic jobs' last reported per-layer gradient variance (the
-    /// leader's memory, so a suspended job is still tuned per allocation).
-    pub layer_variance:
-        Arc<std::sync::Mutex<std::collections::BTreeMap<fmsched_core::JobId, Vec<f64>>>>,
-    /// The Prompt Bank's index per model (the leader's memory, checked
-    /// against Postgres before each use).
-    pub prompt_banks: Arc<crate::scheduling::BankIndexes>,
-    /// PromptTuner's lane: its wake-up, the lock it shares with rounds.
-    pub prompt_lane: Arc<crate::scheduling::PromptLane>,
-    /// Wakes the round loop for a round on an event (a submission, a task
-    /// that ended) when `scheduling.event_round_gap` is set.
-    pub round_wake: Arc<tokio::sync::Notify>,
-    /// Jobs with a deadline submitted here, for rounds for deadlines
-    /// (`scheduling.deadline_round_gap`).
-    pub deadline_waits: Arc<crate::scheduling::DeadlineWaits>,
-}
+use crate::auth::AuthError;
+use crate::persistence::PersistenceError;
 
 /// Errors a handler returns; mapped to a status code in one place.
 #[derive(Debug, thiserror::Error)]
@@ -111,6 +67,18 @@ impl From<PersistenceError> for ApiError {
                 tracing::error!(error = %other, "internal error");
                 ApiError::Internal("internal error; see scheduler logs".into())
             }
+        }
+    }
+}
+
+impl From<crate::scheduling::autosched::TuneError> for ApiError {
+    fn from(e: crate::scheduling::autosched::TuneError) -> Self {
+        use crate::scheduling::autosched::TuneError;
+        match e {
+            TuneError::InvalidArgument(f) => ApiError::InvalidArgument(f),
+            TuneError::FailedPrecondition(m) => ApiError::FailedPrecondition(m),
+            TuneError::Internal(m) => ApiError::Internal(m),
+            TuneError::Persistence(e) => e.into(),
         }
     }
 }

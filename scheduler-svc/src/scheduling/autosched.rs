@@ -15,8 +15,27 @@ use fmsim::catalog::Catalog;
 use fmsim::engine::{NodeGroup, ObservedState, SimConfig};
 use fmsim::tune::{self, Decision, Forecast, LiveJob, SearchConfig, Tuner};
 
-use crate::api::{ApiError, AppState};
-use crate::persistence::PolicySetting;
+use fmsched_core::FieldError;
+
+use crate::persistence::{PersistenceError, PolicySetting};
+use crate::service::Service;
+
+/// Why a tuning did not run or did not finish. The gRPC edge maps it to a
+/// status (`api`); the leader's loop logs it.
+#[derive(Debug, thiserror::Error)]
+pub enum TuneError {
+    /// A request's field is out of range.
+    #[error("{0}")]
+    InvalidArgument(FieldError),
+    /// The policy in force or the cluster cannot be tuned now.
+    #[error("{0}")]
+    FailedPrecondition(String),
+    /// The tuner failed or proposed what cannot be adopted.
+    #[error("{0}")]
+    Internal(String),
+    #[error(transparent)]
+    Persistence(#[from] PersistenceError),
+}
 
 /// The actor of AutoSched's own changes in the audit log.
 pub const ACTOR: &str = "autosched";
@@ -79,26 +98,29 @@ fn cluster(nodes: &[crate::persistence::NodeRecord]) -> Result<Vec<NodeGroup>, S
 
 /// Runs one tuning now; adopts unless `dry_run`.
 pub async fn tune_once(
-    state: &AppState,
+    state: &Service,
     dry_run: bool,
     threshold: Option<f64>,
     asked_by: &str,
-) -> Result<Outcome, ApiError> {
+) -> Result<Outcome, TuneError> {
     let cfg = &state.config.autosched;
     let threshold = threshold.unwrap_or(cfg.threshold);
     if !(threshold.is_finite() && threshold >= 1.0) {
-        return Err(ApiError::field("threshold", "must be at least 1"));
+        return Err(TuneError::InvalidArgument(FieldError::new(
+            "threshold",
+            "must be at least 1",
+        )));
     }
     let stored = state.persistence.policy_setting().await?;
     let active = state.config.scheduling.with_setting(stored.as_ref());
     let policy = active.policy.clone();
     if tune::knob_space(&policy).is_none() {
-        return Err(ApiError::FailedPrecondition(format!(
+        return Err(TuneError::FailedPrecondition(format!(
             "AutoSched tunes tiresias or themis; the active policy is {policy}"
         )));
     }
     let nodes = state.persistence.list_nodes().await?;
-    let groups = cluster(&nodes).map_err(ApiError::FailedPrecondition)?;
+    let groups = cluster(&nodes).map_err(TuneError::FailedPrecondition)?;
     let now = Utc::now();
     let since = now - chrono::Duration::from_std(cfg.history).unwrap_or(chrono::Duration::days(14));
     let records = state.persistence.tuning_records(since).await?;
@@ -155,8 +177,8 @@ pub async fn tune_once(
         Ok::<_, String>((before, tuner.decide(&obs, !dry_run)))
     })
     .await
-    .map_err(|e| ApiError::Internal(format!("the tuner stopped: {e}")))?
-    .map_err(ApiError::FailedPrecondition)?;
+    .map_err(|e| TuneError::Internal(format!("the tuner stopped: {e}")))?
+    .map_err(TuneError::FailedPrecondition)?;
     let detail = format!(
         "{} gain {:.3} (threshold {threshold}) on {} predicted jobs ({} carried over), {} simulations in {:.2} s; proposed {}{}{}",
         if decision.adopted {
@@ -197,7 +219,7 @@ pub async fn tune_once(
             .with_setting(Some(&setting))
             .build_policy()
             .map_err(|e| {
-                ApiError::Internal(format!("AutoSched proposed an invalid setting: {e}"))
+                TuneError::Internal(format!("AutoSched proposed an invalid setting: {e}"))
             })?;
         state.persistence.set_policy(&setting).await?;
     }
@@ -241,7 +263,7 @@ fn fmt_knobs(k: &BTreeMap<String, f64>) -> String {
 }
 
 /// The leader tunes every `autosched.every` (a standby waits).
-pub async fn autosched_loop(state: AppState) {
+pub async fn autosched_loop(state: Service) {
     let every = state.config.autosched.every;
     let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

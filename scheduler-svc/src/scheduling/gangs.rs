@@ -58,7 +58,7 @@ fn ports_alive_in<'a>(
             let host = address(node);
             tasks
                 .iter()
-                .filter(|t| t.rank_offset == 0 && crate::api::cluster::process_alive(t))
+                .filter(|t| t.rank_offset == 0 && crate::registry::process_alive(t))
                 .filter_map(|t| u16::try_from(t.master_port).ok().filter(|&p| p > 0))
                 .map(move |p| (host.clone(), p))
         })

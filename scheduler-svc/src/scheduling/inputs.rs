@@ -24,12 +24,12 @@ use fmsched_estimator::transfer::TaskEmbedding;
 
 use super::observe::{Observed, curve_from_json, embedding};
 use super::{RoundError, expected_iterations, total_iterations};
-use crate::api::AppState;
 use crate::estimates::{Estimates, local_gains, local_times};
 use crate::persistence::{
     Assignment, JobRecord, JobService, LoanState, MergeRecord, NodeCordon, NodeLoan, POOL_LABEL,
 };
 use crate::registry::LiveNode;
+use crate::service::Service;
 
 /// The view of a round and how its ordinals map back to ids.
 #[derive(Clone, Debug, PartialEq)]
@@ -415,7 +415,7 @@ const FINISHED_READ_LIMIT: i64 = 500;
 /// its estimates. `None` when no time table could be had (the current plan
 /// stays).
 pub(crate) async fn load(
-    state: &AppState,
+    state: &Service,
     lut: &Lut,
     est: &Estimates,
     o: &Observed,
@@ -587,7 +587,7 @@ pub(crate) async fn load(
 /// `G ≥ 0`) are estimated and offered. The estimator service answers, or
 /// the same code in-process (logged and counted).
 async fn estimate(
-    state: &AppState,
+    state: &Service,
     lut: &Lut,
     est: &Estimates,
     o: &Observed,
@@ -922,7 +922,7 @@ fn job_inputs(
 /// and job both have embeddings and whose temporal gain `G_{A,B}` is
 /// positive transfer, with that gain.
 async fn candidate_gains(
-    state: &AppState,
+    state: &Service,
     est: &Estimates,
     o: &Observed,
     t: &Translated,

@@ -53,6 +53,7 @@ pub mod admission;
 pub mod autosched;
 mod gangs;
 mod inputs;
+mod memory;
 mod observe;
 mod prompt_bank;
 pub mod prompt_lane;
@@ -69,16 +70,17 @@ use fmsched_estimator::analytic;
 use fmsched_estimator::lut::Lut;
 
 pub use inputs::{Translated, ViewSources, build_view};
+pub use memory::LeaderMemory;
 pub use prompt_bank::BankIndexes;
 pub use prompt_lane::PromptLane;
 
-use crate::api::AppState;
 use crate::config::SchedulingConfig;
 use crate::estimates::Estimates;
 use crate::metrics::QueueGauges;
 use crate::persistence::{
     Assignment, Estimate, JobRecord, MergeRecord, NewMerge, PersistenceError, ServiceUpdate,
 };
+use crate::service::Service;
 use observe::Observed;
 
 /// Default iterations of a job whose target names neither iterations nor
@@ -97,7 +99,7 @@ pub const STUCK_ROUND: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// Records that the round in progress entered `phase` (None: it ended),
 /// keeping the time of the phase it leaves.
-fn enter_phase(state: &AppState, phase: Option<&'static str>) {
+fn enter_phase(state: &Service, phase: Option<&'static str>) {
     state.metrics.update(|m| {
         if let Some((left, since)) = m.round_phase.take() {
             m.phases_in_progress
@@ -110,7 +112,7 @@ fn enter_phase(state: &AppState, phase: Option<&'static str>) {
 /// Ends the round in progress. A committing round's phase times become
 /// the last round's and add to the sums; a look-ahead's are dropped (it
 /// commits nothing, and runs between rounds).
-fn end_round(state: &AppState, committing: bool) {
+fn end_round(state: &Service, committing: bool) {
     enter_phase(state, None);
     state.metrics.update(|m| {
         let phases = std::mem::take(&mut m.phases_in_progress);
@@ -127,7 +129,7 @@ fn end_round(state: &AppState, committing: bool) {
 /// Reports a round stuck in one phase for [`STUCK_ROUND`] or more (the
 /// scheduler cannot interrupt a blocked query or solve; this says where
 /// it is, once per [`STUCK_ROUND`] while it lasts).
-async fn watch_rounds(state: AppState) {
+async fn watch_rounds(state: Service) {
     let mut reported = None;
     loop {
         tokio::time::sleep(std::time::Duration::from_secs(5)).await;
@@ -272,7 +274,7 @@ fn planned_at_budget(job: &JobRecord, estimator: bool) -> bool {
 /// stored policy this build cannot run (a knob removed in an upgrade) is
 /// dropped from `admin` with an error in the log, and the configuration's
 /// runs.
-fn in_force(state: &AppState, admin: &mut crate::persistence::AdminState) -> SchedulingConfig {
+fn in_force(state: &Service, admin: &mut crate::persistence::AdminState) -> SchedulingConfig {
     let base = &state.config.scheduling;
     let s = base.with_setting(admin.policy.as_ref());
     if let Err(e) = s.build_policy() {
@@ -301,7 +303,7 @@ struct Decided {
 /// Observe, load the inputs and decide: the part a committing round and a
 /// look-ahead share. `None` when no time table could be had.
 async fn observe_and_decide(
-    state: &AppState,
+    state: &Service,
     lut: &Arc<Lut>,
     est: &Estimates,
     kind: RoundKind,
@@ -331,7 +333,7 @@ async fn observe_and_decide(
 /// what is persisted and sends `PrepareSwitch` hints for the tasks it would
 /// start. Writes nothing. Returns the hints sent.
 pub async fn look_ahead(
-    state: &AppState,
+    state: &Service,
     lut: &Arc<Lut>,
     est: &Estimates,
     switch_at: DateTime<Utc>,
@@ -355,14 +357,14 @@ pub async fn look_ahead(
 
 /// One scheduling round (see the module docs).
 pub async fn run_round(
-    state: &AppState,
+    state: &Service,
     lut: &Arc<Lut>,
     est: &Estimates,
 ) -> Result<RoundReport, RoundError> {
     // The term this round works under: its commit is fenced by it.
     let fence = state.leadership.fence().ok_or(RoundError::NotLeader)?;
     // The prompt lane decides on the same plan: one at a time.
-    let _one = state.prompt_lane.round_lock.lock().await;
+    let _one = state.leader.prompt_lane.round_lock.lock().await;
     let now = Utc::now();
     let Some(Decided {
         scheduling,
@@ -389,6 +391,7 @@ pub async fn run_round(
     // A deposed leader pushes nothing, even a plan it committed in time.
     let leads = state.leadership.fence().as_ref() == Some(&fence);
     *state
+        .leader
         .prompt_lane
         .fair_share
         .lock()
@@ -413,7 +416,10 @@ pub async fn run_round(
         state, est, &observed, &inputs, &decision, solve_s, generation,
     )
     .await;
-    state.deadline_waits.after_round(&inputs.t.view, &decision);
+    state
+        .leader
+        .deadline_waits
+        .after_round(&inputs.t.view, &decision);
     if !leads {
         return Err(RoundError::NotLeader);
     }
@@ -430,7 +436,7 @@ pub async fn run_round(
 /// Pushes a committed plan (`w.assignments` under `generation`) to every
 /// node, with what its tasks need beyond their assignments.
 async fn push_committed(
-    state: &AppState,
+    state: &Service,
     o: &Observed,
     w: &crate::persistence::RoundWrites,
     leases: &BTreeMap<JobId, DateTime<Utc>>,
@@ -724,7 +730,7 @@ fn plan_writes(
             o.nodes
                 .iter()
                 .find(|l| l.record.id == **n)
-                .is_none_or(|l| !crate::api::cluster::runs_a_process(l))
+                .is_none_or(|l| !crate::registry::runs_a_process(l))
         })
         .cloned()
         .collect();
@@ -818,7 +824,7 @@ fn queue_gauges(
 /// What a committed round or lane pass observed, accounted: merge
 /// outcomes taught to the estimator, completions, failures and retries
 /// counted.
-async fn account_observed(state: &AppState, est: &Estimates, o: &Observed) {
+async fn account_observed(state: &Service, est: &Estimates, o: &Observed) {
     let mut taught = 0;
     for x in &o.outcomes {
         match est.record_transfer_outcome(x.score, x.gain).await {
@@ -852,7 +858,7 @@ async fn account_observed(state: &AppState, est: &Estimates, o: &Observed) {
 /// After a commit: metrics, logs, and the merge outcomes taught to the
 /// estimator's gain regression.
 async fn after_commit(
-    state: &AppState,
+    state: &Service,
     est: &Estimates,
     o: &Observed,
     inputs: &inputs::Inputs,
@@ -948,7 +954,7 @@ fn restarted(t: &inputs::Translated, outcome: &RoundOutcome) -> BTreeSet<JobId> 
 
 /// `scheduling.gang_ports` (validated at start-up; the default range if
 /// not).
-fn gang_ports(state: &AppState) -> std::ops::RangeInclusive<u16> {
+fn gang_ports(state: &Service) -> std::ops::RangeInclusive<u16> {
     state
         .config
         .scheduling
@@ -979,7 +985,7 @@ pub(crate) fn master_addr(
 /// their progress (resume paths), the merges in force (decided now
 /// included), and the output weights a temporal B starts from.
 async fn plan_context(
-    state: &AppState,
+    state: &Service,
     o: &Observed,
     w: &crate::persistence::RoundWrites,
 ) -> Result<
@@ -1012,7 +1018,7 @@ async fn plan_context(
 /// Once B has a checkpoint (trained from those weights) it resumes from
 /// that alone.
 async fn initial_weights(
-    state: &AppState,
+    state: &Service,
     merges: &[MergeRecord],
     live: &BTreeMap<JobId, JobRecord>,
     running: &BTreeSet<JobId>,
@@ -1047,7 +1053,7 @@ async fn initial_weights(
 /// start get a standby process on their node, launched exactly as the plan
 /// will run them (B of a temporal merge from A's output weights).
 async fn hint(
-    state: &AppState,
+    state: &Service,
     o: &Observed,
     inputs: &inputs::Inputs,
     outcome: &RoundOutcome,
@@ -1241,9 +1247,9 @@ impl DeadlineWaits {
 /// [`POLICY_POLL`] for a policy set live (an operator, AutoSched) whose
 /// shorter interval brings that round forward, so a change out of a long
 /// interval does not wait it out. With `scheduling.event_round_gap`, an
-/// event ([`crate::api::AppState::round_wake`]) brings it forward too.
+/// event ([`crate::service::Service::round_wake`]) brings it forward too.
 async fn sleep_towards(
-    state: &AppState,
+    state: &Service,
     next: &mut tokio::time::Instant,
     last_started: tokio::time::Instant,
     lead: std::time::Duration,
@@ -1258,12 +1264,13 @@ async fn sleep_towards(
         let deadline_gap = state.config.scheduling.deadline_round_gap;
         let woke = tokio::select! {
             () = tokio::time::sleep_until(target.min(now + POLICY_POLL)) => false,
-            () = state.round_wake.notified(), if gap.is_some() || !deadline_gap.is_zero() => true,
+            () = state.leader.round_wake.notified(), if gap.is_some() || !deadline_gap.is_zero() => true,
         };
         if woke && gap.is_none() {
             // Rounds for deadlines: only a job that would miss its deadline
             // waiting brings the round forward.
             let at = state
+                .leader
                 .deadline_waits
                 .next_round(*next, last_started, deadline_gap);
             if at < *next {
@@ -1315,7 +1322,7 @@ async fn sleep_towards(
 /// How often a sleeping leader looks for a policy set live.
 const POLICY_POLL: std::time::Duration = std::time::Duration::from_secs(2);
 
-pub async fn scheduling_loop(state: AppState) {
+pub async fn scheduling_loop(state: Service) {
     let lut = match shipped_lut() {
         Ok(l) => l,
         Err(e) => {

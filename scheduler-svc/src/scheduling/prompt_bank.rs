@@ -17,8 +17,8 @@ use fmsched_core::policy::prompttuner::{Candidate, PromptBank, index_features};
 use fmsched_proto::v1 as pb;
 
 use super::RoundError;
-use crate::api::AppState;
 use crate::persistence::BankPrompt;
+use crate::service::Service;
 
 /// One model's index and where its prompts are.
 #[derive(Clone)]
@@ -102,7 +102,7 @@ impl BankIndexes {
         Some(Arc::try_unwrap(i).unwrap_or_else(|shared| (*shared).clone()))
     }
 
-    fn put(&self, state: &AppState, model: &str, i: Indexed) -> Arc<Indexed> {
+    fn put(&self, state: &Service, model: &str, i: Indexed) -> Arc<Indexed> {
         let n = i.ids.len() as u64;
         state.metrics.update(|m| {
             m.prompt_bank_prompts.insert(model.to_string(), n);
@@ -119,7 +119,7 @@ impl BankIndexes {
 /// Each of `models`' index, as stored now (models without prompts are
 /// left out).
 pub(crate) async fn indexes(
-    state: &AppState,
+    state: &Service,
     models: &[String],
 ) -> Result<BTreeMap<String, Arc<Indexed>>, RoundError> {
     let mut out = BTreeMap::new();
@@ -129,7 +129,7 @@ pub(crate) async fn indexes(
     let stored_ids = state.persistence.prompt_bank_ids(models).await?;
     let mut stale = Vec::new();
     for (model, ids) in &stored_ids {
-        match state.prompt_banks.get(model) {
+        match state.leader.prompt_banks.get(model) {
             Some(i) if &i.ids == ids && !i.bank.wants_rebuild() => {
                 out.insert(model.clone(), i);
             }
@@ -148,7 +148,10 @@ pub(crate) async fn indexes(
         tracing::info!(%model, prompts = built.ids.len(), clusters = built.bank.clusters(),
             took = ?started.elapsed(), "Prompt Bank index built");
         state.metrics.update(|m| m.prompt_bank_builds += 1);
-        out.insert(model.clone(), state.prompt_banks.put(state, &model, built));
+        out.insert(
+            model.clone(),
+            state.leader.prompt_banks.put(state, &model, built),
+        );
     }
     Ok(out)
 }
@@ -158,7 +161,7 @@ pub(crate) async fn indexes(
 /// leader's indexes take them at once; should the commit fail, they differ
 /// from the stored prompts and are rebuilt at their next use.
 pub(crate) async fn file(
-    state: &AppState,
+    state: &Service,
     new: Vec<BankPrompt>,
 ) -> Result<(Vec<BankPrompt>, Vec<JobId>), RoundError> {
     let models: Vec<String> = new
@@ -174,6 +177,7 @@ pub(crate) async fn file(
     let mut evicted = Vec::new();
     for b in &new {
         let mut i = state
+            .leader
             .prompt_banks
             .take(&b.model)
             .unwrap_or_else(|| Indexed::build(&[], cap));
@@ -181,7 +185,7 @@ pub(crate) async fn file(
         tracing::info!(job_id = %b.job, model = %b.model, prompts = i.ids.len(),
             clusters = i.bank.clusters(), evicted = ?out, "tuned prompt filed in the Prompt Bank");
         evicted.extend(out);
-        state.prompt_banks.put(state, &b.model, i);
+        state.leader.prompt_banks.put(state, &b.model, i);
     }
     Ok((new, evicted))
 }
@@ -200,7 +204,7 @@ pub(crate) fn draws_from_bank(job: &crate::persistence::JobRecord) -> bool {
 /// The banks a plan's trainers get, by model: those of the prompt-tuning
 /// jobs it runs that draw from the bank and have no checkpoint yet.
 pub(crate) async fn for_plan(
-    state: &AppState,
+    state: &Service,
     live: &BTreeMap<JobId, crate::persistence::JobRecord>,
     assignments: &[crate::persistence::Assignment],
     progress: &BTreeMap<JobId, (u64, Option<String>)>,

@@ -42,9 +42,9 @@ use fmsched_estimator::lut::{Lut, Variant};
 
 use super::observe::{self, Observed};
 use super::{RoundError, RoundKind, total_iterations};
-use crate::api::AppState;
 use crate::estimates::Estimates;
 use crate::persistence::{Assignment, JobRecord, ServiceUpdate};
+use crate::service::Service;
 
 /// The loop's period: requests arriving within one tick are decided
 /// together (the thesis' 50 ms).
@@ -76,7 +76,7 @@ pub struct PromptLane {
 
 /// Whether job `job` is the lane's: a prompt-tuning job while
 /// `scheduling.prompt_lane` is on.
-pub fn in_lane(state: &AppState, job: &JobRecord) -> bool {
+pub fn in_lane(state: &Service, job: &JobRecord) -> bool {
     state.config.scheduling.prompt_lane && job.spec.kind == JobKind::PromptTuning
 }
 
@@ -98,10 +98,10 @@ pub struct LaneReport {
 }
 
 /// The loop beside [`super::scheduling_loop`] (leaders only).
-pub async fn lane_loop(state: AppState, lut: Arc<Lut>, est: Arc<Estimates>) {
+pub async fn lane_loop(state: Service, lut: Arc<Lut>, est: Arc<Estimates>) {
     loop {
         tokio::select! {
-            () = state.prompt_lane.wake.notified() => {}
+            () = state.leader.prompt_lane.wake.notified() => {}
             () = tokio::time::sleep(IDLE_CHECK) => {}
         }
         // Take a burst in together.
@@ -154,17 +154,17 @@ pub async fn lane_loop(state: AppState, lut: Arc<Lut>, est: Arc<Estimates>) {
 
 /// One lane pass (see the module docs).
 pub async fn run_lane(
-    state: &AppState,
+    state: &Service,
     lut: &Arc<Lut>,
     est: &Estimates,
 ) -> Result<LaneReport, RoundError> {
     let fence = state.leadership.fence().ok_or(RoundError::NotLeader)?;
-    let _one = state.prompt_lane.round_lock.lock().await;
+    let _one = state.leader.prompt_lane.round_lock.lock().await;
     let now = Utc::now();
     // Observing counts a shared GPU's saturated rounds in the leader's
     // memory (ICEFROG); a pass that commits nothing gives them back, so its
     // observation neither counts nor loses a split it decided.
-    let streaks = Restore::new(&state.saturated_gpus);
+    let streaks = Restore::new(&state.leader.saturated_gpus);
     let o = observe::observe(state, lut, est, RoundKind::Commit, now).await?;
     let pending: Vec<&JobRecord> = o
         .live
@@ -264,6 +264,7 @@ pub async fn run_lane(
     // accrue, its leases and predictions stay.
     w.service = ServiceUpdate {
         fair_share_gpus: state
+            .leader
             .prompt_lane
             .fair_share
             .lock()
@@ -379,7 +380,7 @@ impl Pools {
     }
 }
 
-fn pools(state: &AppState, lut: &Lut, o: &Observed, kept: &[Assignment]) -> Pools {
+fn pools(state: &Service, lut: &Lut, o: &Observed, kept: &[Assignment]) -> Pools {
     let mut p = Pools {
         nodes: Vec::new(),
         node_of: Vec::new(),

@@ -14,8 +14,8 @@ use fmsched_proto::v1 as pb;
 
 use super::iteration_budget;
 use super::observe::PROFILE_SUFFIX;
-use crate::api::AppState;
 use crate::persistence::{Assignment, JobRecord, MergeRecord};
+use crate::service::Service;
 
 /// The trainer's view of one task of a job (`FMSCHED_TASKS`).
 pub(crate) fn trainer_task(job: &JobRecord) -> pb::TrainerTask {
@@ -89,7 +89,7 @@ pub(crate) struct PlanView<'a> {
 
 /// The desired set of every node the registry knows (empty for a node the
 /// plan gives nothing).
-fn desired_sets(state: &AppState, v: &PlanView<'_>) -> BTreeMap<NodeId, Vec<pb::DesiredTask>> {
+fn desired_sets(state: &Service, v: &PlanView<'_>) -> BTreeMap<NodeId, Vec<pb::DesiredTask>> {
     let nodes = state.registry.snapshot();
     let mut per_node: BTreeMap<NodeId, Vec<pb::DesiredTask>> = nodes
         .iter()
@@ -265,7 +265,7 @@ fn desired_sets(state: &AppState, v: &PlanView<'_>) -> BTreeMap<NodeId, Vec<pb::
             n.observed_tasks
                 .iter()
                 .filter(move |t| {
-                    crate::api::cluster::process_alive(t)
+                    crate::registry::process_alive(t)
                         && !t.task_id.ends_with(PROFILE_SUFFIX)
                         && planned
                             .and_then(|p| p.iter().find(|d| d.task_id == t.task_id))
@@ -316,7 +316,7 @@ fn same_launch(t: &pb::ObservedTask, d: &pb::DesiredTask) -> bool {
 const CLOSED_WARM_RELEASE: std::time::Duration = std::time::Duration::from_millis(1);
 
 /// Sends every connected node its complete desired set.
-pub(crate) fn push_plans(state: &AppState, v: &PlanView<'_>, generation: i64, epoch: i64) {
+pub(crate) fn push_plans(state: &Service, v: &PlanView<'_>, generation: i64, epoch: i64) {
     for (node, tasks) in desired_sets(state, v) {
         let n = tasks.len();
         let msg = pb::SchedulerMessage {
@@ -344,7 +344,7 @@ pub(crate) fn push_plans(state: &AppState, v: &PlanView<'_>, generation: i64, ep
 /// not a kept or moved placement), all of whose jobs' trainers implement
 /// standby (`launch.prewarm`). Returns how many were sent.
 pub(crate) fn send_switch_hints(
-    state: &AppState,
+    state: &Service,
     v: &PlanView<'_>,
     held: &BTreeSet<JobId>,
     switch_at: DateTime<Utc>,

@@ -16,7 +16,6 @@ use fmsched_estimator::transfer::observed_gain;
 use fmsched_estimator::{analytic, curve_prior, loss_prior};
 use fmsched_proto::v1 as pb;
 
-use crate::api::AppState;
 use crate::estimates::Estimates;
 use crate::persistence::{Estimate, JobRecord, MetricCurve};
 use crate::registry::LiveNode;
@@ -27,6 +26,7 @@ use crate::scheduling::observe::tasks::gang_placement;
 use crate::scheduling::observe::telemetry::{running_step_time_sample, tune_layers};
 use crate::scheduling::observe::{Observed, OwnEvals};
 use crate::scheduling::{DEFAULT_ITERATIONS, iteration_budget};
+use crate::service::Service;
 
 /// Finished jobs' curves read as the prior per round, at most.
 const PRIOR_CURVES: i64 = 2000;
@@ -45,7 +45,7 @@ const PRIOR_LOSS_QUALITY: f64 = 0.5;
 /// own fit moved); a failed read leaves the shipped shapes (said in the
 /// log).
 pub(crate) async fn loss_prior_of<'a>(
-    state: &AppState,
+    state: &Service,
     priors: &'a mut BTreeMap<String, LossLibrary>,
     model: &str,
 ) -> &'a LossLibrary {
@@ -83,7 +83,7 @@ pub(crate) async fn loss_prior_of<'a>(
 /// epochs-to-target with its p10–p90 spread, times iterations per epoch.
 /// A job without `dataset.num_samples` keeps its curve but no iteration
 /// estimate (epochs cannot be turned into iterations).
-pub(crate) async fn learn_metric_targets(state: &AppState, o: &mut Observed, own: &OwnEvals) {
+pub(crate) async fn learn_metric_targets(state: &Service, o: &mut Observed, own: &OwnEvals) {
     let mut changed: Vec<(JobId, Estimate)> = Vec::new();
     for id in own {
         let Some(e) = o.estimates.get(id) else {
@@ -237,7 +237,7 @@ pub(crate) fn predict_metric_target(
 /// merge, training from A's weights, shows the transfer gain it got.
 #[allow(clippy::too_many_arguments)]
 pub(crate) async fn learn_from_running(
-    state: &AppState,
+    state: &Service,
     lut: &Lut,
     est: &Estimates,
     o: &mut Observed,

@@ -5,17 +5,17 @@ use chrono::{DateTime, Utc};
 use fmsched_core::{JobId, JobState};
 use fmsched_proto::v1 as pb;
 
-use crate::api::AppState;
 use crate::persistence::{Failure, RetryState};
 use crate::registry::LiveNode;
 use crate::scheduling::observe::Observed;
+use crate::service::Service;
 
 /// A training process of `id` failed: counted once (by its pid), the job
 /// is held back `retry_backoff · 2^(retries − 1)` and retried from its last
 /// checkpoint, or fails after `max_retries`. A failed joint process splits
 /// its merge.
 pub(crate) fn failed(
-    state: &AppState,
+    state: &Service,
     o: &mut Observed,
     n: &LiveNode,
     t: &pb::ObservedTask,

@@ -11,12 +11,12 @@ use fmsched_estimator::lut::Lut;
 use fmsched_estimator::times;
 use fmsched_estimator::transfer::{TaskEmbedding, observed_gain, spatial_score, temporal_score};
 
-use crate::api::AppState;
 use crate::persistence::{Estimate, FreshStart, MergeRecord};
 use crate::registry::LiveNode;
 use crate::scheduling::observe::estimates::curve_from_json;
 use crate::scheduling::observe::{Observed, TransferOutcome};
 use crate::scheduling::{RoundError, iteration_budget};
+use crate::service::Service;
 
 /// Loss points a merged job's own trace needs before its observed gain is
 /// measured (fewer at its completion: whatever it reported then).
@@ -34,7 +34,7 @@ pub(crate) const GAIN_POINTS_AT_END: usize = 5;
 /// other task trains on in the joint process, and a temporal B starts
 /// from A's weights.
 pub(crate) async fn split_merges_of_ended_jobs(
-    state: &AppState,
+    state: &Service,
     o: &mut Observed,
 ) -> Result<(), RoundError> {
     let ended: BTreeSet<JobId> = o
@@ -169,7 +169,7 @@ pub(crate) fn spatial_gain(
 /// metric target, or a loss plateau without an iteration budget) can gain
 /// by it: a fixed budget runs its iterations either way.
 pub(crate) async fn fresh_start_if_it_pays(
-    state: &AppState,
+    state: &Service,
     lut: &Lut,
     o: &mut Observed,
     n: &LiveNode,

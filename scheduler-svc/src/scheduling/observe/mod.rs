@@ -30,7 +30,6 @@ use fmsched_estimator::loss_prior::LossLibrary;
 use fmsched_estimator::lut::Lut;
 
 use super::{RoundError, RoundKind};
-use crate::api::AppState;
 use crate::estimates::Estimates;
 use crate::persistence::{
     AdminState, Estimate, FreshStart, JobRecord, JobService, MergeRecord, RetryState, RoundWrites,
@@ -41,6 +40,7 @@ use crate::scheduling::observe::estimates::learn_metric_targets;
 use crate::scheduling::observe::guard::{guard, split_merges_of_ended_jobs};
 use crate::scheduling::observe::tasks::{finishing, fresh_run, observe_task};
 use crate::scheduling::observe::telemetry::{learn_utilization, watch_shared_gpus};
+use crate::service::Service;
 
 /// Task id suffix of a job's profiling run.
 pub(crate) const PROFILE_SUFFIX: &str = "-profile";
@@ -133,7 +133,7 @@ impl Observed {
 /// but takes in no report: it only predicts which jobs finish before the
 /// switch.
 pub(crate) async fn observe(
-    state: &AppState,
+    state: &Service,
     lut: &Lut,
     est: &Estimates,
     kind: RoundKind,
@@ -222,6 +222,7 @@ pub(crate) async fn observe(
     // the next reports).
     o.layer_variance = {
         let mut seen = state
+            .leader
             .layer_variance
             .lock()
             .unwrap_or_else(|p| p.into_inner());
@@ -265,6 +266,7 @@ pub(crate) async fn observe(
     }
     guard(&mut o, &evals, &losses);
     state
+        .leader
         .layer_variance
         .lock()
         .unwrap_or_else(|p| p.into_inner())

@@ -12,7 +12,6 @@ use fmsched_estimator::lut::Lut;
 use fmsched_estimator::transfer::TaskEmbedding;
 use fmsched_proto::v1 as pb;
 
-use crate::api::AppState;
 use crate::estimates::Estimates;
 use crate::persistence::{Assignment, Estimate, FreshStart, JobRecord};
 use crate::registry::LiveNode;
@@ -20,6 +19,7 @@ use crate::scheduling::observe::estimates::{learn_from_running, loss_prior_of, p
 use crate::scheduling::observe::failures::failed;
 use crate::scheduling::observe::telemetry::profile_step_time_sample;
 use crate::scheduling::observe::{Observed, PROFILE_SUFFIX, Reports, members_of};
+use crate::service::Service;
 
 /// A report of a job restarted from its initial weights
 /// ([`fresh_start_if_it_pays`]) counts only from a process of a plan at or
@@ -53,7 +53,7 @@ pub(crate) fn fresh_run(
 /// completes or retries (then fails) its jobs.
 #[allow(clippy::too_many_arguments)]
 pub(crate) async fn observe_task(
-    state: &AppState,
+    state: &Service,
     lut: &Lut,
     est: &Estimates,
     o: &mut Observed,
@@ -254,7 +254,7 @@ pub(crate) fn gang_placement(plan: &[Assignment], job: JobId, world_size: u32) -
 /// measured (estimates; its step time teaches the estimator's table). A
 /// run still going leaves the job profiling: it must not be scheduled yet.
 async fn observe_profile_run(
-    state: &AppState,
+    state: &Service,
     est: &Estimates,
     o: &mut Observed,
     n: &LiveNode,

@@ -9,10 +9,10 @@ use fmsched_estimator::lut::{Lut, Variant};
 use fmsched_estimator::{analytic, icefrog};
 use fmsched_proto::v1 as pb;
 
-use crate::api::AppState;
 use crate::persistence::JobRecord;
 use crate::registry::LiveNode;
 use crate::scheduling::observe::{Observed, members_of};
+use crate::service::Service;
 
 /// A shared GPU reporting at least this utilisation is saturated: its two
 /// processes want more than the GPU has (ICEFROG Eq. 8's second rule,
@@ -105,7 +105,7 @@ fn jobs_by_gpu(assignments: &[crate::persistence::Assignment]) -> BTreeMap<&str,
     on
 }
 
-pub(crate) fn watch_shared_gpus(state: &AppState, o: &mut Observed, nodes: &[LiveNode]) {
+pub(crate) fn watch_shared_gpus(state: &Service, o: &mut Observed, nodes: &[LiveNode]) {
     let on = jobs_by_gpu(&o.current.assignments);
     let util = |uuid: &str| {
         nodes
@@ -114,6 +114,7 @@ pub(crate) fn watch_shared_gpus(state: &AppState, o: &mut Observed, nodes: &[Liv
             .map(|t| t.utilization_percent)
     };
     let mut streaks = state
+        .leader
         .saturated_gpus
         .lock()
         .unwrap_or_else(|p| p.into_inner());

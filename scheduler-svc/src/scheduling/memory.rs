@@ -1,0 +1,62 @@
+//! What the leader's loops keep in memory between rounds, and what wakes
+//! them early. A new leader starts with it empty and relearns it from the
+//! agents' next reports and from Postgres; nothing here must survive a
+//! failover.
+//!
+//! The round loop and the prompt lane own it; the gRPC handlers reach it
+//! only through the narrow methods below (a job was submitted, a task
+//! ended), never its fields.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use fmsched_core::JobId;
+
+use super::{BankIndexes, DeadlineWaits, PromptLane};
+
+/// The leader's memory (see the module docs).
+#[derive(Default)]
+pub struct LeaderMemory {
+    /// Shared GPUs (by UUID) and the rounds in a row each reported
+    /// saturated (the leader's own count; a new leader counts afresh).
+    pub(in crate::scheduling) saturated_gpus: Arc<Mutex<BTreeMap<String, u32>>>,
+    /// Layer-elastic jobs' last reported per-layer gradient variance (the
+    /// leader's memory, so a suspended job is still tuned per allocation).
+    pub(in crate::scheduling) layer_variance: Arc<Mutex<BTreeMap<JobId, Vec<f64>>>>,
+    /// The Prompt Bank's index per model (checked against Postgres before
+    /// each use).
+    pub(in crate::scheduling) prompt_banks: Arc<BankIndexes>,
+    /// PromptTuner's lane: its wake-up, the lock it shares with rounds.
+    pub(in crate::scheduling) prompt_lane: Arc<PromptLane>,
+    /// Wakes the round loop for a round on an event (a submission, a task
+    /// that ended) when `scheduling.event_round_gap` is set.
+    pub(in crate::scheduling) round_wake: Arc<tokio::sync::Notify>,
+    /// Jobs with a deadline submitted here, for rounds for deadlines
+    /// (`scheduling.deadline_round_gap`).
+    pub(in crate::scheduling) deadline_waits: Arc<DeadlineWaits>,
+}
+
+impl LeaderMemory {
+    /// An event the round loop may bring its next round forward for (a
+    /// submission, a task that ended).
+    pub fn wake_round(&self) {
+        self.round_wake.notify_one();
+    }
+
+    /// A prompt-tuning request or a warm process for the prompt lane.
+    pub fn wake_prompt_lane(&self) {
+        self.prompt_lane.wake.notify_one();
+    }
+
+    /// A job with a deadline was submitted: it needs `need_s` from a
+    /// round's start and must finish by `by` (rounds for deadlines).
+    pub fn wait_for_deadline(&self, job: &JobId, need_s: f64, by: tokio::time::Instant) {
+        self.deadline_waits.add(job, need_s, by);
+    }
+
+    /// Whether a job with a deadline waits for its first start: then a
+    /// task's end may bring the next round forward.
+    pub fn waits_on_deadlines(&self) -> bool {
+        !self.deadline_waits.is_empty()
+    }
+}
