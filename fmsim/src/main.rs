@@ -16,7 +16,7 @@ use crate::cmd::prompttuner::prompttuner_cmd;
 use crate::cmd::setup::parse_knobs;
 use crate::cmd::sweep::sweep;
 use crate::cmd::tune::{TuneArgs, tune};
-use fmsim::catalog::Catalog;
+use fmsched_sim::catalog::Catalog;
 
 fn main() {
     if let Err(e) = run(Cli::parse()) {

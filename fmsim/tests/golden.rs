@@ -10,10 +10,10 @@ use common::{run_on as run, small};
 use fmsched_core::policy::MergeMode;
 use fmsched_core::policy::baselines::by_name;
 use fmsched_estimator::analytic;
-use fmsim::catalog::{Catalog, ModelTasks, TaskInfo, Work};
-use fmsim::engine::{NodeGroup, SimConfig, Simulation};
-use fmsim::report::summarize;
-use fmsim::workload::{self, WorkloadJob};
+use fmsched_sim::catalog::{Catalog, ModelTasks, TaskInfo, Work};
+use fmsched_sim::engine::{NodeGroup, SimConfig, Simulation};
+use fmsched_sim::report::summarize;
+use fmsched_sim::workload::{self, WorkloadJob};
 
 fn cluster() -> SimConfig {
     SimConfig::uniform(2, 4, "V100")
@@ -325,7 +325,7 @@ fn titansched_estimates_add_one_compute_pass_per_iteration() {
             .iteration_time_on(model, gpu, placement, 128, &v, 24)
             .unwrap();
         let predicted =
-            fmsim::engine::titansched_iteration_s(&lut, model, gpu, placement, &v, 24, it);
+            fmsched_sim::engine::titansched_iteration_s(&lut, model, gpu, placement, &v, 24, it);
         let one = lut
             .step_time(
                 &ThroughputKey {
@@ -593,7 +593,7 @@ fn a_job_pinned_to_a_missing_gpu_model_is_refused_at_load() {
 /// FIFO and Hydra-style, which never preempt, let it wait and miss it.
 #[test]
 fn deadline_policies_preempt_best_effort_work_to_meet_a_deadline() {
-    use fmsim::workload::SloSpec;
+    use fmsched_sim::workload::SloSpec;
     let catalog = Catalog::default_synthetic();
     let be = WorkloadJob {
         gpus: 4,
@@ -653,7 +653,7 @@ fn deadline_policies_preempt_best_effort_work_to_meet_a_deadline() {
 #[test]
 fn deadline_a_metric_target_job_is_planned_at_its_maximum_without_the_iteration_estimator() {
     use fmsched_core::policy::baselines::with_knobs;
-    use fmsim::workload::SloSpec;
+    use fmsched_sim::workload::SloSpec;
     use std::collections::BTreeMap;
     let catalog = Catalog::default_synthetic();
     let job = |name: &str, epochs: f64| WorkloadJob {
@@ -712,7 +712,7 @@ fn deadline_a_metric_target_job_is_planned_at_its_maximum_without_the_iteration_
 /// counts in full.
 #[test]
 fn deadline_unreachable_by_any_policy_is_counted_apart() {
-    use fmsim::workload::SloSpec;
+    use fmsched_sim::workload::SloSpec;
     let catalog = Catalog::default_synthetic();
     let with_deadline = |name: &str, x: f64, t: f64| WorkloadJob {
         slo: SloSpec {
@@ -808,8 +808,8 @@ fn published_trace_layouts_simulate_to_completion() {
 fn tail_resize_horizon_cuts_restarts_on_a_generated_load() {
     let catalog = Catalog::default_synthetic();
     let lut = analytic::default_lut().unwrap();
-    let jobs = fmsim::generate::generate(
-        &fmsim::generate::GenConfig {
+    let jobs = fmsched_sim::generate::generate(
+        &fmsched_sim::generate::GenConfig {
             jobs: 300,
             load: 2.0,
             seed: 3,
@@ -1043,7 +1043,7 @@ fn deadline_rounds_come_forward_only_for_a_job_that_would_miss_waiting() {
     };
     let late = |deadline_s: Option<f64>| WorkloadJob {
         epochs: Some(10.0),
-        slo: fmsim::workload::SloSpec {
+        slo: fmsched_sim::workload::SloSpec {
             deadline_s,
             ..Default::default()
         },

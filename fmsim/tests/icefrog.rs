@@ -6,11 +6,11 @@ mod common;
 
 use common::run;
 use fmsched_estimator::analytic;
-use fmsim::catalog::Catalog;
-use fmsim::engine::{LayerMode, NodeGroup, SimConfig, SimResult, freezeout_layers};
-use fmsim::generate::icefrog_workload;
-use fmsim::iceeval::{self, Spec};
-use fmsim::workload::WorkloadJob;
+use fmsched_sim::catalog::Catalog;
+use fmsched_sim::engine::{LayerMode, NodeGroup, SimConfig, SimResult, freezeout_layers};
+use fmsched_sim::generate::icefrog_workload;
+use fmsched_sim::iceeval::{self, Spec};
+use fmsched_sim::workload::WorkloadJob;
 
 /// A one-GPU roberta-base job on `rte` at `batch`, submitted at `t`, of
 /// `gpu_h` GPU-hours.

@@ -6,9 +6,9 @@ mod common;
 
 use common::{run, small};
 use fmsched_core::policy::lyra::ReclaimRule;
-use fmsim::engine::{NodeGroup, SimConfig, SimResult};
-use fmsim::loans::{InferenceTrace, Loans};
-use fmsim::workload;
+use fmsched_sim::engine::{NodeGroup, SimConfig, SimResult};
+use fmsched_sim::loans::{InferenceTrace, Loans};
+use fmsched_sim::workload;
 
 /// One training node of 4 V100s and three inference servers of 4: idle
 /// for the first hour, fully busy in the second, idle again after.

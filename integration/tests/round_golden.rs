@@ -1,7 +1,7 @@
 //! The live round and fmsim decide alike: the same view and estimates go
 //! through the functions the live scheduler's round calls
 //! (`scheduler_svc::scheduling`, with the settings its configuration gives)
-//! and those fmsim's engine calls (`fmsim::engine`, with a simulation's
+//! and those fmsim's engine calls (`fmsched_sim::engine`, with a simulation's
 //! settings), and must give the same snapshot, plan and outcome — for every
 //! policy both run, on hand-built and on random views. Both run groups over
 //! any number of nodes (the service as gangs), so the round settings are
@@ -99,8 +99,8 @@ fn both_capped(view: &ClusterView, policy: &str, max_nodes: u32) -> (Decision, D
         scheduler_svc::scheduling::decide_round(view, &p, &e, live_policy.as_ref(), &live_cfg)
             .unwrap();
     let sim_policy = by_name(policy).unwrap();
-    let mut sim_cfg = fmsim::engine::round_config(
-        &fmsim::engine::SimConfig {
+    let mut sim_cfg = fmsched_sim::engine::round_config(
+        &fmsched_sim::engine::SimConfig {
             profile_s: 60.0,
             ..Default::default()
         },
@@ -113,10 +113,11 @@ fn both_capped(view: &ClusterView, policy: &str, max_nodes: u32) -> (Decision, D
     assert_eq!(sim_cfg.max_nodes_per_group, None);
     sim_cfg.max_nodes_per_group = live_cfg.max_nodes_per_group;
     assert_eq!(sim_cfg, live_cfg, "{policy}: the round settings differ");
-    let p2 = fmsim::engine::prepare_round(view, sim_policy.as_ref(), &sim_cfg);
+    let p2 = fmsched_sim::engine::prepare_round(view, sim_policy.as_ref(), &sim_cfg);
     assert_eq!(p, p2, "{policy}: the prepared rounds differ");
     let e2 = estimates(view, &p2);
-    let sim = fmsim::engine::decide_round(view, &p2, &e2, sim_policy.as_ref(), &sim_cfg).unwrap();
+    let sim =
+        fmsched_sim::engine::decide_round(view, &p2, &e2, sim_policy.as_ref(), &sim_cfg).unwrap();
     (live, sim)
 }
 

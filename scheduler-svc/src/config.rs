@@ -93,7 +93,7 @@ impl LoansConfig {
 
 /// `[autosched]`: the leader re-tunes the active policy's knobs (Tiresias,
 /// Themis) every `every` on the workload it predicts for the next hour
-/// (`fmsim::tune`, the same code as `fmsim tune`), adopting a configuration
+/// (`fmsched_sim::tune`, the same code as `fmsim tune`), adopting a configuration
 /// only when it beats the active one by more than `threshold`. Adoption
 /// goes through the same path as `SetPolicy` (persisted, audited with the
 /// actor `autosched`). `AdminService.Tune` runs one tuning on demand, with

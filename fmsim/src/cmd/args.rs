@@ -4,9 +4,9 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 use fmsched_core::policy::PlacementRule;
-use fmsim::engine::LayerMode;
-use fmsim::workload;
-use fmsim::workload::Format;
+use fmsched_sim::engine::LayerMode;
+use fmsched_sim::workload;
+use fmsched_sim::workload::Format;
 
 use crate::cmd::generate::GenerateArgs;
 use crate::cmd::prompttuner::PromptTunerArgs;
@@ -298,7 +298,7 @@ pub(crate) struct SimArgs {
     /// that round forward to now, at least this many seconds after the last
     /// one (0: off; off too with `--round-origin` or `--event-gap`, which
     /// brings every event's round forward).
-    #[arg(long, value_name = "SECONDS", default_value_t = fmsim::engine::DEFAULT_DEADLINE_GAP_S)]
+    #[arg(long, value_name = "SECONDS", default_value_t = fmsched_sim::engine::DEFAULT_DEADLINE_GAP_S)]
     pub(crate) deadline_gap: f64,
     /// Estimation error the policy sees: each job's remaining times scaled
     /// by a fixed factor in [1 − e, 1 + e] (0 = oracle estimates).

@@ -8,11 +8,11 @@ use std::time::Instant;
 use anyhow::bail;
 use fmsched_estimator::analytic;
 use fmsched_estimator::lut::Lut;
-use fmsim::catalog::Catalog;
-use fmsim::engine::SimConfig;
-use fmsim::generate::{GenConfig, generate};
-use fmsim::report;
-use fmsim::workload::WorkloadJob;
+use fmsched_sim::catalog::Catalog;
+use fmsched_sim::engine::SimConfig;
+use fmsched_sim::generate::{GenConfig, generate};
+use fmsched_sim::report;
+use fmsched_sim::workload::WorkloadJob;
 
 use crate::cmd::fidelity::{FM1_MODELS, anchor_workload, job_epochs};
 use crate::cmd::setup::{load_profiles, policy, simulate};
@@ -26,7 +26,7 @@ pub(crate) fn bench_prompttuner(requests: usize, models: usize, rounds: usize) {
     use fmsched_core::policy::prompttuner::{
         LaneNode, LaneRequest, Request, WarmPool, decide, place_lane,
     };
-    let mut rng = fmsim::generate::Rng::new(7);
+    let mut rng = fmsched_sim::generate::Rng::new(7);
     let models = models.max(1);
     let cold_start: Vec<f64> = (0..models).map(|_| 20.0 + 40.0 * rng.f64()).collect();
     let reqs: Vec<Request> = (0..requests)
@@ -126,7 +126,7 @@ pub(crate) fn bench_prompt_bank(prompts: usize, features: usize) {
     use fmsched_core::policy::prompttuner::{
         Candidate, PromptBank, cosine_distance, index_features,
     };
-    let mut rng = fmsim::generate::Rng::new(11);
+    let mut rng = fmsched_sim::generate::Rng::new(11);
     let features = features.max(2);
     let centres: Vec<Vec<f64>> = (0..50)
         .map(|_| (0..features).map(|_| rng.f64() - 0.5).collect())
@@ -275,7 +275,7 @@ fn bench_partitions(jobs: usize, nodes: usize) {
     use fmsched_core::policy::{
         MergeMode, NodeCap, PairCandidate, SchedJob, Snapshot, ymir_allocations,
     };
-    let mut rng = fmsim::generate::Rng::new(17);
+    let mut rng = fmsched_sim::generate::Rng::new(17);
     let gpus = nodes as u32 * 8;
     let allocations = ymir_allocations(gpus);
     let times = |work: f64, max: u32| -> Vec<f64> {

@@ -2,8 +2,8 @@
 
 use anyhow::bail;
 use fmsched_core::policy::baselines::with_knobs;
-use fmsim::engine::{EstimateModel, SimConfig};
-use fmsim::report;
+use fmsched_sim::engine::{EstimateModel, SimConfig};
+use fmsched_sim::report;
 
 use crate::cmd::args::SimArgs;
 use crate::cmd::setup::{parse_knobs, sim_setup, simulate, write_outputs};

@@ -7,10 +7,10 @@ use std::path::Path;
 use anyhow::{Context, bail};
 use fmsched_core::policy::Policy;
 use fmsched_core::policy::baselines::{Themis, ThemisRank, with_knobs};
-use fmsim::catalog::Catalog;
-use fmsim::engine::{EstimateModel, NodeGroup, SimConfig};
-use fmsim::workload::{Format, WorkloadJob};
-use fmsim::{report, workload};
+use fmsched_sim::catalog::Catalog;
+use fmsched_sim::engine::{EstimateModel, NodeGroup, SimConfig};
+use fmsched_sim::workload::{Format, WorkloadJob};
+use fmsched_sim::{report, workload};
 
 use crate::cmd::setup::{load_profiles, simulate, write_outputs};
 

@@ -6,9 +6,9 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::Args;
 use fmsched_estimator::analytic;
-use fmsim::catalog::Catalog;
-use fmsim::generate::{GenConfig, generate};
-use fmsim::workload;
+use fmsched_sim::catalog::Catalog;
+use fmsched_sim::generate::{GenConfig, generate};
+use fmsched_sim::workload;
 
 /// The flags of `fmsim generate`.
 #[derive(Args, Debug)]
@@ -49,7 +49,7 @@ pub(crate) struct GenerateArgs {
     /// cycle, changing load and job lengths; written in the Helios
     /// layout), of about `--jobs` jobs over `--days` days.
     #[arg(long, value_enum)]
-    pub(crate) shape: Option<fmsim::generate::Shape>,
+    pub(crate) shape: Option<fmsched_sim::generate::Shape>,
     /// Days of a shaped workload.
     #[arg(long, default_value_t = 14)]
     pub(crate) days: u32,
@@ -83,9 +83,9 @@ pub(crate) fn generate_cmd(args: GenerateArgs) -> anyhow::Result<()> {
     } = args;
     let catalog = Catalog::default_synthetic();
     if let Some(shape) = shape {
-        let rows = fmsim::generate::shaped(shape, days, jobs, compress, seed)
+        let rows = fmsched_sim::generate::shaped(shape, days, jobs, compress, seed)
             .map_err(anyhow::Error::msg)?;
-        let csv = fmsim::generate::helios_csv(&rows);
+        let csv = fmsched_sim::generate::helios_csv(&rows);
         match out {
             Some(p) => {
                 std::fs::write(&p, csv).with_context(|| format!("writing {}", p.display()))?;

@@ -6,8 +6,8 @@ use std::time::Instant;
 
 use anyhow::{Context, bail};
 use fmsched_estimator::analytic;
-use fmsim::catalog::Catalog;
-use fmsim::workload;
+use fmsched_sim::catalog::Catalog;
+use fmsched_sim::workload;
 
 use crate::cmd::setup::{node_group, parse_knobs};
 
@@ -24,7 +24,7 @@ pub(crate) fn icefrog_eval(
     trace: Option<&Path>,
     threads: Option<usize>,
 ) -> anyhow::Result<()> {
-    use fmsim::iceeval;
+    use fmsched_sim::iceeval;
     let list = |s: &str| -> Vec<String> {
         s.split(',')
             .map(|x| x.trim().to_string())
@@ -78,7 +78,7 @@ pub(crate) fn icefrog_eval(
         None => None,
         Some(p) => {
             let jobs = workload::read(p, None, &[("roberta-base".to_string(), "x".to_string())])?;
-            let rows: Vec<fmsim::generate::TraceRow> = jobs
+            let rows: Vec<fmsched_sim::generate::TraceRow> = jobs
                 .iter()
                 .filter_map(|j| {
                     let g = j.gpus.max(1);
@@ -111,7 +111,7 @@ pub(crate) fn icefrog_eval(
         &spec,
         &lut,
         &catalog,
-        threads.unwrap_or_else(fmsim::parallel::all_cores),
+        threads.unwrap_or_else(fmsched_sim::parallel::all_cores),
     )?;
     print!("{}", iceeval::table(&rows));
     eprintln!(

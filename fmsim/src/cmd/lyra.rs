@@ -4,8 +4,8 @@
 use anyhow::bail;
 use fmsched_core::policy::baselines::with_knobs;
 use fmsched_core::policy::lyra::ReclaimRule;
-use fmsim::engine::{SimConfig, Simulation};
-use fmsim::report;
+use fmsched_sim::engine::{SimConfig, Simulation};
+use fmsched_sim::report;
 
 use crate::cmd::args::SimArgs;
 use crate::cmd::setup::{parse_knobs, sim_setup, write_outputs};
@@ -52,23 +52,24 @@ pub(crate) fn lyra_eval(a: &SimArgs) -> anyhow::Result<()> {
         ("optimus (afs-style)", "optimus", false, ReclaimRule::Lyra),
         ("pollux", "pollux", false, ReclaimRule::Lyra),
     ];
-    let runs = fmsim::parallel::parallel_map(&scenarios, fmsim::parallel::all_cores(), |s| {
-        let (_, name, loaned, rule) = *s;
-        let p = with_knobs(name, &knobs).map_err(anyhow::Error::msg)?;
-        let cfg = SimConfig {
-            loans: loaned.then(|| fmsim::loans::Loans {
-                rule,
-                ..loans.clone()
-            }),
-            // Lyra's job model for every scheme: inelastic jobs run at
-            // their request, elastic ones from it (AFS "allocating base
-            // demand to each job first", §3.7.1).
-            base_demands: true,
-            ..cfg.clone()
-        };
-        let sim = Simulation::new(cfg, &lut, &catalog, &jobs)?;
-        anyhow::Ok(sim.run(p.as_ref(), &catalog, |_, _| {})?)
-    });
+    let runs =
+        fmsched_sim::parallel::parallel_map(&scenarios, fmsched_sim::parallel::all_cores(), |s| {
+            let (_, name, loaned, rule) = *s;
+            let p = with_knobs(name, &knobs).map_err(anyhow::Error::msg)?;
+            let cfg = SimConfig {
+                loans: loaned.then(|| fmsched_sim::loans::Loans {
+                    rule,
+                    ..loans.clone()
+                }),
+                // Lyra's job model for every scheme: inelastic jobs run at
+                // their request, elastic ones from it (AFS "allocating base
+                // demand to each job first", §3.7.1).
+                base_demands: true,
+                ..cfg.clone()
+            };
+            let sim = Simulation::new(cfg, &lut, &catalog, &jobs)?;
+            anyhow::Ok(sim.run(p.as_ref(), &catalog, |_, _| {})?)
+        });
     let results = runs.into_iter().collect::<anyhow::Result<Vec<_>>>()?;
     println!(
         "{} jobs ({elastic} elastic) on {} training GPUs, {} inference GPUs to loan ({} headroom, every {:.0} s)",

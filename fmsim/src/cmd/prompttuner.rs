@@ -15,13 +15,13 @@ pub(crate) struct PromptTunerEval<'a> {
     pub(crate) trace: Option<&'a Path>,
     pub(crate) write_traces: Option<&'a Path>,
     pub(crate) cold_start: &'a [String],
-    pub(crate) cfg: fmsim::requests::LptConfig,
+    pub(crate) cfg: fmsched_sim::requests::LptConfig,
 }
 
 /// `fmsim prompttuner`: every system on every (load, S), one table, then
 /// how many times lower PromptTuner's violations and cost are.
 pub(crate) fn prompttuner_eval(e: PromptTunerEval) -> anyhow::Result<()> {
-    use fmsim::requests::{self, Load, LptModel, LptSystem};
+    use fmsched_sim::requests::{self, Load, LptModel, LptSystem};
     let systems = e
         .systems
         .split(',')
@@ -96,7 +96,7 @@ pub(crate) fn prompttuner_eval(e: PromptTunerEval) -> anyhow::Result<()> {
     );
     for (name, trace) in &traces {
         for &s in &emergences {
-            let cfg = fmsim::requests::LptConfig {
+            let cfg = fmsched_sim::requests::LptConfig {
                 slo_emergence: s,
                 ..e.cfg.clone()
             };
@@ -211,7 +211,7 @@ pub(crate) fn prompttuner_cmd(args: PromptTunerArgs) -> anyhow::Result<()> {
                 })?,
         ),
     };
-    let cfg = fmsim::requests::LptConfig {
+    let cfg = fmsched_sim::requests::LptConfig {
         gpus,
         tick_s: tick_ms / 1000.0,
         idle_release_s,

@@ -13,11 +13,11 @@ use fmsched_core::policy::baselines::{POLICY_NAMES, by_name};
 use fmsched_core::policy::lyra::ReclaimRule;
 use fmsched_estimator::analytic;
 use fmsched_estimator::lut::Lut;
-use fmsim::catalog::Catalog;
-use fmsim::engine::{NodeGroup, SimConfig, SimResult, Simulation};
-use fmsim::loans::{InferenceTrace, Loans};
-use fmsim::workload::WorkloadJob;
-use fmsim::{report, workload};
+use fmsched_sim::catalog::Catalog;
+use fmsched_sim::engine::{NodeGroup, SimConfig, SimResult, Simulation};
+use fmsched_sim::loans::{InferenceTrace, Loans};
+use fmsched_sim::workload::WorkloadJob;
+use fmsched_sim::{report, workload};
 
 use crate::cmd::args::{Estimates, SimArgs};
 use crate::cmd::fidelity::{PerJob, apply_job_file, job_file};
@@ -524,7 +524,7 @@ pub(crate) fn check_learnable(catalog: &Catalog, jobs: &[WorkloadJob]) -> anyhow
             && catalog.task(&j.model, &j.task).is_some_and(|t| {
                 t.alone
                     .values()
-                    .any(|w| matches!(w, fmsim::catalog::Work::Curve(_)))
+                    .any(|w| matches!(w, fmsched_sim::catalog::Work::Curve(_)))
             })
     });
     if !learnable {

@@ -5,8 +5,8 @@ use std::collections::BTreeMap;
 
 use anyhow::bail;
 use fmsched_core::policy::baselines::with_knobs;
-use fmsim::engine::{SimConfig, Simulation};
-use fmsim::report;
+use fmsched_sim::engine::{SimConfig, Simulation};
+use fmsched_sim::report;
 
 use crate::cmd::args::{Estimates, SimArgs};
 use crate::cmd::setup::{check_learnable, numbers, parse_knobs, sim_setup};
@@ -112,8 +112,10 @@ pub(crate) fn sweep(
     // A run that fails (a job left unfinished at the horizon) is a row
     // that says so, not the end of the sweep.
     type Outcome = Result<report::Summary, String>;
-    let outcomes =
-        fmsim::parallel::parallel_map(&runs, fmsim::parallel::all_cores(), |(i, name)| {
+    let outcomes = fmsched_sim::parallel::parallel_map(
+        &runs,
+        fmsched_sim::parallel::all_cores(),
+        |(i, name)| {
             let p = &points[*i];
             let knobs = if name == "ymir" {
                 &p.ymir_knobs
@@ -134,7 +136,8 @@ pub(crate) fn sweep(
                 if out.is_ok() { "done" } else { "failed" }
             );
             out
-        });
+        },
+    );
     let results: BTreeMap<(usize, String), Outcome> = runs.into_iter().zip(outcomes).collect();
     println!(
         "{:<22} {:>10} {:>10} {:<14} {:>10} {:>10} {:>9} {:>9}",

@@ -2,7 +2,7 @@
 
 use clap::Parser;
 use fmsched_core::policy::PlacementRule;
-use fmsim::engine::NodeGroup;
+use fmsched_sim::engine::NodeGroup;
 
 use super::args::*;
 use super::compare::compare;

@@ -1,12 +1,13 @@
 //! `fmsim tune`: AutoSched's re-tuning replayed offline.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{Context, bail};
 use fmsched_core::policy::baselines::with_knobs;
-use fmsim::engine::SimResult;
-use fmsim::report;
+use fmsched_sim::engine::SimResult;
+use fmsched_sim::report;
 
 use crate::cmd::args::SimArgs;
 use crate::cmd::setup::{parse_knobs, sim_setup};
@@ -26,7 +27,7 @@ pub(crate) struct TuneArgs {
 
 /// `fmsim tune`: the four ways of choosing knobs, side by side.
 pub(crate) fn tune(a: &SimArgs, t: &TuneArgs) -> anyhow::Result<()> {
-    use fmsim::tune::{self, Forecast, Knobs, Objective, SearchConfig, Tuner};
+    use fmsched_sim::tune::{self, Forecast, Knobs, Objective, SearchConfig, Tuner};
     if tune::knob_space(&t.policy).is_none() {
         bail!(
             "--policy {:?}: AutoSched tunes tiresias or themis",
@@ -52,6 +53,8 @@ pub(crate) fn tune(a: &SimArgs, t: &TuneArgs) -> anyhow::Result<()> {
     let start = parse_knobs(&a.knobs)?;
     with_knobs(&t.policy, &start).map_err(anyhow::Error::msg)?;
     let (cfg, lut, catalog, jobs) = sim_setup(a)?;
+    // Shared with each tuner (which keeps them across its tunings).
+    let (lut, catalog) = (Arc::new(lut), Arc::new(catalog));
     // The tuned knobs a row starts from: `--knob`s, else the policy's own.
     let with_defaults = |k: &Knobs| {
         let mut k = k.clone();
@@ -62,7 +65,10 @@ pub(crate) fn tune(a: &SimArgs, t: &TuneArgs) -> anyhow::Result<()> {
         }
         k
     };
-    let threads = t.threads.unwrap_or_else(fmsim::parallel::all_cores).max(1);
+    let threads = t
+        .threads
+        .unwrap_or_else(fmsched_sim::parallel::all_cores)
+        .max(1);
     let objective = Objective::for_policy(&t.policy);
     eprintln!(
         "{} jobs, {} GPUs; tuning {} ({}) every {:.0} s",
@@ -122,8 +128,8 @@ pub(crate) fn tune(a: &SimArgs, t: &TuneArgs) -> anyhow::Result<()> {
                     &t.policy,
                     knobs.clone(),
                     cfg.clone(),
-                    &lut,
-                    &catalog,
+                    lut.clone(),
+                    catalog.clone(),
                     f,
                     SearchConfig {
                         samples: t.samples,

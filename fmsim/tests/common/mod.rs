@@ -5,9 +5,9 @@ use std::path::Path;
 
 use fmsched_core::policy::baselines::by_name;
 use fmsched_estimator::analytic;
-use fmsim::catalog::Catalog;
-use fmsim::engine::{SimConfig, SimResult, Simulation};
-use fmsim::workload::{self, WorkloadJob};
+use fmsched_sim::catalog::Catalog;
+use fmsched_sim::engine::{SimConfig, SimResult, Simulation};
+use fmsched_sim::workload::{self, WorkloadJob};
 
 /// The small workload shipped in `fmsim/data/`.
 #[allow(dead_code)] // not every test file reads it

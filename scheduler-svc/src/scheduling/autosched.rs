@@ -1,4 +1,4 @@
-//! AutoSched live: the IO around `fmsim::tune` (the same tuner `fmsim
+//! AutoSched live: the IO around `fmsched_sim::tune` (the same tuner `fmsim
 //! tune` replays). A tuning reads the active policy, the nodes and the
 //! stored jobs with their service, predicts the next hour and searches the
 //! knobs in the simulator on a blocking thread, then adopts through the
@@ -7,13 +7,13 @@
 //! demand.
 
 use std::collections::BTreeMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use chrono::Utc;
 use fmsched_estimator::lut::Lut;
-use fmsim::catalog::Catalog;
-use fmsim::engine::{NodeGroup, ObservedState, SimConfig};
-use fmsim::tune::{self, Decision, Forecast, LiveJob, SearchConfig, Tuner};
+use fmsched_sim::catalog::Catalog;
+use fmsched_sim::engine::{NodeGroup, ObservedState, SimConfig};
+use fmsched_sim::tune::{self, Decision, Forecast, LiveJob, SearchConfig, Tuner};
 
 use fmsched_core::FieldError;
 
@@ -43,16 +43,16 @@ pub const ACTOR: &str = "autosched";
 /// The tuner kept across tunings (its rejection model learns from each),
 /// with the profiles and catalog it simulates with.
 pub struct Autosched {
-    lut: &'static Lut,
-    catalog: &'static Catalog,
-    tuner: Mutex<Option<Tuner<'static>>>,
+    lut: Arc<Lut>,
+    catalog: Arc<Catalog>,
+    tuner: Mutex<Option<Tuner>>,
 }
 
 impl Autosched {
     /// Loads the shipped profiles and catalog once, for the process's life.
     pub fn new() -> anyhow::Result<Self> {
-        let lut: &'static Lut = Box::leak(Box::new(fmsched_estimator::analytic::default_lut()?));
-        let catalog: &'static Catalog = Box::leak(Box::new(Catalog::default_synthetic()));
+        let lut = Arc::new(fmsched_estimator::analytic::default_lut()?);
+        let catalog = Arc::new(Catalog::default_synthetic());
         Ok(Self {
             lut,
             catalog,
@@ -158,8 +158,8 @@ pub async fn tune_once(
                     cluster: groups.clone(),
                     ..SimConfig::default()
                 },
-                me.lut,
-                me.catalog,
+                me.lut.clone(),
+                me.catalog.clone(),
                 Forecast::AutoSched,
                 SearchConfig {
                     samples,
@@ -172,7 +172,7 @@ pub async fn tune_once(
         tuner.set_cluster(groups);
         tuner.search.threshold = threshold;
         let before = tuner.knobs().clone();
-        let specs = tune::live_specs(&live, me.catalog, "roberta-base");
+        let specs = tune::live_specs(&live, &me.catalog, "roberta-base");
         let obs = tune::live_observation(now_s, &live, &specs);
         Ok::<_, String>((before, tuner.decide(&obs, !dry_run)))
     })

@@ -1291,7 +1291,7 @@ mod tests {
     /// The shipped samples of each published layout (`fmsim/data/formats`).
     fn shipped(name: &str) -> Vec<WorkloadJob> {
         let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("data/formats")
+            .join("../fmsim/data/formats")
             .join(name);
         read(&path, None, &tasks()).unwrap_or_else(|e| panic!("{name}: {e}"))
     }

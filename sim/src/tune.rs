@@ -36,6 +36,7 @@
 //!   operator-drawn graph.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Instant;
 
 use fmsched_core::policy::Policy;
@@ -676,7 +677,7 @@ pub struct Decision {
 
 /// The tuner: keeps the active knobs, what it has measured, and its
 /// decisions. The same code serves `fmsim tune` and a live scheduler.
-pub struct Tuner<'a> {
+pub struct Tuner {
     pub policy: String,
     pub space: Vec<Knob>,
     pub objective: Objective,
@@ -684,8 +685,8 @@ pub struct Tuner<'a> {
     pub search: SearchConfig,
     pub predictor: DurationPredictor,
     cfg: SimConfig,
-    lut: &'a Lut,
-    catalog: &'a Catalog,
+    lut: Arc<Lut>,
+    catalog: Arc<Catalog>,
     current: Knobs,
     /// (knobs on the unit cube, score over the then-active score).
     memory: Vec<(Vec<f64>, f64)>,
@@ -697,7 +698,7 @@ pub struct Tuner<'a> {
     pub decisions: Vec<Decision>,
 }
 
-impl<'a> Tuner<'a> {
+impl Tuner {
     /// A tuner of `policy` starting from `knobs` (missing ones at the
     /// policy's defaults, which the knob space's midpoint stands in for
     /// when the policy does not say).
@@ -705,8 +706,8 @@ impl<'a> Tuner<'a> {
         policy: &str,
         knobs: Knobs,
         cfg: SimConfig,
-        lut: &'a Lut,
-        catalog: &'a Catalog,
+        lut: Arc<Lut>,
+        catalog: Arc<Catalog>,
         forecast: Forecast,
         search: SearchConfig,
     ) -> Result<Self, String> {
@@ -882,8 +883,8 @@ impl<'a> Tuner<'a> {
         let threads = self.search.threads;
         let (cfg, lut, cat, pol, obj) = (
             &self.cfg,
-            self.lut,
-            self.catalog,
+            &self.lut,
+            &self.catalog,
             self.policy.as_str(),
             self.objective,
         );
@@ -1092,7 +1093,7 @@ pub fn replay(
     jobs: &[WorkloadJob],
     policy: &str,
     knobs: &Knobs,
-    tuner: Option<(&mut Tuner<'_>, f64)>,
+    tuner: Option<(&mut Tuner, f64)>,
 ) -> Result<SimResult, String> {
     let p = with_knobs(policy, knobs)?;
     let sim = Simulation::new(cfg.clone(), lut, catalog, jobs).map_err(|e| e.to_string())?;
@@ -1465,8 +1466,8 @@ mod tests {
                 "tiresias",
                 start.clone(),
                 cfg.clone(),
-                &lut,
-                &cat,
+                Arc::new(lut.clone()),
+                Arc::new(cat.clone()),
                 Forecast::AutoSched,
                 search,
             )
@@ -1530,8 +1531,8 @@ mod tests {
                 "ymir",
                 Knobs::new(),
                 cfg,
-                &lut,
-                &cat,
+                Arc::new(lut.clone()),
+                Arc::new(cat.clone()),
                 Forecast::AutoSched,
                 SearchConfig::default()
             )
