@@ -44,8 +44,7 @@ use fmsched_core::policy::{
 };
 use fmsched_core::round::{
     self, ClusterView, Decision, Estimates, FinishedView, Gpu, JobView, MergeView, NodeView,
-    PairEstimate, Prepared, RoundConfig, RoundOutcome, WarmEstimate, round_after_event,
-    round_for_deadline,
+    PairEstimate, Prepared, RoundClock, RoundConfig, RoundOutcome, WarmEstimate,
 };
 use fmsched_core::slo::{self, RewardStep};
 use fmsched_core::{JobState, NodeState, SloClass};
@@ -1401,13 +1400,13 @@ impl<'a> Simulation<'a> {
         self.stats.policy = policy.name().to_string();
         self.allocations = policy.allocation_set(self.total_gpus);
         let mut swapped: Option<Box<dyn Policy + Send + Sync>> = None;
-        let mut interval = policy.interval_s().max(1.0);
+        let interval = policy.interval_s().max(1.0);
         let mut order: Vec<usize> = (0..self.jobs.len()).collect();
         order.sort_by(|&a, &b| self.jobs[a].w.submit_s.total_cmp(&self.jobs[b].w.submit_s));
         let mut next_arrival = 0usize;
         let t0 = order.first().map_or(0.0, |&i| self.jobs[i].w.submit_s);
         self.now = t0;
-        let mut next_round = match self.cfg.round_origin_s {
+        let first_round = match self.cfg.round_origin_s {
             // The first round at or after the first arrival.
             Some(origin) => origin + ((t0 - origin) / interval).ceil().max(0.0) * interval,
             None => t0,
@@ -1415,10 +1414,17 @@ impl<'a> Simulation<'a> {
         let mut finished = 0usize;
         let mut stalled = 0u32;
         let n = self.jobs.len();
-        // Rounds on events (`event_gap_s`): the last round's start, and
-        // whether an arrival, a completion or a profiling run's end came
-        // since it.
-        let mut last_round = f64::NEG_INFINITY;
+        // The round clock, as the service's (core's one rule): rounds on
+        // events (`event_gap_s`), or for deadlines (`deadline_gap_s`, off on
+        // rounds aligned to `round_origin_s`); `event` says whether an
+        // arrival, a completion or a profiling run's end came since the
+        // clock last heard.
+        let deadline_gap_s = self
+            .cfg
+            .deadline_gap_s
+            .filter(|_| self.cfg.round_origin_s.is_none());
+        let mut clock =
+            RoundClock::new(interval, self.cfg.event_gap_s, deadline_gap_s, first_round);
         let mut event = false;
         let mut next_retune = retune.as_ref().map_or(f64::INFINITY, |r| t0 + r.every_s);
         // The orchestrator's first decision as the trace starts.
@@ -1459,7 +1465,7 @@ impl<'a> Simulation<'a> {
                 )));
             }
             // The next event.
-            let mut t_next = next_round.min(next_retune).min(next_loan);
+            let mut t_next = clock.next_s().min(next_retune).min(next_loan);
             if let Some(&i) = order.get(next_arrival) {
                 t_next = t_next.min(self.jobs[i].w.submit_s);
             }
@@ -1571,7 +1577,7 @@ impl<'a> Simulation<'a> {
                 if let Some(p) = (r.hook)(&self.observe(), active) {
                     // A changed interval takes effect from the round after
                     // the one already due.
-                    interval = p.interval_s().max(1.0);
+                    clock.set_interval(p.interval_s().max(1.0));
                     swapped = Some(p);
                 }
             }
@@ -1581,30 +1587,13 @@ impl<'a> Simulation<'a> {
                 next_loan += every;
                 self.orchestrate();
             }
-            if self.cfg.event_gap_s.is_none()
-                && self.cfg.round_origin_s.is_none()
-                && let Some(gap) = self.cfg.deadline_gap_s
-                && std::mem::take(&mut event)
-            {
-                for (need_s, by) in self.deadline_needs() {
-                    next_round =
-                        round_for_deadline(next_round, self.now, last_round, gap, need_s, by);
-                }
-            } else if let Some(gap) = self.cfg.event_gap_s
-                && std::mem::take(&mut event)
-            {
-                next_round = round_after_event(next_round, self.now, last_round, gap);
+            if std::mem::take(&mut event) {
+                clock.on_event(self.now, self.deadline_needs());
             }
-            if self.now >= next_round {
+            if clock.is_due(self.now) {
                 let active: &dyn Policy = swapped.as_deref().map_or(policy, |p| p as &dyn Policy);
                 self.round(active, catalog)?;
-                last_round = self.now;
-                next_round = if self.cfg.event_gap_s.is_some() {
-                    // As the service: an interval after the last round.
-                    self.now + interval
-                } else {
-                    next_round + interval
-                };
+                clock.round_started(self.now);
             }
         }
         let first = self
@@ -1680,7 +1669,7 @@ impl<'a> Simulation<'a> {
     /// Each job with a deadline that waits for its first start: what it
     /// needs from a round's start (its best case, [`Self::best_case_s`],
     /// once it has profiled its time alone at its request with its start)
-    /// and its first deadline ([`round_for_deadline`]), as the policy's
+    /// and its first deadline ([`RoundClock::on_event`]), as the policy's
     /// estimates have it.
     fn deadline_needs(&self) -> impl Iterator<Item = (f64, f64)> + '_ {
         (0..self.jobs.len()).filter_map(|i| {

@@ -31,8 +31,9 @@
 //! ## Files
 //! - [`view`]: what a round is given (the cluster view, the round's config).
 //! - [`outcome`]: what passes between phases and what a round returns.
-//! - [`rules`], [`clock`]: small rules both callers charge alike (restart
-//!   cost, deserved share, when an event brings a round forward).
+//! - [`rules`], [`clock`], [`accounting`]: small rules both callers charge
+//!   alike (restart cost, when the next round runs, the service a job
+//!   received and deserved).
 //! - [`shapes`], [`pairs`]: what fits where, and who may merge with whom.
 //! - [`prepare`], [`snapshot`], [`interpret`]: the phases; each imports
 //!   the shared types and rules above, never another phase.
@@ -40,6 +41,7 @@
 //! - [`predict`]: finish times and deadline risk of a decided round.
 //! - `testkit`: builders of views for tests (feature `testkit`).
 
+pub mod accounting;
 pub mod clock;
 mod decide;
 mod interpret;
@@ -57,7 +59,8 @@ pub mod testkit;
 #[cfg(test)]
 mod tests;
 
-pub use clock::{round_after_event, round_for_deadline};
+pub use accounting::{Accrued, accrue, fair_share};
+pub use clock::{RoundClock, round_after_event, round_for_deadline};
 pub use decide::decide;
 pub use interpret::restarts;
 pub use outcome::{
@@ -66,7 +69,7 @@ pub use outcome::{
 };
 pub use predict::{Prediction, predictions};
 pub use prepare::prepare;
-pub use rules::{DEFAULT_CONTEXT_SWITCH_S, fair_share, need_alone, restart_cost};
+pub use rules::{DEFAULT_CONTEXT_SWITCH_S, need_alone, restart_cost};
 pub use shapes::{
     default_shape, estimate_shape, family_time_ratios, fits_no_family, never_fits, unfit_reason,
 };

@@ -1,5 +1,5 @@
-//! Small rules both callers charge the same way: what a (re)start costs,
-//! what a waiting job needs to finish alone, and a job's deserved share.
+//! Small rules both callers charge the same way: what a (re)start costs
+//! and what a waiting job needs to finish alone.
 
 /// Seconds a (re)start costs when the profile names no context-switch time.
 pub const DEFAULT_CONTEXT_SWITCH_S: f64 = 30.0;
@@ -19,7 +19,7 @@ pub fn restart_cost(checkpoint_s: f64, context_switch_s: Option<f64>) -> f64 {
 /// for (the fewest it may run on when its request is not in the allocation
 /// set) and its start. None for a job that has trained (it is no longer
 /// waiting for its first start) or whose times are all unknown. The need
-/// [`round_for_deadline`] weighs once a job has profiled: the service
+/// [`super::round_for_deadline`] weighs once a job has profiled: the service
 /// refreshes admission's bound with it after each round, and fmsim's
 /// `deadline_needs` is the same time from its own model of the job.
 pub fn need_alone(snap: &crate::policy::Snapshot, k: usize) -> Option<f64> {
@@ -37,14 +37,4 @@ pub fn need_alone(snap: &crate::policy::Snapshot, k: usize) -> Option<f64> {
                 .map(|(_, &t)| t)
         })?;
     Some(time + j.restart_s)
-}
-
-/// GPUs per second a live job deserves: an equal share of the cluster, at
-/// most what it asked for — Themis's deserved service, accumulated by the
-/// service plan by plan and by fmsim as time passes.
-pub fn fair_share(total_gpus: u32, live_jobs: usize, requested_gpus: u32) -> f64 {
-    if live_jobs == 0 {
-        return 0.0;
-    }
-    (f64::from(total_gpus) / live_jobs as f64).min(f64::from(requested_gpus))
 }

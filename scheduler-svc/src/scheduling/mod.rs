@@ -1207,36 +1207,58 @@ impl DeadlineWaits {
         waits.iter().map(|w| (w.job.clone(), w.need_s)).collect()
     }
 
-    /// The next round once an event came: `next`, or sooner where a job
-    /// here would miss its deadline waiting for it (core's rule,
-    /// [`round::round_for_deadline`], on seconds from now).
-    fn next_round(
-        &self,
-        next: tokio::time::Instant,
-        last_started: tokio::time::Instant,
-        gap: std::time::Duration,
-    ) -> tokio::time::Instant {
-        let now = tokio::time::Instant::now();
-        let secs = |t: tokio::time::Instant| {
-            if t >= now {
-                t.duration_since(now).as_secs_f64()
-            } else {
-                -now.duration_since(t).as_secs_f64()
-            }
-        };
+    /// Each kept job's need and deadline on the round clock (`secs` turns
+    /// an instant into the clock's seconds), for [`round::RoundClock::on_event`];
+    /// jobs whose deadline can no longer be met are dropped.
+    fn needs_by(&self, secs: impl Fn(tokio::time::Instant) -> f64) -> Vec<(f64, f64)> {
+        let now = secs(tokio::time::Instant::now());
         let mut waits = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        waits.retain(|w| w.need_s <= secs(w.by));
-        let at = waits.iter().fold(secs(next), |at, w| {
-            round::round_for_deadline(
-                at,
+        waits.retain(|w| now + w.need_s <= secs(w.by));
+        waits.iter().map(|w| (w.need_s, secs(w.by))).collect()
+    }
+}
+
+/// The round loop's clock: core's [`round::RoundClock`] (the rule fmsim
+/// runs too) on seconds since the loop started.
+struct LoopClock {
+    epoch: tokio::time::Instant,
+    rounds: round::RoundClock,
+}
+
+impl LoopClock {
+    /// The first round due at once; rounds on events and for deadlines as
+    /// configured (`scheduling.event_round_gap`, a non-zero
+    /// `scheduling.deadline_round_gap`).
+    fn new(s: &SchedulingConfig) -> Self {
+        let deadline_gap = s.deadline_round_gap;
+        Self {
+            epoch: tokio::time::Instant::now(),
+            rounds: round::RoundClock::new(
+                s.round_interval().as_secs_f64(),
+                s.event_round_gap.map(|g| g.as_secs_f64()),
+                (!deadline_gap.is_zero()).then_some(deadline_gap.as_secs_f64()),
                 0.0,
-                secs(last_started),
-                gap.as_secs_f64(),
-                w.need_s,
-                secs(w.by),
-            )
-        });
-        now + std::time::Duration::from_secs_f64(at.max(0.0))
+            ),
+        }
+    }
+
+    /// Seconds on the clock of an instant (negative before the loop began).
+    fn secs(&self, t: tokio::time::Instant) -> f64 {
+        if t >= self.epoch {
+            t.duration_since(self.epoch).as_secs_f64()
+        } else {
+            -self.epoch.duration_since(t).as_secs_f64()
+        }
+    }
+
+    /// The instant of seconds on the clock.
+    fn at(&self, s: f64) -> tokio::time::Instant {
+        self.epoch + std::time::Duration::from_secs_f64(s.max(0.0))
+    }
+
+    /// When the next round is due.
+    fn next(&self) -> tokio::time::Instant {
+        self.at(self.rounds.next_s())
     }
 }
 
@@ -1248,59 +1270,29 @@ impl DeadlineWaits {
 /// shorter interval brings that round forward, so a change out of a long
 /// interval does not wait it out. With `scheduling.event_round_gap`, an
 /// event ([`crate::service::Service::round_wake`]) brings it forward too.
-async fn sleep_towards(
-    state: &Service,
-    next: &mut tokio::time::Instant,
-    last_started: tokio::time::Instant,
-    lead: std::time::Duration,
-) {
+async fn sleep_towards(state: &Service, clock: &mut LoopClock, lead: std::time::Duration) {
     loop {
         let now = tokio::time::Instant::now();
-        let target = next.checked_sub(lead).unwrap_or(*next);
+        let next = clock.next();
+        let target = next.checked_sub(lead).unwrap_or(next);
         if now >= target {
             return;
         }
-        let gap = state.config.scheduling.event_round_gap;
-        let deadline_gap = state.config.scheduling.deadline_round_gap;
         let woke = tokio::select! {
             () = tokio::time::sleep_until(target.min(now + POLICY_POLL)) => false,
-            () = state.leader.round_wake.notified(), if gap.is_some() || !deadline_gap.is_zero() => true,
+            () = state.leader.round_wake.notified(), if clock.rounds.wakes_on_events() => true,
         };
-        if woke && gap.is_none() {
-            // Rounds for deadlines: only a job that would miss its deadline
-            // waiting brings the round forward.
-            let at = state
-                .leader
-                .deadline_waits
-                .next_round(*next, last_started, deadline_gap);
-            if at < *next {
-                tracing::debug!(
-                    in_s = at
-                        .saturating_duration_since(tokio::time::Instant::now())
-                        .as_secs_f64(),
-                    "a job with a deadline would miss it waiting: the next round comes forward"
-                );
-                *next = at;
-            }
-            continue;
-        }
-        if let Some(gap) = gap.filter(|_| woke) {
+        if woke {
             // A submission or a task that ended: the round comes forward
-            // (core's rule, on seconds from now).
-            let now = tokio::time::Instant::now();
-            let at = fmsched_core::round::round_after_event(
-                next.saturating_duration_since(now).as_secs_f64(),
-                0.0,
-                -now.saturating_duration_since(last_started).as_secs_f64(),
-                gap.as_secs_f64(),
-            );
-            let at = now + std::time::Duration::from_secs_f64(at.max(0.0));
-            if at < *next {
+            // by core's rule (for every event with rounds on events; only
+            // for a job that would miss its deadline waiting, else).
+            let now_s = clock.secs(tokio::time::Instant::now());
+            let waits = state.leader.deadline_waits.needs_by(|t| clock.secs(t));
+            if clock.rounds.on_event(now_s, waits) {
                 tracing::debug!(
-                    in_s = at.saturating_duration_since(now).as_secs_f64(),
-                    "an event (a submission, a task that ended) brings the next round forward"
+                    in_s = (clock.rounds.next_s() - now_s).max(0.0),
+                    "an event (a submission, a task that ended, a deadline waiting) brings the next round forward"
                 );
-                *next = at;
             }
             continue;
         }
@@ -1309,11 +1301,9 @@ async fn sleep_towards(
         }
         if let Ok(stored) = state.persistence.policy_setting().await {
             let s = state.config.scheduling.with_setting(stored.as_ref());
-            let sooner = last_started + s.round_interval();
-            if sooner < *next {
+            if clock.rounds.next_within(s.round_interval().as_secs_f64()) {
                 tracing::info!(policy = %s.policy, interval = ?s.round_interval(),
                     "policy set live with a shorter interval; next round brought forward");
-                *next = sooner;
             }
         }
     }
@@ -1365,13 +1355,11 @@ pub async fn scheduling_loop(state: Service) {
     // The settings in force: the configuration's until a round reads a
     // policy set through the admin API (its interval then paces the loop).
     let mut sched = state.config.scheduling.clone();
-    let mut next = tokio::time::Instant::now();
-    let mut last_started = next;
+    let mut clock = LoopClock::new(&sched);
     loop {
-        sleep_towards(&state, &mut next, last_started, std::time::Duration::ZERO).await;
+        sleep_towards(&state, &mut clock, std::time::Duration::ZERO).await;
         let started = tokio::time::Instant::now();
-        last_started = started;
-        next = started + sched.round_interval();
+        clock.rounds.round_started(clock.secs(started));
         if !state.leadership.is_leader() {
             continue; // a standby decides nothing
         }
@@ -1397,7 +1385,9 @@ pub async fn scheduling_loop(state: Service) {
                     tracing::info!(policy = %s.policy, knobs = ?s.knobs, interval = ?s.round_interval(),
                         "policy in force changed (admin API); next round after this interval");
                     sched = s;
-                    next = started + sched.round_interval();
+                    clock
+                        .rounds
+                        .reset_interval(sched.round_interval().as_secs_f64());
                 }
             }
             Err(e) if e.is_fenced() => {
@@ -1412,7 +1402,7 @@ pub async fn scheduling_loop(state: Service) {
         if lead.is_zero() {
             continue;
         }
-        sleep_towards(&state, &mut next, last_started, lead).await;
+        sleep_towards(&state, &mut clock, lead).await;
         if !state.leadership.is_leader() {
             continue;
         }

@@ -112,3 +112,70 @@ fn the_reasons_of_a_suspension() {
         "{reasons:?}"
     );
 }
+
+/// The round clock both callers run: periodic rounds an interval after
+/// each start; an event moves nothing without rounds on events or for
+/// deadlines.
+#[test]
+fn the_round_clock_runs_an_interval_after_each_start() {
+    let mut c = RoundClock::new(120.0, None, None, 0.0);
+    assert!(c.is_due(0.0) && !c.wakes_on_events());
+    c.round_started(0.0);
+    assert_eq!((c.next_s(), c.last_started_s()), (120.0, 0.0));
+    assert!(!c.on_event(10.0, [(60.0, 100.0)]));
+    assert_eq!(c.next_s(), 120.0);
+    assert!(!c.is_due(119.9) && c.is_due(120.0));
+    // A changed interval counts from the round after the one due...
+    c.set_interval(60.0);
+    assert_eq!(c.next_s(), 120.0);
+    c.round_started(120.0);
+    assert_eq!(c.next_s(), 180.0);
+    // ...unless the round that changed it counts from its own start.
+    c.reset_interval(30.0);
+    assert_eq!(c.next_s(), 150.0);
+    // A shorter interval set live brings the next round forward only.
+    c.round_started(150.0);
+    assert!(c.next_within(10.0));
+    assert_eq!((c.next_s(), c.interval_s()), (160.0, 30.0));
+    assert!(!c.next_within(100.0));
+    assert_eq!(c.next_s(), 160.0);
+}
+
+/// With rounds on events every event brings the round forward to no
+/// sooner than the gap after the last start; deadlines are not consulted.
+#[test]
+fn the_round_clock_comes_forward_on_events_within_the_gap() {
+    let mut c = RoundClock::new(120.0, Some(5.0), Some(1.0), 0.0);
+    assert!(c.wakes_on_events());
+    c.round_started(0.0);
+    assert!(c.on_event(2.0, []));
+    assert_eq!(c.next_s(), 5.0);
+    c.round_started(5.0);
+    assert!(c.on_event(30.0, []));
+    assert_eq!(c.next_s(), 30.0);
+    // Never later than the periodic round.
+    c.round_started(30.0);
+    assert!(c.on_event(149.0, []));
+    assert_eq!(c.next_s(), 149.0);
+}
+
+/// With rounds for deadlines only a job that waiting for the periodic
+/// round would make miss its deadline, and that can still make it, brings
+/// the round forward.
+#[test]
+fn the_round_clock_comes_forward_for_a_deadline_that_waiting_would_miss() {
+    let mut c = RoundClock::new(120.0, None, Some(5.0), 0.0);
+    c.round_started(0.0);
+    // Starting at 120 with 60 s to run makes 200: no hurry.
+    assert!(!c.on_event(10.0, [(60.0, 200.0)]));
+    // Or it cannot make it anyway.
+    assert!(!c.on_event(10.0, [(60.0, 65.0)]));
+    assert_eq!(c.next_s(), 120.0);
+    // 180 > 150, but 10 + 60 <= 150: now.
+    assert!(c.on_event(10.0, [(60.0, 200.0), (60.0, 150.0)]));
+    assert_eq!(c.next_s(), 10.0);
+    // No sooner than the gap after the last start.
+    c.round_started(10.0);
+    assert!(c.on_event(12.0, [(20.0, 100.0)]));
+    assert_eq!(c.next_s(), 15.0);
+}
