@@ -1878,7 +1878,10 @@ impl<'a> Simulation<'a> {
                 .sum::<f64>()
                 * dt;
             for j in self.jobs.iter_mut().filter(|j| j.in_system()) {
-                j.fair_share_gpu_s += round::fair_share(total, present, j.w.gpus) * dt;
+                // Every job in the system is present for the whole step:
+                // arrivals are events, so a step starts at one.
+                let deserved = round::fair_share(total, present, j.w.gpus);
+                j.fair_share_gpu_s += round::accrue(0, deserved, dt, dt).fair_share_gpu_s;
             }
             for i in 0..self.jobs.len() {
                 let Some(a) = self.jobs[i].alloc.clone() else {
@@ -1904,8 +1907,9 @@ impl<'a> Simulation<'a> {
                         .sum::<u32>();
                     self.stats.loans.loaned_busy_gpu_s += f64::from(on_loan) * dt;
                 }
-                self.jobs[i].attained_gpu_s += f64::from(a.gpus) * dt;
-                self.jobs[i].executed_s += dt;
+                let got = round::accrue(a.gpus, 0.0, dt, 0.0);
+                self.jobs[i].attained_gpu_s += got.attained_gpu_s;
+                self.jobs[i].executed_s += got.executed_s;
                 let active = (t - a.ready_at.max(self.now)).max(0.0);
                 if active > 0.0 {
                     let r = self.progress_rate(i)?;

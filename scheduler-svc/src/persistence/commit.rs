@@ -4,10 +4,11 @@
 //! generation), written only while its writer still leads with the epoch
 //! it started under and the plan is the one it read.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use chrono::{DateTime, Utc};
 use fmsched_core::policy::MergeMode;
+use fmsched_core::round;
 use fmsched_core::{GpuUuid, JobId, JobState, NodeId};
 use fmsched_estimator::icefrog::UtilizationFit;
 use uuid::Uuid;
@@ -41,38 +42,64 @@ async fn account_service(
     .await
     .map_err(db_err(op))?;
     if held_s > 0.0 {
-        sqlx::query(
-            "INSERT INTO job_service (job_id, attained_gpu_s, executed_s)
-             SELECT a.job_id, SUM(cardinality(a.gpu_uuids)) * $1, $1
-             FROM assignments a WHERE NOT a.profile GROUP BY a.job_id
-             ON CONFLICT (job_id) DO UPDATE SET
-               attained_gpu_s = job_service.attained_gpu_s + EXCLUDED.attained_gpu_s,
-               executed_s = job_service.executed_s + EXCLUDED.executed_s",
+        // What the old plan's jobs trained on (not profiling runs), and
+        // when each job now given a deserved share came; core's rule
+        // (`round::accrue`, the one fmsim runs) turns them into the deltas
+        // written below.
+        let trained: Vec<(Uuid, i64)> = sqlx::query_as(
+            "SELECT job_id, SUM(cardinality(gpu_uuids))::bigint FROM assignments
+             WHERE NOT profile GROUP BY job_id",
         )
-        .bind(held_s)
-        .execute(&mut **tx)
+        .fetch_all(&mut **tx)
         .await
         .map_err(db_err(op))?;
-        let (jobs, gpus): (Vec<Uuid>, Vec<f64>) = service
-            .fair_share_gpus
-            .iter()
-            .map(|(j, g)| (j.0, g.max(0.0)))
-            .unzip();
-        // A job submitted since the old plan deserves only the time
-        // since it came.
+        let deserving: Vec<Uuid> = service.fair_share_gpus.iter().map(|(j, _)| j.0).collect();
+        let came: BTreeMap<Uuid, DateTime<Utc>> =
+            sqlx::query_as("SELECT id, created_at FROM jobs WHERE id = ANY($1::uuid[])")
+                .bind(&deserving)
+                .fetch_all(&mut **tx)
+                .await
+                .map_err(db_err(op))?
+                .into_iter()
+                .collect();
+        let mut add: BTreeMap<Uuid, round::Accrued> = BTreeMap::new();
+        for (job, gpus) in trained {
+            let gpus = u32::try_from(gpus).unwrap_or(u32::MAX);
+            let got = round::accrue(gpus, 0.0, held_s, 0.0);
+            let a = add.entry(job).or_default();
+            a.attained_gpu_s += got.attained_gpu_s;
+            a.executed_s += got.executed_s;
+        }
+        for (job, deserved) in &service.fair_share_gpus {
+            // A job submitted since the old plan deserves only the time
+            // since it came.
+            let Some(created) = came.get(&job.0) else {
+                continue;
+            };
+            let present_s = (now - *created).num_microseconds().unwrap_or(i64::MAX) as f64 / 1e6;
+            add.entry(job.0).or_default().fair_share_gpu_s +=
+                round::accrue(0, *deserved, held_s, present_s).fair_share_gpu_s;
+        }
+        let mut jobs = Vec::with_capacity(add.len());
+        let (mut attained, mut executed, mut fair) = (Vec::new(), Vec::new(), Vec::new());
+        for (job, a) in add {
+            jobs.push(job);
+            attained.push(a.attained_gpu_s);
+            executed.push(a.executed_s);
+            fair.push(a.fair_share_gpu_s);
+        }
         sqlx::query(
-            "INSERT INTO job_service (job_id, fair_share_gpu_s)
-             SELECT u.job_id,
-                    u.gpus * LEAST($3, GREATEST(EXTRACT(EPOCH FROM ($4 - j.created_at))::float8, 0))
-             FROM UNNEST($1::uuid[], $2::float8[]) AS u(job_id, gpus)
-             JOIN jobs j ON j.id = u.job_id
+            "INSERT INTO job_service (job_id, attained_gpu_s, executed_s, fair_share_gpu_s)
+             SELECT * FROM UNNEST($1::uuid[], $2::float8[], $3::float8[], $4::float8[])
              ON CONFLICT (job_id) DO UPDATE SET
+               attained_gpu_s = job_service.attained_gpu_s + EXCLUDED.attained_gpu_s,
+               executed_s = job_service.executed_s + EXCLUDED.executed_s,
                fair_share_gpu_s = job_service.fair_share_gpu_s + EXCLUDED.fair_share_gpu_s",
         )
         .bind(&jobs)
-        .bind(&gpus)
-        .bind(held_s)
-        .bind(now)
+        .bind(&attained)
+        .bind(&executed)
+        .bind(&fair)
         .execute(&mut **tx)
         .await
         .map_err(db_err(op))?;

@@ -179,3 +179,32 @@ fn the_round_clock_comes_forward_for_a_deadline_that_waiting_would_miss() {
     assert!(c.on_event(12.0, [(20.0, 100.0)]));
     assert_eq!(c.next_s(), 15.0);
 }
+
+/// Service accounting, as both callers accrue it: GPU-seconds and seconds
+/// trained over the whole held period, the deserved share only for the
+/// part the job was in the system, nothing for a clock that went back.
+#[test]
+fn a_held_period_accrues_service_and_a_late_arrival_deserves_only_its_part() {
+    let got = accrue(4, 2.0, 100.0, 100.0);
+    assert_eq!(
+        got,
+        Accrued {
+            attained_gpu_s: 400.0,
+            executed_s: 100.0,
+            fair_share_gpu_s: 200.0,
+        }
+    );
+    // Profiling only (no training GPUs), submitted 30 s before the plan ended.
+    assert_eq!(
+        accrue(0, 2.0, 100.0, 30.0),
+        Accrued {
+            attained_gpu_s: 0.0,
+            executed_s: 0.0,
+            fair_share_gpu_s: 60.0,
+        }
+    );
+    // A job older than the plan deserves the whole period, never more.
+    assert_eq!(accrue(0, 1.5, 10.0, 1e6).fair_share_gpu_s, 15.0);
+    assert_eq!(accrue(8, 4.0, -5.0, 10.0), Accrued::default());
+    assert_eq!(accrue(1, -1.0, 10.0, 10.0).fair_share_gpu_s, 0.0);
+}
