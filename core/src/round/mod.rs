@@ -44,6 +44,7 @@
 pub mod accounting;
 pub mod clock;
 mod decide;
+pub mod guard;
 mod interpret;
 pub mod outcome;
 mod pairs;

@@ -17,6 +17,7 @@ use crate::scheduling::observe::estimates::curve_from_json;
 use crate::scheduling::observe::{Observed, TransferOutcome};
 use crate::scheduling::{RoundError, iteration_budget};
 use crate::service::Service;
+use fmsched_core::round::guard::{GuardVerdict, Watched, guard_verdict};
 
 /// Loss points a merged job's own trace needs before its observed gain is
 /// measured (fewer at its completion: whatever it reported then).
@@ -287,65 +288,4 @@ pub(crate) fn record_outcome(o: &mut Observed, m: &MergeRecord, gain: f64) {
         score,
         gain,
     });
-}
-
-/// What the merge guard decides about one merge.
-#[derive(Debug, PartialEq)]
-pub(crate) enum GuardVerdict {
-    /// Not two epochs of every watched job yet.
-    Wait,
-    /// Every watched job's accuracy improved from its first to its second
-    /// epoch: the guard checks no more.
-    Keep,
-    /// A watched job's accuracy did not improve: why.
-    Split(String),
-}
-
-/// One job the merge guard watches: its evaluation values so far, oldest
-/// first, and the sense of its metric (`target.metric.lower_is_better`: a
-/// loss or perplexity improves downwards; without a metric target the
-/// trainer reports accuracy, which improves upwards).
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Watched<'a> {
-    pub job: JobId,
-    pub evals: Option<&'a [f64]>,
-    pub lower_is_better: bool,
-}
-
-/// The merge guard (Ymir §4.3) on the evaluation values reported so far of
-/// each watched job still running: B for a temporal merge (its metric with
-/// A's weights, evaluated while A trains), both jobs for a spatial one. One
-/// job that does not improve, in its metric's sense, splits the merge at
-/// once.
-pub(crate) fn guard_verdict(mode: MergeMode, watched: &[Watched<'_>]) -> GuardVerdict {
-    let mut waiting = watched.is_empty();
-    for w in watched {
-        let job = w.job;
-        match w.evals {
-            Some(&[first, second, ..])
-                if !fmsched_core::job::metric_improved(first, second, w.lower_is_better) =>
-            {
-                let whose = if mode == MergeMode::Temporal {
-                    format!("job {job}'s (evaluated with A's weights)")
-                } else {
-                    format!("job {job}'s")
-                };
-                let sense = if w.lower_is_better {
-                    "metric (lower is better)"
-                } else {
-                    "metric"
-                };
-                return GuardVerdict::Split(format!(
-                    "{whose} {sense} did not improve in its first two epochs ({first:.4} → {second:.4})"
-                ));
-            }
-            Some([_, _, ..]) => {}
-            _ => waiting = true,
-        }
-    }
-    if waiting {
-        GuardVerdict::Wait
-    } else {
-        GuardVerdict::Keep
-    }
 }

@@ -18,9 +18,7 @@ use crate::persistence::{Assignment, Estimate, FreshStart, JobRecord, MergeRecor
 use crate::scheduling::observe::estimates::{
     curve_to_json, loss_refit, predict_metric_target, profile_estimate, refreshed_estimate,
 };
-use crate::scheduling::observe::guard::{
-    GuardVerdict, Watched, guard_verdict, record_outcome, spatial_gain,
-};
+use crate::scheduling::observe::guard::{record_outcome, spatial_gain};
 use crate::scheduling::observe::tasks::{finishing, fresh_run, gang_placement, part_in_force};
 use crate::scheduling::observe::telemetry::{
     learn_utilization, profile_step_time_sample, running_step_time_sample,
@@ -391,111 +389,6 @@ fn a_look_ahead_predicts_finishes_from_reports_and_step_times() {
     // Without step times only reported outputs count.
     let slow = [running(1, 990, 0.0)];
     assert!(finishing(&slow, &live, &estimates, 30.0).is_empty());
-}
-
-/// A watched job whose metric improves upwards.
-fn w(job: JobId, evals: Option<&[f64]>) -> Watched<'_> {
-    Watched {
-        job,
-        evals,
-        lower_is_better: false,
-    }
-}
-
-/// A loss target (`lower_is_better`) improves downwards: a falling
-/// loss keeps the merge, a rising or flat one splits it — the opposite
-/// of an accuracy with the same numbers.
-#[test]
-fn the_guard_reads_a_loss_target_downwards() {
-    let (a, b) = (job(1), job(2));
-    let falling = [0.9, 0.7];
-    let rising = [0.7, 0.9];
-    let loss = |job, evals| Watched {
-        job,
-        evals: Some(evals),
-        lower_is_better: true,
-    };
-    assert_eq!(
-        guard_verdict(MergeMode::Temporal, &[loss(b, &falling)]),
-        GuardVerdict::Keep
-    );
-    assert!(matches!(
-        guard_verdict(MergeMode::Temporal, &[w(b, Some(&falling))]),
-        GuardVerdict::Split(_)
-    ));
-    let GuardVerdict::Split(why) =
-        guard_verdict(MergeMode::Spatial, &[loss(a, &falling), loss(b, &rising)])
-    else {
-        panic!("a rising loss must split the pair")
-    };
-    assert!(
-        why.contains(&b.to_string()) && why.contains("lower is better"),
-        "{why}"
-    );
-    assert_eq!(
-        guard_verdict(
-            MergeMode::Spatial,
-            &[loss(a, &falling), w(b, Some(&rising))]
-        ),
-        GuardVerdict::Keep
-    );
-}
-
-#[test]
-fn the_guard_waits_for_two_epochs_of_every_watched_job() {
-    let (a, b) = (job(1), job(2));
-    let one = [0.6];
-    let two = [0.6, 0.7];
-    assert_eq!(
-        guard_verdict(MergeMode::Temporal, &[w(b, None)]),
-        GuardVerdict::Wait
-    );
-    assert_eq!(
-        guard_verdict(MergeMode::Temporal, &[w(b, Some(&one))]),
-        GuardVerdict::Wait
-    );
-    // Spatial: one job improving is not enough while the other is unknown.
-    assert_eq!(
-        guard_verdict(MergeMode::Spatial, &[w(a, Some(&two)), w(b, Some(&one))]),
-        GuardVerdict::Wait
-    );
-    assert_eq!(
-        guard_verdict(MergeMode::Spatial, &[w(a, Some(&two)), w(b, Some(&two))]),
-        GuardVerdict::Keep
-    );
-    assert_eq!(
-        guard_verdict(MergeMode::Temporal, &[w(b, Some(&two))]),
-        GuardVerdict::Keep
-    );
-}
-
-#[test]
-fn one_task_without_gain_splits_the_merge_naming_it() {
-    let (a, b) = (job(1), job(2));
-    let flat = [0.5, 0.5];
-    let worse = [0.62, 0.58];
-    let better = [0.5, 0.7];
-    // Spatial: either task stalling splits (even before the other has
-    // two epochs), and the reason names the task.
-    let GuardVerdict::Split(why) = guard_verdict(
-        MergeMode::Spatial,
-        &[w(a, Some(&better)), w(b, Some(&flat))],
-    ) else {
-        panic!("a stalled task must split the pair")
-    };
-    assert!(
-        why.contains(&b.to_string()) && why.contains("0.5000 → 0.5000"),
-        "{why}"
-    );
-    assert!(matches!(
-        guard_verdict(MergeMode::Spatial, &[w(a, Some(&worse)), w(b, None)]),
-        GuardVerdict::Split(_)
-    ));
-    // Temporal: B's accuracy with A's weights.
-    let GuardVerdict::Split(why) = guard_verdict(MergeMode::Temporal, &[w(b, Some(&worse))]) else {
-        panic!("no gain for B must split A ↦ B")
-    };
-    assert!(why.contains("evaluated with A's weights"), "{why}");
 }
 
 /// A spatial pair's gain is measured at the guard's verdict from each
