@@ -222,3 +222,72 @@ proptest! {
         }
     }
 }
+
+/// The round clock: the scheduler's loop and fmsim build core's one
+/// `RoundClock` from their own settings, and with the same interval and
+/// gaps they run their rounds at the same times through the same events
+/// (a submission, a task that ended, a job with a deadline waiting).
+#[test]
+fn the_live_loop_and_fmsim_keep_one_round_clock() {
+    use fmsched_core::round::RoundClock;
+    use fmsched_sim::engine::SimConfig;
+    use std::time::Duration;
+
+    // (event gap, deadline gap; 0 s is off in the service, None in fmsim)
+    for (event_gap, deadline_gap) in [(None, 0.0), (Some(5.0), 0.0), (None, 5.0), (Some(2.0), 5.0)]
+    {
+        let mut live = Config::default().scheduling;
+        live.interval = Some(Duration::from_secs(120));
+        live.event_round_gap = event_gap.map(Duration::from_secs_f64);
+        live.deadline_round_gap = Duration::from_secs_f64(deadline_gap);
+        let sim = SimConfig {
+            event_gap_s: event_gap,
+            deadline_gap_s: (deadline_gap > 0.0).then_some(deadline_gap),
+            ..SimConfig::default()
+        };
+        let mut a = scheduler_svc::scheduling::round_clock(&live);
+        let mut b = sim.round_clock(120.0, 0.0);
+        assert_eq!(a, b, "{event_gap:?} {deadline_gap}");
+        // The same script of rounds and events gives the same rounds.
+        let script: [(f64, Option<(f64, f64)>); 6] = [
+            (0.0, None),
+            (1.0, Some((60.0, 150.0))),
+            (3.0, None),
+            (40.0, Some((30.0, 400.0))),
+            (90.0, Some((50.0, 200.0))),
+            (121.0, None),
+        ];
+        let mut times = Vec::new();
+        for clock in [&mut a, &mut b] {
+            let mut started = Vec::new();
+            for &(t, wait) in &script {
+                if clock.is_due(t) {
+                    clock.round_started(t);
+                    started.push(t);
+                }
+                clock.on_event(t, wait);
+                started.push(clock.next_s());
+            }
+            times.push(started);
+        }
+        assert_eq!(times[0], times[1], "{event_gap:?} {deadline_gap}");
+        // And the settings act: events bring rounds forward only where on.
+        let mut fixed = RoundClock::new(120.0, None, None, 0.0);
+        fixed.round_started(0.0);
+        fixed.on_event(1.0, [(60.0, 150.0)]);
+        let moved = {
+            let mut c = sim.round_clock(120.0, 0.0);
+            c.round_started(0.0);
+            c.on_event(1.0, [(60.0, 150.0)])
+        };
+        assert_eq!(moved, event_gap.is_some() || deadline_gap > 0.0);
+        assert_eq!(fixed.next_s(), 120.0);
+    }
+    // fmsim's aligned grid (the authors' simulator) has no deadline rounds.
+    let grid = SimConfig {
+        round_origin_s: Some(0.0),
+        ..SimConfig::default()
+    };
+    assert_eq!(grid.round_clock(120.0, 130.0).next_s(), 240.0);
+    assert!(!grid.round_clock(120.0, 130.0).wakes_on_events());
+}

@@ -307,6 +307,23 @@ impl Default for SimConfig {
 }
 
 impl SimConfig {
+    /// The round clock of a run whose first job arrives at `t0_s`, under a
+    /// policy's `interval_s`: core's one rule, as the service's
+    /// (`scheduler_svc::scheduling::round_clock`). Rounds on events
+    /// (`event_gap_s`), or for deadlines (`deadline_gap_s`, off on rounds
+    /// aligned to `round_origin_s`, the authors' grid, whose first round is
+    /// the first grid point at or after `t0_s`).
+    pub fn round_clock(&self, interval_s: f64, t0_s: f64) -> RoundClock {
+        let first_s = match self.round_origin_s {
+            Some(origin) => origin + ((t0_s - origin) / interval_s).ceil().max(0.0) * interval_s,
+            None => t0_s,
+        };
+        let deadline_gap_s = self
+            .deadline_gap_s
+            .filter(|_| self.round_origin_s.is_none());
+        RoundClock::new(interval_s, self.event_gap_s, deadline_gap_s, first_s)
+    }
+
     /// A cluster of `nodes` nodes of `gpus_per_node` `gpu_type` GPUs.
     pub fn uniform(nodes: u32, gpus_per_node: u32, gpu_type: &str) -> Self {
         Self {
@@ -1406,25 +1423,12 @@ impl<'a> Simulation<'a> {
         let mut next_arrival = 0usize;
         let t0 = order.first().map_or(0.0, |&i| self.jobs[i].w.submit_s);
         self.now = t0;
-        let first_round = match self.cfg.round_origin_s {
-            // The first round at or after the first arrival.
-            Some(origin) => origin + ((t0 - origin) / interval).ceil().max(0.0) * interval,
-            None => t0,
-        };
         let mut finished = 0usize;
         let mut stalled = 0u32;
         let n = self.jobs.len();
-        // The round clock, as the service's (core's one rule): rounds on
-        // events (`event_gap_s`), or for deadlines (`deadline_gap_s`, off on
-        // rounds aligned to `round_origin_s`); `event` says whether an
-        // arrival, a completion or a profiling run's end came since the
-        // clock last heard.
-        let deadline_gap_s = self
-            .cfg
-            .deadline_gap_s
-            .filter(|_| self.cfg.round_origin_s.is_none());
-        let mut clock =
-            RoundClock::new(interval, self.cfg.event_gap_s, deadline_gap_s, first_round);
+        // `event` says whether an arrival, a completion or a profiling
+        // run's end came since the round clock last heard.
+        let mut clock = self.cfg.round_clock(interval, t0);
         let mut event = false;
         let mut next_retune = retune.as_ref().map_or(f64::INFINITY, |r| t0 + r.every_s);
         // The orchestrator's first decision as the trace starts.

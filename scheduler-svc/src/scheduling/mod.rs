@@ -1218,6 +1218,21 @@ impl DeadlineWaits {
     }
 }
 
+/// The round clock of the scheduling loop, on seconds since it started
+/// (the first round at once): core's one rule, as fmsim's
+/// (`fmsched_sim::engine::SimConfig::round_clock`). Rounds on events with
+/// `scheduling.event_round_gap`; rounds for deadlines with a non-zero
+/// `scheduling.deadline_round_gap`.
+pub fn round_clock(s: &SchedulingConfig) -> round::RoundClock {
+    let deadline_gap = s.deadline_round_gap;
+    round::RoundClock::new(
+        s.round_interval().as_secs_f64(),
+        s.event_round_gap.map(|g| g.as_secs_f64()),
+        (!deadline_gap.is_zero()).then_some(deadline_gap.as_secs_f64()),
+        0.0,
+    )
+}
+
 /// The round loop's clock: core's [`round::RoundClock`] (the rule fmsim
 /// runs too) on seconds since the loop started.
 struct LoopClock {
@@ -1230,15 +1245,9 @@ impl LoopClock {
     /// configured (`scheduling.event_round_gap`, a non-zero
     /// `scheduling.deadline_round_gap`).
     fn new(s: &SchedulingConfig) -> Self {
-        let deadline_gap = s.deadline_round_gap;
         Self {
             epoch: tokio::time::Instant::now(),
-            rounds: round::RoundClock::new(
-                s.round_interval().as_secs_f64(),
-                s.event_round_gap.map(|g| g.as_secs_f64()),
-                (!deadline_gap.is_zero()).then_some(deadline_gap.as_secs_f64()),
-                0.0,
-            ),
+            rounds: round_clock(s),
         }
     }
 
