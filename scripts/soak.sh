@@ -18,7 +18,7 @@ cd "$(dirname "$0")/.."
 bash scripts/ensure-build-tools.sh
 cargo build --quiet --workspace --bins
 if cargo nextest --version >/dev/null 2>&1; then
-  exec cargo nextest run -p fmsched-integration --test scheduling --run-ignored only \
+  exec cargo nextest run -p fmsched-integration --test e2e --run-ignored only \
     --no-capture --test-threads 1 soak_chaos
 fi
-exec cargo test -p fmsched-integration --test scheduling -- --ignored --nocapture soak_chaos
+exec cargo test -p fmsched-integration --test e2e -- --ignored --nocapture soak_chaos
