@@ -35,6 +35,13 @@
 //! on the same GPUs, so its first stage runs where the previous job's last
 //! stage (the first to finish its backward pass) ran.
 
+mod report;
+mod standby;
+mod warm;
+
+pub use standby::SwitchStats;
+pub use warm::WARM_IDLE_RELEASE;
+
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -44,10 +51,13 @@ use fmsched_proto::v1 as pb;
 
 use crate::driver::{LaunchSpec, ProcessDriver, Ranks};
 use crate::gpu::GpuBackend;
+use crate::reconcile::report::{target_metrics, watched};
+use crate::reconcile::standby::Standby;
+use crate::reconcile::warm::{WarmProc, WarmStop};
 
 /// What the reconciler remembers of a task between plans.
 #[derive(Clone, Debug, Default)]
-struct Known {
+pub(crate) struct Known {
     generation: i64,
     gpus: Vec<u32>,
     /// The rank layout it runs under (a change relaunches it).
@@ -83,90 +93,12 @@ struct Known {
     fresh: bool,
 }
 
-/// A process of a finished `warm` task waiting for the next task of its
-/// model (keyed by its process id in the driver).
-#[derive(Clone, Debug)]
-struct WarmProc {
-    model: String,
-    command: Vec<String>,
-    /// GPU indices, sorted.
-    gpus: Vec<u32>,
-    since: std::time::Instant,
-}
-
-/// Why a warm process is stopped (counted apart in [`SwitchStats`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum WarmStop {
-    /// Idle past the plan's `warm_idle_release`.
-    Idle,
-    /// The plan gives its GPUs to another task.
-    Needed,
-    /// It could not take the task it was handed.
-    Failed,
-}
-
-impl WarmStop {
-    fn reason(self) -> &'static str {
-        match self {
-            WarmStop::Idle => "idle past the warm release",
-            WarmStop::Needed => "the plan needs its GPUs",
-            WarmStop::Failed => "it could not take its task",
-        }
-    }
-}
-
-/// Idle warm processes are stopped after this long unless the plan says
-/// otherwise (PromptTuner §4.6.3.3: 60 s).
-pub const WARM_IDLE_RELEASE: std::time::Duration = std::time::Duration::from_secs(60);
-
 /// Whether the plan runs desired task `t` on a GPU another process shares
 /// (`FMSCHED_SHARED_GPU=1` in its environment; ICEFROG GPU sharing).
 fn shared_of(t: &pb::DesiredTask) -> bool {
     t.env
         .get(fmsched_core::trainer::env::SHARED_GPU)
         .is_some_and(|v| v == "1")
-}
-
-/// A standby process: what it was launched as, and when it expires.
-#[derive(Clone, Debug)]
-struct Standby {
-    spec: LaunchSpec,
-    since: std::time::Instant,
-    expires: std::time::Instant,
-    /// The task had no state here before its standby (forgotten on stop).
-    fresh: bool,
-}
-
-/// How long after the expected switch an unclaimed standby is kept: the
-/// plan that claims it may come a round late.
-const STANDBY_SLACK: std::time::Duration = std::time::Duration::from_secs(60);
-
-/// Longest wait, when a plan claims a standby, for its `prewarmed` report:
-/// the start signal is sent only after it (a trainer has its handler
-/// installed by then), and a cold launch would need that loader time too.
-const STANDBY_READY_WAIT: std::time::Duration = std::time::Duration::from_secs(300);
-
-/// Counters of the pipeline switch, for `/metrics`.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct SwitchStats {
-    /// Standby processes launched on a `PrepareSwitch` hint.
-    pub standby_launches: u64,
-    /// Standby processes a plan started (their loader was ready or nearly).
-    pub standby_started: u64,
-    /// Standby processes stopped unused (the plan changed its mind).
-    pub standby_wasted: u64,
-    /// Seconds from the standby launch to its start, summed.
-    pub standby_lead_seconds_sum: f64,
-    /// Hints refused because `max_standby` processes were waiting already.
-    pub standby_refused: u64,
-    /// `warm` tasks handed to a warm process of their model (no launch).
-    pub warm_starts: u64,
-    /// `warm` tasks launched afresh (no warm process matched).
-    pub cold_starts: u64,
-    /// Warm processes stopped after idling `warm_idle_release`.
-    pub warm_released: u64,
-    /// Warm processes stopped because a task needed their GPUs.
-    pub warm_evicted: u64,
 }
 
 pub struct Reconciler {
@@ -240,21 +172,6 @@ fn ranks_of(t: &pb::DesiredTask, gpus: u32) -> Ranks {
     }
 }
 
-/// The last `n` lines of a log file (at most its last 8 KiB).
-fn last_lines(path: &std::path::Path, n: usize) -> String {
-    use std::io::{Read, Seek, SeekFrom};
-    let Ok(mut f) = std::fs::File::open(path) else {
-        return String::new();
-    };
-    let len = f.metadata().map(|m| m.len()).unwrap_or(0);
-    let _ = f.seek(SeekFrom::Start(len.saturating_sub(8192)));
-    let mut buf = Vec::new();
-    let _ = f.read_to_end(&mut buf);
-    let text = String::from_utf8_lossy(&buf);
-    let lines: Vec<&str> = text.lines().collect();
-    lines[lines.len().saturating_sub(n)..].join("\n")
-}
-
 /// A desired task's lease end in Unix seconds (None: no lease).
 fn lease_end_of(t: &pb::DesiredTask) -> Option<f64> {
     t.lease_until
@@ -264,140 +181,11 @@ fn lease_end_of(t: &pb::DesiredTask) -> Option<f64> {
 }
 
 /// The frozen layers a process trains with (its trained task's).
-fn frozen_of(tasks: &[TaskAssignment]) -> u32 {
+pub(crate) fn frozen_of(tasks: &[TaskAssignment]) -> u32 {
     tasks
         .iter()
         .find(|t| !t.eval_only)
         .map_or(0, |t| t.settings.frozen_layers)
-}
-
-/// The jobs a process evaluates without training them (eval-only tasks).
-fn watched(tasks: &[pb::TrainerTask]) -> Vec<String> {
-    tasks
-        .iter()
-        .filter(|t| t.eval_only)
-        .map(|t| t.job_id.clone())
-        .collect()
-}
-
-/// Job → the metric its target names, of the tasks of a process.
-fn target_metrics(tasks: &[TaskAssignment]) -> BTreeMap<String, String> {
-    tasks
-        .iter()
-        .filter_map(|t| Some((t.job_id.clone(), t.metric.clone()?)))
-        .collect()
-}
-
-/// Per-job progress and evaluation values of a process (the first
-/// [`MAX_EVALS`] evaluations per job) — of the metric its target names
-/// (`metrics`), else of the first metric it reported: one series per job,
-/// which the merge guard compares epoch to epoch.
-fn job_reports(
-    o: &crate::driver::Observed,
-    metrics: &BTreeMap<String, String>,
-) -> Vec<pb::JobReport> {
-    const MAX_EVALS: usize = 16;
-    let mut out: BTreeMap<&str, pb::JobReport> = BTreeMap::new();
-    for (job, &(iteration, samples, loss)) in &o.progress {
-        out.insert(
-            job,
-            pb::JobReport {
-                job_id: job.clone(),
-                iteration,
-                samples,
-                loss,
-                ..Default::default()
-            },
-        );
-    }
-    for (job, (frozen, variance)) in &o.layer_variance {
-        let r = out.entry(job).or_insert_with(|| pb::JobReport {
-            job_id: job.clone(),
-            ..Default::default()
-        });
-        r.frozen_layers = *frozen;
-        r.layer_variance.clone_from(variance);
-    }
-    for (job, features) in &o.prompt_features {
-        let r = out.entry(job).or_insert_with(|| pb::JobReport {
-            job_id: job.clone(),
-            ..Default::default()
-        });
-        r.prompt_features.clone_from(features);
-    }
-    for (job, (from, score, scored, candidates)) in &o.prompt_init {
-        let r = out.entry(job).or_insert_with(|| pb::JobReport {
-            job_id: job.clone(),
-            ..Default::default()
-        });
-        r.prompt_init = Some(pb::PromptInit {
-            from_job_id: from.clone(),
-            score: *score,
-            scored: *scored,
-            candidates: *candidates,
-        });
-    }
-    let mut series: BTreeMap<&str, &str> = metrics
-        .iter()
-        .map(|(j, m)| (j.as_str(), m.as_str()))
-        .collect();
-    for (job, _, epoch, metric, value) in &o.evals {
-        if *series.entry(job.as_str()).or_insert(metric.as_str()) != metric.as_str() {
-            continue;
-        }
-        let r = out.entry(job).or_insert_with(|| pb::JobReport {
-            job_id: job.clone(),
-            ..Default::default()
-        });
-        r.evals.push(*value);
-        r.eval_epochs.push(*epoch);
-    }
-    out.into_values()
-        .map(|mut r| {
-            // The guard reads the first epochs; later ones are kept short.
-            if r.evals.len() > MAX_EVALS {
-                r.evals.truncate(MAX_EVALS);
-                r.eval_epochs.truncate(MAX_EVALS);
-            }
-            r
-        })
-        .collect()
-}
-
-/// Points of a running training process's loss trace sent with each
-/// heartbeat (the scheduler refits its estimate from them).
-const RUNNING_TRACE_POINTS: usize = 200;
-
-/// The measurements of an ended profiling run; for a running training
-/// process its loss trace, thinned to [`RUNNING_TRACE_POINTS`] (empty
-/// otherwise).
-fn profile_results(
-    ended_profile: bool,
-    training: bool,
-    o: &crate::driver::Observed,
-) -> pb::ObservedTask {
-    if training && !ended_profile {
-        let step = o.loss_trace.len().div_ceil(RUNNING_TRACE_POINTS).max(1);
-        let pts: Vec<&(u64, f64)> = o.loss_trace.iter().step_by(step).collect();
-        return pb::ObservedTask {
-            trace_iterations: pts.iter().map(|p| p.0 as f64).collect(),
-            trace_losses: pts.iter().map(|p| p.1).collect(),
-            step_time_s: o.step_time_s.unwrap_or(0.0),
-            ..Default::default()
-        };
-    }
-    if !ended_profile {
-        return pb::ObservedTask::default();
-    }
-    let (fisher, fisher_repeat) = o.embeddings.values().next().cloned().unwrap_or_default();
-    pb::ObservedTask {
-        trace_iterations: o.loss_trace.iter().map(|p| p.0 as f64).collect(),
-        trace_losses: o.loss_trace.iter().map(|p| p.1).collect(),
-        fisher,
-        fisher_repeat,
-        step_time_s: o.step_time_s.unwrap_or(0.0),
-        ..Default::default()
-    }
 }
 
 impl Reconciler {
@@ -427,7 +215,7 @@ impl Reconciler {
     /// outgoing job's last stage finishes its backward pass first, so the
     /// incoming job's first stage goes there and the switch proceeds stage
     /// by stage in reverse.
-    fn stage_order(&self, gpus: &[u32]) -> Vec<u32> {
+    pub(super) fn stage_order(&self, gpus: &[u32]) -> Vec<u32> {
         let mut key = gpus.to_vec();
         key.sort_unstable();
         match self
@@ -442,7 +230,7 @@ impl Reconciler {
     }
 
     /// Remembers the device order of a pipeline task that starts training.
-    fn trained_in_order(&self, spec: &LaunchSpec) {
+    pub(super) fn trained_in_order(&self, spec: &LaunchSpec) {
         if !spec.pipeline {
             return;
         }
@@ -454,20 +242,8 @@ impl Reconciler {
             .insert(key, spec.gpus.clone());
     }
 
-    /// Pipeline-switch counters.
-    pub fn switch_stats(&self) -> SwitchStats {
-        self.switches
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
-    }
-
-    fn count(&self, f: impl FnOnce(&mut SwitchStats)) {
-        f(&mut self.switches.lock().unwrap_or_else(|p| p.into_inner()));
-    }
-
     /// The launch of desired task `t` on GPU indices `gpus`.
-    fn launch_spec(
+    pub(super) fn launch_spec(
         &self,
         t: &pb::DesiredTask,
         gpus: &[u32],
@@ -529,7 +305,7 @@ impl Reconciler {
 
     /// The checkpoint a launch of `t` resumes from: the plan's, else the
     /// newest one this node took of the task.
-    fn resume_of(t: &pb::DesiredTask, entry: &Known) -> Option<PathBuf> {
+    pub(super) fn resume_of(t: &pb::DesiredTask, entry: &Known) -> Option<PathBuf> {
         Some(PathBuf::from(&t.resume_path))
             .filter(|p| !p.as_os_str().is_empty())
             .or_else(|| entry.checkpoint.as_ref().map(|c| c.0.clone()))
@@ -537,7 +313,7 @@ impl Reconciler {
 
     /// GPU indices of the plan's UUIDs (unknown UUIDs are an error: the
     /// plan was made for another inventory).
-    fn indices(&self, uuids: &[String]) -> Result<Vec<u32>, String> {
+    pub(super) fn indices(&self, uuids: &[String]) -> Result<Vec<u32>, String> {
         let inv = self.gpus.inventory();
         uuids
             .iter()
@@ -820,189 +596,13 @@ impl Reconciler {
         problems
     }
 
-    fn warm_procs(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, WarmProc>> {
-        self.warm.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Keeps the process of finished task `id` as a warm process if it was
-    /// launched warm and reported `warm` (waiting up to 2 s for that report
-    /// after its `done`). Returns whether it did.
-    async fn park_warm(&self, known: &mut BTreeMap<String, Known>, id: &str) -> bool {
-        let Some((model, command)) = known.get(id).and_then(|k| k.warm.clone()) else {
-            return false;
-        };
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
-        loop {
-            match self.driver.status(id).await {
-                Some(s) if s.running && s.observed.warm => break,
-                Some(s)
-                    if s.running
-                        && !s.observed.done.is_empty()
-                        && std::time::Instant::now() < deadline =>
-                {
-                    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-                }
-                _ => return false,
-            }
-        }
-        let Some(k) = known.remove(id) else {
-            return false;
-        };
-        self.gpus.process_stopped(k.pid);
-        let mut gpus = k.gpus;
-        gpus.sort_unstable();
-        tracing::info!(task = id, %model, ?gpus, "kept warm: the model stays loaded for the next task");
-        self.warm_procs().insert(
-            id.to_string(),
-            WarmProc {
-                model,
-                command,
-                gpus,
-                since: std::time::Instant::now(),
-            },
-        );
-        true
-    }
-
-    /// Pairs the plan's `warm` tasks that do not run yet with warm
-    /// processes of their model, command and exact GPUs (task → process),
-    /// and stops the warm processes that are idle past the release or whose
-    /// GPUs the plan gives to anything else.
-    /// The newest plan's idle release for warm processes.
-    fn warm_release(&self) -> std::time::Duration {
-        *self
-            .warm_idle_release
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-    }
-
-    async fn claim_warm(&self, plan: &pb::NodePlan) -> BTreeMap<String, String> {
-        let release = self.warm_release();
-        let mut claimed = BTreeMap::new();
-        let mut needed: Vec<u32> = Vec::new();
-        for t in &plan.tasks {
-            if t.phase != pb::DesiredPhase::Running as i32 {
-                continue;
-            }
-            let Ok(mut gpus) = self.indices(&t.gpu_uuids) else {
-                continue;
-            };
-            gpus.sort_unstable();
-            if self
-                .driver
-                .status(&t.task_id)
-                .await
-                .is_some_and(|s| s.running)
-            {
-                needed.extend(gpus);
-                continue;
-            }
-            let model = t.tasks.first().map(|x| x.model.as_str());
-            let taken: Vec<&String> = claimed.values().collect();
-            let found = t
-                .warm
-                .then(|| {
-                    self.warm_procs()
-                        .iter()
-                        .find(|(id, w)| {
-                            w.gpus == gpus
-                                && Some(w.model.as_str()) == model
-                                && w.command == t.command
-                                && !taken.contains(id)
-                        })
-                        .map(|(id, _)| id.clone())
-                })
-                .flatten();
-            match found {
-                Some(id) => {
-                    claimed.insert(t.task_id.clone(), id);
-                }
-                None => needed.extend(gpus),
-            }
-        }
-        let now = std::time::Instant::now();
-        let to_stop: Vec<(String, WarmStop)> = self
-            .warm_procs()
-            .iter()
-            .filter(|(id, _)| !claimed.values().any(|c| c == *id))
-            .filter_map(|(id, w)| {
-                if w.gpus.iter().any(|g| needed.contains(g)) {
-                    Some((id.clone(), WarmStop::Needed))
-                } else if now.duration_since(w.since) >= release {
-                    Some((id.clone(), WarmStop::Idle))
-                } else {
-                    None
-                }
-            })
-            .collect();
-        for (id, why) in to_stop {
-            self.stop_warm(&id, why).await;
-        }
-        claimed
-    }
-
-    /// Stops warm process `id` (SIGTERM: it has nothing to save) and
-    /// forgets it.
-    async fn stop_warm(&self, id: &str, why: WarmStop) {
-        let Some(w) = self.warm_procs().remove(id) else {
-            return;
-        };
-        if let Err(e) = self.driver.terminate(id).await {
-            tracing::debug!(process = id, error = %e, "warm process already gone");
-        }
-        self.driver.forget(id).await;
-        let idle = w.since.elapsed();
-        if why == WarmStop::Idle {
-            self.count(|c| c.warm_released += 1);
-        } else {
-            self.count(|c| c.warm_evicted += 1);
-        }
-        tracing::info!(process = id, model = %w.model, gpus = ?w.gpus, ?idle, reason = why.reason(), "warm process stopped");
-    }
-
-    /// Stops warm processes idle past the newest plan's release, and
-    /// forgets those that ended by themselves (between plans).
-    pub async fn expire_warm(&self) {
-        let release = self.warm_release();
-        let ids: Vec<(String, bool)> = self
-            .warm_procs()
-            .iter()
-            .map(|(id, w)| (id.clone(), w.since.elapsed() >= release))
-            .collect();
-        for (id, idle) in ids {
-            if idle {
-                self.stop_warm(&id, WarmStop::Idle).await;
-            } else if !self.driver.status(&id).await.is_some_and(|s| s.running) {
-                self.warm_procs().remove(&id);
-                self.driver.forget(&id).await;
-                tracing::warn!(process = %id, "warm process ended by itself");
-            }
-        }
-    }
-
-    /// The warm processes, for heartbeats.
-    pub fn warm_report(&self) -> Vec<pb::WarmProcess> {
-        let inv = self.gpus.inventory();
-        self.warm_procs()
-            .values()
-            .map(|w| pb::WarmProcess {
-                model: w.model.clone(),
-                gpu_uuids: w
-                    .gpus
-                    .iter()
-                    .filter_map(|&g| inv.iter().find(|i| i.index == g).map(|i| i.uuid.clone()))
-                    .collect(),
-            })
-            .collect()
-    }
-
-    async fn stop(&self, known: &mut BTreeMap<String, Known>, id: &str) {
+    pub(super) async fn stop(&self, known: &mut BTreeMap<String, Known>, id: &str) {
         self.stop_all(known, &[id.to_string()]).await;
     }
 
     /// Suspends processes `ids` concurrently (each: checkpoint, SIGTERM,
     /// SIGKILL after the grace) and records what each left.
-    async fn stop_all(&self, known: &mut BTreeMap<String, Known>, ids: &[String]) {
+    pub(super) async fn stop_all(&self, known: &mut BTreeMap<String, Known>, ids: &[String]) {
         let stopped = futures_util::future::join_all(ids.iter().map(|id| async move {
             let was_running = self.driver.status(id).await.is_some_and(|s| s.running);
             let ckpt = self.driver.suspend(id).await.ok().flatten();
@@ -1024,359 +624,11 @@ impl Reconciler {
         }
     }
 
-    /// Waits (bounded) until a standby reported `prewarmed`; false if it
-    /// died or never did.
-    async fn ready(&self, id: &str) -> bool {
-        let deadline = std::time::Instant::now() + STANDBY_READY_WAIT;
-        loop {
-            match self.driver.status(id).await {
-                Some(s) if s.running && s.observed.prewarmed => return true,
-                Some(s) if s.running && std::time::Instant::now() < deadline => {
-                    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-                }
-                _ => return false,
-            }
-        }
-    }
-
-    /// Stops a standby process (no checkpoint: it trained nothing) and
-    /// forgets it: it is not reported (its exit must not read as a finished
-    /// or failed job). What the node knew of the task before (its newest
-    /// checkpoint) is kept for a later launch.
-    async fn drop_standby(&self, known: &mut BTreeMap<String, Known>, id: &str, why: &str) {
-        let Some(sb) = known.get_mut(id).and_then(|k| k.standby.take()) else {
-            return;
-        };
-        if let Err(e) = self.driver.terminate(id).await {
-            tracing::debug!(task = id, error = %e, "standby already gone");
-        }
-        self.driver.forget(id).await;
-        if sb.fresh {
-            known.remove(id);
-        }
-        self.count(|c| c.standby_wasted += 1);
-        tracing::info!(task = id, after = ?sb.since.elapsed(), reason = why, "standby stopped unused");
-    }
-
-    /// Launches desired task `t` in standby ahead of the round expected in
-    /// `lead` (a `PrepareSwitch` hint, Ymir §6.2). Does nothing when the task
-    /// runs here already (or waits in standby), finished here, or names GPUs
-    /// this node lacks. Returns whether a standby was launched.
-    pub async fn prepare(&self, t: &pb::DesiredTask, lead: std::time::Duration) -> bool {
-        if t.phase != pb::DesiredPhase::Running as i32 || t.mode == pb::TaskMode::Profile as i32 {
-            return false;
-        }
-        let Ok(gpus) = self.indices(&t.gpu_uuids) else {
-            return false;
-        };
-        let mut known = self.known.lock().await;
-        let status = self.driver.status(&t.task_id).await;
-        if status.as_ref().is_some_and(|s| s.running) {
-            return false;
-        }
-        let waiting = known.values().filter(|k| k.standby.is_some()).count();
-        if waiting >= self.max_standby {
-            self.count(|c| c.standby_refused += 1);
-            tracing::debug!(task = %t.task_id, waiting, "switch hint refused: processes.max_standby reached");
-            return false;
-        }
-        let fresh = !known.contains_key(&t.task_id);
-        let entry = known.entry(t.task_id.clone()).or_default();
-        if !fresh && !entry.suspended && status.as_ref().is_some_and(|s| s.exit_code == Some(0)) {
-            return false; // finished here: the scheduler drops it
-        }
-        if let Some(s) = &status
-            && let Some(c) = s.observed.last_checkpoint.clone()
-        {
-            entry.checkpoint = Some(c);
-        }
-        let spec = LaunchSpec {
-            standby: true,
-            ..self.launch_spec(t, &gpus, Self::resume_of(t, entry))
-        };
-        match self.driver.launch(&spec).await {
-            Ok(()) => {
-                let now = std::time::Instant::now();
-                entry.pid = self.driver.status(&t.task_id).await.map_or(0, |s| s.pid);
-                entry.gpus = gpus;
-                entry.ranks = spec.ranks.clone();
-                entry.job_ids.clone_from(&t.job_ids);
-                entry.profile = false;
-                entry.metrics = target_metrics(&spec.tasks);
-                entry.watching = watched(&t.tasks);
-                entry.frozen_layers = frozen_of(&spec.tasks);
-                entry.lease_end = None; // told once the plan runs it
-                entry.standby = Some(Standby {
-                    spec,
-                    since: now,
-                    expires: now + lead + STANDBY_SLACK,
-                    fresh,
-                });
-                self.count(|c| c.standby_launches += 1);
-                true
-            }
-            Err(e) => {
-                tracing::warn!(task = %t.task_id, error = %e, "standby launch failed");
-                if fresh {
-                    known.remove(&t.task_id);
-                }
-                false
-            }
-        }
-    }
-
-    /// Stops standby processes no plan claimed in time. Skipped while a
-    /// plan is being applied (the next call catches up): the heartbeat
-    /// calls this, and must not wait for a plan's checkpoints.
-    pub async fn expire_standby(&self) {
-        let Ok(mut known) = self.known.try_lock() else {
-            return;
-        };
-        let now = std::time::Instant::now();
-        let expired: Vec<String> = known
-            .iter()
-            .filter(|(_, k)| k.standby.as_ref().is_some_and(|s| s.expires <= now))
-            .map(|(id, _)| id.clone())
-            .collect();
-        for id in expired {
-            self.drop_standby(&mut known, &id, "no plan claimed it in time")
-                .await;
-        }
-    }
-
-    /// What runs (or ran) here, for heartbeats. While a plan is being
-    /// applied (suspensions wait for checkpoints, a standby for its loader)
-    /// the report from before it is repeated, so heartbeats keep the node
-    /// alive; the next one after the plan is fresh.
-    pub async fn observed(&self) -> Vec<pb::ObservedTask> {
-        let Ok(known) = self.known.try_lock() else {
-            return self
-                .last_observed
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .clone();
-        };
-        let inv = self.gpus.inventory();
-        let mut out = Vec::new();
-        for (id, k) in known.iter().filter(|(_, k)| k.standby.is_none()) {
-            let Some(s) = self.driver.status(id).await else {
-                continue;
-            };
-            let phase = if s.running {
-                pb::TaskPhase::Running
-            } else if k.suspended {
-                pb::TaskPhase::Suspended
-            } else if s.exit_code == Some(0) {
-                pb::TaskPhase::Succeeded
-            } else {
-                pb::TaskPhase::Failed
-            };
-            if !s.running {
-                self.gpus.process_stopped(s.pid);
-            }
-            let (iteration, loss) = s
-                .observed
-                .progress
-                .values()
-                .map(|p| (p.0, p.2))
-                .max_by_key(|p| p.0)
-                .unwrap_or((0, 0.0));
-            let checkpoint = s.observed.last_checkpoint.clone().or(k.checkpoint.clone());
-            // A checkpoint at iteration N means N iterations are done, even
-            // before the first progress report (a trainer suspended early).
-            let ckpt_iteration = checkpoint.as_ref().map_or(0, |c| c.1);
-            let iteration = iteration.max(ckpt_iteration);
-            out.push(pb::ObservedTask {
-                task_id: id.clone(),
-                job_ids: k.job_ids.clone(),
-                phase: phase as i32,
-                pid: s.pid,
-                gpu_uuids: k
-                    .gpus
-                    .iter()
-                    .filter_map(|&g| inv.iter().find(|i| i.index == g).map(|i| i.uuid.clone()))
-                    .collect(),
-                iteration,
-                loss,
-                checkpoint_path: checkpoint
-                    .map(|c| c.0.display().to_string())
-                    .unwrap_or_default(),
-                exit_code: s
-                    .exit_code
-                    .unwrap_or(if s.running || k.suspended { 0 } else { -1 }),
-                message: if phase == pb::TaskPhase::Failed {
-                    last_lines(&s.dir.join("stderr.log"), 10)
-                } else {
-                    String::new()
-                },
-                generation: k.generation,
-                rank_offset: k.ranks.rank_offset,
-                world_size: k.ranks.world_size,
-                master_port: if k.ranks.nnodes > 1 {
-                    u32::from(k.ranks.master_port)
-                } else {
-                    0
-                },
-                outputs: s
-                    .observed
-                    .done
-                    .iter()
-                    .map(|(k, v)| (k.clone(), v.clone()))
-                    .collect(),
-                jobs: job_reports(&s.observed, &k.metrics)
-                    .into_iter()
-                    .map(|mut r| {
-                        // A job of this process with evaluations but no
-                        // progress report yet did the checkpoint's
-                        // iterations.
-                        if r.iteration == 0 && k.job_ids.contains(&r.job_id) {
-                            r.iteration = ckpt_iteration;
-                        }
-                        r
-                    })
-                    .collect(),
-                ..profile_results(
-                    k.profile && !s.running,
-                    !k.profile && s.running,
-                    &s.observed,
-                )
-            });
-        }
-        out.clone_into(&mut self.last_observed.lock().unwrap_or_else(|p| p.into_inner()));
-        out
-    }
-
     /// The process driver (for metrics).
     pub fn driver(&self) -> &ProcessDriver {
         &self.driver
     }
-
-    /// The task whose log shows `job_id` here: its newest training process
-    /// (by plan generation; a profiling run only when nothing else ran),
-    /// else a task folder named after the job (from before a restart).
-    pub async fn log_task(&self, job_id: &str, profile: bool) -> Option<String> {
-        let profile_task = format!("{job_id}-profile");
-        if profile {
-            // The profiling run is always "<job>-profile".
-            return self.driver.has_dir(&profile_task).then_some(profile_task);
-        }
-        let known = self.known.lock().await;
-        known
-            .iter()
-            .filter(|(_, k)| k.job_ids.iter().any(|j| j == job_id))
-            .max_by_key(|(_, k)| (!k.profile, k.generation))
-            .map(|(id, _)| id.clone())
-            .or_else(|| {
-                [job_id.to_string(), profile_task]
-                    .into_iter()
-                    .find(|t| self.driver.has_dir(t))
-            })
-    }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A trainer that evaluates several metrics per epoch: the job's report
-    /// carries only its target's series (else the first metric it named),
-    /// so the merge guard never compares an accuracy with an F1.
-    #[test]
-    fn only_the_target_metric_is_reported_per_job() {
-        let ev = |job: &str, metric: &str, value: f64| {
-            (job.to_string(), 0, 1.0, metric.to_string(), value)
-        };
-        let o = crate::driver::Observed {
-            evals: vec![
-                ev("a", "accuracy", 0.70),
-                ev("a", "f1", 0.60),
-                ev("b", "accuracy", 0.50),
-                ev("b", "f1", 0.40),
-                ev("a", "accuracy", 0.72),
-                ev("a", "f1", 0.65),
-                ev("b", "accuracy", 0.55),
-                ev("b", "f1", 0.45),
-            ],
-            ..Default::default()
-        };
-        let metrics: BTreeMap<String, String> = [("a".to_string(), "f1".to_string())].into();
-        let got: BTreeMap<String, Vec<f64>> = job_reports(&o, &metrics)
-            .into_iter()
-            .map(|r| (r.job_id, r.evals))
-            .collect();
-        assert_eq!(got["a"], vec![0.60, 0.65], "the target's metric");
-        assert_eq!(got["b"], vec![0.50, 0.55], "no target: the first metric");
-    }
-
-    /// Each evaluation goes with its epoch (the scheduler keeps a job's
-    /// curve per epoch across restarts), also when the series is cut short.
-    #[test]
-    fn estimate_prior_evaluations_carry_their_epochs() {
-        let o = crate::driver::Observed {
-            evals: (0..20)
-                .map(|e| {
-                    let epoch = f64::from(e) + 3.0;
-                    ("a".to_string(), 0, epoch, "accuracy".to_string(), 0.5)
-                })
-                .collect(),
-            ..Default::default()
-        };
-        let r = job_reports(&o, &BTreeMap::new()).remove(0);
-        assert_eq!(r.evals.len(), 16);
-        assert_eq!(r.eval_epochs.len(), 16);
-        assert_eq!(
-            r.eval_epochs[0], 3.0,
-            "a resumed process starts at its epoch"
-        );
-        assert_eq!(r.eval_epochs[15], 18.0);
-    }
-
-    /// A prompt job's `done` features and its `prompt_init` reach the
-    /// scheduler in its job report; an oversized feature vector is dropped
-    /// (the scheduler would refuse the whole report).
-    #[test]
-    fn prompt_bank_reports_reach_the_job_report() {
-        use fmsched_core::trainer::Report;
-        let o = std::sync::Mutex::new(crate::driver::Observed::default());
-        for r in [
-            Report::PromptInit {
-                job_id: "b".into(),
-                from: "a".into(),
-                score: 1.25,
-                scored: 2,
-                candidates: 3,
-            },
-            Report::Done {
-                job_id: "b".into(),
-                output: "/o/b/prompt.json".into(),
-                prompt_features: vec![0.5, -0.5],
-            },
-            Report::Done {
-                job_id: "c".into(),
-                output: "/o/c/prompt.json".into(),
-                prompt_features: vec![0.1; crate::driver::MAX_PROMPT_FEATURES + 1],
-            },
-        ] {
-            crate::driver::apply_report(&o, r);
-        }
-        let reports = job_reports(&o.into_inner().unwrap(), &BTreeMap::new());
-        let b = reports.iter().find(|r| r.job_id == "b").unwrap();
-        assert_eq!(b.prompt_features, vec![0.5, -0.5]);
-        let init = b.prompt_init.as_ref().unwrap();
-        assert_eq!(
-            (
-                init.from_job_id.as_str(),
-                init.score,
-                init.scored,
-                init.candidates
-            ),
-            ("a", 1.25, 2, 3)
-        );
-        assert!(
-            reports
-                .iter()
-                .all(|r| r.job_id != "c" || r.prompt_features.is_empty()),
-            "too many features are dropped"
-        );
-    }
-}
+mod tests;
