@@ -6,7 +6,7 @@ use std::fmt;
 use chrono::{DateTime, Utc};
 
 use crate::job::{JobSpec, SloClass};
-use crate::models::{ModelCatalog, expert_group_problem};
+use crate::models::{ModelCatalog, ModelInfo, expert_group_problem};
 
 /// A rejected input: which field, and why.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -344,6 +344,43 @@ impl JobSpec {
             finite("target.metric.value", m.value)?;
         }
 
+        self.validate_resources(ctx, model)?;
+        self.validate_deadline(ctx)?;
+        self.validate_layers(model)?;
+
+        // Prompt tuning (PromptTuner).
+        self.validate_kind()?;
+
+        self.validate_launch(l)?;
+
+        // Queue (whether it exists and the user may use it is the
+        // service's check, against its configured queues) and priority.
+        string("queue", &self.queue, l.max_name_bytes, false)?;
+        if !self.queue.is_empty() && !crate::queue::valid_name(&self.queue) {
+            return err(
+                "queue",
+                format!(
+                    "{:?}: a queue name has 1-63 letters, digits, '-', '_' or '.'",
+                    self.queue
+                ),
+            );
+        }
+        if !(-1000..=1000).contains(&self.priority) {
+            return err(
+                "priority",
+                format!("{} is out of range; -1000 to 1000", self.priority),
+            );
+        }
+        Ok(())
+    }
+
+    /// GPU range, pipeline and expert parallelism, GPU model, elastic workers.
+    fn validate_resources(
+        &self,
+        ctx: &ValidationContext<'_>,
+        model: &ModelInfo,
+    ) -> Result<(), FieldError> {
+        let l = &ctx.limits;
         // Resources.
         let r = &self.resources;
         if r.min_gpus == 0 {
@@ -432,7 +469,11 @@ impl JobSpec {
                 );
             }
         }
+        Ok(())
+    }
 
+    /// Deadline, SLO class and reward steps (UniSched).
+    fn validate_deadline(&self, ctx: &ValidationContext<'_>) -> Result<(), FieldError> {
         // Deadline and SLO class (UniSched).
         if let Some(d) = self.deadline
             && d <= ctx.now
@@ -489,7 +530,11 @@ impl JobSpec {
                 before = Some(*s);
             }
         }
+        Ok(())
+    }
 
+    /// Frozen layers and layer elasticity (ICEFROG), against the model's layers.
+    fn validate_layers(&self, model: &ModelInfo) -> Result<(), FieldError> {
         // Frozen layers (ICEFROG).
         if let Some(f) = self.frozen_layers {
             if f.first != 0 {
@@ -553,10 +598,11 @@ impl JobSpec {
                 );
             }
         }
+        Ok(())
+    }
 
-        // Prompt tuning (PromptTuner).
-        self.validate_kind()?;
-
+    /// The launch command and environment, and labels.
+    fn validate_launch(&self, l: &Limits) -> Result<(), FieldError> {
         // Launch.
         let la = &self.launch;
         if la.command.is_empty() {
@@ -615,25 +661,6 @@ impl JobSpec {
         for (k, v) in &self.labels {
             string("labels (key)", k, l.max_name_bytes, true)?;
             string(&format!("labels[{k:?}]"), v, l.max_string_bytes, false)?;
-        }
-
-        // Queue (whether it exists and the user may use it is the
-        // service's check, against its configured queues) and priority.
-        string("queue", &self.queue, l.max_name_bytes, false)?;
-        if !self.queue.is_empty() && !crate::queue::valid_name(&self.queue) {
-            return err(
-                "queue",
-                format!(
-                    "{:?}: a queue name has 1-63 letters, digits, '-', '_' or '.'",
-                    self.queue
-                ),
-            );
-        }
-        if !(-1000..=1000).contains(&self.priority) {
-            return err(
-                "priority",
-                format!("{} is out of range; -1000 to 1000", self.priority),
-            );
         }
         Ok(())
     }

@@ -12,7 +12,10 @@
 use std::collections::BTreeMap;
 
 use fmsched_core::JobState;
+use fmsched_runtime::metrics::Exposition;
 
+use crate::persistence::SloReport;
+use crate::registry::LiveNode;
 use crate::service::Service;
 
 /// Counters of the scheduling loop, rendered on `/metrics`.
@@ -134,7 +137,6 @@ impl SchedulerMetrics {
 
 /// Renders the scheduler's metrics (job counts come from Postgres).
 pub async fn render_metrics(state: &Service) -> String {
-    use fmsched_runtime::metrics::Exposition;
     let mut e = Exposition::default();
     e.family("fmsched_jobs", "gauge", "Jobs by state.");
     if let Ok(counts) = state.persistence.job_counts_by_state().await {
@@ -147,6 +149,20 @@ pub async fn render_metrics(state: &Service) -> String {
         }
     }
     let v = state.metrics.values();
+    queue_families(&mut e, &v);
+    prompt_families(&mut e, &v);
+    node_families(&mut e, &state.registry.snapshot());
+    counter_families(&mut e, &v);
+    round_families(&mut e, &v, state.leadership.epoch() as f64);
+    if let Ok(r) = state.persistence.slo_report().await {
+        slo_families(&mut e, &r);
+    }
+    e.process();
+    e.finish()
+}
+
+/// Each queue's deserved, demanded and planned GPUs after the last round.
+fn queue_families(e: &mut Exposition, v: &MetricValues) {
     for (metric, help, pick) in [
         (
             "fmsched_queue_deserved_gpus",
@@ -174,6 +190,10 @@ pub async fn render_metrics(state: &Service) -> String {
             e.sample(metric, &[("queue", label)], f64::from(pick(g)));
         }
     }
+}
+
+/// The Prompt Bank and the prompt lane.
+fn prompt_families(e: &mut Exposition, v: &MetricValues) {
     e.scalar(
         "fmsched_prompt_bank_filed_total",
         "counter",
@@ -251,7 +271,10 @@ pub async fn render_metrics(state: &Service) -> String {
         "Prompt-tuning requests waiting for warm GPUs that free up in time (last lane pass).",
         v.prompt_delayed as f64,
     );
-    let nodes = state.registry.snapshot();
+}
+
+/// Warm processes by model and nodes by liveness.
+fn node_families(e: &mut Exposition, nodes: &[LiveNode]) {
     let mut warm: BTreeMap<&str, usize> = BTreeMap::new();
     for w in nodes.iter().flat_map(|n| &n.warm) {
         *warm.entry(w.model.as_str()).or_default() += w.gpu_uuids.len();
@@ -269,6 +292,10 @@ pub async fn render_metrics(state: &Service) -> String {
         let n = nodes.iter().filter(|x| x.state.as_str() == st).count();
         e.sample("fmsched_nodes", &[("state", st)], n as f64);
     }
+}
+
+/// The round loop's counters: rounds, solves, merges, restarts, refusals, AutoSched.
+fn counter_families(e: &mut Exposition, v: &MetricValues) {
     e.scalar(
         "fmsched_autosched_tunings_total",
         "counter",
@@ -366,6 +393,10 @@ pub async fn render_metrics(state: &Service) -> String {
         v.round_phase
             .map_or(0.0, |(_, since)| since.elapsed().as_secs_f64()),
     );
+}
+
+/// Where a round's time goes, phase by phase.
+fn round_families(e: &mut Exposition, v: &MetricValues, leader_epoch: f64) {
     e.family(
         "fmsched_round_phase_duration_seconds_last",
         "gauge",
@@ -481,7 +512,7 @@ pub async fn render_metrics(state: &Service) -> String {
         "fmsched_leader_epoch",
         "gauge",
         "Leadership term this replica holds (0 = standby).",
-        state.leadership.epoch() as f64,
+        leader_epoch,
     );
     e.scalar(
         "fmsched_context_switches_total",
@@ -510,70 +541,70 @@ pub async fn render_metrics(state: &Service) -> String {
         "Failed training processes retried.",
         v.retries as f64,
     );
-    if let Ok(r) = state.persistence.slo_report().await {
-        let by_class = |missed: bool| {
-            ["slo", "soft_slo"].map(|class| {
-                let (n, m) = r.finished.get(class).copied().unwrap_or((0, 0));
-                (class, if missed { m } else { n })
-            })
-        };
-        e.family(
+}
+
+/// Deadlines met and missed by class, and best-effort JCT (from Postgres).
+fn slo_families(e: &mut Exposition, r: &SloReport) {
+    let by_class = |missed: bool| {
+        ["slo", "soft_slo"].map(|class| {
+            let (n, m) = r.finished.get(class).copied().unwrap_or((0, 0));
+            (class, if missed { m } else { n })
+        })
+    };
+    e.family(
+        "fmsched_slo_jobs_finished_total",
+        "counter",
+        "Jobs with a deadline that ended (completed or failed), by class.",
+    );
+    for (class, n) in by_class(false) {
+        e.sample(
             "fmsched_slo_jobs_finished_total",
-            "counter",
-            "Jobs with a deadline that ended (completed or failed), by class.",
-        );
-        for (class, n) in by_class(false) {
-            e.sample(
-                "fmsched_slo_jobs_finished_total",
-                &[("class", class)],
-                n as f64,
-            );
-        }
-        e.family(
-            "fmsched_slo_deadline_misses_total",
-            "counter",
-            "Of those, the ones that missed their deadline (failed, or completed after it), by class.",
-        );
-        for (class, n) in by_class(true) {
-            e.sample(
-                "fmsched_slo_deadline_misses_total",
-                &[("class", class)],
-                n as f64,
-            );
-        }
-        let (n, missed) = r
-            .finished
-            .values()
-            .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
-        e.scalar(
-            "fmsched_slo_attainment_ratio",
-            "gauge",
-            "Share of ended jobs with a deadline that met it (1 before any ended).",
-            if n == 0 {
-                1.0
-            } else {
-                (n - missed) as f64 / n as f64
-            },
-        );
-        e.scalar(
-            "fmsched_slo_jobs_at_risk",
-            "gauge",
-            "Live jobs the last round predicted to miss their deadline.",
-            r.at_risk as f64,
-        );
-        e.scalar(
-            "fmsched_best_effort_jobs_completed_total",
-            "counter",
-            "Best-effort jobs completed.",
-            r.best_effort_completed as f64,
-        );
-        e.scalar(
-            "fmsched_best_effort_jct_seconds_avg",
-            "gauge",
-            "Mean job completion time (completion - submission) of completed best-effort jobs.",
-            r.best_effort_avg_jct_s,
+            &[("class", class)],
+            n as f64,
         );
     }
-    e.process();
-    e.finish()
+    e.family(
+        "fmsched_slo_deadline_misses_total",
+        "counter",
+        "Of those, the ones that missed their deadline (failed, or completed after it), by class.",
+    );
+    for (class, n) in by_class(true) {
+        e.sample(
+            "fmsched_slo_deadline_misses_total",
+            &[("class", class)],
+            n as f64,
+        );
+    }
+    let (n, missed) = r
+        .finished
+        .values()
+        .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
+    e.scalar(
+        "fmsched_slo_attainment_ratio",
+        "gauge",
+        "Share of ended jobs with a deadline that met it (1 before any ended).",
+        if n == 0 {
+            1.0
+        } else {
+            (n - missed) as f64 / n as f64
+        },
+    );
+    e.scalar(
+        "fmsched_slo_jobs_at_risk",
+        "gauge",
+        "Live jobs the last round predicted to miss their deadline.",
+        r.at_risk as f64,
+    );
+    e.scalar(
+        "fmsched_best_effort_jobs_completed_total",
+        "counter",
+        "Best-effort jobs completed.",
+        r.best_effort_completed as f64,
+    );
+    e.scalar(
+        "fmsched_best_effort_jct_seconds_avg",
+        "gauge",
+        "Mean job completion time (completion - submission) of completed best-effort jobs.",
+        r.best_effort_avg_jct_s,
+    );
 }
