@@ -37,116 +37,12 @@ pub fn prepare(view: &ClusterView, policy: &dyn Policy, cfg: &RoundConfig) -> Pr
         Vec::new()
     };
     let reserved: BTreeSet<Gpu> = profiling.iter().flat_map(|r| r.gpus.clone()).collect();
-    let mut capacity: Vec<u32> = present
-        .iter()
-        .map(|&n| {
-            let node = &view.nodes[n];
-            if node.drained {
-                0
-            } else if node.state == NodeState::Suspect || node.cordoned {
-                // Suspect, it may only be late; cordoned, an operator holds
-                // it: either way it keeps what it runs and gets nothing new.
-                view.jobs
-                    .iter()
-                    .filter(|j| !j.profiling_run)
-                    .flat_map(|j| &j.holds)
-                    .filter(|g| g.0 == n)
-                    .count() as u32
-            } else {
-                node.gpus - reserved.iter().filter(|g| g.0 == n).count() as u32
-            }
-        })
-        .collect();
+    let mut capacity = capacity_of(view, &present, &reserved);
 
-    let sizes = node_shapes(view, &present);
-    let mut unschedulable = Vec::new();
-    let mut jobs = Vec::new();
-    for (i, j) in view.jobs.iter().enumerate() {
-        let why = never_fits(
-            j.replica(),
-            j.min_gpus,
-            j.gpu_model.as_deref(),
-            &sizes,
-            cfg.max_nodes_per_group,
-        )
-        .or_else(|| {
-            fits_no_family_of(j, &sizes).then(|| unfit_reason(&j.model, &j.unfit_families))
-        });
-        if let Some(why) = why {
-            // Said of a queued job, and of a submitted one that cannot
-            // even profile here (the others say it once they are queued).
-            let say = match j.state {
-                JobState::Queued => true,
-                JobState::Submitted => cfg.profiling && cannot_profile(j, &sizes),
-                _ => false,
-            };
-            if say {
-                unschedulable.push((i, format!("waiting: {why}")));
-            }
-            continue;
-        }
-        let unprofiled = cfg.profiling
-            && !j.skip_profiling
-            && matches!(j.state, JobState::Submitted | JobState::Profiling);
-        if !(j.held_back || unprofiled || j.state.is_terminal()) {
-            jobs.push(i);
-        }
-    }
+    let (mut jobs, unschedulable) = round_jobs(view, &present, cfg);
     // Queues, priorities and preemption classes (crate::queue).
-    let quota = {
-        let sizes_of_policy = policy.allocation_set(total_gpus);
-        let takes_work = |n: usize| {
-            let node = &view.nodes[n];
-            node.state != NodeState::Offline && !node.drained
-        };
-        let q: Vec<QuotaJob> = jobs
-            .iter()
-            .map(|&i| {
-                let j = &view.jobs[i];
-                let holds: Vec<&Gpu> = j.holds.iter().filter(|_| !j.profiling_run).collect();
-                let cap = |g: u32| {
-                    offered(
-                        cfg,
-                        &family_nodes,
-                        g,
-                        j.gpu_model.as_deref(),
-                        &j.unfit_families,
-                    )
-                };
-                let max_gpus = cap(j.max_gpus).max(j.min_gpus);
-                // A rigid policy runs the job at its request or not at all
-                // (as policy::requested_allocation picks it), so the queue
-                // must find room for all of it.
-                let (min_gpus, max_gpus) = if policy.rigid() {
-                    let unit = j.replica().gpus().max(1);
-                    let fits: Vec<u32> = sizes_of_policy
-                        .iter()
-                        .copied()
-                        .filter(|&a| a > 0 && a >= j.min_gpus && a <= max_gpus && a % unit == 0)
-                        .collect();
-                    let size = crate::policy::nearest_request(&fits, cap(j.requested_gpus))
-                        .unwrap_or(max_gpus);
-                    // A running job counts at what it holds (a
-                    // non-preemptive policy keeps it so).
-                    let size = size.max(holds.len() as u32);
-                    (size, size)
-                } else {
-                    (j.min_gpus, max_gpus)
-                };
-                QuotaJob {
-                    queue: j.queue.clone(),
-                    priority: j.priority,
-                    preemptible: j.preemptible,
-                    holds: holds.len() as u32,
-                    may_stay: holds.iter().all(|g| takes_work(g.0)),
-                    min_gpus,
-                    max_gpus,
-                    submitted_at: j.submitted_at,
-                }
-            })
-            .collect();
-        crate::queue::apply(&cfg.queues, &q, capacity.iter().sum(), policy.rigid())
-    };
+    let q = quota_jobs(view, &jobs, policy, cfg, &family_nodes, total_gpus);
+    let quota = crate::queue::apply(&cfg.queues, &q, capacity.iter().sum(), policy.rigid());
     let pinned: Vec<usize> = quota.pinned.iter().map(|&k| jobs[k]).collect();
     for &i in &pinned {
         for g in &view.jobs[i].holds {
@@ -242,6 +138,140 @@ pub fn prepare(view: &ClusterView, policy: &dyn Policy, cfg: &RoundConfig) -> Pr
         budgets,
         queue_short,
     }
+}
+
+/// Each usable node's GPUs for the policy: none of a drained node; of a
+/// Suspect or cordoned one only what it runs; else its GPUs less the
+/// profiling runs reserved there.
+fn capacity_of(view: &ClusterView, present: &[usize], reserved: &BTreeSet<Gpu>) -> Vec<u32> {
+    present
+        .iter()
+        .map(|&n| {
+            let node = &view.nodes[n];
+            if node.drained {
+                0
+            } else if node.state == NodeState::Suspect || node.cordoned {
+                // Suspect, it may only be late; cordoned, an operator holds
+                // it: either way it keeps what it runs and gets nothing new.
+                view.jobs
+                    .iter()
+                    .filter(|j| !j.profiling_run)
+                    .flat_map(|j| &j.holds)
+                    .filter(|g| g.0 == n)
+                    .count() as u32
+            } else {
+                node.gpus - reserved.iter().filter(|g| g.0 == n).count() as u32
+            }
+        })
+        .collect()
+}
+
+/// The jobs that enter the policy's snapshot (view jobs), and those no
+/// node can hold under the executor's rule, with why (said of a queued
+/// job, and of a submitted one that cannot even profile here).
+fn round_jobs(
+    view: &ClusterView,
+    present: &[usize],
+    cfg: &RoundConfig,
+) -> (Vec<usize>, Vec<(usize, String)>) {
+    let sizes = node_shapes(view, present);
+    let mut unschedulable = Vec::new();
+    let mut jobs = Vec::new();
+    for (i, j) in view.jobs.iter().enumerate() {
+        let why = never_fits(
+            j.replica(),
+            j.min_gpus,
+            j.gpu_model.as_deref(),
+            &sizes,
+            cfg.max_nodes_per_group,
+        )
+        .or_else(|| {
+            fits_no_family_of(j, &sizes).then(|| unfit_reason(&j.model, &j.unfit_families))
+        });
+        if let Some(why) = why {
+            // Said of a queued job, and of a submitted one that cannot
+            // even profile here (the others say it once they are queued).
+            let say = match j.state {
+                JobState::Queued => true,
+                JobState::Submitted => cfg.profiling && cannot_profile(j, &sizes),
+                _ => false,
+            };
+            if say {
+                unschedulable.push((i, format!("waiting: {why}")));
+            }
+            continue;
+        }
+        let unprofiled = cfg.profiling
+            && !j.skip_profiling
+            && matches!(j.state, JobState::Submitted | JobState::Profiling);
+        if !(j.held_back || unprofiled || j.state.is_terminal()) {
+            jobs.push(i);
+        }
+    }
+    (jobs, unschedulable)
+}
+
+/// The snapshot jobs as the queues' quota pass sees them (`crate::queue`):
+/// queue, priority, preemption class, what each holds and the GPUs it may
+/// take (a rigid policy's at its request).
+fn quota_jobs(
+    view: &ClusterView,
+    jobs: &[usize],
+    policy: &dyn Policy,
+    cfg: &RoundConfig,
+    family_nodes: &BTreeMap<String, Vec<u32>>,
+    total_gpus: u32,
+) -> Vec<QuotaJob> {
+    let sizes_of_policy = policy.allocation_set(total_gpus);
+    let takes_work = |n: usize| {
+        let node = &view.nodes[n];
+        node.state != NodeState::Offline && !node.drained
+    };
+    jobs.iter()
+        .map(|&i| {
+            let j = &view.jobs[i];
+            let holds: Vec<&Gpu> = j.holds.iter().filter(|_| !j.profiling_run).collect();
+            let cap = |g: u32| {
+                offered(
+                    cfg,
+                    family_nodes,
+                    g,
+                    j.gpu_model.as_deref(),
+                    &j.unfit_families,
+                )
+            };
+            let max_gpus = cap(j.max_gpus).max(j.min_gpus);
+            // A rigid policy runs the job at its request or not at all
+            // (as policy::requested_allocation picks it), so the queue
+            // must find room for all of it.
+            let (min_gpus, max_gpus) = if policy.rigid() {
+                let unit = j.replica().gpus().max(1);
+                let fits: Vec<u32> = sizes_of_policy
+                    .iter()
+                    .copied()
+                    .filter(|&a| a > 0 && a >= j.min_gpus && a <= max_gpus && a % unit == 0)
+                    .collect();
+                let size = crate::policy::nearest_request(&fits, cap(j.requested_gpus))
+                    .unwrap_or(max_gpus);
+                // A running job counts at what it holds (a
+                // non-preemptive policy keeps it so).
+                let size = size.max(holds.len() as u32);
+                (size, size)
+            } else {
+                (j.min_gpus, max_gpus)
+            };
+            QuotaJob {
+                queue: j.queue.clone(),
+                priority: j.priority,
+                preemptible: j.preemptible,
+                holds: holds.len() as u32,
+                may_stay: holds.iter().all(|g| takes_work(g.0)),
+                min_gpus,
+                max_gpus,
+                submitted_at: j.submitted_at,
+            }
+        })
+        .collect()
 }
 
 /// Profiling reservations: kept ones (job still profiling, every GPU on a

@@ -102,72 +102,13 @@ impl<'a> Simulation<'a> {
         };
         while finished < n {
             if self.now - t0 > self.cfg.horizon_s {
-                // Name a few, with what they asked for.
-                let left: Vec<String> = self
-                    .jobs
-                    .iter()
-                    .filter(|j| !matches!(j.phase, Phase::Done))
-                    .take(5)
-                    .map(|j| {
-                        format!(
-                            "{} ({} {}, {} GPU{})",
-                            j.w.name,
-                            j.w.model,
-                            j.w.task,
-                            j.w.gpus,
-                            if j.w.gpus == 1 { "" } else { "s" }
-                        )
-                    })
-                    .collect();
-                return Err(SimError::Config(format!(
-                    "{} of {n} jobs unfinished after {:.0} simulated days: the policy starves them or the cluster cannot run them: {}{}",
-                    n - finished,
-                    self.cfg.horizon_s / 86_400.0,
-                    left.join(", "),
-                    if n - finished > left.len() {
-                        ", …"
-                    } else {
-                        ""
-                    }
-                )));
+                return Err(self.unfinished(n - finished));
             }
             // The next event.
-            let mut t_next = clock.next_s().min(next_retune).min(next_loan);
-            if let Some(&i) = order.get(next_arrival) {
-                t_next = t_next.min(self.jobs[i].w.submit_s);
-            }
-            for i in 0..n {
-                if let Phase::Profiling { until } = self.jobs[i].phase {
-                    t_next = t_next.min(until);
-                }
-                if let Some(ready_at) = self.jobs[i].alloc.as_ref().map(|a| a.ready_at) {
-                    let ready = ready_at.max(self.now);
-                    let r = self.progress_rate(i)?;
-                    if r > 0.0 {
-                        t_next = t_next.min(ready + self.remaining(i) / r);
-                    } else if ready_at > self.now {
-                        t_next = t_next.min(ready_at);
-                    }
-                }
-            }
-            for m in 0..self.merges.len() {
-                let (done, mode, a, b, guard_at) = {
-                    let mg = &self.merges[m];
-                    (mg.guard_done, mg.mode, mg.a, mg.b, mg.guard_at)
-                };
-                if !done {
-                    let i = if mode == MergeMode::Temporal { b } else { a };
-                    let r = self.progress_rate(i)?;
-                    if r > 0.0 && self.jobs[i].done < guard_at * (1.0 - 1e-9) - 1e-6 {
-                        let ready = self.jobs[i]
-                            .alloc
-                            .as_ref()
-                            .map_or(self.now, |a| a.ready_at.max(self.now));
-                        t_next = t_next.min(ready + (guard_at - self.jobs[i].done) / r);
-                    }
-                }
-            }
-            let t_next = t_next.max(self.now);
+            let first = order.get(next_arrival).map(|&i| self.jobs[i].w.submit_s);
+            let t_next = self
+                .next_event(clock.next_s().min(next_retune).min(next_loan), first)?
+                .max(self.now);
             if t_next <= self.now {
                 stalled += 1;
                 if stalled > 100_000 {
@@ -319,6 +260,78 @@ impl<'a> Simulation<'a> {
         self.stats.restarts = self.jobs.iter().map(|j| j.restarts).sum();
         self.stats.wall_s = started.elapsed().as_secs_f64();
         Ok(self.stats)
+    }
+
+    /// The error of a run past its horizon, naming a few of the
+    /// `unfinished` jobs with what they asked for.
+    fn unfinished(&self, unfinished: usize) -> SimError {
+        // Name a few, with what they asked for.
+        let left: Vec<String> = self
+            .jobs
+            .iter()
+            .filter(|j| !matches!(j.phase, Phase::Done))
+            .take(5)
+            .map(|j| {
+                format!(
+                    "{} ({} {}, {} GPU{})",
+                    j.w.name,
+                    j.w.model,
+                    j.w.task,
+                    j.w.gpus,
+                    if j.w.gpus == 1 { "" } else { "s" }
+                )
+            })
+            .collect();
+        SimError::Config(format!(
+            "{} of {} jobs unfinished after {:.0} simulated days: the policy starves them or the cluster cannot run them: {}{}",
+            unfinished,
+            self.jobs.len(),
+            self.cfg.horizon_s / 86_400.0,
+            left.join(", "),
+            if unfinished > left.len() { ", …" } else { "" }
+        ))
+    }
+
+    /// When the next event comes, at the latest at `t_next` (a round, a
+    /// retune, a loan decision): the next arrival (`first`), a profiling
+    /// run's end, a job's completion or its start after a restart, and a
+    /// merge guard's first epochs.
+    fn next_event(&mut self, mut t_next: f64, first: Option<f64>) -> Result<f64, SimError> {
+        if let Some(at) = first {
+            t_next = t_next.min(at);
+        }
+        for i in 0..self.jobs.len() {
+            if let Phase::Profiling { until } = self.jobs[i].phase {
+                t_next = t_next.min(until);
+            }
+            if let Some(ready_at) = self.jobs[i].alloc.as_ref().map(|a| a.ready_at) {
+                let ready = ready_at.max(self.now);
+                let r = self.progress_rate(i)?;
+                if r > 0.0 {
+                    t_next = t_next.min(ready + self.remaining(i) / r);
+                } else if ready_at > self.now {
+                    t_next = t_next.min(ready_at);
+                }
+            }
+        }
+        for m in 0..self.merges.len() {
+            let (done, mode, a, b, guard_at) = {
+                let mg = &self.merges[m];
+                (mg.guard_done, mg.mode, mg.a, mg.b, mg.guard_at)
+            };
+            if !done {
+                let i = if mode == MergeMode::Temporal { b } else { a };
+                let r = self.progress_rate(i)?;
+                if r > 0.0 && self.jobs[i].done < guard_at * (1.0 - 1e-9) - 1e-6 {
+                    let ready = self.jobs[i]
+                        .alloc
+                        .as_ref()
+                        .map_or(self.now, |a| a.ready_at.max(self.now));
+                    t_next = t_next.min(ready + (guard_at - self.jobs[i].done) / r);
+                }
+            }
+        }
+        Ok(t_next)
     }
 
     /// Each job with a deadline that waits for its first start: what it
