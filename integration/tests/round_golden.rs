@@ -1,6 +1,6 @@
 //! The live round and fmsim decide alike: the same view and estimates go
 //! through the functions the live scheduler's round calls
-//! (`scheduler_svc::scheduling`, with the settings its configuration gives)
+//! (`scheduler_svc::round`, with the settings its configuration gives)
 //! and those fmsim's engine calls (`fmsched_sim::engine`, with a simulation's
 //! settings), and must give the same snapshot, plan and outcome — for every
 //! policy both run, on hand-built and on random views. Both run groups over
@@ -92,12 +92,11 @@ fn both_capped(view: &ClusterView, policy: &str, max_nodes: u32) -> (Decision, D
     let mut cfg = Config::default();
     cfg.scheduling.policy = policy.into();
     cfg.scheduling.max_nodes_per_job = max_nodes;
-    let (live_cfg, live_policy) = scheduler_svc::scheduling::round_setup(&cfg);
-    let p = scheduler_svc::scheduling::prepare_round(view, live_policy.as_ref(), &live_cfg);
+    let (live_cfg, live_policy) = scheduler_svc::round::round_setup(&cfg);
+    let p = scheduler_svc::round::prepare_round(view, live_policy.as_ref(), &live_cfg);
     let e = estimates(view, &p);
     let live =
-        scheduler_svc::scheduling::decide_round(view, &p, &e, live_policy.as_ref(), &live_cfg)
-            .unwrap();
+        scheduler_svc::round::decide_round(view, &p, &e, live_policy.as_ref(), &live_cfg).unwrap();
     let sim_policy = by_name(policy).unwrap();
     let mut sim_cfg = fmsched_sim::engine::round_config(
         &fmsched_sim::engine::SimConfig {
@@ -245,7 +244,7 @@ fn the_live_loop_and_fmsim_keep_one_round_clock() {
             deadline_gap_s: (deadline_gap > 0.0).then_some(deadline_gap),
             ..SimConfig::default()
         };
-        let mut a = scheduler_svc::scheduling::round_clock(&live);
+        let mut a = scheduler_svc::round::round_clock(&live);
         let mut b = sim.round_clock(120.0, 0.0);
         assert_eq!(a, b, "{event_gap:?} {deadline_gap}");
         // The same script of rounds and events gives the same rounds.

@@ -306,7 +306,7 @@ pub struct SchedulingConfig {
     /// Rendezvous ports (`MASTER_PORT`) handed to jobs over several nodes,
     /// `first-last` inclusive: one per run of a gang, unique per host, and
     /// never one the plan in force holds or a rank-0 process its agent
-    /// reports alive still holds (scheduling/gangs.rs).
+    /// reports alive still holds (round/gangs.rs).
     pub gang_ports: String,
     /// Queues with quotas (`[[scheduling.queues]]`: name, parent,
     /// guaranteed_gpus, over_quota_weight, limit_gpus, models, users,

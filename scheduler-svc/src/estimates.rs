@@ -26,7 +26,7 @@ pub struct Gains {
 }
 
 /// The estimator the loop talks to.
-pub struct Estimates {
+pub struct EstimatorClient {
     /// The client (its channel carries the timeout) and the endpoint for
     /// error messages.
     remote: Option<(EstimatorServiceClient<Channel>, String)>,
@@ -34,7 +34,7 @@ pub struct Estimates {
     taught: std::sync::Mutex<std::collections::BTreeSet<(String, u32)>>,
 }
 
-impl Estimates {
+impl EstimatorClient {
     /// A lazily connecting client when `endpoint` is set.
     pub fn new(endpoint: Option<&str>, timeout: Duration) -> Result<Self, String> {
         let remote = match endpoint {

@@ -4,7 +4,7 @@
 //! Layout: [`config`] (layered settings), [`auth`] (tokens), [`persistence`]
 //! (the only sqlx user), [`registry`] (observed node state), [`api`] (gRPC
 //! handlers), [`leadership`] (the leader lease and the fence of its term),
-//! [`scheduling`] (the scheduling loop: observe, load inputs, decide with the
+//! [`round`] (the scheduling loop: observe, load inputs, decide with the
 //! shared round of `fmsched_core`, commit fenced, push plans), [`server`]
 //! (wiring and background tasks).
 
@@ -16,6 +16,6 @@ pub mod leadership;
 pub mod metrics;
 pub mod persistence;
 pub mod registry;
-pub mod scheduling;
+pub mod round;
 pub mod server;
 pub mod service;

@@ -6,8 +6,8 @@
 //! users scrape: `fmsched_*` here, `process_*` from the runtime.
 //!
 //! Owns: what is counted and how it is rendered. Does not own: when a
-//! round runs or what it decides (`scheduling`), or the stuck-round watch
-//! (`scheduling`, which reads the phase recorded here).
+//! round runs or what it decides (`round`), or the stuck-round watch
+//! (`round::phases`, which reads the phase recorded here).
 
 use std::collections::BTreeMap;
 
@@ -91,7 +91,7 @@ pub struct MetricValues {
     /// over all committing rounds: where a round's time goes.
     pub last_round_phases: BTreeMap<&'static str, f64>,
     pub round_phase_seconds_sum: BTreeMap<&'static str, f64>,
-    /// Rounds whose decision did not come within [`crate::scheduling::DECIDE_GRACE`].
+    /// Rounds whose decision did not come within [`crate::round::DECIDE_GRACE`].
     pub decide_timeouts: u64,
     /// Tuned prompts filed in the Prompt Bank, and evicted from it
     /// (committed rounds).

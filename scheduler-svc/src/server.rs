@@ -86,8 +86,7 @@ pub async fn run(
             ),
         )),
         autosched: Arc::new(
-            crate::scheduling::autosched::Autosched::new()
-                .context("loading AutoSched's profiles")?,
+            crate::round::autosched::Autosched::new().context("loading AutoSched's profiles")?,
         ),
         leader: Default::default(),
     };
@@ -134,11 +133,11 @@ pub async fn run(
     let scheduler = cfg
         .scheduling
         .enabled
-        .then(|| tokio::spawn(crate::scheduling::scheduling_loop(state.clone())));
+        .then(|| tokio::spawn(crate::round::scheduling_loop(state.clone())));
     let autosched = cfg
         .autosched
         .enabled
-        .then(|| tokio::spawn(crate::scheduling::autosched::autosched_loop(state.clone())));
+        .then(|| tokio::spawn(crate::round::autosched::autosched_loop(state.clone())));
     let background = tokio::spawn(background_tasks(
         cfg.clone(),
         persistence.clone(),

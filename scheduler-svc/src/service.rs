@@ -19,7 +19,7 @@ use crate::auth::Authenticator;
 use crate::config::Config;
 use crate::persistence::Persistence;
 use crate::registry::NodeRegistry;
-use crate::scheduling::LeaderMemory;
+use crate::round::LeaderMemory;
 
 /// Shared state of the scheduler's tasks; cloning is cheap.
 #[derive(Clone)]
@@ -39,7 +39,7 @@ pub struct Service {
     /// sessions, each write fenced by its term.
     pub leadership: Arc<crate::leadership::Leadership>,
     /// AutoSched's tuner (kept across tunings).
-    pub autosched: Arc<crate::scheduling::autosched::Autosched>,
+    pub autosched: Arc<crate::round::autosched::Autosched>,
     /// What the leader's loops keep in memory between rounds, and what
     /// wakes them early.
     pub leader: Arc<LeaderMemory>,

@@ -194,10 +194,10 @@ fn submit_path(spec: pb::JobSpec, models: &ModelCatalog, nodes: &NodeRegistry) -
     }
     spec.apply_kind_defaults();
     let snapshot = nodes.snapshot();
-    let lut = scheduler_svc::scheduling::shipped_lut().unwrap();
-    let _ = scheduler_svc::scheduling::admission::check_deadline(&lut, &snapshot, &spec, now)
+    let lut = scheduler_svc::round::shipped_lut().unwrap();
+    let _ = scheduler_svc::round::admission::check_deadline(&lut, &snapshot, &spec, now)
         .verdict(spec.class());
-    let _ = scheduler_svc::scheduling::never_fits_on(
+    let _ = scheduler_svc::round::never_fits_on(
         &scheduler_svc::config::Config::default(),
         &snapshot,
         &spec,

@@ -142,7 +142,7 @@ impl Default for SearchConfig {
 
 /// One tuning: what was looked at, what was found, what was done.
 #[derive(Clone, Debug)]
-pub struct Decision {
+pub struct TuneDecision {
     /// On the run's clock.
     pub at_s: f64,
     pub trace_jobs: usize,
@@ -192,7 +192,7 @@ pub struct Tuner {
     /// When knobs were last adopted (the run's clock).
     last_adoption: Option<f64>,
     rng: Rng,
-    pub decisions: Vec<Decision>,
+    pub decisions: Vec<TuneDecision>,
 }
 
 impl Tuner {
@@ -334,7 +334,7 @@ impl Tuner {
 
     /// One tuning; with `adopt` false (a dry run) the active knobs stay
     /// whatever it finds, and the decision says what it would have done.
-    pub fn decide(&mut self, obs: &Observation<'_>, adopt: bool) -> Decision {
+    pub fn decide(&mut self, obs: &Observation<'_>, adopt: bool) -> TuneDecision {
         let started = Instant::now();
         // Several draws of the remaining times: the full-trace scores are
         // averaged over them, so a configuration is not adopted for one
@@ -475,7 +475,7 @@ impl Tuner {
             // Measurements were relative to the old configuration.
             self.memory.clear();
         }
-        self.decisions.push(Decision {
+        self.decisions.push(TuneDecision {
             at_s: obs.now,
             trace_jobs: trace.jobs.len(),
             aggregated_jobs: small.len(),

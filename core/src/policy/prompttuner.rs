@@ -193,7 +193,7 @@ pub struct WarmPool {
 
 /// What one pass of the loop decided, per request in input order.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct Decision {
+pub struct LaneDecision {
     /// GPUs from its model's idle warm pool; it starts now.
     pub warm: Vec<u32>,
     /// GPUs moved from the cold pool to its model's warm pool; it starts
@@ -244,7 +244,7 @@ pub fn decide(
     cold: u32,
     cold_start_s: &[f64],
     now: f64,
-) -> Decision {
+) -> LaneDecision {
     let idle: Vec<u32> = pools.iter().map(|p| p.idle).collect();
     let warm = allocate_warm(requests, &idle);
     let mut left = idle;
@@ -261,7 +261,7 @@ pub fn decide(
     let rest: Vec<usize> = (0..requests.len()).filter(|&i| warm[i] == 0).collect();
     let sub: Vec<Request> = rest.iter().map(|&i| requests[i].clone()).collect();
     let plan = allocate_cold(&sub, &earliest, cold, cold_start_s, now);
-    let mut d = Decision {
+    let mut d = LaneDecision {
         warm,
         cold: vec![0; requests.len()],
         delayed: vec![false; requests.len()],

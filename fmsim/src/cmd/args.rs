@@ -234,7 +234,7 @@ pub(crate) enum Cmd {
 
 /// `--estimates`.
 #[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Estimates {
+pub(crate) enum EstimateSource {
     Exact,
     Learned,
 }
@@ -315,8 +315,8 @@ pub(crate) struct SimArgs {
     /// from each job's metric curve so far, its prior the same model's other
     /// tasks' curves: its own errors replayed; needs a catalog of per-epoch
     /// curves and jobs with target_metric).
-    #[arg(long, value_enum, default_value_t = Estimates::Exact)]
-    pub(crate) estimates: Estimates,
+    #[arg(long, value_enum, default_value_t = EstimateSource::Exact)]
+    pub(crate) estimates: EstimateSource,
     /// Checkpoint seconds charged on every (re)start.
     #[arg(long, default_value_t = 30.0)]
     pub(crate) checkpoint_s: f64,

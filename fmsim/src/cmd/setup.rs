@@ -19,7 +19,7 @@ use fmsched_sim::loans::{InferenceTrace, Loans};
 use fmsched_sim::workload::WorkloadJob;
 use fmsched_sim::{report, workload};
 
-use crate::cmd::args::{Estimates, SimArgs};
+use crate::cmd::args::{EstimateSource, SimArgs};
 use crate::cmd::fidelity::{PerJob, apply_job_file, job_file};
 
 pub(crate) fn policy(name: &str) -> anyhow::Result<Box<dyn Policy + Send + Sync>> {
@@ -473,7 +473,7 @@ pub(crate) fn sim_setup(
         profile_s: a.profile_s,
         estimate_noise: a.estimate_noise,
         gain_noise: a.gain_noise,
-        learned_estimates: a.estimates == Estimates::Learned,
+        learned_estimates: a.estimates == EstimateSource::Learned,
         placement_rule: a.placement,
         round_origin_s: a.round_origin,
         event_gap_s: a.event_gap,

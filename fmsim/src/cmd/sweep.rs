@@ -8,7 +8,7 @@ use fmsched_core::policy::baselines::with_knobs;
 use fmsched_sim::engine::{SimConfig, Simulation};
 use fmsched_sim::report;
 
-use crate::cmd::args::{Estimates, SimArgs};
+use crate::cmd::args::{EstimateSource, SimArgs};
 use crate::cmd::setup::{check_learnable, numbers, parse_knobs, sim_setup};
 
 /// `fmsim sweep`: one row per point, Ymir against the best baseline there.
@@ -18,7 +18,7 @@ pub(crate) fn sweep(
     (noise, gain_noise): (&str, &str),
     ymir_knobs: [(&str, &str); 3],
 ) -> anyhow::Result<()> {
-    if a.estimate_noise > 0.0 || a.gain_noise > 0.0 || a.estimates != Estimates::Exact {
+    if a.estimate_noise > 0.0 || a.gain_noise > 0.0 || a.estimates != EstimateSource::Exact {
         bail!(
             "sweep sets the estimates itself: leave out --estimate-noise, --gain-noise and --estimates"
         );

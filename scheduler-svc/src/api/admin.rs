@@ -370,7 +370,7 @@ impl AdminService for AdminApi {
         &self,
         req: Request<pb::TuneRequest>,
     ) -> Result<Response<pb::TuneDecision>, Status> {
-        use crate::scheduling::autosched::{knob_map, tune_once};
+        use crate::round::autosched::{knob_map, tune_once};
         let who = self.admin(req.metadata())?;
         let r = req.into_inner();
         let o = tune_once(&self.state, r.dry_run, r.threshold, &who.user.to_string())

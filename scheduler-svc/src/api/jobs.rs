@@ -298,16 +298,16 @@ impl JobService for JobApi {
             })?;
         // Deadline admission: a strict SLO job no schedule could finish in
         // time is refused before anything is written.
-        let (deadline_note, best_s) = match crate::scheduling::shipped_lut() {
+        let (deadline_note, best_s) = match crate::round::shipped_lut() {
             Ok(lut) => {
-                let check = crate::scheduling::admission::check_deadline(
+                let check = crate::round::admission::check_deadline(
                     &lut,
                     &self.state.registry.snapshot(),
                     &spec,
                     now,
                 );
                 let best_s = match check {
-                    crate::scheduling::admission::DeadlineCheck::Meets { best_s } => Some(best_s),
+                    crate::round::admission::DeadlineCheck::Meets { best_s } => Some(best_s),
                     _ => None,
                 };
                 (check.verdict(spec.class()), best_s)
@@ -336,11 +336,8 @@ impl JobService for JobApi {
             .await
             .map_err(ApiError::from)?;
         // Said at once, not only by the round once the job is queued.
-        let never_fits = crate::scheduling::never_fits_on(
-            &self.state.config,
-            &self.state.registry.snapshot(),
-            &spec,
-        );
+        let never_fits =
+            crate::round::never_fits_on(&self.state.config, &self.state.registry.snapshot(), &spec);
         let warnings: Vec<String> = never_fits
             .iter()
             .map(|why| format!("no set of the registered nodes can ever hold this job: {why}; it waits until such nodes join"))
@@ -364,7 +361,7 @@ impl JobService for JobApi {
                     tracing::warn!(job_id = %job.id, "{w}");
                 }
                 self.notify(job.id);
-                if crate::scheduling::prompt_lane::in_lane(&self.state, &job) {
+                if crate::round::prompt_lane::in_lane(&self.state, &job) {
                     self.state.leader.wake_prompt_lane();
                 } else {
                     if let (Some(best_s), Some(by)) = (best_s, spec.deadline)

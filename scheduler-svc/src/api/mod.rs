@@ -71,9 +71,9 @@ impl From<PersistenceError> for ApiError {
     }
 }
 
-impl From<crate::scheduling::autosched::TuneError> for ApiError {
-    fn from(e: crate::scheduling::autosched::TuneError) -> Self {
-        use crate::scheduling::autosched::TuneError;
+impl From<crate::round::autosched::TuneError> for ApiError {
+    fn from(e: crate::round::autosched::TuneError) -> Self {
+        use crate::round::autosched::TuneError;
         match e {
             TuneError::InvalidArgument(f) => ApiError::InvalidArgument(f),
             TuneError::FailedPrecondition(m) => ApiError::FailedPrecondition(m),

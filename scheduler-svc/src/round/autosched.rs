@@ -13,7 +13,7 @@ use chrono::Utc;
 use fmsched_estimator::lut::Lut;
 use fmsched_sim::catalog::Catalog;
 use fmsched_sim::engine::{NodeGroup, ObservedState, SimConfig};
-use fmsched_sim::tune::{self, Decision, Forecast, LiveJob, SearchConfig, Tuner};
+use fmsched_sim::tune::{self, Forecast, LiveJob, SearchConfig, TuneDecision, Tuner};
 
 use fmsched_core::FieldError;
 
@@ -67,7 +67,7 @@ pub struct Outcome {
     pub policy: String,
     pub before: BTreeMap<String, f64>,
     pub threshold: f64,
-    pub decision: Decision,
+    pub decision: TuneDecision,
 }
 
 /// Node groups of the simulated cluster: the nodes not offline, by GPU

@@ -24,7 +24,7 @@ use fmsched_estimator::transfer::TaskEmbedding;
 
 use super::observe::{Observed, curve_from_json, embedding};
 use super::{RoundError, expected_iterations, total_iterations};
-use crate::estimates::{Estimates, local_gains, local_times};
+use crate::estimates::{EstimatorClient, local_gains, local_times};
 use crate::persistence::{
     Assignment, JobRecord, JobService, LoanState, MergeRecord, NodeCordon, NodeLoan, POOL_LABEL,
 };
@@ -417,7 +417,7 @@ const FINISHED_READ_LIMIT: i64 = 500;
 pub(crate) async fn load(
     state: &Service,
     lut: &Lut,
-    est: &Estimates,
+    est: &EstimatorClient,
     o: &Observed,
     policy: &(dyn fmsched_core::policy::Policy + Send + Sync),
     now: DateTime<Utc>,
@@ -589,7 +589,7 @@ pub(crate) async fn load(
 async fn estimate(
     state: &Service,
     lut: &Lut,
-    est: &Estimates,
+    est: &EstimatorClient,
     o: &Observed,
     t: &Translated,
     prepared: &Prepared,
@@ -923,7 +923,7 @@ fn job_inputs(
 /// positive transfer, with that gain.
 async fn candidate_gains(
     state: &Service,
-    est: &Estimates,
+    est: &EstimatorClient,
     o: &Observed,
     t: &Translated,
     prepared: &Prepared,

@@ -10,10 +10,8 @@ use fmsched_core::{JobId, JobState};
 
 use super::observe::Observed;
 use crate::persistence::{JobRecord, MergeRecord};
-use crate::scheduling::RoundError;
-use crate::scheduling::writes::{
-    decided, incarnation, restarted, training_assignments, warm_merges,
-};
+use crate::round::RoundError;
+use crate::round::writes::{decided, incarnation, restarted, training_assignments, warm_merges};
 use crate::service::Service;
 
 /// `scheduling.gang_ports` (validated at start-up; the default range if

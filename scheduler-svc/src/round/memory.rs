@@ -19,21 +19,21 @@ use super::{BankIndexes, DeadlineWaits, PromptLane};
 pub struct LeaderMemory {
     /// Shared GPUs (by UUID) and the rounds in a row each reported
     /// saturated (the leader's own count; a new leader counts afresh).
-    pub(in crate::scheduling) saturated_gpus: Arc<Mutex<BTreeMap<String, u32>>>,
+    pub(in crate::round) saturated_gpus: Arc<Mutex<BTreeMap<String, u32>>>,
     /// Layer-elastic jobs' last reported per-layer gradient variance (the
     /// leader's memory, so a suspended job is still tuned per allocation).
-    pub(in crate::scheduling) layer_variance: Arc<Mutex<BTreeMap<JobId, Vec<f64>>>>,
+    pub(in crate::round) layer_variance: Arc<Mutex<BTreeMap<JobId, Vec<f64>>>>,
     /// The Prompt Bank's index per model (checked against Postgres before
     /// each use).
-    pub(in crate::scheduling) prompt_banks: Arc<BankIndexes>,
+    pub(in crate::round) prompt_banks: Arc<BankIndexes>,
     /// PromptTuner's lane: its wake-up, the lock it shares with rounds.
-    pub(in crate::scheduling) prompt_lane: Arc<PromptLane>,
+    pub(in crate::round) prompt_lane: Arc<PromptLane>,
     /// Wakes the round loop for a round on an event (a submission, a task
     /// that ended) when `scheduling.event_round_gap` is set.
-    pub(in crate::scheduling) round_wake: Arc<tokio::sync::Notify>,
+    pub(in crate::round) round_wake: Arc<tokio::sync::Notify>,
     /// Jobs with a deadline submitted here, for rounds for deadlines
     /// (`scheduling.deadline_round_gap`).
-    pub(in crate::scheduling) deadline_waits: Arc<DeadlineWaits>,
+    pub(in crate::round) deadline_waits: Arc<DeadlineWaits>,
 }
 
 impl LeaderMemory {

@@ -88,11 +88,11 @@ use fmsched_estimator::lut::Lut;
 use observe::Observed;
 
 use crate::config::SchedulingConfig;
-use crate::estimates::Estimates;
+use crate::estimates::EstimatorClient;
 use crate::persistence::{Estimate, JobRecord, PersistenceError};
-use crate::scheduling::launch::{gang_ports, hint, plan_context};
-use crate::scheduling::phases::enter_phase;
-use crate::scheduling::writes::{after_commit, plan_writes};
+use crate::round::launch::{gang_ports, hint, plan_context};
+use crate::round::phases::enter_phase;
+use crate::round::writes::{after_commit, plan_writes};
 use crate::service::Service;
 
 /// Default iterations of a job whose target names neither iterations nor
@@ -236,7 +236,7 @@ struct Decided {
 async fn observe_and_decide(
     state: &Service,
     lut: &Arc<Lut>,
-    est: &Estimates,
+    est: &EstimatorClient,
     kind: RoundKind,
     now: DateTime<Utc>,
 ) -> Result<Option<Decided>, RoundError> {
@@ -266,7 +266,7 @@ async fn observe_and_decide(
 pub async fn look_ahead(
     state: &Service,
     lut: &Arc<Lut>,
-    est: &Estimates,
+    est: &EstimatorClient,
     switch_at: DateTime<Utc>,
 ) -> Result<usize, RoundError> {
     state.leadership.fence().ok_or(RoundError::NotLeader)?;
@@ -290,7 +290,7 @@ pub async fn look_ahead(
 pub async fn run_round(
     state: &Service,
     lut: &Arc<Lut>,
-    est: &Estimates,
+    est: &EstimatorClient,
 ) -> Result<RoundReport, RoundError> {
     // The term this round works under: its commit is fenced by it.
     let fence = state.leadership.fence().ok_or(RoundError::NotLeader)?;

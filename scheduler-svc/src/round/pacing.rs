@@ -9,9 +9,9 @@ use chrono::Utc;
 use fmsched_core::{JobId, round};
 
 use crate::config::SchedulingConfig;
-use crate::estimates::Estimates;
-use crate::scheduling::phases::{end_round, watch_rounds};
-use crate::scheduling::{RoundError, look_ahead, run_round, shipped_lut};
+use crate::estimates::EstimatorClient;
+use crate::round::phases::{end_round, watch_rounds};
+use crate::round::{RoundError, look_ahead, run_round, shipped_lut};
 use crate::service::Service;
 
 /// Jobs with a deadline submitted to this replica, for rounds for
@@ -219,7 +219,7 @@ pub async fn scheduling_loop(state: Service) {
         }
     };
     let e = &state.config.estimates;
-    let est = match Estimates::new(e.endpoint.as_deref(), e.timeout) {
+    let est = match EstimatorClient::new(e.endpoint.as_deref(), e.timeout) {
         Ok(est) => est,
         Err(err) => {
             tracing::error!(error = %err, "estimator client; scheduling disabled");

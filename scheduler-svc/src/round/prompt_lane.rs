@@ -42,7 +42,7 @@ use fmsched_estimator::lut::{Lut, Variant};
 
 use super::observe::{self, Observed};
 use super::{RoundError, RoundKind, total_iterations};
-use crate::estimates::Estimates;
+use crate::estimates::EstimatorClient;
 use crate::persistence::{Assignment, JobRecord, ServiceUpdate};
 use crate::service::Service;
 
@@ -98,7 +98,7 @@ pub struct LaneReport {
 }
 
 /// The loop beside [`super::scheduling_loop`] (leaders only).
-pub async fn lane_loop(state: Service, lut: Arc<Lut>, est: Arc<Estimates>) {
+pub async fn lane_loop(state: Service, lut: Arc<Lut>, est: Arc<EstimatorClient>) {
     loop {
         tokio::select! {
             () = state.leader.prompt_lane.wake.notified() => {}
@@ -156,7 +156,7 @@ pub async fn lane_loop(state: Service, lut: Arc<Lut>, est: Arc<Estimates>) {
 pub async fn run_lane(
     state: &Service,
     lut: &Arc<Lut>,
-    est: &Estimates,
+    est: &EstimatorClient,
 ) -> Result<LaneReport, RoundError> {
     let fence = state.leadership.fence().ok_or(RoundError::NotLeader)?;
     let _one = state.leader.prompt_lane.round_lock.lock().await;

@@ -5,10 +5,10 @@ use fmsched_core::round::RoundOutcome;
 use fmsched_core::round::{ClusterView, JobView, RoundConfig};
 use fmsched_core::{JobId, JobState, NodeId, round};
 
-use crate::scheduling::pacing::DeadlineWaits;
-use crate::scheduling::phases::stuck_phase;
-use crate::scheduling::writes::plan_writes;
-use crate::scheduling::{RoundError, Translated, blocking_within, decide_round, prepare_round};
+use crate::round::pacing::DeadlineWaits;
+use crate::round::phases::stuck_phase;
+use crate::round::writes::plan_writes;
+use crate::round::{RoundError, Translated, blocking_within, decide_round, prepare_round};
 
 /// A decision that does not come within its grace gives the round up
 /// (the next starts afresh); one that comes is returned.

@@ -10,10 +10,10 @@ use fmsched_core::round::RoundOutcome;
 use fmsched_core::{JobId, JobState, round};
 
 use super::observe::Observed;
-use crate::estimates::Estimates;
+use crate::estimates::EstimatorClient;
 use crate::metrics::QueueGauges;
 use crate::persistence::{Assignment, MergeRecord, NewMerge, ServiceUpdate};
-use crate::scheduling::launch::master_addr;
+use crate::round::launch::master_addr;
 use crate::service::Service;
 
 /// A merge decided this round as the records it will be read back as
@@ -244,7 +244,7 @@ fn queue_gauges(
 /// What a committed round or lane pass observed, accounted: merge
 /// outcomes taught to the estimator, completions, failures and retries
 /// counted.
-pub(crate) async fn account_observed(state: &Service, est: &Estimates, o: &Observed) {
+pub(crate) async fn account_observed(state: &Service, est: &EstimatorClient, o: &Observed) {
     let mut taught = 0;
     for x in &o.outcomes {
         match est.record_transfer_outcome(x.score, x.gain).await {
@@ -279,7 +279,7 @@ pub(crate) async fn account_observed(state: &Service, est: &Estimates, o: &Obser
 /// estimator's gain regression.
 pub(crate) async fn after_commit(
     state: &Service,
-    est: &Estimates,
+    est: &EstimatorClient,
     o: &Observed,
     inputs: &super::inputs::Inputs,
     d: &round::Decision,

@@ -255,7 +255,7 @@ impl Default for SimConfig {
 impl SimConfig {
     /// The round clock of a run whose first job arrives at `t0_s`, under a
     /// policy's `interval_s`: core's one rule, as the service's
-    /// (`scheduler_svc::scheduling::round_clock`). Rounds on events
+    /// (`scheduler_svc::round::round_clock`). Rounds on events
     /// (`event_gap_s`), or for deadlines (`deadline_gap_s`, off on rounds
     /// aligned to `round_origin_s`, the authors' grid, whose first round is
     /// the first grid point at or after `t0_s`).

@@ -277,7 +277,7 @@ fn the_tuner_adopts_only_what_beats_the_active_knobs_by_the_threshold() {
     };
     let (tuned, decisions, knobs) = tuned_run(search.clone());
     let fixed = replay(&cfg, &lut, &cat, &jobs, "tiresias", &start, None).unwrap();
-    let adopted: Vec<&Decision> = decisions.iter().filter(|d| d.adopted).collect();
+    let adopted: Vec<&TuneDecision> = decisions.iter().filter(|d| d.adopted).collect();
     assert!(!adopted.is_empty(), "{decisions:#?}");
     assert!(adopted.iter().all(|d| d.gain > 1.1));
     assert!(

@@ -16,16 +16,16 @@ use fmsched_estimator::transfer::observed_gain;
 use fmsched_estimator::{analytic, curve_prior, loss_prior};
 use fmsched_proto::v1 as pb;
 
-use crate::estimates::Estimates;
+use crate::estimates::EstimatorClient;
 use crate::persistence::{Estimate, JobRecord, MetricCurve};
 use crate::registry::LiveNode;
-use crate::scheduling::observe::guard::{
+use crate::round::observe::guard::{
     GAIN_POINTS, GAIN_POINTS_AT_END, fresh_start_if_it_pays, record_outcome,
 };
-use crate::scheduling::observe::tasks::gang_placement;
-use crate::scheduling::observe::telemetry::{running_step_time_sample, tune_layers};
-use crate::scheduling::observe::{Observed, OwnEvals};
-use crate::scheduling::{DEFAULT_ITERATIONS, iteration_budget};
+use crate::round::observe::tasks::gang_placement;
+use crate::round::observe::telemetry::{running_step_time_sample, tune_layers};
+use crate::round::observe::{Observed, OwnEvals};
+use crate::round::{DEFAULT_ITERATIONS, iteration_budget};
 use crate::service::Service;
 
 /// Finished jobs' curves read as the prior per round, at most.
@@ -239,7 +239,7 @@ pub(crate) fn predict_metric_target(
 pub(crate) async fn learn_from_running(
     state: &Service,
     lut: &Lut,
-    est: &Estimates,
+    est: &EstimatorClient,
     o: &mut Observed,
     n: &LiveNode,
     t: &pb::ObservedTask,
@@ -399,7 +399,7 @@ pub(crate) fn profile_estimate(
                 );
                 // A job that trains to its `max_iterations` is planned at
                 // them: the curve's convergence is not when it ends.
-                match crate::scheduling::planned_budget(job) {
+                match crate::round::planned_budget(job) {
                     Some(b) => format!(
                         "profiled: trains its budget of {b} iterations (its loss curve flattens after about {}: {basis})",
                         p.iterations

@@ -7,7 +7,7 @@ use fmsched_proto::v1 as pb;
 
 use crate::persistence::{Failure, RetryState};
 use crate::registry::LiveNode;
-use crate::scheduling::observe::Observed;
+use crate::round::observe::Observed;
 use crate::service::Service;
 
 /// A training process of `id` failed: counted once (by its pid), the job

@@ -13,9 +13,9 @@ use fmsched_estimator::transfer::{TaskEmbedding, observed_gain, spatial_score, t
 
 use crate::persistence::{Estimate, FreshStart, MergeRecord};
 use crate::registry::LiveNode;
-use crate::scheduling::observe::estimates::curve_from_json;
-use crate::scheduling::observe::{Observed, TransferOutcome};
-use crate::scheduling::{RoundError, iteration_budget};
+use crate::round::observe::estimates::curve_from_json;
+use crate::round::observe::{Observed, TransferOutcome};
+use crate::round::{RoundError, iteration_budget};
 use crate::service::Service;
 use fmsched_core::round::guard::{GuardVerdict, Watched, guard_verdict};
 
@@ -195,7 +195,7 @@ pub(crate) async fn fresh_start_if_it_pays(
         return;
     };
     let sched = &state.config.scheduling;
-    let family = crate::scheduling::inputs::node_family(n);
+    let family = crate::round::inputs::node_family(n);
     let restart_s = fmsched_core::round::restart_cost(
         sched.checkpoint_cost.as_secs_f64(),
         sched

@@ -30,16 +30,16 @@ use fmsched_estimator::loss_prior::LossLibrary;
 use fmsched_estimator::lut::Lut;
 
 use super::{RoundError, RoundKind};
-use crate::estimates::Estimates;
+use crate::estimates::EstimatorClient;
 use crate::persistence::{
     AdminState, Estimate, FreshStart, JobRecord, JobService, MergeRecord, RetryState, RoundWrites,
     StoredPlan,
 };
 use crate::registry::LiveNode;
-use crate::scheduling::observe::estimates::learn_metric_targets;
-use crate::scheduling::observe::guard::{guard, split_merges_of_ended_jobs};
-use crate::scheduling::observe::tasks::{finishing, fresh_run, observe_task};
-use crate::scheduling::observe::telemetry::{learn_utilization, watch_shared_gpus};
+use crate::round::observe::estimates::learn_metric_targets;
+use crate::round::observe::guard::{guard, split_merges_of_ended_jobs};
+use crate::round::observe::tasks::{finishing, fresh_run, observe_task};
+use crate::round::observe::telemetry::{learn_utilization, watch_shared_gpus};
 use crate::service::Service;
 
 /// Task id suffix of a job's profiling run.
@@ -63,7 +63,7 @@ pub(crate) struct Observed {
     pub live: BTreeMap<JobId, JobRecord>,
     /// Merges of live jobs; those split this round are inactive.
     pub merges: Vec<MergeRecord>,
-    /// Estimates, with what this round learned (profiles, refits).
+    /// EstimatorClient, with what this round learned (profiles, refits).
     pub estimates: BTreeMap<JobId, Estimate>,
     /// Iterations done and newest checkpoint, with this round's reports.
     pub progress: BTreeMap<JobId, (u64, Option<String>)>,
@@ -135,7 +135,7 @@ impl Observed {
 pub(crate) async fn observe(
     state: &Service,
     lut: &Lut,
-    est: &Estimates,
+    est: &EstimatorClient,
     kind: RoundKind,
     now: DateTime<Utc>,
 ) -> Result<Observed, RoundError> {

@@ -12,13 +12,13 @@ use fmsched_estimator::lut::Lut;
 use fmsched_estimator::transfer::TaskEmbedding;
 use fmsched_proto::v1 as pb;
 
-use crate::estimates::Estimates;
+use crate::estimates::EstimatorClient;
 use crate::persistence::{Assignment, Estimate, FreshStart, JobRecord};
 use crate::registry::LiveNode;
-use crate::scheduling::observe::estimates::{learn_from_running, loss_prior_of, profile_estimate};
-use crate::scheduling::observe::failures::failed;
-use crate::scheduling::observe::telemetry::profile_step_time_sample;
-use crate::scheduling::observe::{Observed, PROFILE_SUFFIX, Reports, members_of};
+use crate::round::observe::estimates::{learn_from_running, loss_prior_of, profile_estimate};
+use crate::round::observe::failures::failed;
+use crate::round::observe::telemetry::profile_step_time_sample;
+use crate::round::observe::{Observed, PROFILE_SUFFIX, Reports, members_of};
 use crate::service::Service;
 
 /// A report of a job restarted from its initial weights
@@ -55,7 +55,7 @@ pub(crate) fn fresh_run(
 pub(crate) async fn observe_task(
     state: &Service,
     lut: &Lut,
-    est: &Estimates,
+    est: &EstimatorClient,
     o: &mut Observed,
     n: &LiveNode,
     t: &pb::ObservedTask,
@@ -255,7 +255,7 @@ pub(crate) fn gang_placement(plan: &[Assignment], job: JobId, world_size: u32) -
 /// run still going leaves the job profiling: it must not be scheduled yet.
 async fn observe_profile_run(
     state: &Service,
-    est: &Estimates,
+    est: &EstimatorClient,
     o: &mut Observed,
     n: &LiveNode,
     t: &pb::ObservedTask,
@@ -348,7 +348,7 @@ pub(crate) fn finishing<'a>(
                 .map_or(t.iteration, |r| r.iteration);
             // When it will really end: on the estimate, whatever the
             // policy plans on.
-            let total = crate::scheduling::expected_iterations(j, estimates.get(&id), true);
+            let total = crate::round::expected_iterations(j, estimates.get(&id), true);
             // A job past its estimated iterations (a metric target the
             // estimate undershot) is not predicted to finish.
             let soon = t.step_time_s > 0.0

@@ -11,7 +11,7 @@ use fmsched_proto::v1 as pb;
 
 use crate::persistence::JobRecord;
 use crate::registry::LiveNode;
-use crate::scheduling::observe::{Observed, members_of};
+use crate::round::observe::{Observed, members_of};
 use crate::service::Service;
 
 /// A shared GPU reporting at least this utilisation is saturated: its two

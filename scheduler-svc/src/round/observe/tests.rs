@@ -15,15 +15,15 @@ use fmsched_estimator::{analytic, icefrog};
 use fmsched_proto::v1 as pb;
 
 use crate::persistence::{Assignment, Estimate, FreshStart, JobRecord, MergeRecord, MetricCurve};
-use crate::scheduling::observe::estimates::{
+use crate::round::observe::estimates::{
     curve_to_json, loss_refit, predict_metric_target, profile_estimate, refreshed_estimate,
 };
-use crate::scheduling::observe::guard::{record_outcome, spatial_gain};
-use crate::scheduling::observe::tasks::{finishing, fresh_run, gang_placement, part_in_force};
-use crate::scheduling::observe::telemetry::{
+use crate::round::observe::guard::{record_outcome, spatial_gain};
+use crate::round::observe::tasks::{finishing, fresh_run, gang_placement, part_in_force};
+use crate::round::observe::telemetry::{
     learn_utilization, profile_step_time_sample, running_step_time_sample,
 };
-use crate::scheduling::observe::{Observed, PROFILE_SUFFIX};
+use crate::round::observe::{Observed, PROFILE_SUFFIX};
 
 pub(crate) fn job(n: u8) -> JobId {
     format!("01a20000-0000-7000-8000-0000000000{n:02}")
@@ -571,7 +571,7 @@ fn utilization_is_learned_from_processes_running_alone() {
         at(3, "a-G1", false),
         at(4, "a-G2", true),
     ];
-    let mut node = crate::scheduling::inputs::tests::node("a", 4);
+    let mut node = crate::round::inputs::tests::node("a", 4);
     let telemetry = |uuid: &str, util: u32, procs: &[(u32, u32)]| pb::GpuTelemetry {
         uuid: uuid.into(),
         utilization_percent: util,
