@@ -1,9 +1,8 @@
 //! Tests of the scheduling loop.
 
 use chrono::Utc;
-use fmsched_core::round::RoundOutcome;
-use fmsched_core::round::{ClusterView, JobView, RoundConfig};
-use fmsched_core::{JobId, JobState, NodeId, round};
+use fmsched_core::round::{ClusterView, JobView, RoundConfig, RoundOutcome};
+use fmsched_core::{GpuUuid, JobId, JobState, NodeId, round};
 
 use crate::round::pacing::DeadlineWaits;
 use crate::round::phases::stuck_phase;
@@ -44,7 +43,6 @@ fn a_round_stuck_in_one_phase_is_reported_once_per_period() {
     assert_eq!(stuck_phase(None, secs(0), &mut said), None);
     assert_eq!(said, None, "between rounds nothing is kept");
 }
-use fmsched_core::GpuUuid;
 
 fn id(n: u8) -> JobId {
     format!("01a20000-0000-7000-8000-0000000000{n:02}")
