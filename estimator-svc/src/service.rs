@@ -7,6 +7,7 @@
 //! acknowledged update survives a restart and a failed write changes
 //! nothing. CPU-heavy calls run on the blocking pool.
 
+use fmsched_runtime::metrics::{Exposition, Kind};
 use std::sync::{Arc, RwLock};
 
 use fmsched_proto::v1 as pb;
@@ -103,10 +104,10 @@ impl RpcMetrics {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone();
-        let mut e = fmsched_runtime::metrics::Exposition::default();
+        let mut e = Exposition::default();
         e.family(
             "fmsched_estimator_requests_total",
-            "counter",
+            Kind::Counter,
             "Requests by RPC.",
         );
         for (rpc, v) in &m {
@@ -118,7 +119,7 @@ impl RpcMetrics {
         }
         e.family(
             "fmsched_estimator_errors_total",
-            "counter",
+            Kind::Counter,
             "Requests answered with an error, by RPC.",
         );
         for (rpc, v) in &m {
@@ -130,7 +131,7 @@ impl RpcMetrics {
         }
         e.family(
             "fmsched_estimator_request_seconds_sum",
-            "counter",
+            Kind::Counter,
             "Seconds spent answering, by RPC.",
         );
         for (rpc, v) in &m {
@@ -366,22 +367,22 @@ impl EstimatorApi {
     pub fn render_metrics(&self) -> String {
         let (intercept, slope) = self.read().gain.coefficients();
         let observed = self.read().gain.observed();
-        let mut e = fmsched_runtime::metrics::Exposition::default();
+        let mut e = Exposition::default();
         e.scalar(
             "fmsched_estimator_gain_intercept",
-            "gauge",
+            Kind::Gauge,
             "Intercept of the Task2Vec score → transfer gain regression.",
             intercept,
         );
         e.scalar(
             "fmsched_estimator_gain_slope",
-            "gauge",
+            Kind::Gauge,
             "Slope of the Task2Vec score → transfer gain regression.",
             slope,
         );
         e.scalar(
             "fmsched_estimator_gain_observed_merges",
-            "gauge",
+            Kind::Gauge,
             "Merge outcomes the regression has learned from (RecordTransferOutcome).",
             observed as f64,
         );

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use fmsched_runtime::metrics::Exposition;
+use fmsched_runtime::metrics::{Exposition, Kind};
 
 use crate::gpu::GpuBackend;
 use crate::reconcile::Reconciler;
@@ -36,7 +36,7 @@ pub async fn render(node_id: &str, gpus: &Arc<dyn GpuBackend>, reconciler: &Reco
         ),
     ];
     for (name, help) in families {
-        e.family(name, "gauge", help);
+        e.family(name, Kind::Gauge, help);
         for t in &telemetry {
             let Some(info) = inventory.iter().find(|i| i.uuid == t.uuid) else {
                 continue;
@@ -68,92 +68,92 @@ pub async fn render(node_id: &str, gpus: &Arc<dyn GpuBackend>, reconciler: &Reco
     let s = d.stats();
     e.scalar(
         "fmsched_agent_processes",
-        "gauge",
+        Kind::Gauge,
         "Training processes running.",
         d.running().await as f64,
     );
     e.scalar(
         "fmsched_agent_launches_total",
-        "counter",
+        Kind::Counter,
         "Training processes started (fresh or resumed).",
         s.launches as f64,
     );
     e.scalar(
         "fmsched_agent_suspends_total",
-        "counter",
+        Kind::Counter,
         "Suspensions (checkpoint, then stop).",
         s.suspends as f64,
     );
     e.scalar(
         "fmsched_agent_suspend_seconds_sum",
-        "counter",
+        Kind::Counter,
         "Seconds spent suspending processes.",
         s.suspend_seconds_sum,
     );
     e.scalar(
         "fmsched_agent_kills_total",
-        "counter",
+        Kind::Counter,
         "Processes killed after ignoring SIGTERM for the grace period.",
         s.kills as f64,
     );
     let w = reconciler.switch_stats();
     e.scalar(
         "fmsched_agent_standby_launches_total",
-        "counter",
+        Kind::Counter,
         "Processes launched in standby on a pipeline-switch hint (Ymir §6.2).",
         w.standby_launches as f64,
     );
     e.scalar(
         "fmsched_agent_standby_started_total",
-        "counter",
+        Kind::Counter,
         "Standby processes a plan started: switches that paid no loader time.",
         w.standby_started as f64,
     );
     e.scalar(
         "fmsched_agent_standby_wasted_total",
-        "counter",
+        Kind::Counter,
         "Standby processes stopped unused (the next plan differed from the hint).",
         w.standby_wasted as f64,
     );
     e.scalar(
         "fmsched_agent_standby_refused_total",
-        "counter",
+        Kind::Counter,
         "Switch hints refused: processes.max_standby processes were waiting already.",
         w.standby_refused as f64,
     );
     e.scalar(
         "fmsched_agent_standby_lead_seconds_sum",
-        "counter",
+        Kind::Counter,
         "Seconds from standby launch to start, summed over started standbys.",
         w.standby_lead_seconds_sum,
     );
     e.scalar(
         "fmsched_agent_warm_processes",
-        "gauge",
+        Kind::Gauge,
         "Warm processes: a finished prompt-tuning task's process waiting with its model loaded (PromptTuner warm pool).",
         reconciler.warm_report().len() as f64,
     );
     e.scalar(
         "fmsched_agent_warm_starts_total",
-        "counter",
+        Kind::Counter,
         "Warm tasks handed to a warm process of their model (no launch, no weight load).",
         w.warm_starts as f64,
     );
     e.scalar(
         "fmsched_agent_cold_starts_total",
-        "counter",
+        Kind::Counter,
         "Warm tasks launched afresh: no warm process of their model held exactly their GPUs.",
         w.cold_starts as f64,
     );
     e.scalar(
         "fmsched_agent_warm_released_total",
-        "counter",
+        Kind::Counter,
         "Warm processes stopped after idling the plan's warm_idle_release (60 s).",
         w.warm_released as f64,
     );
     e.scalar(
         "fmsched_agent_warm_evicted_total",
-        "counter",
+        Kind::Counter,
         "Warm processes stopped because the plan gave their GPUs to another task.",
         w.warm_evicted as f64,
     );

@@ -1,68 +1,152 @@
-//! A minimal Prometheus `/metrics` endpoint (text exposition format 0.0.4)
-//! and a writer for the format. Each service renders its own metrics on
-//! every scrape from the state it already keeps; there is no registry.
+//! Prometheus `/metrics` for fmsched's services: the families each
+//! service renders on every scrape from the state it already keeps,
+//! encoded by the `prometheus` crate's text encoder (exposition format
+//! 0.0.4), and a small endpoint that serves them.
+//!
+//! Owns: the metric types (counter, gauge), their names' and labels'
+//! validation and the text format, through the library. Does not own which
+//! families a service exposes or what they count (each service's
+//! `metrics` module).
 
-use std::fmt::Write as _;
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 
+use prometheus::{CounterVec, Encoder as _, GaugeVec, Opts, Registry, TextEncoder};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// Renders the metrics text on a scrape.
 pub type Render = Arc<dyn Fn() -> Pin<Box<dyn Future<Output = String> + Send>> + Send + Sync>;
 
-/// Builds one exposition: `# HELP`/`# TYPE` once per family, then samples.
-#[derive(Default)]
-pub struct Exposition {
-    out: String,
-    families: Vec<String>,
+/// A family's Prometheus type.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// Only grows (the value given is the total so far).
+    Counter,
+    /// Goes up and down.
+    Gauge,
 }
 
-fn escape(v: &str) -> String {
-    v.replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
+/// One scrape's families: declared with [`Exposition::family`], filled
+/// with [`Exposition::sample`], encoded by [`Exposition::finish`]. The
+/// values are set at scrape time from the service's own state, so each
+/// scrape builds a fresh registry.
+#[derive(Default)]
+pub struct Exposition {
+    registry: Registry,
+    families: BTreeMap<String, Family>,
+}
+
+struct Family {
+    kind: Kind,
+    help: String,
+    /// Created at the first sample, whose label names the family keeps.
+    metrics: Option<(Vec<String>, Metrics)>,
+}
+
+enum Metrics {
+    Counter(CounterVec),
+    Gauge(GaugeVec),
 }
 
 impl Exposition {
-    /// Declares a family (`kind`: counter, gauge).
-    pub fn family(&mut self, name: &str, kind: &str, help: &str) -> &mut Self {
-        if !self.families.iter().any(|f| f == name) {
-            let _ = writeln!(self.out, "# HELP {name} {help}");
-            let _ = writeln!(self.out, "# TYPE {name} {kind}");
-            self.families.push(name.to_string());
-        }
+    /// Declares a family; declaring it again keeps the first declaration.
+    pub fn family(&mut self, name: &str, kind: Kind, help: &str) -> &mut Self {
+        self.families.entry(name.to_string()).or_insert(Family {
+            kind,
+            help: help.to_string(),
+            metrics: None,
+        });
         self
     }
 
-    /// One sample with labels.
+    /// One sample with labels. A family is declared before its samples,
+    /// and all its samples carry the same label names; a sample that
+    /// breaks either is left out (logged), never the whole scrape.
     pub fn sample(&mut self, name: &str, labels: &[(&str, &str)], value: f64) -> &mut Self {
-        let _ = write!(self.out, "{name}");
-        if !labels.is_empty() {
-            let l: Vec<String> = labels
-                .iter()
-                .map(|(k, v)| format!("{k}=\"{}\"", escape(v)))
-                .collect();
-            let _ = write!(self.out, "{{{}}}", l.join(","));
-        }
-        let v = if value.is_finite() {
-            format!("{value}")
-        } else {
-            "NaN".into()
+        let Some(family) = self.families.get_mut(name) else {
+            tracing::warn!(
+                metric = name,
+                "metric sampled before its family was declared"
+            );
+            return self;
         };
-        let _ = writeln!(self.out, " {v}");
+        let names: Vec<String> = labels.iter().map(|(k, _)| k.to_string()).collect();
+        if family.metrics.is_none() {
+            match new_metrics(name, family, &names) {
+                Ok(m) => {
+                    if let Err(e) = self.registry.register(m.collector()) {
+                        tracing::warn!(metric = name, error = %e, "metric family not registered");
+                        return self;
+                    }
+                    family.metrics = Some((names.clone(), m));
+                }
+                Err(e) => {
+                    tracing::warn!(metric = name, error = %e, "invalid metric family");
+                    return self;
+                }
+            }
+        }
+        let Some((known, metrics)) = &family.metrics else {
+            return self;
+        };
+        if *known != names {
+            tracing::warn!(
+                metric = name,
+                "sample's label names differ from its family's"
+            );
+            return self;
+        }
+        let values: Vec<&str> = labels.iter().map(|(_, v)| *v).collect();
+        // Non-finite values are shown as NaN (neither +Inf nor -Inf is a
+        // figure any of our families can mean).
+        let value = if value.is_finite() { value } else { f64::NAN };
+        match metrics {
+            Metrics::Counter(c) => match c.get_metric_with_label_values(&values) {
+                Ok(c) => c.inc_by(if value < 0.0 { 0.0 } else { value }),
+                Err(e) => tracing::warn!(metric = name, error = %e, "counter sample"),
+            },
+            Metrics::Gauge(g) => match g.get_metric_with_label_values(&values) {
+                Ok(g) => g.set(value),
+                Err(e) => tracing::warn!(metric = name, error = %e, "gauge sample"),
+            },
+        }
         self
     }
 
     /// A family with one unlabeled sample (most counters and gauges).
-    pub fn scalar(&mut self, name: &str, kind: &str, help: &str, value: f64) -> &mut Self {
+    pub fn scalar(&mut self, name: &str, kind: Kind, help: &str, value: f64) -> &mut Self {
         self.family(name, kind, help).sample(name, &[], value)
     }
 
+    /// The text exposition (format 0.0.4) of every family with a sample,
+    /// sorted by name.
     pub fn finish(self) -> String {
-        self.out
+        let mut out = Vec::new();
+        if let Err(e) = TextEncoder::new().encode(&self.registry.gather(), &mut out) {
+            tracing::warn!(error = %e, "metrics not encoded");
+        }
+        String::from_utf8(out).unwrap_or_default()
+    }
+}
+
+fn new_metrics(name: &str, family: &Family, labels: &[String]) -> prometheus::Result<Metrics> {
+    let opts = Opts::new(name, family.help.clone());
+    let labels: Vec<&str> = labels.iter().map(String::as_str).collect();
+    Ok(match family.kind {
+        Kind::Counter => Metrics::Counter(CounterVec::new(opts, &labels)?),
+        Kind::Gauge => Metrics::Gauge(GaugeVec::new(opts, &labels)?),
+    })
+}
+
+impl Metrics {
+    fn collector(&self) -> Box<dyn prometheus::core::Collector> {
+        match self {
+            Metrics::Counter(c) => Box::new(c.clone()),
+            Metrics::Gauge(g) => Box::new(g.clone()),
+        }
     }
 }
 
@@ -147,13 +231,13 @@ impl Exposition {
         if let Some(p) = process_stats() {
             self.scalar(
                 "process_cpu_seconds_total",
-                "counter",
+                Kind::Counter,
                 "User and system CPU time of this process, in seconds.",
                 p.cpu_seconds,
             );
             self.scalar(
                 "process_resident_memory_bytes",
-                "gauge",
+                Kind::Gauge,
                 "Resident memory of this process, in bytes.",
                 p.resident_bytes as f64,
             );
@@ -179,6 +263,34 @@ pub async fn scrape(addr: SocketAddr) -> std::io::Result<String> {
 mod tests {
     use super::*;
 
+    /// The library's text format: HELP and TYPE once per family, samples
+    /// under their family, families sorted by name, counters' totals as
+    /// given; a sample whose labels do not match its family's, or of an
+    /// undeclared family, is left out and the rest is still served.
+    #[test]
+    fn families_are_typed_and_a_bad_sample_is_left_out() {
+        let mut e = Exposition::default();
+        e.scalar("fmsched_rounds_total", Kind::Counter, "Rounds run.", 12.0);
+        e.family("fmsched_nodes", Kind::Gauge, "Nodes by state.");
+        e.sample("fmsched_nodes", &[("state", "available")], 2.0);
+        e.sample("fmsched_nodes", &[("state", "offline")], 0.0);
+        e.sample("fmsched_nodes", &[("zone", "x")], 5.0);
+        e.sample("fmsched_undeclared", &[], 1.0);
+        e.scalar("fmsched_ratio", Kind::Gauge, "A ratio.", f64::INFINITY);
+        let text = e.finish();
+        let expected = "# HELP fmsched_nodes Nodes by state.\n\
+                        # TYPE fmsched_nodes gauge\n\
+                        fmsched_nodes{state=\"available\"} 2\n\
+                        fmsched_nodes{state=\"offline\"} 0\n\
+                        # HELP fmsched_ratio A ratio.\n\
+                        # TYPE fmsched_ratio gauge\n\
+                        fmsched_ratio NaN\n\
+                        # HELP fmsched_rounds_total Rounds run.\n\
+                        # TYPE fmsched_rounds_total counter\n\
+                        fmsched_rounds_total 12\n";
+        assert_eq!(text, expected);
+    }
+
     #[tokio::test]
     async fn serves_the_exposition_format() {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -186,7 +298,7 @@ mod tests {
         let render: Render = Arc::new(|| {
             Box::pin(async {
                 let mut e = Exposition::default();
-                e.family("fmsched_jobs", "gauge", "Jobs by state.")
+                e.family("fmsched_jobs", Kind::Gauge, "Jobs by state.")
                     .sample("fmsched_jobs", &[("state", "running")], 3.0)
                     .sample("fmsched_jobs", &[("state", "q\"x")], 1.0);
                 e.finish()

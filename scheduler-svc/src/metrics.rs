@@ -12,11 +12,10 @@
 use std::collections::BTreeMap;
 
 use fmsched_core::JobState;
-use fmsched_runtime::metrics::Exposition;
+use fmsched_runtime::metrics::{Exposition, Kind};
 
-use crate::persistence::SloReport;
+use crate::persistence::{Persistence, SloReport};
 use crate::registry::LiveNode;
-use crate::service::Service;
 
 /// Counters of the scheduling loop, rendered on `/metrics`.
 #[derive(Debug, Default)]
@@ -135,11 +134,19 @@ impl SchedulerMetrics {
     }
 }
 
-/// Renders the scheduler's metrics (job counts come from Postgres).
-pub async fn render_metrics(state: &Service) -> String {
+/// Renders the scheduler's metrics: the loop's counters (`metrics`), the
+/// nodes the registry holds, the leader's epoch, and job counts and SLO
+/// figures read from Postgres at scrape time (left out when it does not
+/// answer).
+pub async fn render_metrics(
+    persistence: &Persistence,
+    metrics: &SchedulerMetrics,
+    nodes: &[LiveNode],
+    leader_epoch: i64,
+) -> String {
     let mut e = Exposition::default();
-    e.family("fmsched_jobs", "gauge", "Jobs by state.");
-    if let Ok(counts) = state.persistence.job_counts_by_state().await {
+    e.family("fmsched_jobs", Kind::Gauge, "Jobs by state.");
+    if let Ok(counts) = persistence.job_counts_by_state().await {
         for st in JobState::ALL {
             e.sample(
                 "fmsched_jobs",
@@ -148,13 +155,13 @@ pub async fn render_metrics(state: &Service) -> String {
             );
         }
     }
-    let v = state.metrics.values();
+    let v = metrics.values();
     queue_families(&mut e, &v);
     prompt_families(&mut e, &v);
-    node_families(&mut e, &state.registry.snapshot());
+    node_families(&mut e, nodes);
     counter_families(&mut e, &v);
-    round_families(&mut e, &v, state.leadership.epoch() as f64);
-    if let Ok(r) = state.persistence.slo_report().await {
+    round_families(&mut e, &v, leader_epoch as f64);
+    if let Ok(r) = persistence.slo_report().await {
         slo_families(&mut e, &r);
     }
     e.process();
@@ -183,7 +190,7 @@ fn queue_families(e: &mut Exposition, v: &MetricValues) {
         if v.queues.is_empty() {
             break;
         }
-        e.family(metric, "gauge", help);
+        e.family(metric, Kind::Gauge, help);
         for (name, g) in &v.queues {
             // The implicit queue when none is configured.
             let label = if name.is_empty() { "cluster" } else { name };
@@ -196,26 +203,26 @@ fn queue_families(e: &mut Exposition, v: &MetricValues) {
 fn prompt_families(e: &mut Exposition, v: &MetricValues) {
     e.scalar(
         "fmsched_prompt_bank_filed_total",
-        "counter",
+        Kind::Counter,
         "Tuned prompts filed in the Prompt Bank.",
         v.prompt_bank_filed as f64,
     );
     e.scalar(
         "fmsched_prompt_bank_evicted_total",
-        "counter",
+        Kind::Counter,
         "Prompts evicted from the Prompt Bank past its cap.",
         v.prompt_bank_evicted as f64,
     );
     e.scalar(
         "fmsched_prompt_bank_index_builds_total",
-        "counter",
+        Kind::Counter,
         "Prompt Bank indexes built from the stored prompts.",
         v.prompt_bank_builds as f64,
     );
     if !v.prompt_bank_prompts.is_empty() {
         e.family(
             "fmsched_prompt_bank_prompts",
-            "gauge",
+            Kind::Gauge,
             "Prompts in each model's Prompt Bank index (the leader's).",
         );
         for (model, n) in &v.prompt_bank_prompts {
@@ -228,31 +235,31 @@ fn prompt_families(e: &mut Exposition, v: &MetricValues) {
     }
     e.scalar(
         "fmsched_prompt_decisions_total",
-        "counter",
+        Kind::Counter,
         "Prompt lane passes that decided with a request pending (PromptTuner's 50 ms loop).",
         v.prompt_decisions as f64,
     );
     e.scalar(
         "fmsched_prompt_decision_seconds_sum",
-        "counter",
+        Kind::Counter,
         "Seconds the prompt lane's decisions took (Algorithms 1 and 2, then GPUs), summed.",
         v.prompt_decision_seconds_sum,
     );
     e.scalar(
         "fmsched_prompt_decision_seconds_max",
-        "gauge",
+        Kind::Gauge,
         "The longest prompt lane decision so far, seconds.",
         v.prompt_decision_seconds_max,
     );
     e.scalar(
         "fmsched_prompt_pass_seconds_sum",
-        "counter",
+        Kind::Counter,
         "Seconds of whole prompt lane passes (observe, decide, commit, push), summed.",
         v.prompt_pass_seconds_sum,
     );
     e.family(
         "fmsched_prompt_starts_total",
-        "counter",
+        Kind::Counter,
         "Prompt-tuning requests the lane started: on a warm process of their model (hit) or loading it afresh (miss).",
     );
     e.sample(
@@ -267,7 +274,7 @@ fn prompt_families(e: &mut Exposition, v: &MetricValues) {
     );
     e.scalar(
         "fmsched_prompt_delayed",
-        "gauge",
+        Kind::Gauge,
         "Prompt-tuning requests waiting for warm GPUs that free up in time (last lane pass).",
         v.prompt_delayed as f64,
     );
@@ -281,13 +288,13 @@ fn node_families(e: &mut Exposition, nodes: &[LiveNode]) {
     }
     e.family(
         "fmsched_prompt_warm_gpus",
-        "gauge",
+        Kind::Gauge,
         "Idle warm GPUs per model: processes with the model loaded waiting for a request (PromptTuner's warm pools).",
     );
     for (model, n) in &warm {
         e.sample("fmsched_prompt_warm_gpus", &[("model", model)], *n as f64);
     }
-    e.family("fmsched_nodes", "gauge", "Nodes by liveness state.");
+    e.family("fmsched_nodes", Kind::Gauge, "Nodes by liveness state.");
     for st in ["available", "suspect", "offline"] {
         let n = nodes.iter().filter(|x| x.state.as_str() == st).count();
         e.sample("fmsched_nodes", &[("state", st)], n as f64);
@@ -298,97 +305,97 @@ fn node_families(e: &mut Exposition, nodes: &[LiveNode]) {
 fn counter_families(e: &mut Exposition, v: &MetricValues) {
     e.scalar(
         "fmsched_autosched_tunings_total",
-        "counter",
+        Kind::Counter,
         "AutoSched tunings run (dry runs included).",
         v.autosched_tunings as f64,
     );
     e.scalar(
         "fmsched_autosched_adopted_total",
-        "counter",
+        Kind::Counter,
         "AutoSched tunings that changed the policy's knobs.",
         v.autosched_adopted as f64,
     );
     e.scalar(
         "fmsched_autosched_predicted_gain",
-        "gauge",
+        Kind::Gauge,
         "The last tuning's best over active score on the predicted workload.",
         v.autosched_last_gain,
     );
     e.scalar(
         "fmsched_autosched_realised_gain",
-        "gauge",
+        Kind::Gauge,
         "The objective since the last adoption over the same span before it (0: not measured yet).",
         v.autosched_realised_gain,
     );
     e.scalar(
         "fmsched_autosched_tune_seconds_last",
-        "gauge",
+        Kind::Gauge,
         "Wall seconds of the last tuning.",
         v.autosched_last_seconds,
     );
     e.scalar(
         "fmsched_queue_length",
-        "gauge",
+        Kind::Gauge,
         "Live jobs without GPUs after the last round.",
         v.queue_length as f64,
     );
     e.scalar(
         "fmsched_round_unplaced_groups",
-        "gauge",
+        Kind::Gauge,
         "Groups the last round's policy gave GPUs that placement found no room for: their jobs wait (a fragmented cluster, or families they cannot run on held by others).",
         v.unplaced_groups as f64,
     );
     e.scalar(
         "fmsched_rounds_total",
-        "counter",
+        Kind::Counter,
         "Scheduling rounds run.",
         v.rounds as f64,
     );
     e.scalar(
         "fmsched_round_duration_seconds_sum",
-        "counter",
+        Kind::Counter,
         "Total seconds spent in rounds.",
         v.round_seconds_sum,
     );
     e.scalar(
         "fmsched_round_duration_seconds_last",
-        "gauge",
+        Kind::Gauge,
         "Seconds of the last round.",
         v.last_round_seconds,
     );
     e.scalar(
         "fmsched_solver_seconds_sum",
-        "counter",
+        Kind::Counter,
         "Total seconds in the policy (MILP solve for Ymir).",
         v.solver_seconds_sum,
     );
     e.scalar(
         "fmsched_solver_seconds_last",
-        "gauge",
+        Kind::Gauge,
         "Seconds of the last policy call.",
         v.last_solver_seconds,
     );
     e.scalar(
         "fmsched_solver_fallbacks_total",
-        "counter",
+        Kind::Counter,
         "Rounds whose MILP hit its time limit and used the greedy fallback.",
         v.fallbacks as f64,
     );
     e.scalar(
         "fmsched_solver_abandoned_total",
-        "counter",
+        Kind::Counter,
         "MILP solves abandoned for not returning long past their time limit (a solver bug; the greedy fallback ran).",
         v.solver_abandoned as f64,
     );
     e.scalar(
         "fmsched_round_decide_timeouts_total",
-        "counter",
+        Kind::Counter,
         "Rounds given up because their decision did not come within 60 s.",
         v.decide_timeouts as f64,
     );
     e.scalar(
         "fmsched_round_phase_seconds",
-        "gauge",
+        Kind::Gauge,
         "Seconds the round in progress has been in its current phase (0 between rounds).",
         v.round_phase
             .map_or(0.0, |(_, since)| since.elapsed().as_secs_f64()),
@@ -399,7 +406,7 @@ fn counter_families(e: &mut Exposition, v: &MetricValues) {
 fn round_families(e: &mut Exposition, v: &MetricValues, leader_epoch: f64) {
     e.family(
         "fmsched_round_phase_duration_seconds_last",
-        "gauge",
+        Kind::Gauge,
         "Seconds of each phase of the last committing round.",
     );
     for (phase, s) in &v.last_round_phases {
@@ -411,7 +418,7 @@ fn round_families(e: &mut Exposition, v: &MetricValues, leader_epoch: f64) {
     }
     e.family(
         "fmsched_round_phase_duration_seconds_sum",
-        "counter",
+        Kind::Counter,
         "Seconds of each phase summed over committing rounds.",
     );
     for (phase, s) in &v.round_phase_seconds_sum {
@@ -423,13 +430,13 @@ fn round_families(e: &mut Exposition, v: &MetricValues, leader_epoch: f64) {
     }
     e.scalar(
         "fmsched_solver_model_variables",
-        "gauge",
+        Kind::Gauge,
         "Variables of the last MILP.",
         v.model_variables as f64,
     );
     e.family(
         "fmsched_merges_total",
-        "counter",
+        Kind::Counter,
         "Merges decided, by mode.",
     );
     e.sample(
@@ -444,85 +451,85 @@ fn round_families(e: &mut Exposition, v: &MetricValues, leader_epoch: f64) {
     );
     e.scalar(
         "fmsched_merge_guard_splits_total",
-        "counter",
+        Kind::Counter,
         "Merges split by the merge guard (no accuracy gain in two epochs).",
         v.guard_splits as f64,
     );
     e.scalar(
         "fmsched_merges_released_total",
-        "counter",
+        Kind::Counter,
         "Kept temporal merges split because their waiting job would finish sooner alone.",
         v.merges_released as f64,
     );
     e.scalar(
         "fmsched_estimator_fallbacks_total",
-        "counter",
+        Kind::Counter,
         "Estimator service calls that failed; the in-process estimator answered.",
         v.estimator_fallbacks as f64,
     );
     e.scalar(
         "fmsched_prewarm_hints_total",
-        "counter",
+        Kind::Counter,
         "Pipeline-switch hints sent: tasks started in standby ahead of a round (Ymir §6.2).",
         v.prewarm_hints as f64,
     );
     e.scalar(
         "fmsched_fenced_rounds_total",
-        "counter",
+        Kind::Counter,
         "Rounds whose commit was refused because this replica no longer led or the plan moved on under it (nothing was written or pushed).",
         v.fenced_rounds as f64,
     );
     e.scalar(
         "fmsched_unexecutable_placements_total",
-        "counter",
+        Kind::Counter,
         "Groups the policy placed over more nodes than scheduling.max_nodes_per_job allows (the jobs wait, with an event).",
         v.unexecutable_placements as f64,
     );
     e.scalar(
         "fmsched_transfer_outcomes_total",
-        "counter",
+        Kind::Counter,
         "Observed merge gains sent to the estimator's transfer regression (RecordTransferOutcome).",
         v.transfer_outcomes as f64,
     );
     e.scalar(
         "fmsched_agent_duplicate_registrations_total",
-        "counter",
+        Kind::Counter,
         "Registrations refused with ALREADY_EXISTS: another agent process holds a live session on the node id.",
         v.duplicate_registrations as f64,
     );
     e.scalar(
         "fmsched_agent_refused_registrations_total",
-        "counter",
+        Kind::Counter,
         "Registrations refused for their credentials (a node token of another node, a wrong join token).",
         v.refused_registrations as f64,
     );
     e.scalar(
         "fmsched_agent_refused_messages_total",
-        "counter",
+        Kind::Counter,
         "Agent messages over the protocol's limits (the session was closed with INVALID_ARGUMENT).",
         v.refused_messages as f64,
     );
     e.scalar(
         "fmsched_agent_ignored_reports_total",
-        "counter",
+        Kind::Counter,
         "Process reports ignored because the reporting node was never given the job (forged or misrouted), per round.",
         v.ignored_reports as f64,
     );
     e.scalar(
         "fmsched_leader_epoch",
-        "gauge",
+        Kind::Gauge,
         "Leadership term this replica holds (0 = standby).",
         leader_epoch,
     );
     e.scalar(
         "fmsched_context_switches_total",
-        "counter",
+        Kind::Counter,
         "Jobs started, moved or resized (each costs a checkpoint and a restart).",
         v.context_switches as f64,
     );
     e.family(
         "fmsched_jobs_finished_total",
-        "counter",
+        Kind::Counter,
         "Jobs completed or failed by this process.",
     )
     .sample(
@@ -537,7 +544,7 @@ fn round_families(e: &mut Exposition, v: &MetricValues, leader_epoch: f64) {
     );
     e.scalar(
         "fmsched_retries_total",
-        "counter",
+        Kind::Counter,
         "Failed training processes retried.",
         v.retries as f64,
     );
@@ -553,7 +560,7 @@ fn slo_families(e: &mut Exposition, r: &SloReport) {
     };
     e.family(
         "fmsched_slo_jobs_finished_total",
-        "counter",
+        Kind::Counter,
         "Jobs with a deadline that ended (completed or failed), by class.",
     );
     for (class, n) in by_class(false) {
@@ -565,7 +572,7 @@ fn slo_families(e: &mut Exposition, r: &SloReport) {
     }
     e.family(
         "fmsched_slo_deadline_misses_total",
-        "counter",
+        Kind::Counter,
         "Of those, the ones that missed their deadline (failed, or completed after it), by class.",
     );
     for (class, n) in by_class(true) {
@@ -581,7 +588,7 @@ fn slo_families(e: &mut Exposition, r: &SloReport) {
         .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
     e.scalar(
         "fmsched_slo_attainment_ratio",
-        "gauge",
+        Kind::Gauge,
         "Share of ended jobs with a deadline that met it (1 before any ended).",
         if n == 0 {
             1.0
@@ -591,19 +598,19 @@ fn slo_families(e: &mut Exposition, r: &SloReport) {
     );
     e.scalar(
         "fmsched_slo_jobs_at_risk",
-        "gauge",
+        Kind::Gauge,
         "Live jobs the last round predicted to miss their deadline.",
         r.at_risk as f64,
     );
     e.scalar(
         "fmsched_best_effort_jobs_completed_total",
-        "counter",
+        Kind::Counter,
         "Best-effort jobs completed.",
         r.best_effort_completed as f64,
     );
     e.scalar(
         "fmsched_best_effort_jct_seconds_avg",
-        "gauge",
+        Kind::Gauge,
         "Mean job completion time (completion - submission) of completed best-effort jobs.",
         r.best_effort_avg_jct_s,
     );

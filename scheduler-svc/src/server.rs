@@ -86,7 +86,7 @@ pub async fn run(
             ),
         )),
         autosched: Arc::new(
-            crate::round::autosched::Autosched::new().context("loading AutoSched's profiles")?,
+            crate::tuner::Autosched::new().context("loading AutoSched's profiles")?,
         ),
         leader: Default::default(),
     };
@@ -122,7 +122,15 @@ pub async fn run(
         let st = state.clone();
         let render: fmsched_runtime::metrics::Render = Arc::new(move || {
             let st = st.clone();
-            Box::pin(async move { crate::metrics::render_metrics(&st).await })
+            Box::pin(async move {
+                crate::metrics::render_metrics(
+                    &st.persistence,
+                    &st.metrics,
+                    &st.registry.snapshot(),
+                    st.leadership.epoch(),
+                )
+                .await
+            })
         });
         tokio::spawn(async move {
             if let Err(e) = fmsched_runtime::metrics::serve(addr, render).await {
