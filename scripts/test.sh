@@ -66,6 +66,8 @@ if [ "$quick" = 0 ]; then
   cargo fmt --all -- --check
   log "cargo clippy --all-targets -- -D warnings"
   cargo clippy --workspace --all-targets --locked -- -D warnings
+  log "no module circles (scripts/module-circles.py)"
+  python3 scripts/module-circles.py
 fi
 
 log "building binaries (the integration tests run them)"

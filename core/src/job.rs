@@ -13,6 +13,8 @@ use std::str::FromStr;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
+pub use crate::slo::SloClass;
+
 /// Lifecycle of a job. See [`JobState::can_transition_to`] for the edges.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -218,56 +220,6 @@ impl PromptTuning {
     }
 }
 
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum SloClass {
-    #[default]
-    BestEffort,
-    /// Must finish before its deadline (UniSched's strict SLO).
-    Slo,
-    /// Should finish by its deadline; finishing by 1.1 / 1.2 / 1.5 × it
-    /// still earns part of the reward (UniSched's soft SLO,
-    /// [`crate::slo::SOFT_STEPS`]).
-    SoftSlo,
-}
-
-impl SloClass {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            SloClass::BestEffort => "best_effort",
-            SloClass::Slo => "slo",
-            SloClass::SoftSlo => "soft_slo",
-        }
-    }
-
-    /// A class with a deadline to meet.
-    pub fn has_deadline(self) -> bool {
-        !matches!(self, SloClass::BestEffort)
-    }
-
-    /// The one default class rule of every entry point (gRPC, YAML, SDK,
-    /// fmsim workloads): the class named, else SLO when there is a
-    /// deadline (UniSched: a deadline is what makes a job an SLO job), else
-    /// best-effort.
-    pub fn or_default_for(named: Option<SloClass>, has_deadline: bool) -> SloClass {
-        named.unwrap_or(if has_deadline {
-            SloClass::Slo
-        } else {
-            SloClass::BestEffort
-        })
-    }
-}
-
-impl std::str::FromStr for SloClass {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        [SloClass::BestEffort, SloClass::Slo, SloClass::SoftSlo]
-            .into_iter()
-            .find(|c| c.as_str() == s)
-            .ok_or_else(|| format!("{s:?} is not best_effort, slo or soft_slo"))
-    }
-}
-
 /// Ymir Table 1 "Hyperparam".
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -374,8 +326,8 @@ fn one() -> u32 {
 impl Resources {
     /// GPUs that must sit together on one node: a pipeline replica, an
     /// expert group, or a multi-GPU worker.
-    pub fn replica(&self) -> crate::policy::Replica {
-        crate::policy::Replica::of(self.pipeline_parallel, self.expert_parallel)
+    pub fn replica(&self) -> Replica {
+        Replica::of(self.pipeline_parallel, self.expert_parallel)
             .with_workers(self.workers.map_or(0, |w| w.gpus_per_worker))
     }
 
@@ -590,6 +542,60 @@ pub struct JobSpec {
 
 fn is_zero_i32(p: &i32) -> bool {
     *p == 0
+}
+
+/// Stages of a pipeline-parallel job, i.e. GPUs of one pipeline replica
+/// (Ymir §5.2: "we restrict the resource allocation set as A = {4m | m ∈ N},
+/// reserving entire GPU servers for each pipeline-parallel workload" — on
+/// their 4-GPU servers a replica is a server). fmsched keeps each replica's
+/// four stages on one node of any size: half an 8-GPU server, a quarter of
+/// a 16-GPU one. Allocations of a pipeline job are multiples of this.
+pub const PIPELINE_STAGES: u32 = 4;
+
+/// One replica of a job: GPUs that must sit on one node — a pipeline's
+/// [`PIPELINE_STAGES`], an expert-parallel group's `expert_parallel` GPUs
+/// (Lina: the all-to-all between experts is a third of a step's time even
+/// over NVLink, Table 4.1 — across the network it would dominate), else
+/// one GPU. A job's allocations are multiples of [`Replica::gpus`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Replica {
+    Gpu,
+    /// [`PIPELINE_STAGES`] stages.
+    Pipeline,
+    /// An expert-parallel group of this many GPUs (> 1).
+    Experts(u32),
+    /// An elastic job's worker of this many GPUs (> 1; Lyra): a worker's
+    /// GPUs sit on one node, and the job grows and shrinks by workers.
+    Worker(u32),
+}
+
+impl Replica {
+    pub fn of(pipeline: bool, expert_parallel: u32) -> Self {
+        if pipeline {
+            Replica::Pipeline
+        } else if expert_parallel > 1 {
+            Replica::Experts(expert_parallel)
+        } else {
+            Replica::Gpu
+        }
+    }
+
+    /// This replica, or a worker of `gpus_per_worker` GPUs for a
+    /// data-parallel job with multi-GPU workers.
+    pub fn with_workers(self, gpus_per_worker: u32) -> Self {
+        match self {
+            Replica::Gpu if gpus_per_worker > 1 => Replica::Worker(gpus_per_worker),
+            other => other,
+        }
+    }
+
+    pub fn gpus(self) -> u32 {
+        match self {
+            Replica::Gpu => 1,
+            Replica::Pipeline => PIPELINE_STAGES,
+            Replica::Experts(n) | Replica::Worker(n) => n,
+        }
+    }
 }
 
 #[cfg(test)]

@@ -6,6 +6,7 @@
 //! the clock — callers pass `now`. The scheduler service and the simulator
 //! both build on it, so a decision made here is made the same way in both.
 
+pub mod field_error;
 pub mod hash;
 pub mod ids;
 pub mod job;

@@ -40,7 +40,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::validate::FieldError;
+use crate::field_error::FieldError;
 
 /// One queue as an operator configures it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

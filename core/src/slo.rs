@@ -11,7 +11,58 @@
 //! time instead). Times are seconds on the caller's clock, like
 //! `Snapshot::now`.
 
-use crate::job::SloClass;
+use serde::{Deserialize, Serialize};
+
+/// A job's service class.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SloClass {
+    #[default]
+    BestEffort,
+    /// Must finish before its deadline (UniSched's strict SLO).
+    Slo,
+    /// Should finish by its deadline; finishing by 1.1 / 1.2 / 1.5 × it
+    /// still earns part of the reward (UniSched's soft SLO,
+    /// [`SOFT_STEPS`]).
+    SoftSlo,
+}
+
+impl SloClass {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SloClass::BestEffort => "best_effort",
+            SloClass::Slo => "slo",
+            SloClass::SoftSlo => "soft_slo",
+        }
+    }
+
+    /// A class with a deadline to meet.
+    pub fn has_deadline(self) -> bool {
+        !matches!(self, SloClass::BestEffort)
+    }
+
+    /// The one default class rule of every entry point (gRPC, YAML, SDK,
+    /// fmsim workloads): the class named, else SLO when there is a
+    /// deadline (UniSched: a deadline is what makes a job an SLO job), else
+    /// best-effort.
+    pub fn or_default_for(named: Option<SloClass>, has_deadline: bool) -> SloClass {
+        named.unwrap_or(if has_deadline {
+            SloClass::Slo
+        } else {
+            SloClass::BestEffort
+        })
+    }
+}
+
+impl std::str::FromStr for SloClass {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        [SloClass::BestEffort, SloClass::Slo, SloClass::SoftSlo]
+            .into_iter()
+            .find(|c| c.as_str() == s)
+            .ok_or_else(|| format!("{s:?} is not best_effort, slo or soft_slo"))
+    }
+}
 
 /// One step of a reward function: finishing by `by` earns `reward`.
 #[derive(Clone, Copy, Debug, PartialEq)]

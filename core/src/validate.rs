@@ -5,30 +5,9 @@ use std::fmt;
 
 use chrono::{DateTime, Utc};
 
+pub use crate::field_error::FieldError;
 use crate::job::{JobSpec, SloClass};
 use crate::models::{ModelCatalog, ModelInfo, expert_group_problem};
-
-/// A rejected input: which field, and why.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub struct FieldError {
-    pub field: String,
-    pub message: String,
-}
-
-impl FieldError {
-    pub fn new(field: impl Into<String>, message: impl Into<String>) -> Self {
-        Self {
-            field: field.into(),
-            message: message.into(),
-        }
-    }
-}
-
-impl fmt::Display for FieldError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}", self.field, self.message)
-    }
-}
 
 /// Size limits on user input. Defaults follow the API documentation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -13,6 +13,7 @@ pub mod analytic;
 pub mod curve_prior;
 pub mod deadline;
 pub mod fit;
+pub mod footprint;
 pub mod icefrog;
 pub mod loss_curve;
 pub mod loss_prior;

@@ -28,6 +28,8 @@
 //! sample further than 3× from the current estimate, or (after 5 samples)
 //! more than `4σ + 5 %` from the mean, is rejected as an outlier.
 
+pub mod variants;
+
 use std::collections::BTreeMap;
 
 /// Configuration variant of Ymir's `cfgs` beyond batch and GPUs.
@@ -407,7 +409,7 @@ fn variant_memory(
     let (m1, m2) = (profile.memory_gib(1)?, profile.memory_gib(2)?);
     let per_sample = (m2 - m1).max(0.0);
     let fixed = (m1 - per_sample).max(0.0);
-    Some(crate::icefrog::adjust_memory(
+    Some(variants::adjust_memory(
         fixed, per_sample, from, to, layers, bsz,
     ))
 }
@@ -551,7 +553,7 @@ impl Lut {
                 gpu_type: key.gpu_type.clone(),
             })?;
         if let Some(from) = derived_from {
-            let (s, y) = crate::icefrog::adjust_variant(step, sync, from, &key.variant, layers);
+            let (s, y) = variants::adjust_variant(step, sync, from, &key.variant, layers);
             step = s;
             sync = y;
             interpolated = true;

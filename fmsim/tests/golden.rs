@@ -8,7 +8,7 @@ use std::path::Path;
 
 use common::{run_on as run, small};
 use fmsched_core::policy::MergeMode;
-use fmsched_core::policy::baselines::by_name;
+use fmsched_core::policy::by_name;
 use fmsched_estimator::analytic;
 use fmsched_sim::catalog::{Catalog, ModelTasks, TaskInfo, Work};
 use fmsched_sim::engine::{NodeGroup, SimConfig, Simulation};
@@ -652,7 +652,7 @@ fn deadline_policies_preempt_best_effort_work_to_meet_a_deadline() {
 /// (`iteration_estimator=1`), plan it at its work and meet the deadline.
 #[test]
 fn deadline_a_metric_target_job_is_planned_at_its_maximum_without_the_iteration_estimator() {
-    use fmsched_core::policy::baselines::with_knobs;
+    use fmsched_core::policy::with_knobs;
     use fmsched_sim::workload::SloSpec;
     use std::collections::BTreeMap;
     let catalog = Catalog::default_synthetic();
@@ -822,7 +822,7 @@ fn tail_resize_horizon_cuts_restarts_on_a_generated_load() {
     let cfg = SimConfig::uniform(16, 4, "V100");
     let with = |horizon: f64| {
         let knobs = [("resize_horizon_s".to_string(), horizon)].into();
-        let p = fmsched_core::policy::baselines::with_knobs("ymir", &knobs).unwrap();
+        let p = fmsched_core::policy::with_knobs("ymir", &knobs).unwrap();
         let r = Simulation::new(cfg.clone(), &lut, &catalog, &jobs)
             .unwrap()
             .run(p.as_ref(), &catalog, |_, _| {})
@@ -886,7 +886,7 @@ fn tail_warm_starts_from_finished_jobs_cut_the_shipped_workloads_mean_and_tail()
     let lut = analytic::default_lut().unwrap();
     let sim = |warm: f64| {
         let knobs = std::collections::BTreeMap::from([("warm_starts".to_string(), warm)]);
-        let p = fmsched_core::policy::baselines::with_knobs("ymir", &knobs).unwrap();
+        let p = fmsched_core::policy::with_knobs("ymir", &knobs).unwrap();
         Simulation::new(cluster(), &lut, &catalog, &jobs)
             .unwrap()
             .run(p.as_ref(), &catalog, |_, _| {})

@@ -11,7 +11,7 @@
 use fmsched_core::JobState;
 use fmsched_core::NodeState;
 use fmsched_core::policy::MergeMode;
-use fmsched_core::policy::baselines::by_name;
+use fmsched_core::policy::by_name;
 use fmsched_core::round::{
     ClusterView, Decision, Estimates, JobView, MergeView, NodeView, PairEstimate, Prepared,
     Transition, testkit,
@@ -120,7 +120,7 @@ fn both_capped(view: &ClusterView, policy: &str, max_nodes: u32) -> (Decision, D
     (live, sim)
 }
 
-use fmsched_core::policy::baselines::POLICY_NAMES as POLICIES;
+use fmsched_core::policy::POLICY_NAMES as POLICIES;
 
 /// A cluster mid-run: a kept temporal merge, running and queued jobs, a
 /// profiling run, jobs waiting to profile, a suspect node and one offline

@@ -362,7 +362,7 @@ impl SchedulingConfig {
     pub fn build_policy(
         &self,
     ) -> Result<Box<dyn fmsched_core::policy::Policy + Send + Sync>, String> {
-        fmsched_core::policy::baselines::with_knobs(&self.policy, &self.knobs)
+        fmsched_core::policy::with_knobs(&self.policy, &self.knobs)
     }
 
     /// These settings with the policy an admin set live (`AdminService`):
@@ -507,13 +507,13 @@ impl Config {
         if l.check_interval.is_zero() {
             return Err(invalid("liveness.check_interval", "must be > 0"));
         }
-        if fmsched_core::policy::baselines::by_name(&self.scheduling.policy).is_none() {
+        if fmsched_core::policy::by_name(&self.scheduling.policy).is_none() {
             return Err(invalid(
                 "scheduling.policy",
                 format!(
                     "unknown policy {:?}; expected one of {}",
                     self.scheduling.policy,
-                    fmsched_core::policy::baselines::POLICY_NAMES.join(", ")
+                    fmsched_core::policy::POLICY_NAMES.join(", ")
                 ),
             ));
         }

@@ -416,6 +416,31 @@ impl NodeRegistry {
     }
 }
 
+/// The address a node's peers reach it at: what its agent registered, else
+/// its hostname, else its id.
+pub(crate) fn master_addr(nodes: &[LiveNode], id: &fmsched_core::NodeId) -> String {
+    nodes
+        .iter()
+        .find(|n| &n.record.id == id)
+        .map(|n| &n.record)
+        .and_then(|r| {
+            [&r.address, &r.hostname]
+                .into_iter()
+                .find(|a| !a.is_empty())
+                .cloned()
+        })
+        .unwrap_or_else(|| id.as_str().to_string())
+}
+
+/// A node's GPU family (its first GPU's; a node reports one model).
+pub(crate) fn node_family(n: &LiveNode) -> String {
+    n.record
+        .gpus
+        .first()
+        .map(|g| fmsched_estimator::analytic::gpu_family(&g.model))
+        .unwrap_or_default()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

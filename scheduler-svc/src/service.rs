@@ -12,14 +12,14 @@
 
 use std::sync::Arc;
 
-use fmsched_core::{Limits, ModelCatalog};
+use fmsched_core::{JobKind, Limits, ModelCatalog};
 use tokio::sync::broadcast;
 
 use crate::auth::Authenticator;
 use crate::config::Config;
-use crate::persistence::Persistence;
+use crate::leader::LeaderMemory;
+use crate::persistence::{JobRecord, Persistence};
 use crate::registry::NodeRegistry;
-use crate::round::LeaderMemory;
 
 /// Shared state of the scheduler's tasks; cloning is cheap.
 #[derive(Clone)]
@@ -39,8 +39,16 @@ pub struct Service {
     /// sessions, each write fenced by its term.
     pub leadership: Arc<crate::leadership::Leadership>,
     /// AutoSched's tuner (kept across tunings).
-    pub autosched: Arc<crate::round::autosched::Autosched>,
+    pub autosched: Arc<crate::tuner::Autosched>,
     /// What the leader's loops keep in memory between rounds, and what
     /// wakes them early.
     pub leader: Arc<LeaderMemory>,
+}
+
+impl Service {
+    /// Whether `job` is the prompt lane's: a prompt-tuning job while
+    /// `scheduling.prompt_lane` is on (the round leaves it to the lane).
+    pub fn in_prompt_lane(&self, job: &JobRecord) -> bool {
+        self.config.scheduling.prompt_lane && job.spec.kind == JobKind::PromptTuning
+    }
 }

@@ -761,7 +761,7 @@ async fn a_fenced_commit_by_a_stale_writer_writes_nothing(pool: PgPool) {
         }],
         utilization_fits: vec![(
             ("roberta-base".into(), "A100".into()),
-            fmsched_estimator::icefrog::UtilizationFit {
+            fmsched_estimator::footprint::UtilizationFit {
                 sum_xy: 3.0,
                 sum_xx: 2e-4,
                 samples: 4,

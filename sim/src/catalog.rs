@@ -237,7 +237,7 @@ impl Catalog {
     pub fn trace_tasks(
         &self,
         lut: &fmsched_estimator::lut::Lut,
-        cluster: &[crate::engine::NodeGroup],
+        cluster: &[crate::cluster::NodeGroup],
     ) -> Vec<(String, String)> {
         self.tasks()
             .into_iter()

@@ -14,6 +14,7 @@
 //! fits any node). `pinned_fraction` of the jobs name a GPU model
 //! (`resources.gpu_model`), drawn from `pin_gpu_models`.
 
+pub use crate::rng::Rng;
 use fmsched_core::policy::PIPELINE_STAGES;
 use fmsched_estimator::lut::{Lut, Variant, packed_placement};
 
@@ -58,25 +59,6 @@ impl Default for GenConfig {
             pinned_fraction: 0.0,
             pin_gpu_models: Vec::new(),
         }
-    }
-}
-
-/// SplitMix64: small, seeded, identical everywhere.
-pub struct Rng(u64);
-
-impl Rng {
-    pub fn new(seed: u64) -> Self {
-        Rng(seed ^ 0x9E37_79B9_7F4A_7C15)
-    }
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        fmsched_core::policy::splitmix64(self.0)
-    }
-    pub fn f64(&mut self) -> f64 {
-        ((self.next_u64() >> 11) as f64 + 0.5) / (1u64 << 53) as f64
-    }
-    pub fn below(&mut self, n: usize) -> usize {
-        (self.next_u64() % n.max(1) as u64) as usize
     }
 }
 

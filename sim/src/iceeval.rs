@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 
-use fmsched_core::policy::baselines::with_knobs;
+use fmsched_core::policy::with_knobs;
 use fmsched_estimator::lut::Lut;
 
 use crate::catalog::Catalog;
@@ -133,7 +133,7 @@ pub fn evaluate(
         .collect();
     let results: Vec<Result<SimResult, SimError>> = parallel_map(&runs, threads, |&(w, s)| {
         let sys = &spec.systems[s];
-        let known = fmsched_core::policy::baselines::knob_names(&sys.policy).unwrap_or(&[]);
+        let known = fmsched_core::policy::knob_names(&sys.policy).unwrap_or(&[]);
         let knobs: BTreeMap<String, f64> = spec
             .knobs
             .iter()

@@ -7,6 +7,7 @@
 //! scheduler links this library for AutoSched.
 
 pub mod catalog;
+pub mod cluster;
 pub mod engine;
 pub mod generate;
 pub mod iceeval;
@@ -14,5 +15,6 @@ pub mod loans;
 pub mod parallel;
 pub mod report;
 pub mod requests;
+pub mod rng;
 pub mod tune;
 pub mod workload;

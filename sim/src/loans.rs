@@ -13,7 +13,7 @@
 
 use fmsched_core::policy::lyra::ReclaimRule;
 
-use crate::engine::NodeGroup;
+use crate::cluster::NodeGroup;
 
 /// The inference side of a simulation.
 #[derive(Clone, Debug)]

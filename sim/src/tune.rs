@@ -48,7 +48,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use fmsched_core::policy::Policy;
-use fmsched_core::policy::baselines::with_knobs;
+use fmsched_core::policy::with_knobs;
 use fmsched_estimator::lut::Lut;
 
 use crate::catalog::Catalog;

@@ -176,7 +176,7 @@ impl std::str::FromStr for SloMix {
 /// fmsim's. A draw of its own: the classes and deadlines are those of the
 /// same seed without it.
 pub fn assign_slos(jobs: &mut [WorkloadJob], mix: SloMix, seed: u64) {
-    let mut stops = crate::generate::Rng::new(seed ^ 0x57_0b);
+    let mut stops = crate::rng::Rng::new(seed ^ 0x57_0b);
     for j in jobs.iter_mut() {
         let (performance, best, u) = (stops.f64() < 0.2, stops.f64() < 0.5, stops.f64());
         j.max_work_x = performance.then(|| {
@@ -184,7 +184,7 @@ pub fn assign_slos(jobs: &mut [WorkloadJob], mix: SloMix, seed: u64) {
             (1000.0 / (1.0 - saving)).round() / 1000.0
         });
     }
-    let mut rng = crate::generate::Rng::new(seed ^ 0x5107);
+    let mut rng = crate::rng::Rng::new(seed ^ 0x5107);
     for j in jobs {
         let u = rng.f64();
         let class = match mix {
@@ -210,7 +210,7 @@ pub fn assign_slos(jobs: &mut [WorkloadJob], mix: SloMix, seed: u64) {
 /// range is twice that", §3.7.1); its request stays its base demand.
 /// Seeded: the same arguments choose the same jobs.
 pub fn make_elastic(jobs: &mut [WorkloadJob], share: f64, seed: u64) {
-    let mut rng = crate::generate::Rng::new(seed ^ 0xE1A5);
+    let mut rng = crate::rng::Rng::new(seed ^ 0xE1A5);
     for j in jobs {
         if rng.f64() < share {
             j.max_gpus = j.max_gpus.max(2 * j.gpus);

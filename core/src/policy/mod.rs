@@ -20,13 +20,18 @@ pub mod baselines;
 pub mod deadline;
 pub mod icefrog;
 pub mod lyra;
+pub mod named;
 pub mod placement;
 pub mod prompttuner;
 pub mod ymir;
 
 use std::collections::BTreeMap;
 
+/// A job's replica shape is the job's (`crate::job`); the policies place
+/// whole replicas.
+pub use crate::job::{PIPELINE_STAGES, Replica};
 use crate::slo::RewardStep;
+pub use named::{POLICY_NAMES, by_name, knob_names, with_knobs};
 
 /// How the members of a group train.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -698,14 +703,6 @@ fn tran_ratio(num: f64, den: f64) -> f64 {
     }
 }
 
-/// Stages of a pipeline-parallel job, i.e. GPUs of one pipeline replica
-/// (Ymir §5.2: "we restrict the resource allocation set as A = {4m | m ∈ N},
-/// reserving entire GPU servers for each pipeline-parallel workload" — on
-/// their 4-GPU servers a replica is a server). fmsched keeps each replica's
-/// four stages on one node of any size: half an 8-GPU server, a quarter of
-/// a 16-GPU one. Allocations of a pipeline job are multiples of this.
-pub const PIPELINE_STAGES: u32 = 4;
-
 /// Whether two GPU-model requirements can share a group (a merge): equal,
 /// or at most one of them set.
 /// SplitMix64's output for the state `x` (Steele et al. 2014; the state
@@ -752,52 +749,6 @@ pub fn entry_replica(snap: &Snapshot, jobs: &[usize]) -> u32 {
         .map(|&j| snap.jobs[j].replica().gpus())
         .max()
         .unwrap_or(1)
-}
-
-/// One replica of a job: GPUs that must sit on one node — a pipeline's
-/// [`PIPELINE_STAGES`], an expert-parallel group's `expert_parallel` GPUs
-/// (Lina: the all-to-all between experts is a third of a step's time even
-/// over NVLink, Table 4.1 — across the network it would dominate), else
-/// one GPU. A job's allocations are multiples of [`Replica::gpus`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Replica {
-    Gpu,
-    /// [`PIPELINE_STAGES`] stages.
-    Pipeline,
-    /// An expert-parallel group of this many GPUs (> 1).
-    Experts(u32),
-    /// An elastic job's worker of this many GPUs (> 1; Lyra): a worker's
-    /// GPUs sit on one node, and the job grows and shrinks by workers.
-    Worker(u32),
-}
-
-impl Replica {
-    pub fn of(pipeline: bool, expert_parallel: u32) -> Self {
-        if pipeline {
-            Replica::Pipeline
-        } else if expert_parallel > 1 {
-            Replica::Experts(expert_parallel)
-        } else {
-            Replica::Gpu
-        }
-    }
-
-    /// This replica, or a worker of `gpus_per_worker` GPUs for a
-    /// data-parallel job with multi-GPU workers.
-    pub fn with_workers(self, gpus_per_worker: u32) -> Self {
-        match self {
-            Replica::Gpu if gpus_per_worker > 1 => Replica::Worker(gpus_per_worker),
-            other => other,
-        }
-    }
-
-    pub fn gpus(self) -> u32 {
-        match self {
-            Replica::Gpu => 1,
-            Replica::Pipeline => PIPELINE_STAGES,
-            Replica::Experts(n) | Replica::Worker(n) => n,
-        }
-    }
 }
 
 /// Ymir's allocation set {0, 1, 2, 3, 4m} up to `max_gpus` (Ymir §5.1).

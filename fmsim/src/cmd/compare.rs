@@ -1,7 +1,7 @@
 //! `fmsim run` and `fmsim compare`: policies side by side on one workload.
 
 use anyhow::bail;
-use fmsched_core::policy::baselines::with_knobs;
+use fmsched_core::policy::with_knobs;
 use fmsched_sim::engine::{EstimateModel, SimConfig};
 use fmsched_sim::report;
 

@@ -67,8 +67,7 @@ pub(crate) fn icefrog_eval(
     let knobs = parse_knobs(knobs)?;
     for k in knobs.keys() {
         let takes = systems.iter().any(|s| {
-            fmsched_core::policy::baselines::knob_names(&s.policy)
-                .is_some_and(|n| n.contains(&k.as_str()))
+            fmsched_core::policy::knob_names(&s.policy).is_some_and(|n| n.contains(&k.as_str()))
         });
         if !takes {
             bail!("--knob {k}: none of the systems has this knob");

@@ -2,8 +2,8 @@
 //! evaluation).
 
 use anyhow::bail;
-use fmsched_core::policy::baselines::with_knobs;
 use fmsched_core::policy::lyra::ReclaimRule;
+use fmsched_core::policy::with_knobs;
 use fmsched_sim::engine::{SimConfig, Simulation};
 use fmsched_sim::report;
 

@@ -1,5 +1,5 @@
 //! The subcommands of `fmsim`, one module each, and what they share
-//! (`args`, `setup`). The simulator itself is the `fmsim` library.
+//! (`args`, `setup`). The simulator itself is the `fmsched-sim` library.
 
 pub(crate) mod args;
 pub(crate) mod bench;
@@ -7,6 +7,7 @@ pub(crate) mod compare;
 pub(crate) mod fidelity;
 pub(crate) mod generate;
 pub(crate) mod icefrog;
+pub(crate) mod job_file;
 pub(crate) mod lyra;
 pub(crate) mod prompttuner;
 pub(crate) mod setup;

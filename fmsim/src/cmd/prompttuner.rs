@@ -1,10 +1,10 @@
 //! `fmsim prompttuner`: prompt-tuning request traces under PromptTuner's
 //! warm pools and the INFless- and ElasticFlow-like baselines.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
+use crate::cmd::args::PromptTunerArgs;
 use anyhow::Context;
-use clap::Args;
 
 use crate::cmd::setup::times_lower;
 
@@ -137,51 +137,6 @@ pub(crate) fn prompttuner_eval(e: PromptTunerEval) -> anyhow::Result<()> {
         }
     }
     Ok(())
-}
-
-/// The flags of `fmsim prompttuner`.
-#[derive(Args, Debug)]
-pub(crate) struct PromptTunerArgs {
-    /// Loads, comma-separated: low, medium, high.
-    #[arg(long, default_value = "low,medium,high")]
-    pub(crate) load: String,
-    /// SLO emergences S, comma-separated.
-    #[arg(long, default_value = "0.5,1,1.5")]
-    pub(crate) slo_emergence: String,
-    /// Systems, comma-separated: prompttuner, infless, elasticflow.
-    #[arg(long, default_value = "prompttuner,infless,elasticflow")]
-    pub(crate) systems: String,
-    /// GPUs in the cluster.
-    #[arg(long, default_value_t = 32)]
-    pub(crate) gpus: u32,
-    /// Replay this trace (CSV: arrival_s,model,gpus,duration_s) instead
-    /// of generated ones (`--load` is then ignored).
-    #[arg(long)]
-    pub(crate) trace: Option<PathBuf>,
-    /// Write the generated trace of each load to DIR/<load>.csv.
-    #[arg(long, value_name = "DIR")]
-    pub(crate) write_traces: Option<PathBuf>,
-    /// A model's cold start, NAME=SECONDS (repeatable): adds a model a
-    /// trace names, or overrides a built-in one.
-    #[arg(long = "cold-start", value_name = "NAME=SECONDS")]
-    pub(crate) cold_start: Vec<String>,
-    /// The loop's period, milliseconds.
-    #[arg(long, default_value_t = 50.0)]
-    pub(crate) tick_ms: f64,
-    /// Idle warm GPUs go back to the cold pool after this many seconds,
-    /// or `break-even`: after the model's cold start (idling longer
-    /// costs more than loading it again).
-    #[arg(long, default_value = "60")]
-    pub(crate) idle_release: String,
-    /// Spread of cold starts across instances (a cold start on A GPUs
-    /// waits for the slowest).
-    #[arg(long, default_value_t = 0.3)]
-    pub(crate) init_jitter: f64,
-    /// Relative Gaussian error of the planners' duration estimates.
-    #[arg(long, default_value_t = 0.0)]
-    pub(crate) estimate_error: f64,
-    #[arg(long, default_value_t = 1)]
-    pub(crate) seed: u64,
 }
 
 /// Runs `fmsim prompttuner`.

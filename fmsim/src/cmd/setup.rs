@@ -9,8 +9,8 @@ use std::time::Instant;
 
 use anyhow::{Context, bail};
 use fmsched_core::policy::Policy;
-use fmsched_core::policy::baselines::{POLICY_NAMES, by_name};
 use fmsched_core::policy::lyra::ReclaimRule;
+use fmsched_core::policy::{POLICY_NAMES, by_name};
 use fmsched_estimator::analytic;
 use fmsched_estimator::lut::Lut;
 use fmsched_sim::catalog::Catalog;
@@ -20,7 +20,7 @@ use fmsched_sim::workload::WorkloadJob;
 use fmsched_sim::{report, workload};
 
 use crate::cmd::args::{EstimateSource, SimArgs};
-use crate::cmd::fidelity::{PerJob, apply_job_file, job_file};
+use crate::cmd::job_file::{PerJob, apply_job_file, job_file};
 
 pub(crate) fn policy(name: &str) -> anyhow::Result<Box<dyn Policy + Send + Sync>> {
     by_name(name.trim()).ok_or_else(|| {

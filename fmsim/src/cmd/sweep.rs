@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use anyhow::bail;
-use fmsched_core::policy::baselines::with_knobs;
+use fmsched_core::policy::with_knobs;
 use fmsched_sim::engine::{SimConfig, Simulation};
 use fmsched_sim::report;
 

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{Context, bail};
-use fmsched_core::policy::baselines::with_knobs;
+use fmsched_core::policy::with_knobs;
 use fmsched_sim::engine::SimResult;
 use fmsched_sim::report;
 

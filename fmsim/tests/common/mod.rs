@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use fmsched_core::policy::baselines::by_name;
+use fmsched_core::policy::by_name;
 use fmsched_estimator::analytic;
 use fmsched_sim::catalog::Catalog;
 use fmsched_sim::engine::{SimConfig, SimResult, Simulation};

@@ -127,7 +127,7 @@ impl AdminApi {
     fn setting_to_proto(&self, stored: Option<&PolicySetting>) -> pb::PolicySetting {
         let s = self.state.config.scheduling.with_setting(stored);
         pb::PolicySetting {
-            known_knobs: fmsched_core::policy::baselines::knob_names(&s.policy)
+            known_knobs: fmsched_core::policy::knob_names(&s.policy)
                 .unwrap_or_default()
                 .iter()
                 .map(|k| k.to_string())
@@ -342,13 +342,13 @@ impl AdminService for AdminApi {
         // The same checks as the configuration's at start-up: a known
         // policy, its own knobs, values in range.
         let s = self.state.config.scheduling.with_setting(Some(&setting));
-        if fmsched_core::policy::baselines::knob_names(&s.policy).is_none() {
+        if fmsched_core::policy::knob_names(&s.policy).is_none() {
             return Err(ApiError::field(
                 "policy",
                 format!(
                     "unknown policy {:?}; expected one of {}",
                     s.policy,
-                    fmsched_core::policy::baselines::POLICY_NAMES.join(", ")
+                    fmsched_core::policy::POLICY_NAMES.join(", ")
                 ),
             )
             .into());

@@ -361,7 +361,7 @@ impl JobService for JobApi {
                     tracing::warn!(job_id = %job.id, "{w}");
                 }
                 self.notify(job.id);
-                if crate::round::prompt_lane::in_lane(&self.state, &job) {
+                if self.state.in_prompt_lane(&job) {
                     self.state.leader.wake_prompt_lane();
                 } else {
                     if let (Some(best_s), Some(by)) = (best_s, spec.deadline)

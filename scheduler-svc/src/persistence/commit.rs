@@ -7,14 +7,12 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use chrono::{DateTime, Utc};
-use fmsched_core::policy::MergeMode;
 use fmsched_core::round;
-use fmsched_core::{GpuUuid, JobId, JobState, NodeId};
-use fmsched_estimator::icefrog::UtilizationFit;
+use fmsched_core::{JobId, JobState};
 use uuid::Uuid;
 
 use crate::persistence::nodes::node_event_in;
-use crate::persistence::round_inputs::{BankPrompt, Estimate, MergeRecord};
+use crate::persistence::records::{RoundWrites, ServiceUpdate};
 use crate::persistence::writes::{
     events_in, notes_in, transitions_in, write_merges, write_observations,
 };
@@ -152,120 +150,6 @@ async fn account_service(
     .await
     .map_err(db_err(op))?;
     Ok(())
-}
-
-/// One job's GPUs on one node in the plan (a job over several nodes has
-/// one per node).
-#[derive(Clone, Debug, PartialEq)]
-pub struct Assignment {
-    pub job: JobId,
-    pub node: NodeId,
-    pub gpus: Vec<GpuUuid>,
-    /// A profiling run (not the training run).
-    pub profile: bool,
-    /// Global rank of this part's first GPU (0 on the node of rank 0).
-    pub rank_offset: u32,
-    /// A job over several nodes: the rendezvous port of its rank 0.
-    pub master_port: Option<u16>,
-}
-
-/// A merge to record with a plan.
-#[derive(Clone, Debug, PartialEq)]
-pub struct NewMerge {
-    pub a: JobId,
-    pub b: JobId,
-    pub mode: MergeMode,
-    pub gain_ab: f64,
-    pub gain_ba: f64,
-    /// A warm start: A had completed when it was decided (a temporal
-    /// merge; a finished job may be the A of many).
-    pub warm: bool,
-}
-
-/// What a stored plan records about service besides the assignments.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct ServiceUpdate {
-    /// GPUs each live job deserves per second until the next plan (an equal
-    /// share of the cluster, at most its request).
-    pub fair_share_gpus: Vec<(JobId, f64)>,
-    /// The leases of the new plan; every other job's lease ends.
-    pub leases: Vec<(JobId, DateTime<Utc>)>,
-    /// The round's predictions (`core::round::predictions`): finish time
-    /// and deadline risk; every other job's are cleared.
-    pub predictions: Vec<(JobId, Option<DateTime<Utc>>, bool)>,
-    /// A prompt-lane commit (no policy decided): leases and predictions
-    /// stay as the last round set them; `fair_share_gpus` are that
-    /// round's.
-    pub carry_over: bool,
-}
-
-/// A failed training process, counted once (by its pid): the job's new
-/// retry count and when it may run again.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Failure {
-    pub job: JobId,
-    pub pid: u32,
-    /// The plan generation from which on a failure report counts again
-    /// (the one this round commits).
-    pub generation: i64,
-    pub retries: u32,
-    pub retry_after: DateTime<Utc>,
-}
-
-/// Everything one round writes, committed by [`Persistence::commit_round`].
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct RoundWrites {
-    /// (job, iterations done, newest checkpoint).
-    pub progress: Vec<(JobId, u64, Option<String>)>,
-    pub estimates: Vec<(JobId, Estimate)>,
-    pub failures: Vec<Failure>,
-    /// (job, output weights).
-    pub completions: Vec<(JobId, String)>,
-    /// Merge guard verdicts: split (with the reason) or passed.
-    pub guard: Vec<(MergeRecord, Option<String>)>,
-    /// Kept temporal merges the round splits (`RoundOutcome::released`),
-    /// with the reason.
-    pub released: Vec<(MergeRecord, String)>,
-    /// (merge id, observed gain) sent to the estimator's regression.
-    pub observed_gains: Vec<(i64, f64)>,
-    pub new_merges: Vec<NewMerge>,
-    /// State changes in order (the observed ones first, then the plan's).
-    pub transitions: Vec<(JobId, JobState, String)>,
-    /// Events that change no state: (job, kind, message), each written
-    /// unless the job's newest event says the same.
-    pub notes: Vec<(JobId, String, String)>,
-    /// The new plan (training and profiling).
-    pub assignments: Vec<Assignment>,
-    pub service: ServiceUpdate,
-    /// Admin re-queue requests this round acted on (job, requested at):
-    /// deleted, unless renewed since.
-    pub requeued: Vec<(JobId, DateTime<Utc>)>,
-    /// Reclaimed nodes found empty (nothing planned, no process): their
-    /// loans end.
-    pub returned: Vec<NodeId>,
-    /// Jobs taken off a shared GPU that ran saturated: they never share a
-    /// GPU again (ICEFROG Eq. 8's rule measured).
-    pub no_sharing: Vec<JobId>,
-    /// Utilisation fits this round's measurements changed, by (model, GPU
-    /// family): written whole.
-    pub utilization_fits: Vec<((String, String), UtilizationFit)>,
-    /// Tuned prompts of prompt-tuning jobs that completed, filed in their
-    /// model's Prompt Bank.
-    pub bank_adds: Vec<BankPrompt>,
-    /// Prompts evicted from the Prompt Bank (past its cap; possibly one of
-    /// `bank_adds`).
-    pub bank_evictions: Vec<JobId>,
-    /// Events written once per job: (job, kind, message), skipped when the
-    /// job has an event of that kind already.
-    pub first_notes: Vec<(JobId, String, String)>,
-    /// Jobs restarted from their initial weights (a transfer from a
-    /// completed job's weights measured to hurt): their progress and
-    /// checkpoint reset, fenced by this commit's plan generation
-    /// ([`Persistence::fresh_starts`]).
-    pub fresh_starts: Vec<JobId>,
-    /// Fresh starts whose fresh process the nodes reported: the plan stops
-    /// asking for it.
-    pub fresh_seen: Vec<JobId>,
 }
 
 impl Persistence {

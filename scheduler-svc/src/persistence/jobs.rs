@@ -8,6 +8,7 @@ use chrono::{DateTime, Utc};
 use fmsched_core::{JobId, JobSpec, JobState, UserName};
 use sqlx::Row;
 
+use crate::persistence::records::{JOB_COLUMNS, JobRecord, job_from_row, opt_state};
 use crate::persistence::writes::{notes_in, transition_in};
 use crate::persistence::{Persistence, PersistenceError, corrupt, db_err, with_retries};
 
@@ -22,21 +23,6 @@ pub struct SloReport {
     pub best_effort_avg_jct_s: f64,
     /// Live jobs the last round predicted to miss their deadline.
     pub at_risk: u64,
-}
-
-/// A job as stored.
-#[derive(Clone, Debug, PartialEq)]
-pub struct JobRecord {
-    pub id: JobId,
-    pub owner: UserName,
-    pub spec: JobSpec,
-    pub idempotency_key: Option<String>,
-    pub state: JobState,
-    pub state_reason: String,
-    pub output_path: Option<String>,
-    pub created_at: DateTime<Utc>,
-    pub updated_at: DateTime<Utc>,
-    pub last_event_seq: i64,
 }
 
 /// One entry of a job's history.
@@ -75,33 +61,6 @@ pub struct JobQuery {
     /// Only jobs with a smaller id (ids are time-ordered: older jobs).
     pub before: Option<JobId>,
     pub limit: u32,
-}
-
-pub(crate) const JOB_COLUMNS: &str = "id, owner, spec, idempotency_key, state, state_reason, output_path, \
-                           created_at, updated_at, last_event_seq";
-
-pub(crate) fn job_from_row(row: &sqlx::postgres::PgRow) -> Result<JobRecord, PersistenceError> {
-    const OP: &str = "decode job";
-    let get = |e: sqlx::Error| corrupt(OP, e.to_string());
-    let spec: serde_json::Value = row.try_get("spec").map_err(get)?;
-    let state: String = row.try_get("state").map_err(get)?;
-    Ok(JobRecord {
-        id: JobId(row.try_get("id").map_err(get)?),
-        owner: UserName(row.try_get("owner").map_err(get)?),
-        spec: serde_json::from_value(spec).map_err(|e| corrupt(OP, format!("spec: {e}")))?,
-        idempotency_key: row.try_get("idempotency_key").map_err(get)?,
-        state: state.parse().map_err(|e: String| corrupt(OP, e))?,
-        state_reason: row.try_get("state_reason").map_err(get)?,
-        output_path: row.try_get("output_path").map_err(get)?,
-        created_at: row.try_get("created_at").map_err(get)?,
-        updated_at: row.try_get("updated_at").map_err(get)?,
-        last_event_seq: row.try_get("last_event_seq").map_err(get)?,
-    })
-}
-
-fn opt_state(op: &'static str, s: Option<String>) -> Result<Option<JobState>, PersistenceError> {
-    s.map(|s| s.parse().map_err(|e: String| corrupt(op, e)))
-        .transpose()
 }
 
 impl Persistence {

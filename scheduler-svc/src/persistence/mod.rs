@@ -9,6 +9,7 @@ mod commit;
 mod jobs;
 mod leadership;
 mod nodes;
+mod records;
 mod round_inputs;
 mod writes;
 
@@ -16,14 +17,14 @@ pub use admin::{
     AdminState, AuditEvent, CordonChange, LoanError, LoanState, NodeCordon, NodeLoan, POOL_LABEL,
     PolicySetting, QueueSetting, Requeue, SetQueuesError,
 };
-pub use commit::{Assignment, Failure, NewMerge, RoundWrites, ServiceUpdate};
-pub use jobs::{JobEventRecord, JobQuery, JobRecord, NewJob, SloReport, SubmitOutcome};
+pub use jobs::{JobEventRecord, JobQuery, NewJob, SloReport, SubmitOutcome};
 pub use leadership::LeaderLease;
 pub use nodes::{GpuRecord, NodeRecord};
-pub use round_inputs::{
-    BankPrompt, Estimate, FreshStart, JobSchedule, JobService, MergeRecord, MetricCurve,
-    RetryState, StoredPlan,
+pub use records::{
+    Assignment, BankPrompt, Estimate, Failure, JobRecord, MergeRecord, NewMerge, RoundWrites,
+    ServiceUpdate,
 };
+pub use round_inputs::{FreshStart, JobSchedule, JobService, MetricCurve, RetryState, StoredPlan};
 
 use std::future::Future;
 use std::sync::Arc;

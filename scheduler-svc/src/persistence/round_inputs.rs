@@ -8,33 +8,14 @@ use std::collections::{BTreeMap, BTreeSet};
 use chrono::{DateTime, Utc};
 use fmsched_core::policy::MergeMode;
 use fmsched_core::{GpuUuid, JobId, NodeId};
-use fmsched_estimator::icefrog::UtilizationFit;
+use fmsched_estimator::footprint::UtilizationFit;
 use sqlx::Row;
 use uuid::Uuid;
 
-use crate::persistence::commit::Assignment;
-use crate::persistence::jobs::{JOB_COLUMNS, JobRecord, job_from_row};
+use crate::persistence::records::{
+    Assignment, BankPrompt, Estimate, JOB_COLUMNS, JobRecord, MergeRecord, job_from_row,
+};
 use crate::persistence::{Persistence, PersistenceError, corrupt, db_err};
-
-/// What a profiling run taught about a job.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct Estimate {
-    /// Iterations to converge (Ymir Eq. 2), None without a usable fit.
-    pub iterations: Option<u64>,
-    pub curve: Option<serde_json::Value>,
-    pub fisher: Vec<f64>,
-    pub fisher_repeat: Vec<f64>,
-    pub step_time_s: Option<f64>,
-    pub note: String,
-    /// Its target metric per epoch so far (`evals[e − 1]` at epoch `e`),
-    /// kept across restarts; empty for a job without a metric target.
-    pub evals: Vec<f64>,
-    /// Relative spread of the prediction: from `evals` for a metric target
-    /// that has evaluated (p90 − p10 epochs over the epochs left), else
-    /// from the loss prior once finished jobs of the model inform it (p90 −
-    /// p10 iterations over the iterations left); 0 = sure or none.
-    pub spread: f64,
-}
 
 /// A finished job's metric curve and the target it trained for: the
 /// prior of the learned estimator for later jobs of its model and metric.
@@ -63,27 +44,6 @@ const TRANSFERRED: &str = "(EXISTS (SELECT 1 FROM merges m
            OR (m.mode = 'spatial' AND j.id IN (m.job_a, m.job_b)))
     AND NOT EXISTS (SELECT 1 FROM job_progress p
         WHERE p.job_id = j.id AND p.fresh_generation IS NOT NULL))";
-
-/// A merge decided by the task merger (Ymir §5), kept until the merge guard
-/// splits it.
-#[derive(Clone, Debug, PartialEq)]
-pub struct MergeRecord {
-    pub id: i64,
-    pub a: JobId,
-    pub b: JobId,
-    pub mode: MergeMode,
-    /// Predicted `G_{A,B}` and `G_{B,A}` when decided.
-    pub gain_ab: f64,
-    pub gain_ba: f64,
-    /// False once split by the guard.
-    pub active: bool,
-    pub guard_passed: bool,
-    /// The transfer gain it showed, once measured (and sent to the
-    /// estimator's regression): B of a temporal merge on its own training
-    /// from A's weights, a spatial pair's mean at its guard, 0 for a
-    /// temporal guard split.
-    pub observed_gain: Option<f64>,
-}
 
 /// The persisted intent.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -133,18 +93,6 @@ pub struct FreshStart {
     pub generation: i64,
     /// No node has reported the fresh process yet.
     pub pending: bool,
-}
-
-/// One tuned prompt in the Prompt Bank (table `prompt_bank`).
-#[derive(Clone, Debug, PartialEq)]
-pub struct BankPrompt {
-    /// The prompt-tuning job that tuned it.
-    pub job: JobId,
-    pub model: String,
-    /// Its prompt file (the job's output).
-    pub location: String,
-    /// Its activation features (PromptTuner §4.4.3.1).
-    pub features: Vec<f64>,
 }
 
 impl Persistence {

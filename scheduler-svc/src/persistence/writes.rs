@@ -9,9 +9,9 @@ use fmsched_core::policy::MergeMode;
 use fmsched_core::{JobId, JobState};
 use uuid::Uuid;
 
-use crate::persistence::commit::{NewMerge, RoundWrites};
-use crate::persistence::jobs::{JOB_COLUMNS, JobRecord, job_from_row};
-use crate::persistence::round_inputs::{Estimate, MergeRecord};
+use crate::persistence::records::{
+    Estimate, JOB_COLUMNS, JobRecord, MergeRecord, NewMerge, RoundWrites, job_from_row,
+};
 use crate::persistence::{PersistenceError, corrupt, db_err};
 
 /// Moves a job to `to` inside the caller's transaction, with its row lock

@@ -99,7 +99,7 @@ fn families(nodes: &[LiveNode]) -> Vec<Family> {
         if g == 0 {
             continue;
         }
-        let e = by.entry(super::inputs::node_family(n)).or_default();
+        let e = by.entry(crate::registry::node_family(n)).or_default();
         e.0 = e.0.max(g);
         e.1 += g;
     }

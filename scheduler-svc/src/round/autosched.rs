@@ -7,11 +7,8 @@
 //! demand.
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
 
 use chrono::Utc;
-use fmsched_estimator::lut::Lut;
-use fmsched_sim::catalog::Catalog;
 use fmsched_sim::engine::{NodeGroup, ObservedState, SimConfig};
 use fmsched_sim::tune::{self, Forecast, LiveJob, SearchConfig, TuneDecision, Tuner};
 
@@ -39,27 +36,6 @@ pub enum TuneError {
 
 /// The actor of AutoSched's own changes in the audit log.
 pub const ACTOR: &str = "autosched";
-
-/// The tuner kept across tunings (its rejection model learns from each),
-/// with the profiles and catalog it simulates with.
-pub struct Autosched {
-    lut: Arc<Lut>,
-    catalog: Arc<Catalog>,
-    tuner: Mutex<Option<Tuner>>,
-}
-
-impl Autosched {
-    /// Loads the shipped profiles and catalog once, for the process's life.
-    pub fn new() -> anyhow::Result<Self> {
-        let lut = Arc::new(fmsched_estimator::analytic::default_lut()?);
-        let catalog = Arc::new(Catalog::default_synthetic());
-        Ok(Self {
-            lut,
-            catalog,
-            tuner: Mutex::new(None),
-        })
-    }
-}
 
 /// One tuning's outcome.
 #[derive(Clone, Debug)]

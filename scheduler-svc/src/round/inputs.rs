@@ -29,6 +29,7 @@ use crate::persistence::{
     Assignment, JobRecord, JobService, LoanState, MergeRecord, NodeCordon, NodeLoan, POOL_LABEL,
 };
 use crate::registry::LiveNode;
+use crate::registry::node_family;
 use crate::service::Service;
 
 /// The view of a round and how its ordinals map back to ids.
@@ -370,15 +371,6 @@ pub(crate) fn unfit_families(lut: &Lut, families: &BTreeSet<String>, j: &JobReco
         .collect()
 }
 
-/// A node's GPU family (its first GPU's; a node reports one model).
-pub(crate) fn node_family(n: &LiveNode) -> String {
-    n.record
-        .gpus
-        .first()
-        .map(|g| analytic::gpu_family(&g.model))
-        .unwrap_or_default()
-}
-
 /// The GPU family of restart costs (context-switch times), and of a job's
 /// estimates when no node can hold it: the first node's that is not
 /// Offline.
@@ -455,7 +447,7 @@ pub(crate) async fn load(
     let lane: Vec<&JobRecord> = o
         .live
         .values()
-        .filter(|j| super::prompt_lane::in_lane(state, j))
+        .filter(|j| state.in_prompt_lane(j))
         .collect();
     held_back.extend(
         lane.iter()
@@ -513,7 +505,7 @@ pub(crate) async fn load(
                 .map_or_else(|| family.clone(), fmsched_estimator::analytic::gpu_family);
             one_gpu
                 .then(|| {
-                    fmsched_estimator::icefrog::one_gpu_footprint(
+                    fmsched_estimator::footprint::one_gpu_footprint(
                         lut,
                         &j.spec.model,
                         &on,

@@ -2,6 +2,7 @@
 //! gangs, each task's launch context (initial weights, resume points),
 //! and the look-ahead's standby hints.
 
+use crate::registry::master_addr;
 use std::collections::{BTreeMap, BTreeSet};
 
 use chrono::{DateTime, Utc};
@@ -22,25 +23,6 @@ pub(crate) fn gang_ports(state: &Service) -> std::ops::RangeInclusive<u16> {
         .scheduling
         .gang_port_range()
         .unwrap_or(29500..=29999)
-}
-
-/// The address a node's peers reach it at: what its agent registered, else
-/// its hostname, else its id.
-pub(crate) fn master_addr(
-    nodes: &[crate::registry::LiveNode],
-    id: &fmsched_core::NodeId,
-) -> String {
-    nodes
-        .iter()
-        .find(|n| &n.record.id == id)
-        .map(|n| &n.record)
-        .and_then(|r| {
-            [&r.address, &r.hostname]
-                .into_iter()
-                .find(|a| !a.is_empty())
-                .cloned()
-        })
-        .unwrap_or_else(|| id.as_str().to_string())
 }
 
 /// What pushing a plan needs beyond its assignments: the live jobs and

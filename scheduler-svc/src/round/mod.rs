@@ -54,7 +54,6 @@ pub mod autosched;
 mod gangs;
 mod inputs;
 mod launch;
-mod memory;
 mod observe;
 mod pacing;
 mod phases;
@@ -66,14 +65,11 @@ mod tests;
 mod writes;
 
 pub use inputs::{Translated, ViewSources, build_view};
-pub use memory::LeaderMemory;
-pub use pacing::{DeadlineWaits, round_clock, scheduling_loop};
+pub use pacing::{round_clock, scheduling_loop};
 pub use phases::{DECIDE_GRACE, STUCK_ROUND};
-pub use prompt_bank::BankIndexes;
-pub use prompt_lane::PromptLane;
 
 // Used by sibling modules as `super::…`.
-use launch::master_addr;
+use crate::registry::master_addr;
 use writes::account_observed;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -510,7 +506,7 @@ pub fn never_fits_on(
     let families: Vec<(u32, String)> = nodes
         .iter()
         .filter(|n| !n.record.gpus.is_empty())
-        .map(|n| (n.record.gpus.len() as u32, inputs::node_family(n)))
+        .map(|n| (n.record.gpus.len() as u32, crate::registry::node_family(n)))
         .collect();
     let shapes: Vec<(u32, &str)> = families.iter().map(|(g, f)| (*g, f.as_str())).collect();
     let asked = spec

@@ -10,111 +10,15 @@
 //! (`TrainerTask.prompt_bank`); its trainer scores the candidates.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use fmsched_core::JobId;
-use fmsched_core::policy::prompttuner::{Candidate, PromptBank, index_features};
 use fmsched_proto::v1 as pb;
 
 use super::RoundError;
+use crate::leader::Indexed;
 use crate::persistence::BankPrompt;
 use crate::service::Service;
-
-/// One model's index and where its prompts are.
-#[derive(Clone)]
-pub struct Indexed {
-    bank: PromptBank,
-    /// The prompts in the bank (ids), as stored.
-    ids: BTreeSet<JobId>,
-    locations: BTreeMap<JobId, String>,
-}
-
-impl Indexed {
-    fn build(stored: &[BankPrompt], cap: usize) -> Self {
-        let candidates = stored
-            .iter()
-            .map(|b| Candidate {
-                id: b.job.to_string(),
-                features: index_features(&b.features),
-            })
-            .collect();
-        Indexed {
-            bank: PromptBank::build(candidates, None, cap),
-            ids: stored.iter().map(|b| b.job).collect(),
-            locations: stored.iter().map(|b| (b.job, b.location.clone())).collect(),
-        }
-    }
-
-    /// Files `new` (PromptTuner §4.4.3.3: at the nearest medoid, evicting
-    /// past the cap); returns the evicted prompt.
-    fn insert(&mut self, new: &BankPrompt) -> Option<JobId> {
-        let evicted = self.bank.insert(Candidate {
-            id: new.job.to_string(),
-            features: index_features(&new.features),
-        });
-        self.ids.insert(new.job);
-        self.locations.insert(new.job, new.location.clone());
-        let e = evicted.and_then(|e| e.parse::<JobId>().ok())?;
-        self.ids.remove(&e);
-        self.locations.remove(&e);
-        Some(e)
-    }
-
-    /// The index as a trainer gets it.
-    pub fn candidates(&self) -> Vec<pb::PromptCandidate> {
-        self.bank
-            .index()
-            .into_iter()
-            .filter_map(|(c, cluster, medoid)| {
-                let job = c.id.parse::<JobId>().ok()?;
-                Some(pb::PromptCandidate {
-                    job_id: c.id.clone(),
-                    path: self.locations.get(&job)?.clone(),
-                    cluster,
-                    medoid,
-                })
-            })
-            .collect()
-    }
-}
-
-/// The leader's indexes by model.
-#[derive(Default)]
-pub struct BankIndexes(Mutex<BTreeMap<String, Arc<Indexed>>>);
-
-impl BankIndexes {
-    fn get(&self, model: &str) -> Option<Arc<Indexed>> {
-        self.0
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(model)
-            .cloned()
-    }
-
-    /// Takes `model`'s index out to change it (a copy only while another
-    /// holder still reads it).
-    fn take(&self, model: &str) -> Option<Indexed> {
-        let i = self
-            .0
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(model)?;
-        Some(Arc::try_unwrap(i).unwrap_or_else(|shared| (*shared).clone()))
-    }
-
-    fn put(&self, state: &Service, model: &str, i: Indexed) -> Arc<Indexed> {
-        let n = i.ids.len() as u64;
-        state.metrics.update(|m| {
-            m.prompt_bank_prompts.insert(model.to_string(), n);
-        });
-        let i = Arc::new(i);
-        self.0
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(model.to_string(), i.clone());
-        i
-    }
-}
 
 /// Each of `models`' index, as stored now (models without prompts are
 /// left out).
@@ -150,7 +54,7 @@ pub(crate) async fn indexes(
         state.metrics.update(|m| m.prompt_bank_builds += 1);
         out.insert(
             model.clone(),
-            state.leader.prompt_banks.put(state, &model, built),
+            state.leader.prompt_banks.put(&state.metrics, &model, built),
         );
     }
     Ok(out)
@@ -185,7 +89,7 @@ pub(crate) async fn file(
         tracing::info!(job_id = %b.job, model = %b.model, prompts = i.ids.len(),
             clusters = i.bank.clusters(), evicted = ?out, "tuned prompt filed in the Prompt Bank");
         evicted.extend(out);
-        state.leader.prompt_banks.put(state, &b.model, i);
+        state.leader.prompt_banks.put(&state.metrics, &b.model, i);
     }
     Ok((new, evicted))
 }

@@ -36,7 +36,7 @@ use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use fmsched_core::policy::prompttuner::{self, LaneNode, LaneRequest, Request};
-use fmsched_core::{GpuUuid, JobId, JobKind, JobState, NodeState};
+use fmsched_core::{GpuUuid, JobId, JobState, NodeState};
 use fmsched_estimator::analytic;
 use fmsched_estimator::lut::{Lut, Variant};
 
@@ -59,26 +59,6 @@ const IDLE_CHECK: Duration = Duration::from_secs(1);
 /// next task and signals the process). The allocation overhead of the
 /// thesis' completion bound.
 pub const WARM_START_S: f64 = 1.0;
-
-/// The lane's state in the leader process.
-#[derive(Default)]
-pub struct PromptLane {
-    /// Wakes the loop (a prompt-tuning submission; an agent reported a
-    /// finished or a warm process).
-    pub wake: tokio::sync::Notify,
-    /// Held by a round from observe to commit, and by a lane pass: one
-    /// decides at a time on the plan in force.
-    pub round_lock: tokio::sync::Mutex<()>,
-    /// The last round's fair shares: a lane commit accrues by them until
-    /// the next round.
-    pub fair_share: std::sync::Mutex<Vec<(JobId, f64)>>,
-}
-
-/// Whether job `job` is the lane's: a prompt-tuning job while
-/// `scheduling.prompt_lane` is on.
-pub fn in_lane(state: &Service, job: &JobRecord) -> bool {
-    state.config.scheduling.prompt_lane && job.spec.kind == JobKind::PromptTuning
-}
 
 /// What one lane pass did.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -169,7 +149,7 @@ pub async fn run_lane(
     let pending: Vec<&JobRecord> = o
         .live
         .values()
-        .filter(|j| in_lane(state, j))
+        .filter(|j| state.in_prompt_lane(j))
         .filter(|j| matches!(j.state, JobState::Submitted | JobState::Queued))
         .filter(|j| {
             o.retries
@@ -401,7 +381,12 @@ fn pools(state: &Service, lut: &Lut, o: &Observed, kept: &[Assignment]) -> Pools
         .assignments
         .iter()
         .filter(|a| !a.profile)
-        .filter_map(|a| Some((a, o.finished.get(&a.job).filter(|j| in_lane(state, j))?)))
+        .filter_map(|a| {
+            Some((
+                a,
+                o.finished.get(&a.job).filter(|j| state.in_prompt_lane(j))?,
+            ))
+        })
         .collect();
     let mut family_gpus: BTreeMap<String, usize> = BTreeMap::new();
     for (k, n) in o.nodes.iter().enumerate() {
@@ -467,14 +452,14 @@ fn pools(state: &Service, lut: &Lut, o: &Observed, kept: &[Assignment]) -> Pools
     p.families = families.into_iter().map(|f| f.0).collect();
     // Running lane jobs hold their GPUs until their bound.
     for a in kept.iter().filter(|a| !a.profile) {
-        let Some(j) = o.live.get(&a.job).filter(|j| in_lane(state, j)) else {
+        let Some(j) = o.live.get(&a.job).filter(|j| state.in_prompt_lane(j)) else {
             continue;
         };
         let family = o
             .nodes
             .iter()
             .find(|n| n.record.id == a.node)
-            .map(super::inputs::node_family)
+            .map(crate::registry::node_family)
             .unwrap_or_default();
         let left = remaining(j, o) as f64 * step_s(lut, j, &family, a.gpus.len());
         // A step time the table lacks: assume a minute more.

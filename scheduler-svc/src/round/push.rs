@@ -154,7 +154,7 @@ fn desired_sets(state: &Service, v: &PlanView<'_>) -> BTreeMap<NodeId, Vec<pb::D
             expected_utilization_percent: 0, // set below
             // A prompt-tuning job of the lane stays warm for the next
             // request of its model (PromptTuner's warm pools).
-            warm: !a.profile && super::prompt_lane::in_lane(state, job),
+            warm: !a.profile && state.in_prompt_lane(job),
             fresh_start: false, // set below for a job's own process
         };
         if a.profile {

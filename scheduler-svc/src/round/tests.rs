@@ -4,7 +4,7 @@ use chrono::Utc;
 use fmsched_core::round::{ClusterView, JobView, RoundConfig, RoundOutcome};
 use fmsched_core::{GpuUuid, JobId, JobState, NodeId, round};
 
-use crate::round::pacing::DeadlineWaits;
+use crate::leader::DeadlineWaits;
 use crate::round::phases::stuck_phase;
 use crate::round::writes::plan_writes;
 use crate::round::{RoundError, Translated, blocking_within, decide_round, prepare_round};
@@ -79,7 +79,7 @@ fn deadline_waits_keep_only_waiting_jobs_at_the_rounds_estimate() {
         policy: "srtf".into(),
         ..Default::default()
     };
-    let policy = fmsched_core::policy::baselines::by_name("srtf").unwrap();
+    let policy = fmsched_core::policy::by_name("srtf").unwrap();
     let prepared = prepare_round(&view, policy.as_ref(), &cfg);
     let estimates = round::testkit::estimates(&prepared, 3600.0);
     let d = decide_round(&view, &prepared, &estimates, policy.as_ref(), &cfg).unwrap();
@@ -171,7 +171,7 @@ fn tail_a_released_merge_is_written_as_a_split_with_its_reason() {
         policy: "ymir".into(),
         ..Default::default()
     };
-    let policy = fmsched_core::policy::baselines::by_name("ymir").unwrap();
+    let policy = fmsched_core::policy::by_name("ymir").unwrap();
     let prepared = prepare_round(&t.view, policy.as_ref(), &cfg);
     let mut estimates = round::testkit::estimates(&prepared, 3600.0);
     estimates.jobs[0] = round::testkit::linear(&prepared, 100_000.0);
@@ -225,7 +225,7 @@ fn a_placement_this_service_cannot_run_is_an_event_not_a_silent_drop() {
         policy: "srtf".into(),
         ..Default::default()
     };
-    let policy = fmsched_core::policy::baselines::by_name("srtf").unwrap();
+    let policy = fmsched_core::policy::by_name("srtf").unwrap();
     let prepared = prepare_round(&t.view, policy.as_ref(), &cfg);
     let estimates = round::testkit::estimates(&prepared, 3600.0);
     let d = decide_round(&t.view, &prepared, &estimates, policy.as_ref(), &cfg).unwrap();

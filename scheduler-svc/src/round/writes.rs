@@ -13,7 +13,7 @@ use super::observe::Observed;
 use crate::estimates::EstimatorClient;
 use crate::metrics::QueueGauges;
 use crate::persistence::{Assignment, MergeRecord, NewMerge, ServiceUpdate};
-use crate::round::launch::master_addr;
+use crate::registry::master_addr;
 use crate::service::Service;
 
 /// A merge decided this round as the records it will be read back as

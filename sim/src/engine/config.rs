@@ -2,6 +2,7 @@
 //! simulator's rules and knobs (`SimConfig`), how layers and estimates
 //! are modelled, and its errors.
 
+use crate::cluster::NodeGroup;
 use fmsched_core::NodeState;
 use fmsched_core::round::{NodeView, RoundClock};
 use fmsched_estimator::analytic;
@@ -119,26 +120,6 @@ pub fn titansched_iteration_s(
         + lut
             .step_time(&one, layers)
             .map_or(0.0, |st| (st.step - st.sync).max(0.0))
-}
-
-/// Nodes of one kind: `count` nodes of `gpus` GPUs of `gpu_type` each.
-#[derive(Clone, Debug, PartialEq)]
-pub struct NodeGroup {
-    /// A GPU model or family (`V100`, `A100-80GB`, …; reduced to its family
-    /// by `fmsched_estimator::analytic::gpu_family`).
-    pub gpu_type: String,
-    pub count: u32,
-    pub gpus: u32,
-}
-
-impl NodeGroup {
-    pub fn new(gpu_type: &str, count: u32, gpus: u32) -> Self {
-        Self {
-            gpu_type: gpu_type.to_string(),
-            count,
-            gpus,
-        }
-    }
 }
 
 /// fmsim's default `deadline_gap_s`, as the service's

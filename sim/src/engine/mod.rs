@@ -45,9 +45,10 @@ mod speed;
 #[cfg(test)]
 mod tests;
 
+pub use crate::cluster::NodeGroup;
 pub use config::{
-    DEFAULT_DEADLINE_GAP_S, EstimateModel, LayerMode, MAX_FROZEN_SHARE, NodeGroup, PROFILED_EPOCHS,
-    SimConfig, SimError, freezeout_layers, titansched_iteration_s,
+    DEFAULT_DEADLINE_GAP_S, EstimateModel, LayerMode, MAX_FROZEN_SHARE, PROFILED_EPOCHS, SimConfig,
+    SimError, freezeout_layers, titansched_iteration_s,
 };
 pub use results::{History, JobResult, Observation, ObservedJob, ObservedState, Retune, SimResult};
 pub use rounds::{decide_round, prepare_round, round_config};
@@ -60,7 +61,7 @@ use fmsched_core::slo::RewardStep;
 use fmsched_core::{round, slo};
 use fmsched_estimator::curve_prior::CurveLibrary;
 use fmsched_estimator::lut::{Lut, Variant, expert_group};
-use fmsched_estimator::{analytic, icefrog};
+use fmsched_estimator::{analytic, footprint};
 
 use crate::catalog::{Catalog, JobTargets, TaskInfo, Work};
 use crate::engine::config::learned_epochs;
@@ -482,7 +483,7 @@ impl<'a> Simulation<'a> {
             // simulation measures nothing).
             let one_gpu = !j.w.pipeline && j.w.expert_parallel <= 1;
             if cfg.gpu_sharing && one_gpu {
-                j.footprint = icefrog::one_gpu_footprint(
+                j.footprint = footprint::one_gpu_footprint(
                     lut,
                     &j.lut_model,
                     &families[j.family],

@@ -455,7 +455,7 @@ fn tail_a_job_that_fits_some_families_only_takes_gpus_from_a_longer_one_in_the_r
     v.now = 2000.0;
     let decide_with = |knobs: &[(&str, f64)]| {
         let knobs = knobs.iter().map(|(k, x)| (k.to_string(), *x)).collect();
-        let policy = crate::policy::baselines::with_knobs("ymir", &knobs).unwrap();
+        let policy = crate::policy::with_knobs("ymir", &knobs).unwrap();
         let p = prepare(&v, policy.as_ref(), &cfg);
         let mut e = estimates(&p, 3600.0);
         e.jobs = vec![linear(&p, 4.0 * 36_000.0), linear(&p, 4.0 * 1000.0)];

@@ -9,7 +9,7 @@ use super::testkit::{arb_view, estimates, helpful_temporal, job, linear, node, v
 use super::*;
 use crate::job::JobState;
 use crate::node::NodeState;
-use crate::policy::baselines::by_name;
+use crate::policy::by_name;
 use crate::policy::{MergeMode, Replica};
 use crate::queue::Queues;
 

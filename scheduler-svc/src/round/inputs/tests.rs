@@ -344,7 +344,7 @@ fn a_running_job_learns_its_time_on_the_other_family() {
             pinned,
         ],
     );
-    let policy = fmsched_core::policy::baselines::by_name("srtf").unwrap();
+    let policy = fmsched_core::policy::by_name("srtf").unwrap();
     let prepared = fmsched_core::round::prepare(
         &view,
         policy.as_ref(),
@@ -450,7 +450,7 @@ fn tail_a_kept_temporal_merges_b_is_also_planned_alone_from_scratch() {
     };
     let nodes = vec![node("a", 4)];
     let t = plain_view(&nodes, &live, &merges, now);
-    let policy = fmsched_core::policy::baselines::by_name("ymir").unwrap();
+    let policy = fmsched_core::policy::by_name("ymir").unwrap();
     let prepared = fmsched_core::round::prepare(&t.view, policy.as_ref(), &RoundConfig::default());
     assert_eq!(prepared.kept.len(), 2);
     let planned = planned_jobs(&o, &t, &prepared, "A100", true);
@@ -513,7 +513,7 @@ fn tail_a_warm_starts_measured_gain_replaces_its_prediction() {
         o.progress.insert(job(2), (400, None));
         let nodes = vec![node("a", 4)];
         let t = plain_view(&nodes, &live, &merges, now);
-        let policy = fmsched_core::policy::baselines::by_name("ymir").unwrap();
+        let policy = fmsched_core::policy::by_name("ymir").unwrap();
         let prepared =
             fmsched_core::round::prepare(&t.view, policy.as_ref(), &RoundConfig::default());
         let inputs = job_inputs(&o, &t, &prepared, "A100", true);
@@ -556,7 +556,7 @@ fn layer_elastic_jobs_reach_the_time_table_with_their_variance() {
     o.frozen_layers.insert(job(2), 3);
     let nodes = vec![node("a", 4)];
     let t = plain_view(&nodes, &live, &[], now);
-    let policy = fmsched_core::policy::baselines::by_name("icefrog").unwrap();
+    let policy = fmsched_core::policy::by_name("icefrog").unwrap();
     let prepared = fmsched_core::round::prepare(&t.view, policy.as_ref(), &RoundConfig::default());
     let inputs = job_inputs(&o, &t, &prepared, "A100", true);
     let of = |n: u8| {

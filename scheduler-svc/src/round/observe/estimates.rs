@@ -22,9 +22,9 @@ use crate::registry::LiveNode;
 use crate::round::observe::guard::{
     GAIN_POINTS, GAIN_POINTS_AT_END, fresh_start_if_it_pays, record_outcome,
 };
-use crate::round::observe::tasks::gang_placement;
 use crate::round::observe::telemetry::{running_step_time_sample, tune_layers};
 use crate::round::observe::{Observed, OwnEvals};
+use crate::round::observe::{curve_from_json, gang_placement};
 use crate::round::{DEFAULT_ITERATIONS, iteration_budget};
 use crate::service::Service;
 
@@ -534,17 +534,5 @@ pub(crate) fn refreshed_estimate(
 pub(crate) fn curve_to_json(c: &LossCurve) -> serde_json::Value {
     serde_json::json!({
         "beta0": c.beta0, "beta1": c.beta1, "beta2": c.beta2, "beta3": c.beta3, "quality": c.quality
-    })
-}
-
-/// The fitted Eq. 3 curve stored with a job's estimates.
-pub(crate) fn curve_from_json(v: &serde_json::Value) -> Option<LossCurve> {
-    let f = |k: &str| v.get(k).and_then(serde_json::Value::as_f64);
-    Some(LossCurve {
-        beta0: f("beta0")?,
-        beta1: f("beta1")?,
-        beta2: f("beta2")?,
-        beta3: f("beta3")?,
-        quality: f("quality").unwrap_or(0.0),
     })
 }

@@ -13,7 +13,7 @@ use fmsched_estimator::transfer::{TaskEmbedding, observed_gain, spatial_score, t
 
 use crate::persistence::{Estimate, FreshStart, MergeRecord};
 use crate::registry::LiveNode;
-use crate::round::observe::estimates::curve_from_json;
+use crate::round::observe::curve_from_json;
 use crate::round::observe::{Observed, TransferOutcome};
 use crate::round::{RoundError, iteration_budget};
 use crate::service::Service;
@@ -195,7 +195,7 @@ pub(crate) async fn fresh_start_if_it_pays(
         return;
     };
     let sched = &state.config.scheduling;
-    let family = crate::round::inputs::node_family(n);
+    let family = crate::registry::node_family(n);
     let restart_s = fmsched_core::round::restart_cost(
         sched.checkpoint_cost.as_secs_f64(),
         sched

@@ -18,22 +18,22 @@ mod telemetry;
 #[cfg(test)]
 pub(crate) mod tests;
 
-pub(crate) use estimates::curve_from_json;
 pub(crate) use tasks::embedding;
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use chrono::{DateTime, Utc};
 use fmsched_core::JobId;
-use fmsched_estimator::icefrog;
+use fmsched_estimator::footprint;
+use fmsched_estimator::loss_curve::LossCurve;
 use fmsched_estimator::loss_prior::LossLibrary;
 use fmsched_estimator::lut::Lut;
 
 use super::{RoundError, RoundKind};
 use crate::estimates::EstimatorClient;
 use crate::persistence::{
-    AdminState, Estimate, FreshStart, JobRecord, JobService, MergeRecord, RetryState, RoundWrites,
-    StoredPlan,
+    AdminState, Assignment, Estimate, FreshStart, JobRecord, JobService, MergeRecord, RetryState,
+    RoundWrites, StoredPlan,
 };
 use crate::registry::LiveNode;
 use crate::round::observe::estimates::learn_metric_targets;
@@ -95,7 +95,7 @@ pub(crate) struct Observed {
     pub layer_variance: BTreeMap<JobId, Vec<f64>>,
     /// ICEFROG's utilisation regression per (model, GPU family), with this
     /// round's measurements.
-    pub utilization_fits: BTreeMap<(String, String), icefrog::UtilizationFit>,
+    pub utilization_fits: BTreeMap<(String, String), footprint::UtilizationFit>,
 
     /// What the admin API set: cordons and drains, re-queue requests, the
     /// policy in force.
@@ -324,4 +324,33 @@ pub(crate) fn members_of(task_id: &str) -> Option<Vec<JobId>> {
         Some((a, b)) => Some(vec![a.parse().ok()?, b.parse().ok()?]),
         None => Some(vec![task_id.parse().ok()?]),
     }
+}
+
+/// The fitted Eq. 3 curve stored with a job's estimates.
+pub(crate) fn curve_from_json(v: &serde_json::Value) -> Option<LossCurve> {
+    let f = |k: &str| v.get(k).and_then(serde_json::Value::as_f64);
+    Some(LossCurve {
+        beta0: f("beta0")?,
+        beta1: f("beta1")?,
+        beta2: f("beta2")?,
+        beta3: f("beta3")?,
+        quality: f("quality").unwrap_or(0.0),
+    })
+}
+
+/// The placement shape of a job over several nodes (the throughput table's
+/// digits: its GPUs on each node, in rank order) from the plan in force;
+/// None when the plan no longer gives it `world_size` GPUs or a node holds
+/// more than 9 of them (a shape the table cannot name).
+pub(crate) fn gang_placement(plan: &[Assignment], job: JobId, world_size: u32) -> Option<String> {
+    let mut parts: Vec<&Assignment> = plan.iter().filter(|a| a.job == job && !a.profile).collect();
+    parts.sort_by_key(|a| a.rank_offset);
+    let counts: Vec<usize> = parts.iter().map(|a| a.gpus.len()).collect();
+    if parts.len() < 2
+        || counts.iter().sum::<usize>() != world_size as usize
+        || counts.iter().any(|&c| !(1..=9).contains(&c))
+    {
+        return None;
+    }
+    Some(counts.iter().map(|c| c.to_string()).collect())
 }

@@ -233,23 +233,6 @@ pub(crate) async fn observe_task(
     }
 }
 
-/// The placement shape of a job over several nodes (the throughput table's
-/// digits: its GPUs on each node, in rank order) from the plan in force;
-/// None when the plan no longer gives it `world_size` GPUs or a node holds
-/// more than 9 of them (a shape the table cannot name).
-pub(crate) fn gang_placement(plan: &[Assignment], job: JobId, world_size: u32) -> Option<String> {
-    let mut parts: Vec<&Assignment> = plan.iter().filter(|a| a.job == job && !a.profile).collect();
-    parts.sort_by_key(|a| a.rank_offset);
-    let counts: Vec<usize> = parts.iter().map(|a| a.gpus.len()).collect();
-    if parts.len() < 2
-        || counts.iter().sum::<usize>() != world_size as usize
-        || counts.iter().any(|&c| !(1..=9).contains(&c))
-    {
-        return None;
-    }
-    Some(counts.iter().map(|c| c.to_string()).collect())
-}
-
 /// A job's profiling run: once it ended, its job is queued with what it
 /// measured (estimates; its step time teaches the estimator's table). A
 /// run still going leaves the job profiling: it must not be scheduled yet.

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use fmsched_core::JobId;
 use fmsched_estimator::lut::{Lut, Variant};
-use fmsched_estimator::{analytic, icefrog};
+use fmsched_estimator::{analytic, footprint};
 use fmsched_proto::v1 as pb;
 
 use crate::persistence::JobRecord;
@@ -28,7 +28,7 @@ const SATURATED_ROUNDS: u32 = 3;
 /// (written in the round's commit, with an event on the job), so the
 /// policy moves it off or suspends it.
 /// ICEFROG's utilisation regression fed by measurement
-/// ([`icefrog::UtilizationFit`]): each one-GPU training process of one job
+/// ([`footprint::UtilizationFit`]): each one-GPU training process of one job
 /// that runs alone on its GPU (no other job planned there, stepping) adds
 /// its measured utilisation — its own NVML reading, else its GPU's — to
 /// its model's fit on that GPU type, at its step work (its batch and its
@@ -72,7 +72,7 @@ pub(crate) fn learn_utilization(o: &mut Observed, nodes: &[LiveNode]) {
                 frozen_layers: frozen,
                 ..Variant::of_spec(&job.spec)
             };
-            let work = icefrog::step_work(
+            let work = footprint::step_work(
                 &job.spec.model,
                 &variant,
                 job.spec.hyperparameters.global_batch_size.max(1),

@@ -11,15 +11,16 @@ use fmsched_estimator::loss_curve::{
 };
 use fmsched_estimator::loss_prior::LossLibrary;
 use fmsched_estimator::lut::Variant;
-use fmsched_estimator::{analytic, icefrog};
+use fmsched_estimator::{analytic, footprint};
 use fmsched_proto::v1 as pb;
 
 use crate::persistence::{Assignment, Estimate, FreshStart, JobRecord, MergeRecord, MetricCurve};
 use crate::round::observe::estimates::{
     curve_to_json, loss_refit, predict_metric_target, profile_estimate, refreshed_estimate,
 };
+use crate::round::observe::gang_placement;
 use crate::round::observe::guard::{record_outcome, spatial_gain};
-use crate::round::observe::tasks::{finishing, fresh_run, gang_placement, part_in_force};
+use crate::round::observe::tasks::{finishing, fresh_run, part_in_force};
 use crate::round::observe::telemetry::{
     learn_utilization, profile_step_time_sample, running_step_time_sample,
 };
@@ -631,8 +632,8 @@ fn utilization_is_learned_from_processes_running_alone() {
         fit.overhead()
     );
     let lut = analytic::default_lut().unwrap();
-    let f =
-        icefrog::one_gpu_footprint(&lut, "roberta-base", "A100", &variant, 32, Some(&fit)).unwrap();
+    let f = footprint::one_gpu_footprint(&lut, "roberta-base", "A100", &variant, 32, Some(&fit))
+        .unwrap();
     assert!(
         (f.utilization_pct - 40.0).abs() < 1e-9,
         "{}",

@@ -12,28 +12,32 @@ use std::sync::{Arc, Mutex};
 
 use fmsched_core::JobId;
 
-use super::{BankIndexes, DeadlineWaits, PromptLane};
+mod bank;
+mod deadline_waits;
+
+pub use bank::{BankIndexes, Indexed};
+pub use deadline_waits::DeadlineWaits;
 
 /// The leader's memory (see the module docs).
 #[derive(Default)]
 pub struct LeaderMemory {
     /// Shared GPUs (by UUID) and the rounds in a row each reported
     /// saturated (the leader's own count; a new leader counts afresh).
-    pub(in crate::round) saturated_gpus: Arc<Mutex<BTreeMap<String, u32>>>,
+    pub(crate) saturated_gpus: Arc<Mutex<BTreeMap<String, u32>>>,
     /// Layer-elastic jobs' last reported per-layer gradient variance (the
     /// leader's memory, so a suspended job is still tuned per allocation).
-    pub(in crate::round) layer_variance: Arc<Mutex<BTreeMap<JobId, Vec<f64>>>>,
+    pub(crate) layer_variance: Arc<Mutex<BTreeMap<JobId, Vec<f64>>>>,
     /// The Prompt Bank's index per model (checked against Postgres before
     /// each use).
-    pub(in crate::round) prompt_banks: Arc<BankIndexes>,
+    pub(crate) prompt_banks: Arc<BankIndexes>,
     /// PromptTuner's lane: its wake-up, the lock it shares with rounds.
-    pub(in crate::round) prompt_lane: Arc<PromptLane>,
+    pub(crate) prompt_lane: Arc<PromptLane>,
     /// Wakes the round loop for a round on an event (a submission, a task
     /// that ended) when `scheduling.event_round_gap` is set.
-    pub(in crate::round) round_wake: Arc<tokio::sync::Notify>,
+    pub(crate) round_wake: Arc<tokio::sync::Notify>,
     /// Jobs with a deadline submitted here, for rounds for deadlines
     /// (`scheduling.deadline_round_gap`).
-    pub(in crate::round) deadline_waits: Arc<DeadlineWaits>,
+    pub(crate) deadline_waits: Arc<DeadlineWaits>,
 }
 
 impl LeaderMemory {
@@ -59,4 +63,18 @@ impl LeaderMemory {
     pub fn waits_on_deadlines(&self) -> bool {
         !self.deadline_waits.is_empty()
     }
+}
+
+/// The lane's state in the leader process.
+#[derive(Default)]
+pub struct PromptLane {
+    /// Wakes the loop (a prompt-tuning submission; an agent reported a
+    /// finished or a warm process).
+    pub wake: tokio::sync::Notify,
+    /// Held by a round from observe to commit, and by a lane pass: one
+    /// decides at a time on the plan in force.
+    pub round_lock: tokio::sync::Mutex<()>,
+    /// The last round's fair shares: a lane commit accrues by them until
+    /// the next round.
+    pub fair_share: std::sync::Mutex<Vec<(JobId, f64)>>,
 }
