@@ -161,8 +161,11 @@ async fn e2e_jobs_run_to_completion_through_a_scheduler_crash() {
     let rounds = value("fmsched_round_duration_seconds_sum ");
     assert!(phases <= rounds, "phases {phases} s > rounds {rounds} s");
     let m = scrape(agent_metrics).await;
+    // Labels in any order (the exposition sorts them by name).
     assert!(
-        m.contains("DCGM_FI_DEV_GPU_UTIL{gpu=\"0\",UUID=\"GPU-fake"),
+        m.lines().any(|l| l.starts_with("DCGM_FI_DEV_GPU_UTIL{")
+            && l.contains("gpu=\"0\"")
+            && l.contains("UUID=\"GPU-fake")),
         "{m}"
     );
     assert!(m.contains("fmsched_agent_launches_total "), "{m}");
@@ -173,11 +176,8 @@ async fn e2e_jobs_run_to_completion_through_a_scheduler_crash() {
 
 #[tokio::test]
 async fn e2e_a_crashing_trainer_is_retried_then_fails_with_its_last_log_lines() {
-    let db = TestDb::create("fmsched_retry").await;
-    let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let _sched = scheduler(&db, port, dir.path());
-    wait_up("scheduler up", port);
+    let c = Cluster::builder("fmsched_retry").start().await;
+    let (dir, port) = (&c.dir, c.port);
     let a = agent("node-a", port, dir.path());
     let crash = dir.path().join("crash.yaml");
     std::fs::write(
