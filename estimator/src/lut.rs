@@ -763,54 +763,26 @@ impl Lut {
     ) -> Result<usize, LutError> {
         let rows = parse_csv(origin, csv)?;
         let v = Variant::base();
-        let err = |line: usize, message: String| LutError::Csv {
-            origin: origin.to_string(),
-            line,
-            message,
-        };
-        let num =
-            |line: usize, row: &BTreeMap<String, String>, col: &str| -> Result<f64, LutError> {
-                let raw = row
-                    .get(col)
-                    .ok_or_else(|| err(line, format!("missing column {col:?}")))?;
-                let x: f64 = raw
-                    .trim()
-                    .parse()
-                    .map_err(|_| err(line, format!("{col}: {raw:?} is not a number")))?;
-                if !x.is_finite() || x < 0.0 {
-                    return Err(err(
-                        line,
-                        format!("{col}: {raw:?} must be a finite number >= 0"),
-                    ));
-                }
-                Ok(x)
-            };
-        let int =
-            |line: usize, row: &BTreeMap<String, String>, col: &str| -> Result<u32, LutError> {
-                let x = num(line, row, col)?;
-                if x.fract() != 0.0 || x > f64::from(u32::MAX) {
-                    return Err(err(line, format!("{col}: must be a whole number")));
-                }
-                Ok(x as u32)
-            };
+        let c = Cells { origin };
         match layout {
             "placements" => {
                 let mut add = Vec::new();
                 for (line, r) in &rows {
                     let p = r
                         .get("placement")
-                        .ok_or_else(|| err(*line, "missing column \"placement\"".into()))?;
-                    let p = canonical_placement(p.trim()).map_err(|e| err(*line, e.to_string()))?;
-                    let bsz = int(*line, r, "local_bsz")?;
+                        .ok_or_else(|| c.err(*line, "missing column \"placement\"".into()))?;
+                    let p =
+                        canonical_placement(p.trim()).map_err(|e| c.err(*line, e.to_string()))?;
+                    let bsz = c.int(*line, r, "local_bsz")?;
                     if bsz == 0 {
-                        return Err(err(*line, "local_bsz: must be > 0".into()));
+                        return Err(c.err(*line, "local_bsz: must be > 0".into()));
                     }
                     add.push((
                         p,
                         Point {
                             local_bsz: bsz,
-                            step: num(*line, r, "step_time")?,
-                            sync: num(*line, r, "sync_time")?,
+                            step: c.num(*line, r, "step_time")?,
+                            sync: c.num(*line, r, "sync_time")?,
                         },
                     ));
                 }
@@ -826,11 +798,11 @@ impl Lut {
                 let mut add = Vec::new();
                 for (line, r) in &rows {
                     add.push(ScalePoint {
-                        nodes: int(*line, r, "num_nodes")?.max(1),
-                        replicas: int(*line, r, "num_replicas")?.max(1),
-                        local_bsz: int(*line, r, "local_bsz")?.max(1),
-                        step: num(*line, r, "step_time")?,
-                        sync: num(*line, r, "sync_time")?,
+                        nodes: c.int(*line, r, "num_nodes")?.max(1),
+                        replicas: c.int(*line, r, "num_replicas")?.max(1),
+                        local_bsz: c.int(*line, r, "local_bsz")?.max(1),
+                        step: c.num(*line, r, "step_time")?,
+                        sync: c.num(*line, r, "sync_time")?,
                     });
                 }
                 self.profile_mut(model, gpu_type, &v)
@@ -840,7 +812,10 @@ impl Lut {
             "memory" => {
                 let mut add = Vec::new();
                 for (line, r) in &rows {
-                    add.push((int(*line, r, "local_bsz")?, num(*line, r, "gpu_memory")?));
+                    add.push((
+                        c.int(*line, r, "local_bsz")?,
+                        c.num(*line, r, "gpu_memory")?,
+                    ));
                 }
                 let prof = self.profile_mut(model, gpu_type, &v);
                 prof.memory.extend(add);
@@ -850,7 +825,7 @@ impl Lut {
             "context_switch" => {
                 let mut max: Option<f64> = None;
                 for (line, r) in &rows {
-                    let t = num(*line, r, "time_cost")?;
+                    let t = c.num(*line, r, "time_cost")?;
                     max = Some(max.map_or(t, |m: f64| m.max(t)));
                 }
                 if let Some(t) = max {
@@ -861,72 +836,7 @@ impl Lut {
             "fmsched" => {
                 let mut add = Vec::new();
                 for (line, r) in &rows {
-                    let flag = |col: &str| -> Result<bool, LutError> {
-                        match r.get(col).map(|s| s.trim()) {
-                            Some("1" | "true") => Ok(true),
-                            Some("0" | "false" | "") | None => Ok(false),
-                            Some(o) => Err(err(*line, format!("{col}: {o:?} is not a boolean"))),
-                        }
-                    };
-                    let row_model = r
-                        .get("model")
-                        .map(|s| s.trim())
-                        .filter(|s| !s.is_empty())
-                        .unwrap_or(model);
-                    let row_gpu = r
-                        .get("gpu_type")
-                        .map(|s| s.trim())
-                        .filter(|s| !s.is_empty())
-                        .unwrap_or(gpu_type);
-                    let variant = Variant {
-                        amp: flag("amp")?,
-                        frozen_layers: if r.contains_key("frozen_layers") {
-                            int(*line, r, "frozen_layers")?
-                        } else {
-                            0
-                        },
-                        gradient_checkpointing: flag("grad_ckpt")?,
-                        petl: r
-                            .get("petl")
-                            .map(|s| s.trim().to_string())
-                            .filter(|s| s != "none")
-                            .unwrap_or_default(),
-                        pipeline: flag("pipeline")?,
-                        expert_parallel: if r
-                            .get("expert_parallel")
-                            .is_some_and(|s| !s.trim().is_empty())
-                        {
-                            expert_group(int(*line, r, "expert_parallel")?)
-                        } else {
-                            0
-                        },
-                    };
-                    let p = canonical_placement(r.get("placement").map(|s| s.trim()).unwrap_or(""))
-                        .map_err(|e| err(*line, e.to_string()))?;
-                    let bsz = int(*line, r, "local_bsz")?;
-                    if bsz == 0 {
-                        return Err(err(*line, "local_bsz: must be > 0".into()));
-                    }
-                    let opt = |col: &str| -> Result<Option<f64>, LutError> {
-                        if r.get(col).is_some_and(|s| !s.trim().is_empty()) {
-                            num(*line, r, col).map(Some)
-                        } else {
-                            Ok(None)
-                        }
-                    };
-                    add.push(FmschedRow {
-                        model: row_model.to_string(),
-                        gpu_type: row_gpu.to_string(),
-                        variant,
-                        placement: p,
-                        point: Point {
-                            local_bsz: bsz,
-                            step: num(*line, r, "step_time")?,
-                            sync: num(*line, r, "sync_time")?,
-                        },
-                        memory_gib: opt("gpu_memory_gib")?,
-                        context_switch_s: opt("context_switch_s")?,
-                    });
+                    add.push(fmsched_row(&c, *line, r, model, gpu_type)?);
                 }
                 for row in add {
                     let prof = self.profile_mut(&row.model, &row.gpu_type, &row.variant);
@@ -949,6 +859,122 @@ impl Lut {
         }
         Ok(rows.len())
     }
+}
+
+/// Reads a CSV row's cells; every error names the file, line and column.
+struct Cells<'a> {
+    origin: &'a str,
+}
+
+impl Cells<'_> {
+    fn err(&self, line: usize, message: String) -> LutError {
+        LutError::Csv {
+            origin: self.origin.to_string(),
+            line,
+            message,
+        }
+    }
+
+    /// A finite number >= 0.
+    fn num(&self, line: usize, row: &BTreeMap<String, String>, col: &str) -> Result<f64, LutError> {
+        let raw = row
+            .get(col)
+            .ok_or_else(|| self.err(line, format!("missing column {col:?}")))?;
+        let x: f64 = raw
+            .trim()
+            .parse()
+            .map_err(|_| self.err(line, format!("{col}: {raw:?} is not a number")))?;
+        if !x.is_finite() || x < 0.0 {
+            return Err(self.err(line, format!("{col}: {raw:?} must be a finite number >= 0")));
+        }
+        Ok(x)
+    }
+
+    /// A whole number >= 0.
+    fn int(&self, line: usize, row: &BTreeMap<String, String>, col: &str) -> Result<u32, LutError> {
+        let x = self.num(line, row, col)?;
+        if x.fract() != 0.0 || x > f64::from(u32::MAX) {
+            return Err(self.err(line, format!("{col}: must be a whole number")));
+        }
+        Ok(x as u32)
+    }
+}
+
+/// One row of fmsched's own layout (`model` and `gpu_type` default to the
+/// import's), parsed before anything is changed.
+fn fmsched_row(
+    c: &Cells<'_>,
+    line: usize,
+    r: &BTreeMap<String, String>,
+    model: &str,
+    gpu_type: &str,
+) -> Result<FmschedRow, LutError> {
+    let flag = |col: &str| -> Result<bool, LutError> {
+        match r.get(col).map(|s| s.trim()) {
+            Some("1" | "true") => Ok(true),
+            Some("0" | "false" | "") | None => Ok(false),
+            Some(o) => Err(c.err(line, format!("{col}: {o:?} is not a boolean"))),
+        }
+    };
+    let row_model = r
+        .get("model")
+        .map(|s| s.trim())
+        .filter(|s| !s.is_empty())
+        .unwrap_or(model);
+    let row_gpu = r
+        .get("gpu_type")
+        .map(|s| s.trim())
+        .filter(|s| !s.is_empty())
+        .unwrap_or(gpu_type);
+    let variant = Variant {
+        amp: flag("amp")?,
+        frozen_layers: if r.contains_key("frozen_layers") {
+            c.int(line, r, "frozen_layers")?
+        } else {
+            0
+        },
+        gradient_checkpointing: flag("grad_ckpt")?,
+        petl: r
+            .get("petl")
+            .map(|s| s.trim().to_string())
+            .filter(|s| s != "none")
+            .unwrap_or_default(),
+        pipeline: flag("pipeline")?,
+        expert_parallel: if r
+            .get("expert_parallel")
+            .is_some_and(|s| !s.trim().is_empty())
+        {
+            expert_group(c.int(line, r, "expert_parallel")?)
+        } else {
+            0
+        },
+    };
+    let p = canonical_placement(r.get("placement").map(|s| s.trim()).unwrap_or(""))
+        .map_err(|e| c.err(line, e.to_string()))?;
+    let bsz = c.int(line, r, "local_bsz")?;
+    if bsz == 0 {
+        return Err(c.err(line, "local_bsz: must be > 0".into()));
+    }
+    let opt = |col: &str| -> Result<Option<f64>, LutError> {
+        if r.get(col).is_some_and(|s| !s.trim().is_empty()) {
+            c.num(line, r, col).map(Some)
+        } else {
+            Ok(None)
+        }
+    };
+    Ok(FmschedRow {
+        model: row_model.to_string(),
+        gpu_type: row_gpu.to_string(),
+        variant,
+        placement: p,
+        point: Point {
+            local_bsz: bsz,
+            step: c.num(line, r, "step_time")?,
+            sync: c.num(line, r, "sync_time")?,
+        },
+        memory_gib: opt("gpu_memory_gib")?,
+        context_switch_s: opt("context_switch_s")?,
+    })
 }
 
 /// One row of fmsched's own layout, parsed before anything is changed.

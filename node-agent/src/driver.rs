@@ -471,7 +471,62 @@ impl ProcessDriver {
                 .map_err(|e| err(format!("opening {name}: {e}")))
         };
         let (stdout, stderr) = (open("stdout.log")?, open("stderr.log")?);
-        let tasks = tasks_json(spec, &dir).map_err(err)?;
+        let mut cmd = self
+            .command(spec, &dir, &ckpt, &sock, &control)
+            .map_err(err)?;
+        cmd.stdout(stdout).stderr(stderr);
+        let child = cmd
+            .spawn()
+            .map_err(|e| err(format!("starting {:?}: {e}", spec.command[0])))?;
+        let pgid = child
+            .id()
+            .map(|p| p as i32)
+            .ok_or_else(|| err("the process exited at once".into()))?;
+        // On disk, so a restarted agent finds it (see `stop_orphans`).
+        if let Some(start_ticks) = start_ticks(pgid) {
+            let rec = ProcessRecord { pgid, start_ticks };
+            if let Err(e) = serde_json::to_vec(&rec)
+                .map_err(std::io::Error::other)
+                .and_then(|b| std::fs::write(dir.join(PROCESS_FILE_NAME), b))
+            {
+                tracing::warn!(task = %spec.id, error = %e, "process record not written");
+            }
+        }
+        let observed = Arc::new(Mutex::new(Observed::default()));
+        let reader = read_reports(listener, spec.id.clone(), observed.clone());
+        tracing::info!(task = %spec.id, pgid, gpus = ?spec.gpus, resume = ?spec.resume_from,
+            standby = spec.standby, warm = spec.warm, "launched");
+        self.stats
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .launches += 1;
+        procs.insert(
+            spec.id.clone(),
+            Arc::new(Running {
+                pgid,
+                observed,
+                started: Instant::now(),
+                dir,
+                reader,
+                life: tokio::sync::Mutex::new(Life { child, exit: None }),
+            }),
+        );
+        Ok(())
+    }
+
+    /// The training process's command: `spec`'s command and environment,
+    /// and the trainer contract's variables (ids, mode, tasks, checkpoint
+    /// and output folders, the report socket and control file, the GPUs
+    /// and torchrun's ranks) set or removed, in its own process group.
+    fn command(
+        &self,
+        spec: &LaunchSpec,
+        dir: &Path,
+        ckpt: &Path,
+        sock: &Path,
+        control: &Path,
+    ) -> Result<Command, String> {
+        let tasks = tasks_json(spec, dir)?;
         let gpus: Vec<String> = spec.gpus.iter().map(u32::to_string).collect();
         let mut cmd = Command::new(&spec.command[0]);
         cmd.args(&spec.command[1..])
@@ -484,10 +539,10 @@ impl ProcessDriver {
             )
             .env(env::MODE, if spec.profile { "profile" } else { "train" })
             .env(env::TASKS, tasks)
-            .env(env::CHECKPOINT_DIR, &ckpt)
+            .env(env::CHECKPOINT_DIR, ckpt)
             .env(env::OUTPUT_DIR, dir.join("output"))
-            .env(env::REPORT_SOCKET, &sock)
-            .env(env::CONTROL_FILE, &control)
+            .env(env::REPORT_SOCKET, sock)
+            .env(env::CONTROL_FILE, control)
             .env(
                 env::CHECKPOINT_INTERVAL_S,
                 self.cfg.checkpoint_interval.as_secs_f64().to_string(),
@@ -515,8 +570,6 @@ impl ProcessDriver {
             .env_remove(env::PIPELINE_STAGES)
             .env_remove(env::EXPERT_PARALLEL)
             .stdin(std::process::Stdio::null())
-            .stdout(stdout)
-            .stderr(stderr)
             .process_group(0)
             .kill_on_drop(false);
         if let Some(r) = &spec.resume_from {
@@ -539,69 +592,7 @@ impl ProcessDriver {
         if spec.expert_parallel > 1 {
             cmd.env(env::EXPERT_PARALLEL, spec.expert_parallel.to_string());
         }
-        let child = cmd
-            .spawn()
-            .map_err(|e| err(format!("starting {:?}: {e}", spec.command[0])))?;
-        let pgid = child
-            .id()
-            .map(|p| p as i32)
-            .ok_or_else(|| err("the process exited at once".into()))?;
-        // On disk, so a restarted agent finds it (see `stop_orphans`).
-        if let Some(start_ticks) = start_ticks(pgid) {
-            let rec = ProcessRecord { pgid, start_ticks };
-            if let Err(e) = serde_json::to_vec(&rec)
-                .map_err(std::io::Error::other)
-                .and_then(|b| std::fs::write(dir.join(PROCESS_FILE_NAME), b))
-            {
-                tracing::warn!(task = %spec.id, error = %e, "process record not written");
-            }
-        }
-        let observed = Arc::new(Mutex::new(Observed::default()));
-        let obs = observed.clone();
-        // Every connection's lines are reports; a malformed line is counted.
-        let task = spec.id.clone();
-        let reader = tokio::spawn(async move {
-            while let Ok((stream, _)) = listener.accept().await {
-                let obs = obs.clone();
-                lock(&obs).open_connections += 1;
-                let task = task.clone();
-                tokio::spawn(async move {
-                    let mut lines = tokio::io::BufReader::new(stream).lines();
-                    loop {
-                        match lines.next_line().await {
-                            Ok(Some(line)) => match Report::parse(&line) {
-                                Ok(r) => apply_report(&obs, r),
-                                Err(_) => lock(&obs).bad_lines += 1,
-                            },
-                            Ok(None) => break,
-                            Err(e) => {
-                                tracing::warn!(%task, error = %e, "report connection broken");
-                                break;
-                            }
-                        }
-                    }
-                    lock(&obs).open_connections -= 1;
-                });
-            }
-        });
-        tracing::info!(task = %spec.id, pgid, gpus = ?spec.gpus, resume = ?spec.resume_from,
-            standby = spec.standby, warm = spec.warm, "launched");
-        self.stats
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .launches += 1;
-        procs.insert(
-            spec.id.clone(),
-            Arc::new(Running {
-                pgid,
-                observed,
-                started: Instant::now(),
-                dir,
-                reader,
-                life: tokio::sync::Mutex::new(Life { child, exit: None }),
-            }),
-        );
-        Ok(())
+        Ok(cmd)
     }
 
     /// Checkpoints and stops a process (see the module docs); returns its
@@ -1087,6 +1078,40 @@ pub fn task_dir(work_dir: &Path, id: &str) -> PathBuf {
         checkpoint_interval: Duration::ZERO,
     })
     .dir_of(id)
+}
+
+/// Reads the reports of a task's training process: every connection to
+/// its socket is a stream of JSON lines, each applied to `obs`; a
+/// malformed line is counted.
+fn read_reports(
+    listener: tokio::net::UnixListener,
+    task: String,
+    obs: Arc<Mutex<Observed>>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let obs = obs.clone();
+            lock(&obs).open_connections += 1;
+            let task = task.clone();
+            tokio::spawn(async move {
+                let mut lines = tokio::io::BufReader::new(stream).lines();
+                loop {
+                    match lines.next_line().await {
+                        Ok(Some(line)) => match Report::parse(&line) {
+                            Ok(r) => apply_report(&obs, r),
+                            Err(_) => lock(&obs).bad_lines += 1,
+                        },
+                        Ok(None) => break,
+                        Err(e) => {
+                            tracing::warn!(%task, error = %e, "report connection broken");
+                            break;
+                        }
+                    }
+                }
+                lock(&obs).open_connections -= 1;
+            });
+        }
+    })
 }
 
 #[cfg(test)]

@@ -395,46 +395,14 @@ impl Reconciler {
             // The checkpoint a stop of its process here just wrote.
             let mut fresh: Option<(PathBuf, u64)> = None;
             if let Some(sb) = entry.standby.clone() {
-                // Launched ahead of this switch: start it if the plan runs it
-                // as it was launched; else stop it and launch afresh.
-                let wanted = LaunchSpec {
-                    standby: true,
-                    ..self.launch_spec(t, &gpus, Self::resume_of(t, entry))
-                };
-                if alive
-                    && sb.spec == wanted
-                    && self.ready(&t.task_id).await
-                    && self.driver.start(&t.task_id).await.is_ok()
+                let prewarmed = status.as_ref().is_some_and(|s| s.observed.prewarmed);
+                match self
+                    .start_standby(entry, plan, t, &gpus, &sb, alive, prewarmed)
+                    .await
                 {
-                    entry.standby = None;
-                    entry.suspended = false;
-                    entry.fresh = t.fresh_start;
-                    entry.generation = plan.generation;
-                    entry.ranks = sb.spec.ranks.clone();
-                    entry.job_ids.clone_from(&t.job_ids);
-                    self.gpus
-                        .process_started(entry.pid, &gpus, t.expected_utilization_percent);
-                    self.trained_in_order(&sb.spec);
-                    let lead = sb.since.elapsed();
-                    let ready = status.as_ref().is_some_and(|s| s.observed.prewarmed);
-                    self.count(|c| {
-                        c.standby_started += 1;
-                        c.standby_lead_seconds_sum += lead.as_secs_f64();
-                    });
-                    tracing::info!(task = %t.task_id, ?lead, ready_before_plan = ready, generation = plan.generation,
-                        "started from standby (pipeline switch)");
-                    continue;
+                    Ok(()) => continue,
+                    Err(why) => self.drop_standby(&mut known, &t.task_id, why).await,
                 }
-                let why = if !alive {
-                    "it died"
-                } else if sb.spec.gpus != wanted.gpus {
-                    "the plan runs it on other GPUs"
-                } else if sb.spec != wanted {
-                    "the plan launches it differently"
-                } else {
-                    "it never reported prewarmed"
-                };
-                self.drop_standby(&mut known, &t.task_id, why).await;
             } else if alive
                 && !restart_fresh
                 && entry.gpus == gpus
@@ -444,40 +412,7 @@ impl Reconciler {
                     .filter(|x| x.eval_only)
                     .all(|x| entry.watching.contains(&x.job_id))
             {
-                entry.generation = plan.generation;
-                entry.fresh = t.fresh_start;
-                // The layer tuner's new ℓ and the lease end: told through
-                // the control file (the whole of it each time), applied by
-                // the trainer without a restart (ℓ at its next epoch).
-                let single = t.tasks.len() == 1 && !entry.profile;
-                let wanted = t.tasks.first().map_or(0, |x| x.frozen_layers);
-                let lease = lease_end_of(t);
-                let frozen_changed = single && wanted != entry.frozen_layers;
-                // A partner joined or left its GPU.
-                let shared = shared_of(t);
-                let shared_changed = !entry.profile && shared != entry.shared;
-                if frozen_changed || shared_changed || lease != entry.lease_end {
-                    let c = fmsched_core::trainer::Control {
-                        frozen_layers: single.then_some(wanted),
-                        lease_end: lease,
-                        shared_gpu: (!entry.profile).then_some(shared),
-                    };
-                    match self.driver.set_control(&t.task_id, &c).await {
-                        Ok(()) => {
-                            if frozen_changed {
-                                tracing::info!(task = %t.task_id, from = entry.frozen_layers, to = wanted,
-                                    "frozen layers changed (applied at the next epoch)");
-                                entry.frozen_layers = wanted;
-                            }
-                            entry.lease_end = lease;
-                            if shared_changed {
-                                tracing::info!(task = %t.task_id, shared, "GPU sharing changed (told through the control file)");
-                                entry.shared = shared;
-                            }
-                        }
-                        Err(e) => problems.push(e.to_string()),
-                    }
-                }
+                self.retune_running(entry, plan, t, &mut problems).await;
                 continue;
             } else if alive {
                 // Moved to other GPUs, or its job's nodes changed (a new
@@ -522,78 +457,196 @@ impl Reconciler {
             // from a checkpoint 45 s old).
             let resume = fresh.map(|c| c.0).or_else(|| Self::resume_of(t, entry));
             let resume = resume.filter(|_| !t.fresh_start || entry.fresh);
-            let spec = self.launch_spec(t, &gpus, resume);
-            let launched = match claimed.get(&t.task_id) {
-                Some(from) => match self.driver.hand_over(from, &spec).await {
-                    Ok(()) => {
-                        self.warm_procs().remove(from);
-                        self.count(|c| c.warm_starts += 1);
-                        Ok(())
-                    }
-                    Err(e) => {
-                        tracing::warn!(task = %t.task_id, warm = %from, error = %e,
-                            "warm process could not take the task; launching afresh");
-                        self.stop_warm(from, WarmStop::Failed).await;
-                        self.count(|c| c.cold_starts += 1);
-                        self.driver.launch(&spec).await
-                    }
-                },
-                None => {
-                    if spec.warm {
-                        self.count(|c| c.cold_starts += 1);
-                    }
-                    self.driver.launch(&spec).await
-                }
+            self.launch_task(entry, plan, t, gpus, resume, &claimed, &mut problems)
+                .await;
+        }
+        problems
+    }
+
+    /// Starts a task launched ahead of this plan (a pipeline switch's
+    /// standby) when the plan runs it as it was launched and it is ready;
+    /// otherwise says why not (the caller stops it and launches afresh).
+    #[allow(clippy::too_many_arguments)]
+    async fn start_standby(
+        &self,
+        entry: &mut Known,
+        plan: &pb::NodePlan,
+        t: &pb::DesiredTask,
+        gpus: &[u32],
+        sb: &Standby,
+        alive: bool,
+        prewarmed: bool,
+    ) -> Result<(), &'static str> {
+        let wanted = LaunchSpec {
+            standby: true,
+            ..self.launch_spec(t, gpus, Self::resume_of(t, entry))
+        };
+        if alive
+            && sb.spec == wanted
+            && self.ready(&t.task_id).await
+            && self.driver.start(&t.task_id).await.is_ok()
+        {
+            entry.standby = None;
+            entry.suspended = false;
+            entry.fresh = t.fresh_start;
+            entry.generation = plan.generation;
+            entry.ranks = sb.spec.ranks.clone();
+            entry.job_ids.clone_from(&t.job_ids);
+            self.gpus
+                .process_started(entry.pid, gpus, t.expected_utilization_percent);
+            self.trained_in_order(&sb.spec);
+            let lead = sb.since.elapsed();
+            let ready = prewarmed;
+            self.count(|c| {
+                c.standby_started += 1;
+                c.standby_lead_seconds_sum += lead.as_secs_f64();
+            });
+            tracing::info!(task = %t.task_id, ?lead, ready_before_plan = ready, generation = plan.generation,
+                "started from standby (pipeline switch)");
+            return Ok(());
+        }
+        Err(if !alive {
+            "it died"
+        } else if sb.spec.gpus != wanted.gpus {
+            "the plan runs it on other GPUs"
+        } else if sb.spec != wanted {
+            "the plan launches it differently"
+        } else {
+            "it never reported prewarmed"
+        })
+    }
+
+    /// A running task the plan keeps where it is: takes the plan's
+    /// generation, and tells the trainer through its control file (the
+    /// whole of it each time) a new frozen-layer count, lease end or GPU
+    /// partner, applied without a restart (ℓ at its next epoch).
+    async fn retune_running(
+        &self,
+        entry: &mut Known,
+        plan: &pb::NodePlan,
+        t: &pb::DesiredTask,
+        problems: &mut Vec<String>,
+    ) {
+        entry.generation = plan.generation;
+        entry.fresh = t.fresh_start;
+        // The layer tuner's new ℓ and the lease end: told through
+        // the control file (the whole of it each time), applied by
+        // the trainer without a restart (ℓ at its next epoch).
+        let single = t.tasks.len() == 1 && !entry.profile;
+        let wanted = t.tasks.first().map_or(0, |x| x.frozen_layers);
+        let lease = lease_end_of(t);
+        let frozen_changed = single && wanted != entry.frozen_layers;
+        // A partner joined or left its GPU.
+        let shared = shared_of(t);
+        let shared_changed = !entry.profile && shared != entry.shared;
+        if frozen_changed || shared_changed || lease != entry.lease_end {
+            let c = fmsched_core::trainer::Control {
+                frozen_layers: single.then_some(wanted),
+                lease_end: lease,
+                shared_gpu: (!entry.profile).then_some(shared),
             };
-            match launched {
+            match self.driver.set_control(&t.task_id, &c).await {
                 Ok(()) => {
-                    self.trained_in_order(&spec);
-                    let pid = self.driver.status(&t.task_id).await.map_or(0, |s| s.pid);
-                    self.gpus
-                        .process_started(pid, &gpus, t.expected_utilization_percent);
-                    *entry = Known {
-                        generation: plan.generation,
-                        ranks: spec.ranks.clone(),
-                        gpus,
-                        job_ids: t.job_ids.clone(),
-                        checkpoint: entry.checkpoint.clone(),
-                        suspended: false,
-                        pid,
-                        profile: spec.profile,
-                        standby: None,
-                        metrics: target_metrics(&spec.tasks),
-                        frozen_layers: frozen_of(&spec.tasks),
-                        lease_end: None,
-                        shared: shared_of(t),
-                        watching: watched(&t.tasks),
-                        warm: spec.warm.then(|| {
-                            (
-                                spec.tasks
-                                    .first()
-                                    .map(|x| x.model.clone())
-                                    .unwrap_or_default(),
-                                spec.command.clone(),
-                            )
-                        }),
-                        fresh: t.fresh_start,
-                    };
-                    // A leased process learns its lease end from the start.
-                    if let Some(end) = lease_end_of(t).filter(|_| !spec.profile) {
-                        let c = fmsched_core::trainer::Control {
-                            frozen_layers: None,
-                            lease_end: Some(end),
-                            shared_gpu: Some(shared_of(t)),
-                        };
-                        match self.driver.set_control(&t.task_id, &c).await {
-                            Ok(()) => entry.lease_end = Some(end),
-                            Err(e) => problems.push(e.to_string()),
-                        }
+                    if frozen_changed {
+                        tracing::info!(task = %t.task_id, from = entry.frozen_layers, to = wanted,
+                            "frozen layers changed (applied at the next epoch)");
+                        entry.frozen_layers = wanted;
+                    }
+                    entry.lease_end = lease;
+                    if shared_changed {
+                        tracing::info!(task = %t.task_id, shared, "GPU sharing changed (told through the control file)");
+                        entry.shared = shared;
                     }
                 }
                 Err(e) => problems.push(e.to_string()),
             }
         }
-        problems
+    }
+
+    /// Launches a task the plan runs (resuming from `resume` when given),
+    /// on a warm process the plan claimed for it when there is one, and
+    /// records what now runs.
+    #[allow(clippy::too_many_arguments)]
+    async fn launch_task(
+        &self,
+        entry: &mut Known,
+        plan: &pb::NodePlan,
+        t: &pb::DesiredTask,
+        gpus: Vec<u32>,
+        resume: Option<PathBuf>,
+        claimed: &BTreeMap<String, String>,
+        problems: &mut Vec<String>,
+    ) {
+        let spec = self.launch_spec(t, &gpus, resume);
+        let launched = match claimed.get(&t.task_id) {
+            Some(from) => match self.driver.hand_over(from, &spec).await {
+                Ok(()) => {
+                    self.warm_procs().remove(from);
+                    self.count(|c| c.warm_starts += 1);
+                    Ok(())
+                }
+                Err(e) => {
+                    tracing::warn!(task = %t.task_id, warm = %from, error = %e,
+                    "warm process could not take the task; launching afresh");
+                    self.stop_warm(from, WarmStop::Failed).await;
+                    self.count(|c| c.cold_starts += 1);
+                    self.driver.launch(&spec).await
+                }
+            },
+            None => {
+                if spec.warm {
+                    self.count(|c| c.cold_starts += 1);
+                }
+                self.driver.launch(&spec).await
+            }
+        };
+        match launched {
+            Ok(()) => {
+                self.trained_in_order(&spec);
+                let pid = self.driver.status(&t.task_id).await.map_or(0, |s| s.pid);
+                self.gpus
+                    .process_started(pid, &gpus, t.expected_utilization_percent);
+                *entry = Known {
+                    generation: plan.generation,
+                    ranks: spec.ranks.clone(),
+                    gpus,
+                    job_ids: t.job_ids.clone(),
+                    checkpoint: entry.checkpoint.clone(),
+                    suspended: false,
+                    pid,
+                    profile: spec.profile,
+                    standby: None,
+                    metrics: target_metrics(&spec.tasks),
+                    frozen_layers: frozen_of(&spec.tasks),
+                    lease_end: None,
+                    shared: shared_of(t),
+                    watching: watched(&t.tasks),
+                    warm: spec.warm.then(|| {
+                        (
+                            spec.tasks
+                                .first()
+                                .map(|x| x.model.clone())
+                                .unwrap_or_default(),
+                            spec.command.clone(),
+                        )
+                    }),
+                    fresh: t.fresh_start,
+                };
+                // A leased process learns its lease end from the start.
+                if let Some(end) = lease_end_of(t).filter(|_| !spec.profile) {
+                    let c = fmsched_core::trainer::Control {
+                        frozen_layers: None,
+                        lease_end: Some(end),
+                        shared_gpu: Some(shared_of(t)),
+                    };
+                    match self.driver.set_control(&t.task_id, &c).await {
+                        Ok(()) => entry.lease_end = Some(end),
+                        Err(e) => problems.push(e.to_string()),
+                    }
+                }
+            }
+            Err(e) => problems.push(e.to_string()),
+        }
     }
 
     pub(super) async fn stop(&self, known: &mut BTreeMap<String, Known>, id: &str) {

@@ -288,22 +288,7 @@ impl Agent {
             Ok(r) => r.into_inner(),
             Err(s) => return Err(classify(s)),
         };
-        let ack = match inbound.message().await {
-            Ok(Some(pb::SchedulerMessage {
-                msg: Some(pb::scheduler_message::Msg::RegisterAck(a)),
-            })) => a,
-            Ok(Some(other)) => {
-                return Err(SessionError::Retry(format!(
-                    "expected RegisterAck, got {other:?}"
-                )));
-            }
-            Ok(None) => {
-                return Err(SessionError::Retry(
-                    "scheduler closed the session before acknowledging".into(),
-                ));
-            }
-            Err(s) => return Err(classify(s)),
-        };
+        let ack = register_ack(&mut inbound).await?;
         if !ack.node_token.is_empty() {
             self.keep_node_token(&ack.node_token);
         }
@@ -325,21 +310,7 @@ impl Agent {
         let mut heard = tokio::time::Instant::now();
         tracing::info!(node_id = %self.node_id, endpoint = %self.current_endpoint(), heartbeat = ?interval, "registered with scheduler");
         on_registered();
-        // Once the scheduler took this agent as the node's (no other agent
-        // of it lives), and before any plan starts a process: processes a
-        // previous agent left running are stopped (they checkpoint on
-        // SIGTERM). A restarted agent cannot take over their report
-        // sockets, and an orphan would hold its GPUs beside its task's new
-        // process.
-        if !self.orphans_checked.swap(true, Ordering::SeqCst) {
-            let orphans = self.reconciler.driver().stop_orphans().await;
-            if orphans > 0 {
-                tracing::warn!(
-                    orphans,
-                    "stopped processes a previous agent left running; their jobs resume from their checkpoints"
-                );
-            }
-        }
+        self.stop_orphans_once().await;
 
         let mut tick = tokio::time::interval(interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -376,61 +347,99 @@ impl Agent {
                     }
                 }
                 msg = inbound.message() => match msg {
-                    Ok(Some(m)) => { heard = tokio::time::Instant::now(); match m.msg {
-                        Some(pb::scheduler_message::Msg::HeartbeatAck(a)) => {
-                            if !self.note_epoch(a.epoch) {
-                                return Err(SessionError::Retry(format!(
-                                    "the scheduler at {} no longer leads (term {} < {})",
-                                    self.current_endpoint(), a.epoch, self.leader_epoch()
-                                )));
-                            }
-                            tracing::trace!(sequence = a.sequence, epoch = a.epoch, "heartbeat acknowledged");
-                        }
-                        Some(pb::scheduler_message::Msg::Plan(p)) => {
-                            if self.accept_plan(&p) {
-                                // Converge in the background: suspensions wait
-                                // for checkpoints, heartbeats must go on. The
-                                // reconciler serialises plans in arrival order.
-                                let r = self.reconciler.clone();
-                                tokio::spawn(async move {
-                                    for problem in r.apply(&p).await {
-                                        tracing::warn!(generation = p.generation, %problem, "plan not fully applied");
-                                    }
-                                });
-                            }
-                        }
-                        Some(pb::scheduler_message::Msg::Hint(h)) => {
-                            if let Some(pb::hint::Hint::PrepareSwitch(ps)) = h.hint
-                                && let Some(task) = ps.task
-                            {
-                                // Standby until the plan that runs it (Ymir §6.2).
-                                let lead = ps
-                                    .switch_at
-                                    .and_then(|t| timestamp_from_proto("switch_at", &t).ok())
-                                    .and_then(|t| (t - chrono::Utc::now()).to_std().ok())
-                                    .unwrap_or_default();
-                                let r = self.reconciler.clone();
-                                tokio::spawn(async move {
-                                    if r.prepare(&task, lead).await {
-                                        tracing::info!(task = %task.task_id, ?lead, "standby launched ahead of a switch");
-                                    } else {
-                                        tracing::debug!(task = %task.task_id, "switch hint: nothing to prepare");
-                                    }
-                                });
-                            }
-                        }
-                        Some(pb::scheduler_message::Msg::LogRequest(lr)) => {
-                            let r = self.reconciler.clone();
-                            let tx = tx.clone();
-                            tokio::spawn(async move {
-                                let _ = tx.send(log_data(&r, &lr).await).await;
-                            });
-                        }
-                        Some(pb::scheduler_message::Msg::RegisterAck(_)) | None => {}
-                    }},
+                    Ok(Some(m)) => {
+                        heard = tokio::time::Instant::now();
+                        self.on_message(m, &tx)?;
+                    }
                     Ok(None) => return Ok(()),
                     Err(s) => return Err(classify(s)),
                 }
+            }
+        }
+    }
+
+    /// One message of the scheduler: a heartbeat's acknowledgement (a
+    /// deposed leader's ends the session), a plan or a hint (acted on in
+    /// the background, so heartbeats go on), a request for a task's logs.
+    fn on_message(
+        &self,
+        m: pb::SchedulerMessage,
+        tx: &mpsc::Sender<pb::AgentMessage>,
+    ) -> Result<(), SessionError> {
+        match m.msg {
+            Some(pb::scheduler_message::Msg::HeartbeatAck(a)) => {
+                if !self.note_epoch(a.epoch) {
+                    return Err(SessionError::Retry(format!(
+                        "the scheduler at {} no longer leads (term {} < {})",
+                        self.current_endpoint(),
+                        a.epoch,
+                        self.leader_epoch()
+                    )));
+                }
+                tracing::trace!(
+                    sequence = a.sequence,
+                    epoch = a.epoch,
+                    "heartbeat acknowledged"
+                );
+            }
+            Some(pb::scheduler_message::Msg::Plan(p)) => {
+                if self.accept_plan(&p) {
+                    // Converge in the background: suspensions wait
+                    // for checkpoints, heartbeats must go on. The
+                    // reconciler serialises plans in arrival order.
+                    let r = self.reconciler.clone();
+                    tokio::spawn(async move {
+                        for problem in r.apply(&p).await {
+                            tracing::warn!(generation = p.generation, %problem, "plan not fully applied");
+                        }
+                    });
+                }
+            }
+            Some(pb::scheduler_message::Msg::Hint(h)) => {
+                if let Some(pb::hint::Hint::PrepareSwitch(ps)) = h.hint
+                    && let Some(task) = ps.task
+                {
+                    // Standby until the plan that runs it (Ymir §6.2).
+                    let lead = ps
+                        .switch_at
+                        .and_then(|t| timestamp_from_proto("switch_at", &t).ok())
+                        .and_then(|t| (t - chrono::Utc::now()).to_std().ok())
+                        .unwrap_or_default();
+                    let r = self.reconciler.clone();
+                    tokio::spawn(async move {
+                        if r.prepare(&task, lead).await {
+                            tracing::info!(task = %task.task_id, ?lead, "standby launched ahead of a switch");
+                        } else {
+                            tracing::debug!(task = %task.task_id, "switch hint: nothing to prepare");
+                        }
+                    });
+                }
+            }
+            Some(pb::scheduler_message::Msg::LogRequest(lr)) => {
+                let r = self.reconciler.clone();
+                let tx = tx.clone();
+                tokio::spawn(async move {
+                    let _ = tx.send(log_data(&r, &lr).await).await;
+                });
+            }
+            Some(pb::scheduler_message::Msg::RegisterAck(_)) | None => {}
+        }
+        Ok(())
+    }
+
+    /// Once the scheduler took this agent as the node's (no other agent
+    /// of it lives), and before any plan starts a process: processes a
+    /// previous agent left running are stopped (they checkpoint on
+    /// SIGTERM). A restarted agent cannot take over their report sockets,
+    /// and an orphan would hold its GPUs beside its task's new process.
+    async fn stop_orphans_once(&self) {
+        if !self.orphans_checked.swap(true, Ordering::SeqCst) {
+            let orphans = self.reconciler.driver().stop_orphans().await;
+            if orphans > 0 {
+                tracing::warn!(
+                    orphans,
+                    "stopped processes a previous agent left running; their jobs resume from their checkpoints"
+                );
             }
         }
     }
@@ -548,6 +557,29 @@ async fn log_data(r: &crate::reconcile::Reconciler, lr: &pb::LogRequest) -> pb::
     pb::AgentMessage {
         msg: Some(pb::agent_message::Msg::LogData(out)),
     }
+}
+
+/// The scheduler's first answer on a new session: its acknowledgement of
+/// the registration, or why the session must be retried.
+async fn register_ack(
+    inbound: &mut tonic::Streaming<pb::SchedulerMessage>,
+) -> Result<pb::RegisterAck, SessionError> {
+    Ok(match inbound.message().await {
+        Ok(Some(pb::SchedulerMessage {
+            msg: Some(pb::scheduler_message::Msg::RegisterAck(a)),
+        })) => a,
+        Ok(Some(other)) => {
+            return Err(SessionError::Retry(format!(
+                "expected RegisterAck, got {other:?}"
+            )));
+        }
+        Ok(None) => {
+            return Err(SessionError::Retry(
+                "scheduler closed the session before acknowledging".into(),
+            ));
+        }
+        Err(s) => return Err(classify(s)),
+    })
 }
 
 #[cfg(test)]

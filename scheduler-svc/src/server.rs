@@ -63,33 +63,8 @@ pub async fn run(
     .await?;
     persistence.migrate().await.context("applying migrations")?;
 
-    let now = Utc::now();
-    let nodes = persistence.list_nodes().await.context("loading nodes")?;
-    tracing::info!(nodes = nodes.len(), "loaded node registry");
-    let registry = Arc::new(NodeRegistry::load(nodes, now));
-    let (job_events, _) = broadcast::channel(1024);
-    let cfg = Arc::new(cfg);
-    let state = Service {
-        persistence: persistence.clone(),
-        auth: Arc::new(auth),
-        registry: registry.clone(),
-        models: Arc::new(cfg.model_catalog()),
-        limits: Limits::default(),
-        config: cfg.clone(),
-        job_events,
-        metrics: Arc::new(crate::metrics::SchedulerMetrics::default()),
-        leadership: Arc::new(crate::leadership::Leadership::new(
-            crate::persistence::LeaderLease::new(
-                &persistence,
-                cfg.replica_name(),
-                cfg.leader_lease,
-            ),
-        )),
-        autosched: Arc::new(
-            crate::tuner::Autosched::new().context("loading AutoSched's profiles")?,
-        ),
-        leader: Default::default(),
-    };
+    let state = service(cfg, auth, persistence.clone()).await?;
+    let (cfg, registry) = (state.config.clone(), state.registry.clone());
     // Leadership: take it now if free (a single replica leads at once),
     // then keep renewing; a standby takes over when the leader's lease
     // lapses (it died, froze, or lost the database).
@@ -118,26 +93,9 @@ pub async fn run(
 
     let (reflection_v1, reflection_v1alpha) = fmsched_proto::reflection_services()?;
 
-    let metrics = cfg.metrics_addr.map(|addr| {
-        let st = state.clone();
-        let render: fmsched_runtime::metrics::Render = Arc::new(move || {
-            let st = st.clone();
-            Box::pin(async move {
-                crate::metrics::render_metrics(
-                    &st.persistence,
-                    &st.metrics,
-                    &st.registry.snapshot(),
-                    st.leadership.epoch(),
-                )
-                .await
-            })
-        });
-        tokio::spawn(async move {
-            if let Err(e) = fmsched_runtime::metrics::serve(addr, render).await {
-                tracing::error!(%addr, error = %e, "metrics endpoint failed");
-            }
-        })
-    });
+    let metrics = cfg
+        .metrics_addr
+        .map(|addr| serve_metrics(addr, state.clone()));
     let scheduler = cfg
         .scheduling
         .enabled
@@ -154,18 +112,7 @@ pub async fn run(
         state.leadership.clone(),
     ));
 
-    let mut builder = tonic::transport::Server::builder()
-        .http2_keepalive_interval(Some(Duration::from_secs(20)))
-        .http2_keepalive_timeout(Some(Duration::from_secs(10)))
-        .tcp_nodelay(true);
-    if let (Some(cert), Some(key)) = (&cfg.tls.cert_path, &cfg.tls.key_path) {
-        let cert = std::fs::read(cert)
-            .with_context(|| format!("reading tls.cert_path {}", cert.display()))?;
-        let key = std::fs::read(key)
-            .with_context(|| format!("reading tls.key_path {}", key.display()))?;
-        builder =
-            builder.tls_config(ServerTlsConfig::new().identity(Identity::from_pem(cert, key)))?;
-    }
+    let mut builder = grpc_server(&cfg)?;
     let addr = listener.local_addr()?;
     tracing::info!(%addr, tls = cfg.tls.cert_path.is_some(), "scheduler serving");
     let result = builder
@@ -200,6 +147,81 @@ pub async fn run(
     result.context("gRPC server")?;
     tracing::info!("scheduler stopped");
     Ok(())
+}
+
+/// The service state a fresh replica starts with: the node registry as
+/// stored, leadership not yet taken, the leader's memory empty.
+async fn service(
+    cfg: Config,
+    auth: Authenticator,
+    persistence: Persistence,
+) -> anyhow::Result<Service> {
+    let now = Utc::now();
+    let nodes = persistence.list_nodes().await.context("loading nodes")?;
+    tracing::info!(nodes = nodes.len(), "loaded node registry");
+    let registry = Arc::new(NodeRegistry::load(nodes, now));
+    let (job_events, _) = broadcast::channel(1024);
+    let cfg = Arc::new(cfg);
+    Ok(Service {
+        persistence: persistence.clone(),
+        auth: Arc::new(auth),
+        registry,
+        models: Arc::new(cfg.model_catalog()),
+        limits: Limits::default(),
+        config: cfg.clone(),
+        job_events,
+        metrics: Arc::new(crate::metrics::SchedulerMetrics::default()),
+        leadership: Arc::new(crate::leadership::Leadership::new(
+            crate::persistence::LeaderLease::new(
+                &persistence,
+                cfg.replica_name(),
+                cfg.leader_lease,
+            ),
+        )),
+        autosched: Arc::new(
+            crate::tuner::Autosched::new().context("loading AutoSched's profiles")?,
+        ),
+        leader: Default::default(),
+    })
+}
+
+/// Serves `/metrics` on `addr` (`metrics_addr`) until the task is aborted.
+fn serve_metrics(addr: std::net::SocketAddr, state: Service) -> tokio::task::JoinHandle<()> {
+    let render: fmsched_runtime::metrics::Render = Arc::new(move || {
+        let st = state.clone();
+        Box::pin(async move {
+            crate::metrics::render_metrics(
+                &st.persistence,
+                &st.metrics,
+                &st.registry.snapshot(),
+                st.leadership.epoch(),
+            )
+            .await
+        })
+    });
+    tokio::spawn(async move {
+        if let Err(e) = fmsched_runtime::metrics::serve(addr, render).await {
+            tracing::error!(%addr, error = %e, "metrics endpoint failed");
+        }
+    })
+}
+
+/// The gRPC server's transport: keepalives, and TLS when `tls.cert_path`
+/// and `tls.key_path` are set.
+fn grpc_server(cfg: &Config) -> anyhow::Result<tonic::transport::Server> {
+    let mut builder = tonic::transport::Server::builder()
+        .http2_keepalive_interval(Some(Duration::from_secs(20)))
+        .http2_keepalive_timeout(Some(Duration::from_secs(10)))
+        .tcp_nodelay(true);
+    if let (Some(cert), Some(key)) = (&cfg.tls.cert_path, &cfg.tls.key_path) {
+        let cert = std::fs::read(cert)
+            .with_context(|| format!("reading tls.cert_path {}", cert.display()))?;
+        let key = std::fs::read(key)
+            .with_context(|| format!("reading tls.key_path {}", key.display()))?;
+        builder =
+            builder.tls_config(ServerTlsConfig::new().identity(Identity::from_pem(cert, key)))?;
+    }
+    Ok(builder)
 }
 
 /// Liveness sweeps and the database health probe.

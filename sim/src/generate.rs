@@ -95,67 +95,12 @@ pub fn generate(cfg: &GenConfig, catalog: &Catalog, lut: &Lut) -> Result<Vec<Wor
     };
     let models = fmsched_core::models::ModelCatalog::builtin();
     let gpu = fmsched_estimator::analytic::gpu_family(&cfg.gpu_type);
-    let mut tasks: Vec<(String, String, f64)> = Vec::new();
-    for m in &cfg.models {
-        let mt = catalog
-            .models
-            .get(m)
-            .ok_or_else(|| format!("model {m:?} is not in the task catalog"))?;
-        if mt.tasks.is_empty() {
-            return Err(format!("model {m:?} has no tasks in the task catalog"));
-        }
-        for (t, info) in &mt.tasks {
-            tasks.push((m.clone(), t.clone(), info.samples_per_epoch));
-        }
-    }
-    if tasks.is_empty() {
-        return Err("the chosen models have no tasks".into());
-    }
+    let tasks = catalog_tasks(cfg, catalog)?;
     let mut rng = Rng::new(cfg.seed);
     let window_s = cfg.hours * 3600.0 / cfg.load;
     let mean_gap = window_s / cfg.jobs as f64;
-    // Trace-shaped arrivals: the trace's k-th quantile time for job k.
-    let shaped: Option<Vec<f64>> = match &cfg.arrivals {
-        Some(times) if times.len() >= 2 => {
-            let mut v: Vec<f64> = times.iter().copied().filter(|t| t.is_finite()).collect();
-            v.sort_by(f64::total_cmp);
-            let (lo, hi) = (v[0], v[v.len() - 1]);
-            let span = (hi - lo).max(1e-9);
-            Some(
-                (0..cfg.jobs)
-                    .map(|k| {
-                        let q = v[k * (v.len() - 1) / (cfg.jobs - 1).max(1)];
-                        (q - lo) / span * window_s
-                    })
-                    .collect(),
-            )
-        }
-        Some(_) => return Err("the arrival trace needs at least two jobs".into()),
-        None => None,
-    };
-    // GPU-hours of one epoch of each task on its smallest allocation.
-    let mut epoch_gpu_h = Vec::with_capacity(tasks.len());
-    for (model, _, samples) in &tasks {
-        let pipeline = model.contains("7b");
-        let one = if pipeline { 4 } else { 1 };
-        let variant = Variant {
-            pipeline,
-            ..Variant::base()
-        };
-        let layers = fmsched_estimator::analytic::layers_of(model).unwrap_or(12);
-        let it = lut
-            .iteration_time_on(
-                model,
-                &gpu,
-                &packed_placement(one, 4),
-                batch_for(model),
-                &variant,
-                layers,
-            )
-            .map_err(|e| format!("{model}: {e}"))?;
-        let rate = f64::from(batch_for(model)) / it.seconds;
-        epoch_gpu_h.push(samples / rate * f64::from(one) / 3600.0);
-    }
+    let shaped = shaped_arrivals(cfg, window_s)?;
+    let epoch_gpu_h = epoch_gpu_hours(&tasks, lut, &gpu)?;
     let mut t = 0.0;
     let mut out = Vec::with_capacity(cfg.jobs);
     for k in 0..cfg.jobs {
@@ -250,6 +195,82 @@ pub fn generate(cfg: &GenConfig, catalog: &Catalog, lut: &Lut) -> Result<Vec<Wor
         });
     }
     Ok(out)
+}
+
+/// (model, task, samples per epoch) of every task of the chosen models in
+/// the catalog.
+fn catalog_tasks(cfg: &GenConfig, catalog: &Catalog) -> Result<Vec<(String, String, f64)>, String> {
+    let mut tasks: Vec<(String, String, f64)> = Vec::new();
+    for m in &cfg.models {
+        let mt = catalog
+            .models
+            .get(m)
+            .ok_or_else(|| format!("model {m:?} is not in the task catalog"))?;
+        if mt.tasks.is_empty() {
+            return Err(format!("model {m:?} has no tasks in the task catalog"));
+        }
+        for (t, info) in &mt.tasks {
+            tasks.push((m.clone(), t.clone(), info.samples_per_epoch));
+        }
+    }
+    if tasks.is_empty() {
+        return Err("the chosen models have no tasks".into());
+    }
+    Ok(tasks)
+}
+
+/// Trace-shaped arrivals: the trace's k-th quantile time for job k, over
+/// `window_s` (None: exponential gaps).
+fn shaped_arrivals(cfg: &GenConfig, window_s: f64) -> Result<Option<Vec<f64>>, String> {
+    Ok(match &cfg.arrivals {
+        Some(times) if times.len() >= 2 => {
+            let mut v: Vec<f64> = times.iter().copied().filter(|t| t.is_finite()).collect();
+            v.sort_by(f64::total_cmp);
+            let (lo, hi) = (v[0], v[v.len() - 1]);
+            let span = (hi - lo).max(1e-9);
+            Some(
+                (0..cfg.jobs)
+                    .map(|k| {
+                        let q = v[k * (v.len() - 1) / (cfg.jobs - 1).max(1)];
+                        (q - lo) / span * window_s
+                    })
+                    .collect(),
+            )
+        }
+        Some(_) => return Err("the arrival trace needs at least two jobs".into()),
+        None => None,
+    })
+}
+
+/// GPU-hours of one epoch of each task on its smallest allocation.
+fn epoch_gpu_hours(
+    tasks: &[(String, String, f64)],
+    lut: &Lut,
+    gpu: &str,
+) -> Result<Vec<f64>, String> {
+    let mut epoch_gpu_h = Vec::with_capacity(tasks.len());
+    for (model, _, samples) in tasks {
+        let pipeline = model.contains("7b");
+        let one = if pipeline { 4 } else { 1 };
+        let variant = Variant {
+            pipeline,
+            ..Variant::base()
+        };
+        let layers = fmsched_estimator::analytic::layers_of(model).unwrap_or(12);
+        let it = lut
+            .iteration_time_on(
+                model,
+                gpu,
+                &packed_placement(one, 4),
+                batch_for(model),
+                &variant,
+                layers,
+            )
+            .map_err(|e| format!("{model}: {e}"))?;
+        let rate = f64::from(batch_for(model)) / it.seconds;
+        epoch_gpu_h.push(samples / rate * f64::from(one) / 3600.0);
+    }
+    Ok(epoch_gpu_h)
 }
 
 /// The expert-parallel group of a job on `gpus` GPUs of a model with

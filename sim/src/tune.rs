@@ -332,6 +332,60 @@ impl Tuner {
         d.adopted.then_some(d.knobs)
     }
 
+    /// Samples configurations and rejects those the model predicts to
+    /// lose (some explored anyway, ε); the active one first, and the last
+    /// tuning's best measured again. Returns them and the rejected count.
+    fn kept_samples(&mut self) -> (Vec<Knobs>, usize) {
+        let samples = self.sample();
+        let mut kept: Vec<Knobs> = vec![self.current.clone()];
+        let mut rejected = 0;
+        for k in samples {
+            let u = self.unit_vec(&k);
+            let explore = self.rng.f64() < self.search.epsilon;
+            match self.predicted_relative(&u) {
+                Some(r) if r <= self.search.gamma && !explore => rejected += 1,
+                _ => kept.push(k),
+            }
+        }
+        // The last tuning's best is measured again, never rejected: what
+        // won on the full trace outranks what the model guesses.
+        if let Some(b) = self.last_best.take()
+            && !kept.contains(&b)
+        {
+            kept.push(b);
+        }
+        (kept, rejected)
+    }
+
+    /// The full-trace measurements teach the rejection model too, over
+    /// what stage 1 said of the same configurations.
+    fn learn_full_trace(
+        &mut self,
+        finalists: &[Knobs],
+        second: &[Option<f64>],
+        current_score: f64,
+    ) {
+        for (k, sc) in finalists.iter().zip(second).skip(1) {
+            let u = self.unit_vec(k);
+            let rel = sc.unwrap_or(0.0) / current_score.max(1e-12);
+            match self.memory.iter_mut().rev().find(|m| m.0 == u) {
+                Some(m) => m.1 = rel,
+                None => self.memory.push((u, rel)),
+            }
+        }
+    }
+
+    /// The objective since the last adoption over the same span before it
+    /// (None before any, or without both figures).
+    fn realised_gain(&self, obs: &Observation<'_>) -> Option<f64> {
+        self.last_adoption.and_then(|t| {
+            let span = obs.now - t;
+            let after = self.objective.observed(obs, t, obs.now)?;
+            let before = self.objective.observed(obs, t - span, t)?;
+            (span > 0.0 && before > 0.0).then(|| after / before)
+        })
+    }
+
     /// One tuning; with `adopt` false (a dry run) the active knobs stay
     /// whatever it finds, and the decision says what it would have done.
     pub fn decide(&mut self, obs: &Observation<'_>, adopt: bool) -> TuneDecision {
@@ -358,25 +412,7 @@ impl Tuner {
         } else {
             trace.jobs.clone()
         };
-        // Sample, then reject those the model predicts to lose.
-        let samples = self.sample();
-        let mut kept: Vec<Knobs> = vec![self.current.clone()];
-        let mut rejected = 0;
-        for k in samples {
-            let u = self.unit_vec(&k);
-            let explore = self.rng.f64() < self.search.epsilon;
-            match self.predicted_relative(&u) {
-                Some(r) if r <= self.search.gamma && !explore => rejected += 1,
-                _ => kept.push(k),
-            }
-        }
-        // The last tuning's best is measured again, never rejected: what
-        // won on the full trace outranks what the model guesses.
-        if let Some(b) = self.last_best.take()
-            && !kept.contains(&b)
-        {
-            kept.push(b);
-        }
+        let (kept, rejected) = self.kept_samples();
         let threads = self.search.threads;
         let (cfg, lut, cat, pol, obj) = (
             &self.cfg,
@@ -448,22 +484,8 @@ impl Tuner {
         } else {
             1.0
         };
-        // The full-trace measurements teach the rejection model too, over
-        // what stage 1 said of the same configurations.
-        for (k, sc) in finalists.iter().zip(&second).skip(1) {
-            let u = self.unit_vec(k);
-            let rel = sc.unwrap_or(0.0) / current_score.max(1e-12);
-            match self.memory.iter_mut().rev().find(|m| m.0 == u) {
-                Some(m) => m.1 = rel,
-                None => self.memory.push((u, rel)),
-            }
-        }
-        let realised_gain = self.last_adoption.and_then(|t| {
-            let span = obs.now - t;
-            let after = self.objective.observed(obs, t, obs.now)?;
-            let before = self.objective.observed(obs, t - span, t)?;
-            (span > 0.0 && before > 0.0).then(|| after / before)
-        });
+        self.learn_full_trace(&finalists, &second, current_score);
+        let realised_gain = self.realised_gain(obs);
         let passes = best_i != 0 && gain > self.search.threshold;
         let adopted = passes && adopt;
         if adopted {

@@ -524,6 +524,32 @@ impl Policy for UniSched {
     }
 }
 
+/// The round's ILP as it is built: its variables, objective, the GPUs
+/// used now and in each window, the buddy cells used per level, and the
+/// constraints besides capacity.
+struct Model {
+    vars: ProblemVariables,
+    objective: Expression,
+    now_used: Expression,
+    window_used: Vec<Expression>,
+    cell_used: Vec<Expression>,
+    constraints: Vec<good_lp::Constraint>,
+    n_vars: usize,
+}
+
+/// What every entry's terms are built on: the windows' ends and lengths,
+/// the buddy levels, the best-effort scale and the leases.
+#[derive(Clone, Copy)]
+struct Terms<'a> {
+    bounds: &'a [u32],
+    window_len: &'a [f64],
+    top: usize,
+    be_scale: f64,
+    lease: f64,
+    be_lease: f64,
+    printed_eq_5_7: bool,
+}
+
 impl UniSched {
     /// The round's ILP; `printed_eq_5_7` builds Eq. 5.7 as the thesis
     /// prints it (`≤`), for the test that shows why it is fixed.
@@ -557,107 +583,40 @@ impl UniSched {
             .map(|(e, &b)| f64::from(b - if e == 0 { 0 } else { bounds[e - 1] }))
             .collect();
 
-        let mut vars = ProblemVariables::new();
-        let mut objective = Expression::from(0.0);
-        let mut now_used = Expression::from(0.0);
-        let mut window_used: Vec<Expression> = vec![Expression::from(0.0); bounds.len()];
         let (top, free_cells) = cells(snap);
-        let mut cell_used: Vec<Expression> = vec![Expression::from(0.0); top + 1];
-        let mut constraints: Vec<good_lp::Constraint> = Vec::new();
-        let mut n_vars = 0usize;
+        let mut m = Model {
+            vars: ProblemVariables::new(),
+            objective: Expression::from(0.0),
+            now_used: Expression::from(0.0),
+            window_used: vec![Expression::from(0.0); bounds.len()],
+            cell_used: vec![Expression::from(0.0); top + 1],
+            constraints: Vec::new(),
+            n_vars: 0,
+        };
+        let terms = Terms {
+            bounds: &bounds,
+            window_len: &window_len,
+            top,
+            be_scale,
+            lease,
+            be_lease,
+            printed_eq_5_7,
+        };
         // Per entry: (gpus, slot-0 variable) of each choice.
-        let mut now_vars: Vec<(usize, Vec<(u32, Variable)>)> = Vec::new();
-        for e in entries.iter().filter(|e| in_model(e)) {
-            let j = &snap.jobs[e.job];
-            let mut one = Expression::from(0.0);
-            let mut row = Vec::with_capacity(e.choices.len());
-            let mut chosen = Expression::from(0.0);
-            let mut earned = Expression::from(0.0);
-            for c in &e.choices {
-                let a = f64::from(c.gpus);
-                let x0 = vars.add(variable().binary());
-                n_vars += 1;
-                now_used += a * x0;
-                if let Some((g, k)) = self.cells_of(snap, e.job, c.gpus, top) {
-                    cell_used[g] += k * x0;
-                }
-                row.push((c.gpus, x0));
-                if e.leased {
-                    constraints.push(Expression::from(x0).eq(1.0));
-                }
-                if !e.slo {
-                    // Best-effort (or an SLO job past every step): the
-                    // reciprocal of its remaining time, scaled below 1.
-                    let t = snap.time_at(e.job, c.gpus)
-                        + if c.gpus == j.current_gpus {
-                            0.0
-                        } else {
-                            j.restart_s
-                        };
-                    objective += be_scale * (be_lease / t).min(1.0) * x0;
-                    one += x0;
-                    continue;
-                }
-                let y = vars.add(variable().binary());
-                n_vars += 1;
-                one += y;
-                constraints.push((x0 - y).leq(0.0));
-                // Slack bonus: `slack_weight` of the reward a best-effort
-                // job would earn at the same remaining time, over this
-                // job's (SLO) lease.
-                let t = c.exe_s.max(1.0);
-                objective += self.config.slack_weight * be_scale * (lease / t).min(1.0) * x0;
-                let mut got = Expression::from(x0);
-                let mut got_by: Vec<Expression> = Vec::with_capacity(bounds.len());
-                let mut ns: Vec<Variable> = Vec::with_capacity(bounds.len());
-                for (w, &len) in window_len.iter().enumerate() {
-                    let n = vars.add(variable().integer().min(0.0).max(len));
-                    n_vars += 1;
-                    constraints.push((n - len * y).leq(0.0));
-                    window_used[w] += a * n;
-                    got += n;
-                    got_by.push(got.clone());
-                    ns.push(n);
-                }
-                for &(before, reward, terms, if_stopped) in c.steps.iter().flatten() {
-                    let w = vars.add(variable().binary());
-                    n_vars += 1;
-                    constraints.push((w - y).leq(0.0));
-                    earned += w;
-                    objective += reward * w;
-                    // Eq. 5.7/5.12 fixed (≥): the terms before D_f cover L.
-                    // A deadline inside a window counts that window's
-                    // terms pro rata.
-                    let k = bounds.iter().rposition(|&b| b <= before);
-                    let (mut have, done) = match k {
-                        Some(k) => (got_by[k].clone(), bounds[k]),
-                        None => (Expression::from(x0), 0),
-                    };
-                    let next = k.map_or(0, |k| k + 1);
-                    if before > done && next < ns.len() {
-                        have += (f64::from(before - done) / window_len[next]) * ns[next];
-                    }
-                    // Run now, it needs L; stopped now, what it needs
-                    // then: `need = L_stopped·w − (L_stopped − L)·x0`
-                    // (x0 ≤ y and w ≤ y: exact at every corner).
-                    let need = f64::from(if_stopped) * w - f64::from(if_stopped - terms) * x0;
-                    constraints.push(if printed_eq_5_7 {
-                        (have - need).leq(0.0)
-                    } else {
-                        (have - need).geq(0.0)
-                    });
-                }
-                chosen += y;
-            }
-            if e.slo {
-                // Eq. 5.6: one step earned at most; Eq. 5.13: one count.
-                constraints.push(earned.leq(1.0));
-                constraints.push(chosen.leq(1.0));
-            } else {
-                constraints.push(one.leq(1.0));
-            }
-            now_vars.push((e.job, row));
-        }
+        let now_vars: Vec<(usize, Vec<(u32, Variable)>)> = entries
+            .iter()
+            .filter(|e| in_model(e))
+            .map(|e| (e.job, self.add_entry(&mut m, snap, e, &terms)))
+            .collect();
+        let Model {
+            vars,
+            objective,
+            now_used,
+            window_used,
+            cell_used,
+            constraints,
+            n_vars,
+        } = m;
 
         let mut stats = SolveStats {
             variables: n_vars,
@@ -731,6 +690,119 @@ impl UniSched {
         }
         plan.stats = stats;
         sort_entries(plan)
+    }
+
+    /// Adds entry `e`'s choices to the round's ILP: a slot-0 variable per
+    /// GPU count (now), and for an SLO job its terms per window and a
+    /// variable per reward step with Eq. 5.7/5.12 (fixed: `≥`), Eq. 5.6
+    /// (one step earned) and Eq. 5.13 (one count); a best-effort job earns
+    /// the reciprocal of its remaining time, scaled below 1. Returns each
+    /// choice's (GPUs, slot-0 variable).
+    fn add_entry(
+        &self,
+        m: &mut Model,
+        snap: &Snapshot,
+        e: &Entry,
+        terms: &Terms<'_>,
+    ) -> Vec<(u32, Variable)> {
+        let Terms {
+            bounds,
+            window_len,
+            top,
+            be_scale,
+            lease,
+            be_lease,
+            printed_eq_5_7,
+        } = *terms;
+        let j = &snap.jobs[e.job];
+        let mut one = Expression::from(0.0);
+        let mut row = Vec::with_capacity(e.choices.len());
+        let mut chosen = Expression::from(0.0);
+        let mut earned = Expression::from(0.0);
+        for c in &e.choices {
+            let a = f64::from(c.gpus);
+            let x0 = m.vars.add(variable().binary());
+            m.n_vars += 1;
+            m.now_used += a * x0;
+            if let Some((g, k)) = self.cells_of(snap, e.job, c.gpus, top) {
+                m.cell_used[g] += k * x0;
+            }
+            row.push((c.gpus, x0));
+            if e.leased {
+                m.constraints.push(Expression::from(x0).eq(1.0));
+            }
+            if !e.slo {
+                // Best-effort (or an SLO job past every step): the
+                // reciprocal of its remaining time, scaled below 1.
+                let t = snap.time_at(e.job, c.gpus)
+                    + if c.gpus == j.current_gpus {
+                        0.0
+                    } else {
+                        j.restart_s
+                    };
+                m.objective += be_scale * (be_lease / t).min(1.0) * x0;
+                one += x0;
+                continue;
+            }
+            let y = m.vars.add(variable().binary());
+            m.n_vars += 1;
+            one += y;
+            m.constraints.push((x0 - y).leq(0.0));
+            // Slack bonus: `slack_weight` of the reward a best-effort
+            // job would earn at the same remaining time, over this
+            // job's (SLO) lease.
+            let t = c.exe_s.max(1.0);
+            m.objective += self.config.slack_weight * be_scale * (lease / t).min(1.0) * x0;
+            let mut got = Expression::from(x0);
+            let mut got_by: Vec<Expression> = Vec::with_capacity(bounds.len());
+            let mut ns: Vec<Variable> = Vec::with_capacity(bounds.len());
+            for (w, &len) in window_len.iter().enumerate() {
+                let n = m.vars.add(variable().integer().min(0.0).max(len));
+                m.n_vars += 1;
+                m.constraints.push((n - len * y).leq(0.0));
+                m.window_used[w] += a * n;
+                got += n;
+                got_by.push(got.clone());
+                ns.push(n);
+            }
+            for &(before, reward, terms, if_stopped) in c.steps.iter().flatten() {
+                let w = m.vars.add(variable().binary());
+                m.n_vars += 1;
+                m.constraints.push((w - y).leq(0.0));
+                earned += w;
+                m.objective += reward * w;
+                // Eq. 5.7/5.12 fixed (≥): the terms before D_f cover L.
+                // A deadline inside a window counts that window's
+                // terms pro rata.
+                let k = bounds.iter().rposition(|&b| b <= before);
+                let (mut have, done) = match k {
+                    Some(k) => (got_by[k].clone(), bounds[k]),
+                    None => (Expression::from(x0), 0),
+                };
+                let next = k.map_or(0, |k| k + 1);
+                if before > done && next < ns.len() {
+                    have += (f64::from(before - done) / window_len[next]) * ns[next];
+                }
+                // Run now, it needs L; stopped now, what it needs
+                // then: `need = L_stopped·w − (L_stopped − L)·x0`
+                // (x0 ≤ y and w ≤ y: exact at every corner).
+                let need = f64::from(if_stopped) * w - f64::from(if_stopped - terms) * x0;
+                m.constraints.push(if printed_eq_5_7 {
+                    (have - need).leq(0.0)
+                } else {
+                    (have - need).geq(0.0)
+                });
+            }
+            chosen += y;
+        }
+        if e.slo {
+            // Eq. 5.6: one step earned at most; Eq. 5.13: one count.
+            m.constraints.push(earned.leq(1.0));
+            m.constraints.push(chosen.leq(1.0));
+        } else {
+            m.constraints.push(one.leq(1.0));
+        }
+        row
     }
 
     /// The buddy cells job `i` at `a` GPUs takes (Eq. 5.14): Chronus

@@ -189,29 +189,7 @@ impl IceFrog {
             .filter(|&k| !ch[k].alone.is_empty() || ch[k].shared.is_some())
             .collect();
         let n = listed.len().max(1) as f64;
-        // Eq. 18's minimum can exceed 0 only if every job gets something:
-        // when even their smallest choices overflow the GPUs, z is 0 in
-        // every plan, and leaving it out spares HiGHS a pigeonhole proof
-        // (30 jobs on 11 GPUs: the 5 s limit without this, ms with it).
-        let least: f64 = listed
-            .iter()
-            .map(|&k| {
-                let alone = ch[k]
-                    .alone
-                    .first()
-                    .map_or(f64::INFINITY, |c| f64::from(c.0));
-                if ch[k].shared.is_some() {
-                    alone.min(0.5)
-                } else {
-                    alone
-                }
-            })
-            .sum();
-        let z_max = if least <= f64::from(capacity) {
-            1.0
-        } else {
-            0.0
-        };
+        let z_max = z_bound(ch, &listed, capacity);
         let z = vars.add(variable().min(0.0).max(z_max).initial(0.0));
         // GPUs the shared columns take: two jobs each.
         let pairs = vars.add(variable().integer().min(0.0).initial(0.0));
@@ -332,19 +310,55 @@ impl IceFrog {
             return (None, stats);
         };
         stats.objective = value_of(&solution);
-        let mut gpus = vec![0u32; snap.jobs.len()];
-        for &(k, a, v) in &x {
-            if solution.value(v) > 0.5 {
-                gpus[k] = a;
-            }
-        }
-        let halves = sh
-            .iter()
-            .filter(|(_, (v, _))| solution.value(*v) > 0.5)
-            .map(|(&k, _)| k)
-            .collect();
-        (Some((gpus, halves)), stats)
+        (Some(picked(&solution, snap.jobs.len(), &x, &sh)), stats)
     }
+}
+
+/// Eq. 18's minimum can exceed 0 only if every job gets something:
+/// when even their smallest choices overflow the GPUs, z is 0 in
+/// every plan, and leaving it out spares HiGHS a pigeonhole proof
+/// (30 jobs on 11 GPUs: the 5 s limit without this, ms with it).
+fn z_bound(ch: &[Choices], listed: &[usize], capacity: u32) -> f64 {
+    let least: f64 = listed
+        .iter()
+        .map(|&k| {
+            let alone = ch[k]
+                .alone
+                .first()
+                .map_or(f64::INFINITY, |c| f64::from(c.0));
+            if ch[k].shared.is_some() {
+                alone.min(0.5)
+            } else {
+                alone
+            }
+        })
+        .sum();
+    if least <= f64::from(capacity) {
+        1.0
+    } else {
+        0.0
+    }
+}
+
+/// The solution's GPUs per job (0: none) and the jobs it put on half a GPU.
+fn picked(
+    solution: &impl Solution,
+    jobs: usize,
+    x: &[(usize, u32, Variable)],
+    sh: &BTreeMap<usize, (Variable, usize)>,
+) -> (Vec<u32>, Vec<usize>) {
+    let mut gpus = vec![0u32; jobs];
+    for &(k, a, v) in x {
+        if solution.value(v) > 0.5 {
+            gpus[k] = a;
+        }
+    }
+    let halves = sh
+        .iter()
+        .filter(|(_, (v, _))| solution.value(*v) > 0.5)
+        .map(|(&k, _)| k)
+        .collect();
+    (gpus, halves)
 }
 
 /// Pairs up the jobs the solve put on half a GPU: pairs that share now

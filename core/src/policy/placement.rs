@@ -88,40 +88,7 @@ fn place_inner(
     let mut placed: Vec<Option<Vec<(usize, u32)>>> = vec![None; plan.entries.len()];
 
     // Rule 1: unchanged running groups stay.
-    let mut stayed = Vec::new();
-    for (k, e) in plan.entries.iter().enumerate() {
-        // A shared GPU stays where either sharer runs (the other joins it).
-        let shared = e.mode == super::MergeMode::Shared;
-        let current = e
-            .jobs
-            .iter()
-            .map(|&j| &snap.jobs[j].current_placement)
-            .find(|p| !shared || !p.is_empty())
-            .unwrap_or(&snap.jobs[e.jobs[0]].current_placement);
-        let held: u32 = current.iter().map(|p| p.1).sum();
-        let same_group = e.jobs.iter().all(|&j| {
-            let p = &snap.jobs[j].current_placement;
-            p == current || (shared && p.is_empty())
-        });
-        // A pipeline group whose replicas straddle nodes (placed before
-        // this rule held) is placed afresh.
-        let unit = super::entry_replica(snap, &e.jobs);
-        let model = entry_model(snap, &e.jobs);
-        if held == e.gpus
-            && one_family(snap, current, model)
-            && !on_unfit(snap, current, &e.jobs)
-            && held > 0
-            && same_group
-            && current.iter().all(|&(n, g)| n < free.len() && free[n] >= g)
-            && current.iter().all(|p| p.1.is_multiple_of(unit))
-        {
-            for &(n, g) in current {
-                free[n] -= g;
-            }
-            placed[k] = Some(current.clone());
-            stayed.push(k);
-        }
-    }
+    let mut stayed = keep_unchanged(snap, &plan, &mut free, &mut placed);
 
     // Rule 2 and 3: the rest, largest first.
     let mut order: Vec<usize> = (0..plan.entries.len())
@@ -232,6 +199,53 @@ fn place_inner(
     plan.entries = kept;
     plan.stats.unplaced += unplaced;
     plan
+}
+
+/// Rule 1 of [`place_with`]: a running group the plan leaves unchanged
+/// (its GPUs, one family it can run on, whole replicas, room left) stays
+/// where it runs; a shared GPU stays where either sharer runs. Returns the
+/// entries that stayed.
+fn keep_unchanged(
+    snap: &Snapshot,
+    plan: &Plan,
+    free: &mut [u32],
+    placed: &mut [Option<Vec<(usize, u32)>>],
+) -> Vec<usize> {
+    let mut stayed = Vec::new();
+    for (k, e) in plan.entries.iter().enumerate() {
+        // A shared GPU stays where either sharer runs (the other joins it).
+        let shared = e.mode == super::MergeMode::Shared;
+        let current = e
+            .jobs
+            .iter()
+            .map(|&j| &snap.jobs[j].current_placement)
+            .find(|p| !shared || !p.is_empty())
+            .unwrap_or(&snap.jobs[e.jobs[0]].current_placement);
+        let held: u32 = current.iter().map(|p| p.1).sum();
+        let same_group = e.jobs.iter().all(|&j| {
+            let p = &snap.jobs[j].current_placement;
+            p == current || (shared && p.is_empty())
+        });
+        // A pipeline group whose replicas straddle nodes (placed before
+        // this rule held) is placed afresh.
+        let unit = super::entry_replica(snap, &e.jobs);
+        let model = entry_model(snap, &e.jobs);
+        if held == e.gpus
+            && one_family(snap, current, model)
+            && !on_unfit(snap, current, &e.jobs)
+            && held > 0
+            && same_group
+            && current.iter().all(|&(n, g)| n < free.len() && free[n] >= g)
+            && current.iter().all(|p| p.1.is_multiple_of(unit))
+        {
+            for &(n, g) in current {
+                free[n] -= g;
+            }
+            placed[k] = Some(current.clone());
+            stayed.push(k);
+        }
+    }
+    stayed
 }
 
 /// Node index → GPUs, as in [`super::PlanEntry::placement`].

@@ -67,7 +67,7 @@ use super::{
     MergeMode, Plan, Policy, Snapshot, SolveStats, placement, time_in, usable_allocations,
 };
 use crate::policy::ymir::fallback::{grow, keep_current, units_view};
-use crate::policy::ymir::solve::{Solved, Weights, entries, split_capacity};
+use crate::policy::ymir::solve::{Part, Solved, Weights, entries, split_capacity};
 
 /// Knobs of the Ymir policy.
 #[derive(Clone, Debug, PartialEq)]
@@ -427,6 +427,60 @@ impl Ymir {
             _ => jobs.iter().map(|&j| w.base[j]).sum::<f64>() / t,
         }
     }
+
+    /// The parts are solved on up to `threads` threads (each HiGHS
+    /// model on one) within the round's time limit: each part gets an
+    /// even share of the limit's thread-seconds (a fixed budget, so no
+    /// clock is read here beyond HiGHS' own limit).
+    fn solve_parts(
+        &self,
+        snap: &Snapshot,
+        w: &Weights,
+        (units, pairs): (&[Unit], &[Pair]),
+        parts: &[Part],
+        caps: &[u32],
+    ) -> Vec<Option<Solved>> {
+        let threads = std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .clamp(1, 4)
+            .min(parts.len());
+        let limit = self.config.time_limit_s / parts.len().div_ceil(threads) as f64;
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let solved_parts: Vec<(usize, Solved)> = std::thread::scope(|scope| {
+            let workers: Vec<_> = (0..threads)
+                .map(|_| {
+                    scope.spawn(|| {
+                        let mut out = Vec::new();
+                        loop {
+                            let k = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            let Some(part) = parts.get(k) else { break };
+                            out.push((
+                                k,
+                                self.solve(
+                                    snap,
+                                    w,
+                                    (units, &part.units),
+                                    (pairs, &part.pairs),
+                                    caps[k],
+                                    limit,
+                                ),
+                            ));
+                        }
+                        out
+                    })
+                })
+                .collect();
+            workers
+                .into_iter()
+                .flat_map(|h| h.join().expect("a part's solve does not panic"))
+                .collect()
+        });
+        let mut by_part: Vec<Option<Solved>> = (0..parts.len()).map(|_| None).collect();
+        for (k, r) in solved_parts {
+            by_part[k] = Some(r);
+        }
+        by_part
+    }
 }
 
 impl Policy for Ymir {
@@ -512,49 +566,7 @@ impl Policy for Ymir {
         // Partitioned: each part solved alone on its share of the GPUs,
         // then what the parts left is handed out greedily across them.
         let caps = split_capacity(r, &parts, &units, share);
-        // The parts are solved on up to `threads` threads (each HiGHS
-        // model on one) within the round's time limit: each part gets an
-        // even share of the limit's thread-seconds (a fixed budget, so no
-        // clock is read here beyond HiGHS' own limit).
-        let threads = std::thread::available_parallelism()
-            .map_or(1, |n| n.get())
-            .clamp(1, 4)
-            .min(parts.len());
-        let limit = self.config.time_limit_s / parts.len().div_ceil(threads) as f64;
-        let next = std::sync::atomic::AtomicUsize::new(0);
-        let solved_parts: Vec<(usize, Solved)> = std::thread::scope(|scope| {
-            let workers: Vec<_> = (0..threads)
-                .map(|_| {
-                    scope.spawn(|| {
-                        let mut out = Vec::new();
-                        loop {
-                            let k = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                            let Some(part) = parts.get(k) else { break };
-                            out.push((
-                                k,
-                                self.solve(
-                                    snap,
-                                    &w,
-                                    (&units, &part.units),
-                                    (&pairs, &part.pairs),
-                                    caps[k],
-                                    limit,
-                                ),
-                            ));
-                        }
-                        out
-                    })
-                })
-                .collect();
-            workers
-                .into_iter()
-                .flat_map(|h| h.join().expect("a part's solve does not panic"))
-                .collect()
-        });
-        let mut by_part: Vec<Option<Solved>> = (0..parts.len()).map(|_| None).collect();
-        for (k, r) in solved_parts {
-            by_part[k] = Some(r);
-        }
+        let by_part = self.solve_parts(snap, &w, (&units, &pairs), &parts, &caps);
         let mut ug = vec![0u32; units.len()];
         let mut pg = vec![0u32; pairs.len()];
         let mut stats = SolveStats {

@@ -151,10 +151,6 @@ pub(crate) enum Cmd {
         #[arg(long = "knob", value_name = "NAME=VALUE")]
         knobs: Vec<String>,
     },
-    /// Time PromptTuner's allocation decision (Algorithms 1 and 2 over
-    /// generated warm and cold pools) at a queue of `--requests` pending
-    /// prompt-tuning requests over `--models` models: the figure the 50 ms
-    /// loop must stay well under.
     /// PromptTuner's evaluation (thesis 004 §4.6): 20-minute traces of
     /// prompt-tuning requests (Table 4.6's low, medium and high loads over
     /// GPT2-Base, GPT2-Large and Vicuna-7B, or `--trace`) at each SLO
@@ -203,9 +199,15 @@ pub(crate) enum Cmd {
         #[arg(long)]
         threads: Option<usize>,
     },
+    /// Time PromptTuner's allocation decision (Algorithms 1 and 2 over
+    /// generated warm and cold pools) at a queue of `--requests` pending
+    /// prompt-tuning requests over `--models` models: the figure the 50 ms
+    /// loop must stay well under.
     BenchPrompttuner {
+        /// Pending prompt-tuning requests.
         #[arg(long, default_value_t = 200)]
         requests: usize,
+        /// Models the requests and the pools are spread over.
         #[arg(long, default_value_t = 8)]
         models: usize,
         /// Decisions timed.

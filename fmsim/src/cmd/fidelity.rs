@@ -205,38 +205,7 @@ pub(crate) fn fidelity(
             if !wanted(policies, name) {
                 continue;
             }
-            // `themis-titansched`: Themis ranked as the authors' simulator
-            // ranks it (not the paper's ρ), on that simulator's predicted
-            // remaining times; shown beside ours, not counted as a baseline.
-            // Their simulator's intervals, whatever ours default to.
-            let interval_s = authors_interval_s(name);
-            let mut theirs_knobs = BTreeMap::from([("interval_s".to_string(), interval_s)]);
-            if name.starts_with("ymir") {
-                theirs_knobs.extend(ymir_knobs.iter().map(|(k, v)| (k.clone(), *v)));
-            }
-            let (p, estimate_model): (Box<dyn Policy + Send + Sync>, _) = match name {
-                "themis-titansched" => (
-                    Box::new(Themis {
-                        rank: ThemisRank::TitanSched,
-                        interval_s,
-                        ..Default::default()
-                    }),
-                    EstimateModel::TitanSched,
-                ),
-                // Their Optimus decides on the numbers of their simulator's
-                // `predict_remaining_time` (one compute pass more per
-                // iteration than it runs); ours sees those numbers here too.
-                "optimus" => (
-                    with_knobs(name, &theirs_knobs).map_err(anyhow::Error::msg)?,
-                    EstimateModel::TitanSched,
-                ),
-                // The rest see exact times (their Titan has its own
-                // estimator).
-                _ => (
-                    with_knobs(name, &theirs_knobs).map_err(anyhow::Error::msg)?,
-                    EstimateModel::Exact,
-                ),
-            };
+            let (p, estimate_model) = fidelity_policy(name, ymir_knobs)?;
             let cfg = SimConfig {
                 estimate_model,
                 ..cfg.clone()
@@ -295,6 +264,60 @@ pub(crate) fn fidelity(
             .min(titan_no_merge);
         worst_ymir_ratio = worst_ymir_ratio.max(ymir / best_other);
     }
+    print_summary(
+        worst_authors_themis,
+        &vs_titan,
+        &worst_baseline,
+        worst_ymir_ratio,
+    );
+    Ok(())
+}
+/// `themis-titansched`: Themis ranked as the authors' simulator
+/// ranks it (not the paper's ρ), on that simulator's predicted
+/// remaining times; shown beside ours, not counted as a baseline.
+/// Their simulator's intervals, whatever ours default to.
+fn fidelity_policy(
+    name: &str,
+    ymir_knobs: &BTreeMap<String, f64>,
+) -> anyhow::Result<(Box<dyn Policy + Send + Sync>, EstimateModel)> {
+    let interval_s = authors_interval_s(name);
+    let mut theirs_knobs = BTreeMap::from([("interval_s".to_string(), interval_s)]);
+    if name.starts_with("ymir") {
+        theirs_knobs.extend(ymir_knobs.iter().map(|(k, v)| (k.clone(), *v)));
+    }
+    Ok(match name {
+        "themis-titansched" => (
+            Box::new(Themis {
+                rank: ThemisRank::TitanSched,
+                interval_s,
+                ..Default::default()
+            }),
+            EstimateModel::TitanSched,
+        ),
+        // Their Optimus decides on the numbers of their simulator's
+        // `predict_remaining_time` (one compute pass more per
+        // iteration than it runs); ours sees those numbers here too.
+        "optimus" => (
+            with_knobs(name, &theirs_knobs).map_err(anyhow::Error::msg)?,
+            EstimateModel::TitanSched,
+        ),
+        // The rest see exact times (their Titan has its own
+        // estimator).
+        _ => (
+            with_knobs(name, &theirs_knobs).map_err(anyhow::Error::msg)?,
+            EstimateModel::Exact,
+        ),
+    })
+}
+
+/// What the whole comparison found: Ymir against the authors' Titan, the
+/// authors' Themis rank, and the summary line with its targets.
+fn print_summary(
+    worst_authors_themis: Option<f64>,
+    vs_titan: &[(&str, f64, f64)],
+    worst_baseline: &(f64, String),
+    worst_ymir_ratio: f64,
+) {
     println!(
         "Ymir with merging vs the authors' Titan with merging: their simulator finishes a spatially merged pair when the \
          first task's samples are done (both jobs inherit that time) and never runs temporal transfer; ours trains each \
@@ -335,5 +358,4 @@ pub(crate) fn fidelity(
         worst_baseline.1,
         worst_ymir_ratio
     );
-    Ok(())
 }

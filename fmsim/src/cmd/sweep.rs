@@ -11,6 +11,14 @@ use fmsched_sim::report;
 use crate::cmd::args::{EstimateSource, SimArgs};
 use crate::cmd::setup::{check_learnable, numbers, parse_knobs, sim_setup};
 
+/// A point of the sweep: estimates for everyone, or a Ymir knob.
+struct Point {
+    label: String,
+    cfg: SimConfig,
+    ymir_knobs: BTreeMap<String, f64>,
+    baselines: bool,
+}
+
 /// `fmsim sweep`: one row per point, Ymir against the best baseline there.
 pub(crate) fn sweep(
     a: &SimArgs,
@@ -45,13 +53,6 @@ pub(crate) fn sweep(
     }
     let (cfg, lut, catalog, jobs) = sim_setup(a)?;
     let learnable = check_learnable(&catalog, &jobs);
-    // The points: estimates for everyone, or a Ymir knob.
-    struct Point {
-        label: String,
-        cfg: SimConfig,
-        ymir_knobs: BTreeMap<String, f64>,
-        baselines: bool,
-    }
     let mut points: Vec<Point> = noise
         .iter()
         .map(|&e| Point {
@@ -111,7 +112,6 @@ pub(crate) fn sweep(
     }
     // A run that fails (a job left unfinished at the horizon) is a row
     // that says so, not the end of the sweep.
-    type Outcome = Result<report::Summary, String>;
     let outcomes = fmsched_sim::parallel::parallel_map(
         &runs,
         fmsched_sim::parallel::all_cores(),
@@ -139,6 +139,22 @@ pub(crate) fn sweep(
         },
     );
     let results: BTreeMap<(usize, String), Outcome> = runs.into_iter().zip(outcomes).collect();
+    print_sweep(&points, &noise, &baselines, &results);
+    Ok(())
+}
+
+/// A run's summary, or why it failed (a job left unfinished at the
+/// horizon): a row that says so, not the end of the sweep.
+type Outcome = Result<report::Summary, String>;
+
+/// One row per point, Ymir against the best baseline there, and the
+/// summary line.
+fn print_sweep(
+    points: &[Point],
+    noise: &[f64],
+    baselines: &[String],
+    results: &BTreeMap<(usize, String), Outcome>,
+) {
     println!(
         "{:<22} {:>10} {:>10} {:<14} {:>10} {:>10} {:>9} {:>9}",
         "point",
@@ -197,5 +213,4 @@ pub(crate) fn sweep(
          worst ratios avg {worst_avg:.3} p99 {worst_p99:.3}",
         n = points.len()
     );
-    Ok(())
 }

@@ -28,28 +28,7 @@ pub(crate) struct TuneArgs {
 /// `fmsim tune`: the four ways of choosing knobs, side by side.
 pub(crate) fn tune(a: &SimArgs, t: &TuneArgs) -> anyhow::Result<()> {
     use fmsched_sim::tune::{self, Forecast, Knobs, Objective, SearchConfig, Tuner};
-    if tune::knob_space(&t.policy).is_none() {
-        bail!(
-            "--policy {:?}: AutoSched tunes tiresias or themis",
-            t.policy
-        );
-    }
-    if !(t.every.is_finite() && t.every >= 300.0) {
-        bail!("--every must be at least 300 seconds");
-    }
-    if !(t.threshold.is_finite() && t.threshold >= 1.0) {
-        bail!("--threshold must be at least 1");
-    }
-    if t.samples == 0 {
-        bail!("--samples must be at least 1");
-    }
-    let modes: Vec<&str> = t.modes.split(',').map(str::trim).collect();
-    if let Some(m) = modes
-        .iter()
-        .find(|m| !["default", "fixed", "selftune", "autosched"].contains(m))
-    {
-        bail!("--modes: unknown mode {m:?}; expected default, fixed, selftune, autosched");
-    }
+    let modes = checked_modes(t)?;
     let start = parse_knobs(&a.knobs)?;
     with_knobs(&t.policy, &start).map_err(anyhow::Error::msg)?;
     let (cfg, lut, catalog, jobs) = sim_setup(a)?;
@@ -81,14 +60,7 @@ pub(crate) fn tune(a: &SimArgs, t: &TuneArgs) -> anyhow::Result<()> {
         },
         t.every
     );
-    let fmt_knobs = |k: &Knobs| {
-        k.iter()
-            .map(|(n, v)| format!("{n}={v}"))
-            .collect::<Vec<_>>()
-            .join(",")
-    };
     // (mode, run, (tunings, changes, wall seconds of each), knobs at the end)
-    type Row = (String, SimResult, Option<(usize, usize, Vec<f64>)>, String);
     let mut rows: Vec<Row> = Vec::new();
     let mut log = String::from(
         "mode,at_s,trace_jobs,aggregated_jobs,carried_over,sampled,rejected,simulations,current_score,best_score,gain,adopted,knobs,realised_gain,wall_s\n",
@@ -150,27 +122,7 @@ pub(crate) fn tune(a: &SimArgs, t: &TuneArgs) -> anyhow::Result<()> {
                     &knobs,
                     Some((&mut tuner, t.every)),
                 );
-                for d in &tuner.decisions {
-                    log += &format!(
-                        "{mode},{:.0},{},{},{},{},{},{},{:.6},{:.6},{:.4},{},\"{}\",{},{:.3}\n",
-                        d.at_s,
-                        d.trace_jobs,
-                        d.aggregated_jobs,
-                        d.carried_over,
-                        d.sampled,
-                        d.rejected,
-                        d.simulations,
-                        d.current_score,
-                        d.best_score,
-                        d.gain,
-                        d.adopted,
-                        fmt_knobs(&d.knobs),
-                        d.realised_gain
-                            .map(|g| format!("{g:.4}"))
-                            .unwrap_or_default(),
-                        d.wall_s
-                    );
-                }
+                log_decisions(&mut log, mode, &tuner.decisions);
                 let adopted = tuner.decisions.iter().filter(|d| d.adopted).count();
                 let walls: Vec<f64> = tuner.decisions.iter().map(|d| d.wall_s).collect();
                 let r = match r {
@@ -188,32 +140,10 @@ pub(crate) fn tune(a: &SimArgs, t: &TuneArgs) -> anyhow::Result<()> {
                     Some((tuner.decisions.len(), adopted, walls)),
                     fmt_knobs(tuner.knobs()),
                 ));
-                if *mode == "autosched" {
-                    let finished: Vec<tune::Finished> = rows
-                        .last()
-                        .map(|r| {
-                            r.1.jobs
-                                .iter()
-                                .filter_map(|j| {
-                                    let start = j.first_start_s?;
-                                    Some(tune::Finished {
-                                        finish_s: j.finish_s,
-                                        gpus: jobs
-                                            .iter()
-                                            .find(|w| w.name == j.name)
-                                            .map_or(1, |w| w.gpus),
-                                        duration_s: j.finish_s - start,
-                                    })
-                                })
-                                .collect()
-                        })
-                        .unwrap_or_default();
-                    if let Some(acc) = tuner.predictor.accuracy(&finished, 0.2) {
-                        eprintln!(
-                            "local predictor: duration bucket right at arrival for {:.0} % of the newest fifth of jobs",
-                            acc * 100.0
-                        );
-                    }
+                if *mode == "autosched"
+                    && let Some(row) = rows.last()
+                {
+                    report_predictor(&tuner, &row.1, &jobs);
                 }
                 continue;
             }
@@ -223,6 +153,109 @@ pub(crate) fn tune(a: &SimArgs, t: &TuneArgs) -> anyhow::Result<()> {
             Err(e) => failed.push(format!("{mode}: {e}")),
         }
     }
+    print_rows(&rows, &failed);
+    if let Some(p) = &t.decisions {
+        std::fs::write(p, log).with_context(|| format!("writing {}", p.display()))?;
+        eprintln!("wrote the tuning decisions to {}", p.display());
+    }
+    if rows.is_empty() {
+        bail!("every mode failed");
+    }
+    Ok(())
+}
+
+/// (mode, run, (tunings, changes, wall seconds of each), knobs at the end)
+type Row = (String, SimResult, Option<(usize, usize, Vec<f64>)>, String);
+
+/// The flags' checks; the modes asked for.
+fn checked_modes(t: &TuneArgs) -> anyhow::Result<Vec<&str>> {
+    use fmsched_sim::tune;
+    if tune::knob_space(&t.policy).is_none() {
+        bail!(
+            "--policy {:?}: AutoSched tunes tiresias or themis",
+            t.policy
+        );
+    }
+    if !(t.every.is_finite() && t.every >= 300.0) {
+        bail!("--every must be at least 300 seconds");
+    }
+    if !(t.threshold.is_finite() && t.threshold >= 1.0) {
+        bail!("--threshold must be at least 1");
+    }
+    if t.samples == 0 {
+        bail!("--samples must be at least 1");
+    }
+    let modes: Vec<&str> = t.modes.split(',').map(str::trim).collect();
+    if let Some(m) = modes
+        .iter()
+        .find(|m| !["default", "fixed", "selftune", "autosched"].contains(m))
+    {
+        bail!("--modes: unknown mode {m:?}; expected default, fixed, selftune, autosched");
+    }
+    Ok(modes)
+}
+
+fn fmt_knobs(k: &fmsched_sim::tune::Knobs) -> String {
+    k.iter()
+        .map(|(n, v)| format!("{n}={v}"))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// One CSV line per tuning decision (`--decisions`).
+fn log_decisions(log: &mut String, mode: &str, decisions: &[fmsched_sim::tune::TuneDecision]) {
+    for d in decisions {
+        *log += &format!(
+            "{mode},{:.0},{},{},{},{},{},{},{:.6},{:.6},{:.4},{},\"{}\",{},{:.3}\n",
+            d.at_s,
+            d.trace_jobs,
+            d.aggregated_jobs,
+            d.carried_over,
+            d.sampled,
+            d.rejected,
+            d.simulations,
+            d.current_score,
+            d.best_score,
+            d.gain,
+            d.adopted,
+            fmt_knobs(&d.knobs),
+            d.realised_gain
+                .map(|g| format!("{g:.4}"))
+                .unwrap_or_default(),
+            d.wall_s
+        );
+    }
+}
+
+/// How often the local predictor put a job in the right duration bucket at
+/// its arrival, over the newest fifth of the jobs the run finished.
+fn report_predictor(
+    tuner: &fmsched_sim::tune::Tuner,
+    run: &SimResult,
+    jobs: &[fmsched_sim::workload::WorkloadJob],
+) {
+    let finished: Vec<fmsched_sim::tune::Finished> = run
+        .jobs
+        .iter()
+        .filter_map(|j| {
+            let start = j.first_start_s?;
+            Some(fmsched_sim::tune::Finished {
+                finish_s: j.finish_s,
+                gpus: jobs.iter().find(|w| w.name == j.name).map_or(1, |w| w.gpus),
+                duration_s: j.finish_s - start,
+            })
+        })
+        .collect();
+    if let Some(acc) = tuner.predictor.accuracy(&finished, 0.2) {
+        eprintln!(
+            "local predictor: duration bucket right at arrival for {:.0} % of the newest fifth of jobs",
+            acc * 100.0
+        );
+    }
+}
+
+/// The table of the modes' runs, and the modes that failed.
+fn print_rows(rows: &[Row], failed: &[String]) {
     println!(
         "{:<10} {:>9} {:>9} {:>9} {:>8} {:>8} {:>7} {:>11} {:>11}  knobs (at the end)",
         "mode",
@@ -235,7 +268,7 @@ pub(crate) fn tune(a: &SimArgs, t: &TuneArgs) -> anyhow::Result<()> {
         "tune s mean",
         "tune s max"
     );
-    for (mode, r, tuned, knobs) in &rows {
+    for (mode, r, tuned, knobs) in rows {
         let s = report::summarize(r);
         let fair = r.jobs.iter().filter(|j| j.fair_rho <= 1.0 + 1e-9).count() as f64
             / r.jobs.len().max(1) as f64;
@@ -256,15 +289,7 @@ pub(crate) fn tune(a: &SimArgs, t: &TuneArgs) -> anyhow::Result<()> {
             s.utilisation * 100.0
         );
     }
-    for f in &failed {
+    for f in failed {
         println!("failed     {f}");
     }
-    if let Some(p) = &t.decisions {
-        std::fs::write(p, log).with_context(|| format!("writing {}", p.display()))?;
-        eprintln!("wrote the tuning decisions to {}", p.display());
-    }
-    if rows.is_empty() {
-        bail!("every mode failed");
-    }
-    Ok(())
 }

@@ -7,6 +7,8 @@
 //! when a newer session of the same node replaces it, or when the node is
 //! declared Offline.
 
+use std::sync::Arc;
+
 use std::collections::BTreeSet;
 
 use chrono::Utc;
@@ -37,6 +39,75 @@ impl AgentApi {
             state,
             registering: tokio::sync::Mutex::new(()),
         }
+    }
+
+    /// A session's first message, which must be the agent's `register`
+    /// within `liveness.register_timeout`.
+    async fn first_register(
+        &self,
+        inbound: &mut Streaming<pb::AgentMessage>,
+    ) -> Result<pb::Register, Status> {
+        let timeout = self.state.config.liveness.register_timeout;
+        let first = match tokio::time::timeout(timeout, inbound.message()).await {
+            Err(_) => return Err(Status::deadline_exceeded("no Register message in time")),
+            Ok(Err(e)) => return Err(e),
+            Ok(Ok(None)) => {
+                return Err(Status::cancelled(
+                    "agent closed the stream before registering",
+                ));
+            }
+            Ok(Ok(Some(m))) => m,
+        };
+        let Some(Msg::Register(reg)) = first.msg else {
+            return Err(ApiError::field(
+                "msg",
+                "the first message of a session must be `register`",
+            )
+            .into());
+        };
+        Ok(reg)
+    }
+
+    /// Refuses a registration while another agent process holds a live
+    /// session on the node id (a cloned host image, say): counted, recorded
+    /// as a node event, and answered ALREADY_EXISTS naming both agents.
+    async fn refuse_a_second_agent(
+        &self,
+        node_id: &NodeId,
+        reg: &pb::Register,
+        record: &crate::persistence::NodeRecord,
+        fence: &crate::persistence::Fence,
+        now: chrono::DateTime<Utc>,
+        peer: Option<std::net::SocketAddr>,
+    ) -> Result<(), Status> {
+        let within = self.state.config.liveness.suspect_after;
+        if let Some(held) =
+            self.state
+                .registry
+                .live_session_of_another(node_id, &reg.instance_id, now, within)
+        {
+            let ago = (now - held.last_heard).num_milliseconds().max(0) as f64 / 1000.0;
+            let message = format!(
+                "node {node_id} already has a live session (agent instance {:?} on host {:?}, heard {ago:.1} s ago); \
+                 a second agent with the same node id (host {:?}, instance {:?}) is refused until that session ends \
+                 (a cloned host image? give each host its own node_id)",
+                held.instance, held.hostname, record.hostname, reg.instance_id
+            );
+            tracing::warn!(node_id = %node_id, ?peer, "{message}");
+            self.state
+                .metrics
+                .update(|m| m.duplicate_registrations += 1);
+            if let Err(e) = self
+                .state
+                .persistence
+                .node_event(node_id, "duplicate_refused", &message, fence, now)
+                .await
+            {
+                tracing::warn!(node_id = %node_id, error = %e, "duplicate-registration event not written");
+            }
+            return Err(ApiError::AlreadyExists(message).into());
+        }
+        Ok(())
     }
 }
 
@@ -351,24 +422,7 @@ impl AgentService for AgentApi {
         };
         let peer = req.remote_addr();
         let mut inbound = req.into_inner();
-        let timeout = self.state.config.liveness.register_timeout;
-        let first = match tokio::time::timeout(timeout, inbound.message()).await {
-            Err(_) => return Err(Status::deadline_exceeded("no Register message in time")),
-            Ok(Err(e)) => return Err(e),
-            Ok(Ok(None)) => {
-                return Err(Status::cancelled(
-                    "agent closed the stream before registering",
-                ));
-            }
-            Ok(Ok(Some(m))) => m,
-        };
-        let Some(Msg::Register(reg)) = first.msg else {
-            return Err(ApiError::field(
-                "msg",
-                "the first message of a session must be `register`",
-            )
-            .into());
-        };
+        let reg = self.first_register(&mut inbound).await?;
         let now = Utc::now();
         let record = validate_register(&reg, now)?;
         let node_id = record.id.clone();
@@ -396,33 +450,8 @@ impl AgentService for AgentApi {
                 self.state.metrics.update(|m| m.refused_registrations += 1);
                 Status::unauthenticated(e.to_string())
             })?;
-        let within = self.state.config.liveness.suspect_after;
-        if let Some(held) =
-            self.state
-                .registry
-                .live_session_of_another(&node_id, &reg.instance_id, now, within)
-        {
-            let ago = (now - held.last_heard).num_milliseconds().max(0) as f64 / 1000.0;
-            let message = format!(
-                "node {node_id} already has a live session (agent instance {:?} on host {:?}, heard {ago:.1} s ago); \
-                 a second agent with the same node id (host {:?}, instance {:?}) is refused until that session ends \
-                 (a cloned host image? give each host its own node_id)",
-                held.instance, held.hostname, record.hostname, reg.instance_id
-            );
-            tracing::warn!(node_id = %node_id, ?peer, "{message}");
-            self.state
-                .metrics
-                .update(|m| m.duplicate_registrations += 1);
-            if let Err(e) = self
-                .state
-                .persistence
-                .node_event(&node_id, "duplicate_refused", &message, &fence, now)
-                .await
-            {
-                tracing::warn!(node_id = %node_id, error = %e, "duplicate-registration event not written");
-            }
-            return Err(ApiError::AlreadyExists(message).into());
-        }
+        self.refuse_a_second_agent(&node_id, &reg, &record, &fence, now, peer)
+            .await?;
         let (issued, enrolled) = match how {
             NodeAuth::NodeToken => (None, None),
             NodeAuth::Enroll { token, sha256 } => (Some(token), Some(sha256)),
@@ -454,25 +483,6 @@ impl AgentService for AgentApi {
         .await
         .map_err(|_| Status::cancelled("agent went away"))?;
         let registry = self.state.registry.clone();
-        let leader = self.state.leader.clone();
-        let on_events = self.state.config.scheduling.event_round_gap.is_some();
-        let for_deadlines = !self.state.config.scheduling.deadline_round_gap.is_zero();
-        // With rounds on events, a report that ends a task brings the next
-        // round forward (with rounds for deadlines, only while a job with a
-        // deadline waits here); checked before the registry records it,
-        // since a recorded end is no longer news.
-        let wake_round_on_end = {
-            let registry = self.state.registry.clone();
-            let leader = leader.clone();
-            move |node_id: &NodeId, tasks: &[pb::ObservedTask]| {
-                let wanted = on_events || (for_deadlines && leader.waits_on_deadlines());
-                if wanted && registry.ends_a_task(node_id, tasks) {
-                    leader.wake_round();
-                }
-            }
-        };
-        let leadership = self.state.leadership.clone();
-        let metrics = self.state.metrics.clone();
         let session = registry.register(
             record,
             &reg.instance_id,
@@ -482,88 +492,136 @@ impl AgentService for AgentApi {
             reg.applied_generation,
         );
         drop(_one_at_a_time);
+        let pump = SessionPump {
+            node_id,
+            session,
+            epoch: fence.epoch,
+            registry,
+            leader: self.state.leader.clone(),
+            leadership: self.state.leadership.clone(),
+            metrics: self.state.metrics.clone(),
+            on_events: self.state.config.scheduling.event_round_gap.is_some(),
+            for_deadlines: !self.state.config.scheduling.deadline_round_gap.is_zero(),
+        };
+        tokio::spawn(pump.run(inbound));
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+}
 
-        tokio::spawn(async move {
-            loop {
-                let msg = match inbound.message().await {
-                    Ok(Some(m)) => m,
-                    Ok(None) => {
-                        tracing::info!(node_id = %node_id, "agent closed its session");
-                        break;
-                    }
-                    Err(e) => {
-                        tracing::info!(node_id = %node_id, error = %e, "agent session broken");
-                        break;
-                    }
-                };
-                if let Err(e) = validate_agent_message(&msg) {
-                    // A broken or hostile agent: told why, and dropped.
-                    tracing::warn!(node_id = %node_id, error = %e, "agent message refused; closing the session");
-                    metrics.update(|m| m.refused_messages += 1);
-                    registry.close_with(&node_id, session, Status::from(e));
+/// One agent's session after its registration: takes in its messages
+/// (heartbeats, task status, log data) until it closes, breaks, sends
+/// what the limits refuse, or this replica stops leading, and wakes the
+/// leader's loops on what may concern them.
+struct SessionPump {
+    node_id: NodeId,
+    session: u64,
+    /// The leader's term the session was opened under.
+    epoch: i64,
+    registry: Arc<crate::registry::NodeRegistry>,
+    leader: Arc<crate::leader::LeaderMemory>,
+    leadership: Arc<crate::leadership::Leadership>,
+    metrics: Arc<crate::metrics::SchedulerMetrics>,
+    /// `scheduling.event_round_gap` is set.
+    on_events: bool,
+    /// `scheduling.deadline_round_gap` is not zero.
+    for_deadlines: bool,
+}
+
+impl SessionPump {
+    async fn run(self, mut inbound: Streaming<pb::AgentMessage>) {
+        loop {
+            let msg = match inbound.message().await {
+                Ok(Some(m)) => m,
+                Ok(None) => {
+                    tracing::info!(node_id = %self.node_id, "agent closed its session");
                     break;
                 }
-                let now = Utc::now();
-                // A replica that stopped leading (its lease lapsed while it
-                // was frozen, say) drops the session: the agent dials the
-                // new leader.
-                let Some(f) = leadership.fence().filter(|f| f.epoch == fence.epoch) else {
-                    tracing::warn!(node_id = %node_id, "no longer the leader; closing the agent session");
+                Err(e) => {
+                    tracing::info!(node_id = %self.node_id, error = %e, "agent session broken");
                     break;
-                };
-                let current = match msg.msg {
-                    Some(Msg::Heartbeat(hb)) => {
-                        let sequence = hb.sequence;
-                        // A finished or a warm process may let the prompt
-                        // lane start a request.
-                        if !hb.warm.is_empty() || hb.tasks.iter().any(|t| !t.outputs.is_empty()) {
-                            leader.wake_prompt_lane();
-                        }
-                        wake_round_on_end(&node_id, &hb.tasks);
-                        let ok = registry.heartbeat(&node_id, session, hb, now);
-                        if ok {
-                            // The agent's proof that its leader is alive (a
-                            // full queue drops it; the next one follows).
-                            let ack = pb::HeartbeatAck {
-                                sequence,
-                                epoch: f.epoch,
-                            };
-                            registry.send(
-                                &node_id,
-                                pb::SchedulerMessage {
-                                    msg: Some(pb::scheduler_message::Msg::HeartbeatAck(ack)),
-                                },
-                            );
-                        }
-                        ok
+                }
+            };
+            if let Err(e) = validate_agent_message(&msg) {
+                // A broken or hostile agent: told why, and dropped.
+                tracing::warn!(node_id = %self.node_id, error = %e, "agent message refused; closing the session");
+                self.metrics.update(|m| m.refused_messages += 1);
+                self.registry
+                    .close_with(&self.node_id, self.session, Status::from(e));
+                break;
+            }
+            let now = Utc::now();
+            // A replica that stopped leading (its lease lapsed while it
+            // was frozen, say) drops the session: the agent dials the
+            // new leader.
+            let Some(f) = self.leadership.fence().filter(|f| f.epoch == self.epoch) else {
+                tracing::warn!(node_id = %self.node_id, "no longer the leader; closing the agent session");
+                break;
+            };
+            let current = match msg.msg {
+                Some(Msg::Heartbeat(hb)) => {
+                    let sequence = hb.sequence;
+                    // A finished or a warm process may let the prompt
+                    // lane start a request.
+                    if !hb.warm.is_empty() || hb.tasks.iter().any(|t| !t.outputs.is_empty()) {
+                        self.leader.wake_prompt_lane();
                     }
-                    Some(Msg::TaskStatus(ts)) => match ts.task {
-                        Some(t) => {
-                            // A phase change sent between heartbeats: the
-                            // next heartbeat repeats it, so the wake is now.
-                            wake_round_on_end(&node_id, std::slice::from_ref(&t));
-                            registry.task_status(&node_id, session, t, now)
-                        }
-                        None => true,
-                    },
-                    Some(Msg::LogData(d)) => {
-                        registry.deliver_log(d);
-                        true
+                    self.wake_round_on_end(&hb.tasks);
+                    let ok = self
+                        .registry
+                        .heartbeat(&self.node_id, self.session, hb, now);
+                    if ok {
+                        // The agent's proof that its leader is alive (a
+                        // full queue drops it; the next one follows).
+                        let ack = pb::HeartbeatAck {
+                            sequence,
+                            epoch: f.epoch,
+                        };
+                        self.registry.send(
+                            &self.node_id,
+                            pb::SchedulerMessage {
+                                msg: Some(pb::scheduler_message::Msg::HeartbeatAck(ack)),
+                            },
+                        );
                     }
-                    Some(Msg::Register(_)) => {
-                        tracing::warn!(node_id = %node_id, "duplicate Register in one session; ignored");
-                        true
+                    ok
+                }
+                Some(Msg::TaskStatus(ts)) => match ts.task {
+                    Some(t) => {
+                        // A phase change sent between heartbeats: the
+                        // next heartbeat repeats it, so the wake is now.
+                        self.wake_round_on_end(std::slice::from_ref(&t));
+                        self.registry
+                            .task_status(&self.node_id, self.session, t, now)
                     }
                     None => true,
-                };
-                if !current {
-                    tracing::info!(node_id = %node_id, session, "session superseded or closed; dropping it");
-                    break;
+                },
+                Some(Msg::LogData(d)) => {
+                    self.registry.deliver_log(d);
+                    true
                 }
+                Some(Msg::Register(_)) => {
+                    tracing::warn!(node_id = %self.node_id, "duplicate Register in one session; ignored");
+                    true
+                }
+                None => true,
+            };
+            if !current {
+                tracing::info!(node_id = %self.node_id, session = self.session, "session superseded or closed; dropping it");
+                break;
             }
-            registry.disconnect(&node_id, session);
-        });
-        Ok(Response::new(ReceiverStream::new(rx)))
+        }
+        self.registry.disconnect(&self.node_id, self.session);
+    }
+
+    /// With rounds on events, a report that ends a task brings the next
+    /// round forward (with rounds for deadlines, only while a job with a
+    /// deadline waits here); checked before the registry records it, since
+    /// a recorded end is no longer news.
+    fn wake_round_on_end(&self, tasks: &[pb::ObservedTask]) {
+        let wanted = self.on_events || (self.for_deadlines && self.leader.waits_on_deadlines());
+        if wanted && self.registry.ends_a_task(&self.node_id, tasks) {
+            self.leader.wake_round();
+        }
     }
 }
 

@@ -4,7 +4,7 @@ use std::pin::Pin;
 use std::time::Duration;
 
 use chrono::Utc;
-use fmsched_core::{JobId, JobState, UserName, ValidationContext};
+use fmsched_core::{JobId, JobSpec, JobState, UserName, ValidationContext};
 use fmsched_estimator::analytic;
 use fmsched_proto::convert::{
     job_spec_from_proto, job_spec_to_proto, job_state_from_proto, job_state_to_proto,
@@ -240,6 +240,89 @@ impl JobApi {
             ),
         ))
     }
+
+    /// The queue a job runs in: the one its spec names (it must exist,
+    /// take jobs, allow the model and the user), else its user's.
+    async fn queue_of(&self, spec: &JobSpec, who: &Principal) -> Result<String, ApiError> {
+        let queues = match self
+            .state
+            .persistence
+            .queue_setting()
+            .await
+            .map_err(ApiError::from)?
+        {
+            // Set live through the admin API (validated when set).
+            Some(q) => fmsched_core::queue::Queues::new(q.queues).map_err(ApiError::Internal)?,
+            None => self
+                .state
+                .config
+                .scheduling
+                .queue_set()
+                .map_err(ApiError::Internal)?,
+        };
+        queues
+            .resolve(&spec.queue, &who.user.0, who.admin, &spec.model)
+            .map_err(|e| match e {
+                fmsched_core::queue::QueueError::NotMember(f) => {
+                    ApiError::PermissionDenied(f.to_string())
+                }
+                fmsched_core::queue::QueueError::Unknown(f)
+                | fmsched_core::queue::QueueError::Model(f) => ApiError::InvalidArgument(f),
+            })
+    }
+
+    /// Deadline admission at submit: whether a strict SLO job no schedule
+    /// could finish in time must be refused (`(true, why)`), or a note for
+    /// the user (`(false, why)`); and the job's best time alone when it
+    /// meets its deadline (rounds for deadlines wait on it).
+    fn admit_deadline(
+        &self,
+        spec: &JobSpec,
+        now: chrono::DateTime<Utc>,
+    ) -> (Option<(bool, String)>, Option<f64>) {
+        match crate::round::shipped_lut() {
+            Ok(lut) => {
+                let check = crate::round::admission::check_deadline(
+                    &lut,
+                    &self.state.registry.snapshot(),
+                    spec,
+                    now,
+                );
+                let best_s = match check {
+                    crate::round::admission::DeadlineCheck::Meets { best_s } => Some(best_s),
+                    _ => None,
+                };
+                (check.verdict(spec.class()), best_s)
+            }
+            Err(e) => (
+                Some((false, format!("deadline not checked at submit: {e}"))),
+                None,
+            ),
+        }
+    }
+
+    /// A job was created: the prompt lane's wakes the lane; any other
+    /// wakes the round loop, with its need and deadline for rounds for
+    /// deadlines when it has one it can meet.
+    fn wake_loops_for(&self, job: &JobRecord, best_s: Option<f64>, now: chrono::DateTime<Utc>) {
+        if self.state.in_prompt_lane(job) {
+            self.state.leader.wake_prompt_lane();
+        } else {
+            if let (Some(best_s), Some(by)) = (best_s, job.spec.deadline)
+                && job.spec.class().has_deadline()
+            {
+                // Rounds for deadlines: what it needs from a round's
+                // start, and by when.
+                let left = (by - now).to_std().unwrap_or_default();
+                self.state.leader.wait_for_deadline(
+                    &job.id,
+                    best_s,
+                    tokio::time::Instant::now() + left,
+                );
+            }
+            self.state.leader.wake_round();
+        }
+    }
 }
 
 #[tonic::async_trait]
@@ -269,54 +352,8 @@ impl JobService for JobApi {
         if let Some(m) = &spec.resources.gpu_model {
             self.check_gpu_model(m)?;
         }
-        // The queue it runs in: the one it names (it must exist, take jobs,
-        // allow the model and the user), else its user's.
-        let queues = match self
-            .state
-            .persistence
-            .queue_setting()
-            .await
-            .map_err(ApiError::from)?
-        {
-            // Set live through the admin API (validated when set).
-            Some(q) => fmsched_core::queue::Queues::new(q.queues).map_err(ApiError::Internal)?,
-            None => self
-                .state
-                .config
-                .scheduling
-                .queue_set()
-                .map_err(ApiError::Internal)?,
-        };
-        spec.queue = queues
-            .resolve(&spec.queue, &who.user.0, who.admin, &spec.model)
-            .map_err(|e| match e {
-                fmsched_core::queue::QueueError::NotMember(f) => {
-                    ApiError::PermissionDenied(f.to_string())
-                }
-                fmsched_core::queue::QueueError::Unknown(f)
-                | fmsched_core::queue::QueueError::Model(f) => ApiError::InvalidArgument(f),
-            })?;
-        // Deadline admission: a strict SLO job no schedule could finish in
-        // time is refused before anything is written.
-        let (deadline_note, best_s) = match crate::round::shipped_lut() {
-            Ok(lut) => {
-                let check = crate::round::admission::check_deadline(
-                    &lut,
-                    &self.state.registry.snapshot(),
-                    &spec,
-                    now,
-                );
-                let best_s = match check {
-                    crate::round::admission::DeadlineCheck::Meets { best_s } => Some(best_s),
-                    _ => None,
-                };
-                (check.verdict(spec.class()), best_s)
-            }
-            Err(e) => (
-                Some((false, format!("deadline not checked at submit: {e}"))),
-                None,
-            ),
-        };
+        spec.queue = self.queue_of(&spec, &who).await?;
+        let (deadline_note, best_s) = self.admit_deadline(&spec, now);
         if let Some((true, why)) = &deadline_note {
             return Err(ApiError::FailedPrecondition(format!("spec.deadline: {why}")).into());
         }
@@ -361,23 +398,7 @@ impl JobService for JobApi {
                     tracing::warn!(job_id = %job.id, "{w}");
                 }
                 self.notify(job.id);
-                if self.state.in_prompt_lane(&job) {
-                    self.state.leader.wake_prompt_lane();
-                } else {
-                    if let (Some(best_s), Some(by)) = (best_s, spec.deadline)
-                        && spec.class().has_deadline()
-                    {
-                        // Rounds for deadlines: what it needs from a round's
-                        // start, and by when.
-                        let left = (by - now).to_std().unwrap_or_default();
-                        self.state.leader.wait_for_deadline(
-                            &job.id,
-                            best_s,
-                            tokio::time::Instant::now() + left,
-                        );
-                    }
-                    self.state.leader.wake_round();
-                }
+                self.wake_loops_for(&job, best_s, now);
                 (job, true)
             }
             SubmitOutcome::Existing(job) if job.spec == spec => (job, false),
@@ -575,22 +596,13 @@ impl JobService for JobApi {
                     }
                     // Follow until the job (its profiling run) has ended
                     // and its log is drained.
-                    match state.persistence.get_job(job.id).await {
-                        Ok(Some(j))
-                            if j.state.is_terminal()
-                                || (profile
-                                    && !matches!(
-                                        j.state,
-                                        JobState::Submitted | JobState::Profiling
-                                    )) =>
-                        {
-                            return;
-                        }
+                    match log_is_over(&state, job.id, profile).await {
+                        Ok(true) => return,
+                        Ok(false) => {}
                         Err(e) => {
-                            let _ = tx.send(Err(Status::from(ApiError::from(e)))).await;
+                            let _ = tx.send(Err(e)).await;
                             return;
                         }
-                        _ => {}
                     }
                     tokio::select! {
                         _ = tx.closed() => return,
@@ -600,25 +612,13 @@ impl JobService for JobApi {
                     // its node went offline, a new placement): follow its
                     // log there, from the start.
                     if !profile
-                        && let Ok(plan) = state.persistence.current_plan().await
-                        && let Ok(Some(a)) = rank_node(&plan.assignments, job.id, rank)
-                        && a != node
+                        && let Some((a, fresh, d)) =
+                            moved_log(&state, job.id, rank, &node, &lr).await
                     {
-                        let fresh = pb::LogRequest {
-                            offset: 0,
-                            ..lr.clone()
-                        };
-                        if let Some(d) = state
-                            .registry
-                            .request_log(&a, fresh.clone(), LOG_TIMEOUT)
-                            .await
-                            .filter(|d| d.error.is_empty() && !d.task_id.is_empty())
-                        {
-                            node = a;
-                            lr = fresh;
-                            data = d;
-                            continue;
-                        }
+                        node = a;
+                        lr = fresh;
+                        data = d;
+                        continue;
                     }
                 }
                 data = match state
@@ -733,4 +733,41 @@ impl JobService for JobApi {
         });
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
+}
+/// Whether a followed log is over: its job has ended (its profiling run,
+/// for a profiling log).
+async fn log_is_over(state: &Service, job: JobId, profile: bool) -> Result<bool, Status> {
+    match state.persistence.get_job(job).await {
+        Ok(Some(j)) => Ok(j.state.is_terminal()
+            || (profile && !matches!(j.state, JobState::Submitted | JobState::Profiling))),
+        Ok(None) => Ok(false),
+        Err(e) => Err(Status::from(ApiError::from(e))),
+    }
+}
+
+/// Where a followed job's rank now runs when the plan moved it off `node`
+/// (resumed elsewhere after its node went offline, a new placement): that
+/// node, the request for its log from the start, and the first of it.
+async fn moved_log(
+    state: &Service,
+    job: JobId,
+    rank: u32,
+    node: &fmsched_core::NodeId,
+    lr: &pb::LogRequest,
+) -> Option<(fmsched_core::NodeId, pb::LogRequest, pb::LogData)> {
+    let plan = state.persistence.current_plan().await.ok()?;
+    let a = rank_node(&plan.assignments, job, rank).ok()??;
+    if &a == node {
+        return None;
+    }
+    let fresh = pb::LogRequest {
+        offset: 0,
+        ..lr.clone()
+    };
+    let d = state
+        .registry
+        .request_log(&a, fresh.clone(), LOG_TIMEOUT)
+        .await
+        .filter(|d| d.error.is_empty() && !d.task_id.is_empty())?;
+    Some((a, fresh, d))
 }

@@ -201,110 +201,8 @@ impl Persistence {
                 .collect();
             notes_in(&mut tx, &notes, now, OP).await?;
             account_service(&mut tx, &w.service, now, OP).await?;
-            for ((model, family), f) in &w.utilization_fits {
-                sqlx::query(
-                    "INSERT INTO utilization_fits (model, gpu_family, sum_xy, sum_xx, samples, updated_at)
-                     VALUES ($1, $2, $3, $4, $5, $6)
-                     ON CONFLICT (model, gpu_family) DO UPDATE SET sum_xy = $3, sum_xx = $4,
-                        samples = $5, updated_at = $6",
-                )
-                .bind(model)
-                .bind(family)
-                .bind(f.sum_xy)
-                .bind(f.sum_xx)
-                .bind(i64::try_from(f.samples).unwrap_or(i64::MAX))
-                .bind(now)
-                .execute(&mut *tx)
-                .await
-                .map_err(db_err(OP))?;
-            }
-            if !w.first_notes.is_empty() {
-                // One read for all of them: which (job, kind) have an event.
-                let (jobs, kinds): (Vec<Uuid>, Vec<String>) =
-                    w.first_notes.iter().map(|(j, k, _)| (j.0, k.clone())).unzip();
-                let seen: Vec<(Uuid, String)> = sqlx::query_as(
-                    "SELECT DISTINCT e.job_id, e.kind FROM job_events e
-                     JOIN UNNEST($1::uuid[], $2::text[]) AS n(job_id, kind)
-                       ON e.job_id = n.job_id AND e.kind = n.kind",
-                )
-                .bind(&jobs)
-                .bind(&kinds)
-                .fetch_all(&mut *tx)
-                .await
-                .map_err(db_err(OP))?;
-                let seen: BTreeSet<(Uuid, &str)> =
-                    seen.iter().map(|(j, k)| (*j, k.as_str())).collect();
-                let mut written: BTreeSet<(Uuid, &str)> = BTreeSet::new();
-                let fresh: Vec<(JobId, &str, &str)> = w
-                    .first_notes
-                    .iter()
-                    .filter(|(job, kind, _)| {
-                        let key = (job.0, kind.as_str());
-                        !seen.contains(&key) && written.insert(key)
-                    })
-                    .map(|(job, kind, message)| (*job, kind.as_str(), message.as_str()))
-                    .collect();
-                events_in(&mut tx, &fresh, now, OP).await?;
-            }
-            for b in &w.bank_adds {
-                sqlx::query(
-                    "INSERT INTO prompt_bank (job_id, model, location, features, added_at)
-                     VALUES ($1, $2, $3, $4, $5) ON CONFLICT (job_id) DO NOTHING",
-                )
-                .bind(b.job.0)
-                .bind(&b.model)
-                .bind(&b.location)
-                .bind(&b.features)
-                .bind(now)
-                .execute(&mut *tx)
-                .await
-                .map_err(db_err(OP))?;
-            }
-            if !w.bank_evictions.is_empty() {
-                let ids: Vec<uuid::Uuid> = w.bank_evictions.iter().map(|j| j.0).collect();
-                sqlx::query("DELETE FROM prompt_bank WHERE job_id = ANY($1)")
-                    .bind(&ids)
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(db_err(OP))?;
-            }
-            if !w.no_sharing.is_empty() {
-                let ids: Vec<uuid::Uuid> = w.no_sharing.iter().map(|j| j.0).collect();
-                sqlx::query("UPDATE jobs SET no_gpu_sharing = true WHERE id = ANY($1)")
-                    .bind(&ids)
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(db_err(OP))?;
-            }
-            for n in &w.returned {
-                let done = sqlx::query(
-                    "UPDATE node_loans SET state = 'returned', returned_at = $2
-                     WHERE node_id = $1 AND state = 'reclaiming'",
-                )
-                .bind(n.as_str())
-                .bind(now)
-                .execute(&mut *tx)
-                .await
-                .map_err(db_err(OP))?
-                .rows_affected();
-                if done > 0 {
-                    node_event_in(&mut tx, n, "returned", "reclaim done: no worker left; back with inference", now, OP)
-                        .await?;
-                }
-            }
-            if !w.requeued.is_empty() {
-                let jobs: Vec<Uuid> = w.requeued.iter().map(|r| r.0.0).collect();
-                let at: Vec<DateTime<Utc>> = w.requeued.iter().map(|r| r.1).collect();
-                sqlx::query(
-                    "DELETE FROM job_requeues q USING UNNEST($1::uuid[], $2::timestamptz[]) AS t(j, a)
-                     WHERE q.job_id = t.j AND q.requested_at = t.a",
-                )
-                .bind(&jobs)
-                .bind(&at)
-                .execute(&mut *tx)
-                .await
-                .map_err(db_err(OP))?;
-            }
+            write_fits_and_first_notes(&mut tx, w, now, OP).await?;
+            write_bank_sharing_loans_requeues(&mut tx, w, now, OP).await?;
             let generation: i64 = sqlx::query_scalar(
                 "UPDATE plan_generation SET generation = generation + 1, stored_at = $1, epoch = $2
                  RETURNING generation",
@@ -314,70 +212,228 @@ impl Persistence {
             .fetch_one(&mut *tx)
             .await
             .map_err(db_err(OP))?;
-            if !w.fresh_starts.is_empty() {
-                // After this round's progress reports (written above): the
-                // dropped run's last iteration and checkpoint go with it.
-                let fresh: Vec<Uuid> = w.fresh_starts.iter().map(|j| j.0).collect();
-                sqlx::query(
-                    "INSERT INTO job_progress (job_id, iteration, checkpoint_path, updated_at,
-                                               fresh_generation, fresh_pending)
-                     SELECT j, 0, NULL, $2, $3, TRUE FROM UNNEST($1::uuid[]) AS t(j)
-                     ON CONFLICT (job_id) DO UPDATE SET iteration = 0, checkpoint_path = NULL,
-                       updated_at = $2, fresh_generation = $3, fresh_pending = TRUE",
-                )
-                .bind(&fresh)
-                .bind(now)
-                .bind(generation)
-                .execute(&mut *tx)
-                .await
-                .map_err(db_err(OP))?;
-            }
-            sqlx::query("DELETE FROM assignments")
-                .execute(&mut *tx)
-                .await
-                .map_err(db_err(OP))?;
-            let a = &w.assignments;
-            let jobs: Vec<Uuid> = a.iter().map(|a| a.job.0).collect();
-            let nodes: Vec<&str> = a.iter().map(|a| a.node.as_str()).collect();
-            // One text per assignment: Postgres has no ragged arrays.
-            let gpus: Vec<String> = a
-                .iter()
-                .map(|a| a.gpus.iter().map(|g| g.0.as_str()).collect::<Vec<_>>().join("\n"))
-                .collect();
-            let profile: Vec<bool> = a.iter().map(|a| a.profile).collect();
-            let ranks: Vec<i32> = a.iter().map(|a| a.rank_offset as i32).collect();
-            let ports: Vec<Option<i32>> = a.iter().map(|a| a.master_port.map(i32::from)).collect();
-            sqlx::query(
-                "INSERT INTO assignments (job_id, node_id, gpu_uuids, generation, assigned_at, profile,
-                                          rank_offset, master_port)
-                 SELECT j, n, string_to_array(g, E'\\n'), $5, $6, p, r, m
-                 FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::bool[], $7::int[], $8::int[])
-                      AS t(j, n, g, p, r, m)",
-            )
-            .bind(&jobs)
-            .bind(&nodes)
-            .bind(&gpus)
-            .bind(&profile)
-            .bind(generation)
-            .bind(now)
-            .bind(&ranks)
-            .bind(&ports)
-            .execute(&mut *tx)
-            .await
-            .map_err(db_err(OP))?;
-            sqlx::query(
-                "INSERT INTO job_placements (job_id, node_id)
-                 SELECT DISTINCT j, n FROM UNNEST($1::uuid[], $2::text[]) AS t(j, n)
-                 ON CONFLICT DO NOTHING",
-            )
-            .bind(&jobs)
-            .bind(&nodes)
-            .execute(&mut *tx)
-            .await
-            .map_err(db_err(OP))?;
+            write_plan(&mut tx, w, generation, now, OP).await?;
             tx.commit().await.map_err(db_err(OP))?;
             Ok(generation)
         })
         .await
     }
+}
+
+/// The utilisation fits the round changed, written whole; the events
+/// written once per job (`first_notes`), each unless the job has one of
+/// its kind. Part of [`Persistence::commit_round`]'s transaction.
+async fn write_fits_and_first_notes(
+    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+    w: &RoundWrites,
+    now: DateTime<Utc>,
+    op: &'static str,
+) -> Result<(), PersistenceError> {
+    for ((model, family), f) in &w.utilization_fits {
+        sqlx::query(
+            "INSERT INTO utilization_fits (model, gpu_family, sum_xy, sum_xx, samples, updated_at)
+             VALUES ($1, $2, $3, $4, $5, $6)
+             ON CONFLICT (model, gpu_family) DO UPDATE SET sum_xy = $3, sum_xx = $4,
+                samples = $5, updated_at = $6",
+        )
+        .bind(model)
+        .bind(family)
+        .bind(f.sum_xy)
+        .bind(f.sum_xx)
+        .bind(i64::try_from(f.samples).unwrap_or(i64::MAX))
+        .bind(now)
+        .execute(&mut **tx)
+        .await
+        .map_err(db_err(op))?;
+    }
+    if !w.first_notes.is_empty() {
+        // One read for all of them: which (job, kind) have an event.
+        let (jobs, kinds): (Vec<Uuid>, Vec<String>) = w
+            .first_notes
+            .iter()
+            .map(|(j, k, _)| (j.0, k.clone()))
+            .unzip();
+        let seen: Vec<(Uuid, String)> = sqlx::query_as(
+            "SELECT DISTINCT e.job_id, e.kind FROM job_events e
+             JOIN UNNEST($1::uuid[], $2::text[]) AS n(job_id, kind)
+               ON e.job_id = n.job_id AND e.kind = n.kind",
+        )
+        .bind(&jobs)
+        .bind(&kinds)
+        .fetch_all(&mut **tx)
+        .await
+        .map_err(db_err(op))?;
+        let seen: BTreeSet<(Uuid, &str)> = seen.iter().map(|(j, k)| (*j, k.as_str())).collect();
+        let mut written: BTreeSet<(Uuid, &str)> = BTreeSet::new();
+        let fresh: Vec<(JobId, &str, &str)> = w
+            .first_notes
+            .iter()
+            .filter(|(job, kind, _)| {
+                let key = (job.0, kind.as_str());
+                !seen.contains(&key) && written.insert(key)
+            })
+            .map(|(job, kind, message)| (*job, kind.as_str(), message.as_str()))
+            .collect();
+        events_in(tx, &fresh, now, op).await?;
+    }
+    Ok(())
+}
+
+/// The Prompt Bank's additions and evictions, jobs that never share a GPU
+/// again, loans whose reclaim is done, and the admin re-queues the round
+/// acted on. Part of [`Persistence::commit_round`]'s transaction.
+async fn write_bank_sharing_loans_requeues(
+    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+    w: &RoundWrites,
+    now: DateTime<Utc>,
+    op: &'static str,
+) -> Result<(), PersistenceError> {
+    for b in &w.bank_adds {
+        sqlx::query(
+            "INSERT INTO prompt_bank (job_id, model, location, features, added_at)
+             VALUES ($1, $2, $3, $4, $5) ON CONFLICT (job_id) DO NOTHING",
+        )
+        .bind(b.job.0)
+        .bind(&b.model)
+        .bind(&b.location)
+        .bind(&b.features)
+        .bind(now)
+        .execute(&mut **tx)
+        .await
+        .map_err(db_err(op))?;
+    }
+    if !w.bank_evictions.is_empty() {
+        let ids: Vec<uuid::Uuid> = w.bank_evictions.iter().map(|j| j.0).collect();
+        sqlx::query("DELETE FROM prompt_bank WHERE job_id = ANY($1)")
+            .bind(&ids)
+            .execute(&mut **tx)
+            .await
+            .map_err(db_err(op))?;
+    }
+    if !w.no_sharing.is_empty() {
+        let ids: Vec<uuid::Uuid> = w.no_sharing.iter().map(|j| j.0).collect();
+        sqlx::query("UPDATE jobs SET no_gpu_sharing = true WHERE id = ANY($1)")
+            .bind(&ids)
+            .execute(&mut **tx)
+            .await
+            .map_err(db_err(op))?;
+    }
+    for n in &w.returned {
+        let done = sqlx::query(
+            "UPDATE node_loans SET state = 'returned', returned_at = $2
+             WHERE node_id = $1 AND state = 'reclaiming'",
+        )
+        .bind(n.as_str())
+        .bind(now)
+        .execute(&mut **tx)
+        .await
+        .map_err(db_err(op))?
+        .rows_affected();
+        if done > 0 {
+            node_event_in(
+                tx,
+                n,
+                "returned",
+                "reclaim done: no worker left; back with inference",
+                now,
+                op,
+            )
+            .await?;
+        }
+    }
+    if !w.requeued.is_empty() {
+        let jobs: Vec<Uuid> = w.requeued.iter().map(|r| r.0.0).collect();
+        let at: Vec<DateTime<Utc>> = w.requeued.iter().map(|r| r.1).collect();
+        sqlx::query(
+            "DELETE FROM job_requeues q USING UNNEST($1::uuid[], $2::timestamptz[]) AS t(j, a)
+             WHERE q.job_id = t.j AND q.requested_at = t.a",
+        )
+        .bind(&jobs)
+        .bind(&at)
+        .execute(&mut **tx)
+        .await
+        .map_err(db_err(op))?;
+    }
+    Ok(())
+}
+
+/// The new plan under `generation`: fresh starts reset (after this
+/// round's progress reports), the assignments replaced, and the nodes each
+/// job was placed on recorded. Part of [`Persistence::commit_round`]'s
+/// transaction.
+async fn write_plan(
+    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+    w: &RoundWrites,
+    generation: i64,
+    now: DateTime<Utc>,
+    op: &'static str,
+) -> Result<(), PersistenceError> {
+    if !w.fresh_starts.is_empty() {
+        // After this round's progress reports (written above): the
+        // dropped run's last iteration and checkpoint go with it.
+        let fresh: Vec<Uuid> = w.fresh_starts.iter().map(|j| j.0).collect();
+        sqlx::query(
+            "INSERT INTO job_progress (job_id, iteration, checkpoint_path, updated_at,
+                                       fresh_generation, fresh_pending)
+             SELECT j, 0, NULL, $2, $3, TRUE FROM UNNEST($1::uuid[]) AS t(j)
+             ON CONFLICT (job_id) DO UPDATE SET iteration = 0, checkpoint_path = NULL,
+               updated_at = $2, fresh_generation = $3, fresh_pending = TRUE",
+        )
+        .bind(&fresh)
+        .bind(now)
+        .bind(generation)
+        .execute(&mut **tx)
+        .await
+        .map_err(db_err(op))?;
+    }
+    sqlx::query("DELETE FROM assignments")
+        .execute(&mut **tx)
+        .await
+        .map_err(db_err(op))?;
+    let a = &w.assignments;
+    let jobs: Vec<Uuid> = a.iter().map(|a| a.job.0).collect();
+    let nodes: Vec<&str> = a.iter().map(|a| a.node.as_str()).collect();
+    // One text per assignment: Postgres has no ragged arrays.
+    let gpus: Vec<String> = a
+        .iter()
+        .map(|a| {
+            a.gpus
+                .iter()
+                .map(|g| g.0.as_str())
+                .collect::<Vec<_>>()
+                .join("\n")
+        })
+        .collect();
+    let profile: Vec<bool> = a.iter().map(|a| a.profile).collect();
+    let ranks: Vec<i32> = a.iter().map(|a| a.rank_offset as i32).collect();
+    let ports: Vec<Option<i32>> = a.iter().map(|a| a.master_port.map(i32::from)).collect();
+    sqlx::query(
+        "INSERT INTO assignments (job_id, node_id, gpu_uuids, generation, assigned_at, profile,
+                                  rank_offset, master_port)
+         SELECT j, n, string_to_array(g, E'\\n'), $5, $6, p, r, m
+         FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::bool[], $7::int[], $8::int[])
+              AS t(j, n, g, p, r, m)",
+    )
+    .bind(&jobs)
+    .bind(&nodes)
+    .bind(&gpus)
+    .bind(&profile)
+    .bind(generation)
+    .bind(now)
+    .bind(&ranks)
+    .bind(&ports)
+    .execute(&mut **tx)
+    .await
+    .map_err(db_err(op))?;
+    sqlx::query(
+        "INSERT INTO job_placements (job_id, node_id)
+         SELECT DISTINCT j, n FROM UNNEST($1::uuid[], $2::text[]) AS t(j, n)
+         ON CONFLICT DO NOTHING",
+    )
+    .bind(&jobs)
+    .bind(&nodes)
+    .execute(&mut **tx)
+    .await
+    .map_err(db_err(op))?;
+    Ok(())
 }

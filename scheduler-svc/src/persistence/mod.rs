@@ -15,7 +15,7 @@ mod writes;
 
 pub use admin::{
     AdminState, AuditEvent, CordonChange, LoanError, LoanState, NodeCordon, NodeLoan, POOL_LABEL,
-    PolicySetting, QueueSetting, Requeue, SetQueuesError,
+    PolicySetting, QueueSetting, Requeue, SetQueuesError, TuningRecord,
 };
 pub use jobs::{JobEventRecord, JobQuery, NewJob, SloReport, SubmitOutcome};
 pub use leadership::LeaderLease;

@@ -14,7 +14,7 @@ use fmsched_sim::tune::{self, Forecast, LiveJob, SearchConfig, TuneDecision, Tun
 
 use fmsched_core::FieldError;
 
-use crate::persistence::{PersistenceError, PolicySetting};
+use crate::persistence::{PersistenceError, PolicySetting, TuningRecord};
 use crate::service::Service;
 
 /// Why a tuning did not run or did not finish. The gRPC edge maps it to a
@@ -100,26 +100,7 @@ pub async fn tune_once(
     let now = Utc::now();
     let since = now - chrono::Duration::from_std(cfg.history).unwrap_or(chrono::Duration::days(14));
     let records = state.persistence.tuning_records(since).await?;
-    let origin = records.iter().map(|r| r.created_at).min().unwrap_or(now);
-    let secs = |t: chrono::DateTime<Utc>| (t - origin).num_milliseconds() as f64 / 1000.0;
-    let live: Vec<LiveJob> = records
-        .iter()
-        .map(|r| LiveJob {
-            id: r.id.to_string(),
-            submitted_s: secs(r.created_at),
-            model: r.model.clone(),
-            gpus: r.max_gpus,
-            state: match (r.ended_at, r.running) {
-                (Some(t), _) => ObservedState::Done { finish_s: secs(t) },
-                (None, true) => ObservedState::Running,
-                (None, false) => ObservedState::Waiting,
-            },
-            executed_s: r.executed_s,
-            attained_gpu_s: r.attained_gpu_s,
-            fair_share_gpu_s: r.fair_share_gpu_s,
-        })
-        .collect();
-    let now_s = secs(now);
+    let (live, now_s) = live_jobs(&records, now);
     let me = state.autosched.clone();
     let knobs = active.knobs.clone();
     let samples = cfg.samples;
@@ -155,31 +136,7 @@ pub async fn tune_once(
     .await
     .map_err(|e| TuneError::Internal(format!("the tuner stopped: {e}")))?
     .map_err(TuneError::FailedPrecondition)?;
-    let detail = format!(
-        "{} gain {:.3} (threshold {threshold}) on {} predicted jobs ({} carried over), {} simulations in {:.2} s; proposed {}{}{}",
-        if decision.adopted {
-            "adopted:"
-        } else if decision.passes {
-            "dry run, would adopt:"
-        } else {
-            "kept:"
-        },
-        decision.gain,
-        decision.trace_jobs,
-        decision.carried_over,
-        decision.simulations,
-        decision.wall_s,
-        fmt_knobs(&decision.proposed),
-        decision
-            .realised_gain
-            .map(|g| format!("; realised since the last adoption {g:.3}"))
-            .unwrap_or_default(),
-        if asked_by == ACTOR {
-            String::new()
-        } else {
-            format!("; asked by {asked_by}")
-        },
-    );
+    let detail = describe(&decision, threshold, asked_by);
     if decision.adopted {
         let setting = PolicySetting {
             policy: policy.clone(),
@@ -229,6 +186,61 @@ pub async fn tune_once(
         threshold,
         decision,
     })
+}
+
+/// The audit log's line for a tuning: its verdict, gain, the trace it
+/// simulated and what it proposed (and who asked, unless AutoSched).
+fn describe(decision: &TuneDecision, threshold: f64, asked_by: &str) -> String {
+    format!(
+        "{} gain {:.3} (threshold {threshold}) on {} predicted jobs ({} carried over), {} simulations in {:.2} s; proposed {}{}{}",
+        if decision.adopted {
+            "adopted:"
+        } else if decision.passes {
+            "dry run, would adopt:"
+        } else {
+            "kept:"
+        },
+        decision.gain,
+        decision.trace_jobs,
+        decision.carried_over,
+        decision.simulations,
+        decision.wall_s,
+        fmt_knobs(&decision.proposed),
+        decision
+            .realised_gain
+            .map(|g| format!("; realised since the last adoption {g:.3}"))
+            .unwrap_or_default(),
+        if asked_by == ACTOR {
+            String::new()
+        } else {
+            format!("; asked by {asked_by}")
+        },
+    )
+}
+
+/// The stored jobs as the tuner's live trace, on seconds since the oldest
+/// of them was submitted, and now on that clock.
+fn live_jobs(records: &[TuningRecord], now: chrono::DateTime<Utc>) -> (Vec<LiveJob>, f64) {
+    let origin = records.iter().map(|r| r.created_at).min().unwrap_or(now);
+    let secs = |t: chrono::DateTime<Utc>| (t - origin).num_milliseconds() as f64 / 1000.0;
+    let live: Vec<LiveJob> = records
+        .iter()
+        .map(|r| LiveJob {
+            id: r.id.to_string(),
+            submitted_s: secs(r.created_at),
+            model: r.model.clone(),
+            gpus: r.max_gpus,
+            state: match (r.ended_at, r.running) {
+                (Some(t), _) => ObservedState::Done { finish_s: secs(t) },
+                (None, true) => ObservedState::Running,
+                (None, false) => ObservedState::Waiting,
+            },
+            executed_s: r.executed_s,
+            attained_gpu_s: r.attained_gpu_s,
+            fair_share_gpu_s: r.fair_share_gpu_s,
+        })
+        .collect();
+    (live, secs(now))
 }
 
 fn fmt_knobs(k: &BTreeMap<String, f64>) -> String {

@@ -424,62 +424,9 @@ pub(crate) async fn load(
             switch_s.or_else(|| lut.context_switch_s(model, &family)),
         )
     };
-    let mut held_back: BTreeSet<JobId> = o
-        .retries
-        .iter()
-        .filter(|(_, r)| r.retry_after.is_some_and(|t| t > now))
-        .map(|(j, _)| *j)
-        .collect();
-    // A spatial pair runs as one process: split this round, or one of its
-    // jobs re-queued by an admin, both wait a round (the joint process
-    // stops at its checkpoint). Holding back one of them alone left the
-    // joint process running while the history said it was suspended.
-    for m in o.merges.iter().filter(|m| {
-        m.mode == MergeMode::Spatial
-            && (o.split_now.contains(&m.id)
-                || (m.active && [m.a, m.b].iter().any(|j| o.admin.requeues.contains_key(j))))
-    }) {
-        held_back.extend([m.a, m.b]);
-    }
-    held_back.extend(o.admin.requeues.keys().copied());
-    // The prompt lane starts its jobs itself and the round leaves them
-    // running where it put them.
-    let lane: Vec<&JobRecord> = o
-        .live
-        .values()
-        .filter(|j| state.in_prompt_lane(j))
-        .collect();
-    held_back.extend(
-        lane.iter()
-            .filter(|j| j.state != fmsched_core::JobState::Running)
-            .map(|j| j.id),
-    );
-    let pinned: BTreeSet<JobId> = lane
-        .iter()
-        .filter(|j| j.state == fmsched_core::JobState::Running)
-        .map(|j| j.id)
-        .collect();
+    let (held_back, pinned) = held_back_and_pinned(state, o, now);
     let families: BTreeSet<String> = o.nodes.iter().map(node_family).collect();
-    // Warm-start sources: completed jobs of the live jobs' models that left
-    // output weights (a read error leaves the round without them).
-    let finished = if state.config.scheduling.merging && policy.warm_starts() {
-        let mut models: Vec<String> = o.live.values().map(|j| j.spec.model.clone()).collect();
-        models.sort_unstable();
-        models.dedup();
-        match state
-            .persistence
-            .finished_outputs(&models, FINISHED_READ_LIMIT)
-            .await
-        {
-            Ok(f) => f,
-            Err(err) => {
-                tracing::warn!(error = %err, "finished jobs not read; no warm starts this round");
-                Vec::new()
-            }
-        }
-    } else {
-        Vec::new()
-    };
+    let finished = warm_start_sources(state, o, policy).await;
     let unfit_memo: std::cell::RefCell<BTreeMap<String, Vec<String>>> = Default::default();
     let mut t = build_view(&ViewSources {
         nodes: &o.nodes,
@@ -532,31 +479,8 @@ pub(crate) async fn load(
         finished: &finished,
         now,
     });
-    for n in o
-        .nodes
-        .iter()
-        .filter(|n| n.state != NodeState::Offline && faulty(n))
-    {
-        let bad: Vec<&str> = n
-            .telemetry
-            .values()
-            .filter(|t| t.xid_errors > 0 || t.ecc_uncorrected_errors > 0)
-            .map(|t| t.uuid.as_str())
-            .collect();
-        tracing::warn!(node_id = %n.record.id, gpus = ?bad, "draining node: GPUs report Xid or uncorrectable ECC errors");
-    }
-    let mut config = round_config(&state.config);
-    if let Some(p) = &o.admin.policy {
-        config.policy = p.policy.clone(); // set live through the admin API
-    }
-    if let Some(q) = &o.admin.queues {
-        // Set live through the admin API (validated when set).
-        match fmsched_core::queue::Queues::new(q.queues.clone()) {
-            Ok(queues) => config.queues = queues,
-            Err(e) => tracing::error!(error = %e,
-                "the queues set through the admin API are not valid; using the configured ones"),
-        }
-    }
+    warn_faulty_nodes(&o.nodes);
+    let config = live_round_config(state, o);
     let prepared = super::prepare_round(&t.view, policy, &config);
     let planned = planned_jobs(o, &t, &prepared, &family, policy.iteration_estimator());
     family_time_ratios(lut, &mut t.view, &prepared, &planned.inputs);
@@ -569,6 +493,116 @@ pub(crate) async fn load(
         estimates,
         config,
     }))
+}
+
+/// Jobs the round leaves where they are: held back (waiting out a retry's
+/// backoff, a spatial pair split this round or re-queued by an admin, a
+/// re-queued job, a prompt-lane job not yet running) and pinned (the
+/// prompt lane's running jobs, which the round leaves running where the
+/// lane put them).
+fn held_back_and_pinned(
+    state: &Service,
+    o: &Observed,
+    now: DateTime<Utc>,
+) -> (BTreeSet<JobId>, BTreeSet<JobId>) {
+    let mut held_back: BTreeSet<JobId> = o
+        .retries
+        .iter()
+        .filter(|(_, r)| r.retry_after.is_some_and(|t| t > now))
+        .map(|(j, _)| *j)
+        .collect();
+    // A spatial pair runs as one process: split this round, or one of its
+    // jobs re-queued by an admin, both wait a round (the joint process
+    // stops at its checkpoint). Holding back one of them alone left the
+    // joint process running while the history said it was suspended.
+    for m in o.merges.iter().filter(|m| {
+        m.mode == MergeMode::Spatial
+            && (o.split_now.contains(&m.id)
+                || (m.active && [m.a, m.b].iter().any(|j| o.admin.requeues.contains_key(j))))
+    }) {
+        held_back.extend([m.a, m.b]);
+    }
+    held_back.extend(o.admin.requeues.keys().copied());
+    // The prompt lane starts its jobs itself and the round leaves them
+    // running where it put them.
+    let lane: Vec<&JobRecord> = o
+        .live
+        .values()
+        .filter(|j| state.in_prompt_lane(j))
+        .collect();
+    held_back.extend(
+        lane.iter()
+            .filter(|j| j.state != fmsched_core::JobState::Running)
+            .map(|j| j.id),
+    );
+    let pinned: BTreeSet<JobId> = lane
+        .iter()
+        .filter(|j| j.state == fmsched_core::JobState::Running)
+        .map(|j| j.id)
+        .collect();
+    (held_back, pinned)
+}
+
+/// Warm-start sources: completed jobs of the live jobs' models that left
+/// output weights (a read error leaves the round without them).
+async fn warm_start_sources(
+    state: &Service,
+    o: &Observed,
+    policy: &(dyn fmsched_core::policy::Policy + Send + Sync),
+) -> Vec<JobRecord> {
+    if state.config.scheduling.merging && policy.warm_starts() {
+        let mut models: Vec<String> = o.live.values().map(|j| j.spec.model.clone()).collect();
+        models.sort_unstable();
+        models.dedup();
+        match state
+            .persistence
+            .finished_outputs(&models, FINISHED_READ_LIMIT)
+            .await
+        {
+            Ok(f) => f,
+            Err(err) => {
+                tracing::warn!(error = %err, "finished jobs not read; no warm starts this round");
+                Vec::new()
+            }
+        }
+    } else {
+        Vec::new()
+    }
+}
+
+/// Logs each node drained this round for GPUs reporting Xid or
+/// uncorrectable ECC errors.
+fn warn_faulty_nodes(nodes: &[LiveNode]) {
+    for n in nodes
+        .iter()
+        .filter(|n| n.state != NodeState::Offline && faulty(n))
+    {
+        let bad: Vec<&str> = n
+            .telemetry
+            .values()
+            .filter(|t| t.xid_errors > 0 || t.ecc_uncorrected_errors > 0)
+            .map(|t| t.uuid.as_str())
+            .collect();
+        tracing::warn!(node_id = %n.record.id, gpus = ?bad, "draining node: GPUs report Xid or uncorrectable ECC errors");
+    }
+}
+
+/// The round's configuration: the configured one, with the policy and
+/// queues an admin set live.
+fn live_round_config(state: &Service, o: &Observed) -> RoundConfig {
+    let mut config = round_config(&state.config);
+    if let Some(p) = &o.admin.policy {
+        config.policy = p.policy.clone(); // set live through the admin API
+    }
+    if let Some(q) = &o.admin.queues {
+        // Set live through the admin API (validated when set).
+        match fmsched_core::queue::Queues::new(q.queues.clone()) {
+            Ok(queues) => config.queues = queues,
+            Err(e) => tracing::error!(error = %e,
+                "the queues set through the admin API are not valid; using the configured ones"),
+        }
+    }
+    config
 }
 
 /// The estimates of a prepared round: each snapshot job's remaining time

@@ -15,6 +15,7 @@ use fmsched_proto::v1 as pb;
 use super::iteration_budget;
 use super::observe::PROFILE_SUFFIX;
 use crate::persistence::{Assignment, JobRecord, MergeRecord};
+use crate::registry::LiveNode;
 use crate::service::Service;
 
 /// The trainer's view of one task of a job (`FMSCHED_TASKS`).
@@ -157,106 +158,138 @@ fn desired_sets(state: &Service, v: &PlanView<'_>) -> BTreeMap<NodeId, Vec<pb::D
             warm: !a.profile && state.in_prompt_lane(job),
             fresh_start: false, // set below for a job's own process
         };
-        if a.profile {
-            // A profiling run is a process of its own ("<job>-profile").
-            task.task_id = format!("{}{PROFILE_SUFFIX}", a.job);
-            task.mode = pb::TaskMode::Profile as i32;
-            task.resume_path.clear();
-        } else if let Some(m) = merge {
-            match m.mode {
-                MergeMode::Spatial => {
-                    // One joint process for both (A's command and
-                    // environment); a partner that finished is carried by
-                    // the process's checkpoint.
-                    task.task_id = format!("{}+{}", m.a, m.b);
-                    task.job_ids = vec![m.a.to_string(), m.b.to_string()];
-                    task.tasks = [m.a, m.b]
-                        .iter()
-                        .filter_map(|id| v.live.get(id))
-                        .map(trainer_task)
-                        .collect();
-                    if let Some(lead) = v.live.get(&m.a) {
-                        task.command = lead.spec.launch.command.clone();
-                        task.env = lead.spec.launch.env.clone().into_iter().collect();
-                    }
-                    task.resume_path = resume_of(&m.a)
-                        .or_else(|| resume_of(&m.b))
-                        .unwrap_or_default();
-                }
-                MergeMode::Temporal if m.a == a.job => {
-                    // A trains; B is evaluated with A's weights every epoch
-                    // (the guard watches it).
-                    if let Some(b) = v.live.get(&m.b) {
-                        let mut watch = trainer_task(b);
-                        watch.eval_only = true;
-                        task.tasks.push(watch);
-                    }
-                }
-                _ => {
-                    if let Some(w) = v.init_weights.get(&a.job) {
-                        task.initial_weights_path.clone_from(w);
-                    }
-                }
-            }
-        }
-        task.fresh_start = !a.profile && task.job_ids.len() == 1 && v.fresh.contains(&a.job);
-        if task.fresh_start {
-            task.resume_path.clear();
-            task.initial_weights_path.clear();
-        }
-        if !a.profile
-            && task.job_ids.len() == 1
-            && let Some(f) = v.footprints.get(&a.job)
-        {
-            task.expected_utilization_percent = f.utilization_pct.round().clamp(1.0, 100.0) as u32;
-        }
-        if !a.profile && a.gpus.iter().any(|g| users.get(g.0.as_str()) > Some(&1)) {
-            // Trainer contract: the process shares its GPU with another.
-            task.env
-                .insert(fmsched_core::trainer::env::SHARED_GPU.into(), "1".into());
-        }
-        if !a.profile
-            && let ([t], Some(&l)) = (&mut task.tasks[..], v.frozen_layers.get(&a.job))
-        {
-            t.frozen_layers = l;
-        }
-        if !a.profile
-            && task.resume_path.is_empty()
-            && super::prompt_bank::draws_from_bank(job)
-            && let ([t], Some(bank)) = (&mut task.tasks[..], v.prompt_banks.get(&job.spec.model))
-        {
-            t.prompt_bank.clone_from(bank);
-        }
-        if !a.profile {
-            // A merged pair's process holds both leases: the earliest ends it.
-            task.lease_until = task
-                .job_ids
-                .iter()
-                .filter_map(|j| j.parse::<JobId>().ok())
-                .filter_map(|j| v.leases.get(&j))
-                .min()
-                .map(|t| fmsched_proto::convert::timestamp_to_proto(*t));
-        }
+        shape_task(&mut task, a, merge, v);
+        adjust_task(&mut task, a, job, v, &users);
         if emitted.insert((a.node.clone(), task.task_id.clone())) {
             per_node.entry(a.node.clone()).or_default().push(task);
         }
     }
-    // A training task whose process on some node the plan stops or
-    // relaunches (other GPUs or ranks), and that the plan runs on another
-    // node too, is started nowhere this round: every process of it stops,
-    // rank 0's writes the checkpoint of its stop, and the next round
-    // launches every part from that checkpoint. Launched at once, a move
-    // resumed from the last checkpoint the scheduler had heard of, or from
-    // scratch (found live: a drained node's job restarted at iteration 0 on
-    // another node while its history said "from its checkpoint (iteration
-    // 14900)"), and a gang that grew onto a node or changed its GPUs
-    // resumed its parts from different checkpoints: the one its stop wrote
-    // on its rank 0 node, and the plan's older path on the others. A
-    // relaunch on its only node needs no wait: that node's agent resumes
-    // it from the checkpoint its stop wrote. A process the plan keeps as it
-    // runs does not count, so a gang just launched, with one node's report
-    // still on its way, is not held back. (An offline node's process does
-    // not count either: its jobs go on from their last checkpoint.)
+    hold_moved_tasks(&nodes, &mut per_node);
+    per_node
+}
+
+/// A task's shape beyond one job's own process: a profiling run is a
+/// process of its own, a spatial pair one joint process, a temporal A's
+/// process evaluates B with A's weights, and a warm-started B starts from
+/// A's output weights.
+fn shape_task(
+    task: &mut pb::DesiredTask,
+    a: &Assignment,
+    merge: Option<&MergeRecord>,
+    v: &PlanView<'_>,
+) {
+    let resume_of = |id: &JobId| v.progress.get(id).and_then(|p| p.1.clone());
+    if a.profile {
+        // A profiling run is a process of its own ("<job>-profile").
+        task.task_id = format!("{}{PROFILE_SUFFIX}", a.job);
+        task.mode = pb::TaskMode::Profile as i32;
+        task.resume_path.clear();
+    } else if let Some(m) = merge {
+        match m.mode {
+            MergeMode::Spatial => {
+                // One joint process for both (A's command and
+                // environment); a partner that finished is carried by
+                // the process's checkpoint.
+                task.task_id = format!("{}+{}", m.a, m.b);
+                task.job_ids = vec![m.a.to_string(), m.b.to_string()];
+                task.tasks = [m.a, m.b]
+                    .iter()
+                    .filter_map(|id| v.live.get(id))
+                    .map(trainer_task)
+                    .collect();
+                if let Some(lead) = v.live.get(&m.a) {
+                    task.command = lead.spec.launch.command.clone();
+                    task.env = lead.spec.launch.env.clone().into_iter().collect();
+                }
+                task.resume_path = resume_of(&m.a)
+                    .or_else(|| resume_of(&m.b))
+                    .unwrap_or_default();
+            }
+            MergeMode::Temporal if m.a == a.job => {
+                // A trains; B is evaluated with A's weights every epoch
+                // (the guard watches it).
+                if let Some(b) = v.live.get(&m.b) {
+                    let mut watch = trainer_task(b);
+                    watch.eval_only = true;
+                    task.tasks.push(watch);
+                }
+            }
+            _ => {
+                if let Some(w) = v.init_weights.get(&a.job) {
+                    task.initial_weights_path.clone_from(w);
+                }
+            }
+        }
+    }
+}
+
+/// What a training process is told beyond its shape: a fresh start, its
+/// expected utilisation, a shared GPU, its frozen layers, its model's
+/// Prompt Bank, and its lease.
+fn adjust_task(
+    task: &mut pb::DesiredTask,
+    a: &Assignment,
+    job: &JobRecord,
+    v: &PlanView<'_>,
+    users: &BTreeMap<&str, u32>,
+) {
+    task.fresh_start = !a.profile && task.job_ids.len() == 1 && v.fresh.contains(&a.job);
+    if task.fresh_start {
+        task.resume_path.clear();
+        task.initial_weights_path.clear();
+    }
+    if !a.profile
+        && task.job_ids.len() == 1
+        && let Some(f) = v.footprints.get(&a.job)
+    {
+        task.expected_utilization_percent = f.utilization_pct.round().clamp(1.0, 100.0) as u32;
+    }
+    if !a.profile && a.gpus.iter().any(|g| users.get(g.0.as_str()) > Some(&1)) {
+        // Trainer contract: the process shares its GPU with another.
+        task.env
+            .insert(fmsched_core::trainer::env::SHARED_GPU.into(), "1".into());
+    }
+    if !a.profile
+        && let ([t], Some(&l)) = (&mut task.tasks[..], v.frozen_layers.get(&a.job))
+    {
+        t.frozen_layers = l;
+    }
+    if !a.profile
+        && task.resume_path.is_empty()
+        && super::prompt_bank::draws_from_bank(job)
+        && let ([t], Some(bank)) = (&mut task.tasks[..], v.prompt_banks.get(&job.spec.model))
+    {
+        t.prompt_bank.clone_from(bank);
+    }
+    if !a.profile {
+        // A merged pair's process holds both leases: the earliest ends it.
+        task.lease_until = task
+            .job_ids
+            .iter()
+            .filter_map(|j| j.parse::<JobId>().ok())
+            .filter_map(|j| v.leases.get(&j))
+            .min()
+            .map(|t| fmsched_proto::convert::timestamp_to_proto(*t));
+    }
+}
+
+/// A training task whose process on some node the plan stops or
+/// relaunches (other GPUs or ranks), and that the plan runs on another
+/// node too, is started nowhere this round: every process of it stops,
+/// rank 0's writes the checkpoint of its stop, and the next round
+/// launches every part from that checkpoint. Launched at once, a move
+/// resumed from the last checkpoint the scheduler had heard of, or from
+/// scratch (found live: a drained node's job restarted at iteration 0 on
+/// another node while its history said "from its checkpoint (iteration
+/// 14900)"), and a gang that grew onto a node or changed its GPUs
+/// resumed its parts from different checkpoints: the one its stop wrote
+/// on its rank 0 node, and the plan's older path on the others. A
+/// relaunch on its only node needs no wait: that node's agent resumes
+/// it from the checkpoint its stop wrote. A process the plan keeps as it
+/// runs does not count, so a gang just launched, with one node's report
+/// still on its way, is not held back. (An offline node's process does
+/// not count either: its jobs go on from their last checkpoint.)
+fn hold_moved_tasks(nodes: &[LiveNode], per_node: &mut BTreeMap<NodeId, Vec<pb::DesiredTask>>) {
     let changed: BTreeMap<&str, BTreeSet<&NodeId>> = nodes
         .iter()
         .filter(|n| n.state != fmsched_core::NodeState::Offline)
@@ -288,7 +321,7 @@ fn desired_sets(state: &Service, v: &PlanView<'_>) -> BTreeMap<NodeId, Vec<pb::D
         })
         .map(|(_, d)| d.task_id.clone())
         .collect();
-    for (node, tasks) in &mut per_node {
+    for (node, tasks) in per_node.iter_mut() {
         tasks.retain(|d| {
             let wait = waiting.contains(&d.task_id);
             if wait {
@@ -298,7 +331,6 @@ fn desired_sets(state: &Service, v: &PlanView<'_>) -> BTreeMap<NodeId, Vec<pb::D
             !wait
         });
     }
-    per_node
 }
 
 /// Whether the process `t` runs as `d` asks: the same GPUs and ranks (a

@@ -122,46 +122,9 @@ impl<'a> Simulation<'a> {
             }
             self.advance(t_next)?;
 
-            // Completions. Tolerances absorb rounding: a job within a
-            // microsecond of its target is done (else the clock could stall
-            // on steps too small to move it).
-            for i in 0..n {
-                if self.jobs[i].alloc.is_none() || self.jobs[i].finish.is_some() {
-                    continue;
-                }
-                let rem = self.remaining(i);
-                let near = rem <= 1e-6 * self.jobs[i].target.max(1.0) || {
-                    let ready = self.jobs[i]
-                        .alloc
-                        .as_ref()
-                        .is_some_and(|a| a.ready_at <= self.now);
-                    let r = self.progress_rate(i)?;
-                    ready && r > 0.0 && rem / r <= 1e-6
-                };
-                if near {
-                    self.complete(i);
-                    event = true;
-                    finished += 1;
-                    progress(finished, n);
-                }
-            }
+            event |= self.complete_done(&mut finished, &mut progress)?;
             self.guard(catalog);
-            // Profiling ends.
-            for i in 0..n {
-                if let Phase::Profiling { until } = self.jobs[i].phase
-                    && until <= self.now
-                {
-                    // The profiling run measures (loss trace, throughput,
-                    // Task2Vec); its weights are not kept, so the job starts
-                    // from zero progress and stays eligible for merging.
-                    self.version += 1;
-                    event = true;
-                    let j = &mut self.jobs[i];
-                    j.phase = Phase::Waiting;
-                    j.alloc = None;
-                    j.done = 0.0;
-                }
-            }
+            event |= self.end_profiling();
             // Arrivals.
             while let Some(&i) = order.get(next_arrival) {
                 if self.jobs[i].w.submit_s > self.now {
@@ -204,6 +167,69 @@ impl<'a> Simulation<'a> {
                 clock.round_started(self.now);
             }
         }
+        self.sum_up();
+        self.stats.wall_s = started.elapsed().as_secs_f64();
+        Ok(self.stats)
+    }
+
+    /// Completions. Tolerances absorb rounding: a job within a
+    /// microsecond of its target is done (else the clock could stall
+    /// on steps too small to move it).
+    fn complete_done(
+        &mut self,
+        finished: &mut usize,
+        progress: &mut impl FnMut(usize, usize),
+    ) -> Result<bool, SimError> {
+        let n = self.jobs.len();
+        let mut any = false;
+        for i in 0..n {
+            if self.jobs[i].alloc.is_none() || self.jobs[i].finish.is_some() {
+                continue;
+            }
+            let rem = self.remaining(i);
+            let near = rem <= 1e-6 * self.jobs[i].target.max(1.0) || {
+                let ready = self.jobs[i]
+                    .alloc
+                    .as_ref()
+                    .is_some_and(|a| a.ready_at <= self.now);
+                let r = self.progress_rate(i)?;
+                ready && r > 0.0 && rem / r <= 1e-6
+            };
+            if near {
+                self.complete(i);
+                any = true;
+                *finished += 1;
+                progress(*finished, n);
+            }
+        }
+        Ok(any)
+    }
+
+    /// Profiling runs that ended: the job waits for its training run.
+    fn end_profiling(&mut self) -> bool {
+        let mut any = false;
+        for i in 0..self.jobs.len() {
+            if let Phase::Profiling { until } = self.jobs[i].phase
+                && until <= self.now
+            {
+                // The profiling run measures (loss trace, throughput,
+                // Task2Vec); its weights are not kept, so the job starts
+                // from zero progress and stays eligible for merging.
+                self.version += 1;
+                any = true;
+                let j = &mut self.jobs[i];
+                j.phase = Phase::Waiting;
+                j.alloc = None;
+                j.done = 0.0;
+            }
+        }
+        any
+    }
+
+    /// The run's figures once every job finished: makespan, GPU
+    /// utilisation (over the training cluster and the GPU-seconds on
+    /// loan), each job's result and the restarts.
+    fn sum_up(&mut self) {
         let first = self
             .jobs
             .iter()
@@ -258,8 +284,6 @@ impl<'a> Simulation<'a> {
             })
             .collect();
         self.stats.restarts = self.jobs.iter().map(|j| j.restarts).sum();
-        self.stats.wall_s = started.elapsed().as_secs_f64();
-        Ok(self.stats)
     }
 
     /// The error of a run past its horizon, naming a few of the

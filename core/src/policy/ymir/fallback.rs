@@ -25,38 +25,7 @@ pub(crate) fn relaxation_greedy(
     members: &[Vec<usize>],
     capacity: u32,
 ) -> (Vec<u32>, f64) {
-    // Hull steps: (row, from GPUs, to GPUs, value gained).
-    let mut steps: Vec<(usize, u32, u32, f64)> = Vec::new();
-    for (r, row) in rows.iter().enumerate() {
-        let mut points: Vec<(u32, f64)> = row
-            .iter()
-            .copied()
-            .filter(|&(a, v)| a > 0 && v.is_finite() && v > 0.0)
-            .collect();
-        points.sort_by(|x, y| x.0.cmp(&y.0).then(y.1.total_cmp(&x.1)));
-        points.dedup_by_key(|p| p.0);
-        let mut hull: Vec<(u32, f64)> = vec![(0, 0.0)];
-        for p in points {
-            if p.1 <= hull.last().map_or(0.0, |h| h.1) {
-                continue; // more GPUs for no more value
-            }
-            // Pop while the last point lies on or below the chord to p.
-            while hull.len() >= 2 {
-                let (b, a) = (hull[hull.len() - 1], hull[hull.len() - 2]);
-                let slope_ab = (b.1 - a.1) / f64::from(b.0 - a.0);
-                let slope_ap = (p.1 - a.1) / f64::from(p.0 - a.0);
-                if slope_ap >= slope_ab {
-                    hull.pop();
-                } else {
-                    break;
-                }
-            }
-            hull.push(p);
-        }
-        for h in hull.windows(2) {
-            steps.push((r, h[0].0, h[1].0, h[1].1 - h[0].1));
-        }
-    }
+    let mut steps = hull_steps(rows);
     let per_gpu = |s: &(usize, u32, u32, f64)| s.3 / f64::from(s.2 - s.1);
     steps.sort_by(|x, y| {
         per_gpu(y)
@@ -177,6 +146,43 @@ pub(crate) fn relaxation_greedy(
     }
     let objective = (0..rows.len()).map(|r| value_at(r, level[r])).sum();
     (level, objective)
+}
+
+/// Each row's steps along the upper concave hull of its `(GPUs, value)`
+/// choices from `(0, 0)`: (row, from GPUs, to GPUs, value gained).
+fn hull_steps(rows: &[Vec<(u32, f64)>]) -> Vec<(usize, u32, u32, f64)> {
+    let mut steps: Vec<(usize, u32, u32, f64)> = Vec::new();
+    for (r, row) in rows.iter().enumerate() {
+        let mut points: Vec<(u32, f64)> = row
+            .iter()
+            .copied()
+            .filter(|&(a, v)| a > 0 && v.is_finite() && v > 0.0)
+            .collect();
+        points.sort_by(|x, y| x.0.cmp(&y.0).then(y.1.total_cmp(&x.1)));
+        points.dedup_by_key(|p| p.0);
+        let mut hull: Vec<(u32, f64)> = vec![(0, 0.0)];
+        for p in points {
+            if p.1 <= hull.last().map_or(0.0, |h| h.1) {
+                continue; // more GPUs for no more value
+            }
+            // Pop while the last point lies on or below the chord to p.
+            while hull.len() >= 2 {
+                let (b, a) = (hull[hull.len() - 1], hull[hull.len() - 2]);
+                let slope_ab = (b.1 - a.1) / f64::from(b.0 - a.0);
+                let slope_ap = (p.1 - a.1) / f64::from(p.0 - a.0);
+                if slope_ap >= slope_ab {
+                    hull.pop();
+                } else {
+                    break;
+                }
+            }
+            hull.push(p);
+        }
+        for h in hull.windows(2) {
+            steps.push((r, h[0].0, h[1].0, h[1].1 - h[0].1));
+        }
+    }
+    steps
 }
 
 /// What the fallback needs of a unit.

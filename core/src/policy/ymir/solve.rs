@@ -116,19 +116,17 @@ impl Ymir {
         parts
     }
 
-    /// Phases 3–4 over the listed units and pairs on `capacity` GPUs: GPUs
-    /// per listed unit and per listed pair (0 = none), or None when the
-    /// model is empty or the solver gave no proven solution (the caller
-    /// falls back).
-    pub(super) fn solve(
+    /// Each listed unit's and pair's choices, in that order: (GPUs, its
+    /// objective value) — the speedup over the reference time, weighted by
+    /// jobs (Eq. 7, fixed: a pair's two jobs by TranWt), plus the aging
+    /// term, under the estimate spread's pessimism (`risk_weight`).
+    fn choice_values(
         &self,
         snap: &Snapshot,
         w: &Weights,
         (units, unit_ids): (&[Unit], &[usize]),
         (pairs, pair_ids): (&[Pair], &[usize]),
-        capacity: u32,
-        time_limit_s: f64,
-    ) -> Solved {
+    ) -> Vec<Vec<(u32, f64)>> {
         let allocs = &snap.allocations;
         let share = w.share;
         let kappa = self.config.risk_weight;
@@ -191,6 +189,23 @@ impl Ymir {
                     .collect(),
             );
         }
+        rows
+    }
+
+    /// Phases 3–4 over the listed units and pairs on `capacity` GPUs: GPUs
+    /// per listed unit and per listed pair (0 = none), or None when the
+    /// model is empty or the solver gave no proven solution (the caller
+    /// falls back).
+    pub(super) fn solve(
+        &self,
+        snap: &Snapshot,
+        w: &Weights,
+        (units, unit_ids): (&[Unit], &[usize]),
+        (pairs, pair_ids): (&[Pair], &[usize]),
+        capacity: u32,
+        time_limit_s: f64,
+    ) -> Solved {
+        let rows = self.choice_values(snap, w, (units, unit_ids), (pairs, pair_ids));
         let n_vars: usize = rows.iter().map(Vec::len).sum();
         // The jobs each row's choice runs (one choice per job, Eq. 9–10).
         let members: Vec<Vec<usize>> = unit_ids

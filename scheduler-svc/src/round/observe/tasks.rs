@@ -187,50 +187,66 @@ pub(crate) async fn observe_task(
         // the joint process trains its partner on.
         let output = t.outputs.get(&id.to_string()).cloned();
         if output.is_some() || phase == pb::TaskPhase::Succeeded {
-            // A process that exits 0 without reporting its output (a plain
-            // command that does not speak the report protocol, or a trainer
-            // that broke the contract) still completes its job: exit 0 is
-            // success. Its history says the output is missing, so the empty
-            // path is not taken for a result.
-            if output.is_none() {
-                tracing::warn!(job_id = %id, node_id = %n.record.id,
-                    "job completed: its process exited 0 without reporting an output");
-                o.writes.first_notes.push((
-                    id,
-                    "no_output".into(),
-                    format!(
-                        "process {} on node {} exited 0 without a `done` report: completed with no output recorded (the trainer contract's `done` line names it)",
-                        t.task_id, n.record.id
-                    ),
-                ));
-            }
-            let output = output.unwrap_or_default();
-            tracing::info!(job_id = %id, node_id = %n.record.id, %output, "job completed");
-            // A tuned prompt goes into its model's Prompt Bank.
-            if let Some(r) = t.jobs.iter().find(|r| r.job_id == id.to_string())
-                && job.spec.kind == fmsched_core::JobKind::PromptTuning
-                && !r.prompt_features.is_empty()
-                && !output.is_empty()
-            {
-                let model = job.spec.model.clone();
-                o.bank_new.push(crate::persistence::BankPrompt {
-                    job: id,
-                    model,
-                    location: output.clone(),
-                    features: r.prompt_features.clone(),
-                });
-            }
-            o.writes.completions.push((id, output));
-            if let Some(j) = o.live.remove(&id) {
-                o.finished.insert(id, j);
-            }
-            o.completed += 1;
+            completed(o, n, t, id, output);
             continue;
         }
         if phase == pb::TaskPhase::Failed {
             failed(state, o, n, t, &members, id, now);
         }
     }
+}
+
+/// Job `id` of process `t` completed: its output (or, without one, a note
+/// that none was reported) is recorded, a tuned prompt goes into its
+/// model's Prompt Bank, and the job leaves the live set.
+fn completed(
+    o: &mut Observed,
+    n: &LiveNode,
+    t: &pb::ObservedTask,
+    id: JobId,
+    output: Option<String>,
+) {
+    let Some(job) = o.live.get(&id) else {
+        return;
+    };
+    // A process that exits 0 without reporting its output (a plain
+    // command that does not speak the report protocol, or a trainer
+    // that broke the contract) still completes its job: exit 0 is
+    // success. Its history says the output is missing, so the empty
+    // path is not taken for a result.
+    if output.is_none() {
+        tracing::warn!(job_id = %id, node_id = %n.record.id,
+            "job completed: its process exited 0 without reporting an output");
+        o.writes.first_notes.push((
+            id,
+            "no_output".into(),
+            format!(
+                "process {} on node {} exited 0 without a `done` report: completed with no output recorded (the trainer contract's `done` line names it)",
+                t.task_id, n.record.id
+            ),
+        ));
+    }
+    let output = output.unwrap_or_default();
+    tracing::info!(job_id = %id, node_id = %n.record.id, %output, "job completed");
+    // A tuned prompt goes into its model's Prompt Bank.
+    if let Some(r) = t.jobs.iter().find(|r| r.job_id == id.to_string())
+        && job.spec.kind == fmsched_core::JobKind::PromptTuning
+        && !r.prompt_features.is_empty()
+        && !output.is_empty()
+    {
+        let model = job.spec.model.clone();
+        o.bank_new.push(crate::persistence::BankPrompt {
+            job: id,
+            model,
+            location: output.clone(),
+            features: r.prompt_features.clone(),
+        });
+    }
+    o.writes.completions.push((id, output));
+    if let Some(j) = o.live.remove(&id) {
+        o.finished.insert(id, j);
+    }
+    o.completed += 1;
 }
 
 /// A job's profiling run: once it ended, its job is queued with what it
