@@ -63,6 +63,18 @@ pub struct JobQuery {
     pub limit: u32,
 }
 
+/// A `job_events` row as stored.
+#[derive(sqlx::FromRow)]
+struct EventRow {
+    seq: i64,
+    job_id: uuid::Uuid,
+    at: DateTime<Utc>,
+    kind: String,
+    from_state: Option<String>,
+    to_state: Option<String>,
+    message: String,
+}
+
 impl Persistence {
     /// Inserts a job and its `submitted` event in one statement (one round
     /// trip, one commit). With an idempotency key already used by this owner
@@ -203,7 +215,7 @@ impl Persistence {
         limit: u32,
     ) -> Result<Vec<JobEventRecord>, PersistenceError> {
         const OP: &str = "job_events";
-        let rows = sqlx::query(
+        let rows = sqlx::query_as::<_, EventRow>(
             "SELECT seq, job_id, at, kind, from_state, to_state, message FROM job_events
              WHERE job_id = $1 AND seq > $2 ORDER BY seq LIMIT $3",
         )
@@ -213,17 +225,16 @@ impl Persistence {
         .fetch_all(&self.pool)
         .await
         .map_err(db_err(OP))?;
-        rows.iter()
+        rows.into_iter()
             .map(|r| {
-                let get = |e: sqlx::Error| corrupt(OP, e.to_string());
                 Ok(JobEventRecord {
-                    seq: r.try_get("seq").map_err(get)?,
-                    job_id: JobId(r.try_get("job_id").map_err(get)?),
-                    at: r.try_get("at").map_err(get)?,
-                    kind: r.try_get("kind").map_err(get)?,
-                    from_state: opt_state(OP, r.try_get("from_state").map_err(get)?)?,
-                    to_state: opt_state(OP, r.try_get("to_state").map_err(get)?)?,
-                    message: r.try_get("message").map_err(get)?,
+                    seq: r.seq,
+                    job_id: JobId(r.job_id),
+                    at: r.at,
+                    kind: r.kind,
+                    from_state: opt_state(OP, r.from_state)?,
+                    to_state: opt_state(OP, r.to_state)?,
+                    message: r.message,
                 })
             })
             .collect()
@@ -231,14 +242,13 @@ impl Persistence {
 
     pub async fn job_counts_by_state(&self) -> Result<BTreeMap<JobState, u64>, PersistenceError> {
         const OP: &str = "job_counts_by_state";
-        let rows = sqlx::query("SELECT state, count(*) FROM jobs GROUP BY state")
-            .fetch_all(&self.pool)
-            .await
-            .map_err(db_err(OP))?;
+        let rows: Vec<(String, i64)> =
+            sqlx::query_as("SELECT state, count(*) FROM jobs GROUP BY state")
+                .fetch_all(&self.pool)
+                .await
+                .map_err(db_err(OP))?;
         let mut out = BTreeMap::new();
-        for r in rows {
-            let s: String = r.try_get(0).map_err(|e| corrupt(OP, e.to_string()))?;
-            let n: i64 = r.try_get(1).map_err(|e| corrupt(OP, e.to_string()))?;
+        for (s, n) in rows {
             out.insert(s.parse().map_err(|e: String| corrupt(OP, e))?, n as u64);
         }
         Ok(out)

@@ -5,7 +5,6 @@ use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
 use fmsched_core::{GpuUuid, NodeId, NodeState};
-use sqlx::Row;
 
 use crate::persistence::{
     ErrorClass, Fence, Persistence, PersistenceError, check_fence, classify, corrupt, db_err,
@@ -58,6 +57,31 @@ pub struct NodeRecord {
     pub registered_at: DateTime<Utc>,
     pub last_heartbeat_at: DateTime<Utc>,
     pub gpus: Vec<GpuRecord>,
+}
+
+/// A `nodes` row as stored.
+#[derive(sqlx::FromRow)]
+struct NodeRow {
+    id: String,
+    hostname: String,
+    address: String,
+    agent_version: String,
+    gpu_backend: String,
+    labels: serde_json::Value,
+    state: String,
+    registered_at: DateTime<Utc>,
+    last_heartbeat_at: DateTime<Utc>,
+}
+
+/// A `gpus` row as stored.
+#[derive(sqlx::FromRow)]
+struct GpuRow {
+    uuid: String,
+    node_id: String,
+    idx: i32,
+    model: String,
+    memory_total_bytes: i64,
+    pci_bus_id: String,
 }
 
 impl Persistence {
@@ -235,15 +259,14 @@ impl Persistence {
 
     pub async fn list_nodes(&self) -> Result<Vec<NodeRecord>, PersistenceError> {
         const OP: &str = "list_nodes";
-        let get = |e: sqlx::Error| corrupt(OP, e.to_string());
-        let nodes = sqlx::query(
+        let nodes = sqlx::query_as::<_, NodeRow>(
             "SELECT id, hostname, address, agent_version, gpu_backend, labels, state, registered_at, last_heartbeat_at
              FROM nodes ORDER BY id",
         )
         .fetch_all(&self.pool)
         .await
         .map_err(db_err(OP))?;
-        let gpus = sqlx::query(
+        let gpus = sqlx::query_as::<_, GpuRow>(
             "SELECT uuid, node_id, idx, model, memory_total_bytes, pci_bus_id FROM gpus ORDER BY node_id, idx",
         )
         .fetch_all(&self.pool)
@@ -251,33 +274,29 @@ impl Persistence {
         .map_err(db_err(OP))?;
         let mut by_node: BTreeMap<String, Vec<GpuRecord>> = BTreeMap::new();
         for g in gpus {
-            let node: String = g.try_get("node_id").map_err(get)?;
-            by_node.entry(node).or_default().push(GpuRecord {
-                uuid: GpuUuid(g.try_get("uuid").map_err(get)?),
-                index: g.try_get::<i32, _>("idx").map_err(get)? as u32,
-                model: g.try_get("model").map_err(get)?,
-                memory_total_bytes: g.try_get::<i64, _>("memory_total_bytes").map_err(get)? as u64,
-                pci_bus_id: g.try_get("pci_bus_id").map_err(get)?,
+            by_node.entry(g.node_id).or_default().push(GpuRecord {
+                uuid: GpuUuid(g.uuid),
+                index: g.idx as u32,
+                model: g.model,
+                memory_total_bytes: g.memory_total_bytes as u64,
+                pci_bus_id: g.pci_bus_id,
             });
         }
         nodes
-            .iter()
+            .into_iter()
             .map(|r| {
-                let id: String = r.try_get("id").map_err(get)?;
-                let state: String = r.try_get("state").map_err(get)?;
-                let labels: serde_json::Value = r.try_get("labels").map_err(get)?;
                 Ok(NodeRecord {
-                    gpus: by_node.remove(&id).unwrap_or_default(),
-                    id: NodeId::try_from(id).map_err(|e| corrupt(OP, e))?,
-                    hostname: r.try_get("hostname").map_err(get)?,
-                    address: r.try_get("address").map_err(get)?,
-                    agent_version: r.try_get("agent_version").map_err(get)?,
-                    gpu_backend: r.try_get("gpu_backend").map_err(get)?,
-                    labels: serde_json::from_value(labels)
+                    gpus: by_node.remove(&r.id).unwrap_or_default(),
+                    id: NodeId::try_from(r.id).map_err(|e| corrupt(OP, e))?,
+                    hostname: r.hostname,
+                    address: r.address,
+                    agent_version: r.agent_version,
+                    gpu_backend: r.gpu_backend,
+                    labels: serde_json::from_value(r.labels)
                         .map_err(|e| corrupt(OP, e.to_string()))?,
-                    state: state.parse().map_err(|e: String| corrupt(OP, e))?,
-                    registered_at: r.try_get("registered_at").map_err(get)?,
-                    last_heartbeat_at: r.try_get("last_heartbeat_at").map_err(get)?,
+                    state: r.state.parse().map_err(|e: String| corrupt(OP, e))?,
+                    registered_at: r.registered_at,
+                    last_heartbeat_at: r.last_heartbeat_at,
                 })
             })
             .collect()
@@ -289,19 +308,10 @@ impl Persistence {
         id: &NodeId,
     ) -> Result<Vec<(String, String)>, PersistenceError> {
         const OP: &str = "node_events";
-        let rows =
-            sqlx::query("SELECT kind, message FROM node_events WHERE node_id = $1 ORDER BY seq")
-                .bind(id.as_str())
-                .fetch_all(&self.pool)
-                .await
-                .map_err(db_err(OP))?;
-        rows.iter()
-            .map(|r| {
-                Ok((
-                    r.try_get(0).map_err(|e| corrupt(OP, e.to_string()))?,
-                    r.try_get(1).map_err(|e| corrupt(OP, e.to_string()))?,
-                ))
-            })
-            .collect()
+        sqlx::query_as("SELECT kind, message FROM node_events WHERE node_id = $1 ORDER BY seq")
+            .bind(id.as_str())
+            .fetch_all(&self.pool)
+            .await
+            .map_err(db_err(OP))
     }
 }

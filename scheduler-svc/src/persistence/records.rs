@@ -7,7 +7,7 @@ use chrono::{DateTime, Utc};
 use fmsched_core::policy::MergeMode;
 use fmsched_core::{GpuUuid, JobId, JobSpec, JobState, NodeId, UserName};
 use fmsched_estimator::footprint::UtilizationFit;
-use sqlx::Row;
+use sqlx::FromRow;
 
 use crate::persistence::{PersistenceError, corrupt};
 
@@ -34,21 +34,34 @@ pub(crate) const JOB_COLUMNS: &str = "id, owner, spec, idempotency_key, state, s
 /// reported as corrupt, naming the column.
 pub(crate) fn job_from_row(row: &sqlx::postgres::PgRow) -> Result<JobRecord, PersistenceError> {
     const OP: &str = "decode job";
-    let get = |e: sqlx::Error| corrupt(OP, e.to_string());
-    let spec: serde_json::Value = row.try_get("spec").map_err(get)?;
-    let state: String = row.try_get("state").map_err(get)?;
+    let r = JobRow::from_row(row).map_err(|e| corrupt(OP, e.to_string()))?;
     Ok(JobRecord {
-        id: JobId(row.try_get("id").map_err(get)?),
-        owner: UserName(row.try_get("owner").map_err(get)?),
-        spec: serde_json::from_value(spec).map_err(|e| corrupt(OP, format!("spec: {e}")))?,
-        idempotency_key: row.try_get("idempotency_key").map_err(get)?,
-        state: state.parse().map_err(|e: String| corrupt(OP, e))?,
-        state_reason: row.try_get("state_reason").map_err(get)?,
-        output_path: row.try_get("output_path").map_err(get)?,
-        created_at: row.try_get("created_at").map_err(get)?,
-        updated_at: row.try_get("updated_at").map_err(get)?,
-        last_event_seq: row.try_get("last_event_seq").map_err(get)?,
+        id: JobId(r.id),
+        owner: UserName(r.owner),
+        spec: serde_json::from_value(r.spec).map_err(|e| corrupt(OP, format!("spec: {e}")))?,
+        idempotency_key: r.idempotency_key,
+        state: r.state.parse().map_err(|e: String| corrupt(OP, e))?,
+        state_reason: r.state_reason,
+        output_path: r.output_path,
+        created_at: r.created_at,
+        updated_at: r.updated_at,
+        last_event_seq: r.last_event_seq,
     })
+}
+
+/// The [`JOB_COLUMNS`] of a `jobs` row as stored.
+#[derive(sqlx::FromRow)]
+struct JobRow {
+    id: uuid::Uuid,
+    owner: String,
+    spec: serde_json::Value,
+    idempotency_key: Option<String>,
+    state: String,
+    state_reason: String,
+    output_path: Option<String>,
+    created_at: DateTime<Utc>,
+    updated_at: DateTime<Utc>,
+    last_event_seq: i64,
 }
 
 pub(crate) fn opt_state(
