@@ -29,9 +29,8 @@ impl DeadlineWaits {
     /// Keeps a job's need and deadline, dropping those that can no longer
     /// be met (on a standby replica nothing else drops them).
     pub fn add(&self, job: &JobId, need_s: f64, by: tokio::time::Instant) {
-        let now = tokio::time::Instant::now();
         let mut waits = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        waits.retain(|w| now + std::time::Duration::from_secs_f64(w.need_s.max(0.0)) <= w.by);
+        drop_unreachable(&mut waits, tokio::time::Instant::now());
         waits.push(DeadlineWait {
             job: job.to_string(),
             need_s,
@@ -91,9 +90,14 @@ impl DeadlineWaits {
     /// an instant into the clock's seconds), for [`round::RoundClock::on_event`];
     /// jobs whose deadline can no longer be met are dropped.
     pub(crate) fn needs_by(&self, secs: impl Fn(tokio::time::Instant) -> f64) -> Vec<(f64, f64)> {
-        let now = secs(tokio::time::Instant::now());
         let mut waits = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        waits.retain(|w| now + w.need_s <= secs(w.by));
+        drop_unreachable(&mut waits, tokio::time::Instant::now());
         waits.iter().map(|w| (w.need_s, secs(w.by))).collect()
     }
+}
+
+/// Drops the waits whose deadline can no longer be met: started `now`,
+/// the job would need past it.
+fn drop_unreachable(waits: &mut Vec<DeadlineWait>, now: tokio::time::Instant) {
+    waits.retain(|w| now + std::time::Duration::from_secs_f64(w.need_s.max(0.0)) <= w.by);
 }

@@ -8,7 +8,7 @@
 //! ended), never its fields.
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 
 use fmsched_core::JobId;
 
@@ -23,21 +23,21 @@ pub use deadline_waits::DeadlineWaits;
 pub struct LeaderMemory {
     /// Shared GPUs (by UUID) and the rounds in a row each reported
     /// saturated (the leader's own count; a new leader counts afresh).
-    pub(crate) saturated_gpus: Arc<Mutex<BTreeMap<String, u32>>>,
+    pub(crate) saturated_gpus: Mutex<BTreeMap<String, u32>>,
     /// Layer-elastic jobs' last reported per-layer gradient variance (the
     /// leader's memory, so a suspended job is still tuned per allocation).
-    pub(crate) layer_variance: Arc<Mutex<BTreeMap<JobId, Vec<f64>>>>,
+    pub(crate) layer_variance: Mutex<BTreeMap<JobId, Vec<f64>>>,
     /// The Prompt Bank's index per model (checked against Postgres before
     /// each use).
-    pub(crate) prompt_banks: Arc<BankIndexes>,
+    pub(crate) prompt_banks: BankIndexes,
     /// PromptTuner's lane: its wake-up, the lock it shares with rounds.
-    pub(crate) prompt_lane: Arc<PromptLane>,
+    pub(crate) prompt_lane: PromptLane,
     /// Wakes the round loop for a round on an event (a submission, a task
     /// that ended) when `scheduling.event_round_gap` is set.
-    pub(crate) round_wake: Arc<tokio::sync::Notify>,
+    pub(crate) round_wake: tokio::sync::Notify,
     /// Jobs with a deadline submitted here, for rounds for deadlines
     /// (`scheduling.deadline_round_gap`).
-    pub(crate) deadline_waits: Arc<DeadlineWaits>,
+    pub(crate) deadline_waits: DeadlineWaits,
 }
 
 impl LeaderMemory {

@@ -73,7 +73,7 @@ impl LoopClock {
 /// [`POLICY_POLL`] for a policy set live (an operator, AutoSched) whose
 /// shorter interval brings that round forward, so a change out of a long
 /// interval does not wait it out. With `scheduling.event_round_gap`, an
-/// event ([`crate::service::Service::round_wake`]) brings it forward too.
+/// event ([`crate::leader::LeaderMemory::wake_round`]) brings it forward too.
 async fn sleep_towards(state: &Service, clock: &mut LoopClock, lead: std::time::Duration) {
     loop {
         let now = tokio::time::Instant::now();
