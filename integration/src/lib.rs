@@ -2,6 +2,10 @@
 //! binaries, running them as child processes that are killed on drop, and a
 //! throw-away Postgres database per test.
 
+pub mod cluster;
+
+pub use cluster::Cluster;
+
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};

@@ -7,8 +7,8 @@ use serde_json::Value;
 use sqlx::Connection;
 
 use crate::{
-    agent, all_completed, fmctl, futures_block, job_yaml, jobs, metric_value, node_view,
-    running_job, scheduler, scheduler_env, scrape, submit, wait_up, walk,
+    all_completed, fmctl, futures_block, job_yaml, jobs, metric_value, node_view, running_job,
+    scrape, submit, walk,
 };
 
 /// UniSched live: two best-effort jobs fill the node; a strict SLO job
@@ -18,24 +18,20 @@ use crate::{
 /// which never preempt, it waits for them: this test fails.)
 #[tokio::test]
 async fn e2e_deadline_a_tight_slo_job_submitted_last_preempts_best_effort_work() {
-    let db = TestDb::create("fmsched_unisched").await;
-    let dir = tempfile::tempdir().unwrap();
-    let (port, mport) = (free_port(), free_port());
-    let _sched = scheduler_env(
-        &db,
-        port,
-        dir.path(),
-        Some(mport),
-        &[
+    let c = Cluster::builder("fmsched_unisched")
+        .scheduler_env(&[
             ("FMSCHED_SCHEDULING__POLICY", "unisched"),
             ("FMSCHED_SCHEDULING__KNOBS__BE_LEASE_S", "3"),
             ("FMSCHED_SCHEDULING__KNOBS__SLO_LEASE_S", "6"),
             // A profiling run would itself take a GPU from a running job.
             ("FMSCHED_SCHEDULING__PROFILING", "false"),
-        ],
-    );
-    wait_up("scheduler up", port);
-    let _a = agent("node-a", port, dir.path());
+        ])
+        .metrics()
+        .agent("node-a")
+        .start()
+        .await;
+    let (db, dir, port) = (&c.db, &c.dir, c.port);
+    let mport = c.metrics_port.expect("metrics asked for");
     let rigid = |name: &str, task: &str, iterations: u64, extra: &str| {
         format!(
             "{}{extra}",
@@ -50,7 +46,7 @@ async fn e2e_deadline_a_tight_slo_job_submitted_last_preempts_best_effort_work()
             .map(|t| (format!("be-{t}"), rigid(&format!("be-{t}"), t, 40_000, ""))),
     )
     .expect("submit best-effort");
-    let mut c = sqlx::PgConnection::connect(&db_url(&db)).await.unwrap();
+    let mut c = sqlx::PgConnection::connect(&db_url(db)).await.unwrap();
     let until = Instant::now() + Duration::from_secs(60);
     loop {
         let running: i64 = sqlx::query_scalar(
@@ -208,12 +204,11 @@ async fn wait_for_slo_job<T>(
 /// is kept with a note that it could not be checked.
 #[tokio::test]
 async fn e2e_deadline_an_infeasible_strict_deadline_is_refused_at_submit() {
-    let db = TestDb::create("fmsched_admission").await;
-    let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let _sched = scheduler(&db, port, dir.path());
-    wait_up("scheduler up", port);
-    let _a = agent("node-a", port, dir.path());
+    let c = Cluster::builder("fmsched_admission")
+        .agent("node-a")
+        .start()
+        .await;
+    let (dir, port) = (&c.dir, c.port);
     wait_for("node-a registered", Duration::from_secs(10), || {
         let out = fmctl(port, &["nodes"])?;
         if out.contains("node-a") {
@@ -283,21 +278,17 @@ async fn e2e_deadline_an_infeasible_strict_deadline_is_refused_at_submit() {
 /// deadline is out of reach).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn e2e_deadline_a_job_predicted_to_miss_its_deadline_says_so_once() {
-    let db = TestDb::create("fmsched_atrisk").await;
-    let dir = tempfile::tempdir().unwrap();
-    let (port, mport) = (free_port(), free_port());
-    let _sched = scheduler_env(
-        &db,
-        port,
-        dir.path(),
-        Some(mport),
-        &[
+    let c = Cluster::builder("fmsched_atrisk")
+        .scheduler_env(&[
             ("FMSCHED_SCHEDULING__PROFILING", "false"),
             ("FMSCHED_SCHEDULING__MERGING", "false"),
-        ],
-    );
-    wait_up("scheduler up", port);
-    let _a = agent("node-a", port, dir.path());
+        ])
+        .metrics()
+        .agent("node-a")
+        .start()
+        .await;
+    let (db, dir, port) = (&c.db, &c.dir, c.port);
+    let mport = c.metrics_port.expect("metrics asked for");
     let deadline = chrono::Utc::now() + chrono::Duration::seconds(30);
     let spec = format!(
         "{}deadline: \"{}\"\nslo_class: soft_slo\nreward_steps: [{{ at: 1.0, reward: 100 }}, {{ at: 3.0, reward: 10 }}]\n",
@@ -306,7 +297,7 @@ async fn e2e_deadline_a_job_predicted_to_miss_its_deadline_says_so_once() {
     );
     submit(port, dir.path(), [("late".to_string(), spec)]).unwrap();
     let id = running_job(port);
-    let mut c = sqlx::PgConnection::connect(&db_url(&db)).await.unwrap();
+    let mut c = sqlx::PgConnection::connect(&db_url(db)).await.unwrap();
     let said = wait_for("an at-risk event", Duration::from_secs(20), || {
         let rows: Vec<String> = futures_block(
             sqlx::query_scalar("SELECT message FROM job_events WHERE kind = 'at_risk'")
@@ -355,21 +346,17 @@ fn earliest_deadline(err: &str) -> chrono::DateTime<chrono::FixedOffset> {
 /// it forward, and both start within seconds.
 #[tokio::test]
 async fn e2e_deadline_a_job_that_would_miss_waiting_brings_the_round_forward() {
-    let db = TestDb::create("fmsched_deadline_rounds").await;
-    let dir = tempfile::tempdir().unwrap();
-    let (port, mport) = (free_port(), free_port());
-    let _sched = scheduler_env(
-        &db,
-        port,
-        dir.path(),
-        Some(mport),
-        &[
+    let c = Cluster::builder("fmsched_deadline_rounds")
+        .scheduler_env(&[
             ("FMSCHED_SCHEDULING__INTERVAL", "60s"),
             ("FMSCHED_SCHEDULING__DEADLINE_ROUND_GAP", "300ms"),
-        ],
-    );
-    wait_up("scheduler up", port);
-    let _a = agent("node-a", port, dir.path());
+        ])
+        .metrics()
+        .agent("node-a")
+        .start()
+        .await;
+    let (dir, port) = (&c.dir, c.port);
+    let mport = c.metrics_port.expect("metrics asked for");
     wait_for("node-a registered", Duration::from_secs(10), || {
         node_view(port, "node-a").map(|_| ())
     });
@@ -445,21 +432,15 @@ async fn e2e_deadline_a_job_that_would_miss_waiting_brings_the_round_forward() {
 /// one to start it after.
 #[tokio::test]
 async fn e2e_deadline_rounds_on_events_run_a_job_within_one_interval() {
-    let db = TestDb::create("fmsched_event_rounds").await;
-    let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let _sched = scheduler_env(
-        &db,
-        port,
-        dir.path(),
-        None,
-        &[
+    let c = Cluster::builder("fmsched_event_rounds")
+        .scheduler_env(&[
             ("FMSCHED_SCHEDULING__INTERVAL", "60s"),
             ("FMSCHED_SCHEDULING__EVENT_ROUND_GAP", "300ms"),
-        ],
-    );
-    wait_up("scheduler up", port);
-    let _a = agent("node-a", port, dir.path());
+        ])
+        .agent("node-a")
+        .start()
+        .await;
+    let (db, dir, port) = (&c.db, &c.dir, c.port);
     wait_for("node-a registered", Duration::from_secs(10), || {
         node_view(port, "node-a").map(|_| ())
     });
@@ -473,7 +454,7 @@ async fn e2e_deadline_rounds_on_events_run_a_job_within_one_interval() {
     let done = all_completed(port, 1, Duration::from_secs(59));
     let took = submitted.elapsed();
     let id = done.keys().next().unwrap().clone();
-    let mut c = sqlx::PgConnection::connect(&db_url(&db)).await.unwrap();
+    let mut c = sqlx::PgConnection::connect(&db_url(db)).await.unwrap();
     let states: Vec<(String,)> = sqlx::query_as(
         "SELECT to_state FROM job_events WHERE job_id = $1::uuid AND kind = 'state_changed' ORDER BY seq",
     )

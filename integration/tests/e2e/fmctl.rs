@@ -7,18 +7,16 @@ use std::time::{Duration, Instant};
 use fmsched_integration::*;
 
 use crate::{
-    ROOT, agent, fmctl, job_yaml, job_yaml_env, jobs, kill_processes_with_env, running_job,
-    scheduler, scheduler_env, submit, wait_up,
+    ROOT, agent, fmctl, job_yaml, job_yaml_env, jobs, kill_processes_with_env, running_job, submit,
 };
 
 #[tokio::test]
 async fn e2e_fmctl_logs_prints_and_follows_a_jobs_output() {
-    let db = TestDb::create("fmsched_logs").await;
-    let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let _sched = scheduler(&db, port, dir.path());
-    wait_up("scheduler up", port);
-    let _a = agent("node-a", port, dir.path());
+    let c = Cluster::builder("fmsched_logs")
+        .agent("node-a")
+        .start()
+        .await;
+    let (dir, port) = (&c.dir, c.port);
     submit(
         port,
         dir.path(),
@@ -75,11 +73,8 @@ async fn e2e_fmctl_logs_prints_and_follows_a_jobs_output() {
 /// node is lost, says so on stderr, and ends when the job completes.
 #[tokio::test]
 async fn e2e_fmctl_logs_follow_a_job_to_its_new_node() {
-    let db = TestDb::create("fmsched_logmove").await;
-    let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let _sched = scheduler(&db, port, dir.path());
-    wait_up("scheduler up", port);
+    let c = Cluster::builder("fmsched_logmove").start().await;
+    let (dir, port) = (&c.dir, c.port);
     let mut agents: BTreeMap<&str, Proc> = ["node-a", "node-b"]
         .into_iter()
         .map(|n| (n, agent(n, port, dir.path())))
@@ -167,21 +162,15 @@ fn fmctl_status(port: u16, args: &[&str]) -> (Option<i32>, String, String) {
 /// completions` prints a shell script without a scheduler or a token.
 #[tokio::test]
 async fn e2e_fmctl_submit_wait_exits_with_the_outcome_and_jobs_watch_follows() {
-    let db = TestDb::create("fmsched_fmctl").await;
-    let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let _sched = scheduler_env(
-        &db,
-        port,
-        dir.path(),
-        None,
-        &[
+    let c = Cluster::builder("fmsched_fmctl")
+        .scheduler_env(&[
             ("FMSCHED_SCHEDULING__MAX_RETRIES", "0"),
             ("FMSCHED_SCHEDULING__MERGING", "false"),
-        ],
-    );
-    wait_up("scheduler up", port);
-    let _agent = agent("node-a", port, dir.path());
+        ])
+        .agent("node-a")
+        .start()
+        .await;
+    let (dir, port) = (&c.dir, c.port);
     let file = |name: &str, yaml: String| {
         let p = dir.path().join(format!("{name}.yaml"));
         std::fs::write(&p, yaml).unwrap();

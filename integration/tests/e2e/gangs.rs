@@ -9,8 +9,8 @@ use sqlx::Connection;
 
 use crate::{
     NO_MERGING, TrainersOf, agent_env, all_completed, checkpoint_iteration, events_saying, fmctl,
-    futures_block, job_named, job_yaml, jobs, kill_processes_with_env, node_hold, scheduler,
-    scheduler_env, strip_ansi, submit, wait_two_nodes, wait_up,
+    futures_block, job_named, job_yaml, jobs, kill_processes_with_env, node_hold, scheduler_env,
+    strip_ansi, submit, wait_two_nodes, wait_up,
 };
 
 /// A job of `gpus` GPUs (exactly) training `iterations` at time
@@ -131,11 +131,8 @@ async fn e2e_gang_a_retried_gang_never_joins_its_last_run() {
 /// there, and no placement or profiling event names the V100 node.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn e2e_gang_heterogeneous_a_job_never_runs_on_gpus_its_model_does_not_fit() {
-    let db = TestDb::create("fmsched_unfit").await;
-    let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let _sched = scheduler(&db, port, dir.path());
-    wait_up("scheduler up", port);
+    let c = Cluster::builder("fmsched_unfit").start().await;
+    let (db, dir, port) = (&c.db, &c.dir, c.port);
     let ep = format!("http://127.0.0.1:{port}");
     let _v = agent_env(
         "node-v",
@@ -159,14 +156,14 @@ async fn e2e_gang_heterogeneous_a_job_never_runs_on_gpus_its_model_does_not_fit(
     );
     submit(port, dir.path(), [("big".to_string(), yaml)]).expect("submit");
     let why = wait_for("the waiting event", Duration::from_secs(30), || {
-        let said = futures_block(events_saying(&db, "does not fit the GPU memory of V100"));
+        let said = futures_block(events_saying(db, "does not fit the GPU memory of V100"));
         said.into_iter().next().ok_or_else(|| "not yet".to_string())
     });
     assert!(why.1.contains("llama-2-7b"), "{why:?}");
     let _a = agent_env("node-a", &ep, dir.path(), None, &[]);
     let done = all_completed(port, 1, Duration::from_secs(120));
     let id = done.keys().next().unwrap().clone();
-    let placed: Vec<String> = events_saying(&db, " on ")
+    let placed: Vec<String> = events_saying(db, " on ")
         .await
         .into_iter()
         .filter(|(j, m)| *j == id && (m.starts_with("placed on") || m.starts_with("profiling on")))
@@ -713,11 +710,8 @@ async fn e2e_gang_a_lost_node_stops_the_gang_and_the_job_resumes_from_its_checkp
 /// from its checkpoint and completes.
 #[tokio::test]
 async fn e2e_gang_heterogeneous_a_job_moves_to_faster_gpus_that_free_up() {
-    let db = TestDb::create("fmsched_move").await;
-    let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let _sched = scheduler(&db, port, dir.path());
-    wait_up("scheduler up", port);
+    let c = Cluster::builder("fmsched_move").start().await;
+    let (db, dir, port) = (&c.db, &c.dir, c.port);
     let ep = format!("http://127.0.0.1:{port}");
     let _v = agent_env("node-a", &ep, dir.path(), None, &[]);
     submit(
@@ -726,7 +720,7 @@ async fn e2e_gang_heterogeneous_a_job_moves_to_faster_gpus_that_free_up() {
         vec![("long".to_string(), job_yaml("long", "qnli", 20_000, 2))],
     )
     .expect("submit");
-    let mut c = sqlx::PgConnection::connect(&db_url(&db)).await.unwrap();
+    let mut c = sqlx::PgConnection::connect(&db_url(db)).await.unwrap();
     let placed = async |c: &mut sqlx::PgConnection| -> Vec<String> {
         sqlx::query_scalar(
             "SELECT message FROM job_events WHERE message LIKE 'placed on %' ORDER BY seq",
@@ -806,11 +800,8 @@ async fn e2e_gang_heterogeneous_a_job_moves_to_faster_gpus_that_free_up() {
 /// (iteration 0)").
 #[tokio::test]
 async fn e2e_gang_heterogeneous_a_new_job_starts_on_the_faster_family() {
-    let db = TestDb::create("fmsched_fastest").await;
-    let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let _sched = scheduler(&db, port, dir.path());
-    wait_up("scheduler up", port);
+    let c = Cluster::builder("fmsched_fastest").start().await;
+    let (db, dir, port) = (&c.db, &c.dir, c.port);
     let ep = format!("http://127.0.0.1:{port}");
     let _a = agent_env("node-a", &ep, dir.path(), None, &[]);
     let _h = agent_env(
@@ -820,7 +811,7 @@ async fn e2e_gang_heterogeneous_a_new_job_starts_on_the_faster_family() {
         None,
         &[("FMSCHED_AGENT_GPU__FAKE_MODEL", "H100-80GB")],
     );
-    let mut c = sqlx::PgConnection::connect(&db_url(&db)).await.unwrap();
+    let mut c = sqlx::PgConnection::connect(&db_url(db)).await.unwrap();
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     loop {
         let families: i64 = sqlx::query_scalar("SELECT count(DISTINCT model) FROM gpus")
@@ -884,20 +875,14 @@ async fn e2e_gang_heterogeneous_a_new_job_starts_on_the_faster_family() {
 /// short one first.
 #[tokio::test]
 async fn e2e_tail_a_job_bound_to_a_full_family_takes_the_gpus_of_a_longer_one() {
-    let db = TestDb::create("fmsched_displace").await;
-    let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let _sched = scheduler_env(
-        &db,
-        port,
-        dir.path(),
-        None,
-        &[
+    let c = Cluster::builder("fmsched_displace")
+        .scheduler_env(&[
             ("FMSCHED_SCHEDULING__PROFILING", "false"),
             ("FMSCHED_SCHEDULING__CHECKPOINT_COST", "2s"),
-        ],
-    );
-    wait_up("scheduler up", port);
+        ])
+        .start()
+        .await;
+    let (db, dir, port) = (&c.db, &c.dir, c.port);
     let ep = format!("http://127.0.0.1:{port}");
     let _a = agent_env("node-a", &ep, dir.path(), None, &[]);
     let _h = agent_env(
@@ -915,7 +900,7 @@ async fn e2e_tail_a_job_bound_to_a_full_family_takes_the_gpus_of_a_longer_one() 
     };
     let long = bound("long", "qnli", 100_000);
     assert!(long.contains("min_gpus: 4"), "{long}");
-    let mut c = sqlx::PgConnection::connect(&db_url(&db)).await.unwrap();
+    let mut c = sqlx::PgConnection::connect(&db_url(db)).await.unwrap();
     // (job name, the state it entered or "", message), in order.
     let events = async |c: &mut sqlx::PgConnection| -> Vec<(String, String, String)> {
         sqlx::query_as(
@@ -1002,11 +987,8 @@ async fn e2e_tail_a_job_bound_to_a_full_family_takes_the_gpus_of_a_longer_one() 
 /// at submit.
 #[tokio::test]
 async fn e2e_gang_heterogeneous_a_gpu_model_job_runs_only_on_its_model() {
-    let db = TestDb::create("fmsched_hetero").await;
-    let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let _sched = scheduler(&db, port, dir.path());
-    wait_up("scheduler up", port);
+    let c = Cluster::builder("fmsched_hetero").start().await;
+    let (db, dir, port) = (&c.db, &c.dir, c.port);
     let ep = format!("http://127.0.0.1:{port}");
     let _a = agent_env("node-a", &ep, dir.path(), None, &[]);
     let _h = agent_env(
@@ -1051,7 +1033,7 @@ async fn e2e_gang_heterogeneous_a_gpu_model_job_runs_only_on_its_model() {
             Err(format!("{} of 5 completed", done.len()))
         }
     });
-    let mut c = sqlx::PgConnection::connect(&db_url(&db)).await.unwrap();
+    let mut c = sqlx::PgConnection::connect(&db_url(db)).await.unwrap();
     for (name, id) in ids.iter().filter(|(n, _)| n.starts_with('h')) {
         let placed: Vec<(String,)> = sqlx::query_as(
             "SELECT message FROM job_events WHERE job_id = $1::uuid

@@ -76,17 +76,13 @@ async fn raw_session(
 /// first has gone. Counted in a metric and written as a node event.
 #[tokio::test]
 async fn e2e_hardening_a_duplicate_node_id_is_refused_while_the_first_session_lives() {
-    let db = TestDb::create("fmsched_dup").await;
-    let dir = tempfile::tempdir().unwrap();
-    let (port, mport) = (free_port(), free_port());
-    let _sched = scheduler_env(
-        &db,
-        port,
-        dir.path(),
-        Some(mport),
-        &[("FMSCHED_SCHEDULING__ENABLED", "false")],
-    );
-    wait_up("scheduler up", port);
+    let c = Cluster::builder("fmsched_dup")
+        .scheduler_env(&[("FMSCHED_SCHEDULING__ENABLED", "false")])
+        .metrics()
+        .start()
+        .await;
+    let (db, dir, port) = (&c.db, &c.dir, c.port);
+    let mport = c.metrics_port.expect("metrics asked for");
     let ep = format!("http://127.0.0.1:{port}");
     let a100 = vec!["A100-80GB".to_string(); 4];
     let h100 = vec!["H100-80GB".to_string(); 4];
@@ -126,7 +122,7 @@ async fn e2e_hardening_a_duplicate_node_id_is_refused_while_the_first_session_li
     let m = scrape(mport).await;
     let refused = metric_value(&m, "fmsched_agent_duplicate_registrations_total");
     assert!(refused >= 2.0, "the clone's retries are counted: {refused}");
-    let mut c = sqlx::PgConnection::connect(&db_url(&db)).await.unwrap();
+    let mut c = sqlx::PgConnection::connect(&db_url(db)).await.unwrap();
     let (events, registrations): (i64, i64) = sqlx::query_as(
         "SELECT count(*) FILTER (WHERE kind = 'duplicate_refused'),
                 count(*) FILTER (WHERE kind = 'registered')
@@ -157,17 +153,13 @@ async fn e2e_hardening_a_duplicate_node_id_is_refused_while_the_first_session_li
 #[tokio::test]
 async fn e2e_hardening_a_node_token_works_only_for_its_own_node() {
     use std::os::unix::fs::PermissionsExt;
-    let db = TestDb::create("fmsched_ntok").await;
-    let dir = tempfile::tempdir().unwrap();
-    let (port, mport) = (free_port(), free_port());
-    let _sched = scheduler_env(
-        &db,
-        port,
-        dir.path(),
-        Some(mport),
-        &[("FMSCHED_SCHEDULING__ENABLED", "false")],
-    );
-    wait_up("scheduler up", port);
+    let c = Cluster::builder("fmsched_ntok")
+        .scheduler_env(&[("FMSCHED_SCHEDULING__ENABLED", "false")])
+        .metrics()
+        .start()
+        .await;
+    let (db, dir, port) = (&c.db, &c.dir, c.port);
+    let mport = c.metrics_port.expect("metrics asked for");
     let ep = format!("http://127.0.0.1:{port}");
     let mut n1 = agent("n1", port, dir.path());
     let file = dir.path().join("n1").join("node-n1.token");
@@ -177,7 +169,7 @@ async fn e2e_hardening_a_node_token_works_only_for_its_own_node() {
     assert!(token.starts_with("fmn_"), "{token}");
     let mode = std::fs::metadata(&file).unwrap().permissions().mode();
     assert_eq!(mode & 0o777, 0o600);
-    let mut c = sqlx::PgConnection::connect(&db_url(&db)).await.unwrap();
+    let mut c = sqlx::PgConnection::connect(&db_url(db)).await.unwrap();
     let stored: String = sqlx::query_scalar("SELECT token_sha256 FROM nodes WHERE id = 'n1'")
         .fetch_one(&mut c)
         .await

@@ -7,8 +7,7 @@ use serde_json::Value;
 use sqlx::Connection;
 
 use crate::{
-    agent, agent_gpus, all_completed, fmctl, job_yaml, job_yaml_env, jobs, scheduler,
-    scheduler_env, submit, wait_up,
+    agent_gpus, all_completed, fmctl, job_yaml, job_yaml_env, jobs, scheduler_env, submit, wait_up,
 };
 
 /// ICEFROG layer elasticity live: a job that opts in reports its
@@ -19,12 +18,11 @@ use crate::{
 /// without a restart.
 #[tokio::test]
 async fn e2e_icefrog_a_layer_elastic_job_gets_a_new_l_without_a_restart() {
-    let db = TestDb::create("fmsched_elastic").await;
-    let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let _sched = scheduler(&db, port, dir.path());
-    wait_up("scheduler up", port);
-    let _a = agent("node-a", port, dir.path());
+    let c = Cluster::builder("fmsched_elastic")
+        .agent("node-a")
+        .start()
+        .await;
+    let (db, dir, port) = (&c.db, &c.dir, c.port);
     let yaml = format!(
         "{}layer_elasticity: {{ max_frozen_layers: 10 }}\n",
         job_yaml_env("elastic", "rte", 2000, 1, "")
@@ -45,7 +43,7 @@ async fn e2e_icefrog_a_layer_elastic_job_gets_a_new_l_without_a_restart() {
     );
     // It ran alone on its GPU: ICEFROG's utilisation regression took the
     // agent's measurements of it, fenced with the rounds.
-    let mut c = sqlx::PgConnection::connect(&db_url(&db)).await.unwrap();
+    let mut c = sqlx::PgConnection::connect(&db_url(db)).await.unwrap();
     let samples: i64 = sqlx::query_scalar(
         "SELECT samples FROM utilization_fits WHERE model = 'roberta-base' AND gpu_family = 'A100'",
     )
@@ -245,12 +243,11 @@ async fn e2e_icefrog_a_saturated_shared_gpu_is_split_and_the_later_job_evicted()
 /// without the frozen penalty, 1 if the target were read upwards.
 #[tokio::test]
 async fn e2e_icefrog_training_settings_act_and_a_field_nothing_acts_on_is_refused() {
-    let db = TestDb::create("fmsched_settings").await;
-    let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let _sched = scheduler(&db, port, dir.path());
-    wait_up("scheduler up", port);
-    let _a = agent("node-a", port, dir.path());
+    let c = Cluster::builder("fmsched_settings")
+        .agent("node-a")
+        .start()
+        .await;
+    let (dir, port) = (&c.dir, c.port);
     let manifest = |name: &str, frozen: &str| {
         format!(
             "name: {name}\nmodel: roberta-base\n\

@@ -27,18 +27,11 @@ use sqlx::Connection;
 
 use crate::crash_and_failover::{fail_over, led_epoch, plan_epoch, processes_per_job};
 
-pub(crate) const ROOT: &str = "root-token-0123456789ab";
-
-pub(crate) const JOIN: &str = "join-token-0123456789abc";
+pub(crate) use fmsched_integration::cluster::{
+    JOIN, ROOT, TrainersOf, agent_command, kill_processes_with_env, wait_up,
+};
 
 pub(crate) const NO_MERGING: &[(&str, &str)] = &[("FMSCHED_SCHEDULING__MERGING", "false")];
-
-/// Waits until a scheduler answers on `port`.
-pub(crate) fn wait_up(what: &str, port: u16) {
-    wait_for(what, Duration::from_secs(30), || {
-        fmctl(port, &["summary"]).map(|_| ())
-    });
-}
 
 pub(crate) fn scheduler(db: &str, port: u16, dir: &std::path::Path) -> Proc {
     scheduler_with(db, port, dir, None)
@@ -79,26 +72,11 @@ pub(crate) fn scheduler_at(
     metrics: Option<u16>,
     env: &[(&str, &str)],
 ) -> Proc {
-    let mut c = Command::new(bin("scheduler-svc"));
-    if let Some(m) = metrics {
-        c.env("FMSCHED_METRICS_ADDR", format!("127.0.0.1:{m}"));
-    }
-    c.env("FMSCHED_SCHEDULING__RETRY_BACKOFF", "300ms");
-    c.env("FMSCHED_DATABASE_URL", url)
-        .env("FMSCHED_LISTEN_ADDR", format!("127.0.0.1:{port}"))
-        .env("FMSCHED_API_TOKENS", format!("root={ROOT}"))
-        .env("FMSCHED_JOIN_TOKEN", JOIN)
-        .env("FMSCHED_AUTH__ADMINS", "root")
-        .env("FMSCHED_LIVENESS__HEARTBEAT_INTERVAL", "200ms")
-        .env("FMSCHED_LIVENESS__SUSPECT_AFTER", "3s")
-        .env("FMSCHED_LIVENESS__OFFLINE_AFTER", "6s")
-        .env("FMSCHED_LIVENESS__CHECK_INTERVAL", "100ms")
-        .env("FMSCHED_SCHEDULING__INTERVAL", "1s")
-        .env("FMSCHED_LEADER_REFRESH", "500ms")
-        .env("FMSCHED_LEADER_LEASE", "4s")
-        .env("RUST_LOG", "info");
-    c.envs(env.iter().copied());
-    Proc::spawn("scheduler", c, dir)
+    Proc::spawn(
+        "scheduler",
+        fmsched_integration::cluster::scheduler_command(url, port, metrics, env),
+        dir,
+    )
 }
 
 pub(crate) fn agent(node: &str, port: u16, dir: &std::path::Path) -> Proc {
@@ -147,48 +125,6 @@ pub(crate) fn agent_gpus(
         agent_command(node, endpoints, dir, metrics, gpus, env),
         dir,
     )
-}
-
-/// The command [`agent_gpus`] runs.
-pub(crate) fn agent_command(
-    node: &str,
-    endpoints: &str,
-    dir: &std::path::Path,
-    metrics: Option<u16>,
-    gpus: u32,
-    env: &[(&str, &str)],
-) -> Command {
-    let mut c = Command::new(bin("node-agent"));
-    // Fake GPUs are A100s unless the environment names another model.
-    let model = env
-        .iter()
-        .find(|e| e.0 == "FMSCHED_AGENT_GPU__FAKE_MODEL")
-        .map_or("A100-80GB", |e| e.1);
-    if let Some(m) = metrics {
-        c.env("FMSCHED_AGENT_METRICS_ADDR", format!("127.0.0.1:{m}"));
-    }
-    // Every test node runs on this host: peers reach it at 127.0.0.1 (the
-    // MASTER_ADDR of a gang whose rank 0 runs there); `env` may say
-    // otherwise, and overrides every default below (an empty value unsets).
-    c.env("FMSCHED_AGENT_ADDRESS", "127.0.0.1");
-    c.args(["--scheduler", endpoints, "--node-id", node])
-        .args(["--fake-gpus", &gpus.to_string(), "--fake-gpu-model", model])
-        .env("FMSCHED_JOIN_TOKEN", JOIN)
-        .env("FMSCHED_AGENT_PROCESSES__WORK_DIR", dir.join(node))
-        .env("FMSCHED_AGENT_PROCESSES__GRACE", "3s")
-        .env("FMSCHED_AGENT_PROCESSES__CHECKPOINT_TIMEOUT", "3s")
-        .env("FMSCHED_AGENT_PROCESSES__CHECKPOINT_INTERVAL", "1s")
-        .env("FMSCHED_AGENT_RECONNECT__INITIAL_DELAY", "100ms")
-        .env("FMSCHED_AGENT_RECONNECT__MAX_DELAY", "1s")
-        .env("RUST_LOG", "info");
-    for (k, v) in env {
-        if v.is_empty() {
-            c.env_remove(k);
-        } else {
-            c.env(k, v);
-        }
-    }
-    c
 }
 
 /// Waits until all `n` jobs are completed (failing at once if one fails);
@@ -249,43 +185,6 @@ pub(crate) fn job_yaml_env(
          launch:\n  command: [\"{}\"]\n  env: {{ FMSCHED_FAKE_TIME_COMPRESSION: \"40\"{extra_env} }}\n",
         bin("fake-trainer").display()
     )
-}
-
-/// Kills, when dropped (also when the test fails), every process whose
-/// environment names its folder: the trainers the test's agents started
-/// run in process groups of their own, and a warm process waits for its
-/// next task after its agent was killed.
-pub(crate) struct TrainersOf(String);
-
-impl TrainersOf {
-    fn new(dir: &std::path::Path) -> Self {
-        Self(dir.display().to_string())
-    }
-}
-
-impl Drop for TrainersOf {
-    fn drop(&mut self) {
-        kill_processes_with_env(&self.0);
-    }
-}
-
-/// Kills every process whose environment names `needle` (the trainers a
-/// lost node was running: they are in process groups of their own).
-pub(crate) fn kill_processes_with_env(needle: &str) -> usize {
-    let mut killed = 0;
-    for e in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
-            continue;
-        };
-        let Ok(env) = std::fs::read(e.path().join("environ")) else {
-            continue;
-        };
-        if String::from_utf8_lossy(&env).contains(needle) {
-            let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
-            killed += 1;
-        }
-    }
-    killed
 }
 
 /// Trainer processes under `node_dir` that resumed from a checkpoint under

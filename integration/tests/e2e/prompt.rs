@@ -8,7 +8,7 @@ use sqlx::Connection;
 
 use crate::{
     TrainersOf, agent, agent_with, all_completed, events_saying, fmctl, job_named, job_yaml, jobs,
-    metric_value, scheduler, scheduler_env, scrape, submit, wait_up,
+    metric_value, scheduler_env, scrape, submit, wait_up,
 };
 
 /// A prompt-tuning job (PromptTuner's request kind) through `fmctl`: a
@@ -19,13 +19,11 @@ use crate::{
 /// profiling run.
 #[tokio::test]
 async fn e2e_prompt_a_prompt_tuning_job_returns_its_tuned_prompt() {
-    let db = TestDb::create("fmsched_prompt_kind").await;
-    let dir = tempfile::tempdir().unwrap();
-    let _trainers = TrainersOf::new(dir.path());
-    let port = free_port();
-    let _sched = scheduler(&db, port, dir.path());
-    wait_up("scheduler up", port);
-    let _a = agent("node-a", port, dir.path());
+    let c = Cluster::builder("fmsched_prompt_kind")
+        .agent("node-a")
+        .start()
+        .await;
+    let (db, dir, port) = (&c.db, &c.dir, c.port);
     let manifest = |name: &str, extra: &str| {
         format!(
             "kind: prompt_tuning\nname: {name}\nmodel: gpt2\n\
@@ -82,11 +80,11 @@ async fn e2e_prompt_a_prompt_tuning_job_returns_its_tuned_prompt() {
     // scheduling") or a round that saw the job first, holding it back for
     // the lane ("waiting for GPUs"; seen once under the full parallel run).
     assert!(
-        events_saying(&db, "profiling").await.is_empty(),
+        events_saying(db, "profiling").await.is_empty(),
         "{:?}",
-        events_saying(&db, "").await
+        events_saying(db, "").await
     );
-    let mut c = sqlx::PgConnection::connect(&db_url(&db)).await.unwrap();
+    let mut c = sqlx::PgConnection::connect(&db_url(db)).await.unwrap();
     let path: Vec<String> = sqlx::query_scalar(
         "SELECT to_state::text FROM job_events WHERE to_state IS NOT NULL ORDER BY seq",
     )
@@ -97,7 +95,7 @@ async fn e2e_prompt_a_prompt_tuning_job_returns_its_tuned_prompt() {
         path,
         ["submitted", "queued", "running", "completed"],
         "{:?}",
-        events_saying(&db, "").await
+        events_saying(db, "").await
     );
 }
 

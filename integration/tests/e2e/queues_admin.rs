@@ -8,8 +8,8 @@ use sqlx::Connection;
 
 use crate::ROOT;
 use crate::{
-    LYRA_ENV, TrainersOf, agent, agent_env, all_completed, checkpoint_iteration, events_saying,
-    fmctl, job_yaml, jobs, node_hold, resumed_from, running_job, scheduler_env, scrape, strip_ansi,
+    LYRA_ENV, agent, agent_env, all_completed, checkpoint_iteration, events_saying, fmctl,
+    job_yaml, jobs, node_hold, resumed_from, running_job, scheduler_env, scrape, strip_ansi,
     submit, training_launches, wait_two_nodes, wait_up,
 };
 
@@ -90,17 +90,16 @@ async fn e2e_the_service_baselines_run_a_queue_to_completion() {
 /// old, losing what it trained since.
 #[tokio::test]
 async fn e2e_queue_a_resized_job_resumes_from_the_checkpoint_its_stop_wrote() {
-    let db = TestDb::create("fmsched_resize_ckpt").await;
-    let dir = tempfile::tempdir().unwrap();
     // The test ends as the job relaunches: that trainer goes with it.
-    let _trainers = TrainersOf::new(dir.path());
-    let port = free_port();
     let env = [
         ("FMSCHED_SCHEDULING__PROFILING", "false"),
         ("FMSCHED_SCHEDULING__MERGING", "false"),
     ];
-    let _sched = scheduler_env(&db, port, dir.path(), None, &env);
-    wait_up("scheduler up", port);
+    let c = Cluster::builder("fmsched_resize_ckpt")
+        .scheduler_env(&env)
+        .start()
+        .await;
+    let (db, dir, port) = (&c.db, &c.dir, c.port);
     let node = agent("node-a", port, dir.path());
     submit(
         port,
@@ -108,7 +107,7 @@ async fn e2e_queue_a_resized_job_resumes_from_the_checkpoint_its_stop_wrote() {
         [("big".to_string(), job_yaml("big", "qnli", 400_000, 4))],
     )
     .expect("submit");
-    let mut c = sqlx::PgConnection::connect(&db_url(&db)).await.unwrap();
+    let mut c = sqlx::PgConnection::connect(&db_url(db)).await.unwrap();
     let id: String = sqlx::query_scalar("SELECT id::text FROM jobs WHERE name = 'big'")
         .fetch_one(&mut c)
         .await
@@ -193,18 +192,17 @@ async fn e2e_queue_a_resized_job_resumes_from_the_checkpoint_its_stop_wrote() {
 /// "from its checkpoint (iteration 14900)".
 #[tokio::test]
 async fn e2e_queue_admin_a_job_moved_off_a_drained_node_resumes_from_its_last_step() {
-    let db = TestDb::create("fmsched_move_ckpt").await;
-    let dir = tempfile::tempdir().unwrap();
     // The test ends as the job relaunches: that trainer goes with it.
-    let _trainers = TrainersOf::new(dir.path());
-    let port = free_port();
     let env = [
         ("FMSCHED_SCHEDULING__PROFILING", "false"),
         ("FMSCHED_SCHEDULING__MERGING", "false"),
         ("FMSCHED_API_TOKENS", "root=root-token-0123456789ab"),
     ];
-    let _sched = scheduler_env(&db, port, dir.path(), None, &env);
-    wait_up("scheduler up", port);
+    let c = Cluster::builder("fmsched_move_ckpt")
+        .scheduler_env(&env)
+        .start()
+        .await;
+    let (db, dir, port) = (&c.db, &c.dir, c.port);
     // Two GPU families: the job starts on the faster (H100s), and the
     // drain moves it to the A100s. Periodic checkpoints as deployed (every
     // 10 minutes): none is taken before the drain.
@@ -225,7 +223,7 @@ async fn e2e_queue_admin_a_job_moved_off_a_drained_node_resumes_from_its_last_st
         [("mover".to_string(), job_yaml("mover", "qnli", 400_000, 2))],
     )
     .expect("submit");
-    let mut c = sqlx::PgConnection::connect(&db_url(&db)).await.unwrap();
+    let mut c = sqlx::PgConnection::connect(&db_url(db)).await.unwrap();
     let id: String = sqlx::query_scalar("SELECT id::text FROM jobs WHERE name = 'mover'")
         .fetch_one(&mut c)
         .await
@@ -279,9 +277,6 @@ async fn e2e_queue_admin_a_job_moved_off_a_drained_node_resumes_from_its_last_st
 /// log; a user who is not an admin is refused and changes nothing.
 #[tokio::test]
 async fn e2e_queue_admin_drain_empties_a_node_and_nothing_is_lost() {
-    let db = TestDb::create("fmsched_drain").await;
-    let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
     let env = [
         ("FMSCHED_SCHEDULING__PROFILING", "false"),
         ("FMSCHED_SCHEDULING__MERGING", "false"),
@@ -290,9 +285,12 @@ async fn e2e_queue_admin_drain_empties_a_node_and_nothing_is_lost() {
             "root=root-token-0123456789ab,bob=bob-token-0123456789abcd",
         ),
     ];
-    let _sched = scheduler_env(&db, port, dir.path(), None, &env);
-    wait_up("scheduler up", port);
-    let _a = agent("node-a", port, dir.path());
+    let c = Cluster::builder("fmsched_drain")
+        .scheduler_env(&env)
+        .agent("node-a")
+        .start()
+        .await;
+    let (db, dir, port) = (&c.db, &c.dir, c.port);
     let b = agent("node-b", port, dir.path());
     wait_two_nodes(port);
     // A user who is not an admin: refused, nothing written.
@@ -376,7 +374,7 @@ async fn e2e_queue_admin_drain_empties_a_node_and_nothing_is_lost() {
     // Each job node-b ran says in its history that it left the drained
     // node: suspended, or moved to node-a in the same round (its state
     // stays running there, so only a `moved` event says it).
-    let left = events_saying(&db, "node node-b is drained").await;
+    let left = events_saying(db, "node node-b is drained").await;
     for job in &draining {
         assert!(
             left.iter().any(|(j, _)| j == job),
@@ -416,7 +414,7 @@ async fn e2e_queue_admin_drain_empties_a_node_and_nothing_is_lost() {
         "drained",
         "it stays drained"
     );
-    let held_back = events_saying(&db, "held back this round (re-queued").await;
+    let held_back = events_saying(db, "held back this round (re-queued").await;
     assert!(
         held_back.iter().any(|(j, _)| j == victim),
         "the re-queue suspended {victim}: {held_back:?}"
@@ -427,7 +425,7 @@ async fn e2e_queue_admin_drain_empties_a_node_and_nothing_is_lost() {
         resumed >= 1,
         "a drained job resumed from its checkpoint ({on_b:?}, {on_a:?})"
     );
-    let mut c = sqlx::PgConnection::connect(&db_url(&db)).await.unwrap();
+    let mut c = sqlx::PgConnection::connect(&db_url(db)).await.unwrap();
     let node_events: Vec<(String, String)> =
         sqlx::query_as("SELECT kind, message FROM node_events WHERE node_id = 'node-b' AND kind IN ('cordon', 'uncordon', 'drain') ORDER BY seq")
             .fetch_all(&mut c)
