@@ -46,12 +46,19 @@ proptest! {
             + p.pinned.iter().map(|&i| v.jobs[i].holds.len() as u32).sum::<u32>();
         if total >= ga + gb && let Some(&d) = p.deserved.get("a") {
             // Each job's largest size (its requested one under a rigid
-            // policy: a_rigid_policy_admits_a_job_only_at_its_requested_size).
+            // policy: a_rigid_policy_admits_a_job_only_at_its_requested_size),
+            // a pinned job at what it holds (`QuotaOutcome::demand`; a
+            // pinned job may hold more than its family offers a new one).
             let demand = p.demand.get("a").copied().unwrap_or(0);
             if !pol.rigid() {
+                let size = |i: usize| if p.pinned.contains(&i) {
+                    v.jobs[i].holds.len() as u32
+                } else {
+                    p.offered(&cfg, v.jobs[i].max_gpus, &v.jobs[i]).max(v.jobs[i].min_gpus)
+                };
                 let most: u32 = p.jobs.iter().chain(&p.pinned).chain(p.queue_out.iter().map(|o| &o.0))
                     .filter(|&&i| v.jobs[i].queue == "a")
-                    .map(|&i| p.offered(&cfg, v.jobs[i].max_gpus, &v.jobs[i]).max(v.jobs[i].min_gpus))
+                    .map(|&i| size(i))
                     .sum();
                 prop_assert_eq!(demand, most);
             }
