@@ -9,7 +9,6 @@ use chrono::{DateTime, Utc};
 use fmsched_core::policy::MergeMode;
 use fmsched_core::{GpuUuid, JobId, NodeId};
 use fmsched_estimator::footprint::UtilizationFit;
-use sqlx::Row;
 use uuid::Uuid;
 
 use crate::persistence::records::{
@@ -95,11 +94,83 @@ pub struct FreshStart {
     pub pending: bool,
 }
 
+/// A `job_progress` row as the retry rule reads it.
+#[derive(sqlx::FromRow)]
+struct RetryRow {
+    job_id: Uuid,
+    retries: i32,
+    last_failed_pid: Option<i64>,
+    retry_after: Option<DateTime<Utc>>,
+    last_failed_generation: Option<i64>,
+}
+
+/// An `assignments` row.
+#[derive(sqlx::FromRow)]
+struct AssignmentRow {
+    job_id: Uuid,
+    node_id: String,
+    gpu_uuids: Vec<String>,
+    profile: bool,
+    rank_offset: i32,
+    master_port: Option<i32>,
+}
+
+/// A `job_service` row.
+#[derive(sqlx::FromRow)]
+struct ServiceRow {
+    job_id: Uuid,
+    attained_gpu_s: f64,
+    executed_s: f64,
+    fair_share_gpu_s: f64,
+    lease_until: Option<DateTime<Utc>>,
+    at_risk: bool,
+}
+
+/// A `merges` row.
+#[derive(sqlx::FromRow)]
+struct MergeRow {
+    id: i64,
+    job_a: Uuid,
+    job_b: Uuid,
+    mode: String,
+    gain_ab: f64,
+    gain_ba: f64,
+    state: String,
+    guard_passed: bool,
+    observed_gain: Option<f64>,
+}
+
+/// A `job_estimates` row.
+#[derive(sqlx::FromRow)]
+struct EstimateRow {
+    job_id: Uuid,
+    iterations: Option<i64>,
+    curve: Option<serde_json::Value>,
+    fisher: Vec<f64>,
+    fisher_repeat: Vec<f64>,
+    step_time_s: Option<f64>,
+    note: String,
+    evals: Vec<f64>,
+    spread: f64,
+}
+
+/// A finished job's metric curve as [`Persistence::finished_metric_curves`]
+/// selects it.
+#[derive(sqlx::FromRow)]
+struct CurveRow {
+    model: String,
+    metric: Option<String>,
+    lower: bool,
+    target: Option<f64>,
+    evals: Vec<f64>,
+    transferred: bool,
+}
+
 impl Persistence {
     /// What the retry rule needs of every live job that failed before.
     pub async fn retry_state(&self) -> Result<BTreeMap<JobId, RetryState>, PersistenceError> {
         const OP: &str = "retry_state";
-        let rows = sqlx::query(
+        let rows = sqlx::query_as::<_, RetryRow>(
             "SELECT p.job_id, p.retries, p.last_failed_pid, p.retry_after, p.last_failed_generation
              FROM job_progress p
              JOIN jobs j ON j.id = p.job_id
@@ -110,15 +181,15 @@ impl Persistence {
         .map_err(db_err(OP))?;
         let mut out = BTreeMap::new();
         for r in rows {
-            let get = |e: sqlx::Error| corrupt(OP, e.to_string());
-            let pid: Option<i64> = r.try_get("last_failed_pid").map_err(get)?;
             out.insert(
-                JobId(r.try_get("job_id").map_err(get)?),
+                JobId(r.job_id),
                 RetryState {
-                    retries: r.try_get::<i32, _>("retries").map_err(get)?.max(0) as u32,
-                    last_failed_pid: pid.map(|p| p.clamp(0, i64::from(u32::MAX)) as u32),
-                    retry_after: r.try_get("retry_after").map_err(get)?,
-                    last_failed_generation: r.try_get("last_failed_generation").map_err(get)?,
+                    retries: r.retries.max(0) as u32,
+                    last_failed_pid: r
+                        .last_failed_pid
+                        .map(|p| p.clamp(0, i64::from(u32::MAX)) as u32),
+                    retry_after: r.retry_after,
+                    last_failed_generation: r.last_failed_generation,
                 },
             );
         }
@@ -314,7 +385,7 @@ impl Persistence {
             .fetch_one(&self.pool)
             .await
             .map_err(db_err(OP))?;
-        let rows = sqlx::query(
+        let rows = sqlx::query_as::<_, AssignmentRow>(
             "SELECT job_id, node_id, gpu_uuids, profile, rank_offset, master_port FROM assignments
              ORDER BY job_id, rank_offset",
         )
@@ -323,23 +394,13 @@ impl Persistence {
         .map_err(db_err(OP))?;
         let mut assignments = Vec::with_capacity(rows.len());
         for r in rows {
-            let get = |e: sqlx::Error| corrupt(OP, e.to_string());
             assignments.push(Assignment {
-                job: JobId(r.try_get("job_id").map_err(get)?),
-                node: NodeId::try_from(r.try_get::<String, _>("node_id").map_err(get)?)
-                    .map_err(|e| corrupt(OP, e))?,
-                gpus: r
-                    .try_get::<Vec<String>, _>("gpu_uuids")
-                    .map_err(get)?
-                    .into_iter()
-                    .map(GpuUuid)
-                    .collect(),
-                profile: r.try_get("profile").map_err(get)?,
-                rank_offset: r.try_get::<i32, _>("rank_offset").map_err(get)?.max(0) as u32,
-                master_port: r
-                    .try_get::<Option<i32>, _>("master_port")
-                    .map_err(get)?
-                    .and_then(|p| u16::try_from(p).ok()),
+                job: JobId(r.job_id),
+                node: NodeId::try_from(r.node_id).map_err(|e| corrupt(OP, e))?,
+                gpus: r.gpu_uuids.into_iter().map(GpuUuid).collect(),
+                profile: r.profile,
+                rank_offset: r.rank_offset.max(0) as u32,
+                master_port: r.master_port.and_then(|p| u16::try_from(p).ok()),
             });
         }
         Ok(StoredPlan {
@@ -351,7 +412,7 @@ impl Persistence {
     /// The service of every live job that has any, by job.
     pub async fn service(&self) -> Result<BTreeMap<JobId, JobService>, PersistenceError> {
         const OP: &str = "service";
-        let rows = sqlx::query(
+        let rows = sqlx::query_as::<_, ServiceRow>(
             "SELECT s.job_id, s.attained_gpu_s, s.executed_s, s.fair_share_gpu_s, s.lease_until,
                     s.at_risk
              FROM job_service s JOIN jobs j ON j.id = s.job_id
@@ -360,20 +421,21 @@ impl Persistence {
         .fetch_all(&self.pool)
         .await
         .map_err(db_err(OP))?;
-        let mut out = BTreeMap::new();
-        for r in rows {
-            let get = |e: sqlx::Error| corrupt(OP, e.to_string());
-            out.insert(
-                JobId(r.try_get("job_id").map_err(get)?),
-                JobService {
-                    attained_gpu_s: r.try_get("attained_gpu_s").map_err(get)?,
-                    executed_s: r.try_get("executed_s").map_err(get)?,
-                    fair_share_gpu_s: r.try_get("fair_share_gpu_s").map_err(get)?,
-                    lease_until: r.try_get("lease_until").map_err(get)?,
-                    at_risk: r.try_get("at_risk").map_err(get)?,
-                },
-            );
-        }
+        let out = rows
+            .into_iter()
+            .map(|r| {
+                (
+                    JobId(r.job_id),
+                    JobService {
+                        attained_gpu_s: r.attained_gpu_s,
+                        executed_s: r.executed_s,
+                        fair_share_gpu_s: r.fair_share_gpu_s,
+                        lease_until: r.lease_until,
+                        at_risk: r.at_risk,
+                    },
+                )
+            })
+            .collect();
         Ok(out)
     }
 
@@ -381,7 +443,7 @@ impl Persistence {
     /// matters no more), oldest first.
     pub async fn merges_of_live_jobs(&self) -> Result<Vec<MergeRecord>, PersistenceError> {
         const OP: &str = "merges_of_live_jobs";
-        let rows = sqlx::query(
+        let rows = sqlx::query_as::<_, MergeRow>(
             "SELECT m.id, m.job_a, m.job_b, m.mode, m.gain_ab, m.gain_ba, m.state, m.guard_passed,
                     m.observed_gain
              FROM merges m
@@ -392,24 +454,22 @@ impl Persistence {
         .fetch_all(&self.pool)
         .await
         .map_err(db_err(OP))?;
-        rows.iter()
+        rows.into_iter()
             .map(|r| {
-                let get = |e: sqlx::Error| corrupt(OP, e.to_string());
-                let mode: String = r.try_get("mode").map_err(get)?;
                 Ok(MergeRecord {
-                    id: r.try_get("id").map_err(get)?,
-                    a: JobId(r.try_get("job_a").map_err(get)?),
-                    b: JobId(r.try_get("job_b").map_err(get)?),
-                    mode: match mode.as_str() {
+                    id: r.id,
+                    a: JobId(r.job_a),
+                    b: JobId(r.job_b),
+                    mode: match r.mode.as_str() {
                         "temporal" => MergeMode::Temporal,
                         "spatial" => MergeMode::Spatial,
                         o => return Err(corrupt(OP, format!("merge mode {o:?}"))),
                     },
-                    gain_ab: r.try_get("gain_ab").map_err(get)?,
-                    gain_ba: r.try_get("gain_ba").map_err(get)?,
-                    active: r.try_get::<String, _>("state").map_err(get)? == "active",
-                    guard_passed: r.try_get("guard_passed").map_err(get)?,
-                    observed_gain: r.try_get("observed_gain").map_err(get)?,
+                    gain_ab: r.gain_ab,
+                    gain_ba: r.gain_ba,
+                    active: r.state == "active",
+                    guard_passed: r.guard_passed,
+                    observed_gain: r.observed_gain,
                 })
             })
             .collect()
@@ -418,29 +478,31 @@ impl Persistence {
     /// Every job's estimates.
     pub async fn estimates(&self) -> Result<BTreeMap<JobId, Estimate>, PersistenceError> {
         const OP: &str = "estimates";
-        let rows = sqlx::query("SELECT job_id, iterations, curve, fisher, fisher_repeat, step_time_s, note, evals, spread FROM job_estimates")
-            .fetch_all(&self.pool)
-            .await
-            .map_err(db_err(OP))?;
-        let mut out = BTreeMap::new();
-        for r in rows {
-            let get = |e: sqlx::Error| corrupt(OP, e.to_string());
-            let it: Option<i64> = r.try_get("iterations").map_err(get)?;
-            out.insert(
-                JobId(r.try_get("job_id").map_err(get)?),
-                Estimate {
-                    iterations: it.map(|i| i.max(0) as u64),
-                    curve: r.try_get("curve").map_err(get)?,
-                    fisher: r.try_get("fisher").map_err(get)?,
-                    fisher_repeat: r.try_get("fisher_repeat").map_err(get)?,
-                    step_time_s: r.try_get("step_time_s").map_err(get)?,
-                    note: r.try_get("note").map_err(get)?,
-                    evals: r.try_get("evals").map_err(get)?,
-                    spread: r.try_get("spread").map_err(get)?,
-                },
-            );
-        }
-        Ok(out)
+        let rows = sqlx::query_as::<_, EstimateRow>(
+            "SELECT job_id, iterations, curve, fisher, fisher_repeat, step_time_s, note, evals, spread
+             FROM job_estimates",
+        )
+        .fetch_all(&self.pool)
+        .await
+        .map_err(db_err(OP))?;
+        Ok(rows
+            .into_iter()
+            .map(|r| {
+                (
+                    JobId(r.job_id),
+                    Estimate {
+                        iterations: r.iterations.map(|i| i.max(0) as u64),
+                        curve: r.curve,
+                        fisher: r.fisher,
+                        fisher_repeat: r.fisher_repeat,
+                        step_time_s: r.step_time_s,
+                        note: r.note,
+                        evals: r.evals,
+                        spread: r.spread,
+                    },
+                )
+            })
+            .collect())
     }
 
     /// The metric curves (two epochs or more) of the `limit` most recently
@@ -461,7 +523,7 @@ impl Persistence {
                AND j.spec #> '{{target,metric}}' IS NOT NULL AND cardinality(e.evals) >= 2
              ORDER BY j.id DESC LIMIT $2"
         );
-        let rows = sqlx::query(&sql)
+        let rows = sqlx::query_as::<_, CurveRow>(&sql)
             .bind(models)
             .bind(limit)
             .fetch_all(&self.pool)
@@ -469,20 +531,15 @@ impl Persistence {
             .map_err(db_err(OP))?;
         rows.into_iter()
             .map(|r| {
-                let get = |e: sqlx::Error| corrupt(OP, e.to_string());
                 Ok(MetricCurve {
-                    model: r.try_get("model").map_err(get)?,
-                    metric: r
-                        .try_get::<Option<String>, _>("metric")
-                        .map_err(get)?
-                        .unwrap_or_default(),
-                    lower_is_better: r.try_get("lower").map_err(get)?,
+                    model: r.model,
+                    metric: r.metric.unwrap_or_default(),
+                    lower_is_better: r.lower,
                     target: r
-                        .try_get::<Option<f64>, _>("target")
-                        .map_err(get)?
+                        .target
                         .ok_or_else(|| corrupt(OP, "a metric target without a value"))?,
-                    evals: r.try_get("evals").map_err(get)?,
-                    transferred: r.try_get("transferred").map_err(get)?,
+                    evals: r.evals,
+                    transferred: r.transferred,
                 })
             })
             .collect()
@@ -532,20 +589,15 @@ impl Persistence {
     pub async fn progress(
         &self,
     ) -> Result<BTreeMap<JobId, (u64, Option<String>)>, PersistenceError> {
-        let rows = sqlx::query("SELECT job_id, iteration, checkpoint_path FROM job_progress")
-            .fetch_all(&self.pool)
-            .await
-            .map_err(db_err("progress"))?;
-        let mut out = BTreeMap::new();
-        for r in rows {
-            let get = |e: sqlx::Error| corrupt("progress", e.to_string());
-            let it: i64 = r.try_get("iteration").map_err(get)?;
-            out.insert(
-                JobId(r.try_get("job_id").map_err(get)?),
-                (it.max(0) as u64, r.try_get("checkpoint_path").map_err(get)?),
-            );
-        }
-        Ok(out)
+        let rows: Vec<(Uuid, i64, Option<String>)> =
+            sqlx::query_as("SELECT job_id, iteration, checkpoint_path FROM job_progress")
+                .fetch_all(&self.pool)
+                .await
+                .map_err(db_err("progress"))?;
+        Ok(rows
+            .into_iter()
+            .map(|(job, it, ckpt)| (JobId(job), (it.max(0) as u64, ckpt)))
+            .collect())
     }
 
     /// Jobs restarted from their initial weights ([`FreshStart`]).
