@@ -42,6 +42,139 @@ pub(crate) fn print_json(v: &serde_json::Value) {
     println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
 }
 
+/// `fmctl submit`: each spec file submitted (an idempotency key gets the
+/// file's number when there are several), printed, and with `--wait`
+/// followed to the end.
+async fn submit(
+    client: &Client,
+    files: &[std::path::PathBuf],
+    idempotency_key: Option<&str>,
+    wait: bool,
+    fmt: Format,
+) -> Result<u8, ClientError> {
+    let specs = files
+        .iter()
+        .map(|f| fmctl::load_spec(f))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut out = Vec::new();
+    let mut submitted = Vec::new();
+    for (i, spec) in specs.iter().enumerate() {
+        let key = idempotency_key.map(|k| {
+            if specs.len() > 1 {
+                format!("{k}-{}", i + 1)
+            } else {
+                k.to_string()
+            }
+        });
+        let fmctl::Submitted {
+            job,
+            created,
+            warnings,
+        } = client
+            .submit_with_warnings(spec, key.as_deref())
+            .await
+            .map_err(|e| match e {
+                ClientError::Rpc { code, message } => ClientError::Rpc {
+                    code,
+                    message: format!("{}: {message}", files[i].display()),
+                },
+                other => other,
+            })?;
+        for w in &warnings {
+            eprintln!("warning: {}: job {}: {w}", files[i].display(), job.id);
+        }
+        submitted.push((spec.name.clone(), job.id.clone()));
+        match fmt {
+            Format::Table => println!(
+                "{} {} ({} on {})",
+                if created {
+                    "submitted"
+                } else {
+                    "already submitted"
+                },
+                job.id,
+                spec.name,
+                spec.model
+            ),
+            Format::Json => out.push(
+                serde_json::json!({"created": created, "warnings": warnings, "job": output::job_json(&job)}),
+            ),
+        }
+    }
+    if fmt == Format::Json {
+        print_json(&serde_json::Value::Array(out));
+    }
+    if wait {
+        return wait_for(client, submitted, fmt).await;
+    }
+    Ok(0)
+}
+
+/// `fmctl logs`: a job's log to stdout as it streams; a move to another
+/// node or process is said on stderr.
+async fn print_logs(client: &Client, req: pb::GetJobLogsRequest) -> Result<(), ClientError> {
+    use std::io::Write as _;
+    let mut stream = client.job_logs(req).await?;
+    let mut out = std::io::stdout().lock();
+    let mut source: Option<(String, String)> = None;
+    while let Some(chunk) = stream.message().await? {
+        // Following a job that moved (another node or process): say
+        // so on stderr, the log itself stays on stdout.
+        let here = (chunk.node_id.clone(), chunk.task_id.clone());
+        if source.as_ref().is_some_and(|s| *s != here) {
+            eprintln!("--- now node {}, process {} ---", here.0, here.1);
+        }
+        source = Some(here);
+        // A closed pipe (`| head`) ends the command quietly.
+        if out
+            .write_all(&chunk.data)
+            .and_then(|()| out.flush())
+            .is_err()
+        {
+            break;
+        }
+    }
+    Ok(())
+}
+
+/// `fmctl bench-agents`: a swarm of simulated agents against the
+/// scheduler, with its own connections.
+async fn bench_agents_cmd(cfg: ClientConfig, cmd: Cmd) -> Result<u8, ClientError> {
+    let Cmd::BenchAgents {
+        agents,
+        gpus,
+        gpu_model,
+        interval,
+        jobs,
+        iterations,
+        it_per_s,
+        profile,
+        duration,
+        scheduler_metrics,
+        join_token,
+        prefix,
+        connections,
+    } = cmd
+    else {
+        unreachable!("called for bench-agents only")
+    };
+    let swarm = fmctl::swarm::SwarmConfig {
+        endpoint: cfg.endpoint.clone(),
+        join_token,
+        agents,
+        gpus,
+        gpu_model,
+        interval,
+        prefix,
+        profile_s: profile.as_secs_f64(),
+        it_per_s,
+        connections,
+    };
+    bench_agents(cfg, swarm, jobs, iterations, duration, scheduler_metrics)
+        .await
+        .map(|()| 0)
+}
+
 async fn run(cli: Cli) -> Result<u8, ClientError> {
     let file = load_file_config(cli.config.as_deref())?;
     let cfg = ClientConfig {
@@ -69,37 +202,8 @@ async fn run(cli: Cli) -> Result<u8, ClientError> {
             .await
             .map(|()| 0);
     }
-    if let Cmd::BenchAgents {
-        agents,
-        gpus,
-        gpu_model,
-        interval,
-        jobs,
-        iterations,
-        it_per_s,
-        profile,
-        duration,
-        scheduler_metrics,
-        join_token,
-        prefix,
-        connections,
-    } = cli.cmd
-    {
-        let swarm = fmctl::swarm::SwarmConfig {
-            endpoint: cfg.endpoint.clone(),
-            join_token,
-            agents,
-            gpus,
-            gpu_model,
-            interval,
-            prefix,
-            profile_s: profile.as_secs_f64(),
-            it_per_s,
-            connections,
-        };
-        return bench_agents(cfg, swarm, jobs, iterations, duration, scheduler_metrics)
-            .await
-            .map(|()| 0);
+    if matches!(cli.cmd, Cmd::BenchAgents { .. }) {
+        return bench_agents_cmd(cfg, cli.cmd).await;
     }
     let client = Client::connect(cfg).await?;
     match cli.cmd {
@@ -107,63 +211,7 @@ async fn run(cli: Cli) -> Result<u8, ClientError> {
             files,
             idempotency_key,
             wait,
-        } => {
-            let specs = files
-                .iter()
-                .map(|f| fmctl::load_spec(f))
-                .collect::<Result<Vec<_>, _>>()?;
-            let mut out = Vec::new();
-            let mut submitted = Vec::new();
-            for (i, spec) in specs.iter().enumerate() {
-                let key = idempotency_key.as_ref().map(|k| {
-                    if specs.len() > 1 {
-                        format!("{k}-{}", i + 1)
-                    } else {
-                        k.clone()
-                    }
-                });
-                let fmctl::Submitted {
-                    job,
-                    created,
-                    warnings,
-                } = client
-                    .submit_with_warnings(spec, key.as_deref())
-                    .await
-                    .map_err(|e| match e {
-                        ClientError::Rpc { code, message } => ClientError::Rpc {
-                            code,
-                            message: format!("{}: {message}", files[i].display()),
-                        },
-                        other => other,
-                    })?;
-                for w in &warnings {
-                    eprintln!("warning: {}: job {}: {w}", files[i].display(), job.id);
-                }
-                submitted.push((spec.name.clone(), job.id.clone()));
-                match fmt {
-                    Format::Table => println!(
-                        "{} {} ({} on {})",
-                        if created {
-                            "submitted"
-                        } else {
-                            "already submitted"
-                        },
-                        job.id,
-                        spec.name,
-                        spec.model
-                    ),
-                    Format::Json => out.push(
-                        serde_json::json!({"created": created, "warnings": warnings, "job": output::job_json(&job)}),
-                    ),
-                }
-            }
-            if fmt == Format::Json {
-                print_json(&serde_json::Value::Array(out));
-            }
-            if wait {
-                return wait_for(&client, submitted, fmt).await;
-            }
-        }
+        } => return submit(&client, &files, idempotency_key.as_deref(), wait, fmt).await,
         Cmd::Jobs {
             states,
             owner,
@@ -228,36 +276,15 @@ async fn run(cli: Cli) -> Result<u8, ClientError> {
             rank,
             profile,
         } => {
-            use std::io::Write as _;
-            let mut stream = client
-                .job_logs(pb::GetJobLogsRequest {
-                    job_id: id.clone(),
-                    stderr,
-                    follow,
-                    tail_bytes: tail,
-                    rank,
-                    profile,
-                })
-                .await?;
-            let mut out = std::io::stdout().lock();
-            let mut source: Option<(String, String)> = None;
-            while let Some(chunk) = stream.message().await? {
-                // Following a job that moved (another node or process): say
-                // so on stderr, the log itself stays on stdout.
-                let here = (chunk.node_id.clone(), chunk.task_id.clone());
-                if source.as_ref().is_some_and(|s| *s != here) {
-                    eprintln!("--- now node {}, process {} ---", here.0, here.1);
-                }
-                source = Some(here);
-                // A closed pipe (`| head`) ends the command quietly.
-                if out
-                    .write_all(&chunk.data)
-                    .and_then(|()| out.flush())
-                    .is_err()
-                {
-                    break;
-                }
-            }
+            let req = pb::GetJobLogsRequest {
+                job_id: id,
+                stderr,
+                follow,
+                tail_bytes: tail,
+                rank,
+                profile,
+            };
+            print_logs(&client, req).await?;
         }
         Cmd::Nodes { states } => {
             let states: Vec<NodeState> = parse_states(&states)?;
