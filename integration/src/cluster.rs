@@ -309,7 +309,15 @@ impl Cluster {
     }
 
     /// The agent of node `node`.
-    pub fn agent(&mut self, node: &str) -> &mut Proc {
+    pub fn agent(&self, node: &str) -> &Proc {
+        self.agents
+            .iter()
+            .find(|a| a.name == node)
+            .unwrap_or_else(|| panic!("no agent {node} in this cluster"))
+    }
+
+    /// The agent of node `node`, to kill or restart.
+    pub fn agent_mut(&mut self, node: &str) -> &mut Proc {
         self.agents
             .iter_mut()
             .find(|a| a.name == node)

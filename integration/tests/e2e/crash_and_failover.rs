@@ -265,15 +265,15 @@ async fn e2e_a_process_that_exits_without_reporting_its_output_completes_with_a_
 
 #[tokio::test]
 async fn e2e_jobs_of_a_lost_node_resume_elsewhere_from_their_checkpoint() {
-    let db = TestDb::create("fmsched_lost").await;
-    let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
     let fast = [
         ("FMSCHED_LIVENESS__SUSPECT_AFTER", "1s"),
         ("FMSCHED_LIVENESS__OFFLINE_AFTER", "2s"),
     ];
-    let _sched = scheduler_env(&db, port, dir.path(), None, &fast);
-    wait_up("scheduler up", port);
+    let c = Cluster::builder("fmsched_lost")
+        .scheduler_env(&fast)
+        .start()
+        .await;
+    let (dir, port) = (&c.dir, c.port);
     let a = agent("node-a", port, dir.path());
     let mut b = agent("node-b", port, dir.path());
     // Both nodes registered before anything is placed: under a loaded

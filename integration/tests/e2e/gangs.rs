@@ -1,6 +1,5 @@
 //! End-to-end tests: gangs.
 
-use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use fmsched_integration::*;
@@ -8,9 +7,9 @@ use serde_json::Value;
 use sqlx::Connection;
 
 use crate::{
-    NO_MERGING, TrainersOf, agent_env, all_completed, checkpoint_iteration, events_saying, fmctl,
-    futures_block, job_named, job_yaml, jobs, kill_processes_with_env, node_hold, scheduler_env,
-    strip_ansi, submit, wait_two_nodes, wait_up,
+    NO_MERGING, agent_env, all_completed, checkpoint_iteration, events_saying, fmctl,
+    futures_block, job_named, job_yaml, jobs, kill_processes_with_env, node_hold, strip_ansi,
+    submit, wait_two_nodes,
 };
 
 /// A job of `gpus` GPUs (exactly) training `iterations` at time
@@ -44,44 +43,32 @@ async fn retries_of(c: &mut sqlx::PgConnection, job: &str) -> i32 {
         .unwrap()
 }
 
-/// A cluster for gang tests: a scheduler (merging off, `env` besides) whose
-/// gangs get rendezvous ports of this test's own (tests run side by side on
-/// one host), and a fake 4-GPU agent per name in `nodes`, reached at
-/// 127.0.0.1. Returns the scheduler's port, the first rendezvous port (of
-/// 31), the scheduler and the agents by name.
-fn gang_cluster(
-    db: &str,
-    dir: &std::path::Path,
-    nodes: &[&'static str],
-    env: &[(&str, &str)],
-) -> (u16, i32, Proc, BTreeMap<&'static str, Proc>) {
-    gang_cluster_with(db, dir, nodes, env, &[])
+/// A scheduler with a rendezvous port range of its own (no merging) and a
+/// 4-GPU agent per node of `nodes`; returns the cluster and the range's
+/// first port.
+async fn gang_cluster(db: &str, nodes: &[&str], env: &[(&str, &str)]) -> (Cluster, i32) {
+    gang_cluster_with(db, nodes, env, &[]).await
 }
 
 /// [`gang_cluster`] with `agent_env` set on every agent.
-fn gang_cluster_with(
+async fn gang_cluster_with(
     db: &str,
-    dir: &std::path::Path,
-    nodes: &[&'static str],
+    nodes: &[&str],
     env: &[(&str, &str)],
-    agent_env_extra: &[(&str, &str)],
-) -> (u16, i32, Proc, BTreeMap<&'static str, Proc>) {
-    let port = free_port();
+    agent_env: &[(&str, &str)],
+) -> (Cluster, i32) {
     let base = free_port_range(31);
     let range = format!("{base}-{}", base + 30);
-    let mut all = vec![
-        NO_MERGING[0],
-        ("FMSCHED_SCHEDULING__GANG_PORTS", range.as_str()),
-    ];
-    all.extend_from_slice(env);
-    let sched = scheduler_env(db, port, dir, None, &all);
-    wait_up("scheduler up", port);
-    let ep = format!("http://127.0.0.1:{port}");
-    let agents = nodes
-        .iter()
-        .map(|&n| (n, agent_env(n, &ep, dir, None, agent_env_extra)))
-        .collect();
-    (port, i32::from(base), sched, agents)
+    let mut b = Cluster::builder(db)
+        .scheduler_env(&[
+            NO_MERGING[0],
+            ("FMSCHED_SCHEDULING__GANG_PORTS", range.as_str()),
+        ])
+        .scheduler_env(env);
+    for n in nodes {
+        b = b.agent_with(n, 4, agent_env);
+    }
+    (b.start().await, i32::from(base))
 }
 
 /// A gang whose other node fails before it joins (the fake trainer's
@@ -93,9 +80,8 @@ fn gang_cluster_with(
 /// the dying run and failed with it, retry after retry.
 #[tokio::test]
 async fn e2e_gang_a_retried_gang_never_joins_its_last_run() {
-    let db = TestDb::create("fmsched_gangretry").await;
-    let dir = tempfile::tempdir().unwrap();
-    let (port, _, _sched, _agents) = gang_cluster(&db, dir.path(), &["node-a", "node-b"], &[]);
+    let (c, _) = gang_cluster("fmsched_gangretry", &["node-a", "node-b"], &[]).await;
+    let (db, dir, port) = (&c.db, &c.dir, c.port);
     let yaml = gang_yaml("wide", "rte", 2_000, 8, 10).replace(
         "FMSCHED_FAKE_TIME_COMPRESSION:",
         "FMSCHED_FAKE_FAIL_JOIN_ONCE: \"1\", FMSCHED_FAKE_TIME_COMPRESSION:",
@@ -104,7 +90,7 @@ async fn e2e_gang_a_retried_gang_never_joins_its_last_run() {
     submit(port, dir.path(), [("wide".to_string(), yaml)]).expect("submit");
     let (wide, _) = job_named(port, "wide").unwrap();
     wait_completed(port, "wide", Duration::from_secs(180));
-    let mut c = sqlx::PgConnection::connect(&db_url(&db)).await.unwrap();
+    let mut c = sqlx::PgConnection::connect(&db_url(db)).await.unwrap();
     let retries = retries_of(&mut c, &wide).await;
     let failures: Vec<String> = sqlx::query_scalar(
         "SELECT message FROM job_events WHERE job_id = $1::uuid AND message LIKE 'training process exited%' ORDER BY seq",
@@ -254,10 +240,8 @@ async fn eventually<T, F: std::future::Future<Output = Option<T>>>(
 /// left. A job wider than the whole cluster waits and says why.
 #[tokio::test]
 async fn e2e_gang_an_8_gpu_job_over_two_4_gpu_nodes_runs_as_one_gang() {
-    let db = TestDb::create("fmsched_gang").await;
-    let dir = tempfile::tempdir().unwrap();
-    let (port, range_start, _sched, _agents) =
-        gang_cluster(&db, dir.path(), &["node-a", "node-b"], &[]);
+    let (c, range_start) = gang_cluster("fmsched_gang", &["node-a", "node-b"], &[]).await;
+    let (db, dir, port) = (&c.db, &c.dir, c.port);
     submit(
         port,
         dir.path(),
@@ -268,7 +252,7 @@ async fn e2e_gang_an_8_gpu_job_over_two_4_gpu_nodes_runs_as_one_gang() {
     )
     .expect("submit");
     let (wide, _) = job_named(port, "wide").unwrap();
-    let url = db_url(&db);
+    let url = db_url(db);
     let parts = running_on_two_nodes(&url, &wide).await;
     let rdv = parts[0].3.expect("a gang has a rendezvous port");
     assert_eq!(
@@ -379,17 +363,14 @@ async fn e2e_gang_an_8_gpu_job_over_two_4_gpu_nodes_runs_as_one_gang() {
 /// different states (and rank 0, on the new node, from scratch).
 #[tokio::test]
 async fn e2e_gang_a_job_that_grows_into_a_gang_resumes_every_part_from_its_stop() {
-    let db = TestDb::create("fmsched_ganggrow").await;
-    let dir = tempfile::tempdir().unwrap();
-    // The test ends as the job relaunches: that trainer goes with it.
-    let _trainers = TrainersOf::new(dir.path());
-    let (port, _, _sched, agents) = gang_cluster_with(
-        &db,
-        dir.path(),
+    let (c, _) = gang_cluster_with(
+        "fmsched_ganggrow",
         &["node-a", "node-b"],
         &[("FMSCHED_SCHEDULING__PROFILING", "false")],
         &[("FMSCHED_AGENT_PROCESSES__CHECKPOINT_INTERVAL", "600s")],
-    );
+    )
+    .await;
+    let (db, dir, port) = (&c.db, &c.dir, c.port);
     wait_two_nodes(port);
     // A filler holds one node; the job runs on the other, on 4 GPUs.
     submit(
@@ -427,7 +408,7 @@ async fn e2e_gang_a_job_that_grows_into_a_gang_resumes_every_part_from_its_stop(
     let (grower, _) = job_named(port, "grower").unwrap();
     let launched = format!("launched task={grower} ");
     let launches = |node: &str| -> Vec<String> {
-        strip_ansi(&agents[node].log_text())
+        strip_ansi(&c.agent(node).log_text())
             .lines()
             .filter(|l| l.contains(&launched))
             .map(str::to_string)
@@ -441,7 +422,7 @@ async fn e2e_gang_a_job_that_grows_into_a_gang_resumes_every_part_from_its_stop(
     // The filler goes: the job grows over both nodes.
     let (filler, _) = job_named(port, "filler").unwrap();
     fmctl(port, &["cancel", &filler, "--reason", "make room"]).unwrap();
-    let url = db_url(&db);
+    let url = db_url(db);
     running_on_two_nodes(&url, &grower).await;
     let (on_new, on_old) = wait_for("both parts launched", Duration::from_secs(60), || {
         let (new, old) = (launches(filler_on), launches(alone_on));
@@ -449,7 +430,7 @@ async fn e2e_gang_a_job_that_grows_into_a_gang_resumes_every_part_from_its_stop(
             .then(|| (new[0].clone(), old[1].clone()))
             .ok_or(format!("{new:?} / {old:?}"))
     });
-    let log = strip_ansi(&agents[alone_on].log_text());
+    let log = strip_ansi(&c.agent(alone_on).log_text());
     let stopped = log
         .lines()
         .find(|l| l.contains(&format!("task={grower} ")) && l.contains(" stopped"))
@@ -481,9 +462,8 @@ async fn e2e_gang_a_job_that_grows_into_a_gang_resumes_every_part_from_its_stop(
 /// the second job's first stage sits where the first job's last stage ran.
 #[tokio::test]
 async fn e2e_gang_pipeline_jobs_over_two_nodes_switch_stages_in_reverse_order() {
-    let db = TestDb::create("fmsched_gangpipe").await;
-    let dir = tempfile::tempdir().unwrap();
-    let (port, _, _sched, agents) = gang_cluster(&db, dir.path(), &["node-a", "node-b"], &[]);
+    let (cluster, _) = gang_cluster("fmsched_gangpipe", &["node-a", "node-b"], &[]).await;
+    let (db, dir, port) = (&cluster.db, &cluster.dir, cluster.port);
     let pipeline = |name: &str, task: &str| {
         gang_yaml(name, task, 1500, 8, 40)
             .replace("max_gpus: 8 }", "max_gpus: 8, pipeline_parallel: true }")
@@ -498,7 +478,7 @@ async fn e2e_gang_pipeline_jobs_over_two_nodes_switch_stages_in_reverse_order() 
     )
     .expect("submit");
     all_completed(port, 2, Duration::from_secs(180));
-    let mut c = sqlx::PgConnection::connect(&db_url(&db)).await.unwrap();
+    let mut c = sqlx::PgConnection::connect(&db_url(db)).await.unwrap();
     let placed: Vec<(String,)> =
         sqlx::query_as("SELECT message FROM job_events WHERE to_state = 'running' ORDER BY seq")
             .fetch_all(&mut c)
@@ -511,7 +491,7 @@ async fn e2e_gang_pipeline_jobs_over_two_nodes_switch_stages_in_reverse_order() 
                 .all(|m| m.0.contains("node-a+node-b (8 GPUs)")),
         "each ran over both nodes: {placed:?}"
     );
-    for agent in agents.values() {
+    for agent in &cluster.agents {
         // Stage orders of the node's pipeline launches, in launch order.
         let orders: Vec<Vec<u32>> = strip_ansi(&agent.log_text())
             .lines()
@@ -537,9 +517,8 @@ async fn e2e_gang_pipeline_jobs_over_two_nodes_switch_stages_in_reverse_order() 
 /// submit naming the field.
 #[tokio::test]
 async fn e2e_gang_an_expert_parallel_job_is_never_split_across_nodes() {
-    let db = TestDb::create("fmsched_gangmoe").await;
-    let dir = tempfile::tempdir().unwrap();
-    let (port, _, _sched, _agents) = gang_cluster(&db, dir.path(), &["node-a", "node-b"], &[]);
+    let (c, _) = gang_cluster("fmsched_gangmoe", &["node-a", "node-b"], &[]).await;
+    let (db, dir, port) = (&c.db, &c.dir, c.port);
     let moe = |name: &str, model: &str, ep: u32| {
         gang_yaml(name, "rte", 3000, 8, 40)
             .replace("model: roberta-base", &format!("model: {model}"))
@@ -565,7 +544,7 @@ async fn e2e_gang_an_expert_parallel_job_is_never_split_across_nodes() {
     )
     .expect("submit");
     let (id, _) = job_named(port, "moe").unwrap();
-    let url = db_url(&db);
+    let url = db_url(db);
     let parts = running_on_two_nodes(&url, &id).await;
     assert!(
         parts.iter().all(|p| p.2 == 4),
@@ -612,14 +591,12 @@ async fn e2e_gang_an_expert_parallel_job_is_never_split_across_nodes() {
 /// checkpoint, completes, and no process of it is left anywhere.
 #[tokio::test]
 async fn e2e_gang_a_lost_node_stops_the_gang_and_the_job_resumes_from_its_checkpoint() {
-    let db = TestDb::create("fmsched_ganglost").await;
-    let dir = tempfile::tempdir().unwrap();
     let fast = [
         ("FMSCHED_LIVENESS__SUSPECT_AFTER", "1s"),
         ("FMSCHED_LIVENESS__OFFLINE_AFTER", "2s"),
     ];
-    let (port, _, _sched, mut agents) =
-        gang_cluster(&db, dir.path(), &["node-a", "node-b", "node-c"], &fast);
+    let (mut c, _) = gang_cluster("fmsched_ganglost", &["node-a", "node-b", "node-c"], &fast).await;
+    let (db, dir, port) = (&c.db, &c.dir, c.port);
     submit(
         port,
         dir.path(),
@@ -627,7 +604,7 @@ async fn e2e_gang_a_lost_node_stops_the_gang_and_the_job_resumes_from_its_checkp
     )
     .expect("submit");
     let (wide, _) = job_named(port, "wide").unwrap();
-    let url = db_url(&db);
+    let url = db_url(db);
     // Running on two nodes, with a checkpoint of rank 0 recorded.
     let parts = eventually(
         "wide checkpointed on two nodes",
@@ -656,7 +633,11 @@ async fn e2e_gang_a_lost_node_stops_the_gang_and_the_job_resumes_from_its_checkp
     let survivor_dir = dir.path().join(&survivor).display().to_string();
     let survivors = pids_with_env(&[&job_env, &survivor_dir]);
     assert_eq!(survivors.len(), 1, "one process per node of the gang");
-    agents.get_mut(lost.as_str()).unwrap().kill9();
+    c.agents
+        .iter_mut()
+        .find(|a| a.name == lost)
+        .expect("the lost node's agent")
+        .kill9();
     assert!(
         kill_processes_with_env(&lost_dir) >= 1,
         "rank 0 was running"

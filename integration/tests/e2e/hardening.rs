@@ -351,11 +351,9 @@ async fn e2e_hardening_a_forged_completion_report_changes_nothing() {
 /// processes, and the figures it prints come from what it measured.
 #[tokio::test]
 async fn e2e_hardening_bench_agents_runs_a_small_swarm_to_completion() {
-    let db = TestDb::create("fmsched_swarm").await;
-    let dir = tempfile::tempdir().unwrap();
-    let (port, mport) = (free_port(), free_port());
-    let _sched = scheduler_env(&db, port, dir.path(), Some(mport), &[]);
-    wait_up("scheduler up", port);
+    let c = Cluster::builder("fmsched_swarm").metrics().start().await;
+    let port = c.port;
+    let mport = c.metrics_port.expect("metrics asked for");
     let metrics = format!("127.0.0.1:{mport}");
     let out = fmctl(
         port,

@@ -671,28 +671,22 @@ fn metric_job(
 /// job.
 #[tokio::test]
 async fn e2e_a_running_job_leads_a_temporal_merge_with_a_later_arrival() {
-    let db = TestDb::create("fmsched_late_merge").await;
-    let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
     // The fake trainer restarts in well under a second: the policy weighs
     // that, not the default 30 s of a real checkpoint, against jobs of
     // seconds.
-    let _sched = scheduler_env(
-        &db,
-        port,
-        dir.path(),
-        None,
-        &[("FMSCHED_SCHEDULING__CHECKPOINT_COST", "1s")],
-    );
-    wait_up("scheduler up", port);
-    let _a = agent("node-a", port, dir.path());
+    let c = Cluster::builder("fmsched_late_merge")
+        .scheduler_env(&[("FMSCHED_SCHEDULING__CHECKPOINT_COST", "1s")])
+        .agent("node-a")
+        .start()
+        .await;
+    let (db, dir, port) = (&c.db, &c.dir, c.port);
     submit(
         port,
         dir.path(),
         [metric_job("lead", "qqp", 12_800, 3, 4.0)],
     )
     .expect("submit A");
-    let mut c = sqlx::PgConnection::connect(&db_url(&db)).await.unwrap();
+    let mut c = sqlx::PgConnection::connect(&db_url(db)).await.unwrap();
     let until = Instant::now() + Duration::from_secs(60);
     loop {
         let trained: Option<i64> = sqlx::query_scalar(
@@ -964,12 +958,12 @@ async fn e2e_tail_a_harmful_warm_start_restarts_from_the_pretrained_weights() {
 /// epoch of where it does.
 #[tokio::test]
 async fn e2e_estimate_prior_a_metric_target_is_predicted_from_finished_jobs() {
-    let db = TestDb::create("fmsched_prior").await;
-    let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let _sched = scheduler_env(&db, port, dir.path(), None, NO_MERGING);
-    wait_up("scheduler up", port);
-    let _a = agent("node-a", port, dir.path());
+    let c = Cluster::builder("fmsched_prior")
+        .scheduler_env(NO_MERGING)
+        .agent("node-a")
+        .start()
+        .await;
+    let (db, dir, port) = (&c.db, &c.dir, c.port);
     let manifest = |name: &str| {
         format!(
             "name: {name}\nmodel: roberta-base\n\
@@ -982,7 +976,7 @@ async fn e2e_estimate_prior_a_metric_target_is_predicted_from_finished_jobs() {
         )
     };
     let row = |id: String| {
-        let url = db_url(&db);
+        let url = db_url(db);
         async move {
             let mut c = sqlx::PgConnection::connect(&url).await.unwrap();
             sqlx::query_as::<_, (Option<i64>, String, Vec<f64>)>(
@@ -1050,7 +1044,7 @@ async fn e2e_estimate_prior_a_metric_target_is_predicted_from_finished_jobs() {
          ORDER BY seq LIMIT 1",
     )
     .bind(&second)
-    .fetch_one(&mut sqlx::PgConnection::connect(&db_url(&db)).await.unwrap())
+    .fetch_one(&mut sqlx::PgConnection::connect(&db_url(db)).await.unwrap())
     .await
     .unwrap();
     assert!(

@@ -7,7 +7,7 @@ use serde_json::Value;
 use sqlx::Connection;
 
 use crate::{
-    TrainersOf, agent, agent_with, all_completed, events_saying, fmctl, job_named, job_yaml, jobs,
+    TrainersOf, agent_with, all_completed, events_saying, fmctl, job_named, job_yaml, jobs,
     metric_value, scheduler_env, scrape, submit, wait_up,
 };
 
@@ -108,19 +108,14 @@ async fn e2e_prompt_a_prompt_tuning_job_returns_its_tuned_prompt() {
 /// is evicted.
 #[tokio::test]
 async fn e2e_prompt_a_request_starts_from_the_best_prompt_in_the_bank() {
-    let db = TestDb::create("fmsched_prompt_bank").await;
-    let dir = tempfile::tempdir().unwrap();
-    let _trainers = TrainersOf::new(dir.path());
-    let (port, mport) = (free_port(), free_port());
-    let _sched = scheduler_env(
-        &db,
-        port,
-        dir.path(),
-        Some(mport),
-        &[("FMSCHED_SCHEDULING__PROMPT_BANK_CAP", "3")],
-    );
-    wait_up("scheduler up", port);
-    let _a = agent("node-a", port, dir.path());
+    let c = Cluster::builder("fmsched_prompt_bank")
+        .scheduler_env(&[("FMSCHED_SCHEDULING__PROMPT_BANK_CAP", "3")])
+        .metrics()
+        .agent("node-a")
+        .start()
+        .await;
+    let (db, dir, port) = (&c.db, &c.dir, c.port);
+    let mport = c.metrics_port.expect("metrics asked for");
     let manifest = |name: &str, task: &str, prompt: &str| {
         format!(
             "kind: prompt_tuning\nname: {name}\nmodel: gpt2\n\
@@ -197,7 +192,7 @@ async fn e2e_prompt_a_request_starts_from_the_best_prompt_in_the_bank() {
         )) && err.contains("2 of 2 prompts scored"),
         "the dialogue prompt wins over the code prompt:\n{err}"
     );
-    let said = events_saying(&db, "initial prompt from the Prompt Bank").await;
+    let said = events_saying(db, "initial prompt from the Prompt Bank").await;
     assert_eq!(said.len(), 1, "one event, once: {said:?}");
     assert_eq!(said[0].0, id("dialogue-2"));
     assert!(

@@ -21,18 +21,12 @@ use crate::{
 #[tokio::test]
 async fn e2e_the_service_baselines_run_a_queue_to_completion() {
     for policy in ["themis", "tiresias"] {
-        let db = TestDb::create(&format!("fmsched_{policy}")).await;
-        let dir = tempfile::tempdir().unwrap();
-        let port = free_port();
-        let _sched = scheduler_env(
-            &db,
-            port,
-            dir.path(),
-            None,
-            &[("FMSCHED_SCHEDULING__POLICY", policy)],
-        );
-        wait_up("scheduler up", port);
-        let _a = agent("node-a", port, dir.path());
+        let c = Cluster::builder(&format!("fmsched_{policy}"))
+            .scheduler_env(&[("FMSCHED_SCHEDULING__POLICY", policy)])
+            .agent("node-a")
+            .start()
+            .await;
+        let (db, dir, port) = (&c.db, &c.dir, c.port);
         submit(
             port,
             dir.path(),
@@ -48,7 +42,7 @@ async fn e2e_the_service_baselines_run_a_queue_to_completion() {
             }),
         )
         .expect("submit");
-        let mut c = sqlx::PgConnection::connect(&db_url(&db)).await.unwrap();
+        let mut c = sqlx::PgConnection::connect(&db_url(db)).await.unwrap();
         if policy == "themis" {
             let deadline = Instant::now() + Duration::from_secs(60);
             loop {
