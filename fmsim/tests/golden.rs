@@ -803,7 +803,7 @@ fn published_trace_layouts_simulate_to_completion() {
 /// judged over the whole remaining time, on a generated 300-job 2× load on
 /// 16 × 4 V100. (On the shipped 40-job workload it cut the p99 too until
 /// trained jobs could lead temporal merges; now it does not there: see
-/// docs/fmsim.md, "The tail".)
+/// docs/experiments/2026-11-ymir-tail-on-fm1.md, "The tail".)
 #[test]
 fn tail_resize_horizon_cuts_restarts_on_a_generated_load() {
     let catalog = Catalog::default_synthetic();
@@ -877,7 +877,7 @@ fn tail_trained_jobs_lead_temporal_merges_and_cut_the_small_workloads_tail() {
 /// of another task finished starts from that job's output weights where
 /// the catalog's transfer saves it epochs. On the shipped workload they
 /// halve Ymir's mean and cut its p99 (debug build: 1.049 / 5.123 h without,
-/// 0.540 / 4.096 h with; docs/fmsim.md, "Warm starts"), and the per-job
+/// 0.540 / 4.096 h with; docs/experiments/2026-11-ymir-tail-on-fm1.md, "Warm starts"), and the per-job
 /// results name the finished job each start came from.
 #[test]
 fn tail_warm_starts_from_finished_jobs_cut_the_shipped_workloads_mean_and_tail() {

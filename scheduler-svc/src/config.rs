@@ -246,7 +246,7 @@ pub struct SchedulingConfig {
     /// at least this long after the last round began
     /// (`fmsched_core::round::round_after_event`; fmsim `--event-gap`).
     /// Unset: a round per interval only. On deadline workloads a round per
-    /// minute alone misses short jobs' deadlines (docs/fmsim.md).
+    /// minute alone misses short jobs' deadlines (docs/fmsim/deadlines.md).
     #[serde(with = "humantime_serde")]
     pub event_round_gap: Option<Duration>,
     /// Rounds for deadlines: a job with a deadline that would miss it

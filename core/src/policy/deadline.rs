@@ -20,7 +20,7 @@
 //! a job's time alone leave a short job less slack than one cycle.
 //! Rounds on events (`scheduling.event_round_gap`, `fmsim --event-gap`;
 //! [`crate::round::round_after_event`]) cut the wait further, for every
-//! policy: on the generated workloads of docs/fmsim.md UniSched's
+//! policy: on the generated workloads of docs/fmsim/deadlines.md UniSched's
 //! violation over reachable deadlines falls from 3.9 to 1.7 % (SLO, 100 %).
 //!
 //! **Stopping criteria (§5.3.2.2).** A job that stops on a metric target
@@ -86,9 +86,9 @@
 //!   Idle GPUs are not left idle, and a shorter best-effort job goes first
 //!   while an SLO job is not at risk (the Selector's point). Measured on
 //!   `fmsim`'s generated SLO, MIX1 and MIX2 workloads at 100 % and 160 %
-//!   density (96 × 8 A100; docs/fmsim.md), weighted violation over the
+//!   density (96 × 8 A100; docs/fmsim/deadlines.md), weighted violation over the
 //!   reachable deadlines (by the floor of then, which left out the profiling
-//!   run's length; docs/fmsim.md has the figures by today's):
+//!   run's length; docs/fmsim/deadlines.md has the figures by today's):
 //!   - weight 0.3 (best-effort work first unless the SLO job is much
 //!     shorter): 7.8 / 9.1 % (SLO), 9.0 / 9.6 % (MIX1), 5.7 / 6.0 % (MIX2),
 //!     best-effort JCT 2.20–2.41 h;

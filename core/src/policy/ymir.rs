@@ -47,7 +47,7 @@
 //!    ([`relaxation_greedy`], `stats.relaxed`): at 5,000 queued jobs HiGHS
 //!    runs to its limit (0.5–2 s) and its time-limited incumbent is worth
 //!    less than the greedy's plan, which takes 35–48 ms (`fmsim
-//!    bench-solver`; docs/fmsim.md, "Datacenter-size rounds").
+//!    bench-solver`; docs/fmsim/datacenter.md, "Datacenter-size rounds").
 //!
 //! **Partitions** (ICEFROG §V-E, at datacenter size; off by default since
 //! the relaxation took over large rounds): a round with more
@@ -95,7 +95,7 @@ pub struct YmirConfig {
     /// the response ratio of HRRN (Brinch Hansen 1971) with λτ as the
     /// base, so a long job that has waited about its own remaining time
     /// ranks with a fresh job of τ and no job waits behind ever-shorter
-    /// arrivals. 0 (the default): no aging. Measured (docs/fmsim.md): with
+    /// arrivals. 0 (the default): no aging. Measured (docs/experiments/2026-11-ymir-tail-on-fm1.md): with
     /// λ = 1 it lowers the worst finish-time fairness but not the p99 JCT,
     /// whose jobs are the longest ones, running near their own length; with
     /// λ = 0 (the paper's objective alone, which can leave a rigid 4-GPU

@@ -8,7 +8,7 @@
 /// than the periodic round `next_s`. A round per interval leaves a new
 /// short job up to an interval to wait, twice when it profiles first; with
 /// deadlines of 1.1–2× a job's time alone that wait alone misses them
-/// (docs/fmsim.md, "Rounds on events"). The service and fmsim both run
+/// (docs/fmsim/deadlines.md, "Rounds on events"). The service and fmsim both run
 /// this rule (`scheduling.event_round_gap`, `fmsim --event-gap`).
 pub fn round_after_event(next_s: f64, now_s: f64, last_started_s: f64, gap_s: f64) -> f64 {
     next_s.min(now_s.max(last_started_s + gap_s))
@@ -22,7 +22,7 @@ pub fn round_after_event(next_s: f64, now_s: f64, last_started_s: f64, gap_s: f6
 /// periodic round. Only such a job brings the round forward, so a periodic
 /// round still finds the other arrivals waiting together (the pairs Ymir
 /// merges): rounds on every event meet the same deadlines but cost the
-/// default policy 8–15 % of its mean JCT (docs/fmsim.md, "Rounds for
+/// default policy 8–15 % of its mean JCT (docs/fmsim/deadlines.md, "Rounds for
 /// deadlines"). The service and fmsim both run this rule
 /// (`scheduling.deadline_round_gap`, `fmsim --deadline-gap`).
 pub fn round_for_deadline(
