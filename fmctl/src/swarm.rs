@@ -216,25 +216,7 @@ pub async fn run_agent(
     while !stop.load(Ordering::Relaxed) {
         let mut client = AgentServiceClient::new(channel.clone());
         let (tx, rx) = mpsc::channel::<pb::AgentMessage>(16);
-        let reg = pb::Register {
-            node_id: node.clone(),
-            hostname: node.clone(),
-            gpus: (0..cfg.gpus)
-                .map(|i| pb::GpuInfo {
-                    uuid: format!("GPU-{node}-{i}"),
-                    index: i,
-                    model: cfg.gpu_model.clone(),
-                    memory_total_bytes: 80 << 30,
-                    pci_bus_id: format!("0000:{i:02x}:00.0"),
-                })
-                .collect(),
-            agent_version: concat!("swarm-", env!("CARGO_PKG_VERSION")).into(),
-            join_token: cfg.join_token.clone(),
-            gpu_backend: "fake".into(),
-            node_token: node_token.clone(),
-            instance_id: instance.clone(),
-            ..Default::default()
-        };
+        let reg = register_message(&cfg, &node, &node_token, &instance);
         let _ = tx
             .send(pb::AgentMessage {
                 msg: Some(Msg::Register(reg)),
@@ -348,6 +330,35 @@ pub async fn run_agent(
             }
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// A simulated agent's registration: its fake GPUs, its node token once
+/// enrolled, its instance id.
+fn register_message(
+    cfg: &SwarmConfig,
+    node: &str,
+    node_token: &str,
+    instance: &str,
+) -> pb::Register {
+    pb::Register {
+        node_id: node.to_string(),
+        hostname: node.to_string(),
+        gpus: (0..cfg.gpus)
+            .map(|i| pb::GpuInfo {
+                uuid: format!("GPU-{node}-{i}"),
+                index: i,
+                model: cfg.gpu_model.clone(),
+                memory_total_bytes: 80 << 30,
+                pci_bus_id: format!("0000:{i:02x}:00.0"),
+            })
+            .collect(),
+        agent_version: concat!("swarm-", env!("CARGO_PKG_VERSION")).into(),
+        join_token: cfg.join_token.clone(),
+        gpu_backend: "fake".into(),
+        node_token: node_token.to_string(),
+        instance_id: instance.to_string(),
+        ..Default::default()
     }
 }
 

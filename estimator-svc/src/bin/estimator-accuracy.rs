@@ -787,6 +787,161 @@ fn main() {
     }
 }
 
+/// The figures on the Ymir authors' published data (`--anchor-dir`):
+/// epochs-to-target errors of each estimator from 3 and 5 epochs, alone,
+/// temporal and spatial, where the learned prior's error sits, and the
+/// LUT's leave-one-out error; their headline goes into `summary`.
+fn anchor_figures(dir: &Path, summary: &mut String) -> anyhow::Result<()> {
+    eprintln!("reading anchor data in {} ...", dir.display());
+    let cases = anchor_cases(dir)?;
+    let alone = |c: &&Case| c.mode == Mode::Alone;
+    for (name, mode) in [
+        ("anchor_alone_jobs", Mode::Alone),
+        ("anchor_temporal_pairs", Mode::Temporal),
+        ("anchor_spatial_pair_tasks", Mode::Spatial),
+    ] {
+        out(name, cases.iter().filter(|c| c.mode == mode).count());
+    }
+    // The workloads repeat jobs: many share one published curve
+    // (task, learning rate, accumulation) and target. Each distinct
+    // case once, and how many targets are their curve's best value
+    // (then the epoch to predict is the one the curve peaks at,
+    // which on a noisy plateau one evaluation's noise decides).
+    let mut distinct: Vec<Case> = Vec::new();
+    for c in &cases {
+        let same = |d: &Case| {
+            d.model == c.model
+                && d.task == c.task
+                && d.mode == c.mode
+                && d.target.to_bits() == c.target.to_bits()
+                && d.curve == c.curve
+        };
+        if !distinct.iter().any(same) {
+            distinct.push(c.clone());
+        }
+    }
+    out(
+        "anchor_alone_distinct_cases",
+        distinct.iter().filter(alone).count(),
+    );
+    let at_best = cases
+        .iter()
+        .filter(alone)
+        .filter(|c| {
+            // The targets are printed to 16 digits: within an ulp.
+            let best = c.curve.iter().map(|p| p.1).fold(f64::MIN, f64::max);
+            c.target >= best - 1e-12 * best.abs()
+        })
+        .count();
+    out(
+        "anchor_alone_targets_at_curve_best_pct",
+        format!(
+            "{:.1}",
+            100.0 * at_best as f64 / cases.iter().filter(alone).count().max(1) as f64
+        ),
+    );
+    let mut headline = Vec::new();
+    // 3 epochs: what profiling sees; 5: half of the 10-epoch trace.
+    for n in [3, 5] {
+        let AnchorAccuracy {
+            fit,
+            prior,
+            shape_prior,
+            kernel,
+            shipped,
+            own,
+            cap,
+        } = anchor_accuracy(&cases, &cases, n);
+        for (name, acc) in [
+            ("fit", &fit),
+            ("prior", &prior),
+            ("shape_prior", &shape_prior),
+            ("kernel_alone", &kernel),
+            ("shipped", &shipped),
+            ("own_curve_ceiling", &own),
+            ("train_to_cap", &cap),
+        ] {
+            for (kind, s) in [
+                ("alone", &acc.alone),
+                ("temporal", &acc.temporal),
+                ("spatial", &acc.spatial),
+            ] {
+                out(
+                    &format!("anchor_{n}ep_{name}_{kind}_epochs_ape_mean_pct"),
+                    format!("{:.2}", s.mean()),
+                );
+                out(
+                    &format!("anchor_{n}ep_{name}_{kind}_epochs_ape_max_pct"),
+                    format!("{:.2}", s.max()),
+                );
+            }
+        }
+        // Where the learned prior's error sits: a few tasks whose
+        // one curve stands for many jobs carry most of the mean.
+        for (kind, mode) in [
+            ("alone", Mode::Alone),
+            ("temporal", Mode::Temporal),
+            ("spatial", Mode::Spatial),
+        ] {
+            out(
+                &format!("anchor_{n}ep_prior_{kind}_worst_tasks_share_of_ape"),
+                prior.worst_tasks(mode, 3),
+            );
+            out(
+                &format!("anchor_{n}ep_prior_{kind}_epochs_ape_mean_by_model"),
+                prior.by_model(mode),
+            );
+        }
+        let once = anchor_accuracy(&distinct, &cases, n).prior;
+        out(
+            &format!("anchor_{n}ep_prior_alone_distinct_epochs_ape_mean_pct"),
+            format!("{:.2}", once.alone.mean()),
+        );
+        out(
+            &format!("anchor_{n}ep_prior_p10_p90_coverage_pct"),
+            format!(
+                "{:.1}",
+                100.0 * prior.covered as f64 / prior.predicted.max(1) as f64
+            ),
+        );
+        *summary += &format!(
+            "; {n} epochs: epochs APE fit {:.1}%/{:.1}%, prior {:.1}%/{:.1}% (curve shapes only {:.1}%/{:.1}%), own curve in the library {:.1}%/{:.1}%, training to the cap {:.1}%/{:.1}% (alone/temporal)",
+            fit.alone.mean(),
+            fit.temporal.mean(),
+            prior.alone.mean(),
+            prior.temporal.mean(),
+            shape_prior.alone.mean(),
+            shape_prior.temporal.mean(),
+            own.alone.mean(),
+            own.temporal.mean(),
+            cap.alone.mean(),
+            cap.temporal.mean()
+        );
+        *summary += &format!(
+            ", spatial pairs' tasks: prior {:.1}%, training to the cap {:.1}%",
+            prior.spatial.mean(),
+            cap.spatial.mean()
+        );
+        let met = |ape: f64| if ape <= 10.0 { "met" } else { "not met" };
+        headline.push(format!(
+            "from {n} epochs alone {}, temporal {}",
+            met(prior.alone.mean()),
+            met(prior.temporal.mean())
+        ));
+    }
+    *summary += &format!(" (target 10%: {})", headline.join("; "));
+    let (loo, n) = lut_leave_one_out(dir)?;
+    out("anchor_lut_loo_points", n);
+    out("anchor_lut_loo_mape_mean_pct", format!("{:.2}", loo.mean()));
+    out("anchor_lut_loo_ape_max_pct", format!("{:.2}", loo.max()));
+    *summary += &format!(
+        "; LUT LOO MAPE {:.2}% max {:.1}% (target 5%)",
+        loo.mean(),
+        loo.max()
+    );
+    Ok(())
+}
+
 fn run() -> anyhow::Result<()> {
     let mut anchor: Option<PathBuf> = None;
     let mut args = std::env::args().skip(1);
@@ -851,155 +1006,7 @@ fn run() -> anyhow::Result<()> {
         syn.half_learned.mean()
     );
     match anchor {
-        Some(dir) if dir.join("task-curves.json").exists() => {
-            eprintln!("reading anchor data in {} ...", dir.display());
-            let cases = anchor_cases(&dir)?;
-            let alone = |c: &&Case| c.mode == Mode::Alone;
-            for (name, mode) in [
-                ("anchor_alone_jobs", Mode::Alone),
-                ("anchor_temporal_pairs", Mode::Temporal),
-                ("anchor_spatial_pair_tasks", Mode::Spatial),
-            ] {
-                out(name, cases.iter().filter(|c| c.mode == mode).count());
-            }
-            // The workloads repeat jobs: many share one published curve
-            // (task, learning rate, accumulation) and target. Each distinct
-            // case once, and how many targets are their curve's best value
-            // (then the epoch to predict is the one the curve peaks at,
-            // which on a noisy plateau one evaluation's noise decides).
-            let mut distinct: Vec<Case> = Vec::new();
-            for c in &cases {
-                let same = |d: &Case| {
-                    d.model == c.model
-                        && d.task == c.task
-                        && d.mode == c.mode
-                        && d.target.to_bits() == c.target.to_bits()
-                        && d.curve == c.curve
-                };
-                if !distinct.iter().any(same) {
-                    distinct.push(c.clone());
-                }
-            }
-            out(
-                "anchor_alone_distinct_cases",
-                distinct.iter().filter(alone).count(),
-            );
-            let at_best = cases
-                .iter()
-                .filter(alone)
-                .filter(|c| {
-                    // The targets are printed to 16 digits: within an ulp.
-                    let best = c.curve.iter().map(|p| p.1).fold(f64::MIN, f64::max);
-                    c.target >= best - 1e-12 * best.abs()
-                })
-                .count();
-            out(
-                "anchor_alone_targets_at_curve_best_pct",
-                format!(
-                    "{:.1}",
-                    100.0 * at_best as f64 / cases.iter().filter(alone).count().max(1) as f64
-                ),
-            );
-            let mut headline = Vec::new();
-            // 3 epochs: what profiling sees; 5: half of the 10-epoch trace.
-            for n in [3, 5] {
-                let AnchorAccuracy {
-                    fit,
-                    prior,
-                    shape_prior,
-                    kernel,
-                    shipped,
-                    own,
-                    cap,
-                } = anchor_accuracy(&cases, &cases, n);
-                for (name, acc) in [
-                    ("fit", &fit),
-                    ("prior", &prior),
-                    ("shape_prior", &shape_prior),
-                    ("kernel_alone", &kernel),
-                    ("shipped", &shipped),
-                    ("own_curve_ceiling", &own),
-                    ("train_to_cap", &cap),
-                ] {
-                    for (kind, s) in [
-                        ("alone", &acc.alone),
-                        ("temporal", &acc.temporal),
-                        ("spatial", &acc.spatial),
-                    ] {
-                        out(
-                            &format!("anchor_{n}ep_{name}_{kind}_epochs_ape_mean_pct"),
-                            format!("{:.2}", s.mean()),
-                        );
-                        out(
-                            &format!("anchor_{n}ep_{name}_{kind}_epochs_ape_max_pct"),
-                            format!("{:.2}", s.max()),
-                        );
-                    }
-                }
-                // Where the learned prior's error sits: a few tasks whose
-                // one curve stands for many jobs carry most of the mean.
-                for (kind, mode) in [
-                    ("alone", Mode::Alone),
-                    ("temporal", Mode::Temporal),
-                    ("spatial", Mode::Spatial),
-                ] {
-                    out(
-                        &format!("anchor_{n}ep_prior_{kind}_worst_tasks_share_of_ape"),
-                        prior.worst_tasks(mode, 3),
-                    );
-                    out(
-                        &format!("anchor_{n}ep_prior_{kind}_epochs_ape_mean_by_model"),
-                        prior.by_model(mode),
-                    );
-                }
-                let once = anchor_accuracy(&distinct, &cases, n).prior;
-                out(
-                    &format!("anchor_{n}ep_prior_alone_distinct_epochs_ape_mean_pct"),
-                    format!("{:.2}", once.alone.mean()),
-                );
-                out(
-                    &format!("anchor_{n}ep_prior_p10_p90_coverage_pct"),
-                    format!(
-                        "{:.1}",
-                        100.0 * prior.covered as f64 / prior.predicted.max(1) as f64
-                    ),
-                );
-                summary += &format!(
-                    "; {n} epochs: epochs APE fit {:.1}%/{:.1}%, prior {:.1}%/{:.1}% (curve shapes only {:.1}%/{:.1}%), own curve in the library {:.1}%/{:.1}%, training to the cap {:.1}%/{:.1}% (alone/temporal)",
-                    fit.alone.mean(),
-                    fit.temporal.mean(),
-                    prior.alone.mean(),
-                    prior.temporal.mean(),
-                    shape_prior.alone.mean(),
-                    shape_prior.temporal.mean(),
-                    own.alone.mean(),
-                    own.temporal.mean(),
-                    cap.alone.mean(),
-                    cap.temporal.mean()
-                );
-                summary += &format!(
-                    ", spatial pairs' tasks: prior {:.1}%, training to the cap {:.1}%",
-                    prior.spatial.mean(),
-                    cap.spatial.mean()
-                );
-                let met = |ape: f64| if ape <= 10.0 { "met" } else { "not met" };
-                headline.push(format!(
-                    "from {n} epochs alone {}, temporal {}",
-                    met(prior.alone.mean()),
-                    met(prior.temporal.mean())
-                ));
-            }
-            summary += &format!(" (target 10%: {})", headline.join("; "));
-            let (loo, n) = lut_leave_one_out(&dir)?;
-            out("anchor_lut_loo_points", n);
-            out("anchor_lut_loo_mape_mean_pct", format!("{:.2}", loo.mean()));
-            out("anchor_lut_loo_ape_max_pct", format!("{:.2}", loo.max()));
-            summary += &format!(
-                "; LUT LOO MAPE {:.2}% max {:.1}% (target 5%)",
-                loo.mean(),
-                loo.max()
-            );
-        }
+        Some(dir) if dir.join("task-curves.json").exists() => anchor_figures(&dir, &mut summary)?,
         Some(dir) => {
             eprintln!(
                 "no anchor data at {}: skipping the anchor figures",

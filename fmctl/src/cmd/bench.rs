@@ -150,21 +150,7 @@ pub(crate) async fn bench_agents(
     use fmctl::swarm::{SwarmStats, run_agent};
     use std::sync::Arc;
     use std::sync::atomic::{AtomicBool, Ordering};
-    if swarm.agents == 0 || swarm.gpus == 0 || swarm.connections == 0 {
-        return Err(ClientError::Usage(
-            "--agents, --gpus and --connections must be > 0".into(),
-        ));
-    }
-    if swarm.join_token.is_empty() {
-        return Err(ClientError::Usage(
-            "no join token: pass --join-token or set FMSCHED_JOIN_TOKEN".into(),
-        ));
-    }
-    if !(swarm.it_per_s.is_finite() && swarm.it_per_s > 0.0) || iterations == 0 {
-        return Err(ClientError::Usage(
-            "--it-per-s and --iterations must be > 0".into(),
-        ));
-    }
+    check_swarm(&swarm, iterations)?;
     let client = Client::connect(cfg.clone()).await?;
     // Sessions live as long as the bench: no per-call timeout on them.
     let session_cfg = ClientConfig {
@@ -197,35 +183,14 @@ pub(crate) async fn bench_agents(
             stop.clone(),
         )));
     }
-    let deadline = started + swarm.interval * 2 + Duration::from_secs(60);
-    while stats.registered.load(Ordering::Relaxed) < swarm.agents {
-        if Instant::now() > deadline {
-            stop.store(true, Ordering::Relaxed);
-            return Err(ClientError::Usage(format!(
-                "only {} of {} agents registered within a minute ({} refusals)",
-                stats.registered.load(Ordering::Relaxed),
-                swarm.agents,
-                stats.refusals.load(Ordering::Relaxed)
-            )));
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    wait_registered(&swarm, &stats, &stop, started).await?;
     let registered_after = started.elapsed();
     eprintln!(
         "  {} agents registered in {:.1} s",
         swarm.agents,
         registered_after.as_secs_f64()
     );
-    // The jobs: the built-in spec, `iterations` long, one GPU each.
-    let mut spec = fmctl::parse_spec("built-in bench spec", BENCH_SPEC)?;
-    spec.target.max_epochs = None;
-    spec.target.max_iterations = Some(iterations);
-    spec.resources.max_gpus = 1;
-    let before: u64 = completed_jobs(&client).await?;
-    for k in 0..jobs {
-        spec.name = format!("{}-job-{k}", swarm.prefix);
-        client.submit(&spec, None).await?;
-    }
+    let before = submit_bench_jobs(&client, &swarm.prefix, jobs, iterations).await?;
     if jobs > 0 {
         eprintln!(
             "  {jobs} jobs submitted in {:.1} s",
@@ -304,18 +269,7 @@ pub(crate) async fn bench_agents(
         q(0.99),
         rounds_ms.last().copied().unwrap_or(0.0)
     );
-    // Where a round's time went: each phase's mean over the rounds run.
-    if let (Some(a), Some(b)) = (first, prev)
-        && b.rounds > a.rounds
-    {
-        let n = b.rounds - a.rounds;
-        let phases: Vec<String> = ROUND_PHASES
-            .iter()
-            .zip(a.phase_sum_s.iter().zip(&b.phase_sum_s))
-            .map(|(p, (x, y))| format!("{}={:.1}", p.replace(' ', "_"), (y - x) / n * 1000.0))
-            .collect();
-        println!("round_phase_mean_ms {}", phases.join(" "));
-    }
+    print_round_phases(first, prev);
     println!(
         "scheduler cpu_cores={cpu:.2} rss_max_mib={:.0}  suspect_max={suspect_max} offline_max={offline_max} re_registrations={} refusals={} plans={} suspended={}",
         rss_max / (1 << 20) as f64,
@@ -333,6 +287,87 @@ pub(crate) async fn bench_agents(
         stats.reregistrations.load(Ordering::Relaxed),
     );
     Ok(())
+}
+
+/// Where a round's time went: each phase's mean over the rounds run
+/// between two samples of the scheduler's metrics.
+fn print_round_phases(first: Option<SchedulerSample>, last: Option<SchedulerSample>) {
+    if let (Some(a), Some(b)) = (first, last)
+        && b.rounds > a.rounds
+    {
+        let n = b.rounds - a.rounds;
+        let phases: Vec<String> = ROUND_PHASES
+            .iter()
+            .zip(a.phase_sum_s.iter().zip(&b.phase_sum_s))
+            .map(|(p, (x, y))| format!("{}={:.1}", p.replace(' ', "_"), (y - x) / n * 1000.0))
+            .collect();
+        println!("round_phase_mean_ms {}", phases.join(" "));
+    }
+}
+
+/// The flags' checks of `fmctl bench-agents`.
+fn check_swarm(swarm: &fmctl::swarm::SwarmConfig, iterations: u64) -> Result<(), ClientError> {
+    if swarm.agents == 0 || swarm.gpus == 0 || swarm.connections == 0 {
+        return Err(ClientError::Usage(
+            "--agents, --gpus and --connections must be > 0".into(),
+        ));
+    }
+    if swarm.join_token.is_empty() {
+        return Err(ClientError::Usage(
+            "no join token: pass --join-token or set FMSCHED_JOIN_TOKEN".into(),
+        ));
+    }
+    if !(swarm.it_per_s.is_finite() && swarm.it_per_s > 0.0) || iterations == 0 {
+        return Err(ClientError::Usage(
+            "--it-per-s and --iterations must be > 0".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// Waits (two heartbeats and a minute at most) until every simulated
+/// agent has registered; stops the swarm and says how far it got if not.
+async fn wait_registered(
+    swarm: &fmctl::swarm::SwarmConfig,
+    stats: &fmctl::swarm::SwarmStats,
+    stop: &std::sync::atomic::AtomicBool,
+    started: Instant,
+) -> Result<(), ClientError> {
+    use std::sync::atomic::Ordering;
+    let deadline = started + swarm.interval * 2 + Duration::from_secs(60);
+    while stats.registered.load(Ordering::Relaxed) < swarm.agents {
+        if Instant::now() > deadline {
+            stop.store(true, Ordering::Relaxed);
+            return Err(ClientError::Usage(format!(
+                "only {} of {} agents registered within a minute ({} refusals)",
+                stats.registered.load(Ordering::Relaxed),
+                swarm.agents,
+                stats.refusals.load(Ordering::Relaxed)
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    Ok(())
+}
+
+/// Submits `jobs` bench jobs (the built-in spec, `iterations` long, one
+/// GPU each) named after `prefix`; returns the jobs completed before them.
+async fn submit_bench_jobs(
+    client: &Client,
+    prefix: &str,
+    jobs: usize,
+    iterations: u64,
+) -> Result<u64, ClientError> {
+    let mut spec = fmctl::parse_spec("built-in bench spec", BENCH_SPEC)?;
+    spec.target.max_epochs = None;
+    spec.target.max_iterations = Some(iterations);
+    spec.resources.max_gpus = 1;
+    let before: u64 = completed_jobs(client).await?;
+    for k in 0..jobs {
+        spec.name = format!("{prefix}-job-{k}");
+        client.submit(&spec, None).await?;
+    }
+    Ok(before)
 }
 
 /// Completed jobs in the cluster summary.

@@ -8,7 +8,6 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use chrono::{DateTime, Utc};
 use fmsched_core::{JobId, JobSpec, JobState, NodeId};
-use sqlx::Row;
 use uuid::Uuid;
 
 use crate::persistence::nodes::node_event_in;
@@ -206,6 +205,21 @@ pub struct TuningRecord {
     pub fair_share_gpu_s: f64,
 }
 
+/// A `node_loans` row.
+#[derive(sqlx::FromRow)]
+struct LoanRow {
+    node_id: String,
+    state: String,
+    loaned_by: String,
+    loaned_at: DateTime<Utc>,
+    reclaimed_by: String,
+    reclaimed_at: Option<DateTime<Utc>>,
+    reclaim_deadline: Option<DateTime<Utc>>,
+    preempted: serde_json::Value,
+    scaled_in: serde_json::Value,
+    returned_at: Option<DateTime<Utc>>,
+}
+
 impl Persistence {
     /// Every job still live, and those that ended after `since`, oldest
     /// first, with their service (AutoSched's history).
@@ -300,7 +314,7 @@ impl Persistence {
     /// Every node's loan (returned ones too).
     pub async fn loans(&self) -> Result<BTreeMap<NodeId, NodeLoan>, PersistenceError> {
         const OP: &str = "loans";
-        let rows = sqlx::query(
+        let rows = sqlx::query_as::<_, LoanRow>(
             "SELECT node_id, state, loaned_by, loaned_at, reclaimed_by, reclaimed_at,
                     reclaim_deadline, preempted, scaled_in, returned_at
              FROM node_loans ORDER BY node_id",
@@ -315,23 +329,20 @@ impl Persistence {
         };
         let mut out = BTreeMap::new();
         for r in rows {
-            let get = |e: sqlx::Error| corrupt(OP, e.to_string());
-            let id = NodeId::try_from(r.try_get::<String, _>("node_id").map_err(get)?)
-                .map_err(|e| corrupt(OP, e))?;
-            let state: String = r.try_get("state").map_err(get)?;
+            let id = NodeId::try_from(r.node_id).map_err(|e| corrupt(OP, e))?;
             out.insert(
                 id,
                 NodeLoan {
-                    state: LoanState::parse(&state)
-                        .ok_or_else(|| corrupt(OP, format!("loan state {state:?}")))?,
-                    loaned_by: r.try_get("loaned_by").map_err(get)?,
-                    loaned_at: r.try_get("loaned_at").map_err(get)?,
-                    reclaimed_by: r.try_get("reclaimed_by").map_err(get)?,
-                    reclaimed_at: r.try_get("reclaimed_at").map_err(get)?,
-                    reclaim_deadline: r.try_get("reclaim_deadline").map_err(get)?,
-                    preempted: jobs(r.try_get("preempted").map_err(get)?)?,
-                    scaled_in: jobs(r.try_get("scaled_in").map_err(get)?)?,
-                    returned_at: r.try_get("returned_at").map_err(get)?,
+                    state: LoanState::parse(&r.state)
+                        .ok_or_else(|| corrupt(OP, format!("loan state {:?}", r.state)))?,
+                    loaned_by: r.loaned_by,
+                    loaned_at: r.loaned_at,
+                    reclaimed_by: r.reclaimed_by,
+                    reclaimed_at: r.reclaimed_at,
+                    reclaim_deadline: r.reclaim_deadline,
+                    preempted: jobs(r.preempted)?,
+                    scaled_in: jobs(r.scaled_in)?,
+                    returned_at: r.returned_at,
                 },
             );
         }

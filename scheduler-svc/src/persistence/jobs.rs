@@ -6,7 +6,6 @@ use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
 use fmsched_core::{JobId, JobSpec, JobState, UserName};
-use sqlx::Row;
 
 use crate::persistence::records::{JOB_COLUMNS, JobRecord, job_from_row, opt_state};
 use crate::persistence::writes::{notes_in, transition_in};
@@ -84,7 +83,7 @@ impl Persistence {
         let spec = serde_json::to_value(new.spec).map_err(|e| corrupt(OP, e.to_string()))?;
         // The event's sequence number is drawn in the jobs insert so both rows
         // agree without a second statement.
-        let row = sqlx::query(
+        let seq: Option<i64> = sqlx::query_scalar(
             "WITH ins AS (
                 INSERT INTO jobs (id, owner, name, model, spec, idempotency_key, state,
                                   created_at, updated_at, last_event_seq)
@@ -109,8 +108,7 @@ impl Persistence {
         .await
         .map_err(db_err(OP))?;
 
-        if let Some(row) = row {
-            let seq: i64 = row.try_get(0).map_err(|e| corrupt(OP, e.to_string()))?;
+        if let Some(seq) = seq {
             return Ok(SubmitOutcome::Created(JobRecord {
                 id: new.id,
                 owner: new.owner.clone(),
