@@ -290,3 +290,117 @@ fn the_live_loop_and_fmsim_keep_one_round_clock() {
     assert_eq!(grid.round_clock(120.0, 130.0).next_s(), 240.0);
     assert!(!grid.round_clock(120.0, 130.0).wakes_on_events());
 }
+
+/// Service accounting: the service's round commit turns each held plan
+/// into deltas through core's `accrue`, and fmsim accrues through it as
+/// its virtual time passes. Pinned here: what a job trained on, how long
+/// it trained and what it deserved, for a job present the whole period,
+/// one that came during it, a profiling-only job and a clock that went
+/// back.
+#[test]
+fn the_commit_and_fmsim_accrue_service_by_one_rule() {
+    use fmsched_core::round::{Accrued, accrue, fair_share};
+
+    // 8 GPUs, 3 live jobs: a third each, at most what one asked for.
+    assert_eq!(fair_share(8, 3, 4), 8.0 / 3.0);
+    assert_eq!(fair_share(8, 3, 2), 2.0);
+    assert_eq!(fair_share(8, 0, 2), 0.0);
+    let whole = accrue(4, 2.0, 60.0, 60.0);
+    assert_eq!(
+        whole,
+        Accrued {
+            attained_gpu_s: 240.0,
+            executed_s: 60.0,
+            fair_share_gpu_s: 120.0,
+        }
+    );
+    // Submitted 15 s before the commit: it deserved 15 s of its share.
+    assert_eq!(accrue(0, 2.0, 60.0, 15.0).fair_share_gpu_s, 30.0);
+    // Present longer than the plan held: only the held period counts.
+    assert_eq!(accrue(0, 2.0, 60.0, 600.0).fair_share_gpu_s, 120.0);
+    // Profiling or waiting: no attained service and no executed time.
+    assert_eq!(accrue(0, 2.0, 60.0, 60.0).executed_s, 0.0);
+    assert_eq!(accrue(2, 1.0, -5.0, -5.0), Accrued::default());
+}
+
+/// The merge guard's consequence: the service's round
+/// (`observe::guard`, on its job ids) and fmsim's engine (`engine::merges`,
+/// on its job indices) both apply core's `guard_consequence` of a ruling.
+/// Pinned here: what a kept merge, a split and a fresh start do to A and B.
+#[test]
+fn the_live_guard_and_fmsim_guard_share_one_consequence() {
+    use fmsched_core::round::guard::{
+        GUARD_EPOCHS, GainMeasure, GuardRuling, GuardVerdict, guard_consequence, ruling_of,
+    };
+
+    assert_eq!(GUARD_EPOCHS, 2, "Ymir §4.3: the first two epochs");
+    assert_eq!(ruling_of(&GuardVerdict::Wait), None);
+    assert_eq!(ruling_of(&GuardVerdict::Keep), Some(GuardRuling::Keep));
+    assert_eq!(
+        ruling_of(&GuardVerdict::Split("why".into())),
+        Some(GuardRuling::Split)
+    );
+    let (a, b) = ("a", "b");
+    // (mode, ruling) -> (ends, alone, leaves the joint process, restarts, measure)
+    let table = [
+        (
+            MergeMode::Spatial,
+            GuardRuling::Keep,
+            false,
+            vec![],
+            None,
+            None,
+            GainMeasure::EachAgainstOwnCurve,
+        ),
+        (
+            MergeMode::Temporal,
+            GuardRuling::Keep,
+            false,
+            vec![],
+            None,
+            None,
+            GainMeasure::Later,
+        ),
+        (
+            MergeMode::Spatial,
+            GuardRuling::Split,
+            true,
+            vec![a, b],
+            Some(b),
+            None,
+            GainMeasure::EachAgainstOwnCurve,
+        ),
+        (
+            MergeMode::Temporal,
+            GuardRuling::Split,
+            true,
+            vec![a, b],
+            None,
+            None,
+            GainMeasure::NoGain,
+        ),
+        (
+            MergeMode::Temporal,
+            GuardRuling::RestartFresh,
+            true,
+            vec![b],
+            None,
+            Some(b),
+            GainMeasure::AlreadyMeasured,
+        ),
+    ];
+    for (mode, ruling, ends, alone, leaves, restarts, measure) in table {
+        let c = guard_consequence(mode, a, b, ruling);
+        assert_eq!(
+            (
+                c.ends,
+                c.alone,
+                c.leaves_joint_process,
+                c.restarts,
+                c.measure
+            ),
+            (ends, alone, leaves, restarts, measure),
+            "{mode:?} {ruling:?}"
+        );
+    }
+}

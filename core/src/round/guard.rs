@@ -1,9 +1,14 @@
-//! The merge guard's verdict (Ymir §4.3): whether a merge whose watched
-//! jobs have reported their first epochs' evaluations is kept, split (and
-//! why), or still waits. Pure: the service reads the evaluations its
-//! trainers reported and acts on the verdict (split the pair, measure what
-//! it gained); fmsim judges its merges on its catalog's curves instead
-//! (`fmsched_sim::engine`, which has no evaluation trace per merge).
+//! The merge guard (Ymir §4.3), its verdict and its consequence.
+//!
+//! - [`guard_verdict`]: whether a merge whose watched jobs have reported
+//!   their first epochs' evaluations is kept, split (and why), or still
+//!   waits. The service reads the evaluations its trainers reported; fmsim
+//!   judges its merges on its catalog's curves instead (it has no
+//!   evaluation trace per merge) and reaches the same [`GuardRuling`]s.
+//! - [`guard_consequence`]: what a ruling does to the merge's two jobs.
+//!   Both callers apply exactly its fields, each in its own state: the
+//!   service in the round's observed state and its commit, fmsim in its
+//!   jobs' targets, allocations and progress.
 
 use crate::JobId;
 use crate::policy::MergeMode;
@@ -66,6 +71,121 @@ pub fn guard_verdict(mode: MergeMode, watched: &[Watched<'_>]) -> GuardVerdict {
         GuardVerdict::Wait
     } else {
         GuardVerdict::Keep
+    }
+}
+
+/// Epochs of the merged part the guard waits for before it rules (Ymir
+/// §4.3: "the first two epochs"). The service reads that many evaluation
+/// values of each watched job; fmsim rules once the watched job has
+/// trained that many epochs' samples.
+pub const GUARD_EPOCHS: u32 = 2;
+
+/// What the guard rules on one merge.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GuardRuling {
+    /// The merge stays and the guard checks it no more.
+    Keep,
+    /// The transfer did not help in its first epochs ([`guard_verdict`]'s
+    /// `Split`; fmsim: the catalog's curve under transfer needs at least
+    /// what the job needs alone): the merge ends.
+    Split,
+    /// B of a temporal transfer trains so much worse from A's weights that
+    /// starting again from the pre-trained ones finishes it sooner, its
+    /// restart counted (`policy::fresh_start_pays`).
+    RestartFresh,
+}
+
+/// What a merge gained, as the guard's ruling lets the service measure it
+/// for the estimator (fmsim, whose catalog knows the truth, measures
+/// nothing).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GainMeasure {
+    /// Not now: a kept temporal merge is measured later, on B's own
+    /// training.
+    Later,
+    /// Each job's loss in the joint process against its own curve (a
+    /// spatial pair, kept or split).
+    EachAgainstOwnCurve,
+    /// A temporal split shows that the transfer gained nothing, not how
+    /// much it lost: recorded as 0, an upper bound.
+    NoGain,
+    /// Already measured: the ruling was made on it (a fresh start).
+    AlreadyMeasured,
+}
+
+/// What a [`GuardRuling`] does to merge A ↦ B (temporal) or A ‖ B
+/// (spatial), for a job id type `J` of the caller's (the service's job
+/// ids, fmsim's job indices).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GuardConsequence<J> {
+    /// The merge ends, and counts as one of the guard's splits
+    /// (`fmsched_merge_guard_splits_total`; fmsim's `guard_splits`).
+    pub ends: bool,
+    /// Jobs that train on towards their own targets, as jobs alone.
+    pub alone: Vec<J>,
+    /// A spatial pair's joint process stops: B leaves it and waits for
+    /// GPUs of its own, A goes on as a job alone. The service holds both
+    /// back a round while the joint process writes its last checkpoint;
+    /// fmsim, which has no checkpoints, lets A go on in place.
+    pub leaves_joint_process: Option<J>,
+    /// The job whose progress restarts from zero, from the pre-trained
+    /// weights, paying a restart (its reports and evaluations of the
+    /// dropped run no longer count).
+    pub restarts: Option<J>,
+    /// What the merge gained, measured now or not.
+    pub measure: GainMeasure,
+}
+
+/// The consequence of the guard's `ruling` on merge `a`/`b` in `mode`
+/// (Ymir §4.3: a split merge's jobs "are scheduled on their own"; the
+/// fresh start is fmsched's addition for a temporal transfer that hurts).
+pub fn guard_consequence<J: Copy>(
+    mode: MergeMode,
+    a: J,
+    b: J,
+    ruling: GuardRuling,
+) -> GuardConsequence<J> {
+    let spatial = mode == MergeMode::Spatial;
+    let measure_spatial = if spatial {
+        GainMeasure::EachAgainstOwnCurve
+    } else {
+        GainMeasure::Later
+    };
+    match ruling {
+        GuardRuling::Keep => GuardConsequence {
+            ends: false,
+            alone: Vec::new(),
+            leaves_joint_process: None,
+            restarts: None,
+            measure: measure_spatial,
+        },
+        GuardRuling::Split => GuardConsequence {
+            ends: true,
+            alone: vec![a, b],
+            leaves_joint_process: spatial.then_some(b),
+            restarts: None,
+            measure: if spatial {
+                GainMeasure::EachAgainstOwnCurve
+            } else {
+                GainMeasure::NoGain
+            },
+        },
+        GuardRuling::RestartFresh => GuardConsequence {
+            ends: true,
+            alone: vec![b],
+            leaves_joint_process: None,
+            restarts: Some(b),
+            measure: GainMeasure::AlreadyMeasured,
+        },
+    }
+}
+
+/// The ruling a [`GuardVerdict`] gives, if any yet.
+pub fn ruling_of(verdict: &GuardVerdict) -> Option<GuardRuling> {
+    match verdict {
+        GuardVerdict::Wait => None,
+        GuardVerdict::Keep => Some(GuardRuling::Keep),
+        GuardVerdict::Split(_) => Some(GuardRuling::Split),
     }
 }
 

@@ -3,6 +3,7 @@
 
 use fmsched_core::policy::MergeMode;
 use fmsched_core::round::ClusterView;
+use fmsched_core::round::guard::{GUARD_EPOCHS, GuardConsequence, GuardRuling, guard_consequence};
 
 use crate::catalog::Catalog;
 use crate::engine::{Merge, Simulation};
@@ -42,7 +43,7 @@ impl<'a> Simulation<'a> {
             let hurt = |sim: &Self, j: usize, need: Option<f64>| {
                 need.is_some_and(|n| n >= sim.jobs[j].alone_epochs * sim.jobs[j].samples_per_epoch)
             };
-            match mode {
+            let ruling = match mode {
                 MergeMode::Temporal => {
                     // B runs on A's output only after A finished; the guard
                     // looks at B's first two epochs, and B starts again from
@@ -62,32 +63,52 @@ impl<'a> Simulation<'a> {
                             && fmsched_core::policy::fresh_start_pays(left, alone, restart_s * rate)
                     };
                     if restart_pays {
-                        let j = &mut self.jobs[b];
-                        j.target = j.alone_epochs * j.samples_per_epoch;
-                        j.done = 0.0;
-                        if let Some(al) = &mut j.alloc {
-                            al.ready_at = self.now + j.restart_s;
-                            j.restarts += 1;
-                        }
-                        self.stats.guard_splits += 1;
+                        GuardRuling::RestartFresh
+                    } else {
+                        GuardRuling::Keep
                     }
                 }
                 MergeMode::Spatial => {
                     let need = self.spatial_need(catalog, a, b);
                     if hurt(self, a, need.map(|n| n.0)) || hurt(self, b, need.map(|n| n.1)) {
-                        for j in [a, b] {
-                            let jj = &mut self.jobs[j];
-                            jj.target = jj.alone_epochs * jj.samples_per_epoch;
-                            jj.merged = None;
-                        }
-                        // B leaves the joint process and waits for its own GPUs.
-                        self.jobs[b].alloc = None;
-                        self.version += 1;
-                        self.stats.guard_splits += 1;
+                        GuardRuling::Split
+                    } else {
+                        GuardRuling::Keep
                     }
                 }
-                MergeMode::Normal | MergeMode::Shared => {}
+                MergeMode::Normal | MergeMode::Shared => continue,
+            };
+            self.apply_guard(&guard_consequence(mode, a, b, ruling));
+        }
+    }
+
+    /// Applies core's [`GuardConsequence`] of a guard's ruling (the one
+    /// the service applies): the jobs left alone train towards their own
+    /// targets outside the merge, B leaving a spatial pair's joint process
+    /// gives up its GPUs to wait for its own (A goes on in place: fmsim has
+    /// no checkpoint to wait for), and a restarted job trains again from
+    /// zero after its restart.
+    fn apply_guard(&mut self, consequence: &GuardConsequence<usize>) {
+        for &j in &consequence.alone {
+            let job = &mut self.jobs[j];
+            job.target = job.alone_epochs * job.samples_per_epoch;
+            job.merged = None;
+        }
+        if let Some(b) = consequence.leaves_joint_process {
+            self.jobs[b].alloc = None;
+            self.version += 1;
+        }
+        if let Some(b) = consequence.restarts {
+            let now = self.now;
+            let j = &mut self.jobs[b];
+            j.done = 0.0;
+            if let Some(al) = &mut j.alloc {
+                al.ready_at = now + j.restart_s;
+                j.restarts += 1;
             }
+        }
+        if consequence.ends {
+            self.stats.guard_splits += 1;
         }
     }
 
@@ -131,7 +152,7 @@ impl<'a> Simulation<'a> {
             a,
             b,
             mode: MergeMode::Temporal,
-            guard_at: 2.0 * self.jobs[b].samples_per_epoch,
+            guard_at: f64::from(GUARD_EPOCHS) * self.jobs[b].samples_per_epoch,
             guard_done: false,
         });
     }
@@ -148,7 +169,7 @@ impl<'a> Simulation<'a> {
                     .unwrap_or(self.jobs[b].target);
                 self.jobs[b].target = need;
                 self.stats.merges_temporal += 1;
-                2.0 * self.jobs[b].samples_per_epoch
+                f64::from(GUARD_EPOCHS) * self.jobs[b].samples_per_epoch
             }
             _ => {
                 if let Some((na, nb)) = self.spatial_need(catalog, a, b) {
@@ -157,7 +178,7 @@ impl<'a> Simulation<'a> {
                 }
                 self.stats.merges_spatial += 1;
                 // Two epochs of A's task inside the joint job.
-                2.0 * self.jobs[a].samples_per_epoch
+                f64::from(GUARD_EPOCHS) * self.jobs[a].samples_per_epoch
             }
         };
         self.merges.push(Merge {

@@ -17,7 +17,10 @@ use crate::round::observe::curve_from_json;
 use crate::round::observe::{Observed, TransferOutcome};
 use crate::round::{RoundError, iteration_budget};
 use crate::service::Service;
-use fmsched_core::round::guard::{GuardVerdict, Watched, guard_verdict};
+use fmsched_core::round::guard::{
+    GainMeasure, GuardConsequence, GuardRuling, GuardVerdict, Watched, guard_consequence,
+    guard_verdict, ruling_of,
+};
 
 /// Loss points a merged job's own trace needs before its observed gain is
 /// measured (fewer at its completion: whatever it reported then).
@@ -111,22 +114,23 @@ pub(crate) fn guard(
         })
         .collect();
         let verdict = guard_verdict(m.mode, &watched);
-        let measured = match (&verdict, m.mode) {
-            (GuardVerdict::Wait, _) => None,
-            (GuardVerdict::Split(_), MergeMode::Temporal) => Some(0.0),
-            (_, MergeMode::Temporal) => None,
-            _ => spatial_gain(&o.estimates, losses, &m),
+        let Some(ruling) = ruling_of(&verdict) else {
+            continue;
         };
-        match verdict {
+        let consequence = guard_consequence(m.mode, m.a, m.b, ruling);
+        let measured = match consequence.measure {
+            GainMeasure::NoGain => Some(0.0),
+            GainMeasure::EachAgainstOwnCurve => spatial_gain(&o.estimates, losses, &m),
+            GainMeasure::Later | GainMeasure::AlreadyMeasured => None,
+        };
+        let reason = match verdict {
             GuardVerdict::Split(reason) => {
                 tracing::warn!(merge = m.id, mode = m.mode.as_str(), %reason, "merge guard: splitting");
-                o.split_now.insert(m.id);
-                o.guard_splits += 1;
-                o.writes.guard.push((m.clone(), Some(reason)));
+                Some(reason)
             }
-            GuardVerdict::Keep => o.writes.guard.push((m.clone(), None)),
-            GuardVerdict::Wait => {}
-        }
+            _ => None,
+        };
+        apply_consequence(o, &m, &consequence, reason);
         if let Some(gain) = measured {
             record_outcome(o, &m, gain);
         }
@@ -219,12 +223,37 @@ pub(crate) async fn fresh_start_if_it_pays(
         job.spec.name
     );
     tracing::warn!(merge = m.id, job_id = %b, gain, done, left, fresh, "harmful transfer: restarting from the pre-trained weights");
+    let consequence = guard_consequence(m.mode, m.a, m.b, GuardRuling::RestartFresh);
+    apply_consequence(o, m, &consequence, Some(reason));
+}
+
+/// Applies core's [`GuardConsequence`] of a ruling on merge `m` to the
+/// round's observed state (`reason`: why it ends). An ending merge goes
+/// into `split_now`: it is inactive from this round, the guard's split is
+/// recorded with its reason, and a spatial pair's jobs (`alone`, B leaving
+/// the joint process) are held back a round while the joint process
+/// writes its last checkpoint (`inputs::held_back_and_pinned`). A kept
+/// merge is recorded as passed. A restarted job's progress, evaluations
+/// and reports of the dropped run are reset (`FreshStart`).
+fn apply_consequence(
+    o: &mut Observed,
+    m: &MergeRecord,
+    consequence: &GuardConsequence<JobId>,
+    reason: Option<String>,
+) {
+    if !consequence.ends {
+        o.writes.guard.push((m.clone(), None));
+        return;
+    }
     o.split_now.insert(m.id);
     o.guard_splits += 1;
-    o.writes.guard.push((m.clone(), Some(reason)));
+    o.writes.guard.push((m.clone(), reason));
     if let Some(rec) = o.merges.iter_mut().find(|x| x.id == m.id) {
         rec.active = false;
     }
+    let Some(b) = consequence.restarts else {
+        return;
+    };
     // What it trained from the other job's weights is dropped.
     o.writes.fresh_starts.push(b);
     o.progress.insert(b, (0, None));
