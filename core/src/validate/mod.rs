@@ -9,6 +9,10 @@ pub use crate::field_error::FieldError;
 use crate::job::{JobSpec, SloClass};
 use crate::models::{ModelCatalog, ModelInfo, expert_group_problem};
 
+mod launch;
+pub use launch::denied_env;
+use launch::{has_parent_segment, plain};
+
 /// Size limits on user input. Defaults follow the API documentation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Limits {
@@ -84,7 +88,8 @@ fn at_most<T: PartialOrd + fmt::Display>(field: &str, v: T, max: T) -> R {
 
 /// A dataset location: a URI with a scheme (`s3://`, `gs://`, `hf://`,
 /// `file://`, `https://` …) or an absolute path, with no `..` segment (a
-/// trainer resolves it on a shared host: `../../etc/passwd` is not data).
+/// trainer resolves it on a shared host: `../../etc/passwd` is not data),
+/// however percent-encoded (`..%2f`, `%252e%252e`).
 fn dataset_uri(field: &str, uri: &str) -> R {
     let scheme = uri.split_once("://").map(|(s, _)| s).filter(|s| {
         let mut c = s.chars();
@@ -99,8 +104,7 @@ fn dataset_uri(field: &str, uri: &str) -> R {
             ),
         );
     }
-    let lower = uri.to_ascii_lowercase().replace("%2e", ".");
-    if lower.split(['/', '\\']).any(|seg| seg == "..") {
+    if has_parent_segment(uri) {
         return err(field, format!("{uri:?} must not contain a `..` segment"));
     }
     if uri.chars().any(char::is_control) {
@@ -114,12 +118,6 @@ fn finite(field: &str, v: f64) -> R {
         return err(field, format!("must be a finite number, got {v}"));
     }
     Ok(())
-}
-
-fn is_env_key(k: &str) -> bool {
-    let mut chars = k.chars();
-    matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
-        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
 }
 
 /// The cluster's Mixture-of-Experts models, for messages.
@@ -246,6 +244,7 @@ impl JobSpec {
     pub fn validate(&self, ctx: &ValidationContext<'_>) -> Result<(), FieldError> {
         let l = &ctx.limits;
         string("name", &self.name, l.max_name_bytes, false)?;
+        plain("name", &self.name)?;
         if self.name.chars().any(char::is_control) {
             return err(
                 "name",
@@ -255,6 +254,7 @@ impl JobSpec {
 
         // Model: known to the cluster.
         string("model", &self.model, l.max_name_bytes, true)?;
+        plain("model", &self.model)?;
         let Some(model) = ctx.models.get(&self.model) else {
             let known: Vec<&str> = ctx.models.names().collect();
             return err(
@@ -271,12 +271,14 @@ impl JobSpec {
         string("dataset.uri", &self.dataset.uri, l.max_string_bytes, true)?;
         dataset_uri("dataset.uri", &self.dataset.uri)?;
         string("dataset.task", &self.dataset.task, l.max_name_bytes, true)?;
+        plain("dataset.task", &self.dataset.task)?;
         string(
             "dataset.objective",
             &self.dataset.objective,
             l.max_name_bytes,
             false,
         )?;
+        plain("dataset.objective", &self.dataset.objective)?;
         self.check_given_values()?;
         if let Some(n) = self.dataset.num_samples {
             at_most("dataset.num_samples", n, l.max_num_samples)?;
@@ -320,6 +322,7 @@ impl JobSpec {
         }
         if let Some(m) = &t.metric {
             string("target.metric.name", &m.name, l.max_name_bytes, true)?;
+            plain("target.metric.name", &m.name)?;
             finite("target.metric.value", m.value)?;
         }
 
@@ -579,70 +582,6 @@ impl JobSpec {
         }
         Ok(())
     }
-
-    /// The launch command and environment, and labels.
-    fn validate_launch(&self, l: &Limits) -> Result<(), FieldError> {
-        // Launch.
-        let la = &self.launch;
-        if la.command.is_empty() {
-            return err("launch.command", "must not be empty");
-        }
-        if la.command.len() > l.max_command_args {
-            return err(
-                "launch.command",
-                format!("at most {} arguments", l.max_command_args),
-            );
-        }
-        string(
-            "launch.command[0]",
-            &la.command[0],
-            l.max_string_bytes,
-            true,
-        )?;
-        for (i, a) in la.command.iter().enumerate().skip(1) {
-            string(
-                &format!("launch.command[{i}]"),
-                a,
-                l.max_string_bytes,
-                false,
-            )?;
-        }
-        if la.env.len() > l.max_env_vars {
-            return err(
-                "launch.env",
-                format!("has {} variables; at most {}", la.env.len(), l.max_env_vars),
-            );
-        }
-        for (k, v) in &la.env {
-            if !is_env_key(k) || k.len() > l.max_name_bytes {
-                return err(
-                    &format!("launch.env[{k:?}]"),
-                    "key must match [A-Za-z_][A-Za-z0-9_]*",
-                );
-            }
-            string(&format!("launch.env[{k:?}]"), v, l.max_string_bytes, false)?;
-        }
-        if let Some(w) = &la.working_dir {
-            string("launch.working_dir", w, l.max_string_bytes, false)?;
-        }
-
-        // Labels.
-        if self.labels.len() > l.max_labels {
-            return err(
-                "labels",
-                format!(
-                    "has {} entries; at most {}",
-                    self.labels.len(),
-                    l.max_labels
-                ),
-            );
-        }
-        for (k, v) in &self.labels {
-            string("labels (key)", k, l.max_name_bytes, true)?;
-            string(&format!("labels[{k:?}]"), v, l.max_string_bytes, false)?;
-        }
-        Ok(())
-    }
 }
 
 #[cfg(test)]
@@ -771,7 +710,7 @@ pub(crate) mod tests {
         assert_eq!(check(&s).unwrap_err().field, "spec.queue");
     }
 
-    fn check(s: &JobSpec) -> Result<(), FieldError> {
+    pub(crate) fn check(s: &JobSpec) -> Result<(), FieldError> {
         let models = ModelCatalog::builtin();
         let now = DateTime::parse_from_rfc3339("2026-06-01T00:00:00Z")
             .unwrap()
