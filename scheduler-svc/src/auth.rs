@@ -220,9 +220,13 @@ impl Authenticator {
 
     /// Who a registering agent is (kubelet-style bootstrap): a node token
     /// valid for `node` (`stored` is the SHA-256 on record for it) admits
-    /// the node as itself; otherwise the join token enrolls it, with a new
-    /// node token that replaces (revokes) any earlier one. A node token
-    /// presented for another node id never admits, whatever it is.
+    /// the node as itself; otherwise the join token enrolls a node that
+    /// holds no credential (new, or revoked by an admin), with a new node
+    /// token. The join token never re-issues the credential of a node that
+    /// holds one: whoever has the join token (any host of the cluster)
+    /// could otherwise take over a live node, revoking its real agent's
+    /// token and receiving its plans. A node token presented for another
+    /// node id never admits, whatever it is.
     pub fn authenticate_node(
         &self,
         node: &str,
@@ -238,6 +242,9 @@ impl Authenticator {
             return Ok(NodeAuth::NodeToken);
         }
         if self.check_join_token(join_token) {
+            if stored.is_some() {
+                return Err(NodeAuthError::CredentialHeld(node.to_string()));
+            }
             let token = new_node_token();
             let sha256 = token_sha256(token.expose());
             return Ok(NodeAuth::Enroll { token, sha256 });
@@ -268,6 +275,12 @@ pub enum NodeAuthError {
     WrongNodeToken(String),
     #[error("invalid join token")]
     InvalidJoinToken,
+    #[error(
+        "node {0} holds a node credential: register with its node token (the agent keeps it in \
+         its node_token_file), or have an admin revoke it (`fmctl admin revoke-token {0}`) \
+         before enrolling the node again with the join token"
+    )]
+    CredentialHeld(String),
 }
 
 /// A fresh node token: 244 random bits (two v4 UUIDs) behind a prefix that
@@ -349,10 +362,19 @@ mod tests {
                 .unwrap_err(),
             NodeAuthError::InvalidJoinToken
         );
-        // A stale token beside the join token: enrolled again, new token.
-        let NodeAuth::Enroll { token: t2, .. } = a
-            .authenticate_node("n1", "fmn_stale", join, Some(&sha256))
-            .unwrap()
+        // The join token does not re-issue a held credential: not beside a
+        // stale token, nor alone (a take-over of a live node).
+        for presented in ["fmn_stale", ""] {
+            assert_eq!(
+                a.authenticate_node("n1", presented, join, Some(&sha256))
+                    .unwrap_err(),
+                NodeAuthError::CredentialHeld("n1".into())
+            );
+        }
+        // Revoked (no hash on record): the join token enrolls it again,
+        // with a new token.
+        let NodeAuth::Enroll { token: t2, .. } =
+            a.authenticate_node("n1", "fmn_stale", join, None).unwrap()
         else {
             panic!("re-enrolled")
         };

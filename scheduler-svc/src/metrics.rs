@@ -73,6 +73,10 @@ pub struct MetricValues {
     pub refused_registrations: u64,
     /// Agent messages over the limits (the session was closed).
     pub refused_messages: u64,
+    /// Telemetry values outside physical bounds, read as unknown.
+    pub telemetry_out_of_range: u64,
+    /// Sessions closed for sending over the message rate.
+    pub rate_limited_sessions: u64,
     /// Process reports ignored because the reporting node was never given
     /// the job (forged or misrouted), counted once per round they appear in.
     pub ignored_reports: u64,
@@ -508,6 +512,18 @@ fn round_families(e: &mut Exposition, v: &MetricValues, leader_epoch: f64) {
         Kind::Counter,
         "Agent messages over the protocol's limits (the session was closed with INVALID_ARGUMENT).",
         v.refused_messages as f64,
+    );
+    e.scalar(
+        "fmsched_agent_telemetry_out_of_range_total",
+        Kind::Counter,
+        "GPU telemetry values outside physical bounds (utilisation over 100 %, memory over 16 TiB, temperature over 150 °C, power not in 0..10 kW), stored as unknown.",
+        v.telemetry_out_of_range as f64,
+    );
+    e.scalar(
+        "fmsched_agent_rate_limited_sessions_total",
+        Kind::Counter,
+        "Agent sessions closed with RESOURCE_EXHAUSTED for sending over the message rate (1,000 at once, 200 a second).",
+        v.rate_limited_sessions as f64,
     );
     e.scalar(
         "fmsched_agent_ignored_reports_total",

@@ -573,8 +573,25 @@ async fn agents_need_the_join_token_and_report_telemetry() {
     assert_eq!(state, "offline", "liveness transitions are persisted");
     pool.close().await;
 
-    // Re-registering brings it back.
-    let (tx2, mut inbound2) = open_session(&mut agents, "n1").await;
+    // Re-registering brings it back: with the node token it was issued
+    // (the join token no longer re-issues a credential the node holds).
+    let e = agents
+        .session(tokio_stream::iter(vec![register("n1", JOIN)]))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::Unauthenticated);
+    assert!(e.message().contains("holds a node credential"), "{e:?}");
+    let mut again = register("n1", "");
+    if let Some(pb::agent_message::Msg::Register(r)) = &mut again.msg {
+        r.node_token = ack.node_token.clone();
+    }
+    let (tx2, rx2) = tokio::sync::mpsc::channel(8);
+    tx2.send(again).await.unwrap();
+    let mut inbound2 = agents
+        .session(tokio_stream::wrappers::ReceiverStream::new(rx2))
+        .await
+        .unwrap()
+        .into_inner();
     inbound2.next().await.unwrap().unwrap();
     assert_eq!(
         root.get_node("n1").await.unwrap().state,

@@ -70,12 +70,17 @@ async fn raw_session(
     }
 }
 
-/// Two agents started with one node id (a cloned host image): the second
-/// is refused with ALREADY_EXISTS while the first one's session lives — the
-/// node never flips between their inventories — and is accepted once the
-/// first has gone. Counted in a metric and written as a node event.
+/// Node identity: the join token (which every host of the cluster holds)
+/// never takes over a node that holds a credential. A raw client with the
+/// join token and a made-up instance id is refused while the real agent
+/// keeps its session and its token; a second agent on its own disk (no
+/// node token) is refused even after the first has gone; a clone that
+/// carries the node's token file (a cloned host image) is refused with
+/// ALREADY_EXISTS naming no instance id while the first session lives.
+/// Only an admin's revocation lets the node enroll again. Refusals are
+/// counted and written as node events.
 #[tokio::test]
-async fn e2e_hardening_a_duplicate_node_id_is_refused_while_the_first_session_lives() {
+async fn e2e_node_identity_the_join_token_cannot_take_over_a_node() {
     let c = Cluster::builder("fmsched_dup")
         .scheduler_env(&[("FMSCHED_SCHEDULING__ENABLED", "false")])
         .metrics()
@@ -87,6 +92,10 @@ async fn e2e_hardening_a_duplicate_node_id_is_refused_while_the_first_session_li
     let a100 = vec!["A100-80GB".to_string(); 4];
     let h100 = vec!["H100-80GB".to_string(); 4];
     let mut first = agent("n1", port, dir.path());
+    let file = dir.path().join("n1").join("node-n1.token");
+    let token = wait_for("n1 enrolled", Duration::from_secs(20), || {
+        std::fs::read_to_string(&file).map_err(|e| e.to_string())
+    });
     wait_for(
         "n1 registered",
         Duration::from_secs(20),
@@ -95,7 +104,28 @@ async fn e2e_hardening_a_duplicate_node_id_is_refused_while_the_first_session_li
             other => Err(format!("{other:?}")),
         },
     );
-    // The clone: same node id, its own disk (no node token) and GPUs.
+    let mut c = sqlx::PgConnection::connect(&db_url(db)).await.unwrap();
+    let before = n1_token_hash(&mut c).await;
+    assert!(before.is_some());
+
+    // The take-over: the join token and any instance id. Refused, and the
+    // node's credential and session are untouched.
+    let e = raw_session(port, raw_register("n1", JOIN, "", "made-up-instance"))
+        .await
+        .expect_err("refused");
+    assert_eq!(e.code(), tonic::Code::Unauthenticated, "{e:?}");
+    assert!(e.message().contains("holds a node credential"), "{e:?}");
+    assert_eq!(n1_token_hash(&mut c).await, before, "not re-issued");
+    // A cloned host image carries the token: ALREADY_EXISTS while the
+    // first session lives, naming no instance id.
+    let e = raw_session(port, raw_register("n1", "", &token, "clone-instance"))
+        .await
+        .expect_err("refused");
+    assert_eq!(e.code(), tonic::Code::AlreadyExists, "{e:?}");
+    assert!(e.message().contains("already has a live session"), "{e:?}");
+    assert!(!e.message().contains("instance"), "{e:?}");
+
+    // A second agent with its own disk (no node token) and other GPUs.
     let clone_dir = dir.path().join("clone");
     std::fs::create_dir_all(&clone_dir).unwrap();
     let clone = agent_env(
@@ -105,24 +135,40 @@ async fn e2e_hardening_a_duplicate_node_id_is_refused_while_the_first_session_li
         None,
         &[("FMSCHED_AGENT_GPU__FAKE_MODEL", "H100-80GB")],
     );
+    // Refused as unauthenticated, the agent stops (it would not get in by
+    // retrying).
     wait_for("the clone is refused", Duration::from_secs(20), || {
         let log = clone.log_text();
-        if log.contains("already has a live session") {
+        if log.contains("holds a node credential") {
             Ok(())
         } else {
             Err(log)
         }
     });
-    // While both run (the clone retrying every second), n1 stays the first
-    // agent's node: connected, its 4 A100s, never the clone's H100s.
-    for _ in 0..10 {
-        assert_eq!(node_view(port, "n1").unwrap(), (true, a100.clone()));
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    }
+    assert_eq!(node_view(port, "n1").unwrap(), (true, a100.clone()));
+    // The first agent goes away: a second agent is still refused.
+    first.kill9();
+    let again = agent_env(
+        "n1",
+        &ep,
+        &clone_dir,
+        None,
+        &[("FMSCHED_AGENT_GPU__FAKE_MODEL", "H100-80GB")],
+    );
+    wait_for("refused again", Duration::from_secs(20), || {
+        let log = again.log_text();
+        if log.contains("holds a node credential") {
+            Ok(())
+        } else {
+            Err(log)
+        }
+    });
+    assert_ne!(node_view(port, "n1").unwrap().1, h100, "not taken over");
+    assert_eq!(n1_token_hash(&mut c).await, before);
     let m = scrape(mport).await;
-    let refused = metric_value(&m, "fmsched_agent_duplicate_registrations_total");
-    assert!(refused >= 2.0, "the clone's retries are counted: {refused}");
-    let mut c = sqlx::PgConnection::connect(&db_url(db)).await.unwrap();
+    let refused = metric_value(&m, "fmsched_agent_refused_registrations_total");
+    assert!(refused >= 3.0, "the refusals are counted: {refused}");
+    assert!(metric_value(&m, "fmsched_agent_duplicate_registrations_total") >= 1.0);
     let (events, registrations): (i64, i64) = sqlx::query_as(
         "SELECT count(*) FILTER (WHERE kind = 'duplicate_refused'),
                 count(*) FILTER (WHERE kind = 'registered')
@@ -132,18 +178,40 @@ async fn e2e_hardening_a_duplicate_node_id_is_refused_while_the_first_session_li
     .await
     .unwrap();
     assert!(events >= 1, "a node event says so");
-    assert_eq!(registrations, 1, "the clone never registered");
-    // The first agent goes away: the clone's next try is accepted.
-    first.kill9();
+    assert_eq!(registrations, 1, "no other agent registered");
+
+    // An admin revokes the credential: the new agent enrolls the node.
+    fmctl(
+        port,
+        &["admin", "revoke-token", "n1", "--reason", "host replaced"],
+    )
+    .unwrap();
+    let _new = agent_env(
+        "n1",
+        &ep,
+        &clone_dir,
+        None,
+        &[("FMSCHED_AGENT_GPU__FAKE_MODEL", "H100-80GB")],
+    );
     wait_for(
-        "the clone took over",
+        "the new agent enrolled",
         Duration::from_secs(20),
         || match node_view(port, "n1")? {
             (true, m) if m == h100 => Ok(()),
             other => Err(format!("{other:?}")),
         },
     );
+    let after = n1_token_hash(&mut c).await;
+    assert!(after.is_some() && after != before, "a new credential");
     c.close().await.unwrap();
+}
+
+/// The SHA-256 of n1's node token on record (None: revoked).
+async fn n1_token_hash(c: &mut sqlx::PgConnection) -> Option<String> {
+    sqlx::query_scalar("SELECT token_sha256 FROM nodes WHERE id = 'n1'")
+        .fetch_one(c)
+        .await
+        .unwrap()
 }
 
 /// Kubelet-style bootstrap: an agent enrolls with the join token and keeps

@@ -21,6 +21,7 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
+use super::agent_traffic::{MessageBudget, clamp_telemetry};
 use super::{ApiError, check_len};
 use crate::auth::NodeAuth;
 use crate::persistence::{GpuRecord, NodeRecord};
@@ -87,11 +88,13 @@ impl AgentApi {
                 .live_session_of_another(node_id, &reg.instance_id, now, within)
         {
             let ago = (now - held.last_heard).num_milliseconds().max(0) as f64 / 1000.0;
+            // Names no instance id: one is half of what a registration
+            // presents, and the refusal goes to whoever asked.
             let message = format!(
-                "node {node_id} already has a live session (agent instance {:?} on host {:?}, heard {ago:.1} s ago); \
-                 a second agent with the same node id (host {:?}, instance {:?}) is refused until that session ends \
+                "node {node_id} already has a live session (agent on host {:?}, heard {ago:.1} s ago); \
+                 a second agent with the same node id (host {:?}) is refused until that session ends \
                  (a cloned host image? give each host its own node_id)",
-                held.instance, held.hostname, record.hostname, reg.instance_id
+                held.hostname, record.hostname
             );
             tracing::warn!(node_id = %node_id, ?peer, "{message}");
             self.state
@@ -529,8 +532,9 @@ struct SessionPump {
 
 impl SessionPump {
     async fn run(self, mut inbound: Streaming<pb::AgentMessage>) {
+        let mut budget = MessageBudget::for_agents(std::time::Instant::now());
         loop {
-            let msg = match inbound.message().await {
+            let mut msg = match inbound.message().await {
                 Ok(Some(m)) => m,
                 Ok(None) => {
                     tracing::info!(node_id = %self.node_id, "agent closed its session");
@@ -541,6 +545,26 @@ impl SessionPump {
                     break;
                 }
             };
+            if !budget.take(std::time::Instant::now()) {
+                tracing::warn!(node_id = %self.node_id, "agent over its message rate; closing the session");
+                self.metrics.update(|m| m.rate_limited_sessions += 1);
+                self.registry.close_with(
+                    &self.node_id,
+                    self.session,
+                    Status::resource_exhausted(
+                        "over the agent message rate (1,000 at once, 200 a second); reconnect",
+                    ),
+                );
+                break;
+            }
+            if let Some(Msg::Heartbeat(hb)) = &mut msg.msg {
+                let replaced = clamp_telemetry(&mut hb.gpus);
+                if replaced > 0 {
+                    tracing::warn!(node_id = %self.node_id, replaced, "telemetry out of physical bounds read as unknown");
+                    self.metrics
+                        .update(|m| m.telemetry_out_of_range += replaced);
+                }
+            }
             if let Err(e) = validate_agent_message(&msg) {
                 // A broken or hostile agent: told why, and dropped.
                 tracing::warn!(node_id = %self.node_id, error = %e, "agent message refused; closing the session");

@@ -2,6 +2,7 @@
 //! errors to `tonic::Status`.
 
 pub mod admin;
+pub mod agent_traffic;
 pub mod agents;
 pub mod cluster;
 pub mod jobs;
