@@ -89,7 +89,10 @@ for _ in $(seq 1 100); do
   sleep 0.2
 done
 log "starting two node agents with FAKE GPUs (node-a: 4x A100-80GB, node-b: 4x H100-80GB)"
-# The agents find the fake trainer (the demo jobs' command) on PATH.
+# The agents find the fake trainer (the demo jobs' command) on PATH. On
+# this one-user development stack the demo trainers run as your own user
+# (processes.allow_agent_user); a shared cluster sets processes.run_as.
+export FMSCHED_AGENT_PROCESSES__ALLOW_AGENT_USER=true
 PATH="$bin:$PATH" FMSCHED_AGENT_PROCESSES__WORK_DIR="$dev/node-a" \
   "$bin/node-agent" --scheduler "$FMSCHED_ENDPOINT" --node-id node-a --fake-gpus 4 --fake-gpu-model A100-80GB \
   --label rack=r1 >"$dev/logs/node-a.log" 2>&1 & pids+=($!)

@@ -82,6 +82,8 @@ async fn main() {
         checkpoint_timeout: Duration::from_secs(5),
         grace: Duration::from_secs(5),
         checkpoint_interval: Duration::from_secs(3600),
+        pass_env: Vec::new(),
+        run_as: None,
     }));
     let backend: Arc<dyn GpuBackend> = gpus;
     let r = Reconciler::new(driver, backend);
@@ -153,6 +155,8 @@ fn reconciler(name: &str, dir: &std::path::Path) -> (Reconciler, Vec<String>) {
         checkpoint_timeout: Duration::from_secs(5),
         grace: Duration::from_secs(5),
         checkpoint_interval: Duration::from_secs(3600),
+        pass_env: Vec::new(),
+        run_as: None,
     }));
     let backend: Arc<dyn GpuBackend> = gpus;
     (Reconciler::new(driver, backend), uuids)

@@ -90,6 +90,9 @@ pub fn agent_command(
     c.args(["--scheduler", endpoints, "--node-id", node])
         .args(["--fake-gpus", &gpus.to_string(), "--fake-gpu-model", model])
         .env("FMSCHED_JOIN_TOKEN", JOIN)
+        // Test trainers run as the test's own user (they are the test's
+        // binaries); the tenant tests set processes.run_as instead.
+        .env("FMSCHED_AGENT_PROCESSES__ALLOW_AGENT_USER", "true")
         .env("FMSCHED_AGENT_PROCESSES__WORK_DIR", dir.join(node))
         .env("FMSCHED_AGENT_PROCESSES__GRACE", "3s")
         .env("FMSCHED_AGENT_PROCESSES__CHECKPOINT_TIMEOUT", "3s")

@@ -52,6 +52,7 @@ fn agent(node: &str, port: u16, dir: &std::path::Path) -> Proc {
         "zone=test",
     ])
     .env("FMSCHED_JOIN_TOKEN", JOIN)
+    .env("FMSCHED_AGENT_PROCESSES__ALLOW_AGENT_USER", "true")
     .env("FMSCHED_AGENT_RECONNECT__INITIAL_DELAY", "100ms")
     .env("FMSCHED_AGENT_RECONNECT__MAX_DELAY", "1s")
     .env("RUST_LOG", "info");

@@ -15,6 +15,8 @@ fn driver(dir: &std::path::Path, grace_ms: u64) -> ProcessDriver {
         checkpoint_timeout: Duration::from_secs(2),
         grace: Duration::from_millis(grace_ms),
         checkpoint_interval: Duration::from_secs(3600),
+        pass_env: Vec::new(),
+        run_as: None,
     })
 }
 
@@ -54,6 +56,7 @@ fn spec(id: &str, max_iterations: u64, env: &[(&str, &str)]) -> LaunchSpec {
         expert_parallel: 0,
         prompt_banks: Default::default(),
         warm: false,
+        working_dir: String::new(),
     }
 }
 
@@ -479,6 +482,8 @@ async fn a_slow_suspend_holds_up_nothing_else() {
         checkpoint_timeout: Duration::from_secs(6),
         grace: Duration::from_secs(3),
         checkpoint_interval: Duration::from_secs(3600),
+        pass_env: Vec::new(),
+        run_as: None,
     }));
     let ready = tmp.path().join("ready");
     let slow = LaunchSpec {

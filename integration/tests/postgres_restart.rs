@@ -51,6 +51,7 @@ fn e2e_a_postgres_restart_loses_nothing() {
     ])
     .args(["--fake-gpus", "4", "--fake-gpu-model", "A100-80GB"])
     .env("FMSCHED_JOIN_TOKEN", JOIN)
+    .env("FMSCHED_AGENT_PROCESSES__ALLOW_AGENT_USER", "true")
     .env(
         "FMSCHED_AGENT_PROCESSES__WORK_DIR",
         dir.path().join("node-a"),

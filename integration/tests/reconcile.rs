@@ -53,6 +53,8 @@ fn node(
         checkpoint_timeout: Duration::from_secs(2),
         grace: Duration::from_secs(2),
         checkpoint_interval: Duration::from_secs(3600),
+        pass_env: Vec::new(),
+        run_as: None,
     }));
     let backend: Arc<dyn GpuBackend> = gpus.clone();
     (tmp, gpus, uuids, Reconciler::new(driver, backend))

@@ -69,6 +69,21 @@ pub struct ProcessConfig {
     /// hints, Ymir §6.2); each holds its data loader and weights in host
     /// memory. 0 turns standby off on this node.
     pub max_standby: u32,
+    /// Variables of the agent's own environment passed on to trainers,
+    /// besides `PATH` and the locale (`driver::BASE_PASS_ENV`): a trainer's
+    /// environment is built, never inherited, so no agent secret reaches a
+    /// job. A name ending in `*` passes every variable with that prefix
+    /// (`NCCL_*`). Names a job may not set (`LD_*`, `FMSCHED_*` …) are
+    /// never passed.
+    pub pass_env: Vec<String>,
+    /// The Unix user trainers run as: a user name or `uid:gid`. The agent
+    /// must run as root to switch to it; task folders are handed to it.
+    pub run_as: Option<String>,
+    /// Lets trainers run as the agent's own user when `run_as` is unset
+    /// (root under a dev stack): a job could then read the agent's node
+    /// token. For single-user development machines only; off by default,
+    /// and an agent without `run_as` refuses to start.
+    pub allow_agent_user: bool,
 }
 
 impl Default for ProcessConfig {
@@ -81,6 +96,9 @@ impl Default for ProcessConfig {
             max_log_bytes: 64 << 20,
             log_files: 3,
             max_standby: 4,
+            pass_env: Vec::new(),
+            run_as: None,
+            allow_agent_user: false,
         }
     }
 }
@@ -189,7 +207,7 @@ impl AgentConfig {
             &Layering {
                 env_prefix: "FMSCHED_AGENT",
                 not_keys: NOT_KEYS,
-                list_keys: &[],
+                list_keys: &["processes.pass_env"],
                 foreign_prefixes: &[],
             },
         )?)
@@ -204,7 +222,21 @@ impl AgentConfig {
             .collect()
     }
 
+    /// Who trainers run as (`processes.run_as`), checked against who the
+    /// agent is (`crate::isolation::trainer_identity`).
+    pub fn trainer_identity(&self) -> Result<Option<crate::isolation::RunAs>, ConfigError> {
+        crate::isolation::trainer_identity(
+            self.processes.run_as.as_deref(),
+            self.processes.allow_agent_user,
+        )
+        .map_err(|message| ConfigError::Invalid {
+            key: "processes.run_as",
+            message,
+        })
+    }
+
     pub fn validate(&self) -> Result<(), ConfigError> {
+        self.trainer_identity()?;
         if self.endpoints().is_empty() {
             return Err(ConfigError::Invalid {
                 key: "scheduler_endpoint",
@@ -277,6 +309,8 @@ mod tests {
         assert_eq!(cfg.processes.max_log_bytes, 64 << 20);
         assert_eq!(cfg.processes.log_files, 3);
         assert_eq!(cfg.processes.max_standby, 4);
+        assert_eq!(cfg.processes.run_as.as_deref(), Some("fmsched-job"));
+        assert_eq!(cfg.processes.pass_env, ["NCCL_*", "HF_HOME"]);
     }
 
     #[test]
@@ -294,6 +328,26 @@ mod tests {
         .unwrap();
         assert_eq!(cfg.gpu.fake_count, 4);
         assert_eq!(cfg.reconnect.max_delay, Duration::from_secs(3));
+        // Trainers would run as the agent's own user: refused by default,
+        // naming the key.
+        let e = cfg.validate().unwrap_err().to_string();
+        assert!(e.contains("processes.run_as"), "{e}");
+        let cfg = AgentConfig::load_from(
+            None,
+            vec![
+                ("FMSCHED_AGENT_GPU__FAKE_COUNT".to_string(), "4".to_string()),
+                (
+                    "FMSCHED_AGENT_PROCESSES__ALLOW_AGENT_USER".to_string(),
+                    "true".to_string(),
+                ),
+                (
+                    "FMSCHED_AGENT_PROCESSES__PASS_ENV".to_string(),
+                    "NCCL_*,HF_HOME".to_string(),
+                ),
+            ],
+        )
+        .unwrap();
+        assert_eq!(cfg.processes.pass_env, ["NCCL_*", "HF_HOME"]);
         cfg.validate().unwrap();
 
         let mut bad = cfg.clone();

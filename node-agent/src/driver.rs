@@ -36,6 +36,8 @@ use fmsched_core::trainer::{Report, TaskAssignment, env, signal};
 use tokio::io::AsyncBufReadExt;
 use tokio::process::{Child, Command};
 
+use crate::isolation::{RunAs, give_to, passed_env, private_dir, working_dir_in};
+
 /// What to run.
 #[derive(Clone, Debug, PartialEq)]
 pub struct LaunchSpec {
@@ -66,6 +68,10 @@ pub struct LaunchSpec {
     /// May serve more tasks of its model after this one (`FMSCHED_WARM=1`,
     /// PromptTuner's warm pools): see [`ProcessDriver::hand_over`].
     pub warm: bool,
+    /// The process's working directory, relative to its task folder
+    /// (`launch.working_dir`; empty: the task folder itself). Validation
+    /// refuses absolute paths and `..`; the agent checks again.
+    pub working_dir: String,
 }
 
 /// Where a process stands in its job's rank layout (torchrun semantics,
@@ -105,6 +111,10 @@ pub struct DriverConfig {
     pub checkpoint_timeout: Duration,
     pub grace: Duration,
     pub checkpoint_interval: Duration,
+    /// Agent variables passed on to trainers (`processes.pass_env`).
+    pub pass_env: Vec<String>,
+    /// The user trainers run as (`processes.run_as`); None: the agent's.
+    pub run_as: Option<RunAs>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -452,8 +462,16 @@ impl ProcessDriver {
         }
         let dir = self.dir_of(&spec.id);
         let ckpt = dir.join("checkpoints");
-        std::fs::create_dir_all(&ckpt)
-            .map_err(|e| err(format!("creating {}: {e}", ckpt.display())))?;
+        let cwd = working_dir_in(&dir, &spec.working_dir).ok_or_else(|| {
+            err(format!(
+                "working_dir {:?} is not a relative path inside the task folder",
+                spec.working_dir
+            ))
+        })?;
+        let owner = self.cfg.run_as.as_ref();
+        for d in [&dir, &ckpt, &cwd, &dir.join("tmp")] {
+            private_dir(d, owner).map_err(|e| err(format!("creating {}: {e}", d.display())))?;
+        }
         let sock = report_socket_path(&dir);
         let _ = std::fs::remove_file(&sock);
         // Its log is its own folder's again.
@@ -463,6 +481,7 @@ impl ProcessDriver {
         let _ = std::fs::remove_file(&control);
         let listener = tokio::net::UnixListener::bind(&sock)
             .map_err(|e| err(format!("binding {}: {e}", sock.display())))?;
+        give_to(&sock, owner).map_err(|e| err(format!("handing over {}: {e}", sock.display())))?;
         let open = |name: &str| {
             std::fs::OpenOptions::new()
                 .create(true)
@@ -529,8 +548,21 @@ impl ProcessDriver {
         let tasks = tasks_json(spec, dir)?;
         let gpus: Vec<String> = spec.gpus.iter().map(u32::to_string).collect();
         let mut cmd = Command::new(&spec.command[0]);
-        cmd.args(&spec.command[1..])
-            .envs(&spec.env)
+        // Built, never inherited: the agent's own variables (its join
+        // token among them) stay out of every job.
+        cmd.env_clear()
+            .envs(passed_env(std::env::vars(), &self.cfg.pass_env))
+            .env("HOME", dir)
+            .env("TMPDIR", dir.join("tmp"))
+            .args(&spec.command[1..])
+            .current_dir(
+                working_dir_in(dir, &spec.working_dir).unwrap_or_else(|| dir.to_path_buf()),
+            )
+            .envs(
+                spec.env
+                    .iter()
+                    .filter(|(k, _)| fmsched_core::validate::denied_env(k).is_none()),
+            )
             .env(
                 env::JOB_ID,
                 spec.tasks
@@ -572,6 +604,13 @@ impl ProcessDriver {
             .stdin(std::process::Stdio::null())
             .process_group(0)
             .kill_on_drop(false);
+        if let Some(who) = self.cfg.run_as.clone() {
+            // SAFETY: the closure runs in the forked child before exec and
+            // makes system calls only (`RunAs::become_user`).
+            unsafe {
+                cmd.pre_exec(move || who.become_user());
+            }
+        }
         if let Some(r) = &spec.resume_from {
             cmd.env(env::RESUME_FROM, r);
         }
@@ -707,8 +746,10 @@ impl ProcessDriver {
         }
         let dir = self.dir_of(&spec.id);
         let ckpt = dir.join("checkpoints");
-        std::fs::create_dir_all(&ckpt)
-            .map_err(|e| err(format!("creating {}: {e}", ckpt.display())))?;
+        for d in [&dir, &ckpt] {
+            private_dir(d, self.cfg.run_as.as_ref())
+                .map_err(|e| err(format!("creating {}: {e}", d.display())))?;
+        }
         // Each task reads its own part of the process's log.
         let at = |name: &str| std::fs::metadata(r.dir.join(name)).map_or(0, |m| m.len());
         let (out, errs) = (at("stdout.log"), at("stderr.log"));
@@ -1076,6 +1117,8 @@ pub fn task_dir(work_dir: &Path, id: &str) -> PathBuf {
         checkpoint_timeout: Duration::ZERO,
         grace: Duration::ZERO,
         checkpoint_interval: Duration::ZERO,
+        pass_env: Vec::new(),
+        run_as: None,
     })
     .dir_of(id)
 }

@@ -5,6 +5,7 @@
 pub mod config;
 pub mod driver;
 pub mod gpu;
+pub mod isolation;
 pub mod metrics;
 pub mod reconcile;
 pub mod session;

@@ -280,6 +280,7 @@ impl Reconciler {
             ranks: ranks_of(t, gpus.len() as u32),
             standby: false,
             warm: t.warm,
+            working_dir: t.working_dir.clone(),
             pipeline: t.pipeline_parallel,
             expert_parallel: t.expert_parallel,
             prompt_banks: t

@@ -97,6 +97,9 @@ impl Agent {
             checkpoint_timeout: cfg.processes.checkpoint_timeout,
             grace: cfg.processes.grace,
             checkpoint_interval: cfg.processes.checkpoint_interval,
+            pass_env: cfg.processes.pass_env.clone(),
+            // Checked by `AgentConfig::validate` before an agent starts.
+            run_as: cfg.trainer_identity().ok().flatten(),
         }));
         let reconciler = Arc::new(
             Reconciler::new(driver, gpus.clone()).with_max_standby(cfg.processes.max_standby),

@@ -16,6 +16,7 @@ mod merges;
 mod prompt;
 mod queues_admin;
 mod real_trainer;
+mod tenants;
 
 use std::collections::BTreeMap;
 use std::process::Command;
