@@ -558,11 +558,12 @@ impl ProcessDriver {
             .current_dir(
                 working_dir_in(dir, &spec.working_dir).unwrap_or_else(|| dir.to_path_buf()),
             )
-            .envs(
-                spec.env
-                    .iter()
-                    .filter(|(k, _)| fmsched_core::validate::denied_env(k).is_none()),
-            )
+            // The plan's variables: the spec's (checked at submit) and the
+            // scheduler's and this agent's contract variables (FMSCHED_*);
+            // a linker or interpreter hook never passes, whatever its source.
+            .envs(spec.env.iter().filter(|(k, _)| {
+                k.starts_with("FMSCHED_") || fmsched_core::validate::denied_env(k).is_none()
+            }))
             .env(
                 env::JOB_ID,
                 spec.tasks
