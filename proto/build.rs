@@ -23,6 +23,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let out_dir = PathBuf::from(std::env::var("OUT_DIR")?);
     tonic_prost_build::configure()
+        // Decode errors are the caller's: INVALID_ARGUMENT (src/codec.rs).
+        .codec_path("crate::codec::FieldCodec")
         .file_descriptor_set_path(out_dir.join("fmsched_v1_descriptor.bin"))
         .compile_protos(&protos, &includes)?;
     for p in &protos {

@@ -5,6 +5,7 @@
 //! Conversions live here, once, so the scheduler (server side) and fmctl
 //! (client side) cannot disagree about what a field means.
 
+pub mod codec;
 pub mod convert;
 
 /// Generated code for package `fmsched.v1`.

@@ -879,3 +879,78 @@ async fn tls_when_certificates_are_configured() {
     }
     s.teardown().await;
 }
+
+/// Bytes sent as they are, for requests no client library would make.
+#[derive(Default)]
+struct RawBytes;
+
+struct RawEncoder;
+
+impl tonic::codec::Encoder for RawEncoder {
+    type Item = Vec<u8>;
+    type Error = tonic::Status;
+    fn encode(
+        &mut self,
+        item: Vec<u8>,
+        buf: &mut tonic::codec::EncodeBuf<'_>,
+    ) -> Result<(), tonic::Status> {
+        use prost::bytes::BufMut;
+        buf.put_slice(&item);
+        Ok(())
+    }
+}
+
+impl tonic::codec::Codec for RawBytes {
+    type Encode = Vec<u8>;
+    type Decode = pb::SubmitJobResponse;
+    type Encoder = RawEncoder;
+    type Decoder = tonic_prost::ProstDecoder<pb::SubmitJobResponse>;
+    fn encoder(&mut self) -> RawEncoder {
+        RawEncoder
+    }
+    fn decoder(&mut self) -> Self::Decoder {
+        tonic_prost::ProstDecoder::default()
+    }
+}
+
+/// A request that is not protobuf of its method's type, or that carries a
+/// string that is not UTF-8, is the caller's error: INVALID_ARGUMENT (not
+/// INTERNAL, which a client would retry), and nothing is written.
+#[tokio::test]
+async fn garbage_and_invalid_utf8_over_raw_grpc_are_invalid_arguments() {
+    use prost::Message;
+    let s = TestScheduler::start().await;
+    let mut valid = pb::SubmitJobRequest {
+        spec: Some(job_spec_to_proto(&spec())),
+        ..Default::default()
+    };
+    valid.spec.as_mut().unwrap().name = "zzzzzzzz".into();
+    let bytes = valid.encode_to_vec();
+    let at = bytes
+        .windows(8)
+        .position(|w| w == b"zzzzzzzz")
+        .expect("the name is in the message");
+    let mut not_utf8 = bytes.clone();
+    not_utf8[at..at + 4].copy_from_slice(&[0xff, 0xfe, 0xc3, 0x28]);
+    for (what, body) in [
+        ("garbage", vec![0xff; 24]),
+        ("a truncated message", bytes[..bytes.len() / 2].to_vec()),
+        ("a name that is not UTF-8", not_utf8),
+    ] {
+        let mut grpc = tonic::client::Grpc::new(s.channel().await);
+        grpc.ready().await.unwrap();
+        let mut req = tonic::Request::new(body);
+        req.metadata_mut()
+            .insert("authorization", format!("Bearer {ALICE}").parse().unwrap());
+        let path = tonic::codegen::http::uri::PathAndQuery::from_static(
+            "/fmsched.v1.JobService/SubmitJob",
+        );
+        let e = grpc.unary(req, path, RawBytes).await.unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument, "{what}: {e:?}");
+        assert!(e.message().contains("does not decode"), "{what}: {e:?}");
+    }
+    let alice = s.client(ALICE).await.unwrap();
+    let (jobs, _) = alice.list_jobs(&Default::default()).await.unwrap();
+    assert!(jobs.is_empty(), "nothing was written: {jobs:?}");
+    s.teardown().await;
+}
