@@ -139,6 +139,17 @@ pub struct ReconnectConfig {
     /// intervals, at least 2 s.
     #[serde(with = "humantime_serde")]
     pub silence_timeout: Option<Duration>,
+    /// A replica must answer a health check this soon after the connection
+    /// opens, or the agent dials the next endpoint: a frozen process whose
+    /// kernel still accepts connections answers nothing, and would hold
+    /// the agent in its handshake.
+    #[serde(with = "humantime_serde")]
+    pub probe_timeout: Duration,
+    /// A live replica must acknowledge the registration within this long
+    /// (it writes the node to Postgres; after a failover every agent
+    /// registers at once, so it is generous).
+    #[serde(with = "humantime_serde")]
+    pub register_timeout: Duration,
 }
 
 impl Default for ReconnectConfig {
@@ -148,6 +159,8 @@ impl Default for ReconnectConfig {
             max_delay: Duration::from_secs(10),
             connect_timeout: Duration::from_secs(5),
             silence_timeout: None,
+            probe_timeout: Duration::from_secs(2),
+            register_timeout: Duration::from_secs(30),
         }
     }
 }

@@ -166,6 +166,36 @@ impl Agent {
         ep.connect().await.map_err(|e| retry(&e))
     }
 
+    /// Asks the replica's gRPC health service whether it serves agents,
+    /// within `reconnect.probe_timeout`: a frozen replica (SIGSTOP, a
+    /// stalled VM) still completes the TCP handshake in its kernel but
+    /// answers nothing, and the session's opening would wait on it.
+    async fn probe(&self, channel: Channel) -> Result<(), SessionError> {
+        use tonic_health::pb::health_check_response::ServingStatus;
+        use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
+        let timeout = self.cfg.reconnect.probe_timeout;
+        let mut health = HealthClient::new(channel);
+        let check = health.check(HealthCheckRequest {
+            service: "fmsched.v1.AgentService".into(),
+        });
+        match tokio::time::timeout(timeout, check).await {
+            Err(_) => Err(SessionError::Retry(format!(
+                "{} did not answer a health check within {timeout:?} (frozen or overloaded)",
+                self.current_endpoint()
+            ))),
+            Ok(Ok(r)) if r.get_ref().status != ServingStatus::Serving as i32 => {
+                Err(SessionError::Retry(format!(
+                    "{} does not serve agents (health status {})",
+                    self.current_endpoint(),
+                    r.get_ref().status
+                )))
+            }
+            // Serving; or a scheduler without the health service, which
+            // the session's own answer judges.
+            Ok(_) => Ok(()),
+        }
+    }
+
     fn register_message(&self) -> pb::AgentMessage {
         pb::AgentMessage {
             msg: Some(pb::agent_message::Msg::Register(pb::Register {
@@ -282,16 +312,29 @@ impl Agent {
         on_registered: &mut (dyn FnMut() + Send),
     ) -> Result<(), SessionError> {
         let channel = self.channel().await?;
+        self.probe(channel.clone()).await?;
         let mut client = AgentServiceClient::new(channel);
         let (tx, rx) = mpsc::channel::<pb::AgentMessage>(16);
         tx.send(self.register_message())
             .await
             .map_err(|_| SessionError::Retry("outbound closed".into()))?;
-        let mut inbound = match client.session(ReceiverStream::new(rx)).await {
-            Ok(r) => r.into_inner(),
-            Err(s) => return Err(classify(s)),
-        };
-        let ack = register_ack(&mut inbound).await?;
+        let timeout = self.cfg.reconnect.register_timeout;
+        let registered = tokio::time::timeout(timeout, async {
+            let mut inbound = match client.session(ReceiverStream::new(rx)).await {
+                Ok(r) => r.into_inner(),
+                Err(s) => return Err(classify(s)),
+            };
+            let ack = register_ack(&mut inbound).await?;
+            Ok((inbound, ack))
+        })
+        .await
+        .map_err(|_| {
+            SessionError::Retry(format!(
+                "{} did not acknowledge the registration within {timeout:?}",
+                self.current_endpoint()
+            ))
+        })?;
+        let (mut inbound, ack) = registered?;
         if !ack.node_token.is_empty() {
             self.keep_node_token(&ack.node_token);
         }

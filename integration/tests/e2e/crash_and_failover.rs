@@ -10,8 +10,8 @@ use sqlx::Connection;
 use crate::{
     COMPRESSION, NO_MERGING, agent, agent_endpoints, agent_env, agent_with, all_completed, fmctl,
     futures_block, jct_table_at, job_yaml, job_yaml_env, jobs, kill_processes_with_env,
-    resumed_from, scheduler, scheduler_at, scheduler_env, scheduler_without_profiling, submit,
-    trainer_processes, training_launches, wait_up, walk, workload_at,
+    resumed_from, scheduler, scheduler_at, scheduler_env, scheduler_without_profiling, strip_ansi,
+    submit, trainer_processes, training_launches, wait_up, walk, workload_at,
 };
 
 #[tokio::test]
@@ -516,12 +516,14 @@ pub(crate) fn led_epoch(log: &str) -> Option<i64> {
 
 /// Split brain: the active replica is frozen (SIGSTOP) past its lease while
 /// jobs run. The standby takes over under a larger epoch and runs rounds;
-/// agents leave the silent leader for it. When the old leader runs again
+/// agents leave the silent leader for it within its lease (4 s here) and 5
+/// s: none hangs on the frozen replica, whose kernel still accepts its
+/// connections (its health check goes unanswered). When the old leader runs again
 /// (SIGCONT) it learns it lost the lease, writes no plan and pushes nothing
 /// (agents never apply a plan of its epoch again), and at no moment does any
 /// job have two processes. Every job completes once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn e2e_split_brain_a_frozen_leader_is_fenced_and_writes_nothing() {
+async fn e2e_split_brain_frozen_leader_is_fenced_writes_nothing_and_loses_its_agents() {
     let db = TestDb::create("fmsched_split").await;
     let url = db_url(&db);
     let dir = tempfile::tempdir().unwrap();
@@ -574,6 +576,17 @@ async fn e2e_split_brain_a_frozen_leader_is_fenced_and_writes_nothing() {
         })
     };
     let frozen = old.child.id().to_string();
+    let on_b = format!("endpoint=http://127.0.0.1:{pb}");
+    let registered_on_b = |log: &str| {
+        strip_ansi(log)
+            .lines()
+            .filter(|l| l.contains("registered with scheduler") && l.contains(&on_b))
+            .count()
+    };
+    let before: Vec<usize> = agents
+        .iter()
+        .map(|a| registered_on_b(&a.log_text()))
+        .collect();
     assert!(
         Command::new("kill")
             .args(["-STOP", &frozen])
@@ -582,6 +595,27 @@ async fn e2e_split_brain_a_frozen_leader_is_fenced_and_writes_nothing() {
             .success()
     );
     let t = Instant::now();
+    wait_for(
+        "every agent on the new leader",
+        Duration::from_secs(30),
+        || {
+            let now: Vec<usize> = agents
+                .iter()
+                .map(|a| registered_on_b(&a.log_text()))
+                .collect();
+            if now.iter().zip(&before).all(|(n, b)| n > b) {
+                Ok(())
+            } else {
+                Err(format!("{now:?} (before {before:?})"))
+            }
+        },
+    );
+    let moved = t.elapsed();
+    eprintln!("agents on the new leader {moved:?} after the freeze");
+    assert!(
+        moved < Duration::from_secs(4 + 5),
+        "agents took {moved:?} to leave a frozen leader (lease 4 s)"
+    );
     wait_for("the standby takes over", Duration::from_secs(30), || {
         led_epoch(&new.log_text()).ok_or_else(|| "standby".to_string())
     });
