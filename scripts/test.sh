@@ -91,8 +91,12 @@ fi
 log "the real trainer environment (scripts/trainer-venv.sh)"
 REAL_TRAINER_PYTHON="$(scripts/trainer-venv.sh)"
 export REAL_TRAINER_PYTHON REQUIRE_REAL_TRAINER=1
+# Two at a time (pytest-xdist; FMSCHED_PYTEST_WORKERS to change): each test
+# spends most of its time starting trainer processes that import PyTorch,
+# and two side by side took 158 s against 285-364 s one at a time on 2 cores.
 log "real example trainers: pytest python/tests/test_examples.py"
-(cd python && "$REAL_TRAINER_PYTHON" -m pytest -q -p no:cacheprovider tests/test_examples.py)
+(cd python && "$REAL_TRAINER_PYTHON" -m pytest -q -p no:cacheprovider \
+  -n "${FMSCHED_PYTEST_WORKERS:-2}" tests/test_examples.py)
 
 if cargo nextest --version >/dev/null 2>&1; then
   # nextest does not run doctests; run them first so the run ends with
